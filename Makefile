@@ -1,0 +1,68 @@
+# Quickstart targets (README): `make demo` and `make test` set up everything a
+# fresh Debian 12 machine needs (run as root), then run. Both are idempotent;
+# a second run with nothing changed rebuilds nothing.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+CMAKE := $(VENV)/bin/cmake
+CTEST := $(VENV)/bin/ctest
+APT_PACKAGES := build-essential libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv python3-dev
+PY_BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.24" ninja numpy pytest
+SOURCES := CMakeLists.txt pyproject.toml $(shell find csrc python -type f \( -name '*.cc' -o -name '*.h' \
+             -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' \) 2>/dev/null)
+CPP_CONFIG := -G Ninja -DPATHWAYS_BUILD_TESTS=ON -DPATHWAYS_BUILD_PYTHON=OFF -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja)
+
+.PHONY: demo test test-cpp test-python sanitize sanitize-asan sanitize-tsan deps clean
+
+demo: $(VENV)/.installed
+	$(VPY) examples/figure2.py
+
+test: test-cpp test-python
+
+# Debian packages: installed only when one is missing.
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+$(VENV)/.created: | deps
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q $(PY_BUILD_DEPS)
+	touch $@
+
+# The package, built by scikit-build-core into build/<wheel tag> (incremental).
+$(VENV)/.installed: $(VENV)/.created $(SOURCES)
+	$(VPY) -m pip install -q --no-build-isolation --no-deps .
+	touch $@
+
+test-cpp: deps $(VENV)/.created
+	$(CMAKE) -S . -B build/cpp $(CPP_CONFIG) >/dev/null
+	$(CMAKE) --build build/cpp
+	$(CTEST) --test-dir build/cpp --output-on-failure -j2
+
+test-python: $(VENV)/.installed
+	cd tests/python && ../../$(VPY) -m pytest -q -p no:cacheprovider .
+
+# C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer, then
+# ThreadSanitizer (run with ASLR off: TSan's shadow memory needs it on
+# kernels with high mmap randomization).
+sanitize: sanitize-asan sanitize-tsan
+
+sanitize-asan: deps $(VENV)/.created
+	$(CMAKE) -S . -B build/asan $(CPP_CONFIG) -DCMAKE_BUILD_TYPE=Debug -DPATHWAYS_SANITIZE=address,undefined >/dev/null
+	$(CMAKE) --build build/asan
+	ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(CTEST) --test-dir build/asan --output-on-failure -j2
+
+sanitize-tsan: deps $(VENV)/.created
+	$(CMAKE) -S . -B build/tsan $(CPP_CONFIG) -DCMAKE_BUILD_TYPE=Debug -DPATHWAYS_SANITIZE=thread >/dev/null
+	$(CMAKE) --build build/tsan
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 setarch $$(uname -m) -R \
+	  $(CTEST) --test-dir build/tsan --output-on-failure -j2
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,51 @@
+#ifndef PATHWAYS_BASE_DTYPE_H_
+#define PATHWAYS_BASE_DTYPE_H_
+
+// Element types and shapes shared by every component: the function IR, the
+// object store and the program IR all speak of arrays as (DType, Dims).
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace pw {
+
+enum class DType : uint8_t {
+  kF32 = 0,
+  kF64 = 1,
+};
+
+// Size of one element in bytes.
+int64_t DTypeSize(DType dtype);
+
+// numpy's name for the type: "float32", "float64".
+absl::string_view DTypeName(DType dtype);
+
+// The short name used in IR text: "f32", "f64".
+absl::string_view DTypeShortName(DType dtype);
+
+// Parses numpy's name ("float32", ...). InvalidArgument names the supported types.
+absl::StatusOr<DType> DTypeFromName(absl::string_view name);
+
+// The type of `a op b` under numpy's promotion rules for the supported types.
+DType PromoteTypes(DType a, DType b);
+
+// Dimensions of an array; rank 0 is a scalar.
+using Dims = absl::InlinedVector<int64_t, 6>;
+
+// Product of the dimensions (1 for a scalar).
+int64_t NumElements(absl::Span<const int64_t> dims);
+
+// "(2, 3)" as numpy prints a shape.
+std::string DimsToString(absl::Span<const int64_t> dims);
+
+// "f32[2,3]" as the IR text prints an array type.
+std::string TypeToString(DType dtype, absl::Span<const int64_t> dims);
+
+}  // namespace pw
+
+#endif  // PATHWAYS_BASE_DTYPE_H_

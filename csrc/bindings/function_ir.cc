@@ -1,0 +1,115 @@
+// Binds function_ir/function_ir.h (tracing target of pw.pmap) and compiling
+// a function onto virtual devices.
+
+#include "absl/strings/str_cat.h"
+#include "csrc/bindings/registrations.h"
+#include "csrc/bindings/sharded_buffer.h"
+#include "csrc/bindings/status_casters.h"
+#include "csrc/kernels/function_executable.h"
+#include "csrc/program_ir/program_ir.h"
+#include "pybind11/numpy.h"
+#include "pybind11/stl.h"
+
+namespace pw::bindings {
+namespace py = pybind11;
+namespace {
+
+Dims ToDims(const std::vector<int64_t>& shape) { return Dims(shape.begin(), shape.end()); }
+
+py::tuple ShapeTuple(const Dims& dims) {
+  return py::tuple(py::cast(std::vector<int64_t>(dims.begin(), dims.end())));
+}
+
+OpKind BinaryKind(const std::string& op) {
+  if (op == "add") return OpKind::kAdd;
+  if (op == "sub") return OpKind::kSub;
+  if (op == "mul") return OpKind::kMul;
+  if (op == "div") return OpKind::kDiv;
+  throw py::value_error(absl::StrCat("unknown binary op '", op, "'; known: add, sub, mul, div"));
+}
+
+// Holder for the immutable IR objects (pybind11 wants non-const holders).
+template <typename T>
+std::shared_ptr<T> Mutable(std::shared_ptr<const T> p) {
+  return std::const_pointer_cast<T>(std::move(p));
+}
+
+}  // namespace
+
+void RegisterFunctionIr(py::module_& m) {
+  py::class_<FunctionIr, std::shared_ptr<FunctionIr>>(m, "Function", "A traced compiled function (one shard's IR).")
+      .def_property_readonly("name", &FunctionIr::name)
+      .def_property_readonly("axis_name", &FunctionIr::axis_name)
+      .def_property_readonly("num_params", &FunctionIr::num_params)
+      .def_property_readonly("num_outputs", &FunctionIr::num_outputs)
+      .def("as_text", &FunctionIr::ToText)
+      .def("__repr__", &FunctionIr::ToText);
+
+  py::class_<FunctionBuilder>(m, "FunctionBuilder", "Records one shard's computation op by op.")
+      .def(py::init<std::string, std::string>(), py::arg("name"), py::arg("axis_name"))
+      .def("parameter", [](FunctionBuilder& b, const std::string& dtype, const std::vector<int64_t>& shape) {
+        return b.Parameter(ValueOrThrow(DTypeFromName(dtype)), ToDims(shape));
+      }, py::arg("dtype"), py::arg("shape"))
+      .def("constant", [](FunctionBuilder& b, py::array array) {
+        const DType dtype = FromNumpyDType(array.dtype(), "a constant");
+        py::array c = py::array::ensure(array, py::array::c_style | py::array::forcecast);
+        const auto* bytes = static_cast<const uint8_t*>(c.data());
+        return ValueOrThrow(b.Constant(dtype, Dims(c.shape(), c.shape() + c.ndim()),
+                                       absl::MakeConstSpan(bytes, static_cast<size_t>(c.nbytes()))));
+      }, py::arg("array"))
+      .def("convert", [](FunctionBuilder& b, int32_t x, const std::string& dtype) {
+        return ValueOrThrow(b.Convert(x, ValueOrThrow(DTypeFromName(dtype))));
+      })
+      .def("binary", [](FunctionBuilder& b, const std::string& op, int32_t x, int32_t y) {
+        return ValueOrThrow(b.Binary(BinaryKind(op), x, y));
+      }, py::arg("op"), py::arg("a"), py::arg("b"))
+      .def("neg", [](FunctionBuilder& b, int32_t x) { return ValueOrThrow(b.Unary(OpKind::kNeg, x)); })
+      .def("psum", [](FunctionBuilder& b, int32_t x, const std::string& axis) {
+        return ValueOrThrow(b.Psum(x, axis));
+      }, py::arg("x"), py::arg("axis_name"))
+      .def("shape", [](const FunctionBuilder& b, int32_t v) {
+        if (v < 0 || v >= b.num_values()) throw py::value_error(absl::StrCat("%", v, " is not a value"));
+        return ShapeTuple(b.type(v).dims);
+      })
+      .def("dtype", [](const FunctionBuilder& b, int32_t v) {
+        if (v < 0 || v >= b.num_values()) throw py::value_error(absl::StrCat("%", v, " is not a value"));
+        return std::string(DTypeName(b.type(v).dtype));
+      })
+      .def("build", [](FunctionBuilder& b, const std::vector<int32_t>& outputs) {
+        return Mutable(ValueOrThrow(b.Build(outputs)));
+      }, py::arg("outputs"));
+
+  py::class_<CompiledFunction, std::shared_ptr<CompiledFunction>>(
+      m, "CompiledFunction", "A compiled function placed on virtual devices (one program node).")
+      .def_property_readonly("name", &CompiledFunction::name)
+      .def_property_readonly("num_shards", &CompiledFunction::num_shards)
+      .def_property_readonly("virtual_devices", &CompiledFunction::virtual_devices)
+      .def_property_readonly("devices", [](const CompiledFunction& f) { return f.physical_devices()->devices(); },
+                             py::return_value_policy::reference)
+      .def("param_types", [](const CompiledFunction& f) {
+        py::list out;
+        for (int i = 0; i < f.executable().ir().num_params(); ++i) {
+          out.append(py::make_tuple(ShapeTuple(f.param_dims(i)),
+                                    std::string(DTypeName(f.executable().ir().param_type(i).dtype))));
+        }
+        return out;
+      })
+      .def("output_types", [](const CompiledFunction& f) {
+        py::list out;
+        for (int i = 0; i < f.executable().ir().num_outputs(); ++i) {
+          out.append(py::make_tuple(ShapeTuple(f.output_dims(i)),
+                                    std::string(DTypeName(f.executable().ir().output_type(i).dtype))));
+        }
+        return out;
+      })
+      .def("__repr__", [](const CompiledFunction& f) {
+        return absl::StrCat("CompiledFunction(@", f.name(), " on ", f.PlacementString(), ")");
+      });
+
+  m.def("compile", [](const std::shared_ptr<FunctionIr>& function, const std::vector<VirtualDevice>& devices) {
+    auto exe = ValueOrThrow(FunctionExecutable::Compile(function));
+    return Mutable(ValueOrThrow(CompiledFunction::Create(exe, devices, &GetRuntime().registry())));
+  }, py::arg("function"), py::arg("devices"));
+}
+
+}  // namespace pw::bindings

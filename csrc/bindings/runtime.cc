@@ -1,0 +1,141 @@
+// Binds the runtime (client/runtime.h), the cluster's devices and the
+// resource manager's virtual slices.
+
+#include <atomic>
+
+#include "csrc/bindings/registrations.h"
+#include "csrc/bindings/status_casters.h"
+#include "pybind11/stl.h"
+
+namespace pw::bindings {
+namespace py = pybind11;
+
+Runtime& GetRuntime() {
+  // Cached so the hot path does not take Default()'s lock on every call.
+  static std::atomic<Runtime*> cached{nullptr};
+  Runtime* rt = cached.load(std::memory_order_acquire);
+  if (rt == nullptr) {
+    rt = ValueOrThrow(Runtime::Default());
+    cached.store(rt, std::memory_order_release);
+  }
+  return *rt;
+}
+
+namespace {
+
+std::vector<Device*> PhysicalOf(const DeviceList* list) { return list->devices(); }
+
+std::vector<VirtualDevice> VirtualDevicesOf(const std::shared_ptr<VirtualSlice>& slice) {
+  std::vector<VirtualDevice> devices;
+  devices.reserve(slice->size());
+  for (int i = 0; i < slice->size(); ++i) devices.push_back(VirtualDevice{slice, i});
+  return devices;
+}
+
+}  // namespace
+
+void RegisterRuntime(py::module_& m) {
+  m.def("configure", [](const std::string& spec) {
+    TopologyOptions options = ValueOrThrow(ParseTopology(spec));
+    ThrowIfError(Runtime::ConfigureDefault(options));
+  }, py::arg("spec"));
+  m.def("is_started", &Runtime::DefaultExists);
+  m.def("topology", [] {
+    const TopologyOptions& o = GetRuntime().cluster().options();
+    py::dict d;
+    d["islands"] = o.num_islands;
+    d["hosts_per_island"] = o.hosts_per_island;
+    d["devices_per_host"] = o.devices_per_host;
+    d["device_memory"] = o.device_memory_bytes;
+    d["executor_threads"] = o.num_executor_threads;
+    return d;
+  });
+  m.def("devices", [] { return GetRuntime().cluster().devices(); }, py::return_value_policy::reference);
+  m.def("memory_stats", [] {
+    Runtime& rt = GetRuntime();
+    int64_t live = 0;
+    for (Host* h : rt.cluster().hosts()) live += rt.object_stores().host(h->id()).live_buffers();
+    py::dict d;
+    d["bytes_in_use"] = rt.object_stores().TotalBytesInUse();
+    d["live_buffers"] = live;
+    return d;
+  });
+  m.def("transfer_stats", [] {
+    const TransferStats& s = GetRuntime().transfer_stats();
+    py::dict d;
+    d["ici_bytes"] = s.ici_bytes.load();
+    d["dcn_bytes"] = s.dcn_bytes.load();
+    d["host_bytes"] = s.host_bytes.load();
+    d["ici_transfers"] = s.ici_transfers.load();
+    d["dcn_transfers"] = s.dcn_transfers.load();
+    d["host_transfers"] = s.host_transfers.load();
+    return d;
+  });
+  m.def("scheduler_stats", [] {
+    Runtime& rt = GetRuntime();
+    py::list out;
+    for (Island* island : rt.cluster().islands()) {
+      py::dict d;
+      d["island"] = island->id();
+      d["enqueued"] = rt.scheduler(island->id()).num_enqueued();
+      d["in_flight"] = rt.scheduler(island->id()).num_in_flight();
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("await_quiescence", [] {
+    Runtime& rt = GetRuntime();
+    py::gil_scoped_release release;
+    rt.AwaitQuiescence();
+  });
+  m.def("shutdown", [] {
+    py::gil_scoped_release release;
+    Runtime::ShutdownDefault();
+  });
+
+  py::class_<Device, std::unique_ptr<Device, py::nodelete>>(m, "Device",
+                                                           "A physical simulated accelerator.")
+      .def_property_readonly("id", &Device::id)
+      .def_property_readonly("kind", &Device::kind)
+      .def_property_readonly("island", [](const Device& d) { return d.island()->id(); })
+      .def_property_readonly("host", [](const Device& d) { return d.host()->id(); })
+      .def_property_readonly("memory_capacity", &Device::memory_capacity)
+      .def("bytes_in_use", [](const Device& d) { return GetRuntime().object_stores().For(&d).bytes_in_use(&d); })
+      .def("__eq__", [](const Device& a, py::object b) {
+        return py::isinstance<Device>(b) && &a == b.cast<const Device*>();
+      })
+      .def("__hash__", [](const Device& d) { return py::hash(py::make_tuple("Device", d.id())); })
+      .def("__repr__", &Device::ToString);
+
+  py::class_<VirtualSlice, std::shared_ptr<VirtualSlice>>(m, "VirtualSlice",
+                                                          "A slice of an island, from the resource manager.")
+      .def_property_readonly("id", &VirtualSlice::id)
+      .def_property_readonly("size", &VirtualSlice::size)
+      .def_property_readonly("island", [](const VirtualSlice& s) { return s.island()->id(); })
+      .def_property_readonly("kind", [](const VirtualSlice& s) { return s.devices()->devices()[0]->kind(); })
+      .def_property_readonly("virtual_devices", [](const std::shared_ptr<VirtualSlice>& s) {
+        return VirtualDevicesOf(s);
+      })
+      .def_property_readonly("devices", [](const VirtualSlice& s) { return PhysicalOf(s.devices()); },
+                             py::return_value_policy::reference)
+      .def("__repr__", &VirtualSlice::ToString);
+
+  py::class_<VirtualDevice>(m, "VirtualDevice", "Virtual device `index` of a VirtualSlice.")
+      .def_property_readonly("slice", [](const VirtualDevice& v) { return v.slice; })
+      .def_property_readonly("index", [](const VirtualDevice& v) { return v.index; })
+      .def_property_readonly("physical", &VirtualDevice::physical, py::return_value_policy::reference)
+      .def_property_readonly("kind", [](const VirtualDevice& v) { return v.physical()->kind(); })
+      .def("__eq__", [](const VirtualDevice& a, py::object b) {
+        if (!py::isinstance<VirtualDevice>(b)) return false;
+        const VirtualDevice& o = b.cast<const VirtualDevice&>();
+        return a.slice == o.slice && a.index == o.index;
+      })
+      .def("__hash__", [](const VirtualDevice& v) { return py::hash(py::make_tuple(v.slice->id(), v.index)); })
+      .def("__repr__", &VirtualDevice::ToString);
+
+  m.def("add_slice", [](int num_devices, const std::string& kind) {
+    return ValueOrThrow(GetRuntime().resource_manager().AddSlice(num_devices, kind));
+  }, py::arg("num_devices"), py::arg("kind"));
+}
+
+}  // namespace pw::bindings

@@ -1,0 +1,136 @@
+// Binds object_store/sharded_buffer.h and device_put.
+
+#include "csrc/bindings/sharded_buffer.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "csrc/bindings/registrations.h"
+#include "csrc/bindings/status_casters.h"
+#include "pybind11/stl.h"
+
+namespace pw::bindings {
+namespace py = pybind11;
+
+const std::shared_ptr<ShardedBuffer>& PyShardedBuffer::Get(const char* use) const {
+  if (buffer == nullptr) {
+    ThrowDeleted(absl::StrCat("ShardedBuffer ", TypeToString(dtype, dims), " has been deleted; cannot ", use,
+                              " it"));
+  }
+  return buffer;
+}
+
+py::dtype NumpyDType(DType dtype) { return py::dtype(std::string(DTypeName(dtype))); }
+
+DType FromNumpyDType(const py::dtype& dtype, const char* what) {
+  const std::string name = py::str(static_cast<const py::object&>(dtype));
+  auto parsed = DTypeFromName(name);
+  if (!parsed.ok()) {
+    throw py::type_error(absl::StrCat(what, " has dtype ", name, "; supported dtypes: float32, float64"));
+  }
+  return *parsed;
+}
+
+namespace {
+
+// Waits for the buffer with the GIL released; raises the producer's error.
+void AwaitOrThrow(const ShardedBuffer& b) {
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = b.Await();
+  }
+  ThrowIfError(status);
+}
+
+py::array ToNumpy(const PyShardedBuffer& self) {
+  const auto& b = self.Get("read");
+  AwaitOrThrow(*b);
+  std::vector<py::ssize_t> shape(b->dims().begin(), b->dims().end());
+  py::array out(NumpyDType(b->dtype()), shape);
+  std::memcpy(out.mutable_data(), b->data(), static_cast<size_t>(b->total_bytes()));
+  return out;
+}
+
+std::vector<Device*> ToPhysical(const py::sequence& devices) {
+  std::vector<Device*> out;
+  for (const py::handle& d : devices) {
+    if (py::isinstance<VirtualDevice>(d)) {
+      out.push_back(d.cast<const VirtualDevice&>().physical());
+    } else if (py::isinstance<Device>(d)) {
+      out.push_back(d.cast<Device*>());
+    } else {
+      throw py::type_error(absl::StrCat("expected a Device or VirtualDevice, got ",
+                                        std::string(py::str(py::type::of(d)))));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void RegisterShardedBuffer(py::module_& m) {
+  py::class_<PyShardedBuffer, std::shared_ptr<PyShardedBuffer>>(
+      m, "ShardedBuffer",
+      "A logical array sharded over devices (leading axis split over them); a future of its producer.")
+      .def_property_readonly("shape", [](const PyShardedBuffer& s) {
+        return py::tuple(py::cast(std::vector<int64_t>(s.dims.begin(), s.dims.end())));
+      })
+      .def_property_readonly("dtype", [](const PyShardedBuffer& s) { return NumpyDType(s.dtype); })
+      .def_property_readonly("ndim", [](const PyShardedBuffer& s) { return s.dims.size(); })
+      .def_property_readonly("size", [](const PyShardedBuffer& s) { return NumElements(s.dims); })
+      .def_property_readonly("nbytes", [](const PyShardedBuffer& s) {
+        return NumElements(s.dims) * DTypeSize(s.dtype);
+      })
+      .def_property_readonly("devices", [](const PyShardedBuffer& s) {
+        return s.Get("list the devices of")->devices()->devices();
+      }, py::return_value_policy::reference)
+      .def("block_until_ready", [](py::object self) {
+        AwaitOrThrow(*self.cast<const PyShardedBuffer&>().Get("wait for"));
+        return self;
+      })
+      .def("is_ready", [](const PyShardedBuffer& s) { return s.Get("query")->IsDone(); })
+      .def("is_deleted", [](const PyShardedBuffer& s) { return s.buffer == nullptr; })
+      .def("delete", [](PyShardedBuffer& s) {
+        s.Get("delete");
+        s.buffer.reset();
+      })
+      .def("__array__", [](const PyShardedBuffer& s, py::object dtype, py::object copy) {
+        if (!copy.is_none() && !copy.cast<bool>()) {
+          throw py::value_error("a ShardedBuffer lives in device memory: converting it to numpy always copies");
+        }
+        py::array out = ToNumpy(s);
+        if (!dtype.is_none()) return py::array(out.attr("astype")(dtype));
+        return out;
+      }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
+      .def("__len__", [](const PyShardedBuffer& s) { return s.dims[0]; })
+      .def("__repr__", [](const PyShardedBuffer& s) -> std::string {
+        const std::string type = TypeToString(s.dtype, s.dims);
+        if (s.buffer == nullptr) return absl::StrCat("ShardedBuffer(<deleted>, ", type, ")");
+        {
+          py::gil_scoped_release release;
+          s.buffer->Await().IgnoreError();
+        }
+        if (absl::Status st = s.buffer->status(); !st.ok()) {
+          return absl::StrCat("ShardedBuffer(<failed: ", st.message(), ">, ", type, ")");
+        }
+        return py::repr(ToNumpy(s));
+      });
+
+  m.def("device_put", [](py::array array, const py::sequence& devices) {
+    const DType dtype = FromNumpyDType(array.dtype(), "device_put: the array");
+    py::array c = py::array::ensure(array, py::array::c_style | py::array::forcecast);
+    std::vector<Device*> physical = ToPhysical(devices);
+    if (physical.empty()) throw py::value_error("device_put needs at least one device");
+    Runtime& rt = GetRuntime();
+    const DeviceList* list = ValueOrThrow(rt.registry().Intern(physical));
+    Dims dims(c.shape(), c.shape() + c.ndim());
+    if (dims.empty() || dims[0] != list->size()) {
+      throw py::value_error(absl::StrCat("device_put over ", list->size(), " devices needs a leading axis of size ",
+                                         list->size(), ", got shape ", DimsToString(dims)));
+    }
+    return std::make_shared<PyShardedBuffer>(ValueOrThrow(rt.DevicePut(dtype, dims, c.data(), list)));
+  }, py::arg("array"), py::arg("devices"));
+}
+
+}  // namespace pw::bindings

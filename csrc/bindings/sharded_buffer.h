@@ -1,0 +1,36 @@
+#ifndef PATHWAYS_BINDINGS_SHARDED_BUFFER_H_
+#define PATHWAYS_BINDINGS_SHARDED_BUFFER_H_
+
+// The Python-facing ShardedBuffer: a handle on one logical buffer. delete()
+// drops this handle's reference (device memory returns once running
+// computations that still read the buffer are done); any later use raises
+// DeletedBufferError.
+
+#include <memory>
+
+#include "csrc/object_store/sharded_buffer.h"
+#include "pybind11/numpy.h"
+#include "pybind11/pybind11.h"
+
+namespace pw::bindings {
+
+struct PyShardedBuffer {
+  std::shared_ptr<ShardedBuffer> buffer;  // null once deleted
+  // Kept after delete() so the handle can still say what it was.
+  DType dtype = DType::kF32;
+  Dims dims;
+
+  explicit PyShardedBuffer(std::shared_ptr<ShardedBuffer> b)
+      : buffer(std::move(b)), dtype(buffer->dtype()), dims(buffer->dims()) {}
+
+  // The buffer, or DeletedBufferError naming what was deleted and `use`.
+  const std::shared_ptr<ShardedBuffer>& Get(const char* use) const;
+};
+
+// numpy dtype for `dtype`, and back (TypeError for other dtypes).
+pybind11::dtype NumpyDType(DType dtype);
+DType FromNumpyDType(const pybind11::dtype& dtype, const char* what);
+
+}  // namespace pw::bindings
+
+#endif  // PATHWAYS_BINDINGS_SHARDED_BUFFER_H_

@@ -1,0 +1,40 @@
+#ifndef PATHWAYS_BINDINGS_STATUS_CASTERS_H_
+#define PATHWAYS_BINDINGS_STATUS_CASTERS_H_
+
+// The one place where absl::Status becomes a Python exception:
+//   InvalidArgument    -> ValueError
+//   NotFound           -> pathways.NotFoundError (a ValueError)
+//   ResourceExhausted  -> pathways.ResourceExhaustedError (a PathwaysError)
+//   FailedPrecondition -> RuntimeError
+//   Unimplemented      -> NotImplementedError
+//   anything else      -> pathways.PathwaysError (a RuntimeError)
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pybind11/pybind11.h"
+
+namespace pw::bindings {
+
+// Creates the exception types in `m`.
+void RegisterExceptions(pybind11::module_& m);
+
+// Raises the Python exception for `status` (which must not be OK).
+[[noreturn]] void ThrowStatus(const absl::Status& status);
+// Raises pathways.DeletedBufferError with `message`.
+[[noreturn]] void ThrowDeleted(const std::string& message);
+
+inline void ThrowIfError(const absl::Status& status) {
+  if (!status.ok()) ThrowStatus(status);
+}
+
+template <typename T>
+T ValueOrThrow(absl::StatusOr<T> value) {
+  if (!value.ok()) ThrowStatus(value.status());
+  return *std::move(value);
+}
+
+}  // namespace pw::bindings
+
+#endif  // PATHWAYS_BINDINGS_STATUS_CASTERS_H_

@@ -1,0 +1,173 @@
+#include "csrc/client/runtime.h"
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "csrc/program_ir/lowering.h"
+#include "csrc/program_ir/testing_programs.h"
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+std::unique_ptr<Runtime> MakeRuntime(int executor_threads, int64_t device_memory = int64_t{1} << 30) {
+  TopologyOptions options;
+  options.num_executor_threads = executor_threads;
+  options.device_memory_bytes = device_memory;
+  auto rt = Runtime::Create(options);
+  EXPECT_TRUE(rt.ok()) << rt.status();
+  return *std::move(rt);
+}
+
+std::vector<double> Values(const ShardedBuffer& b) {
+  const double* p = static_cast<const double*>(b.data());
+  return std::vector<double>(p, p + b.total_bytes() / 8);
+}
+
+class RuntimeTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(RuntimeTest, RunsFigure2EndToEnd) {
+  auto rt = MakeRuntime(GetParam());
+  std::vector<std::shared_ptr<VirtualSlice>> slices;
+  auto lowered = *Lower(testing::Figure2(rt->resource_manager(), 2, &slices));
+  const double v[] = {1.0, 2.0};
+  ProgramArg arg;
+  arg.host_data = v;
+  arg.dtype = DType::kF64;
+  arg.dims = {2};
+  auto outs = rt->dispatcher().Execute(*lowered, {arg});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  ASSERT_EQ(outs->size(), 2u);
+  ASSERT_TRUE((*outs)[0]->Await().ok());
+  ASSERT_TRUE((*outs)[1]->Await().ok());
+  EXPECT_EQ(Values(*(*outs)[0]), (std::vector<double>{3.0, 5.0}));
+  EXPECT_EQ(Values(*(*outs)[1]), (std::vector<double>{2.0, 4.0}));
+  EXPECT_EQ((*outs)[0]->devices(), slices[1]->devices());  // y lives on b's slice
+  EXPECT_EQ(rt->transfer_stats().dcn_transfers.load(), 1);
+  EXPECT_EQ(rt->transfer_stats().ici_transfers.load(), 2);
+}
+
+TEST_P(RuntimeTest, MemoryReturnsWhenBuffersDie) {
+  auto rt = MakeRuntime(GetParam());
+  std::vector<std::shared_ptr<VirtualSlice>> slices;
+  auto lowered = *Lower(testing::Figure2(rt->resource_manager(), 2, &slices));
+  const double v[] = {1.0, 2.0};
+  ProgramArg arg{nullptr, v, DType::kF64, {2}};
+  for (int i = 0; i < 50; ++i) {
+    auto outs = *rt->dispatcher().Execute(*lowered, {arg});
+    if (i % 7 == 0) {
+      ASSERT_TRUE(outs[1]->Await().ok());
+    }
+  }
+  rt->AwaitQuiescence();
+  // Intermediates die with their last consumer; outputs died with `outs`.
+  for (int i = 0; i < 1000 && rt->object_stores().TotalBytesInUse() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(rt->object_stores().TotalBytesInUse(), 0);
+}
+
+TEST_P(RuntimeTest, OutOfMemoryIsAnErrorAndTheRuntimeStaysUsable) {
+  // 64 bytes per device: a chain of 8-byte shards fits 8 live buffers.
+  auto rt = MakeRuntime(GetParam(), 64);
+  auto slice = *rt->resource_manager().AddSlice(2, "tpu");
+  auto add = testing::ScalarOpFunction("add", OpKind::kAdd, 1.0, slice, &rt->registry());
+  ProgramBuilder big("big");
+  int v = *big.AddArg(DType::kF64, {2});
+  std::vector<int> all;
+  for (int i = 0; i < 20; ++i) {
+    v = (*big.AddCall(add, {v}))[0];
+    all.push_back(v);
+  }
+  auto too_big = *Lower(*big.Build(all));  // every value is an output: all stay live
+  const double x[] = {0.0, 10.0};
+  ProgramArg arg{nullptr, x, DType::kF64, {2}};
+  auto oom = rt->dispatcher().Execute(*too_big, {arg});
+  EXPECT_EQ(oom.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(oom.status().message(), "out of device memory")) << oom.status();
+  rt->AwaitQuiescence();
+  ProgramBuilder small("small");
+  const int w = *small.AddArg(DType::kF64, {2});
+  auto ok = *Lower(*small.Build({(*small.AddCall(add, {w}))[0]}));
+  for (int i = 0; i < 1000 && rt->object_stores().TotalBytesInUse() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  auto outs = rt->dispatcher().Execute(*ok, {arg});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  ASSERT_TRUE((*outs)[0]->Await().ok());
+  EXPECT_EQ(Values(*(*outs)[0]), (std::vector<double>{1.0, 11.0}));
+}
+
+TEST_P(RuntimeTest, ArgumentErrorsAreReported) {
+  auto rt = MakeRuntime(GetParam());
+  std::vector<std::shared_ptr<VirtualSlice>> slices;
+  auto lowered = *Lower(testing::Figure2(rt->resource_manager(), 2, &slices));
+  const double v[] = {1.0, 2.0, 3.0};
+  auto wrong_shape = rt->dispatcher().Execute(*lowered, {ProgramArg{nullptr, v, DType::kF64, {3}}});
+  EXPECT_EQ(wrong_shape.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(wrong_shape.status().message()),
+            "argument 0 of program 'f' must be f64[2], got f64[3]");
+  auto wrong_count = rt->dispatcher().Execute(*lowered, {});
+  EXPECT_EQ(std::string(wrong_count.status().message()), "program 'f' takes 1 arguments, got 0");
+}
+
+// Eight threads run programs whose psum gangs overlap on shared devices,
+// many times; every result is checked, and a hang fails the test by timeout.
+TEST_P(RuntimeTest, StressSharedDevicesWithCollectives) {
+  auto rt = MakeRuntime(GetParam());
+  constexpr int kThreads = 8, kIterations = 200;
+  std::vector<std::shared_ptr<VirtualSlice>> slices;
+  std::vector<std::shared_ptr<const LoweredProgram>> programs;
+  for (int t = 0; t < kThreads; ++t) {
+    // 4-device slices on 8-device islands: each physical device is shared.
+    auto s1 = *rt->resource_manager().AddSlice(4, "tpu");
+    auto s2 = *rt->resource_manager().AddSlice(4, "tpu");
+    auto f = testing::ScalarOpFunction("f", OpKind::kAdd, t, s1, &rt->registry(), DType::kF64, {3}, true);
+    auto g = testing::ScalarOpFunction("g", OpKind::kMul, 2.0, s2, &rt->registry(), DType::kF64, {3}, true);
+    ProgramBuilder pb("stress");
+    const int v = *pb.AddArg(DType::kF64, {4, 3});
+    const int a = (*pb.AddCall(f, {v}))[0];
+    const int b = (*pb.AddCall(g, {a}))[0];
+    const int c = (*pb.AddCall(f, {b}))[0];
+    programs.push_back(*Lower(*pb.Build({c})));
+    slices.push_back(s1);
+    slices.push_back(s2);
+  }
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int i = 0; i < kIterations; ++i) {
+        double x[12];
+        for (double& e : x) e = static_cast<double>(rng() % 100);
+        auto outs = rt->dispatcher().Execute(*programs[t], {ProgramArg{nullptr, x, DType::kF64, {4, 3}}});
+        if (!outs.ok() || !(*outs)[0]->Await().ok()) {
+          failures++;
+          continue;
+        }
+        // a = psum(x + t); b = psum(2a) = 8a; c = psum(b + t) = 4b + 4t.
+        const double* out = static_cast<const double*>((*outs)[0]->data());
+        for (int j = 0; j < 3; ++j) {
+          double a = 0;
+          for (int s = 0; s < 4; ++s) a += x[s * 3 + j] + t;
+          const double want = 4 * (8 * a) + 4 * t;
+          for (int s = 0; s < 4; ++s) failures += out[s * 3 + j] != want;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  rt->AwaitQuiescence();
+  EXPECT_EQ(rt->scheduler(0).num_in_flight() + rt->scheduler(1).num_in_flight(), 0);
+  EXPECT_EQ(rt->scheduler(0).num_enqueued() + rt->scheduler(1).num_enqueued(),
+            static_cast<uint64_t>(kThreads * kIterations * 3));
+}
+
+INSTANTIATE_TEST_SUITE_P(ExecutorThreads, RuntimeTest, ::testing::Values(1, 2, 4));
+
+}  // namespace
+}  // namespace pw

@@ -1,0 +1,120 @@
+#ifndef PATHWAYS_CLUSTER_CLUSTER_H_
+#define PATHWAYS_CLUSTER_CLUSTER_H_
+
+// The physical topology of simulated accelerators (paper §4.1, Figure 3):
+// islands of hosts, each host with its devices. Devices inside an island talk
+// over ICI; islands talk over DCN.
+//
+// A Device is not a thread: it is an in-order execution stream whose queue
+// lives in its island's GangScheduler, executed by a shared pool of executor
+// threads, so one process can hold thousands of devices.
+//
+// A Cluster is immutable after Create() and thread-safe.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pw {
+
+class Host;
+class Island;
+
+struct TopologyOptions {
+  int num_islands = 2;
+  int hosts_per_island = 2;
+  int devices_per_host = 4;
+  // Simulated device memory (HBM) per device. The bytes are real host memory.
+  int64_t device_memory_bytes = int64_t{1} << 30;
+  std::string device_kind = "tpu";
+  // Executor threads shared by all devices; 0 picks the number of cores.
+  int num_executor_threads = 0;
+
+  std::string ToString() const;
+};
+
+// Parses "islands=2,hosts_per_island=2,devices_per_host=4,device_memory=1GiB,
+// executor_threads=2" (any subset, any order; memory accepts B, KiB, MiB,
+// GiB). The format of the PATHWAYS_TOPOLOGY environment variable.
+// InvalidArgument names the bad key or value.
+absl::StatusOr<TopologyOptions> ParseTopology(absl::string_view spec);
+
+class Device {
+ public:
+  int id() const { return id_; }                 // global, 0..num_devices-1
+  int index_in_host() const { return index_in_host_; }
+  int index_in_island() const { return index_in_island_; }
+  const std::string& kind() const { return *kind_; }
+  int64_t memory_capacity() const { return memory_capacity_; }
+  Host* host() const { return host_; }
+  Island* island() const { return island_; }
+  // "TpuDevice(id=3, island=0, host=1)"
+  std::string ToString() const;
+
+ private:
+  friend class Cluster;
+  int id_ = 0, index_in_host_ = 0, index_in_island_ = 0;
+  const std::string* kind_ = nullptr;
+  int64_t memory_capacity_ = 0;
+  Host* host_ = nullptr;
+  Island* island_ = nullptr;
+};
+
+class Host {
+ public:
+  int id() const { return id_; }
+  Island* island() const { return island_; }
+  const std::vector<Device*>& devices() const { return devices_; }
+
+ private:
+  friend class Cluster;
+  int id_ = 0;
+  Island* island_ = nullptr;
+  std::vector<Device*> devices_;
+};
+
+class Island {
+ public:
+  int id() const { return id_; }
+  const std::vector<Host*>& hosts() const { return hosts_; }
+  const std::vector<Device*>& devices() const { return devices_; }
+
+ private:
+  friend class Cluster;
+  int id_ = 0;
+  std::vector<Host*> hosts_;
+  std::vector<Device*> devices_;
+};
+
+class Cluster {
+ public:
+  // InvalidArgument if any count is < 1 or memory is < 1 byte.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Create(const TopologyOptions& options);
+
+  const TopologyOptions& options() const { return options_; }
+  const std::vector<Device*>& devices() const { return device_ptrs_; }
+  const std::vector<Host*>& hosts() const { return host_ptrs_; }
+  const std::vector<Island*>& islands() const { return island_ptrs_; }
+  int num_devices() const { return static_cast<int>(devices_.size()); }
+  // NotFound naming the valid range when `id` is not a device of this cluster.
+  absl::StatusOr<Device*> device(int id) const;
+
+ private:
+  Cluster() = default;
+  TopologyOptions options_;
+  std::string kind_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<std::unique_ptr<Host>> hosts_;
+  std::vector<std::unique_ptr<Island>> islands_;
+  std::vector<Device*> device_ptrs_;
+  std::vector<Host*> host_ptrs_;
+  std::vector<Island*> island_ptrs_;
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_CLUSTER_CLUSTER_H_

@@ -1,0 +1,49 @@
+#include "csrc/cluster/device_list.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pw {
+namespace {
+
+// "[0-3]" for a run of consecutive ids, "[0,1,8,9]" otherwise.
+std::string IdsToString(const std::vector<int>& ids) {
+  bool consecutive = true;
+  for (size_t i = 1; i < ids.size(); ++i) consecutive &= ids[i] == ids[i - 1] + 1;
+  if (consecutive && ids.size() > 2) return absl::StrCat("[", ids.front(), "-", ids.back(), "]");
+  return absl::StrCat("[", absl::StrJoin(ids, ","), "]");
+}
+
+}  // namespace
+
+absl::StatusOr<const DeviceList*> DeviceListRegistry::Intern(absl::Span<Device* const> devices) {
+  if (devices.empty()) return absl::InvalidArgumentError("a device list needs at least one device");
+  std::vector<int> ids;
+  ids.reserve(devices.size());
+  for (Device* d : devices) ids.push_back(d->id());
+  MutexLock lock(&mu_);
+  auto it = lists_.find(ids);
+  if (it != lists_.end()) return it->second.get();
+  absl::flat_hash_map<int, int> seen;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto [pos, inserted] = seen.emplace(ids[i], static_cast<int>(i));
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat("device ", ids[i], " appears twice (positions ",
+                                                     pos->second, " and ", i, ") in one device list"));
+    }
+  }
+  auto list = std::make_unique<DeviceList>();
+  list->devices_.assign(devices.begin(), devices.end());
+  list->island_ = devices[0]->island();
+  for (Device* d : devices) {
+    if (d->island() != list->island_) list->island_ = nullptr;
+  }
+  list->text_ = list->island_ ? absl::StrCat("island ", list->island_->id(), " devices ", IdsToString(ids))
+                              : absl::StrCat("devices ", IdsToString(ids));
+  const DeviceList* result = list.get();
+  lists_.emplace(std::move(ids), std::move(list));
+  return result;
+}
+
+}  // namespace pw

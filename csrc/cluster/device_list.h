@@ -1,0 +1,52 @@
+#ifndef PATHWAYS_CLUSTER_DEVICE_LIST_H_
+#define PATHWAYS_CLUSTER_DEVICE_LIST_H_
+
+// An ordered list of distinct physical devices: shard i of a sharded buffer
+// or gang lives on devices()[i]. Lists are interned by DeviceListRegistry, so
+// two buffers are on the same devices exactly when their DeviceList pointers
+// are equal: the dispatch path compares placements in O(1), not per shard.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "csrc/base/mutex.h"
+#include "csrc/cluster/cluster.h"
+
+namespace pw {
+
+class DeviceList {
+ public:
+  const std::vector<Device*>& devices() const { return devices_; }
+  int size() const { return static_cast<int>(devices_.size()); }
+  Device* operator[](int i) const { return devices_[i]; }
+  // The island of every device, or nullptr if they span several islands.
+  Island* island() const { return island_; }
+  // Compact text: "island 0 devices [0-3]" or "devices [0,1,8,9]".
+  const std::string& ToString() const { return text_; }
+
+ private:
+  friend class DeviceListRegistry;
+  std::vector<Device*> devices_;
+  Island* island_ = nullptr;
+  std::string text_;
+};
+
+// Interns DeviceLists. Thread-safe. Lists live as long as the registry.
+class DeviceListRegistry {
+ public:
+  // InvalidArgument if `devices` is empty or names a device twice.
+  absl::StatusOr<const DeviceList*> Intern(absl::Span<Device* const> devices);
+
+ private:
+  Mutex mu_;
+  absl::flat_hash_map<std::vector<int>, std::unique_ptr<DeviceList>> lists_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_CLUSTER_DEVICE_LIST_H_

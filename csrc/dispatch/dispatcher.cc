@@ -1,0 +1,85 @@
+#include "csrc/dispatch/dispatcher.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "csrc/dispatch/gang_task.h"
+
+namespace pw {
+
+ParallelDispatcher::ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers,
+                                       Executor* executor, TransferStats* stats)
+    : stores_(stores), schedulers_(std::move(schedulers)), executor_(executor), stats_(stats) {}
+
+absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> ParallelDispatcher::Execute(
+    const LoweredProgram& program, absl::Span<const ProgramArg> args) {
+  const ProgramIr& ir = program.ir();
+  if (static_cast<int>(args.size()) != ir.num_args()) {
+    return absl::InvalidArgumentError(absl::StrCat("program '", ir.name(), "' takes ", ir.num_args(),
+                                                   " arguments, got ", args.size()));
+  }
+  for (int a = 0; a < ir.num_args(); ++a) {
+    const ProgramValue& want = ir.values()[a];
+    const ProgramArg& arg = args[a];
+    const DType dtype = arg.buffer ? arg.buffer->dtype() : arg.dtype;
+    const Dims& dims = arg.buffer ? arg.buffer->dims() : arg.dims;
+    if (dtype != want.dtype || dims != want.dims) {
+      return absl::InvalidArgumentError(absl::StrCat("argument ", a, " of program '", ir.name(), "' must be ",
+                                                     TypeToString(want.dtype, want.dims), ", got ",
+                                                     TypeToString(dtype, dims)));
+    }
+  }
+  std::vector<std::shared_ptr<ShardedBuffer>> slots(program.num_slots());
+  ReadyList ready;
+  absl::Status status = DispatchSteps(program, args, slots, &ready);
+  // Whatever was dispatched runs, even if a later step failed to dispatch.
+  executor_->Submit(ready);
+  if (!status.ok()) return status;
+  std::vector<std::shared_ptr<ShardedBuffer>> outputs;
+  outputs.reserve(program.output_slots().size());
+  for (int slot : program.output_slots()) outputs.push_back(slots[slot]);
+  return outputs;
+}
+
+absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
+                                               std::vector<std::shared_ptr<ShardedBuffer>>& slots,
+                                               ReadyList* ready) {
+  for (const ArgPlacement& p : program.arg_placements()) {
+    const ProgramArg& arg = args[p.arg];
+    if (arg.buffer == nullptr) {
+      auto placed = CopyFromHost(stores_, arg.dtype, arg.dims, arg.host_data, p.devices, stats_);
+      if (!placed.ok()) return placed.status();
+      slots[p.slot] = *std::move(placed);
+    } else if (arg.buffer->devices() == p.devices) {
+      slots[p.slot] = arg.buffer;
+    } else {
+      auto dst = ShardedBuffer::Allocate(stores_, arg.buffer->dtype(), arg.buffer->dims(), p.devices);
+      if (!dst.ok()) return dst.status();
+      slots[p.slot] = *dst;
+      (new TransferTask(arg.buffer, *std::move(dst), ClassifyLink(*arg.buffer->devices(), *p.devices), stats_))
+          ->Start(ready);
+    }
+  }
+  const auto& types = program.slot_types();
+  for (const LoweredStep& step : program.steps()) {
+    absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 2> outputs;
+    for (int slot : step.out_slots) {
+      auto out = ShardedBuffer::Allocate(stores_, types[slot].dtype, types[slot].dims, step.devices);
+      if (!out.ok()) return out.status();
+      slots[slot] = *out;
+      outputs.push_back(*std::move(out));
+    }
+    if (step.kind == LoweredStep::Kind::kTransfer) {
+      (new TransferTask(slots[step.in_slots[0]], std::move(outputs[0]), step.link, stats_))->Start(ready);
+      continue;
+    }
+    absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 4> inputs;
+    for (int slot : step.in_slots) inputs.push_back(slots[slot]);
+    auto* task = new GangTask(program.ir().nodes()[step.node].fn, schedulers_[step.devices->island()->id()],
+                              std::move(inputs), std::move(outputs));
+    task->Submit(ready);
+    task->Release(ready);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pw

@@ -1,0 +1,70 @@
+#ifndef PATHWAYS_DISPATCH_DISPATCHER_H_
+#define PATHWAYS_DISPATCH_DISPATCHER_H_
+
+// Parallel asynchronous dispatch (paper §4.5, Figure 4b). Compiled functions
+// have static shapes, so all the host-side work of a program (allocating
+// every node's output buffers in the object stores, ordering every node in
+// its island's gang scheduler, wiring inputs to producers' futures) is done
+// at submission, for all nodes, without waiting for any predecessor to run.
+// Execute() returns the output buffers as futures at once; executors run the
+// nodes as their inputs become ready.
+//
+// The dispatch path is the product: per node it makes one task object and
+// one allocation per output buffer, never anything per shard, takes each
+// island scheduler's lock once per node, and wakes at most one executor
+// thread per program. No Python, no blocking.
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "csrc/coordination/transfer.h"
+#include "csrc/executor/executor.h"
+#include "csrc/object_store/object_store.h"
+#include "csrc/object_store/sharded_buffer.h"
+#include "csrc/program_ir/lowering.h"
+#include "csrc/scheduler/gang_scheduler.h"
+
+namespace pw {
+
+// A program argument: a sharded buffer, or host data to be placed.
+struct ProgramArg {
+  std::shared_ptr<ShardedBuffer> buffer;  // if set, the argument
+  const void* host_data = nullptr;        // else: row-major host array
+  DType dtype = DType::kF32;              // of host_data
+  Dims dims;                              // of host_data
+};
+
+class ParallelDispatcher {
+ public:
+  // All pointers must outlive the dispatcher. `schedulers` is indexed by
+  // island id.
+  ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers, Executor* executor,
+                     TransferStats* stats);
+
+  // Dispatches every step of `program` and returns its outputs (pending).
+  // InvalidArgument if the arguments do not match the program's; a
+  // ResourceExhausted error from the object stores if memory runs out, in
+  // which case the steps already dispatched still run to completion and
+  // their results are dropped. Thread-safe; `program` must stay alive until
+  // this returns (running steps keep what they need alive themselves).
+  absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Execute(const LoweredProgram& program,
+                                                                      absl::Span<const ProgramArg> args);
+
+  ObjectStores* stores() const { return stores_; }
+  TransferStats* transfer_stats() const { return stats_; }
+
+ private:
+  absl::Status DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
+                             std::vector<std::shared_ptr<ShardedBuffer>>& slots, ReadyList* ready);
+
+  ObjectStores* stores_;
+  std::vector<GangScheduler*> schedulers_;
+  Executor* executor_;
+  TransferStats* stats_;
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_DISPATCH_DISPATCHER_H_

@@ -1,0 +1,69 @@
+#ifndef PATHWAYS_EXECUTOR_EXECUTOR_H_
+#define PATHWAYS_EXECUTOR_EXECUTOR_H_
+
+// The executors (paper Figure 3, right): a pool of threads that run whatever
+// is ready, the shards of gangs and transfers alike, for all devices. A
+// device is not a thread; it is a queue in its island's GangScheduler.
+//
+// Waking a sleeping thread on another core costs ~25 us on our VMs, more
+// than a small node's whole work, so:
+//  - work made ready while running a job is run next on the same thread
+//    (a chain of nodes proceeds without any hand-off), and only the surplus
+//    is offered to other threads;
+//  - an idle worker spins for `spin_ns` before it sleeps, and a submitter
+//    only pays for a wake-up when no worker is awake to take the work.
+//
+// Thread-safe. Jobs must not block and must not call into Python.
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "csrc/base/mutex.h"
+#include "csrc/base/runnable.h"
+
+namespace pw {
+
+class Executor {
+ public:
+  // Starts `num_threads` (>= 1) workers.
+  explicit Executor(int num_threads, int64_t spin_ns = 50'000);
+  // Stops the workers after the queue drains.
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Queues all of `list` (which is left empty). Callable from any thread,
+  // including a worker.
+  void Submit(ReadyList& list);
+  void Submit(Runnable* job) {
+    ReadyList list;
+    list.Push(job);
+    Submit(list);
+  }
+
+  int num_threads() const { return static_cast<int>(threads_.size()); }
+  // Jobs run so far (for tests and stats).
+  int64_t jobs_run() const { return jobs_run_.load(std::memory_order_relaxed); }
+
+ private:
+  void WorkerLoop();
+  // Takes one job from the shared queue, or nullptr.
+  Runnable* TryTake();
+
+  const int64_t spin_ns_;
+  std::atomic<bool> has_work_{false};  // queue_ is nonempty; read without the lock
+  std::atomic<int64_t> jobs_run_{0};
+  Mutex mu_;
+  CondVar work_cv_;
+  // Protects the shared queue, the sleeper count and the stop flag.
+  ReadyList queue_ ABSL_GUARDED_BY(mu_);
+  int sleepers_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_EXECUTOR_EXECUTOR_H_

@@ -1,0 +1,73 @@
+#include "csrc/executor/executor.h"
+
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+// A job that, when run, makes `fanout` more jobs ready until `depth` is 0.
+class TreeJob : public Runnable {
+ public:
+  TreeJob(int depth, int fanout, std::atomic<int64_t>* count) : depth_(depth), fanout_(fanout), count_(count) {}
+  void Run(RunContext& ctx) override {
+    count_->fetch_add(1);
+    if (depth_ > 0) {
+      for (int i = 0; i < fanout_; ++i) ctx.ready->Push(new TreeJob(depth_ - 1, fanout_, count_));
+    }
+    delete this;
+  }
+
+ private:
+  int depth_, fanout_;
+  std::atomic<int64_t>* count_;
+};
+
+void WaitFor(const std::atomic<int64_t>& count, int64_t want) {
+  for (int i = 0; i < 200000 && count.load() < want; ++i) std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+class ExecutorTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ExecutorTest, RunsEveryJobIncludingOnesMadeReadyByJobs) {
+  Executor executor(GetParam());
+  std::atomic<int64_t> count{0};
+  // 1 + 3 + 9 + ... + 3^7 jobs.
+  executor.Submit(new TreeJob(7, 3, &count));
+  const int64_t want = (2187 * 3 - 1) / 2;
+  WaitFor(count, want);
+  EXPECT_EQ(count.load(), want);
+}
+
+TEST_P(ExecutorTest, ManySubmitterThreads) {
+  Executor executor(GetParam(), /*spin_ns=*/1000);
+  std::atomic<int64_t> count{0};
+  std::vector<std::thread> submitters;
+  for (int t = 0; t < 8; ++t) {
+    submitters.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        executor.Submit(new TreeJob(0, 0, &count));
+        if (i % 100 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // let workers sleep
+      }
+    });
+  }
+  for (auto& t : submitters) t.join();
+  WaitFor(count, 16000);
+  EXPECT_EQ(count.load(), 16000);
+}
+
+TEST_P(ExecutorTest, DestructorDrainsQueuedWork) {
+  std::atomic<int64_t> count{0};
+  {
+    Executor executor(GetParam());
+    for (int i = 0; i < 1000; ++i) executor.Submit(new TreeJob(1, 2, &count));
+  }
+  EXPECT_EQ(count.load(), 3000);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, ExecutorTest, ::testing::Values(1, 2, 4));
+
+}  // namespace
+}  // namespace pw

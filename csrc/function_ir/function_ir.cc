@@ -1,0 +1,252 @@
+#include "csrc/function_ir/function_ir.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "csrc/base/status_macros.h"
+
+namespace pw {
+namespace {
+
+// Elements of a non-scalar constant shown by ToText before "...".
+constexpr int64_t kMaxPrintedElements = 4;
+
+// Shortest text that reads back as the same value, so IR dumps are exact
+// without printing 17 digits for every 0.1.
+template <typename T>
+std::string FormatElement(const uint8_t* p) {
+  T value;
+  std::memcpy(&value, p, sizeof(T));
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
+  return ec == std::errc() ? std::string(buf, end) : "?";
+}
+
+std::string FormatLiteral(const Op& op) {
+  const int64_t size = DTypeSize(op.type.dtype);
+  const int64_t n = op.type.num_elements();
+  auto element = [&](int64_t i) {
+    const uint8_t* p = op.literal.data() + i * size;
+    return op.type.dtype == DType::kF64 ? FormatElement<double>(p) : FormatElement<float>(p);
+  };
+  if (op.type.dims.empty()) return element(0);
+  std::vector<std::string> parts;
+  for (int64_t i = 0; i < std::min(n, kMaxPrintedElements); ++i) parts.push_back(element(i));
+  if (n > kMaxPrintedElements) parts.push_back("...");
+  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+}
+
+std::string ValueName(int32_t v) { return absl::StrCat("%", v); }
+
+}  // namespace
+
+absl::string_view OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kParameter:
+      return "parameter";
+    case OpKind::kConstant:
+      return "constant";
+    case OpKind::kConvert:
+      return "convert";
+    case OpKind::kAdd:
+      return "add";
+    case OpKind::kSub:
+      return "sub";
+    case OpKind::kMul:
+      return "mul";
+    case OpKind::kDiv:
+      return "div";
+    case OpKind::kNeg:
+      return "neg";
+    case OpKind::kPsum:
+      return "psum";
+  }
+  return "unknown";
+}
+
+bool FunctionIr::has_collectives() const {
+  return std::any_of(ops_.begin(), ops_.end(),
+                     [](const Op& op) { return op.kind == OpKind::kPsum; });
+}
+
+std::string FunctionIr::ToText() const {
+  std::vector<std::string> params;
+  for (int32_t p : params_) {
+    params.push_back(absl::StrCat(ValueName(p), ": ", ops_[p].type.ToString()));
+  }
+  std::string text = absl::StrCat("func @", name_, "(", absl::StrJoin(params, ", "), ")");
+  if (!axis_name_.empty()) absl::StrAppend(&text, " axis=", axis_name_);
+  absl::StrAppend(&text, " {\n");
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const Op& op = ops_[i];
+    if (op.kind == OpKind::kParameter) continue;  // listed in the signature
+    absl::StrAppend(&text, "  ", ValueName(static_cast<int32_t>(i)), " = ");
+    if (op.kind == OpKind::kConstant) {
+      absl::StrAppend(&text, "const ", op.type.ToString(), " ", FormatLiteral(op), "\n");
+      continue;
+    }
+    absl::StrAppendFormat(&text, "%s", OpKindName(op.kind));
+    if (op.kind == OpKind::kPsum) absl::StrAppend(&text, "[", op.axis_name, "]");
+    absl::StrAppend(&text, " ",
+                    absl::StrJoin(op.operands, ", ",
+                                  [](std::string* out, int32_t v) {
+                                    absl::StrAppend(out, ValueName(v));
+                                  }),
+                    " : ", op.type.ToString(), "\n");
+  }
+  absl::StrAppend(&text, "  return ",
+                  absl::StrJoin(outputs_, ", ",
+                                [](std::string* out, int32_t v) {
+                                  absl::StrAppend(out, ValueName(v));
+                                }),
+                  "\n}\n");
+  return text;
+}
+
+FunctionBuilder::FunctionBuilder(std::string name, std::string axis_name)
+    : ir_(std::make_unique<FunctionIr>()) {
+  ir_->name_ = std::move(name);
+  ir_->axis_name_ = std::move(axis_name);
+}
+
+absl::Status FunctionBuilder::CheckValue(int32_t v, absl::string_view op) const {
+  if (ir_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s: the function builder was already built", op));
+  }
+  if (v < 0 || v >= num_values()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: operand %%%d is not a value of this function", op, v));
+  }
+  return absl::OkStatus();
+}
+
+int32_t FunctionBuilder::Add(Op op) {
+  ir_->ops_.push_back(std::move(op));
+  return static_cast<int32_t>(ir_->ops_.size() - 1);
+}
+
+int32_t FunctionBuilder::Parameter(DType dtype, Dims dims) {
+  // Built in place: moving an Op with no operands trips GCC's
+  // -Wuninitialized on absl::InlinedVector's inline storage.
+  Op& op = ir_->ops_.emplace_back();
+  op.kind = OpKind::kParameter;
+  op.type = ValueType{dtype, std::move(dims)};
+  op.param_index = static_cast<int32_t>(ir_->params_.size());
+  const int32_t v = num_values() - 1;
+  ir_->params_.push_back(v);
+  return v;
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Constant(DType dtype, Dims dims,
+                                                  absl::Span<const uint8_t> bytes) {
+  if (ir_ == nullptr) return absl::FailedPreconditionError("constant: builder already built");
+  if (std::any_of(dims.begin(), dims.end(), [](int64_t d) { return d < 0; })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("constant: negative dimension in ", TypeToString(dtype, dims)));
+  }
+  const int64_t expected = NumElements(dims) * DTypeSize(dtype);
+  if (static_cast<int64_t>(bytes.size()) != expected) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "constant: %s needs %d bytes, got %d", TypeToString(dtype, dims), expected,
+        bytes.size()));
+  }
+  Op& op = ir_->ops_.emplace_back();  // in place, as in Parameter()
+  op.kind = OpKind::kConstant;
+  op.type = ValueType{dtype, std::move(dims)};
+  op.literal.assign(bytes.begin(), bytes.end());
+  return num_values() - 1;
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Convert(int32_t x, DType dtype) {
+  PW_RETURN_IF_ERROR(CheckValue(x, OpKindName(OpKind::kConvert)));
+  if (type(x).dtype == dtype) return x;
+  Op op;
+  op.kind = OpKind::kConvert;
+  op.operands = {x};
+  op.type = ValueType{dtype, type(x).dims};
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t b) {
+  if (kind != OpKind::kAdd && kind != OpKind::kSub && kind != OpKind::kMul &&
+      kind != OpKind::kDiv) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("binary: %s is not a binary op", OpKindName(kind)));
+  }
+  const absl::string_view name = OpKindName(kind);
+  PW_RETURN_IF_ERROR(CheckValue(a, name));
+  PW_RETURN_IF_ERROR(CheckValue(b, name));
+  // Copies: adding converts below may reallocate ops_.
+  const ValueType ta = type(a);
+  const ValueType tb = type(b);
+  Dims dims;
+  if (ta.dims == tb.dims || tb.dims.empty()) {
+    dims = ta.dims;
+  } else if (ta.dims.empty()) {
+    dims = tb.dims;
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: incompatible shapes %s and %s", name, ta.ToString(), tb.ToString()));
+  }
+  const DType dtype = PromoteTypes(ta.dtype, tb.dtype);
+  PW_ASSIGN_OR_RETURN(a, Convert(a, dtype));
+  PW_ASSIGN_OR_RETURN(b, Convert(b, dtype));
+  Op op;
+  op.kind = kind;
+  op.operands = {a, b};
+  op.type = ValueType{dtype, std::move(dims)};
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Unary(OpKind kind, int32_t x) {
+  if (kind != OpKind::kNeg) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("unary: %s is not a unary op", OpKindName(kind)));
+  }
+  PW_RETURN_IF_ERROR(CheckValue(x, OpKindName(kind)));
+  Op op;
+  op.kind = kind;
+  op.operands = {x};
+  op.type = type(x);
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Psum(int32_t x, absl::string_view axis_name) {
+  PW_RETURN_IF_ERROR(CheckValue(x, OpKindName(OpKind::kPsum)));
+  if (axis_name.empty() || axis_name != ir_->axis_name_) {
+    return absl::InvalidArgumentError(
+        ir_->axis_name_.empty()
+            ? absl::StrFormat("psum: unbound axis name '%s' (this function has no pmap "
+                              "axis name)",
+                              axis_name)
+            : absl::StrFormat("psum: unbound axis name '%s' (bound: '%s')", axis_name,
+                              ir_->axis_name_));
+  }
+  Op op;
+  op.kind = OpKind::kPsum;
+  op.operands = {x};
+  op.type = type(x);
+  op.axis_name = std::string(axis_name);
+  return Add(std::move(op));
+}
+
+absl::StatusOr<std::shared_ptr<const FunctionIr>> FunctionBuilder::Build(
+    absl::Span<const int32_t> outputs) {
+  if (ir_ == nullptr) return absl::FailedPreconditionError("build: builder already built");
+  if (outputs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("build: function @", ir_->name_, " needs at least one output"));
+  }
+  for (int32_t v : outputs) PW_RETURN_IF_ERROR(CheckValue(v, "return"));
+  ir_->outputs_.assign(outputs.begin(), outputs.end());
+  return std::shared_ptr<const FunctionIr>(std::move(ir_));
+}
+
+}  // namespace pw

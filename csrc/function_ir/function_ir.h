@@ -1,0 +1,146 @@
+#ifndef PATHWAYS_FUNCTION_IR_FUNCTION_IR_H_
+#define PATHWAYS_FUNCTION_IR_FUNCTION_IR_H_
+
+// The IR of a compiled function (paper §3, Appendix B): one shard's program
+// of a pmap'd function, with every value's type (dtype and per-shard shape)
+// known before it runs. It is traced once per input signature by the Python
+// front end through FunctionBuilder, and run by kernels/FunctionExecutable on
+// all shards of a gang together.
+//
+// Values are in SSA form: each Op defines one value, named by its index in
+// ops(); operands refer to earlier ops only.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "csrc/base/dtype.h"
+
+namespace pw {
+
+enum class OpKind : uint8_t {
+  kParameter,  // input `param_index` of the function
+  kConstant,   // a literal captured at trace time
+  kConvert,    // elementwise cast to type.dtype
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kNeg,
+  kPsum,       // all-reduce sum across the shards of the gang (the pmap axis)
+};
+
+// "add", "psum", ... as printed in IR text and error messages.
+absl::string_view OpKindName(OpKind kind);
+
+// The per-shard type of a value.
+struct ValueType {
+  DType dtype = DType::kF32;
+  Dims dims;
+
+  int64_t num_elements() const { return NumElements(dims); }
+  int64_t num_bytes() const { return num_elements() * DTypeSize(dtype); }
+  std::string ToString() const { return TypeToString(dtype, dims); }
+  friend bool operator==(const ValueType& a, const ValueType& b) {
+    return a.dtype == b.dtype && a.dims == b.dims;
+  }
+};
+
+struct Op {
+  OpKind kind = OpKind::kParameter;
+  absl::InlinedVector<int32_t, 2> operands;  // indices of earlier ops
+  ValueType type;                            // type of the value this op defines
+  int32_t param_index = -1;                  // kParameter only
+  std::vector<uint8_t> literal;              // kConstant only: row-major elements of `type`
+  std::string axis_name;                     // collectives only
+};
+
+// An immutable, validated function. Thread-safe (read-only after Build).
+class FunctionIr {
+ public:
+  const std::string& name() const { return name_; }
+  // The pmap axis name collectives refer to; empty when the function has none.
+  const std::string& axis_name() const { return axis_name_; }
+  absl::Span<const Op> ops() const { return ops_; }
+  // Op index of each parameter, in parameter order.
+  absl::Span<const int32_t> params() const { return params_; }
+  // Op index of each output, in output order (an op may appear twice).
+  absl::Span<const int32_t> outputs() const { return outputs_; }
+  const ValueType& param_type(int i) const { return ops_[params_[i]].type; }
+  const ValueType& output_type(int i) const { return ops_[outputs_[i]].type; }
+  int num_params() const { return static_cast<int>(params_.size()); }
+  int num_outputs() const { return static_cast<int>(outputs_.size()); }
+  // True if any op is a collective (the gang must run all shards together).
+  bool has_collectives() const;
+
+  // Human-readable text, e.g.
+  //   func @f(%0: f32[], %1: f32[3]) axis=i {
+  //     %2 = const f32[] 2
+  //     %3 = mul %0, %2 : f32[]
+  //     %4 = psum[i] %3 : f32[]
+  //     return %4
+  //   }
+  std::string ToText() const;
+
+ private:
+  friend class FunctionBuilder;
+  std::string name_;
+  std::string axis_name_;
+  std::vector<Op> ops_;
+  std::vector<int32_t> params_;
+  std::vector<int32_t> outputs_;
+};
+
+// Builds a FunctionIr op by op, inferring and checking types as it goes, so
+// that shape and dtype errors surface at trace time with the op's name and the
+// shapes involved. Not thread-safe; one builder per trace.
+class FunctionBuilder {
+ public:
+  FunctionBuilder(std::string name, std::string axis_name);
+
+  // Adds the next parameter; returns its value.
+  int32_t Parameter(DType dtype, Dims dims);
+
+  // A constant. `bytes` must hold NumElements(dims) elements of `dtype`,
+  // row-major; InvalidArgument otherwise.
+  absl::StatusOr<int32_t> Constant(DType dtype, Dims dims, absl::Span<const uint8_t> bytes);
+
+  // Elementwise cast. Returns `x` itself when it already has `dtype`.
+  absl::StatusOr<int32_t> Convert(int32_t x, DType dtype);
+
+  // kAdd, kSub, kMul or kDiv. The operands must have equal dims, or one of
+  // them must be a scalar (rank 0), which is broadcast. Mixed dtypes are
+  // promoted (a Convert is inserted). InvalidArgument names the op and both
+  // shapes otherwise, e.g. "add: incompatible shapes f32[2] and f32[3]".
+  absl::StatusOr<int32_t> Binary(OpKind kind, int32_t a, int32_t b);
+
+  // kNeg.
+  absl::StatusOr<int32_t> Unary(OpKind kind, int32_t x);
+
+  // All-reduce sum over the axis `axis_name`, which must be the builder's
+  // axis name; InvalidArgument ("psum: unbound axis name 'j' (bound: 'i')")
+  // otherwise.
+  absl::StatusOr<int32_t> Psum(int32_t x, absl::string_view axis_name);
+
+  // The type of value `v`. `v` must be a value of this builder.
+  const ValueType& type(int32_t v) const { return ir_->ops_[v].type; }
+  int num_values() const { return static_cast<int>(ir_->ops_.size()); }
+
+  // Finishes the function with the given outputs (at least one). The builder
+  // must not be used afterwards.
+  absl::StatusOr<std::shared_ptr<const FunctionIr>> Build(absl::Span<const int32_t> outputs);
+
+ private:
+  absl::Status CheckValue(int32_t v, absl::string_view op) const;
+  int32_t Add(Op op);
+  std::unique_ptr<FunctionIr> ir_;
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_FUNCTION_IR_FUNCTION_IR_H_

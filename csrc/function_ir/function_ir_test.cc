@@ -1,0 +1,246 @@
+#include "csrc/function_ir/function_ir.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+template <typename T>
+std::vector<uint8_t> Bytes(std::vector<T> values) {
+  std::vector<uint8_t> out(values.size() * sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+void ExpectInvalid(const absl::Status& status, const std::string& message) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(std::string(status.message()), message);
+}
+
+TEST(OpKindNameTest, AllKinds) {
+  EXPECT_EQ(OpKindName(OpKind::kParameter), "parameter");
+  EXPECT_EQ(OpKindName(OpKind::kConstant), "constant");
+  EXPECT_EQ(OpKindName(OpKind::kConvert), "convert");
+  EXPECT_EQ(OpKindName(OpKind::kAdd), "add");
+  EXPECT_EQ(OpKindName(OpKind::kSub), "sub");
+  EXPECT_EQ(OpKindName(OpKind::kMul), "mul");
+  EXPECT_EQ(OpKindName(OpKind::kDiv), "div");
+  EXPECT_EQ(OpKindName(OpKind::kNeg), "neg");
+  EXPECT_EQ(OpKindName(OpKind::kPsum), "psum");
+}
+
+TEST(FunctionBuilderTest, ParametersAreNumberedInOrder) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {2, 3});
+  ASSERT_TRUE(b.Constant(DType::kF32, {}, Bytes<float>({1})).ok());
+  const int32_t y = b.Parameter(DType::kF64, {});
+  auto ir = b.Build({y, x});
+  ASSERT_TRUE(ir.ok()) << ir.status();
+  const FunctionIr& f = **ir;
+  EXPECT_EQ(f.num_params(), 2);
+  EXPECT_EQ(f.params()[0], x);
+  EXPECT_EQ(f.params()[1], y);
+  EXPECT_EQ(f.ops()[x].param_index, 0);
+  EXPECT_EQ(f.ops()[y].param_index, 1);
+  EXPECT_EQ(f.param_type(0).ToString(), "f32[2,3]");
+  EXPECT_EQ(f.param_type(1).ToString(), "f64[]");
+  EXPECT_EQ(f.num_outputs(), 2);
+  EXPECT_EQ(f.output_type(0).ToString(), "f64[]");
+  EXPECT_EQ(f.output_type(1).num_bytes(), 24);
+  EXPECT_FALSE(f.has_collectives());
+  EXPECT_EQ(f.name(), "f");
+}
+
+TEST(FunctionBuilderTest, ConstantChecksByteCount) {
+  FunctionBuilder b("f", "");
+  auto ok = b.Constant(DType::kF64, {3}, Bytes<double>({1, 2, 3}));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(b.type(*ok).ToString(), "f64[3]");
+  auto wrong = b.Constant(DType::kF64, {3}, Bytes<float>({1, 2, 3}));
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  auto scalar = b.Constant(DType::kF32, {}, Bytes<float>({}));
+  EXPECT_EQ(scalar.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.num_values(), 1);
+}
+
+TEST(FunctionBuilderTest, ConvertOnlyWhenDTypeDiffers) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {4});
+  auto same = b.Convert(x, DType::kF32);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(*same, x);
+  EXPECT_EQ(b.num_values(), 1);
+  auto wide = b.Convert(x, DType::kF64);
+  ASSERT_TRUE(wide.ok());
+  EXPECT_NE(*wide, x);
+  EXPECT_EQ(b.type(*wide).ToString(), "f64[4]");
+  ExpectInvalid(b.Convert(9, DType::kF64).status(),
+                "convert: operand %9 is not a value of this function");
+}
+
+TEST(FunctionBuilderTest, BinaryInfersShapeAndPromotes) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {2, 3});
+  const int32_t s = b.Parameter(DType::kF32, {});
+  const int32_t d = b.Parameter(DType::kF64, {});
+
+  auto same = b.Binary(OpKind::kAdd, x, x);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(b.type(*same).ToString(), "f32[2,3]");
+
+  auto scalar_right = b.Binary(OpKind::kSub, x, s);
+  ASSERT_TRUE(scalar_right.ok());
+  EXPECT_EQ(b.type(*scalar_right).ToString(), "f32[2,3]");
+
+  auto scalar_left = b.Binary(OpKind::kDiv, s, x);
+  ASSERT_TRUE(scalar_left.ok());
+  EXPECT_EQ(b.type(*scalar_left).ToString(), "f32[2,3]");
+
+  // f64 scalar * f32 matrix: the matrix is converted, the result is f64.
+  const int before = b.num_values();
+  auto mixed = b.Binary(OpKind::kMul, d, x);
+  ASSERT_TRUE(mixed.ok());
+  EXPECT_EQ(b.type(*mixed).ToString(), "f64[2,3]");
+  EXPECT_EQ(b.num_values(), before + 2);
+  auto ir = b.Build({*mixed});
+  ASSERT_TRUE(ir.ok());
+  const Op& mul = (*ir)->ops()[*mixed];
+  EXPECT_EQ(mul.kind, OpKind::kMul);
+  ASSERT_EQ(mul.operands.size(), 2u);
+  EXPECT_EQ(mul.operands[0], d);
+  const Op& convert = (*ir)->ops()[mul.operands[1]];
+  EXPECT_EQ(convert.kind, OpKind::kConvert);
+  EXPECT_EQ(convert.operands[0], x);
+  EXPECT_EQ(convert.type.ToString(), "f64[2,3]");
+}
+
+TEST(FunctionBuilderTest, BinaryShapeErrors) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {2});
+  const int32_t y = b.Parameter(DType::kF32, {3});
+  const int32_t m = b.Parameter(DType::kF64, {3, 2});
+  const int32_t one = b.Parameter(DType::kF32, {1});
+  ExpectInvalid(b.Binary(OpKind::kAdd, x, y).status(),
+                "add: incompatible shapes f32[2] and f32[3]");
+  ExpectInvalid(b.Binary(OpKind::kMul, m, x).status(),
+                "mul: incompatible shapes f64[3,2] and f32[2]");
+  // Only rank 0 broadcasts; a one-element vector does not.
+  ExpectInvalid(b.Binary(OpKind::kDiv, one, y).status(),
+                "div: incompatible shapes f32[1] and f32[3]");
+  // Failed ops add nothing (not even a convert).
+  EXPECT_EQ(b.num_values(), 4);
+}
+
+TEST(FunctionBuilderTest, OperandErrors) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {2});
+  ExpectInvalid(b.Binary(OpKind::kSub, x, 7).status(),
+                "sub: operand %7 is not a value of this function");
+  ExpectInvalid(b.Binary(OpKind::kAdd, -1, x).status(),
+                "add: operand %-1 is not a value of this function");
+  ExpectInvalid(b.Unary(OpKind::kNeg, 1).status(),
+                "neg: operand %1 is not a value of this function");
+  ExpectInvalid(b.Psum(3, "i").status(), "psum: operand %3 is not a value of this function");
+  EXPECT_EQ(b.Binary(OpKind::kNeg, x, x).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.Binary(OpKind::kPsum, x, x).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.Unary(OpKind::kAdd, x).status().code(), absl::StatusCode::kInvalidArgument);
+  auto neg = b.Unary(OpKind::kNeg, x);
+  ASSERT_TRUE(neg.ok());
+  EXPECT_EQ(b.type(*neg).ToString(), "f32[2]");
+}
+
+TEST(FunctionBuilderTest, PsumAxisNames) {
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DType::kF64, {5});
+  ExpectInvalid(b.Psum(x, "j").status(), "psum: unbound axis name 'j' (bound: 'i')");
+  ExpectInvalid(b.Psum(x, "").status(), "psum: unbound axis name '' (bound: 'i')");
+  auto s = b.Psum(x, "i");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(b.type(*s).ToString(), "f64[5]");
+  auto ir = b.Build({*s});
+  ASSERT_TRUE(ir.ok());
+  EXPECT_TRUE((*ir)->has_collectives());
+  EXPECT_EQ((*ir)->ops()[*s].axis_name, "i");
+  EXPECT_EQ((*ir)->axis_name(), "i");
+
+  FunctionBuilder unbound("g", "");
+  const int32_t y = unbound.Parameter(DType::kF32, {});
+  ExpectInvalid(unbound.Psum(y, "j").status(),
+                "psum: unbound axis name 'j' (this function has no pmap axis name)");
+  ExpectInvalid(unbound.Psum(y, "").status(),
+                "psum: unbound axis name '' (this function has no pmap axis name)");
+}
+
+TEST(FunctionBuilderTest, BuildChecksOutputs) {
+  {
+    FunctionBuilder b("f", "");
+    b.Parameter(DType::kF32, {});
+    EXPECT_EQ(b.Build({}).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  {
+    FunctionBuilder b("f", "");
+    b.Parameter(DType::kF32, {});
+    ExpectInvalid(b.Build({0, 1}).status(),
+                  "return: operand %1 is not a value of this function");
+  }
+  {
+    FunctionBuilder b("f", "");
+    const int32_t x = b.Parameter(DType::kF32, {});
+    auto ir = b.Build({x, x});
+    ASSERT_TRUE(ir.ok());
+    EXPECT_EQ((*ir)->num_outputs(), 2);
+  }
+}
+
+TEST(FunctionIrTest, ToTextMatchesHeaderExample) {
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DType::kF32, {});
+  b.Parameter(DType::kF32, {3});
+  auto two = b.Constant(DType::kF32, {}, Bytes<float>({2}));
+  ASSERT_TRUE(two.ok());
+  auto mul = b.Binary(OpKind::kMul, x, *two);
+  ASSERT_TRUE(mul.ok());
+  auto psum = b.Psum(*mul, "i");
+  ASSERT_TRUE(psum.ok());
+  auto ir = b.Build({*psum});
+  ASSERT_TRUE(ir.ok());
+  EXPECT_EQ((*ir)->ToText(),
+            "func @f(%0: f32[], %1: f32[3]) axis=i {\n"
+            "  %2 = const f32[] 2\n"
+            "  %3 = mul %0, %2 : f32[]\n"
+            "  %4 = psum[i] %3 : f32[]\n"
+            "  return %4\n"
+            "}\n");
+}
+
+TEST(FunctionIrTest, ToTextConstantsConvertsAndNeg) {
+  FunctionBuilder b("g", "");
+  const int32_t x = b.Parameter(DType::kF64, {3});
+  auto small = b.Constant(DType::kF32, {3}, Bytes<float>({1, 2.5f, -3}));
+  auto big = b.Constant(DType::kF64, {2, 3}, Bytes<double>({0.1, 2, 3, 4, 5, 6}));
+  auto half = b.Constant(DType::kF64, {}, Bytes<double>({0.5}));
+  ASSERT_TRUE(small.ok() && big.ok() && half.ok());
+  auto sum = b.Binary(OpKind::kAdd, *small, x);  // converts the f32 constant
+  ASSERT_TRUE(sum.ok());
+  auto neg = b.Unary(OpKind::kNeg, *sum);
+  ASSERT_TRUE(neg.ok());
+  auto ir = b.Build({*neg, x});
+  ASSERT_TRUE(ir.ok());
+  const std::string text = (*ir)->ToText();
+  EXPECT_NE(text.find("func @g(%0: f64[3]) {\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("%1 = const f32[3] [1, 2.5, -3]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("%2 = const f64[2,3] [0.1, 2, 3, 4, ...]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("%3 = const f64[] 0.5\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("%4 = convert %1 : f64[3]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("%5 = add %4, %0 : f64[3]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("%6 = neg %5 : f64[3]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  return %6, %0\n}\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("axis="), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace pw

@@ -1,0 +1,61 @@
+#ifndef PATHWAYS_KERNELS_FUNCTION_EXECUTABLE_H_
+#define PATHWAYS_KERNELS_FUNCTION_EXECUTABLE_H_
+
+// A compiled function ready to run on a gang of simulated devices: the
+// FunctionIr plus a memory plan for its intermediate values.
+//
+// Run() executes all shards of one gang together, op by op. Shards of a gang
+// are laid out shard-major and contiguous (shard s of a value at
+// base + s * per_shard_bytes), so an elementwise op over the whole gang is one
+// flat loop, and a collective (psum) reduces across the shard stride. This is
+// the "gang launch" model: the executor starts a gang only when it is at the
+// head of every device's queue and its inputs are ready, so no shard ever
+// blocks a thread waiting for the rest of its gang inside a collective.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "csrc/function_ir/function_ir.h"
+
+namespace pw {
+
+class FunctionExecutable {
+ public:
+  // Plans scratch memory for `ir`. Fails only on an op the kernels cannot run.
+  static absl::StatusOr<std::shared_ptr<const FunctionExecutable>> Compile(
+      std::shared_ptr<const FunctionIr> ir);
+
+  const FunctionIr& ir() const { return *ir_; }
+  const std::shared_ptr<const FunctionIr>& ir_ptr() const { return ir_; }
+
+  // Bytes of one shard of parameter i / output i.
+  int64_t param_bytes(int i) const { return ir_->param_type(i).num_bytes(); }
+  int64_t output_bytes(int i) const { return ir_->output_type(i).num_bytes(); }
+
+  // Scratch bytes Run() needs for a gang of `num_shards` shards.
+  int64_t scratch_bytes(int num_shards) const { return scratch_per_shard_ * num_shards; }
+
+  // Runs every shard of one gang. inputs[i] holds parameter i for all shards
+  // (shard-major, as above); outputs[i] receives output i for all shards.
+  // `scratch` has at least scratch_bytes(num_shards) bytes, 64-byte aligned.
+  // Input and output regions must not overlap. Thread-safe: the executable is
+  // read-only, so many gangs may run it at once with their own scratch.
+  // Runs on an executor thread: no allocation, no locks, no Python.
+  void Run(int num_shards, absl::Span<const void* const> inputs,
+           absl::Span<void* const> outputs, void* scratch) const;
+
+ private:
+  explicit FunctionExecutable(std::shared_ptr<const FunctionIr> ir) : ir_(std::move(ir)) {}
+  std::shared_ptr<const FunctionIr> ir_;
+  // Per op: byte offset of its value in one shard's slice of scratch, or -1
+  // for parameters (read in place from the inputs).
+  std::vector<int64_t> scratch_offset_;
+  int64_t scratch_per_shard_ = 0;
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_KERNELS_FUNCTION_EXECUTABLE_H_

@@ -1,0 +1,424 @@
+#include "csrc/kernels/function_executable.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+// Counts heap allocations while g_count_allocations is set, to check that
+// Run() does not allocate.
+namespace {
+std::atomic<bool> g_count_allocations{false};
+std::atomic<int64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (g_count_allocations.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+// noinline: inlined into callers, free() of operator new's memory trips GCC's
+// -Wmismatched-new-delete.
+__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
+__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace pw {
+namespace {
+
+constexpr int kShardCounts[] = {1, 2, 3, 8};
+
+template <typename T>
+constexpr DType DTypeOf() {
+  return sizeof(T) == 8 ? DType::kF64 : DType::kF32;
+}
+
+template <typename T>
+std::vector<uint8_t> Bytes(const std::vector<T>& values) {
+  std::vector<uint8_t> out(values.size() * sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+template <typename T>
+std::vector<T> Values(const std::vector<uint8_t>& bytes) {
+  std::vector<T> out(bytes.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+// Distinct, nonzero values for every element of every shard.
+template <typename T>
+std::vector<T> Iota(int num_shards, int64_t n, T start, T step) {
+  std::vector<T> v(num_shards * n);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = start + step * static_cast<T>(i);
+  return v;
+}
+
+struct alignas(64) Block {
+  uint8_t bytes[64];
+};
+
+// Runs `exe` on a gang with the given inputs (all shards, shard-major) and
+// returns the outputs. Scratch and outputs start as garbage (NaN bytes), so
+// reading an unwritten value shows up in the results.
+std::vector<std::vector<uint8_t>> RunGang(const FunctionExecutable& exe, int num_shards,
+                                          const std::vector<std::vector<uint8_t>>& inputs,
+                                          int64_t* allocations = nullptr) {
+  EXPECT_EQ(static_cast<int>(inputs.size()), exe.ir().num_params());
+  std::vector<const void*> in;
+  for (int i = 0; i < exe.ir().num_params(); ++i) {
+    EXPECT_EQ(static_cast<int64_t>(inputs[i].size()), exe.param_bytes(i) * num_shards);
+    in.push_back(inputs[i].data());
+  }
+  std::vector<std::vector<uint8_t>> outputs;
+  std::vector<void*> out;
+  for (int i = 0; i < exe.ir().num_outputs(); ++i) {
+    outputs.emplace_back(exe.output_bytes(i) * num_shards, 0xff);
+  }
+  for (auto& o : outputs) out.push_back(o.data());
+  std::vector<Block> scratch((exe.scratch_bytes(num_shards) + 63) / 64);
+  std::memset(scratch.data(), 0xff, scratch.size() * sizeof(Block));
+
+  g_allocations = 0;
+  g_count_allocations = true;
+  exe.Run(num_shards, in, out, scratch.data());
+  g_count_allocations = false;
+  if (allocations != nullptr) *allocations = g_allocations;
+  return outputs;
+}
+
+template <typename T>
+void ExpectValuesNear(const std::vector<T>& actual, const std::vector<T>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if constexpr (sizeof(T) == 8) {
+      EXPECT_DOUBLE_EQ(actual[i], expected[i]) << "element " << i;
+    } else {
+      EXPECT_FLOAT_EQ(actual[i], expected[i]) << "element " << i;
+    }
+  }
+}
+
+std::shared_ptr<const FunctionExecutable> MustCompile(
+    absl::StatusOr<std::shared_ptr<const FunctionIr>> ir) {
+  EXPECT_TRUE(ir.ok()) << ir.status();
+  if (!ir.ok()) return nullptr;
+  auto exe = FunctionExecutable::Compile(*std::move(ir));
+  EXPECT_TRUE(exe.ok()) << exe.status();
+  return exe.ok() ? *exe : nullptr;
+}
+
+template <typename T>
+int32_t ScalarConstant(FunctionBuilder& b, T value) {
+  auto c = b.Constant(DTypeOf<T>(), {}, Bytes<T>({value}));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+template <typename T>
+class FunctionExecutableTest : public ::testing::Test {};
+using ElementTypes = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(FunctionExecutableTest, ElementTypes);
+
+TYPED_TEST(FunctionExecutableTest, BinaryOfTwoParams) {
+  using T = TypeParam;
+  const OpKind kinds[] = {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv};
+  const std::function<T(T, T)> fns[] = {std::plus<T>(), std::minus<T>(), std::multiplies<T>(),
+                                        std::divides<T>()};
+  constexpr int64_t n = 5;
+  for (int k = 0; k < 4; ++k) {
+    FunctionBuilder b("f", "");
+    const int32_t x = b.Parameter(DTypeOf<T>(), {n});
+    const int32_t y = b.Parameter(DTypeOf<T>(), {n});
+    auto r = b.Binary(kinds[k], x, y);
+    ASSERT_TRUE(r.ok());
+    auto exe = MustCompile(b.Build({*r}));
+    ASSERT_NE(exe, nullptr);
+    for (int shards : kShardCounts) {
+      SCOPED_TRACE(testing::Message() << OpKindName(kinds[k]) << " shards=" << shards);
+      const auto xs = Iota<T>(shards, n, T(1.5), T(0.75));
+      const auto ys = Iota<T>(shards, n, T(-3), T(0.5));
+      std::vector<T> expected(xs.size());
+      for (size_t i = 0; i < xs.size(); ++i) expected[i] = fns[k](xs[i], ys[i]);
+      const auto out = RunGang(*exe, shards, {Bytes(xs), Bytes(ys)});
+      ExpectValuesNear(Values<T>(out[0]), expected);
+    }
+  }
+}
+
+TYPED_TEST(FunctionExecutableTest, ScalarConstantOnEitherSide) {
+  using T = TypeParam;
+  constexpr int64_t n = 7;
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DTypeOf<T>(), {n});
+  const int32_t two = ScalarConstant<T>(b, 2);
+  auto left = b.Binary(OpKind::kSub, two, x);   // 2 - x
+  auto right = b.Binary(OpKind::kSub, x, two);  // x - 2
+  auto quot = b.Binary(OpKind::kDiv, two, x);   // 2 / x
+  ASSERT_TRUE(left.ok() && right.ok() && quot.ok());
+  auto exe = MustCompile(b.Build({*left, *right, *quot}));
+  ASSERT_NE(exe, nullptr);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    const auto xs = Iota<T>(shards, n, T(0.5), T(1.25));
+    std::vector<T> l, r, q;
+    for (T v : xs) {
+      l.push_back(T(2) - v);
+      r.push_back(v - T(2));
+      q.push_back(T(2) / v);
+    }
+    const auto out = RunGang(*exe, shards, {Bytes(xs)});
+    ExpectValuesNear(Values<T>(out[0]), l);
+    ExpectValuesNear(Values<T>(out[1]), r);
+    ExpectValuesNear(Values<T>(out[2]), q);
+  }
+}
+
+// A per-shard scalar (a parameter, not a constant) broadcasts within its own
+// shard only.
+TYPED_TEST(FunctionExecutableTest, PerShardScalarBroadcast) {
+  using T = TypeParam;
+  constexpr int64_t n = 3;
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DTypeOf<T>(), {n});
+  const int32_t s = b.Parameter(DTypeOf<T>(), {});
+  auto xs_minus = b.Binary(OpKind::kSub, x, s);
+  auto s_minus = b.Binary(OpKind::kSub, s, x);
+  auto ss = b.Binary(OpKind::kMul, s, s);
+  ASSERT_TRUE(xs_minus.ok() && s_minus.ok() && ss.ok());
+  auto exe = MustCompile(b.Build({*xs_minus, *s_minus, *ss}));
+  ASSERT_NE(exe, nullptr);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    const auto xv = Iota<T>(shards, n, T(1), T(1));
+    const auto sv = Iota<T>(shards, 1, T(10), T(100));
+    std::vector<T> e0, e1, e2;
+    for (int sh = 0; sh < shards; ++sh) {
+      for (int64_t j = 0; j < n; ++j) {
+        e0.push_back(xv[sh * n + j] - sv[sh]);
+        e1.push_back(sv[sh] - xv[sh * n + j]);
+      }
+      e2.push_back(sv[sh] * sv[sh]);
+    }
+    const auto out = RunGang(*exe, shards, {Bytes(xv), Bytes(sv)});
+    ExpectValuesNear(Values<T>(out[0]), e0);
+    ExpectValuesNear(Values<T>(out[1]), e1);
+    ExpectValuesNear(Values<T>(out[2]), e2);
+  }
+}
+
+TYPED_TEST(FunctionExecutableTest, NegAndVectorConstant) {
+  using T = TypeParam;
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DTypeOf<T>(), {4});
+  auto c = b.Constant(DTypeOf<T>(), {4}, Bytes<T>({1, -2, 3, -4}));
+  ASSERT_TRUE(c.ok());
+  auto neg = b.Unary(OpKind::kNeg, x);
+  ASSERT_TRUE(neg.ok());
+  auto plus = b.Binary(OpKind::kAdd, *neg, *c);
+  auto neg_c = b.Unary(OpKind::kNeg, *c);
+  ASSERT_TRUE(plus.ok() && neg_c.ok());
+  auto exe = MustCompile(b.Build({*neg, *plus, *c, *neg_c}));
+  ASSERT_NE(exe, nullptr);
+  const std::vector<T> cv = {1, -2, 3, -4};
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    const auto xs = Iota<T>(shards, 4, T(-2.5), T(0.5));
+    std::vector<T> e_neg, e_plus, e_c, e_neg_c;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      e_neg.push_back(-xs[i]);
+      e_plus.push_back(-xs[i] + cv[i % 4]);
+      e_c.push_back(cv[i % 4]);
+      e_neg_c.push_back(-cv[i % 4]);
+    }
+    const auto out = RunGang(*exe, shards, {Bytes(xs)});
+    ExpectValuesNear(Values<T>(out[0]), e_neg);
+    ExpectValuesNear(Values<T>(out[1]), e_plus);
+    ExpectValuesNear(Values<T>(out[2]), e_c);
+    ExpectValuesNear(Values<T>(out[3]), e_neg_c);
+  }
+}
+
+TYPED_TEST(FunctionExecutableTest, PsumOverShards) {
+  using T = TypeParam;
+  constexpr int64_t n = 6;
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DTypeOf<T>(), {n});
+  const int32_t s = b.Parameter(DTypeOf<T>(), {});
+  auto px = b.Psum(x, "i");
+  auto doubled = b.Binary(OpKind::kMul, x, ScalarConstant<T>(b, 2));
+  ASSERT_TRUE(doubled.ok());
+  auto pd = b.Psum(*doubled, "i");
+  auto ps = b.Psum(s, "i");
+  auto pc = b.Psum(ScalarConstant<T>(b, 0.25), "i");
+  ASSERT_TRUE(px.ok() && pd.ok() && ps.ok() && pc.ok());
+  auto exe = MustCompile(b.Build({*px, *pd, *ps, *pc}));
+  ASSERT_NE(exe, nullptr);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    const auto xs = Iota<T>(shards, n, T(0.125), T(1.5));
+    const auto sv = Iota<T>(shards, 1, T(3), T(-1));
+    std::vector<T> sum(n, 0), sum2(n, 0);
+    T ssum = 0;
+    for (int sh = 0; sh < shards; ++sh) {
+      for (int64_t j = 0; j < n; ++j) {
+        sum[j] += xs[sh * n + j];
+        sum2[j] += xs[sh * n + j] * T(2);
+      }
+      ssum += sv[sh];
+    }
+    std::vector<T> e_x, e_d, e_s, e_c;
+    for (int sh = 0; sh < shards; ++sh) {
+      e_x.insert(e_x.end(), sum.begin(), sum.end());
+      e_d.insert(e_d.end(), sum2.begin(), sum2.end());
+      e_s.push_back(ssum);
+      e_c.push_back(T(0.25) * shards);
+    }
+    const auto out = RunGang(*exe, shards, {Bytes(xs), Bytes(sv)});
+    ExpectValuesNear(Values<T>(out[0]), e_x);
+    ExpectValuesNear(Values<T>(out[1]), e_d);
+    ExpectValuesNear(Values<T>(out[2]), e_s);
+    ExpectValuesNear(Values<T>(out[3]), e_c);
+  }
+}
+
+TYPED_TEST(FunctionExecutableTest, OutputsMayBeParamsAndRepeat) {
+  using T = TypeParam;
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DTypeOf<T>(), {2, 2});
+  auto sq = b.Binary(OpKind::kMul, x, x);
+  ASSERT_TRUE(sq.ok());
+  auto exe = MustCompile(b.Build({x, *sq, *sq, x}));
+  ASSERT_NE(exe, nullptr);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    const auto xs = Iota<T>(shards, 4, T(-1), T(0.5));
+    std::vector<T> e_sq;
+    for (T v : xs) e_sq.push_back(v * v);
+    const auto out = RunGang(*exe, shards, {Bytes(xs)});
+    ExpectValuesNear(Values<T>(out[0]), xs);
+    ExpectValuesNear(Values<T>(out[1]), e_sq);
+    ExpectValuesNear(Values<T>(out[2]), e_sq);
+    ExpectValuesNear(Values<T>(out[3]), xs);
+  }
+}
+
+// Figure 2's per-shard body: ((x * 2) + 1) / 2.
+TYPED_TEST(FunctionExecutableTest, Figure2Chain) {
+  using T = TypeParam;
+  constexpr int64_t n = 9;
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DTypeOf<T>(), {n});
+  auto m = b.Binary(OpKind::kMul, x, ScalarConstant<T>(b, 2));
+  ASSERT_TRUE(m.ok());
+  auto a = b.Binary(OpKind::kAdd, *m, ScalarConstant<T>(b, 1));
+  ASSERT_TRUE(a.ok());
+  auto d = b.Binary(OpKind::kDiv, *a, ScalarConstant<T>(b, 2));
+  ASSERT_TRUE(d.ok());
+  auto exe = MustCompile(b.Build({*d}));
+  ASSERT_NE(exe, nullptr);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    const auto xs = Iota<T>(shards, n, T(-4), T(0.3));
+    std::vector<T> expected;
+    for (T v : xs) expected.push_back((v * T(2) + T(1)) / T(2));
+    int64_t allocations = -1;
+    const auto out = RunGang(*exe, shards, {Bytes(xs)}, &allocations);
+    ExpectValuesNear(Values<T>(out[0]), expected);
+    EXPECT_EQ(allocations, 0);
+  }
+}
+
+TEST(FunctionExecutableMixedTest, ConvertF32AndF64Params) {
+  constexpr int64_t n = 4;
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {n});
+  const int32_t y = b.Parameter(DType::kF64, {n});
+  auto sum = b.Binary(OpKind::kAdd, x, y);  // f64
+  ASSERT_TRUE(sum.ok());
+  auto narrow = b.Convert(*sum, DType::kF32);
+  ASSERT_TRUE(narrow.ok());
+  auto exe = MustCompile(b.Build({*sum, *narrow}));
+  ASSERT_NE(exe, nullptr);
+  EXPECT_EQ(exe->output_bytes(0), 32);
+  EXPECT_EQ(exe->output_bytes(1), 16);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    // 0.1f widened is not 0.1: the sum must be computed from the f32 value.
+    const auto xs = Iota<float>(shards, n, 0.1f, 0.2f);
+    const auto ys = Iota<double>(shards, n, 1e-9, 1.0);
+    std::vector<double> e_sum;
+    std::vector<float> e_narrow;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      e_sum.push_back(static_cast<double>(xs[i]) + ys[i]);
+      e_narrow.push_back(static_cast<float>(e_sum.back()));
+    }
+    const auto out = RunGang(*exe, shards, {Bytes(xs), Bytes(ys)});
+    const auto got_sum = Values<double>(out[0]);
+    const auto got_narrow = Values<float>(out[1]);
+    ASSERT_EQ(got_sum.size(), e_sum.size());
+    for (size_t i = 0; i < e_sum.size(); ++i) {
+      EXPECT_EQ(got_sum[i], e_sum[i]) << i;  // exact: one rounding either way
+      EXPECT_EQ(got_narrow[i], e_narrow[i]) << i;
+    }
+  }
+}
+
+TEST(FunctionExecutableMixedTest, ScratchIsReusedAlongAChain) {
+  FunctionBuilder b("f", "");
+  int32_t v = b.Parameter(DType::kF32, {16});  // 64 bytes per value
+  for (int i = 0; i < 10; ++i) {
+    auto next = b.Unary(OpKind::kNeg, v);
+    ASSERT_TRUE(next.ok());
+    v = *next;
+  }
+  auto exe = MustCompile(b.Build({v}));
+  ASSERT_NE(exe, nullptr);
+  // Only an op's operand and result are live together.
+  EXPECT_EQ(exe->scratch_bytes(1), 128);
+  EXPECT_EQ(exe->scratch_bytes(3), 384);
+  const auto xs = Iota<float>(3, 16, 1.0f, 1.0f);
+  const auto out = RunGang(*exe, 3, {Bytes(xs)});
+  ExpectValuesNear(Values<float>(out[0]), xs);  // ten negations
+}
+
+TEST(FunctionExecutableMixedTest, ConcurrentGangsWithOwnScratch) {
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DType::kF64, {32});
+  auto sq = b.Binary(OpKind::kMul, x, x);
+  ASSERT_TRUE(sq.ok());
+  auto p = b.Psum(*sq, "i");
+  ASSERT_TRUE(p.ok());
+  auto exe = MustCompile(b.Build({*p}));
+  ASSERT_NE(exe, nullptr);
+  constexpr int kShards = 4;
+  const auto xs = Iota<double>(kShards, 32, 0.0, 1.0);
+  const auto expected = Values<double>(RunGang(*exe, kShards, {Bytes(xs)})[0]);
+  ASSERT_EQ(expected.size(), 4u * 32);
+  EXPECT_DOUBLE_EQ(expected[0], 0.0 + 32 * 32 + 64 * 64 + 96 * 96);
+
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      std::vector<const void*> in = {xs.data()};
+      for (int iter = 0; iter < 100; ++iter) {
+        std::vector<double> out(kShards * 32);
+        std::vector<Block> scratch((exe->scratch_bytes(kShards) + 63) / 64);
+        void* outs[] = {out.data()};
+        exe->Run(kShards, in, outs, scratch.data());
+        if (out != expected) mismatches.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+}  // namespace
+}  // namespace pw

@@ -1,0 +1,112 @@
+#ifndef PATHWAYS_OBJECT_STORE_SHARDED_BUFFER_H_
+#define PATHWAYS_OBJECT_STORE_SHARDED_BUFFER_H_
+
+// A sharded buffer (paper §4.2, §4.6): one logical array spread over an
+// ordered DeviceList, in pmap layout: the leading axis has one entry per
+// device, and shard i (the array's [i] slice) lives on device i.
+//
+// It is also the future of the computation that produces it: it is created
+// (and its memory charged to the devices' object stores) when the producer is
+// dispatched, and becomes ready (or failed) when the producer finishes.
+// Bookkeeping is per logical buffer, never per shard: one refcount (the
+// shared_ptr), one readiness state, one waiter list, and one contiguous
+// allocation holding all shards shard-major. Device memory is returned when
+// the last reference goes.
+//
+// Thread-safe. Data may be read only after the buffer is ready, and written
+// only by its producer before it is ready.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "csrc/base/dtype.h"
+#include "csrc/base/mutex.h"
+#include "csrc/base/runnable.h"
+#include "csrc/cluster/device_list.h"
+#include "csrc/object_store/object_store.h"
+
+namespace pw {
+
+// Something that waits for a buffer: embedded in the consumer (no allocation
+// to wait). Called once, on the thread that completes the buffer.
+class BufferWaiter {
+ public:
+  // `status` is OK when the buffer is ready, or the producer's error.
+  // Work that becomes ready goes into `ready`. Must not block.
+  virtual void OnBufferDone(const absl::Status& status, ReadyList* ready) = 0;
+
+ protected:
+  ~BufferWaiter() = default;
+
+ private:
+  friend class ShardedBuffer;
+  BufferWaiter* next_waiter_ = nullptr;
+};
+
+class ShardedBuffer {
+ public:
+  // Allocates a pending buffer of `dtype` and global shape `dims` over
+  // `devices` (dims[0] must equal the number of devices: InvalidArgument
+  // otherwise). ResourceExhausted if a device's memory is full; nothing stays
+  // charged then. `stores` must outlive the buffer.
+  static absl::StatusOr<std::shared_ptr<ShardedBuffer>> Allocate(ObjectStores* stores, DType dtype,
+                                                                  Dims dims, const DeviceList* devices);
+  ~ShardedBuffer();
+  ShardedBuffer(const ShardedBuffer&) = delete;
+  ShardedBuffer& operator=(const ShardedBuffer&) = delete;
+
+  DType dtype() const { return dtype_; }
+  // Global shape; dims()[0] == num_shards().
+  const Dims& dims() const { return dims_; }
+  const DeviceList* devices() const { return devices_; }
+  int num_shards() const { return devices_->size(); }
+  int64_t shard_bytes() const { return shard_bytes_; }
+  int64_t total_bytes() const { return shard_bytes_ * num_shards(); }
+  // All shards, shard-major: shard i at data() + i * shard_bytes().
+  void* data() const { return data_; }
+
+  // True once ready or failed.
+  bool IsDone() const { return state_.load(std::memory_order_acquire) != kPending; }
+  // Blocks until done (spins briefly, then sleeps); returns the status.
+  // Never called from an executor thread.
+  absl::Status Await() const;
+  // The producer's status; OK while pending.
+  absl::Status status() const;
+
+  // Completes the buffer (call exactly once): runs the waiters, which put
+  // newly ready work into `ready`, and wakes blocked Await() callers.
+  void SetReady(ReadyList* ready) { Complete(absl::OkStatus(), ready); }
+  void SetError(absl::Status error, ReadyList* ready) { Complete(std::move(error), ready); }
+
+  // Registers `waiter` to be called when the buffer is done. Returns false,
+  // without registering, if it is already done (the caller proceeds at once).
+  bool AddWaiter(BufferWaiter* waiter);
+
+ private:
+  enum State : int { kPending = 0, kReady = 1, kFailed = 2 };
+  ShardedBuffer() = default;
+  void Complete(absl::Status status, ReadyList* ready);
+
+  ObjectStores* stores_ = nullptr;
+  DType dtype_ = DType::kF32;
+  Dims dims_;
+  const DeviceList* devices_ = nullptr;
+  int64_t shard_bytes_ = 0;
+  void* data_ = nullptr;
+
+  std::atomic<int> state_{kPending};
+  mutable Mutex mu_;
+  mutable CondVar done_cv_;
+  // Protects: the waiter list (taken whole on completion), the error status,
+  // and the count of threads sleeping in Await() (signal only if nonzero).
+  BufferWaiter* waiters_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  mutable int sleepers_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_OBJECT_STORE_SHARDED_BUFFER_H_

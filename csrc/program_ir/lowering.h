@@ -1,0 +1,72 @@
+#ifndef PATHWAYS_PROGRAM_IR_LOWERING_H_
+#define PATHWAYS_PROGRAM_IR_LOWERING_H_
+
+// Lowering (paper §4.2): the program IR with physical devices. Every edge
+// whose producer and consumer sit on different devices gets a transfer step
+// (ICI inside an island, DCN across islands); program arguments get a
+// placement per set of devices that consumes them. The result is still one
+// step per node or edge, never per shard, and is reused for every run while
+// the virtual-to-physical mapping is unchanged.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/statusor.h"
+#include "csrc/coordination/transfer.h"
+#include "csrc/program_ir/program_ir.h"
+
+namespace pw {
+
+struct LoweredStep {
+  enum class Kind : uint8_t { kCompute, kTransfer };
+  Kind kind = Kind::kCompute;
+  const DeviceList* devices = nullptr;        // where the step's outputs live
+  const CompiledFunction* fn = nullptr;       // kCompute
+  int node = -1;                              // kCompute: program node index
+  LinkKind link = LinkKind::kNone;            // kTransfer
+  absl::InlinedVector<int, 4> in_slots;       // kTransfer: exactly one
+  absl::InlinedVector<int, 2> out_slots;      // kTransfer: exactly one
+};
+
+// Where a program argument must be placed for its consumers.
+struct ArgPlacement {
+  int arg = 0;
+  const DeviceList* devices = nullptr;
+  int slot = 0;
+};
+
+struct SlotType {
+  DType dtype = DType::kF32;
+  Dims dims;
+};
+
+class LoweredProgram {
+ public:
+  const ProgramIr& ir() const { return *ir_; }
+  const std::vector<ArgPlacement>& arg_placements() const { return arg_placements_; }
+  const std::vector<LoweredStep>& steps() const { return steps_; }
+  const std::vector<int>& output_slots() const { return output_slots_; }
+  const std::vector<SlotType>& slot_types() const { return slot_types_; }
+  int num_slots() const { return static_cast<int>(slot_types_.size()); }
+  int num_compute_steps() const;
+  int num_transfer_steps() const;
+  std::string ToText() const;
+
+ private:
+  friend absl::StatusOr<std::shared_ptr<const LoweredProgram>> Lower(std::shared_ptr<const ProgramIr> ir);
+  std::shared_ptr<const ProgramIr> ir_;
+  std::vector<ArgPlacement> arg_placements_;
+  std::vector<LoweredStep> steps_;
+  std::vector<int> output_slots_;
+  std::vector<SlotType> slot_types_;
+};
+
+// InvalidArgument if a program output is a program argument (the caller
+// returns those itself) or a compute node spans islands.
+absl::StatusOr<std::shared_ptr<const LoweredProgram>> Lower(std::shared_ptr<const ProgramIr> ir);
+
+}  // namespace pw
+
+#endif  // PATHWAYS_PROGRAM_IR_LOWERING_H_

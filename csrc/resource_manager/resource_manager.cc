@@ -1,0 +1,81 @@
+#include "csrc/resource_manager/resource_manager.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pw {
+
+VirtualSlice::~VirtualSlice() { rm_->Release(devices_); }
+
+std::string VirtualSlice::ToString() const {
+  return absl::StrCat("VirtualSlice(id=", id_, ", ", size(), " x ", devices_->devices()[0]->kind(),
+                      " on ", devices_->ToString(), ")");
+}
+
+std::string VirtualDevice::ToString() const {
+  return absl::StrCat("VirtualDevice(slice=", slice->id(), ", index=", index, ", ", physical()->ToString(), ")");
+}
+
+ResourceManager::ResourceManager(const Cluster* cluster, DeviceListRegistry* registry)
+    : cluster_(cluster), registry_(registry), load_(cluster->num_devices(), 0) {}
+
+absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int num_devices,
+                                                                        absl::string_view kind) {
+  const std::string& have_kind = cluster_->options().device_kind;
+  if (kind != have_kind) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown device kind '", kind, "'; this cluster has: ", have_kind));
+  }
+  if (num_devices < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("add_slice(", kind, "_devices=", num_devices, "): a slice needs at least one device"));
+  }
+  MutexLock lock(&mu_);
+  // Least-loaded island that is large enough; ties go to the lower id.
+  Island* best = nullptr;
+  int64_t best_load = 0;
+  for (Island* island : cluster_->islands()) {
+    if (static_cast<int>(island->devices().size()) < num_devices) continue;
+    int64_t total = 0;
+    for (Device* d : island->devices()) total += load_[d->id()];
+    if (best == nullptr || total < best_load) {
+      best = island;
+      best_load = total;
+    }
+  }
+  if (best == nullptr) {
+    std::vector<std::string> sizes;
+    for (Island* island : cluster_->islands()) {
+      sizes.push_back(absl::StrCat("island ", island->id(), ": ", island->devices().size()));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "add_slice(", kind, "_devices=", num_devices, "): no island has ", num_devices, " ", kind,
+        " devices (a slice lives on one island; ", absl::StrJoin(sizes, ", "), ")"));
+  }
+  // Least-loaded devices of that island, in id order among equals, so that
+  // slices of a host's size line up with hosts.
+  std::vector<Device*> candidates = best->devices();
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](Device* a, Device* b) { return load_[a->id()] < load_[b->id()]; });
+  candidates.resize(num_devices);
+  std::sort(candidates.begin(), candidates.end(), [](Device* a, Device* b) { return a->id() < b->id(); });
+  auto list = registry_->Intern(candidates);
+  if (!list.ok()) return list.status();
+  for (Device* d : candidates) ++load_[d->id()];
+  return std::shared_ptr<VirtualSlice>(new VirtualSlice(this, next_slice_id_++, *list));
+}
+
+std::vector<int> ResourceManager::DeviceLoads() const {
+  MutexLock lock(&mu_);
+  return load_;
+}
+
+void ResourceManager::Release(const DeviceList* devices) {
+  MutexLock lock(&mu_);
+  for (Device* d : devices->devices()) --load_[d->id()];
+}
+
+}  // namespace pw

@@ -1,0 +1,68 @@
+#include "csrc/resource_manager/resource_manager.h"
+
+#include <numeric>
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+class ResourceManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TopologyOptions options;  // 2 islands x 2 hosts x 4 devices
+    cluster_ = *Cluster::Create(options);
+    rm_ = std::make_unique<ResourceManager>(cluster_.get(), &registry_);
+  }
+  std::unique_ptr<Cluster> cluster_;
+  DeviceListRegistry registry_;
+  std::unique_ptr<ResourceManager> rm_;
+};
+
+TEST_F(ResourceManagerTest, SpreadsSlicesOverIslandsAndDevices) {
+  auto a = *rm_->AddSlice(2, "tpu");
+  auto b = *rm_->AddSlice(2, "tpu");
+  auto c = *rm_->AddSlice(2, "tpu");
+  EXPECT_EQ(a->island()->id(), 0);
+  EXPECT_EQ(b->island()->id(), 1);  // island 1 is less loaded
+  EXPECT_EQ(c->island()->id(), 0);
+  EXPECT_EQ(a->devices()->devices()[0]->id(), 0);
+  EXPECT_EQ(c->devices()->devices()[0]->id(), 2);  // least-loaded devices of island 0
+  std::vector<int> loads = rm_->DeviceLoads();
+  EXPECT_EQ(std::accumulate(loads.begin(), loads.end(), 0), 6);
+}
+
+TEST_F(ResourceManagerTest, SlicesShareDevicesWhenIslandIsFull) {
+  std::vector<std::shared_ptr<VirtualSlice>> slices;
+  for (int i = 0; i < 6; ++i) slices.push_back(*rm_->AddSlice(8, "tpu"));
+  for (auto& s : slices) {
+    std::set<int> ids;
+    for (Device* d : s->devices()->devices()) ids.insert(d->id());
+    EXPECT_EQ(ids.size(), 8u);  // one-to-one onto distinct devices
+    EXPECT_NE(s->island(), nullptr);
+  }
+  std::vector<int> loads = rm_->DeviceLoads();
+  for (int l : loads) EXPECT_EQ(l, 3);  // evenly spread
+}
+
+TEST_F(ResourceManagerTest, ReleasesLoadWhenSliceDies) {
+  { auto s = *rm_->AddSlice(4, "tpu"); }
+  for (int l : rm_->DeviceLoads()) EXPECT_EQ(l, 0);
+}
+
+TEST_F(ResourceManagerTest, ClearErrors) {
+  auto too_many = rm_->AddSlice(9, "tpu");
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_many.status().message().find("no island has 9 tpu devices"), absl::string_view::npos)
+      << too_many.status();
+  EXPECT_NE(too_many.status().message().find("island 0: 8"), absl::string_view::npos);
+  auto kind = rm_->AddSlice(2, "gpu");
+  EXPECT_EQ(kind.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(kind.status().message().find("'gpu'"), absl::string_view::npos);
+  auto zero = rm_->AddSlice(0, "tpu");
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pw

@@ -1,0 +1,161 @@
+"""Type stubs for pathways._core, the C++ extension (csrc/bindings/).
+
+This module is private: users import `pathways`. Status codes from the C++
+core become exceptions here: InvalidArgument -> ValueError, NotFound ->
+NotFoundError (a ValueError), ResourceExhausted -> ResourceExhaustedError,
+FailedPrecondition -> RuntimeError, Unimplemented -> NotImplementedError,
+anything else -> PathwaysError.
+"""
+
+from typing import Any, Sequence, Union
+
+import numpy as np
+
+class PathwaysError(RuntimeError): ...
+class NotFoundError(ValueError): ...
+class ResourceExhaustedError(PathwaysError): ...
+class DeletedBufferError(RuntimeError): ...
+
+# --- Runtime and topology -------------------------------------------------
+
+def configure(spec: str) -> None:
+    """Sets the topology of the default runtime, e.g. "islands=2,hosts_per_island=2,devices_per_host=4,device_memory=1GiB,executor_threads=2".
+
+    Raises RuntimeError if the runtime already started, ValueError for a bad spec.
+    """
+
+def is_started() -> bool: ...
+def topology() -> dict[str, int]:
+    """Keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads. Starts the runtime."""
+
+def devices() -> list[Device]: ...
+def memory_stats() -> dict[str, int]:
+    """{"bytes_in_use": total over all devices, "live_buffers": sharded buffers alive (counted per host)}."""
+
+def transfer_stats() -> dict[str, int]:
+    """Keys: ici_bytes, dcn_bytes, host_bytes, ici_transfers, dcn_transfers, host_transfers."""
+
+def scheduler_stats() -> list[dict[str, int]]:
+    """One dict per island: {"island", "enqueued", "in_flight"}."""
+
+def await_quiescence() -> None:
+    """Blocks (GIL released) until all dispatched gangs have finished."""
+
+def shutdown() -> None:
+    """Stops the executors after in-flight work (registered with atexit by pathways)."""
+
+class Device:
+    id: int
+    kind: str
+    island: int
+    host: int
+    memory_capacity: int
+    def bytes_in_use(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+    # repr: "TpuDevice(id=3, island=0, host=0)"
+
+# --- Resource manager -----------------------------------------------------
+
+def add_slice(num_devices: int, kind: str) -> VirtualSlice:
+    """Raises ValueError (num_devices < 1), NotFoundError (unknown kind), ResourceExhaustedError (no island that large)."""
+
+class VirtualSlice:
+    id: int
+    size: int
+    island: int
+    virtual_devices: list[VirtualDevice]  # index i maps to devices[i]
+    devices: list[Device]                 # physical
+
+class VirtualDevice:
+    slice: VirtualSlice
+    index: int
+    physical: Device
+    kind: str
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+# --- Compiled functions (function IR) -------------------------------------
+
+class FunctionBuilder:
+    """Records one shard's computation; every method checks types and raises ValueError with the op and shapes."""
+    def __init__(self, name: str, axis_name: str) -> None: ...  # axis_name "" = none
+    def parameter(self, dtype: str, shape: Sequence[int]) -> int: ...
+    def constant(self, array: np.ndarray) -> int: ...  # float32 or float64, any shape
+    def convert(self, x: int, dtype: str) -> int: ...
+    def binary(self, op: str, a: int, b: int) -> int: ...  # op in "add", "sub", "mul", "div"
+    def neg(self, x: int) -> int: ...
+    def psum(self, x: int, axis_name: str) -> int: ...
+    def shape(self, v: int) -> tuple[int, ...]: ...
+    def dtype(self, v: int) -> str: ...  # "float32" / "float64"
+    def build(self, outputs: Sequence[int]) -> Function: ...
+
+class Function:
+    name: str
+    axis_name: str
+    num_params: int
+    num_outputs: int
+    def as_text(self) -> str: ...
+
+def compile(function: Function, devices: Sequence[VirtualDevice]) -> CompiledFunction:
+    """Raises ValueError if the devices span islands or map to one physical device twice."""
+
+class CompiledFunction:
+    name: str
+    num_shards: int
+    virtual_devices: list[VirtualDevice]
+    devices: list[Device]  # physical
+    def param_types(self) -> list[tuple[tuple[int, ...], str]]: ...   # global (shape, dtype)
+    def output_types(self) -> list[tuple[tuple[int, ...], str]]: ...
+
+# --- Programs -------------------------------------------------------------
+
+class ProgramBuilder:
+    def __init__(self, name: str) -> None: ...
+    def add_arg(self, dtype: str, shape: Sequence[int]) -> int: ...
+    def add_call(self, fn: CompiledFunction, inputs: Sequence[int]) -> list[int]: ...
+    def value_type(self, v: int) -> tuple[tuple[int, ...], str]: ...
+    def build(self, outputs: Sequence[int]) -> Program: ...
+
+class Program:
+    name: str
+    num_nodes: int
+    num_args: int
+    def as_text(self) -> str: ...
+    def lower(self) -> LoweredProgram:
+        """Raises ValueError if an output is an argument."""
+
+class LoweredProgram:
+    num_compute_steps: int
+    num_transfer_steps: int
+    def as_text(self) -> str: ...
+    def execute(self, args: Sequence[Union[ShardedBuffer, np.ndarray]]) -> list[ShardedBuffer]:
+        """Dispatches all nodes and returns the outputs at once (futures).
+
+        numpy arguments must already have the program's dtype and shape (C-contiguous
+        copies are made as needed). Raises ValueError (wrong type/shape/count),
+        DeletedBufferError, ResourceExhaustedError (device memory).
+        """
+
+# --- Sharded buffers ------------------------------------------------------
+
+class ShardedBuffer:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    ndim: int
+    size: int
+    nbytes: int
+    devices: list[Device]  # shard i on devices[i]
+    def block_until_ready(self) -> ShardedBuffer: ...  # GIL released; raises the producer's error
+    def is_ready(self) -> bool: ...
+    def is_deleted(self) -> bool: ...
+    def delete(self) -> None: ...
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray: ...
+    def __len__(self) -> int: ...
+    def __repr__(self) -> str: ...  # numpy's repr of the value, e.g. "array([3., 5.])"
+
+def device_put(array: np.ndarray, devices: Sequence[Union[VirtualDevice, Device]]) -> ShardedBuffer:
+    """Copies array onto devices, leading axis split over them (array.shape[0] == len(devices)).
+
+    Raises ValueError (shape), TypeError (dtype not float32/float64), NotFoundError.
+    """
