@@ -1,0 +1,150 @@
+"""Pathways: a single-controller runtime for (simulated) accelerators.
+
+After "Pathways: Asynchronous Distributed Dataflow for ML" (Barham et al.,
+MLSys 2022). The API follows JAX:
+
+    import numpy as np
+    import pathways as pw
+
+    tpus = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+    a = pw.pmap(lambda x: x * 2., devices=tpus)
+
+    @pw.program  # traces the calls into one dataflow program
+    def f(v):
+        return a(a(v))
+
+    print(f(np.array([1., 2.])))  # array([4., 8.])
+
+Outputs are `ShardedBuffer`s: futures of arrays sharded over the devices, that
+convert to numpy with `np.asarray`.
+"""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any, Sequence
+
+import numpy as np
+
+from pathways import _core
+from pathways._devices import (
+    VirtualDeviceSet,
+    VirtualSlice,
+    configure,
+    devices,
+    make_virtual_device_set,
+    topology,
+)
+from pathways._program import Program, ProgramTracer, program
+from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_map, tree_unflatten
+from pathways._tracing import PmapFunction, Tracer, TracerError, pmap, psum
+
+__version__ = "0.1.0"
+
+ShardedBuffer = _core.ShardedBuffer
+Device = _core.Device
+VirtualDevice = _core.VirtualDevice
+PathwaysError = _core.PathwaysError
+NotFoundError = _core.NotFoundError
+ResourceExhaustedError = _core.ResourceExhaustedError
+DeletedBufferError = _core.DeletedBufferError
+memory_stats = _core.memory_stats
+transfer_stats = _core.transfer_stats
+scheduler_stats = _core.scheduler_stats
+
+atexit.register(_core.shutdown)
+
+
+def device_put(x: Any, devices: Sequence[Any]) -> Any:
+    """Copies an array onto devices, splitting its leading axis over them.
+
+    Like `jax.device_put_sharded` on a stacked array: shard `i` (`x[i]`) goes
+    to `devices[i]`.
+
+    Args:
+      x: A numpy array (float32 or float64) or array-like (Python numbers
+        become float64) with leading axis `len(devices)`, or a
+        `ShardedBuffer` (copied).
+      devices: Virtual devices (e.g. a slice's `.tpus`), a `VirtualSlice`, or
+        physical `Device`s.
+
+    Returns:
+      A `ShardedBuffer`.
+
+    Raises:
+      ValueError: If the leading axis does not match the number of devices.
+      TypeError: For an unsupported dtype.
+      NotFoundError: For an unknown device.
+    """
+    if isinstance(devices, VirtualSlice):
+        devices = devices.devices
+    if isinstance(x, (_core.ShardedBuffer, np.ndarray, np.generic)):
+        arr = np.asarray(x, order="C")
+    else:
+        arr = np.asarray(x)
+        if arr.dtype.kind in "biu":
+            arr = arr.astype(np.float64)
+        arr = np.asarray(arr, order="C")
+    return _core.device_put(arr, list(devices))
+
+
+def block_until_ready(tree: Any) -> Any:
+    """Waits until every `ShardedBuffer` in a pytree is computed.
+
+    Releases the GIL while waiting.
+
+    Args:
+      tree: A pytree; leaves other than `ShardedBuffer`s are ignored.
+
+    Returns:
+      `tree` itself.
+
+    Raises:
+      PathwaysError: Or the error of the computation that produced a buffer.
+    """
+    for leaf in tree_leaves(tree):
+        if isinstance(leaf, _core.ShardedBuffer):
+            leaf.block_until_ready()
+    return tree
+
+
+__all__ = [
+    "__version__",
+    # Devices and topology.
+    "configure",
+    "devices",
+    "topology",
+    "make_virtual_device_set",
+    "VirtualDeviceSet",
+    "VirtualSlice",
+    "Device",
+    "VirtualDevice",
+    # Compiled functions and programs.
+    "pmap",
+    "psum",
+    "program",
+    "PmapFunction",
+    "Program",
+    "Tracer",
+    "ProgramTracer",
+    # Arrays.
+    "ShardedBuffer",
+    "device_put",
+    "block_until_ready",
+    # Pytrees.
+    "PyTreeDef",
+    "tree_flatten",
+    "tree_unflatten",
+    "tree_leaves",
+    "tree_map",
+    # Statistics.
+    "memory_stats",
+    "transfer_stats",
+    "scheduler_stats",
+    # Errors.
+    "PathwaysError",
+    "NotFoundError",
+    "ResourceExhaustedError",
+    "DeletedBufferError",
+    "TracerError",
+]

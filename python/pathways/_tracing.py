@@ -1,0 +1,735 @@
+"""The function tracer: `pmap`, `psum` and the `Tracer` values they trace with.
+
+A pmap'd function is traced once per input signature (pytree structure, and
+shape and dtype of every leaf) into the function IR of `_core.FunctionBuilder`,
+compiled for its virtual devices, and wrapped in a one-node program (paper §3:
+"we convert each compiled function into a standalone Pathways program containing
+just one (sharded) computation"). Later calls with the same signature only look
+up that program and execute it: this is the OpByOp hot path.
+
+Tracing state is thread-local, so several threads may trace and run at once;
+every cache fill is guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from pathways import _core
+from pathways._pytree import PyTreeDef, flat_tuple_treedef, tree_flatten, tree_unflatten
+
+__all__ = ["TracerError", "Tracer", "PmapFunction", "pmap", "psum"]
+
+_ShardedBuffer = _core.ShardedBuffer
+_VirtualDevice = _core.VirtualDevice
+
+_SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_SUPPORTED_DTYPE_NAMES = "float32, float64"
+_SHORT_DTYPE = {"float32": "f32", "float64": "f64"}
+
+
+class TracerError(TypeError):
+    """A traced value was used in a way that tracing cannot record.
+
+    Raised for Python control flow on traced values (`if x > 0:`), conversions
+    to Python or numpy values, escaped tracers (used after their trace ended),
+    and computation on program values outside pmap'd functions.
+    """
+
+
+class _TraceState(threading.local):
+    """Per-thread tracing state. At most one function trace and one program trace."""
+
+    function: Optional["_FunctionTrace"] = None
+    program: Any = None  # a pathways._program._ProgramTrace
+
+
+_state = _TraceState()
+
+
+def aval_str(shape: Sequence[int], dtype: Any) -> str:
+    """Short type string like "f32[2,3]"."""
+    name = np.dtype(dtype).name
+    return f"{_SHORT_DTYPE.get(name, name)}[{','.join(str(d) for d in shape)}]"
+
+
+class _TracerBase:
+    """Common base of function tracers and program tracers.
+
+    Subclasses set `shape` and `dtype`; the derived properties live here.
+    """
+
+    __slots__ = ()
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def aval(self) -> str:
+        return aval_str(self.shape, self.dtype)
+
+
+class _FunctionTrace:
+    """One trace of a pmap'd function: its builder and whether it is still running."""
+
+    __slots__ = ("builder", "name", "axis_name", "active")
+
+    def __init__(self, builder: Any, name: str, axis_name: Optional[str]):
+        self.builder = builder
+        self.name = name
+        self.axis_name = axis_name
+        self.active = True
+
+    def where(self) -> str:
+        return f"pmap of {self.name!r}"
+
+    def constant(self, value: Any, like_dtype: Optional[np.dtype]) -> "Tracer":
+        """Adds a constant; ints and bools take `like_dtype` (float64 if None)."""
+        b = self.builder
+        if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
+            arr = np.array(value, dtype=like_dtype or np.float64)
+        else:
+            arr = np.asarray(value)
+            if arr.dtype.kind in "biu":
+                arr = arr.astype(like_dtype or np.float64)
+            elif arr.dtype not in _SUPPORTED_DTYPES:
+                raise TypeError(
+                    f"{self.where()}: constant of dtype {arr.dtype} is not supported; "
+                    f"supported dtypes: {_SUPPORTED_DTYPE_NAMES}"
+                )
+            arr = np.asarray(arr, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
+        return Tracer(self, b.constant(arr))
+
+
+def _escaped(t: "Tracer") -> TracerError:
+    return TracerError(
+        f"escaped tracer: a traced value ({t.aval}) of {t._trace.where()} was used "
+        "after its trace ended, or in another trace. Traced values only exist while "
+        "the function is traced; return them from the function instead of storing them"
+    )
+
+
+def _control_flow_error(t: "Tracer", conversion: str) -> TracerError:
+    return TracerError(
+        f"{conversion} of a traced value ({t.aval} in {t._trace.where()}): Python control "
+        "flow that depends on a traced value is not traceable, because compiled functions "
+        "are traced once per input shape before any data exists; compute both branches, "
+        "or move the decision outside the compiled function"
+    )
+
+
+def _concrete_error(t: "Tracer", conversion: str) -> TracerError:
+    return TracerError(
+        f"{conversion} of a traced value ({t.aval} in {t._trace.where()}): a traced value "
+        "has no concrete value, because compiled functions are traced once per input shape "
+        "before any data exists; return it from the function and convert the result "
+        "outside the compiled function"
+    )
+
+
+_BINARY_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+
+
+class Tracer(_TracerBase):
+    """A value inside a function traced by `pw.pmap`: one shard's array.
+
+    Supports `+ - * /` (also reflected) and unary `-`/`+` with other traced
+    values of the same trace, Python scalars (which take the traced value's
+    dtype) and numpy scalars and arrays. Shapes must match, or one operand must
+    be rank 0; mixed float32/float64 promotes to float64.
+
+    Attributes:
+      shape: The per-shard shape (the pmap'd axis removed).
+      dtype: A numpy dtype, float32 or float64.
+      ndim: `len(shape)`.
+      size: The number of elements per shard.
+      aval: A short type string, e.g. "f32[3]".
+    """
+
+    __slots__ = ("_trace", "_id", "shape", "dtype")
+
+    # Make numpy defer to us: `np_array * tracer` calls `tracer.__rmul__`.
+    __array_ufunc__ = None
+    __array_priority__ = 1000
+
+    def __init__(self, trace: _FunctionTrace, value_id: int):
+        self._trace = trace
+        self._id = value_id
+        self.shape = tuple(trace.builder.shape(value_id))
+        self.dtype = np.dtype(trace.builder.dtype(value_id))
+
+    def __repr__(self) -> str:
+        return f"Tracer<{self.aval}>"
+
+    def _check(self) -> _FunctionTrace:
+        trace = self._trace
+        if not trace.active or _state.function is not trace:
+            raise _escaped(self)
+        return trace
+
+    def _operand(self, other: Any) -> Optional[int]:
+        """The value id of `other` as an operand, or None if unsupported."""
+        trace = self._trace
+        if isinstance(other, Tracer):
+            if other._trace is not trace or not other._trace.active:
+                raise _escaped(other)
+            return other._id
+        if isinstance(other, _TracerBase):
+            raise TracerError(
+                f"{trace.where()} uses a traced program value ({other.aval}) that was not "
+                "passed to it as an argument; pass program values to pmap'd functions as "
+                "arguments instead of closing over them"
+            )
+        if isinstance(other, (bool, int, float, np.generic, np.ndarray)):
+            if isinstance(other, (np.generic, np.ndarray)) and other.dtype.kind not in "biuf":
+                return None
+            return trace.constant(other, self.dtype)._id
+        return None
+
+    def _binary(self, op: str, other: Any, reflected: bool) -> Any:
+        trace = self._check()
+        oid = self._operand(other)
+        if oid is None:
+            return NotImplemented
+        a, b = (oid, self._id) if reflected else (self._id, oid)
+        return Tracer(trace, trace.builder.binary(op, a, b))
+
+    def __add__(self, other: Any) -> Any:
+        return self._binary("add", other, False)
+
+    def __radd__(self, other: Any) -> Any:
+        return self._binary("add", other, True)
+
+    def __sub__(self, other: Any) -> Any:
+        return self._binary("sub", other, False)
+
+    def __rsub__(self, other: Any) -> Any:
+        return self._binary("sub", other, True)
+
+    def __mul__(self, other: Any) -> Any:
+        return self._binary("mul", other, False)
+
+    def __rmul__(self, other: Any) -> Any:
+        return self._binary("mul", other, True)
+
+    def __truediv__(self, other: Any) -> Any:
+        return self._binary("div", other, False)
+
+    def __rtruediv__(self, other: Any) -> Any:
+        return self._binary("div", other, True)
+
+    def __neg__(self) -> "Tracer":
+        trace = self._check()
+        return Tracer(trace, trace.builder.neg(self._id))
+
+    def __pos__(self) -> "Tracer":
+        self._check()
+        return self
+
+    # --- Not traceable (yet) ------------------------------------------------
+
+    def _unsupported(self, what: str) -> TracerError:
+        self._check()
+        return TracerError(
+            f"{what} on traced values ({self.aval} in {self._trace.where()}) is not supported "
+            "yet; supported operations: + - * / (and unary -), pw.psum"
+        )
+
+    def _comparison(self, symbol: str) -> TracerError:
+        self._check()
+        return TracerError(
+            f"comparison '{symbol}' of a traced value ({self.aval} in {self._trace.where()}) "
+            "is not supported yet; Python control flow that depends on a traced value is not "
+            "traceable either, because compiled functions are traced once per input shape "
+            "before any data exists"
+        )
+
+    def __lt__(self, other: Any) -> Any:
+        raise self._comparison("<")
+
+    def __le__(self, other: Any) -> Any:
+        raise self._comparison("<=")
+
+    def __gt__(self, other: Any) -> Any:
+        raise self._comparison(">")
+
+    def __ge__(self, other: Any) -> Any:
+        raise self._comparison(">=")
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        raise self._comparison("==")
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        raise self._comparison("!=")
+
+    __hash__ = object.__hash__
+
+    def __pow__(self, other: Any) -> Any:
+        raise self._unsupported("'**'")
+
+    __rpow__ = __pow__
+
+    def __floordiv__(self, other: Any) -> Any:
+        raise self._unsupported("'//'")
+
+    __rfloordiv__ = __floordiv__
+
+    def __mod__(self, other: Any) -> Any:
+        raise self._unsupported("'%'")
+
+    __rmod__ = __mod__
+
+    def __matmul__(self, other: Any) -> Any:
+        raise self._unsupported("'@'")
+
+    __rmatmul__ = __matmul__
+
+    def __abs__(self) -> Any:
+        raise self._unsupported("abs()")
+
+    def __bool__(self) -> bool:
+        raise _control_flow_error(self, "bool()")
+
+    def __int__(self) -> int:
+        raise _concrete_error(self, "int()")
+
+    def __float__(self) -> float:
+        raise _concrete_error(self, "float()")
+
+    def __complex__(self) -> complex:
+        raise _concrete_error(self, "complex()")
+
+    def __index__(self) -> int:
+        raise _concrete_error(self, "operator.index()")
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise TracerError(
+            f"np.asarray() of a traced value ({self.aval} in {self._trace.where()}): numpy "
+            "cannot compute on traced values, which have no data while the function is "
+            "traced; use the traced value's operators (+ - * /) instead of numpy functions"
+        )
+
+    def __iter__(self) -> Any:
+        raise TracerError(
+            f"iterating over a traced value ({self.aval} in {self._trace.where()}) is not "
+            "supported yet"
+        )
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of unsized traced value ({self.aval})")
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> Any:
+        raise TypeError(
+            f"indexing traced values is not supported yet ({self.aval} in {self._trace.where()})"
+        )
+
+
+# --- pmap -----------------------------------------------------------------
+
+
+class _Compiled(NamedTuple):
+    """One cache entry of a pmap'd function: everything traced for a signature."""
+
+    function: Any  # _core.Function
+    compiled: Any  # _core.CompiledFunction
+    program: Any  # _core.Program with one call node
+    lowered: Any  # _core.LoweredProgram
+    out_treedef: PyTreeDef
+
+
+def _ir_name(name: str) -> str:
+    """A name usable in IR text: "<lambda>" -> "lambda"."""
+    cleaned = re.sub(r"\W+", "_", name).strip("_")
+    return cleaned or "fn"
+
+
+def _to_array(leaf: Any) -> Any:
+    """A ShardedBuffer or numpy array for a concrete argument leaf.
+
+    Python scalars and lists of them become float64 (there are no integer
+    dtypes on the devices); numpy arrays keep their dtype.
+    """
+    if type(leaf) is _ShardedBuffer or type(leaf) is np.ndarray:
+        return leaf
+    if isinstance(leaf, (_ShardedBuffer, np.ndarray)):
+        return leaf
+    if isinstance(leaf, _TracerBase):
+        raise TracerError(
+            f"escaped tracer: a traced value ({leaf.aval}) was used after its trace ended"
+        )
+    if isinstance(leaf, np.generic):
+        return np.asarray(leaf)
+    arr = np.asarray(leaf)
+    if arr.dtype.kind in "biu":
+        arr = arr.astype(np.float64)
+    return arr
+
+
+def _check_devices(devices: Any) -> list:
+    from pathways._devices import VirtualSlice  # Local: avoids an import cycle.
+
+    if isinstance(devices, VirtualSlice):
+        devices = devices.devices
+    try:
+        devices = list(devices)
+    except TypeError:
+        devices = [devices]
+    for d in devices:
+        if not isinstance(d, _VirtualDevice):
+            raise TypeError(
+                f"pmap needs virtual devices from "
+                f"`pw.make_virtual_device_set().add_slice(tpu_devices=n).tpus`, got {d!r} "
+                f"({type(d).__name__})"
+            )
+    if not devices:
+        raise ValueError("pmap needs at least one device, got an empty device list")
+    return devices
+
+
+class PmapFunction:
+    """A function mapped over devices by `pw.pmap`; call it like the function.
+
+    Traced and compiled once per input signature (pytree structure, shape and
+    dtype of every argument leaf); later calls with the same signature reuse
+    the compiled program. Inside a `@pw.program` trace, a call becomes one node
+    of the program instead of running.
+    """
+
+    def __init__(
+        self, fn: Callable[..., Any], devices: Optional[Sequence[Any]], axis_name: Optional[str]
+    ):
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._name = getattr(fn, "__name__", type(fn).__name__)
+        self._devices = None if devices is None else _check_devices(devices)
+        self._axis_name = axis_name
+        self._cache: dict = {}
+        self._lock = threading.RLock()
+        self._slices: dict = {}  # devices=None: size -> VirtualSlice
+
+    @property
+    def axis_name(self) -> Optional[str]:
+        """The axis name bound inside the function (for `pw.psum`), or None."""
+        return self._axis_name
+
+    @property
+    def devices(self) -> Optional[list]:
+        """The virtual devices the function runs on (None: allocated per call size)."""
+        return None if self._devices is None else list(self._devices)
+
+    def __repr__(self) -> str:
+        return f"<pmap of {self._name!r} on {len(self._devices or ())} devices>"
+
+    # --- Calling ------------------------------------------------------------
+
+    def __call__(self, *args: Any) -> Any:
+        """Runs the function on its devices.
+
+        Args:
+          *args: Pytrees whose leaves are `ShardedBuffer`s, numpy arrays or
+            array-likes, each with a leading axis of size `len(devices)` that is
+            split over the devices.
+
+        Returns:
+          The function's outputs (same pytree structure), as `ShardedBuffer`s
+          whose leading axis runs over the devices. They are futures: the call
+          returns once the work is dispatched.
+
+        Raises:
+          ValueError: A leaf is a scalar or has the wrong leading axis, or the
+            traced computation has mismatched shapes.
+          TypeError: A leaf has an unsupported dtype, the function was called
+            with the wrong number of arguments, or this is a nested pmap.
+          TracerError: The function uses Python that cannot be traced.
+        """
+        st = _state
+        if st.function is not None:
+            raise TypeError(
+                f"nested pmap is not supported: {self._name!r} was called inside "
+                f"{st.function.where()}"
+            )
+        if st.program is not None:
+            return st.program.stage_pmap(self, args)
+        # Hot path (OpByOp): arguments that are all arrays need no pytree walk,
+        # then one dict lookup on the signature.
+        for leaf in args:
+            t = type(leaf)
+            if t is not _ShardedBuffer and t is not np.ndarray:
+                leaves, treedef = tree_flatten(args)
+                break
+        else:
+            leaves, treedef = args, flat_tuple_treedef(len(args))
+        for leaf in leaves:
+            t = type(leaf)
+            if t is not _ShardedBuffer and t is not np.ndarray:
+                return self._call_slow(list(leaves), treedef)
+        entry = self._cache.get((treedef, tuple([(x.shape, x.dtype) for x in leaves])))
+        if entry is None:
+            return self._call_slow(leaves, treedef)
+        outs = entry.lowered.execute(
+            [x if type(x) is _ShardedBuffer else np.ascontiguousarray(x) for x in leaves]
+        )
+        return tree_unflatten(entry.out_treedef, outs)
+
+    def _call_slow(self, leaves: list, treedef: PyTreeDef) -> Any:
+        arrays = [_to_array(x) for x in leaves]
+        avals = [(tuple(x.shape), np.dtype(x.dtype)) for x in arrays]
+        entry = self.get_compiled(treedef, avals)
+        outs = entry.lowered.execute(
+            [x if isinstance(x, _ShardedBuffer) else np.ascontiguousarray(x) for x in arrays]
+        )
+        return tree_unflatten(entry.out_treedef, outs)
+
+    def _prepare(self, args: tuple) -> tuple:
+        leaves, treedef = tree_flatten(args)
+        arrays = [_to_array(x) for x in leaves]
+        return treedef, [(tuple(x.shape), np.dtype(x.dtype)) for x in arrays]
+
+    def as_text(self, *args: Any) -> str:
+        """Returns the function IR traced for these arguments (without running it).
+
+        Args:
+          *args: Arguments as for a call (only their shapes and dtypes matter).
+
+        Returns:
+          The IR text of one shard's computation.
+        """
+        return self.get_compiled(*self._prepare(args)).function.as_text()
+
+    def compiled(self, *args: Any) -> Any:
+        """Returns the compiled function for these arguments (without running it).
+
+        Args:
+          *args: Arguments as for a call (only their shapes and dtypes matter).
+
+        Returns:
+          The `_core.CompiledFunction`.
+        """
+        return self.get_compiled(*self._prepare(args)).compiled
+
+    # --- Tracing and compiling ----------------------------------------------
+
+    def check_avals(self, avals: Sequence[tuple]) -> int:
+        """Validates argument leaf types; returns the number of devices.
+
+        Args:
+          avals: `(global shape, numpy dtype)` per argument leaf.
+
+        Returns:
+          The number of devices the call maps over.
+
+        Raises:
+          ValueError: For a scalar leaf or a wrong leading axis.
+          TypeError: For an unsupported dtype.
+        """
+        name = self._name
+        if self._devices is not None:
+            n = len(self._devices)
+        elif avals and avals[0][0]:
+            n = avals[0][0][0]
+        elif avals:
+            raise ValueError(
+                f"pmap of {name!r} (devices=None) got a scalar for argument 0; its leading "
+                "axis sets the number of devices"
+            )
+        else:
+            raise ValueError(
+                f"pmap of {name!r} with devices=None needs at least one argument, whose "
+                "leading axis sets the number of devices"
+            )
+        for i, (shape, dtype) in enumerate(avals):
+            if not shape:
+                raise ValueError(f"pmap of {name!r} over {n} devices got a scalar for argument {i}")
+            if shape[0] != n:
+                raise ValueError(
+                    f"pmap of {name!r} over {n} devices got leading axis of size {shape[0]} "
+                    f"for argument {i}"
+                )
+            if dtype not in _SUPPORTED_DTYPES:
+                raise TypeError(
+                    f"pmap of {name!r}: argument {i} has dtype {dtype}; supported dtypes: "
+                    f"{_SUPPORTED_DTYPE_NAMES}"
+                )
+        return n
+
+    def _devices_for(self, n: int) -> list:
+        if self._devices is not None:
+            return self._devices
+        vslice = self._slices.get(n)
+        if vslice is None:
+            from pathways._devices import make_virtual_device_set
+
+            vslice = make_virtual_device_set().add_slice(tpu_devices=n)
+            self._slices[n] = vslice
+        return vslice.devices
+
+    def get_compiled(self, treedef: PyTreeDef, avals: Sequence[tuple]) -> _Compiled:
+        """Returns the cache entry for a signature, tracing and compiling on a miss.
+
+        Args:
+          treedef: The structure of the arguments.
+          avals: `(global shape, numpy dtype)` per argument leaf.
+
+        Returns:
+          The compiled function, its one-node program and the output structure.
+
+        Raises:
+          As `__call__`.
+        """
+        key = (treedef, tuple([(tuple(s), np.dtype(d)) for s, d in avals]))
+        entry = self._cache.get(key)
+        if entry is not None:
+            return entry
+        n = self.check_avals(avals)
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is None:
+                entry = self._trace_and_compile(treedef, avals, self._devices_for(n))
+                self._cache[key] = entry
+        return entry
+
+    def _trace_and_compile(
+        self, treedef: PyTreeDef, avals: Sequence[tuple], devices: list
+    ) -> _Compiled:
+        ir_name = _ir_name(self._name)
+        b = _core.FunctionBuilder(ir_name, self._axis_name or "")
+        trace = _FunctionTrace(b, self._name, self._axis_name)
+        st = _state
+        prev = st.function
+        st.function = trace
+        try:
+            params = [
+                Tracer(trace, b.parameter(np.dtype(dtype).name, list(shape[1:])))
+                for shape, dtype in avals
+            ]
+            out = self._fn(*tree_unflatten(treedef, params))
+            out_leaves, out_treedef = tree_flatten(out)
+            out_ids = []
+            for i, leaf in enumerate(out_leaves):
+                if isinstance(leaf, Tracer):
+                    if leaf._trace is not trace:
+                        raise _escaped(leaf)
+                    out_ids.append(leaf._id)
+                elif isinstance(leaf, _TracerBase):
+                    raise TracerError(
+                        f"pmap of {self._name!r} returns a traced program value ({leaf.aval}) "
+                        f"as output {i}; pass program values as arguments instead of closing "
+                        "over them"
+                    )
+                else:
+                    try:
+                        out_ids.append(trace.constant(leaf, None)._id)
+                    except (TypeError, ValueError) as e:
+                        raise TypeError(
+                            f"pmap of {self._name!r}: output {i} is neither a traced value nor "
+                            f"a numeric constant: {leaf!r} ({e})"
+                        ) from None
+        finally:
+            trace.active = False
+            st.function = prev
+        if not out_ids:
+            raise ValueError(
+                f"pmap of {self._name!r} returns no values (output structure {out_treedef}); "
+                "a compiled function needs at least one output"
+            )
+        function = b.build(out_ids)
+        compiled = _core.compile(function, devices)
+        pb = _core.ProgramBuilder(ir_name)
+        arg_ids = [pb.add_arg(np.dtype(dtype).name, list(shape)) for shape, dtype in avals]
+        out_values = pb.add_call(compiled, arg_ids)
+        program = pb.build(out_values)
+        lowered = program.lower()
+        return _Compiled(function, compiled, program, lowered, out_treedef)
+
+
+def pmap(
+    fn: Callable[..., Any],
+    devices: Optional[Sequence[Any]] = None,
+    axis_name: Optional[str] = None,
+) -> PmapFunction:
+    """Maps `fn` over devices, like `jax.pmap` (SPMD over a virtual slice).
+
+    Every argument leaf has a leading axis of size `len(devices)` that is split
+    over the devices: device `i` runs `fn` on `x[i]` for every leaf `x`. The
+    outputs are stacked back along a new leading axis.
+
+    Example:
+      >>> tpus = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+      >>> f = pw.pmap(lambda x: x - pw.psum(x, "i") / 2., devices=tpus, axis_name="i")
+      >>> f(np.array([1., 3.]))
+      array([-1.,  1.])
+
+    Args:
+      fn: The per-device function. Its arguments and outputs are pytrees
+        (tuples, lists, dicts, None) of arrays; it is traced once per input
+        signature, so it must not branch on array values.
+      devices: Virtual devices, e.g. `slice.tpus` from
+        `pw.make_virtual_device_set().add_slice(tpu_devices=n)`. If None, a
+        slice of `n` TPUs is allocated (and cached) on first call, with `n`
+        the leading axis size of the first argument.
+      axis_name: The name of the mapped axis, for collectives like `pw.psum`.
+
+    Returns:
+      A `PmapFunction` wrapping `fn`.
+
+    Raises:
+      TypeError: If `devices` holds anything but `VirtualDevice`s (e.g.
+        physical devices from `pw.devices()`).
+      ValueError: If `devices` is empty.
+    """
+    if not callable(fn):
+        raise TypeError(f"pmap expects a callable, got {fn!r}")
+    return PmapFunction(fn, devices, axis_name)
+
+
+def psum(x: Any, axis_name: str) -> Any:
+    """Sums `x` over all devices of the pmap'd axis `axis_name`, like `jax.lax.psum`.
+
+    Args:
+      x: A pytree of traced values (or numeric constants, which count once per
+        device).
+      axis_name: The `axis_name` given to the enclosing `pw.pmap`.
+
+    Returns:
+      A pytree like `x` whose leaves hold, on every device, the sum of that
+      leaf over all devices.
+
+    Raises:
+      NameError: If `axis_name` is not bound by the enclosing pmap, or there is
+        no enclosing pmap.
+    """
+    trace = _state.function
+    if trace is None:
+        raise NameError(
+            f"unbound axis name: {axis_name!r} (psum must be called inside a function "
+            f"traced by pw.pmap with axis_name={axis_name!r})"
+        )
+    if trace.axis_name is None or axis_name != trace.axis_name:
+        bound = "no axis name" if trace.axis_name is None else repr(trace.axis_name)
+        raise NameError(f"unbound axis name: {axis_name!r} ({trace.where()} binds {bound})")
+    leaves, treedef = tree_flatten(x)
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, Tracer):
+            leaf._check()
+        elif isinstance(leaf, _TracerBase):
+            raise TracerError(
+                f"psum of a traced program value ({leaf.aval}) inside {trace.where()}; pass "
+                "program values to pmap'd functions as arguments"
+            )
+        else:
+            leaf = trace.constant(leaf, None)
+        out.append(Tracer(trace, trace.builder.psum(leaf._id, axis_name)))
+    return tree_unflatten(treedef, out)
