@@ -272,6 +272,9 @@ def test_device_put_errors(tpus2, runtime_ok):
         TypeError, match=re.escape("dtype int64; supported dtypes: float32, float64")
     ):
         pw.device_put(np.zeros(2, np.int64), tpus2)
+    # Something that is not a device of this runtime.
+    with pytest.raises(TypeError, match="expected a Device or VirtualDevice, got <class 'str'>"):
+        pw.device_put(np.zeros(2), ["tpu:0", "tpu:1"])
     runtime_ok()
 
 
