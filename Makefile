@@ -14,7 +14,7 @@ SOURCES := CMakeLists.txt pyproject.toml $(shell find csrc python -type f \( -na
              -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' \) 2>/dev/null)
 CPP_CONFIG := -G Ninja -DPATHWAYS_BUILD_TESTS=ON -DPATHWAYS_BUILD_PYTHON=OFF -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja)
 
-.PHONY: demo test test-cpp test-python sanitize sanitize-asan sanitize-tsan deps clean
+.PHONY: demo test test-cpp test-python bench sanitize sanitize-asan sanitize-tsan deps clean
 
 demo: $(VENV)/.installed
 	$(VPY) examples/figure2.py
@@ -46,6 +46,15 @@ test-cpp: deps $(VENV)/.created
 
 test-python: $(VENV)/.installed
 	cd tests/python && ../../$(VPY) -m pytest -q -p no:cacheprovider .
+
+# The paper's experiments (§5), pathways and its peers side by side: tables
+# and plots in benchmarks/results/. Peers come from the [bench] extra.
+$(VENV)/.bench: $(VENV)/.created
+	$(VPY) -m pip install -q jax ray "dask[distributed]" matplotlib
+	touch $@
+
+bench: $(VENV)/.installed $(VENV)/.bench
+	$(VPY) benchmarks/run_all.py
 
 # C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer, then
 # ThreadSanitizer (run with ASLR off: TSan's shadow memory needs it on

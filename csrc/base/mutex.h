@@ -9,6 +9,7 @@
 // on every guarded field. std::mutex goes through pthread, which TSan
 // intercepts, so `make sanitize` sees the real synchronization.
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -51,6 +52,13 @@ class CondVar {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     cv_.wait(lock);
     lock.release();
+  }
+  // Waits until signaled or `deadline`; returns false on timeout.
+  bool WaitUntil(Mutex* mu, std::chrono::steady_clock::time_point deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    const bool signaled = cv_.wait_until(lock, deadline) == std::cv_status::no_timeout;
+    lock.release();
+    return signaled;
   }
   void Signal() { cv_.notify_one(); }
   void SignalAll() { cv_.notify_all(); }

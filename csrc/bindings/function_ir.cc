@@ -42,6 +42,8 @@ void RegisterFunctionIr(py::module_& m) {
       .def_property_readonly("axis_name", &FunctionIr::axis_name)
       .def_property_readonly("num_params", &FunctionIr::num_params)
       .def_property_readonly("num_outputs", &FunctionIr::num_outputs)
+      .def_property_readonly("simulated_microseconds",
+                             [](const FunctionIr& f) { return f.simulated_ns() / 1000.0; })
       .def("as_text", &FunctionIr::ToText)
       .def("__repr__", &FunctionIr::ToText);
 
@@ -67,6 +69,9 @@ void RegisterFunctionIr(py::module_& m) {
       .def("psum", [](FunctionBuilder& b, int32_t x, const std::string& axis) {
         return ValueOrThrow(b.Psum(x, axis));
       }, py::arg("x"), py::arg("axis_name"))
+      .def("simulated_compute", [](FunctionBuilder& b, int32_t x, double microseconds) {
+        return ValueOrThrow(b.SimulatedCompute(x, static_cast<int64_t>(microseconds * 1000.0)));
+      }, py::arg("x"), py::arg("microseconds"))
       .def("shape", [](const FunctionBuilder& b, int32_t v) {
         if (v < 0 || v >= b.num_values()) throw py::value_error(absl::StrCat("%", v, " is not a value"));
         return ShapeTuple(b.type(v).dims);

@@ -23,7 +23,8 @@ py::tuple ShapeTuple(const Dims& dims) {
 }
 
 // Runs `program` on Python arguments: ShardedBuffers or numpy arrays.
-py::list Execute(const LoweredProgram& program, const py::sequence& args) {
+py::list Execute(const LoweredProgram& program, const py::sequence& args, bool sequential,
+                 SchedulingClient* client) {
   const size_t n = py::len(args);
   absl::InlinedVector<ProgramArg, 4> converted(n);
   absl::InlinedVector<py::array, 4> keep_alive;  // host data must live through dispatch
@@ -50,7 +51,17 @@ py::list Execute(const LoweredProgram& program, const py::sequence& args) {
     converted[i].host_data = array.data();
     keep_alive.push_back(std::move(array));
   }
-  auto outputs = ValueOrThrow(GetRuntime().dispatcher().Execute(program, converted));
+  ExecuteOptions options;
+  options.client = client;
+  absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> dispatched;
+  if (sequential) {
+    options.mode = DispatchMode::kSequential;
+    py::gil_scoped_release release;  // sequential dispatch waits for each node's inputs
+    dispatched = GetRuntime().dispatcher().Execute(program, converted, options);
+  } else {
+    dispatched = GetRuntime().dispatcher().Execute(program, converted, options);
+  }
+  auto outputs = ValueOrThrow(std::move(dispatched));
   py::list result(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     result[i] = py::cast(std::make_shared<PyShardedBuffer>(std::move(outputs[i])));
@@ -67,7 +78,8 @@ void RegisterProgramIr(py::module_& m) {
       .def_property_readonly("num_transfer_steps", &LoweredProgram::num_transfer_steps)
       .def_property_readonly("name", [](const LoweredProgram& p) { return p.ir().name(); })
       .def("as_text", &LoweredProgram::ToText)
-      .def("execute", &Execute, py::arg("args"))
+      .def("execute", &Execute, py::arg("args"), py::arg("sequential") = false,
+           py::arg("client") = static_cast<SchedulingClient*>(nullptr))
       .def("__repr__", &LoweredProgram::ToText);
 
   py::class_<ProgramIr, std::shared_ptr<ProgramIr>>(m, "Program",

@@ -3,6 +3,7 @@
 
 #include <atomic>
 
+#include "csrc/base/spin.h"
 #include "csrc/bindings/registrations.h"
 #include "csrc/bindings/status_casters.h"
 #include "pybind11/stl.h"
@@ -53,11 +54,10 @@ void RegisterRuntime(py::module_& m) {
   m.def("devices", [] { return GetRuntime().cluster().devices(); }, py::return_value_policy::reference);
   m.def("memory_stats", [] {
     Runtime& rt = GetRuntime();
-    int64_t live = 0;
-    for (Host* h : rt.cluster().hosts()) live += rt.object_stores().host(h->id()).live_buffers();
     py::dict d;
-    d["bytes_in_use"] = rt.object_stores().TotalBytesInUse();
-    d["live_buffers"] = live;
+    d["bytes_in_use"] = rt.object_stores().TotalLiveBytes();
+    d["bytes_reserved"] = rt.object_stores().TotalBytesCharged();
+    d["live_buffers"] = rt.object_stores().live_buffers();
     return d;
   });
   m.def("transfer_stats", [] {
@@ -100,7 +100,8 @@ void RegisterRuntime(py::module_& m) {
       .def_property_readonly("island", [](const Device& d) { return d.island()->id(); })
       .def_property_readonly("host", [](const Device& d) { return d.host()->id(); })
       .def_property_readonly("memory_capacity", &Device::memory_capacity)
-      .def("bytes_in_use", [](const Device& d) { return GetRuntime().object_stores().For(&d).bytes_in_use(&d); })
+      .def("bytes_in_use", [](const Device& d) { return GetRuntime().object_stores().LiveBytesOn(&d); })
+      .def("bytes_reserved", [](const Device& d) { return GetRuntime().object_stores().For(&d).bytes_in_use(&d); })
       .def("__eq__", [](const Device& a, py::object b) {
         return py::isinstance<Device>(b) && &a == b.cast<const Device*>();
       })
@@ -132,6 +133,60 @@ void RegisterRuntime(py::module_& m) {
       })
       .def("__hash__", [](const VirtualDevice& v) { return py::hash(py::make_tuple(v.slice->id(), v.index)); })
       .def("__repr__", &VirtualDevice::ToString);
+
+  py::class_<SchedulingClient, std::unique_ptr<SchedulingClient, py::nodelete>>(
+      m, "SchedulingClient", "A tenant of the islands: unit of proportional share and device-time accounting.")
+      .def_property_readonly("id", &SchedulingClient::id)
+      .def_property_readonly("name", &SchedulingClient::name)
+      .def_property_readonly("weight", &SchedulingClient::weight)
+      .def_property_readonly("device_seconds", [](const SchedulingClient& c) { return c.device_ns() * 1e-9; })
+      .def_property_readonly("gangs", &SchedulingClient::gangs)
+      .def("__repr__", [](const SchedulingClient& c) {
+        return "SchedulingClient(" + c.name() + ", weight=" + std::to_string(c.weight()) + ")";
+      });
+  m.def("create_client", [](const std::string& name, double weight) {
+    return ValueOrThrow(GetRuntime().CreateClient(name, weight));
+  }, py::arg("name"), py::arg("weight"), py::return_value_policy::reference);
+  m.def("clients", [] { return GetRuntime().clients(); }, py::return_value_policy::reference);
+  m.def("set_scheduling_policy", [](const std::string& policy) {
+    SchedulingPolicy p;
+    if (policy == "fifo") {
+      p = SchedulingPolicy::kFifo;
+    } else if (policy == "proportional_share") {
+      p = SchedulingPolicy::kProportionalShare;
+    } else {
+      throw py::value_error("unknown scheduling policy '" + policy + "'; known: fifo, proportional_share");
+    }
+    GetRuntime().SetSchedulingPolicy(p);
+  }, py::arg("policy"));
+  m.def("scheduling_policy", [] {
+    return GetRuntime().scheduler(0).policy() == SchedulingPolicy::kFifo ? "fifo" : "proportional_share";
+  });
+
+  // Timeline: events come back per gang; device lists by id (expand with device_list()).
+  m.def("timeline_start", [] { GetRuntime().timeline().Start(); });
+  m.def("timeline_stop", [] {
+    std::vector<TimelineEvent> events = GetRuntime().timeline().Stop();
+    py::list out(events.size());
+    for (size_t i = 0; i < events.size(); ++i) {
+      const TimelineEvent& e = events[i];
+      out[i] = py::make_tuple(e.devices->id(), e.start_ns, e.end_ns, *e.client, *e.program, *e.node);
+    }
+    return out;
+  });
+  m.def("device_list", [](int id) {
+    return GetRuntime().registry().DeviceIds(id);
+  }, py::arg("id"));
+  m.def("now_ns", &NowNanos);
+  m.def("device_busy_seconds", [] {
+    Runtime& rt = GetRuntime();
+    std::vector<double> busy(rt.cluster().num_devices(), 0.0);
+    for (Island* island : rt.cluster().islands()) {
+      std::vector<int64_t> ns = rt.scheduler(island->id()).DeviceBusyNs();
+      for (Device* d : island->devices()) busy[d->id()] = ns[d->index_in_island()] * 1e-9;
+    }
+    return busy;
+  });
 
   m.def("add_slice", [](int num_devices, const std::string& kind) {
     return ValueOrThrow(GetRuntime().resource_manager().AddSlice(num_devices, kind));

@@ -28,15 +28,40 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
     rt->schedulers_.push_back(std::make_unique<GangScheduler>(island));
     schedulers.push_back(rt->schedulers_.back().get());
   }
+  rt->delays_ = std::make_unique<DelayQueue>();
   rt->executor_ = std::make_unique<Executor>(rt->cluster_->options().num_executor_threads);
-  rt->dispatcher_ =
-      std::make_unique<ParallelDispatcher>(rt->stores_.get(), std::move(schedulers), rt->executor_.get(), &rt->stats_);
+  rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), std::move(schedulers),
+                                                         rt->executor_.get(), &rt->stats_,
+                                                         GangServices{rt->delays_.get(), &rt->timeline_});
   return rt;
 }
 
 Runtime::~Runtime() {
   AwaitQuiescence();
   executor_.reset();
+  delays_.reset();
+}
+
+absl::StatusOr<SchedulingClient*> Runtime::CreateClient(std::string name, double weight) {
+  if (!(weight > 0) || weight > 1e9) {
+    return absl::InvalidArgumentError(absl::StrCat("client '", name, "': weight must be positive, got ", weight));
+  }
+  MutexLock lock(&clients_mu_);
+  clients_.push_back(std::make_unique<SchedulingClient>(static_cast<int>(clients_.size()), std::move(name), weight));
+  return clients_.back().get();
+}
+
+std::vector<SchedulingClient*> Runtime::clients() {
+  MutexLock lock(&clients_mu_);
+  std::vector<SchedulingClient*> out;
+  for (auto& c : clients_) out.push_back(c.get());
+  return out;
+}
+
+void Runtime::SetSchedulingPolicy(SchedulingPolicy policy) {
+  ReadyList ready;
+  for (auto& s : schedulers_) s->SetPolicy(policy, &ready);
+  executor_->Submit(ready);
 }
 
 absl::StatusOr<Runtime*> Runtime::Default() {
@@ -85,6 +110,7 @@ void Runtime::ShutdownDefault() {
   if (rt != nullptr) {
     rt->AwaitQuiescence();
     rt->executor_.reset();
+    rt->delays_.reset();
   }
 }
 

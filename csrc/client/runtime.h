@@ -17,7 +17,9 @@
 #include "csrc/cluster/device_list.h"
 #include "csrc/coordination/transfer.h"
 #include "csrc/dispatch/dispatcher.h"
+#include "csrc/executor/delay_queue.h"
 #include "csrc/executor/executor.h"
+#include "csrc/executor/timeline.h"
 #include "csrc/object_store/object_store.h"
 #include "csrc/resource_manager/resource_manager.h"
 #include "csrc/scheduler/gang_scheduler.h"
@@ -52,6 +54,16 @@ class Runtime {
   Executor& executor() { return *executor_; }
   ParallelDispatcher& dispatcher() { return *dispatcher_; }
   TransferStats& transfer_stats() { return stats_; }
+  Timeline& timeline() { return timeline_; }
+
+  // A new client (tenant) with a proportional-share weight (> 0). Clients
+  // live as long as the runtime. InvalidArgument for a bad weight.
+  absl::StatusOr<SchedulingClient*> CreateClient(std::string name, double weight);
+  // Every client created so far.
+  std::vector<SchedulingClient*> clients();
+
+  // Sets the scheduling policy of every island's gang scheduler.
+  void SetSchedulingPolicy(SchedulingPolicy policy);
 
   // Places host data (row-major `dtype`, global `dims`) on `devices`.
   absl::StatusOr<std::shared_ptr<ShardedBuffer>> DevicePut(DType dtype, Dims dims, const void* data,
@@ -68,8 +80,12 @@ class Runtime {
   std::unique_ptr<ObjectStores> stores_;
   std::vector<std::unique_ptr<GangScheduler>> schedulers_;
   TransferStats stats_;
+  Timeline timeline_;
+  std::unique_ptr<DelayQueue> delays_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<ParallelDispatcher> dispatcher_;
+  Mutex clients_mu_;
+  std::vector<std::unique_ptr<SchedulingClient>> clients_ ABSL_GUARDED_BY(clients_mu_);
 };
 
 }  // namespace pw

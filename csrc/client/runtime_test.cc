@@ -63,10 +63,10 @@ TEST_P(RuntimeTest, MemoryReturnsWhenBuffersDie) {
   }
   rt->AwaitQuiescence();
   // Intermediates die with their last consumer; outputs died with `outs`.
-  for (int i = 0; i < 1000 && rt->object_stores().TotalBytesInUse() != 0; ++i) {
+  for (int i = 0; i < 1000 && rt->object_stores().TotalLiveBytes() != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  EXPECT_EQ(rt->object_stores().TotalBytesInUse(), 0);
+  EXPECT_EQ(rt->object_stores().TotalLiveBytes(), 0);
 }
 
 TEST_P(RuntimeTest, OutOfMemoryIsAnErrorAndTheRuntimeStaysUsable) {
@@ -91,7 +91,7 @@ TEST_P(RuntimeTest, OutOfMemoryIsAnErrorAndTheRuntimeStaysUsable) {
   ProgramBuilder small("small");
   const int w = *small.AddArg(DType::kF64, {2});
   auto ok = *Lower(*small.Build({(*small.AddCall(add, {w}))[0]}));
-  for (int i = 0; i < 1000 && rt->object_stores().TotalBytesInUse() != 0; ++i) {
+  for (int i = 0; i < 1000 && rt->object_stores().TotalLiveBytes() != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   auto outs = rt->dispatcher().Execute(*ok, {arg});

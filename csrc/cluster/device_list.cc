@@ -33,7 +33,11 @@ absl::StatusOr<const DeviceList*> DeviceListRegistry::Intern(absl::Span<Device* 
                                                      pos->second, " and ", i, ") in one device list"));
     }
   }
+  if (lists_.size() >= static_cast<size_t>(kMaxLists)) {
+    return absl::ResourceExhaustedError(absl::StrCat("more than ", kMaxLists, " distinct device lists"));
+  }
   auto list = std::make_unique<DeviceList>();
+  list->id_ = static_cast<int>(lists_.size());
   list->devices_.assign(devices.begin(), devices.end());
   list->island_ = devices[0]->island();
   for (Device* d : devices) {
@@ -42,8 +46,17 @@ absl::StatusOr<const DeviceList*> DeviceListRegistry::Intern(absl::Span<Device* 
   list->text_ = list->island_ ? absl::StrCat("island ", list->island_->id(), " devices ", IdsToString(ids))
                               : absl::StrCat("devices ", IdsToString(ids));
   const DeviceList* result = list.get();
+  by_id_.push_back(result);
   lists_.emplace(std::move(ids), std::move(list));
   return result;
+}
+
+std::vector<int> DeviceListRegistry::DeviceIds(int id) {
+  MutexLock lock(&mu_);
+  std::vector<int> ids;
+  if (id < 0 || id >= static_cast<int>(by_id_.size())) return ids;
+  for (Device* d : by_id_[id]->devices()) ids.push_back(d->id());
+  return ids;
 }
 
 }  // namespace pw

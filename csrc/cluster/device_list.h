@@ -28,9 +28,12 @@ class DeviceList {
   Island* island() const { return island_; }
   // Compact text: "island 0 devices [0-3]" or "devices [0,1,8,9]".
   const std::string& ToString() const { return text_; }
+  // Dense id, 0.. in order of interning (for per-list tables).
+  int id() const { return id_; }
 
  private:
   friend class DeviceListRegistry;
+  int id_ = 0;
   std::vector<Device*> devices_;
   Island* island_ = nullptr;
   std::string text_;
@@ -39,12 +42,20 @@ class DeviceList {
 // Interns DeviceLists. Thread-safe. Lists live as long as the registry.
 class DeviceListRegistry {
  public:
-  // InvalidArgument if `devices` is empty or names a device twice.
+  // At most this many distinct lists (ids are dense below it).
+  static constexpr int kMaxLists = 1 << 16;
+
+  // InvalidArgument if `devices` is empty or names a device twice;
+  // ResourceExhausted past kMaxLists distinct lists.
   absl::StatusOr<const DeviceList*> Intern(absl::Span<Device* const> devices);
+
+  // The device ids of the list with `id` (empty for an unknown id).
+  std::vector<int> DeviceIds(int id);
 
  private:
   Mutex mu_;
   absl::flat_hash_map<std::vector<int>, std::unique_ptr<DeviceList>> lists_ ABSL_GUARDED_BY(mu_);
+  std::vector<const DeviceList*> by_id_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw

@@ -7,11 +7,15 @@
 namespace pw {
 
 ParallelDispatcher::ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers,
-                                       Executor* executor, TransferStats* stats)
-    : stores_(stores), schedulers_(std::move(schedulers)), executor_(executor), stats_(stats) {}
+                                       Executor* executor, TransferStats* stats, GangServices services)
+    : stores_(stores),
+      schedulers_(std::move(schedulers)),
+      executor_(executor),
+      stats_(stats),
+      services_(services) {}
 
 absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> ParallelDispatcher::Execute(
-    const LoweredProgram& program, absl::Span<const ProgramArg> args) {
+    const LoweredProgram& program, absl::Span<const ProgramArg> args, const ExecuteOptions& options) {
   const ProgramIr& ir = program.ir();
   if (static_cast<int>(args.size()) != ir.num_args()) {
     return absl::InvalidArgumentError(absl::StrCat("program '", ir.name(), "' takes ", ir.num_args(),
@@ -30,7 +34,7 @@ absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> ParallelDispatcher::
   }
   std::vector<std::shared_ptr<ShardedBuffer>> slots(program.num_slots());
   ReadyList ready;
-  absl::Status status = DispatchSteps(program, args, slots, &ready);
+  absl::Status status = DispatchSteps(program, args, options, slots, &ready);
   // Whatever was dispatched runs, even if a later step failed to dispatch.
   executor_->Submit(ready);
   if (!status.ok()) return status;
@@ -41,6 +45,7 @@ absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> ParallelDispatcher::
 }
 
 absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
+                                               const ExecuteOptions& options,
                                                std::vector<std::shared_ptr<ShardedBuffer>>& slots,
                                                ReadyList* ready) {
   for (const ArgPlacement& p : program.arg_placements()) {
@@ -54,6 +59,7 @@ absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, ab
     } else {
       auto dst = ShardedBuffer::Allocate(stores_, arg.buffer->dtype(), arg.buffer->dims(), p.devices);
       if (!dst.ok()) return dst.status();
+      (*dst)->SetCopiedFrom(arg.buffer);
       slots[p.slot] = *dst;
       (new TransferTask(arg.buffer, *std::move(dst), ClassifyLink(*arg.buffer->devices(), *p.devices), stats_))
           ->Start(ready);
@@ -61,6 +67,12 @@ absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, ab
   }
   const auto& types = program.slot_types();
   for (const LoweredStep& step : program.steps()) {
+    if (options.mode == DispatchMode::kSequential && step.kind == LoweredStep::Kind::kCompute) {
+      // The traditional model: this node's host-side work (allocation,
+      // scheduling) waits for its inputs. Hand over what is ready, then wait.
+      executor_->Submit(*ready);
+      for (int slot : step.in_slots) slots[slot]->Await().IgnoreError();  // errors flow to the outputs
+    }
     absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 2> outputs;
     for (int slot : step.out_slots) {
       auto out = ShardedBuffer::Allocate(stores_, types[slot].dtype, types[slot].dims, step.devices);
@@ -69,13 +81,14 @@ absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, ab
       outputs.push_back(*std::move(out));
     }
     if (step.kind == LoweredStep::Kind::kTransfer) {
+      outputs[0]->SetCopiedFrom(slots[step.in_slots[0]]);
       (new TransferTask(slots[step.in_slots[0]], std::move(outputs[0]), step.link, stats_))->Start(ready);
       continue;
     }
     absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 4> inputs;
     for (int slot : step.in_slots) inputs.push_back(slots[slot]);
-    auto* task = new GangTask(program.ir().nodes()[step.node].fn, schedulers_[step.devices->island()->id()],
-                              std::move(inputs), std::move(outputs));
+    auto* task = new GangTask(program.ir_ptr(), step.fn, schedulers_[step.devices->island()->id()],
+                              options.client, &services_, std::move(inputs), std::move(outputs));
     task->Submit(ready);
     task->Release(ready);
   }

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "csrc/coordination/transfer.h"
+#include "csrc/dispatch/gang_task.h"
 #include "csrc/executor/executor.h"
 #include "csrc/object_store/object_store.h"
 #include "csrc/object_store/sharded_buffer.h"
@@ -36,12 +37,26 @@ struct ProgramArg {
   Dims dims;                              // of host_data
 };
 
+enum class DispatchMode : uint8_t {
+  // All nodes' host-side work at submission (paper §4.5, Figure 4b).
+  kParallel,
+  // Each node's host-side work only once its inputs are ready, as a system
+  // must when shapes depend on data (Figure 4a). Execute() then blocks until
+  // the last node is dispatched.
+  kSequential,
+};
+
+struct ExecuteOptions {
+  DispatchMode mode = DispatchMode::kParallel;
+  SchedulingClient* client = nullptr;  // null: the default client
+};
+
 class ParallelDispatcher {
  public:
   // All pointers must outlive the dispatcher. `schedulers` is indexed by
   // island id.
   ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers, Executor* executor,
-                     TransferStats* stats);
+                     TransferStats* stats, GangServices services);
 
   // Dispatches every step of `program` and returns its outputs (pending).
   // InvalidArgument if the arguments do not match the program's; a
@@ -50,19 +65,22 @@ class ParallelDispatcher {
   // their results are dropped. Thread-safe; `program` must stay alive until
   // this returns (running steps keep what they need alive themselves).
   absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Execute(const LoweredProgram& program,
-                                                                      absl::Span<const ProgramArg> args);
+                                                                      absl::Span<const ProgramArg> args,
+                                                                      const ExecuteOptions& options = {});
 
   ObjectStores* stores() const { return stores_; }
   TransferStats* transfer_stats() const { return stats_; }
 
  private:
   absl::Status DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
-                             std::vector<std::shared_ptr<ShardedBuffer>>& slots, ReadyList* ready);
+                             const ExecuteOptions& options, std::vector<std::shared_ptr<ShardedBuffer>>& slots,
+                             ReadyList* ready);
 
   ObjectStores* stores_;
   std::vector<GangScheduler*> schedulers_;
   Executor* executor_;
   TransferStats* stats_;
+  GangServices services_;
 };
 
 }  // namespace pw

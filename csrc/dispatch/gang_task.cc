@@ -1,13 +1,28 @@
 #include "csrc/dispatch/gang_task.h"
 
-namespace pw {
+#include "csrc/base/spin.h"
 
-GangTask::GangTask(std::shared_ptr<const CompiledFunction> fn, GangScheduler* scheduler,
+namespace pw {
+namespace {
+// Device time assumed for proportional share when a function has no
+// simulated compute (its real kernels are tiny in comparison).
+constexpr int64_t kNominalKernelNs = 1000;
+const std::string& DefaultClientName() {
+  static const std::string* name = new std::string("default");
+  return *name;
+}
+}  // namespace
+
+GangTask::GangTask(std::shared_ptr<const ProgramIr> program, const CompiledFunction* fn, GangScheduler* scheduler,
+                   SchedulingClient* client, const GangServices* services,
                    absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 4> inputs,
                    absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 2> outputs)
-    : Gang(fn->physical_devices()),
-      fn_(std::move(fn)),
+    : Gang(fn->physical_devices(), client,
+           std::max<int64_t>(fn->executable().ir().simulated_ns(), kNominalKernelNs)),
+      program_(std::move(program)),
+      fn_(fn),
       scheduler_(scheduler),
+      services_(services),
       inputs_(std::move(inputs)),
       outputs_(std::move(outputs)),
       waiters_(inputs_.size()),
@@ -22,15 +37,33 @@ void GangTask::Submit(ReadyList* ready) {
   scheduler_->Enqueue(this, ready);
 }
 
+bool GangTask::InputsSequenced() const {
+  const int island = gang_devices()->island()->id();
+  for (const auto& in : inputs_) {
+    if (!in->IsSequencedOn(island)) return false;
+  }
+  return true;
+}
+
+void GangTask::OnSequenced() {
+  const int island = gang_devices()->island()->id();
+  for (const auto& out : outputs_) out->MarkSequenced(island);
+}
+
 void GangTask::Run(RunContext& ctx) {
-  absl::Status failed;
+  if (kernels_done_) {  // back from the delay queue
+    Finish(ctx);
+    return;
+  }
+  kernels_done_ = true;
+  start_ns_ = NowNanos();
   for (const auto& in : inputs_) {
     if (absl::Status s = in->status(); !s.ok()) {
-      failed = std::move(s);
+      failed_ = std::move(s);
       break;
     }
   }
-  if (failed.ok()) {
+  if (failed_.ok()) {
     const FunctionExecutable& exe = fn_->executable();
     const int n = gang_devices()->size();
     absl::InlinedVector<const void*, 4> in_ptrs;
@@ -38,15 +71,30 @@ void GangTask::Run(RunContext& ctx) {
     for (const auto& in : inputs_) in_ptrs.push_back(in->data());
     for (const auto& out : outputs_) out_ptrs.push_back(out->data());
     exe.Run(n, in_ptrs, out_ptrs, ctx.Scratch(exe.scratch_bytes(n)));
+    if (const int64_t simulated = exe.ir().simulated_ns(); simulated > 0) {
+      services_->delays->RunAt(start_ns_ + simulated, this);
+      return;
+    }
   }
+  Finish(ctx);
+}
+
+void GangTask::Finish(RunContext& ctx) {
+  const int64_t end_ns = NowNanos();
   // Free the devices first so the next gang in the island order can start.
-  scheduler_->Complete(this, ctx.ready);
+  scheduler_->Complete(this, ctx.ready, end_ns - start_ns_);
   for (const auto& out : outputs_) {
-    if (failed.ok()) {
+    if (failed_.ok()) {
       out->SetReady(ctx.ready);
     } else {
-      out->SetError(failed, ctx.ready);
+      out->SetError(failed_, ctx.ready);
     }
+  }
+  if (client() != nullptr) client()->AddUsage((end_ns - start_ns_) * gang_devices()->size());
+  if (services_->timeline->recording()) {
+    services_->timeline->Record(TimelineEvent{gang_devices(), start_ns_, end_ns,
+                                              client() ? &client()->name() : &DefaultClientName(),
+                                              &program_->name(), &fn_->name(), program_});
   }
   delete this;
 }

@@ -5,28 +5,41 @@
 // with its input and output sharded buffers. It runs when three things have
 // happened, counted down in one atomic: it is at the head of every device
 // queue (GangScheduler), every input is done, and the dispatcher has released
-// it. It owns itself and is deleted after it runs.
+// it. It owns itself and is deleted once finished.
+//
+// Running: the real kernels run at once on the executor thread; if the
+// function has simulated compute time, the gang keeps its devices until
+// start + that time (DelayQueue), then finishes: frees the devices, completes
+// its outputs, records its timeline event and charges its client.
 
 #include <atomic>
 #include <memory>
 
 #include "absl/container/inlined_vector.h"
+#include "csrc/executor/delay_queue.h"
+#include "csrc/executor/timeline.h"
 #include "csrc/object_store/sharded_buffer.h"
 #include "csrc/program_ir/program_ir.h"
 #include "csrc/scheduler/gang_scheduler.h"
 
 namespace pw {
 
+// Runtime services a gang uses while running. Must outlive every task.
+struct GangServices {
+  DelayQueue* delays = nullptr;
+  Timeline* timeline = nullptr;
+};
+
 class GangTask final : public Gang {
  public:
-  // The task keeps `fn` alive until it has run, so a program may be dropped
-  // while its nodes are in flight.
-  GangTask(std::shared_ptr<const CompiledFunction> fn, GangScheduler* scheduler,
+  // `program` keeps `fn` (one of its nodes) alive until the task is done,
+  // so a program may be dropped while its nodes are in flight.
+  GangTask(std::shared_ptr<const ProgramIr> program, const CompiledFunction* fn, GangScheduler* scheduler,
+           SchedulingClient* client, const GangServices* services,
            absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 4> inputs,
            absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 2> outputs);
 
-  // Registers the input waiters and enqueues the gang. After this the task
-  // may run (and be deleted) at any time once Release() is called.
+  // Registers the input waiters and submits the gang to its scheduler.
   void Submit(ReadyList* ready);
   // The dispatcher's hold: the task cannot run before this is called.
   void Release(ReadyList* ready) { CountDown(ready); }
@@ -35,22 +48,38 @@ class GangTask final : public Gang {
 
  protected:
   void OnAtHeadOfAllQueues(ReadyList* ready) override { CountDown(ready); }
+  bool InputsSequenced() const override;
+  void OnSequenced() override;
 
  private:
   struct InputWaiter final : BufferWaiter {
     GangTask* task = nullptr;
-    void OnBufferDone(const absl::Status&, ReadyList* ready) override { task->CountDown(ready); }
+    void OnBufferDone(const absl::Status&, ReadyList* ready) override { task->OnInputDone(ready); }
   };
+  void OnInputDone(ReadyList* ready) {
+    // Read before counting down: once the count reaches zero on another
+    // thread, this task may run and be deleted.
+    const bool waiting_for_admission = !sequenced();
+    GangScheduler* scheduler = scheduler_;
+    CountDown(ready);
+    if (waiting_for_admission) scheduler->RetryAdmission(ready);
+  }
   void CountDown(ReadyList* ready) {
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) ready->Push(this);
   }
+  void Finish(RunContext& ctx);
 
-  std::shared_ptr<const CompiledFunction> fn_;
+  std::shared_ptr<const ProgramIr> program_;
+  const CompiledFunction* fn_;
   GangScheduler* scheduler_;
+  const GangServices* services_;
   absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 4> inputs_;
   absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 2> outputs_;
   absl::InlinedVector<InputWaiter, 4> waiters_;
   std::atomic<int> pending_;
+  bool kernels_done_ = false;  // Run() is called again after a simulated delay
+  int64_t start_ns_ = 0;
+  absl::Status failed_;
 };
 
 }  // namespace pw

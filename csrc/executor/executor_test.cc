@@ -1,5 +1,8 @@
 #include "csrc/executor/executor.h"
 
+#include "csrc/base/spin.h"
+#include "csrc/executor/delay_queue.h"
+
 #include <atomic>
 #include <thread>
 
@@ -65,6 +68,39 @@ TEST_P(ExecutorTest, DestructorDrainsQueuedWork) {
     for (int i = 0; i < 1000; ++i) executor.Submit(new TreeJob(1, 2, &count));
   }
   EXPECT_EQ(count.load(), 3000);
+}
+
+class StampJob : public Runnable {
+ public:
+  StampJob(int id, std::vector<std::pair<int, int64_t>>* log) : id_(id), log_(log) {}
+  void Run(RunContext&) override { log_->emplace_back(id_, NowNanos()); }
+
+ private:
+  int id_;
+  std::vector<std::pair<int, int64_t>>* log_;
+};
+
+TEST(DelayQueueTest, RunsJobsInDeadlineOrderNotBefore) {
+  std::vector<std::pair<int, int64_t>> log;  // written by the delay thread only
+  std::vector<std::unique_ptr<StampJob>> jobs;
+  std::vector<int64_t> deadlines;
+  {
+    DelayQueue queue;
+    const int64_t t0 = NowNanos();
+    const int64_t offsets_us[] = {3000, 500, 2000, 500, 0, 8000};
+    for (int i = 0; i < 6; ++i) {
+      jobs.push_back(std::make_unique<StampJob>(i, &log));
+      deadlines.push_back(t0 + offsets_us[i] * 1000);
+      queue.RunAt(deadlines.back(), jobs.back().get());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }  // destructor joins the thread: `log` is complete
+  ASSERT_EQ(log.size(), 6u);
+  const std::vector<int> want_order = {4, 1, 3, 2, 0, 5};  // by deadline, FIFO among equals
+  for (size_t i = 0; i < log.size(); ++i) {
+    EXPECT_EQ(log[i].first, want_order[i]);
+    EXPECT_GE(log[i].second, deadlines[log[i].first]);  // never early
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, ExecutorTest, ::testing::Values(1, 2, 4));

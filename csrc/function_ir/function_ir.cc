@@ -66,6 +66,8 @@ absl::string_view OpKindName(OpKind kind) {
       return "neg";
     case OpKind::kPsum:
       return "psum";
+    case OpKind::kSimulatedCompute:
+      return "simulated_compute";
   }
   return "unknown";
 }
@@ -93,6 +95,7 @@ std::string FunctionIr::ToText() const {
     }
     absl::StrAppendFormat(&text, "%s", OpKindName(op.kind));
     if (op.kind == OpKind::kPsum) absl::StrAppend(&text, "[", op.axis_name, "]");
+    if (op.kind == OpKind::kSimulatedCompute) absl::StrAppend(&text, "[", op.duration_ns / 1000.0, "us]");
     absl::StrAppend(&text, " ",
                     absl::StrJoin(op.operands, ", ",
                                   [](std::string* out, int32_t v) {
@@ -234,6 +237,21 @@ absl::StatusOr<int32_t> FunctionBuilder::Psum(int32_t x, absl::string_view axis_
   op.operands = {x};
   op.type = type(x);
   op.axis_name = std::string(axis_name);
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::SimulatedCompute(int32_t x, int64_t duration_ns) {
+  PW_RETURN_IF_ERROR(CheckValue(x, OpKindName(OpKind::kSimulatedCompute)));
+  if (duration_ns < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("simulated_compute: duration must be non-negative, got ", duration_ns, " ns"));
+  }
+  Op op;
+  op.kind = OpKind::kSimulatedCompute;
+  op.operands = {x};
+  op.type = type(x);
+  op.duration_ns = duration_ns;
+  ir_->simulated_ns_ += duration_ns;
   return Add(std::move(op));
 }
 

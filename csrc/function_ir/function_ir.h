@@ -33,6 +33,9 @@ enum class OpKind : uint8_t {
   kDiv,
   kNeg,
   kPsum,       // all-reduce sum across the shards of the gang (the pmap axis)
+  // Identity on its operand; keeps the gang's devices busy for duration_ns
+  // more (a simulated kernel of known duration, which uses no CPU).
+  kSimulatedCompute,
 };
 
 // "add", "psum", ... as printed in IR text and error messages.
@@ -58,6 +61,7 @@ struct Op {
   int32_t param_index = -1;                  // kParameter only
   std::vector<uint8_t> literal;              // kConstant only: row-major elements of `type`
   std::string axis_name;                     // collectives only
+  int64_t duration_ns = 0;                   // kSimulatedCompute only
 };
 
 // An immutable, validated function. Thread-safe (read-only after Build).
@@ -77,6 +81,8 @@ class FunctionIr {
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   // True if any op is a collective (the gang must run all shards together).
   bool has_collectives() const;
+  // Simulated device time of one run: the sum of its kSimulatedCompute ops.
+  int64_t simulated_ns() const { return simulated_ns_; }
 
   // Human-readable text, e.g.
   //   func @f(%0: f32[], %1: f32[3]) axis=i {
@@ -94,6 +100,7 @@ class FunctionIr {
   std::vector<Op> ops_;
   std::vector<int32_t> params_;
   std::vector<int32_t> outputs_;
+  int64_t simulated_ns_ = 0;
 };
 
 // Builds a FunctionIr op by op, inferring and checking types as it goes, so
@@ -126,6 +133,10 @@ class FunctionBuilder {
   // axis name; InvalidArgument ("psum: unbound axis name 'j' (bound: 'i')")
   // otherwise.
   absl::StatusOr<int32_t> Psum(int32_t x, absl::string_view axis_name);
+
+  // Identity on `x` that occupies the devices for `duration_ns` more.
+  // InvalidArgument for a negative duration.
+  absl::StatusOr<int32_t> SimulatedCompute(int32_t x, int64_t duration_ns);
 
   // The type of value `v`. `v` must be a value of this builder.
   const ValueType& type(int32_t v) const { return ir_->ops_[v].type; }

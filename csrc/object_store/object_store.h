@@ -3,10 +3,17 @@
 
 // The per-host object store (paper §4.6): tracks the device memory (HBM) of
 // the host's devices. Every shard of every sharded buffer is charged to its
-// device here; an allocation that does not fit fails with ResourceExhausted
+// device; an allocation that does not fit fails with ResourceExhausted
 // instead of overcommitting host memory.
 //
-// Thread-safe and lock-free: each device's usage is an atomic counter.
+// ObjectStores (all hosts) charges sharded buffers through one arena per
+// device list, so that allocating a buffer over 2048 devices costs O(1): the
+// arena reserves memory on each of its devices in chunks (O(devices), rarely)
+// and hands out allocations from that reservation. A device's bytes_in_use
+// is what is charged to it, reservations included; TotalLiveBytes counts
+// only live buffers.
+//
+// Thread-safe.
 
 #include <atomic>
 #include <cstdint>
@@ -14,7 +21,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "csrc/base/mutex.h"
 #include "csrc/cluster/cluster.h"
+#include "csrc/cluster/device_list.h"
 
 namespace pw {
 
@@ -31,9 +40,6 @@ class ObjectStore {
 
   int64_t bytes_in_use(const Device* device) const;
   int64_t peak_bytes_in_use(const Device* device) const;
-  // Live sharded buffers with at least one shard on this host.
-  int64_t live_buffers() const { return live_buffers_.load(std::memory_order_relaxed); }
-  void AddLiveBuffer(int64_t delta) { live_buffers_.fetch_add(delta, std::memory_order_relaxed); }
 
  private:
   struct DeviceMemory {
@@ -42,21 +48,41 @@ class ObjectStore {
   };
   const Host* host_;
   std::unique_ptr<DeviceMemory[]> memory_;  // by Device::index_in_host()
-  std::atomic<int64_t> live_buffers_{0};
 };
 
-// The object stores of all hosts of a cluster, indexed by host id.
+// The object stores of all hosts of a cluster, and the per-device-list arenas.
 class ObjectStores {
  public:
   explicit ObjectStores(const Cluster* cluster);
+  ~ObjectStores();
+
   ObjectStore& For(const Device* device) { return *stores_[device->host()->id()]; }
   ObjectStore& host(int host_id) { return *stores_[host_id]; }
-  // Total bytes in use over all devices (for tests and stats).
-  int64_t TotalBytesInUse() const;
+
+  // Charges `bytes_per_device` on every device of `devices` for one buffer.
+  // ResourceExhausted if a device is full; nothing stays charged then.
+  absl::Status Allocate(const DeviceList* devices, int64_t bytes_per_device);
+  void Free(const DeviceList* devices, int64_t bytes_per_device);
+
+  // Bytes of live sharded buffers, and their number.
+  int64_t TotalLiveBytes() const { return live_bytes_.load(std::memory_order_relaxed); }
+  int64_t live_buffers() const { return live_buffers_.load(std::memory_order_relaxed); }
+  // Bytes charged to all devices, arena reservations included.
+  int64_t TotalBytesCharged() const;
+  // Bytes of live buffers' shards on `device` (O(device lists), for stats).
+  int64_t LiveBytesOn(const Device* device);
 
  private:
+  struct Arena;
+  Arena* ArenaFor(const DeviceList* devices);
+
   const Cluster* cluster_;
   std::vector<std::unique_ptr<ObjectStore>> stores_;
+  std::unique_ptr<std::atomic<Arena*>[]> arenas_;  // by DeviceList::id()
+  Mutex arenas_mu_;                                // serializes arena creation
+  std::vector<Arena*> all_arenas_ ABSL_GUARDED_BY(arenas_mu_);
+  std::atomic<int64_t> live_bytes_{0};
+  std::atomic<int64_t> live_buffers_{0};
 };
 
 }  // namespace pw

@@ -22,39 +22,22 @@ absl::StatusOr<std::shared_ptr<ShardedBuffer>> ShardedBuffer::Allocate(ObjectSto
   }
   const int64_t shard_bytes =
       NumElements(absl::MakeConstSpan(dims).subspan(1)) * DTypeSize(dtype);
-  // Charge every device; undo on the first failure.
-  const auto& devs = devices->devices();
-  for (size_t i = 0; i < devs.size(); ++i) {
-    absl::Status s = stores->For(devs[i]).Reserve(devs[i], shard_bytes);
-    if (!s.ok()) {
-      for (size_t j = 0; j < i; ++j) stores->For(devs[j]).Release(devs[j], shard_bytes);
-      return s;
-    }
-  }
+  // O(1) for a list whose arena has room; see ObjectStores.
+  absl::Status charged = stores->Allocate(devices, shard_bytes);
+  if (!charged.ok()) return charged;
   auto buffer = std::shared_ptr<ShardedBuffer>(new ShardedBuffer());
   buffer->stores_ = stores;
   buffer->dtype_ = dtype;
   buffer->dims_ = std::move(dims);
   buffer->devices_ = devices;
   buffer->shard_bytes_ = shard_bytes;
-  const size_t total = static_cast<size_t>(std::max<int64_t>(shard_bytes * devs.size(), 1));
+  const size_t total = static_cast<size_t>(std::max<int64_t>(shard_bytes * devices->size(), 1));
   buffer->data_ = ::operator new(total, kAlignment);
-  // Live-buffer counts are per host; consecutive devices usually share one.
-  const Host* last = nullptr;
-  for (Device* d : devs) {
-    if (d->host() != last) stores->For(d).AddLiveBuffer(1);
-    last = d->host();
-  }
   return buffer;
 }
 
 ShardedBuffer::~ShardedBuffer() {
-  const Host* last = nullptr;
-  for (Device* d : devices_->devices()) {
-    stores_->For(d).Release(d, shard_bytes_);
-    if (d->host() != last) stores_->For(d).AddLiveBuffer(-1);
-    last = d->host();
-  }
+  stores_->Free(devices_, shard_bytes_);
   ::operator delete(data_, kAlignment);
 }
 
@@ -70,6 +53,15 @@ absl::Status ShardedBuffer::Await() const {
 absl::Status ShardedBuffer::status() const {
   MutexLock lock(&mu_);
   return status_;
+}
+
+bool ShardedBuffer::IsSequencedOn(int island) const {
+  if (IsDone() || sequenced_island_.load(std::memory_order_acquire) == island) return true;
+  // A transfer within the island completes after its source without any
+  // scheduling of its own; across islands only a finished copy counts.
+  std::shared_ptr<ShardedBuffer> source = copied_from_.lock();
+  return source != nullptr && source->devices()->island() != nullptr &&
+         source->devices()->island()->id() == island && source->IsSequencedOn(island);
 }
 
 bool ShardedBuffer::AddWaiter(BufferWaiter* waiter) {

@@ -81,6 +81,15 @@ class ShardedBuffer {
   void SetReady(ReadyList* ready) { Complete(absl::OkStatus(), ready); }
   void SetError(absl::Status error, ReadyList* ready) { Complete(std::move(error), ready); }
 
+  // Ordering, for the gang schedulers' admission (proportional share): a
+  // consumer may be ordered on island I once each input is done or will be
+  // produced by something already ordered on I. MarkSequenced records that
+  // the producing gang got its place on `island`; SetCopiedFrom makes a
+  // transfer's destination follow its source within one island.
+  void MarkSequenced(int island) { sequenced_island_.store(island, std::memory_order_release); }
+  void SetCopiedFrom(const std::shared_ptr<ShardedBuffer>& source) { copied_from_ = source; }
+  bool IsSequencedOn(int island) const;
+
   // Registers `waiter` to be called when the buffer is done. Returns false,
   // without registering, if it is already done (the caller proceeds at once).
   bool AddWaiter(BufferWaiter* waiter);
@@ -98,6 +107,8 @@ class ShardedBuffer {
   void* data_ = nullptr;
 
   std::atomic<int> state_{kPending};
+  std::atomic<int> sequenced_island_{-1};
+  std::weak_ptr<ShardedBuffer> copied_from_;  // set before the buffer is shared
   mutable Mutex mu_;
   mutable CondVar done_cv_;
   // Protects: the waiter list (taken whole on completion), the error status,

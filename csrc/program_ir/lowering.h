@@ -45,6 +45,7 @@ struct SlotType {
 class LoweredProgram {
  public:
   const ProgramIr& ir() const { return *ir_; }
+  const std::shared_ptr<const ProgramIr>& ir_ptr() const { return ir_; }
   const std::vector<ArgPlacement>& arg_placements() const { return arg_placements_; }
   const std::vector<LoweredStep>& steps() const { return steps_; }
   const std::vector<int>& output_slots() const { return output_slots_; }

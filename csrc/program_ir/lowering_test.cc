@@ -68,6 +68,32 @@ TEST_F(LoweringTest, SameDevicesNeedNoTransferAndChainsStayCompact) {
   EXPECT_EQ(lowered->num_slots(), 129);
 }
 
+// The paper's scale (§5.1, configuration A): lowering is per node, not per
+// shard, however many devices a slice has.
+TEST(LoweringAtScaleTest, ChainOver2048DevicesHas128ComputeSteps) {
+  TopologyOptions options;
+  options.num_islands = 1;
+  options.hosts_per_island = 512;
+  options.devices_per_host = 4;
+  auto cluster = *Cluster::Create(options);
+  DeviceListRegistry registry;
+  ResourceManager rm(cluster.get(), &registry);
+  auto slice = *rm.AddSlice(2048, "tpu");
+  auto step = testing::ScalarOpFunction("step", OpKind::kAdd, 1.0, slice, &registry, DType::kF32, {}, true);
+  ProgramBuilder pb("chain");
+  int v = *pb.AddArg(DType::kF32, {2048});
+  for (int i = 0; i < 128; ++i) v = (*pb.AddCall(step, {v}))[0];
+  auto ir = *pb.Build({v});
+  auto lowered = *Lower(ir);
+  EXPECT_EQ(ir->num_nodes(), 128);
+  EXPECT_EQ(lowered->num_compute_steps(), 128);
+  EXPECT_EQ(lowered->num_transfer_steps(), 0);
+  EXPECT_EQ(lowered->steps().size(), 128u);
+  EXPECT_EQ(lowered->num_slots(), 129);  // one per value, not per shard
+  EXPECT_EQ(lowered->arg_placements().size(), 1u);
+  for (const LoweredStep& s : lowered->steps()) EXPECT_EQ(s.devices->size(), 2048);
+}
+
 TEST_F(LoweringTest, ArgumentUsedOnTwoSlicesIsPlacedTwiceOnce) {
   auto s0 = *rm_->AddSlice(2, "tpu");
   auto s1 = *rm_->AddSlice(2, "tpu");

@@ -3,86 +3,175 @@
 
 // The gang scheduler (paper §4.4): one per island. It gives every
 // multi-device computation (a Gang) one position in a single island-wide
-// order, across all programs and client threads, and appends it to the
-// in-order queue of each of its devices under one lock. Each device's queue
-// is therefore a subsequence of the island order, and a gang starts only when
-// it is at the head of all its devices' queues.
+// order, across all programs and clients, and each device runs its gangs in
+// that order: a gang starts only when every earlier gang that shares one of
+// its devices has finished.
 //
 // Why that cannot deadlock: consider the earliest-ordered unfinished gang G.
-// On each of G's devices every earlier gang has finished, so G is at the
-// head of all its queues; its inputs come from gangs dispatched (hence
-// ordered) before it, which have finished or will, by the same argument.
-// So some gang can always make progress, however many clients share the
-// devices and however their slices overlap.
+// Every earlier gang on G's devices has finished, so G may start; its inputs
+// come from gangs ordered before it (admission checks this), which have
+// finished or will, by the same argument. So some gang can always make
+// progress, however many clients share the devices and however their slices
+// overlap.
 //
-// The policy is FIFO: gangs are ordered as they are submitted.
+// Cost: per gang, O(number of distinct device lists overlapping its own),
+// never O(devices). Gangs are queued per interned DeviceList; a gang is at the
+// head of all its devices' queues exactly when it heads its own list's queue
+// and every overlapping list's head comes later in the order. Device lists
+// are few (one per slice), so a 2048-device gang costs what an 8-device one
+// does.
+//
+// Policies:
+//  - FIFO: a gang is ordered when it is submitted.
+//  - Proportional share: gangs wait in per-client queues and are admitted
+//    into the order by start-time fair queueing on their estimated device
+//    time divided by the client's weight, keeping only a short window of
+//    admitted gangs per device set, so each backlogged client gets device
+//    time in proportion to its weight. A gang is admitted only after the
+//    producers of its inputs, so the order stays consistent with dataflow.
 //
 // Thread-safe. Gangs must stay alive from Enqueue() until Complete() returns.
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "csrc/base/mutex.h"
 #include "csrc/base/runnable.h"
 #include "csrc/cluster/device_list.h"
 
 namespace pw {
 
+enum class SchedulingPolicy : uint8_t { kFifo, kProportionalShare };
+
+// A tenant of the islands: the unit of proportional share and of device-time
+// accounting. Thread-safe; must outlive the gangs that name it.
+class SchedulingClient {
+ public:
+  SchedulingClient(int id, std::string name, double weight) : id_(id), name_(std::move(name)), weight_(weight) {}
+  int id() const { return id_; }
+  const std::string& name() const { return name_; }
+  double weight() const { return weight_; }
+
+  // Device time used: each gang adds its duration times its device count.
+  void AddUsage(int64_t device_ns) {
+    device_ns_.fetch_add(device_ns, std::memory_order_relaxed);
+    gangs_.fetch_add(1, std::memory_order_relaxed);
+  }
+  int64_t device_ns() const { return device_ns_.load(std::memory_order_relaxed); }
+  int64_t gangs() const { return gangs_.load(std::memory_order_relaxed); }
+
+ private:
+  const int id_;
+  const std::string name_;
+  const double weight_;
+  std::atomic<int64_t> device_ns_{0};
+  std::atomic<int64_t> gangs_{0};
+};
+
 class GangScheduler;
 
 // A computation over a list of devices of one island, gang-scheduled.
 class Gang : public Runnable {
  public:
-  explicit Gang(const DeviceList* devices) : devices_(devices) {}
+  // `client` may be null (the default client); `cost_ns` estimates the
+  // device time of one shard (used by proportional share).
+  Gang(const DeviceList* devices, SchedulingClient* client, int64_t cost_ns)
+      : devices_(devices), client_(client), cost_ns_(cost_ns) {}
   const DeviceList* gang_devices() const { return devices_; }
-  // Position in the island order (valid after Enqueue).
+  SchedulingClient* client() const { return client_; }
+  // Position in the island order (valid once admitted).
   uint64_t sequence() const { return sequence_; }
+  // Whether the gang has its place in the order yet (thread-safe).
+  bool sequenced() const { return sequenced_.load(std::memory_order_acquire); }
 
  protected:
   // Called exactly once, when the gang is at the head of every one of its
   // devices' queues, on the thread that made it so (the submitter or an
   // executor). Must not block; puts work that becomes ready into `ready`.
   virtual void OnAtHeadOfAllQueues(ReadyList* ready) = 0;
+  // Whether every input is done or produced by a gang already in this
+  // island's order (see ShardedBuffer::IsSequencedOn). Called with the
+  // scheduler's lock held; must not block.
+  virtual bool InputsSequenced() const { return true; }
+  // Called when the gang is given its place in the order (lock held).
+  virtual void OnSequenced() {}
 
  private:
   friend class GangScheduler;
   const DeviceList* devices_;
+  SchedulingClient* client_;
+  int64_t cost_ns_;
   uint64_t sequence_ = 0;
-  int heads_missing_ = 0;  // guarded by the scheduler's mutex
+  std::atomic<bool> sequenced_{false};
+  bool notified_ = false;  // guarded by the scheduler's mutex
 };
 
 class GangScheduler {
  public:
   explicit GangScheduler(const Island* island);
+  ~GangScheduler();
   GangScheduler(const GangScheduler&) = delete;
   GangScheduler& operator=(const GangScheduler&) = delete;
 
   const Island* island() const { return island_; }
 
-  // Orders `gang` after every gang enqueued before it on this island and
-  // appends it to its devices' queues. Every device of the gang must belong
-  // to this island.
+  // Submits `gang` (all its devices must belong to this island). Under FIFO
+  // it is ordered at once; under proportional share when admitted.
   void Enqueue(Gang* gang, ReadyList* ready);
 
-  // Removes the finished `gang` (at the head of all its queues) from its
-  // devices' queues; gangs that thereby reach the head of all their queues
-  // are notified.
-  void Complete(Gang* gang, ReadyList* ready);
+  // Removes the finished `gang` (which was at the head of all its queues),
+  // which kept its devices busy for `busy_ns`; gangs that thereby reach the
+  // head of all their queues are notified, and waiting gangs may be admitted.
+  void Complete(Gang* gang, ReadyList* ready, int64_t busy_ns = 0);
+
+  // Busy time of each device of the island so far, by index in the island
+  // (the sum of busy_ns of the gangs that ran on it).
+  std::vector<int64_t> DeviceBusyNs() const;
+
+  // Retries admitting waiting gangs: called when an input of a waiting gang
+  // completed, which may make it admissible (an input from another island
+  // counts only once done, and nothing else on this island may be running).
+  void RetryAdmission(ReadyList* ready);
+
+  // Switching to FIFO admits every waiting gang, in fair-queueing order.
+  void SetPolicy(SchedulingPolicy policy, ReadyList* ready);
+  SchedulingPolicy policy() const;
 
   // Gangs ordered so far (the next sequence number).
   uint64_t num_enqueued() const;
-  // Gangs enqueued but not yet completed.
+  // Gangs submitted but not yet completed (waiting or ordered).
   int64_t num_in_flight() const;
 
  private:
+  struct ListQueue;
+  struct ClientQueue;
+  ListQueue* QueueForLocked(const DeviceList* devices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SequenceLocked(Gang* gang, ListQueue* q, ReadyList* notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notifies `gang` if it heads its list and no overlapping list's head is
+  // earlier in the order.
+  void MaybeNotifyLocked(Gang* gang, ListQueue* q, ReadyList* notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdmitWaitingLocked(ReadyList* notify, bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasRoomLocked(const ListQueue* q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const Island* island_;
   mutable Mutex mu_;
-  // Protects the island order counter and every device queue; a gang's
-  // heads_missing_ is only touched under it.
+  // Protects everything below: the island order counter, the per-list queues
+  // of ordered gangs and their overlap graph, the per-client queues of gangs
+  // waiting for admission with their fair-queueing tags, and each gang's
+  // notified_ flag.
+  SchedulingPolicy policy_ ABSL_GUARDED_BY(mu_) = SchedulingPolicy::kFifo;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::deque<Gang*>> queues_ ABSL_GUARDED_BY(mu_);  // by Device::index_in_island()
+  absl::flat_hash_map<const DeviceList*, std::unique_ptr<ListQueue>> lists_ ABSL_GUARDED_BY(mu_);
+  std::vector<ListQueue*> all_lists_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const SchedulingClient*, std::unique_ptr<ClientQueue>> clients_ ABSL_GUARDED_BY(mu_);
+  int64_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  double virtual_time_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pw

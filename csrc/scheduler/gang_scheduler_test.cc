@@ -1,6 +1,7 @@
 #include "csrc/scheduler/gang_scheduler.h"
 
 #include <atomic>
+#include <algorithm>
 #include <random>
 #include <thread>
 
@@ -37,7 +38,7 @@ struct RunQueue {
 class RecordingGang : public Gang {
  public:
   RecordingGang(const DeviceList* devices, GangScheduler* scheduler, DeviceLog* log, RunQueue* queue)
-      : Gang(devices), scheduler_(scheduler), log_(log), queue_(queue) {}
+      : Gang(devices, /*client=*/nullptr, /*cost_ns=*/1000), scheduler_(scheduler), log_(log), queue_(queue) {}
 
   void Run(RunContext& ctx) override {
     for (Device* d : gang_devices()->devices()) {
@@ -166,6 +167,99 @@ TEST_P(GangSchedulerTest, ConcurrentSubmittersKeepOneConsistentOrder) {
   for (const auto& order : log.order) {
     EXPECT_TRUE(std::is_sorted(order.begin(), order.end()));
   }
+}
+
+// A gang that records the order in which gangs start.
+class OrderGang : public Gang {
+ public:
+  OrderGang(const DeviceList* devices, SchedulingClient* client, int64_t cost_ns, std::vector<OrderGang*>* started)
+      : Gang(devices, client, cost_ns), started_(started) {}
+  void Run(RunContext&) override {}
+  bool inputs_sequenced = true;
+  std::vector<OrderGang*> outputs_for;  // gangs whose inputs this one produces
+
+ protected:
+  void OnAtHeadOfAllQueues(ReadyList* ready) override {
+    started_->push_back(this);
+    ready->Push(this);
+  }
+  bool InputsSequenced() const override { return inputs_sequenced; }
+  void OnSequenced() override {
+    for (OrderGang* g : outputs_for) g->inputs_sequenced = true;
+  }
+
+ private:
+  std::vector<OrderGang*>* started_;
+};
+
+// Runs gangs one at a time in the order they become ready; returns how many
+// of the first `window` started gangs belong to each client id.
+std::vector<int> RunAndCount(GangScheduler& scheduler, std::vector<std::unique_ptr<OrderGang>>& gangs,
+                             std::vector<OrderGang*>& started, size_t window) {
+  ReadyList ready;
+  for (auto& g : gangs) scheduler.Enqueue(g.get(), &ready);
+  while (Runnable* r = ready.Pop()) scheduler.Complete(static_cast<Gang*>(r), &ready, 1000);
+  std::vector<int> counts(8, 0);
+  for (size_t i = 0; i < window && i < started.size(); ++i) counts[started[i]->client()->id()]++;
+  return counts;
+}
+
+TEST_F(GangSchedulerTest, ProportionalShareFollowsWeights) {
+  GangScheduler scheduler(cluster_->islands()[0]);
+  ReadyList none;
+  scheduler.SetPolicy(SchedulingPolicy::kProportionalShare, &none);
+  SchedulingClient light(0, "light", 1.0), heavy(1, "heavy", 3.0);
+  const DeviceList* all = List({0, 1, 2, 3, 4, 5, 6, 7});
+  std::vector<std::unique_ptr<OrderGang>> gangs;
+  std::vector<OrderGang*> started;
+  // Both clients backlogged with 400 gangs each, submitted interleaved.
+  for (int i = 0; i < 400; ++i) {
+    gangs.push_back(std::make_unique<OrderGang>(all, &light, 1000, &started));
+    gangs.push_back(std::make_unique<OrderGang>(all, &heavy, 1000, &started));
+  }
+  std::vector<int> counts = RunAndCount(scheduler, gangs, started, 400);
+  EXPECT_EQ(started.size(), 800u);  // everything ran
+  // While both are backlogged, device time splits 1:3.
+  EXPECT_NEAR(counts[1] / static_cast<double>(counts[0]), 3.0, 0.1) << counts[0] << " vs " << counts[1];
+  EXPECT_EQ(scheduler.num_in_flight(), 0);
+}
+
+TEST_F(GangSchedulerTest, FifoIgnoresWeights) {
+  GangScheduler scheduler(cluster_->islands()[0]);
+  SchedulingClient light(0, "light", 1.0), heavy(1, "heavy", 3.0);
+  const DeviceList* all = List({0, 1, 2, 3});
+  std::vector<std::unique_ptr<OrderGang>> gangs;
+  std::vector<OrderGang*> started;
+  for (int i = 0; i < 100; ++i) {
+    gangs.push_back(std::make_unique<OrderGang>(all, &light, 1000, &started));
+    gangs.push_back(std::make_unique<OrderGang>(all, &heavy, 1000, &started));
+  }
+  std::vector<int> counts = RunAndCount(scheduler, gangs, started, 100);
+  EXPECT_EQ(counts[0], 50);
+  EXPECT_EQ(counts[1], 50);
+}
+
+// Under proportional share a gang is admitted only after the producers of
+// its inputs, even when they belong to a client with a smaller share: the
+// consumer must not take a place ahead of its producer on shared devices.
+TEST_F(GangSchedulerTest, ProportionalShareAdmitsProducersFirst) {
+  GangScheduler scheduler(cluster_->islands()[0]);
+  ReadyList none;
+  scheduler.SetPolicy(SchedulingPolicy::kProportionalShare, &none);
+  SchedulingClient a(0, "a", 1.0), b(1, "b", 100.0);
+  const DeviceList* all = List({0, 1, 2, 3});
+  std::vector<std::unique_ptr<OrderGang>> gangs;
+  std::vector<OrderGang*> started;
+  for (int i = 0; i < 10; ++i) gangs.push_back(std::make_unique<OrderGang>(all, &a, 1000, &started));
+  auto consumer = std::make_unique<OrderGang>(all, &b, 1000, &started);
+  consumer->inputs_sequenced = false;
+  gangs.back()->outputs_for.push_back(consumer.get());  // a's last gang feeds b's
+  OrderGang* producer = gangs.back().get();
+  gangs.push_back(std::move(consumer));
+  RunAndCount(scheduler, gangs, started, 0);
+  ASSERT_EQ(started.size(), 11u);
+  auto pos = [&](OrderGang* g) { return std::find(started.begin(), started.end(), g) - started.begin(); };
+  EXPECT_LT(pos(producer), pos(gangs.back().get()));
 }
 
 INSTANTIATE_TEST_SUITE_P(ThreadCounts, GangSchedulerTest,

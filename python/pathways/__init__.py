@@ -37,7 +37,17 @@ from pathways._devices import (
 )
 from pathways._program import Program, ProgramTracer, program
 from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_map, tree_unflatten
-from pathways._tracing import PmapFunction, Tracer, TracerError, pmap, psum
+from pathways._tracing import PmapFunction, Tracer, TracerError, pmap, psum, simulated_compute
+from pathways._tenancy import (
+    Client,
+    Timeline,
+    client_stats,
+    device_busy_seconds,
+    dispatch_mode,
+    scheduling_policy,
+    set_scheduling_policy,
+    timeline,
+)
 
 __version__ = "0.1.0"
 
@@ -123,6 +133,16 @@ __all__ = [
     "pmap",
     "psum",
     "program",
+    "simulated_compute",
+    "dispatch_mode",
+    # Multi-tenancy and timelines.
+    "Client",
+    "client_stats",
+    "set_scheduling_policy",
+    "scheduling_policy",
+    "timeline",
+    "Timeline",
+    "device_busy_seconds",
     "PmapFunction",
     "Program",
     "Tracer",

@@ -331,9 +331,10 @@ class Program:
     they are).
     """
 
-    def __init__(self, fn: Callable[..., Any]):
+    def __init__(self, fn: Callable[..., Any], dispatch: str = "parallel"):
         functools.update_wrapper(self, fn)
         self._fn = fn
+        self._dispatch = _check_dispatch(dispatch)
         self._name = getattr(fn, "__name__", type(fn).__name__)
         self._cache: dict = {}
         self._lock = threading.RLock()
@@ -426,9 +427,12 @@ class Program:
             if entry is None:
                 entry = self._fill(key, leaves, treedef, dynamic)
         if entry.num_outputs:
+            st = _state
             outs = entry.lowered.execute(
                 [x if type(x) is _ShardedBuffer else np.asarray(x, order="C") for x in dynamic]
-                + entry.constants
+                + entry.constants,
+                (st.dispatch or self._dispatch) == "sequential",
+                st.client,
             )
             if entry.outputs_in_order:
                 return tree_unflatten(entry.out_treedef, outs)
@@ -534,10 +538,20 @@ class Program:
         )
 
 
-def program(fn: Callable[..., Any]) -> Program:
+_DISPATCH_MODES = ("parallel", "sequential")
+
+
+def _check_dispatch(mode: str) -> str:
+    if mode not in _DISPATCH_MODES:
+        raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {mode!r}")
+    return mode
+
+
+def program(fn: Optional[Callable[..., Any]] = None, *, dispatch: str = "parallel") -> Any:
     """Traces a block of Python that calls pmap'd functions into one program.
 
-    Use as a decorator (`@pw.program`) or call (`pw.program(fn)`). Each call
+    Use as a decorator (`@pw.program`, `@pw.program(dispatch="sequential")`)
+    or call (`pw.program(fn)`). Each call
     of a pmap'd function inside `fn` becomes one computation node of a
     dataflow graph; data moves between the nodes' devices (over ICI within an
     island, DCN across islands) without returning to Python (paper §3,
@@ -555,17 +569,30 @@ def program(fn: Callable[..., Any]) -> Program:
       ...     x = a(v)
       ...     return b(x), a(c(x))
 
+    Dispatch (paper §4.5, Figure 4): with "parallel" (the default) the
+    host-side work of every node (allocating its outputs, ordering it in its
+    island's gang scheduler) is done when the program is called, before any
+    node runs. With "sequential" each node's host-side work waits until its
+    inputs are ready, as a system must when shapes depend on data; the call
+    then returns once the last node is dispatched. `pw.dispatch_mode(...)`
+    overrides the mode for the calls in its scope.
+
     Args:
       fn: A function of pytrees that only calls pmap'd functions on its array
         arguments and returns pytrees of their results.
+      dispatch: "parallel" or "sequential".
 
     Returns:
       A `Program`; calling it runs the traced program and returns
-      `ShardedBuffer`s.
+      `ShardedBuffer`s. Without `fn`, a decorator.
 
     Raises:
       TypeError: If `fn` is not callable.
+      ValueError: For an unknown dispatch mode.
     """
+    _check_dispatch(dispatch)
+    if fn is None:
+        return lambda f: program(f, dispatch=dispatch)
     if not callable(fn):
         raise TypeError(f"pw.program expects a callable, got {fn!r}")
-    return Program(fn)
+    return Program(fn, dispatch)

@@ -43,10 +43,18 @@ class TracerError(TypeError):
 
 
 class _TraceState(threading.local):
-    """Per-thread tracing state. At most one function trace and one program trace."""
+    """Per-thread state: the traces under way, and how this thread's calls execute.
+
+    At most one function trace and one program trace. `client` is the
+    `_core.SchedulingClient` work is attributed to (None: the default client);
+    `dispatch` overrides the dispatch mode of calls ("parallel" or
+    "sequential"; None: each program's own).
+    """
 
     function: Optional["_FunctionTrace"] = None
     program: Any = None  # a pathways._program._ProgramTrace
+    client: Any = None
+    dispatch: Optional[str] = None
 
 
 _state = _TraceState()
@@ -479,7 +487,9 @@ class PmapFunction:
         if entry is None:
             return self._call_slow(leaves, treedef)
         outs = entry.lowered.execute(
-            [x if type(x) is _ShardedBuffer else np.ascontiguousarray(x) for x in leaves]
+            [x if type(x) is _ShardedBuffer else np.ascontiguousarray(x) for x in leaves],
+            False,
+            _state.client,
         )
         return tree_unflatten(entry.out_treedef, outs)
 
@@ -488,7 +498,9 @@ class PmapFunction:
         avals = [(tuple(x.shape), np.dtype(x.dtype)) for x in arrays]
         entry = self.get_compiled(treedef, avals)
         outs = entry.lowered.execute(
-            [x if isinstance(x, _ShardedBuffer) else np.ascontiguousarray(x) for x in arrays]
+            [x if isinstance(x, _ShardedBuffer) else np.ascontiguousarray(x) for x in arrays],
+            False,
+            _state.client,
         )
         return tree_unflatten(entry.out_treedef, outs)
 
@@ -732,4 +744,42 @@ def psum(x: Any, axis_name: str) -> Any:
         else:
             leaf = trace.constant(leaf, None)
         out.append(Tracer(trace, trace.builder.psum(leaf._id, axis_name)))
+    return tree_unflatten(treedef, out)
+
+
+def simulated_compute(x: Any, microseconds: float) -> Any:
+    """A simulated kernel: keeps the devices busy without using a CPU core.
+
+    Inside a pmap'd function, returns `x` unchanged and makes every run of the
+    function occupy its devices for `microseconds` more, on top of its real
+    kernels. The devices stay unavailable to other gangs for that time, as if
+    a TPU were running a kernel of that duration; no host CPU is used while
+    they wait. Use it for scheduling and dispatch experiments with many
+    devices on a small machine.
+
+    Args:
+      x: A traced value (or pytree of them) of the enclosing pmap'd function.
+      microseconds: Simulated device time, >= 0.
+
+    Returns:
+      `x`, unchanged.
+
+    Raises:
+      TracerError: Outside a function traced by `pw.pmap`.
+      ValueError: For a negative duration.
+    """
+    trace = _state.function
+    if trace is None:
+        raise TracerError(
+            "simulated_compute must be called inside a function traced by pw.pmap"
+        )
+    leaves, treedef = tree_flatten(x)
+    out = []
+    for leaf in leaves:
+        if not isinstance(leaf, Tracer):
+            raise TracerError(
+                f"simulated_compute in {trace.where()} needs traced values, got {type(leaf).__name__}"
+            )
+        leaf._check()
+        out.append(Tracer(trace, trace.builder.simulated_compute(leaf._id, float(microseconds))))
     return tree_unflatten(treedef, out)

@@ -1,0 +1,65 @@
+#include "csrc/executor/delay_queue.h"
+
+#include "csrc/base/spin.h"
+
+namespace pw {
+namespace {
+// Sleep until this long before a deadline, then spin.
+constexpr int64_t kSpinWindowNs = 150'000;
+}  // namespace
+
+DelayQueue::DelayQueue() : thread_([this] { Loop(); }) {}
+
+DelayQueue::~DelayQueue() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    cv_.Signal();
+  }
+  thread_.join();
+}
+
+void DelayQueue::RunAt(int64_t deadline_ns, Runnable* job) {
+  MutexLock lock(&mu_);
+  const bool earliest = heap_.empty() || deadline_ns < heap_.top().deadline_ns;
+  heap_.push(Entry{deadline_ns, next_order_++, job});
+  if (earliest) cv_.Signal();
+}
+
+void DelayQueue::Loop() {
+  std::vector<uint8_t> scratch;
+  ReadyList ready;
+  RunContext ctx{&ready, &scratch};
+  while (true) {
+    Runnable* job = nullptr;
+    {
+      MutexLock lock(&mu_);
+      while (job == nullptr) {
+        if (heap_.empty()) {
+          if (stop_) return;
+          cv_.Wait(&mu_);
+          continue;
+        }
+        const int64_t deadline = heap_.top().deadline_ns;
+        const int64_t now = NowNanos();
+        if (now >= deadline || stop_) {
+          job = heap_.top().job;
+          heap_.pop();
+        } else if (deadline - now > kSpinWindowNs) {
+          cv_.WaitUntil(&mu_, std::chrono::steady_clock::time_point(
+                                  std::chrono::nanoseconds(deadline - kSpinWindowNs)));
+        } else {
+          mu_.Unlock();
+          SpinUntil([&] { return NowNanos() >= deadline; }, deadline - now);
+          mu_.Lock();
+        }
+      }
+    }
+    job->Run(ctx);
+    // Run what that made ready here too (see the header): typically the next
+    // gang on the same devices, which schedules its own completion.
+    while (Runnable* next = ready.Pop()) next->Run(ctx);
+  }
+}
+
+}  // namespace pw

@@ -1,0 +1,264 @@
+"""Multi-tenancy, dispatch modes and timelines (paper §4.4–4.5, §5.2, Figure 9).
+
+* `Client`: a tenant of the islands. Work submitted inside `with client:` is
+  scheduled and accounted as that client's; under the proportional-share
+  policy each backlogged client gets device time in proportion to its weight.
+* `set_scheduling_policy`: "fifo" or "proportional_share", for every island.
+* `dispatch_mode`: overrides parallel/sequential dispatch for calls in scope.
+* `timeline`: records what each device ran and when, and exports it as a
+  Chrome/Perfetto trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any, Iterator, Optional, Sequence
+
+from pathways import _core
+from pathways._program import _check_dispatch
+from pathways._tracing import _state
+
+__all__ = [
+    "Client",
+    "client_stats",
+    "dispatch_mode",
+    "scheduling_policy",
+    "set_scheduling_policy",
+    "timeline",
+    "Timeline",
+    "device_busy_seconds",
+]
+
+
+class Client:
+    """A tenant: the unit of proportional share and device-time accounting.
+
+    Several clients (for example one per thread) may submit to the same
+    islands at once. Use `with client:` around the calls to attribute; the
+    scope is per thread and clients may nest (the innermost wins).
+
+    Example:
+      >>> a, b = pw.Client("a", weight=1), pw.Client("b", weight=3)
+      >>> pw.set_scheduling_policy("proportional_share")
+      >>> with a:
+      ...     f(x)
+
+    Args:
+      name: A name for traces and stats (need not be unique).
+      weight: Proportional-share weight, > 0.
+
+    Raises:
+      ValueError: If the weight is not positive.
+    """
+
+    def __init__(self, name: str, weight: float = 1.0):
+        self._core = _core.create_client(str(name), float(weight))
+        self._saved: list = []
+
+    @property
+    def name(self) -> str:
+        return self._core.name
+
+    @property
+    def weight(self) -> float:
+        return self._core.weight
+
+    @property
+    def device_seconds(self) -> float:
+        """Device time used so far: each gang's duration times its devices."""
+        return self._core.device_seconds
+
+    @property
+    def gangs(self) -> int:
+        """Gangs (compiled-function runs) completed for this client."""
+        return self._core.gangs
+
+    def __enter__(self) -> "Client":
+        self._saved.append(_state.client)
+        _state.client = self._core
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _state.client = self._saved.pop()
+
+    def __repr__(self) -> str:
+        return f"Client({self.name!r}, weight={self.weight:g})"
+
+
+def set_scheduling_policy(policy: str) -> None:
+    """Sets the gang schedulers' policy on every island.
+
+    Args:
+      policy: "fifo" (gangs ordered as submitted) or "proportional_share"
+        (start-time fair queueing over clients' weights).
+
+    Raises:
+      ValueError: For an unknown policy.
+    """
+    _core.set_scheduling_policy(policy)
+
+
+def scheduling_policy() -> str:
+    """The policy in force: "fifo" or "proportional_share"."""
+    return _core.scheduling_policy()
+
+
+def client_stats() -> dict:
+    """Per client name: {"device_seconds": float, "gangs": int, "weight": float}.
+
+    Clients with the same name are summed.
+    """
+    stats: dict = {}
+    for c in _core.clients():
+        entry = stats.setdefault(c.name, {"device_seconds": 0.0, "gangs": 0, "weight": c.weight})
+        entry["device_seconds"] += c.device_seconds
+        entry["gangs"] += c.gangs
+    return stats
+
+
+@contextlib.contextmanager
+def dispatch_mode(mode: str) -> Iterator[None]:
+    """Runs the programs called in this scope (this thread) with `mode`.
+
+    Args:
+      mode: "parallel" or "sequential" (see `pw.program`).
+
+    Raises:
+      ValueError: For an unknown mode.
+    """
+    _check_dispatch(mode)
+    saved = _state.dispatch
+    _state.dispatch = mode
+    try:
+        yield
+    finally:
+        _state.dispatch = saved
+
+
+def device_busy_seconds() -> list:
+    """The runtime's own account of each device's busy time since start, by device id."""
+    return _core.device_busy_seconds()
+
+
+class Timeline:
+    """What each device ran and when, recorded by `pw.timeline()`.
+
+    Events are per gang; each covers every device of the gang.
+    """
+
+    def __init__(self) -> None:
+        self._raw: list = []
+        self._lists: dict = {}
+        self._origin_ns = _core.now_ns()
+        self.wall_seconds = 0.0
+
+    def _devices_of(self, list_id: int) -> list:
+        devices = self._lists.get(list_id)
+        if devices is None:
+            devices = self._lists[list_id] = _core.device_list(list_id)
+        return devices
+
+    def events(self) -> list:
+        """One dict per gang and device: device, island, host, start_us, end_us, client, program, node.
+
+        Times are microseconds since the timeline started.
+        """
+        info = {d.id: d for d in _core.devices()}
+        out = []
+        for list_id, start, end, client, program, node in self._raw:
+            for dev in self._devices_of(list_id):
+                d = info[dev]
+                out.append(
+                    {
+                        "device": dev,
+                        "island": d.island,
+                        "host": d.host,
+                        "start_us": (start - self._origin_ns) / 1e3,
+                        "end_us": (end - self._origin_ns) / 1e3,
+                        "client": client,
+                        "program": program,
+                        "node": node,
+                    }
+                )
+        return out
+
+    def device_busy_seconds(self) -> dict:
+        """{device id: busy seconds} over the recorded gangs."""
+        busy: dict = {}
+        for list_id, start, end, *_ in self._raw:
+            for dev in self._devices_of(list_id):
+                busy[dev] = busy.get(dev, 0.0) + (end - start) * 1e-9
+        return busy
+
+    def export_chrome_trace(self, path: str, devices: Optional[Sequence[int]] = None) -> None:
+        """Writes the timeline as Chrome/Perfetto trace-event JSON.
+
+        One track (thread) per device, grouped in one process per host, named
+        "island I / host H". Open it in https://ui.perfetto.dev or chrome://tracing.
+
+        Args:
+          path: File to write.
+          devices: Device ids to include (default: every device that ran something).
+        """
+        info = {d.id: d for d in _core.devices()}
+        wanted = None if devices is None else set(devices)
+        trace: list = []
+        tracks: set = set()
+        for ev in self.events():
+            dev = ev["device"]
+            if wanted is not None and dev not in wanted:
+                continue
+            host = info[dev].host
+            tracks.add((host, dev))
+            trace.append(
+                {
+                    "name": ev["node"],
+                    "cat": ev["client"],
+                    "ph": "X",
+                    "ts": round(ev["start_us"], 3),
+                    "dur": round(ev["end_us"] - ev["start_us"], 3),
+                    "pid": host,
+                    "tid": dev,
+                    "args": {"program": ev["program"], "client": ev["client"]},
+                }
+            )
+        meta = []
+        for host in sorted({h for h, _ in tracks}):
+            island = next(info[d].island for h, d in tracks if h == host)
+            meta.append(
+                {"name": "process_name", "ph": "M", "ts": 0, "pid": host, "tid": 0,
+                 "args": {"name": f"island {island} / host {host}"}}
+            )
+            meta.append(
+                {"name": "process_sort_index", "ph": "M", "ts": 0, "pid": host, "tid": 0,
+                 "args": {"sort_index": host}}
+            )
+        for host, dev in sorted(tracks):
+            meta.append(
+                {"name": "thread_name", "ph": "M", "ts": 0, "pid": host, "tid": dev,
+                 "args": {"name": f"device {dev}"}}
+            )
+        with open(path, "w") as f:
+            json.dump({"traceEvents": meta + trace, "displayTimeUnit": "ms"}, f)
+
+
+@contextlib.contextmanager
+def timeline() -> Iterator[Timeline]:
+    """Records what every device runs in this scope (all threads and clients).
+
+    Recording costs one event per gang. On exit, waits for the work
+    dispatched so far to finish, so every gang of the scope is in the
+    timeline.
+
+    Yields:
+      A `Timeline`, filled when the scope exits.
+    """
+    tl = Timeline()
+    _core.timeline_start()
+    try:
+        yield tl
+    finally:
+        _core.await_quiescence()
+        tl._raw = _core.timeline_stop()
+        tl.wall_seconds = (_core.now_ns() - tl._origin_ns) * 1e-9
