@@ -49,6 +49,7 @@ void RegisterRuntime(py::module_& m) {
     d["devices_per_host"] = o.devices_per_host;
     d["device_memory"] = o.device_memory_bytes;
     d["executor_threads"] = o.num_executor_threads;
+    d["control_latency_us"] = o.control_latency_ns / 1000.0;
     return d;
   });
   m.def("devices", [] { return GetRuntime().cluster().devices(); }, py::return_value_policy::reference);

@@ -32,7 +32,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
   rt->executor_ = std::make_unique<Executor>(rt->cluster_->options().num_executor_threads);
   rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), std::move(schedulers),
                                                          rt->executor_.get(), &rt->stats_,
-                                                         GangServices{rt->delays_.get(), &rt->timeline_});
+                                                         GangServices{rt->delays_.get(), &rt->timeline_,
+                                                                      rt->cluster_->options().control_latency_ns});
   return rt;
 }
 

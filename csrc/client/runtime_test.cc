@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "csrc/base/spin.h"
 #include "csrc/program_ir/lowering.h"
 #include "csrc/program_ir/testing_programs.h"
 #include "gtest/gtest.h"
@@ -12,10 +13,12 @@
 namespace pw {
 namespace {
 
-std::unique_ptr<Runtime> MakeRuntime(int executor_threads, int64_t device_memory = int64_t{1} << 30) {
+std::unique_ptr<Runtime> MakeRuntime(int executor_threads, int64_t device_memory = int64_t{1} << 30,
+                                     int64_t control_latency_ns = 0) {
   TopologyOptions options;
   options.num_executor_threads = executor_threads;
   options.device_memory_bytes = device_memory;
+  options.control_latency_ns = control_latency_ns;
   auto rt = Runtime::Create(options);
   EXPECT_TRUE(rt.ok()) << rt.status();
   return *std::move(rt);
@@ -165,6 +168,46 @@ TEST_P(RuntimeTest, StressSharedDevicesWithCollectives) {
   EXPECT_EQ(rt->scheduler(0).num_in_flight() + rt->scheduler(1).num_in_flight(), 0);
   EXPECT_EQ(rt->scheduler(0).num_enqueued() + rt->scheduler(1).num_enqueued(),
             static_cast<uint64_t>(kThreads * kIterations * 3));
+}
+
+// Both dispatch modes, with and without a modeled control latency, compute
+// the same results; an allocation failure in the middle of a parallel
+// dispatch still releases the nodes dispatched before it.
+TEST_P(RuntimeTest, DispatchModesAndControlLatency) {
+  for (int64_t latency : {int64_t{0}, int64_t{50'000}}) {
+    auto rt = MakeRuntime(GetParam(), /*device_memory=*/64, latency);
+    std::vector<std::shared_ptr<VirtualSlice>> slices;
+    auto figure2 = *Lower(testing::Figure2(rt->resource_manager(), 2, &slices));
+    const double v[] = {1.0, 2.0};
+    for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
+      ExecuteOptions options;
+      options.mode = mode;
+      const int64_t start = NowNanos();
+      auto outs = *rt->dispatcher().Execute(*figure2, {ProgramArg{nullptr, v, DType::kF64, {2}}}, options);
+      ASSERT_TRUE(outs[0]->Await().ok());
+      ASSERT_TRUE(outs[1]->Await().ok());
+      EXPECT_EQ(Values(*outs[0]), (std::vector<double>{3.0, 5.0}));
+      EXPECT_EQ(Values(*outs[1]), (std::vector<double>{2.0, 4.0}));
+      // Parallel pays the latency once; sequential once per node on the
+      // longest chain (a, c, a: three nodes).
+      const int64_t elapsed = NowNanos() - start;
+      EXPECT_GE(elapsed, mode == DispatchMode::kParallel ? latency : 3 * latency);
+    }
+    // Out of memory after some nodes were dispatched: they still run.
+    auto slice = *rt->resource_manager().AddSlice(2, "tpu");
+    auto add = testing::ScalarOpFunction("add", OpKind::kAdd, 1.0, slice, &rt->registry());
+    ProgramBuilder big("big");
+    int x = *big.AddArg(DType::kF64, {2});
+    std::vector<int> all;
+    for (int i = 0; i < 20; ++i) {
+      x = (*big.AddCall(add, {x}))[0];
+      all.push_back(x);
+    }
+    auto oom = rt->dispatcher().Execute(*Lower(*big.Build(all)).value(), {ProgramArg{nullptr, v, DType::kF64, {2}}});
+    EXPECT_EQ(oom.status().code(), absl::StatusCode::kResourceExhausted);
+    rt->AwaitQuiescence();  // hangs if the dispatched nodes were never released
+    EXPECT_EQ(rt->scheduler(0).num_in_flight(), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(ExecutorThreads, RuntimeTest, ::testing::Values(1, 2, 4));

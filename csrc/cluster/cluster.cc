@@ -39,7 +39,8 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
 std::string TopologyOptions::ToString() const {
   return absl::StrCat("islands=", num_islands, ",hosts_per_island=", hosts_per_island,
                       ",devices_per_host=", devices_per_host, ",device_memory=", device_memory_bytes,
-                      "B,executor_threads=", num_executor_threads);
+                      "B,executor_threads=", num_executor_threads, ",control_latency_us=",
+                      control_latency_ns / 1000.0);
 }
 
 absl::StatusOr<TopologyOptions> ParseTopology(absl::string_view spec) {
@@ -48,6 +49,15 @@ absl::StatusOr<TopologyOptions> ParseTopology(absl::string_view spec) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     const absl::string_view key = absl::StripAsciiWhitespace(kv.first);
     const absl::string_view value = absl::StripAsciiWhitespace(kv.second);
+    if (key == "control_latency_us") {
+      double us = 0;
+      if (!absl::SimpleAtod(value, &us) || us < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("control_latency_us needs a non-negative number, got '", value, "'"));
+      }
+      options.control_latency_ns = static_cast<int64_t>(us * 1000);
+      continue;
+    }
     if (key == "device_memory") {
       auto bytes = ParseBytes(value);
       if (!bytes.ok()) return bytes.status();
@@ -62,7 +72,8 @@ absl::StatusOr<TopologyOptions> ParseTopology(absl::string_view spec) {
     if (field == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown topology key '", key,
-          "'; known keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads"));
+          "'; known keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, "
+          "control_latency_us"));
     }
     if (!absl::SimpleAtoi(value, field) || *field < 0) {
       return absl::InvalidArgumentError(

@@ -33,13 +33,18 @@ struct TopologyOptions {
   std::string device_kind = "tpu";
   // Executor threads shared by all devices; 0 picks the number of cores.
   int num_executor_threads = 0;
+  // Modeled latency of one control message from the client to a host, or
+  // between hosts (DCN), in the dispatch path (paper §4.3, §4.5). 0: none,
+  // as in one process. Parallel dispatch pays it once per program (every
+  // host gets its message at once); sequential dispatch once per node.
+  int64_t control_latency_ns = 0;
 
   std::string ToString() const;
 };
 
 // Parses "islands=2,hosts_per_island=2,devices_per_host=4,device_memory=1GiB,
-// executor_threads=2" (any subset, any order; memory accepts B, KiB, MiB,
-// GiB). The format of the PATHWAYS_TOPOLOGY environment variable.
+// executor_threads=2,control_latency_us=20" (any subset, any order; memory
+// accepts B, KiB, MiB, GiB). The format of the PATHWAYS_TOPOLOGY environment variable.
 // InvalidArgument names the bad key or value.
 absl::StatusOr<TopologyOptions> ParseTopology(absl::string_view spec);
 

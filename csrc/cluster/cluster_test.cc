@@ -33,6 +33,8 @@ TEST(ClusterTest, ParsesTopologySpec) {
   EXPECT_EQ(options->hosts_per_island, 8);
   EXPECT_EQ(options->devices_per_host, 2);
   EXPECT_EQ(options->device_memory_bytes, 64 << 20);
+  EXPECT_EQ(ParseTopology("control_latency_us=12.5")->control_latency_ns, 12500);
+  EXPECT_FALSE(ParseTopology("control_latency_us=-1").ok());
   auto bad = ParseTopology("islnds=2");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("islnds"), absl::string_view::npos);

@@ -1,10 +1,40 @@
 #include "csrc/dispatch/dispatcher.h"
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "csrc/base/spin.h"
 #include "csrc/dispatch/gang_task.h"
 
 namespace pw {
+namespace {
+
+// The modeled control message of a parallel dispatch: it reaches every host
+// at once, `control_latency_ns` after the call, and releases the program's
+// nodes there. Owns itself.
+class ReleaseMessage final : public Runnable {
+ public:
+  void Add(GangTask* task) { tasks_.push_back(task); }
+  bool empty() const { return tasks_.empty(); }
+  void Run(RunContext& ctx) override {
+    for (GangTask* task : tasks_) task->Release(ctx.ready);
+    delete this;
+  }
+
+ private:
+  std::vector<GangTask*> tasks_;
+};
+
+// Waits `ns` on the calling thread (the client's side of a sequential
+// dispatch message).
+void WaitNanos(int64_t ns) {
+  if (ns <= 0) return;
+  const int64_t deadline = NowNanos() + ns;
+  if (ns > 200'000) std::this_thread::sleep_for(std::chrono::nanoseconds(ns - 100'000));
+  SpinUntil([&] { return NowNanos() >= deadline; }, ns);
+}
+
+}  // namespace
 
 ParallelDispatcher::ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers,
                                        Executor* executor, TransferStats* stats, GangServices services)
@@ -66,12 +96,28 @@ absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, ab
     }
   }
   const auto& types = program.slot_types();
+  const int64_t latency = services_.control_latency_ns;
+  const bool sequential = options.mode == DispatchMode::kSequential;
+  // Parallel dispatch with a modeled control latency: nodes are released by
+  // one message that arrives after the latency.
+  ReleaseMessage* message = (!sequential && latency > 0) ? new ReleaseMessage() : nullptr;
+  // Sent on every path out, so nodes dispatched before an error still run.
+  absl::Cleanup send = [&] {
+    if (message == nullptr) return;
+    if (message->empty()) {
+      delete message;
+    } else {
+      services_.delays->RunAt(NowNanos() + latency, message);
+    }
+  };
   for (const LoweredStep& step : program.steps()) {
-    if (options.mode == DispatchMode::kSequential && step.kind == LoweredStep::Kind::kCompute) {
+    if (sequential && step.kind == LoweredStep::Kind::kCompute) {
       // The traditional model: this node's host-side work (allocation,
-      // scheduling) waits for its inputs. Hand over what is ready, then wait.
+      // scheduling) waits for its inputs, then for the control message that
+      // carries them to its host. Hand over what is ready, then wait.
       executor_->Submit(*ready);
       for (int slot : step.in_slots) slots[slot]->Await().IgnoreError();  // errors flow to the outputs
+      WaitNanos(latency);
     }
     absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 2> outputs;
     for (int slot : step.out_slots) {
@@ -90,7 +136,11 @@ absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, ab
     auto* task = new GangTask(program.ir_ptr(), step.fn, schedulers_[step.devices->island()->id()],
                               options.client, &services_, std::move(inputs), std::move(outputs));
     task->Submit(ready);
-    task->Release(ready);
+    if (message != nullptr) {
+      message->Add(task);
+    } else {
+      task->Release(ready);
+    }
   }
   return absl::OkStatus();
 }

@@ -28,6 +28,7 @@ namespace pw {
 struct GangServices {
   DelayQueue* delays = nullptr;
   Timeline* timeline = nullptr;
+  int64_t control_latency_ns = 0;  // see TopologyOptions::control_latency_ns
 };
 
 class GangTask final : public Gang {

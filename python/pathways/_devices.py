@@ -37,6 +37,7 @@ def configure(
     devices_per_host: Optional[int] = None,
     device_memory: Optional[Union[int, str]] = None,
     executor_threads: Optional[int] = None,
+    control_latency_us: Optional[float] = None,
 ) -> None:
     """Sets the simulated topology of the runtime before its first use.
 
@@ -58,6 +59,10 @@ def configure(
         a unit such as "512MiB" or "1GiB".
       executor_threads: Worker threads of the runtime's executor (0: one per
         core, at most 4).
+      control_latency_us: Modeled latency of a control message between the
+        client and a host or between hosts (DCN) on the dispatch path; 0 (the
+        default) models none. Parallel dispatch pays it once per program,
+        sequential dispatch once per node (paper §4.5, Figure 7).
 
     Raises:
       RuntimeError: If the runtime has already started (any call that touches
@@ -80,6 +85,12 @@ def configure(
             parts.append(f"device_memory={_int_at_least('device_memory', device_memory, 1)}B")
     if executor_threads is not None:
         parts.append(f"executor_threads={_int_at_least('executor_threads', executor_threads, 0)}")
+    if control_latency_us is not None:
+        if isinstance(control_latency_us, bool) or not isinstance(control_latency_us, (int, float)):
+            raise TypeError(f"configure: control_latency_us must be a number, got {control_latency_us!r}")
+        if control_latency_us < 0:
+            raise ValueError(f"configure: control_latency_us must be >= 0, got {control_latency_us}")
+        parts.append(f"control_latency_us={float(control_latency_us)}")
     if not parts:
         if _core.is_started():
             raise RuntimeError("configure() must be called before the runtime starts")

@@ -108,3 +108,24 @@ def test_executor_threads(python_subprocess, threads):
     )
     assert f"'executor_threads': {threads}" in out
     assert out.splitlines()[1] == "array([4., 5.])"
+
+
+def test_control_latency_models_dispatch_messages(python_subprocess):
+    out = python_subprocess(
+        """
+import time, numpy as np, pathways as pw
+pw.configure(control_latency_us=2000)
+stages = [pw.pmap(lambda x, k=float(k): x + k, devices=pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus)
+          for k in range(4)]
+def body(x):
+    for s in stages:
+        x = s(x)
+    return x
+par, seq = pw.program(body), pw.program(body, dispatch="sequential")
+np.asarray(par(np.zeros(2))); np.asarray(seq(np.zeros(2)))
+t = time.perf_counter(); a = np.asarray(par(np.zeros(2))); tp = time.perf_counter() - t
+t = time.perf_counter(); b = np.asarray(seq(np.zeros(2))); ts = time.perf_counter() - t
+print(pw.topology()["control_latency_us"], a.tolist(), b.tolist(), tp >= 0.002, ts >= 4 * 0.002)
+"""
+    )
+    assert out.split() == ["2000.0", "[6.0,", "6.0]", "[6.0,", "6.0]", "True", "True"]
