@@ -33,8 +33,9 @@ enum class OpKind : uint8_t {
   kDiv,
   kNeg,
   kPsum,       // all-reduce sum across the shards of the gang (the pmap axis)
-  // Identity on its operand; keeps the gang's devices busy for duration_ns
-  // more (a simulated kernel of known duration, which uses no CPU).
+  // Identity on its operand; the gang holds its devices for at least the
+  // sum of these durations from its start (a simulated kernel of known
+  // duration, which uses no CPU): it lasts max(real kernels, that sum).
   kSimulatedCompute,
 };
 
@@ -134,7 +135,7 @@ class FunctionBuilder {
   // otherwise.
   absl::StatusOr<int32_t> Psum(int32_t x, absl::string_view axis_name);
 
-  // Identity on `x` that occupies the devices for `duration_ns` more.
+  // Identity on `x` that adds `duration_ns` to the function's simulated time.
   // InvalidArgument for a negative duration.
   absl::StatusOr<int32_t> SimulatedCompute(int32_t x, int64_t duration_ns);
 

@@ -751,11 +751,11 @@ def simulated_compute(x: Any, microseconds: float) -> Any:
     """A simulated kernel: keeps the devices busy without using a CPU core.
 
     Inside a pmap'd function, returns `x` unchanged and makes every run of the
-    function occupy its devices for `microseconds` more, on top of its real
-    kernels. The devices stay unavailable to other gangs for that time, as if
-    a TPU were running a kernel of that duration; no host CPU is used while
-    they wait. Use it for scheduling and dispatch experiments with many
-    devices on a small machine.
+    function hold its devices for at least `microseconds` from its start, as
+    if a TPU were running a kernel of that duration: a gang lasts
+    max(its real kernels, the total simulated time). Other gangs cannot use
+    the devices meanwhile, and no host CPU is used while they wait. Use it for
+    scheduling and dispatch experiments with many devices on a small machine.
 
     Args:
       x: A traced value (or pytree of them) of the enclosing pmap'd function.
