@@ -89,6 +89,11 @@ void RegisterRuntime(py::module_& m) {
     py::gil_scoped_release release;
     rt.AwaitQuiescence();
   });
+  m.def("await_submitted", [] {
+    Runtime& rt = GetRuntime();
+    py::gil_scoped_release release;
+    rt.AwaitSubmittedSoFar();
+  });
   m.def("shutdown", [] {
     py::gil_scoped_release release;
     Runtime::ShutdownDefault();

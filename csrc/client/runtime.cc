@@ -120,6 +120,16 @@ absl::StatusOr<std::shared_ptr<ShardedBuffer>> Runtime::DevicePut(DType dtype, D
   return CopyFromHost(stores_.get(), dtype, std::move(dims), data, devices, &stats_);
 }
 
+void Runtime::AwaitSubmittedSoFar() {
+  std::vector<int64_t> submitted;
+  for (auto& s : schedulers_) submitted.push_back(s->num_submitted());
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    while (schedulers_[i]->MinSubmissionInFlight() < submitted[i]) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+}
+
 void Runtime::AwaitQuiescence() {
   auto busy = [this] {
     for (auto& s : schedulers_) {

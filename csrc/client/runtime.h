@@ -69,8 +69,11 @@ class Runtime {
   absl::StatusOr<std::shared_ptr<ShardedBuffer>> DevicePut(DType dtype, Dims dims, const void* data,
                                                            const DeviceList* devices);
 
-  // Blocks until every gang and transfer dispatched so far has finished.
+  // Blocks until no gang is in flight on any island.
   void AwaitQuiescence();
+  // Blocks until every gang submitted before the call has finished, even if
+  // other threads keep submitting.
+  void AwaitSubmittedSoFar();
 
  private:
   Runtime() = default;

@@ -110,6 +110,7 @@ void GangScheduler::Enqueue(Gang* gang, ReadyList* ready) {
   {
     MutexLock lock(&mu_);
     ++in_flight_;
+    gang->submission_ = submitted_++;
     // Under FIFO a gang is ordered at once, unless gangs still wait from a
     // proportional-share period: then it queues behind its client's earlier
     // gangs, which may produce its inputs.
@@ -185,6 +186,23 @@ std::vector<int64_t> GangScheduler::DeviceBusyNs() const {
 uint64_t GangScheduler::num_enqueued() const {
   MutexLock lock(&mu_);
   return next_sequence_;
+}
+
+int64_t GangScheduler::num_submitted() const {
+  MutexLock lock(&mu_);
+  return submitted_;
+}
+
+int64_t GangScheduler::MinSubmissionInFlight() const {
+  MutexLock lock(&mu_);
+  int64_t min = submitted_;
+  for (const ListQueue* q : all_lists_) {
+    for (const Gang* g : q->ordered) min = std::min(min, g->submission_);
+  }
+  for (const auto& [client, cq] : clients_) {
+    for (const Gang* g : cq->waiting) min = std::min(min, g->submission_);
+  }
+  return min;
 }
 
 int64_t GangScheduler::num_in_flight() const {

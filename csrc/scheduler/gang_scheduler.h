@@ -107,6 +107,7 @@ class Gang : public Runnable {
   SchedulingClient* client_;
   int64_t cost_ns_;
   uint64_t sequence_ = 0;
+  int64_t submission_ = 0;
   std::atomic<bool> sequenced_{false};
   bool notified_ = false;  // guarded by the scheduler's mutex
 };
@@ -146,6 +147,11 @@ class GangScheduler {
   uint64_t num_enqueued() const;
   // Gangs submitted but not yet completed (waiting or ordered).
   int64_t num_in_flight() const;
+  // Gangs submitted so far; each gang's submission number is its rank.
+  int64_t num_submitted() const;
+  // The smallest submission number among gangs not yet completed, or
+  // num_submitted() if none. Scans the queues: for waits, not the hot path.
+  int64_t MinSubmissionInFlight() const;
 
  private:
   struct ListQueue;
@@ -167,6 +173,7 @@ class GangScheduler {
   SchedulingPolicy policy_ ABSL_GUARDED_BY(mu_) = SchedulingPolicy::kFifo;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<const DeviceList*, std::unique_ptr<ListQueue>> lists_ ABSL_GUARDED_BY(mu_);
   std::vector<ListQueue*> all_lists_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<const SchedulingClient*, std::unique_ptr<ClientQueue>> clients_ ABSL_GUARDED_BY(mu_);

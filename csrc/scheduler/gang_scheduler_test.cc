@@ -224,6 +224,26 @@ TEST_F(GangSchedulerTest, ProportionalShareFollowsWeights) {
   EXPECT_EQ(scheduler.num_in_flight(), 0);
 }
 
+TEST_F(GangSchedulerTest, MinSubmissionInFlightTracksTheOldestUnfinishedGang) {
+  GangScheduler scheduler(cluster_->islands()[0]);
+  std::vector<OrderGang*> started;
+  OrderGang a(List({0}), nullptr, 1000, &started), b(List({1}), nullptr, 1000, &started);
+  OrderGang c(List({1}), nullptr, 1000, &started);
+  ReadyList ready;
+  EXPECT_EQ(scheduler.MinSubmissionInFlight(), 0);
+  scheduler.Enqueue(&a, &ready);
+  scheduler.Enqueue(&b, &ready);
+  scheduler.Enqueue(&c, &ready);
+  EXPECT_EQ(scheduler.MinSubmissionInFlight(), 0);
+  // Later gangs finishing first (b, then c) do not hide that a is running.
+  scheduler.Complete(&b, &ready);
+  scheduler.Complete(&c, &ready);
+  EXPECT_EQ(scheduler.MinSubmissionInFlight(), 0);
+  scheduler.Complete(&a, &ready);
+  EXPECT_EQ(scheduler.MinSubmissionInFlight(), 3);
+  EXPECT_EQ(scheduler.num_submitted(), 3);
+}
+
 TEST_F(GangSchedulerTest, FifoIgnoresWeights) {
   GangScheduler scheduler(cluster_->islands()[0]);
   SchedulingClient light(0, "light", 1.0), heavy(1, "heavy", 3.0);

@@ -247,9 +247,10 @@ class Timeline:
 def timeline() -> Iterator[Timeline]:
     """Records what every device runs in this scope (all threads and clients).
 
-    Recording costs one event per gang. On exit, waits for the work
-    dispatched so far to finish, so every gang of the scope is in the
-    timeline.
+    Recording costs one event per gang. On exit, waits for the gangs
+    dispatched before the exit to finish (not for work other threads keep
+    submitting), so every gang of the scope is in the timeline. A gang that
+    started before the scope has a negative `start_us`.
 
     Yields:
       A `Timeline`, filled when the scope exits.
@@ -259,6 +260,6 @@ def timeline() -> Iterator[Timeline]:
     try:
         yield tl
     finally:
-        _core.await_quiescence()
+        _core.await_submitted()
         tl._raw = _core.timeline_stop()
         tl.wall_seconds = (_core.now_ns() - tl._origin_ns) * 1e-9

@@ -99,3 +99,35 @@ def test_timeline_events_name_client_program_and_node():
     assert {e["program"] for e in events} == {"two_steps"}
     assert all(e["end_us"] >= e["start_us"] + 10 for e in events)
     assert {e["device"] for e in events} == {d.physical.id for d in tpus}
+
+
+def test_timeline_exits_while_others_keep_submitting():
+    tpus = get_devices(4)
+    f = _step(tpus, 200)
+    stop = threading.Event()
+
+    def busy():
+        with pw.Client("background"):
+            x = pw.device_put(np.zeros(4), tpus)
+            while not stop.is_set():  # a client with at most 8 gangs in flight
+                for _ in range(8):
+                    x = f(x)
+                x.block_until_ready()
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    exited = threading.Event()
+
+    def record():
+        with pw.timeline() as tl:
+            f(np.ones(4)).block_until_ready()
+        exited.set()
+        record.events = tl.events()
+
+    recorder = threading.Thread(target=record)
+    recorder.start()
+    recorder.join(timeout=30)
+    stop.set()
+    worker.join(timeout=60)
+    assert exited.is_set(), "pw.timeline() did not exit while another client kept submitting"
+    assert any(e["client"] == "default" for e in record.events)
