@@ -12,6 +12,10 @@ int64_t DTypeSize(DType dtype) {
       return 4;
     case DType::kF64:
       return 8;
+    case DType::kI32:
+      return 4;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
@@ -22,6 +26,10 @@ absl::string_view DTypeName(DType dtype) {
       return "float32";
     case DType::kF64:
       return "float64";
+    case DType::kI32:
+      return "int32";
+    case DType::kBool:
+      return "bool";
   }
   return "unknown";
 }
@@ -32,6 +40,10 @@ absl::string_view DTypeShortName(DType dtype) {
       return "f32";
     case DType::kF64:
       return "f64";
+    case DType::kI32:
+      return "i32";
+    case DType::kBool:
+      return "pred";
   }
   return "?";
 }
@@ -39,12 +51,33 @@ absl::string_view DTypeShortName(DType dtype) {
 absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
   if (name == "float32") return DType::kF32;
   if (name == "float64") return DType::kF64;
-  return absl::InvalidArgumentError(
-      absl::StrCat("dtype ", name, " is not supported; supported dtypes: float32, float64"));
+  if (name == "int32") return DType::kI32;
+  if (name == "bool") return DType::kBool;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dtype ", name, " is not supported; supported dtypes: float32, float64, int32, bool"));
 }
 
+namespace {
+int PromotionRank(DType t) {
+  switch (t) {
+    case DType::kBool:
+      return 0;
+    case DType::kI32:
+      return 1;
+    case DType::kF32:
+      return 2;
+    case DType::kF64:
+      return 3;
+  }
+  return 3;
+}
+}  // namespace
+
 DType PromoteTypes(DType a, DType b) {
-  return (a == DType::kF64 || b == DType::kF64) ? DType::kF64 : DType::kF32;
+  if ((a == DType::kI32 && b == DType::kF32) || (a == DType::kF32 && b == DType::kI32)) {
+    return DType::kF64;
+  }
+  return PromotionRank(a) >= PromotionRank(b) ? a : b;
 }
 
 int64_t NumElements(absl::Span<const int64_t> dims) {

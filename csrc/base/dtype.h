@@ -17,22 +17,29 @@ namespace pw {
 enum class DType : uint8_t {
   kF32 = 0,
   kF64 = 1,
+  kI32 = 2,
+  kBool = 3,  // one byte per element, 0 or 1 (numpy's bool_)
 };
 
 // Size of one element in bytes.
 int64_t DTypeSize(DType dtype);
 
-// numpy's name for the type: "float32", "float64".
+// numpy's name for the type: "float32", "float64", "int32", "bool".
 absl::string_view DTypeName(DType dtype);
 
-// The short name used in IR text: "f32", "f64".
+// The short name used in IR text: "f32", "f64", "i32", "pred".
 absl::string_view DTypeShortName(DType dtype);
 
 // Parses numpy's name ("float32", ...). InvalidArgument names the supported types.
 absl::StatusOr<DType> DTypeFromName(absl::string_view name);
 
-// The type of `a op b` under numpy's promotion rules for the supported types.
+// The type of `a op b` under numpy's promotion rules for the supported types:
+// bool < int32 < float32 < float64, except that int32 with float32 gives
+// float64 (float32 cannot hold every int32).
 DType PromoteTypes(DType a, DType b);
+
+// True for kF32 and kF64.
+inline bool IsFloat(DType dtype) { return dtype == DType::kF32 || dtype == DType::kF64; }
 
 // Dimensions of an array; rank 0 is a scalar.
 using Dims = absl::InlinedVector<int64_t, 6>;

@@ -20,12 +20,23 @@ py::tuple ShapeTuple(const Dims& dims) {
   return py::tuple(py::cast(std::vector<int64_t>(dims.begin(), dims.end())));
 }
 
-OpKind BinaryKind(const std::string& op) {
-  if (op == "add") return OpKind::kAdd;
-  if (op == "sub") return OpKind::kSub;
-  if (op == "mul") return OpKind::kMul;
-  if (op == "div") return OpKind::kDiv;
-  throw py::value_error(absl::StrCat("unknown binary op '", op, "'; known: add, sub, mul, div"));
+constexpr OpKind kBinaryKinds[] = {
+    OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow, OpKind::kMax,
+    OpKind::kMin, OpKind::kEq,  OpKind::kNe,  OpKind::kLt,  OpKind::kLe,  OpKind::kGt,
+    OpKind::kGe,  OpKind::kAnd, OpKind::kOr,  OpKind::kXor};
+constexpr OpKind kUnaryKinds[] = {OpKind::kNeg,  OpKind::kAbs, OpKind::kExp,   OpKind::kLog,
+                                  OpKind::kTanh, OpKind::kSqrt, OpKind::kRsqrt, OpKind::kSin,
+                                  OpKind::kCos,  OpKind::kNot};
+
+// The op of `kinds` named `op` (its OpKindName); ValueError lists them otherwise.
+template <size_t N>
+OpKind KindByName(const std::string& op, const OpKind (&kinds)[N], const char* what) {
+  std::string known;
+  for (OpKind k : kinds) {
+    if (OpKindName(k) == op) return k;
+    absl::StrAppend(&known, known.empty() ? "" : ", ", OpKindName(k));
+  }
+  throw py::value_error(absl::StrCat("unknown ", what, " op '", op, "'; known: ", known));
 }
 
 // Holder for the immutable IR objects (pybind11 wants non-const holders).
@@ -63,8 +74,14 @@ void RegisterFunctionIr(py::module_& m) {
         return ValueOrThrow(b.Convert(x, ValueOrThrow(DTypeFromName(dtype))));
       })
       .def("binary", [](FunctionBuilder& b, const std::string& op, int32_t x, int32_t y) {
-        return ValueOrThrow(b.Binary(BinaryKind(op), x, y));
+        return ValueOrThrow(b.Binary(KindByName(op, kBinaryKinds, "binary"), x, y));
       }, py::arg("op"), py::arg("a"), py::arg("b"))
+      .def("unary", [](FunctionBuilder& b, const std::string& op, int32_t x) {
+        return ValueOrThrow(b.Unary(KindByName(op, kUnaryKinds, "unary"), x));
+      }, py::arg("op"), py::arg("x"))
+      .def("select", [](FunctionBuilder& b, int32_t cond, int32_t x, int32_t y) {
+        return ValueOrThrow(b.Select(cond, x, y));
+      }, py::arg("cond"), py::arg("x"), py::arg("y"))
       .def("neg", [](FunctionBuilder& b, int32_t x) { return ValueOrThrow(b.Unary(OpKind::kNeg, x)); })
       .def("psum", [](FunctionBuilder& b, int32_t x, const std::string& axis) {
         return ValueOrThrow(b.Psum(x, axis));

@@ -26,7 +26,7 @@ DType FromNumpyDType(const py::dtype& dtype, const char* what) {
   const std::string name = py::str(static_cast<const py::object&>(dtype));
   auto parsed = DTypeFromName(name);
   if (!parsed.ok()) {
-    throw py::type_error(absl::StrCat(what, " has dtype ", name, "; supported dtypes: float32, float64"));
+    throw py::type_error(absl::StrCat(what, " has dtype ", name, "; supported dtypes: float32, float64, int32, bool"));
   }
   return *parsed;
 }

@@ -33,7 +33,17 @@ std::string FormatLiteral(const Op& op) {
   const int64_t n = op.type.num_elements();
   auto element = [&](int64_t i) {
     const uint8_t* p = op.literal.data() + i * size;
-    return op.type.dtype == DType::kF64 ? FormatElement<double>(p) : FormatElement<float>(p);
+    switch (op.type.dtype) {
+      case DType::kF64:
+        return FormatElement<double>(p);
+      case DType::kI32:
+        return FormatElement<int32_t>(p);
+      case DType::kBool:
+        return std::string(*p != 0 ? "true" : "false");
+      case DType::kF32:
+        break;
+    }
+    return FormatElement<float>(p);
   };
   if (op.type.dims.empty()) return element(0);
   std::vector<std::string> parts;
@@ -44,7 +54,42 @@ std::string FormatLiteral(const Op& op) {
 
 std::string ValueName(int32_t v) { return absl::StrCat("%", v); }
 
+bool IsComparison(OpKind kind) {
+  return kind == OpKind::kEq || kind == OpKind::kNe || kind == OpKind::kLt ||
+         kind == OpKind::kLe || kind == OpKind::kGt || kind == OpKind::kGe;
+}
+
+bool IsLogical(OpKind kind) {
+  return kind == OpKind::kAnd || kind == OpKind::kOr || kind == OpKind::kXor;
+}
+
+bool IsArithmetic(OpKind kind) {
+  return kind == OpKind::kAdd || kind == OpKind::kSub || kind == OpKind::kMul ||
+         kind == OpKind::kDiv || kind == OpKind::kPow || kind == OpKind::kMax ||
+         kind == OpKind::kMin;
+}
+
+bool IsTranscendental(OpKind kind) {
+  return kind == OpKind::kExp || kind == OpKind::kLog || kind == OpKind::kTanh ||
+         kind == OpKind::kSqrt || kind == OpKind::kRsqrt || kind == OpKind::kSin ||
+         kind == OpKind::kCos;
+}
+
 }  // namespace
+
+bool BroadcastDims(absl::Span<const int64_t> a, absl::Span<const int64_t> b, Dims* out) {
+  const size_t rank = std::max(a.size(), b.size());
+  Dims dims(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    // i-th dimension from the right; missing dimensions count as 1.
+    const int64_t da = i < a.size() ? a[a.size() - 1 - i] : 1;
+    const int64_t db = i < b.size() ? b[b.size() - 1 - i] : 1;
+    if (da != db && da != 1 && db != 1) return false;
+    dims[rank - 1 - i] = da == 1 ? db : da;
+  }
+  *out = std::move(dims);
+  return true;
+}
 
 absl::string_view OpKindName(OpKind kind) {
   switch (kind) {
@@ -64,6 +109,50 @@ absl::string_view OpKindName(OpKind kind) {
       return "div";
     case OpKind::kNeg:
       return "neg";
+    case OpKind::kPow:
+      return "pow";
+    case OpKind::kMax:
+      return "max";
+    case OpKind::kMin:
+      return "min";
+    case OpKind::kEq:
+      return "eq";
+    case OpKind::kNe:
+      return "ne";
+    case OpKind::kLt:
+      return "lt";
+    case OpKind::kLe:
+      return "le";
+    case OpKind::kGt:
+      return "gt";
+    case OpKind::kGe:
+      return "ge";
+    case OpKind::kAnd:
+      return "and";
+    case OpKind::kOr:
+      return "or";
+    case OpKind::kXor:
+      return "xor";
+    case OpKind::kAbs:
+      return "abs";
+    case OpKind::kExp:
+      return "exp";
+    case OpKind::kLog:
+      return "log";
+    case OpKind::kTanh:
+      return "tanh";
+    case OpKind::kSqrt:
+      return "sqrt";
+    case OpKind::kRsqrt:
+      return "rsqrt";
+    case OpKind::kSin:
+      return "sin";
+    case OpKind::kCos:
+      return "cos";
+    case OpKind::kNot:
+      return "not";
+    case OpKind::kSelect:
+      return "select";
     case OpKind::kPsum:
       return "psum";
     case OpKind::kSimulatedCompute:
@@ -177,9 +266,17 @@ absl::StatusOr<int32_t> FunctionBuilder::Convert(int32_t x, DType dtype) {
   return Add(std::move(op));
 }
 
+int32_t FunctionBuilder::AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands,
+                               ValueType type) {
+  Op op;
+  op.kind = kind;
+  op.operands = std::move(operands);
+  op.type = std::move(type);
+  return Add(std::move(op));
+}
+
 absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t b) {
-  if (kind != OpKind::kAdd && kind != OpKind::kSub && kind != OpKind::kMul &&
-      kind != OpKind::kDiv) {
+  if (!IsArithmetic(kind) && !IsComparison(kind) && !IsLogical(kind)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("binary: %s is not a binary op", OpKindName(kind)));
   }
@@ -190,35 +287,75 @@ absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t 
   const ValueType ta = type(a);
   const ValueType tb = type(b);
   Dims dims;
-  if (ta.dims == tb.dims || tb.dims.empty()) {
-    dims = ta.dims;
-  } else if (ta.dims.empty()) {
-    dims = tb.dims;
-  } else {
+  if (!BroadcastDims(ta.dims, tb.dims, &dims)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: incompatible shapes %s and %s", name, ta.ToString(), tb.ToString()));
   }
-  const DType dtype = PromoteTypes(ta.dtype, tb.dtype);
+  if (IsLogical(kind) && (ta.dtype != DType::kBool || tb.dtype != DType::kBool)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: operands must be bool, got %s and %s", name, ta.ToString(), tb.ToString()));
+  }
+  DType dtype = PromoteTypes(ta.dtype, tb.dtype);
+  if (dtype == DType::kBool && kind == OpKind::kSub) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sub: boolean subtract is not supported (%s and %s); use logical_xor", ta.ToString(),
+        tb.ToString()));
+  }
+  // True division of integers is in float64, as numpy; bool ** bool in int32.
+  if (kind == OpKind::kDiv && !IsFloat(dtype)) dtype = DType::kF64;
+  if (kind == OpKind::kPow && dtype == DType::kBool) dtype = DType::kI32;
   PW_ASSIGN_OR_RETURN(a, Convert(a, dtype));
   PW_ASSIGN_OR_RETURN(b, Convert(b, dtype));
-  Op op;
-  op.kind = kind;
-  op.operands = {a, b};
-  op.type = ValueType{dtype, std::move(dims)};
-  return Add(std::move(op));
+  const DType result = IsComparison(kind) ? DType::kBool : dtype;
+  return AddOp(kind, {a, b}, ValueType{result, std::move(dims)});
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Unary(OpKind kind, int32_t x) {
-  if (kind != OpKind::kNeg) {
+  if (kind != OpKind::kNeg && kind != OpKind::kAbs && kind != OpKind::kNot &&
+      !IsTranscendental(kind)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("unary: %s is not a unary op", OpKindName(kind)));
   }
-  PW_RETURN_IF_ERROR(CheckValue(x, OpKindName(kind)));
-  Op op;
-  op.kind = kind;
-  op.operands = {x};
-  op.type = type(x);
-  return Add(std::move(op));
+  const absl::string_view name = OpKindName(kind);
+  PW_RETURN_IF_ERROR(CheckValue(x, name));
+  const ValueType tx = type(x);
+  if (kind == OpKind::kNot && tx.dtype != DType::kBool) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("not: operand must be bool, got %s", tx.ToString()));
+  }
+  if (kind == OpKind::kNeg && tx.dtype == DType::kBool) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "neg: negative of a bool is not supported (%s); use logical_not", tx.ToString()));
+  }
+  if (IsTranscendental(kind) && !IsFloat(tx.dtype)) {
+    PW_ASSIGN_OR_RETURN(x, Convert(x, tx.dtype == DType::kI32 ? DType::kF64 : DType::kF32));
+  }
+  return AddOp(kind, {x}, type(x));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Select(int32_t cond, int32_t x, int32_t y) {
+  const absl::string_view name = OpKindName(OpKind::kSelect);
+  PW_RETURN_IF_ERROR(CheckValue(cond, name));
+  PW_RETURN_IF_ERROR(CheckValue(x, name));
+  PW_RETURN_IF_ERROR(CheckValue(y, name));
+  const ValueType tc = type(cond);
+  const ValueType tx = type(x);
+  const ValueType ty = type(y);
+  Dims xy;
+  Dims dims;
+  if (!BroadcastDims(tx.dims, ty.dims, &xy) || !BroadcastDims(tc.dims, xy, &dims)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("select: incompatible shapes %s, %s and %s", tc.ToString(),
+                        tx.ToString(), ty.ToString()));
+  }
+  if (tc.dtype != DType::kBool) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("select: condition must be bool, got %s", tc.ToString()));
+  }
+  const DType dtype = PromoteTypes(tx.dtype, ty.dtype);
+  PW_ASSIGN_OR_RETURN(x, Convert(x, dtype));
+  PW_ASSIGN_OR_RETURN(y, Convert(y, dtype));
+  return AddOp(OpKind::kSelect, {cond, x, y}, ValueType{dtype, std::move(dims)});
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Psum(int32_t x, absl::string_view axis_name) {
@@ -231,6 +368,10 @@ absl::StatusOr<int32_t> FunctionBuilder::Psum(int32_t x, absl::string_view axis_
                               axis_name)
             : absl::StrFormat("psum: unbound axis name '%s' (bound: '%s')", axis_name,
                               ir_->axis_name_));
+  }
+  // Sums of bools count, as numpy's sum of a bool array.
+  if (type(x).dtype == DType::kBool) {
+    PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kI32));
   }
   Op op;
   op.kind = OpKind::kPsum;

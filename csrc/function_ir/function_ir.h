@@ -32,6 +32,33 @@ enum class OpKind : uint8_t {
   kMul,
   kDiv,
   kNeg,
+  // Binary elementwise (numpy broadcasting, promotion of the operands).
+  kPow,
+  kMax,
+  kMin,
+  // Comparisons: operands promoted to a common type; the result is bool.
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  // Logical ops on bool operands.
+  kAnd,
+  kOr,
+  kXor,
+  // Unary elementwise. The transcendental ones (exp ... cos) compute in
+  // floating point: int32 operands are converted to float64, bool to float32.
+  kAbs,
+  kExp,
+  kLog,
+  kTanh,
+  kSqrt,
+  kRsqrt,
+  kSin,
+  kCos,
+  kNot,     // logical not of a bool
+  kSelect,  // where(cond, x, y): cond bool; numpy broadcasting of all three
   kPsum,       // all-reduce sum across the shards of the gang (the pmap axis)
   // Identity on its operand; the gang holds its devices for at least the
   // sum of these durations from its start (a simulated kernel of known
@@ -41,6 +68,10 @@ enum class OpKind : uint8_t {
 
 // "add", "psum", ... as printed in IR text and error messages.
 absl::string_view OpKindName(OpKind kind);
+
+// The numpy broadcast of two shapes (aligned from the right; size-1
+// dimensions stretch), or false if they are incompatible.
+bool BroadcastDims(absl::Span<const int64_t> a, absl::Span<const int64_t> b, Dims* out);
 
 // The per-shard type of a value.
 struct ValueType {
@@ -121,18 +152,30 @@ class FunctionBuilder {
   // Elementwise cast. Returns `x` itself when it already has `dtype`.
   absl::StatusOr<int32_t> Convert(int32_t x, DType dtype);
 
-  // kAdd, kSub, kMul or kDiv. The operands must have equal dims, or one of
-  // them must be a scalar (rank 0), which is broadcast. Mixed dtypes are
-  // promoted (a Convert is inserted). InvalidArgument names the op and both
-  // shapes otherwise, e.g. "add: incompatible shapes f32[2] and f32[3]".
+  // A binary elementwise op: kAdd, kSub, kMul, kDiv, kPow, kMax, kMin, a
+  // comparison (kEq ... kGe) or a logical op (kAnd, kOr, kXor). Shapes
+  // broadcast as in numpy (aligned from the right; a dimension of size 1
+  // stretches). Mixed dtypes are promoted (Converts are inserted); kDiv of
+  // int32 or bool operands is true division in float64, kPow of two bools
+  // computes in int32. Comparisons give bool. InvalidArgument names the op and
+  // both types for incompatible shapes ("add: incompatible shapes f32[2] and
+  // f32[3]"), for logical ops on non-bool operands, and for kSub of two bools
+  // (as numpy).
   absl::StatusOr<int32_t> Binary(OpKind kind, int32_t a, int32_t b);
 
-  // kNeg.
+  // A unary elementwise op: kNeg, kAbs, kExp, kLog, kTanh, kSqrt, kRsqrt,
+  // kSin, kCos or kNot. kNot needs a bool operand and kNeg a numeric one;
+  // the transcendental ops convert int32 to float64 and bool to float32.
   absl::StatusOr<int32_t> Unary(OpKind kind, int32_t x);
+
+  // where(cond, x, y): cond must be bool; x and y are promoted to a common
+  // type; the three shapes broadcast together. InvalidArgument otherwise
+  // ("select: incompatible shapes pred[2], f32[3] and f32[]").
+  absl::StatusOr<int32_t> Select(int32_t cond, int32_t x, int32_t y);
 
   // All-reduce sum over the axis `axis_name`, which must be the builder's
   // axis name; InvalidArgument ("psum: unbound axis name 'j' (bound: 'i')")
-  // otherwise.
+  // otherwise. A bool value is summed as int32 (a count, as numpy's sum).
   absl::StatusOr<int32_t> Psum(int32_t x, absl::string_view axis_name);
 
   // Identity on `x` that adds `duration_ns` to the function's simulated time.
@@ -149,6 +192,8 @@ class FunctionBuilder {
 
  private:
   absl::Status CheckValue(int32_t v, absl::string_view op) const;
+  // Adds `kind` over `operands` (already converted) with result `type`.
+  int32_t AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands, ValueType type);
   int32_t Add(Op op);
   std::unique_ptr<FunctionIr> ir_;
 };

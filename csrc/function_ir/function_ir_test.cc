@@ -31,6 +31,12 @@ TEST(OpKindNameTest, AllKinds) {
   EXPECT_EQ(OpKindName(OpKind::kDiv), "div");
   EXPECT_EQ(OpKindName(OpKind::kNeg), "neg");
   EXPECT_EQ(OpKindName(OpKind::kPsum), "psum");
+  EXPECT_EQ(OpKindName(OpKind::kPow), "pow");
+  EXPECT_EQ(OpKindName(OpKind::kGe), "ge");
+  EXPECT_EQ(OpKindName(OpKind::kXor), "xor");
+  EXPECT_EQ(OpKindName(OpKind::kRsqrt), "rsqrt");
+  EXPECT_EQ(OpKindName(OpKind::kNot), "not");
+  EXPECT_EQ(OpKindName(OpKind::kSelect), "select");
 }
 
 TEST(FunctionBuilderTest, ParametersAreNumberedInOrder) {
@@ -126,13 +132,105 @@ TEST(FunctionBuilderTest, BinaryShapeErrors) {
   const int32_t one = b.Parameter(DType::kF32, {1});
   ExpectInvalid(b.Binary(OpKind::kAdd, x, y).status(),
                 "add: incompatible shapes f32[2] and f32[3]");
-  ExpectInvalid(b.Binary(OpKind::kMul, m, x).status(),
-                "mul: incompatible shapes f64[3,2] and f32[2]");
-  // Only rank 0 broadcasts; a one-element vector does not.
-  ExpectInvalid(b.Binary(OpKind::kDiv, one, y).status(),
-                "div: incompatible shapes f32[1] and f32[3]");
+  ExpectInvalid(b.Binary(OpKind::kMul, m, y).status(),
+                "mul: incompatible shapes f64[3,2] and f32[3]");
+  ExpectInvalid(b.Binary(OpKind::kLt, y, m).status(),
+                "lt: incompatible shapes f32[3] and f64[3,2]");
   // Failed ops add nothing (not even a convert).
   EXPECT_EQ(b.num_values(), 4);
+  // numpy broadcasting: a size-1 dimension stretches, shapes align from the right.
+  auto stretched = b.Binary(OpKind::kDiv, one, y);
+  ASSERT_TRUE(stretched.ok());
+  EXPECT_EQ(b.type(*stretched).ToString(), "f32[3]");
+  auto rows = b.Binary(OpKind::kMul, m, x);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(b.type(*rows).ToString(), "f64[3,2]");
+}
+
+TEST(FunctionBuilderTest, BroadcastDims) {
+  Dims out;
+  ASSERT_TRUE(BroadcastDims({2, 1, 3}, {4, 1}, &out));
+  EXPECT_EQ(out, Dims({2, 4, 3}));
+  ASSERT_TRUE(BroadcastDims({}, {5}, &out));
+  EXPECT_EQ(out, Dims({5}));
+  ASSERT_TRUE(BroadcastDims({1}, {}, &out));
+  EXPECT_EQ(out, Dims({1}));
+  ASSERT_TRUE(BroadcastDims({0, 1}, {1, 7}, &out));
+  EXPECT_EQ(out, Dims({0, 7}));
+  EXPECT_FALSE(BroadcastDims({2, 3}, {4}, &out));
+  EXPECT_FALSE(BroadcastDims({2, 3}, {3, 3}, &out));
+}
+
+TEST(FunctionBuilderTest, PromotionOfIntsAndBools) {
+  FunctionBuilder b("f", "");
+  const int32_t i = b.Parameter(DType::kI32, {2});
+  const int32_t f = b.Parameter(DType::kF32, {2});
+  const int32_t p = b.Parameter(DType::kBool, {2});
+  const int32_t d = b.Parameter(DType::kF64, {});
+  auto type_of = [&](absl::StatusOr<int32_t> v) {
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? b.type(*v).ToString() : std::string("error");
+  };
+  EXPECT_EQ(type_of(b.Binary(OpKind::kAdd, i, f)), "f64[2]");  // as numpy
+  EXPECT_EQ(type_of(b.Binary(OpKind::kAdd, i, i)), "i32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kMul, p, i)), "i32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kMul, p, f)), "f32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kAdd, p, p)), "pred[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kDiv, i, i)), "f64[2]");  // true division
+  EXPECT_EQ(type_of(b.Binary(OpKind::kDiv, p, p)), "f64[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kPow, p, p)), "i32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kPow, i, i)), "i32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kMax, i, d)), "f64[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kLt, i, f)), "pred[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kEq, p, p)), "pred[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kXor, p, p)), "pred[2]");
+  EXPECT_EQ(type_of(b.Unary(OpKind::kExp, i)), "f64[2]");
+  EXPECT_EQ(type_of(b.Unary(OpKind::kSqrt, p)), "f32[2]");
+  EXPECT_EQ(type_of(b.Unary(OpKind::kSin, f)), "f32[2]");
+  EXPECT_EQ(type_of(b.Unary(OpKind::kAbs, i)), "i32[2]");
+  EXPECT_EQ(type_of(b.Unary(OpKind::kNot, p)), "pred[2]");
+  EXPECT_EQ(type_of(b.Convert(f, DType::kI32)), "i32[2]");
+  EXPECT_EQ(type_of(b.Convert(i, DType::kBool)), "pred[2]");
+}
+
+TEST(FunctionBuilderTest, PsumOfBoolCountsInInt32) {
+  FunctionBuilder b("f", "i");
+  const int32_t p = b.Parameter(DType::kBool, {3});
+  auto count = b.Psum(p, "i");
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(b.type(*count).ToString(), "i32[3]");
+}
+
+TEST(FunctionBuilderTest, ElementwiseTypeErrors) {
+  FunctionBuilder b("f", "");
+  const int32_t i = b.Parameter(DType::kI32, {2});
+  const int32_t p = b.Parameter(DType::kBool, {2});
+  const int32_t f = b.Parameter(DType::kF32, {3});
+  ExpectInvalid(b.Binary(OpKind::kAnd, i, p).status(),
+                "and: operands must be bool, got i32[2] and pred[2]");
+  ExpectInvalid(b.Binary(OpKind::kSub, p, p).status(),
+                "sub: boolean subtract is not supported (pred[2] and pred[2]); use logical_xor");
+  ExpectInvalid(b.Unary(OpKind::kNot, i).status(), "not: operand must be bool, got i32[2]");
+  ExpectInvalid(b.Unary(OpKind::kNeg, p).status(),
+                "neg: negative of a bool is not supported (pred[2]); use logical_not");
+  ExpectInvalid(b.Unary(OpKind::kAdd, i).status(), "unary: add is not a unary op");
+  ExpectInvalid(b.Binary(OpKind::kExp, i, i).status(), "binary: exp is not a binary op");
+  ExpectInvalid(b.Select(i, i, i).status(), "select: condition must be bool, got i32[2]");
+  ExpectInvalid(b.Select(p, f, f).status(), "select: incompatible shapes pred[2], f32[3] and f32[3]");
+  EXPECT_EQ(b.num_values(), 3);
+}
+
+TEST(FunctionBuilderTest, SelectBroadcastsAndPromotes) {
+  FunctionBuilder b("f", "");
+  const int32_t c = b.Parameter(DType::kBool, {2, 1});
+  const int32_t x = b.Parameter(DType::kI32, {3});
+  const int32_t y = b.Parameter(DType::kF32, {});
+  auto w = b.Select(c, x, y);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(b.type(*w).ToString(), "f64[2,3]");
+  auto ir = b.Build({*w});
+  ASSERT_TRUE(ir.ok());
+  EXPECT_NE((*ir)->ToText().find("select %0, %"), std::string::npos) << (*ir)->ToText();
 }
 
 TEST(FunctionBuilderTest, OperandErrors) {
@@ -240,6 +338,18 @@ TEST(FunctionIrTest, ToTextConstantsConvertsAndNeg) {
   EXPECT_NE(text.find("%6 = neg %5 : f64[3]\n"), std::string::npos) << text;
   EXPECT_NE(text.find("  return %6, %0\n}\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("axis="), std::string::npos) << text;
+}
+
+TEST(FunctionIrTest, ToTextIntAndBoolConstants) {
+  FunctionBuilder b("h", "");
+  auto ints = b.Constant(DType::kI32, {3}, Bytes<int32_t>({1, -2, 3}));
+  auto preds = b.Constant(DType::kBool, {2}, Bytes<uint8_t>({1, 0}));
+  ASSERT_TRUE(ints.ok() && preds.ok());
+  auto ir = b.Build({*ints, *preds});
+  ASSERT_TRUE(ir.ok());
+  const std::string text = (*ir)->ToText();
+  EXPECT_NE(text.find("%0 = const i32[3] [1, -2, 3]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("%1 = const pred[2] [true, false]\n"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #include "csrc/kernels/function_executable.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
@@ -55,10 +57,61 @@ void Map1(int num_shards, int64_t n, View x, Out* out, F f) {
   }
 }
 
-template <typename T, typename F>
-void Map2(int num_shards, int64_t n, View a, View b, T* out, F f) {
-  const T* pa = static_cast<const T*>(a.data);
-  const T* pb = static_cast<const T*>(b.data);
+using BroadcastPlan = FunctionExecutable::BroadcastPlan;
+
+// One operand of a broadcasting op: its elements for shard s start at
+// p + s * shard_stride; strides come from the op's BroadcastPlan.
+template <typename T>
+struct Operand {
+  const T* p;
+  int64_t shard_stride;
+  const int64_t* strides;
+};
+
+template <typename T>
+Operand<T> MakeOperand(const View& v, const BroadcastPlan& plan, int k) {
+  return {static_cast<const T*>(v.data), v.shard_stride, plan.strides[k].data()};
+}
+
+template <typename Out, typename F, typename... In>
+void BroadcastRow(Out* ro, int64_t last, F& f, std::pair<const In*, int64_t>... args) {
+  for (int64_t t = 0; t < last; ++t) ro[t] = f(args.first[t * args.second]...);
+}
+
+// The general numpy-broadcasting loop: rows of the last dimension, the
+// offset of each operand's row computed from the row index (O(rank) per row).
+template <typename Out, typename F, typename... In>
+void MapBroadcast(int num_shards, const BroadcastPlan& plan, Out* out, F f,
+                  Operand<In>... ops) {
+  const size_t rank = plan.dims.size();
+  const int64_t n = NumElements(plan.dims);
+  if (n == 0) return;
+  const int64_t last = plan.dims[rank - 1];
+  const int64_t rows = n / last;
+  for (int s = 0; s < num_shards; ++s) {
+    for (int64_t r = 0; r < rows; ++r) {
+      auto row_start = [&](const auto& o) {
+        int64_t off = s * o.shard_stride;
+        for (size_t d = 0; d + 1 < rank; ++d) {
+          off += ((r / plan.row_div[d]) % plan.dims[d]) * o.strides[d];
+        }
+        return off;
+      };
+      BroadcastRow<Out, F, In...>(
+          out + s * n + r * last, last, f,
+          std::pair<const In*, int64_t>(ops.p + row_start(ops), ops.strides[rank - 1])...);
+    }
+  }
+}
+
+template <typename A, typename B, typename Out, typename F>
+void Map2(int num_shards, int64_t n, View a, View b, Out* out, const BroadcastPlan* plan, F f) {
+  if (plan != nullptr) {
+    return MapBroadcast<Out, F, A, B>(num_shards, *plan, out, f, MakeOperand<A>(a, *plan, 0),
+                                      MakeOperand<B>(b, *plan, 1));
+  }
+  const A* pa = static_cast<const A*>(a.data);
+  const B* pb = static_cast<const B*>(b.data);
   const int64_t total = num_shards * n;
   const int fa = FlatStride(a, n);
   const int fb = FlatStride(b, n);
@@ -67,31 +120,55 @@ void Map2(int num_shards, int64_t n, View a, View b, T* out, F f) {
     return;
   }
   if (fa == 1 && fb == 0) {
-    const T y = pb[0];
+    const B y = pb[0];
     for (int64_t i = 0; i < total; ++i) out[i] = f(pa[i], y);
     return;
   }
   if (fa == 0 && fb == 1) {
-    const T x = pa[0];
+    const A x = pa[0];
     for (int64_t i = 0; i < total; ++i) out[i] = f(x, pb[i]);
     return;
   }
   // A per-shard scalar against a full operand, or a non-scalar constant:
   // shards outside, elements inside.
   for (int s = 0; s < num_shards; ++s) {
-    const T* ra = pa + s * a.shard_stride;
-    const T* rb = pb + s * b.shard_stride;
-    T* ro = out + s * n;
+    const A* ra = pa + s * a.shard_stride;
+    const B* rb = pb + s * b.shard_stride;
+    Out* ro = out + s * n;
     if (a.elem_stride != 0 && b.elem_stride != 0) {
       for (int64_t j = 0; j < n; ++j) ro[j] = f(ra[j], rb[j]);
     } else if (a.elem_stride != 0) {
-      const T y = rb[0];
+      const B y = rb[0];
       for (int64_t j = 0; j < n; ++j) ro[j] = f(ra[j], y);
     } else if (b.elem_stride != 0) {
-      const T x = ra[0];
+      const A x = ra[0];
       for (int64_t j = 0; j < n; ++j) ro[j] = f(x, rb[j]);
     } else {
       for (int64_t j = 0; j < n; ++j) ro[j] = f(ra[0], rb[0]);
+    }
+  }
+}
+
+// where(c, x, y).
+template <typename T>
+void Select(int num_shards, int64_t n, View c, View x, View y, T* out,
+            const BroadcastPlan* plan) {
+  auto f = [](bool p, T a, T b) { return p ? a : b; };
+  if (plan != nullptr) {
+    return MapBroadcast<T, decltype(f), bool, T, T>(
+        num_shards, *plan, out, f, MakeOperand<bool>(c, *plan, 0), MakeOperand<T>(x, *plan, 1),
+        MakeOperand<T>(y, *plan, 2));
+  }
+  const bool* pc = static_cast<const bool*>(c.data);
+  const T* px = static_cast<const T*>(x.data);
+  const T* py = static_cast<const T*>(y.data);
+  for (int s = 0; s < num_shards; ++s) {
+    const bool* rc = pc + s * c.shard_stride;
+    const T* rx = px + s * x.shard_stride;
+    const T* ry = py + s * y.shard_stride;
+    T* ro = out + s * n;
+    for (int64_t j = 0; j < n; ++j) {
+      ro[j] = f(rc[j * c.elem_stride], rx[j * x.elem_stride], ry[j * y.elem_stride]);
     }
   }
 }
@@ -104,7 +181,16 @@ void Psum(int num_shards, int64_t n, View x, T* out) {
   for (int64_t j = 0; j < n; ++j) out[j] = px[j * x.elem_stride];
   for (int s = 1; s < num_shards; ++s) {
     const T* rx = px + s * x.shard_stride;
-    for (int64_t j = 0; j < n; ++j) out[j] += rx[j * x.elem_stride];
+    for (int64_t j = 0; j < n; ++j) {
+      if constexpr (std::is_same_v<T, int32_t>) {  // wraps like numpy, not UB
+        out[j] = static_cast<int32_t>(static_cast<uint32_t>(out[j]) +
+                                      static_cast<uint32_t>(rx[j * x.elem_stride]));
+      } else if constexpr (std::is_same_v<T, bool>) {
+        out[j] = out[j] || rx[j * x.elem_stride];
+      } else {
+        out[j] += rx[j * x.elem_stride];
+      }
+    }
   }
   if (n == 1) {  // a scalar all-reduce: one fill, not a memcpy call per shard
     std::fill(out + 1, out + num_shards, out[0]);
@@ -115,41 +201,233 @@ void Psum(int num_shards, int64_t n, View x, T* out) {
   }
 }
 
+// int32 arithmetic wraps around (two's complement), as numpy's does.
+inline int32_t Wrap(uint32_t v) { return static_cast<int32_t>(v); }
+
+inline int32_t IntPow(int32_t base, int32_t exp) {
+  if (exp < 0) {  // numpy raises; we cannot at run time, so follow JAX
+    if (base == 1) return 1;
+    if (base == -1) return (exp % 2 == 0) ? 1 : -1;
+    return 0;
+  }
+  uint32_t result = 1;
+  uint32_t b = static_cast<uint32_t>(base);
+  while (exp > 0) {
+    if (exp & 1) result *= b;
+    b *= b;
+    exp >>= 1;
+  }
+  return Wrap(result);
+}
+
+// NaN-propagating, as numpy.maximum / numpy.minimum.
 template <typename T>
-void RunBinary(OpKind kind, int num_shards, int64_t n, View a, View b, void* out) {
+T Max(T x, T y) {
+  return (x != x || x > y) ? x : y;  // NOLINT(misc-redundant-expression): NaN check
+}
+template <typename T>
+T Min(T x, T y) {
+  return (x != x || x < y) ? x : y;  // NOLINT(misc-redundant-expression): NaN check
+}
+
+// Arithmetic, max and min: operands and result of type T.
+template <typename T>
+void RunArithmetic(OpKind kind, int num_shards, int64_t n, View a, View b, void* out,
+                   const BroadcastPlan* plan) {
   T* o = static_cast<T*>(out);
+  auto map = [&](auto f) { Map2<T, T, T>(num_shards, n, a, b, o, plan, f); };
+  constexpr bool kInt = std::is_same_v<T, int32_t>;
+  constexpr bool kBool = std::is_same_v<T, bool>;
   switch (kind) {
     case OpKind::kAdd:
-      return Map2(num_shards, n, a, b, o, [](T x, T y) { return x + y; });
+      if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) + uint32_t(y)); });
+      if constexpr (kBool) return map([](T x, T y) { return x || y; });
+      if constexpr (!kInt && !kBool) return map([](T x, T y) { return x + y; });
+      return;
     case OpKind::kSub:
-      return Map2(num_shards, n, a, b, o, [](T x, T y) { return x - y; });
+      if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) - uint32_t(y)); });
+      if constexpr (!kInt && !kBool) return map([](T x, T y) { return x - y; });
+      return;  // bool: rejected by the builder
     case OpKind::kMul:
-      return Map2(num_shards, n, a, b, o, [](T x, T y) { return x * y; });
+      if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) * uint32_t(y)); });
+      if constexpr (kBool) return map([](T x, T y) { return x && y; });
+      if constexpr (!kInt && !kBool) return map([](T x, T y) { return x * y; });
+      return;
     case OpKind::kDiv:
-      return Map2(num_shards, n, a, b, o, [](T x, T y) { return x / y; });
+      if constexpr (std::is_floating_point_v<T>) return map([](T x, T y) { return x / y; });
+      return;  // integers divide in float64 (the builder converts)
+    case OpKind::kPow:
+      if constexpr (kInt) return map([](T x, T y) { return IntPow(x, y); });
+      if constexpr (std::is_floating_point_v<T>) {
+        return map([](T x, T y) { return static_cast<T>(std::pow(x, y)); });
+      }
+      return;
+    case OpKind::kMax:
+      return map([](T x, T y) { return Max(x, y); });
+    case OpKind::kMin:
+      return map([](T x, T y) { return Min(x, y); });
+    case OpKind::kAnd:
+      if constexpr (kBool) return map([](T x, T y) { return x && y; });
+      return;
+    case OpKind::kOr:
+      if constexpr (kBool) return map([](T x, T y) { return x || y; });
+      return;
+    case OpKind::kXor:
+      if constexpr (kBool) return map([](T x, T y) { return x != y; });
+      return;
     default:
       return;
   }
 }
 
-template <typename In>
-void RunConvert(DType to, int num_shards, int64_t n, View x, void* out) {
-  if (to == DType::kF64) {
-    Map1<In>(num_shards, n, x, static_cast<double*>(out),
-             [](In v) { return static_cast<double>(v); });
+// Comparisons: operands of type T, bool result.
+template <typename T>
+void RunComparison(OpKind kind, int num_shards, int64_t n, View a, View b, void* out,
+                   const BroadcastPlan* plan) {
+  bool* o = static_cast<bool*>(out);
+  auto map = [&](auto f) { Map2<T, T, bool>(num_shards, n, a, b, o, plan, f); };
+  switch (kind) {
+    case OpKind::kEq:
+      return map([](T x, T y) { return x == y; });
+    case OpKind::kNe:
+      return map([](T x, T y) { return x != y; });
+    case OpKind::kLt:
+      return map([](T x, T y) { return x < y; });
+    case OpKind::kLe:
+      return map([](T x, T y) { return x <= y; });
+    case OpKind::kGt:
+      return map([](T x, T y) { return x > y; });
+    case OpKind::kGe:
+      return map([](T x, T y) { return x >= y; });
+    default:
+      return;
+  }
+}
+
+template <typename T>
+void RunUnary(OpKind kind, int num_shards, int64_t n, View x, void* out) {
+  T* o = static_cast<T*>(out);
+  auto map = [&](auto f) { Map1<T>(num_shards, n, x, o, f); };
+  constexpr bool kFloat = std::is_floating_point_v<T>;
+  switch (kind) {
+    case OpKind::kNeg:
+      if constexpr (std::is_same_v<T, int32_t>) return map([](T v) { return Wrap(0u - uint32_t(v)); });
+      if constexpr (kFloat) return map([](T v) { return -v; });
+      return;
+    case OpKind::kAbs:
+      if constexpr (std::is_same_v<T, int32_t>) {
+        return map([](T v) { return v < 0 ? Wrap(0u - uint32_t(v)) : v; });
+      }
+      if constexpr (kFloat) return map([](T v) { return std::abs(v); });
+      return map([](T v) { return v; });
+    case OpKind::kNot:
+      if constexpr (std::is_same_v<T, bool>) return map([](T v) { return !v; });
+      return;
+    case OpKind::kSimulatedCompute:  // the time is spent by the executor, not here
+      return map([](T v) { return v; });
+    default:
+      break;
+  }
+  if constexpr (kFloat) {  // transcendental: the builder converts to float
+    switch (kind) {
+      case OpKind::kExp:
+        return map([](T v) { return std::exp(v); });
+      case OpKind::kLog:
+        return map([](T v) { return std::log(v); });
+      case OpKind::kTanh:
+        return map([](T v) { return std::tanh(v); });
+      case OpKind::kSqrt:
+        return map([](T v) { return std::sqrt(v); });
+      case OpKind::kRsqrt:
+        return map([](T v) { return T(1) / std::sqrt(v); });
+      case OpKind::kSin:
+        return map([](T v) { return std::sin(v); });
+      case OpKind::kCos:
+        return map([](T v) { return std::cos(v); });
+      default:
+        return;
+    }
+  }
+}
+
+template <typename Out, typename In>
+Out ConvertElement(In v) {
+  if constexpr (std::is_same_v<Out, bool>) {
+    return v != In(0);
+  } else if constexpr (std::is_same_v<Out, int32_t> && std::is_floating_point_v<In>) {
+    // Out-of-range and NaN are undefined in C++; give INT32_MIN as x86 numpy does.
+    if (!(v >= In(-2147483648.0) && v < In(2147483648.0))) {
+      return std::numeric_limits<int32_t>::min();
+    }
+    return static_cast<int32_t>(v);
   } else {
-    Map1<In>(num_shards, n, x, static_cast<float*>(out),
-             [](In v) { return static_cast<float>(v); });
+    return static_cast<Out>(v);
   }
 }
 
 // Calls f with a null pointer of the element type of `dtype`.
 template <typename F>
 void DispatchDType(DType dtype, F&& f) {
-  if (dtype == DType::kF64) {
-    f(static_cast<double*>(nullptr));
-  } else {
-    f(static_cast<float*>(nullptr));
+  switch (dtype) {
+    case DType::kF64:
+      return f(static_cast<double*>(nullptr));
+    case DType::kI32:
+      return f(static_cast<int32_t*>(nullptr));
+    case DType::kBool:
+      return f(static_cast<bool*>(nullptr));
+    case DType::kF32:
+      return f(static_cast<float*>(nullptr));
+  }
+}
+
+template <typename In>
+void RunConvert(DType to, int num_shards, int64_t n, View x, void* out) {
+  DispatchDType(to, [&](auto* tag) {
+    using Out = std::remove_pointer_t<decltype(tag)>;
+    Map1<In>(num_shards, n, x, static_cast<Out*>(out),
+             [](In v) { return ConvertElement<Out, In>(v); });
+  });
+}
+
+bool IsBinaryKind(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAdd:
+    case OpKind::kSub:
+    case OpKind::kMul:
+    case OpKind::kDiv:
+    case OpKind::kPow:
+    case OpKind::kMax:
+    case OpKind::kMin:
+    case OpKind::kAnd:
+    case OpKind::kOr:
+    case OpKind::kXor:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsComparisonKind(OpKind kind) {
+  return kind == OpKind::kEq || kind == OpKind::kNe || kind == OpKind::kLt ||
+         kind == OpKind::kLe || kind == OpKind::kGt || kind == OpKind::kGe;
+}
+
+bool IsUnaryKind(OpKind kind) {
+  switch (kind) {
+    case OpKind::kNeg:
+    case OpKind::kAbs:
+    case OpKind::kExp:
+    case OpKind::kLog:
+    case OpKind::kTanh:
+    case OpKind::kSqrt:
+    case OpKind::kRsqrt:
+    case OpKind::kSin:
+    case OpKind::kCos:
+    case OpKind::kNot:
+    case OpKind::kSimulatedCompute:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -174,6 +452,28 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       case OpKind::kMul:
       case OpKind::kDiv:
       case OpKind::kNeg:
+      case OpKind::kPow:
+      case OpKind::kMax:
+      case OpKind::kMin:
+      case OpKind::kEq:
+      case OpKind::kNe:
+      case OpKind::kLt:
+      case OpKind::kLe:
+      case OpKind::kGt:
+      case OpKind::kGe:
+      case OpKind::kAnd:
+      case OpKind::kOr:
+      case OpKind::kXor:
+      case OpKind::kAbs:
+      case OpKind::kExp:
+      case OpKind::kLog:
+      case OpKind::kTanh:
+      case OpKind::kSqrt:
+      case OpKind::kRsqrt:
+      case OpKind::kSin:
+      case OpKind::kCos:
+      case OpKind::kNot:
+      case OpKind::kSelect:
       case OpKind::kPsum:
       case OpKind::kSimulatedCompute:
         break;
@@ -217,6 +517,41 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     exe->scratch_offset_[v] = offset;
     exe->scratch_per_shard_ = std::max(exe->scratch_per_shard_, offset + size);
   }
+
+  // Broadcast plans for ops with an operand that is neither a scalar nor of
+  // the result's shape.
+  exe->plan_index_.assign(num_ops, -1);
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant) continue;
+    const Dims& dims = op.type.dims;
+    const bool needed = std::any_of(op.operands.begin(), op.operands.end(), [&](int32_t u) {
+      const Dims& od = ops[u].type.dims;
+      return !od.empty() && od != dims;
+    });
+    if (!needed || dims.empty()) continue;
+    BroadcastPlan plan;
+    plan.dims = dims;
+    const size_t rank = dims.size();
+    plan.row_div.assign(rank, 1);
+    for (size_t d = rank - 1; d-- > 0;) {
+      plan.row_div[d] = d + 2 < rank ? plan.row_div[d + 1] * dims[d + 1] : 1;
+    }
+    for (int32_t u : op.operands) {
+      const Dims& od = ops[u].type.dims;
+      Dims strides(rank, 0);
+      int64_t stride = 1;
+      for (size_t i = 0; i < od.size(); ++i) {  // from the right
+        const size_t k = od.size() - 1 - i;
+        const size_t d = rank - 1 - i;
+        strides[d] = od[k] == 1 ? 0 : stride;
+        stride *= od[k];
+      }
+      plan.strides.push_back(std::move(strides));
+    }
+    exe->plan_index_[v] = static_cast<int32_t>(exe->plans_.size());
+    exe->plans_.push_back(std::move(plan));
+  }
   return std::shared_ptr<const FunctionExecutable>(std::move(exe));
 }
 
@@ -245,44 +580,43 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
     void* out = base + scratch_offset_[i] * num_shards;
     const int64_t n = op.type.num_elements();
     const View x = view(op.operands[0]);
-    switch (op.kind) {
-      case OpKind::kConvert:
-        DispatchDType(ops[op.operands[0]].type.dtype, [&](auto* tag) {
-          using In = std::remove_pointer_t<decltype(tag)>;
-          RunConvert<In>(op.type.dtype, num_shards, n, x, out);
-        });
-        break;
-      case OpKind::kAdd:
-      case OpKind::kSub:
-      case OpKind::kMul:
-      case OpKind::kDiv: {
-        const View y = view(op.operands[1]);
-        DispatchDType(op.type.dtype, [&](auto* tag) {
-          using T = std::remove_pointer_t<decltype(tag)>;
-          RunBinary<T>(op.kind, num_shards, n, x, y, out);
-        });
-        break;
-      }
-      case OpKind::kNeg:
-        DispatchDType(op.type.dtype, [&](auto* tag) {
-          using T = std::remove_pointer_t<decltype(tag)>;
-          Map1<T>(num_shards, n, x, static_cast<T*>(out), [](T v) { return -v; });
-        });
-        break;
-      case OpKind::kPsum:
-        DispatchDType(op.type.dtype, [&](auto* tag) {
-          using T = std::remove_pointer_t<decltype(tag)>;
-          Psum<T>(num_shards, n, x, static_cast<T*>(out));
-        });
-        break;
-      case OpKind::kSimulatedCompute:  // the time is spent by the executor, not here
-        DispatchDType(op.type.dtype, [&](auto* tag) {
-          using T = std::remove_pointer_t<decltype(tag)>;
-          Map1<T>(num_shards, n, x, static_cast<T*>(out), [](T v) { return v; });
-        });
-        break;
-      default:
-        break;  // rejected by Compile
+    const BroadcastPlan* plan =
+        plan_index_[i] >= 0 ? &plans_[static_cast<size_t>(plan_index_[i])] : nullptr;
+    const DType in_dtype = ops[op.operands[0]].type.dtype;
+    if (op.kind == OpKind::kConvert) {
+      DispatchDType(in_dtype, [&](auto* tag) {
+        using In = std::remove_pointer_t<decltype(tag)>;
+        RunConvert<In>(op.type.dtype, num_shards, n, x, out);
+      });
+    } else if (IsBinaryKind(op.kind)) {
+      const View y = view(op.operands[1]);
+      DispatchDType(op.type.dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        RunArithmetic<T>(op.kind, num_shards, n, x, y, out, plan);
+      });
+    } else if (IsComparisonKind(op.kind)) {
+      const View y = view(op.operands[1]);
+      DispatchDType(in_dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        RunComparison<T>(op.kind, num_shards, n, x, y, out, plan);
+      });
+    } else if (IsUnaryKind(op.kind)) {
+      DispatchDType(op.type.dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        RunUnary<T>(op.kind, num_shards, n, x, out);
+      });
+    } else if (op.kind == OpKind::kSelect) {
+      const View y = view(op.operands[1]);
+      const View z = view(op.operands[2]);
+      DispatchDType(op.type.dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        Select<T>(num_shards, n, x, y, z, static_cast<T*>(out), plan);
+      });
+    } else if (op.kind == OpKind::kPsum) {
+      DispatchDType(op.type.dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        Psum<T>(num_shards, n, x, static_cast<T*>(out));
+      });
     }
   }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "csrc/function_ir/function_ir.h"
@@ -47,6 +48,15 @@ class FunctionExecutable {
   void Run(int num_shards, absl::Span<const void* const> inputs,
            absl::Span<void* const> outputs, void* scratch) const;
 
+  // How the operands of one op broadcast against its result when some
+  // operand is neither of the result's shape nor a scalar (numpy
+  // broadcasting). Computed by Compile, so Run() only reads it.
+  struct BroadcastPlan {
+    Dims dims;     // the result's dims (rank >= 1)
+    Dims row_div;  // per dim d < rank-1: number of rows (of dims.back()) per step of d
+    absl::InlinedVector<Dims, 3> strides;  // per operand, per result dim: element stride
+  };
+
  private:
   explicit FunctionExecutable(std::shared_ptr<const FunctionIr> ir) : ir_(std::move(ir)) {}
   std::shared_ptr<const FunctionIr> ir_;
@@ -54,6 +64,10 @@ class FunctionExecutable {
   // for parameters (read in place from the inputs).
   std::vector<int64_t> scratch_offset_;
   int64_t scratch_per_shard_ = 0;
+  // Per op: index into plans_, or -1 when no operand needs broadcasting
+  // beyond rank 0.
+  std::vector<int32_t> plan_index_;
+  std::vector<BroadcastPlan> plans_;
 };
 
 }  // namespace pw

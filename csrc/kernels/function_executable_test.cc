@@ -82,7 +82,7 @@ std::vector<std::vector<uint8_t>> RunGang(const FunctionExecutable& exe, int num
   }
   for (auto& o : outputs) out.push_back(o.data());
   std::vector<Block> scratch((exe.scratch_bytes(num_shards) + 63) / 64);
-  std::memset(scratch.data(), 0xff, scratch.size() * sizeof(Block));
+  if (!scratch.empty()) std::memset(scratch.data(), 0xff, scratch.size() * sizeof(Block));
 
   g_allocations = 0;
   g_count_allocations = true;
@@ -418,6 +418,220 @@ TEST(FunctionExecutableMixedTest, ConcurrentGangsWithOwnScratch) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(mismatches.load(), 0);
+}
+
+// --- numpy broadcasting, int32, bool and the elementwise op set -----------
+
+// Reference row-major broadcast index: the element of an operand of dims
+// `od` read for element `j` of a result of dims `dims`.
+int64_t BroadcastIndex(const Dims& dims, const Dims& od, int64_t j) {
+  int64_t index = 0;
+  int64_t stride = 1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const size_t d = dims.size() - 1 - i;
+    const int64_t coord = j % dims[d];
+    j /= dims[d];
+    if (i < od.size()) {
+      const int64_t k = od.size() - 1 - i;
+      if (od[k] != 1) index += coord * stride;
+      stride *= od[k];
+    }
+  }
+  return index;
+}
+
+TEST(FunctionExecutableBroadcastTest, BinaryBroadcastsParamsAndConstants) {
+  struct Case {
+    Dims a, b, out;
+  };
+  const Case cases[] = {
+      {{2, 1, 3}, {4, 1}, {2, 4, 3}}, {{3}, {2, 3}, {2, 3}},   {{2, 3}, {2, 1}, {2, 3}},
+      {{1}, {5}, {5}},                {{4, 1}, {1, 4}, {4, 4}}, {{2, 0}, {1, 1}, {2, 0}},
+  };
+  for (const Case& c : cases) {
+    for (bool constant_b : {false, true}) {
+      SCOPED_TRACE(testing::Message() << TypeToString(DType::kF64, c.a) << " - "
+                                      << TypeToString(DType::kF64, c.b)
+                                      << (constant_b ? " (constant)" : ""));
+      const int64_t nb = NumElements(c.b);
+      std::vector<double> cvals(nb);
+      for (int64_t j = 0; j < nb; ++j) cvals[j] = 1000.0 * (j + 1);
+      FunctionBuilder b("f", "");
+      const int32_t x = b.Parameter(DType::kF64, c.a);
+      int32_t y;
+      if (constant_b) {
+        auto k = b.Constant(DType::kF64, c.b, Bytes(cvals));
+        ASSERT_TRUE(k.ok());
+        y = *k;
+      } else {
+        y = b.Parameter(DType::kF64, c.b);
+      }
+      auto diff = b.Binary(OpKind::kSub, x, y);
+      ASSERT_TRUE(diff.ok()) << diff.status();
+      auto less = b.Binary(OpKind::kLt, y, x);
+      ASSERT_TRUE(less.ok()) << less.status();
+      auto exe = MustCompile(b.Build({*diff, *less}));
+      ASSERT_NE(exe, nullptr);
+      const int64_t na = NumElements(c.a);
+      const int64_t n = NumElements(c.out);
+      for (int shards : kShardCounts) {
+        SCOPED_TRACE(testing::Message() << "shards=" << shards);
+        const auto xs = Iota<double>(shards, na, 1.0, 1.0);
+        const auto ys = constant_b ? std::vector<double>() : Iota<double>(shards, nb, 0.5, 3.0);
+        std::vector<std::vector<uint8_t>> inputs = {Bytes(xs)};
+        if (!constant_b) inputs.push_back(Bytes(ys));
+        int64_t allocations = -1;
+        const auto out = RunGang(*exe, shards, inputs, &allocations);
+        EXPECT_EQ(allocations, 0);
+        const auto got = Values<double>(out[0]);
+        const auto got_less = Values<uint8_t>(out[1]);
+        ASSERT_EQ(static_cast<int64_t>(got.size()), shards * n);
+        for (int s = 0; s < shards; ++s) {
+          for (int64_t j = 0; j < n; ++j) {
+            const double xa = xs[s * na + BroadcastIndex(c.out, c.a, j)];
+            const int64_t ib = BroadcastIndex(c.out, c.b, j);
+            const double yb = constant_b ? cvals[ib] : ys[s * nb + ib];
+            EXPECT_EQ(got[s * n + j], xa - yb) << "shard " << s << " element " << j;
+            EXPECT_EQ(got_less[s * n + j], yb < xa ? 1 : 0) << "shard " << s << " element " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FunctionExecutableBroadcastTest, SelectBroadcastsAllThree) {
+  FunctionBuilder b("f", "");
+  const int32_t c = b.Parameter(DType::kBool, {2, 1});
+  const int32_t x = b.Parameter(DType::kI32, {3});
+  auto zero = b.Constant(DType::kF32, {}, Bytes<float>({-0.5f}));
+  ASSERT_TRUE(zero.ok());
+  auto w = b.Select(c, x, *zero);  // f64[2,3]
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto exe = MustCompile(b.Build({*w}));
+  ASSERT_NE(exe, nullptr);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    std::vector<uint8_t> cs;
+    std::vector<int32_t> xs;
+    for (int s = 0; s < shards; ++s) {
+      cs.push_back(s % 2);
+      cs.push_back(1);
+      for (int j = 0; j < 3; ++j) xs.push_back(10 * s + j);
+    }
+    const auto got = Values<double>(RunGang(*exe, shards, {cs, Bytes(xs)})[0]);
+    ASSERT_EQ(static_cast<int>(got.size()), shards * 6);
+    for (int s = 0; s < shards; ++s) {
+      for (int r = 0; r < 2; ++r) {
+        for (int j = 0; j < 3; ++j) {
+          const double expected = cs[s * 2 + r] ? 10.0 * s + j : -0.5;
+          EXPECT_EQ(got[s * 6 + r * 3 + j], expected) << s << "," << r << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(FunctionExecutableElementwiseTest, Int32ArithmeticWrapsAndDividesInFloat) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kI32, {4});
+  const int32_t y = b.Parameter(DType::kI32, {4});
+  auto sum = b.Binary(OpKind::kAdd, x, y);
+  auto quot = b.Binary(OpKind::kDiv, x, y);  // f64
+  auto pw = b.Binary(OpKind::kPow, x, y);
+  auto mx = b.Binary(OpKind::kMax, x, y);
+  auto ab = b.Unary(OpKind::kAbs, x);
+  auto ng = b.Unary(OpKind::kNeg, x);
+  ASSERT_TRUE(sum.ok() && quot.ok() && pw.ok() && mx.ok() && ab.ok() && ng.ok());
+  EXPECT_EQ(b.type(*quot).dtype, DType::kF64);
+  auto exe = MustCompile(b.Build({*sum, *quot, *pw, *mx, *ab, *ng}));
+  ASSERT_NE(exe, nullptr);
+  const std::vector<int32_t> xv = {7, -9, 2147483647, 3};
+  const std::vector<int32_t> yv = {2, 4, 1, 0};
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    std::vector<int32_t> xs, ys;
+    for (int s = 0; s < shards; ++s) {
+      xs.insert(xs.end(), xv.begin(), xv.end());
+      ys.insert(ys.end(), yv.begin(), yv.end());
+    }
+    const auto out = RunGang(*exe, shards, {Bytes(xs), Bytes(ys)});
+    const auto got_sum = Values<int32_t>(out[0]);
+    const auto got_quot = Values<double>(out[1]);
+    const auto got_pow = Values<int32_t>(out[2]);
+    const auto got_max = Values<int32_t>(out[3]);
+    const auto got_abs = Values<int32_t>(out[4]);
+    const auto got_neg = Values<int32_t>(out[5]);
+    for (int s = 0; s < shards; ++s) {
+      const int o = 4 * s;
+      EXPECT_EQ(got_sum[o + 0], 9);
+      EXPECT_EQ(got_sum[o + 2], -2147483647 - 1);  // wraps, as numpy
+      EXPECT_EQ(got_quot[o + 0], 3.5);
+      EXPECT_EQ(got_quot[o + 1], -2.25);
+      EXPECT_EQ(got_pow[o + 0], 49);
+      EXPECT_EQ(got_pow[o + 1], 6561);
+      EXPECT_EQ(got_pow[o + 3], 1);
+      EXPECT_EQ(got_max[o + 1], 4);
+      EXPECT_EQ(got_abs[o + 1], 9);
+      EXPECT_EQ(got_neg[o + 0], -7);
+    }
+  }
+}
+
+TEST(FunctionExecutableElementwiseTest, UnaryMathLogicAndConverts) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {3});
+  const int32_t p = b.Parameter(DType::kBool, {3});
+  auto ex = b.Unary(OpKind::kExp, x);
+  auto rs = b.Unary(OpKind::kRsqrt, x);
+  auto cs = b.Unary(OpKind::kCos, x);
+  auto np = b.Unary(OpKind::kNot, p);
+  auto gt = b.Binary(OpKind::kGt, x, p);  // compares in f32
+  auto xo = b.Binary(OpKind::kXor, p, *gt);
+  auto toi = b.Convert(x, DType::kI32);
+  auto tob = b.Convert(x, DType::kBool);
+  auto mn = b.Binary(OpKind::kMin, x, *toi);  // f64
+  ASSERT_TRUE(ex.ok() && rs.ok() && cs.ok() && np.ok() && gt.ok() && xo.ok() && toi.ok() &&
+              tob.ok() && mn.ok());
+  auto exe = MustCompile(b.Build({*ex, *rs, *cs, *np, *xo, *toi, *tob, *mn}));
+  ASSERT_NE(exe, nullptr);
+  const std::vector<float> xv = {0.25f, 4.0f, -2.5f};
+  const std::vector<uint8_t> pv = {1, 0, 1};
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    std::vector<float> xs;
+    std::vector<uint8_t> ps;
+    for (int s = 0; s < shards; ++s) {
+      xs.insert(xs.end(), xv.begin(), xv.end());
+      ps.insert(ps.end(), pv.begin(), pv.end());
+    }
+    int64_t allocations = -1;
+    const auto out = RunGang(*exe, shards, {Bytes(xs), ps}, &allocations);
+    EXPECT_EQ(allocations, 0);
+    const auto e = Values<float>(out[0]);
+    const auto r = Values<float>(out[1]);
+    const auto c = Values<float>(out[2]);
+    const auto& n = out[3];
+    const auto& xo_v = out[4];
+    const auto ti = Values<int32_t>(out[5]);
+    const auto& tb = out[6];
+    const auto m = Values<double>(out[7]);
+    for (int s = 0; s < shards; ++s) {
+      for (int j = 0; j < 3; ++j) {
+        const int i = 3 * s + j;
+        EXPECT_FLOAT_EQ(e[i], std::exp(xv[j]));
+        if (xv[j] > 0) {
+          EXPECT_FLOAT_EQ(r[i], 1.0f / std::sqrt(xv[j]));
+        }
+        EXPECT_FLOAT_EQ(c[i], std::cos(xv[j]));
+        EXPECT_EQ(n[i], pv[j] ? 0 : 1);
+        EXPECT_EQ(xo_v[i], (pv[j] != 0) != (xv[j] > static_cast<float>(pv[j])) ? 1 : 0);
+        EXPECT_EQ(ti[i], static_cast<int32_t>(xv[j]));  // truncates toward zero
+        EXPECT_EQ(tb[i], 1);
+        EXPECT_EQ(m[i], std::min<double>(xv[j], static_cast<int32_t>(xv[j])));
+      }
+    }
+  }
 }
 
 }  // namespace

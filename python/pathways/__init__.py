@@ -38,6 +38,7 @@ from pathways._devices import (
 from pathways._program import Program, ProgramTracer, program
 from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_map, tree_unflatten
 from pathways._tracing import PmapFunction, Tracer, TracerError, pmap, psum, simulated_compute
+from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways._tenancy import (
     Client,
     Timeline,
@@ -72,8 +73,8 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
     to `devices[i]`.
 
     Args:
-      x: A numpy array (float32 or float64) or array-like (Python numbers
-        become float64) with leading axis `len(devices)`, or a
+      x: A numpy array (float32, float64, int32 or bool) or array-like
+        (Python numbers become float64) with leading axis `len(devices)`, or a
         `ShardedBuffer` (copied).
       devices: Virtual devices (e.g. a slice's `.tpus`), a `VirtualSlice`, or
         physical `Device`s.

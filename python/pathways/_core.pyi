@@ -81,13 +81,17 @@ class FunctionBuilder:
     """Records one shard's computation; every method checks types and raises ValueError with the op and shapes."""
     def __init__(self, name: str, axis_name: str) -> None: ...  # axis_name "" = none
     def parameter(self, dtype: str, shape: Sequence[int]) -> int: ...
-    def constant(self, array: np.ndarray) -> int: ...  # float32 or float64, any shape
+    def constant(self, array: np.ndarray) -> int: ...  # float32, float64, int32 or bool, any shape
     def convert(self, x: int, dtype: str) -> int: ...
-    def binary(self, op: str, a: int, b: int) -> int: ...  # op in "add", "sub", "mul", "div"
+    # op: add sub mul div pow max min eq ne lt le gt ge and or xor (numpy broadcasting)
+    def binary(self, op: str, a: int, b: int) -> int: ...
+    # op: neg abs exp log tanh sqrt rsqrt sin cos not
+    def unary(self, op: str, x: int) -> int: ...
+    def select(self, cond: int, x: int, y: int) -> int: ...  # where(cond, x, y)
     def neg(self, x: int) -> int: ...
     def psum(self, x: int, axis_name: str) -> int: ...
     def shape(self, v: int) -> tuple[int, ...]: ...
-    def dtype(self, v: int) -> str: ...  # "float32" / "float64"
+    def dtype(self, v: int) -> str: ...  # "float32", "float64", "int32" or "bool"
     def build(self, outputs: Sequence[int]) -> Function: ...
 
 class Function:
@@ -157,5 +161,5 @@ class ShardedBuffer:
 def device_put(array: np.ndarray, devices: Sequence[Union[VirtualDevice, Device]]) -> ShardedBuffer:
     """Copies array onto devices, leading axis split over them (array.shape[0] == len(devices)).
 
-    Raises ValueError (shape), TypeError (dtype not float32/float64), NotFoundError.
+    Raises ValueError (shape), TypeError (dtype not float32/float64/int32/bool), NotFoundError.
     """

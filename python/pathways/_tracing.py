@@ -28,9 +28,14 @@ __all__ = ["TracerError", "Tracer", "PmapFunction", "pmap", "psum"]
 _ShardedBuffer = _core.ShardedBuffer
 _VirtualDevice = _core.VirtualDevice
 
-_SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_SUPPORTED_DTYPE_NAMES = "float32, float64"
-_SHORT_DTYPE = {"float32": "f32", "float64": "f64"}
+_SUPPORTED_DTYPES = (
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+    np.dtype(np.int32),
+    np.dtype(np.bool_),
+)
+_SUPPORTED_DTYPE_NAMES = "float32, float64, int32, bool"
+_SHORT_DTYPE = {"float32": "f32", "float64": "f64", "int32": "i32", "bool": "pred"}
 
 
 class TracerError(TypeError):
@@ -102,14 +107,31 @@ class _FunctionTrace:
         return f"pmap of {self.name!r}"
 
     def constant(self, value: Any, like_dtype: Optional[np.dtype]) -> "Tracer":
-        """Adds a constant; ints and bools take `like_dtype` (float64 if None)."""
+        """Adds a constant operand of a value of dtype `like_dtype`.
+
+        Python scalars are weakly typed: a Python int or bool takes
+        `like_dtype` (int32 when `like_dtype` is bool), a Python float takes
+        `like_dtype` if it is a float type and float32 otherwise; with no
+        `like_dtype` (None), Python numbers become float64. numpy bool, int32,
+        float32 and float64 values keep their dtype; other numpy integers take
+        `like_dtype` if it is a float type and int32 otherwise.
+        """
         b = self.builder
+        like = None if like_dtype is None else np.dtype(like_dtype)
         if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
-            arr = np.array(value, dtype=like_dtype or np.float64)
+            if like is None:
+                dtype = np.float64
+            elif isinstance(value, float) and like.kind != "f":
+                dtype = np.float32
+            elif isinstance(value, int) and not isinstance(value, bool) and like.kind == "b":
+                dtype = np.int32
+            else:
+                dtype = like
+            arr = np.array(value, dtype=dtype)
         else:
             arr = np.asarray(value)
-            if arr.dtype.kind in "biu":
-                arr = arr.astype(like_dtype or np.float64)
+            if arr.dtype.kind in "iu" and arr.dtype != np.int32:
+                arr = arr.astype(like if like is not None and like.kind == "f" else np.int32)
             elif arr.dtype not in _SUPPORTED_DTYPES:
                 raise TypeError(
                     f"{self.where()}: constant of dtype {arr.dtype} is not supported; "
@@ -145,20 +167,42 @@ def _concrete_error(t: "Tracer", conversion: str) -> TracerError:
     )
 
 
-_BINARY_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_BINARY_SYMBOL = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "pow": "**",
+    "eq": "==",
+    "ne": "!=",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "and": "&",
+    "or": "|",
+    "xor": "^",
+}
 
 
 class Tracer(_TracerBase):
     """A value inside a function traced by `pw.pmap`: one shard's array.
 
-    Supports `+ - * /` (also reflected) and unary `-`/`+` with other traced
-    values of the same trace, Python scalars (which take the traced value's
-    dtype) and numpy scalars and arrays. Shapes must match, or one operand must
-    be rank 0; mixed float32/float64 promotes to float64.
+    Supports `+ - * / **` (also reflected), comparisons `< <= > >= == !=`
+    (giving bool values), `& | ^ ~` on bool values, unary `-`/`+`, `abs()` and
+    `.astype()`, with other traced values of the same trace, Python scalars
+    and numpy scalars and arrays; more ops are in `pathways.numpy`. Shapes
+    broadcast as in numpy, and dtypes promote as in numpy (bool < int32 <
+    float32 < float64, int32 with float32 gives float64; `/` of integers is
+    float64). Python scalars are weakly typed: a Python int or bool takes the
+    traced value's dtype (int32 for a bool value), a Python float takes it if
+    it is a float type and float32 otherwise (so int32 + 0.5 is float64, as in
+    numpy). Python control flow on a traced value (`if x > 0:`) raises
+    `TracerError`, since `bool()` of a traced value has no answer.
 
     Attributes:
       shape: The per-shard shape (the pmap'd axis removed).
-      dtype: A numpy dtype, float32 or float64.
+      dtype: A numpy dtype: float32, float64, int32 or bool.
       ndim: `len(shape)`.
       size: The number of elements per shard.
       aval: A short type string, e.g. "f32[3]".
@@ -236,6 +280,76 @@ class Tracer(_TracerBase):
     def __rtruediv__(self, other: Any) -> Any:
         return self._binary("div", other, True)
 
+    def __pow__(self, other: Any) -> Any:
+        return self._binary("pow", other, False)
+
+    def __rpow__(self, other: Any) -> Any:
+        return self._binary("pow", other, True)
+
+    # Comparisons give bool traced values; `3 < x` calls `x.__gt__(3)`.
+    def __lt__(self, other: Any) -> Any:
+        return self._binary("lt", other, False)
+
+    def __le__(self, other: Any) -> Any:
+        return self._binary("le", other, False)
+
+    def __gt__(self, other: Any) -> Any:
+        return self._binary("gt", other, False)
+
+    def __ge__(self, other: Any) -> Any:
+        return self._binary("ge", other, False)
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        return self._binary("eq", other, False)
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        return self._binary("ne", other, False)
+
+    __hash__ = object.__hash__
+
+    def _logical(self, op: str, other: Any, reflected: bool) -> Any:
+        self._check()
+        others = [other] if isinstance(other, Tracer) else []
+        for t in [self, *others]:
+            if t.dtype != np.bool_:
+                raise TypeError(
+                    f"'{_BINARY_SYMBOL[op]}' on traced values needs bool operands, got "
+                    f"{t.aval} in {self._trace.where()}; bitwise ops on integers are not "
+                    "supported yet"
+                )
+        return self._binary(op, other, reflected)
+
+    def __and__(self, other: Any) -> Any:
+        return self._logical("and", other, False)
+
+    def __rand__(self, other: Any) -> Any:
+        return self._logical("and", other, True)
+
+    def __or__(self, other: Any) -> Any:
+        return self._logical("or", other, False)
+
+    def __ror__(self, other: Any) -> Any:
+        return self._logical("or", other, True)
+
+    def __xor__(self, other: Any) -> Any:
+        return self._logical("xor", other, False)
+
+    def __rxor__(self, other: Any) -> Any:
+        return self._logical("xor", other, True)
+
+    def _unary(self, op: str) -> "Tracer":
+        trace = self._check()
+        return Tracer(trace, trace.builder.unary(op, self._id))
+
+    def __invert__(self) -> "Tracer":
+        self._check()
+        if self.dtype != np.bool_:
+            raise TypeError(
+                f"'~' on traced values needs a bool operand, got {self.aval} in "
+                f"{self._trace.where()}; bitwise ops on integers are not supported yet"
+            )
+        return self._unary("not")
+
     def __neg__(self) -> "Tracer":
         trace = self._check()
         return Tracer(trace, trace.builder.neg(self._id))
@@ -244,48 +358,35 @@ class Tracer(_TracerBase):
         self._check()
         return self
 
+    def __abs__(self) -> "Tracer":
+        return self._unary("abs")
+
+    def astype(self, dtype: Any) -> "Tracer":
+        """Casts to `dtype` (float32, float64, int32 or bool), like numpy's `astype`.
+
+        Float to int32 truncates toward zero; to bool is `x != 0`.
+
+        Raises:
+          TypeError: For an unsupported dtype.
+        """
+        trace = self._check()
+        dt = np.dtype(dtype)
+        if dt not in _SUPPORTED_DTYPES:
+            raise TypeError(
+                f"astype of a traced value ({self.aval} in {trace.where()}) to {dt}: "
+                f"supported dtypes: {_SUPPORTED_DTYPE_NAMES}"
+            )
+        return Tracer(trace, trace.builder.convert(self._id, dt.name))
+
     # --- Not traceable (yet) ------------------------------------------------
 
     def _unsupported(self, what: str) -> TracerError:
         self._check()
         return TracerError(
             f"{what} on traced values ({self.aval} in {self._trace.where()}) is not supported "
-            "yet; supported operations: + - * / (and unary -), pw.psum"
+            "yet; supported operations: + - * / ** comparisons & | ^ ~ abs() .astype(), "
+            "pathways.numpy, pw.psum"
         )
-
-    def _comparison(self, symbol: str) -> TracerError:
-        self._check()
-        return TracerError(
-            f"comparison '{symbol}' of a traced value ({self.aval} in {self._trace.where()}) "
-            "is not supported yet; Python control flow that depends on a traced value is not "
-            "traceable either, because compiled functions are traced once per input shape "
-            "before any data exists"
-        )
-
-    def __lt__(self, other: Any) -> Any:
-        raise self._comparison("<")
-
-    def __le__(self, other: Any) -> Any:
-        raise self._comparison("<=")
-
-    def __gt__(self, other: Any) -> Any:
-        raise self._comparison(">")
-
-    def __ge__(self, other: Any) -> Any:
-        raise self._comparison(">=")
-
-    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
-        raise self._comparison("==")
-
-    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
-        raise self._comparison("!=")
-
-    __hash__ = object.__hash__
-
-    def __pow__(self, other: Any) -> Any:
-        raise self._unsupported("'**'")
-
-    __rpow__ = __pow__
 
     def __floordiv__(self, other: Any) -> Any:
         raise self._unsupported("'//'")
@@ -301,9 +402,6 @@ class Tracer(_TracerBase):
         raise self._unsupported("'@'")
 
     __rmatmul__ = __matmul__
-
-    def __abs__(self) -> Any:
-        raise self._unsupported("abs()")
 
     def __bool__(self) -> bool:
         raise _control_flow_error(self, "bool()")
@@ -324,7 +422,8 @@ class Tracer(_TracerBase):
         raise TracerError(
             f"np.asarray() of a traced value ({self.aval} in {self._trace.where()}): numpy "
             "cannot compute on traced values, which have no data while the function is "
-            "traced; use the traced value's operators (+ - * /) instead of numpy functions"
+            "traced; use the traced value's operators (+ - * / ...) or pathways.numpy "
+            "functions instead of numpy functions"
         )
 
     def __iter__(self) -> Any:
