@@ -81,6 +81,14 @@ void GangTask::Run(RunContext& ctx) {
 
 void GangTask::Finish(RunContext& ctx) {
   const int64_t end_ns = NowNanos();
+  // Record and charge before completing: once the outputs are ready a waiter
+  // may stop the timeline or read the stats, and must see this gang.
+  if (client() != nullptr) client()->AddUsage((end_ns - start_ns_) * gang_devices()->size());
+  if (services_->timeline->recording()) {
+    services_->timeline->Record(TimelineEvent{gang_devices(), start_ns_, end_ns,
+                                              client() ? &client()->name() : &DefaultClientName(),
+                                              &program_->name(), &fn_->name(), program_});
+  }
   // Free the devices first so the next gang in the island order can start.
   scheduler_->Complete(this, ctx.ready, end_ns - start_ns_);
   for (const auto& out : outputs_) {
@@ -89,12 +97,6 @@ void GangTask::Finish(RunContext& ctx) {
     } else {
       out->SetError(failed_, ctx.ready);
     }
-  }
-  if (client() != nullptr) client()->AddUsage((end_ns - start_ns_) * gang_devices()->size());
-  if (services_->timeline->recording()) {
-    services_->timeline->Record(TimelineEvent{gang_devices(), start_ns_, end_ns,
-                                              client() ? &client()->name() : &DefaultClientName(),
-                                              &program_->name(), &fn_->name(), program_});
   }
   delete this;
 }
