@@ -10,6 +10,8 @@
 #include "pybind11/numpy.h"
 #include "pybind11/stl.h"
 
+#include <optional>
+
 namespace pw::bindings {
 namespace py = pybind11;
 namespace {
@@ -86,6 +88,40 @@ void RegisterFunctionIr(py::module_& m) {
       .def("psum", [](FunctionBuilder& b, int32_t x, const std::string& axis) {
         return ValueOrThrow(b.Psum(x, axis));
       }, py::arg("x"), py::arg("axis_name"))
+      .def("reduce", [](FunctionBuilder& b, const std::string& op, int32_t x,
+                        std::optional<std::vector<int64_t>> axes, bool keepdims) {
+        ReduceKind kind;
+        if (op == "sum") kind = ReduceKind::kSum;
+        else if (op == "mean") kind = ReduceKind::kMean;
+        else if (op == "max") kind = ReduceKind::kMax;
+        else if (op == "min") kind = ReduceKind::kMin;
+        else if (op == "argmax") kind = ReduceKind::kArgmax;
+        else throw py::value_error(absl::StrCat("unknown reduction '", op,
+                                                "'; known: sum, mean, max, min, argmax"));
+        return ValueOrThrow(b.Reduce(kind, x, axes ? &*axes : nullptr, keepdims));
+      }, py::arg("op"), py::arg("x"), py::arg("axes"), py::arg("keepdims"))
+      .def("pcollective", [](FunctionBuilder& b, const std::string& op, int32_t x,
+                             const std::string& axis) {
+        OpKind kind;
+        if (op == "pmean") kind = OpKind::kPmean;
+        else if (op == "pmax") kind = OpKind::kPmax;
+        else if (op == "pmin") kind = OpKind::kPmin;
+        else throw py::value_error(absl::StrCat("unknown collective '", op,
+                                                "'; known: pmean, pmax, pmin"));
+        return ValueOrThrow(b.Pcollective(kind, x, axis));
+      }, py::arg("op"), py::arg("x"), py::arg("axis_name"))
+      .def("axis_index", [](FunctionBuilder& b, const std::string& axis) {
+        return ValueOrThrow(b.AxisIndex(axis));
+      }, py::arg("axis_name"))
+      .def("set_axis_size", [](FunctionBuilder& b, int64_t n) { ThrowIfError(b.SetAxisSize(n)); },
+           py::arg("n"))
+      .def("all_gather", [](FunctionBuilder& b, int32_t x, const std::string& axis, int64_t a) {
+        return ValueOrThrow(b.AllGather(x, axis, a));
+      }, py::arg("x"), py::arg("axis_name"), py::arg("axis"))
+      .def("ppermute", [](FunctionBuilder& b, int32_t x, const std::string& axis,
+                          const std::vector<std::pair<int64_t, int64_t>>& perm) {
+        return ValueOrThrow(b.Ppermute(x, axis, perm));
+      }, py::arg("x"), py::arg("axis_name"), py::arg("perm"))
       .def("simulated_compute", [](FunctionBuilder& b, int32_t x, double microseconds) {
         return ValueOrThrow(b.SimulatedCompute(x, static_cast<int64_t>(microseconds * 1000.0)));
       }, py::arg("x"), py::arg("microseconds"))

@@ -157,13 +157,51 @@ absl::string_view OpKindName(OpKind kind) {
       return "psum";
     case OpKind::kSimulatedCompute:
       return "simulated_compute";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kPmean:
+      return "pmean";
+    case OpKind::kPmax:
+      return "pmax";
+    case OpKind::kPmin:
+      return "pmin";
+    case OpKind::kAxisIndex:
+      return "axis_index";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kPpermute:
+      return "ppermute";
   }
   return "unknown";
 }
 
+absl::string_view ReduceKindName(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::kSum:
+      return "sum";
+    case ReduceKind::kMean:
+      return "mean";
+    case ReduceKind::kMax:
+      return "max";
+    case ReduceKind::kMin:
+      return "min";
+    case ReduceKind::kArgmax:
+      return "argmax";
+  }
+  return "unknown";
+}
+
+namespace {
+bool IsCollective(OpKind kind) {
+  return kind == OpKind::kPsum || kind == OpKind::kPmean || kind == OpKind::kPmax ||
+         kind == OpKind::kPmin || kind == OpKind::kAxisIndex || kind == OpKind::kAllGather ||
+         kind == OpKind::kPpermute;
+}
+}  // namespace
+
 bool FunctionIr::has_collectives() const {
   return std::any_of(ops_.begin(), ops_.end(),
-                     [](const Op& op) { return op.kind == OpKind::kPsum; });
+                     [](const Op& op) { return IsCollective(op.kind); });
 }
 
 std::string FunctionIr::ToText() const {
@@ -173,6 +211,7 @@ std::string FunctionIr::ToText() const {
   }
   std::string text = absl::StrCat("func @", name_, "(", absl::StrJoin(params, ", "), ")");
   if (!axis_name_.empty()) absl::StrAppend(&text, " axis=", axis_name_);
+  if (axis_size_ > 0) absl::StrAppend(&text, " axis_size=", axis_size_);
   absl::StrAppend(&text, " {\n");
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op& op = ops_[i];
@@ -182,8 +221,18 @@ std::string FunctionIr::ToText() const {
       absl::StrAppend(&text, "const ", op.type.ToString(), " ", FormatLiteral(op), "\n");
       continue;
     }
-    absl::StrAppendFormat(&text, "%s", OpKindName(op.kind));
-    if (op.kind == OpKind::kPsum) absl::StrAppend(&text, "[", op.axis_name, "]");
+    if (op.kind == OpKind::kReduce) {
+      absl::StrAppend(&text, ReduceKindName(op.reduce_kind), "[axes=(",
+                      absl::StrJoin(op.reduce_axes, ","), ")",
+                      op.keepdims ? ",keepdims" : "", "]");
+    } else {
+      absl::StrAppendFormat(&text, "%s", OpKindName(op.kind));
+    }
+    if (IsCollective(op.kind)) absl::StrAppend(&text, "[", op.axis_name, "]");
+    if (op.kind == OpKind::kAllGather) absl::StrAppend(&text, "[axis=", op.gather_axis, "]");
+    if (op.kind == OpKind::kPpermute) {
+      absl::StrAppend(&text, "[sources=(", absl::StrJoin(op.perm_source, ","), ")]");
+    }
     if (op.kind == OpKind::kSimulatedCompute) absl::StrAppend(&text, "[", op.duration_ns / 1000.0, "us]");
     absl::StrAppend(&text, " ",
                     absl::StrJoin(op.operands, ", ",
@@ -358,17 +407,23 @@ absl::StatusOr<int32_t> FunctionBuilder::Select(int32_t cond, int32_t x, int32_t
   return AddOp(OpKind::kSelect, {cond, x, y}, ValueType{dtype, std::move(dims)});
 }
 
-absl::StatusOr<int32_t> FunctionBuilder::Psum(int32_t x, absl::string_view axis_name) {
-  PW_RETURN_IF_ERROR(CheckValue(x, OpKindName(OpKind::kPsum)));
+absl::Status FunctionBuilder::CheckAxisName(absl::string_view op,
+                                            absl::string_view axis_name) const {
   if (axis_name.empty() || axis_name != ir_->axis_name_) {
     return absl::InvalidArgumentError(
         ir_->axis_name_.empty()
-            ? absl::StrFormat("psum: unbound axis name '%s' (this function has no pmap "
+            ? absl::StrFormat("%s: unbound axis name '%s' (this function has no pmap "
                               "axis name)",
-                              axis_name)
-            : absl::StrFormat("psum: unbound axis name '%s' (bound: '%s')", axis_name,
+                              op, axis_name)
+            : absl::StrFormat("%s: unbound axis name '%s' (bound: '%s')", op, axis_name,
                               ir_->axis_name_));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Psum(int32_t x, absl::string_view axis_name) {
+  PW_RETURN_IF_ERROR(CheckValue(x, OpKindName(OpKind::kPsum)));
+  PW_RETURN_IF_ERROR(CheckAxisName("psum", axis_name));
   // Sums of bools count, as numpy's sum of a bool array.
   if (type(x).dtype == DType::kBool) {
     PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kI32));
@@ -378,6 +433,163 @@ absl::StatusOr<int32_t> FunctionBuilder::Psum(int32_t x, absl::string_view axis_
   op.operands = {x};
   op.type = type(x);
   op.axis_name = std::string(axis_name);
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Pcollective(OpKind kind, int32_t x,
+                                                     absl::string_view axis_name) {
+  if (kind != OpKind::kPmean && kind != OpKind::kPmax && kind != OpKind::kPmin) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("collective: %s is not pmean, pmax or pmin", OpKindName(kind)));
+  }
+  const absl::string_view name = OpKindName(kind);
+  PW_RETURN_IF_ERROR(CheckValue(x, name));
+  PW_RETURN_IF_ERROR(CheckAxisName(name, axis_name));
+  if (kind == OpKind::kPmean && type(x).dtype == DType::kBool) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "pmean: operand must be numeric, got %s", type(x).ToString()));
+  }
+  Op op;
+  op.kind = kind;
+  op.operands = {x};
+  op.type = type(x);
+  op.axis_name = std::string(axis_name);
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::AxisIndex(absl::string_view axis_name) {
+  if (ir_ == nullptr) return absl::FailedPreconditionError("axis_index: builder already built");
+  PW_RETURN_IF_ERROR(CheckAxisName("axis_index", axis_name));
+  Op& op = ir_->ops_.emplace_back();  // in place, as in Parameter()
+  op.kind = OpKind::kAxisIndex;
+  op.type.dtype = DType::kI32;
+  op.axis_name = std::string(axis_name);
+  return num_values() - 1;
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Reduce(ReduceKind kind, int32_t x,
+                                                const std::vector<int64_t>* axes,
+                                                bool keepdims) {
+  const absl::string_view name = ReduceKindName(kind);
+  PW_RETURN_IF_ERROR(CheckValue(x, name));
+  const ValueType tx = type(x);
+  const int64_t rank = static_cast<int64_t>(tx.dims.size());
+  std::vector<bool> reduced(rank, axes == nullptr);
+  if (axes != nullptr) {
+    if (kind == ReduceKind::kArgmax && axes->size() != 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "argmax: takes a single axis or none, got %d axes for %s", axes->size(),
+          tx.ToString()));
+    }
+    for (int64_t a : *axes) {
+      if (a < -rank || a >= rank) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: axis %d is out of range for %s", name, a, tx.ToString()));
+      }
+      const int64_t k = a < 0 ? a + rank : a;
+      if (reduced[k]) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: axis %d is repeated for %s", name, a, tx.ToString()));
+      }
+      reduced[k] = true;
+    }
+  }
+  std::vector<int64_t> red_axes;
+  Dims dims;
+  int64_t count = 1;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (reduced[d]) {
+      red_axes.push_back(d);
+      count *= tx.dims[d];
+      if (keepdims) dims.push_back(1);
+    } else {
+      dims.push_back(tx.dims[d]);
+    }
+  }
+  if (count == 0 && kind != ReduceKind::kSum && kind != ReduceKind::kMean) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: zero-size reduction of %s has no identity", name, tx.ToString()));
+  }
+  DType dtype = tx.dtype;
+  if (kind == ReduceKind::kSum && dtype == DType::kBool) dtype = DType::kI32;
+  if (kind == ReduceKind::kMean && !IsFloat(dtype)) dtype = DType::kF64;
+  PW_ASSIGN_OR_RETURN(x, Convert(x, dtype));
+  Op op;
+  op.kind = OpKind::kReduce;
+  op.operands = {x};
+  op.type = ValueType{kind == ReduceKind::kArgmax ? DType::kI32 : dtype, std::move(dims)};
+  op.reduce_kind = kind;
+  op.reduce_axes = std::move(red_axes);
+  op.keepdims = keepdims;
+  return Add(std::move(op));
+}
+
+absl::Status FunctionBuilder::SetAxisSize(int64_t n) {
+  if (ir_ == nullptr) return absl::FailedPreconditionError("set_axis_size: builder already built");
+  if (n < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("set_axis_size: needs n >= 1, got ", n));
+  }
+  ir_->axis_size_ = n;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::AllGather(int32_t x, absl::string_view axis_name,
+                                                   int64_t axis) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "all_gather"));
+  PW_RETURN_IF_ERROR(CheckAxisName("all_gather", axis_name));
+  if (ir_->axis_size_ < 1) {
+    return absl::FailedPreconditionError(
+        "all_gather: the number of shards is unknown (FunctionBuilder::SetAxisSize)");
+  }
+  const ValueType tx = type(x);
+  const int64_t rank = static_cast<int64_t>(tx.dims.size());
+  if (axis < -rank - 1 || axis > rank) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "all_gather: axis %d is out of range for %s (result rank %d)", axis, tx.ToString(),
+        rank + 1));
+  }
+  const int64_t a = axis < 0 ? axis + rank + 1 : axis;
+  Dims dims = tx.dims;
+  dims.insert(dims.begin() + a, ir_->axis_size_);
+  Op op;
+  op.kind = OpKind::kAllGather;
+  op.operands = {x};
+  op.type = ValueType{tx.dtype, std::move(dims)};
+  op.axis_name = std::string(axis_name);
+  op.gather_axis = a;
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Ppermute(
+    int32_t x, absl::string_view axis_name,
+    const std::vector<std::pair<int64_t, int64_t>>& perm) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "ppermute"));
+  PW_RETURN_IF_ERROR(CheckAxisName("ppermute", axis_name));
+  const int64_t n = ir_->axis_size_;
+  if (n < 1) {
+    return absl::FailedPreconditionError(
+        "ppermute: the number of shards is unknown (FunctionBuilder::SetAxisSize)");
+  }
+  std::vector<int64_t> source(n, -1);
+  std::vector<bool> used(n, false);
+  for (const auto& [src, dst] : perm) {
+    if (src < 0 || src >= n || dst < 0 || dst >= n) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ppermute: pair (%d, %d) is out of range for %d shards", src, dst, n));
+    }
+    if (used[src] || source[dst] >= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ppermute: pair (%d, %d) repeats a source or destination", src, dst));
+    }
+    used[src] = true;
+    source[dst] = src;
+  }
+  Op op;
+  op.kind = OpKind::kPpermute;
+  op.operands = {x};
+  op.type = type(x);
+  op.axis_name = std::string(axis_name);
+  op.perm_source = std::move(source);
   return Add(std::move(op));
 }
 

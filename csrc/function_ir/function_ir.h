@@ -64,7 +64,25 @@ enum class OpKind : uint8_t {
   // sum of these durations from its start (a simulated kernel of known
   // duration, which uses no CPU): it lasts max(real kernels, that sum).
   kSimulatedCompute,
+  // A reduction (Op::reduce_kind) over Op::reduce_axes of one shard's value,
+  // keeping size-1 dimensions when Op::keepdims (numpy semantics).
+  kReduce,
+  kPmean,      // all-reduce mean across the shards (same type as the input)
+  kPmax,       // all-reduce max across the shards
+  kPmin,       // all-reduce min across the shards
+  kAxisIndex,  // int32 scalar: the index of the shard in the gang (no operands)
+  // Every shard's value stacked along a new axis Op::gather_axis (of size
+  // the axis size); needs FunctionBuilder::SetAxisSize.
+  kAllGather,
+  // Shard Op::perm_source[d] sends its value to shard d (zeros where -1).
+  kPpermute,
 };
+
+// Which reduction a kReduce op computes.
+enum class ReduceKind : uint8_t { kSum, kMean, kMax, kMin, kArgmax };
+
+// "sum", "mean", "max", "min", "argmax".
+absl::string_view ReduceKindName(ReduceKind kind);
 
 // "add", "psum", ... as printed in IR text and error messages.
 absl::string_view OpKindName(OpKind kind);
@@ -94,6 +112,11 @@ struct Op {
   std::vector<uint8_t> literal;              // kConstant only: row-major elements of `type`
   std::string axis_name;                     // collectives only
   int64_t duration_ns = 0;                   // kSimulatedCompute only
+  ReduceKind reduce_kind = ReduceKind::kSum;  // kReduce only
+  std::vector<int64_t> reduce_axes;          // kReduce only: sorted, non-negative
+  bool keepdims = false;                     // kReduce only
+  int64_t gather_axis = 0;                   // kAllGather only
+  std::vector<int64_t> perm_source;          // kPpermute only: source per destination
 };
 
 // An immutable, validated function. Thread-safe (read-only after Build).
@@ -102,6 +125,9 @@ class FunctionIr {
   const std::string& name() const { return name_; }
   // The pmap axis name collectives refer to; empty when the function has none.
   const std::string& axis_name() const { return axis_name_; }
+  // The number of shards the function was traced for (0: not given). When
+  // set, CompiledFunction::Create checks it against its devices.
+  int64_t axis_size() const { return axis_size_; }
   absl::Span<const Op> ops() const { return ops_; }
   // Op index of each parameter, in parameter order.
   absl::Span<const int32_t> params() const { return params_; }
@@ -129,6 +155,7 @@ class FunctionIr {
   friend class FunctionBuilder;
   std::string name_;
   std::string axis_name_;
+  int64_t axis_size_ = 0;
   std::vector<Op> ops_;
   std::vector<int32_t> params_;
   std::vector<int32_t> outputs_;
@@ -178,6 +205,39 @@ class FunctionBuilder {
   // otherwise. A bool value is summed as int32 (a count, as numpy's sum).
   absl::StatusOr<int32_t> Psum(int32_t x, absl::string_view axis_name);
 
+  // A reduction of `x` over `axes` (empty optional: all axes; negative axes
+  // count from the end), as numpy's sum/mean/max/min/argmax. Result dtypes as
+  // numpy: sum of bool or int32 is int32, mean of bool or int32 is float64,
+  // argmax is int32 (numpy's int64 narrowed). argmax takes at most one axis
+  // (all axes: the index into the flattened value). InvalidArgument names
+  // the op and the type ("sum: axis 2 is out of range for f32[3,4]") for an
+  // out-of-range or repeated axis, and for max/min/argmax of an empty
+  // reduction.
+  absl::StatusOr<int32_t> Reduce(ReduceKind kind, int32_t x, const std::vector<int64_t>* axes,
+                                 bool keepdims);
+
+  // pmean / pmax / pmin over the axis `axis_name` (checked as Psum). The
+  // result has the type of `x`; pmean of int32 truncates toward zero (as
+  // JAX), pmean of bool is InvalidArgument.
+  absl::StatusOr<int32_t> Pcollective(OpKind kind, int32_t x, absl::string_view axis_name);
+
+  // The index of the shard along `axis_name` (int32 scalar).
+  absl::StatusOr<int32_t> AxisIndex(absl::string_view axis_name);
+
+  // Declares the number of shards (the pmap axis size), which all_gather and
+  // ppermute need. InvalidArgument unless n >= 1.
+  absl::Status SetAxisSize(int64_t n);
+
+  // all_gather(x, axis_name, axis): the values of all shards stacked along a
+  // new dimension inserted at `axis` (in [-rank-1, rank]).
+  absl::StatusOr<int32_t> AllGather(int32_t x, absl::string_view axis_name, int64_t axis);
+
+  // ppermute(x, axis_name, perm): (source, destination) pairs, each source
+  // and destination at most once and in [0, axis size); destinations not
+  // named receive zeros (JAX semantics).
+  absl::StatusOr<int32_t> Ppermute(int32_t x, absl::string_view axis_name,
+                                   const std::vector<std::pair<int64_t, int64_t>>& perm);
+
   // Identity on `x` that adds `duration_ns` to the function's simulated time.
   // InvalidArgument for a negative duration.
   absl::StatusOr<int32_t> SimulatedCompute(int32_t x, int64_t duration_ns);
@@ -192,6 +252,7 @@ class FunctionBuilder {
 
  private:
   absl::Status CheckValue(int32_t v, absl::string_view op) const;
+  absl::Status CheckAxisName(absl::string_view op, absl::string_view axis_name) const;
   // Adds `kind` over `operands` (already converted) with result `type`.
   int32_t AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands, ValueType type);
   int32_t Add(Op op);

@@ -37,6 +37,12 @@ TEST(OpKindNameTest, AllKinds) {
   EXPECT_EQ(OpKindName(OpKind::kRsqrt), "rsqrt");
   EXPECT_EQ(OpKindName(OpKind::kNot), "not");
   EXPECT_EQ(OpKindName(OpKind::kSelect), "select");
+  EXPECT_EQ(OpKindName(OpKind::kReduce), "reduce");
+  EXPECT_EQ(OpKindName(OpKind::kPmean), "pmean");
+  EXPECT_EQ(OpKindName(OpKind::kAxisIndex), "axis_index");
+  EXPECT_EQ(OpKindName(OpKind::kAllGather), "all_gather");
+  EXPECT_EQ(OpKindName(OpKind::kPpermute), "ppermute");
+  EXPECT_EQ(ReduceKindName(ReduceKind::kArgmax), "argmax");
 }
 
 TEST(FunctionBuilderTest, ParametersAreNumberedInOrder) {
@@ -350,6 +356,119 @@ TEST(FunctionIrTest, ToTextIntAndBoolConstants) {
   const std::string text = (*ir)->ToText();
   EXPECT_NE(text.find("%0 = const i32[3] [1, -2, 3]\n"), std::string::npos) << text;
   EXPECT_NE(text.find("%1 = const pred[2] [true, false]\n"), std::string::npos) << text;
+}
+
+
+TEST(FunctionBuilderTest, ReduceTypes) {
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DType::kF32, {3, 4});
+  const int32_t n = b.Parameter(DType::kI32, {3, 4});
+  const int32_t p = b.Parameter(DType::kBool, {3, 4});
+  const std::vector<int64_t> last = {-1};
+  const std::vector<int64_t> both = {1, 0};
+  auto sum = b.Reduce(ReduceKind::kSum, x, &last, false);
+  auto keep = b.Reduce(ReduceKind::kMax, x, &both, true);
+  auto all = b.Reduce(ReduceKind::kMin, x, nullptr, false);
+  auto mean_int = b.Reduce(ReduceKind::kMean, n, &last, false);
+  auto sum_bool = b.Reduce(ReduceKind::kSum, p, nullptr, true);
+  auto arg = b.Reduce(ReduceKind::kArgmax, x, nullptr, false);
+  ASSERT_TRUE(sum.ok() && keep.ok() && all.ok() && mean_int.ok() && sum_bool.ok() && arg.ok());
+  EXPECT_EQ(b.type(*sum).ToString(), "f32[3]");
+  EXPECT_EQ(b.type(*keep).ToString(), "f32[1,1]");
+  EXPECT_EQ(b.type(*all).ToString(), "f32[]");
+  EXPECT_EQ(b.type(*mean_int).ToString(), "f64[3]");
+  EXPECT_EQ(b.type(*sum_bool).ToString(), "i32[1,1]");
+  EXPECT_EQ(b.type(*arg).ToString(), "i32[]");
+  const std::vector<int64_t> no_axes;
+  auto identity = b.Reduce(ReduceKind::kSum, x, &no_axes, false);
+  ASSERT_TRUE(identity.ok());
+  EXPECT_EQ(b.type(*identity).ToString(), "f32[3,4]");
+  auto ir = b.Build({*sum, *keep});
+  ASSERT_TRUE(ir.ok());
+  EXPECT_NE((*ir)->ToText().find("sum[axes=(1)]"), std::string::npos) << (*ir)->ToText();
+  EXPECT_NE((*ir)->ToText().find("max[axes=(0,1),keepdims]"), std::string::npos);
+  EXPECT_FALSE((*ir)->has_collectives());
+}
+
+TEST(FunctionBuilderTest, ReduceErrors) {
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DType::kF32, {3, 4});
+  const int32_t e = b.Parameter(DType::kF32, {0, 2});
+  const std::vector<int64_t> two = {2};
+  const std::vector<int64_t> neg = {-3};
+  const std::vector<int64_t> rep = {1, -1};
+  const std::vector<int64_t> both = {0, 1};
+  const std::vector<int64_t> zero = {0};
+  ExpectInvalid(b.Reduce(ReduceKind::kSum, x, &two, false).status(),
+                "sum: axis 2 is out of range for f32[3,4]");
+  ExpectInvalid(b.Reduce(ReduceKind::kMean, x, &neg, false).status(),
+                "mean: axis -3 is out of range for f32[3,4]");
+  ExpectInvalid(b.Reduce(ReduceKind::kMax, x, &rep, false).status(),
+                "max: axis -1 is repeated for f32[3,4]");
+  ExpectInvalid(b.Reduce(ReduceKind::kArgmax, x, &both, false).status(),
+                "argmax: takes a single axis or none, got 2 axes for f32[3,4]");
+  ExpectInvalid(b.Reduce(ReduceKind::kMin, e, &zero, false).status(),
+                "min: zero-size reduction of f32[0,2] has no identity");
+  EXPECT_TRUE(b.Reduce(ReduceKind::kSum, e, &zero, false).ok());
+  ExpectInvalid(b.Reduce(ReduceKind::kSum, 99, nullptr, false).status(),
+                "sum: operand %99 is not a value of this function");
+}
+
+TEST(FunctionBuilderTest, CollectiveTypesAndErrors) {
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DType::kI32, {2, 3});
+  const int32_t p = b.Parameter(DType::kBool, {2});
+  auto mean = b.Pcollective(OpKind::kPmean, x, "i");
+  auto mx = b.Pcollective(OpKind::kPmax, p, "i");
+  auto idx = b.AxisIndex("i");
+  ASSERT_TRUE(mean.ok() && mx.ok() && idx.ok());
+  EXPECT_EQ(b.type(*mean).ToString(), "i32[2,3]");
+  EXPECT_EQ(b.type(*mx).ToString(), "pred[2]");
+  EXPECT_EQ(b.type(*idx).ToString(), "i32[]");
+  ExpectInvalid(b.Pcollective(OpKind::kPmin, x, "j").status(),
+                "pmin: unbound axis name 'j' (bound: 'i')");
+  ExpectInvalid(b.AxisIndex("j").status(), "axis_index: unbound axis name 'j' (bound: 'i')");
+  ExpectInvalid(b.Pcollective(OpKind::kPmean, p, "i").status(),
+                "pmean: operand must be numeric, got pred[2]");
+  EXPECT_EQ(b.Pcollective(OpKind::kAdd, x, "i").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // all_gather and ppermute need the axis size.
+  EXPECT_EQ(b.AllGather(x, "i", 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b.Ppermute(x, "i", {{0, 1}}).status().code(), absl::StatusCode::kFailedPrecondition);
+  ExpectInvalid(b.SetAxisSize(0), "set_axis_size: needs n >= 1, got 0");
+  ASSERT_TRUE(b.SetAxisSize(4).ok());
+  auto g = b.AllGather(x, "i", 1);
+  auto g_last = b.AllGather(x, "i", -1);
+  ASSERT_TRUE(g.ok() && g_last.ok());
+  EXPECT_EQ(b.type(*g).ToString(), "i32[2,4,3]");
+  EXPECT_EQ(b.type(*g_last).ToString(), "i32[2,3,4]");
+  ExpectInvalid(b.AllGather(x, "i", 3).status(),
+                "all_gather: axis 3 is out of range for i32[2,3] (result rank 3)");
+  ExpectInvalid(b.AllGather(x, "k", 0).status(),
+                "all_gather: unbound axis name 'k' (bound: 'i')");
+  auto pp = b.Ppermute(x, "i", {{0, 1}, {1, 0}});
+  ASSERT_TRUE(pp.ok());
+  EXPECT_EQ(b.type(*pp).ToString(), "i32[2,3]");
+  ExpectInvalid(b.Ppermute(x, "i", {{0, 4}}).status(),
+                "ppermute: pair (0, 4) is out of range for 4 shards");
+  ExpectInvalid(b.Ppermute(x, "i", {{0, 1}, {0, 2}}).status(),
+                "ppermute: pair (0, 2) repeats a source or destination");
+  auto ir = b.Build({*mean, *idx, *g, *pp});
+  ASSERT_TRUE(ir.ok());
+  EXPECT_TRUE((*ir)->has_collectives());
+  EXPECT_EQ((*ir)->axis_size(), 4);
+  const std::string text = (*ir)->ToText();
+  EXPECT_NE(text.find("axis=i axis_size=4"), std::string::npos) << text;
+  EXPECT_NE(text.find("pmean[i]"), std::string::npos) << text;
+  EXPECT_NE(text.find("all_gather[i][axis=1]"), std::string::npos) << text;
+  EXPECT_NE(text.find("ppermute[i][sources=(1,0,-1,-1)]"), std::string::npos) << text;
+}
+
+TEST(FunctionBuilderTest, CollectivesNeedAnAxisName) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {2});
+  ExpectInvalid(b.Pcollective(OpKind::kPmax, x, "i").status(),
+                "pmax: unbound axis name 'i' (this function has no pmap axis name)");
 }
 
 }  // namespace

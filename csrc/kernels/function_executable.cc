@@ -201,6 +201,40 @@ void Psum(int num_shards, int64_t n, View x, T* out) {
   }
 }
 
+// all_gather: out shard s = concat over source shards t at the gather axis.
+// `outer` elements before the axis, `inner` after (per source shard).
+template <typename T>
+void AllGather(int num_shards, int64_t outer, int64_t inner, View x, T* out) {
+  const T* px = static_cast<const T*>(x.data);
+  const int64_t n = outer * num_shards * inner;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int t = 0; t < num_shards; ++t) {
+      T* dst = out + (o * num_shards + t) * inner;
+      const T* src = px + t * x.shard_stride + o * inner * x.elem_stride;
+      for (int64_t j = 0; j < inner; ++j) dst[j] = src[j * x.elem_stride];
+    }
+  }
+  for (int s = 1; s < num_shards; ++s) {
+    if (n > 0) std::memcpy(out + s * n, out, n * sizeof(T));
+  }
+}
+
+// ppermute: out shard d = x shard source[d], or zeros.
+template <typename T>
+void Ppermute(int num_shards, int64_t n, View x, const std::vector<int64_t>& source, T* out) {
+  const T* px = static_cast<const T*>(x.data);
+  for (int d = 0; d < num_shards; ++d) {
+    T* dst = out + d * n;
+    const int64_t src = d < static_cast<int>(source.size()) ? source[d] : -1;
+    if (src < 0) {
+      std::fill(dst, dst + n, T(0));
+      continue;
+    }
+    const T* rx = px + src * x.shard_stride;
+    for (int64_t j = 0; j < n; ++j) dst[j] = rx[j * x.elem_stride];
+  }
+}
+
 // int32 arithmetic wraps around (two's complement), as numpy's does.
 inline int32_t Wrap(uint32_t v) { return static_cast<int32_t>(v); }
 
@@ -228,6 +262,113 @@ T Max(T x, T y) {
 template <typename T>
 T Min(T x, T y) {
   return (x != x || x < y) ? x : y;  // NOLINT(misc-redundant-expression): NaN check
+}
+
+// The offset of row-major element `i` of `dims` in a layout of `strides`.
+inline int64_t Offset(int64_t i, const Dims& dims, const Dims& strides) {
+  int64_t off = 0;
+  for (size_t d = dims.size(); d-- > 0;) {
+    off += (i % dims[d]) * strides[d];
+    i /= dims[d];
+  }
+  return off;
+}
+
+template <typename T>
+T ReduceAdd(T a, T b) {
+  if constexpr (std::is_same_v<T, int32_t>) {
+    return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return a || b;
+  } else {
+    return a + b;
+  }
+}
+
+// numpy's sum/mean/max/min/argmax over the plan's reduced dims, per shard.
+template <typename T>
+void Reduce(ReduceKind kind, int num_shards, int64_t n, const View& x,
+            const FunctionExecutable::ReducePlan& plan, void* out_ptr) {
+  const T* px = static_cast<const T*>(x.data);
+  const int64_t rc = plan.red_count;
+  for (int s = 0; s < num_shards; ++s) {
+    const T* rx = px + s * x.shard_stride;
+    for (int64_t o = 0; o < n; ++o) {
+      const T* row = rx + (x.elem_stride == 0 ? 0 : Offset(o, plan.kept_dims, plan.kept_strides));
+      auto at = [&](int64_t r) {
+        return x.elem_stride == 0 ? row[0] : row[Offset(r, plan.red_dims, plan.red_strides)];
+      };
+      if (kind == ReduceKind::kArgmax) {
+        int32_t best_i = 0;
+        T best = at(0);
+        if constexpr (std::is_floating_point_v<T>) {
+          if (best != best) {  // NOLINT: NaN check; numpy: first NaN wins
+            static_cast<int32_t*>(out_ptr)[s * n + o] = 0;
+            continue;
+          }
+        }
+        for (int64_t r = 1; r < rc; ++r) {
+          const T v = at(r);
+          if constexpr (std::is_floating_point_v<T>) {
+            if (v != v) {  // NOLINT: NaN check
+              best_i = static_cast<int32_t>(r);
+              break;
+            }
+          }
+          if (v > best) {
+            best = v;
+            best_i = static_cast<int32_t>(r);
+          }
+        }
+        static_cast<int32_t*>(out_ptr)[s * n + o] = best_i;
+        continue;
+      }
+      T* out = static_cast<T*>(out_ptr) + s * n + o;
+      if (kind == ReduceKind::kSum || kind == ReduceKind::kMean) {
+        T acc = T(0);
+        for (int64_t r = 0; r < rc; ++r) acc = ReduceAdd<T>(acc, at(r));
+        if constexpr (std::is_floating_point_v<T>) {
+          if (kind == ReduceKind::kMean) acc = acc / static_cast<T>(rc);
+        }
+        *out = acc;
+      } else {
+        T acc = at(0);
+        for (int64_t r = 1; r < rc; ++r) {
+          acc = kind == ReduceKind::kMax ? Max(acc, at(r)) : Min(acc, at(r));
+        }
+        *out = acc;
+      }
+    }
+  }
+}
+
+// pmean / pmax / pmin: reduce the shards in order into shard 0, then
+// replicate. pmean divides the sum (in double) by num_shards and truncates
+// toward zero for int32.
+template <typename T>
+void Pcollective(OpKind kind, int num_shards, int64_t n, View x, T* out) {
+  const T* px = static_cast<const T*>(x.data);
+  for (int64_t j = 0; j < n; ++j) {
+    if (kind == OpKind::kPmean) {
+      if constexpr (!std::is_same_v<T, bool>) {
+        double acc = 0;
+        for (int s = 0; s < num_shards; ++s) {
+          acc += static_cast<double>(px[s * x.shard_stride + j * x.elem_stride]);
+        }
+        out[j] = static_cast<T>(acc / num_shards);
+      }
+      continue;
+    }
+    T acc = px[j * x.elem_stride];
+    for (int s = 1; s < num_shards; ++s) {
+      const T v = px[s * x.shard_stride + j * x.elem_stride];
+      acc = kind == OpKind::kPmax ? Max(acc, v) : Min(acc, v);
+    }
+    out[j] = acc;
+  }
+  for (int s = 1; s < num_shards; ++s) {
+    if (n > 0) std::memcpy(out + s * n, out, n * sizeof(T));
+  }
 }
 
 // Arithmetic, max and min: operands and result of type T.
@@ -476,6 +617,13 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       case OpKind::kSelect:
       case OpKind::kPsum:
       case OpKind::kSimulatedCompute:
+      case OpKind::kReduce:
+      case OpKind::kPmean:
+      case OpKind::kPmax:
+      case OpKind::kPmin:
+      case OpKind::kAxisIndex:
+      case OpKind::kAllGather:
+      case OpKind::kPpermute:
         break;
       default:
         return absl::UnimplementedError(
@@ -529,7 +677,9 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       const Dims& od = ops[u].type.dims;
       return !od.empty() && od != dims;
     });
-    if (!needed || dims.empty()) continue;
+    if (!needed || dims.empty() || op.kind == OpKind::kReduce || op.kind == OpKind::kAllGather) {
+      continue;
+    }
     BroadcastPlan plan;
     plan.dims = dims;
     const size_t rank = dims.size();
@@ -551,6 +701,34 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     }
     exe->plan_index_[v] = static_cast<int32_t>(exe->plans_.size());
     exe->plans_.push_back(std::move(plan));
+  }
+  // Reduce plans.
+  exe->reduce_index_.assign(num_ops, -1);
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (op.kind != OpKind::kReduce) continue;
+    const Dims& in = ops[op.operands[0]].type.dims;
+    ReducePlan plan;
+    int64_t stride = 1;
+    Dims strides(in.size(), 0);
+    for (size_t d = in.size(); d-- > 0;) {
+      strides[d] = stride;
+      stride *= in[d];
+    }
+    size_t k = 0;
+    for (size_t d = 0; d < in.size(); ++d) {
+      if (k < op.reduce_axes.size() && op.reduce_axes[k] == static_cast<int64_t>(d)) {
+        plan.red_dims.push_back(in[d]);
+        plan.red_strides.push_back(strides[d]);
+        plan.red_count *= in[d];
+        ++k;
+      } else {
+        plan.kept_dims.push_back(in[d]);
+        plan.kept_strides.push_back(strides[d]);
+      }
+    }
+    exe->reduce_index_[v] = static_cast<int32_t>(exe->reduce_plans_.size());
+    exe->reduce_plans_.push_back(std::move(plan));
   }
   return std::shared_ptr<const FunctionExecutable>(std::move(exe));
 }
@@ -579,6 +757,11 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
     if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant) continue;
     void* out = base + scratch_offset_[i] * num_shards;
     const int64_t n = op.type.num_elements();
+    if (op.kind == OpKind::kAxisIndex) {
+      int32_t* o = static_cast<int32_t*>(out);
+      for (int s = 0; s < num_shards; ++s) o[s] = s;
+      continue;
+    }
     const View x = view(op.operands[0]);
     const BroadcastPlan* plan =
         plan_index_[i] >= 0 ? &plans_[static_cast<size_t>(plan_index_[i])] : nullptr;
@@ -616,6 +799,34 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
       DispatchDType(op.type.dtype, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         Psum<T>(num_shards, n, x, static_cast<T*>(out));
+      });
+    } else if (op.kind == OpKind::kPmean || op.kind == OpKind::kPmax ||
+               op.kind == OpKind::kPmin) {
+      DispatchDType(op.type.dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        Pcollective<T>(op.kind, num_shards, n, x, static_cast<T*>(out));
+      });
+    } else if (op.kind == OpKind::kAllGather) {
+      const Dims& in = ops[op.operands[0]].type.dims;
+      int64_t outer = 1;
+      int64_t inner = 1;
+      for (size_t d = 0; d < in.size(); ++d) {
+        (static_cast<int64_t>(d) < op.gather_axis ? outer : inner) *= in[d];
+      }
+      DispatchDType(op.type.dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        AllGather<T>(num_shards, outer, inner, x, static_cast<T*>(out));
+      });
+    } else if (op.kind == OpKind::kPpermute) {
+      DispatchDType(op.type.dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        Ppermute<T>(num_shards, n, x, op.perm_source, static_cast<T*>(out));
+      });
+    } else if (op.kind == OpKind::kReduce) {
+      const ReducePlan& rp = reduce_plans_[static_cast<size_t>(reduce_index_[i])];
+      DispatchDType(in_dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        Reduce<T>(op.reduce_kind, num_shards, n, x, rp, out);
       });
     }
   }

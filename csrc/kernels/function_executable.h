@@ -57,6 +57,15 @@ class FunctionExecutable {
     absl::InlinedVector<Dims, 3> strides;  // per operand, per result dim: element stride
   };
 
+  // How a kReduce op walks its operand (one shard): result element o and
+  // reduced element r (both row-major over their dims) read the operand at
+  // offset(o, kept_dims, kept_strides) + offset(r, red_dims, red_strides).
+  struct ReducePlan {
+    Dims kept_dims, kept_strides;
+    Dims red_dims, red_strides;
+    int64_t red_count = 1;
+  };
+
  private:
   explicit FunctionExecutable(std::shared_ptr<const FunctionIr> ir) : ir_(std::move(ir)) {}
   std::shared_ptr<const FunctionIr> ir_;
@@ -68,6 +77,9 @@ class FunctionExecutable {
   // beyond rank 0.
   std::vector<int32_t> plan_index_;
   std::vector<BroadcastPlan> plans_;
+  // Per op: index into reduce_plans_ (kReduce ops), or -1.
+  std::vector<int32_t> reduce_index_;
+  std::vector<ReducePlan> reduce_plans_;
 };
 
 }  // namespace pw

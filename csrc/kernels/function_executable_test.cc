@@ -1,5 +1,6 @@
 #include "csrc/kernels/function_executable.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -630,6 +631,184 @@ TEST(FunctionExecutableElementwiseTest, UnaryMathLogicAndConverts) {
         EXPECT_EQ(tb[i], 1);
         EXPECT_EQ(m[i], std::min<double>(xv[j], static_cast<int32_t>(xv[j])));
       }
+    }
+  }
+}
+
+
+// Reference reduction of one shard's [2,3,4] value over `axes`.
+template <typename T, typename F>
+std::vector<T> RefReduce(const T* x, const std::vector<bool>& red, T init, F f) {
+  const int64_t dims[3] = {2, 3, 4};
+  int64_t out_n = 1;
+  for (int d = 0; d < 3; ++d) out_n *= red[d] ? 1 : dims[d];
+  std::vector<T> out(out_n, init);
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t c = 0; c < 4; ++c) {
+        int64_t o = 0;
+        const int64_t idx[3] = {a, b, c};
+        for (int d = 0; d < 3; ++d) {
+          if (!red[d]) o = o * dims[d] + idx[d];
+        }
+        out[o] = f(out[o], x[(a * 3 + b) * 4 + c]);
+      }
+  return out;
+}
+
+TYPED_TEST(FunctionExecutableTest, ReduceOverAxes) {
+  using T = TypeParam;
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DTypeOf<T>(), {2, 3, 4});
+  const std::vector<int64_t> a1 = {1};
+  const std::vector<int64_t> a02 = {0, -1};
+  auto s1 = b.Reduce(ReduceKind::kSum, x, &a1, false);
+  auto m02 = b.Reduce(ReduceKind::kMean, x, &a02, true);
+  auto mx = b.Reduce(ReduceKind::kMax, x, nullptr, false);
+  auto mn = b.Reduce(ReduceKind::kMin, x, &a1, true);
+  auto am = b.Reduce(ReduceKind::kArgmax, x, &a1, false);
+  ASSERT_TRUE(s1.ok() && m02.ok() && mx.ok() && mn.ok() && am.ok());
+  EXPECT_EQ(b.type(*s1).ToString(), TypeToString(DTypeOf<T>(), {2, 4}));
+  EXPECT_EQ(b.type(*m02).ToString(), TypeToString(DTypeOf<T>(), {1, 3, 1}));
+  EXPECT_EQ(b.type(*am).ToString(), "i32[2,4]");
+  auto exe = MustCompile(b.Build({*s1, *m02, *mx, *mn, *am}));
+  ASSERT_NE(exe, nullptr);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    // Values that are not monotone in the index, so argmax is not trivial.
+    std::vector<T> xs(shards * 24);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = T(((i * 7) % 11)) - T(4.5);
+    int64_t allocations = -1;
+    const auto out = RunGang(*exe, shards, {Bytes(xs)}, &allocations);
+    EXPECT_EQ(allocations, 0);
+    const auto got_s = Values<T>(out[0]);
+    const auto got_m = Values<T>(out[1]);
+    const auto got_x = Values<T>(out[2]);
+    const auto got_n = Values<T>(out[3]);
+    const auto got_a = Values<int32_t>(out[4]);
+    for (int sh = 0; sh < shards; ++sh) {
+      const T* p = xs.data() + sh * 24;
+      auto add = [](T a, T v) { return a + v; };
+      const auto e_s = RefReduce<T>(p, {false, true, false}, T(0), add);
+      auto e_m = RefReduce<T>(p, {true, false, true}, T(0), add);
+      for (T& v : e_m) v /= T(8);
+      const auto e_x = RefReduce<T>(p, {true, true, true}, T(-1e9),
+                                    [](T a, T v) { return std::max(a, v); });
+      const auto e_n = RefReduce<T>(p, {false, true, false}, T(1e9),
+                                    [](T a, T v) { return std::min(a, v); });
+      for (int j = 0; j < 8; ++j) EXPECT_NEAR(got_s[sh * 8 + j], e_s[j], 1e-5);
+      for (int j = 0; j < 3; ++j) EXPECT_NEAR(got_m[sh * 3 + j], e_m[j], 1e-5);
+      EXPECT_EQ(got_x[sh], e_x[0]);
+      for (int j = 0; j < 8; ++j) EXPECT_EQ(got_n[sh * 8 + j], e_n[j]);
+      for (int a = 0; a < 2; ++a) {
+        for (int c = 0; c < 4; ++c) {
+          int best = 0;
+          for (int r = 1; r < 3; ++r) {
+            if (p[(a * 3 + r) * 4 + c] > p[(a * 3 + best) * 4 + c]) best = r;
+          }
+          EXPECT_EQ(got_a[sh * 8 + a * 4 + c], best) << "a=" << a << " c=" << c;
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(FunctionExecutableTest, CollectivesOverShards) {
+  using T = TypeParam;
+  constexpr int64_t n = 3;
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    FunctionBuilder b("f", "i");
+    ASSERT_TRUE(b.SetAxisSize(shards).ok());
+    const int32_t x = b.Parameter(DTypeOf<T>(), {n});
+    auto mean = b.Pcollective(OpKind::kPmean, x, "i");
+    auto mx = b.Pcollective(OpKind::kPmax, x, "i");
+    auto mn = b.Pcollective(OpKind::kPmin, x, "i");
+    auto idx = b.AxisIndex("i");
+    auto g0 = b.AllGather(x, "i", 0);
+    auto g1 = b.AllGather(x, "i", -1);
+    std::vector<std::pair<int64_t, int64_t>> perm;
+    for (int s = 0; s + 1 < shards; ++s) perm.push_back({s, s + 1});  // shift right
+    auto pp = b.Ppermute(x, "i", perm);
+    ASSERT_TRUE(mean.ok() && mx.ok() && mn.ok() && idx.ok() && g0.ok() && g1.ok() && pp.ok());
+    EXPECT_EQ(b.type(*g1).ToString(), TypeToString(DTypeOf<T>(), {n, shards}));
+    auto exe = MustCompile(b.Build({*mean, *mx, *mn, *idx, *g0, *g1, *pp}));
+    ASSERT_NE(exe, nullptr);
+    EXPECT_TRUE(exe->ir().has_collectives());
+    std::vector<T> xs(shards * n);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = T(((i * 5) % 7)) - T(2.25);
+    int64_t allocations = -1;
+    const auto out = RunGang(*exe, shards, {Bytes(xs)}, &allocations);
+    EXPECT_EQ(allocations, 0);
+    const auto got_mean = Values<T>(out[0]);
+    const auto got_max = Values<T>(out[1]);
+    const auto got_min = Values<T>(out[2]);
+    const auto got_idx = Values<int32_t>(out[3]);
+    const auto got_g0 = Values<T>(out[4]);
+    const auto got_g1 = Values<T>(out[5]);
+    const auto got_pp = Values<T>(out[6]);
+    for (int sh = 0; sh < shards; ++sh) {
+      EXPECT_EQ(got_idx[sh], sh);
+      for (int64_t j = 0; j < n; ++j) {
+        T sum = 0, hi = xs[j], lo = xs[j];
+        for (int t = 0; t < shards; ++t) {
+          const T v = xs[t * n + j];
+          sum += v;
+          hi = std::max(hi, v);
+          lo = std::min(lo, v);
+          EXPECT_EQ(got_g0[sh * shards * n + t * n + j], v);
+          EXPECT_EQ(got_g1[sh * shards * n + j * shards + t], v);
+        }
+        EXPECT_NEAR(got_mean[sh * n + j], sum / T(shards), 1e-5);
+        EXPECT_EQ(got_max[sh * n + j], hi);
+        EXPECT_EQ(got_min[sh * n + j], lo);
+        EXPECT_EQ(got_pp[sh * n + j], sh == 0 ? T(0) : xs[(sh - 1) * n + j]);
+      }
+    }
+  }
+}
+
+TEST(FunctionExecutableReduceTest, IntAndBoolReductions) {
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DType::kI32, {2, 3});
+  const int32_t p = b.Parameter(DType::kBool, {2, 3});
+  const std::vector<int64_t> a0 = {0};
+  auto sx = b.Reduce(ReduceKind::kSum, x, &a0, false);
+  auto mx = b.Reduce(ReduceKind::kMean, x, nullptr, false);
+  auto sp = b.Reduce(ReduceKind::kSum, p, nullptr, false);
+  auto ap = b.Reduce(ReduceKind::kArgmax, p, nullptr, false);
+  auto pm = b.Pcollective(OpKind::kPmean, x, "i");
+  ASSERT_TRUE(sx.ok() && mx.ok() && sp.ok() && ap.ok() && pm.ok());
+  EXPECT_EQ(b.type(*sx).ToString(), "i32[3]");
+  EXPECT_EQ(b.type(*mx).ToString(), "f64[]");
+  EXPECT_EQ(b.type(*sp).ToString(), "i32[]");
+  EXPECT_EQ(b.type(*ap).ToString(), "i32[]");
+  auto exe = MustCompile(b.Build({*sx, *mx, *sp, *ap, *pm}));
+  ASSERT_NE(exe, nullptr);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    std::vector<int32_t> xs;
+    std::vector<uint8_t> ps;
+    for (int s = 0; s < shards; ++s) {
+      for (int32_t v : {1, -2, 3, 2147483647, 5, s}) xs.push_back(v);
+      for (int v : {0, 0, 1, 1, 0, 1}) ps.push_back(static_cast<uint8_t>(v));
+    }
+    const auto out = RunGang(*exe, shards, {Bytes(xs), ps});
+    const auto got_sx = Values<int32_t>(out[0]);
+    const auto got_mx = Values<double>(out[1]);
+    const auto got_sp = Values<int32_t>(out[2]);
+    const auto got_ap = Values<int32_t>(out[3]);
+    const auto got_pm = Values<int32_t>(out[4]);
+    for (int s = 0; s < shards; ++s) {
+      EXPECT_EQ(got_sx[s * 3 + 0], -2147483647 - 1);  // 1 + INT32_MAX wraps, as numpy
+      EXPECT_EQ(got_sx[s * 3 + 1], 3);
+      EXPECT_EQ(got_sx[s * 3 + 2], 3 + s);
+      EXPECT_DOUBLE_EQ(got_mx[s], (1.0 - 2 + 3 + 2147483647.0 + 5 + s) / 6);
+      EXPECT_EQ(got_sp[s], 3);
+      EXPECT_EQ(got_ap[s], 2);
+      // pmean of int32 truncates toward zero: element 5 holds the shard index.
+      EXPECT_EQ(got_pm[s * 6 + 5], static_cast<int32_t>((shards - 1) / 2.0));
+      EXPECT_EQ(got_pm[s * 6 + 1], -2);
     }
   }
 }

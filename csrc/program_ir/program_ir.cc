@@ -28,6 +28,12 @@ absl::StatusOr<std::shared_ptr<const CompiledFunction>> CompiledFunction::Create
     return absl::InvalidArgumentError(
         absl::StrCat("pmap of '", executable->ir().name(), "' needs at least one device"));
   }
+  const int64_t axis_size = executable->ir().axis_size();
+  if (axis_size > 0 && axis_size != static_cast<int64_t>(devices.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pmap of '", executable->ir().name(), "' was traced for ", axis_size,
+        " shards but is placed on ", devices.size(), " devices"));
+  }
   std::vector<Device*> physical;
   physical.reserve(devices.size());
   for (const VirtualDevice& v : devices) physical.push_back(v.physical());

@@ -37,7 +37,20 @@ from pathways._devices import (
 )
 from pathways._program import Program, ProgramTracer, program
 from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_map, tree_unflatten
-from pathways._tracing import PmapFunction, Tracer, TracerError, pmap, psum, simulated_compute
+from pathways._tracing import (
+    PmapFunction,
+    Tracer,
+    TracerError,
+    all_gather,
+    axis_index,
+    pmap,
+    pmax,
+    pmean,
+    pmin,
+    ppermute,
+    psum,
+    simulated_compute,
+)
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways._tenancy import (
     Client,
@@ -133,6 +146,12 @@ __all__ = [
     # Compiled functions and programs.
     "pmap",
     "psum",
+    "pmean",
+    "pmax",
+    "pmin",
+    "axis_index",
+    "all_gather",
+    "ppermute",
     "program",
     "simulated_compute",
     "dispatch_mode",

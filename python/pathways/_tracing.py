@@ -14,6 +14,7 @@ every cache fill is guarded by a lock.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 import threading
 from typing import Any, Callable, NamedTuple, Optional, Sequence
@@ -23,7 +24,19 @@ import numpy as np
 from pathways import _core
 from pathways._pytree import PyTreeDef, flat_tuple_treedef, tree_flatten, tree_unflatten
 
-__all__ = ["TracerError", "Tracer", "PmapFunction", "pmap", "psum"]
+__all__ = [
+    "TracerError",
+    "Tracer",
+    "PmapFunction",
+    "pmap",
+    "psum",
+    "pmean",
+    "pmax",
+    "pmin",
+    "axis_index",
+    "all_gather",
+    "ppermute",
+]
 
 _ShardedBuffer = _core.ShardedBuffer
 _VirtualDevice = _core.VirtualDevice
@@ -189,8 +202,9 @@ class Tracer(_TracerBase):
     """A value inside a function traced by `pw.pmap`: one shard's array.
 
     Supports `+ - * / **` (also reflected), comparisons `< <= > >= == !=`
-    (giving bool values), `& | ^ ~` on bool values, unary `-`/`+`, `abs()` and
-    `.astype()`, with other traced values of the same trace, Python scalars
+    (giving bool values), `& | ^ ~` on bool values, unary `-`/`+`, `abs()`,
+    `.astype()` and the reductions `.sum() .mean() .max() .min() .argmax()`
+    (numpy's `axis` and `keepdims`), with other traced values of the same trace, Python scalars
     and numpy scalars and arrays; more ops are in `pathways.numpy`. Shapes
     broadcast as in numpy, and dtypes promote as in numpy (bool < int32 <
     float32 < float64, int32 with float32 gives float64; `/` of integers is
@@ -378,6 +392,40 @@ class Tracer(_TracerBase):
             )
         return Tracer(trace, trace.builder.convert(self._id, dt.name))
 
+    # --- Reductions (numpy semantics) ---------------------------------------
+
+    def _reduce(self, op: str, axis: Any, keepdims: bool) -> "Tracer":
+        trace = self._check()
+        if axis is None:
+            axes = None
+        elif isinstance(axis, (tuple, list)):
+            axes = [operator.index(a) for a in axis]
+        else:
+            axes = [operator.index(axis)]
+        return Tracer(trace, trace.builder.reduce(op, self._id, axes, bool(keepdims)))
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """Sum over `axis` (None, int or tuple), as numpy; bool/int32 sum to int32."""
+        return self._reduce("sum", axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """Mean over `axis`, as numpy; bool/int32 give float64."""
+        return self._reduce("mean", axis, keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """Maximum over `axis`, as numpy (NaN-propagating)."""
+        return self._reduce("max", axis, keepdims)
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """Minimum over `axis`, as numpy (NaN-propagating)."""
+        return self._reduce("min", axis, keepdims)
+
+    def argmax(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """Index of the first maximum along `axis` (None: flattened), as int32."""
+        if isinstance(axis, (tuple, list)):
+            raise TypeError(f"argmax takes an int axis or None, got {axis!r}")
+        return self._reduce("argmax", axis, keepdims)
+
     # --- Not traceable (yet) ------------------------------------------------
 
     def _unsupported(self, what: str) -> TracerError:
@@ -385,7 +433,8 @@ class Tracer(_TracerBase):
         return TracerError(
             f"{what} on traced values ({self.aval} in {self._trace.where()}) is not supported "
             "yet; supported operations: + - * / ** comparisons & | ^ ~ abs() .astype(), "
-            "pathways.numpy, pw.psum"
+            ".sum() .mean() .max() .min() .argmax(), pathways.numpy, pw.psum and the other "
+            "collectives"
         )
 
     def __floordiv__(self, other: Any) -> Any:
@@ -716,6 +765,7 @@ class PmapFunction:
     ) -> _Compiled:
         ir_name = _ir_name(self._name)
         b = _core.FunctionBuilder(ir_name, self._axis_name or "")
+        b.set_axis_size(len(devices))
         trace = _FunctionTrace(b, self._name, self._axis_name)
         st = _state
         prev = st.function
@@ -803,6 +853,115 @@ def pmap(
     if not callable(fn):
         raise TypeError(f"pmap expects a callable, got {fn!r}")
     return PmapFunction(fn, devices, axis_name)
+
+
+def _bound_trace(name: str, axis_name: str) -> "_FunctionTrace":
+    """The active trace if it binds `axis_name`; NameError otherwise."""
+    trace = _state.function
+    if trace is None:
+        raise NameError(
+            f"unbound axis name: {axis_name!r} ({name} must be called inside a function "
+            f"traced by pw.pmap with axis_name={axis_name!r})"
+        )
+    if trace.axis_name is None or axis_name != trace.axis_name:
+        bound = "no axis name" if trace.axis_name is None else repr(trace.axis_name)
+        raise NameError(f"unbound axis name: {axis_name!r} ({trace.where()} binds {bound})")
+    return trace
+
+
+def _pcollective(name: str, x: Any, axis_name: str) -> Any:
+    trace = _bound_trace(name, axis_name)
+    leaves, treedef = tree_flatten(x)
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, Tracer):
+            leaf._check()
+        elif isinstance(leaf, _TracerBase):
+            raise TracerError(
+                f"{name} of a traced program value ({leaf.aval}) inside {trace.where()}; pass "
+                "program values to pmap'd functions as arguments"
+            )
+        else:
+            leaf = trace.constant(leaf, None)
+        out.append(Tracer(trace, trace.builder.pcollective(name, leaf._id, axis_name)))
+    return tree_unflatten(treedef, out)
+
+
+def pmean(x: Any, axis_name: str) -> Any:
+    """Mean of `x` over the devices of axis `axis_name`, like `jax.lax.pmean`.
+
+    The result has the type of `x` (int32 truncates toward zero, as JAX).
+
+    Raises:
+      NameError: If `axis_name` is not bound by the enclosing pmap.
+    """
+    return _pcollective("pmean", x, axis_name)
+
+
+def pmax(x: Any, axis_name: str) -> Any:
+    """Elementwise maximum of `x` over the devices of axis `axis_name`, like `jax.lax.pmax`."""
+    return _pcollective("pmax", x, axis_name)
+
+
+def pmin(x: Any, axis_name: str) -> Any:
+    """Elementwise minimum of `x` over the devices of axis `axis_name`, like `jax.lax.pmin`."""
+    return _pcollective("pmin", x, axis_name)
+
+
+def axis_index(axis_name: str) -> Tracer:
+    """The index of this device along the pmap'd axis `axis_name` (an int32 scalar).
+
+    Raises:
+      NameError: If `axis_name` is not bound by the enclosing pmap.
+    """
+    trace = _bound_trace("axis_index", axis_name)
+    return Tracer(trace, trace.builder.axis_index(axis_name))
+
+
+def _map_leaves(name: str, x: Any, axis_name: str, fn: Callable[[Any, Tracer], int]) -> Any:
+    trace = _bound_trace(name, axis_name)
+    leaves, treedef = tree_flatten(x)
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, Tracer):
+            leaf._check()
+        elif isinstance(leaf, _TracerBase):
+            raise TracerError(
+                f"{name} of a traced program value ({leaf.aval}) inside {trace.where()}; pass "
+                "program values to pmap'd functions as arguments"
+            )
+        else:
+            leaf = trace.constant(leaf, None)
+        out.append(Tracer(trace, fn(trace.builder, leaf)))
+    return tree_unflatten(treedef, out)
+
+
+def all_gather(x: Any, axis_name: str, axis: int = 0) -> Any:
+    """Every device's `x` stacked along a new axis `axis`, like `jax.lax.all_gather`.
+
+    The new axis has size the number of devices of the pmap; entry `i` is the
+    value of device `i`.
+
+    Raises:
+      NameError: If `axis_name` is not bound by the enclosing pmap.
+      ValueError: If `axis` is out of range.
+    """
+    a = operator.index(axis)
+    return _map_leaves("all_gather", x, axis_name, lambda b, v: b.all_gather(v._id, axis_name, a))
+
+
+def ppermute(x: Any, axis_name: str, perm: Sequence[tuple]) -> Any:
+    """Sends `x` from device `source` to device `destination` for each pair of `perm`.
+
+    Like `jax.lax.ppermute`: devices that are no pair's destination receive
+    zeros. Each source and destination may appear at most once.
+
+    Raises:
+      NameError: If `axis_name` is not bound by the enclosing pmap.
+      ValueError: For an out-of-range or repeated source or destination.
+    """
+    pairs = [(operator.index(s), operator.index(d)) for s, d in perm]
+    return _map_leaves("ppermute", x, axis_name, lambda b, v: b.ppermute(v._id, axis_name, pairs))
 
 
 def psum(x: Any, axis_name: str) -> Any:

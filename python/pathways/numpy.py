@@ -47,6 +47,11 @@ __all__ = [
     "logical_or",
     "logical_xor",
     "logical_not",
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "argmax",
 ]
 
 float32 = _np.float32
@@ -201,3 +206,24 @@ def where(condition: Any, x: Any, y: Any) -> Any:
     xv = operand(x)
     yv = operand(y)
     return Tracer(trace, trace.builder.select(c._id, xv._id, yv._id))
+
+
+def _reduction(name: str, numpy_fn: Any) -> Any:
+    def fn(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        if _traced(name, (a,)):
+            return getattr(a, name)(axis=axis, keepdims=keepdims)
+        return numpy_fn(a, axis=axis, keepdims=keepdims)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (
+        f"`numpy.{name}(a, axis=None, keepdims=False)` of a traced value (or of a numpy array); "
+        "axis may be None, an int or (except argmax) a tuple; negative axes count from the end."
+    )
+    return fn
+
+
+sum = _reduction("sum", _np.sum)  # noqa: A001
+mean = _reduction("mean", _np.mean)
+max = _reduction("max", _np.max)  # noqa: A001
+min = _reduction("min", _np.min)  # noqa: A001
+argmax = _reduction("argmax", _np.argmax)
