@@ -870,21 +870,7 @@ def _bound_trace(name: str, axis_name: str) -> "_FunctionTrace":
 
 
 def _pcollective(name: str, x: Any, axis_name: str) -> Any:
-    trace = _bound_trace(name, axis_name)
-    leaves, treedef = tree_flatten(x)
-    out = []
-    for leaf in leaves:
-        if isinstance(leaf, Tracer):
-            leaf._check()
-        elif isinstance(leaf, _TracerBase):
-            raise TracerError(
-                f"{name} of a traced program value ({leaf.aval}) inside {trace.where()}; pass "
-                "program values to pmap'd functions as arguments"
-            )
-        else:
-            leaf = trace.constant(leaf, None)
-        out.append(Tracer(trace, trace.builder.pcollective(name, leaf._id, axis_name)))
-    return tree_unflatten(treedef, out)
+    return _map_leaves(name, x, axis_name, lambda b, leaf: b.pcollective(name, leaf._id, axis_name))
 
 
 def pmean(x: Any, axis_name: str) -> Any:
@@ -980,29 +966,7 @@ def psum(x: Any, axis_name: str) -> Any:
       NameError: If `axis_name` is not bound by the enclosing pmap, or there is
         no enclosing pmap.
     """
-    trace = _state.function
-    if trace is None:
-        raise NameError(
-            f"unbound axis name: {axis_name!r} (psum must be called inside a function "
-            f"traced by pw.pmap with axis_name={axis_name!r})"
-        )
-    if trace.axis_name is None or axis_name != trace.axis_name:
-        bound = "no axis name" if trace.axis_name is None else repr(trace.axis_name)
-        raise NameError(f"unbound axis name: {axis_name!r} ({trace.where()} binds {bound})")
-    leaves, treedef = tree_flatten(x)
-    out = []
-    for leaf in leaves:
-        if isinstance(leaf, Tracer):
-            leaf._check()
-        elif isinstance(leaf, _TracerBase):
-            raise TracerError(
-                f"psum of a traced program value ({leaf.aval}) inside {trace.where()}; pass "
-                "program values to pmap'd functions as arguments"
-            )
-        else:
-            leaf = trace.constant(leaf, None)
-        out.append(Tracer(trace, trace.builder.psum(leaf._id, axis_name)))
-    return tree_unflatten(treedef, out)
+    return _map_leaves("psum", x, axis_name, lambda b, leaf: b.psum(leaf._id, axis_name))
 
 
 def simulated_compute(x: Any, microseconds: float) -> Any:
