@@ -107,6 +107,31 @@ def test_threads_op_by_op(devices_of):
     assert run_threads(worker, 8) == []
 
 
+class _Counter:
+    """A Python thread that counts while the main thread blocks in the runtime.
+
+    If the runtime held the GIL while blocking, the count could not advance.
+    """
+
+    def __init__(self):
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.count += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(10)
+        assert not self._thread.is_alive()
+
+
 def test_gil_released_while_blocking(devices_of):
     tpus = devices_of(2)
 
@@ -119,28 +144,14 @@ def test_gil_released_while_blocking(devices_of):
     x = pw.device_put(np.ones((2, 4_000_000)), tpus)
     f(x).block_until_ready()  # compile and warm up
 
-    count = 0
-    stop = threading.Event()
-
-    def counter():
-        nonlocal count
-        while not stop.is_set():
-            count += 1
-
-    th = threading.Thread(target=counter, daemon=True)
-    th.start()
-    try:
+    with _Counter() as counter:
         time.sleep(0.01)
         out = f(x)
-        before = count
+        before = counter.count
         start = time.perf_counter()
         out.block_until_ready()
         waited = time.perf_counter() - start
-        advanced = count - before
-    finally:
-        stop.set()
-        th.join(10)
-    assert not th.is_alive()
+        advanced = counter.count - before
     assert waited > 0.02, f"the computation finished too quickly to test ({waited:.4f} s)"
     # With the GIL held while blocking, the counter could not advance at all.
     assert advanced > 10_000, f"counter advanced only {advanced} in {waited:.3f} s"
@@ -162,26 +173,13 @@ def test_gil_released_in_await_quiescence(devices_of):
     f = pw.pmap(chain, devices=tpus)
     x = pw.device_put(np.zeros((2, 4_000_000)), tpus)
     f(x).block_until_ready()
-    count = 0
-    stop = threading.Event()
-
-    def counter():
-        nonlocal count
-        while not stop.is_set():
-            count += 1
-
-    th = threading.Thread(target=counter, daemon=True)
-    th.start()
-    try:
+    with _Counter() as counter:
         out = f(x)
-        before = count
+        before = counter.count
         start = time.perf_counter()
         _core.await_quiescence()
         waited = time.perf_counter() - start
-        advanced = count - before
-    finally:
-        stop.set()
-        th.join(10)
+        advanced = counter.count - before
     assert out.is_ready()
     if waited > 0.02:
         assert advanced > 10_000, f"counter advanced only {advanced} in {waited:.3f} s"
