@@ -108,13 +108,14 @@ class _TracerBase:
 class _FunctionTrace:
     """One trace of a pmap'd function: its builder and whether it is still running."""
 
-    __slots__ = ("builder", "name", "axis_name", "active")
+    __slots__ = ("builder", "name", "axis_name", "active", "tapes")
 
     def __init__(self, builder: Any, name: str, axis_name: Optional[str]):
         self.builder = builder
         self.name = name
         self.axis_name = axis_name
         self.active = True
+        self.tapes: list = []  # gradient tapes recording this trace (pathways._autodiff)
 
     def where(self) -> str:
         return f"pmap of {self.name!r}"
@@ -198,6 +199,72 @@ _BINARY_SYMBOL = {
 }
 
 
+# --- Primitives -------------------------------------------------------------
+#
+# Every op a function trace records goes through `bind`: it emits the op into
+# the trace's builder and shows it to the trace's active gradient tapes
+# (pathways._autodiff), which is how `pw.grad` sees the computation. A
+# primitive is named by its IR op name; `_EMITTERS` maps it to the builder
+# call.
+
+_BINARY_PRIMS = ("add", "sub", "mul", "div", "pow", "max", "min", "eq", "ne", "lt", "le", "gt",
+                 "ge", "and", "or", "xor")
+_UNARY_PRIMS = ("neg", "abs", "exp", "log", "tanh", "sqrt", "rsqrt", "sin", "cos", "not")
+
+
+def _emit_binary(op: str) -> Callable[..., int]:
+    return lambda b, x, y: b.binary(op, x, y)
+
+
+def _emit_unary(op: str) -> Callable[..., int]:
+    return lambda b, x: b.unary(op, x)
+
+
+def _emit_pcollective(op: str) -> Callable[..., int]:
+    return lambda b, x, axis_name: b.pcollective(op, x, axis_name)
+
+
+_EMITTERS: dict = {
+    **{op: _emit_binary(op) for op in _BINARY_PRIMS},
+    **{op: _emit_unary(op) for op in _UNARY_PRIMS},
+    "convert": lambda b, x, dtype: b.convert(x, dtype),
+    "select": lambda b, c, x, y: b.select(c, x, y),
+    "reduce": lambda b, x, kind, axes, keepdims: b.reduce(kind, x, axes, keepdims),
+    "psum": lambda b, x, axis_name: b.psum(x, axis_name),
+    "pmean": _emit_pcollective("pmean"),
+    "pmax": _emit_pcollective("pmax"),
+    "pmin": _emit_pcollective("pmin"),
+    "axis_index": lambda b, axis_name: b.axis_index(axis_name),
+    "all_gather": lambda b, x, axis_name, axis: b.all_gather(x, axis_name, axis),
+    "ppermute": lambda b, x, axis_name, perm: b.ppermute(x, axis_name, perm),
+    "simulated_compute": lambda b, x, microseconds: b.simulated_compute(x, microseconds),
+}
+
+
+def bind(trace: "_FunctionTrace", prim: str, operands: Sequence["Tracer"], **params: Any) -> "Tracer":
+    """Records primitive `prim` on `operands` (traced values of `trace`).
+
+    Args:
+      trace: The active function trace.
+      prim: A key of `_EMITTERS` (the IR op name).
+      operands: Traced values of `trace`, checked by the caller.
+      **params: The primitive's static parameters, as its emitter takes them.
+
+    Returns:
+      The traced result. When the builder returns an operand itself (e.g. a
+      cast to the same dtype), no op was recorded and no tape sees one.
+
+    Raises:
+      ValueError, TypeError: From the builder, naming the op and the shapes.
+    """
+    ids = [t._id for t in operands]
+    out = _EMITTERS[prim](trace.builder, *ids, **params)
+    if trace.tapes and out not in ids:
+        for tape in trace.tapes:
+            tape.record(prim, ids, out, params)
+    return Tracer(trace, out)
+
+
 class Tracer(_TracerBase):
     """A value inside a function traced by `pw.pmap`: one shard's array.
 
@@ -243,13 +310,13 @@ class Tracer(_TracerBase):
             raise _escaped(self)
         return trace
 
-    def _operand(self, other: Any) -> Optional[int]:
-        """The value id of `other` as an operand, or None if unsupported."""
+    def _operand(self, other: Any) -> Optional["Tracer"]:
+        """`other` as a traced operand (constants are added), or None if unsupported."""
         trace = self._trace
         if isinstance(other, Tracer):
             if other._trace is not trace or not other._trace.active:
                 raise _escaped(other)
-            return other._id
+            return other
         if isinstance(other, _TracerBase):
             raise TracerError(
                 f"{trace.where()} uses a traced program value ({other.aval}) that was not "
@@ -259,16 +326,15 @@ class Tracer(_TracerBase):
         if isinstance(other, (bool, int, float, np.generic, np.ndarray)):
             if isinstance(other, (np.generic, np.ndarray)) and other.dtype.kind not in "biuf":
                 return None
-            return trace.constant(other, self.dtype)._id
+            return trace.constant(other, self.dtype)
         return None
 
     def _binary(self, op: str, other: Any, reflected: bool) -> Any:
         trace = self._check()
-        oid = self._operand(other)
-        if oid is None:
+        o = self._operand(other)
+        if o is None:
             return NotImplemented
-        a, b = (oid, self._id) if reflected else (self._id, oid)
-        return Tracer(trace, trace.builder.binary(op, a, b))
+        return bind(trace, op, (o, self) if reflected else (self, o))
 
     def __add__(self, other: Any) -> Any:
         return self._binary("add", other, False)
@@ -353,7 +419,7 @@ class Tracer(_TracerBase):
 
     def _unary(self, op: str) -> "Tracer":
         trace = self._check()
-        return Tracer(trace, trace.builder.unary(op, self._id))
+        return bind(trace, op, (self,))
 
     def __invert__(self) -> "Tracer":
         self._check()
@@ -366,7 +432,7 @@ class Tracer(_TracerBase):
 
     def __neg__(self) -> "Tracer":
         trace = self._check()
-        return Tracer(trace, trace.builder.neg(self._id))
+        return bind(trace, "neg", (self,))
 
     def __pos__(self) -> "Tracer":
         self._check()
@@ -390,7 +456,7 @@ class Tracer(_TracerBase):
                 f"astype of a traced value ({self.aval} in {trace.where()}) to {dt}: "
                 f"supported dtypes: {_SUPPORTED_DTYPE_NAMES}"
             )
-        return Tracer(trace, trace.builder.convert(self._id, dt.name))
+        return bind(trace, "convert", (self,), dtype=dt.name)
 
     # --- Reductions (numpy semantics) ---------------------------------------
 
@@ -402,7 +468,7 @@ class Tracer(_TracerBase):
             axes = [operator.index(a) for a in axis]
         else:
             axes = [operator.index(axis)]
-        return Tracer(trace, trace.builder.reduce(op, self._id, axes, bool(keepdims)))
+        return bind(trace, "reduce", (self,), kind=op, axes=axes, keepdims=bool(keepdims))
 
     def sum(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
         """Sum over `axis` (None, int or tuple), as numpy; bool/int32 sum to int32."""
@@ -870,7 +936,7 @@ def _bound_trace(name: str, axis_name: str) -> "_FunctionTrace":
 
 
 def _pcollective(name: str, x: Any, axis_name: str) -> Any:
-    return _map_leaves(name, x, axis_name, lambda b, leaf: b.pcollective(name, leaf._id, axis_name))
+    return _map_leaves(name, x, axis_name)
 
 
 def pmean(x: Any, axis_name: str) -> Any:
@@ -901,10 +967,11 @@ def axis_index(axis_name: str) -> Tracer:
       NameError: If `axis_name` is not bound by the enclosing pmap.
     """
     trace = _bound_trace("axis_index", axis_name)
-    return Tracer(trace, trace.builder.axis_index(axis_name))
+    return bind(trace, "axis_index", (), axis_name=axis_name)
 
 
-def _map_leaves(name: str, x: Any, axis_name: str, fn: Callable[[Any, Tracer], int]) -> Any:
+def _map_leaves(name: str, x: Any, axis_name: str, **params: Any) -> Any:
+    """Binds collective `name` over axis `axis_name` to every leaf of pytree `x`."""
     trace = _bound_trace(name, axis_name)
     leaves, treedef = tree_flatten(x)
     out = []
@@ -918,7 +985,7 @@ def _map_leaves(name: str, x: Any, axis_name: str, fn: Callable[[Any, Tracer], i
             )
         else:
             leaf = trace.constant(leaf, None)
-        out.append(Tracer(trace, fn(trace.builder, leaf)))
+        out.append(bind(trace, name, (leaf,), axis_name=axis_name, **params))
     return tree_unflatten(treedef, out)
 
 
@@ -933,7 +1000,7 @@ def all_gather(x: Any, axis_name: str, axis: int = 0) -> Any:
       ValueError: If `axis` is out of range.
     """
     a = operator.index(axis)
-    return _map_leaves("all_gather", x, axis_name, lambda b, v: b.all_gather(v._id, axis_name, a))
+    return _map_leaves("all_gather", x, axis_name, axis=a)
 
 
 def ppermute(x: Any, axis_name: str, perm: Sequence[tuple]) -> Any:
@@ -947,7 +1014,7 @@ def ppermute(x: Any, axis_name: str, perm: Sequence[tuple]) -> Any:
       ValueError: For an out-of-range or repeated source or destination.
     """
     pairs = [(operator.index(s), operator.index(d)) for s, d in perm]
-    return _map_leaves("ppermute", x, axis_name, lambda b, v: b.ppermute(v._id, axis_name, pairs))
+    return _map_leaves("ppermute", x, axis_name, perm=pairs)
 
 
 def psum(x: Any, axis_name: str) -> Any:
@@ -966,7 +1033,7 @@ def psum(x: Any, axis_name: str) -> Any:
       NameError: If `axis_name` is not bound by the enclosing pmap, or there is
         no enclosing pmap.
     """
-    return _map_leaves("psum", x, axis_name, lambda b, leaf: b.psum(leaf._id, axis_name))
+    return _map_leaves("psum", x, axis_name)
 
 
 def simulated_compute(x: Any, microseconds: float) -> Any:
@@ -1003,5 +1070,5 @@ def simulated_compute(x: Any, microseconds: float) -> Any:
                 f"simulated_compute in {trace.where()} needs traced values, got {type(leaf).__name__}"
             )
         leaf._check()
-        out.append(Tracer(trace, trace.builder.simulated_compute(leaf._id, float(microseconds))))
+        out.append(bind(trace, "simulated_compute", (leaf,), microseconds=float(microseconds)))
     return tree_unflatten(treedef, out)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as _np
 
-from pathways._tracing import Tracer, TracerError, _TracerBase, _state
+from pathways._tracing import Tracer, TracerError, _TracerBase, bind
 
 __all__ = [
     "float32",
@@ -205,7 +205,7 @@ def where(condition: Any, x: Any, y: Any) -> Any:
     c = _as_bool(trace, condition)
     xv = operand(x)
     yv = operand(y)
-    return Tracer(trace, trace.builder.select(c._id, xv._id, yv._id))
+    return bind(trace, "select", (c, xv, yv))
 
 
 def _reduction(name: str, numpy_fn: Any) -> Any:
