@@ -122,6 +122,49 @@ void RegisterFunctionIr(py::module_& m) {
                           const std::vector<std::pair<int64_t, int64_t>>& perm) {
         return ValueOrThrow(b.Ppermute(x, axis, perm));
       }, py::arg("x"), py::arg("axis_name"), py::arg("perm"))
+      .def("copy", [](FunctionBuilder& b, int32_t x) { return ValueOrThrow(b.Copy(x)); },
+           py::arg("x"))
+      .def("reshape", [](FunctionBuilder& b, int32_t x, const std::vector<int64_t>& shape) {
+        return ValueOrThrow(b.Reshape(x, ToDims(shape)));
+      }, py::arg("x"), py::arg("shape"))
+      .def("broadcast_to", [](FunctionBuilder& b, int32_t x, const std::vector<int64_t>& shape) {
+        return ValueOrThrow(b.BroadcastTo(x, ToDims(shape)));
+      }, py::arg("x"), py::arg("shape"))
+      .def("transpose", [](FunctionBuilder& b, int32_t x, const std::vector<int64_t>& perm) {
+        return ValueOrThrow(b.Transpose(x, perm));
+      }, py::arg("x"), py::arg("perm"))
+      .def("slice", [](FunctionBuilder& b, int32_t x, const std::vector<int64_t>& start,
+                       const std::vector<int64_t>& limit, const std::vector<int64_t>& step) {
+        return ValueOrThrow(b.Slice(x, start, limit, step));
+      }, py::arg("x"), py::arg("start"), py::arg("limit"), py::arg("step"))
+      .def("rev", [](FunctionBuilder& b, int32_t x, const std::vector<int64_t>& axes) {
+        return ValueOrThrow(b.Rev(x, axes));
+      }, py::arg("x"), py::arg("axes"))
+      .def("pad", [](FunctionBuilder& b, int32_t x, const std::vector<int64_t>& lo,
+                     const std::vector<int64_t>& hi, const std::vector<int64_t>& interior) {
+        return ValueOrThrow(b.Pad(x, lo, hi, interior));
+      }, py::arg("x"), py::arg("lo"), py::arg("hi"), py::arg("interior"))
+      .def("concatenate", [](FunctionBuilder& b, const std::vector<int32_t>& xs, int64_t axis) {
+        return ValueOrThrow(b.Concatenate(xs, axis));
+      }, py::arg("xs"), py::arg("axis"))
+      .def("take", [](FunctionBuilder& b, int32_t x, int32_t indices, int64_t axis) {
+        return ValueOrThrow(b.Take(x, indices, axis));
+      }, py::arg("x"), py::arg("indices"), py::arg("axis"))
+      .def("scatter_add", [](FunctionBuilder& b, int32_t updates, int32_t indices, int64_t axis,
+                             int64_t size) {
+        return ValueOrThrow(b.ScatterAdd(updates, indices, axis, size));
+      }, py::arg("updates"), py::arg("indices"), py::arg("axis"), py::arg("size"))
+      .def("matmul", [](FunctionBuilder& b, int32_t x, int32_t y) {
+        return ValueOrThrow(b.Matmul(x, y));
+      }, py::arg("a"), py::arg("b"))
+      .def("all_to_all", [](FunctionBuilder& b, int32_t x, const std::string& axis,
+                            int64_t split_axis, int64_t concat_axis) {
+        return ValueOrThrow(b.AllToAll(x, axis, split_axis, concat_axis));
+      }, py::arg("x"), py::arg("axis_name"), py::arg("split_axis"), py::arg("concat_axis"))
+      .def("psum_scatter", [](FunctionBuilder& b, int32_t x, const std::string& axis,
+                              int64_t scatter_dimension) {
+        return ValueOrThrow(b.PsumScatter(x, axis, scatter_dimension));
+      }, py::arg("x"), py::arg("axis_name"), py::arg("scatter_dimension"))
       .def("simulated_compute", [](FunctionBuilder& b, int32_t x, double microseconds) {
         return ValueOrThrow(b.SimulatedCompute(x, static_cast<int64_t>(microseconds * 1000.0)));
       }, py::arg("x"), py::arg("microseconds"))

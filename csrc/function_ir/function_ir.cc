@@ -171,6 +171,32 @@ absl::string_view OpKindName(OpKind kind) {
       return "all_gather";
     case OpKind::kPpermute:
       return "ppermute";
+    case OpKind::kCopy:
+      return "copy";
+    case OpKind::kReshape:
+      return "reshape";
+    case OpKind::kBroadcastTo:
+      return "broadcast_to";
+    case OpKind::kTranspose:
+      return "transpose";
+    case OpKind::kSlice:
+      return "slice";
+    case OpKind::kRev:
+      return "rev";
+    case OpKind::kPad:
+      return "pad";
+    case OpKind::kConcatenate:
+      return "concatenate";
+    case OpKind::kTake:
+      return "take";
+    case OpKind::kScatterAdd:
+      return "scatter_add";
+    case OpKind::kMatmul:
+      return "matmul";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kPsumScatter:
+      return "psum_scatter";
   }
   return "unknown";
 }
@@ -195,7 +221,7 @@ namespace {
 bool IsCollective(OpKind kind) {
   return kind == OpKind::kPsum || kind == OpKind::kPmean || kind == OpKind::kPmax ||
          kind == OpKind::kPmin || kind == OpKind::kAxisIndex || kind == OpKind::kAllGather ||
-         kind == OpKind::kPpermute;
+         kind == OpKind::kPpermute || kind == OpKind::kAllToAll || kind == OpKind::kPsumScatter;
 }
 }  // namespace
 
@@ -223,13 +249,44 @@ std::string FunctionIr::ToText() const {
     }
     if (op.kind == OpKind::kReduce) {
       absl::StrAppend(&text, ReduceKindName(op.reduce_kind), "[axes=(",
-                      absl::StrJoin(op.reduce_axes, ","), ")",
+                      absl::StrJoin(op.axes, ","), ")",
                       op.keepdims ? ",keepdims" : "", "]");
     } else {
       absl::StrAppendFormat(&text, "%s", OpKindName(op.kind));
     }
     if (IsCollective(op.kind)) absl::StrAppend(&text, "[", op.axis_name, "]");
-    if (op.kind == OpKind::kAllGather) absl::StrAppend(&text, "[axis=", op.gather_axis, "]");
+    switch (op.kind) {
+      case OpKind::kAllGather:
+      case OpKind::kConcatenate:
+      case OpKind::kTake:
+      case OpKind::kPsumScatter:
+        absl::StrAppend(&text, "[axis=", op.axis, "]");
+        break;
+      case OpKind::kScatterAdd:
+        absl::StrAppend(&text, "[axis=", op.axis, "]");
+        break;
+      case OpKind::kAllToAll:
+        absl::StrAppend(&text, "[split=", op.axis, ",concat=", op.concat_axis, "]");
+        break;
+      case OpKind::kTranspose:
+        absl::StrAppend(&text, "[perm=(", absl::StrJoin(op.axes, ","), ")]");
+        break;
+      case OpKind::kRev:
+        absl::StrAppend(&text, "[axes=(", absl::StrJoin(op.axes, ","), ")]");
+        break;
+      case OpKind::kSlice:
+        absl::StrAppend(&text, "[start=(", absl::StrJoin(op.slice_start, ","), "),limit=(",
+                        absl::StrJoin(op.slice_limit, ","), "),step=(",
+                        absl::StrJoin(op.slice_step, ","), ")]");
+        break;
+      case OpKind::kPad:
+        absl::StrAppend(&text, "[lo=(", absl::StrJoin(op.pad_lo, ","), "),hi=(",
+                        absl::StrJoin(op.pad_hi, ","), "),interior=(",
+                        absl::StrJoin(op.pad_interior, ","), ")]");
+        break;
+      default:
+        break;
+    }
     if (op.kind == OpKind::kPpermute) {
       absl::StrAppend(&text, "[sources=(", absl::StrJoin(op.perm_source, ","), ")]");
     }
@@ -519,7 +576,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Reduce(ReduceKind kind, int32_t x,
   op.operands = {x};
   op.type = ValueType{kind == ReduceKind::kArgmax ? DType::kI32 : dtype, std::move(dims)};
   op.reduce_kind = kind;
-  op.reduce_axes = std::move(red_axes);
+  op.axes = std::move(red_axes);
   op.keepdims = keepdims;
   return Add(std::move(op));
 }
@@ -556,7 +613,7 @@ absl::StatusOr<int32_t> FunctionBuilder::AllGather(int32_t x, absl::string_view 
   op.operands = {x};
   op.type = ValueType{tx.dtype, std::move(dims)};
   op.axis_name = std::string(axis_name);
-  op.gather_axis = a;
+  op.axis = a;
   return Add(std::move(op));
 }
 
@@ -590,6 +647,379 @@ absl::StatusOr<int32_t> FunctionBuilder::Ppermute(
   op.type = type(x);
   op.axis_name = std::string(axis_name);
   op.perm_source = std::move(source);
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int64_t> FunctionBuilder::NormalizeAxis(absl::string_view op, int64_t axis,
+                                                        int64_t rank,
+                                                        const ValueType& type) const {
+  if (axis < -rank || axis >= rank) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: axis %d is out of range for %s", op, axis, type.ToString()));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+namespace {
+
+std::string DimsString(absl::Span<const int64_t> dims) {
+  return absl::StrCat("(", absl::StrJoin(dims, ", "), ")");
+}
+
+// An error unless `v` has one entry per dimension of `t`.
+absl::Status CheckPerDim(absl::string_view op, absl::string_view what,
+                         const std::vector<int64_t>& v, const ValueType& t) {
+  if (v.size() != t.dims.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %s has %d entries for %s of rank %d", op, what, v.size(), t.ToString(),
+        t.dims.size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int32_t> FunctionBuilder::Copy(int32_t x) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "copy"));
+  return AddOp(OpKind::kCopy, {x}, type(x));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Reshape(int32_t x, Dims dims) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "reshape"));
+  const ValueType tx = type(x);
+  if (std::any_of(dims.begin(), dims.end(), [](int64_t d) { return d < 0; }) ||
+      NumElements(dims) != tx.num_elements()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "reshape: cannot reshape %s (%d elements) to shape %s", tx.ToString(),
+        tx.num_elements(), DimsString(dims)));
+  }
+  if (dims == tx.dims) return x;
+  return AddOp(OpKind::kReshape, {x}, ValueType{tx.dtype, std::move(dims)});
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::BroadcastTo(int32_t x, Dims dims) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "broadcast_to"));
+  const ValueType tx = type(x);
+  Dims out;
+  if (tx.dims.size() > dims.size() || !BroadcastDims(tx.dims, dims, &out) || out != dims ||
+      std::any_of(dims.begin(), dims.end(), [](int64_t d) { return d < 0; })) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "broadcast_to: cannot broadcast %s to shape %s", tx.ToString(), DimsString(dims)));
+  }
+  if (dims == tx.dims) return x;
+  return AddOp(OpKind::kBroadcastTo, {x}, ValueType{tx.dtype, std::move(dims)});
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Transpose(int32_t x, const std::vector<int64_t>& perm) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "transpose"));
+  const ValueType tx = type(x);
+  const int64_t rank = static_cast<int64_t>(tx.dims.size());
+  std::vector<int64_t> axes;
+  std::vector<bool> seen(rank, false);
+  bool ok = static_cast<int64_t>(perm.size()) == rank;
+  for (int64_t a : perm) {
+    if (!ok) break;
+    const int64_t k = a < 0 ? a + rank : a;
+    ok = k >= 0 && k < rank && !seen[k];
+    if (ok) seen[k] = true;
+    axes.push_back(k);
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "transpose: axes %s are not a permutation of the %d dimensions of %s",
+        DimsString(perm), rank, tx.ToString()));
+  }
+  bool identity = true;
+  Dims dims;
+  for (int64_t d = 0; d < rank; ++d) {
+    identity = identity && axes[d] == d;
+    dims.push_back(tx.dims[axes[d]]);
+  }
+  if (identity) return x;
+  Op op;
+  op.kind = OpKind::kTranspose;
+  op.operands = {x};
+  op.type = ValueType{tx.dtype, std::move(dims)};
+  op.axes = std::move(axes);
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Slice(int32_t x, const std::vector<int64_t>& start,
+                                               const std::vector<int64_t>& limit,
+                                               const std::vector<int64_t>& step) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "slice"));
+  const ValueType tx = type(x);
+  PW_RETURN_IF_ERROR(CheckPerDim("slice", "start", start, tx));
+  PW_RETURN_IF_ERROR(CheckPerDim("slice", "limit", limit, tx));
+  PW_RETURN_IF_ERROR(CheckPerDim("slice", "step", step, tx));
+  Dims dims;
+  bool identity = true;
+  for (size_t d = 0; d < tx.dims.size(); ++d) {
+    if (!(0 <= start[d] && start[d] <= limit[d] && limit[d] <= tx.dims[d] && step[d] >= 1)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "slice: [%d:%d:%d] is not a valid slice of dimension %d of %s", start[d], limit[d],
+          step[d], d, tx.ToString()));
+    }
+    dims.push_back((limit[d] - start[d] + step[d] - 1) / step[d]);
+    identity = identity && dims.back() == tx.dims[d];
+  }
+  if (identity) return x;
+  Op op;
+  op.kind = OpKind::kSlice;
+  op.operands = {x};
+  op.type = ValueType{tx.dtype, std::move(dims)};
+  op.slice_start = start;
+  op.slice_limit = limit;
+  op.slice_step = step;
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Rev(int32_t x, const std::vector<int64_t>& axes) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "rev"));
+  const ValueType tx = type(x);
+  const int64_t rank = static_cast<int64_t>(tx.dims.size());
+  std::vector<bool> rev(rank, false);
+  for (int64_t a : axes) {
+    PW_ASSIGN_OR_RETURN(const int64_t k, NormalizeAxis("rev", a, rank, tx));
+    if (rev[k]) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("rev: axis %d is repeated for %s", a, tx.ToString()));
+    }
+    rev[k] = true;
+  }
+  std::vector<int64_t> sorted;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (rev[d] && tx.dims[d] > 1) sorted.push_back(d);
+  }
+  if (sorted.empty()) return x;
+  Op op;
+  op.kind = OpKind::kRev;
+  op.operands = {x};
+  op.type = tx;
+  op.axes = std::move(sorted);
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Pad(int32_t x, const std::vector<int64_t>& lo,
+                                             const std::vector<int64_t>& hi,
+                                             const std::vector<int64_t>& interior) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "pad"));
+  const ValueType tx = type(x);
+  PW_RETURN_IF_ERROR(CheckPerDim("pad", "lo", lo, tx));
+  PW_RETURN_IF_ERROR(CheckPerDim("pad", "hi", hi, tx));
+  PW_RETURN_IF_ERROR(CheckPerDim("pad", "interior", interior, tx));
+  Dims dims;
+  bool identity = true;
+  for (size_t d = 0; d < tx.dims.size(); ++d) {
+    if (lo[d] < 0 || hi[d] < 0 || interior[d] < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "pad: negative padding (%d, %d, interior %d) for dimension %d of %s", lo[d], hi[d],
+          interior[d], d, tx.ToString()));
+    }
+    const int64_t n = tx.dims[d];
+    dims.push_back(lo[d] + n + std::max<int64_t>(n - 1, 0) * interior[d] + hi[d]);
+    identity = identity && dims.back() == n;
+  }
+  if (identity) return x;
+  Op op;
+  op.kind = OpKind::kPad;
+  op.operands = {x};
+  op.type = ValueType{tx.dtype, std::move(dims)};
+  op.pad_lo = lo;
+  op.pad_hi = hi;
+  op.pad_interior = interior;
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Concatenate(absl::Span<const int32_t> xs,
+                                                     int64_t axis) {
+  if (xs.empty()) {
+    return absl::InvalidArgumentError("concatenate: needs at least one operand");
+  }
+  for (int32_t x : xs) PW_RETURN_IF_ERROR(CheckValue(x, "concatenate"));
+  const ValueType t0 = type(xs[0]);
+  const int64_t rank = static_cast<int64_t>(t0.dims.size());
+  if (rank == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "concatenate: zero-dimensional operand %s cannot be concatenated", t0.ToString()));
+  }
+  PW_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis("concatenate", axis, rank, t0));
+  Dims dims = t0.dims;
+  dims[a] = 0;
+  DType dtype = t0.dtype;
+  for (int32_t x : xs) {
+    const ValueType& t = type(x);
+    bool ok = static_cast<int64_t>(t.dims.size()) == rank;
+    for (int64_t d = 0; ok && d < rank; ++d) ok = d == a || t.dims[d] == t0.dims[d];
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "concatenate: %s and %s do not match off axis %d", t0.ToString(), t.ToString(), a));
+    }
+    dims[a] += t.dims[a];
+    dtype = PromoteTypes(dtype, t.dtype);
+  }
+  if (xs.size() == 1) return xs[0];
+  absl::InlinedVector<int32_t, 2> operands;
+  for (int32_t x : xs) {
+    PW_ASSIGN_OR_RETURN(const int32_t c, Convert(x, dtype));
+    operands.push_back(c);
+  }
+  Op op;
+  op.kind = OpKind::kConcatenate;
+  op.operands = std::move(operands);
+  op.type = ValueType{dtype, std::move(dims)};
+  op.axis = a;
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Take(int32_t x, int32_t indices, int64_t axis) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "take"));
+  PW_RETURN_IF_ERROR(CheckValue(indices, "take"));
+  const ValueType tx = type(x);
+  const ValueType ti = type(indices);
+  if (ti.dtype != DType::kI32) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("take: indices must be int32, got %s", ti.ToString()));
+  }
+  const int64_t rank = static_cast<int64_t>(tx.dims.size());
+  if (rank == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("take: cannot index into zero-dimensional %s", tx.ToString()));
+  }
+  PW_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis("take", axis, rank, tx));
+  if (tx.dims[a] == 0 && ti.num_elements() > 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "take: cannot take from empty axis %d of %s", a, tx.ToString()));
+  }
+  Dims dims(tx.dims.begin(), tx.dims.begin() + a);
+  dims.insert(dims.end(), ti.dims.begin(), ti.dims.end());
+  dims.insert(dims.end(), tx.dims.begin() + a + 1, tx.dims.end());
+  Op op;
+  op.kind = OpKind::kTake;
+  op.operands = {x, indices};
+  op.type = ValueType{tx.dtype, std::move(dims)};
+  op.axis = a;
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::ScatterAdd(int32_t updates, int32_t indices,
+                                                    int64_t axis, int64_t size) {
+  PW_RETURN_IF_ERROR(CheckValue(updates, "scatter_add"));
+  PW_RETURN_IF_ERROR(CheckValue(indices, "scatter_add"));
+  const ValueType tu = type(updates);
+  const ValueType ti = type(indices);
+  if (ti.dtype != DType::kI32) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("scatter_add: indices must be int32, got %s", ti.ToString()));
+  }
+  if (tu.dtype == DType::kBool) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("scatter_add: updates must be numeric, got %s", tu.ToString()));
+  }
+  const int64_t irank = static_cast<int64_t>(ti.dims.size());
+  const int64_t urank = static_cast<int64_t>(tu.dims.size());
+  const bool fits = axis >= 0 && axis + irank <= urank && size >= 1 &&
+                    std::equal(ti.dims.begin(), ti.dims.end(), tu.dims.begin() + axis);
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "scatter_add: updates %s do not hold indices %s at axis %d (size %d)", tu.ToString(),
+        ti.ToString(), axis, size));
+  }
+  Dims dims(tu.dims.begin(), tu.dims.begin() + axis);
+  dims.push_back(size);
+  dims.insert(dims.end(), tu.dims.begin() + axis + irank, tu.dims.end());
+  Op op;
+  op.kind = OpKind::kScatterAdd;
+  op.operands = {updates, indices};
+  op.type = ValueType{tu.dtype, std::move(dims)};
+  op.axis = axis;
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Matmul(int32_t a, int32_t b) {
+  PW_RETURN_IF_ERROR(CheckValue(a, "matmul"));
+  PW_RETURN_IF_ERROR(CheckValue(b, "matmul"));
+  const ValueType ta = type(a);
+  const ValueType tb = type(b);
+  const size_t ra = ta.dims.size();
+  const size_t rb = tb.dims.size();
+  if (ra < 2 || rb < 2) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "matmul: operands need rank >= 2, got %s and %s", ta.ToString(), tb.ToString()));
+  }
+  Dims batch;
+  if (ta.dims[ra - 1] != tb.dims[rb - 2] ||
+      !BroadcastDims(absl::MakeConstSpan(ta.dims).subspan(0, ra - 2),
+                     absl::MakeConstSpan(tb.dims).subspan(0, rb - 2), &batch)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "matmul: incompatible shapes %s and %s", ta.ToString(), tb.ToString()));
+  }
+  const DType dtype = PromoteTypes(ta.dtype, tb.dtype);
+  PW_ASSIGN_OR_RETURN(a, Convert(a, dtype));
+  PW_ASSIGN_OR_RETURN(b, Convert(b, dtype));
+  batch.push_back(ta.dims[ra - 2]);
+  batch.push_back(tb.dims[rb - 1]);
+  return AddOp(OpKind::kMatmul, {a, b}, ValueType{dtype, std::move(batch)});
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::AllToAll(int32_t x, absl::string_view axis_name,
+                                                  int64_t split_axis, int64_t concat_axis) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "all_to_all"));
+  PW_RETURN_IF_ERROR(CheckAxisName("all_to_all", axis_name));
+  const int64_t n = ir_->axis_size_;
+  if (n < 1) {
+    return absl::FailedPreconditionError(
+        "all_to_all: the number of shards is unknown (FunctionBuilder::SetAxisSize)");
+  }
+  const ValueType tx = type(x);
+  const int64_t rank = static_cast<int64_t>(tx.dims.size());
+  PW_ASSIGN_OR_RETURN(const int64_t s, NormalizeAxis("all_to_all", split_axis, rank, tx));
+  PW_ASSIGN_OR_RETURN(const int64_t c, NormalizeAxis("all_to_all", concat_axis, rank, tx));
+  if (tx.dims[s] % n != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "all_to_all: split axis %d of %s does not divide into %d shards", s, tx.ToString(), n));
+  }
+  Dims dims = tx.dims;
+  dims[s] /= n;
+  dims[c] *= n;
+  Op op;
+  op.kind = OpKind::kAllToAll;
+  op.operands = {x};
+  op.type = ValueType{tx.dtype, std::move(dims)};
+  op.axis_name = std::string(axis_name);
+  op.axis = s;
+  op.concat_axis = c;
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::PsumScatter(int32_t x, absl::string_view axis_name,
+                                                     int64_t axis) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "psum_scatter"));
+  PW_RETURN_IF_ERROR(CheckAxisName("psum_scatter", axis_name));
+  const int64_t n = ir_->axis_size_;
+  if (n < 1) {
+    return absl::FailedPreconditionError(
+        "psum_scatter: the number of shards is unknown (FunctionBuilder::SetAxisSize)");
+  }
+  if (type(x).dtype == DType::kBool) {
+    PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kI32));
+  }
+  const ValueType tx = type(x);
+  const int64_t rank = static_cast<int64_t>(tx.dims.size());
+  PW_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis("psum_scatter", axis, rank, tx));
+  if (tx.dims[a] != n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "psum_scatter: dimension %d of %s must equal the number of shards, %d", a,
+        tx.ToString(), n));
+  }
+  Dims dims = tx.dims;
+  dims.erase(dims.begin() + a);
+  Op op;
+  op.kind = OpKind::kPsumScatter;
+  op.operands = {x};
+  op.type = ValueType{tx.dtype, std::move(dims)};
+  op.axis_name = std::string(axis_name);
+  op.axis = a;
   return Add(std::move(op));
 }
 

@@ -64,18 +64,41 @@ enum class OpKind : uint8_t {
   // sum of these durations from its start (a simulated kernel of known
   // duration, which uses no CPU): it lasts max(real kernels, that sum).
   kSimulatedCompute,
-  // A reduction (Op::reduce_kind) over Op::reduce_axes of one shard's value,
+  // A reduction (Op::reduce_kind) over Op::axes of one shard's value,
   // keeping size-1 dimensions when Op::keepdims (numpy semantics).
   kReduce,
   kPmean,      // all-reduce mean across the shards (same type as the input)
   kPmax,       // all-reduce max across the shards
   kPmin,       // all-reduce min across the shards
   kAxisIndex,  // int32 scalar: the index of the shard in the gang (no operands)
-  // Every shard's value stacked along a new axis Op::gather_axis (of size
+  // Every shard's value stacked along a new axis Op::axis (of size
   // the axis size); needs FunctionBuilder::SetAxisSize.
   kAllGather,
   // Shard Op::perm_source[d] sends its value to shard d (zeros where -1).
   kPpermute,
+  // --- Data movement within a shard (one strided-copy kernel) ---
+  kCopy,         // identity with a value of its own (stop_gradient, aliasing)
+  kReshape,      // same elements, row-major, new dims
+  kBroadcastTo,  // numpy broadcast_to(x, type.dims)
+  kTranspose,    // numpy transpose(x, Op::axes)
+  kSlice,        // x[slice_start:slice_limit:slice_step] per dimension
+  kRev,          // x reversed along Op::axes
+  kPad,          // zeros around and between elements (pad_lo, pad_hi, pad_interior)
+  kConcatenate,  // operands joined along Op::axis
+  // take(x, indices, axis) (operands x, indices): indices are int32, clipped
+  // to [0, x.dims[axis]).
+  kTake,
+  // The transpose of kTake (operands updates, indices): zeros of type.dims
+  // with updates added at the clipped indices along Op::axis.
+  kScatterAdd,
+  // numpy matmul of two values of rank >= 2: batch dims broadcast.
+  kMatmul,
+  // JAX all_to_all: split along Op::axis into axis-size chunks, chunk d goes
+  // to shard d, received chunks joined along Op::concat_axis.
+  kAllToAll,
+  // JAX psum_scatter (tiled=False): the sum over shards, shard d keeping
+  // index d of dimension Op::axis (which has the axis size), dropped.
+  kPsumScatter,
 };
 
 // Which reduction a kReduce op computes.
@@ -113,9 +136,13 @@ struct Op {
   std::string axis_name;                     // collectives only
   int64_t duration_ns = 0;                   // kSimulatedCompute only
   ReduceKind reduce_kind = ReduceKind::kSum;  // kReduce only
-  std::vector<int64_t> reduce_axes;          // kReduce only: sorted, non-negative
+  std::vector<int64_t> axes;                 // kReduce, kRev: sorted; kTranspose: the permutation
   bool keepdims = false;                     // kReduce only
-  int64_t gather_axis = 0;                   // kAllGather only
+  // kAllGather, kConcatenate, kTake, kScatterAdd, kPsumScatter; kAllToAll: the split axis.
+  int64_t axis = 0;
+  int64_t concat_axis = 0;                   // kAllToAll only
+  std::vector<int64_t> slice_start, slice_limit, slice_step;  // kSlice only
+  std::vector<int64_t> pad_lo, pad_hi, pad_interior;         // kPad only
   std::vector<int64_t> perm_source;          // kPpermute only: source per destination
 };
 
@@ -238,6 +265,57 @@ class FunctionBuilder {
   absl::StatusOr<int32_t> Ppermute(int32_t x, absl::string_view axis_name,
                                    const std::vector<std::pair<int64_t, int64_t>>& perm);
 
+  // --- Shape ops. InvalidArgument names the op and the types involved. ---
+
+  // A new value equal to `x` (never returns `x` itself).
+  absl::StatusOr<int32_t> Copy(int32_t x);
+
+  // `x` with new dims of the same number of elements (row-major).
+  absl::StatusOr<int32_t> Reshape(int32_t x, Dims dims);
+
+  // numpy broadcast_to: `x`'s dims aligned from the right, size-1 dims stretch.
+  absl::StatusOr<int32_t> BroadcastTo(int32_t x, Dims dims);
+
+  // numpy transpose: result dim d is x's dim perm[d]; perm is a permutation.
+  absl::StatusOr<int32_t> Transpose(int32_t x, const std::vector<int64_t>& perm);
+
+  // x[start:limit:step] per dimension: 0 <= start <= limit <= dim, step >= 1.
+  absl::StatusOr<int32_t> Slice(int32_t x, const std::vector<int64_t>& start,
+                                const std::vector<int64_t>& limit,
+                                const std::vector<int64_t>& step);
+
+  // `x` reversed along `axes` (negative axes count from the end).
+  absl::StatusOr<int32_t> Rev(int32_t x, const std::vector<int64_t>& axes);
+
+  // Zero padding: lo[d] before, hi[d] after, interior[d] between elements of
+  // dimension d (all >= 0).
+  absl::StatusOr<int32_t> Pad(int32_t x, const std::vector<int64_t>& lo,
+                              const std::vector<int64_t>& hi,
+                              const std::vector<int64_t>& interior);
+
+  // numpy concatenate along `axis`: same rank, equal dims off the axis;
+  // dtypes promote.
+  absl::StatusOr<int32_t> Concatenate(absl::Span<const int32_t> xs, int64_t axis);
+
+  // numpy take(x, indices, axis) with int32 indices clipped into range.
+  absl::StatusOr<int32_t> Take(int32_t x, int32_t indices, int64_t axis);
+
+  // The transpose of Take: zeros with x's dims (`size` at `axis`) plus
+  // `updates` (dims of a Take result) added at the indexed positions.
+  absl::StatusOr<int32_t> ScatterAdd(int32_t updates, int32_t indices, int64_t axis,
+                                     int64_t size);
+
+  // numpy matmul of values of rank >= 2 (batch dims broadcast; dtypes promote).
+  absl::StatusOr<int32_t> Matmul(int32_t a, int32_t b);
+
+  // JAX all_to_all over `axis_name`: dims[split_axis] must divide by the
+  // axis size.
+  absl::StatusOr<int32_t> AllToAll(int32_t x, absl::string_view axis_name, int64_t split_axis,
+                                   int64_t concat_axis);
+
+  // JAX psum_scatter over `axis_name` (dims[axis] must equal the axis size).
+  absl::StatusOr<int32_t> PsumScatter(int32_t x, absl::string_view axis_name, int64_t axis);
+
   // Identity on `x` that adds `duration_ns` to the function's simulated time.
   // InvalidArgument for a negative duration.
   absl::StatusOr<int32_t> SimulatedCompute(int32_t x, int64_t duration_ns);
@@ -253,6 +331,10 @@ class FunctionBuilder {
  private:
   absl::Status CheckValue(int32_t v, absl::string_view op) const;
   absl::Status CheckAxisName(absl::string_view op, absl::string_view axis_name) const;
+  // The axis `axis` of a rank-`rank` value, negative counting from the end;
+  // InvalidArgument names `op` and `type` when out of range.
+  absl::StatusOr<int64_t> NormalizeAxis(absl::string_view op, int64_t axis, int64_t rank,
+                                        const ValueType& type) const;
   // Adds `kind` over `operands` (already converted) with result `type`.
   int32_t AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands, ValueType type);
   int32_t Add(Op op);

@@ -9,6 +9,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "csrc/base/status_macros.h"
+#include "csrc/kernels/matmul.h"
 
 namespace pw {
 namespace {
@@ -572,6 +574,129 @@ bool IsUnaryKind(OpKind kind) {
   }
 }
 
+// Runs a kConvert, unary, binary, comparison or select op (operands x, y, z
+// as the op has them).
+void RunElementwise(const Op& op, DType in_dtype, int num_shards, int64_t n, View x, View y,
+                    View z, void* out, const BroadcastPlan* plan) {
+  if (op.kind == OpKind::kConvert) {
+    DispatchDType(in_dtype, [&](auto* tag) {
+      using In = std::remove_pointer_t<decltype(tag)>;
+      RunConvert<In>(op.type.dtype, num_shards, n, x, out);
+    });
+  } else if (IsBinaryKind(op.kind)) {
+    DispatchDType(op.type.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      RunArithmetic<T>(op.kind, num_shards, n, x, y, out, plan);
+    });
+  } else if (IsComparisonKind(op.kind)) {
+    DispatchDType(in_dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      RunComparison<T>(op.kind, num_shards, n, x, y, out, plan);
+    });
+  } else if (IsUnaryKind(op.kind)) {
+    DispatchDType(op.type.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      RunUnary<T>(op.kind, num_shards, n, x, out);
+    });
+  } else if (op.kind == OpKind::kSelect) {
+    DispatchDType(op.type.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      Select<T>(num_shards, n, x, y, z, static_cast<T*>(out), plan);
+    });
+  }
+}
+
+bool IsElementwiseKind(OpKind kind) {
+  return kind == OpKind::kConvert || IsBinaryKind(kind) || IsComparisonKind(kind) ||
+         IsUnaryKind(kind) || kind == OpKind::kSelect;
+}
+
+bool IsDataMovementKind(OpKind kind) {
+  switch (kind) {
+    case OpKind::kCopy:
+    case OpKind::kReshape:
+    case OpKind::kBroadcastTo:
+    case OpKind::kTranspose:
+    case OpKind::kSlice:
+    case OpKind::kRev:
+    case OpKind::kPad:
+    case OpKind::kConcatenate:
+    case OpKind::kAllToAll:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The transpose of take for one shard: out [outer, dim, inner] is zeroed,
+// then updates [outer, num_indices, inner] are added at the clipped indices.
+template <typename T>
+void ScatterAddRows(int64_t outer, int64_t dim, int64_t inner, const T* updates,
+                    const int32_t* indices, int64_t num_indices, int64_t index_stride, T* out) {
+  std::fill(out, out + outer * dim * inner, T(0));
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t j = 0; j < num_indices; ++j) {
+      T* dst = out + (o * dim + ClipIndex(indices[j * index_stride], dim)) * inner;
+      const T* src = updates + (o * num_indices + j) * inner;
+      for (int64_t i = 0; i < inner; ++i) dst[i] = ReduceAdd(dst[i], src[i]);
+    }
+  }
+}
+
+// psum_scatter: shard d of `out` is the sum over shards s (in order) of
+// x_s[o, d, i] for x_s of [outer, num_shards, inner].
+template <typename T>
+void PsumScatter(int num_shards, int64_t outer, int64_t inner, View x, T* out) {
+  const T* px = static_cast<const T*>(x.data);
+  const int64_t n = outer * inner;
+  for (int d = 0; d < num_shards; ++d) {
+    T* od = out + d * n;
+    for (int s = 0; s < num_shards; ++s) {
+      const T* xs = px + s * x.shard_stride;
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* src = xs + (o * num_shards + d) * inner;
+        T* dst = od + o * inner;
+        if (s == 0) {
+          std::copy(src, src + inner, dst);
+        } else {
+          for (int64_t i = 0; i < inner; ++i) dst[i] = ReduceAdd(dst[i], src[i]);
+        }
+      }
+    }
+  }
+}
+
+// Product of dims [begin, end).
+int64_t DimProduct(const Dims& dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t d = begin; d < end; ++d) p *= dims[d];
+  return p;
+}
+
+// Whether Run() has a kernel for ops of `kind`.
+bool HasKernel(OpKind kind) {
+  if (IsElementwiseKind(kind) || IsDataMovementKind(kind)) return true;
+  switch (kind) {
+    case OpKind::kParameter:
+    case OpKind::kConstant:
+    case OpKind::kPsum:
+    case OpKind::kReduce:
+    case OpKind::kPmean:
+    case OpKind::kPmax:
+    case OpKind::kPmin:
+    case OpKind::kAxisIndex:
+    case OpKind::kAllGather:
+    case OpKind::kPpermute:
+    case OpKind::kTake:
+    case OpKind::kScatterAdd:
+    case OpKind::kMatmul:
+    case OpKind::kPsumScatter:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Compile(
@@ -584,61 +709,83 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   std::vector<int32_t> last_use(num_ops);
   for (int32_t i = 0; i < num_ops; ++i) {
     last_use[i] = i;
-    switch (ops[i].kind) {
-      case OpKind::kParameter:
-      case OpKind::kConstant:
-      case OpKind::kConvert:
-      case OpKind::kAdd:
-      case OpKind::kSub:
-      case OpKind::kMul:
-      case OpKind::kDiv:
-      case OpKind::kNeg:
-      case OpKind::kPow:
-      case OpKind::kMax:
-      case OpKind::kMin:
-      case OpKind::kEq:
-      case OpKind::kNe:
-      case OpKind::kLt:
-      case OpKind::kLe:
-      case OpKind::kGt:
-      case OpKind::kGe:
-      case OpKind::kAnd:
-      case OpKind::kOr:
-      case OpKind::kXor:
-      case OpKind::kAbs:
-      case OpKind::kExp:
-      case OpKind::kLog:
-      case OpKind::kTanh:
-      case OpKind::kSqrt:
-      case OpKind::kRsqrt:
-      case OpKind::kSin:
-      case OpKind::kCos:
-      case OpKind::kNot:
-      case OpKind::kSelect:
-      case OpKind::kPsum:
-      case OpKind::kSimulatedCompute:
-      case OpKind::kReduce:
-      case OpKind::kPmean:
-      case OpKind::kPmax:
-      case OpKind::kPmin:
-      case OpKind::kAxisIndex:
-      case OpKind::kAllGather:
-      case OpKind::kPpermute:
-        break;
-      default:
-        return absl::UnimplementedError(
-            absl::StrCat("compile: @", ir->name(), ": op %", i, " has kind ",
-                         static_cast<int>(ops[i].kind), ", which the kernels cannot run"));
+    if (!HasKernel(ops[i].kind)) {
+      return absl::UnimplementedError(
+          absl::StrCat("compile: @", ir->name(), ": op %", i, " has kind ",
+                       static_cast<int>(ops[i].kind), ", which the kernels cannot run"));
     }
     for (int32_t v : ops[i].operands) last_use[v] = i;
   }
   for (int32_t v : ir->outputs()) last_use[v] = num_ops;
 
-  // Parameters are read in place and constants straight from their literal;
-  // every other value gets a scratch slot. First fit over the slots of values
-  // still live at its definition, so dead intermediates are reused. A value
-  // never shares a slot with its operands (they are live at its definition).
   auto exe = std::shared_ptr<FunctionExecutable>(new FunctionExecutable(ir));
+
+  // Fusion groups: maximal runs of consecutive elementwise ops of one shape
+  // whose operands are of that shape (and not constants) or scalar
+  // constants, so every operand is read at the same flat index as the result.
+  auto fusible = [&](int32_t v) {
+    const Op& op = ops[v];
+    if (!IsElementwiseKind(op.kind) || op.kind == OpKind::kSimulatedCompute) return false;
+    for (int32_t u : op.operands) {
+      const Op& uo = ops[u];
+      const bool constant = uo.kind == OpKind::kConstant;
+      if (constant ? !uo.type.dims.empty() : uo.type.dims != op.type.dims) return false;
+    }
+    return true;
+  };
+  exe->group_start_.assign(num_ops, -1);
+  exe->tile_offset_.assign(num_ops, -1);
+  for (int32_t v = 0; v < num_ops;) {
+    if (!fusible(v)) {
+      ++v;
+      continue;
+    }
+    int32_t last = v;
+    while (last + 1 < num_ops && fusible(last + 1) &&
+           ops[last + 1].type.dims == ops[v].type.dims) {
+      ++last;
+    }
+    // Values used only inside the group get tile buffers (of the widest
+    // element), reused once their last reader has run.
+    constexpr int64_t kTileBytes = kTileElements * 8;
+    int64_t tile_bytes = 0;
+    std::vector<int64_t> free_tiles;
+    for (int32_t u = v; u <= last; ++u) {
+      for (int32_t w = v; w < u; ++w) {
+        if (exe->tile_offset_[w] >= 0 && last_use[w] == u - 1) {
+          free_tiles.push_back(exe->tile_offset_[w]);
+        }
+      }
+      if (last_use[u] > last) continue;
+      if (free_tiles.empty()) {
+        exe->tile_offset_[u] = tile_bytes;
+        tile_bytes += kTileBytes;
+      } else {
+        exe->tile_offset_[u] = free_tiles.back();
+        free_tiles.pop_back();
+      }
+    }
+    if (last > v && tile_bytes > 0) {
+      exe->group_start_[v] = static_cast<int32_t>(exe->groups_.size());
+      exe->groups_.push_back({v, last});
+      exe->tile_bytes_ = std::max(exe->tile_bytes_, tile_bytes);
+      // Tiles of later ops are computed after tiles of earlier ops have read
+      // their operands, so every value read in the group stays live (keeps
+      // its scratch slot) to the group's end.
+      for (int32_t u = v; u <= last; ++u) {
+        for (int32_t w : ops[u].operands) last_use[w] = std::max(last_use[w], last);
+      }
+    } else {
+      for (int32_t u = v; u <= last; ++u) exe->tile_offset_[u] = -1;
+    }
+    v = last + 1;
+  }
+
+  // Parameters are read in place and constants straight from their literal;
+  // every other value gets a scratch slot, except values internal to a fusion
+  // group. First fit over the slots of values still live at its definition,
+  // so dead intermediates are reused. A value never shares a slot with its
+  // operands (they are live at its definition).
   exe->scratch_offset_.assign(num_ops, -1);
   struct Slot {
     int64_t offset;
@@ -647,7 +794,9 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   std::vector<Slot> live;
   for (int32_t v = 0; v < num_ops; ++v) {
     const OpKind kind = ops[v].kind;
-    if (kind == OpKind::kParameter || kind == OpKind::kConstant) continue;
+    if (kind == OpKind::kParameter || kind == OpKind::kConstant || exe->tile_offset_[v] >= 0) {
+      continue;
+    }
     const int64_t size = RoundUp(ops[v].type.num_bytes());
     live.clear();
     for (int32_t u = 0; u < v; ++u) {
@@ -671,15 +820,15 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   exe->plan_index_.assign(num_ops, -1);
   for (int32_t v = 0; v < num_ops; ++v) {
     const Op& op = ops[v];
-    if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant) continue;
+    if (!IsBinaryKind(op.kind) && !IsComparisonKind(op.kind) && op.kind != OpKind::kSelect) {
+      continue;
+    }
     const Dims& dims = op.type.dims;
     const bool needed = std::any_of(op.operands.begin(), op.operands.end(), [&](int32_t u) {
       const Dims& od = ops[u].type.dims;
       return !od.empty() && od != dims;
     });
-    if (!needed || dims.empty() || op.kind == OpKind::kReduce || op.kind == OpKind::kAllGather) {
-      continue;
-    }
+    if (!needed || dims.empty()) continue;
     BroadcastPlan plan;
     plan.dims = dims;
     const size_t rank = dims.size();
@@ -717,7 +866,7 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     }
     size_t k = 0;
     for (size_t d = 0; d < in.size(); ++d) {
-      if (k < op.reduce_axes.size() && op.reduce_axes[k] == static_cast<int64_t>(d)) {
+      if (k < op.axes.size() && op.axes[k] == static_cast<int64_t>(d)) {
         plan.red_dims.push_back(in[d]);
         plan.red_strides.push_back(strides[d]);
         plan.red_count *= in[d];
@@ -730,7 +879,61 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     exe->reduce_index_[v] = static_cast<int32_t>(exe->reduce_plans_.size());
     exe->reduce_plans_.push_back(std::move(plan));
   }
+  // Copy plans of the data-movement ops, and matmul offsets.
+  exe->copy_range_.assign(num_ops, {0, 0});
+  exe->matmul_index_.assign(num_ops, -1);
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (IsDataMovementKind(op.kind)) {
+      if (op.kind == OpKind::kAllToAll && ir->axis_size() < 1) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("compile: @", ir->name(), ": all_to_all needs the axis size"));
+      }
+      PW_ASSIGN_OR_RETURN(std::vector<CopyPlan> plans, MakeCopyPlans(*ir, v));
+      exe->copy_range_[v] = {static_cast<int32_t>(exe->copy_plans_.size()),
+                             static_cast<int32_t>(plans.size())};
+      for (CopyPlan& p : plans) exe->copy_plans_.push_back(std::move(p));
+    } else if (op.kind == OpKind::kMatmul) {
+      exe->matmul_index_[v] = static_cast<int32_t>(exe->matmul_plans_.size());
+      exe->matmul_plans_.push_back(MakeMatmulPlan(ops[op.operands[0]].type.dims,
+                                                  ops[op.operands[1]].type.dims));
+    }
+  }
   return std::shared_ptr<const FunctionExecutable>(std::move(exe));
+}
+
+FunctionExecutable::MatmulPlan FunctionExecutable::MakeMatmulPlan(const Dims& a, const Dims& b) {
+  MatmulPlan plan;
+  const size_t ra = a.size();
+  const size_t rb = b.size();
+  plan.m = a[ra - 2];
+  plan.k = a[ra - 1];
+  plan.n = b[rb - 1];
+  Dims batch;
+  BroadcastDims(absl::MakeConstSpan(a).subspan(0, ra - 2),
+                absl::MakeConstSpan(b).subspan(0, rb - 2), &batch);
+  const int64_t count = NumElements(batch);
+  // Element strides of each operand's batch dims, aligned right with the
+  // broadcast batch dims (0 where the operand has size 1 or lacks the dim).
+  auto batch_strides = [&](const Dims& dims) {
+    const size_t r = dims.size() - 2;
+    Dims strides(batch.size(), 0);
+    int64_t stride = dims[r] * dims[r + 1];
+    for (size_t i = 0; i < r; ++i) {
+      const size_t d = r - 1 - i;
+      const size_t bd = batch.size() - 1 - i;
+      strides[bd] = dims[d] == 1 ? 0 : stride;
+      stride *= dims[d];
+    }
+    return strides;
+  };
+  const Dims sa = batch_strides(a);
+  const Dims sb = batch_strides(b);
+  for (int64_t i = 0; i < count; ++i) {
+    plan.a_offsets.push_back(Offset(i, batch, sa));
+    plan.b_offsets.push_back(Offset(i, batch, sb));
+  }
+  return plan;
 }
 
 void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> inputs,
@@ -752,9 +955,37 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
     }
   };
 
+  uint8_t* const tiles = base + scratch_per_shard_ * num_shards;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant) continue;
+    if (group_start_[i] >= 0) {  // a fused run, tile by tile over the whole gang
+      const FusionGroup& g = groups_[static_cast<size_t>(group_start_[i])];
+      const int64_t total = op.type.num_elements() * num_shards;
+      for (int64_t t0 = 0; t0 < total; t0 += kTileElements) {
+        const int64_t len = std::min(kTileElements, total - t0);
+        auto tile_view = [&](int32_t u) -> View {
+          const Op& uo = ops[u];
+          if (tile_offset_[u] >= 0) return {tiles + tile_offset_[u], len, 1};
+          if (uo.kind == OpKind::kConstant) return {uo.literal.data(), 0, 0};
+          return {static_cast<const uint8_t*>(view(u).data) + t0 * DTypeSize(uo.type.dtype),
+                  len, 1};
+        };
+        for (int32_t v = g.first; v <= g.last; ++v) {
+          const Op& fop = ops[v];
+          const View x = tile_view(fop.operands[0]);
+          const View y = fop.operands.size() > 1 ? tile_view(fop.operands[1]) : x;
+          const View z = fop.operands.size() > 2 ? tile_view(fop.operands[2]) : x;
+          void* o = tile_offset_[v] >= 0
+                        ? static_cast<void*>(tiles + tile_offset_[v])
+                        : static_cast<void*>(base + scratch_offset_[v] * num_shards +
+                                             t0 * DTypeSize(fop.type.dtype));
+          RunElementwise(fop, ops[fop.operands[0]].type.dtype, 1, len, x, y, z, o, nullptr);
+        }
+      }
+      i = static_cast<size_t>(g.last);
+      continue;
+    }
     void* out = base + scratch_offset_[i] * num_shards;
     const int64_t n = op.type.num_elements();
     if (op.kind == OpKind::kAxisIndex) {
@@ -766,35 +997,10 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
     const BroadcastPlan* plan =
         plan_index_[i] >= 0 ? &plans_[static_cast<size_t>(plan_index_[i])] : nullptr;
     const DType in_dtype = ops[op.operands[0]].type.dtype;
-    if (op.kind == OpKind::kConvert) {
-      DispatchDType(in_dtype, [&](auto* tag) {
-        using In = std::remove_pointer_t<decltype(tag)>;
-        RunConvert<In>(op.type.dtype, num_shards, n, x, out);
-      });
-    } else if (IsBinaryKind(op.kind)) {
-      const View y = view(op.operands[1]);
-      DispatchDType(op.type.dtype, [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        RunArithmetic<T>(op.kind, num_shards, n, x, y, out, plan);
-      });
-    } else if (IsComparisonKind(op.kind)) {
-      const View y = view(op.operands[1]);
-      DispatchDType(in_dtype, [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        RunComparison<T>(op.kind, num_shards, n, x, y, out, plan);
-      });
-    } else if (IsUnaryKind(op.kind)) {
-      DispatchDType(op.type.dtype, [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        RunUnary<T>(op.kind, num_shards, n, x, out);
-      });
-    } else if (op.kind == OpKind::kSelect) {
-      const View y = view(op.operands[1]);
-      const View z = view(op.operands[2]);
-      DispatchDType(op.type.dtype, [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        Select<T>(num_shards, n, x, y, z, static_cast<T*>(out), plan);
-      });
+    if (IsElementwiseKind(op.kind)) {
+      const View y = op.operands.size() > 1 ? view(op.operands[1]) : x;
+      const View z = op.operands.size() > 2 ? view(op.operands[2]) : x;
+      RunElementwise(op, in_dtype, num_shards, n, x, y, z, out, plan);
     } else if (op.kind == OpKind::kPsum) {
       DispatchDType(op.type.dtype, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -811,7 +1017,7 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
       int64_t outer = 1;
       int64_t inner = 1;
       for (size_t d = 0; d < in.size(); ++d) {
-        (static_cast<int64_t>(d) < op.gather_axis ? outer : inner) *= in[d];
+        (static_cast<int64_t>(d) < op.axis ? outer : inner) *= in[d];
       }
       DispatchDType(op.type.dtype, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -822,6 +1028,77 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
         using T = std::remove_pointer_t<decltype(tag)>;
         Ppermute<T>(num_shards, n, x, op.perm_source, static_cast<T*>(out));
       });
+    } else if (IsDataMovementKind(op.kind)) {
+      const int64_t esize = DTypeSize(op.type.dtype);
+      const auto [first, count] = copy_range_[i];
+      uint8_t* o = static_cast<uint8_t*>(out);
+      if (op.kind == OpKind::kPad) std::memset(o, 0, op.type.num_bytes() * num_shards);
+      if (op.kind == OpKind::kAllToAll) {
+        const CopyPlan& p = copy_plans_[first];
+        for (int d = 0; d < num_shards; ++d) {
+          for (int s = 0; s < num_shards; ++s) {
+            const auto* src = static_cast<const uint8_t*>(x.data) +
+                              (s * x.shard_stride + d * p.src_shard_step) * esize;
+            StridedCopy(p, esize, src, o + (d * n + s * p.dst_shard_step) * esize);
+          }
+        }
+        continue;
+      }
+      for (int32_t j = first; j < first + count; ++j) {
+        const CopyPlan& p = copy_plans_[j];
+        const View src = view(op.operands[p.operand]);
+        for (int s = 0; s < num_shards; ++s) {
+          StridedCopy(p, esize, static_cast<const uint8_t*>(src.data) + s * src.shard_stride * esize,
+                      o + s * n * esize);
+        }
+      }
+    } else if (op.kind == OpKind::kTake || op.kind == OpKind::kScatterAdd) {
+      // x (take) or the result (scatter_add) is [outer, dim, inner] around op.axis.
+      const View idx = view(op.operands[1]);
+      const Dims& full = op.kind == OpKind::kTake ? ops[op.operands[0]].type.dims : op.type.dims;
+      const size_t a = static_cast<size_t>(op.axis);
+      const int64_t outer = DimProduct(full, 0, a);
+      const int64_t dim = full[a];
+      const int64_t inner = DimProduct(full, a + 1, full.size());
+      const int64_t num_indices = ops[op.operands[1]].type.num_elements();
+      const int64_t index_stride = idx.elem_stride;
+      const int64_t esize = DTypeSize(op.type.dtype);
+      for (int s = 0; s < num_shards; ++s) {
+        const int32_t* is = static_cast<const int32_t*>(idx.data) + s * idx.shard_stride;
+        if (op.kind == OpKind::kTake) {
+          TakeRows(esize, outer, dim, inner,
+                   static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize, is,
+                   num_indices, index_stride, static_cast<uint8_t*>(out) + s * n * esize);
+          continue;
+        }
+        DispatchDType(op.type.dtype, [&](auto* tag) {
+          using T = std::remove_pointer_t<decltype(tag)>;
+          if constexpr (!std::is_same_v<T, bool>) {
+            ScatterAddRows<T>(outer, dim, inner, static_cast<const T*>(x.data) + s * x.shard_stride,
+                              is, num_indices, index_stride, static_cast<T*>(out) + s * n);
+          }
+        });
+      }
+    } else if (op.kind == OpKind::kPsumScatter) {
+      const Dims& in = ops[op.operands[0]].type.dims;
+      const size_t a = static_cast<size_t>(op.axis);
+      DispatchDType(op.type.dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        PsumScatter<T>(num_shards, DimProduct(in, 0, a), DimProduct(in, a + 1, in.size()), x,
+                       static_cast<T*>(out));
+      });
+    } else if (op.kind == OpKind::kMatmul) {
+      const MatmulPlan& mp = matmul_plans_[static_cast<size_t>(matmul_index_[i])];
+      const View y = view(op.operands[1]);
+      const int64_t esize = DTypeSize(op.type.dtype);
+      const int64_t batch = static_cast<int64_t>(mp.a_offsets.size());
+      for (int s = 0; s < num_shards; ++s) {
+        BatchedMatmul(op.type.dtype, false, false, mp.m, mp.n, mp.k, batch,
+                      static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize,
+                      mp.a_offsets.data(),
+                      static_cast<const uint8_t*>(y.data) + s * y.shard_stride * esize,
+                      mp.b_offsets.data(), static_cast<uint8_t*>(out) + s * n * esize);
+      }
     } else if (op.kind == OpKind::kReduce) {
       const ReducePlan& rp = reduce_plans_[static_cast<size_t>(reduce_index_[i])];
       DispatchDType(in_dtype, [&](auto* tag) {

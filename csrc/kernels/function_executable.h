@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "csrc/function_ir/function_ir.h"
+#include "csrc/kernels/data_movement.h"
 
 namespace pw {
 
@@ -37,7 +38,24 @@ class FunctionExecutable {
   int64_t output_bytes(int i) const { return ir_->output_type(i).num_bytes(); }
 
   // Scratch bytes Run() needs for a gang of `num_shards` shards.
-  int64_t scratch_bytes(int num_shards) const { return scratch_per_shard_ * num_shards; }
+  int64_t scratch_bytes(int num_shards) const {
+    return scratch_per_shard_ * num_shards + tile_bytes_;
+  }
+
+  // Elements per tile of a fused elementwise run (see fusion_groups()).
+  static constexpr int64_t kTileElements = 1024;
+
+  // Elementwise fusion: a run of consecutive elementwise ops (casts, unary,
+  // binary, comparisons, select) over values of one shape is computed tile
+  // by tile, kTileElements of the gang at a time. Values used only inside the
+  // run live in a small tile buffer and never get a full-size scratch slot,
+  // so the run reads its inputs and writes its results once: one pass over
+  // memory. Each group is the op range [first, last] of the IR.
+  struct FusionGroup {
+    int32_t first = 0;
+    int32_t last = 0;
+  };
+  absl::Span<const FusionGroup> fusion_groups() const { return groups_; }
 
   // Runs every shard of one gang. inputs[i] holds parameter i for all shards
   // (shard-major, as above); outputs[i] receives output i for all shards.
@@ -80,6 +98,22 @@ class FunctionExecutable {
   // Per op: index into reduce_plans_ (kReduce ops), or -1.
   std::vector<int32_t> reduce_index_;
   std::vector<ReducePlan> reduce_plans_;
+  // Per op: [first, first + count) of copy_plans_ (data-movement ops).
+  std::vector<std::pair<int32_t, int32_t>> copy_range_;
+  std::vector<CopyPlan> copy_plans_;
+  // One kMatmul op: the product dims and, per batch element, the element
+  // offsets of its two operands within one shard.
+  struct MatmulPlan {
+    int64_t m = 0, n = 0, k = 0;
+    std::vector<int64_t> a_offsets, b_offsets;
+  };
+  static MatmulPlan MakeMatmulPlan(const Dims& a, const Dims& b);
+  std::vector<int32_t> matmul_index_;
+  std::vector<MatmulPlan> matmul_plans_;
+  std::vector<FusionGroup> groups_;
+  std::vector<int32_t> group_start_;  // per op: the group starting at it, or -1
+  std::vector<int64_t> tile_offset_;  // per op: its tile buffer (values internal to a group), or -1
+  int64_t tile_bytes_ = 0;            // the tile buffers, once per gang, after the shards' scratch
 };
 
 }  // namespace pw

@@ -1,6 +1,7 @@
 #include "csrc/kernels/function_executable.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -380,9 +381,12 @@ TEST(FunctionExecutableMixedTest, ScratchIsReusedAlongAChain) {
   }
   auto exe = MustCompile(b.Build({v}));
   ASSERT_NE(exe, nullptr);
-  // Only an op's operand and result are live together.
-  EXPECT_EQ(exe->scratch_bytes(1), 128);
-  EXPECT_EQ(exe->scratch_bytes(3), 384);
+  // The chain is one fusion group: only its result gets a full slot, and
+  // the nine intermediates share two tile buffers (an op's operand and result).
+  ASSERT_EQ(exe->fusion_groups().size(), 1u);
+  const int64_t tiles = 2 * FunctionExecutable::kTileElements * 8;
+  EXPECT_EQ(exe->scratch_bytes(1), 64 + tiles);
+  EXPECT_EQ(exe->scratch_bytes(3), 3 * 64 + tiles);
   const auto xs = Iota<float>(3, 16, 1.0f, 1.0f);
   const auto out = RunGang(*exe, 3, {Bytes(xs)});
   ExpectValuesNear(Values<float>(out[0]), xs);  // ten negations
@@ -810,6 +814,185 @@ TEST(FunctionExecutableReduceTest, IntAndBoolReductions) {
       EXPECT_EQ(got_pm[s * 6 + 5], static_cast<int32_t>((shards - 1) / 2.0));
       EXPECT_EQ(got_pm[s * 6 + 1], -2);
     }
+  }
+}
+
+// Shape ops, gathers, matmul and the all_to_all / psum_scatter collectives
+// on x = f32[2,3] per shard (x[s][i][j] = 100 s + 10 i + j), against index
+// arithmetic written out here.
+TEST(FunctionExecutableDataMovementTest, ShapeOpsGathersMatmulAndCollectives) {
+  for (int shards : {1, 3}) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    FunctionBuilder b("f", "i");
+    ASSERT_TRUE(b.SetAxisSize(shards).ok());
+    const int32_t x = b.Parameter(DType::kF32, {2, 3});
+    auto xt = b.Transpose(x, {1, 0});
+    auto sl = b.Slice(x, {0, 1}, {2, 3}, {1, 1});
+    auto rv = b.Rev(x, {-1});
+    auto pd = b.Pad(x, {1, 0}, {0, 1}, {0, 1});
+    auto cc = b.Concatenate(std::vector<int32_t>{x, x}, 1);
+    auto idx = b.Constant(DType::kI32, {2}, Bytes<int32_t>({2, 0}));
+    ASSERT_TRUE(idx.ok());
+    auto tk = b.Take(x, *idx, 1);
+    auto rep = b.Constant(DType::kI32, {2}, Bytes<int32_t>({1, 1}));
+    ASSERT_TRUE(rep.ok());
+    ASSERT_TRUE(tk.ok() && xt.ok());
+    auto sa = b.ScatterAdd(*tk, *rep, 1, 3);
+    auto mm = b.Matmul(x, *xt);
+    auto bc = b.BroadcastTo(*sl, {2, 2, 2});
+    auto rs = b.Reshape(x, {3, 2});
+    auto a2a = b.AllToAll(x, "i", 1, 0);
+    ASSERT_TRUE(sl.ok() && rv.ok() && pd.ok() && cc.ok() && sa.ok() && mm.ok() && bc.ok() &&
+                rs.ok() && a2a.ok())
+        << sl.status() << rv.status() << pd.status() << cc.status() << sa.status()
+        << mm.status() << bc.status() << rs.status() << a2a.status();
+    absl::StatusOr<int32_t> ps = absl::InvalidArgumentError("unused");
+    if (shards == 3) ps = b.PsumScatter(x, "i", 1);
+    std::vector<int32_t> outs = {*xt, *sl, *rv, *pd, *cc, *tk, *sa, *mm, *bc, *rs, *a2a};
+    if (shards == 3) {
+      ASSERT_TRUE(ps.ok()) << ps.status();
+      outs.push_back(*ps);
+    }
+    auto exe = MustCompile(b.Build(outs));
+    ASSERT_NE(exe, nullptr);
+    std::vector<float> xs;
+    for (int s = 0; s < shards; ++s) {
+      for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 3; ++j) xs.push_back(100.f * s + 10.f * i + j);
+      }
+    }
+    auto X = [&](int s, int i, int j) { return xs[s * 6 + i * 3 + j]; };
+    int64_t allocations = -1;
+    const auto out = RunGang(*exe, shards, {Bytes(xs)}, &allocations);
+    EXPECT_EQ(allocations, 0);
+    const auto got_t = Values<float>(out[0]);
+    const auto got_sl = Values<float>(out[1]);
+    const auto got_rv = Values<float>(out[2]);
+    const auto got_pd = Values<float>(out[3]);
+    const auto got_cc = Values<float>(out[4]);
+    const auto got_tk = Values<float>(out[5]);
+    const auto got_sa = Values<float>(out[6]);
+    const auto got_mm = Values<float>(out[7]);
+    const auto got_bc = Values<float>(out[8]);
+    const auto got_rs = Values<float>(out[9]);
+    const auto got_a2a = Values<float>(out[10]);
+    for (int s = 0; s < shards; ++s) {
+      for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 3; ++j) {
+          EXPECT_EQ(got_t[s * 6 + j * 2 + i], X(s, i, j));
+          EXPECT_EQ(got_rv[s * 6 + i * 3 + j], X(s, i, 2 - j));
+          EXPECT_EQ(got_cc[s * 12 + i * 6 + j], X(s, i, j));
+          EXPECT_EQ(got_cc[s * 12 + i * 6 + 3 + j], X(s, i, j));
+          EXPECT_EQ(got_rs[s * 6 + i * 3 + j], X(s, i, j));  // same row-major elements
+          // pad: one row above, one column after, one zero between columns.
+          EXPECT_EQ(got_pd[s * 18 + (i + 1) * 6 + 2 * j], X(s, i, j));
+        }
+        for (int j = 0; j < 2; ++j) {
+          EXPECT_EQ(got_sl[s * 4 + i * 2 + j], X(s, i, j + 1));
+          EXPECT_EQ(got_tk[s * 4 + i * 2 + j], X(s, i, j == 0 ? 2 : 0));
+          for (int k = 0; k < 2; ++k) EXPECT_EQ(got_bc[s * 8 + k * 4 + i * 2 + j], X(s, i, j + 1));
+        }
+        // scatter_add of take(x, [2, 0]) at [1, 1]: both columns land in column 1.
+        EXPECT_EQ(got_sa[s * 6 + i * 3 + 0], 0.f);
+        EXPECT_EQ(got_sa[s * 6 + i * 3 + 1], X(s, i, 2) + X(s, i, 0));
+        EXPECT_EQ(got_sa[s * 6 + i * 3 + 2], 0.f);
+        for (int k = 0; k < 2; ++k) {
+          float dot = 0;
+          for (int j = 0; j < 3; ++j) dot += X(s, i, j) * X(s, k, j);
+          EXPECT_FLOAT_EQ(got_mm[s * 4 + i * 2 + k], dot);
+        }
+      }
+      for (int c = 0; c < 6; ++c) {  // pad's other cells are zeros
+        EXPECT_EQ(got_pd[s * 18 + c], 0.f);
+        if (c % 2 == 1) EXPECT_EQ(got_pd[s * 18 + 6 + c], 0.f);
+      }
+    }
+    // all_to_all(split 1, concat 0): shard d gets chunk d (columns
+    // [d*c, (d+1)*c), c = 3 / shards) of every shard, stacked along rows.
+    const int c = 3 / shards;
+    for (int d = 0; d < shards; ++d) {
+      for (int src = 0; src < shards; ++src) {
+        for (int i = 0; i < 2; ++i) {
+          for (int j = 0; j < c; ++j) {
+            EXPECT_EQ(got_a2a[d * 6 + (src * 2 + i) * c + j], X(src, i, d * c + j));
+          }
+        }
+      }
+    }
+    if (shards == 3) {
+      const auto got_ps = Values<float>(out[11]);
+      for (int d = 0; d < 3; ++d) {
+        for (int i = 0; i < 2; ++i) {
+          EXPECT_EQ(got_ps[d * 2 + i], X(0, i, d) + X(1, i, d) + X(2, i, d));
+        }
+      }
+    }
+  }
+}
+
+TEST(FunctionBuilderShapeTest, ErrorsNameTheOpAndTypes) {
+  FunctionBuilder b("f", "i");
+  ASSERT_TRUE(b.SetAxisSize(2).ok());
+  const int32_t x = b.Parameter(DType::kF32, {3, 4});
+  const int32_t f = b.Parameter(DType::kF32, {2});
+  auto msg = [](const auto& s) { return std::string(s.status().message()); };
+  EXPECT_EQ(msg(b.Reshape(x, {5})), "reshape: cannot reshape f32[3,4] (12 elements) to shape (5)");
+  EXPECT_EQ(msg(b.BroadcastTo(x, {4, 4})), "broadcast_to: cannot broadcast f32[3,4] to shape (4, 4)");
+  EXPECT_EQ(msg(b.Transpose(x, {1})), "transpose: axes (1) are not a permutation of the 2 dimensions of f32[3,4]");
+  EXPECT_EQ(msg(b.Slice(x, {0, 0}, {4, 4}, {1, 1})), "slice: [0:4:1] is not a valid slice of dimension 0 of f32[3,4]");
+  EXPECT_EQ(msg(b.Pad(x, {0, -1}, {0, 0}, {0, 0})), "pad: negative padding (-1, 0, interior 0) for dimension 1 of f32[3,4]");
+  EXPECT_EQ(msg(b.Concatenate(std::vector<int32_t>{x, f}, 0)), "concatenate: f32[3,4] and f32[2] do not match off axis 0");
+  EXPECT_EQ(msg(b.Take(x, f, 0)), "take: indices must be int32, got f32[2]");
+  EXPECT_EQ(msg(b.Matmul(x, x)), "matmul: incompatible shapes f32[3,4] and f32[3,4]");
+  EXPECT_EQ(msg(b.Matmul(x, f)), "matmul: operands need rank >= 2, got f32[3,4] and f32[2]");
+  EXPECT_EQ(msg(b.AllToAll(x, "i", 0, 1)), "all_to_all: split axis 0 of f32[3,4] does not divide into 2 shards");
+  EXPECT_EQ(msg(b.AllToAll(x, "j", 1, 0)), "all_to_all: unbound axis name 'j' (bound: 'i')");
+  EXPECT_EQ(msg(b.PsumScatter(x, "i", 1)), "psum_scatter: dimension 1 of f32[3,4] must equal the number of shards, 2");
+  EXPECT_EQ(msg(b.Rev(x, {2})), "rev: axis 2 is out of range for f32[3,4]");
+  // No-ops return the operand itself.
+  EXPECT_EQ(*b.Reshape(x, {3, 4}), x);
+  EXPECT_EQ(*b.Transpose(x, {0, 1}), x);
+  EXPECT_EQ(*b.Slice(x, {0, 0}, {3, 4}, {1, 1}), x);
+  EXPECT_NE(*b.Copy(x), x);
+}
+
+// A fused elementwise run over several tiles whose boundaries cross shard
+// boundaries, with a scalar constant, a cast, a comparison and select, and
+// an intermediate that is also a function output.
+TEST(FunctionExecutableFusionTest, FusedRunMatchesOpByOp) {
+  constexpr int64_t n = 1500;  // 3 shards: 4500 elements, 5 tiles
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {n});
+  const int32_t y = b.Parameter(DType::kF32, {n});
+  auto two = b.Constant(DType::kF32, {}, Bytes<float>({2.0f}));
+  ASSERT_TRUE(two.ok());
+  auto a = b.Binary(OpKind::kMul, x, *two);      // internal
+  auto c = b.Binary(OpKind::kAdd, *a, y);        // output too
+  auto t = b.Unary(OpKind::kTanh, *c);           // internal
+  auto d = b.Convert(*t, DType::kF64);           // internal
+  auto p = b.Binary(OpKind::kGt, x, y);          // internal (bool)
+  auto e = b.Select(*p, *d, *two);               // promotes: f64
+  ASSERT_TRUE(a.ok() && c.ok() && t.ok() && d.ok() && p.ok() && e.ok());
+  auto exe = MustCompile(b.Build({*e, *c}));
+  ASSERT_NE(exe, nullptr);
+  ASSERT_EQ(exe->fusion_groups().size(), 1u);
+  const int shards = 3;
+  std::vector<float> xs(shards * n), ys(shards * n);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    xs[i] = std::sin(0.01f * static_cast<float>(i));
+    ys[i] = std::cos(0.013f * static_cast<float>(i));
+  }
+  int64_t allocations = -1;
+  const auto out = RunGang(*exe, shards, {Bytes(xs), Bytes(ys)}, &allocations);
+  EXPECT_EQ(allocations, 0);
+  const auto got_e = Values<double>(out[0]);
+  const auto got_c = Values<float>(out[1]);
+  ASSERT_EQ(got_e.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const float cv = xs[i] * 2.0f + ys[i];
+    ASSERT_EQ(got_c[i], cv) << i;
+    const double ev = xs[i] > ys[i] ? static_cast<double>(std::tanh(cv)) : 2.0;
+    ASSERT_EQ(got_e[i], ev) << i;
   }
 }
 

@@ -36,6 +36,9 @@ __all__ = [
     "axis_index",
     "all_gather",
     "ppermute",
+    "all_to_all",
+    "psum_scatter",
+    "bind",
 ]
 
 _ShardedBuffer = _core.ShardedBuffer
@@ -238,6 +241,24 @@ _EMITTERS: dict = {
     "all_gather": lambda b, x, axis_name, axis: b.all_gather(x, axis_name, axis),
     "ppermute": lambda b, x, axis_name, perm: b.ppermute(x, axis_name, perm),
     "simulated_compute": lambda b, x, microseconds: b.simulated_compute(x, microseconds),
+    "copy": lambda b, x: b.copy(x),
+    "stop_gradient": lambda b, x: b.copy(x),  # a copy that gradients do not flow through
+    "reshape": lambda b, x, shape: b.reshape(x, shape),
+    "broadcast_to": lambda b, x, shape: b.broadcast_to(x, shape),
+    "transpose": lambda b, x, perm: b.transpose(x, perm),
+    "slice": lambda b, x, start, limit, step: b.slice(x, start, limit, step),
+    "rev": lambda b, x, axes: b.rev(x, axes),
+    "pad": lambda b, x, lo, hi, interior: b.pad(x, lo, hi, interior),
+    "concatenate": lambda b, *xs, axis: b.concatenate(list(xs), axis),
+    "take": lambda b, x, indices, axis: b.take(x, indices, axis),
+    "scatter_add": lambda b, u, indices, axis, size: b.scatter_add(u, indices, axis, size),
+    "matmul": lambda b, x, y: b.matmul(x, y),
+    "all_to_all": lambda b, x, axis_name, split_axis, concat_axis: b.all_to_all(
+        x, axis_name, split_axis, concat_axis
+    ),
+    "psum_scatter": lambda b, x, axis_name, scatter_dimension: b.psum_scatter(
+        x, axis_name, scatter_dimension
+    ),
 }
 
 
@@ -498,9 +519,9 @@ class Tracer(_TracerBase):
         self._check()
         return TracerError(
             f"{what} on traced values ({self.aval} in {self._trace.where()}) is not supported "
-            "yet; supported operations: + - * / ** comparisons & | ^ ~ abs() .astype(), "
-            ".sum() .mean() .max() .min() .argmax(), pathways.numpy, pw.psum and the other "
-            "collectives"
+            "yet; supported operations: + - * / ** @ comparisons & | ^ ~ abs() .astype(), "
+            "indexing, .reshape() .transpose() .T, .sum() .mean() .max() .min() .argmax(), "
+            "pathways.numpy, pathways.nn, pw.psum and the other collectives"
         )
 
     def __floordiv__(self, other: Any) -> Any:
@@ -514,9 +535,63 @@ class Tracer(_TracerBase):
     __rmod__ = __mod__
 
     def __matmul__(self, other: Any) -> Any:
-        raise self._unsupported("'@'")
+        from pathways import numpy as pnp  # Local: pathways.numpy imports this module.
 
-    __rmatmul__ = __matmul__
+        self._check()
+        return pnp.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Any:
+        from pathways import numpy as pnp
+
+        self._check()
+        return pnp.matmul(other, self)
+
+    # --- Shapes (numpy semantics; see pathways.numpy) -------------------------
+
+    def reshape(self, *shape: Any) -> "Tracer":
+        """numpy's `reshape`: `x.reshape(2, 3)` or `x.reshape((2, -1))`."""
+        from pathways import numpy as pnp
+
+        return pnp.reshape(self, shape[0] if len(shape) == 1 else shape)
+
+    def transpose(self, *axes: Any) -> "Tracer":
+        """numpy's `transpose`: reversed dims, or `x.transpose(1, 0, 2)`."""
+        from pathways import numpy as pnp
+
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return pnp.transpose(self, axes or None)
+
+    @property
+    def T(self) -> "Tracer":  # noqa: N802 (numpy's name)
+        """The transpose (dimensions reversed)."""
+        return self.transpose()
+
+    def swapaxes(self, axis1: int, axis2: int) -> "Tracer":
+        """numpy's `swapaxes`."""
+        from pathways import numpy as pnp
+
+        return pnp.swapaxes(self, axis1, axis2)
+
+    def squeeze(self, axis: Any = None) -> "Tracer":
+        """numpy's `squeeze`."""
+        from pathways import numpy as pnp
+
+        return pnp.squeeze(self, axis)
+
+    def ravel(self) -> "Tracer":
+        """numpy's `ravel`: a 1-d value, row-major."""
+        from pathways import numpy as pnp
+
+        return pnp.ravel(self)
+
+    flatten = ravel
+
+    def take(self, indices: Any, axis: Any = None) -> "Tracer":
+        """numpy's `take` (see `pathways.numpy.take`)."""
+        from pathways import numpy as pnp
+
+        return pnp.take(self, indices, axis)
 
     def __bool__(self) -> bool:
         raise _control_flow_error(self, "bool()")
@@ -542,10 +617,10 @@ class Tracer(_TracerBase):
         )
 
     def __iter__(self) -> Any:
-        raise TracerError(
-            f"iterating over a traced value ({self.aval} in {self._trace.where()}) is not "
-            "supported yet"
-        )
+        self._check()
+        if not self.shape:
+            raise TracerError(f"iteration over a 0-d traced value ({self.aval})")
+        return (self[i] for i in range(self.shape[0]))
 
     def __len__(self) -> int:
         if not self.shape:
@@ -553,9 +628,11 @@ class Tracer(_TracerBase):
         return self.shape[0]
 
     def __getitem__(self, index: Any) -> Any:
-        raise TypeError(
-            f"indexing traced values is not supported yet ({self.aval} in {self._trace.where()})"
-        )
+        """numpy basic indexing with static indices (ints, slices, None, '...'), plus one
+        integer array or int32 traced value (a `take`)."""
+        from pathways import numpy as pnp
+
+        return pnp._getitem(self, index)
 
 
 # --- pmap -----------------------------------------------------------------
@@ -1015,6 +1092,46 @@ def ppermute(x: Any, axis_name: str, perm: Sequence[tuple]) -> Any:
     """
     pairs = [(operator.index(s), operator.index(d)) for s, d in perm]
     return _map_leaves("ppermute", x, axis_name, perm=pairs)
+
+
+def all_to_all(x: Any, axis_name: str, split_axis: int, concat_axis: int) -> Any:
+    """Exchanges chunks between the devices, like `jax.lax.all_to_all`.
+
+    Each device splits `x` along `split_axis` into as many equal chunks as
+    there are devices and sends chunk `i` to device `i`; each device joins the
+    chunks it receives along `concat_axis`, in device order. The result's
+    `split_axis` is that many times shorter and its `concat_axis` that many
+    times longer.
+
+    Raises:
+      NameError: If `axis_name` is not bound by the enclosing pmap.
+      ValueError: If an axis is out of range or `split_axis` does not divide
+        by the number of devices.
+    """
+    return _map_leaves(
+        "all_to_all",
+        x,
+        axis_name,
+        split_axis=operator.index(split_axis),
+        concat_axis=operator.index(concat_axis),
+    )
+
+
+def psum_scatter(x: Any, axis_name: str, scatter_dimension: int = 0) -> Any:
+    """Sums `x` over the devices and leaves each device one slice, like `jax.lax.psum_scatter`.
+
+    `x.shape[scatter_dimension]` must equal the number of devices; device `i`
+    gets the sum over devices of `x` indexed `i` along that dimension (which
+    the result drops). It is the transpose of `all_gather`.
+
+    Raises:
+      NameError: If `axis_name` is not bound by the enclosing pmap.
+      ValueError: If the dimension is out of range or its size is not the
+        number of devices.
+    """
+    return _map_leaves(
+        "psum_scatter", x, axis_name, scatter_dimension=operator.index(scatter_dimension)
+    )
 
 
 def psum(x: Any, axis_name: str) -> Any:

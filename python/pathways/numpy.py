@@ -15,7 +15,9 @@ trace), each function simply calls its numpy namesake.
 
 from __future__ import annotations
 
-from typing import Any
+import builtins as _builtins
+import operator as _operator
+from typing import Any, Optional
 
 import numpy as _np
 
@@ -52,6 +54,23 @@ __all__ = [
     "max",
     "min",
     "argmax",
+    "reshape",
+    "ravel",
+    "transpose",
+    "swapaxes",
+    "moveaxis",
+    "broadcast_to",
+    "expand_dims",
+    "squeeze",
+    "concatenate",
+    "stack",
+    "flip",
+    "take",
+    "matmul",
+    "dot",
+    "einsum",
+    "zeros_like",
+    "ones_like",
 ]
 
 float32 = _np.float32
@@ -227,3 +246,456 @@ mean = _reduction("mean", _np.mean)
 max = _reduction("max", _np.max)  # noqa: A001
 min = _reduction("min", _np.min)  # noqa: A001
 argmax = _reduction("argmax", _np.argmax)
+
+
+# --- Shapes, indexing, linear algebra --------------------------------------
+
+
+def _trace_of(name: str, args: tuple) -> Any:
+    """The function trace of the traced values among `args`, or None if there are none."""
+    for a in args:
+        if isinstance(a, Tracer):
+            return a._check()
+        if isinstance(a, _TracerBase):
+            _traced(name, (a,))  # raises for program values
+    return None
+
+
+def _operand(trace: Any, x: Any) -> Tracer:
+    """`x` as a traced value of `trace` (numpy values become constants)."""
+    if isinstance(x, Tracer):
+        x._check()
+        return x
+    return _default_constant(trace, x)
+
+
+def _axis(name: str, axis: Any, ndim: int, shape: tuple) -> int:
+    a = _operator.index(axis)
+    if not -ndim <= a < ndim:
+        raise ValueError(f"{name}: axis {a} is out of range for shape {shape} (rank {ndim})")
+    return a + ndim if a < 0 else a
+
+
+def _shape_arg(shape: Any) -> tuple:
+    if isinstance(shape, (tuple, list)):
+        return tuple(_operator.index(d) for d in shape)
+    return (_operator.index(shape),)
+
+
+def _resolve_shape(name: str, size: int, shape: tuple, old: tuple) -> list:
+    """`shape` with a -1 entry (at most one) replaced so the sizes match."""
+    unknown = [i for i, d in enumerate(shape) if d == -1]
+    if len(unknown) > 1 or any(d < -1 for d in shape):
+        raise ValueError(f"{name}: invalid shape {shape} (at most one -1, no other negatives)")
+    known = int(_np.prod([d for d in shape if d != -1], dtype=_np.int64))
+    out = list(shape)
+    if unknown:
+        if known == 0 or size % known:
+            raise ValueError(f"{name}: cannot reshape array of shape {old} into shape {shape}")
+        out[unknown[0]] = size // known
+    if int(_np.prod(out, dtype=_np.int64)) != size:
+        raise ValueError(f"{name}: cannot reshape array of shape {old} into shape {shape}")
+    return out
+
+
+def reshape(a: Any, shape: Any = None, *, newshape: Any = None) -> Any:
+    """`numpy.reshape`: the same elements in row-major order, with a new shape (one -1 allowed)."""
+    if shape is None:
+        shape = newshape
+    trace = _trace_of("reshape", (a,))
+    if trace is None:
+        return _np.reshape(a, shape)
+    dims = _resolve_shape("reshape", a.size, _shape_arg(shape), a.shape)
+    return bind(trace, "reshape", (a,), shape=dims)
+
+
+def ravel(a: Any) -> Any:
+    """`numpy.ravel`: the elements as a 1-d value, row-major."""
+    return reshape(a, (-1,))
+
+
+def transpose(a: Any, axes: Any = None) -> Any:
+    """`numpy.transpose`: dimensions permuted (reversed when `axes` is None)."""
+    trace = _trace_of("transpose", (a,))
+    if trace is None:
+        return _np.transpose(a, axes)
+    perm = list(range(a.ndim))[::-1] if axes is None else [_operator.index(x) for x in axes]
+    return bind(trace, "transpose", (a,), perm=perm)
+
+
+def swapaxes(a: Any, axis1: int, axis2: int) -> Any:
+    """`numpy.swapaxes`: dimensions `axis1` and `axis2` exchanged."""
+    if _trace_of("swapaxes", (a,)) is None:
+        return _np.swapaxes(a, axis1, axis2)
+    i = _axis("swapaxes", axis1, a.ndim, a.shape)
+    j = _axis("swapaxes", axis2, a.ndim, a.shape)
+    perm = list(range(a.ndim))
+    perm[i], perm[j] = perm[j], perm[i]
+    return transpose(a, perm)
+
+
+def moveaxis(a: Any, source: int, destination: int) -> Any:
+    """`numpy.moveaxis` for one axis: dimension `source` moved to position `destination`."""
+    if _trace_of("moveaxis", (a,)) is None:
+        return _np.moveaxis(a, source, destination)
+    s = _axis("moveaxis", source, a.ndim, a.shape)
+    d = _axis("moveaxis", destination, a.ndim, a.shape)
+    perm = [i for i in range(a.ndim) if i != s]
+    perm.insert(d, s)
+    return transpose(a, perm)
+
+
+def broadcast_to(a: Any, shape: Any) -> Any:
+    """`numpy.broadcast_to`: `a` stretched to `shape` by numpy's broadcasting rules."""
+    trace = _trace_of("broadcast_to", (a,))
+    if trace is None:
+        return _np.broadcast_to(a, shape)
+    return bind(trace, "broadcast_to", (a,), shape=list(_shape_arg(shape)))
+
+
+def expand_dims(a: Any, axis: Any) -> Any:
+    """`numpy.expand_dims`: size-1 dimensions inserted at `axis` (an int or tuple)."""
+    if _trace_of("expand_dims", (a,)) is None:
+        return _np.expand_dims(a, axis)
+    axes = _shape_arg(axis)
+    out_ndim = a.ndim + len(axes)
+    pos = sorted(_axis("expand_dims", x, out_ndim, a.shape) for x in axes)
+    if len(set(pos)) != len(pos):
+        raise ValueError(f"expand_dims: repeated axis in {axis}")
+    shape = list(a.shape)
+    for p in pos:
+        shape.insert(p, 1)
+    return reshape(a, shape)
+
+
+def squeeze(a: Any, axis: Any = None) -> Any:
+    """`numpy.squeeze`: size-1 dimensions removed (all of them, or those of `axis`)."""
+    if _trace_of("squeeze", (a,)) is None:
+        return _np.squeeze(a, axis)
+    if axis is None:
+        drop = {i for i, d in enumerate(a.shape) if d == 1}
+    else:
+        drop = {_axis("squeeze", x, a.ndim, a.shape) for x in _shape_arg(axis)}
+        for i in drop:
+            if a.shape[i] != 1:
+                raise ValueError(
+                    f"squeeze: cannot select an axis to squeeze out which has size not equal "
+                    f"to one (axis {i} of {a.aval})"
+                )
+    return reshape(a, [d for i, d in enumerate(a.shape) if i not in drop])
+
+
+def concatenate(arrays: Any, axis: int = 0) -> Any:
+    """`numpy.concatenate`: values joined along an existing axis (dtypes promote)."""
+    arrays = list(arrays)
+    trace = _trace_of("concatenate", tuple(arrays))
+    if trace is None:
+        return _np.concatenate(arrays, axis=axis)
+    xs = [_operand(trace, x) for x in arrays]
+    return bind(trace, "concatenate", xs, axis=_operator.index(axis))
+
+
+def stack(arrays: Any, axis: int = 0) -> Any:
+    """`numpy.stack`: values of one shape joined along a new axis."""
+    arrays = list(arrays)
+    trace = _trace_of("stack", tuple(arrays))
+    if trace is None:
+        return _np.stack(arrays, axis=axis)
+    xs = [_operand(trace, x) for x in arrays]
+    shapes = {x.shape for x in xs}
+    if len(shapes) != 1:
+        raise ValueError(
+            "stack: all input arrays must have the same shape, got "
+            + ", ".join(x.aval for x in xs)
+        )
+    a = _axis("stack", axis, xs[0].ndim + 1, xs[0].shape)
+    return concatenate([expand_dims(x, a) for x in xs], axis=a)
+
+
+def flip(m: Any, axis: Any = None) -> Any:
+    """`numpy.flip`: elements reversed along `axis` (an int, tuple, or None for all)."""
+    trace = _trace_of("flip", (m,))
+    if trace is None:
+        return _np.flip(m, axis)
+    axes = list(range(m.ndim)) if axis is None else list(_shape_arg(axis))
+    return bind(trace, "rev", (m,), axes=axes)
+
+
+def _indices_operand(name: str, trace: Any, indices: Any, dim: Optional[int]) -> Tracer:
+    """Indices as an int32 traced value; constant indices are bounds-checked against `dim`."""
+    if isinstance(indices, Tracer):
+        indices._check()
+        if indices.dtype != _np.int32:
+            raise TypeError(f"{name}: indices must be int32, got {indices.aval}")
+        return indices
+    arr = _np.asarray(indices)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: indices must be integers, got dtype {arr.dtype}")
+    if dim is not None and arr.size and (arr.min() < -dim or arr.max() >= dim):
+        bad = arr[(arr < -dim) | (arr >= dim)].flat[0]
+        raise IndexError(f"{name}: index {bad} is out of bounds for axis with size {dim}")
+    if dim is not None:
+        arr = _np.where(arr < 0, arr + dim, arr)
+    return trace.constant(arr.astype(_np.int32), None)
+
+
+def take(a: Any, indices: Any, axis: Any = None) -> Any:
+    """`numpy.take`: elements of `a` at `indices` along `axis` (None: of the flattened `a`).
+
+    Traced indices must be int32 and are clipped into range (numpy would
+    raise, which a device cannot do); constant indices are checked at trace
+    time, negative ones counting from the end.
+    """
+    trace = _trace_of("take", (a, indices))
+    if trace is None:
+        return _np.take(a, indices, axis=axis)
+    a = _operand(trace, a)
+    if axis is None:
+        a = ravel(a)
+        axis = 0
+    if a.ndim == 0:
+        raise ValueError(f"take: cannot index into a zero-dimensional value ({a.aval})")
+    ax = _axis("take", axis, a.ndim, a.shape)
+    idx = _indices_operand("take", trace, indices, a.shape[ax])
+    return bind(trace, "take", (a, idx), axis=ax)
+
+
+def matmul(a: Any, b: Any) -> Any:
+    """`numpy.matmul` (the `@` operator): batched matrix product, batch dims broadcast.
+
+    1-d operands are promoted to matrices and the added dimension removed
+    afterwards, as numpy does; scalars are rejected.
+    """
+    trace = _trace_of("matmul", (a, b))
+    if trace is None:
+        return _np.matmul(a, b)
+    a = _operand(trace, a)
+    b = _operand(trace, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(
+            f"matmul: operands must not be scalars, got {a.aval} and {b.aval}; use * instead"
+        )
+    ka = a.shape[-1]
+    kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if ka != kb:
+        raise ValueError(
+            f"matmul: incompatible shapes {a.aval} and {b.aval} (contracting dimension "
+            f"{ka} != {kb})"
+        )
+    a2 = reshape(a, (1, ka)) if a.ndim == 1 else a
+    b2 = reshape(b, (kb, 1)) if b.ndim == 1 else b
+    out = bind(trace, "matmul", (a2, b2))
+    if a.ndim == 1 and b.ndim == 1:
+        return reshape(out, ())
+    if a.ndim == 1:
+        return squeeze(out, -2)
+    if b.ndim == 1:
+        return squeeze(out, -1)
+    return out
+
+
+def dot(a: Any, b: Any) -> Any:
+    """`numpy.dot` for operands of rank <= 2 (the matrix product; scalars multiply)."""
+    trace = _trace_of("dot", (a, b))
+    if trace is None:
+        return _np.dot(a, b)
+    a = _operand(trace, a)
+    b = _operand(trace, b)
+    if a.ndim == 0 or b.ndim == 0:
+        return a * b
+    if a.ndim > 2 or b.ndim > 2:
+        raise ValueError(
+            f"dot: operands of rank > 2 are not supported ({a.aval}, {b.aval}); use matmul "
+            "or einsum"
+        )
+    return matmul(a, b)
+
+
+def _einsum_pair(trace: Any, x: Tracer, xs: str, y: Tracer, ys: str, out: str) -> tuple:
+    """Contracts two operands by one batched matmul; `out` lists the letters to keep.
+
+    Returns the result and its letters.
+    """
+    batch = [c for c in xs if c in ys and c in out]
+    contract = [c for c in xs if c in ys and c not in out]
+    x_free = [c for c in xs if c not in ys]
+    y_free = [c for c in ys if c not in xs]
+    size = {c: d for c, d in zip(xs, x.shape)}
+    for c, d in zip(ys, y.shape):
+        if c in size and size[c] != d:
+            raise ValueError(
+                f"einsum: dimension '{c}' has size {size[c]} in one operand and {d} in another"
+            )
+        size[c] = d
+
+    def prod(letters: list) -> int:
+        return int(_np.prod([size[c] for c in letters], dtype=_np.int64))
+
+    xt = transpose(x, [xs.index(c) for c in batch + x_free + contract])
+    yt = transpose(y, [ys.index(c) for c in batch + contract + y_free])
+    xm = reshape(xt, (prod(batch), prod(x_free), prod(contract)))
+    ym = reshape(yt, (prod(batch), prod(contract), prod(y_free)))
+    r = bind(trace, "matmul", (xm, ym))
+    return reshape(r, [size[c] for c in batch + x_free + y_free]), "".join(batch + x_free + y_free)
+
+
+def einsum(subscripts: str, *operands: Any) -> Any:
+    """`numpy.einsum` for explicit letters (no '...', no repeated letter within an operand).
+
+    Covers the usual contractions: matrix products (`ij,jk->ik`), batched ones
+    (`bij,bjk->bik`), outer products, traces over shared letters, sums over
+    letters missing from the output, and transposes (`ij->ji`). Without '->',
+    the output has the letters appearing once, in alphabetical order. Two or
+    more operands are contracted left to right, each step one batched matmul.
+    """
+    trace = _trace_of("einsum", operands)
+    if trace is None:
+        return _np.einsum(subscripts, *operands)
+    spec = subscripts.replace(" ", "")
+    if "." in spec:
+        raise ValueError(f"einsum: '...' is not supported yet ({subscripts!r})")
+    if "->" in spec:
+        lhs, out = spec.split("->")
+    else:
+        lhs = spec
+        letters = lhs.replace(",", "")
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    ins = lhs.split(",")
+    if len(ins) != len(operands):
+        raise ValueError(
+            f"einsum: {subscripts!r} names {len(ins)} operands, got {len(operands)}"
+        )
+    xs = [_operand(trace, x) for x in operands]
+    for s, x in zip(ins, xs):
+        if len(s) != x.ndim:
+            raise ValueError(f"einsum: subscripts {s!r} do not match operand {x.aval}")
+        if len(set(s)) != len(s):
+            raise ValueError(f"einsum: repeated letter in {s!r} (diagonals) is not supported")
+        if not s.isalpha() and s:
+            raise ValueError(f"einsum: invalid subscripts {s!r}")
+    if len(set(out)) != len(out) or any(c not in lhs for c in out):
+        raise ValueError(f"einsum: invalid output subscripts {out!r}")
+
+    def needed_after(k: int) -> set:
+        return set(out).union(*[set(s) for s in ins[k + 1 :]])
+
+    # Sum out letters no one else needs, operand by operand, then contract pairwise.
+    cur, cur_s = xs[0], ins[0]
+    keep = needed_after(0)
+    drop = [i for i, c in enumerate(cur_s) if c not in keep]
+    if drop:
+        cur = cur.sum(axis=tuple(drop))
+        cur_s = "".join(c for c in cur_s if c in keep)
+    for k in range(1, len(xs)):
+        y, ys = xs[k], ins[k]
+        keep_k = needed_after(k)
+        drop = [i for i, c in enumerate(ys) if c not in keep_k and c not in cur_s]
+        if drop:
+            y = y.sum(axis=tuple(drop))
+            ys = "".join(c for i, c in enumerate(ys) if i not in drop)
+        cur, cur_s = _einsum_pair(trace, cur, cur_s, y, ys, "".join(sorted(keep_k)))
+    drop = [i for i, c in enumerate(cur_s) if c not in out]
+    if drop:
+        cur = cur.sum(axis=tuple(drop))
+        cur_s = "".join(c for c in cur_s if c in out)
+    return transpose(cur, [cur_s.index(c) for c in out]) if cur_s != out else cur
+
+
+def _filled_like(name: str, a: Any, value: int, dtype: Any) -> Any:
+    trace = _trace_of(name, (a,))
+    if trace is None:
+        return _np.full_like(a, value, dtype=dtype)
+    dt = _np.dtype(a.dtype if dtype is None else dtype)
+    return broadcast_to(trace.constant(_np.full((), value, dt), None), a.shape)
+
+
+def zeros_like(a: Any, dtype: Any = None) -> Any:
+    """`numpy.zeros_like`: zeros of `a`'s shape (and dtype unless given)."""
+    return _filled_like("zeros_like", a, 0, dtype)
+
+
+def ones_like(a: Any, dtype: Any = None) -> Any:
+    """`numpy.ones_like`: ones of `a`'s shape (and dtype unless given)."""
+    return _filled_like("ones_like", a, 1, dtype)
+
+
+def _getitem(x: Tracer, index: Any) -> Tracer:
+    """`x[index]` for static indices: ints, slices (any step), None, Ellipsis, and at
+    most one integer array or int32 traced value (a `take` along its dimension)."""
+    trace = x._check()
+    idx = index if isinstance(index, tuple) else (index,)
+    is_array = lambda e: isinstance(e, (Tracer, _np.ndarray, list))  # noqa: E731
+    if _builtins.sum(1 for e in idx if e is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    consumed = _builtins.sum(1 for e in idx if e is not None and e is not Ellipsis)
+    if consumed > x.ndim:
+        raise IndexError(
+            f"too many indices for traced value {x.aval}: {consumed} indices for {x.ndim} "
+            "dimensions"
+        )
+    if Ellipsis in [e for e in idx if not is_array(e)]:
+        k = next(i for i, e in enumerate(idx) if not is_array(e) and e is Ellipsis)
+        idx = idx[:k] + (slice(None),) * (x.ndim - consumed) + idx[k + 1 :]
+    else:
+        idx = idx + (slice(None),) * (x.ndim - consumed)
+    start, limit, step, rev = [], [], [], []
+    final: list = []  # the result shape, built entry by entry
+    advanced = None  # (dim, indices)
+    d = 0
+    for e in idx:
+        if e is None:
+            final.append(1)
+            continue
+        n = x.shape[d]
+        if is_array(e):
+            if advanced is not None:
+                raise IndexError(
+                    f"indexing {x.aval}: at most one integer array index is supported"
+                )
+            mask_dtype = e.dtype if isinstance(e, Tracer) else _np.asarray(e).dtype
+            if mask_dtype == _np.bool_:
+                raise IndexError(
+                    f"indexing {x.aval} with a boolean mask: the result's shape would depend "
+                    "on the data; use pw.numpy.where instead"
+                )
+            advanced = (d, e)
+            start.append(0), limit.append(n), step.append(1)
+            final.append(("take", d))
+        elif isinstance(e, slice):
+            b, s_end, st = e.indices(n)
+            count = len(range(b, s_end, st))
+            if count == 0:
+                start.append(0), limit.append(0), step.append(1)
+            elif st > 0:
+                start.append(b), limit.append(b + (count - 1) * st + 1), step.append(st)
+            else:
+                low = b + (count - 1) * st
+                start.append(low), limit.append(b + 1), step.append(-st)
+                rev.append(d)
+            final.append(count)
+        else:
+            try:
+                i = _operator.index(e)
+            except TypeError:
+                raise IndexError(
+                    f"indexing {x.aval}: only integers, slices, None, '...' and integer "
+                    f"arrays are valid indices, got {e!r}"
+                ) from None
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis {d} with size {n}")
+            i = i + n if i < 0 else i
+            start.append(i), limit.append(i + 1), step.append(1)
+        d += 1
+    y = bind(trace, "slice", (x,), start=start, limit=limit, step=step)
+    if rev:
+        y = bind(trace, "rev", (y,), axes=rev)
+    shape: list = []
+    if advanced is not None:
+        dim, e = advanced
+        ind = _indices_operand("indexing", trace, e, x.shape[dim])
+        y = bind(trace, "take", (y, ind), axis=dim)
+        for f in final:
+            shape.extend(ind.shape if isinstance(f, tuple) else [f])
+    else:
+        shape = final
+    return reshape(y, shape)

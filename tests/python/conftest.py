@@ -90,3 +90,38 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> str:
 def python_subprocess():
     """Returns `run_python(code, env=None)`."""
     return run_python
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quiesce_after_module():
+    """Leaves no gangs or slices of a test module behind for later modules."""
+    yield
+    import gc
+
+    gc.collect()
+    pw._core.await_quiescence()
+
+
+@pytest.fixture(scope="module")
+def tpus2():
+    """A 2-TPU slice shared by the tests of one module."""
+    return get_devices(2)
+
+
+@pytest.fixture(scope="module")
+def tpus4():
+    """A 4-TPU slice shared by the tests of one module."""
+    return get_devices(4)
+
+
+def random_axes(rng, ndim):
+    """None, an int (maybe negative) or a tuple of distinct axes."""
+    choice = int(rng.integers(0, 3))
+    if choice == 0 or ndim == 0:
+        return None
+    if choice == 1:
+        a = int(rng.integers(0, ndim))
+        return a - ndim if rng.random() < 0.5 else a
+    k = int(rng.integers(0, ndim + 1))
+    axes = [int(a) for a in rng.permutation(ndim)[:k]]
+    return tuple(a - ndim if rng.random() < 0.5 else a for a in axes)

@@ -1,7 +1,6 @@
 """Reductions (sum/mean/max/min/argmax) and collectives (pmean, pmax, pmin,
 axis_index, all_gather, ppermute) inside pw.pmap, checked against numpy."""
 
-import gc
 import re
 
 import numpy as np
@@ -11,15 +10,9 @@ import pathways as pw
 import pathways.numpy as pnp
 from pathways import _core
 
-from conftest import get_devices
+from conftest import get_devices, random_axes
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quiesce_after_module():
-    """Leaves no gangs or slices of this module behind for later tests."""
-    yield
-    gc.collect()
-    _core.await_quiescence()
 
 
 def devices(n):
@@ -36,17 +29,6 @@ def random_input(rng, n, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
 
 
-def random_axes(rng, ndim):
-    """None, an int (maybe negative) or a tuple of distinct axes."""
-    choice = rng.integers(0, 3)
-    if choice == 0 or ndim == 0:
-        return None
-    if choice == 1:
-        a = int(rng.integers(0, ndim))
-        return a - ndim if rng.random() < 0.5 else a
-    k = int(rng.integers(0, ndim + 1))
-    axes = [int(a) for a in rng.permutation(ndim)[:k]]
-    return tuple(a - ndim if rng.random() < 0.5 else a for a in axes)
 
 
 def per_device(fn, x):

@@ -1,0 +1,135 @@
+"""Neural-network functions, like `jax.nn`, built from the ops of `pathways.numpy`.
+
+Each one is a composite: inside a `pw.pmap` trace it records the primitive ops
+it is made of (so `pw.grad` differentiates it through them), and called on
+numpy arrays it computes with numpy.
+
+  >>> import pathways.nn as pnn
+  >>> f = pw.pmap(lambda logits: pnn.log_softmax(logits).max(), devices=tpus)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as _np
+
+import pathways.numpy as _pnp
+from pathways._autodiff import stop_gradient
+from pathways._tracing import Tracer
+
+__all__ = [
+    "relu",
+    "gelu",
+    "sigmoid",
+    "silu",
+    "softmax",
+    "log_softmax",
+    "logsumexp",
+    "one_hot",
+    "layer_norm",
+]
+
+
+def relu(x: Any) -> Any:
+    """max(x, 0), elementwise."""
+    return _pnp.maximum(x, 0)
+
+
+def gelu(x: Any, approximate: bool = True) -> Any:
+    """The GELU activation, in the tanh approximation (JAX's default).
+
+    `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+
+    Raises:
+      NotImplementedError: For `approximate=False`, which needs erf.
+    """
+    if not approximate:
+        raise NotImplementedError(
+            "gelu(approximate=False) needs erf, which is not an op yet; use the default "
+            "tanh approximation"
+        )
+    c = math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + _pnp.tanh(c * (x + 0.044715 * (x * x * x))))
+
+
+def sigmoid(x: Any) -> Any:
+    """1 / (1 + exp(-x)), elementwise."""
+    return 1.0 / (1.0 + _pnp.exp(-x))
+
+
+def silu(x: Any) -> Any:
+    """x * sigmoid(x) (also called swish)."""
+    return x * sigmoid(x)
+
+
+def _max_shift(x: Any, axis: Any) -> Any:
+    """The max over `axis` (keepdims), outside gradients and with -inf rows shifted by 0."""
+    m = stop_gradient(_pnp.max(x, axis=axis, keepdims=True))
+    return _pnp.where(m > -_np.inf, m, 0.0)
+
+
+def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """log(sum(exp(x), axis)), computed stably (shifted by the max)."""
+    m = _max_shift(x, axis)
+    out = _pnp.log(_pnp.sum(_pnp.exp(x - m), axis=axis, keepdims=True)) + m
+    if keepdims:
+        return out
+    if axis is None:
+        return _pnp.reshape(out, ())
+    return _pnp.squeeze(out, axis)
+
+
+def softmax(x: Any, axis: Any = -1) -> Any:
+    """exp(x) / sum(exp(x), axis), computed stably."""
+    e = _pnp.exp(x - _max_shift(x, axis))
+    return e / _pnp.sum(e, axis=axis, keepdims=True)
+
+
+def log_softmax(x: Any, axis: Any = -1) -> Any:
+    """x - logsumexp(x, axis), computed stably."""
+    shifted = x - _max_shift(x, axis)
+    return shifted - _pnp.log(_pnp.sum(_pnp.exp(shifted), axis=axis, keepdims=True))
+
+
+def one_hot(x: Any, num_classes: int, dtype: Any = _np.float32, axis: int = -1) -> Any:
+    """Integer labels to one-hot vectors along a new axis `axis`, like `jax.nn.one_hot`.
+
+    Labels outside [0, num_classes) give all-zero vectors.
+    """
+    n = int(num_classes)
+    ndim = _np.ndim(x) if not isinstance(x, Tracer) else x.ndim
+    a = axis + ndim + 1 if axis < 0 else axis
+    if not 0 <= a <= ndim:
+        raise ValueError(f"one_hot: axis {axis} is out of range for a result of rank {ndim + 1}")
+    classes = _np.arange(n, dtype=_np.int32).reshape([n if d == a else 1 for d in range(ndim + 1)])
+    labels = _pnp.expand_dims(x, a)
+    return (labels == classes).astype(dtype)
+
+
+def layer_norm(
+    x: Any,
+    scale: Optional[Any] = None,
+    offset: Optional[Any] = None,
+    axis: Any = -1,
+    epsilon: float = 1e-5,
+) -> Any:
+    """Layer normalization: (x - mean) / sqrt(var + epsilon) over `axis`, then * scale + offset.
+
+    Args:
+      x: The values.
+      scale: Multiplies the normalized values (broadcasting), or None.
+      offset: Added after scaling (broadcasting), or None.
+      axis: The axis or axes normalized over.
+      epsilon: Added to the variance.
+    """
+    mean = _pnp.mean(x, axis=axis, keepdims=True)
+    centered = x - mean
+    var = _pnp.mean(centered * centered, axis=axis, keepdims=True)
+    y = centered * _pnp.rsqrt(var + epsilon)
+    if scale is not None:
+        y = y * scale
+    if offset is not None:
+        y = y + offset
+    return y
