@@ -42,6 +42,7 @@ from pathways._tracing import (
     Tracer,
     TracerError,
     all_gather,
+    all_to_all,
     axis_index,
     pmap,
     pmax,
@@ -49,9 +50,12 @@ from pathways._tracing import (
     pmin,
     ppermute,
     psum,
+    psum_scatter,
     simulated_compute,
 )
+from pathways._autodiff import grad, stop_gradient, value_and_grad
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
+from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
 from pathways._tenancy import (
     Client,
     Timeline,
@@ -152,9 +156,15 @@ __all__ = [
     "axis_index",
     "all_gather",
     "ppermute",
+    "all_to_all",
+    "psum_scatter",
     "program",
     "simulated_compute",
     "dispatch_mode",
+    # Gradients.
+    "grad",
+    "value_and_grad",
+    "stop_gradient",
     # Multi-tenancy and timelines.
     "Client",
     "client_stats",
