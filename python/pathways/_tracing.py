@@ -657,22 +657,31 @@ def _ir_name(name: str) -> str:
 def _to_array(leaf: Any) -> Any:
     """A ShardedBuffer or numpy array for a concrete argument leaf.
 
-    Python scalars and lists of them become float64 (there are no integer
-    dtypes on the devices); numpy arrays keep their dtype.
+    numpy arrays of float32, float64, int32 and bool keep their dtype (other
+    dtypes, e.g. float16, are rejected later with the supported ones named);
+    other integer arrays (numpy's default int64 included) and Python ints
+    become int32, as in JAX; Python floats become float64 and bools bool.
+
+    Raises:
+      ValueError: For integers outside int32's range.
     """
-    if type(leaf) is _ShardedBuffer or type(leaf) is np.ndarray:
+    if type(leaf) is _ShardedBuffer:
         return leaf
-    if isinstance(leaf, (_ShardedBuffer, np.ndarray)):
+    if isinstance(leaf, _ShardedBuffer):
         return leaf
     if isinstance(leaf, _TracerBase):
         raise TracerError(
             f"escaped tracer: a traced value ({leaf.aval}) was used after its trace ended"
         )
-    if isinstance(leaf, np.generic):
-        return np.asarray(leaf)
     arr = np.asarray(leaf)
-    if arr.dtype.kind in "biu":
-        arr = arr.astype(np.float64)
+    if arr.dtype.kind in "iu" and arr.dtype != np.int32:
+        info = np.iinfo(np.int32)
+        if arr.size and (arr.min() < info.min or arr.max() > info.max):
+            raise ValueError(
+                f"an argument of dtype {arr.dtype} has values outside the int32 range, the "
+                "only integer dtype on the devices"
+            )
+        arr = arr.astype(np.int32)
     return arr
 
 

@@ -100,7 +100,20 @@ def test_scalar_argument_without_devices(runtime_ok):
     runtime_ok()
 
 
-@pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.float16, np.complex128])
+@pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.uint32])
+def test_other_integer_arguments_become_int32(tpus2, runtime_ok, dtype):
+    out = pw.pmap(lambda x: x * 2, devices=tpus2)(np.array([3, 200], dtype))
+    assert np.asarray(out).dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(out), [6, 400])
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"an argument of dtype {np.dtype(np.int64).name} has values outside the int32 range"),
+    ):
+        pw.pmap(lambda x: x, devices=tpus2)(np.array([1, 2**40], np.int64))
+    runtime_ok()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.complex128])
 def test_unsupported_dtype(tpus2, runtime_ok, dtype):
     def f(x):
         return x
@@ -523,12 +536,12 @@ def test_pmap_errors_inside_program(tpus2, runtime_ok):
 
     @pw.program
     def bad_dtype(v):
-        return pa(np.zeros(2, np.int64))
+        return pa(np.zeros(2, np.float16))
 
     with pytest.raises(
         TypeError,
         match=re.escape(
-            "pmap of 'a': argument 0 has dtype int64; supported dtypes: float32, float64, int32, bool"
+            "pmap of 'a': argument 0 has dtype float16; supported dtypes: float32, float64, int32, bool"
         ),
     ):
         bad_dtype(np.zeros(2))
