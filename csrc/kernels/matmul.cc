@@ -32,16 +32,15 @@ bool StacksIntoOneProduct(bool trans_a, int64_t m, int64_t k, int64_t batch,
   return true;
 }
 
-// Leading dimensions of the row-major operands as stored. BLAS rejects a
-// leading dimension of 0 even when the matrix is empty, hence the max.
+// Leading dimensions of the row-major operands as stored (m, n, k > 0 here;
+// BLAS rejects a leading dimension of 0).
 struct LeadingDims {
   blasint a, b, c;
 };
 
 LeadingDims StoredLeadingDims(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k) {
-  return {static_cast<blasint>(std::max<int64_t>(1, trans_a ? m : k)),
-          static_cast<blasint>(std::max<int64_t>(1, trans_b ? k : n)),
-          static_cast<blasint>(std::max<int64_t>(1, n))};
+  return {static_cast<blasint>(trans_a ? m : k), static_cast<blasint>(trans_b ? k : n),
+          static_cast<blasint>(n)};
 }
 
 CBLAS_TRANSPOSE BlasTranspose(bool trans) { return trans ? CblasTrans : CblasNoTrans; }

@@ -46,9 +46,9 @@ struct Shape {
 
 // Odd sizes, empty ones, and sizes past the integer loop's 16-row and
 // 256-deep blocks.
-constexpr Shape kShapes[] = {{1, 1, 1},  {3, 5, 7},   {17, 1, 9},   {1, 17, 9}, {0, 4, 3},
-                             {4, 0, 3},  {4, 3, 0},   {0, 0, 0},    {16, 16, 16},
-                             {33, 20, 300}, {70, 9, 513}};
+constexpr Shape kShapes[] = {{1, 1, 1},   {3, 5, 7},    {17, 1, 9},  {1, 17, 9},
+                             {0, 4, 3},   {4, 0, 3},    {4, 3, 0},   {0, 0, 0},
+                             {16, 16, 16}, {33, 20, 300}, {70, 9, 513}};
 
 // How the batch elements' operands are laid out.
 enum class Layout {
@@ -217,9 +217,11 @@ INSTANTIATE_TEST_SUITE_P(
     AllDTypesAndTransposes, MatmulVsNaiveTest,
     ::testing::Combine(::testing::Values(DType::kF32, DType::kF64, DType::kI32, DType::kBool),
                        ::testing::Bool(), ::testing::Bool()),
+    // No structured binding here: its commas would split the macro's arguments.
     [](const auto& info) {
-      return absl::StrCat(DTypeName(std::get<0>(info.param)), std::get<1>(info.param) ? "_aT" : "_a",
-                          std::get<2>(info.param) ? "_bT" : "_b");
+      const auto& p = info.param;
+      return absl::StrCat(DTypeName(std::get<0>(p)), std::get<1>(p) ? "_aT" : "_a",
+                          std::get<2>(p) ? "_bT" : "_b");
     });
 
 TEST(MatmulTest, EmptyBatchWritesNothing) {
