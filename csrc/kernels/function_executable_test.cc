@@ -10,24 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "csrc/base/allocation_counter.h"
 #include "gtest/gtest.h"
 
-// Counts heap allocations while g_count_allocations is set, to check that
-// Run() does not allocate.
-namespace {
-std::atomic<bool> g_count_allocations{false};
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
-
-void* operator new(std::size_t size) {
-  if (g_count_allocations.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-// noinline: inlined into callers, free() of operator new's memory trips GCC's
-// -Wmismatched-new-delete.
-__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
-__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace pw {
 namespace {
@@ -86,11 +71,10 @@ std::vector<std::vector<uint8_t>> RunGang(const FunctionExecutable& exe, int num
   std::vector<Block> scratch((exe.scratch_bytes(num_shards) + 63) / 64);
   if (!scratch.empty()) std::memset(scratch.data(), 0xff, scratch.size() * sizeof(Block));
 
-  g_allocations = 0;
-  g_count_allocations = true;
+  StartCountingAllocations();
   exe.Run(num_shards, in, out, scratch.data());
-  g_count_allocations = false;
-  if (allocations != nullptr) *allocations = g_allocations;
+  const int64_t counted = StopCountingAllocations();
+  if (allocations != nullptr) *allocations = counted;
   return outputs;
 }
 

@@ -17,25 +17,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/allocation_counter.h"
 #include "gtest/gtest.h"
 
-// Counts heap allocations while g_count_allocations is set, to check that
-// BatchedMatmul does not allocate (OpenBLAS's own buffers come from its
-// allocator, not operator new, so this sees only ours).
-namespace {
-std::atomic<bool> g_count_allocations{false};
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
-
-void* operator new(std::size_t size) {
-  if (g_count_allocations.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-// noinline: inlined into callers, free() of operator new's memory trips GCC's
-// -Wmismatched-new-delete.
-__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
-__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace pw {
 namespace {
@@ -258,16 +242,14 @@ TEST(MatmulTest, DoesNotAllocate) {
   // covers every dtype.
   std::vector<uint8_t> bytes_a(m * k * 8, 1), bytes_b(k * n * 8, 1), bytes_out(2 * m * n * 8);
   const int64_t offsets[2] = {0, 0};
-  g_allocations = 0;
-  g_count_allocations = true;
+  StartCountingAllocations();
   for (DType dtype : {DType::kF32, DType::kF64, DType::kI32, DType::kBool}) {
     for (bool trans : {false, true}) {
       BatchedMatmul(dtype, trans, trans, m, n, k, 2, bytes_a.data(), offsets, bytes_b.data(),
                     offsets, bytes_out.data());
     }
   }
-  g_count_allocations = false;
-  EXPECT_EQ(g_allocations.load(), 0);
+  EXPECT_EQ(StopCountingAllocations(), 0);
 }
 
 // Many executor threads call in at once; the float product is large enough

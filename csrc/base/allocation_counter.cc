@@ -1,0 +1,34 @@
+#include "csrc/base/allocation_counter.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<int64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+// noinline: inlined into callers, free() of operator new's memory trips GCC's
+// -Wmismatched-new-delete.
+__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
+__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace pw {
+
+void StartCountingAllocations() {
+  g_allocations = 0;
+  g_counting = true;
+}
+
+int64_t StopCountingAllocations() {
+  g_counting = false;
+  return g_allocations.load();
+}
+
+}  // namespace pw
