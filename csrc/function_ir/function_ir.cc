@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -362,9 +363,78 @@ absl::StatusOr<int32_t> FunctionBuilder::Constant(DType dtype, Dims dims,
   return num_values() - 1;
 }
 
+namespace {
+
+// Element i of a literal of `dtype`, as a double (exact for all four dtypes).
+double LiteralElement(const std::vector<uint8_t>& literal, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF64: {
+      double v;
+      std::memcpy(&v, literal.data() + i * 8, 8);
+      return v;
+    }
+    case DType::kI32: {
+      int32_t v;
+      std::memcpy(&v, literal.data() + i * 4, 4);
+      return v;
+    }
+    case DType::kBool:
+      return literal[i] != 0 ? 1.0 : 0.0;
+    case DType::kF32:
+      break;
+  }
+  float v;
+  std::memcpy(&v, literal.data() + i * 4, 4);
+  return v;
+}
+
+// `literal` (of `from`) cast to `to`, with the kernels' rules: to bool is
+// != 0; float to int32 truncates, NaN and out-of-range giving INT32_MIN.
+std::vector<uint8_t> ConvertLiteral(const std::vector<uint8_t>& literal, DType from, DType to,
+                                    int64_t n) {
+  std::vector<uint8_t> out(static_cast<size_t>(n * DTypeSize(to)));
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = LiteralElement(literal, from, i);
+    switch (to) {
+      case DType::kF64:
+        std::memcpy(out.data() + i * 8, &v, 8);
+        break;
+      case DType::kF32: {
+        const float f = static_cast<float>(v);
+        std::memcpy(out.data() + i * 4, &f, 4);
+        break;
+      }
+      case DType::kI32: {
+        const int32_t k = (v >= -2147483648.0 && v < 2147483648.0)
+                              ? static_cast<int32_t>(v)
+                              : std::numeric_limits<int32_t>::min();
+        std::memcpy(out.data() + i * 4, &k, 4);
+        break;
+      }
+      case DType::kBool:
+        out[i] = v != 0.0 ? 1 : 0;
+        break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<int32_t> FunctionBuilder::Convert(int32_t x, DType dtype) {
   PW_RETURN_IF_ERROR(CheckValue(x, OpKindName(OpKind::kConvert)));
   if (type(x).dtype == dtype) return x;
+  if (ir_->ops_[x].kind == OpKind::kConstant) {  // folded: a constant of the new dtype
+    const Op& c = ir_->ops_[x];
+    Dims dims = c.type.dims;
+    std::vector<uint8_t> literal =
+        ConvertLiteral(c.literal, c.type.dtype, dtype, c.type.num_elements());
+    Op& op = ir_->ops_.emplace_back();  // in place, as in Parameter(); `c` is stale now
+    op.kind = OpKind::kConstant;
+    op.type = ValueType{dtype, std::move(dims)};
+    op.literal = std::move(literal);
+    return num_values() - 1;
+  }
   Op op;
   op.kind = OpKind::kConvert;
   op.operands = {x};

@@ -1,5 +1,7 @@
 #include "csrc/function_ir/function_ir.h"
 
+#include <limits>
+
 #include <cstring>
 #include <vector>
 
@@ -328,7 +330,7 @@ TEST(FunctionIrTest, ToTextConstantsConvertsAndNeg) {
   auto big = b.Constant(DType::kF64, {2, 3}, Bytes<double>({0.1, 2, 3, 4, 5, 6}));
   auto half = b.Constant(DType::kF64, {}, Bytes<double>({0.5}));
   ASSERT_TRUE(small.ok() && big.ok() && half.ok());
-  auto sum = b.Binary(OpKind::kAdd, *small, x);  // converts the f32 constant
+  auto sum = b.Binary(OpKind::kAdd, *small, x);  // folds the f32 constant to f64
   ASSERT_TRUE(sum.ok());
   auto neg = b.Unary(OpKind::kNeg, *sum);
   ASSERT_TRUE(neg.ok());
@@ -339,7 +341,7 @@ TEST(FunctionIrTest, ToTextConstantsConvertsAndNeg) {
   EXPECT_NE(text.find("%1 = const f32[3] [1, 2.5, -3]\n"), std::string::npos) << text;
   EXPECT_NE(text.find("%2 = const f64[2,3] [0.1, 2, 3, 4, ...]\n"), std::string::npos) << text;
   EXPECT_NE(text.find("%3 = const f64[] 0.5\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("%4 = convert %1 : f64[3]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("%4 = const f64[3] [1, 2.5, -3]\n"), std::string::npos) << text;
   EXPECT_NE(text.find("%5 = add %4, %0 : f64[3]\n"), std::string::npos) << text;
   EXPECT_NE(text.find("%6 = neg %5 : f64[3]\n"), std::string::npos) << text;
   EXPECT_NE(text.find("  return %6, %0\n}\n"), std::string::npos) << text;
@@ -469,6 +471,31 @@ TEST(FunctionBuilderTest, CollectivesNeedAnAxisName) {
   const int32_t x = b.Parameter(DType::kF32, {2});
   ExpectInvalid(b.Pcollective(OpKind::kPmax, x, "i").status(),
                 "pmax: unbound axis name 'i' (this function has no pmap axis name)");
+}
+
+// Casting a constant folds into a new constant, with the kernels' rules.
+TEST(FunctionIrTest, ConvertOfAConstantFolds) {
+  FunctionBuilder b("c", "");
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto c = b.Constant(DType::kF64, {4}, Bytes<double>({nan, 3.7, -0.0, 1e10}));
+  ASSERT_TRUE(c.ok());
+  auto i = b.Convert(*c, DType::kI32);
+  auto p = b.Convert(*c, DType::kBool);
+  auto f = b.Convert(*i, DType::kF32);
+  ASSERT_TRUE(i.ok() && p.ok() && f.ok());
+  auto ir = b.Build({*i, *p, *f});
+  ASSERT_TRUE(ir.ok());
+  for (int32_t v : {*i, *p, *f}) EXPECT_EQ((*ir)->ops()[v].kind, OpKind::kConstant);
+  const auto& li = (*ir)->ops()[*i].literal;
+  std::vector<int32_t> ints(4);
+  std::memcpy(ints.data(), li.data(), 16);
+  EXPECT_EQ(ints, (std::vector<int32_t>{std::numeric_limits<int32_t>::min(), 3, 0,
+                                        std::numeric_limits<int32_t>::min()}));
+  EXPECT_EQ((*ir)->ops()[*p].literal, (std::vector<uint8_t>{1, 1, 0, 1}));
+  float floats[4];
+  std::memcpy(floats, (*ir)->ops()[*f].literal.data(), 16);
+  EXPECT_EQ(floats[1], 3.0f);
+  EXPECT_EQ(floats[0], -2147483648.0f);
 }
 
 }  // namespace

@@ -740,10 +740,16 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       ++v;
       continue;
     }
+    // Parameters and constants compute nothing, so they may sit inside a run
+    // (the tracer adds a constant just before the op that uses it).
+    auto inert = [&](int32_t u) {
+      return ops[u].kind == OpKind::kParameter || ops[u].kind == OpKind::kConstant;
+    };
     int32_t last = v;
-    while (last + 1 < num_ops && fusible(last + 1) &&
-           ops[last + 1].type.dims == ops[v].type.dims) {
-      ++last;
+    for (int32_t next = v + 1; next < num_ops; ++next) {
+      if (inert(next)) continue;
+      if (!fusible(next) || ops[next].type.dims != ops[v].type.dims) break;
+      last = next;
     }
     // Values used only inside the group get tile buffers (of the widest
     // element), reused once their last reader has run.
@@ -756,7 +762,7 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
           free_tiles.push_back(exe->tile_offset_[w]);
         }
       }
-      if (last_use[u] > last) continue;
+      if (inert(u) || last_use[u] > last) continue;
       if (free_tiles.empty()) {
         exe->tile_offset_[u] = tile_bytes;
         tile_bytes += kTileBytes;
@@ -973,6 +979,7 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
         };
         for (int32_t v = g.first; v <= g.last; ++v) {
           const Op& fop = ops[v];
+          if (fop.kind == OpKind::kParameter || fop.kind == OpKind::kConstant) continue;
           const View x = tile_view(fop.operands[0]);
           const View y = fop.operands.size() > 1 ? tile_view(fop.operands[1]) : x;
           const View z = fop.operands.size() > 2 ? tile_view(fop.operands[2]) : x;

@@ -50,7 +50,8 @@ class FunctionExecutable {
   // by tile, kTileElements of the gang at a time. Values used only inside the
   // run live in a small tile buffer and never get a full-size scratch slot,
   // so the run reads its inputs and writes its results once: one pass over
-  // memory. Each group is the op range [first, last] of the IR.
+  // memory. Each group is the op range [first, last] of the IR (constants
+  // and parameters inside it compute nothing).
   struct FusionGroup {
     int32_t first = 0;
     int32_t last = 0;

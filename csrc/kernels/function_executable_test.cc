@@ -955,11 +955,16 @@ TEST(FunctionExecutableFusionTest, FusedRunMatchesOpByOp) {
   auto t = b.Unary(OpKind::kTanh, *c);           // internal
   auto d = b.Convert(*t, DType::kF64);           // internal
   auto p = b.Binary(OpKind::kGt, x, y);          // internal (bool)
-  auto e = b.Select(*p, *d, *two);               // promotes: f64
-  ASSERT_TRUE(a.ok() && c.ok() && t.ok() && d.ok() && p.ok() && e.ok());
+  auto one = b.Constant(DType::kF64, {}, Bytes<double>({1.0}));  // inside the run
+  ASSERT_TRUE(one.ok());
+  auto d1 = b.Binary(OpKind::kSub, *d, *one);    // internal
+  auto e = b.Select(*p, *d1, *two);              // promotes: f64
+  ASSERT_TRUE(a.ok() && c.ok() && t.ok() && d.ok() && p.ok() && d1.ok() && e.ok());
   auto exe = MustCompile(b.Build({*e, *c}));
   ASSERT_NE(exe, nullptr);
   ASSERT_EQ(exe->fusion_groups().size(), 1u);
+  EXPECT_EQ(exe->fusion_groups()[0].first, a.value());
+  EXPECT_EQ(exe->fusion_groups()[0].last, e.value());
   const int shards = 3;
   std::vector<float> xs(shards * n), ys(shards * n);
   for (size_t i = 0; i < xs.size(); ++i) {
@@ -975,7 +980,7 @@ TEST(FunctionExecutableFusionTest, FusedRunMatchesOpByOp) {
   for (size_t i = 0; i < xs.size(); ++i) {
     const float cv = xs[i] * 2.0f + ys[i];
     ASSERT_EQ(got_c[i], cv) << i;
-    const double ev = xs[i] > ys[i] ? static_cast<double>(std::tanh(cv)) : 2.0;
+    const double ev = xs[i] > ys[i] ? static_cast<double>(std::tanh(cv)) - 1.0 : 2.0;
     ASSERT_EQ(got_e[i], ev) << i;
   }
 }
