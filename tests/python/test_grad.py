@@ -14,6 +14,8 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import pathways as pw
 import pathways.numpy as pnp
@@ -21,8 +23,6 @@ from pathways import _autodiff as pw_autodiff
 from pathways._tracing import bind
 
 from conftest import get_devices, random_axes
-
-
 
 
 @pytest.fixture(params=[2, 4], ids=lambda n: f"{n}dev")
@@ -1153,3 +1153,58 @@ def test_primitive_without_rule(tpus2, runtime_ok, monkeypatch):
                 devices=tpus2)(np.ones((2, 3)))
     np.testing.assert_allclose(np.asarray(g), np.full((2, 3), np.sin(1.0)))
     runtime_ok()
+
+
+# --- Property-based (hypothesis) ------------------------------------------------
+
+# Smooth elementwise maps over all reals (pnp functions or Tracer operators).
+_SMOOTH = {
+    "sin": pnp.sin,
+    "cos": pnp.cos,
+    "tanh": pnp.tanh,
+    "exp_half": lambda x: pnp.exp(x * 0.5),
+    "square": lambda x: x * x,
+    "softplus": lambda x: pnp.log(1.0 + pnp.exp(x)),
+    "gelu": pw.nn.gelu,
+}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    chain=st.lists(st.sampled_from(sorted(_SMOOTH)), min_size=1, max_size=4),
+    shape=st.lists(st.integers(1, 3), max_size=2).map(tuple),
+    reduce_first=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_property_random_compositions_match_finite_differences(tpus2, chain, shape, reduce_first, seed):
+    """A random chain of smooth maps, a random weighting and a sum or a softmax-weighted sum."""
+    x = np.random.default_rng(seed).standard_normal((2,) + shape)
+    w = np.random.default_rng(seed + 1).standard_normal(shape)
+
+    def f(v):
+        for name in chain:
+            v = _SMOOTH[name](v)
+        if reduce_first or not shape:
+            return (v * w).sum()
+        return (pw.nn.softmax(v, axis=-1) * w).sum()
+
+    check_grads(tpus2, f, [x], rtol=1e-5, atol=1e-6, total=sum_over_devices(
+        lambda v: _numpy_chain(chain, v, w, reduce_first or not shape)))
+
+
+def _numpy_chain(chain, v, w, plain_sum):
+    refs = {
+        "sin": np.sin,
+        "cos": np.cos,
+        "tanh": np.tanh,
+        "exp_half": lambda x: np.exp(x * 0.5),
+        "square": lambda x: x * x,
+        "softplus": lambda x: np.log(1.0 + np.exp(x)),
+        "gelu": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+    }
+    for name in chain:
+        v = refs[name](v)
+    if plain_sum:
+        return (v * w).sum()
+    e = np.exp(v - v.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True) * w).sum()
