@@ -4,10 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "csrc/base/spin.h"
+#include "csrc/object_store/host_memory_pool.h"
 
 namespace pw {
 namespace {
-constexpr std::align_val_t kAlignment{64};
 // How long Await() spins before it sleeps: a sleeping waiter costs the
 // completing thread a futex wake (~25 us on our VMs).
 constexpr int64_t kAwaitSpinNs = 50'000;
@@ -32,13 +32,13 @@ absl::StatusOr<std::shared_ptr<ShardedBuffer>> ShardedBuffer::Allocate(ObjectSto
   buffer->devices_ = devices;
   buffer->shard_bytes_ = shard_bytes;
   const size_t total = static_cast<size_t>(std::max<int64_t>(shard_bytes * devices->size(), 1));
-  buffer->data_ = ::operator new(total, kAlignment);
+  buffer->data_ = HostMemoryPool::Get().Allocate(total);
   return buffer;
 }
 
 ShardedBuffer::~ShardedBuffer() {
   stores_->Free(devices_, shard_bytes_);
-  ::operator delete(data_, kAlignment);
+  HostMemoryPool::Get().Free(data_, static_cast<size_t>(std::max<int64_t>(shard_bytes_ * devices_->size(), 1)));
 }
 
 absl::Status ShardedBuffer::Await() const {
