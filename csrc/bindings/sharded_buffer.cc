@@ -104,6 +104,12 @@ void RegisterShardedBuffer(py::module_& m) {
         return out;
       }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
       .def("__len__", [](const PyShardedBuffer& s) { return s.dims[0]; })
+      // Indexing reads the buffer back, like np.asarray(buffer)[index]: the
+      // result is a numpy value on the host.
+      .def("__getitem__", [](py::object self, py::object index) -> py::object {
+        py::object host = py::module_::import("numpy").attr("asarray")(self);
+        return host.attr("__getitem__")(index);
+      })
       .def("__repr__", [](const PyShardedBuffer& s) -> std::string {
         const std::string type = TypeToString(s.dtype, s.dims);
         if (s.buffer == nullptr) return absl::StrCat("ShardedBuffer(<deleted>, ", type, ")");

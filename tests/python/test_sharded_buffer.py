@@ -169,3 +169,14 @@ def test_transfer_and_scheduler_stats(devices_of):
     sched = pw.scheduler_stats()
     assert [s["island"] for s in sched] == list(range(pw.topology()["islands"]))
     assert all(s["enqueued"] >= 0 and s["in_flight"] >= 0 for s in sched)
+
+
+def test_indexing_reads_back_like_numpy(devices_of):
+    x = np.arange(12.0).reshape(2, 6)
+    buf = pw.pmap(lambda v: v * 2, devices=devices_of(2))(x)
+    np.testing.assert_array_equal(buf[1], 2 * x[1])
+    assert buf[0, 3] == 6.0
+    np.testing.assert_array_equal(buf[:, ::-2], (2 * x)[:, ::-2])
+    buf.delete()
+    with pytest.raises(pw.DeletedBufferError, match="has been deleted"):
+        buf[0]
