@@ -37,6 +37,7 @@ from pathways._devices import (
 )
 from pathways._program import Program, ProgramTracer, program
 from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_map, tree_unflatten
+from pathways._tracing import _to_array
 from pathways._tracing import (
     PmapFunction,
     Tracer,
@@ -84,36 +85,36 @@ atexit.register(_core.shutdown)
 
 
 def device_put(x: Any, devices: Sequence[Any]) -> Any:
-    """Copies an array onto devices, splitting its leading axis over them.
+    """Copies arrays onto devices, splitting each leading axis over them.
 
-    Like `jax.device_put_sharded` on a stacked array: shard `i` (`x[i]`) goes
-    to `devices[i]`.
+    Like `jax.device_put_sharded` on stacked arrays: shard `i` (`x[i]`) goes
+    to `devices[i]`. `x` may be a pytree; every leaf is put.
 
     Args:
-      x: A numpy array (float32, float64, int32 or bool) or array-like
-        (Python numbers become float64) with leading axis `len(devices)`, or a
-        `ShardedBuffer` (copied).
+      x: A pytree of numpy arrays (float32, float64, int32 or bool; other
+        integer dtypes become int32, as for `pmap` arguments) or array-likes
+        (Python floats become float64, ints int32), each with leading axis
+        `len(devices)`, or `ShardedBuffer`s (copied).
       devices: Virtual devices (e.g. a slice's `.tpus`), a `VirtualSlice`, or
         physical `Device`s.
 
     Returns:
-      A `ShardedBuffer`.
+      The pytree with `ShardedBuffer` leaves.
 
     Raises:
-      ValueError: If the leading axis does not match the number of devices.
+      ValueError: If a leading axis does not match the number of devices.
       TypeError: For an unsupported dtype.
       NotFoundError: For an unknown device.
     """
     if isinstance(devices, VirtualSlice):
         devices = devices.devices
-    if isinstance(x, (_core.ShardedBuffer, np.ndarray, np.generic)):
-        arr = np.asarray(x, order="C")
-    else:
-        arr = np.asarray(x)
-        if arr.dtype.kind in "biu":
-            arr = arr.astype(np.float64)
-        arr = np.asarray(arr, order="C")
-    return _core.device_put(arr, list(devices))
+    devices = list(devices)
+
+    def put(leaf: Any) -> Any:
+        arr = np.asarray(_to_array(leaf), order="C")
+        return _core.device_put(arr, devices)
+
+    return tree_map(put, x)
 
 
 def block_until_ready(tree: Any) -> Any:

@@ -282,9 +282,11 @@ def test_device_put_errors(tpus2, runtime_ok):
     ):
         pw.device_put(np.zeros(3), tpus2)
     with pytest.raises(
-        TypeError, match=re.escape("dtype int64; supported dtypes: float32, float64, int32, bool")
+        TypeError, match=re.escape("dtype float16; supported dtypes: float32, float64, int32, bool")
     ):
-        pw.device_put(np.zeros(2, np.int64), tpus2)
+        pw.device_put(np.zeros(2, np.float16), tpus2)
+    with pytest.raises(ValueError, match="outside the int32 range"):
+        pw.device_put({"ok": np.zeros(2), "bad": np.array([0, 2**33])}, tpus2)
     # Something that is not a device of this runtime.
     with pytest.raises(TypeError, match="expected a Device or VirtualDevice, got <class 'str'>"):
         pw.device_put(np.zeros(2), ["tpu:0", "tpu:1"])

@@ -38,9 +38,9 @@ def test_device_put_float32_and_physical_devices():
 
 def test_device_put_list_and_slice(devices_of):
     vslice = pw.make_virtual_device_set().add_slice(tpu_devices=2)
-    buf = pw.device_put([1, 2], vslice)
-    assert buf.dtype == np.float64
-    np.testing.assert_array_equal(np.asarray(buf), [1.0, 2.0])
+    buf = pw.device_put(np.array([1, 2]), vslice)  # a list would be a pytree of two leaves
+    assert buf.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(buf), [1, 2])
 
 
 def test_outputs_are_futures_that_become_ready(devices_of):
@@ -180,3 +180,13 @@ def test_indexing_reads_back_like_numpy(devices_of):
     buf.delete()
     with pytest.raises(pw.DeletedBufferError, match="has been deleted"):
         buf[0]
+
+
+def test_device_put_of_a_pytree(devices_of):
+    tpus = devices_of(2)
+    tree = {"w": np.ones((2, 3), np.float32), "b": [np.arange(2), np.full(2, 1.5)], "none": None}
+    put = pw.device_put(tree, tpus)
+    assert set(put) == {"w", "b", "none"} and put["none"] is None
+    assert isinstance(put["w"], pw.ShardedBuffer) and put["w"].dtype == np.float32
+    assert put["b"][0].dtype == np.int32  # numpy's int64, as for pmap arguments
+    np.testing.assert_array_equal(np.asarray(put["b"][1]), [1.5, 1.5])
