@@ -587,6 +587,24 @@ class Tracer(_TracerBase):
 
     flatten = ravel
 
+    def clip(self, a_min: Any = None, a_max: Any = None) -> "Tracer":
+        """numpy's `clip`."""
+        from pathways import numpy as pnp
+
+        return pnp.clip(self, a_min, a_max)
+
+    def var(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """numpy's `var` (ddof=0)."""
+        from pathways import numpy as pnp
+
+        return pnp.var(self, axis, keepdims)
+
+    def std(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """numpy's `std` (ddof=0)."""
+        from pathways import numpy as pnp
+
+        return pnp.std(self, axis, keepdims)
+
     def take(self, indices: Any, axis: Any = None) -> "Tracer":
         """numpy's `take` (see `pathways.numpy.take`)."""
         from pathways import numpy as pnp

@@ -71,6 +71,11 @@ __all__ = [
     "einsum",
     "zeros_like",
     "ones_like",
+    "square",
+    "sign",
+    "clip",
+    "var",
+    "std",
 ]
 
 float32 = _np.float32
@@ -617,6 +622,54 @@ def zeros_like(a: Any, dtype: Any = None) -> Any:
 def ones_like(a: Any, dtype: Any = None) -> Any:
     """`numpy.ones_like`: ones of `a`'s shape (and dtype unless given)."""
     return _filled_like("ones_like", a, 1, dtype)
+
+
+def square(x: Any) -> Any:
+    """`numpy.square`: x * x, elementwise."""
+    if _trace_of("square", (x,)) is None:
+        return _np.square(x)
+    return x * x
+
+
+def sign(x: Any) -> Any:
+    """`numpy.sign`: -1, 0 or 1 by the sign of x, in x's dtype (NaN stays NaN)."""
+    trace = _trace_of("sign", (x,))
+    if trace is None:
+        return _np.sign(x)
+    if x.dtype == _np.bool_:
+        raise TypeError(f"sign: operand must be numeric, got {x.aval}")
+    one = trace.constant(1, x.dtype)
+    zero = trace.constant(0, x.dtype)
+    return where(x > 0, one, where(x < 0, -one, where(x == 0, zero, x)))
+
+
+def clip(a: Any, a_min: Any = None, a_max: Any = None) -> Any:
+    """`numpy.clip`: `a` limited to [a_min, a_max] (either may be None)."""
+    if _trace_of("clip", (a, a_min, a_max)) is None:
+        return _np.clip(a, a_min, a_max)
+    if a_min is None and a_max is None:
+        raise ValueError("clip: at least one of a_min and a_max must be given")
+    out = a
+    if a_min is not None:
+        out = maximum(out, a_min)
+    if a_max is not None:
+        out = minimum(out, a_max)
+    return out
+
+
+def var(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """`numpy.var` (ddof=0): the mean squared deviation from the mean over `axis`."""
+    if _trace_of("var", (a,)) is None:
+        return _np.var(a, axis=axis, keepdims=keepdims)
+    centered = a - mean(a, axis=axis, keepdims=True)
+    return mean(centered * centered, axis=axis, keepdims=keepdims)
+
+
+def std(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """`numpy.std` (ddof=0): the square root of `var`."""
+    if _trace_of("std", (a,)) is None:
+        return _np.std(a, axis=axis, keepdims=keepdims)
+    return sqrt(var(a, axis=axis, keepdims=keepdims))
 
 
 def _getitem(x: Tracer, index: Any) -> Tracer:

@@ -218,6 +218,52 @@ def test_zeros_and_ones_like(tpus2):
     run_and_compare(tpus2, lambda a: pnp.ones_like(a, dtype=np.float32), x)
 
 
+# --- Elementwise and statistical composites ------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_square_sign_clip_var_std(tpus2, dtype):
+    rng = np.random.default_rng(15)
+    x = random_input(rng, (2, 3, 4), dtype)
+    if dtype != np.int32:
+        x[0, 0, 0] = np.nan
+        x[1, 1, 1] = 0.0
+    run_and_compare(tpus2, lambda a: pnp.square(a), x)
+    run_and_compare(tpus2, lambda a: pnp.sign(a), x)
+    run_and_compare(tpus2, lambda a: pnp.clip(a, -1, 2), x)
+    run_and_compare(tpus2, lambda a: a.clip(None, 0), x)
+    run_and_compare(tpus2, lambda a: a.var(axis=1), x, rtol=1e-5)
+    run_and_compare(tpus2, lambda a: pnp.std(a, axis=-1, keepdims=True), x, rtol=1e-5)
+    run_and_compare(tpus2, lambda a: a.std(), x, rtol=1e-5)
+
+
+def test_composite_gradients(tpus2):
+    x = np.random.default_rng(16).standard_normal((2, 3, 4))
+    f = lambda a: (pnp.clip(a, -0.5, 0.7) * 2 + pnp.std(a, axis=1, keepdims=True) * a  # noqa: E731
+                   + pnp.square(a) * pnp.sign(a)).sum()
+    got = np.asarray(pw.pmap(pw.grad(f), devices=tpus2)(x))
+
+    def ref(a):
+        return (np.clip(a, -0.5, 0.7) * 2 + np.std(a, axis=1, keepdims=True) * a
+                + np.square(a) * np.sign(a)).sum()
+
+    eps = 1e-6
+    want = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        d = np.zeros_like(x)
+        d[i] = eps
+        want[i] = (ref((x + d)[i[0]]) - ref((x - d)[i[0]])) / (2 * eps)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_sign_of_bool_and_clip_without_bounds_are_errors(tpus2, runtime_ok):
+    with pytest.raises(TypeError, match=re.escape("sign: operand must be numeric, got pred[3]")):
+        pw.pmap(lambda a: pnp.sign(a > 0), devices=tpus2)(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="clip: at least one of a_min and a_max must be given"):
+        pw.pmap(lambda a: pnp.clip(a), devices=tpus2)(np.zeros((2, 3)))
+    runtime_ok()
+
+
 # --- all_to_all and psum_scatter ----------------------------------------------
 
 
