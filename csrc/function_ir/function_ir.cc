@@ -53,6 +53,16 @@ std::string FormatLiteral(const Op& op) {
   return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
 }
 
+// An op of `kind` over `operands` defining a value of `type`; the caller sets
+// its attributes.
+Op MakeOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands, ValueType type) {
+  Op op;
+  op.kind = kind;
+  op.operands = std::move(operands);
+  op.type = std::move(type);
+  return op;
+}
+
 std::string ValueName(int32_t v) { return absl::StrCat("%", v); }
 
 bool IsComparison(OpKind kind) {
@@ -435,20 +445,13 @@ absl::StatusOr<int32_t> FunctionBuilder::Convert(int32_t x, DType dtype) {
     op.literal = std::move(literal);
     return num_values() - 1;
   }
-  Op op;
-  op.kind = OpKind::kConvert;
-  op.operands = {x};
-  op.type = ValueType{dtype, type(x).dims};
+  Op op = MakeOp(OpKind::kConvert, {x}, ValueType{dtype, type(x).dims});
   return Add(std::move(op));
 }
 
 int32_t FunctionBuilder::AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands,
                                ValueType type) {
-  Op op;
-  op.kind = kind;
-  op.operands = std::move(operands);
-  op.type = std::move(type);
-  return Add(std::move(op));
+  return Add(MakeOp(kind, std::move(operands), std::move(type)));
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t b) {
@@ -555,10 +558,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Psum(int32_t x, absl::string_view axis_
   if (type(x).dtype == DType::kBool) {
     PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kI32));
   }
-  Op op;
-  op.kind = OpKind::kPsum;
-  op.operands = {x};
-  op.type = type(x);
+  Op op = MakeOp(OpKind::kPsum, {x}, type(x));
   op.axis_name = std::string(axis_name);
   return Add(std::move(op));
 }
@@ -576,10 +576,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Pcollective(OpKind kind, int32_t x,
     return absl::InvalidArgumentError(absl::StrFormat(
         "pmean: operand must be numeric, got %s", type(x).ToString()));
   }
-  Op op;
-  op.kind = kind;
-  op.operands = {x};
-  op.type = type(x);
+  Op op = MakeOp(kind, {x}, type(x));
   op.axis_name = std::string(axis_name);
   return Add(std::move(op));
 }
@@ -641,10 +638,8 @@ absl::StatusOr<int32_t> FunctionBuilder::Reduce(ReduceKind kind, int32_t x,
   if (kind == ReduceKind::kSum && dtype == DType::kBool) dtype = DType::kI32;
   if (kind == ReduceKind::kMean && !IsFloat(dtype)) dtype = DType::kF64;
   PW_ASSIGN_OR_RETURN(x, Convert(x, dtype));
-  Op op;
-  op.kind = OpKind::kReduce;
-  op.operands = {x};
-  op.type = ValueType{kind == ReduceKind::kArgmax ? DType::kI32 : dtype, std::move(dims)};
+  const DType result = kind == ReduceKind::kArgmax ? DType::kI32 : dtype;
+  Op op = MakeOp(OpKind::kReduce, {x}, ValueType{result, std::move(dims)});
   op.reduce_kind = kind;
   op.axes = std::move(red_axes);
   op.keepdims = keepdims;
@@ -678,10 +673,7 @@ absl::StatusOr<int32_t> FunctionBuilder::AllGather(int32_t x, absl::string_view 
   const int64_t a = axis < 0 ? axis + rank + 1 : axis;
   Dims dims = tx.dims;
   dims.insert(dims.begin() + a, ir_->axis_size_);
-  Op op;
-  op.kind = OpKind::kAllGather;
-  op.operands = {x};
-  op.type = ValueType{tx.dtype, std::move(dims)};
+  Op op = MakeOp(OpKind::kAllGather, {x}, ValueType{tx.dtype, std::move(dims)});
   op.axis_name = std::string(axis_name);
   op.axis = a;
   return Add(std::move(op));
@@ -711,10 +703,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Ppermute(
     used[src] = true;
     source[dst] = src;
   }
-  Op op;
-  op.kind = OpKind::kPpermute;
-  op.operands = {x};
-  op.type = type(x);
+  Op op = MakeOp(OpKind::kPpermute, {x}, type(x));
   op.axis_name = std::string(axis_name);
   op.perm_source = std::move(source);
   return Add(std::move(op));
@@ -806,10 +795,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Transpose(int32_t x, const std::vector<
     dims.push_back(tx.dims[axes[d]]);
   }
   if (identity) return x;
-  Op op;
-  op.kind = OpKind::kTranspose;
-  op.operands = {x};
-  op.type = ValueType{tx.dtype, std::move(dims)};
+  Op op = MakeOp(OpKind::kTranspose, {x}, ValueType{tx.dtype, std::move(dims)});
   op.axes = std::move(axes);
   return Add(std::move(op));
 }
@@ -834,10 +820,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Slice(int32_t x, const std::vector<int6
     identity = identity && dims.back() == tx.dims[d];
   }
   if (identity) return x;
-  Op op;
-  op.kind = OpKind::kSlice;
-  op.operands = {x};
-  op.type = ValueType{tx.dtype, std::move(dims)};
+  Op op = MakeOp(OpKind::kSlice, {x}, ValueType{tx.dtype, std::move(dims)});
   op.slice_start = start;
   op.slice_limit = limit;
   op.slice_step = step;
@@ -862,10 +845,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Rev(int32_t x, const std::vector<int64_
     if (rev[d] && tx.dims[d] > 1) sorted.push_back(d);
   }
   if (sorted.empty()) return x;
-  Op op;
-  op.kind = OpKind::kRev;
-  op.operands = {x};
-  op.type = tx;
+  Op op = MakeOp(OpKind::kRev, {x}, tx);
   op.axes = std::move(sorted);
   return Add(std::move(op));
 }
@@ -891,10 +871,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Pad(int32_t x, const std::vector<int64_
     identity = identity && dims.back() == n;
   }
   if (identity) return x;
-  Op op;
-  op.kind = OpKind::kPad;
-  op.operands = {x};
-  op.type = ValueType{tx.dtype, std::move(dims)};
+  Op op = MakeOp(OpKind::kPad, {x}, ValueType{tx.dtype, std::move(dims)});
   op.pad_lo = lo;
   op.pad_hi = hi;
   op.pad_interior = interior;
@@ -934,10 +911,8 @@ absl::StatusOr<int32_t> FunctionBuilder::Concatenate(absl::Span<const int32_t> x
     PW_ASSIGN_OR_RETURN(const int32_t c, Convert(x, dtype));
     operands.push_back(c);
   }
-  Op op;
-  op.kind = OpKind::kConcatenate;
-  op.operands = std::move(operands);
-  op.type = ValueType{dtype, std::move(dims)};
+  Op op =
+      MakeOp(OpKind::kConcatenate, std::move(operands), ValueType{dtype, std::move(dims)});
   op.axis = a;
   return Add(std::move(op));
 }
@@ -964,10 +939,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Take(int32_t x, int32_t indices, int64_
   Dims dims(tx.dims.begin(), tx.dims.begin() + a);
   dims.insert(dims.end(), ti.dims.begin(), ti.dims.end());
   dims.insert(dims.end(), tx.dims.begin() + a + 1, tx.dims.end());
-  Op op;
-  op.kind = OpKind::kTake;
-  op.operands = {x, indices};
-  op.type = ValueType{tx.dtype, std::move(dims)};
+  Op op = MakeOp(OpKind::kTake, {x, indices}, ValueType{tx.dtype, std::move(dims)});
   op.axis = a;
   return Add(std::move(op));
 }
@@ -998,10 +970,8 @@ absl::StatusOr<int32_t> FunctionBuilder::ScatterAdd(int32_t updates, int32_t ind
   Dims dims(tu.dims.begin(), tu.dims.begin() + axis);
   dims.push_back(size);
   dims.insert(dims.end(), tu.dims.begin() + axis + irank, tu.dims.end());
-  Op op;
-  op.kind = OpKind::kScatterAdd;
-  op.operands = {updates, indices};
-  op.type = ValueType{tu.dtype, std::move(dims)};
+  Op op =
+      MakeOp(OpKind::kScatterAdd, {updates, indices}, ValueType{tu.dtype, std::move(dims)});
   op.axis = axis;
   return Add(std::move(op));
 }
@@ -1052,10 +1022,7 @@ absl::StatusOr<int32_t> FunctionBuilder::AllToAll(int32_t x, absl::string_view a
   Dims dims = tx.dims;
   dims[s] /= n;
   dims[c] *= n;
-  Op op;
-  op.kind = OpKind::kAllToAll;
-  op.operands = {x};
-  op.type = ValueType{tx.dtype, std::move(dims)};
+  Op op = MakeOp(OpKind::kAllToAll, {x}, ValueType{tx.dtype, std::move(dims)});
   op.axis_name = std::string(axis_name);
   op.axis = s;
   op.concat_axis = c;
@@ -1084,10 +1051,7 @@ absl::StatusOr<int32_t> FunctionBuilder::PsumScatter(int32_t x, absl::string_vie
   }
   Dims dims = tx.dims;
   dims.erase(dims.begin() + a);
-  Op op;
-  op.kind = OpKind::kPsumScatter;
-  op.operands = {x};
-  op.type = ValueType{tx.dtype, std::move(dims)};
+  Op op = MakeOp(OpKind::kPsumScatter, {x}, ValueType{tx.dtype, std::move(dims)});
   op.axis_name = std::string(axis_name);
   op.axis = a;
   return Add(std::move(op));
@@ -1099,10 +1063,7 @@ absl::StatusOr<int32_t> FunctionBuilder::SimulatedCompute(int32_t x, int64_t dur
     return absl::InvalidArgumentError(
         absl::StrCat("simulated_compute: duration must be non-negative, got ", duration_ns, " ns"));
   }
-  Op op;
-  op.kind = OpKind::kSimulatedCompute;
-  op.operands = {x};
-  op.type = type(x);
+  Op op = MakeOp(OpKind::kSimulatedCompute, {x}, type(x));
   op.duration_ns = duration_ns;
   ir_->simulated_ns_ += duration_ns;
   return Add(std::move(op));

@@ -36,6 +36,9 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from pathways._pytree import tree_flatten, tree_map, tree_unflatten
+from pathways.numpy import broadcast_to as _broadcast_to
+from pathways.numpy import reshape as _reshape
+from pathways.numpy import transpose as _transpose
 from pathways._tracing import (
     PmapFunction,
     Tracer,
@@ -104,27 +107,6 @@ def _zeros(trace: _FunctionTrace, shape: Sequence[int], dtype: Any) -> Tracer:
     """Zeros of `shape` and `dtype`: a scalar constant broadcast (no array constant)."""
     z = trace.constant(np.zeros((), np.dtype(dtype)), None)
     return _broadcast_to(z, shape)
-
-
-def _broadcast_to(x: Tracer, shape: Sequence[int]) -> Tracer:
-    shape = tuple(shape)
-    if x.shape == shape:
-        return x
-    return bind(x._trace, "broadcast_to", (x,), shape=list(shape))
-
-
-def _reshape(x: Tracer, shape: Sequence[int]) -> Tracer:
-    shape = tuple(shape)
-    if x.shape == shape:
-        return x
-    return bind(x._trace, "reshape", (x,), shape=list(shape))
-
-
-def _transpose(x: Tracer, perm: Sequence[int]) -> Tracer:
-    perm = [int(p) for p in perm]
-    if perm == list(range(len(perm))):
-        return x
-    return bind(x._trace, "transpose", (x,), perm=perm)
 
 
 def _sum(x: Tracer, axes: Sequence[int], keepdims: bool) -> Tracer:
@@ -374,7 +356,7 @@ def _reduce_vjp(ct, ops, out, params, needs):
         at = _mask(x == _expand_reduced(out, x.shape, axes, keepdims), ct.dtype)
         share = at / _sum(at, axes, keepdims=True)
         return [_expand_reduced(ct, x.shape, axes, keepdims) * share]
-    raise NotImplementedError(f"pw.grad: no gradient for reduction {kind!r}")
+    return [None]  # argmax: an int32 result carries no cotangent
 
 
 def _collective(prim: str, ct: Tracer, **params: Any) -> Tracer:

@@ -84,18 +84,26 @@ int32 = _np.int32
 bool_ = _np.bool_
 
 
-def _traced(name: str, args: tuple) -> bool:
-    """True if any argument is a traced value of a pmap'd function."""
-    found = False
+def _trace_of(name: str, args: tuple) -> Any:
+    """The function trace of the traced values among `args`, or None if there are none.
+
+    Raises:
+      TracerError: For a traced program value, or a traced value whose trace ended.
+    """
     for a in args:
         if isinstance(a, Tracer):
-            found = True
-        elif isinstance(a, _TracerBase):
+            return a._check()
+        if isinstance(a, _TracerBase):
             raise TracerError(
                 f"pathways.numpy.{name} of a traced program value ({a.aval}); pass program "
                 "values to pmap'd functions as arguments and compute inside them"
             )
-    return found
+    return None
+
+
+def _traced(name: str, args: tuple) -> bool:
+    """True if any argument is a traced value of a pmap'd function."""
+    return _trace_of(name, args) is not None
 
 
 def _unary(name: str, op: str, numpy_fn: Any) -> Any:
@@ -254,16 +262,6 @@ argmax = _reduction("argmax", _np.argmax)
 
 
 # --- Shapes, indexing, linear algebra --------------------------------------
-
-
-def _trace_of(name: str, args: tuple) -> Any:
-    """The function trace of the traced values among `args`, or None if there are none."""
-    for a in args:
-        if isinstance(a, Tracer):
-            return a._check()
-        if isinstance(a, _TracerBase):
-            _traced(name, (a,))  # raises for program values
-    return None
 
 
 def _operand(trace: Any, x: Any) -> Tracer:

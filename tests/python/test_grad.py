@@ -1208,3 +1208,13 @@ def _numpy_chain(chain, v, w, plain_sum):
         return (v * w).sum()
     e = np.exp(v - v.max(-1, keepdims=True))
     return (e / e.sum(-1, keepdims=True) * w).sum()
+
+
+def test_every_primitive_has_a_rule_or_no_float_result():
+    """Each primitive of the tracer has a VJP rule, except those whose result is
+    never a float (so the tape never records them) and stop_gradient."""
+    from pathways._tracing import _EMITTERS
+
+    no_float_result = {"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "not",
+                       "axis_index"}
+    assert set(_EMITTERS) - set(pw_autodiff.VJP_RULES) == no_float_result | {"stop_gradient"}
