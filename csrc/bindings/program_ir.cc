@@ -5,6 +5,7 @@
 #include "csrc/bindings/registrations.h"
 #include "csrc/bindings/sharded_buffer.h"
 #include "csrc/bindings/status_casters.h"
+#include "csrc/bindings/waiting.h"
 #include "csrc/program_ir/lowering.h"
 #include "pybind11/numpy.h"
 #include "pybind11/stl.h"
@@ -28,6 +29,7 @@ py::list Execute(const LoweredProgram& program, const py::sequence& args, bool s
   const size_t n = py::len(args);
   absl::InlinedVector<ProgramArg, 4> converted(n);
   absl::InlinedVector<py::array, 4> keep_alive;  // host data must live through dispatch
+  size_t host_bytes = 0;
   for (size_t i = 0; i < n; ++i) {
     py::handle a = args[i];
     if (py::isinstance<PyShardedBuffer>(a)) {
@@ -49,18 +51,19 @@ py::list Execute(const LoweredProgram& program, const py::sequence& args, bool s
     array = py::array::ensure(array, py::array::c_style);
     converted[i].dims = Dims(array.shape(), array.shape() + array.ndim());
     converted[i].host_data = array.data();
+    host_bytes += static_cast<size_t>(array.nbytes());
     keep_alive.push_back(std::move(array));
   }
   ExecuteOptions options;
   options.client = client;
-  absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> dispatched;
-  if (sequential) {
-    options.mode = DispatchMode::kSequential;
-    py::gil_scoped_release release;  // sequential dispatch waits for each node's inputs
-    dispatched = GetRuntime().dispatcher().Execute(program, converted, options);
-  } else {
-    dispatched = GetRuntime().dispatcher().Execute(program, converted, options);
-  }
+  options.mode = sequential ? DispatchMode::kSequential : DispatchMode::kParallel;
+  Runtime& rt = GetRuntime();
+  auto execute = [&] { return rt.Execute(program, converted, options); };
+  // Sequential dispatch waits for each node's inputs, and large host
+  // arguments are copied in: both without the GIL (`keep_alive` holds the
+  // arrays meanwhile).
+  const bool release = sequential || host_bytes >= kReleaseGilBytes;
+  absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> dispatched = release ? WithoutGil(execute) : execute();
   auto outputs = ValueOrThrow(std::move(dispatched));
   py::list result(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {

@@ -3,9 +3,11 @@
 
 #include <atomic>
 
+#include "csrc/base/fork.h"
 #include "csrc/base/spin.h"
 #include "csrc/bindings/registrations.h"
 #include "csrc/bindings/status_casters.h"
+#include "csrc/bindings/waiting.h"
 #include "pybind11/stl.h"
 
 namespace pw::bindings {
@@ -15,7 +17,7 @@ Runtime& GetRuntime() {
   // Cached so the hot path does not take Default()'s lock on every call.
   static std::atomic<Runtime*> cached{nullptr};
   Runtime* rt = cached.load(std::memory_order_acquire);
-  if (rt == nullptr) {
+  if (rt == nullptr || InForkedChild()) {  // Default() says why a child may not
     rt = ValueOrThrow(Runtime::Default());
     cached.store(rt, std::memory_order_release);
   }
@@ -86,18 +88,14 @@ void RegisterRuntime(py::module_& m) {
   });
   m.def("await_quiescence", [] {
     Runtime& rt = GetRuntime();
-    py::gil_scoped_release release;
-    rt.AwaitQuiescence();
+    WaitInterruptibly([&](int64_t timeout_ns) { return rt.AwaitQuiescenceFor(timeout_ns); });
   });
   m.def("await_submitted", [] {
     Runtime& rt = GetRuntime();
-    py::gil_scoped_release release;
-    rt.AwaitSubmittedSoFar();
+    const std::vector<int64_t> marks = rt.SubmissionMarks();
+    WaitInterruptibly([&](int64_t timeout_ns) { return rt.AwaitSubmittedBefore(marks, timeout_ns); });
   });
-  m.def("shutdown", [] {
-    py::gil_scoped_release release;
-    Runtime::ShutdownDefault();
-  });
+  m.def("shutdown", [] { WithoutGil(&Runtime::ShutdownDefault); });
 
   py::class_<Device, std::unique_ptr<Device, py::nodelete>>(m, "Device",
                                                            "A physical simulated accelerator.")

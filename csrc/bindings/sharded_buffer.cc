@@ -5,14 +5,16 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/fork.h"
 #include "csrc/bindings/registrations.h"
 #include "csrc/bindings/status_casters.h"
+#include "csrc/bindings/waiting.h"
 #include "pybind11/stl.h"
 
 namespace pw::bindings {
 namespace py = pybind11;
 
-const std::shared_ptr<ShardedBuffer>& PyShardedBuffer::Get(const char* use) const {
+std::shared_ptr<ShardedBuffer> PyShardedBuffer::Get(const char* use) const {
   if (buffer == nullptr) {
     ThrowDeleted(absl::StrCat("ShardedBuffer ", TypeToString(dtype, dims), " has been deleted; cannot ", use,
                               " it"));
@@ -31,26 +33,36 @@ DType FromNumpyDType(const py::dtype& dtype, const char* what) {
   return *parsed;
 }
 
-namespace {
-
-// Waits for the buffer with the GIL released; raises the producer's error.
-void AwaitOrThrow(const ShardedBuffer& b) {
-  absl::Status status;
-  {
-    py::gil_scoped_release release;
-    status = b.Await();
+void AwaitOrThrow(const ShardedBuffer& buffer) {
+  if (!buffer.IsDone()) {
+    if (InForkedChild()) ThrowStatus(Runtime::Default().status());  // says why
+    WaitInterruptibly([&](int64_t timeout_ns) { return buffer.AwaitFor(timeout_ns); });
   }
-  ThrowIfError(status);
+  ThrowIfError(buffer.status());
 }
 
-py::array ToNumpy(const PyShardedBuffer& self) {
-  const auto& b = self.Get("read");
+namespace {
+
+void CopyBytes(void* dst, const void* src, size_t bytes) {
+  if (bytes >= kReleaseGilBytes) {
+    WithoutGil([&] { std::memcpy(dst, src, bytes); });
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+// `b` is the caller's own reference (see PyShardedBuffer::Get).
+py::array ToNumpy(const std::shared_ptr<ShardedBuffer>& b) {
   AwaitOrThrow(*b);
   std::vector<py::ssize_t> shape(b->dims().begin(), b->dims().end());
   py::array out(NumpyDType(b->dtype()), shape);
-  std::memcpy(out.mutable_data(), b->data(), static_cast<size_t>(b->total_bytes()));
+  CopyBytes(out.mutable_data(), b->data(), static_cast<size_t>(b->total_bytes()));
   return out;
 }
+
+// numpy's conversion of the buffer's value: bool(), float(), int() behave
+// as on np.asarray(buffer) (ValueError for more than one element).
+py::object AsNumpy(py::handle self) { return py::module_::import("numpy").attr("asarray")(self); }
 
 std::vector<Device*> ToPhysical(const py::sequence& devices) {
   std::vector<Device*> out;
@@ -89,6 +101,9 @@ void RegisterShardedBuffer(py::module_& m) {
         AwaitOrThrow(*self.cast<const PyShardedBuffer&>().Get("wait for"));
         return self;
       })
+      .def("__bool__", [](py::object self) { return py::bool_(AsNumpy(self)); })
+      .def("__float__", [](py::object self) { return py::float_(AsNumpy(self)); })
+      .def("__int__", [](py::object self) { return py::int_(AsNumpy(self)); })
       .def("is_ready", [](const PyShardedBuffer& s) { return s.Get("query")->IsDone(); })
       .def("is_deleted", [](const PyShardedBuffer& s) { return s.buffer == nullptr; })
       .def("delete", [](PyShardedBuffer& s) {
@@ -99,7 +114,7 @@ void RegisterShardedBuffer(py::module_& m) {
         if (!copy.is_none() && !copy.cast<bool>()) {
           throw py::value_error("a ShardedBuffer lives in device memory: converting it to numpy always copies");
         }
-        py::array out = ToNumpy(s);
+        py::array out = ToNumpy(s.Get("read"));
         if (!dtype.is_none()) return py::array(out.attr("astype")(dtype));
         return out;
       }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
@@ -107,20 +122,17 @@ void RegisterShardedBuffer(py::module_& m) {
       // Indexing reads the buffer back, like np.asarray(buffer)[index]: the
       // result is a numpy value on the host.
       .def("__getitem__", [](py::object self, py::object index) -> py::object {
-        py::object host = py::module_::import("numpy").attr("asarray")(self);
-        return host.attr("__getitem__")(index);
+        return AsNumpy(self).attr("__getitem__")(index);
       })
       .def("__repr__", [](const PyShardedBuffer& s) -> std::string {
         const std::string type = TypeToString(s.dtype, s.dims);
-        if (s.buffer == nullptr) return absl::StrCat("ShardedBuffer(<deleted>, ", type, ")");
-        {
-          py::gil_scoped_release release;
-          s.buffer->Await().IgnoreError();
-        }
-        if (absl::Status st = s.buffer->status(); !st.ok()) {
+        const std::shared_ptr<ShardedBuffer> b = s.buffer;
+        if (b == nullptr) return absl::StrCat("ShardedBuffer(<deleted>, ", type, ")");
+        if (!b->IsDone()) WaitInterruptibly([&](int64_t timeout_ns) { return b->AwaitFor(timeout_ns); });
+        if (absl::Status st = b->status(); !st.ok()) {
           return absl::StrCat("ShardedBuffer(<failed: ", st.message(), ">, ", type, ")");
         }
-        return py::repr(ToNumpy(s));
+        return py::repr(ToNumpy(b));
       });
 
   m.def("device_put", [](py::array array, const py::sequence& devices) {
@@ -135,7 +147,11 @@ void RegisterShardedBuffer(py::module_& m) {
       throw py::value_error(absl::StrCat("device_put over ", list->size(), " devices needs a leading axis of size ",
                                          list->size(), ", got shape ", DimsToString(dims)));
     }
-    return std::make_shared<PyShardedBuffer>(ValueOrThrow(rt.DevicePut(dtype, dims, c.data(), list)));
+    auto put = [&] { return rt.DevicePut(dtype, dims, c.data(), list); };
+    // `c` stays alive meanwhile; a thread writing to the array during the copy
+    // races with it, as with any asynchronous device_put.
+    const bool large = static_cast<size_t>(c.nbytes()) >= kReleaseGilBytes;
+    return std::make_shared<PyShardedBuffer>(ValueOrThrow(large ? WithoutGil(put) : put()));
   }, py::arg("array"), py::arg("devices"));
 }
 

@@ -24,8 +24,15 @@ struct PyShardedBuffer {
       : buffer(std::move(b)), dtype(buffer->dtype()), dims(buffer->dims()) {}
 
   // The buffer, or DeletedBufferError naming what was deleted and `use`.
-  const std::shared_ptr<ShardedBuffer>& Get(const char* use) const;
+  // A reference of the caller's own: another thread may delete() this
+  // handle while the caller waits without the GIL.
+  std::shared_ptr<ShardedBuffer> Get(const char* use) const;
 };
+
+// Waits for `buffer` with the GIL released, interruptibly (waiting.h);
+// raises the producer's error. RuntimeError in a forked child (base/fork.h),
+// where a pending buffer would never complete.
+void AwaitOrThrow(const ShardedBuffer& buffer);
 
 // numpy dtype for `dtype`, and back (TypeError for other dtypes).
 pybind11::dtype NumpyDType(DType dtype);

@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "csrc/bindings/waiting.h"
+#include "csrc/client/runtime.h"
+
 namespace pw::bindings {
 namespace py = pybind11;
 namespace {
@@ -32,6 +35,7 @@ void RegisterExceptions(py::module_& m) {
 }
 
 void ThrowStatus(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kCancelled && Runtime::DefaultIsShutDown()) ParkDaemonThreadAtExit();
   PyObject* type = pathways_error;
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:

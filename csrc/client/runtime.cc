@@ -1,11 +1,15 @@
 #include "csrc/client/runtime.h"
 
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "csrc/base/fork.h"
 #include "csrc/base/mutex.h"
+#include "csrc/base/spin.h"
+#include "csrc/base/status_macros.h"
 
 namespace pw {
 namespace {
@@ -33,7 +37,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
   rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), std::move(schedulers),
                                                          rt->executor_.get(), &rt->stats_,
                                                          GangServices{rt->delays_.get(), &rt->timeline_,
-                                                                      rt->cluster_->options().control_latency_ns});
+                                                                      rt->cluster_->options().control_latency_ns,
+                                                                      &rt->shut_down_});
   return rt;
 }
 
@@ -66,6 +71,13 @@ void Runtime::SetSchedulingPolicy(SchedulingPolicy policy) {
 }
 
 absl::StatusOr<Runtime*> Runtime::Default() {
+  // Checked before the lock: a thread that held it at fork() is gone.
+  if (InForkedChild()) {
+    return absl::FailedPreconditionError(
+        "the pathways runtime cannot be used in a process forked after it started (its threads do not survive "
+        "fork()); start child processes with multiprocessing's 'spawn' or 'forkserver' method, or fork before "
+        "the first use of pathways");
+  }
   MutexLock lock(&default_mu);
   if (default_runtime != nullptr) return default_runtime;
   TopologyOptions options;
@@ -80,6 +92,7 @@ absl::StatusOr<Runtime*> Runtime::Default() {
   }
   auto rt = Create(options);
   if (!rt.ok()) return rt.status();
+  WatchForFork();
   default_runtime = rt->release();  // intentionally never destroyed
   return default_runtime;
 }
@@ -102,42 +115,112 @@ bool Runtime::DefaultExists() {
   return default_runtime != nullptr;
 }
 
+bool Runtime::DefaultIsShutDown() {
+  if (InForkedChild()) return false;  // and default_mu may be held by a lost thread
+  MutexLock lock(&default_mu);
+  return default_runtime != nullptr && default_runtime->is_shut_down();
+}
+
 void Runtime::ShutdownDefault() {
+  if (InForkedChild()) return;  // the parent's runtime; nothing of it runs here
   Runtime* rt;
   {
     MutexLock lock(&default_mu);
     rt = default_runtime;
   }
-  if (rt != nullptr) {
-    rt->AwaitQuiescence();
-    rt->executor_.reset();
-    rt->delays_.reset();
+  if (rt != nullptr) rt->Shutdown();
+}
+
+// Counts a call into the runtime for the length of a scope, and says whether
+// the runtime still takes calls. With Shutdown(), the two sequentially
+// consistent operations on each side (here: count, then read the flag; there:
+// set the flag, then read the count) guarantee that either the call sees the
+// flag or Shutdown() sees the call and waits for it.
+class ActiveCall {
+ public:
+  explicit ActiveCall(Runtime* rt) : rt_(rt) { rt_->active_calls_.fetch_add(1); }
+  ~ActiveCall() { rt_->active_calls_.fetch_sub(1); }
+  absl::Status status() const {
+    if (!rt_->shut_down_.load()) return absl::OkStatus();
+    return absl::CancelledError("the pathways runtime has shut down (the interpreter is exiting)");
   }
+
+ private:
+  Runtime* rt_;
+};
+
+void Runtime::Shutdown() {
+  // Held throughout, so a second caller returns only once the threads stop.
+  MutexLock lock(&shutdown_mu_);
+  if (shut_down_.exchange(true)) return;
+  delays_->Hurry();  // simulated time of running gangs and modeled messages ends now
+  while (active_calls_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  // Gangs still queued now run cancelled (microseconds each), in order.
+  AwaitQuiescence();
+  executor_->Stop();
+  delays_->Stop();
 }
 
 absl::StatusOr<std::shared_ptr<ShardedBuffer>> Runtime::DevicePut(DType dtype, Dims dims, const void* data,
                                                                   const DeviceList* devices) {
+  ActiveCall call(this);
+  PW_RETURN_IF_ERROR(call.status());
   return CopyFromHost(stores_.get(), dtype, std::move(dims), data, devices, &stats_);
 }
 
-void Runtime::AwaitSubmittedSoFar() {
-  std::vector<int64_t> submitted;
-  for (auto& s : schedulers_) submitted.push_back(s->num_submitted());
-  for (size_t i = 0; i < schedulers_.size(); ++i) {
-    while (schedulers_[i]->MinSubmissionInFlight() < submitted[i]) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
+absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Runtime::Execute(const LoweredProgram& program,
+                                                                             absl::Span<const ProgramArg> args,
+                                                                             const ExecuteOptions& options) {
+  ActiveCall call(this);
+  PW_RETURN_IF_ERROR(call.status());
+  return dispatcher_->Execute(program, args, options);
 }
 
-void Runtime::AwaitQuiescence() {
-  auto busy = [this] {
-    for (auto& s : schedulers_) {
-      if (s->num_in_flight() > 0) return true;
-    }
-    return false;
-  };
-  while (busy()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+std::vector<int64_t> Runtime::SubmissionMarks() {
+  std::vector<int64_t> marks;
+  marks.reserve(schedulers_.size());
+  for (auto& s : schedulers_) marks.push_back(s->num_submitted());
+  return marks;
 }
+
+namespace {
+// Polls `done` every 100 us until it holds or `timeout_ns` passes.
+template <typename Pred>
+bool PollFor(Pred done, int64_t timeout_ns) {
+  const int64_t deadline = NowNanos() + timeout_ns;
+  while (!done()) {
+    if (NowNanos() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return true;
+}
+constexpr int64_t kForever = std::numeric_limits<int64_t>::max() / 2;
+}  // namespace
+
+bool Runtime::AwaitSubmittedBefore(const std::vector<int64_t>& marks, int64_t timeout_ns) {
+  return PollFor(
+      [&] {
+        for (size_t i = 0; i < schedulers_.size(); ++i) {
+          if (schedulers_[i]->MinSubmissionInFlight() < marks[i]) return false;
+        }
+        return true;
+      },
+      timeout_ns);
+}
+
+void Runtime::AwaitSubmittedSoFar() { AwaitSubmittedBefore(SubmissionMarks(), kForever); }
+
+bool Runtime::AwaitQuiescenceFor(int64_t timeout_ns) {
+  return PollFor(
+      [this] {
+        for (auto& s : schedulers_) {
+          if (s->num_in_flight() > 0) return false;
+        }
+        return true;
+      },
+      timeout_ns);
+}
+
+void Runtime::AwaitQuiescence() { AwaitQuiescenceFor(kForever); }
 
 }  // namespace pw

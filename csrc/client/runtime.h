@@ -9,6 +9,7 @@
 //
 // Thread-safe. Default() creates the process-wide runtime on first use.
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -33,16 +34,28 @@ class Runtime {
 
   // The process-wide runtime, created on first call from the options given to
   // ConfigureDefault(), else from the PATHWAYS_TOPOLOGY environment variable
-  // (see ParseTopology), else the defaults. It is never destroyed; its
-  // executor threads stop at ShutdownDefault().
+  // (see ParseTopology), else the defaults. It is never destroyed; it stops
+  // at ShutdownDefault(). FailedPrecondition in a child forked after it
+  // started (see base/fork.h): its threads did not survive the fork.
   static absl::StatusOr<Runtime*> Default();
   // FailedPrecondition if the default runtime exists already.
   static absl::Status ConfigureDefault(const TopologyOptions& options);
   // True once Default() has created the runtime.
   static bool DefaultExists();
-  // Waits for in-flight work and stops the default runtime's executors
-  // (called at interpreter exit). The runtime must not be used afterwards.
+  // True once ShutdownDefault() has begun.
+  static bool DefaultIsShutDown();
+  // Shuts the default runtime down (called at interpreter exit): see
+  // Shutdown(). Does nothing in a forked child.
   static void ShutdownDefault();
+
+  // Stops the runtime promptly, whatever is queued: from now on Execute()
+  // and DevicePut() fail with Cancelled; gangs that have not started are
+  // cancelled (their outputs fail with Cancelled, without running kernels or
+  // simulated time); running kernels and transfers finish; then the executor
+  // and delay threads stop. Blocks until all that is done. Idempotent. The
+  // object may still be queried and destroyed afterwards.
+  void Shutdown();
+  bool is_shut_down() const { return shut_down_.load(std::memory_order_acquire); }
 
   ~Runtime();
 
@@ -66,13 +79,25 @@ class Runtime {
   void SetSchedulingPolicy(SchedulingPolicy policy);
 
   // Places host data (row-major `dtype`, global `dims`) on `devices`.
+  // Cancelled after Shutdown().
   absl::StatusOr<std::shared_ptr<ShardedBuffer>> DevicePut(DType dtype, Dims dims, const void* data,
                                                            const DeviceList* devices);
+  // Runs `program` (see ParallelDispatcher::Execute). Cancelled after
+  // Shutdown().
+  absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Execute(const LoweredProgram& program,
+                                                                      absl::Span<const ProgramArg> args,
+                                                                      const ExecuteOptions& options = {});
 
   // Blocks until no gang is in flight on any island.
   void AwaitQuiescence();
-  // Blocks until every gang submitted before the call has finished, even if
-  // other threads keep submitting.
+  // Like AwaitQuiescence(), giving up after `timeout_ns`; true if quiescent.
+  bool AwaitQuiescenceFor(int64_t timeout_ns);
+  // Per island, how many gangs have been submitted so far.
+  std::vector<int64_t> SubmissionMarks();
+  // Waits up to `timeout_ns` until every gang submitted before `marks` were
+  // taken has finished, even if other threads keep submitting; true if so.
+  bool AwaitSubmittedBefore(const std::vector<int64_t>& marks, int64_t timeout_ns);
+  // Blocks until every gang submitted before the call has finished.
   void AwaitSubmittedSoFar();
 
  private:
@@ -87,6 +112,13 @@ class Runtime {
   std::unique_ptr<DelayQueue> delays_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<ParallelDispatcher> dispatcher_;
+  // Set once by Shutdown(); gangs read it through GangServices::cancelled.
+  std::atomic<bool> shut_down_{false};
+  // Execute() and DevicePut() calls under way; Shutdown() waits for them to
+  // leave before it stops the threads they submit work to.
+  std::atomic<int> active_calls_{0};
+  friend class ActiveCall;
+  Mutex shutdown_mu_;  // held for the whole of Shutdown()
   Mutex clients_mu_;
   std::vector<std::unique_ptr<SchedulingClient>> clients_ ABSL_GUARDED_BY(clients_mu_);
 };

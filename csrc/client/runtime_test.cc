@@ -210,6 +210,41 @@ TEST_P(RuntimeTest, DispatchModesAndControlLatency) {
   }
 }
 
+// Shutdown() with 10 s of simulated work queued returns at once: the running
+// gang's simulated time ends, the queued gangs are cancelled, and later calls
+// are refused; finished results stay readable.
+TEST_P(RuntimeTest, ShutdownCancelsQueuedWorkPromptly) {
+  auto rt = MakeRuntime(GetParam());
+  auto slice = *rt->resource_manager().AddSlice(2, "tpu");
+  FunctionBuilder b("slow", "i");
+  const int32_t x = b.Parameter(DType::kF64, {});
+  auto ir = *b.Build({*b.SimulatedCompute(x, /*duration_ns=*/100'000'000)});
+  auto fn = *CompiledFunction::Create(*FunctionExecutable::Compile(ir), testing::AllOf(slice), &rt->registry());
+  ProgramBuilder pb("chain");
+  int v = *pb.AddArg(DType::kF64, {2});
+  for (int i = 0; i < 100; ++i) v = (*pb.AddCall(fn, {v}))[0];
+  auto chain = *Lower(*pb.Build({v}));
+  std::vector<std::shared_ptr<VirtualSlice>> slices;
+  auto fast = *Lower(testing::Figure2(rt->resource_manager(), 2, &slices));
+  const double in[] = {1.0, 2.0};
+  auto done = *rt->Execute(*fast, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ASSERT_TRUE(done[0]->Await().ok());
+  auto outs = *rt->Execute(*chain, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+
+  const int64_t start = NowNanos();
+  rt->Shutdown();
+  EXPECT_LT(NowNanos() - start, 2'000'000'000);  // not the 10 s queued
+  EXPECT_TRUE(rt->is_shut_down());
+  ASSERT_TRUE(outs[0]->IsDone());
+  EXPECT_EQ(outs[0]->status().code(), absl::StatusCode::kCancelled) << outs[0]->status();
+  EXPECT_TRUE(absl::StrContains(outs[0]->status().message(), "shut down")) << outs[0]->status();
+  EXPECT_EQ(Values(*done[0]), (std::vector<double>{3.0, 5.0}));
+  EXPECT_EQ(rt->Execute(*fast, {ProgramArg{nullptr, in, DType::kF64, {2}}}).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(rt->DevicePut(DType::kF64, {2}, in, slice->devices()).status().code(), absl::StatusCode::kCancelled);
+  rt->Shutdown();  // idempotent
+}
+
 INSTANTIATE_TEST_SUITE_P(ExecutorThreads, RuntimeTest, ::testing::Values(1, 2, 4));
 
 }  // namespace

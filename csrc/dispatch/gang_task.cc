@@ -1,5 +1,6 @@
 #include "csrc/dispatch/gang_task.h"
 
+#include "absl/strings/str_cat.h"
 #include "csrc/base/spin.h"
 
 namespace pw {
@@ -57,11 +58,13 @@ void GangTask::Run(RunContext& ctx) {
   }
   kernels_done_ = true;
   start_ns_ = NowNanos();
+  if (services_->cancelled != nullptr && services_->cancelled->load(std::memory_order_acquire)) {
+    failed_ = absl::CancelledError(absl::StrCat("'", fn_->name(), "' in program '", program_->name(),
+                                                "' was cancelled: the pathways runtime shut down"));
+  }
   for (const auto& in : inputs_) {
-    if (absl::Status s = in->status(); !s.ok()) {
-      failed_ = std::move(s);
-      break;
-    }
+    if (!failed_.ok()) break;
+    if (absl::Status s = in->status(); !s.ok()) failed_ = std::move(s);
   }
   if (failed_.ok()) {
     const FunctionExecutable& exe = fn_->executable();

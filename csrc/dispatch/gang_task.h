@@ -29,6 +29,10 @@ struct GangServices {
   DelayQueue* delays = nullptr;
   Timeline* timeline = nullptr;
   int64_t control_latency_ns = 0;  // see TopologyOptions::control_latency_ns
+  // When set and true, gangs that have not started yet are cancelled: they
+  // skip their kernels and simulated time and fail their outputs with a
+  // Cancelled error (the runtime is shutting down). Null: never.
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 class GangTask final : public Gang {

@@ -10,13 +10,21 @@ constexpr int64_t kSpinWindowNs = 150'000;
 
 DelayQueue::DelayQueue() : thread_([this] { Loop(); }) {}
 
-DelayQueue::~DelayQueue() {
+DelayQueue::~DelayQueue() { Stop(); }
+
+void DelayQueue::Stop() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
     cv_.Signal();
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
+}
+
+void DelayQueue::Hurry() {
+  MutexLock lock(&mu_);
+  hurry_ = true;
+  cv_.Signal();
 }
 
 void DelayQueue::RunAt(int64_t deadline_ns, Runnable* job) {
@@ -42,7 +50,7 @@ void DelayQueue::Loop() {
         }
         const int64_t deadline = heap_.top().deadline_ns;
         const int64_t now = NowNanos();
-        if (now >= deadline || stop_) {
+        if (now >= deadline || stop_ || hurry_) {
           job = heap_.top().job;
           heap_.pop();
         } else if (deadline - now > kSpinWindowNs) {

@@ -37,6 +37,14 @@ class DelayQueue {
   // Runs `job` on the delay thread at `deadline_ns` (NowNanos() clock).
   void RunAt(int64_t deadline_ns, Runnable* job);
 
+  // From now on every deadline counts as passed: pending and later jobs run
+  // as soon as the thread gets to them (for cancelling simulated work at
+  // shutdown). Irreversible.
+  void Hurry();
+  // Runs the jobs still pending (early), then joins the thread. Idempotent;
+  // jobs added afterwards never run.
+  void Stop();
+
  private:
   struct Entry {
     int64_t deadline_ns;
@@ -50,10 +58,12 @@ class DelayQueue {
 
   Mutex mu_;
   CondVar cv_;
-  // Protects the heap of pending jobs, its insertion counter and the stop flag.
+  // Protects the heap of pending jobs, its insertion counter and the stop and
+  // hurry flags.
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap_ ABSL_GUARDED_BY(mu_);
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool hurry_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -9,13 +9,17 @@ Executor::Executor(int num_threads, int64_t spin_ns) : spin_ns_(spin_ns) {
   for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
 }
 
-Executor::~Executor() {
+Executor::~Executor() { Stop(); }
+
+void Executor::Stop() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
     work_cv_.SignalAll();
   }
-  for (std::thread& t : threads_) t.join();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 void Executor::Submit(ReadyList& list) {

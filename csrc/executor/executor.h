@@ -29,7 +29,7 @@ class Executor {
  public:
   // Starts `num_threads` (>= 1) workers.
   explicit Executor(int num_threads, int64_t spin_ns = 50'000);
-  // Stops the workers after the queue drains.
+  // Stops the workers after the queue drains (see Stop()).
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -42,6 +42,11 @@ class Executor {
     list.Push(job);
     Submit(list);
   }
+
+  // Lets the workers finish the queue, then joins them. Idempotent. Jobs
+  // submitted afterwards stay queued and never run: the caller must make sure
+  // nothing is submitted any more (the runtime stops dispatch first).
+  void Stop();
 
   int num_threads() const { return static_cast<int>(threads_.size()); }
   // Jobs run so far (for tests and stats).

@@ -1,8 +1,11 @@
 #include "csrc/object_store/sharded_buffer.h"
 
+#include <algorithm>
+#include <chrono>
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/fork.h"
 #include "csrc/base/spin.h"
 #include "csrc/object_store/host_memory_pool.h"
 
@@ -37,6 +40,9 @@ absl::StatusOr<std::shared_ptr<ShardedBuffer>> ShardedBuffer::Allocate(ObjectSto
 }
 
 ShardedBuffer::~ShardedBuffer() {
+  // In a forked child the stores' locks may be held by threads that did not
+  // survive the fork; the memory goes with the child's exit.
+  if (InForkedChild()) return;
   stores_->Free(devices_, shard_bytes_);
   HostMemoryPool::Get().Free(data_, static_cast<size_t>(std::max<int64_t>(shard_bytes_ * devices_->size(), 1)));
 }
@@ -48,6 +54,17 @@ absl::Status ShardedBuffer::Await() const {
   while (!IsDone()) done_cv_.Wait(&mu_);
   --sleepers_;
   return status_;
+}
+
+bool ShardedBuffer::AwaitFor(int64_t timeout_ns) const {
+  if (SpinUntil([this] { return IsDone(); }, std::min(kAwaitSpinNs, timeout_ns))) return true;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+  MutexLock lock(&mu_);
+  ++sleepers_;
+  while (!IsDone() && done_cv_.WaitUntil(&mu_, deadline)) {
+  }
+  --sleepers_;
+  return IsDone();
 }
 
 absl::Status ShardedBuffer::status() const {

@@ -73,6 +73,9 @@ class ShardedBuffer {
   // Blocks until done (spins briefly, then sleeps); returns the status.
   // Never called from an executor thread.
   absl::Status Await() const;
+  // Like Await(), but gives up after `timeout_ns`: true if the buffer is
+  // done. Lets a caller wait in slices and check for interrupts between them.
+  bool AwaitFor(int64_t timeout_ns) const;
   // The producer's status; OK while pending.
   absl::Status status() const;
 

@@ -260,6 +260,8 @@ def timeline() -> Iterator[Timeline]:
     try:
         yield tl
     finally:
-        _core.await_submitted()
-        tl._raw = _core.timeline_stop()
-        tl.wall_seconds = (_core.now_ns() - tl._origin_ns) * 1e-9
+        try:
+            _core.await_submitted()  # interruptible (Ctrl-C)
+        finally:
+            tl._raw = _core.timeline_stop()
+            tl.wall_seconds = (_core.now_ns() - tl._origin_ns) * 1e-9

@@ -1,0 +1,26 @@
+#include "csrc/bindings/waiting.h"
+
+#include <chrono>
+#include <thread>
+
+namespace pw::bindings {
+namespace {
+// Ctrl-C is noticed within this long; each slice costs one GIL round trip.
+constexpr int64_t kSliceNs = 50'000'000;
+}  // namespace
+
+void WaitInterruptibly(absl::FunctionRef<bool(int64_t)> done_within) {
+  while (!WithoutGil([&] { return done_within(kSliceNs); })) {
+    if (PyErr_CheckSignals() != 0) throw pybind11::error_already_set();
+  }
+}
+
+void ParkDaemonThreadAtExit() {
+  namespace py = pybind11;
+  if (!py::module_::import("threading").attr("current_thread")().attr("daemon").cast<bool>()) return;
+  // Each slice ends by taking the GIL, which ends this thread once the
+  // interpreter finalizes (cleanly: not from a destructor, see the header).
+  while (true) WithoutGil([] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+}
+
+}  // namespace pw::bindings
