@@ -14,7 +14,7 @@ SOURCES := CMakeLists.txt pyproject.toml $(shell find csrc python -type f \( -na
              -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' \) 2>/dev/null)
 CPP_CONFIG := -G Ninja -DPATHWAYS_BUILD_TESTS=ON -DPATHWAYS_BUILD_PYTHON=OFF -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja)
 
-.PHONY: demo test test-cpp test-python bench sanitize sanitize-asan sanitize-tsan deps clean
+.PHONY: demo test test-cpp test-python bench sanitize sanitize-asan sanitize-tsan sanitize-threads fuzz deps clang-deps clean
 
 demo: $(VENV)/.installed
 	$(VPY) examples/figure2.py
@@ -68,7 +68,7 @@ bench: $(VENV)/.installed $(VENV)/.bench
 # `race:libopenblas` suppression would hide those as well; `called_from_lib`
 # does not work (TSan ignores only the first of libopenblas's two executable
 # segments). `make test` and `make sanitize-asan` run the threaded path.
-sanitize: sanitize-asan sanitize-tsan
+sanitize: sanitize-asan sanitize-tsan sanitize-threads fuzz
 
 sanitize-asan: deps $(VENV)/.created
 	$(CMAKE) -S . -B build/asan $(CPP_CONFIG) -DCMAKE_BUILD_TYPE=Debug -DPATHWAYS_SANITIZE=address,undefined >/dev/null
@@ -81,6 +81,37 @@ sanitize-tsan: deps $(VENV)/.created
 	$(CMAKE) --build build/tsan
 	OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 setarch $$(uname -m) -R \
 	  $(CTEST) --test-dir build/tsan --output-on-failure -j2
+
+# Clang's tools, only for `make sanitize`: its thread-safety analysis and
+# libFuzzer (whose runtime is in libclang-rt-14-dev).
+CLANG_APT_PACKAGES := clang libclang-rt-14-dev
+CLANG_CONFIG := -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+clang-deps:
+	@$(MAKE) --no-print-directory deps APT_PACKAGES="$(CLANG_APT_PACKAGES)"
+
+# Every library and test compiled by clang with -Werror=thread-safety: the
+# ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED annotations are checked.
+sanitize-threads: clang-deps $(VENV)/.created
+	$(CMAKE) -S . -B build/threads $(CPP_CONFIG) $(CLANG_CONFIG) -DPATHWAYS_THREAD_SAFETY=ON >/dev/null
+	$(CMAKE) --build build/threads
+
+# The fuzz targets (`*_fuzzer.cc` beside their units) under ASan+UBSan, each
+# for FUZZ_SECONDS, from the corpus kept in build/fuzz/corpus. A crash
+# leaves its input in build/fuzz/ and fails the target.
+FUZZ_SECONDS ?= 60
+FUZZERS := topology_fuzzer function_fuzzer
+fuzz: clang-deps $(VENV)/.created
+	$(CMAKE) -S . -B build/fuzz -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) $(CLANG_CONFIG) \
+	  -DPATHWAYS_BUILD_PYTHON=OFF -DPATHWAYS_BUILD_FUZZERS=ON -DCMAKE_BUILD_TYPE=Debug \
+	  -DPATHWAYS_SANITIZE=address,undefined >/dev/null
+	$(CMAKE) --build build/fuzz --target $(FUZZERS)
+	@set -o pipefail; for f in $(FUZZERS); do \
+	  mkdir -p build/fuzz/corpus/$$f; \
+	  echo "fuzzing $$f for $(FUZZ_SECONDS) s"; \
+	  ( cd build/fuzz && ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    ./$$(find . -name $$f -type f -executable | head -1) corpus/$$f -max_total_time=$(FUZZ_SECONDS) \
+	    -max_len=512 -print_final_stats=1 2>&1 | tail -4 ) || exit 1; \
+	done
 
 clean:
 	rm -rf build $(VENV)
