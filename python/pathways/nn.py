@@ -55,8 +55,18 @@ def gelu(x: Any, approximate: bool = True) -> Any:
 
 
 def sigmoid(x: Any) -> Any:
-    """1 / (1 + exp(-x)), elementwise."""
-    return 1.0 / (1.0 + _pnp.exp(-x))
+    """1 / (1 + exp(-x)), elementwise, computed stably.
+
+    Only `e = exp(-|x|)`, at most 1, is computed: the result is `1 / (1 + e)`
+    for x >= 0 and `e / (1 + e)` for x < 0. So no intermediate overflows, at
+    saturated logits neither (`1 / (1 + exp(-x))` differentiated through its
+    ops gives 0 * inf = NaN there), and the gradient the tape derives,
+    `e / (1 + e)**2` (= s * (1 - s)), is finite and accurate everywhere.
+    """
+    nonneg = x >= 0
+    # -|x|, written as a select so that its gradient at 0 is that of -x.
+    e = _pnp.exp(_pnp.where(nonneg, -x, x))
+    return _pnp.where(nonneg, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def silu(x: Any) -> Any:

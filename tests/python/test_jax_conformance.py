@@ -1,0 +1,75 @@
+"""Answers that JAX's own test cases check, and that pathways once got wrong (issue 12).
+
+One test (or parametrized group) per item of the issue, named after it. The
+references are numpy, or derivatives worked out by hand; gradients are also
+checked against finite differences with the helpers of test_grad.py.
+"""
+
+import numpy as np
+import pytest
+
+import pathways as pw
+import pathways.nn as pnn
+
+from test_grad import check_grads, pmap_grads
+
+
+def _grad_in_pmap(devices, fn, x):
+    """`pw.grad(lambda x: fn(x).sum())` inside `pw.pmap`, as a numpy array."""
+    (g,) = pmap_grads(devices, lambda x: fn(x).sum(), [x], (0,))
+    return g
+
+
+# --- 1. sigmoid and silu at saturated logits ------------------------------------
+
+
+def _sigmoid_derivative(x):
+    """d/dx 1/(1+exp(-x)) = exp(-|x|) / (1 + exp(-|x|))**2, in float64 (never overflows)."""
+    e = np.exp(-np.abs(x.astype(np.float64)))
+    return e / (1 + e) ** 2
+
+
+SATURATED = {
+    np.float32: [-1000.0, -104.0, -100.0, -89.0, -88.0, 0.0, 88.0, 89.0, 1000.0],
+    np.float64: [-1e5, -746.0, -745.0, -710.0, -709.0, 0.0, 709.0, 710.0, 1e5],
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sigmoid_and_silu_gradients_at_saturated_logits(tpus2, dtype):
+    x = np.array([SATURATED[dtype], [-3.0, -0.5, -1e-3, 1e-3, 0.5, 3.0, 20.0, -20.0, 0.0]], dtype)
+    tiny = np.finfo(dtype).tiny  # below it (subnormals) relative precision degrades
+    s_prime = _sigmoid_derivative(x)
+    with np.errstate(over="ignore"):  # exp(1e5) = inf gives 1 / inf = 0, the right forward value
+        s = 1 / (1 + np.exp(-x.astype(np.float64)))
+
+    got = pw.pmap(pnn.sigmoid, devices=tpus2)(x)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(np.asarray(got), s, rtol=4 * np.finfo(dtype).eps, atol=tiny)
+
+    g = _grad_in_pmap(tpus2, pnn.sigmoid, x)
+    assert g.dtype == dtype and np.all(np.isfinite(g))
+    np.testing.assert_allclose(g, s_prime, rtol=8 * np.finfo(dtype).eps, atol=tiny)
+
+    # silu(x) = x sigmoid(x): d/dx = sigmoid(x) + x sigmoid'(x).
+    g = _grad_in_pmap(tpus2, pnn.silu, x)
+    assert np.all(np.isfinite(g))
+    np.testing.assert_allclose(g, s + x * s_prime, rtol=16 * np.finfo(dtype).eps, atol=tiny)
+
+    # Second derivatives stay finite too: s'' = s' (1 - 2 s) (1 - 2 s cancels near 0).
+    g2 = _grad_in_pmap(tpus2, lambda v: pw.grad(lambda u: pnn.sigmoid(u).sum())(v), x)
+    assert np.all(np.isfinite(g2))
+    np.testing.assert_allclose(g2, s_prime * (1 - 2 * s), rtol=1e-3 if dtype == np.float32
+                               else 1e-10, atol=1e4 * tiny)
+
+    # Outside a trace the same formula runs on numpy, without overflow warnings.
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        np.testing.assert_allclose(pnn.sigmoid(x.astype(np.float64)), s, rtol=1e-15,
+                                   atol=np.finfo(np.float64).tiny)
+
+
+def test_sigmoid_gradient_matches_finite_differences(tpus2):
+    x = np.random.default_rng(1).standard_normal((2, 3, 4)) * 4
+    x[0, 0, 0] = 0.0
+    check_grads(tpus2, lambda v: (pnn.sigmoid(v) ** 2).sum(), [x], rtol=1e-6, atol=1e-8)
+    check_grads(tpus2, lambda v: (pnn.silu(v) * v).sum(), [x], rtol=1e-6, atol=1e-8)
