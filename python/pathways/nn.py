@@ -33,8 +33,13 @@ __all__ = [
 
 
 def relu(x: Any) -> Any:
-    """max(x, 0), elementwise."""
-    return _pnp.maximum(x, 0)
+    """max(x, 0), elementwise, with gradient 1 where x > 0 and 0 elsewhere (as `jax.nn.relu`).
+
+    `maximum(x, 0)` alone would split the gradient of the tie at 0 (0.5, as
+    maximum's own rule); here its value only fills the other positions (0,
+    or NaN for NaN), outside gradients.
+    """
+    return _pnp.where(x > 0, x, stop_gradient(_pnp.maximum(x, 0)))
 
 
 def gelu(x: Any, approximate: bool = True) -> Any:

@@ -73,3 +73,25 @@ def test_sigmoid_gradient_matches_finite_differences(tpus2):
     x[0, 0, 0] = 0.0
     check_grads(tpus2, lambda v: (pnn.sigmoid(v) ** 2).sum(), [x], rtol=1e-6, atol=1e-8)
     check_grads(tpus2, lambda v: (pnn.silu(v) * v).sum(), [x], rtol=1e-6, atol=1e-8)
+
+
+# --- 2. relu's gradient at 0 -------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_grad_at_zero(tpus2, dtype):
+    x = np.array([[-2.0, -0.0, 0.0, 1e-30, 3.0], [0.0, -1e-30, np.nan, -np.inf, np.inf]], dtype)
+    got = np.asarray(pw.pmap(pnn.relu, devices=tpus2)(x))
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, np.maximum(x, 0))  # NaN propagates, as numpy's maximum
+    g = _grad_in_pmap(tpus2, pnn.relu, x)
+    assert g.dtype == dtype
+    np.testing.assert_array_equal(g, (x > 0).astype(dtype))  # 0 at 0, as JAX's testReluGradAtZero
+    # pw.grad outside a trace, on a Python float, as JAX's test writes it.
+    assert pw.grad(pnn.relu)(0.0) == 0.0
+    assert pw.grad(pnn.relu)(2.0) == 1.0
+    # maximum itself keeps JAX's rule for ties: half the cotangent to each side.
+    (ga, gb) = pmap_grads(tpus2, lambda a, b: pw.numpy.maximum(a, b).sum(), [x, np.zeros_like(x)],
+                          (0, 1))
+    np.testing.assert_array_equal(ga[x == 0], 0.5)
+    np.testing.assert_array_equal(gb[x == 0], 0.5)
