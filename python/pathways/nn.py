@@ -80,13 +80,17 @@ def silu(x: Any) -> Any:
 
 
 def _max_shift(x: Any, axis: Any) -> Any:
-    """The max over `axis` (keepdims), outside gradients and with -inf rows shifted by 0."""
+    """The max over `axis` (keepdims), outside gradients; 0 where it is not finite.
+
+    Shifting by an infinite max would give inf - inf = NaN: a row holding
+    +inf has logsumexp +inf, and a row of -inf has -inf (as JAX and scipy).
+    """
     m = stop_gradient(_pnp.max(x, axis=axis, keepdims=True))
-    return _pnp.where(m > -_np.inf, m, 0.0)
+    return _pnp.where((m > -_np.inf) & (m < _np.inf), m, 0.0)
 
 
 def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
-    """log(sum(exp(x), axis)), computed stably (shifted by the max)."""
+    """log(sum(exp(x), axis)), computed stably (shifted by the max where it is finite)."""
     m = _max_shift(x, axis)
     out = _pnp.log(_pnp.sum(_pnp.exp(x - m), axis=axis, keepdims=True)) + m
     if keepdims:

@@ -95,3 +95,47 @@ def test_relu_grad_at_zero(tpus2, dtype):
                           (0, 1))
     np.testing.assert_array_equal(ga[x == 0], 0.5)
     np.testing.assert_array_equal(gb[x == 0], 0.5)
+
+
+# --- 3. logsumexp of rows holding infinities ----------------------------------------
+
+
+INF_ROWS = [
+    [np.inf, 0.0, 1.0, -3.0],
+    [np.inf, -np.inf, 0.0, 2.0],
+    [np.inf, np.inf, -np.inf, 0.0],
+    [-np.inf, -np.inf, -np.inf, -np.inf],
+    [np.nan, np.inf, 0.0, 1.0],
+    [-np.inf, 1000.0, 1000.0, -1000.0],
+    [-np.inf, -1e30, 3.0, -np.inf],
+    [0.5, -2.0, 3.0, 1.0],
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logsumexp_of_infinite_rows(tpus2, dtype):
+    x = np.array([INF_ROWS[:4], INF_ROWS[4:]], dtype)
+    with np.errstate(invalid="ignore"):  # the NaN row
+        want = np.logaddexp.reduce(x.astype(np.float64), axis=-1)  # numpy's own reference
+    assert np.isposinf(want[0, :3]).all() and np.isneginf(want[0, 3]) and np.isnan(want[1, 0])
+    rtol = 1e-6 if dtype == np.float32 else 1e-14
+    for kwargs, reduce in [({"axis": -1}, lambda w: w),
+                           ({"axis": 1, "keepdims": True}, lambda w: w[..., None])]:
+        got = np.asarray(pw.pmap(lambda v: pnn.logsumexp(v, **kwargs), devices=tpus2)(x))
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, reduce(want), rtol=rtol)
+        with np.errstate(divide="ignore"):  # numpy's log(0) for the -inf row
+            np.testing.assert_allclose(pnn.logsumexp(x[0], **kwargs), reduce(want)[0], rtol=rtol)
+    # axis=None: the whole shard.
+    got = np.asarray(pw.pmap(pnn.logsumexp, devices=tpus2)(x))
+    np.testing.assert_array_equal(got, [np.inf, np.nan])
+    got = np.asarray(pw.pmap(pnn.logsumexp, devices=tpus2)(np.full((2, 3), -np.inf, dtype)))
+    np.testing.assert_array_equal(got, [-np.inf, -np.inf])
+
+    # The gradient is softmax, finite wherever the row's logsumexp is finite (where JAX's is):
+    # -inf entries get 0, and large values do not overflow.
+    finite = np.array([INF_ROWS[5:8], INF_ROWS[5:8]], dtype)
+    g = _grad_in_pmap(tpus2, lambda v: pnn.logsumexp(v, axis=-1), finite)
+    e = np.exp(finite - finite.max(-1, keepdims=True).astype(np.float64))
+    assert np.all(np.isfinite(g))
+    np.testing.assert_allclose(g, e / e.sum(-1, keepdims=True), rtol=rtol, atol=1e-30)
