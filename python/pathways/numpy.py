@@ -672,12 +672,32 @@ def std(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
 
 def _getitem(x: Tracer, index: Any) -> Tracer:
     """`x[index]` for static indices: ints, slices (any step), None, Ellipsis, and at
-    most one integer array or int32 traced value (a `take` along its dimension)."""
+    most one integer array or int32 traced value (a `take` along its dimension).
+
+    The result's shape follows numpy: with an array in the index, the ints are
+    advanced indices too, and if the advanced indices are not side by side (a
+    slice, None or '...' between them) the array's dimensions come first;
+    otherwise they stand where the array is.
+    """
     trace = x._check()
     idx = index if isinstance(index, tuple) else (index,)
     is_array = lambda e: isinstance(e, (Tracer, _np.ndarray, list))  # noqa: E731
     if _builtins.sum(1 for e in idx if e is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
+    for e in idx:
+        if isinstance(e, (bool, _np.bool_)):
+            raise IndexError(
+                f"indexing {x.aval} with a boolean scalar ({e!r}): numpy takes it as a mask "
+                "adding a dimension, which is not supported; use None or pw.numpy.where"
+            )
+    advanced_at = [
+        k for k, e in enumerate(idx)
+        if is_array(e) or (e is not None and e is not Ellipsis and not isinstance(e, slice))
+    ]
+    arrays_first = (
+        _builtins.any(is_array(e) for e in idx)
+        and advanced_at[-1] - advanced_at[0] + 1 != len(advanced_at)
+    )
     consumed = _builtins.sum(1 for e in idx if e is not None and e is not Ellipsis)
     if consumed > x.ndim:
         raise IndexError(
@@ -745,8 +765,14 @@ def _getitem(x: Tracer, index: Any) -> Tracer:
         dim, e = advanced
         ind = _indices_operand("indexing", trace, e, x.shape[dim])
         y = bind(trace, "take", (y, ind), axis=dim)
-        for f in final:
-            shape.extend(ind.shape if isinstance(f, tuple) else [f])
+        if arrays_first:
+            k = ind.ndim
+            if dim and k:
+                y = transpose(y, [*range(dim, dim + k), *range(dim), *range(dim + k, y.ndim)])
+            shape = list(ind.shape) + [f for f in final if not isinstance(f, tuple)]
+        else:
+            for f in final:
+                shape.extend(ind.shape if isinstance(f, tuple) else [f])
     else:
         shape = final
     return reshape(y, shape)

@@ -139,3 +139,70 @@ def test_logsumexp_of_infinite_rows(tpus2, dtype):
     e = np.exp(finite - finite.max(-1, keepdims=True).astype(np.float64))
     assert np.all(np.isfinite(g))
     np.testing.assert_allclose(g, e / e.sum(-1, keepdims=True), rtol=rtol, atol=1e-30)
+
+
+# --- 4. where advanced indexing puts the array's dimensions -------------------------
+
+S = slice(None)
+A3 = np.array([1, 0, 1])  # valid for dimensions of size 2 and 3
+A22 = np.array([[1, 0], [0, 1]])
+
+# (shape of one shard, index); "A" marks where the index array goes, so that the
+# same index runs with a constant array and with a traced int32 one.
+ADVANCED_INDEXES = [
+    ((3, 2, 3), (0, S, "A")),  # the case: numpy gives (3, 2)
+    ((3, 2, 3), ("A", S, 0)),
+    ((3, 2, 3), (S, 0, "A")),  # side by side: in place
+    ((3, 2, 3), (0, "A")),
+    ((3, 2, 3), ("A", 1)),
+    ((3, 2, 3), (1, "A", S)),
+    ((3, 2, 3), (0, None, "A")),  # None separates
+    ((3, 2, 3), (None, 0, ..., "A")),  # so does '...', even where it stands for no dimension
+    ((3, 2, 3), ("A", ..., 2)),
+    ((3, 2, 3), (..., 1, "A")),
+    ((3, 2, 3), (None, "A", S, None)),  # one array and no int: in place
+    ((3, 2, 3), (S, None, "A")),
+    ((3, 2, 3), (-1, slice(None, None, -1), "A")),
+    ((3, 3, 2, 3), (1, S, S, "A")),
+    ((3, 3, 2, 3), (S, 2, S, "A")),
+    ((3, 3, 2, 3), (S, 2, 1, "A")),
+    ((3, 3, 2, 3), (0, ..., "A")),
+    ((2, 3, 3), (1, S, "A2")),  # a 2-d index array
+    ((2, 3, 3), (S, "A2", 0)),
+    ((2, 3, 3), (1, S, "A0")),  # a 0-d index array is advanced too
+]
+
+
+def _index_with(index, arr):
+    return tuple(arr if e in ("A", "A2", "A0") else e for e in index)
+
+
+def _index_array(index):
+    kind = next(e for e in index if isinstance(e, str))
+    return {"A": A3, "A2": A22, "A0": np.array(1)}[kind]
+
+
+@pytest.mark.parametrize("shape, index", ADVANCED_INDEXES, ids=lambda v: repr(v))
+def test_advanced_index_dimensions_come_first_when_separated(tpus2, shape, index):
+    x = np.random.default_rng(4).standard_normal((2,) + shape)
+    arr = _index_array(index)
+    want = np.stack([x[d][_index_with(index, arr)] for d in range(2)])
+    # A constant index array.
+    got = np.asarray(pw.pmap(lambda v: v[_index_with(index, arr)], devices=tpus2)(x))
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    # A traced int32 index.
+    traced = np.stack([arr, arr]).astype(np.int32)
+    got = np.asarray(pw.pmap(lambda v, i: v[_index_with(index, i)], devices=tpus2)(x, traced))
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    # The gradient goes back through the moved dimensions.
+    w = np.random.default_rng(5).standard_normal(want.shape[1:])
+    check_grads(tpus2, lambda v: (pw.numpy.sin(v)[_index_with(index, arr)] * w).sum(), [x])
+
+
+def test_boolean_scalar_index_is_refused(tpus2, runtime_ok):
+    f = pw.pmap(lambda v: v[True], devices=tpus2)
+    with pytest.raises(IndexError, match="boolean scalar"):
+        f(np.zeros((2, 3)))
+    runtime_ok()
