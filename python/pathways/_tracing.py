@@ -605,11 +605,12 @@ class Tracer(_TracerBase):
 
         return pnp.std(self, axis, keepdims)
 
-    def take(self, indices: Any, axis: Any = None) -> "Tracer":
-        """numpy's `take` (see `pathways.numpy.take`)."""
+    def take(self, indices: Any, axis: Any = None, mode: Optional[str] = None,
+             fill_value: Any = None) -> "Tracer":
+        """numpy's `take`, with JAX's modes (see `pathways.numpy.take`)."""
         from pathways import numpy as pnp
 
-        return pnp.take(self, indices, axis)
+        return pnp.take(self, indices, axis, mode, fill_value)
 
     def __bool__(self) -> bool:
         raise _control_flow_error(self, "bool()")

@@ -424,8 +424,8 @@ def flip(m: Any, axis: Any = None) -> Any:
     return bind(trace, "rev", (m,), axes=axes)
 
 
-def _indices_operand(name: str, trace: Any, indices: Any, dim: Optional[int]) -> Tracer:
-    """Indices as an int32 traced value; constant indices are bounds-checked against `dim`."""
+def _int_indices(name: str, indices: Any) -> Any:
+    """Indices as an int32 traced value, or as a numpy integer array if they are constants."""
     if isinstance(indices, Tracer):
         indices._check()
         if indices.dtype != _np.int32:
@@ -434,33 +434,98 @@ def _indices_operand(name: str, trace: Any, indices: Any, dim: Optional[int]) ->
     arr = _np.asarray(indices)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name}: indices must be integers, got dtype {arr.dtype}")
-    if dim is not None and arr.size and (arr.min() < -dim or arr.max() >= dim):
+    return arr
+
+
+def _checked_indices(name: str, arr: Any, dim: int) -> Any:
+    """Constant indices into a dimension of size `dim`, negative ones counted from the end.
+
+    Raises:
+      IndexError: For an index out of range, as numpy.
+    """
+    if arr.size and (arr.min() < -dim or arr.max() >= dim):
         bad = arr[(arr < -dim) | (arr >= dim)].flat[0]
         raise IndexError(f"{name}: index {bad} is out of bounds for axis with size {dim}")
-    if dim is not None:
-        arr = _np.where(arr < 0, arr + dim, arr)
-    return trace.constant(arr.astype(_np.int32), None)
+    return _np.where(arr < 0, arr + dim, arr)
 
 
-def take(a: Any, indices: Any, axis: Any = None) -> Any:
+def _from_end(indices: Any, dim: int) -> Any:
+    """Indices with `dim` added to the negative ones, which count from the end."""
+    return where(indices < 0, indices + dim, indices)
+
+
+_TAKE_MODES = (None, "fill", "clip", "raise", "wrap")
+
+
+def _fill_value(dtype: Any, fill_value: Any) -> Any:
+    """`fill_value` in `dtype`, or JAX's default: NaN, the most negative int32, or True."""
+    dt = _np.dtype(dtype)
+    if fill_value is None:
+        fill_value = {"f": _np.nan, "i": _np.iinfo(_np.int32).min, "b": True}[dt.kind]
+    return _np.asarray(fill_value).astype(dt)
+
+
+def take(a: Any, indices: Any, axis: Any = None, mode: Optional[str] = None,
+         fill_value: Any = None) -> Any:
     """`numpy.take`: elements of `a` at `indices` along `axis` (None: of the flattened `a`).
 
-    Traced indices must be int32 and are clipped into range (numpy would
-    raise, which a device cannot do); constant indices are checked at trace
-    time, negative ones counting from the end.
+    Out-of-range traced indices follow `mode`, as in `jax.numpy.take` (a
+    device cannot raise):
+      - None or "fill" (the default): negative indices count from the end,
+        and indices still out of range give `fill_value` (default NaN for
+        floats, the most negative int32, True for bool);
+      - "clip": indices are clipped into range (negative ones to 0, as
+        numpy's "clip").
+    Constant indices (and numpy arrays outside a trace) follow numpy's modes:
+    None or "raise" checks them (at trace time), "clip" and "wrap" as numpy;
+    "fill" works there too.
+
+    Raises:
+      TypeError: For indices that are not integers (traced ones: not int32).
+      IndexError: For constant indices out of range, with mode None or "raise".
+      ValueError: For an unknown mode.
+      NotImplementedError: For traced indices with mode "raise" or "wrap".
     """
+    if mode not in _TAKE_MODES:
+        raise ValueError(
+            f"take: mode must be one of None, 'fill', 'clip', 'raise', 'wrap', got {mode!r}"
+        )
     trace = _trace_of("take", (a, indices))
-    if trace is None:
-        return _np.take(a, indices, axis=axis)
-    a = _operand(trace, a)
+    if trace is None and mode != "fill":
+        return _np.take(a, indices, axis=axis, mode="raise" if mode is None else mode)
+    a = _np.asarray(a) if trace is None else _operand(trace, a)
     if axis is None:
         a = ravel(a)
         axis = 0
     if a.ndim == 0:
-        raise ValueError(f"take: cannot index into a zero-dimensional value ({a.aval})")
+        raise ValueError(f"take: cannot index into a zero-dimensional value (shape {a.shape})")
     ax = _axis("take", axis, a.ndim, a.shape)
-    idx = _indices_operand("take", trace, indices, a.shape[ax])
-    return bind(trace, "take", (a, idx), axis=ax)
+    n = a.shape[ax]
+    idx = _int_indices("take", indices)
+    if trace is None:
+        gather = lambda i: _np.take(a, i, axis=ax, mode="clip")  # noqa: E731
+    else:
+        gather = lambda i: bind(trace, "take", (a, i), axis=ax)  # noqa: E731 (clips)
+        if not isinstance(idx, Tracer):
+            if mode in (None, "raise"):
+                idx = _checked_indices("take", idx, n)
+            elif mode == "clip":
+                idx = _np.clip(idx, 0, n - 1)
+            elif mode == "wrap" and n:
+                idx = _np.mod(idx, n)
+            idx = trace.constant(idx.astype(_np.int32), None)
+            if mode != "fill":
+                return gather(idx)
+        elif mode in ("raise", "wrap"):
+            raise NotImplementedError(
+                f"take: mode={mode!r} with traced indices ({idx.aval}) is not supported; "
+                "traced indices take mode='fill' (the default) or mode='clip'"
+            )
+        if mode == "clip":
+            return gather(idx)
+    idx = _from_end(idx, n)
+    inside = reshape((idx >= 0) & (idx < n), [1] * ax + list(idx.shape) + [1] * (a.ndim - ax - 1))
+    return where(inside, gather(idx), _fill_value(a.dtype, fill_value))
 
 
 def matmul(a: Any, b: Any) -> Any:
@@ -763,7 +828,14 @@ def _getitem(x: Tracer, index: Any) -> Tracer:
     shape: list = []
     if advanced is not None:
         dim, e = advanced
-        ind = _indices_operand("indexing", trace, e, x.shape[dim])
+        # Constant indices are checked; traced ones count from the end when negative and
+        # are clipped into range by the kernel (as JAX's indexing clamps).
+        ind = _int_indices("indexing", e)
+        if isinstance(ind, Tracer):
+            ind = _from_end(ind, x.shape[dim])
+        else:
+            ind = _checked_indices("indexing", ind, x.shape[dim])
+            ind = trace.constant(ind.astype(_np.int32), None)
         y = bind(trace, "take", (y, ind), axis=dim)
         if arrays_first:
             k = ind.ndim

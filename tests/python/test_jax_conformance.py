@@ -206,3 +206,112 @@ def test_boolean_scalar_index_is_refused(tpus2, runtime_ok):
     with pytest.raises(IndexError, match="boolean scalar"):
         f(np.zeros((2, 3)))
     runtime_ok()
+
+
+# --- 5. negative traced indices count from the end ---------------------------------
+
+
+def _jax_getitem_index(i, n):
+    """JAX's indexing: a negative index gets n added, then out-of-range ones are clamped."""
+    return np.clip(np.where(i < 0, i + n, i), 0, n - 1)
+
+
+def test_negative_traced_index_wraps(tpus2):
+    x = np.random.default_rng(6).standard_normal((2, 4, 3))
+    scalar = pw.pmap(lambda v, i: v[i], devices=tpus2)
+    for i in [-1, -4, -2, 0, 3, -5, 4, 100, -100]:  # the last four: out of range, clamped
+        idx = np.full(2, i, np.int32)
+        want = np.stack([x[d][_jax_getitem_index(i, 4)] for d in range(2)])
+        np.testing.assert_array_equal(np.asarray(scalar(x, idx)), want)
+    # Index arrays, on their own and after an int (where the dims go is numpy's, item 4).
+    idx = np.array([[-1, 0, -3, 2], [1, -2, -2, 7]], np.int32)
+    got = np.asarray(pw.pmap(lambda v, i: v[i], devices=tpus2)(x, idx))
+    np.testing.assert_array_equal(got, np.stack([x[d][_jax_getitem_index(idx[d], 4)]
+                                                 for d in range(2)]))
+    z = np.random.default_rng(7).standard_normal((2, 2, 3, 4))
+    got = np.asarray(pw.pmap(lambda v, i: v[1, :, i], devices=tpus2)(z, idx))
+    np.testing.assert_array_equal(got, np.stack([z[d][1, :, _jax_getitem_index(idx[d], 4)]
+                                                 for d in range(2)]))
+    # The gradient lands on the element read.
+    (g,) = pmap_grads(tpus2, lambda v, i: (v[i] * np.arange(3.0)).sum(), [x, idx[:, :1]], (0,))
+    want = np.zeros_like(x)
+    want[0, 3] = want[1, 1] = np.arange(3.0)
+    np.testing.assert_array_equal(g, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.bool_])
+def test_take_negative_traced_indices(tpus2, dtype):
+    x = (np.arange(2 * 5) % 3 == 1 if dtype == np.bool_ else np.arange(2 * 5) - 4.5)
+    x = x.astype(dtype).reshape(2, 5)
+    idx = np.array([[-1, -5, 4, 5, -6, 0], [2, -2, 100, -100, 1, -3]], np.int32)
+    n = 5
+    wrapped = np.where(idx < 0, idx + n, idx)
+    inside = (wrapped >= 0) & (wrapped < n)
+    default_fill = {np.float32: np.nan, np.float64: np.nan, np.int32: np.iinfo(np.int32).min,
+                    np.bool_: True}[dtype]
+    # The default mode, jax.numpy.take's "fill": negative indices wrap, out-of-range ones fill.
+    for kwargs, fill in [({}, default_fill), ({"mode": "fill"}, default_fill),
+                         ({"fill_value": 0}, 0)]:
+        got = np.asarray(pw.pmap(lambda a, i: pw.numpy.take(a, i, **kwargs), devices=tpus2)(x, idx))
+        want = np.stack([np.where(inside[d], np.take(x[d], np.where(inside[d], wrapped[d], 0)),
+                                  fill) for d in range(2)]).astype(dtype)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, want)
+        if kwargs:  # numpy arrays outside a trace: "fill" on request (numpy's default raises)
+            np.testing.assert_array_equal(
+                pw.numpy.take(x[1], idx[1], mode="fill", fill_value=kwargs.get("fill_value")),
+                want[1])
+    # mode="clip", as numpy's: clipped into range, negative indices too (to 0).
+    got = np.asarray(pw.pmap(lambda a, i: a.take(i, mode="clip"), devices=tpus2)(x, idx))
+    np.testing.assert_array_equal(got, np.stack([np.take(x[d], idx[d], mode="clip")
+                                                 for d in range(2)]))
+    # Constant indices: numpy's modes, decided at trace time ("fill" as for traced indices).
+    for mode in ["clip", "wrap"]:
+        got = np.asarray(pw.pmap(lambda a: pw.numpy.take(a, idx[0], mode=mode), devices=tpus2)(x))
+        np.testing.assert_array_equal(got, np.stack([np.take(x[d], idx[0], mode=mode)
+                                                     for d in range(2)]))
+    got = np.asarray(pw.pmap(lambda a: pw.numpy.take(a, idx[1], mode="fill"), devices=tpus2)(x))
+    want = np.where(inside[1], x[:, np.where(inside[1], wrapped[1], 0)], default_fill)
+    np.testing.assert_array_equal(got, want.astype(dtype))
+
+
+def test_take_fill_gradient_and_axis(tpus2):
+    x = np.random.default_rng(7).standard_normal((2, 3, 4))
+    idx = np.array([[[-1, 4], [-4, 0]], [[2, 2], [-5, -2]]], np.int32)
+    w = np.random.default_rng(8).standard_normal((3, 2, 2))
+    fn = lambda v, i: pw.numpy.take(v, i, axis=1)  # noqa: E731
+    got = np.asarray(pw.pmap(fn, devices=tpus2)(x, idx))
+    wrapped = np.where(idx < 0, idx + 4, idx)
+    inside = (wrapped >= 0) & (wrapped < 4)
+    want = np.stack([np.where(inside[d], np.take(x[d], np.clip(wrapped[d], 0, 3), axis=1), np.nan)
+                     for d in range(2)])
+    np.testing.assert_array_equal(got, want)
+    # Filled positions get no gradient; repeated indices accumulate.
+    (g,) = pmap_grads(tpus2, lambda v, i: (fn(v, i) * w).sum(), [x, idx], (0,))
+    want = np.zeros_like(x)
+    for d in range(2):
+        for j in np.ndindex(2, 2):
+            if inside[d][j]:
+                want[d][:, wrapped[d][j]] += w[:, j[0], j[1]]
+    np.testing.assert_allclose(g, want, rtol=1e-15, atol=0)
+    # Against finite differences of the same function on numpy arrays (where mode="fill"
+    # must be explicit: numpy's default mode raises).
+    f = lambda v, i: (pw.numpy.take(pw.numpy.sin(v), i, axis=1, mode="fill",  # noqa: E731
+                                    fill_value=0.0) * w).sum()
+    check_grads(tpus2, f, [x, idx], argnums=(0,))
+
+
+def test_take_mode_errors(tpus2, runtime_ok):
+    x = np.zeros((2, 3))
+    i = np.zeros((2, 2), np.int32)
+    with pytest.raises(NotImplementedError, match="mode='wrap' with traced indices"):
+        pw.pmap(lambda a, j: pw.numpy.take(a, j, mode="wrap"), devices=tpus2)(x, i)
+    with pytest.raises(ValueError, match="take: mode must be one of"):
+        pw.pmap(lambda a, j: pw.numpy.take(a, j, mode="nearest"), devices=tpus2)(x, i)
+    with pytest.raises(IndexError, match="take: index -4 is out of bounds for axis with size 3"):
+        pw.pmap(lambda a: pw.numpy.take(a, np.array([-4])), devices=tpus2)(x)
+    with pytest.raises(ValueError, match=r"take: cannot index into a zero-dimensional value"):
+        pw.pmap(lambda a: pw.numpy.take(a[0], np.array([0]), axis=0), devices=tpus2)(x)
+    with pytest.raises(ValueError, match=r"take: cannot index into a zero-dimensional value"):
+        pw.numpy.take(np.float64(1.0), np.array([0]), axis=0, mode="fill")
+    runtime_ok()
