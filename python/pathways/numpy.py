@@ -607,6 +607,20 @@ def _einsum_pair(trace: Any, x: Tracer, xs: str, y: Tracer, ys: str, out: str) -
     return reshape(r, [size[c] for c in batch + x_free + y_free]), "".join(batch + x_free + y_free)
 
 
+def _einsum_sum_out(x: Tracer, s: str, keep: Any) -> tuple:
+    """Sums `x` (subscripts `s`) over its letters not in `keep`; returns it and its letters.
+
+    Over bool the sum is a logical or, as numpy's einsum, and stays bool.
+    """
+    drop = tuple(i for i, c in enumerate(s) if c not in keep)
+    if not drop:
+        return x, s
+    total = x.sum(axis=drop)
+    if x.dtype == _np.bool_:
+        total = total != 0
+    return total, "".join(c for c in s if c in keep)
+
+
 def einsum(subscripts: str, *operands: Any) -> Any:
     """`numpy.einsum` for explicit letters (no '...', no repeated letter within an operand).
 
@@ -615,6 +629,8 @@ def einsum(subscripts: str, *operands: Any) -> Any:
     letters missing from the output, and transposes (`ij->ji`). Without '->',
     the output has the letters appearing once, in alphabetical order. Two or
     more operands are contracted left to right, each step one batched matmul.
+    The result has the operands' promoted dtype; over bool, as numpy,
+    products are logical and and sums logical or.
     """
     trace = _trace_of("einsum", operands)
     if trace is None:
@@ -643,29 +659,20 @@ def einsum(subscripts: str, *operands: Any) -> Any:
             raise ValueError(f"einsum: invalid subscripts {s!r}")
     if len(set(out)) != len(out) or any(c not in lhs for c in out):
         raise ValueError(f"einsum: invalid output subscripts {out!r}")
+    dtype = _np.result_type(*[x.dtype for x in xs])
+    if dtype != _np.bool_:  # bool operands count as 0 and 1 among numbers
+        xs = [x.astype(dtype) if x.dtype == _np.bool_ else x for x in xs]
 
     def needed_after(k: int) -> set:
         return set(out).union(*[set(s) for s in ins[k + 1 :]])
 
     # Sum out letters no one else needs, operand by operand, then contract pairwise.
-    cur, cur_s = xs[0], ins[0]
-    keep = needed_after(0)
-    drop = [i for i, c in enumerate(cur_s) if c not in keep]
-    if drop:
-        cur = cur.sum(axis=tuple(drop))
-        cur_s = "".join(c for c in cur_s if c in keep)
+    cur, cur_s = _einsum_sum_out(xs[0], ins[0], needed_after(0))
     for k in range(1, len(xs)):
-        y, ys = xs[k], ins[k]
         keep_k = needed_after(k)
-        drop = [i for i, c in enumerate(ys) if c not in keep_k and c not in cur_s]
-        if drop:
-            y = y.sum(axis=tuple(drop))
-            ys = "".join(c for i, c in enumerate(ys) if i not in drop)
+        y, ys = _einsum_sum_out(xs[k], ins[k], keep_k | set(cur_s))
         cur, cur_s = _einsum_pair(trace, cur, cur_s, y, ys, "".join(sorted(keep_k)))
-    drop = [i for i, c in enumerate(cur_s) if c not in out]
-    if drop:
-        cur = cur.sum(axis=tuple(drop))
-        cur_s = "".join(c for c in cur_s if c in out)
+    cur, cur_s = _einsum_sum_out(cur, cur_s, out)
     return transpose(cur, [cur_s.index(c) for c in out]) if cur_s != out else cur
 
 

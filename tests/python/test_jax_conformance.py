@@ -315,3 +315,57 @@ def test_take_mode_errors(tpus2, runtime_ok):
     with pytest.raises(ValueError, match=r"take: cannot index into a zero-dimensional value"):
         pw.numpy.take(np.float64(1.0), np.array([0]), axis=0, mode="fill")
     runtime_ok()
+
+
+# --- 6. einsum over bool stays bool ---------------------------------------------
+
+
+SIZES = {"i": 3, "j": 2, "k": 4, "b": 2}
+
+
+def _einsum_operands(spec, rng, dtypes):
+    """Random operands (with a leading device axis of 2) for the inputs of `spec`."""
+    ins = spec.split("->")[0].split(",")
+    out = []
+    for s, dtype in zip(ins, dtypes):
+        shape = (2,) + tuple(SIZES[c] for c in s)
+        if dtype == np.bool_:
+            out.append(rng.random(shape) < 0.3)  # sparse enough for all-False sums
+        elif dtype == np.int32:
+            out.append(rng.integers(-3, 4, shape).astype(np.int32))
+        else:
+            out.append(rng.standard_normal(shape).astype(dtype))
+    return out
+
+
+def _check_einsum(devices, spec, operands):
+    got = pw.pmap(lambda *ops: pw.numpy.einsum(spec, *ops), devices=devices)(*operands)
+    got = np.asarray(got)
+    want = np.stack([np.einsum(spec, *[op[d] for op in operands]) for d in range(2)])
+    if want.dtype == np.int64:
+        want = want.astype(np.int32)  # numpy's default integer; int32 is pathways' only one
+    assert got.dtype == want.dtype, (spec, got.dtype, want.dtype)
+    assert got.shape == want.shape, (spec, got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    return want
+
+
+@pytest.mark.parametrize("spec, dtypes", [
+    ("ij->", [np.bool_]),
+    ("ij", [np.bool_]),
+    ("ij->i", [np.bool_]),
+    ("ij->ji", [np.bool_]),
+    ("ij,jk->ik", [np.bool_, np.bool_]),
+    ("ij,jk->", [np.bool_, np.bool_]),
+    ("ij,jk->k", [np.bool_, np.bool_]),
+    ("ij,j,i->", [np.bool_, np.bool_, np.bool_]),
+    ("ij,j->", [np.bool_, np.int32]),  # numbers: True counts as 1
+    ("ij,jk->ik", [np.bool_, np.float32]),
+    ("ij->", [np.int32]),
+])
+def test_einsum_bool(tpus2, spec, dtypes):
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        want = _check_einsum(tpus2, spec, _einsum_operands(spec, rng, dtypes))
+    if all(d == np.bool_ for d in dtypes):
+        assert want.dtype == np.bool_
