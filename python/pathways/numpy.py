@@ -607,6 +607,35 @@ def _einsum_pair(trace: Any, x: Tracer, xs: str, y: Tracer, ys: str, out: str) -
     return reshape(r, [size[c] for c in batch + x_free + y_free]), "".join(batch + x_free + y_free)
 
 
+def _einsum_diagonal(x: Tracer, s: str) -> tuple:
+    """Operand `x` with subscripts `s`, reduced to its diagonal over every repeated letter.
+
+    The axes of a letter repeated k times (size n) are moved to the end and
+    flattened; element (i, ..., i) is then at i * (1 + n + ... + n**(k-1)),
+    so a strided slice takes the diagonal. Returns the result and its
+    letters (each once; a repeated letter's axis last).
+
+    Raises:
+      ValueError: If the axes of a repeated letter differ in size.
+    """
+    for c in dict.fromkeys(s):
+        at = [i for i, letter in enumerate(s) if letter == c]
+        if len(at) < 2:
+            continue
+        sizes = {x.shape[i] for i in at}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"einsum: letter '{c}' repeats in {s!r} over axes of different sizes "
+                f"{sorted(sizes)} (operand {x.aval})"
+            )
+        n = x.shape[at[0]]
+        rest = [i for i in range(len(s)) if i not in at]
+        x = reshape(transpose(x, rest + at), [x.shape[i] for i in rest] + [n ** len(at)])
+        x = x[..., :: _builtins.sum(n**j for j in range(len(at)))]
+        s = "".join(s[i] for i in rest) + c
+    return x, s
+
+
 def _einsum_sum_out(x: Tracer, s: str, keep: Any) -> tuple:
     """Sums `x` (subscripts `s`) over its letters not in `keep`; returns it and its letters.
 
@@ -622,14 +651,15 @@ def _einsum_sum_out(x: Tracer, s: str, keep: Any) -> tuple:
 
 
 def einsum(subscripts: str, *operands: Any) -> Any:
-    """`numpy.einsum` for explicit letters (no '...', no repeated letter within an operand).
+    """`numpy.einsum` for explicit letters (no '...').
 
     Covers the usual contractions: matrix products (`ij,jk->ik`), batched ones
     (`bij,bjk->bik`), outer products, traces over shared letters, sums over
-    letters missing from the output, and transposes (`ij->ji`). Without '->',
-    the output has the letters appearing once, in alphabetical order. Two or
-    more operands are contracted left to right, each step one batched matmul.
-    The result has the operands' promoted dtype; over bool, as numpy,
+    letters missing from the output, transposes (`ij->ji`), and diagonals of
+    letters repeated within an operand (`ii->i`, `ii->`, `iij->j`). Without
+    '->', the output has the letters appearing once, in alphabetical order.
+    Two or more operands are contracted left to right, each step one batched
+    matmul. The result has the operands' promoted dtype; over bool, as numpy,
     products are logical and and sums logical or.
     """
     trace = _trace_of("einsum", operands)
@@ -653,8 +683,6 @@ def einsum(subscripts: str, *operands: Any) -> Any:
     for s, x in zip(ins, xs):
         if len(s) != x.ndim:
             raise ValueError(f"einsum: subscripts {s!r} do not match operand {x.aval}")
-        if len(set(s)) != len(s):
-            raise ValueError(f"einsum: repeated letter in {s!r} (diagonals) is not supported")
         if not s.isalpha() and s:
             raise ValueError(f"einsum: invalid subscripts {s!r}")
     if len(set(out)) != len(out) or any(c not in lhs for c in out):
@@ -662,6 +690,7 @@ def einsum(subscripts: str, *operands: Any) -> Any:
     dtype = _np.result_type(*[x.dtype for x in xs])
     if dtype != _np.bool_:  # bool operands count as 0 and 1 among numbers
         xs = [x.astype(dtype) if x.dtype == _np.bool_ else x for x in xs]
+    xs, ins = zip(*[_einsum_diagonal(x, s) for x, s in zip(xs, ins)])
 
     def needed_after(k: int) -> set:
         return set(out).union(*[set(s) for s in ins[k + 1 :]])

@@ -359,6 +359,7 @@ def _check_einsum(devices, spec, operands):
     ("ij,jk->", [np.bool_, np.bool_]),
     ("ij,jk->k", [np.bool_, np.bool_]),
     ("ij,j,i->", [np.bool_, np.bool_, np.bool_]),
+    ("ii->", [np.bool_]),
     ("ij,j->", [np.bool_, np.int32]),  # numbers: True counts as 1
     ("ij,jk->ik", [np.bool_, np.float32]),
     ("ij->", [np.int32]),
@@ -369,3 +370,35 @@ def test_einsum_bool(tpus2, spec, dtypes):
         want = _check_einsum(tpus2, spec, _einsum_operands(spec, rng, dtypes))
     if all(d == np.bool_ for d in dtypes):
         assert want.dtype == np.bool_
+
+
+# --- 7. einsum with a letter repeated in an operand (diagonals) --------------------------
+
+
+@pytest.mark.parametrize("spec", [
+    "ii->i", "ii->", "ii", "iij->j", "iij->ji", "iji->j", "ii,i->i", "ii,i", "iii->i", "iii->",
+    "jii->ij", "bii->bi", "ij,jj->i", "ii,jj->ij", "ii,ii->i", "iijj->ij", "iijj->", "ijij->ji",
+])
+def test_einsum_repeated_letters(tpus2, spec):
+    rng = np.random.default_rng(10)
+    ops = _einsum_operands(spec, rng, [np.float64] * (spec.count(",") + 1))
+    want = _check_einsum(tpus2, spec, ops)
+    _check_einsum(tpus2, spec, _einsum_operands(spec, rng, [np.int32] * len(ops)))
+    # Gradients against finite differences (each operand that depends on the inputs).
+    w = rng.standard_normal(want.shape[1:])
+    check_grads(tpus2, lambda *o: (pw.numpy.einsum(spec, *o) * w).sum(), ops)
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_einsum_repeated_letters_small_sizes(tpus2, n):
+    x = np.arange(2 * n * n * 2, dtype=np.float64).reshape(2, n, n, 2)
+    for spec in ["iij->ij", "iij->j", "iij->"]:
+        _check_einsum(tpus2, spec, [x])
+
+
+def test_einsum_repeated_letter_of_different_sizes_is_an_error(tpus2, runtime_ok):
+    f = pw.pmap(lambda x: pw.numpy.einsum("iji->j", x), devices=tpus2)
+    with pytest.raises(ValueError, match=r"einsum: letter 'i' repeats in 'iji' over axes of "
+                                         r"different sizes \[2, 3\]"):
+        f(np.zeros((2, 2, 4, 3)))
+    runtime_ok()
