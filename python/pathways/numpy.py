@@ -724,9 +724,11 @@ def ones_like(a: Any, dtype: Any = None) -> Any:
 
 
 def square(x: Any) -> Any:
-    """`numpy.square`: x * x, elementwise."""
+    """`numpy.square`: x * x, elementwise; bool gives int32 (numpy: int8, not a dtype here)."""
     if _trace_of("square", (x,)) is None:
         return _np.square(x)
+    if x.dtype == _np.bool_:
+        x = x.astype(_np.int32)
     return x * x
 
 

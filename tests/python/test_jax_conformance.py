@@ -402,3 +402,19 @@ def test_einsum_repeated_letter_of_different_sizes_is_an_error(tpus2, runtime_ok
                                          r"different sizes \[2, 3\]"):
         f(np.zeros((2, 2, 4, 3)))
     runtime_ok()
+
+
+# --- 8. dtypes: square of bool, collectives of Python scalars --------------------------
+
+
+def test_square_of_bool_is_an_integer(tpus2):
+    b = np.array([[True, False, True], [False, False, True]])
+    got = np.asarray(pw.pmap(pw.numpy.square, devices=tpus2)(b))
+    want = np.square(b)
+    assert want.dtype.kind == "i"  # numpy: int8; int32 is the smallest integer dtype here
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+    # An integer result takes part in integer arithmetic: 2 * square(True) is 2, not True.
+    got = np.asarray(pw.pmap(lambda v: 2 * pw.numpy.square(v), devices=tpus2)(b))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, 2 * np.square(b).astype(np.int32))
