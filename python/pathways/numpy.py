@@ -196,14 +196,6 @@ def logical_not(x: Any) -> Any:
     return _np.logical_not(x)
 
 
-def _default_constant(trace: Any, x: Any) -> Tracer:
-    """A constant with numpy's dtype for `x`, narrowed to a supported one."""
-    arr = _np.asarray(x)
-    if arr.dtype.kind in "iu":
-        arr = arr.astype(_np.int32)
-    return trace.constant(arr, None)
-
-
 def where(condition: Any, x: Any, y: Any) -> Any:
     """Elementwise `x if condition else y`, like `numpy.where(condition, x, y)`.
 
@@ -231,7 +223,7 @@ def where(condition: Any, x: Any, y: Any) -> Any:
             v._check()
             return v
         if like is None:
-            return _default_constant(trace, v)
+            return trace.constant(v, None)
         return trace.constant(v, like)
 
     c = _as_bool(trace, condition)
@@ -269,7 +261,7 @@ def _operand(trace: Any, x: Any) -> Tracer:
     if isinstance(x, Tracer):
         x._check()
         return x
-    return _default_constant(trace, x)
+    return trace.constant(x, None)
 
 
 def _axis(name: str, axis: Any, ndim: int, shape: tuple) -> int:

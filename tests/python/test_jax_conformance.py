@@ -418,3 +418,63 @@ def test_square_of_bool_is_an_integer(tpus2):
     got = np.asarray(pw.pmap(lambda v: 2 * pw.numpy.square(v), devices=tpus2)(b))
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, 2 * np.square(b).astype(np.int32))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_collectives_of_python_scalars(tpus2, tpus4, n):
+    devices = tpus2 if n == 2 else tpus4
+
+    def f(x):
+        return {
+            "psum_int": pw.psum(1, "i"),  # JAX: the axis size, an integer
+            "psum_float": pw.psum(2.5, "i"),
+            "psum_bool": pw.psum(True, "i"),  # bool counts, as JAX's psum (converted to int32)
+            "pmax_int": pw.pmax(3, "i"),
+            "pmin_int": pw.pmin(-2, "i"),
+            "pmax_float": pw.pmax(0.5, "i"),
+            "pmean_int": pw.pmean(3, "i"),  # JAX: psum(3) / n, a float
+            "pmean_bool": pw.pmean(True, "i"),
+            "pmean_float": pw.pmean(0.25, "i"),
+            "all_gather_int": pw.all_gather(7, "i"),
+            "tree": pw.psum((1, [2.0, False]), "i"),
+            "returned_int": 5,  # as JAX: a Python int output is int32, a bool bool
+            "returned_bool": True,
+            "mixed": x + pw.psum(1, "i"),  # an int32 count added to an int32 value stays int32
+        }
+
+    out = pw.pmap(f, devices=devices, axis_name="i")(np.arange(n, dtype=np.int32))
+    want = {
+        "psum_int": (np.int32, n),
+        "psum_float": (np.float64, 2.5 * n),
+        "psum_bool": (np.int32, n),
+        "pmax_int": (np.int32, 3),
+        "pmin_int": (np.int32, -2),
+        "pmax_float": (np.float64, 0.5),
+        "pmean_int": (np.float64, 3.0),
+        "pmean_bool": (np.float64, 1.0),
+        "pmean_float": (np.float64, 0.25),
+        "returned_int": (np.int32, 5),
+        "returned_bool": (np.bool_, True),
+    }
+    for key, (dtype, value) in want.items():
+        got = np.asarray(out[key])
+        assert got.dtype == dtype, (key, got.dtype)
+        np.testing.assert_array_equal(got, np.full(n, value, dtype), err_msg=key)
+    gathered = np.asarray(out["all_gather_int"])
+    assert gathered.dtype == np.int32
+    np.testing.assert_array_equal(gathered, np.full((n, n), 7))
+    one, (two, false) = out["tree"]
+    assert [np.asarray(v).dtype for v in (one, two, false)] == [np.int32, np.float64, np.int32]
+    np.testing.assert_array_equal(np.asarray(two), np.full(n, 2.0 * n))
+    np.testing.assert_array_equal(np.asarray(false), np.zeros(n))
+    mixed = np.asarray(out["mixed"])
+    assert mixed.dtype == np.int32
+    np.testing.assert_array_equal(mixed, np.arange(n) + n)
+
+
+def test_grad_of_a_python_int_output_is_an_error_as_jax(tpus2, runtime_ok):
+    # A Python int output is int32 now (JAX's grad refuses integer outputs too).
+    f = pw.pmap(lambda x: pw.grad(lambda v: 1)(x), devices=tpus2)
+    with pytest.raises(TypeError, match=r"grad requires real-valued outputs .* got i32\[\]"):
+        f(np.ones((2, 3)))
+    runtime_ok()
