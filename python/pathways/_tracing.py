@@ -129,7 +129,8 @@ class _FunctionTrace:
         Python scalars are weakly typed: a Python int or bool takes
         `like_dtype` (int32 when `like_dtype` is bool), a Python float takes
         `like_dtype` if it is a float type and float32 otherwise; with no
-        `like_dtype` (None), Python numbers become float64. numpy bool, int32,
+        `like_dtype` (None), they get the dtype an argument would (a bool
+        bool, an int int32 as in JAX, a float float64). numpy bool, int32,
         float32 and float64 values keep their dtype; other numpy integers take
         `like_dtype` if it is a float type and int32 otherwise.
         """
@@ -137,7 +138,8 @@ class _FunctionTrace:
         like = None if like_dtype is None else np.dtype(like_dtype)
         if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
             if like is None:
-                dtype = np.float64
+                int_dtype = np.bool_ if isinstance(value, bool) else np.int32
+                dtype = np.float64 if isinstance(value, float) else int_dtype
             elif isinstance(value, float) and like.kind != "f":
                 dtype = np.float32
             elif isinstance(value, int) and not isinstance(value, bool) and like.kind == "b":
@@ -605,11 +607,12 @@ class Tracer(_TracerBase):
 
         return pnp.std(self, axis, keepdims)
 
-    def take(self, indices: Any, axis: Any = None) -> "Tracer":
-        """numpy's `take` (see `pathways.numpy.take`)."""
+    def take(self, indices: Any, axis: Any = None, mode: Optional[str] = None,
+             fill_value: Any = None) -> "Tracer":
+        """numpy's `take`, with JAX's modes (see `pathways.numpy.take`)."""
         from pathways import numpy as pnp
 
-        return pnp.take(self, indices, axis)
+        return pnp.take(self, indices, axis, mode, fill_value)
 
     def __bool__(self) -> bool:
         raise _control_flow_error(self, "bool()")
@@ -1046,12 +1049,18 @@ def _pcollective(name: str, x: Any, axis_name: str) -> Any:
 def pmean(x: Any, axis_name: str) -> Any:
     """Mean of `x` over the devices of axis `axis_name`, like `jax.lax.pmean`.
 
-    The result has the type of `x` (int32 truncates toward zero, as JAX).
+    The result has the type of `x` (int32 truncates toward zero). A Python
+    int or bool leaf gives a float64, as JAX's `psum(x) / n` gives a float.
 
     Raises:
       NameError: If `axis_name` is not bound by the enclosing pmap.
     """
-    return _pcollective("pmean", x, axis_name)
+    leaves, treedef = tree_flatten(x)
+    leaves = [
+        float(leaf) if isinstance(leaf, int) and not isinstance(leaf, np.generic) else leaf
+        for leaf in leaves
+    ]
+    return _pcollective("pmean", tree_unflatten(treedef, leaves), axis_name)
 
 
 def pmax(x: Any, axis_name: str) -> Any:

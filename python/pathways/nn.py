@@ -33,8 +33,13 @@ __all__ = [
 
 
 def relu(x: Any) -> Any:
-    """max(x, 0), elementwise."""
-    return _pnp.maximum(x, 0)
+    """max(x, 0), elementwise, with gradient 1 where x > 0 and 0 elsewhere (as `jax.nn.relu`).
+
+    `maximum(x, 0)` alone would split the gradient of the tie at 0 (0.5, as
+    maximum's own rule); here its value only fills the other positions (0,
+    or NaN for NaN), outside gradients.
+    """
+    return _pnp.where(x > 0, x, stop_gradient(_pnp.maximum(x, 0)))
 
 
 def gelu(x: Any, approximate: bool = True) -> Any:
@@ -55,8 +60,18 @@ def gelu(x: Any, approximate: bool = True) -> Any:
 
 
 def sigmoid(x: Any) -> Any:
-    """1 / (1 + exp(-x)), elementwise."""
-    return 1.0 / (1.0 + _pnp.exp(-x))
+    """1 / (1 + exp(-x)), elementwise, computed stably.
+
+    Only `e = exp(-|x|)`, at most 1, is computed: the result is `1 / (1 + e)`
+    for x >= 0 and `e / (1 + e)` for x < 0. So no intermediate overflows, at
+    saturated logits neither (`1 / (1 + exp(-x))` differentiated through its
+    ops gives 0 * inf = NaN there), and the gradient the tape derives,
+    `e / (1 + e)**2` (= s * (1 - s)), is finite and accurate everywhere.
+    """
+    nonneg = x >= 0
+    # -|x|, written as a select so that its gradient at 0 is that of -x.
+    e = _pnp.exp(_pnp.where(nonneg, -x, x))
+    return _pnp.where(nonneg, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def silu(x: Any) -> Any:
@@ -65,13 +80,17 @@ def silu(x: Any) -> Any:
 
 
 def _max_shift(x: Any, axis: Any) -> Any:
-    """The max over `axis` (keepdims), outside gradients and with -inf rows shifted by 0."""
+    """The max over `axis` (keepdims), outside gradients; 0 where it is not finite.
+
+    Shifting by an infinite max would give inf - inf = NaN: a row holding
+    +inf has logsumexp +inf, and a row of -inf has -inf (as JAX and scipy).
+    """
     m = stop_gradient(_pnp.max(x, axis=axis, keepdims=True))
-    return _pnp.where(m > -_np.inf, m, 0.0)
+    return _pnp.where((m > -_np.inf) & (m < _np.inf), m, 0.0)
 
 
 def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
-    """log(sum(exp(x), axis)), computed stably (shifted by the max)."""
+    """log(sum(exp(x), axis)), computed stably (shifted by the max where it is finite)."""
     m = _max_shift(x, axis)
     out = _pnp.log(_pnp.sum(_pnp.exp(x - m), axis=axis, keepdims=True)) + m
     if keepdims:

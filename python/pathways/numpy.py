@@ -196,14 +196,6 @@ def logical_not(x: Any) -> Any:
     return _np.logical_not(x)
 
 
-def _default_constant(trace: Any, x: Any) -> Tracer:
-    """A constant with numpy's dtype for `x`, narrowed to a supported one."""
-    arr = _np.asarray(x)
-    if arr.dtype.kind in "iu":
-        arr = arr.astype(_np.int32)
-    return trace.constant(arr, None)
-
-
 def where(condition: Any, x: Any, y: Any) -> Any:
     """Elementwise `x if condition else y`, like `numpy.where(condition, x, y)`.
 
@@ -231,7 +223,7 @@ def where(condition: Any, x: Any, y: Any) -> Any:
             v._check()
             return v
         if like is None:
-            return _default_constant(trace, v)
+            return trace.constant(v, None)
         return trace.constant(v, like)
 
     c = _as_bool(trace, condition)
@@ -269,7 +261,7 @@ def _operand(trace: Any, x: Any) -> Tracer:
     if isinstance(x, Tracer):
         x._check()
         return x
-    return _default_constant(trace, x)
+    return trace.constant(x, None)
 
 
 def _axis(name: str, axis: Any, ndim: int, shape: tuple) -> int:
@@ -424,8 +416,8 @@ def flip(m: Any, axis: Any = None) -> Any:
     return bind(trace, "rev", (m,), axes=axes)
 
 
-def _indices_operand(name: str, trace: Any, indices: Any, dim: Optional[int]) -> Tracer:
-    """Indices as an int32 traced value; constant indices are bounds-checked against `dim`."""
+def _int_indices(name: str, indices: Any) -> Any:
+    """Indices as an int32 traced value, or as a numpy integer array if they are constants."""
     if isinstance(indices, Tracer):
         indices._check()
         if indices.dtype != _np.int32:
@@ -434,33 +426,98 @@ def _indices_operand(name: str, trace: Any, indices: Any, dim: Optional[int]) ->
     arr = _np.asarray(indices)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name}: indices must be integers, got dtype {arr.dtype}")
-    if dim is not None and arr.size and (arr.min() < -dim or arr.max() >= dim):
+    return arr
+
+
+def _checked_indices(name: str, arr: Any, dim: int) -> Any:
+    """Constant indices into a dimension of size `dim`, negative ones counted from the end.
+
+    Raises:
+      IndexError: For an index out of range, as numpy.
+    """
+    if arr.size and (arr.min() < -dim or arr.max() >= dim):
         bad = arr[(arr < -dim) | (arr >= dim)].flat[0]
         raise IndexError(f"{name}: index {bad} is out of bounds for axis with size {dim}")
-    if dim is not None:
-        arr = _np.where(arr < 0, arr + dim, arr)
-    return trace.constant(arr.astype(_np.int32), None)
+    return _np.where(arr < 0, arr + dim, arr)
 
 
-def take(a: Any, indices: Any, axis: Any = None) -> Any:
+def _from_end(indices: Any, dim: int) -> Any:
+    """Indices with `dim` added to the negative ones, which count from the end."""
+    return where(indices < 0, indices + dim, indices)
+
+
+_TAKE_MODES = (None, "fill", "clip", "raise", "wrap")
+
+
+def _fill_value(dtype: Any, fill_value: Any) -> Any:
+    """`fill_value` in `dtype`, or JAX's default: NaN, the most negative int32, or True."""
+    dt = _np.dtype(dtype)
+    if fill_value is None:
+        fill_value = {"f": _np.nan, "i": _np.iinfo(_np.int32).min, "b": True}[dt.kind]
+    return _np.asarray(fill_value).astype(dt)
+
+
+def take(a: Any, indices: Any, axis: Any = None, mode: Optional[str] = None,
+         fill_value: Any = None) -> Any:
     """`numpy.take`: elements of `a` at `indices` along `axis` (None: of the flattened `a`).
 
-    Traced indices must be int32 and are clipped into range (numpy would
-    raise, which a device cannot do); constant indices are checked at trace
-    time, negative ones counting from the end.
+    Out-of-range traced indices follow `mode`, as in `jax.numpy.take` (a
+    device cannot raise):
+      - None or "fill" (the default): negative indices count from the end,
+        and indices still out of range give `fill_value` (default NaN for
+        floats, the most negative int32, True for bool);
+      - "clip": indices are clipped into range (negative ones to 0, as
+        numpy's "clip").
+    Constant indices (and numpy arrays outside a trace) follow numpy's modes:
+    None or "raise" checks them (at trace time), "clip" and "wrap" as numpy;
+    "fill" works there too.
+
+    Raises:
+      TypeError: For indices that are not integers (traced ones: not int32).
+      IndexError: For constant indices out of range, with mode None or "raise".
+      ValueError: For an unknown mode.
+      NotImplementedError: For traced indices with mode "raise" or "wrap".
     """
+    if mode not in _TAKE_MODES:
+        raise ValueError(
+            f"take: mode must be one of None, 'fill', 'clip', 'raise', 'wrap', got {mode!r}"
+        )
     trace = _trace_of("take", (a, indices))
-    if trace is None:
-        return _np.take(a, indices, axis=axis)
-    a = _operand(trace, a)
+    if trace is None and mode != "fill":
+        return _np.take(a, indices, axis=axis, mode="raise" if mode is None else mode)
+    a = _np.asarray(a) if trace is None else _operand(trace, a)
     if axis is None:
         a = ravel(a)
         axis = 0
     if a.ndim == 0:
-        raise ValueError(f"take: cannot index into a zero-dimensional value ({a.aval})")
+        raise ValueError(f"take: cannot index into a zero-dimensional value (shape {a.shape})")
     ax = _axis("take", axis, a.ndim, a.shape)
-    idx = _indices_operand("take", trace, indices, a.shape[ax])
-    return bind(trace, "take", (a, idx), axis=ax)
+    n = a.shape[ax]
+    idx = _int_indices("take", indices)
+    if trace is None:
+        gather = lambda i: _np.take(a, i, axis=ax, mode="clip")  # noqa: E731
+    else:
+        gather = lambda i: bind(trace, "take", (a, i), axis=ax)  # noqa: E731 (clips)
+        if not isinstance(idx, Tracer):
+            if mode in (None, "raise"):
+                idx = _checked_indices("take", idx, n)
+            elif mode == "clip":
+                idx = _np.clip(idx, 0, n - 1)
+            elif mode == "wrap" and n:
+                idx = _np.mod(idx, n)
+            idx = trace.constant(idx.astype(_np.int32), None)
+            if mode != "fill":
+                return gather(idx)
+        elif mode in ("raise", "wrap"):
+            raise NotImplementedError(
+                f"take: mode={mode!r} with traced indices ({idx.aval}) is not supported; "
+                "traced indices take mode='fill' (the default) or mode='clip'"
+            )
+        if mode == "clip":
+            return gather(idx)
+    idx = _from_end(idx, n)
+    inside = reshape((idx >= 0) & (idx < n), [1] * ax + list(idx.shape) + [1] * (a.ndim - ax - 1))
+    return where(inside, gather(idx), _fill_value(a.dtype, fill_value))
 
 
 def matmul(a: Any, b: Any) -> Any:
@@ -542,14 +599,60 @@ def _einsum_pair(trace: Any, x: Tracer, xs: str, y: Tracer, ys: str, out: str) -
     return reshape(r, [size[c] for c in batch + x_free + y_free]), "".join(batch + x_free + y_free)
 
 
+def _einsum_diagonal(x: Tracer, s: str) -> tuple:
+    """Operand `x` with subscripts `s`, reduced to its diagonal over every repeated letter.
+
+    The axes of a letter repeated k times (size n) are moved to the end and
+    flattened; element (i, ..., i) is then at i * (1 + n + ... + n**(k-1)),
+    so a strided slice takes the diagonal. Returns the result and its
+    letters (each once; a repeated letter's axis last).
+
+    Raises:
+      ValueError: If the axes of a repeated letter differ in size.
+    """
+    for c in dict.fromkeys(s):
+        at = [i for i, letter in enumerate(s) if letter == c]
+        if len(at) < 2:
+            continue
+        sizes = {x.shape[i] for i in at}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"einsum: letter '{c}' repeats in {s!r} over axes of different sizes "
+                f"{sorted(sizes)} (operand {x.aval})"
+            )
+        n = x.shape[at[0]]
+        rest = [i for i in range(len(s)) if i not in at]
+        x = reshape(transpose(x, rest + at), [x.shape[i] for i in rest] + [n ** len(at)])
+        x = x[..., :: _builtins.sum(n**j for j in range(len(at)))]
+        s = "".join(s[i] for i in rest) + c
+    return x, s
+
+
+def _einsum_sum_out(x: Tracer, s: str, keep: Any) -> tuple:
+    """Sums `x` (subscripts `s`) over its letters not in `keep`; returns it and its letters.
+
+    Over bool the sum is a logical or, as numpy's einsum, and stays bool.
+    """
+    drop = tuple(i for i, c in enumerate(s) if c not in keep)
+    if not drop:
+        return x, s
+    total = x.sum(axis=drop)
+    if x.dtype == _np.bool_:
+        total = total != 0
+    return total, "".join(c for c in s if c in keep)
+
+
 def einsum(subscripts: str, *operands: Any) -> Any:
-    """`numpy.einsum` for explicit letters (no '...', no repeated letter within an operand).
+    """`numpy.einsum` for explicit letters (no '...').
 
     Covers the usual contractions: matrix products (`ij,jk->ik`), batched ones
     (`bij,bjk->bik`), outer products, traces over shared letters, sums over
-    letters missing from the output, and transposes (`ij->ji`). Without '->',
-    the output has the letters appearing once, in alphabetical order. Two or
-    more operands are contracted left to right, each step one batched matmul.
+    letters missing from the output, transposes (`ij->ji`), and diagonals of
+    letters repeated within an operand (`ii->i`, `ii->`, `iij->j`). Without
+    '->', the output has the letters appearing once, in alphabetical order.
+    Two or more operands are contracted left to right, each step one batched
+    matmul. The result has the operands' promoted dtype; over bool, as numpy,
+    products are logical and and sums logical or.
     """
     trace = _trace_of("einsum", operands)
     if trace is None:
@@ -572,35 +675,25 @@ def einsum(subscripts: str, *operands: Any) -> Any:
     for s, x in zip(ins, xs):
         if len(s) != x.ndim:
             raise ValueError(f"einsum: subscripts {s!r} do not match operand {x.aval}")
-        if len(set(s)) != len(s):
-            raise ValueError(f"einsum: repeated letter in {s!r} (diagonals) is not supported")
         if not s.isalpha() and s:
             raise ValueError(f"einsum: invalid subscripts {s!r}")
     if len(set(out)) != len(out) or any(c not in lhs for c in out):
         raise ValueError(f"einsum: invalid output subscripts {out!r}")
+    dtype = _np.result_type(*[x.dtype for x in xs])
+    if dtype != _np.bool_:  # bool operands count as 0 and 1 among numbers
+        xs = [x.astype(dtype) if x.dtype == _np.bool_ else x for x in xs]
+    xs, ins = zip(*[_einsum_diagonal(x, s) for x, s in zip(xs, ins)])
 
     def needed_after(k: int) -> set:
         return set(out).union(*[set(s) for s in ins[k + 1 :]])
 
     # Sum out letters no one else needs, operand by operand, then contract pairwise.
-    cur, cur_s = xs[0], ins[0]
-    keep = needed_after(0)
-    drop = [i for i, c in enumerate(cur_s) if c not in keep]
-    if drop:
-        cur = cur.sum(axis=tuple(drop))
-        cur_s = "".join(c for c in cur_s if c in keep)
+    cur, cur_s = _einsum_sum_out(xs[0], ins[0], needed_after(0))
     for k in range(1, len(xs)):
-        y, ys = xs[k], ins[k]
         keep_k = needed_after(k)
-        drop = [i for i, c in enumerate(ys) if c not in keep_k and c not in cur_s]
-        if drop:
-            y = y.sum(axis=tuple(drop))
-            ys = "".join(c for i, c in enumerate(ys) if i not in drop)
+        y, ys = _einsum_sum_out(xs[k], ins[k], keep_k | set(cur_s))
         cur, cur_s = _einsum_pair(trace, cur, cur_s, y, ys, "".join(sorted(keep_k)))
-    drop = [i for i, c in enumerate(cur_s) if c not in out]
-    if drop:
-        cur = cur.sum(axis=tuple(drop))
-        cur_s = "".join(c for c in cur_s if c in out)
+    cur, cur_s = _einsum_sum_out(cur, cur_s, out)
     return transpose(cur, [cur_s.index(c) for c in out]) if cur_s != out else cur
 
 
@@ -623,9 +716,11 @@ def ones_like(a: Any, dtype: Any = None) -> Any:
 
 
 def square(x: Any) -> Any:
-    """`numpy.square`: x * x, elementwise."""
+    """`numpy.square`: x * x, elementwise; bool gives int32 (numpy: int8, not a dtype here)."""
     if _trace_of("square", (x,)) is None:
         return _np.square(x)
+    if x.dtype == _np.bool_:
+        x = x.astype(_np.int32)
     return x * x
 
 
@@ -672,12 +767,32 @@ def std(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
 
 def _getitem(x: Tracer, index: Any) -> Tracer:
     """`x[index]` for static indices: ints, slices (any step), None, Ellipsis, and at
-    most one integer array or int32 traced value (a `take` along its dimension)."""
+    most one integer array or int32 traced value (a `take` along its dimension).
+
+    The result's shape follows numpy: with an array in the index, the ints are
+    advanced indices too, and if the advanced indices are not side by side (a
+    slice, None or '...' between them) the array's dimensions come first;
+    otherwise they stand where the array is.
+    """
     trace = x._check()
     idx = index if isinstance(index, tuple) else (index,)
     is_array = lambda e: isinstance(e, (Tracer, _np.ndarray, list))  # noqa: E731
     if _builtins.sum(1 for e in idx if e is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
+    for e in idx:
+        if isinstance(e, (bool, _np.bool_)):
+            raise IndexError(
+                f"indexing {x.aval} with a boolean scalar ({e!r}): numpy takes it as a mask "
+                "adding a dimension, which is not supported; use None or pw.numpy.where"
+            )
+    advanced_at = [
+        k for k, e in enumerate(idx)
+        if is_array(e) or (e is not None and e is not Ellipsis and not isinstance(e, slice))
+    ]
+    arrays_first = (
+        _builtins.any(is_array(e) for e in idx)
+        and advanced_at[-1] - advanced_at[0] + 1 != len(advanced_at)
+    )
     consumed = _builtins.sum(1 for e in idx if e is not None and e is not Ellipsis)
     if consumed > x.ndim:
         raise IndexError(
@@ -743,10 +858,23 @@ def _getitem(x: Tracer, index: Any) -> Tracer:
     shape: list = []
     if advanced is not None:
         dim, e = advanced
-        ind = _indices_operand("indexing", trace, e, x.shape[dim])
+        # Constant indices are checked; traced ones count from the end when negative and
+        # are clipped into range by the kernel (as JAX's indexing clamps).
+        ind = _int_indices("indexing", e)
+        if isinstance(ind, Tracer):
+            ind = _from_end(ind, x.shape[dim])
+        else:
+            ind = _checked_indices("indexing", ind, x.shape[dim])
+            ind = trace.constant(ind.astype(_np.int32), None)
         y = bind(trace, "take", (y, ind), axis=dim)
-        for f in final:
-            shape.extend(ind.shape if isinstance(f, tuple) else [f])
+        if arrays_first:
+            k = ind.ndim
+            if dim and k:
+                y = transpose(y, [*range(dim, dim + k), *range(dim), *range(dim + k, y.ndim)])
+            shape = list(ind.shape) + [f for f in final if not isinstance(f, tuple)]
+        else:
+            for f in final:
+                shape.extend(ind.shape if isinstance(f, tuple) else [f])
     else:
         shape = final
     return reshape(y, shape)
