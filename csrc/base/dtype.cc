@@ -86,6 +86,25 @@ int64_t NumElements(absl::Span<const int64_t> dims) {
   return n;
 }
 
+absl::StatusOr<int64_t> CheckedNumBytes(absl::string_view what, DType dtype, absl::Span<const int64_t> dims) {
+  int64_t bytes = DTypeSize(dtype);
+  bool too_large = false, empty = false;
+  for (int64_t d : dims) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": negative dimension in ", TypeToString(dtype, dims)));
+    }
+    empty = empty || d == 0;
+    too_large = too_large || __builtin_mul_overflow(bytes, d, &bytes) || bytes > kMaxArrayBytes;
+  }
+  if (empty) return 0;  // any other dimension is fine in an empty array
+  if (too_large) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", TypeToString(dtype, dims),
+                                                   " is too large (over 2^40 bytes per shard)"));
+  }
+  return bytes;
+}
+
 std::string DimsToString(absl::Span<const int64_t> dims) {
   if (dims.size() == 1) return absl::StrCat("(", dims[0], ",)");
   return absl::StrCat("(", absl::StrJoin(dims, ", "), ")");

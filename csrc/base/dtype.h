@@ -44,8 +44,19 @@ inline bool IsFloat(DType dtype) { return dtype == DType::kF32 || dtype == DType
 // Dimensions of an array; rank 0 is a scalar.
 using Dims = absl::InlinedVector<int64_t, 6>;
 
-// Product of the dimensions (1 for a scalar).
+// Product of the dimensions (1 for a scalar). The dimensions must be valid
+// (see CheckedNumBytes); nothing is checked here.
 int64_t NumElements(absl::Span<const int64_t> dims);
+
+// The largest array (of one shard) the runtime represents: 1 TiB. Sizes up to
+// it never overflow int64 arithmetic on offsets and byte counts; real limits
+// (device memory) are checked where memory is taken.
+inline constexpr int64_t kMaxArrayBytes = int64_t{1} << 40;
+
+// Bytes of an array of `dtype` and `dims`, or InvalidArgument, naming `what`
+// and the type, for a negative dimension or more than kMaxArrayBytes bytes
+// (no overflow on the way).
+absl::StatusOr<int64_t> CheckedNumBytes(absl::string_view what, DType dtype, absl::Span<const int64_t> dims);
 
 // "(2, 3)" as numpy prints a shape.
 std::string DimsToString(absl::Span<const int64_t> dims);

@@ -1,5 +1,7 @@
 #include "csrc/base/dtype.h"
 
+#include "absl/strings/match.h"
+
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -37,6 +39,23 @@ TEST(DTypeTest, PromotionAndShapes) {
   EXPECT_EQ(DimsToString({2}), "(2,)");
   EXPECT_EQ(DimsToString({2, 3}), "(2, 3)");
   EXPECT_EQ(TypeToString(DType::kF32, {2, 3}), "f32[2,3]");
+}
+
+TEST(DTypeTest, CheckedNumBytesRejectsNegativeAndHugeShapesWithoutOverflow) {
+  EXPECT_EQ(*CheckedNumBytes("x", DType::kF64, {2, 3}), 48);
+  EXPECT_EQ(*CheckedNumBytes("x", DType::kBool, {}), 1);
+  EXPECT_EQ(*CheckedNumBytes("x", DType::kF32, {int64_t{1} << 38}), kMaxArrayBytes);
+  // Empty arrays are empty whatever the other dimensions.
+  EXPECT_EQ(*CheckedNumBytes("x", DType::kF32, {INT64_MAX, INT64_MAX, 0}), 0);
+  auto negative = CheckedNumBytes("reshape", DType::kF32, {2, -1});
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(negative.status().message(), "reshape: negative dimension in f32[2,-1]");
+  for (const Dims& dims : {Dims{INT64_MAX, 3}, Dims{int64_t{1} << 32, int64_t{1} << 32}, Dims{(int64_t{1} << 38) + 1}}) {
+    auto huge = CheckedNumBytes("broadcast_to", DType::kF32, dims);
+    EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument) << TypeToString(DType::kF32, dims);
+    EXPECT_TRUE(absl::StrContains(huge.status().message(), "broadcast_to: f32[")) << huge.status();
+    EXPECT_TRUE(absl::StrContains(huge.status().message(), "too large")) << huge.status();
+  }
 }
 
 }  // namespace

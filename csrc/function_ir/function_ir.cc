@@ -336,7 +336,8 @@ absl::Status FunctionBuilder::CheckValue(int32_t v, absl::string_view op) const 
   return absl::OkStatus();
 }
 
-int32_t FunctionBuilder::Add(Op op) {
+absl::StatusOr<int32_t> FunctionBuilder::Add(Op op) {
+  PW_RETURN_IF_ERROR(CheckedNumBytes(OpKindName(op.kind), op.type.dtype, op.type.dims).status());
   ir_->ops_.push_back(std::move(op));
   return static_cast<int32_t>(ir_->ops_.size() - 1);
 }
@@ -356,11 +357,7 @@ int32_t FunctionBuilder::Parameter(DType dtype, Dims dims) {
 absl::StatusOr<int32_t> FunctionBuilder::Constant(DType dtype, Dims dims,
                                                   absl::Span<const uint8_t> bytes) {
   if (ir_ == nullptr) return absl::FailedPreconditionError("constant: builder already built");
-  if (std::any_of(dims.begin(), dims.end(), [](int64_t d) { return d < 0; })) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("constant: negative dimension in ", TypeToString(dtype, dims)));
-  }
-  const int64_t expected = NumElements(dims) * DTypeSize(dtype);
+  PW_ASSIGN_OR_RETURN(const int64_t expected, CheckedNumBytes("constant", dtype, dims));
   if (static_cast<int64_t>(bytes.size()) != expected) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "constant: %s needs %d bytes, got %d", TypeToString(dtype, dims), expected,
@@ -449,8 +446,8 @@ absl::StatusOr<int32_t> FunctionBuilder::Convert(int32_t x, DType dtype) {
   return Add(std::move(op));
 }
 
-int32_t FunctionBuilder::AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands,
-                               ValueType type) {
+absl::StatusOr<int32_t> FunctionBuilder::AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands,
+                                               ValueType type) {
   return Add(MakeOp(kind, std::move(operands), std::move(type)));
 }
 
@@ -746,8 +743,8 @@ absl::StatusOr<int32_t> FunctionBuilder::Copy(int32_t x) {
 absl::StatusOr<int32_t> FunctionBuilder::Reshape(int32_t x, Dims dims) {
   PW_RETURN_IF_ERROR(CheckValue(x, "reshape"));
   const ValueType tx = type(x);
-  if (std::any_of(dims.begin(), dims.end(), [](int64_t d) { return d < 0; }) ||
-      NumElements(dims) != tx.num_elements()) {
+  if (absl::StatusOr<int64_t> bytes = CheckedNumBytes("reshape", tx.dtype, dims);
+      !bytes.ok() || *bytes != tx.num_bytes()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "reshape: cannot reshape %s (%d elements) to shape %s", tx.ToString(),
         tx.num_elements(), DimsString(dims)));
@@ -816,7 +813,8 @@ absl::StatusOr<int32_t> FunctionBuilder::Slice(int32_t x, const std::vector<int6
           "slice: [%d:%d:%d] is not a valid slice of dimension %d of %s", start[d], limit[d],
           step[d], d, tx.ToString()));
     }
-    dims.push_back((limit[d] - start[d] + step[d] - 1) / step[d]);
+    const int64_t span = limit[d] - start[d];  // no overflow: both in [0, dim]
+    dims.push_back(span == 0 ? 0 : 1 + (span - 1) / step[d]);
     identity = identity && dims.back() == tx.dims[d];
   }
   if (identity) return x;
@@ -867,7 +865,15 @@ absl::StatusOr<int32_t> FunctionBuilder::Pad(int32_t x, const std::vector<int64_
           interior[d], d, tx.ToString()));
     }
     const int64_t n = tx.dims[d];
-    dims.push_back(lo[d] + n + std::max<int64_t>(n - 1, 0) * interior[d] + hi[d]);
+    int64_t size = 0;
+    if (__builtin_mul_overflow(std::max<int64_t>(n - 1, 0), interior[d], &size) ||
+        __builtin_add_overflow(size, n, &size) || __builtin_add_overflow(size, lo[d], &size) ||
+        __builtin_add_overflow(size, hi[d], &size)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "pad: padding (%d, %d, interior %d) of dimension %d of %s is too large", lo[d], hi[d],
+          interior[d], d, tx.ToString()));
+    }
+    dims.push_back(size);
     identity = identity && dims.back() == n;
   }
   if (identity) return x;
@@ -960,7 +966,7 @@ absl::StatusOr<int32_t> FunctionBuilder::ScatterAdd(int32_t updates, int32_t ind
   }
   const int64_t irank = static_cast<int64_t>(ti.dims.size());
   const int64_t urank = static_cast<int64_t>(tu.dims.size());
-  const bool fits = axis >= 0 && axis + irank <= urank && size >= 1 &&
+  const bool fits = axis >= 0 && axis <= urank - irank && size >= 1 &&
                     std::equal(ti.dims.begin(), ti.dims.end(), tu.dims.begin() + axis);
   if (!fits) {
     return absl::InvalidArgumentError(absl::StrFormat(

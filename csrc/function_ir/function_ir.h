@@ -336,8 +336,10 @@ class FunctionBuilder {
   absl::StatusOr<int64_t> NormalizeAxis(absl::string_view op, int64_t axis, int64_t rank,
                                         const ValueType& type) const;
   // Adds `kind` over `operands` (already converted) with result `type`.
-  int32_t AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands, ValueType type);
-  int32_t Add(Op op);
+  absl::StatusOr<int32_t> AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands, ValueType type);
+  // Appends `op`; InvalidArgument naming the op if its result's size is
+  // invalid (CheckedNumBytes): every op's result is checked here.
+  absl::StatusOr<int32_t> Add(Op op);
   std::unique_ptr<FunctionIr> ir_;
 };
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -474,6 +475,28 @@ TEST(FunctionBuilderTest, CollectivesNeedAnAxisName) {
 }
 
 // Casting a constant folds into a new constant, with the kernels' rules.
+// Sizes given by the caller never overflow: every op's result is checked.
+TEST(FunctionBuilderTest, HugeOrOverflowingShapesAreErrors) {
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DType::kF32, {});
+  const int32_t v = b.Parameter(DType::kF32, {4});
+  auto expect_error = [](const absl::StatusOr<int32_t>& r, absl::string_view what) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_TRUE(absl::StrContains(r.status().message(), what)) << r.status();
+  };
+  expect_error(b.BroadcastTo(x, {INT64_MAX, 3}), "broadcast_to: f32[9223372036854775807,3] is too large");
+  expect_error(b.BroadcastTo(x, {int64_t{1} << 32, int64_t{1} << 32}), "too large");
+  expect_error(b.Reshape(v, {INT64_MAX, INT64_MAX, 0, 4}), "reshape: cannot reshape");
+  expect_error(b.Pad(v, {INT64_MAX}, {1}, {0}), "pad: padding");
+  expect_error(b.Pad(v, {0}, {0}, {INT64_MAX}), "is too large");
+  // A huge step is a valid slice (of one element); its size must not overflow.
+  EXPECT_EQ(b.type(*b.Slice(v, {1}, {4}, {INT64_MAX})).dims, Dims{1});
+  expect_error(b.ScatterAdd(v, *b.Constant(DType::kI32, {4}, std::vector<uint8_t>(16)), 0, int64_t{1} << 40),
+               "scatter_add: f32[1099511627776] is too large");
+  std::vector<uint8_t> none;
+  expect_error(b.Constant(DType::kF64, {int64_t{1} << 62, 4}, none), "constant: f64[");
+}
+
 TEST(FunctionIrTest, ConvertOfAConstantFolds) {
   FunctionBuilder b("c", "");
   const double nan = std::numeric_limits<double>::quiet_NaN();

@@ -139,5 +139,19 @@ TEST_F(LoweringTest, CompiledFunctionRejectsDevicesItCannotGang) {
   EXPECT_TRUE(absl::StrContains(twice.status().message(), "distinct physical devices")) << twice.status();
 }
 
+// Intermediates count against device memory: a function whose scratch
+// cannot fit is refused at placement, before it could exhaust host memory.
+TEST_F(LoweringTest, CompiledFunctionRejectsIntermediatesLargerThanDeviceMemory) {
+  auto slice = *rm_->AddSlice(2, "tpu");  // devices of 1 GiB
+  FunctionBuilder b("huge", "i");
+  const int32_t x = b.Parameter(DType::kF32, {});
+  const int32_t big = *b.BroadcastTo(x, {1 << 16, 1 << 14});  // 4 GiB, then summed away
+  const std::vector<int64_t> all = {0, 1};
+  auto ir = *b.Build({*b.Reduce(ReduceKind::kSum, big, &all, false)});
+  auto placed = CompiledFunction::Create(*FunctionExecutable::Compile(ir), testing::AllOf(slice), &registry_);
+  EXPECT_EQ(placed.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(placed.status().message(), "'huge' needs 42949")) << placed.status();
+}
+
 }  // namespace
 }  // namespace pw

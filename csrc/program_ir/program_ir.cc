@@ -44,6 +44,15 @@ absl::StatusOr<std::shared_ptr<const CompiledFunction>> CompiledFunction::Create
           " and ", d->island()->id(), "; a compiled function runs on one island (use one slice)"));
     }
   }
+  // Intermediates live in device memory too: a function whose scratch
+  // cannot fit on its devices can never run (it would only exhaust the
+  // host's memory trying).
+  const int64_t scratch = executable->scratch_bytes(/*num_shards=*/1);
+  if (scratch > physical[0]->memory_capacity()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pmap of '", executable->ir().name(), "' needs ", scratch, " bytes of device memory per device for its "
+        "intermediate values; its devices have ", physical[0]->memory_capacity()));
+  }
   auto list = registry->Intern(physical);
   if (!list.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("pmap of '", executable->ir().name(),

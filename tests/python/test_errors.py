@@ -656,3 +656,22 @@ def test_configure_bad_values(runtime_ok, kwargs, exc, message):
     with pytest.raises(exc, match=re.escape(message)):
         pw.configure(**kwargs)
     runtime_ok()
+
+
+@pytest.mark.parametrize(
+    "fn, error, message",
+    [
+        # Intermediates count against device memory (1 GiB here): 4 GiB per
+        # shard is refused at placement, not allocated on the host.
+        (lambda x: pw.numpy.broadcast_to(x, (1 << 16, 1 << 14)).sum(), pw.ResourceExhaustedError,
+         "needs 4294967360 bytes of device memory per device for its intermediate values"),
+        # Sizes whose element count overflows int64 are refused by the builder.
+        (lambda x: pw.numpy.broadcast_to(x, (2**62, 4)).sum(), ValueError,
+         "broadcast_to: f32[4611686018427387904,4] is too large"),
+        (lambda x: pw.numpy.zeros_like(x).reshape(2**62, 4), ValueError, "cannot reshape"),
+    ],
+)
+def test_huge_shapes_are_errors(tpus2, runtime_ok, fn, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        pw.pmap(fn, devices=tpus2)(np.zeros(2, np.float32))
+    runtime_ok()
