@@ -3,6 +3,7 @@
 
 #include <atomic>
 
+#include "absl/strings/str_cat.h"
 #include "csrc/base/spin.h"
 #include "csrc/bindings/registrations.h"
 #include "csrc/bindings/status_casters.h"
@@ -36,10 +37,15 @@ std::vector<VirtualDevice> VirtualDevicesOf(const std::shared_ptr<VirtualSlice>&
 }  // namespace
 
 void RegisterRuntime(py::module_& m) {
-  m.def("configure", [](const std::string& spec) {
-    TopologyOptions options = ValueOrThrow(ParseTopology(spec));
-    ThrowIfError(Runtime::ConfigureDefault(options));
-  }, py::arg("spec"));
+  // pw.configure's keywords as (key, value text) pairs: each value is parsed
+  // as its key's type alone, with the same checks as PATHWAYS_TOPOLOGY.
+  m.def("configure", [](const std::vector<std::pair<std::string, std::string>>& items) {
+    absl::StatusOr<TopologyOptions> options = ParseTopology(items);
+    if (!options.ok()) {
+      ThrowStatus(absl::Status(options.status().code(), absl::StrCat("configure: ", options.status().message())));
+    }
+    ThrowIfError(Runtime::ConfigureDefault(*options));
+  }, py::arg("items"));
   m.def("is_started", &Runtime::DefaultExists);
   m.def("topology", [] {
     const TopologyOptions& o = GetRuntime().cluster().options();

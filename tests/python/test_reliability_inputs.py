@@ -1,0 +1,150 @@
+"""Bad inputs (issue 9, "Reliability"): each raises a clear exception naming
+the parameter, of the same type whatever path it takes, and the runtime stays
+usable. Topology tests run in fresh processes: the topology is fixed when the
+runtime starts."""
+
+import json
+import math
+
+import pytest
+
+import pathways as pw
+from conftest import run_python
+
+# --- topology limits: pw.configure and PATHWAYS_TOPOLOGY ----------------------
+
+# (configure keywords, the same as a PATHWAYS_TOPOLOGY spec, what the message must contain)
+TOPOLOGY_ERRORS = [
+    ({"executor_threads": 100000}, "executor_threads=100000", ["executor_threads must be at most 256, got 100000"]),
+    (
+        {"islands": 10000, "hosts_per_island": 10000, "devices_per_host": 1000},
+        "islands=10000,hosts_per_island=10000,devices_per_host=1000",
+        ["at most 65536 devices", "islands x hosts_per_island x devices_per_host", "= 100000000000"],
+    ),
+    (
+        {"islands": 1, "hosts_per_island": 40000, "devices_per_host": 2},
+        "islands=1,hosts_per_island=40000,devices_per_host=2",
+        ["at most 65536 devices", "= 80000"],
+    ),
+    ({"islands": 2**40}, f"islands={2**40}", ["islands must be at most 65536"]),
+    ({"islands": 10**30}, f"islands={10**30}", ["islands must be an integer from 1 to 65536"]),
+    ({"devices_per_host": 0}, "devices_per_host=0", ["devices_per_host must be at least 1, got 0"]),
+    ({"device_memory": "2TiB"}, "device_memory=2TiB", ["device_memory", "at most 1TiB", "'2TiB'"]),
+    ({"device_memory": 2**80}, f"device_memory={2**80}", ["device_memory", "1TiB"]),
+    ({"control_latency_us": math.nan}, "control_latency_us=nan", ["control_latency_us", "from 0 to 1000000", "'nan'"]),
+    ({"control_latency_us": math.inf}, "control_latency_us=inf", ["control_latency_us", "from 0 to 1000000", "'inf'"]),
+    ({"control_latency_us": 1e300}, "control_latency_us=1e+300", ["control_latency_us", "from 0 to 1000000", "'1e+300'"]),
+    ({"control_latency_us": -1.0}, "control_latency_us=-1.0", ["control_latency_us", "'-1.0'"]),
+    ({"control_latency_us": 2e6}, "control_latency_us=2000000.0", ["control_latency_us", "'2000000.0'"]),
+]
+
+# Catches the error of `call`, prints its type and message as JSON; then
+# checks that a good configuration still works.
+_CONFIGURE_ALL = """
+import json, math, numpy as np, pathways as pw
+cases = {cases}
+for kwargs in cases:
+    try:
+        pw.configure(**kwargs)
+        print(json.dumps(["no error", ""]))
+    except Exception as e:
+        print(json.dumps([type(e).__name__, str(e)]))
+assert not pw._core.is_started()
+pw.configure(islands=1, hosts_per_island=1, devices_per_host=2, control_latency_us=1000000)
+s = pw.make_virtual_device_set().add_slice(tpu_devices=2)
+print(json.dumps([pw.topology()["islands"], pw.topology()["control_latency_us"],
+                  np.asarray(pw.pmap(lambda x: x + 1.0, devices=s.tpus)(np.zeros(2))).tolist()]))
+"""
+
+_START_FROM_ENVIRONMENT = """
+import json, numpy as np, pathways as pw
+try:
+    pw.devices()
+    print(json.dumps(["no error", ""]))
+except Exception as e:
+    print(json.dumps([type(e).__name__, str(e)]))
+# The environment's error leaves configure usable.
+pw.configure(islands=1, hosts_per_island=1, devices_per_host=2)
+s = pw.make_virtual_device_set().add_slice(tpu_devices=2)
+print(json.dumps(np.asarray(pw.pmap(lambda x: x * 2.0, devices=s.tpus)(np.ones(2))).tolist()))
+"""
+
+
+@pytest.fixture(scope="module")
+def configure_errors():
+    """The (type, message) of pw.configure for every TOPOLOGY_ERRORS case, from one process."""
+    cases = "[" + ", ".join(
+        "{" + ", ".join(f"{k!r}: {_literal(v)}" for k, v in kwargs.items()) + "}"
+        for kwargs, _, _ in TOPOLOGY_ERRORS
+    ) + "]"
+    lines = run_python(_CONFIGURE_ALL.format(cases=cases)).splitlines()
+    assert len(lines) == len(TOPOLOGY_ERRORS) + 1
+    assert json.loads(lines[-1]) == [1, 1000000.0, [1.0, 1.0]]
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def _literal(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"math.{value!r}" if value > 0 else f"-math.{-value!r}"
+    return repr(value)
+
+
+@pytest.mark.parametrize("index", range(len(TOPOLOGY_ERRORS)), ids=[spec for _, spec, _ in TOPOLOGY_ERRORS])
+def test_topology_limits_same_error_from_configure_and_environment(python_subprocess, configure_errors, index):
+    _, spec, fragments = TOPOLOGY_ERRORS[index]
+    kind, message = configure_errors[index]
+    assert kind == "ValueError", (kind, message)
+    assert message.startswith("configure: ")
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+    first, second = python_subprocess(_START_FROM_ENVIRONMENT, env={"PATHWAYS_TOPOLOGY": spec}).splitlines()
+    env_kind, env_message = json.loads(first)
+    assert env_kind == "ValueError", (env_kind, env_message)
+    assert env_message.startswith("PATHWAYS_TOPOLOGY: ")
+    # The same check in the same place: the same message after the prefix.
+    assert env_message.removeprefix("PATHWAYS_TOPOLOGY: ") == message.removeprefix("configure: ")
+    assert json.loads(second) == [2.0, 2.0]
+
+
+def test_configure_values_cannot_inject_keys(python_subprocess):
+    out = python_subprocess(
+        """
+import pathways as pw
+for kwargs in ({"device_memory": "64MiB,islands=1"}, {"device_memory": "64MiB, executor_threads=3"}):
+    try:
+        pw.configure(**kwargs)
+        print("no error")
+    except ValueError as e:
+        print("ValueError", e)
+pw.configure(device_memory="64MiB")
+t = pw.topology()
+print(t["islands"], t["device_memory"], len(pw.devices()))
+"""
+    )
+    first, second, third = out.splitlines()
+    assert first.startswith("ValueError configure: device_memory must be a size") and "'64MiB,islands=1'" in first
+    assert second.startswith("ValueError configure: device_memory must be a size")
+    # The default topology: islands=1 was not applied.
+    assert third == f"2 {64 << 20} 16"
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"control_latency_us": "2"}, "control_latency_us must be a number"),
+        ({"control_latency_us": True}, "control_latency_us must be a number"),
+        ({"device_memory": 1.5}, "device_memory must be an int of bytes or a str"),
+        ({"executor_threads": 2.0}, "executor_threads must be an int"),
+    ],
+)
+def test_configure_wrong_types(kwargs, name):
+    # Types are checked before anything else, so this works after the runtime started.
+    with pytest.raises(TypeError, match=f"configure: {name}"):
+        pw.configure(**kwargs)
+
+
+def test_configure_huge_latency_int_is_a_value_error():
+    # Too large for a float: still the range error, not OverflowError.
+    with pytest.raises(ValueError, match="control_latency_us must be a finite number from 0 to 1000000"):
+        pw.configure(control_latency_us=10**400)
