@@ -176,16 +176,17 @@ void RegisterRuntime(py::module_& m) {
   });
 
   // Timeline: events come back per gang; device lists by id (expand with device_list()).
-  m.def("timeline_start", [] { GetRuntime().timeline().Start(); });
-  m.def("timeline_stop", [] {
-    std::vector<TimelineEvent> events = GetRuntime().timeline().Stop();
+  // Sessions may overlap (nested scopes, several threads); each gets all events recorded while open.
+  m.def("timeline_start", [] { return GetRuntime().timeline().Start(); });
+  m.def("timeline_stop", [](int64_t session) {
+    std::vector<TimelineEvent> events = ValueOrThrow(GetRuntime().timeline().Stop(session));
     py::list out(events.size());
     for (size_t i = 0; i < events.size(); ++i) {
       const TimelineEvent& e = events[i];
       out[i] = py::make_tuple(e.devices->id(), e.start_ns, e.end_ns, *e.client, *e.program, *e.node);
     }
     return out;
-  });
+  }, py::arg("session"));
   m.def("device_list", [](int id) {
     return GetRuntime().registry().DeviceIds(id);
   }, py::arg("id"));

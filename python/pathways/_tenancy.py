@@ -252,14 +252,18 @@ def timeline() -> Iterator[Timeline]:
     submitting), so every gang of the scope is in the timeline. A gang that
     started before the scope has a negative `start_us`.
 
+    Scopes may nest, and several threads may record at once: each timeline
+    gets every gang that finished while it was open, so an outer scope also
+    has the gangs of the scopes inside it.
+
     Yields:
       A `Timeline`, filled when the scope exits.
     """
     tl = Timeline()
-    _core.timeline_start()
+    session = _core.timeline_start()
     try:
         yield tl
     finally:
         _core.await_submitted()
-        tl._raw = _core.timeline_stop()
+        tl._raw = _core.timeline_stop(session)
         tl.wall_seconds = (_core.now_ns() - tl._origin_ns) * 1e-9

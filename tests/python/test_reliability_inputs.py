@@ -5,11 +5,13 @@ runtime starts."""
 
 import json
 import math
+import threading
 
+import numpy as np
 import pytest
 
 import pathways as pw
-from conftest import run_python
+from conftest import get_devices, run_python
 
 # --- topology limits: pw.configure and PATHWAYS_TOPOLOGY ----------------------
 
@@ -148,3 +150,80 @@ def test_configure_huge_latency_int_is_a_value_error():
     # Too large for a float: still the range error, not OverflowError.
     with pytest.raises(ValueError, match="control_latency_us must be a finite number from 0 to 1000000"):
         pw.configure(control_latency_us=10**400)
+
+
+# --- nested and concurrent timelines -------------------------------------------
+
+
+def _named_step(name, tpus):
+    def step(x):
+        return pw.simulated_compute(x + 1.0, 10)
+
+    step.__name__ = step.__qualname__ = name
+    return pw.pmap(step, devices=tpus)
+
+
+def _gangs_by_node(tl):
+    """{node: number of gangs}, from the per-device events."""
+    devices_per_gang = {}
+    for ev in tl.events():
+        devices_per_gang.setdefault((ev["node"], ev["start_us"]), set()).add(ev["device"])
+    counts = {}
+    for node, _ in devices_per_gang:
+        counts[node] = counts.get(node, 0) + 1
+    return counts
+
+
+def test_nested_timelines_both_record(runtime_ok):
+    tpus = get_devices(2)
+    before, inside, after = (_named_step(n, tpus) for n in ("rel_before", "rel_inside", "rel_after"))
+    x = np.zeros(2)
+    with pw.timeline() as outer:
+        before(x).block_until_ready()
+        with pw.timeline() as inner:
+            inside(inside(x)).block_until_ready()
+        after(x).block_until_ready()
+    outer_gangs, inner_gangs = _gangs_by_node(outer), _gangs_by_node(inner)
+    assert {k: outer_gangs.get(k) for k in ("rel_before", "rel_inside", "rel_after")} == {
+        "rel_before": 1, "rel_inside": 2, "rel_after": 1}
+    assert inner_gangs.get("rel_inside") == 2
+    assert "rel_before" not in inner_gangs and "rel_after" not in inner_gangs
+    # Every event is on the gang's two devices.
+    assert sum(1 for ev in outer.events() if ev["node"].startswith("rel_")) == 4 * 2
+    # A timeline after them starts empty of their gangs.
+    with pw.timeline() as later:
+        pass
+    assert not any(ev["node"].startswith("rel_") for ev in later.events())
+    runtime_ok()
+
+
+def test_timelines_of_two_threads_at_once(runtime_ok):
+    n = 20
+    steps = [_named_step(f"rel_thread{i}", get_devices(2)) for i in range(2)]
+    both_open = threading.Barrier(2)
+    results = [None, None]
+    errors = []
+
+    def run(i):
+        try:
+            with pw.timeline() as tl:
+                both_open.wait(timeout=60)
+                x = np.zeros(2)
+                for _ in range(n):
+                    x = steps[i](x)
+                x.block_until_ready()
+                both_open.wait(timeout=60)  # neither closes before the other finished
+            results[i] = _gangs_by_node(tl)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(2):
+        # Its own gangs, and (both scopes being open throughout) the other thread's too.
+        assert results[i].get("rel_thread0") == n and results[i].get("rel_thread1") == n, (i, results[i])
+    runtime_ok()
