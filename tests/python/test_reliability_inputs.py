@@ -227,3 +227,45 @@ def test_timelines_of_two_threads_at_once(runtime_ok):
         # Its own gangs, and (both scopes being open throughout) the other thread's too.
         assert results[i].get("rel_thread0") == n and results[i].get("rel_thread1") == n, (i, results[i])
     runtime_ok()
+
+
+# --- simulated_compute durations ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "microseconds, shown",
+    [(math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf"), (-5, "-5"), (1e300, "1e+300"),
+     (5e15, "5e+15"), (10**400, "inf"), (3.6e9 + 1, "3600000001")],
+    ids=["nan", "inf", "-inf", "-5", "1e300", "5e15", "10**400", "3.6e9+1"],
+)
+def test_simulated_compute_rejects_bad_durations(runtime_ok, microseconds, shown):
+    tpus = get_devices(2)
+    with pytest.raises(ValueError) as e:
+        pw.pmap(lambda x: pw.simulated_compute(x, microseconds), devices=tpus)(np.zeros(2))
+    message = str(e.value)
+    assert "simulated_compute: duration must be a finite number of microseconds from 0 to 3600000000" in message
+    assert message.endswith(f"got {shown}"), message
+    runtime_ok()
+
+
+def test_simulated_compute_total_is_checked_not_wrapped(runtime_ok):
+    tpus = get_devices(2)
+    # Each fits on its own (before: 5e15 each, whose sum wrapped in int64 and finished at once).
+    with pytest.raises(ValueError, match=r"simulated_compute: a function's total simulated time must be at most "
+                                         r"3600000000 us \(one hour\); it has 3000000000 us, plus 3000000000 us"):
+        pw.pmap(lambda x: pw.simulated_compute(pw.simulated_compute(x, 3e9), 3e9), devices=tpus)(np.zeros(2))
+    with pytest.raises(ValueError, match="simulated_compute: duration must be"):
+        pw.pmap(lambda x: pw.simulated_compute(pw.simulated_compute(x, 5e15), 5e15), devices=tpus)(np.zeros(2))
+    # Durations that fit add up.
+    f = pw.pmap(lambda x: pw.simulated_compute(pw.simulated_compute(x, 1.5) * 2.0, 2.5), devices=tpus)
+    assert "simulated_compute[1.5us]" in f.as_text(np.zeros(2)) and "[2.5us]" in f.as_text(np.zeros(2))
+    np.testing.assert_array_equal(np.asarray(f(np.ones(2))), [2.0, 2.0])
+    runtime_ok()
+
+
+@pytest.mark.parametrize("microseconds", [None, "10", True, [1.0]])
+def test_simulated_compute_duration_must_be_a_number(runtime_ok, microseconds):
+    tpus = get_devices(2)
+    with pytest.raises(TypeError, match="simulated_compute: microseconds must be a number"):
+        pw.pmap(lambda x: pw.simulated_compute(x, microseconds), devices=tpus)(np.zeros(2))
+    runtime_ok()
