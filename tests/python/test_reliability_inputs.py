@@ -269,3 +269,56 @@ def test_simulated_compute_duration_must_be_a_number(runtime_ok, microseconds):
     with pytest.raises(TypeError, match="simulated_compute: microseconds must be a number"):
         pw.pmap(lambda x: pw.simulated_compute(x, microseconds), devices=tpus)(np.zeros(2))
     runtime_ok()
+
+
+# --- export_chrome_trace devices ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    tpus = get_devices(2)
+    f = _named_step("rel_export", tpus)
+    with pw.timeline() as tl:
+        f(np.zeros(2)).block_until_ready()
+    return tl, tpus
+
+
+def _tracks(path):
+    trace = json.loads(path.read_text())
+    return {ev["tid"] for ev in trace["traceEvents"] if ev["ph"] == "X" and ev["name"] == "rel_export"}
+
+
+@pytest.mark.parametrize(
+    "devices, exc, message",
+    [
+        ("ab", TypeError, "export_chrome_trace: devices must be a sequence of device ids or devices, got 'ab'"),
+        (b"\x00", TypeError, "export_chrome_trace: devices must be a sequence"),
+        (3, TypeError, "export_chrome_trace: devices must be a sequence"),
+        (["0"], TypeError, "export_chrome_trace: devices must hold device ids (int) or devices, got '0'"),
+        ([True], TypeError, "export_chrome_trace: devices must hold device ids"),
+        ([1.0], TypeError, "export_chrome_trace: devices must hold device ids"),
+        ([0, 999], ValueError, "export_chrome_trace: devices has unknown device id 999; the devices are 0..15"),
+        ([-1], ValueError, "export_chrome_trace: devices has unknown device id -1"),
+    ],
+)
+def test_export_chrome_trace_rejects_bad_devices(tmp_path, recorded, devices, exc, message):
+    tl, _ = recorded
+    path = tmp_path / "trace.json"
+    with pytest.raises(exc) as e:
+        tl.export_chrome_trace(str(path), devices=devices)
+    assert message in str(e.value)
+    assert not path.exists()
+
+
+def test_export_chrome_trace_device_forms(tmp_path, recorded):
+    tl, tpus = recorded
+    physical = [v.physical for v in tpus]
+    ids = [d.id for d in physical]
+    path = tmp_path / "trace.json"
+    tl.export_chrome_trace(str(path))
+    assert _tracks(path) == set(ids)
+    for devices in ([ids[0]], [np.int64(ids[0])], [physical[0]], [tpus[0]], (ids[0],), {ids[0]}):
+        tl.export_chrome_trace(str(path), devices=devices)
+        assert _tracks(path) == {ids[0]}, devices
+    tl.export_chrome_trace(str(path), devices=[])
+    assert _tracks(path) == set()
