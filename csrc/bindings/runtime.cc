@@ -201,8 +201,16 @@ void RegisterRuntime(py::module_& m) {
     return busy;
   });
 
-  m.def("add_slice", [](int num_devices, const std::string& kind) {
-    return ValueOrThrow(GetRuntime().resource_manager().AddSlice(num_devices, kind));
+  // Any Python int: counts beyond int64 get the error of counts beyond the limit.
+  m.def("add_slice", [](const py::int_& num_devices, const std::string& kind) {
+    int overflow = 0;
+    const long long n = PyLong_AsLongLongAndOverflow(num_devices.ptr(), &overflow);
+    if (overflow != 0) {
+      ThrowStatus(absl::InvalidArgumentError(absl::StrCat("add_slice(", kind, "_devices=",
+                                                          std::string(py::str(num_devices)),
+                                                          "): a slice needs from 1 to ", kMaxDevices, " devices")));
+    }
+    return ValueOrThrow(GetRuntime().resource_manager().AddSlice(n, kind));
   }, py::arg("num_devices"), py::arg("kind"));
 }
 

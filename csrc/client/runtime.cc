@@ -45,7 +45,7 @@ Runtime::~Runtime() {
 
 absl::StatusOr<SchedulingClient*> Runtime::CreateClient(std::string name, double weight) {
   if (!(weight > 0) || weight > 1e9) {
-    return absl::InvalidArgumentError(absl::StrCat("client '", name, "': weight must be positive, got ", weight));
+    return absl::InvalidArgumentError(absl::StrCat("client '", name, "': weight must be positive and at most 1e9, got ", weight));
   }
   MutexLock lock(&clients_mu_);
   clients_.push_back(std::make_unique<SchedulingClient>(static_cast<int>(clients_.size()), std::move(name), weight));

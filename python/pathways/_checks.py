@@ -28,3 +28,10 @@ def real(where: str, name: str, value: Any) -> float:
         return float(value)
     except OverflowError:  # an int beyond float's range
         return math.inf if value > 0 else -math.inf
+
+
+def string(where: str, name: str, value: Any) -> str:
+    """`value`; TypeError unless it is a str."""
+    if not isinstance(value, str):
+        raise TypeError(f"{where}: {name} must be a str, got {value!r}")
+    return value

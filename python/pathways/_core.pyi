@@ -59,7 +59,7 @@ class Device:
 # --- Resource manager -----------------------------------------------------
 
 def add_slice(num_devices: int, kind: str) -> VirtualSlice:
-    """Raises ValueError (num_devices < 1), NotFoundError (unknown kind), ResourceExhaustedError (no island that large)."""
+    """Raises ValueError (num_devices < 1 or > 65536, any Python int), NotFoundError (unknown kind), ResourceExhaustedError (no island that large)."""
 
 class VirtualSlice:
     id: int

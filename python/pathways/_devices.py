@@ -213,7 +213,8 @@ class VirtualDeviceSet:
         Raises:
           TypeError: Unless exactly one keyword of the form `<kind>_devices`
             with an int value is given.
-          ValueError: If `n` < 1.
+          ValueError: If `n` < 1 or `n` > 65536 (more devices than any
+            topology has).
           NotFoundError: If no device has that kind.
           ResourceExhaustedError: If no island has `n` devices.
         """

@@ -17,7 +17,7 @@ import numbers
 from collections.abc import Iterable
 from typing import Any, Iterator, Optional, Sequence
 
-from pathways import _core
+from pathways import _checks, _core
 from pathways._program import _check_dispatch
 from pathways._tracing import _state
 
@@ -48,14 +48,15 @@ class Client:
 
     Args:
       name: A name for traces and stats (need not be unique).
-      weight: Proportional-share weight, > 0.
+      weight: Proportional-share weight, a number > 0 and <= 1e9.
 
     Raises:
-      ValueError: If the weight is not positive.
+      TypeError: If the weight is not a number.
+      ValueError: If the weight is not in (0, 1e9].
     """
 
     def __init__(self, name: str, weight: float = 1.0):
-        self._core = _core.create_client(str(name), float(weight))
+        self._core = _core.create_client(str(name), _checks.real("Client", "weight", weight))
         self._saved: list = []
 
     @property
@@ -96,9 +97,10 @@ def set_scheduling_policy(policy: str) -> None:
         (start-time fair queueing over clients' weights).
 
     Raises:
+      TypeError: If `policy` is not a str.
       ValueError: For an unknown policy.
     """
-    _core.set_scheduling_policy(policy)
+    _core.set_scheduling_policy(_checks.string("set_scheduling_policy", "policy", policy))
 
 
 def scheduling_policy() -> str:

@@ -322,3 +322,38 @@ def test_export_chrome_trace_device_forms(tmp_path, recorded):
         assert _tracks(path) == {ids[0]}, devices
     tl.export_chrome_trace(str(path), devices=[])
     assert _tracks(path) == set()
+
+
+# --- clients, scheduling policy, slices --------------------------------------------
+
+
+@pytest.mark.parametrize("weight, exc", [(None, TypeError), ("heavy", TypeError), (True, TypeError),
+                                         (math.nan, ValueError), (0, ValueError), (1e10, ValueError),
+                                         (10**400, ValueError)],
+                         ids=["None", "heavy", "True", "nan", "0", "1e10", "10**400"])
+def test_client_weight_errors_name_weight(runtime_ok, weight, exc):
+    with pytest.raises(exc) as e:
+        pw.Client("rel", weight=weight)
+    assert "weight" in str(e.value)
+    if exc is TypeError:
+        assert str(e.value) == f"Client: weight must be a number, got {weight!r}"
+    runtime_ok()
+
+
+@pytest.mark.parametrize("policy", [None, 3, b"fifo"])
+def test_scheduling_policy_must_be_a_str(runtime_ok, policy):
+    before = pw.scheduling_policy()
+    with pytest.raises(TypeError) as e:
+        pw.set_scheduling_policy(policy)
+    assert str(e.value) == f"set_scheduling_policy: policy must be a str, got {policy!r}"
+    assert pw.scheduling_policy() == before
+    runtime_ok()
+
+
+@pytest.mark.parametrize("n", [2**70, -(2**70), 2**40, 2**31, 65537])
+def test_add_slice_out_of_range_names_the_keyword(runtime_ok, n):
+    with pytest.raises(ValueError) as e:
+        pw.make_virtual_device_set().add_slice(tpu_devices=n)
+    assert f"add_slice(tpu_devices={n})" in str(e.value)
+    assert "65536" in str(e.value) or "at least one device" in str(e.value)
+    runtime_ok()
