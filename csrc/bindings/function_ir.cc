@@ -166,7 +166,7 @@ void RegisterFunctionIr(py::module_& m) {
         return ValueOrThrow(b.PsumScatter(x, axis, scatter_dimension));
       }, py::arg("x"), py::arg("axis_name"), py::arg("scatter_dimension"))
       .def("simulated_compute", [](FunctionBuilder& b, int32_t x, double microseconds) {
-        return ValueOrThrow(b.SimulatedCompute(x, static_cast<int64_t>(microseconds * 1000.0)));
+        return ValueOrThrow(b.SimulatedComputeMicros(x, microseconds));
       }, py::arg("x"), py::arg("microseconds"))
       .def("shape", [](const FunctionBuilder& b, int32_t v) {
         if (v < 0 || v >= b.num_values()) throw py::value_error(absl::StrCat("%", v, " is not a value"));

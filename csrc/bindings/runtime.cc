@@ -3,6 +3,7 @@
 
 #include <atomic>
 
+#include "absl/strings/str_cat.h"
 #include "csrc/base/fork.h"
 #include "csrc/base/spin.h"
 #include "csrc/bindings/registrations.h"
@@ -38,10 +39,15 @@ std::vector<VirtualDevice> VirtualDevicesOf(const std::shared_ptr<VirtualSlice>&
 }  // namespace
 
 void RegisterRuntime(py::module_& m) {
-  m.def("configure", [](const std::string& spec) {
-    TopologyOptions options = ValueOrThrow(ParseTopology(spec));
-    ThrowIfError(Runtime::ConfigureDefault(options));
-  }, py::arg("spec"));
+  // pw.configure's keywords as (key, value text) pairs: each value is parsed
+  // as its key's type alone, with the same checks as PATHWAYS_TOPOLOGY.
+  m.def("configure", [](const std::vector<std::pair<std::string, std::string>>& items) {
+    absl::StatusOr<TopologyOptions> options = ParseTopology(items);
+    if (!options.ok()) {
+      ThrowStatus(absl::Status(options.status().code(), absl::StrCat("configure: ", options.status().message())));
+    }
+    ThrowIfError(Runtime::ConfigureDefault(*options));
+  }, py::arg("items"));
   m.def("is_started", &Runtime::DefaultExists);
   m.def("topology", [] {
     const TopologyOptions& o = GetRuntime().cluster().options();
@@ -168,16 +174,17 @@ void RegisterRuntime(py::module_& m) {
   });
 
   // Timeline: events come back per gang; device lists by id (expand with device_list()).
-  m.def("timeline_start", [] { GetRuntime().timeline().Start(); });
-  m.def("timeline_stop", [] {
-    std::vector<TimelineEvent> events = GetRuntime().timeline().Stop();
+  // Sessions may overlap (nested scopes, several threads); each gets all events recorded while open.
+  m.def("timeline_start", [] { return GetRuntime().timeline().Start(); });
+  m.def("timeline_stop", [](int64_t session) {
+    std::vector<TimelineEvent> events = ValueOrThrow(GetRuntime().timeline().Stop(session));
     py::list out(events.size());
     for (size_t i = 0; i < events.size(); ++i) {
       const TimelineEvent& e = events[i];
       out[i] = py::make_tuple(e.devices->id(), e.start_ns, e.end_ns, *e.client, *e.program, *e.node);
     }
     return out;
-  });
+  }, py::arg("session"));
   m.def("device_list", [](int id) {
     return GetRuntime().registry().DeviceIds(id);
   }, py::arg("id"));
@@ -192,8 +199,16 @@ void RegisterRuntime(py::module_& m) {
     return busy;
   });
 
-  m.def("add_slice", [](int num_devices, const std::string& kind) {
-    return ValueOrThrow(GetRuntime().resource_manager().AddSlice(num_devices, kind));
+  // Any Python int: counts beyond int64 get the error of counts beyond the limit.
+  m.def("add_slice", [](const py::int_& num_devices, const std::string& kind) {
+    int overflow = 0;
+    const long long n = PyLong_AsLongLongAndOverflow(num_devices.ptr(), &overflow);
+    if (overflow != 0) {
+      ThrowStatus(absl::InvalidArgumentError(absl::StrCat("add_slice(", kind, "_devices=",
+                                                          std::string(py::str(num_devices)),
+                                                          "): a slice needs from 1 to ", kMaxDevices, " devices")));
+    }
+    return ValueOrThrow(GetRuntime().resource_manager().AddSlice(n, kind));
   }, py::arg("num_devices"), py::arg("kind"));
 }
 

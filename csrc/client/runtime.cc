@@ -50,7 +50,7 @@ Runtime::~Runtime() {
 
 absl::StatusOr<SchedulingClient*> Runtime::CreateClient(std::string name, double weight) {
   if (!(weight > 0) || weight > 1e9) {
-    return absl::InvalidArgumentError(absl::StrCat("client '", name, "': weight must be positive, got ", weight));
+    return absl::InvalidArgumentError(absl::StrCat("client '", name, "': weight must be positive and at most 1e9, got ", weight));
   }
   MutexLock lock(&clients_mu_);
   clients_.push_back(std::make_unique<SchedulingClient>(static_cast<int>(clients_.size()), std::move(name), weight));
@@ -103,8 +103,7 @@ absl::Status Runtime::ConfigureDefault(const TopologyOptions& options) {
     return absl::FailedPreconditionError(
         "the pathways runtime has already started; configure the topology before its first use");
   }
-  auto check = Cluster::Create(options);
-  if (!check.ok()) return check.status();
+  PW_RETURN_IF_ERROR(ValidateTopology(options));
   delete default_options;
   default_options = new TopologyOptions(options);
   return absl::OkStatus();

@@ -1,5 +1,7 @@
 #include "csrc/cluster/cluster.h"
 
+#include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -8,17 +10,43 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "csrc/base/status_macros.h"
 
 namespace pw {
 namespace {
+
+absl::Status CheckRange(absl::string_view key, int64_t value, int64_t min, int64_t max,
+                        absl::string_view unit = "") {
+  if (value < min) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " must be at least ", min, unit, ", got ", value, unit));
+  }
+  if (value > max) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " must be at most ", max, unit, ", got ", value, unit));
+  }
+  return absl::OkStatus();
+}
+
+// The integer keys and their ranges (the total device count is checked on its own).
+struct IntKey {
+  absl::string_view name;
+  int TopologyOptions::*field;
+  int64_t min, max;
+};
+constexpr IntKey kIntKeys[] = {
+    {"islands", &TopologyOptions::num_islands, 1, kMaxDevices},
+    {"hosts_per_island", &TopologyOptions::hosts_per_island, 1, kMaxDevices},
+    {"devices_per_host", &TopologyOptions::devices_per_host, 1, kMaxDevices},
+    {"executor_threads", &TopologyOptions::num_executor_threads, 0, kMaxExecutorThreads},
+};
 
 absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
   struct Unit {
     absl::string_view suffix;
     int64_t scale;
   };
-  static constexpr Unit kUnits[] = {{"GiB", int64_t{1} << 30}, {"MiB", int64_t{1} << 20},
-                                    {"KiB", int64_t{1} << 10}, {"B", 1}};
+  static constexpr Unit kUnits[] = {{"TiB", int64_t{1} << 40}, {"GiB", int64_t{1} << 30},
+                                    {"MiB", int64_t{1} << 20}, {"KiB", int64_t{1} << 10}, {"B", 1}};
+  const absl::string_view spec = text;
   int64_t scale = 1;
   for (const Unit& u : kUnits) {
     if (absl::ConsumeSuffix(&text, u.suffix)) {
@@ -27,11 +55,51 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
     }
   }
   int64_t value = 0;
-  if (!absl::SimpleAtoi(text, &value) || value < 1) {
+  if (!absl::SimpleAtoi(text, &value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_memory must be a size from 1 byte to 1TiB like 512MiB or 1GiB (an integer, then B, KiB, MiB, "
+        "GiB or TiB), got '",
+        spec, "'"));
+  }
+  if (value < 1 || value > kMaxDeviceMemoryBytes / scale) {
     return absl::InvalidArgumentError(
-        absl::StrCat("device_memory must be a positive size like 1GiB or 512MiB, got '", text, "'"));
+        absl::StrCat("device_memory must be at least 1 byte and at most 1TiB, got '", spec, "'"));
   }
   return value * scale;
+}
+
+// Parses `value` as `key`'s type into `options`, checking its range.
+absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, TopologyOptions* options) {
+  value = absl::StripAsciiWhitespace(value);
+  if (key == "control_latency_us") {
+    constexpr int64_t kMaxUs = kMaxControlLatencyNs / 1000;
+    double us = 0;
+    if (!absl::SimpleAtod(value, &us) || !(us >= 0 && us <= kMaxUs)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "control_latency_us must be a finite number from 0 to ", kMaxUs, ", got '", value, "'"));
+    }
+    options->control_latency_ns = std::llround(us * 1000);
+    return absl::OkStatus();
+  }
+  if (key == "device_memory") {
+    PW_ASSIGN_OR_RETURN(options->device_memory_bytes, ParseBytes(value));
+    return absl::OkStatus();
+  }
+  for (const IntKey& k : kIntKeys) {
+    if (key != k.name) continue;
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(value, &n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, " must be an integer from ", k.min, " to ", k.max, ", got '", value, "'"));
+    }
+    PW_RETURN_IF_ERROR(CheckRange(key, n, k.min, k.max));
+    options->*k.field = static_cast<int>(n);
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown topology key '", key,
+      "'; known keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, "
+      "control_latency_us"));
 }
 
 }  // namespace
@@ -43,44 +111,36 @@ std::string TopologyOptions::ToString() const {
                       control_latency_ns / 1000.0);
 }
 
-absl::StatusOr<TopologyOptions> ParseTopology(absl::string_view spec) {
+absl::Status ValidateTopology(const TopologyOptions& options) {
+  for (const IntKey& k : kIntKeys) PW_RETURN_IF_ERROR(CheckRange(k.name, options.*k.field, k.min, k.max));
+  // Each count is at most kMaxDevices, so the product fits in int64.
+  const int64_t devices =
+      int64_t{options.num_islands} * options.hosts_per_island * options.devices_per_host;
+  if (devices > kMaxDevices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a topology has at most ", kMaxDevices, " devices (islands x hosts_per_island x devices_per_host), got ",
+        options.num_islands, " x ", options.hosts_per_island, " x ", options.devices_per_host, " = ", devices));
+  }
+  PW_RETURN_IF_ERROR(CheckRange("device_memory", options.device_memory_bytes, 1, kMaxDeviceMemoryBytes, " bytes"));
+  PW_RETURN_IF_ERROR(CheckRange("control_latency_ns", options.control_latency_ns, 0, kMaxControlLatencyNs));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TopologyOptions> ParseTopology(
+    const std::vector<std::pair<std::string, std::string>>& items) {
   TopologyOptions options;
+  for (const auto& [key, value] : items) PW_RETURN_IF_ERROR(SetTopologyValue(key, value, &options));
+  PW_RETURN_IF_ERROR(ValidateTopology(options));
+  return options;
+}
+
+absl::StatusOr<TopologyOptions> ParseTopology(absl::string_view spec) {
+  std::vector<std::pair<std::string, std::string>> items;
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
-    const absl::string_view key = absl::StripAsciiWhitespace(kv.first);
-    const absl::string_view value = absl::StripAsciiWhitespace(kv.second);
-    if (key == "control_latency_us") {
-      double us = 0;
-      if (!absl::SimpleAtod(value, &us) || us < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("control_latency_us needs a non-negative number, got '", value, "'"));
-      }
-      options.control_latency_ns = static_cast<int64_t>(us * 1000);
-      continue;
-    }
-    if (key == "device_memory") {
-      auto bytes = ParseBytes(value);
-      if (!bytes.ok()) return bytes.status();
-      options.device_memory_bytes = *bytes;
-      continue;
-    }
-    int* field = nullptr;
-    if (key == "islands") field = &options.num_islands;
-    if (key == "hosts_per_island") field = &options.hosts_per_island;
-    if (key == "devices_per_host") field = &options.devices_per_host;
-    if (key == "executor_threads") field = &options.num_executor_threads;
-    if (field == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown topology key '", key,
-          "'; known keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, "
-          "control_latency_us"));
-    }
-    if (!absl::SimpleAtoi(value, field) || *field < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("topology key '", key, "' needs a non-negative integer, got '", value, "'"));
-    }
+    items.emplace_back(absl::StripAsciiWhitespace(kv.first), kv.second);
   }
-  return options;
+  return ParseTopology(items);
 }
 
 std::string Device::ToString() const {
@@ -90,13 +150,7 @@ std::string Device::ToString() const {
 }
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(const TopologyOptions& options) {
-  if (options.num_islands < 1 || options.hosts_per_island < 1 || options.devices_per_host < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a cluster needs at least one island, host and device; got ", options.ToString()));
-  }
-  if (options.device_memory_bytes < 1) {
-    return absl::InvalidArgumentError("device_memory must be at least 1 byte");
-  }
+  PW_RETURN_IF_ERROR(ValidateTopology(options));
   auto cluster = std::unique_ptr<Cluster>(new Cluster());
   cluster->options_ = options;
   if (cluster->options_.num_executor_threads == 0) {

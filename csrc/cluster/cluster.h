@@ -14,10 +14,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace pw {
 
@@ -42,11 +44,34 @@ struct TopologyOptions {
   std::string ToString() const;
 };
 
+// The limits of a topology, checked up front by ParseTopology and
+// Cluster::Create (so a bad spec never starts allocating):
+//   islands, hosts_per_island, devices_per_host: >= 1, and
+//     islands x hosts_per_island x devices_per_host <= kMaxDevices;
+//   device_memory: 1 byte to kMaxDeviceMemoryBytes per device (so totals
+//     over all devices stay far inside int64);
+//   executor_threads: 0 (one per core, at most 4) to kMaxExecutorThreads;
+//   control_latency_us: a finite number from 0 to kMaxControlLatencyNs / 1000.
+inline constexpr int kMaxDevices = 1 << 16;
+inline constexpr int64_t kMaxDeviceMemoryBytes = int64_t{1} << 40;  // 1 TiB
+inline constexpr int kMaxExecutorThreads = 256;
+inline constexpr int64_t kMaxControlLatencyNs = 1'000'000'000;  // 1 s
+
+// InvalidArgument naming the key and its limit unless `options` is within
+// the limits above.
+absl::Status ValidateTopology(const TopologyOptions& options);
+
 // Parses "islands=2,hosts_per_island=2,devices_per_host=4,device_memory=1GiB,
 // executor_threads=2,control_latency_us=20" (any subset, any order; memory
-// accepts B, KiB, MiB, GiB). The format of the PATHWAYS_TOPOLOGY environment variable.
-// InvalidArgument names the bad key or value.
+// is an integer with an optional unit B, KiB, MiB, GiB or TiB). The format
+// of the PATHWAYS_TOPOLOGY environment variable. InvalidArgument names the
+// bad key or value, and the limit for a value out of range.
 absl::StatusOr<TopologyOptions> ParseTopology(absl::string_view spec);
+
+// The same from (key, value) pairs, each value parsed on its own as its key's
+// type: what pw.configure passes, so a value cannot carry other keys.
+absl::StatusOr<TopologyOptions> ParseTopology(
+    const std::vector<std::pair<std::string, std::string>>& items);
 
 class Device {
  public:
@@ -97,7 +122,7 @@ class Island {
 
 class Cluster {
  public:
-  // InvalidArgument if any count is < 1 or memory is < 1 byte.
+  // InvalidArgument unless ValidateTopology(options) is OK.
   static absl::StatusOr<std::unique_ptr<Cluster>> Create(const TopologyOptions& options);
 
   const TopologyOptions& options() const { return options_; }

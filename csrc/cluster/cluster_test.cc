@@ -1,5 +1,8 @@
 #include "csrc/cluster/cluster.h"
 
+#include <initializer_list>
+
+#include "absl/strings/str_cat.h"
 #include "csrc/cluster/device_list.h"
 #include "gtest/gtest.h"
 
@@ -43,6 +46,67 @@ TEST(ClusterTest, ParsesTopologySpec) {
   TopologyOptions zero;
   zero.num_islands = 0;
   EXPECT_FALSE(Cluster::Create(zero).ok());
+}
+
+// InvalidArgument whose message contains every one of `parts`.
+void ExpectInvalid(const absl::Status& status, std::initializer_list<absl::string_view> parts) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  for (absl::string_view part : parts) {
+    EXPECT_NE(status.message().find(part), absl::string_view::npos) << status << " lacks " << part;
+  }
+}
+
+TEST(ClusterTest, TopologyLimitsAreCheckedBeforeAllocating) {
+  ExpectInvalid(ParseTopology("executor_threads=100000").status(), {"executor_threads", "at most 256", "100000"});
+  // 10^11 devices: rejected up front, with the product spelled out.
+  ExpectInvalid(ParseTopology("islands=10000,hosts_per_island=10000,devices_per_host=1000").status(),
+                {"at most 65536 devices", "10000 x 10000 x 1000 = 100000000000"});
+  ExpectInvalid(ParseTopology("islands=100000").status(), {"islands must be at most 65536, got 100000"});
+  // Counts beyond int (and beyond int64) are range errors too, not wrapped ints.
+  ExpectInvalid(ParseTopology("islands=4294967297").status(), {"islands must be at most 65536"});
+  ExpectInvalid(ParseTopology("islands=99999999999999999999999").status(), {"islands", "from 1 to 65536"});
+  ExpectInvalid(ParseTopology("devices_per_host=0").status(), {"devices_per_host must be at least 1"});
+  ExpectInvalid(ParseTopology("device_memory=2TiB").status(), {"device_memory", "at most 1TiB"});
+  ExpectInvalid(ParseTopology("device_memory=9007199254740993GiB").status(), {"device_memory", "1TiB"});
+  // The largest allowed values are allowed, and the benchmarks' 2048 devices fit.
+  EXPECT_TRUE(ParseTopology("islands=1,hosts_per_island=16384,devices_per_host=4,executor_threads=256").ok());
+  EXPECT_EQ(ParseTopology("device_memory=1TiB")->device_memory_bytes, int64_t{1} << 40);
+  EXPECT_TRUE(Cluster::Create(*ParseTopology("islands=1,hosts_per_island=512,devices_per_host=4")).ok());
+
+  // Cluster::Create checks the same limits for options built in C++.
+  TopologyOptions big;
+  big.num_islands = 1 << 16;
+  big.hosts_per_island = 1 << 16;
+  ExpectInvalid(Cluster::Create(big).status(), {"at most 65536 devices"});
+  TopologyOptions threads;
+  threads.num_executor_threads = 100000;
+  ExpectInvalid(Cluster::Create(threads).status(), {"executor_threads must be at most 256"});
+  TopologyOptions memory;
+  memory.device_memory_bytes = int64_t{1} << 62;
+  ExpectInvalid(Cluster::Create(memory).status(), {"device_memory must be at most"});
+}
+
+TEST(ClusterTest, ControlLatencyMustBeFiniteAndInRange) {
+  for (const char* bad : {"nan", "inf", "-inf", "1e300", "-1", "1000001", "fast"}) {
+    ExpectInvalid(ParseTopology(absl::StrCat("control_latency_us=", bad)).status(),
+                  {"control_latency_us", "from 0 to 1000000", bad});
+  }
+  EXPECT_EQ(ParseTopology("control_latency_us=1000000")->control_latency_ns, 1'000'000'000);
+  TopologyOptions options;
+  options.control_latency_ns = -1;
+  ExpectInvalid(Cluster::Create(options).status(), {"control_latency"});
+}
+
+TEST(ClusterTest, StructuredItemsParseEachValueAlone) {
+  auto options = ParseTopology({{"islands", "3"}, {"device_memory", "64MiB"}, {"control_latency_us", "2.5"}});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->num_islands, 3);
+  EXPECT_EQ(options->device_memory_bytes, 64 << 20);
+  EXPECT_EQ(options->control_latency_ns, 2500);
+  // A value cannot carry another key.
+  ExpectInvalid(ParseTopology({{"device_memory", "64MiB,islands=1"}}).status(),
+                {"device_memory", "64MiB,islands=1"});
+  ExpectInvalid(ParseTopology({{"islands", "1,devices_per_host=2"}}).status(), {"islands"});
 }
 
 TEST(DeviceListTest, InternsAndRejectsDuplicates) {

@@ -11,10 +11,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
 #include "csrc/cluster/device_list.h"
 
@@ -30,19 +33,28 @@ struct TimelineEvent {
   std::shared_ptr<const void> owner;
 };
 
+// Recording happens in sessions, which may overlap (nested scopes, several
+// threads): each session gets every event recorded while it is open, and
+// events are kept only while a session that wants them is open.
 class Timeline {
  public:
-  // Starts (or restarts) recording, dropping earlier events.
-  void Start();
-  // Stops recording and returns the events recorded since Start().
-  std::vector<TimelineEvent> Stop();
+  // Opens a recording session; returns its id for Stop().
+  int64_t Start();
+  // Closes session `session` and returns the events recorded since its
+  // Start(). NotFound if it is not open.
+  absl::StatusOr<std::vector<TimelineEvent>> Stop(int64_t session);
   bool recording() const { return recording_.load(std::memory_order_relaxed); }
   void Record(TimelineEvent event);
 
  private:
   std::atomic<bool> recording_{false};
   Mutex mu_;
-  std::vector<TimelineEvent> events_ ABSL_GUARDED_BY(mu_);
+  // events_[i] is the event recorded (first_event_ + i)-th since construction.
+  std::deque<TimelineEvent> events_ ABSL_GUARDED_BY(mu_);
+  int64_t first_event_ ABSL_GUARDED_BY(mu_) = 0;
+  // Open sessions: id -> number of the first event it wants.
+  absl::flat_hash_map<int64_t, int64_t> sessions_ ABSL_GUARDED_BY(mu_);
+  int64_t next_session_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pw

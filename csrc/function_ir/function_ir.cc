@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -21,12 +22,30 @@ constexpr int64_t kMaxPrintedElements = 4;
 // Shortest text that reads back as the same value, so IR dumps are exact
 // without printing 17 digits for every 0.1.
 template <typename T>
-std::string FormatElement(const uint8_t* p) {
-  T value;
-  std::memcpy(&value, p, sizeof(T));
+std::string Shortest(T value) {
   char buf[64];
   auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
   return ec == std::errc() ? std::string(buf, end) : "?";
+}
+
+template <typename T>
+std::string FormatElement(const uint8_t* p) {
+  T value;
+  std::memcpy(&value, p, sizeof(T));
+  return Shortest(value);
+}
+
+constexpr int64_t kMaxSimulatedUs = kMaxSimulatedNs / 1000;
+
+// `ns` in microseconds, exactly: "3000000000", "1.5".
+std::string Micros(int64_t ns) {
+  std::string text = absl::StrCat(ns / 1000);
+  if (const int64_t frac = ns % 1000; frac != 0) {
+    std::string digits = absl::StrFormat("%03d", frac < 0 ? -frac : frac);
+    digits.erase(digits.find_last_not_of('0') + 1);
+    absl::StrAppend(&text, ".", digits);
+  }
+  return text;
 }
 
 std::string FormatLiteral(const Op& op) {
@@ -1069,10 +1088,27 @@ absl::StatusOr<int32_t> FunctionBuilder::SimulatedCompute(int32_t x, int64_t dur
     return absl::InvalidArgumentError(
         absl::StrCat("simulated_compute: duration must be non-negative, got ", duration_ns, " ns"));
   }
+  // Checked without forming the sum, which could overflow.
+  if (duration_ns > kMaxSimulatedNs - ir_->simulated_ns_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "simulated_compute: a function's total simulated time must be at most ", kMaxSimulatedUs,
+        " us (one hour); it has ", Micros(ir_->simulated_ns_), " us, plus ", Micros(duration_ns),
+        " us"));
+  }
   Op op = MakeOp(OpKind::kSimulatedCompute, {x}, type(x));
   op.duration_ns = duration_ns;
   ir_->simulated_ns_ += duration_ns;
   return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::SimulatedComputeMicros(int32_t x, double microseconds) {
+  // Written so that NaN fails too; then the conversion is defined.
+  if (!(microseconds >= 0 && microseconds <= kMaxSimulatedUs)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "simulated_compute: duration must be a finite number of microseconds from 0 to ", kMaxSimulatedUs,
+        " (one hour), got ", Shortest(microseconds)));
+  }
+  return SimulatedCompute(x, std::llround(microseconds * 1000.0));
 }
 
 absl::StatusOr<std::shared_ptr<const FunctionIr>> FunctionBuilder::Build(

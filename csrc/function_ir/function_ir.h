@@ -189,6 +189,11 @@ class FunctionIr {
   int64_t simulated_ns_ = 0;
 };
 
+// The most simulated time one run of a function may take, summed over its
+// simulated_compute ops: one hour. A gang's device time (duration x devices,
+// up to 65536 devices) then stays far inside int64 nanoseconds.
+inline constexpr int64_t kMaxSimulatedNs = int64_t{3600} * 1'000'000'000;
+
 // Builds a FunctionIr op by op, inferring and checking types as it goes, so
 // that shape and dtype errors surface at trace time with the op's name and the
 // shapes involved. Not thread-safe; one builder per trace.
@@ -317,8 +322,13 @@ class FunctionBuilder {
   absl::StatusOr<int32_t> PsumScatter(int32_t x, absl::string_view axis_name, int64_t axis);
 
   // Identity on `x` that adds `duration_ns` to the function's simulated time.
-  // InvalidArgument for a negative duration.
+  // InvalidArgument for a negative duration, or if the function's total
+  // simulated time would exceed kMaxSimulatedNs.
   absl::StatusOr<int32_t> SimulatedCompute(int32_t x, int64_t duration_ns);
+  // The same with the duration in microseconds (pw.simulated_compute's
+  // unit); InvalidArgument also for NaN, infinities and durations beyond
+  // kMaxSimulatedNs.
+  absl::StatusOr<int32_t> SimulatedComputeMicros(int32_t x, double microseconds);
 
   // The type of value `v`. `v` must be a value of this builder.
   const ValueType& type(int32_t v) const { return ir_->ops_[v].type; }

@@ -48,6 +48,33 @@ TEST(OpKindNameTest, AllKinds) {
   EXPECT_EQ(ReduceKindName(ReduceKind::kArgmax), "argmax");
 }
 
+TEST(FunctionBuilderTest, SimulatedComputeValidatesDurations) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {2});
+  const std::string range = "simulated_compute: duration must be a finite number of microseconds from 0 to "
+                            "3600000000 (one hour), got ";
+  ExpectInvalid(b.SimulatedComputeMicros(x, std::numeric_limits<double>::quiet_NaN()).status(), range + "nan");
+  ExpectInvalid(b.SimulatedComputeMicros(x, std::numeric_limits<double>::infinity()).status(), range + "inf");
+  ExpectInvalid(b.SimulatedComputeMicros(x, -5).status(), range + "-5");
+  ExpectInvalid(b.SimulatedComputeMicros(x, 5e15).status(), range + "5e+15");
+  ExpectInvalid(b.SimulatedCompute(x, -1).status(), "simulated_compute: duration must be non-negative, got -1 ns");
+  // Two durations that fit alone but not together: the total is checked, never wrapped.
+  ASSERT_TRUE(b.SimulatedComputeMicros(x, 3e9).ok());
+  ExpectInvalid(b.SimulatedComputeMicros(x, 3e9).status(),
+                "simulated_compute: a function's total simulated time must be at most 3600000000 us (one hour); "
+                "it has 3000000000 us, plus 3000000000 us");
+  ExpectInvalid(b.SimulatedCompute(x, std::numeric_limits<int64_t>::max()).status(),
+                "simulated_compute: a function's total simulated time must be at most 3600000000 us (one hour); "
+                "it has 3000000000 us, plus 9223372036854775.807 us");
+  auto last = b.SimulatedComputeMicros(x, 6e8);  // exactly the limit
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(b.SimulatedCompute(x, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(b.SimulatedComputeMicros(x, 0).ok());
+  auto ir = b.Build({*last});
+  ASSERT_TRUE(ir.ok()) << ir.status();
+  EXPECT_EQ((*ir)->simulated_ns(), kMaxSimulatedNs);
+}
+
 TEST(FunctionBuilderTest, ParametersAreNumberedInOrder) {
   FunctionBuilder b("f", "");
   const int32_t x = b.Parameter(DType::kF32, {2, 3});

@@ -22,7 +22,7 @@ std::string VirtualDevice::ToString() const {
 ResourceManager::ResourceManager(const Cluster* cluster, DeviceListRegistry* registry)
     : cluster_(cluster), registry_(registry), load_(cluster->num_devices(), 0) {}
 
-absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int num_devices,
+absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int64_t num_devices,
                                                                         absl::string_view kind) {
   const std::string& have_kind = cluster_->options().device_kind;
   if (kind != have_kind) {
@@ -32,6 +32,11 @@ absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int num_
   if (num_devices < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("add_slice(", kind, "_devices=", num_devices, "): a slice needs at least one device"));
+  }
+  if (num_devices > kMaxDevices) {
+    return absl::InvalidArgumentError(absl::StrCat("add_slice(", kind, "_devices=", num_devices,
+                                                   "): a slice has at most ", kMaxDevices,
+                                                   " devices, the most a topology has"));
   }
   MutexLock lock(&mu_);
   // Least-loaded island that is large enough; ties go to the lower id.

@@ -64,10 +64,11 @@ class ResourceManager {
   ResourceManager(const Cluster* cluster, DeviceListRegistry* registry);
 
   // A slice of `num_devices` devices of `kind` on one island.
-  // InvalidArgument for num_devices < 1; NotFound for an unknown kind;
-  // ResourceExhausted when no island has that many devices; each message
-  // names what was asked and what the cluster has.
-  absl::StatusOr<std::shared_ptr<VirtualSlice>> AddSlice(int num_devices, absl::string_view kind);
+  // InvalidArgument for num_devices < 1 or > kMaxDevices (more than any
+  // topology has); NotFound for an unknown kind; ResourceExhausted when no
+  // island has that many devices; each message names what was asked and
+  // what the cluster has.
+  absl::StatusOr<std::shared_ptr<VirtualSlice>> AddSlice(int64_t num_devices, absl::string_view kind);
 
   // Live virtual devices mapped to each physical device, by device id.
   std::vector<int> DeviceLoads() const;

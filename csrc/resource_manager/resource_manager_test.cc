@@ -1,8 +1,10 @@
 #include "csrc/resource_manager/resource_manager.h"
 
+#include <limits>
 #include <numeric>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -62,6 +64,15 @@ TEST_F(ResourceManagerTest, ClearErrors) {
   EXPECT_NE(kind.status().message().find("'gpu'"), absl::string_view::npos);
   auto zero = rm_->AddSlice(0, "tpu");
   EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  // More devices than any topology has: a bad argument, whatever its size (no narrowing to int).
+  for (int64_t n : {int64_t{kMaxDevices} + 1, int64_t{1} << 32, std::numeric_limits<int64_t>::max()}) {
+    auto huge = rm_->AddSlice(n, "tpu");
+    EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument) << n;
+    EXPECT_NE(huge.status().message().find(absl::StrCat("add_slice(tpu_devices=", n, "): a slice has at most 65536")),
+              absl::string_view::npos)
+        << huge.status();
+  }
+  for (int l : rm_->DeviceLoads()) EXPECT_EQ(l, 0);
 }
 
 }  // namespace

@@ -18,15 +18,16 @@ class DeletedBufferError(RuntimeError): ...
 
 # --- Runtime and topology -------------------------------------------------
 
-def configure(spec: str) -> None:
-    """Sets the topology of the default runtime, e.g. "islands=2,hosts_per_island=2,devices_per_host=4,device_memory=1GiB,executor_threads=2".
+def configure(items: Sequence[tuple[str, str]]) -> None:
+    """Sets the topology of the default runtime from (key, value) pairs, e.g. [("islands", "2"), ("device_memory", "1GiB")].
 
-    Raises RuntimeError if the runtime already started, ValueError for a bad spec.
+    Keys and value syntax as in PATHWAYS_TOPOLOGY; each value is parsed alone.
+    Raises ValueError for a bad key or value (checked first), RuntimeError if the runtime already started.
     """
 
 def is_started() -> bool: ...
-def topology() -> dict[str, int]:
-    """Keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads. Starts the runtime."""
+def topology() -> dict[str, Union[int, float]]:
+    """Keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, control_latency_us. Starts the runtime."""
 
 def devices() -> list[Device]: ...
 def memory_stats() -> dict[str, int]:
@@ -58,7 +59,7 @@ class Device:
 # --- Resource manager -----------------------------------------------------
 
 def add_slice(num_devices: int, kind: str) -> VirtualSlice:
-    """Raises ValueError (num_devices < 1), NotFoundError (unknown kind), ResourceExhaustedError (no island that large)."""
+    """Raises ValueError (num_devices < 1 or > 65536, any Python int), NotFoundError (unknown kind), ResourceExhaustedError (no island that large)."""
 
 class VirtualSlice:
     id: int

@@ -9,9 +9,10 @@ compiled functions on the slice's virtual devices (Figure 2).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Optional, Union
 
-from pathways import _core
+from pathways import _checks, _core
 
 __all__ = [
     "configure",
@@ -21,14 +22,6 @@ __all__ = [
     "VirtualDeviceSet",
     "VirtualSlice",
 ]
-
-
-def _int_at_least(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"configure: {name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"configure: {name} must be at least {minimum}, got {value}")
-    return value
 
 
 def configure(
@@ -55,47 +48,55 @@ def configure(
       islands: Number of islands (connected to each other by DCN).
       hosts_per_island: Hosts per island.
       devices_per_host: Devices per host (devices of an island share ICI).
+        Each count is at least 1, and islands x hosts_per_island x
+        devices_per_host is at most 65536 devices.
       device_memory: Memory of each device: an int of bytes, or a string with
-        a unit such as "512MiB" or "1GiB".
-      executor_threads: Worker threads of the runtime's executor (0: one per
-        core, at most 4).
+        a unit such as "512MiB" or "1GiB" (an integer, then B, KiB, MiB, GiB
+        or TiB); from 1 byte to 1TiB.
+      executor_threads: Worker threads of the runtime's executor, 0 to 256
+        (0: one per core, at most 4).
       control_latency_us: Modeled latency of a control message between the
-        client and a host or between hosts (DCN) on the dispatch path; 0 (the
-        default) models none. Parallel dispatch pays it once per program,
-        sequential dispatch once per node (paper §4.5, Figure 7).
+        client and a host or between hosts (DCN) on the dispatch path, a
+        finite number from 0 to 1000000 (1 s); 0 (the default) models none.
+        Parallel dispatch pays it once per program, sequential dispatch once
+        per node (paper §4.5, Figure 7).
+
+    The same limits apply to `PATHWAYS_TOPOLOGY`, with the same errors.
 
     Raises:
       RuntimeError: If the runtime has already started (any call that touches
         devices starts it).
       TypeError: If a value has the wrong type.
-      ValueError: If a value is out of range or the spec is malformed.
+      ValueError: If a value is malformed or out of range (the message names
+        the key and its limit).
     """
-    parts = []
+    # Each value goes to the core on its own, never spliced into a spec.
+    items = []
     for name, value in (
         ("islands", islands),
         ("hosts_per_island", hosts_per_island),
         ("devices_per_host", devices_per_host),
+        ("executor_threads", executor_threads),
     ):
         if value is not None:
-            parts.append(f"{name}={_int_at_least(name, value, 1)}")
+            items.append((name, str(_checks.integer("configure", name, value))))
     if device_memory is not None:
-        if isinstance(device_memory, str):
-            parts.append(f"device_memory={device_memory.strip()}")
-        else:
-            parts.append(f"device_memory={_int_at_least('device_memory', device_memory, 1)}B")
-    if executor_threads is not None:
-        parts.append(f"executor_threads={_int_at_least('executor_threads', executor_threads, 0)}")
+        if not isinstance(device_memory, str):
+            if isinstance(device_memory, bool) or not isinstance(device_memory, numbers.Integral):
+                raise TypeError(
+                    "configure: device_memory must be an int of bytes or a str like '512MiB', "
+                    f"got {device_memory!r}"
+                )
+            device_memory = str(int(device_memory))
+        items.append(("device_memory", device_memory))
     if control_latency_us is not None:
-        if isinstance(control_latency_us, bool) or not isinstance(control_latency_us, (int, float)):
-            raise TypeError(f"configure: control_latency_us must be a number, got {control_latency_us!r}")
-        if control_latency_us < 0:
-            raise ValueError(f"configure: control_latency_us must be >= 0, got {control_latency_us}")
-        parts.append(f"control_latency_us={float(control_latency_us)}")
-    if not parts:
+        us = _checks.real("configure", "control_latency_us", control_latency_us)
+        items.append(("control_latency_us", repr(us)))
+    if not items:
         if _core.is_started():
             raise RuntimeError("configure() must be called before the runtime starts")
         return
-    _core.configure(",".join(parts))
+    _core.configure(items)
 
 
 def devices() -> list:
@@ -117,7 +118,7 @@ def topology() -> dict:
 
     Returns:
       A dict with keys `islands`, `hosts_per_island`, `devices_per_host`,
-      `device_memory` (bytes) and `executor_threads`.
+      `device_memory` (bytes), `executor_threads` and `control_latency_us`.
     """
     return _core.topology()
 
@@ -212,7 +213,8 @@ class VirtualDeviceSet:
         Raises:
           TypeError: Unless exactly one keyword of the form `<kind>_devices`
             with an int value is given.
-          ValueError: If `n` < 1.
+          ValueError: If `n` < 1 or `n` > 65536 (more devices than any
+            topology has).
           NotFoundError: If no device has that kind.
           ResourceExhaustedError: If no island has `n` devices.
         """

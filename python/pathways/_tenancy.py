@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
+from collections.abc import Iterable
 from typing import Any, Iterator, Optional, Sequence
 
-from pathways import _core
+from pathways import _checks, _core
 from pathways._program import _check_dispatch
 from pathways._tracing import _state
 
@@ -46,14 +48,15 @@ class Client:
 
     Args:
       name: A name for traces and stats (need not be unique).
-      weight: Proportional-share weight, > 0.
+      weight: Proportional-share weight, a number > 0 and <= 1e9.
 
     Raises:
-      ValueError: If the weight is not positive.
+      TypeError: If the weight is not a number.
+      ValueError: If the weight is not in (0, 1e9].
     """
 
     def __init__(self, name: str, weight: float = 1.0):
-        self._core = _core.create_client(str(name), float(weight))
+        self._core = _core.create_client(str(name), _checks.real("Client", "weight", weight))
         self._saved: list = []
 
     @property
@@ -94,9 +97,10 @@ def set_scheduling_policy(policy: str) -> None:
         (start-time fair queueing over clients' weights).
 
     Raises:
+      TypeError: If `policy` is not a str.
       ValueError: For an unknown policy.
     """
-    _core.set_scheduling_policy(policy)
+    _core.set_scheduling_policy(_checks.string("set_scheduling_policy", "policy", policy))
 
 
 def scheduling_policy() -> str:
@@ -191,7 +195,7 @@ class Timeline:
                 busy[dev] = busy.get(dev, 0.0) + (end - start) * 1e-9
         return busy
 
-    def export_chrome_trace(self, path: str, devices: Optional[Sequence[int]] = None) -> None:
+    def export_chrome_trace(self, path: str, devices: Optional[Sequence[Any]] = None) -> None:
         """Writes the timeline as Chrome/Perfetto trace-event JSON.
 
         One track (thread) per device, grouped in one process per host, named
@@ -199,10 +203,16 @@ class Timeline:
 
         Args:
           path: File to write.
-          devices: Device ids to include (default: every device that ran something).
+          devices: The devices to include, as device ids, `pw.Device`s or
+            virtual devices (their physical devices); default: every device
+            that ran something.
+
+        Raises:
+          TypeError: If `devices` is not a sequence of those (a str is not).
+          ValueError: If `devices` names a device id the runtime does not have.
         """
         info = {d.id: d for d in _core.devices()}
-        wanted = None if devices is None else set(devices)
+        wanted = None if devices is None else _device_ids(devices, len(info))
         trace: list = []
         tracks: set = set()
         for ev in self.events():
@@ -243,6 +253,30 @@ class Timeline:
             json.dump({"traceEvents": meta + trace, "displayTimeUnit": "ms"}, f)
 
 
+def _device_ids(devices: Any, num_devices: int) -> set:
+    """export_chrome_trace's `devices` as a set of physical device ids."""
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Iterable):
+        raise TypeError(
+            f"export_chrome_trace: devices must be a sequence of device ids or devices, got {devices!r}"
+        )
+    ids = set()
+    for d in devices:
+        if isinstance(d, _core.Device):
+            d = d.id
+        elif isinstance(d, _core.VirtualDevice):
+            d = d.physical.id
+        elif isinstance(d, bool) or not isinstance(d, numbers.Integral):
+            raise TypeError(
+                f"export_chrome_trace: devices must hold device ids (int) or devices, got {d!r} in {devices!r}"
+            )
+        if not 0 <= d < num_devices:
+            raise ValueError(
+                f"export_chrome_trace: devices has unknown device id {d}; the devices are 0..{num_devices - 1}"
+            )
+        ids.add(int(d))
+    return ids
+
+
 @contextlib.contextmanager
 def timeline() -> Iterator[Timeline]:
     """Records what every device runs in this scope (all threads and clients).
@@ -252,16 +286,20 @@ def timeline() -> Iterator[Timeline]:
     submitting), so every gang of the scope is in the timeline. A gang that
     started before the scope has a negative `start_us`.
 
+    Scopes may nest, and several threads may record at once: each timeline
+    gets every gang that finished while it was open, so an outer scope also
+    has the gangs of the scopes inside it.
+
     Yields:
       A `Timeline`, filled when the scope exits.
     """
     tl = Timeline()
-    _core.timeline_start()
+    session = _core.timeline_start()
     try:
         yield tl
     finally:
         try:
             _core.await_submitted()  # interruptible (Ctrl-C)
         finally:
-            tl._raw = _core.timeline_stop()
+            tl._raw = _core.timeline_stop(session)
             tl.wall_seconds = (_core.now_ns() - tl._origin_ns) * 1e-9

@@ -21,7 +21,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from pathways import _core
+from pathways import _checks, _core
 from pathways._pytree import PyTreeDef, flat_tuple_treedef, tree_flatten, tree_unflatten
 
 __all__ = [
@@ -1201,15 +1201,20 @@ def simulated_compute(x: Any, microseconds: float) -> Any:
 
     Args:
       x: A traced value (or pytree of them) of the enclosing pmap'd function.
-      microseconds: Simulated device time, >= 0.
+      microseconds: Simulated device time: a finite number from 0 to
+        3.6e9 (one hour). The durations of one function add up, and their
+        total is limited to one hour too.
 
     Returns:
       `x`, unchanged.
 
     Raises:
       TracerError: Outside a function traced by `pw.pmap`.
-      ValueError: For a negative duration.
+      TypeError: If `microseconds` is not a number.
+      ValueError: For a negative, NaN, infinite or too long duration, or a
+        function whose total simulated time exceeds one hour.
     """
+    microseconds = _checks.real("simulated_compute", "microseconds", microseconds)
     trace = _state.function
     if trace is None:
         raise TracerError(
@@ -1223,5 +1228,5 @@ def simulated_compute(x: Any, microseconds: float) -> Any:
                 f"simulated_compute in {trace.where()} needs traced values, got {type(leaf).__name__}"
             )
         leaf._check()
-        out.append(bind(trace, "simulated_compute", (leaf,), microseconds=float(microseconds)))
+        out.append(bind(trace, "simulated_compute", (leaf,), microseconds=microseconds))
     return tree_unflatten(treedef, out)

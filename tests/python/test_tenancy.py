@@ -136,7 +136,7 @@ def test_client_and_policy_errors():
     with pytest.raises(pw.TracerError, match="inside a function traced by pw.pmap"):
         pw.simulated_compute(np.zeros(2), 10)
     tpus = get_devices(2)
-    with pytest.raises(ValueError, match="duration must be non-negative"):
+    with pytest.raises(ValueError, match="duration must be a finite number of microseconds from 0"):
         pw.pmap(lambda x: pw.simulated_compute(x, -5), devices=tpus)(np.zeros(2))
     out = pw.pmap(lambda x: pw.simulated_compute(x, 0) + 1.0, devices=tpus)(np.zeros(2))
     np.testing.assert_array_equal(np.asarray(out), [1.0, 1.0])
