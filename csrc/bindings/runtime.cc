@@ -110,6 +110,7 @@ void RegisterRuntime(py::module_& m) {
       .def_property_readonly("island", [](const Device& d) { return d.island()->id(); })
       .def_property_readonly("host", [](const Device& d) { return d.host()->id(); })
       .def_property_readonly("memory_capacity", &Device::memory_capacity)
+      .def_property_readonly("failed", &Device::failed)
       .def("bytes_in_use", [](const Device& d) { return GetRuntime().object_stores().LiveBytesOn(&d); })
       .def("bytes_reserved", [](const Device& d) { return GetRuntime().object_stores().For(&d).bytes_in_use(&d); })
       .def("__eq__", [](const Device& a, py::object b) {
@@ -200,6 +201,12 @@ void RegisterRuntime(py::module_& m) {
   });
 
   // Any Python int: counts beyond int64 get the error of counts beyond the limit.
+  m.def("fail_devices", [](const std::vector<int>& ids) {
+    Runtime& rt = GetRuntime();
+    std::vector<Device*> devices;
+    for (int id : ids) devices.push_back(ValueOrThrow(rt.cluster().device(id)));
+    rt.FailDevices(devices);
+  }, py::arg("ids"));
   m.def("add_slice", [](const py::int_& num_devices, const std::string& kind) {
     int overflow = 0;
     const long long n = PyLong_AsLongLongAndOverflow(num_devices.ptr(), &overflow);

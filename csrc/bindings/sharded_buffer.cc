@@ -39,6 +39,7 @@ void AwaitOrThrow(const ShardedBuffer& buffer) {
     WaitInterruptibly([&](int64_t timeout_ns) { return buffer.AwaitFor(timeout_ns); });
   }
   ThrowIfError(buffer.status());
+  ThrowIfError(buffer.devices()->CheckHealthy());  // its shards went with a failed device
 }
 
 namespace {

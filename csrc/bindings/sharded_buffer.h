@@ -30,8 +30,9 @@ struct PyShardedBuffer {
 };
 
 // Waits for `buffer` with the GIL released, interruptibly (waiting.h);
-// raises the producer's error. RuntimeError in a forked child (base/fork.h),
-// where a pending buffer would never complete.
+// raises the producer's error, or DeviceFailedError if one of its devices
+// failed. RuntimeError in a forked child (base/fork.h), where a pending
+// buffer would never complete.
 void AwaitOrThrow(const ShardedBuffer& buffer);
 
 // numpy dtype for `dtype`, and back (TypeError for other dtypes).

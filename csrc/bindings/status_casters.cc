@@ -13,6 +13,7 @@ PyObject* pathways_error = nullptr;
 PyObject* not_found_error = nullptr;
 PyObject* resource_exhausted_error = nullptr;
 PyObject* deleted_buffer_error = nullptr;
+PyObject* device_failed_error = nullptr;
 
 PyObject* NewException(py::module_& m, const char* name, PyObject* base, const char* doc) {
   const std::string qualified = std::string("pathways.") + name;
@@ -30,6 +31,8 @@ void RegisterExceptions(py::module_& m) {
                                  "A request named a device, device kind or object that does not exist.");
   resource_exhausted_error = NewException(m, "ResourceExhaustedError", pathways_error,
                                           "Device memory or devices ran out for a request.");
+  device_failed_error = NewException(m, "DeviceFailedError", pathways_error,
+                                     "A device (or the host holding it) failed under a computation or a buffer.");
   deleted_buffer_error =
       NewException(m, "DeletedBufferError", PyExc_RuntimeError, "A ShardedBuffer was used after delete().");
 }
@@ -52,6 +55,9 @@ void ThrowStatus(const absl::Status& status) {
       break;
     case absl::StatusCode::kUnimplemented:
       type = PyExc_NotImplementedError;
+      break;
+    case absl::StatusCode::kUnavailable:
+      type = device_failed_error;
       break;
     default:
       break;

@@ -7,6 +7,7 @@
 //   ResourceExhausted  -> pathways.ResourceExhaustedError (a PathwaysError)
 //   FailedPrecondition -> RuntimeError
 //   Unimplemented      -> NotImplementedError
+//   Unavailable        -> pathways.DeviceFailedError (a PathwaysError)
 //   anything else      -> pathways.PathwaysError (a RuntimeError)
 
 #include <utility>

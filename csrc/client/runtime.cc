@@ -175,6 +175,17 @@ absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Runtime::Execute(con
   return dispatcher_->Execute(program, args, options);
 }
 
+void Runtime::FailDevices(absl::Span<Device* const> devices) {
+  bool any = false;
+  for (Device* d : devices) any = d->MarkFailed() || any;
+  if (!any) return;
+  // Gangs on those devices in their simulated time finish now, failed.
+  delays_->HurryIf([](Runnable* job) {
+    auto* gang = dynamic_cast<GangTask*>(job);
+    return gang != nullptr && gang->OnFailedDevice();
+  });
+}
+
 std::vector<int64_t> Runtime::SubmissionMarks() {
   std::vector<int64_t> marks;
   marks.reserve(schedulers_.size());

@@ -78,6 +78,14 @@ class Runtime {
   // Sets the scheduling policy of every island's gang scheduler.
   void SetSchedulingPolicy(SchedulingPolicy policy);
 
+  // Fault injection (paper §4.6; pw.testing): marks `devices` failed, for
+  // good. Work on them fails with Unavailable naming the device: gangs that
+  // have not started fail when they come to run (without running kernels),
+  // gangs in their simulated time fail at once, transfers from or to them
+  // fail, and the error flows to every dependent. The other devices keep
+  // working. Thread-safe.
+  void FailDevices(absl::Span<Device* const> devices);
+
   // Places host data (row-major `dtype`, global `dims`) on `devices`.
   // Cancelled after Shutdown().
   absl::StatusOr<std::shared_ptr<ShardedBuffer>> DevicePut(DType dtype, Dims dims, const void* data,

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "csrc/base/spin.h"
 #include "csrc/program_ir/lowering.h"
 #include "csrc/program_ir/testing_programs.h"
@@ -243,6 +244,50 @@ TEST_P(RuntimeTest, ShutdownCancelsQueuedWorkPromptly) {
             absl::StatusCode::kCancelled);
   EXPECT_EQ(rt->DevicePut(DType::kF64, {2}, in, slice->devices()).status().code(), absl::StatusCode::kCancelled);
   rt->Shutdown();  // idempotent
+}
+
+// A device fails under a program: the gang in its simulated time fails at
+// once, its dependents fail without running (the last one would take 100 s),
+// the error names the device, and other devices keep working.
+TEST_P(RuntimeTest, FailedDeviceFailsItsWorkAndItsDependentsPromptly) {
+  auto rt = MakeRuntime(GetParam());
+  auto slice = *rt->resource_manager().AddSlice(2, "tpu");
+  auto other = *rt->resource_manager().AddSlice(2, "tpu");
+  auto slow = [&](int64_t ns, const std::shared_ptr<VirtualSlice>& on) {
+    FunctionBuilder b("slow", "i");
+    const int32_t x = b.Parameter(DType::kF64, {});
+    auto ir = *b.Build({*b.SimulatedCompute(x, ns)});
+    return *CompiledFunction::Create(*FunctionExecutable::Compile(ir), testing::AllOf(on), &rt->registry());
+  };
+  auto first = slow(100'000'000'000, slice);  // 100 s
+  auto moved = slow(100'000'000'000, other);  // its input is transferred to another slice
+  ProgramBuilder pb("chain");
+  const int v = *pb.AddArg(DType::kF64, {2});
+  const int a = (*pb.AddCall(first, {v}))[0];
+  const int b = (*pb.AddCall(first, {a}))[0];
+  const int c = (*pb.AddCall(moved, {b}))[0];
+  auto chain = *Lower(*pb.Build({a, c}));
+  const double in[] = {1.0, 2.0};
+  auto outs = *rt->Execute(*chain, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // `a` is in its simulated time
+  EXPECT_FALSE(outs[0]->IsDone());
+  Device* victim = slice->devices()->devices()[1];
+  rt->FailDevices({victim});
+  EXPECT_TRUE(victim->failed());
+  for (const auto& out : outs) {
+    absl::Status s = out->Await();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("device ", victim->id()))) << s;
+  }
+  EXPECT_TRUE(absl::StrContains(outs[0]->status().message(), "'slow' in program 'chain' failed")) << outs[0]->status();
+  // The other slice still computes (Figure 2 on fresh slices of the other island).
+  std::vector<std::shared_ptr<VirtualSlice>> slices;
+  auto fig2 = *Lower(testing::Figure2(rt->resource_manager(), 2, &slices));
+  for (const auto& s : slices) ASSERT_EQ(s->devices()->FailedDevice(), nullptr);
+  auto ok = *rt->Execute(*fig2, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ASSERT_TRUE(ok[0]->Await().ok()) << ok[0]->status();
+  EXPECT_EQ(Values(*ok[0]), (std::vector<double>{3.0, 5.0}));
+  rt->AwaitQuiescence();
 }
 
 INSTANTIATE_TEST_SUITE_P(ExecutorThreads, RuntimeTest, ::testing::Values(1, 2, 4));

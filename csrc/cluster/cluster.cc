@@ -149,6 +149,12 @@ std::string Device::ToString() const {
   return absl::StrCat(kind, "Device(id=", id_, ", island=", island_->id(), ", host=", host_->id(), ")");
 }
 
+bool Device::MarkFailed() {
+  if (failed_.exchange(true, std::memory_order_acq_rel)) return false;
+  island_->num_failed_.fetch_add(1, std::memory_order_acq_rel);
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(const TopologyOptions& options) {
   PW_RETURN_IF_ERROR(ValidateTopology(options));
   auto cluster = std::unique_ptr<Cluster>(new Cluster());

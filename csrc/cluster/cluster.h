@@ -11,6 +11,7 @@
 //
 // A Cluster is immutable after Create() and thread-safe.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -85,8 +86,16 @@ class Device {
   // "TpuDevice(id=3, island=0, host=1)"
   std::string ToString() const;
 
+  // Failure (for fault injection; see Runtime::FailDevices). A failed device
+  // stays failed: work placed on it fails with Unavailable (DeviceFailure),
+  // and buffers on it cannot be read.
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // Marks the device failed; false if it already was. Thread-safe.
+  bool MarkFailed();
+
  private:
   friend class Cluster;
+  std::atomic<bool> failed_{false};
   int id_ = 0, index_in_host_ = 0, index_in_island_ = 0;
   const std::string* kind_ = nullptr;
   int64_t memory_capacity_ = 0;
@@ -112,9 +121,13 @@ class Island {
   int id() const { return id_; }
   const std::vector<Host*>& hosts() const { return hosts_; }
   const std::vector<Device*>& devices() const { return devices_; }
+  // How many of its devices have failed: 0 makes failure checks O(1).
+  int num_failed() const { return num_failed_.load(std::memory_order_acquire); }
 
  private:
   friend class Cluster;
+  friend class Device;
+  std::atomic<int> num_failed_{0};
   int id_ = 0;
   std::vector<Host*> hosts_;
   std::vector<Device*> devices_;

@@ -51,6 +51,21 @@ absl::StatusOr<const DeviceList*> DeviceListRegistry::Intern(absl::Span<Device* 
   return result;
 }
 
+const Device* DeviceList::FailedDevice() const {
+  if (island_ != nullptr && island_->num_failed() == 0) return nullptr;
+  for (const Device* d : devices_) {
+    if (d->failed()) return d;
+  }
+  return nullptr;
+}
+
+absl::Status DeviceList::CheckHealthy() const {
+  const Device* failed = FailedDevice();
+  if (failed == nullptr) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("device ", failed->id(), " (island ", failed->island()->id(),
+                                             ", host ", failed->host()->id(), ") has failed"));
+}
+
 std::vector<int> DeviceListRegistry::DeviceIds(int id) {
   MutexLock lock(&mu_);
   std::vector<int> ids;

@@ -31,6 +31,13 @@ class DeviceList {
   // Dense id, 0.. in order of interning (for per-list tables).
   int id() const { return id_; }
 
+  // A failed device of the list (Device::failed()), or nullptr. O(1) while
+  // its island has no failed device; a scan of the list otherwise.
+  const Device* FailedDevice() const;
+  // OK, or Unavailable naming the first failed device of the list: the
+  // status of work placed on it and of reading buffers on it.
+  absl::Status CheckHealthy() const;
+
  private:
   friend class DeviceListRegistry;
   int id_ = 0;

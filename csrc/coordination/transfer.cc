@@ -34,6 +34,8 @@ void TransferTask::OnBufferDone(const absl::Status&, ReadyList* ready) { ready->
 
 void TransferTask::Run(RunContext& ctx) {
   absl::Status status = src_->status();
+  if (status.ok()) status = src_->devices()->CheckHealthy();
+  if (status.ok()) status = dst_->devices()->CheckHealthy();
   if (status.ok()) {
     std::memcpy(dst_->data(), src_->data(), static_cast<size_t>(src_->total_bytes()));
     if (link_ == LinkKind::kDcn) {

@@ -62,6 +62,7 @@ void GangTask::Run(RunContext& ctx) {
     failed_ = absl::CancelledError(absl::StrCat("'", fn_->name(), "' in program '", program_->name(),
                                                 "' was cancelled: the pathways runtime shut down"));
   }
+  CheckDevices();
   for (const auto& in : inputs_) {
     if (!failed_.ok()) break;
     if (absl::Status s = in->status(); !s.ok()) failed_ = std::move(s);
@@ -82,7 +83,16 @@ void GangTask::Run(RunContext& ctx) {
   Finish(ctx);
 }
 
+void GangTask::CheckDevices() {
+  if (!failed_.ok()) return;
+  if (absl::Status health = gang_devices()->CheckHealthy(); !health.ok()) {
+    failed_ = absl::Status(health.code(), absl::StrCat("'", fn_->name(), "' in program '", program_->name(),
+                                                       "' failed: ", health.message()));
+  }
+}
+
 void GangTask::Finish(RunContext& ctx) {
+  CheckDevices();  // a device may have failed during the simulated time
   const int64_t end_ns = NowNanos();
   // Record and charge before completing: once the outputs are ready a waiter
   // may stop the timeline or read the stats, and must see this gang.

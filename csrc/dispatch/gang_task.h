@@ -51,6 +51,11 @@ class GangTask final : public Gang {
 
   void Run(RunContext& ctx) override;
 
+  // True if a device of the gang has failed (see Device::failed()): the
+  // runtime then completes it early, with the failure, if it is in its
+  // simulated time.
+  bool OnFailedDevice() const { return gang_devices()->FailedDevice() != nullptr; }
+
  protected:
   void OnAtHeadOfAllQueues(ReadyList* ready) override { CountDown(ready); }
   bool InputsSequenced() const override;
@@ -72,6 +77,8 @@ class GangTask final : public Gang {
   void CountDown(ReadyList* ready) {
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) ready->Push(this);
   }
+  // Fails the gang (failed_) if one of its devices has failed.
+  void CheckDevices();
   void Finish(RunContext& ctx);
 
   std::shared_ptr<const ProgramIr> program_;

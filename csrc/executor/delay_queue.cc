@@ -21,6 +21,25 @@ void DelayQueue::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void DelayQueue::HurryIf(absl::FunctionRef<bool(Runnable*)> due) {
+  MutexLock lock(&mu_);
+  std::vector<Entry> entries;
+  entries.reserve(heap_.size());
+  while (!heap_.empty()) {
+    entries.push_back(heap_.top());
+    heap_.pop();
+  }
+  bool any = false;
+  for (Entry& e : entries) {
+    if (due(e.job)) {
+      e.deadline_ns = 0;  // keeps its insertion order among the hurried
+      any = true;
+    }
+    heap_.push(e);
+  }
+  if (any) cv_.Signal();
+}
+
 void DelayQueue::Hurry() {
   MutexLock lock(&mu_);
   hurry_ = true;

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "csrc/base/mutex.h"
 #include "csrc/base/runnable.h"
 
@@ -41,6 +42,9 @@ class DelayQueue {
   // as soon as the thread gets to them (for cancelling simulated work at
   // shutdown). Irreversible.
   void Hurry();
+  // Makes the pending jobs for which `due(job)` is true due now (their
+  // deadlines pass at once). For failing work early; O(pending jobs).
+  void HurryIf(absl::FunctionRef<bool(Runnable*)> due);
   // Runs the jobs still pending (early), then joins the thread. Idempotent;
   // jobs added afterwards never run.
   void Stop();

@@ -39,11 +39,15 @@ absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int64_t 
                                                    " devices, the most a topology has"));
   }
   MutexLock lock(&mu_);
-  // Least-loaded island that is large enough; ties go to the lower id.
+  // Least-loaded island with enough healthy devices; ties go to the lower id.
+  // Failed devices (fault injection) are never given out.
+  auto healthy = [](const Island* island) {
+    return static_cast<int>(island->devices().size()) - island->num_failed();
+  };
   Island* best = nullptr;
   int64_t best_load = 0;
   for (Island* island : cluster_->islands()) {
-    if (static_cast<int>(island->devices().size()) < num_devices) continue;
+    if (healthy(island) < num_devices) continue;
     int64_t total = 0;
     for (Device* d : island->devices()) total += load_[d->id()];
     if (best == nullptr || total < best_load) {
@@ -54,7 +58,8 @@ absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int64_t 
   if (best == nullptr) {
     std::vector<std::string> sizes;
     for (Island* island : cluster_->islands()) {
-      sizes.push_back(absl::StrCat("island ", island->id(), ": ", island->devices().size()));
+      sizes.push_back(absl::StrCat("island ", island->id(), ": ", healthy(island),
+                                   island->num_failed() > 0 ? " healthy" : ""));
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         "add_slice(", kind, "_devices=", num_devices, "): no island has ", num_devices, " ", kind,
@@ -62,7 +67,10 @@ absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int64_t 
   }
   // Least-loaded devices of that island, in id order among equals, so that
   // slices of a host's size line up with hosts.
-  std::vector<Device*> candidates = best->devices();
+  std::vector<Device*> candidates;
+  for (Device* d : best->devices()) {
+    if (!d->failed()) candidates.push_back(d);
+  }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](Device* a, Device* b) { return load_[a->id()] < load_[b->id()]; });
   candidates.resize(num_devices);

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -73,6 +74,23 @@ TEST_F(ResourceManagerTest, ClearErrors) {
         << huge.status();
   }
   for (int l : rm_->DeviceLoads()) EXPECT_EQ(l, 0);
+}
+
+TEST_F(ResourceManagerTest, NeverGivesOutFailedDevices) {
+  Device* failed = cluster_->islands()[0]->devices()[0];
+  ASSERT_TRUE(failed->MarkFailed());
+  EXPECT_FALSE(failed->MarkFailed());  // once
+  std::vector<std::shared_ptr<VirtualSlice>> slices;
+  for (int i = 0; i < 6; ++i) {
+    slices.push_back(*rm_->AddSlice(7, "tpu"));
+    for (Device* d : slices.back()->devices()->devices()) EXPECT_FALSE(d->failed());
+  }
+  auto eight = *rm_->AddSlice(8, "tpu");  // only island 1 has 8 healthy devices
+  EXPECT_EQ(eight->island()->id(), 1);
+  cluster_->islands()[1]->devices()[3]->MarkFailed();
+  auto none = rm_->AddSlice(8, "tpu");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "island 0: 7 healthy, island 1: 7 healthy")) << none.status();
 }
 
 }  // namespace

@@ -57,6 +57,7 @@ from pathways._tracing import (
 from pathways._autodiff import grad, stop_gradient, value_and_grad
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
+from pathways import testing  # pw.testing: fault injection
 from pathways._tenancy import (
     Client,
     Timeline,
@@ -77,6 +78,7 @@ PathwaysError = _core.PathwaysError
 NotFoundError = _core.NotFoundError
 ResourceExhaustedError = _core.ResourceExhaustedError
 DeletedBufferError = _core.DeletedBufferError
+DeviceFailedError = _core.DeviceFailedError
 memory_stats = _core.memory_stats
 transfer_stats = _core.transfer_stats
 scheduler_stats = _core.scheduler_stats
@@ -197,5 +199,6 @@ __all__ = [
     "NotFoundError",
     "ResourceExhaustedError",
     "DeletedBufferError",
+    "DeviceFailedError",
     "TracerError",
 ]

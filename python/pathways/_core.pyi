@@ -15,6 +15,7 @@ class PathwaysError(RuntimeError): ...
 class NotFoundError(ValueError): ...
 class ResourceExhaustedError(PathwaysError): ...
 class DeletedBufferError(RuntimeError): ...
+class DeviceFailedError(PathwaysError): ...
 
 # --- Runtime and topology -------------------------------------------------
 
@@ -40,10 +41,13 @@ def scheduler_stats() -> list[dict[str, int]]:
     """One dict per island: {"island", "enqueued", "in_flight"}."""
 
 def await_quiescence() -> None:
-    """Blocks (GIL released) until all dispatched gangs have finished."""
+    """Blocks (GIL released, Ctrl-C interrupts) until all dispatched gangs have finished."""
 
 def shutdown() -> None:
-    """Stops the executors after in-flight work (registered with atexit by pathways)."""
+    """Shuts the runtime down: cancels work not started, then stops its threads (registered with atexit by pathways)."""
+
+def fail_devices(ids: Sequence[int]) -> None:
+    """Marks the devices with these ids failed, for good (pw.testing). NotFoundError for an unknown id."""
 
 class Device:
     id: int
@@ -51,6 +55,7 @@ class Device:
     island: int
     host: int
     memory_capacity: int
+    failed: bool
     def bytes_in_use(self) -> int: ...
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import numbers
-from collections.abc import Iterable
 from typing import Any, Iterator, Optional, Sequence
 
 from pathways import _checks, _core
@@ -212,7 +210,7 @@ class Timeline:
           ValueError: If `devices` names a device id the runtime does not have.
         """
         info = {d.id: d for d in _core.devices()}
-        wanted = None if devices is None else _device_ids(devices, len(info))
+        wanted = None if devices is None else _checks.device_ids("export_chrome_trace", "devices", devices)
         trace: list = []
         tracks: set = set()
         for ev in self.events():
@@ -251,30 +249,6 @@ class Timeline:
             )
         with open(path, "w") as f:
             json.dump({"traceEvents": meta + trace, "displayTimeUnit": "ms"}, f)
-
-
-def _device_ids(devices: Any, num_devices: int) -> set:
-    """export_chrome_trace's `devices` as a set of physical device ids."""
-    if isinstance(devices, (str, bytes)) or not isinstance(devices, Iterable):
-        raise TypeError(
-            f"export_chrome_trace: devices must be a sequence of device ids or devices, got {devices!r}"
-        )
-    ids = set()
-    for d in devices:
-        if isinstance(d, _core.Device):
-            d = d.id
-        elif isinstance(d, _core.VirtualDevice):
-            d = d.physical.id
-        elif isinstance(d, bool) or not isinstance(d, numbers.Integral):
-            raise TypeError(
-                f"export_chrome_trace: devices must hold device ids (int) or devices, got {d!r} in {devices!r}"
-            )
-        if not 0 <= d < num_devices:
-            raise ValueError(
-                f"export_chrome_trace: devices has unknown device id {d}; the devices are 0..{num_devices - 1}"
-            )
-        ids.add(int(d))
-    return ids
 
 
 @contextlib.contextmanager

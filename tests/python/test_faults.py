@@ -1,0 +1,111 @@
+"""Fault injection (pw.testing) and errors that flow through futures (paper §4.6).
+
+A failed device stays failed, so each case runs in a fresh subprocess. The
+programs use 600-second simulated kernels: if a failed gang or one of its
+dependents waited out its simulated time, the subprocess would time out.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import pathways as pw
+
+
+_PRELUDE = """
+import gc, numpy as np
+import pathways as pw
+def slow(x):
+    return pw.simulated_compute(x + 1., 600_000_000)  # 600 s
+def expect_failure(buf, device):
+    try:
+        np.asarray(buf)
+    except pw.DeviceFailedError as e:
+        assert f"device {device} " in str(e), str(e)
+        return str(e)
+    raise AssertionError("no DeviceFailedError")
+"""
+
+
+def test_failed_device_fails_its_gang_and_dependents_and_the_rest_runs(python_subprocess):
+    out = python_subprocess(_PRELUDE + """
+a = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+b = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus  # the other island
+f, g = pw.pmap(slow, devices=a), pw.pmap(slow, devices=b)
+h = pw.pmap(lambda x: x * 2., devices=b)
+
+@pw.program
+def chain(x):
+    y = f(x)     # runs 600 s on `a` ...
+    z = f(y)     # ... then this
+    return y, g(z), h(z)   # g and h on the other slice, after a transfer
+
+baseline = pw.memory_stats()["bytes_in_use"]
+y, gz, hz = chain(np.zeros(2))
+victim = a[1].physical
+pw.testing.fail_device(a[1])
+print(expect_failure(y, victim.id))
+for out in (gz, hz):   # dependents fail with the same error, without running
+    expect_failure(out, victim.id)
+print(victim.failed, pw.testing.failed_devices() == [victim.id])
+# The rest keeps working, the failed slice does not.
+print(np.asarray(h(np.ones(2))))
+expect_failure(pw.pmap(lambda x: x + 1., devices=a)(np.ones(2)), victim.id)
+del y, gz, hz, out
+gc.collect()
+pw._core.await_quiescence()
+print(pw.memory_stats()["bytes_in_use"] == baseline)
+""")
+    lines = out.splitlines()
+    assert lines[0].startswith("'slow' in program 'chain' failed: device ")
+    assert lines[0].endswith("has failed")
+    assert lines[1:] == ["True True", "[2. 2.]", "True"]
+
+
+def test_failed_host_loses_its_buffers_and_new_slices_avoid_it(python_subprocess):
+    out = python_subprocess(_PRELUDE + """
+tpus = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus   # all of island 0: hosts 0 and 1
+ready = pw.device_put(np.arange(8.), tpus)
+host = tpus[5].physical.host
+pw.testing.fail_host(host)
+failed = sorted(pw.testing.failed_devices())
+print(failed == [d.id for d in pw.devices() if d.host == host])
+expect_failure(ready, failed[0])  # a ready buffer on the host is lost with it
+kept = []
+for _ in range(4):  # island 0 has 4 healthy devices left; none are failed ones
+    kept.append(pw.make_virtual_device_set().add_slice(tpu_devices=4).tpus)
+    assert not any(d.physical.failed for d in kept[-1]), kept[-1]
+pw.make_virtual_device_set().add_slice(tpu_devices=8)  # island 1 still has 8
+pw.testing.fail_host(next(d.host for d in pw.devices() if d.island == 1))
+try:
+    pw.make_virtual_device_set().add_slice(tpu_devices=8)
+except pw.ResourceExhaustedError as e:
+    print("island 0: 4 healthy, island 1: 4 healthy" in str(e))
+""")
+    assert out.splitlines() == ["True", "True"]
+
+
+def test_device_put_onto_a_failed_device_cannot_be_read(python_subprocess):
+    out = python_subprocess(_PRELUDE + """
+tpus = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+pw.testing.fail_device(tpus[0].physical.id)
+print(expect_failure(pw.device_put(np.ones(2), tpus), tpus[0].physical.id))
+""")
+    assert out.strip().startswith("device ")
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: pw.testing.fail_device("ab"), TypeError, "fail_device: devices must hold device ids"),
+        (lambda: pw.testing.fail_device(10_000), ValueError, "fail_device: devices has unknown device id 10000"),
+        (lambda: pw.testing.fail_device(None), TypeError, "fail_device: devices must hold device ids"),
+        (lambda: pw.testing.fail_host(1.5), TypeError, "fail_host: host must be an int"),
+        (lambda: pw.testing.fail_host(99), ValueError, "fail_host: unknown host 99"),
+    ],
+)
+def test_bad_arguments_name_the_parameter(runtime_ok, call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+    assert pw.testing.failed_devices() == []
+    runtime_ok()
