@@ -1,7 +1,6 @@
 #include "csrc/kernels/matmul.h"
 
 #include <algorithm>
-#include <cassert>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -9,6 +8,8 @@
 // OpenBLAS's cblas.h (with its blasint and CBLAS_* enums). Debian keeps it in
 // /usr/include/<multiarch>/openblas-<variant>/; CMake finds the directory.
 #include <cblas.h>
+
+#include "csrc/base/check.h"
 
 namespace pw {
 namespace {
@@ -169,7 +170,8 @@ void BatchedProduct(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 void BatchedMatmul(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                    int64_t batch, const void* a, const int64_t* a_offsets, const void* b,
                    const int64_t* b_offsets, void* out) {
-  assert(FitsBlasInt(m) && FitsBlasInt(n) && FitsBlasInt(k) && batch >= 0);
+  PW_DCHECK(FitsBlasInt(m) && FitsBlasInt(n) && FitsBlasInt(k) && batch >= 0,
+            "matmul sizes are checked at trace time to fit BLAS's int");
   if (m == 0 || n == 0 || batch == 0) return;
   if (k == 0) {
     // Empty sums. Done here so neither BLAS nor the integer loop has to

@@ -1,7 +1,8 @@
 #include "csrc/scheduler/gang_scheduler.h"
 
 #include <algorithm>
-#include <cassert>
+
+#include "csrc/base/check.h"
 
 namespace pw {
 namespace {
@@ -36,7 +37,7 @@ GangScheduler::ListQueue* GangScheduler::QueueForLocked(const DeviceList* device
   // never per gang.
   std::vector<uint8_t> mine(island_->devices().size(), 0);
   for (Device* d : devices->devices()) {
-    assert(d->island() == island_);
+    PW_DCHECK(d->island() == island_, "a device list of a gang lies on its scheduler's island");
     mine[d->index_in_island()] = 1;
   }
   for (ListQueue* other : all_lists_) {
@@ -139,7 +140,8 @@ void GangScheduler::Complete(Gang* gang, ReadyList* ready, int64_t busy_ns) {
     --in_flight_;
     ListQueue* q = lists_.at(gang->devices_).get();
     q->busy_ns += busy_ns;
-    assert(!q->ordered.empty() && q->ordered.front() == gang);
+    PW_DCHECK(!q->ordered.empty() && q->ordered.front() == gang,
+              "only the gang at the head of its list's queue runs, so it is the one completing");
     q->ordered.pop_front();
     if (!q->ordered.empty()) MaybeNotifyLocked(q->ordered.front(), q, &notify);
     for (ListQueue* other : q->overlaps) {
