@@ -67,13 +67,13 @@ absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int64_t 
   }
   // Least-loaded devices of that island, in id order among equals, so that
   // slices of a host's size line up with hosts.
-  std::vector<Device*> candidates;
+  std::vector<std::pair<int, Device*>> by_load;  // (load, device) of the healthy devices
   for (Device* d : best->devices()) {
-    if (!d->failed()) candidates.push_back(d);
+    if (!d->failed()) by_load.emplace_back(load_[d->id()], d);
   }
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [&](Device* a, Device* b) { return load_[a->id()] < load_[b->id()]; });
-  candidates.resize(num_devices);
+  std::stable_sort(by_load.begin(), by_load.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Device*> candidates;
+  for (int i = 0; i < num_devices; ++i) candidates.push_back(by_load[i].second);
   std::sort(candidates.begin(), candidates.end(), [](Device* a, Device* b) { return a->id() < b->id(); });
   auto list = registry_->Intern(candidates);
   if (!list.ok()) return list.status();

@@ -114,7 +114,8 @@ TEST_F(GangSchedulerTest, LaterGangWaitsForHeadOfEveryQueue) {
 // deadlock), never two at once on a device, and each device must run its
 // gangs in island order.
 TEST_P(GangSchedulerTest, ConcurrentSubmittersKeepOneConsistentOrder) {
-  const auto [num_submitters, num_runners] = GetParam();
+  // Not a structured binding: clang 14 cannot capture those in lambdas.
+  const int num_submitters = std::get<0>(GetParam()), num_runners = std::get<1>(GetParam());
   constexpr int kGangsPerSubmitter = 400;
   GangScheduler scheduler(cluster_->islands()[0]);
   DeviceLog log(8);
