@@ -1,5 +1,7 @@
 #include "csrc/base/dtype.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -87,6 +89,8 @@ int64_t NumElements(absl::Span<const int64_t> dims) {
 }
 
 absl::StatusOr<int64_t> CheckedNumBytes(absl::string_view what, DType dtype, absl::Span<const int64_t> dims) {
+  // The product skips zero dimensions, so that the strides of an empty array
+  // (products of its other dimensions) are bounded too.
   int64_t bytes = DTypeSize(dtype);
   bool too_large = false, empty = false;
   for (int64_t d : dims) {
@@ -95,14 +99,14 @@ absl::StatusOr<int64_t> CheckedNumBytes(absl::string_view what, DType dtype, abs
           absl::StrCat(what, ": negative dimension in ", TypeToString(dtype, dims)));
     }
     empty = empty || d == 0;
-    too_large = too_large || __builtin_mul_overflow(bytes, d, &bytes) || bytes > kMaxArrayBytes;
+    too_large = too_large || __builtin_mul_overflow(bytes, std::max<int64_t>(d, 1), &bytes) ||
+                bytes > kMaxArrayBytes;
   }
-  if (empty) return 0;  // any other dimension is fine in an empty array
   if (too_large) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", TypeToString(dtype, dims),
                                                    " is too large (over 2^40 bytes per shard)"));
   }
-  return bytes;
+  return empty ? 0 : bytes;
 }
 
 std::string DimsToString(absl::Span<const int64_t> dims) {

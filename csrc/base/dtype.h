@@ -55,7 +55,8 @@ inline constexpr int64_t kMaxArrayBytes = int64_t{1} << 40;
 
 // Bytes of an array of `dtype` and `dims`, or InvalidArgument, naming `what`
 // and the type, for a negative dimension or more than kMaxArrayBytes bytes
-// (no overflow on the way).
+// (no overflow on the way). An empty array is held to the same bound with its
+// zero dimensions counted as 1, so no stride of any array overflows.
 absl::StatusOr<int64_t> CheckedNumBytes(absl::string_view what, DType dtype, absl::Span<const int64_t> dims);
 
 // "(2, 3)" as numpy prints a shape.

@@ -45,8 +45,10 @@ TEST(DTypeTest, CheckedNumBytesRejectsNegativeAndHugeShapesWithoutOverflow) {
   EXPECT_EQ(*CheckedNumBytes("x", DType::kF64, {2, 3}), 48);
   EXPECT_EQ(*CheckedNumBytes("x", DType::kBool, {}), 1);
   EXPECT_EQ(*CheckedNumBytes("x", DType::kF32, {int64_t{1} << 38}), kMaxArrayBytes);
-  // Empty arrays are empty whatever the other dimensions.
-  EXPECT_EQ(*CheckedNumBytes("x", DType::kF32, {INT64_MAX, INT64_MAX, 0}), 0);
+  // Empty arrays have no bytes, but their other dimensions are bounded too
+  // (their strides are products of those).
+  EXPECT_EQ(*CheckedNumBytes("x", DType::kF32, {1 << 20, 0, 1 << 10}), 0);
+  EXPECT_FALSE(CheckedNumBytes("x", DType::kF32, {INT64_MAX, 0, 7}).ok());
   auto negative = CheckedNumBytes("reshape", DType::kF32, {2, -1});
   EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(negative.status().message(), "reshape: negative dimension in f32[2,-1]");

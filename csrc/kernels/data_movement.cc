@@ -41,6 +41,10 @@ void Simplify(CopyPlan& p) {
 
 template <typename E>
 void CopyElements(const CopyPlan& p, const E* src, E* dst) {
+  int64_t total = 1;
+  for (int64_t d : p.dims) total *= d;
+  // Before any pointer arithmetic: an empty value's pointer may be null.
+  if (total == 0) return;
   src += p.src_offset;
   dst += p.dst_offset;
   const size_t rank = p.dims.size();
@@ -48,9 +52,6 @@ void CopyElements(const CopyPlan& p, const E* src, E* dst) {
     *dst = *src;
     return;
   }
-  int64_t total = 1;
-  for (int64_t d : p.dims) total *= d;
-  if (total == 0) return;
   const int64_t inner = p.dims[rank - 1];
   const int64_t ss = p.src_strides[rank - 1];
   const int64_t ds = p.dst_strides[rank - 1];
