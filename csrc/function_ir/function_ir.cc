@@ -900,6 +900,9 @@ absl::StatusOr<int32_t> FunctionBuilder::Pad(int32_t x, const std::vector<int64_
   op.pad_lo = lo;
   op.pad_hi = hi;
   op.pad_interior = interior;
+  for (size_t d = 0; d < tx.dims.size(); ++d) {
+    if (tx.dims[d] <= 1) op.pad_interior[d] = 0;  // nothing lies between: the same op, with no huge strides
+  }
   return Add(std::move(op));
 }
 
