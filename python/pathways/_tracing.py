@@ -485,13 +485,9 @@ class Tracer(_TracerBase):
 
     def _reduce(self, op: str, axis: Any, keepdims: bool) -> "Tracer":
         trace = self._check()
-        if axis is None:
-            axes = None
-        elif isinstance(axis, (tuple, list)):
-            axes = [operator.index(a) for a in axis]
-        else:
-            axes = [operator.index(axis)]
-        return bind(trace, "reduce", (self,), kind=op, axes=axes, keepdims=bool(keepdims))
+        axes = _checks.axes(op, "axis", axis)
+        return bind(trace, "reduce", (self,), kind=op, axes=None if axes is None else list(axes),
+                    keepdims=bool(keepdims))
 
     def sum(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
         """Sum over `axis` (None, int or tuple), as numpy; bool/int32 sum to int32."""
@@ -511,9 +507,7 @@ class Tracer(_TracerBase):
 
     def argmax(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
         """Index of the first maximum along `axis` (None: flattened), as int32."""
-        if isinstance(axis, (tuple, list)):
-            raise TypeError(f"argmax takes an int axis or None, got {axis!r}")
-        return self._reduce("argmax", axis, keepdims)
+        return self._reduce("argmax", _checks.optional_index("argmax", "axis", axis), keepdims)
 
     # --- Not traceable (yet) ------------------------------------------------
 
@@ -1112,7 +1106,7 @@ def all_gather(x: Any, axis_name: str, axis: int = 0) -> Any:
       NameError: If `axis_name` is not bound by the enclosing pmap.
       ValueError: If `axis` is out of range.
     """
-    a = operator.index(axis)
+    a = _checks.index("all_gather", "axis", axis)
     return _map_leaves("all_gather", x, axis_name, axis=a)
 
 
@@ -1148,8 +1142,8 @@ def all_to_all(x: Any, axis_name: str, split_axis: int, concat_axis: int) -> Any
         "all_to_all",
         x,
         axis_name,
-        split_axis=operator.index(split_axis),
-        concat_axis=operator.index(concat_axis),
+        split_axis=_checks.index("all_to_all", "split_axis", split_axis),
+        concat_axis=_checks.index("all_to_all", "concat_axis", concat_axis),
     )
 
 
@@ -1166,7 +1160,10 @@ def psum_scatter(x: Any, axis_name: str, scatter_dimension: int = 0) -> Any:
         number of devices.
     """
     return _map_leaves(
-        "psum_scatter", x, axis_name, scatter_dimension=operator.index(scatter_dimension)
+        "psum_scatter",
+        x,
+        axis_name,
+        scatter_dimension=_checks.index("psum_scatter", "scatter_dimension", scatter_dimension),
     )
 
 

@@ -30,6 +30,77 @@ def raises(error, message):
     assert type(info.value) is error, repr(info.value)
 
 
+# --- 3. axes: every op's axis parameters through one check --------------------------
+
+AXIS_OPS = [
+    # (op, parameter, fn of a traced f32[2,3] and the bad axis)
+    ("sum", "axis", lambda x, a: x.sum(axis=a)),
+    ("sum", "axis", lambda x, a: pnp.sum(x, a)),
+    ("mean", "axis", lambda x, a: x.mean(axis=(0, a))),
+    ("mean", "axis", lambda x, a: pnp.mean(x, axis=a)),
+    ("max", "axis", lambda x, a: x.max(a)),
+    ("max", "axis", lambda x, a: pnp.max(x, axis=[a])),
+    ("min", "axis", lambda x, a: x.min(axis=a, keepdims=True)),
+    ("min", "axis", lambda x, a: pnp.min(x, axis=a)),
+    ("argmax", "axis", lambda x, a: x.argmax(axis=a)),
+    ("argmax", "axis", lambda x, a: pnp.argmax(x, axis=a)),
+    ("var", "axis", lambda x, a: pnp.var(x, axis=a)),
+    ("std", "axis", lambda x, a: x.std(a)),
+    ("all_to_all", "split_axis", lambda x, a: pw.all_to_all(x, "i", a, 1)),
+    ("all_to_all", "concat_axis", lambda x, a: pw.all_to_all(x, "i", 0, a)),
+    ("all_gather", "axis", lambda x, a: pw.all_gather(x, "i", axis=a)),
+    ("psum_scatter", "scatter_dimension", lambda x, a: pw.psum_scatter(x, "i", a)),
+    ("squeeze", "axis", lambda x, a: pnp.squeeze(x, a)),
+    ("squeeze", "axis", lambda x, a: x.squeeze(axis=a)),
+    ("expand_dims", "axis", lambda x, a: pnp.expand_dims(x, a)),
+    ("moveaxis", "source", lambda x, a: pnp.moveaxis(x, a, 0)),
+    ("moveaxis", "destination", lambda x, a: pnp.moveaxis(x, 0, a)),
+    ("swapaxes", "axis1", lambda x, a: x.swapaxes(a, 0)),
+    ("transpose", "axes", lambda x, a: x.transpose(a, 0)),
+    ("transpose", "axes", lambda x, a: pnp.transpose(x, (0, a))),
+    ("concatenate", "axis", lambda x, a: pnp.concatenate([x, x], axis=a)),
+    ("stack", "axis", lambda x, a: pnp.stack([x, x], axis=a)),
+    ("flip", "axis", lambda x, a: pnp.flip(x, a)),
+    ("take", "axis", lambda x, a: pnp.take(x, np.array([0]), axis=a)),
+    ("take", "axis", lambda x, a: x.take(np.array([0]), axis=a)),
+    ("reshape", "shape", lambda x, a: x.reshape(a, -1)),
+    ("broadcast_to", "shape", lambda x, a: pnp.broadcast_to(x, (a, 2, 3))),
+    ("softmax", "axis", lambda x, a: pw.nn.softmax(x, axis=a)),
+    ("logsumexp", "axis", lambda x, a: pw.nn.logsumexp(x, axis=a)),
+    ("layer_norm", "axis", lambda x, a: pw.nn.layer_norm(x, axis=a)),
+    ("one_hot", "axis", lambda x, a: pw.nn.one_hot(x.astype(np.int32), 3, axis=a)),
+]
+
+
+@pytest.mark.parametrize("bad", [1.0, "0", None], ids=["float", "str", "None"])
+@pytest.mark.parametrize("op, param, fn", AXIS_OPS, ids=[f"{o}-{p}-{i}" for i, (o, p, _) in enumerate(AXIS_OPS)])
+def test_axis_of_wrong_type_names_op_and_parameter(runtime_ok, op, param, fn, bad):
+    # None means "all axes" where an op takes it; elsewhere it is a wrong type too.
+    try:
+        run(lambda x: fn(x, bad))
+    except TypeError as e:
+        assert type(e) is TypeError, repr(e)
+        assert re.match(rf"{op}: {param} must be (None, |None or )?an int( or a tuple of ints)?, got ", str(e)), e
+        assert repr(bad) in str(e), e
+    else:
+        assert bad is None, f"{op} took {param}={bad!r}"
+    runtime_ok()
+
+
+def test_axes_beyond_int64_are_out_of_range(runtime_ok):
+    with raises(ValueError, re.escape(f"sum: axis {2**70} is out of range")):
+        run(lambda x: x.sum(axis=2**70))
+    with raises(ValueError, re.escape(f"all_gather: axis {-(2**64)} is out of range")):
+        run(lambda x: pw.all_gather(x, "i", axis=-(2**64)))
+    runtime_ok()
+
+
+def test_axes_take_numpy_integers(runtime_ok):
+    out = run(lambda x: x.sum(axis=np.int64(1)) + pnp.squeeze(pnp.expand_dims(x, np.int32(0)), 0).sum(axis=(np.int8(-1),)))
+    np.testing.assert_array_equal(np.asarray(out), 2 * X.sum(axis=2))
+    runtime_ok()
+
+
 # --- 7. one exception type per mistake, whichever path finds it -------------------------
 
 

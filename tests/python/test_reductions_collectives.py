@@ -210,7 +210,7 @@ def test_trace_time_errors(fn, message):
 
 def test_argmax_rejects_tuple_axis():
     x = np.zeros((2, 3, 4), np.float32)
-    with pytest.raises(TypeError, match="argmax takes an int axis or None"):
+    with pytest.raises(TypeError, match=re.escape("argmax: axis must be None or an int")):
         pw.pmap(lambda a: a.argmax(axis=(0, 1)), devices=devices(2))(x)
 
 
