@@ -709,11 +709,11 @@ absl::StatusOr<int32_t> FunctionBuilder::Ppermute(
   for (const auto& [src, dst] : perm) {
     if (src < 0 || src >= n || dst < 0 || dst >= n) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "ppermute: pair (%d, %d) is out of range for %d shards", src, dst, n));
+          "ppermute: perm pair (%d, %d) is out of range for %d shards", src, dst, n));
     }
     if (used[src] || source[dst] >= 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "ppermute: pair (%d, %d) repeats a source or destination", src, dst));
+          "ppermute: perm pair (%d, %d) repeats a source or destination", src, dst));
     }
     used[src] = true;
     source[dst] = src;

@@ -492,9 +492,9 @@ TEST(FunctionBuilderTest, CollectiveTypesAndErrors) {
   ASSERT_TRUE(pp.ok());
   EXPECT_EQ(b.type(*pp).ToString(), "i32[2,3]");
   ExpectInvalid(b.Ppermute(x, "i", {{0, 4}}).status(),
-                "ppermute: pair (0, 4) is out of range for 4 shards");
+                "ppermute: perm pair (0, 4) is out of range for 4 shards");
   ExpectInvalid(b.Ppermute(x, "i", {{0, 1}, {0, 2}}).status(),
-                "ppermute: pair (0, 2) repeats a source or destination");
+                "ppermute: perm pair (0, 2) repeats a source or destination");
   auto ir = b.Build({*mean, *idx, *g, *pp});
   ASSERT_TRUE(ir.ok());
   EXPECT_TRUE((*ir)->has_collectives());

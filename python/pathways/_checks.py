@@ -115,3 +115,28 @@ def axes(where: str, name: str, value: Any) -> Optional[tuple]:
         return None
     return _ints(where, name, value, "None, an int or a tuple of ints")
 
+
+def int_pairs(where: str, name: str, value: Any) -> list:
+    """A sequence of pairs of ints (e.g. ppermute's (source, destination) pairs), as a list of tuples.
+
+    Raises:
+      TypeError: For anything else (None, a flat list of ints, triples, non-integers),
+        naming `where` and `name` and the first bad entry.
+      ValueError: For an integer beyond int64.
+    """
+    expected = f"{where}: {name} must be a sequence of pairs of ints"
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{expected}, got {value!r}")
+    pairs = []
+    for k, pair in enumerate(value):
+        indexable = hasattr(pair, "__getitem__") and not isinstance(pair, (str, bytes, dict))
+        if (
+            not indexable
+            or len(pair) != 2
+            or _index(pair[0]) is None
+            or _index(pair[1]) is None
+        ):
+            raise TypeError(f"{expected}, got {value!r} (entry {k} is {pair!r})")
+        pairs.append((index(where, name, pair[0]), index(where, name, pair[1])))
+    return pairs
+

@@ -14,7 +14,6 @@ every cache fill is guarded by a lock.
 from __future__ import annotations
 
 import functools
-import operator
 import re
 import threading
 from typing import Any, Callable, NamedTuple, Optional, Sequence
@@ -1117,11 +1116,11 @@ def ppermute(x: Any, axis_name: str, perm: Sequence[tuple]) -> Any:
     zeros. Each source and destination may appear at most once.
 
     Raises:
+      TypeError: If `perm` is not a sequence of pairs of ints.
       NameError: If `axis_name` is not bound by the enclosing pmap.
       ValueError: For an out-of-range or repeated source or destination.
     """
-    pairs = [(operator.index(s), operator.index(d)) for s, d in perm]
-    return _map_leaves("ppermute", x, axis_name, perm=pairs)
+    return _map_leaves("ppermute", x, axis_name, perm=_checks.int_pairs("ppermute", "perm", perm))
 
 
 def all_to_all(x: Any, axis_name: str, split_axis: int, concat_axis: int) -> Any:

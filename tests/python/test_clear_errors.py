@@ -30,6 +30,53 @@ def raises(error, message):
     assert type(info.value) is error, repr(info.value)
 
 
+# --- 2. ppermute's permutation -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "perm, entry",
+    [
+        ([(0, 1, 2)], " (entry 0 is (0, 1, 2))"),
+        (None, ""),
+        ([0, 1], " (entry 0 is 0)"),
+        ([(0.0, 1)], " (entry 0 is (0.0, 1))"),
+        ([(0, 1), ("1", 0)], " (entry 1 is ('1', 0))"),
+        ([(True, 0)], " (entry 0 is (True, 0))"),
+        (3, ""),
+        ("01", ""),
+        ([{0, 1}], " (entry 0 is {0, 1})"),
+    ],
+)
+def test_ppermute_perm_structure_is_a_type_error(runtime_ok, perm, entry):
+    message = f"ppermute: perm must be a sequence of pairs of ints, got {perm!r}{entry}"
+    with raises(TypeError, re.escape(message)):
+        run(lambda x: pw.ppermute(x, "i", perm))
+    runtime_ok()
+
+
+@pytest.mark.parametrize(
+    "perm, message",
+    [
+        ([(0, 2)], "ppermute: perm pair (0, 2) is out of range for 2 shards"),
+        ([(-1, 0)], "ppermute: perm pair (-1, 0) is out of range for 2 shards"),
+        ([(0, 1), (0, 0)], "ppermute: perm pair (0, 0) repeats a source or destination"),
+        ([(0, 1), (1, 1)], "ppermute: perm pair (1, 1) repeats a source or destination"),
+        ([(2**70, 0)], f"ppermute: perm {2**70} is out of range"),
+    ],
+)
+def test_ppermute_perm_values_are_value_errors(runtime_ok, perm, message):
+    with raises(ValueError, re.escape(message)):
+        run(lambda x: pw.ppermute(x, "i", perm))
+    runtime_ok()
+
+
+def test_ppermute_takes_tuples_lists_and_arrays_of_pairs(runtime_ok):
+    for perm in [((0, 1), (1, 0)), [[0, 1], [1, 0]], np.array([[0, 1], [1, 0]]), [(np.int64(0), 1)]]:
+        out = np.asarray(run(lambda x: pw.ppermute(x, "i", perm)))
+        np.testing.assert_array_equal(out[1], X[0])
+    runtime_ok()
+
+
 # --- 3. axes: every op's axis parameters through one check --------------------------
 
 AXIS_OPS = [

@@ -194,10 +194,10 @@ def test_collective_of_reduction():
         (lambda a: a.min(axis=(0, 5)), "min: axis 5 is out of range for f32[3,4]"),
         (lambda a: a.argmax(axis=3), "argmax: axis 3 is out of range for f32[3,4]"),
         (lambda a: pw.all_gather(a, "i", axis=3), "all_gather: axis 3 is out of range for f32[3,4]"),
-        (lambda a: pw.ppermute(a, "i", [(0, 2)]), "ppermute: pair (0, 2) is out of range for 2 shards"),
+        (lambda a: pw.ppermute(a, "i", [(0, 2)]), "ppermute: perm pair (0, 2) is out of range for 2 shards"),
         (
             lambda a: pw.ppermute(a, "i", [(0, 1), (1, 1)]),
-            "ppermute: pair (1, 1) repeats a source or destination",
+            "ppermute: perm pair (1, 1) repeats a source or destination",
         ),
         # pmean of bool, a wrong operand dtype, is a TypeError (test_clear_errors.py).
     ],
