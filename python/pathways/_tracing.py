@@ -700,23 +700,15 @@ def _to_array(leaf: Any) -> Any:
 
 
 def _check_devices(devices: Any) -> list:
-    from pathways._devices import VirtualSlice  # Local: avoids an import cycle.
-
-    if isinstance(devices, VirtualSlice):
-        devices = devices.devices
-    try:
-        devices = list(devices)
-    except TypeError:
-        devices = [devices]
-    for d in devices:
-        if not isinstance(d, _VirtualDevice):
-            raise TypeError(
-                f"pmap needs virtual devices from "
-                f"`pw.make_virtual_device_set().add_slice(tpu_devices=n).tpus`, got {d!r} "
-                f"({type(d).__name__})"
-            )
+    devices = _checks.devices(
+        "pmap",
+        devices,
+        (_VirtualDevice,),
+        "virtual devices from `pw.make_virtual_device_set().add_slice(tpu_devices=n).tpus` "
+        "(or that VirtualSlice)",
+    )
     if not devices:
-        raise ValueError("pmap needs at least one device, got an empty device list")
+        raise ValueError("pmap: devices must hold at least one device, got an empty device list")
     return devices
 
 
@@ -736,6 +728,10 @@ class PmapFunction:
         self._fn = fn
         self._name = getattr(fn, "__name__", type(fn).__name__)
         self._devices = None if devices is None else _check_devices(devices)
+        if axis_name is not None:
+            _checks.string("pmap", "axis_name", axis_name)
+            if not axis_name:
+                raise ValueError("pmap: axis_name must be a non-empty str (or None), got ''")
         self._axis_name = axis_name
         self._cache: dict = {}
         self._lock = threading.RLock()
@@ -1003,18 +999,21 @@ def pmap(
         (tuples, lists, dicts, None) of arrays; it is traced once per input
         signature, so it must not branch on array values.
       devices: Virtual devices, e.g. `slice.tpus` from
-        `pw.make_virtual_device_set().add_slice(tpu_devices=n)`. If None, a
-        slice of `n` TPUs is allocated (and cached) on first call, with `n`
-        the leading axis size of the first argument.
-      axis_name: The name of the mapped axis, for collectives like `pw.psum`.
+        `pw.make_virtual_device_set().add_slice(tpu_devices=n)` (or that
+        `VirtualSlice`). If None, a slice of `n` TPUs is allocated (and
+        cached) on first call, with `n` the leading axis size of the first
+        argument.
+      axis_name: The name of the mapped axis, for collectives like
+        `pw.psum`: a non-empty str, or None.
 
     Returns:
       A `PmapFunction` wrapping `fn`.
 
     Raises:
-      TypeError: If `devices` holds anything but `VirtualDevice`s (e.g.
-        physical devices from `pw.devices()`).
-      ValueError: If `devices` is empty.
+      TypeError: If `fn` is not callable, `devices` holds anything but
+        `VirtualDevice`s (e.g. physical devices from `pw.devices()`), or
+        `axis_name` is not a str.
+      ValueError: If `devices` or `axis_name` is empty.
     """
     if not callable(fn):
         raise TypeError(f"pmap expects a callable, got {fn!r}")

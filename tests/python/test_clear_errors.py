@@ -30,6 +30,58 @@ def raises(error, message):
     assert type(info.value) is error, repr(info.value)
 
 
+# --- 1. pmap's own arguments, checked when pmap is called ----------------------
+
+
+@pytest.mark.parametrize("axis_name", [3, b"i", ("i",), 1.5])
+def test_pmap_axis_name_must_be_a_str(tpus2, runtime_ok, axis_name):
+    with raises(TypeError, re.escape(f"pmap: axis_name must be a str, got {axis_name!r}")):
+        pw.pmap(lambda x: x, devices=tpus2, axis_name=axis_name)
+    with raises(TypeError, "pmap: axis_name must be a str"):
+        pw.PmapFunction(lambda x: x, None, axis_name)
+    runtime_ok()
+
+
+def test_pmap_axis_name_must_not_be_empty(tpus2, runtime_ok):
+    with raises(ValueError, re.escape("pmap: axis_name must be a non-empty str (or None), got ''")):
+        pw.pmap(lambda x: x, devices=tpus2, axis_name="")
+    runtime_ok()
+
+
+@pytest.mark.parametrize(
+    "devices, shown",
+    [
+        (3, "got 3"),
+        ("tpu:0", "got 'tpu:0'"),
+        ([None], r"got None \(NoneType\) at index 0"),
+        (["tpu:0", "tpu:1"], r"got 'tpu:0' \(str\) at index 0"),
+        ("physical", r"got TpuDevice\(id=0, .*\) \(Device\) at index 0"),
+    ],
+)
+def test_pmap_devices_must_be_virtual_devices(runtime_ok, devices, shown):
+    if devices == "physical":
+        devices = pw.devices()[:2]
+    with raises(TypeError, r"pmap: devices must be virtual devices from `pw\.make_virtual_device_set\(\)"
+                           r"\.add_slice\(tpu_devices=n\)\.tpus` \(or that VirtualSlice\), " + shown):
+        pw.pmap(lambda x: x, devices=devices)
+    runtime_ok()
+
+
+def test_pmap_devices_must_not_be_empty(runtime_ok):
+    with raises(ValueError, re.escape("pmap: devices must hold at least one device")):
+        pw.pmap(lambda x: x, devices=[])
+    runtime_ok()
+
+
+def test_pmap_takes_a_slice_a_device_or_a_generator_of_devices(runtime_ok):
+    vslice = pw.make_virtual_device_set().add_slice(tpu_devices=2)
+    for devices in (vslice, (d for d in vslice.tpus)):
+        out = pw.pmap(lambda x: x + 1.0, devices=devices)(np.zeros(2))
+        np.testing.assert_array_equal(np.asarray(out), [1.0, 1.0])
+    assert pw.pmap(lambda x: x, devices=vslice.tpus[0]).devices == [vslice.tpus[0]]
+    runtime_ok()
+
+
 # --- 2. ppermute's permutation -----------------------------------------------------
 
 
@@ -145,6 +197,29 @@ def test_axes_beyond_int64_are_out_of_range(runtime_ok):
 def test_axes_take_numpy_integers(runtime_ok):
     out = run(lambda x: x.sum(axis=np.int64(1)) + pnp.squeeze(pnp.expand_dims(x, np.int32(0)), 0).sum(axis=(np.int8(-1),)))
     np.testing.assert_array_equal(np.asarray(out), 2 * X.sum(axis=2))
+    runtime_ok()
+
+
+# --- 4. device_put's devices --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "devices, shown",
+    [(None, "got None"), (3, "got 3"), ("tpu:0", "got 'tpu:0'"), ([None, None], "got None (NoneType) at index 0")],
+)
+def test_device_put_devices_must_be_devices(runtime_ok, devices, shown):
+    with raises(TypeError, re.escape(
+        "device_put: devices must be a VirtualSlice or a sequence of devices (virtual ones such as a "
+        "slice's `.tpus`, or physical ones from pw.devices()), " + shown
+    )):
+        pw.device_put(np.zeros(2), devices)
+    runtime_ok()
+
+
+def test_device_put_takes_slices_and_physical_devices(runtime_ok):
+    vslice = pw.make_virtual_device_set().add_slice(tpu_devices=2)
+    for devices in (vslice, vslice.tpus, pw.devices()[:2]):
+        np.testing.assert_array_equal(np.asarray(pw.device_put(np.ones(2), devices)), [1.0, 1.0])
     runtime_ok()
 
 
