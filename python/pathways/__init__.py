@@ -103,7 +103,8 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
 
     Raises:
       ValueError: If a leading axis does not match the number of devices.
-      TypeError: For an unsupported dtype, or `devices` that are no devices.
+      TypeError: For an unsupported dtype or leaf, or `devices` that are no
+        devices.
       NotFoundError: For an unknown device.
     """
     devices = _checks.devices(
@@ -114,11 +115,11 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
         "or physical ones from pw.devices())",
     )
 
-    def put(leaf: Any) -> Any:
-        arr = np.asarray(_to_array(leaf), order="C")
-        return _core.device_put(arr, devices)
-
-    return tree_map(put, x)
+    leaves, treedef = tree_flatten(x)
+    return tree_unflatten(treedef, [
+        _core.device_put(np.asarray(_to_array(leaf, "device_put", i, "leaf"), order="C"), devices)
+        for i, leaf in enumerate(leaves)
+    ])
 
 
 def block_until_ready(tree: Any) -> Any:

@@ -668,7 +668,13 @@ def _ir_name(name: str) -> str:
     return cleaned or "fn"
 
 
-def _to_array(leaf: Any) -> Any:
+_ACCEPTED_LEAVES = (
+    "accepted: ShardedBuffers, numpy arrays, Python and numpy scalars (bool, int, float), "
+    "and pytrees of them (tuples, lists, dicts, None)"
+)
+
+
+def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str = "argument") -> Any:
     """A ShardedBuffer or numpy array for a concrete argument leaf.
 
     numpy arrays of float32, float64, int32 and bool keep their dtype (other
@@ -676,7 +682,14 @@ def _to_array(leaf: Any) -> Any:
     other integer arrays (numpy's default int64 included) and Python ints
     become int32, as in JAX; Python floats become float64 and bools bool.
 
+    Args:
+      leaf: The argument leaf.
+      where, i, what: For messages: the function, the leaf's index and what
+        leaves are called ("pmap of 'f'", 2, "argument").
+
     Raises:
+      TypeError: For a leaf that is no array or number (a set, a generator,
+        a dataclass, a str ...); it is not iterated.
       ValueError: For integers outside int32's range.
     """
     if type(leaf) is _ShardedBuffer:
@@ -688,6 +701,13 @@ def _to_array(leaf: Any) -> Any:
             f"escaped tracer: a traced value ({leaf.aval}) was used after its trace ended"
         )
     arr = np.asarray(leaf)
+    if arr.dtype.kind not in "biufc" and not isinstance(leaf, np.ndarray):
+        text = repr(leaf)
+        text = text if len(text) <= 60 else text[:57] + "..."
+        raise TypeError(
+            f"{where}: {what} {'' if i is None else f'{i} '}has type {type(leaf).__name__} "
+            f"({text}), not an array or number; {_ACCEPTED_LEAVES}"
+        )
     if arr.dtype.kind in "iu" and arr.dtype != np.int32:
         info = np.iinfo(np.int32)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
@@ -804,7 +824,7 @@ class PmapFunction:
         return tree_unflatten(entry.out_treedef, outs)
 
     def _call_slow(self, leaves: list, treedef: PyTreeDef) -> Any:
-        arrays = [_to_array(x) for x in leaves]
+        arrays = self._arrays(leaves)
         avals = [(tuple(x.shape), np.dtype(x.dtype)) for x in arrays]
         entry = self.get_compiled(treedef, avals)
         outs = entry.lowered.execute(
@@ -814,9 +834,13 @@ class PmapFunction:
         )
         return tree_unflatten(entry.out_treedef, outs)
 
+    def _arrays(self, leaves: list) -> list:
+        where = f"pmap of {self._name!r}"
+        return [_to_array(x, where, i) for i, x in enumerate(leaves)]
+
     def _prepare(self, args: tuple) -> tuple:
         leaves, treedef = tree_flatten(args)
-        arrays = [_to_array(x) for x in leaves]
+        arrays = self._arrays(leaves)
         return treedef, [(tuple(x.shape), np.dtype(x.dtype)) for x in arrays]
 
     def as_text(self, *args: Any) -> str:

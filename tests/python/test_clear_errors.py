@@ -4,6 +4,7 @@ runtime stays usable afterwards.
 """
 
 import contextlib
+import dataclasses
 import re
 
 import numpy as np
@@ -220,6 +221,82 @@ def test_device_put_takes_slices_and_physical_devices(runtime_ok):
     vslice = pw.make_virtual_device_set().add_slice(tpu_devices=2)
     for devices in (vslice, vslice.tpus, pw.devices()[:2]):
         np.testing.assert_array_equal(np.asarray(pw.device_put(np.ones(2), devices)), [1.0, 1.0])
+    runtime_ok()
+
+
+# --- 5. arguments that are no arrays ---------------------------------------------------
+
+
+@dataclasses.dataclass
+class Params:
+    w: np.ndarray
+
+
+def _generator():
+    yield np.zeros(2)
+
+
+ACCEPTED = re.escape(
+    "not an array or number; accepted: ShardedBuffers, numpy arrays, Python and numpy scalars "
+    "(bool, int, float), and pytrees of them (tuples, lists, dicts, None)"
+)
+NOT_ARRAYS = [
+    (Params(np.zeros(2)), "Params"),
+    ({1.0, 2.0}, "set"),
+    (frozenset([1.0]), "frozenset"),
+    (object(), "object"),
+    ("ab", "str"),
+    (b"ab", "bytes"),
+]
+
+
+@pytest.mark.parametrize("devices", [True, False], ids=["devices", "no-devices"])
+@pytest.mark.parametrize("arg, type_name", NOT_ARRAYS, ids=[t for _, t in NOT_ARRAYS])
+def test_pmap_argument_that_is_no_array(tpus2, runtime_ok, arg, type_name, devices):
+    def f(x, y):
+        return x
+
+    pf = pw.pmap(f, devices=tpus2 if devices else None)
+    with raises(TypeError, rf"pmap of 'f': argument 1 has type {type_name} \(.*\), " + ACCEPTED):
+        pf(np.zeros(2), arg)
+    # Argument numbers count the leaves of the flattened arguments.
+    with raises(TypeError, rf"pmap of 'f': argument 2 has type {type_name} "):
+        pf(np.zeros(2), {"a": np.zeros(2), "b": arg})
+    runtime_ok()
+
+
+def test_generator_argument_is_not_consumed(tpus2, runtime_ok):
+    gen = _generator()
+    with raises(TypeError, r"pmap of '<lambda>': argument 0 has type generator \(<generator object "):
+        pw.pmap(lambda x: x, devices=tpus2)(gen)
+    with raises(TypeError, r"device_put: leaf 0 has type generator "):
+        pw.device_put(gen, tpus2)
+    np.testing.assert_array_equal(next(gen), np.zeros(2))  # still unconsumed
+    runtime_ok()
+
+
+@pytest.mark.parametrize("arg, type_name", NOT_ARRAYS, ids=[t for _, t in NOT_ARRAYS])
+def test_device_put_leaf_that_is_no_array(tpus2, runtime_ok, arg, type_name):
+    with raises(TypeError, rf"device_put: leaf 1 has type {type_name} \(.*\), " + ACCEPTED):
+        pw.device_put([np.zeros(2), arg], tpus2)
+    runtime_ok()
+
+
+def test_program_passing_no_array_to_pmap(tpus2, runtime_ok):
+    pa = pw.pmap(lambda x, y: x, devices=tpus2)
+
+    @pw.program
+    def f(v):
+        return pa(v, Params(np.zeros(2)))
+
+    with raises(TypeError, r"pmap of '<lambda>': argument 1 has type Params "):
+        f(np.zeros(2))
+    runtime_ok()
+
+
+def test_long_reprs_are_cut(tpus2, runtime_ok):
+    with raises(TypeError, r"argument 0 has type set \(\{0, 1, 2, .{40,50}\.\.\.\), not an array"):
+        pw.pmap(lambda x: x, devices=tpus2)(set(range(1000)))
     runtime_ok()
 
 
