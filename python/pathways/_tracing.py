@@ -294,7 +294,9 @@ class Tracer(_TracerBase):
     (giving bool values), `& | ^ ~` on bool values, unary `-`/`+`, `abs()`,
     `.astype()` and the reductions `.sum() .mean() .max() .min() .argmax()`
     (numpy's `axis` and `keepdims`), with other traced values of the same trace, Python scalars
-    and numpy scalars and arrays; more ops are in `pathways.numpy`. Shapes
+    and numpy scalars and arrays; more ops are in `pathways.numpy`, which
+    numpy's own functions call on traced values (`np.sum(x)` is
+    `pathways.numpy.sum(x)`). Shapes
     broadcast as in numpy, and dtypes promote as in numpy (bool < int32 <
     float32 < float64, int32 with float32 gives float64; `/` of integers is
     float64). Python scalars are weakly typed: a Python int or bool takes the
@@ -313,9 +315,20 @@ class Tracer(_TracerBase):
 
     __slots__ = ("_trace", "_id", "shape", "dtype")
 
-    # Make numpy defer to us: `np_array * tracer` calls `tracer.__rmul__`.
-    __array_ufunc__ = None
     __array_priority__ = 1000
+
+    # numpy functions and ufuncs of a traced value (`np.sum(x)`, `np.exp(x)`, and
+    # `np_array * x`, which numpy computes with the ufunc `np.multiply`) call their
+    # `pathways.numpy` namesakes, or raise TracerError naming the function.
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        from pathways import numpy as pnp
+
+        return pnp._numpy_ufunc(self, ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        from pathways import numpy as pnp
+
+        return pnp._numpy_function(self, func, args, kwargs)
 
     def __init__(self, trace: _FunctionTrace, value_id: int):
         self._trace = trace

@@ -10,12 +10,15 @@ promote as in numpy (bool < int32 < float32 < float64; int32 with float32
 gives float64); the transcendental functions compute int32 in float64 and
 bool in float32; Python scalars are weakly typed as for the `Tracer`
 operators. Called with no traced value (e.g. on numpy arrays outside a
-trace), each function simply calls its numpy namesake.
+trace), each function simply calls its numpy namesake. Conversely numpy's own
+functions, called on a traced value (`np.sum(x)`, `np.exp(x)`), call their
+namesakes here, and raise TracerError for those this module lacks.
 """
 
 from __future__ import annotations
 
 import builtins as _builtins
+import inspect as _inspect
 import operator as _operator
 from typing import Any, Optional
 
@@ -37,6 +40,17 @@ __all__ = [
     "sin",
     "cos",
     "abs",
+    "absolute",
+    "negative",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "true_divide",
+    "power",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
     "maximum",
     "minimum",
     "where",
@@ -131,17 +145,21 @@ sqrt = _unary("sqrt", "sqrt", _np.sqrt)
 rsqrt = _unary("rsqrt", "rsqrt", _np_rsqrt)
 sin = _unary("sin", "sin", _np.sin)
 cos = _unary("cos", "cos", _np.cos)
-abs = _unary("abs", "abs", _np.abs)  # noqa: A001 (numpy's name)
+abs = absolute = _unary("abs", "abs", _np.abs)  # noqa: A001 (numpy's name)
+negative = _unary("negative", "neg", _np.negative)
 
 
-def _binary(name: str, op: str, numpy_fn: Any) -> Any:
+def _binary(name: str, op: str, numpy_fn: Any, method: str = "_binary") -> Any:
+    """`numpy_fn`, or on traced values primitive `op` through the `Tracer` method `method`
+    (`_logical` for the bitwise ops, which need bool operands)."""
+
     def fn(a: Any, b: Any) -> Any:
         if _traced(name, (a, b)):
             if isinstance(a, Tracer):
                 a._check()
-                return a._binary(op, b, False)
+                return getattr(a, method)(op, b, False)
             b._check()
-            return b._binary(op, a, True)
+            return getattr(b, method)(op, a, True)
         return numpy_fn(a, b)
 
     fn.__name__ = fn.__qualname__ = name
@@ -152,6 +170,14 @@ def _binary(name: str, op: str, numpy_fn: Any) -> Any:
     return fn
 
 
+add = _binary("add", "add", _np.add)
+subtract = _binary("subtract", "sub", _np.subtract)
+multiply = _binary("multiply", "mul", _np.multiply)
+divide = true_divide = _binary("divide", "div", _np.divide)
+power = _binary("power", "pow", _np.power)
+bitwise_and = _binary("bitwise_and", "and", _np.bitwise_and, "_logical")
+bitwise_or = _binary("bitwise_or", "or", _np.bitwise_or, "_logical")
+bitwise_xor = _binary("bitwise_xor", "xor", _np.bitwise_xor, "_logical")
 maximum = _binary("maximum", "max", _np.maximum)
 minimum = _binary("minimum", "min", _np.minimum)
 equal = _binary("equal", "eq", _np.equal)
@@ -884,3 +910,66 @@ def _getitem(x: Tracer, index: Any) -> Tracer:
         shape = final
     return reshape(y, shape)
 
+
+# --- numpy's own functions on traced values ------------------------------------
+#
+# `np.sum(x)` or `np.exp(x)` of a traced value comes here (numpy's
+# __array_function__ and __array_ufunc__ protocols, NEP 18 and 13) and calls
+# the namesake of this module, as `np.sum` of a JAX array calls its method.
+# numpy functions this module lacks raise TracerError naming them.
+
+# numpy functions that only read the static shape.
+_SHAPE_FUNCTIONS = {
+    "shape": lambda a: a.shape,
+    "ndim": lambda a: a.ndim,
+    "size": lambda a, axis=None: a.size if axis is None else a.shape[axis],
+}
+
+
+def _no_numpy(x: Tracer, what: str, why: str) -> TracerError:
+    return TracerError(
+        f"{what} of a traced value ({x.aval} in {x._trace.where()}): {why}; numpy cannot "
+        "compute on traced values, which have no data while the function is traced: use "
+        "the operators (+ - * / ...) and pathways.numpy (pw.numpy) functions"
+    )
+
+
+def _call_namesake(x: Tracer, what: str, name: str, args: tuple, kwargs: dict) -> Any:
+    """pathways.numpy's `name` on numpy's arguments; TracerError if there is none or it
+    does not take them. Keywords given as None (`out=None`, `dtype=None`) are numpy's
+    defaults, and dropped."""
+    fn = globals().get(name) if name in __all__ else None
+    if fn is None:
+        raise _no_numpy(x, what, f"pathways.numpy has no {name}")
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    try:
+        _inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise _no_numpy(
+            x, what, f"it calls pathways.numpy.{name}, which does not take these arguments ({e})"
+        ) from None
+    return fn(*args, **kwargs)
+
+
+def _numpy_function(x: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`func(*args, **kwargs)`, a numpy function called with traced value `x` among its arguments."""
+    x._check()
+    name = func.__name__
+    if name in _SHAPE_FUNCTIONS:
+        return _SHAPE_FUNCTIONS[name](*args, **kwargs)
+    return _call_namesake(x, f"numpy.{name}", name, args, kwargs)
+
+
+def _numpy_ufunc(x: Tracer, ufunc: Any, method: str, inputs: tuple, kwargs: dict) -> Any:
+    """`ufunc` (called, or its `method`: reduce, accumulate ...) with traced value `x` among `inputs`.
+
+    numpy's operators on arrays are ufuncs too: `np_array + x` comes here as
+    `numpy.add`, and `np_array < x` as `numpy.less`.
+    """
+    x._check()
+    if method != "__call__":
+        raise _no_numpy(
+            x, f"numpy.{ufunc.__name__}.{method}", "ufunc methods are not supported (for "
+            "numpy.add.reduce use pathways.numpy.sum)"
+        )
+    return _call_namesake(x, f"numpy.{ufunc.__name__}", ufunc.__name__, inputs, kwargs)

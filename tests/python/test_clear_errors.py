@@ -300,6 +300,76 @@ def test_long_reprs_are_cut(tpus2, runtime_ok):
     runtime_ok()
 
 
+# --- 6. numpy's functions on traced values -----------------------------------------------
+
+NUMPY_CALLS = [
+    # (numpy's call, pathways.numpy's): both on a traced f32[2,3].
+    (lambda x: np.sum(x), lambda x: pnp.sum(x)),
+    (lambda x: np.sum(x, axis=0, keepdims=True), lambda x: pnp.sum(x, 0, True)),
+    (lambda x: np.mean(x, 1), lambda x: pnp.mean(x, 1)),
+    (lambda x: np.max(x, axis=-1), lambda x: pnp.max(x, -1)),
+    (lambda x: np.min(x), lambda x: pnp.min(x)),
+    (lambda x: np.argmax(x, axis=1), lambda x: pnp.argmax(x, 1)),
+    (lambda x: np.var(x, axis=0), lambda x: pnp.var(x, 0)),
+    (lambda x: np.exp(x / 10), lambda x: pnp.exp(x / 10)),
+    (lambda x: np.sin(x), lambda x: pnp.sin(x)),
+    (lambda x: np.abs(-x), lambda x: pnp.abs(-x)),
+    (lambda x: np.maximum(x, 3.0), lambda x: pnp.maximum(x, 3.0)),
+    (lambda x: np.where(x > 3, x, 0.0), lambda x: pnp.where(x > 3, x, 0.0)),
+    (lambda x: np.concatenate([x, x], axis=1), lambda x: pnp.concatenate([x, x], 1)),
+    (lambda x: np.reshape(x, (3, 2)), lambda x: pnp.reshape(x, (3, 2))),
+    (lambda x: np.transpose(x), lambda x: x.T),
+    (lambda x: np.clip(x, 1, 4), lambda x: pnp.clip(x, 1, 4)),
+    (lambda x: np.zeros_like(x), lambda x: pnp.zeros_like(x)),
+    (lambda x: np.einsum("ij->ji", x), lambda x: pnp.einsum("ij->ji", x)),
+    (lambda x: np.ones((3, 2), np.float32) @ x, lambda x: pnp.matmul(np.ones((3, 2), np.float32), x)),
+    (lambda x: np.float32(np.shape(x)[1]) * x, lambda x: 3.0 * x),
+    # numpy's operators on numpy values are ufuncs: the order of operands stays.
+    (lambda x: np.full(3, 2.0, np.float32) - x, lambda x: 2.0 - x),
+    (lambda x: (np.arange(3.0) < x).astype(np.float32), lambda x: (x > np.arange(3.0)).astype(np.float32)),
+    (lambda x: (np.array([True, False, True]) & (x > 2)).astype(np.float32),
+     lambda x: ((x > 2) & np.array([True, False, True])).astype(np.float32)),
+]
+
+
+@pytest.mark.parametrize("numpy_call, pathways_call", NUMPY_CALLS)
+def test_numpy_functions_on_traced_values_call_pathways_numpy(runtime_ok, numpy_call, pathways_call):
+    np.testing.assert_allclose(np.asarray(run(numpy_call)), np.asarray(run(pathways_call)), rtol=1e-6)
+    runtime_ok()
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (lambda x: np.round(x), r"numpy\.round of a traced value \(f32\[2,3\] in pmap of '<lambda>'\): "
+                                r"pathways\.numpy has no round; .* pathways\.numpy \(pw\.numpy\) functions"),
+        (lambda x: np.prod(x), r"numpy\.prod of a traced value .*pathways\.numpy has no prod"),
+        (lambda x: np.arctan(x), r"numpy\.arctan of a traced value .*pathways\.numpy has no arctan"),
+        (lambda x: np.sum(x, out=np.zeros(3)), r"numpy\.sum of a traced value .*: it calls pathways\.numpy"
+                                               r"\.sum, which does not take these arguments \(.*'out'\)"),
+        (lambda x: np.mean(x, dtype=np.float64), r"numpy\.mean .*pathways\.numpy\.mean, which does not take "
+                                                 r"these arguments \(.*'dtype'\)"),
+        (lambda x: np.add.reduce(x), r"numpy\.add\.reduce of a traced value .*pathways\.numpy\.sum"),
+        (lambda x: np.add(x, 1.0, out=np.zeros(3)), r"numpy\.add of a traced value .*'out'"),
+        (lambda x: np.asarray(x), r"np\.asarray\(\) of a traced value .*pathways\.numpy functions"),
+    ],
+)
+def test_numpy_functions_pathways_numpy_lacks_raise_tracer_error(runtime_ok, fn, message):
+    with raises(pw.TracerError, message):
+        run(fn)
+    runtime_ok()
+
+
+def test_numpy_functions_of_escaped_tracers(runtime_ok):
+    leaked = []
+    run(lambda x: leaked.append(x) or x)
+    with raises(pw.TracerError, "escaped tracer"):
+        np.sum(leaked[0])
+    with raises(pw.TracerError, "escaped tracer"):
+        np.exp(leaked[0])
+    runtime_ok()
+
+
 # --- 7. one exception type per mistake, whichever path finds it -------------------------
 
 
