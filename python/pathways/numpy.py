@@ -18,6 +18,7 @@ namesakes here, and raise TracerError for those this module lacks.
 from __future__ import annotations
 
 import builtins as _builtins
+import functools as _functools
 import inspect as _inspect
 import operator as _operator
 from typing import Any, Optional
@@ -934,6 +935,11 @@ def _no_numpy(x: Tracer, what: str, why: str) -> TracerError:
     )
 
 
+@_functools.lru_cache(maxsize=None)
+def _signature(fn: Any) -> _inspect.Signature:
+    return _inspect.signature(fn)
+
+
 def _call_namesake(x: Tracer, what: str, name: str, args: tuple, kwargs: dict) -> Any:
     """pathways.numpy's `name` on numpy's arguments; TracerError if there is none or it
     does not take them. Keywords given as None (`out=None`, `dtype=None`) are numpy's
@@ -943,7 +949,7 @@ def _call_namesake(x: Tracer, what: str, name: str, args: tuple, kwargs: dict) -
         raise _no_numpy(x, what, f"pathways.numpy has no {name}")
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     try:
-        _inspect.signature(fn).bind(*args, **kwargs)
+        _signature(fn).bind(*args, **kwargs)
     except TypeError as e:
         raise _no_numpy(
             x, what, f"it calls pathways.numpy.{name}, which does not take these arguments ({e})"
