@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "csrc/base/error_kind.h"
 
 namespace pw {
 
@@ -55,7 +56,7 @@ absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
   if (name == "float64") return DType::kF64;
   if (name == "int32") return DType::kI32;
   if (name == "bool") return DType::kBool;
-  return absl::InvalidArgumentError(absl::StrCat(
+  return UnsupportedTypeError(absl::StrCat(
       "dtype ", name, " is not supported; supported dtypes: float32, float64, int32, bool"));
 }
 

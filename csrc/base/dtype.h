@@ -30,7 +30,8 @@ absl::string_view DTypeName(DType dtype);
 // The short name used in IR text: "f32", "f64", "i32", "pred".
 absl::string_view DTypeShortName(DType dtype);
 
-// Parses numpy's name ("float32", ...). InvalidArgument names the supported types.
+// Parses numpy's name ("float32", ...). InvalidArgument of kind kUnsupportedType
+// (error_kind.h) names the supported types.
 absl::StatusOr<DType> DTypeFromName(absl::string_view name);
 
 // The type of `a op b` under numpy's promotion rules for the supported types:

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "csrc/base/error_kind.h"
 #include "csrc/bindings/waiting.h"
 #include "csrc/client/runtime.h"
 
@@ -23,6 +24,35 @@ PyObject* NewException(py::module_& m, const char* name, PyObject* base, const c
   return type;
 }
 
+// The exception type for `status`: its ErrorKind's if it has one, else its
+// code's (the table in status_casters.h).
+PyObject* ExceptionType(const absl::Status& status) {
+  switch (GetErrorKind(status)) {
+    case ErrorKind::kUnsupportedType:
+      return PyExc_TypeError;
+    case ErrorKind::kUnboundName:
+      return PyExc_NameError;
+    case ErrorKind::kNone:
+      break;
+  }
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      return PyExc_ValueError;
+    case absl::StatusCode::kNotFound:
+      return not_found_error;
+    case absl::StatusCode::kResourceExhausted:
+      return resource_exhausted_error;
+    case absl::StatusCode::kFailedPrecondition:
+      return PyExc_RuntimeError;
+    case absl::StatusCode::kUnimplemented:
+      return PyExc_NotImplementedError;
+    case absl::StatusCode::kUnavailable:
+      return device_failed_error;
+    default:
+      return pathways_error;
+  }
+}
+
 }  // namespace
 
 void RegisterExceptions(py::module_& m) {
@@ -39,30 +69,7 @@ void RegisterExceptions(py::module_& m) {
 
 void ThrowStatus(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kCancelled && Runtime::DefaultIsShutDown()) ParkDaemonThreadAtExit();
-  PyObject* type = pathways_error;
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-      type = PyExc_ValueError;
-      break;
-    case absl::StatusCode::kNotFound:
-      type = not_found_error;
-      break;
-    case absl::StatusCode::kResourceExhausted:
-      type = resource_exhausted_error;
-      break;
-    case absl::StatusCode::kFailedPrecondition:
-      type = PyExc_RuntimeError;
-      break;
-    case absl::StatusCode::kUnimplemented:
-      type = PyExc_NotImplementedError;
-      break;
-    case absl::StatusCode::kUnavailable:
-      type = device_failed_error;
-      break;
-    default:
-      break;
-  }
-  PyErr_SetString(type, std::string(status.message()).c_str());
+  PyErr_SetString(ExceptionType(status), std::string(status.message()).c_str());
   throw py::error_already_set();
 }
 

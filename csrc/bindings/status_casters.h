@@ -1,7 +1,11 @@
 #ifndef PATHWAYS_BINDINGS_STATUS_CASTERS_H_
 #define PATHWAYS_BINDINGS_STATUS_CASTERS_H_
 
-// The one place where absl::Status becomes a Python exception:
+// The one place where absl::Status becomes a Python exception. A status of
+// an ErrorKind (base/error_kind.h) raises that kind's type:
+//   kUnsupportedType   -> TypeError (an unsupported dtype)
+//   kUnboundName       -> NameError (an unbound axis name)
+// any other, its code's:
 //   InvalidArgument    -> ValueError
 //   NotFound           -> pathways.NotFoundError (a ValueError)
 //   ResourceExhausted  -> pathways.ResourceExhaustedError (a PathwaysError)

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/status_macros.h"
 
 namespace pw {
@@ -487,12 +488,12 @@ absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t 
         "%s: incompatible shapes %s and %s", name, ta.ToString(), tb.ToString()));
   }
   if (IsLogical(kind) && (ta.dtype != DType::kBool || tb.dtype != DType::kBool)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
+    return UnsupportedTypeError(absl::StrFormat(
         "%s: operands must be bool, got %s and %s", name, ta.ToString(), tb.ToString()));
   }
   DType dtype = PromoteTypes(ta.dtype, tb.dtype);
   if (dtype == DType::kBool && kind == OpKind::kSub) {
-    return absl::InvalidArgumentError(absl::StrFormat(
+    return UnsupportedTypeError(absl::StrFormat(
         "sub: boolean subtract is not supported (%s and %s); use logical_xor", ta.ToString(),
         tb.ToString()));
   }
@@ -515,11 +516,10 @@ absl::StatusOr<int32_t> FunctionBuilder::Unary(OpKind kind, int32_t x) {
   PW_RETURN_IF_ERROR(CheckValue(x, name));
   const ValueType tx = type(x);
   if (kind == OpKind::kNot && tx.dtype != DType::kBool) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("not: operand must be bool, got %s", tx.ToString()));
+    return UnsupportedTypeError(absl::StrFormat("not: operand must be bool, got %s", tx.ToString()));
   }
   if (kind == OpKind::kNeg && tx.dtype == DType::kBool) {
-    return absl::InvalidArgumentError(absl::StrFormat(
+    return UnsupportedTypeError(absl::StrFormat(
         "neg: negative of a bool is not supported (%s); use logical_not", tx.ToString()));
   }
   if (IsTranscendental(kind) && !IsFloat(tx.dtype)) {
@@ -544,8 +544,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Select(int32_t cond, int32_t x, int32_t
                         tx.ToString(), ty.ToString()));
   }
   if (tc.dtype != DType::kBool) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("select: condition must be bool, got %s", tc.ToString()));
+    return UnsupportedTypeError(absl::StrFormat("select: condition must be bool, got %s", tc.ToString()));
   }
   const DType dtype = PromoteTypes(tx.dtype, ty.dtype);
   PW_ASSIGN_OR_RETURN(x, Convert(x, dtype));
@@ -556,7 +555,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Select(int32_t cond, int32_t x, int32_t
 absl::Status FunctionBuilder::CheckAxisName(absl::string_view op,
                                             absl::string_view axis_name) const {
   if (axis_name.empty() || axis_name != ir_->axis_name_) {
-    return absl::InvalidArgumentError(
+    return UnboundNameError(
         ir_->axis_name_.empty()
             ? absl::StrFormat("%s: unbound axis name '%s' (this function has no pmap "
                               "axis name)",
@@ -589,8 +588,8 @@ absl::StatusOr<int32_t> FunctionBuilder::Pcollective(OpKind kind, int32_t x,
   PW_RETURN_IF_ERROR(CheckValue(x, name));
   PW_RETURN_IF_ERROR(CheckAxisName(name, axis_name));
   if (kind == OpKind::kPmean && type(x).dtype == DType::kBool) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "pmean: operand must be numeric, got %s", type(x).ToString()));
+    return UnsupportedTypeError(
+        absl::StrFormat("pmean: operand must be numeric, got %s", type(x).ToString()));
   }
   Op op = MakeOp(kind, {x}, type(x));
   op.axis_name = std::string(axis_name);
@@ -710,11 +709,11 @@ absl::StatusOr<int32_t> FunctionBuilder::Ppermute(
   for (const auto& [src, dst] : perm) {
     if (src < 0 || src >= n || dst < 0 || dst >= n) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "ppermute: pair (%d, %d) is out of range for %d shards", src, dst, n));
+          "ppermute: perm pair (%d, %d) is out of range for %d shards", src, dst, n));
     }
     if (used[src] || source[dst] >= 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "ppermute: pair (%d, %d) repeats a source or destination", src, dst));
+          "ppermute: perm pair (%d, %d) repeats a source or destination", src, dst));
     }
     used[src] = true;
     source[dst] = src;
@@ -951,8 +950,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Take(int32_t x, int32_t indices, int64_
   const ValueType tx = type(x);
   const ValueType ti = type(indices);
   if (ti.dtype != DType::kI32) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("take: indices must be int32, got %s", ti.ToString()));
+    return UnsupportedTypeError(absl::StrFormat("take: indices must be int32, got %s", ti.ToString()));
   }
   const int64_t rank = static_cast<int64_t>(tx.dims.size());
   if (rank == 0) {
@@ -979,11 +977,11 @@ absl::StatusOr<int32_t> FunctionBuilder::ScatterAdd(int32_t updates, int32_t ind
   const ValueType tu = type(updates);
   const ValueType ti = type(indices);
   if (ti.dtype != DType::kI32) {
-    return absl::InvalidArgumentError(
+    return UnsupportedTypeError(
         absl::StrFormat("scatter_add: indices must be int32, got %s", ti.ToString()));
   }
   if (tu.dtype == DType::kBool) {
-    return absl::InvalidArgumentError(
+    return UnsupportedTypeError(
         absl::StrFormat("scatter_add: updates must be numeric, got %s", tu.ToString()));
   }
   const int64_t irank = static_cast<int64_t>(ti.dims.size());

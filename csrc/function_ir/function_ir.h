@@ -196,7 +196,11 @@ inline constexpr int64_t kMaxSimulatedNs = int64_t{3600} * 1'000'000'000;
 
 // Builds a FunctionIr op by op, inferring and checking types as it goes, so
 // that shape and dtype errors surface at trace time with the op's name and the
-// shapes involved. Not thread-safe; one builder per trace.
+// shapes involved. Every error is InvalidArgument; those for an operand's
+// dtype (bool where a number is needed, a non-bool condition, non-int32
+// indices) are of kind kUnsupportedType and those for an unbound axis name of
+// kind kUnboundName (error_kind.h), which Python raises as TypeError and
+// NameError. Not thread-safe; one builder per trace.
 class FunctionBuilder {
  public:
   FunctionBuilder(std::string name, std::string axis_name);

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "csrc/base/error_kind.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -254,6 +255,14 @@ TEST(FunctionBuilderTest, ElementwiseTypeErrors) {
   ExpectInvalid(b.Select(i, i, i).status(), "select: condition must be bool, got i32[2]");
   ExpectInvalid(b.Select(p, f, f).status(), "select: incompatible shapes pred[2], f32[3] and f32[3]");
   EXPECT_EQ(b.num_values(), 3);
+  // Operand dtypes are unsupported types (Python's TypeError); shapes and op kinds are not.
+  for (const absl::Status& st : {b.Binary(OpKind::kAnd, i, p).status(), b.Binary(OpKind::kSub, p, p).status(),
+                                 b.Unary(OpKind::kNot, i).status(), b.Unary(OpKind::kNeg, p).status(),
+                                 b.Select(i, i, i).status()}) {
+    EXPECT_EQ(GetErrorKind(st), ErrorKind::kUnsupportedType) << st;
+  }
+  EXPECT_EQ(GetErrorKind(b.Select(p, f, f).status()), ErrorKind::kNone);
+  EXPECT_EQ(GetErrorKind(b.Unary(OpKind::kAdd, i).status()), ErrorKind::kNone);
 }
 
 TEST(FunctionBuilderTest, SelectBroadcastsAndPromotes) {
@@ -292,6 +301,7 @@ TEST(FunctionBuilderTest, PsumAxisNames) {
   const int32_t x = b.Parameter(DType::kF64, {5});
   ExpectInvalid(b.Psum(x, "j").status(), "psum: unbound axis name 'j' (bound: 'i')");
   ExpectInvalid(b.Psum(x, "").status(), "psum: unbound axis name '' (bound: 'i')");
+  EXPECT_EQ(GetErrorKind(b.Psum(x, "j").status()), ErrorKind::kUnboundName);
   auto s = b.Psum(x, "i");
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(b.type(*s).ToString(), "f64[5]");
@@ -307,6 +317,8 @@ TEST(FunctionBuilderTest, PsumAxisNames) {
                 "psum: unbound axis name 'j' (this function has no pmap axis name)");
   ExpectInvalid(unbound.Psum(y, "").status(),
                 "psum: unbound axis name '' (this function has no pmap axis name)");
+  // An unbound axis name is its own kind (Python's NameError).
+  EXPECT_EQ(GetErrorKind(unbound.Psum(y, "j").status()), ErrorKind::kUnboundName);
 }
 
 TEST(FunctionBuilderTest, BuildChecksOutputs) {
@@ -480,9 +492,9 @@ TEST(FunctionBuilderTest, CollectiveTypesAndErrors) {
   ASSERT_TRUE(pp.ok());
   EXPECT_EQ(b.type(*pp).ToString(), "i32[2,3]");
   ExpectInvalid(b.Ppermute(x, "i", {{0, 4}}).status(),
-                "ppermute: pair (0, 4) is out of range for 4 shards");
+                "ppermute: perm pair (0, 4) is out of range for 4 shards");
   ExpectInvalid(b.Ppermute(x, "i", {{0, 1}, {0, 2}}).status(),
-                "ppermute: pair (0, 2) repeats a source or destination");
+                "ppermute: perm pair (0, 2) repeats a source or destination");
   auto ir = b.Build({*mean, *idx, *g, *pp});
   ASSERT_TRUE(ir.ok());
   EXPECT_TRUE((*ir)->has_collectives());

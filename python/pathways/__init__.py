@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pathways import _core
+from pathways import _checks, _core
 from pathways._devices import (
     VirtualDeviceSet,
     VirtualSlice,
@@ -105,18 +105,23 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
 
     Raises:
       ValueError: If a leading axis does not match the number of devices.
-      TypeError: For an unsupported dtype.
+      TypeError: For an unsupported dtype or leaf, or `devices` that are no
+        devices.
       NotFoundError: For an unknown device.
     """
-    if isinstance(devices, VirtualSlice):
-        devices = devices.devices
-    devices = list(devices)
+    devices = _checks.devices(
+        "device_put",
+        devices,
+        (_core.VirtualDevice, _core.Device),
+        "a VirtualSlice or a sequence of devices (virtual ones such as a slice's `.tpus`, "
+        "or physical ones from pw.devices())",
+    )
 
-    def put(leaf: Any) -> Any:
-        arr = np.asarray(_to_array(leaf), order="C")
-        return _core.device_put(arr, devices)
-
-    return tree_map(put, x)
+    leaves, treedef = tree_flatten(x)
+    return tree_unflatten(treedef, [
+        _core.device_put(np.asarray(_to_array(leaf, "device_put", i, "leaf"), order="C"), devices)
+        for i, leaf in enumerate(leaves)
+    ])
 
 
 def block_until_ready(tree: Any) -> Any:

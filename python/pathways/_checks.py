@@ -3,22 +3,39 @@
 Each raises TypeError naming the function and the parameter; the values'
 ranges are checked by the C++ core, which knows the limits, so that every
 entry point (for instance `pw.configure` and `PATHWAYS_TOPOLOGY`) gives the
-same ValueError.
+same ValueError. The one range checked here is int64's: an integer beyond it
+cannot reach the core at all.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import operator
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Optional
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+
+def _index(value: Any) -> Optional[int]:
+    """`value` as an int if it is an integer (numpy integers and 0-d integer arrays
+    too; bool is not), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:  # includes TracerError: a traced value has no concrete int
+        return None
 
 
 def integer(where: str, name: str, value: Any) -> int:
     """`value` as an int; TypeError unless it is an integer (bool is not)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    i = _index(value)
+    if i is None:
         raise TypeError(f"{where}: {name} must be an int, got {value!r}")
-    return int(value)
+    return i
 
 
 def real(where: str, name: str, value: Any) -> float:
@@ -38,6 +55,123 @@ def string(where: str, name: str, value: Any) -> str:
     return value
 
 
+def index(where: str, name: str, value: Any) -> int:
+    """An int the core takes as int64 (an axis, a dimension, a device index).
+
+    Raises:
+      TypeError: Unless `value` is an integer (bool is not), naming `where` and `name`.
+      ValueError: For an integer beyond int64, out of range for any array.
+    """
+    a = integer(where, name, value)
+    if not _INT64_MIN <= a <= _INT64_MAX:
+        raise ValueError(f"{where}: {name} {a} is out of range")
+    return a
+
+
+def optional_index(where: str, name: str, value: Any) -> Optional[int]:
+    """None, or an int as `index` takes it (e.g. argmax's one axis).
+
+    Raises:
+      TypeError: For anything else, naming `where` and `name`.
+      ValueError: For an integer beyond int64.
+    """
+    if value is None:
+        return None
+    if _index(value) is None:
+        raise TypeError(f"{where}: {name} must be None or an int, got {value!r}")
+    return index(where, name, value)
+
+
+def _ints(where: str, name: str, value: Any, expected: str) -> tuple:
+    if isinstance(value, (tuple, list)):
+        if any(_index(a) is None for a in value):
+            raise TypeError(f"{where}: {name} must be {expected}, got {value!r}")
+        return tuple(index(where, name, a) for a in value)
+    if _index(value) is None:
+        raise TypeError(f"{where}: {name} must be {expected}, got {value!r}")
+    return (index(where, name, value),)
+
+
+def ints(where: str, name: str, value: Any) -> tuple:
+    """An int, or a tuple or list of ints (a shape, a permutation), as a tuple of ints.
+
+    Raises:
+      TypeError: For anything else, or a member that is no integer, naming
+        `where` and `name`.
+      ValueError: For an integer beyond int64.
+    """
+    return _ints(where, name, value, "an int or a tuple of ints")
+
+
+def axes(where: str, name: str, value: Any) -> Optional[tuple]:
+    """The axes of an op as numpy takes them: None (all), an int, or a tuple or list of ints.
+
+    Returns:
+      None for None, else a tuple of ints (one for an int), in the given order.
+
+    Raises:
+      As `ints`.
+    """
+    if value is None:
+        return None
+    return _ints(where, name, value, "None, an int or a tuple of ints")
+
+
+def int_pairs(where: str, name: str, value: Any) -> list:
+    """A sequence of pairs of ints (e.g. ppermute's (source, destination) pairs), as a list of tuples.
+
+    Raises:
+      TypeError: For anything else (None, a flat list of ints, triples, non-integers),
+        naming `where` and `name` and the first bad entry.
+      ValueError: For an integer beyond int64.
+    """
+    expected = f"{where}: {name} must be a sequence of pairs of ints"
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{expected}, got {value!r}")
+    pairs = []
+    for k, pair in enumerate(value):
+        indexable = hasattr(pair, "__getitem__") and not isinstance(pair, (str, bytes, dict))
+        if (
+            not indexable
+            or len(pair) != 2
+            or _index(pair[0]) is None
+            or _index(pair[1]) is None
+        ):
+            raise TypeError(f"{expected}, got {value!r} (entry {k} is {pair!r})")
+        pairs.append((index(where, name, pair[0]), index(where, name, pair[1])))
+    return pairs
+
+
+def devices(where: str, value: Any, kinds: tuple, expected: str) -> list:
+    """`value` as a list of devices: a `VirtualSlice`'s, one device of `kinds`, or an iterable of them.
+
+    Args:
+      where: The function, for the message.
+      value: The `devices` argument.
+      kinds: The device classes accepted.
+      expected: What is accepted, in words, for the message.
+
+    Raises:
+      TypeError: For anything else (None, a str, a device of another kind),
+        naming `where` and `devices`.
+    """
+    from pathways._devices import VirtualSlice  # Local: _devices imports this module.
+
+    if isinstance(value, VirtualSlice):
+        return value.devices
+    if isinstance(value, kinds):
+        return [value]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{where}: devices must be {expected}, got {value!r}")
+    out = list(value)
+    for k, d in enumerate(out):
+        if not isinstance(d, kinds):
+            raise TypeError(
+                f"{where}: devices must be {expected}, got {d!r} ({type(d).__name__}) at index {k}"
+            )
+    return out
+
+
 def device_ids(where: str, name: str, devices: Any) -> set:
     """`devices` (device ids, `pw.Device`s or virtual devices) as a set of physical device ids.
 
@@ -54,7 +188,7 @@ def device_ids(where: str, name: str, devices: Any) -> set:
             d = d.id
         elif isinstance(d, _core.VirtualDevice):
             d = d.physical.id
-        elif isinstance(d, bool) or not isinstance(d, numbers.Integral):
+        elif _index(d) is None:
             raise TypeError(f"{where}: {name} must hold device ids (int) or devices, got {d!r} in {devices!r}")
         if not 0 <= d < num_devices:
             raise ValueError(f"{where}: {name} has unknown device id {d}; the devices are 0..{num_devices - 1}")

@@ -1,7 +1,9 @@
 """Type stubs for pathways._core, the C++ extension (csrc/bindings/).
 
 This module is private: users import `pathways`. Status codes from the C++
-core become exceptions here: InvalidArgument -> ValueError, NotFound ->
+core become exceptions here: an unsupported dtype -> TypeError, an unbound
+axis name -> NameError (InvalidArgument statuses of those kinds); otherwise
+InvalidArgument -> ValueError, NotFound ->
 NotFoundError (a ValueError), ResourceExhausted -> ResourceExhaustedError,
 FailedPrecondition -> RuntimeError, Unimplemented -> NotImplementedError,
 anything else -> PathwaysError.
@@ -84,7 +86,7 @@ class VirtualDevice:
 # --- Compiled functions (function IR) -------------------------------------
 
 class FunctionBuilder:
-    """Records one shard's computation; every method checks types and raises ValueError with the op and shapes."""
+    """Records one shard's computation; every method checks types and raises ValueError with the op and shapes (TypeError for an operand's dtype, NameError for an unbound axis name)."""
     def __init__(self, name: str, axis_name: str) -> None: ...  # axis_name "" = none
     def parameter(self, dtype: str, shape: Sequence[int]) -> int: ...
     def constant(self, array: np.ndarray) -> int: ...  # float32, float64, int32 or bool, any shape

@@ -99,7 +99,7 @@ class _ProgramTrace:
         leaves, treedef = tree_flatten(args)
         inputs = []
         avals = []
-        for leaf in leaves:
+        for i, leaf in enumerate(leaves):
             if isinstance(leaf, ProgramTracer):
                 if leaf._trace is not self or not self.active:
                     raise leaf._escaped()
@@ -109,7 +109,7 @@ class _ProgramTrace:
                     f"was passed to pmap of {fn.__name__!r} in {self.where()}"
                 )
             else:
-                leaf = _to_array(leaf)
+                leaf = _to_array(leaf, f"pmap of {fn._name!r}", i)
             inputs.append(leaf)
             avals.append((tuple(leaf.shape), np.dtype(leaf.dtype)))
         entry = fn.get_compiled(treedef, avals)

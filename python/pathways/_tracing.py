@@ -14,7 +14,6 @@ every cache fill is guarded by a lock.
 from __future__ import annotations
 
 import functools
-import operator
 import re
 import threading
 from typing import Any, Callable, NamedTuple, Optional, Sequence
@@ -295,7 +294,9 @@ class Tracer(_TracerBase):
     (giving bool values), `& | ^ ~` on bool values, unary `-`/`+`, `abs()`,
     `.astype()` and the reductions `.sum() .mean() .max() .min() .argmax()`
     (numpy's `axis` and `keepdims`), with other traced values of the same trace, Python scalars
-    and numpy scalars and arrays; more ops are in `pathways.numpy`. Shapes
+    and numpy scalars and arrays; more ops are in `pathways.numpy`, which
+    numpy's own functions call on traced values (`np.sum(x)` is
+    `pathways.numpy.sum(x)`). Shapes
     broadcast as in numpy, and dtypes promote as in numpy (bool < int32 <
     float32 < float64, int32 with float32 gives float64; `/` of integers is
     float64). Python scalars are weakly typed: a Python int or bool takes the
@@ -314,9 +315,20 @@ class Tracer(_TracerBase):
 
     __slots__ = ("_trace", "_id", "shape", "dtype")
 
-    # Make numpy defer to us: `np_array * tracer` calls `tracer.__rmul__`.
-    __array_ufunc__ = None
     __array_priority__ = 1000
+
+    # numpy functions and ufuncs of a traced value (`np.sum(x)`, `np.exp(x)`, and
+    # `np_array * x`, which numpy computes with the ufunc `np.multiply`) call their
+    # `pathways.numpy` namesakes, or raise TracerError naming the function.
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        from pathways import numpy as pnp
+
+        return pnp._numpy_ufunc(self, ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        from pathways import numpy as pnp
+
+        return pnp._numpy_function(self, func, args, kwargs)
 
     def __init__(self, trace: _FunctionTrace, value_id: int):
         self._trace = trace
@@ -485,13 +497,9 @@ class Tracer(_TracerBase):
 
     def _reduce(self, op: str, axis: Any, keepdims: bool) -> "Tracer":
         trace = self._check()
-        if axis is None:
-            axes = None
-        elif isinstance(axis, (tuple, list)):
-            axes = [operator.index(a) for a in axis]
-        else:
-            axes = [operator.index(axis)]
-        return bind(trace, "reduce", (self,), kind=op, axes=axes, keepdims=bool(keepdims))
+        axes = _checks.axes(op, "axis", axis)
+        return bind(trace, "reduce", (self,), kind=op, axes=None if axes is None else list(axes),
+                    keepdims=bool(keepdims))
 
     def sum(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
         """Sum over `axis` (None, int or tuple), as numpy; bool/int32 sum to int32."""
@@ -511,9 +519,7 @@ class Tracer(_TracerBase):
 
     def argmax(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
         """Index of the first maximum along `axis` (None: flattened), as int32."""
-        if isinstance(axis, (tuple, list)):
-            raise TypeError(f"argmax takes an int axis or None, got {axis!r}")
-        return self._reduce("argmax", axis, keepdims)
+        return self._reduce("argmax", _checks.optional_index("argmax", "axis", axis), keepdims)
 
     # --- Not traceable (yet) ------------------------------------------------
 
@@ -675,7 +681,13 @@ def _ir_name(name: str) -> str:
     return cleaned or "fn"
 
 
-def _to_array(leaf: Any) -> Any:
+_ACCEPTED_LEAVES = (
+    "accepted: ShardedBuffers, numpy arrays, Python and numpy scalars (bool, int, float), "
+    "and pytrees of them (tuples, lists, dicts, None)"
+)
+
+
+def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str = "argument") -> Any:
     """A ShardedBuffer or numpy array for a concrete argument leaf.
 
     numpy arrays of float32, float64, int32 and bool keep their dtype (other
@@ -683,7 +695,14 @@ def _to_array(leaf: Any) -> Any:
     other integer arrays (numpy's default int64 included) and Python ints
     become int32, as in JAX; Python floats become float64 and bools bool.
 
+    Args:
+      leaf: The argument leaf.
+      where, i, what: For messages: the function, the leaf's index and what
+        leaves are called ("pmap of 'f'", 2, "argument").
+
     Raises:
+      TypeError: For a leaf that is no array or number (a set, a generator,
+        a dataclass, a str ...); it is not iterated.
       ValueError: For integers outside int32's range.
     """
     if type(leaf) is _ShardedBuffer:
@@ -695,6 +714,13 @@ def _to_array(leaf: Any) -> Any:
             f"escaped tracer: a traced value ({leaf.aval}) was used after its trace ended"
         )
     arr = np.asarray(leaf)
+    if arr.dtype.kind not in "biufc" and not isinstance(leaf, np.ndarray):
+        text = repr(leaf)
+        text = text if len(text) <= 60 else text[:57] + "..."
+        raise TypeError(
+            f"{where}: {what} {'' if i is None else f'{i} '}has type {type(leaf).__name__} "
+            f"({text}), not an array or number; {_ACCEPTED_LEAVES}"
+        )
     if arr.dtype.kind in "iu" and arr.dtype != np.int32:
         info = np.iinfo(np.int32)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
@@ -707,23 +733,15 @@ def _to_array(leaf: Any) -> Any:
 
 
 def _check_devices(devices: Any) -> list:
-    from pathways._devices import VirtualSlice  # Local: avoids an import cycle.
-
-    if isinstance(devices, VirtualSlice):
-        devices = devices.devices
-    try:
-        devices = list(devices)
-    except TypeError:
-        devices = [devices]
-    for d in devices:
-        if not isinstance(d, _VirtualDevice):
-            raise TypeError(
-                f"pmap needs virtual devices from "
-                f"`pw.make_virtual_device_set().add_slice(tpu_devices=n).tpus`, got {d!r} "
-                f"({type(d).__name__})"
-            )
+    devices = _checks.devices(
+        "pmap",
+        devices,
+        (_VirtualDevice,),
+        "virtual devices from `pw.make_virtual_device_set().add_slice(tpu_devices=n).tpus` "
+        "(or that VirtualSlice)",
+    )
     if not devices:
-        raise ValueError("pmap needs at least one device, got an empty device list")
+        raise ValueError("pmap: devices must hold at least one device, got an empty device list")
     return devices
 
 
@@ -743,6 +761,10 @@ class PmapFunction:
         self._fn = fn
         self._name = getattr(fn, "__name__", type(fn).__name__)
         self._devices = None if devices is None else _check_devices(devices)
+        if axis_name is not None:
+            _checks.string("pmap", "axis_name", axis_name)
+            if not axis_name:
+                raise ValueError("pmap: axis_name must be a non-empty str (or None), got ''")
         self._axis_name = axis_name
         self._cache: dict = {}
         self._lock = threading.RLock()
@@ -815,7 +837,7 @@ class PmapFunction:
         return tree_unflatten(entry.out_treedef, outs)
 
     def _call_slow(self, leaves: list, treedef: PyTreeDef) -> Any:
-        arrays = [_to_array(x) for x in leaves]
+        arrays = self._arrays(leaves)
         avals = [(tuple(x.shape), np.dtype(x.dtype)) for x in arrays]
         entry = self.get_compiled(treedef, avals)
         outs = entry.lowered.execute(
@@ -825,9 +847,13 @@ class PmapFunction:
         )
         return tree_unflatten(entry.out_treedef, outs)
 
+    def _arrays(self, leaves: list) -> list:
+        where = f"pmap of {self._name!r}"
+        return [_to_array(x, where, i) for i, x in enumerate(leaves)]
+
     def _prepare(self, args: tuple) -> tuple:
         leaves, treedef = tree_flatten(args)
-        arrays = [_to_array(x) for x in leaves]
+        arrays = self._arrays(leaves)
         return treedef, [(tuple(x.shape), np.dtype(x.dtype)) for x in arrays]
 
     def as_text(self, *args: Any) -> str:
@@ -1010,18 +1036,21 @@ def pmap(
         (tuples, lists, dicts, None) of arrays; it is traced once per input
         signature, so it must not branch on array values.
       devices: Virtual devices, e.g. `slice.tpus` from
-        `pw.make_virtual_device_set().add_slice(tpu_devices=n)`. If None, a
-        slice of `n` TPUs is allocated (and cached) on first call, with `n`
-        the leading axis size of the first argument.
-      axis_name: The name of the mapped axis, for collectives like `pw.psum`.
+        `pw.make_virtual_device_set().add_slice(tpu_devices=n)` (or that
+        `VirtualSlice`). If None, a slice of `n` TPUs is allocated (and
+        cached) on first call, with `n` the leading axis size of the first
+        argument.
+      axis_name: The name of the mapped axis, for collectives like
+        `pw.psum`: a non-empty str, or None.
 
     Returns:
       A `PmapFunction` wrapping `fn`.
 
     Raises:
-      TypeError: If `devices` holds anything but `VirtualDevice`s (e.g.
-        physical devices from `pw.devices()`).
-      ValueError: If `devices` is empty.
+      TypeError: If `fn` is not callable, `devices` holds anything but
+        `VirtualDevice`s (e.g. physical devices from `pw.devices()`), or
+        `axis_name` is not a str.
+      ValueError: If `devices` or `axis_name` is empty.
     """
     if not callable(fn):
         raise TypeError(f"pmap expects a callable, got {fn!r}")
@@ -1112,7 +1141,7 @@ def all_gather(x: Any, axis_name: str, axis: int = 0) -> Any:
       NameError: If `axis_name` is not bound by the enclosing pmap.
       ValueError: If `axis` is out of range.
     """
-    a = operator.index(axis)
+    a = _checks.index("all_gather", "axis", axis)
     return _map_leaves("all_gather", x, axis_name, axis=a)
 
 
@@ -1123,11 +1152,11 @@ def ppermute(x: Any, axis_name: str, perm: Sequence[tuple]) -> Any:
     zeros. Each source and destination may appear at most once.
 
     Raises:
+      TypeError: If `perm` is not a sequence of pairs of ints.
       NameError: If `axis_name` is not bound by the enclosing pmap.
       ValueError: For an out-of-range or repeated source or destination.
     """
-    pairs = [(operator.index(s), operator.index(d)) for s, d in perm]
-    return _map_leaves("ppermute", x, axis_name, perm=pairs)
+    return _map_leaves("ppermute", x, axis_name, perm=_checks.int_pairs("ppermute", "perm", perm))
 
 
 def all_to_all(x: Any, axis_name: str, split_axis: int, concat_axis: int) -> Any:
@@ -1148,8 +1177,8 @@ def all_to_all(x: Any, axis_name: str, split_axis: int, concat_axis: int) -> Any
         "all_to_all",
         x,
         axis_name,
-        split_axis=operator.index(split_axis),
-        concat_axis=operator.index(concat_axis),
+        split_axis=_checks.index("all_to_all", "split_axis", split_axis),
+        concat_axis=_checks.index("all_to_all", "concat_axis", concat_axis),
     )
 
 
@@ -1166,7 +1195,10 @@ def psum_scatter(x: Any, axis_name: str, scatter_dimension: int = 0) -> Any:
         number of devices.
     """
     return _map_leaves(
-        "psum_scatter", x, axis_name, scatter_dimension=operator.index(scatter_dimension)
+        "psum_scatter",
+        x,
+        axis_name,
+        scatter_dimension=_checks.index("psum_scatter", "scatter_dimension", scatter_dimension),
     )
 
 

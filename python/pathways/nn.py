@@ -16,6 +16,7 @@ from typing import Any, Optional
 import numpy as _np
 
 import pathways.numpy as _pnp
+from pathways import _checks
 from pathways._autodiff import stop_gradient
 from pathways._tracing import Tracer
 
@@ -91,6 +92,7 @@ def _max_shift(x: Any, axis: Any) -> Any:
 
 def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """log(sum(exp(x), axis)), computed stably (shifted by the max where it is finite)."""
+    axis = _checks.axes("logsumexp", "axis", axis)
     m = _max_shift(x, axis)
     out = _pnp.log(_pnp.sum(_pnp.exp(x - m), axis=axis, keepdims=True)) + m
     if keepdims:
@@ -102,12 +104,14 @@ def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
 
 def softmax(x: Any, axis: Any = -1) -> Any:
     """exp(x) / sum(exp(x), axis), computed stably."""
+    axis = _checks.axes("softmax", "axis", axis)
     e = _pnp.exp(x - _max_shift(x, axis))
     return e / _pnp.sum(e, axis=axis, keepdims=True)
 
 
 def log_softmax(x: Any, axis: Any = -1) -> Any:
     """x - logsumexp(x, axis), computed stably."""
+    axis = _checks.axes("log_softmax", "axis", axis)
     shifted = x - _max_shift(x, axis)
     return shifted - _pnp.log(_pnp.sum(_pnp.exp(shifted), axis=axis, keepdims=True))
 
@@ -117,7 +121,8 @@ def one_hot(x: Any, num_classes: int, dtype: Any = _np.float32, axis: int = -1) 
 
     Labels outside [0, num_classes) give all-zero vectors.
     """
-    n = int(num_classes)
+    n = _checks.integer("one_hot", "num_classes", num_classes)
+    axis = _checks.index("one_hot", "axis", axis)
     ndim = _np.ndim(x) if not isinstance(x, Tracer) else x.ndim
     a = axis + ndim + 1 if axis < 0 else axis
     if not 0 <= a <= ndim:
@@ -143,6 +148,7 @@ def layer_norm(
       axis: The axis or axes normalized over.
       epsilon: Added to the variance.
     """
+    axis = _checks.axes("layer_norm", "axis", axis)
     mean = _pnp.mean(x, axis=axis, keepdims=True)
     centered = x - mean
     var = _pnp.mean(centered * centered, axis=axis, keepdims=True)

@@ -10,17 +10,22 @@ promote as in numpy (bool < int32 < float32 < float64; int32 with float32
 gives float64); the transcendental functions compute int32 in float64 and
 bool in float32; Python scalars are weakly typed as for the `Tracer`
 operators. Called with no traced value (e.g. on numpy arrays outside a
-trace), each function simply calls its numpy namesake.
+trace), each function simply calls its numpy namesake. Conversely numpy's own
+functions, called on a traced value (`np.sum(x)`, `np.exp(x)`), call their
+namesakes here, and raise TracerError for those this module lacks.
 """
 
 from __future__ import annotations
 
 import builtins as _builtins
+import functools as _functools
+import inspect as _inspect
 import operator as _operator
 from typing import Any, Optional
 
 import numpy as _np
 
+from pathways import _checks
 from pathways._tracing import Tracer, TracerError, _TracerBase, bind
 
 __all__ = [
@@ -36,6 +41,17 @@ __all__ = [
     "sin",
     "cos",
     "abs",
+    "absolute",
+    "negative",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "true_divide",
+    "power",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
     "maximum",
     "minimum",
     "where",
@@ -130,17 +146,21 @@ sqrt = _unary("sqrt", "sqrt", _np.sqrt)
 rsqrt = _unary("rsqrt", "rsqrt", _np_rsqrt)
 sin = _unary("sin", "sin", _np.sin)
 cos = _unary("cos", "cos", _np.cos)
-abs = _unary("abs", "abs", _np.abs)  # noqa: A001 (numpy's name)
+abs = absolute = _unary("abs", "abs", _np.abs)  # noqa: A001 (numpy's name)
+negative = _unary("negative", "neg", _np.negative)
 
 
-def _binary(name: str, op: str, numpy_fn: Any) -> Any:
+def _binary(name: str, op: str, numpy_fn: Any, method: str = "_binary") -> Any:
+    """`numpy_fn`, or on traced values primitive `op` through the `Tracer` method `method`
+    (`_logical` for the bitwise ops, which need bool operands)."""
+
     def fn(a: Any, b: Any) -> Any:
         if _traced(name, (a, b)):
             if isinstance(a, Tracer):
                 a._check()
-                return a._binary(op, b, False)
+                return getattr(a, method)(op, b, False)
             b._check()
-            return b._binary(op, a, True)
+            return getattr(b, method)(op, a, True)
         return numpy_fn(a, b)
 
     fn.__name__ = fn.__qualname__ = name
@@ -151,6 +171,14 @@ def _binary(name: str, op: str, numpy_fn: Any) -> Any:
     return fn
 
 
+add = _binary("add", "add", _np.add)
+subtract = _binary("subtract", "sub", _np.subtract)
+multiply = _binary("multiply", "mul", _np.multiply)
+divide = true_divide = _binary("divide", "div", _np.divide)
+power = _binary("power", "pow", _np.power)
+bitwise_and = _binary("bitwise_and", "and", _np.bitwise_and, "_logical")
+bitwise_or = _binary("bitwise_or", "or", _np.bitwise_or, "_logical")
+bitwise_xor = _binary("bitwise_xor", "xor", _np.bitwise_xor, "_logical")
 maximum = _binary("maximum", "max", _np.maximum)
 minimum = _binary("minimum", "min", _np.minimum)
 equal = _binary("equal", "eq", _np.equal)
@@ -264,17 +292,17 @@ def _operand(trace: Any, x: Any) -> Tracer:
     return trace.constant(x, None)
 
 
-def _axis(name: str, axis: Any, ndim: int, shape: tuple) -> int:
-    a = _operator.index(axis)
+def _axis(name: str, param: str, axis: Any, ndim: int, shape: tuple) -> int:
+    """Axis `axis` (parameter `param` of op `name`) of a value of rank `ndim`, made non-negative.
+
+    Raises:
+      TypeError: Unless it is an integer (see `_checks.index`).
+      ValueError: If it is out of range.
+    """
+    a = _checks.index(name, param, axis)
     if not -ndim <= a < ndim:
-        raise ValueError(f"{name}: axis {a} is out of range for shape {shape} (rank {ndim})")
+        raise ValueError(f"{name}: {param} {a} is out of range for shape {shape} (rank {ndim})")
     return a + ndim if a < 0 else a
-
-
-def _shape_arg(shape: Any) -> tuple:
-    if isinstance(shape, (tuple, list)):
-        return tuple(_operator.index(d) for d in shape)
-    return (_operator.index(shape),)
 
 
 def _resolve_shape(name: str, size: int, shape: tuple, old: tuple) -> list:
@@ -300,7 +328,7 @@ def reshape(a: Any, shape: Any = None, *, newshape: Any = None) -> Any:
     trace = _trace_of("reshape", (a,))
     if trace is None:
         return _np.reshape(a, shape)
-    dims = _resolve_shape("reshape", a.size, _shape_arg(shape), a.shape)
+    dims = _resolve_shape("reshape", a.size, _checks.ints("reshape", "shape", shape), a.shape)
     return bind(trace, "reshape", (a,), shape=dims)
 
 
@@ -314,7 +342,7 @@ def transpose(a: Any, axes: Any = None) -> Any:
     trace = _trace_of("transpose", (a,))
     if trace is None:
         return _np.transpose(a, axes)
-    perm = list(range(a.ndim))[::-1] if axes is None else [_operator.index(x) for x in axes]
+    perm = list(range(a.ndim))[::-1] if axes is None else list(_checks.ints("transpose", "axes", axes))
     return bind(trace, "transpose", (a,), perm=perm)
 
 
@@ -322,8 +350,8 @@ def swapaxes(a: Any, axis1: int, axis2: int) -> Any:
     """`numpy.swapaxes`: dimensions `axis1` and `axis2` exchanged."""
     if _trace_of("swapaxes", (a,)) is None:
         return _np.swapaxes(a, axis1, axis2)
-    i = _axis("swapaxes", axis1, a.ndim, a.shape)
-    j = _axis("swapaxes", axis2, a.ndim, a.shape)
+    i = _axis("swapaxes", "axis1", axis1, a.ndim, a.shape)
+    j = _axis("swapaxes", "axis2", axis2, a.ndim, a.shape)
     perm = list(range(a.ndim))
     perm[i], perm[j] = perm[j], perm[i]
     return transpose(a, perm)
@@ -333,8 +361,8 @@ def moveaxis(a: Any, source: int, destination: int) -> Any:
     """`numpy.moveaxis` for one axis: dimension `source` moved to position `destination`."""
     if _trace_of("moveaxis", (a,)) is None:
         return _np.moveaxis(a, source, destination)
-    s = _axis("moveaxis", source, a.ndim, a.shape)
-    d = _axis("moveaxis", destination, a.ndim, a.shape)
+    s = _axis("moveaxis", "source", source, a.ndim, a.shape)
+    d = _axis("moveaxis", "destination", destination, a.ndim, a.shape)
     perm = [i for i in range(a.ndim) if i != s]
     perm.insert(d, s)
     return transpose(a, perm)
@@ -345,16 +373,16 @@ def broadcast_to(a: Any, shape: Any) -> Any:
     trace = _trace_of("broadcast_to", (a,))
     if trace is None:
         return _np.broadcast_to(a, shape)
-    return bind(trace, "broadcast_to", (a,), shape=list(_shape_arg(shape)))
+    return bind(trace, "broadcast_to", (a,), shape=list(_checks.ints("broadcast_to", "shape", shape)))
 
 
 def expand_dims(a: Any, axis: Any) -> Any:
     """`numpy.expand_dims`: size-1 dimensions inserted at `axis` (an int or tuple)."""
     if _trace_of("expand_dims", (a,)) is None:
         return _np.expand_dims(a, axis)
-    axes = _shape_arg(axis)
+    axes = _checks.ints("expand_dims", "axis", axis)
     out_ndim = a.ndim + len(axes)
-    pos = sorted(_axis("expand_dims", x, out_ndim, a.shape) for x in axes)
+    pos = sorted(_axis("expand_dims", "axis", x, out_ndim, a.shape) for x in axes)
     if len(set(pos)) != len(pos):
         raise ValueError(f"expand_dims: repeated axis in {axis}")
     shape = list(a.shape)
@@ -367,10 +395,11 @@ def squeeze(a: Any, axis: Any = None) -> Any:
     """`numpy.squeeze`: size-1 dimensions removed (all of them, or those of `axis`)."""
     if _trace_of("squeeze", (a,)) is None:
         return _np.squeeze(a, axis)
-    if axis is None:
+    axes = _checks.axes("squeeze", "axis", axis)
+    if axes is None:
         drop = {i for i, d in enumerate(a.shape) if d == 1}
     else:
-        drop = {_axis("squeeze", x, a.ndim, a.shape) for x in _shape_arg(axis)}
+        drop = {_axis("squeeze", "axis", x, a.ndim, a.shape) for x in axes}
         for i in drop:
             if a.shape[i] != 1:
                 raise ValueError(
@@ -387,7 +416,7 @@ def concatenate(arrays: Any, axis: int = 0) -> Any:
     if trace is None:
         return _np.concatenate(arrays, axis=axis)
     xs = [_operand(trace, x) for x in arrays]
-    return bind(trace, "concatenate", xs, axis=_operator.index(axis))
+    return bind(trace, "concatenate", xs, axis=_checks.index("concatenate", "axis", axis))
 
 
 def stack(arrays: Any, axis: int = 0) -> Any:
@@ -403,7 +432,7 @@ def stack(arrays: Any, axis: int = 0) -> Any:
             "stack: all input arrays must have the same shape, got "
             + ", ".join(x.aval for x in xs)
         )
-    a = _axis("stack", axis, xs[0].ndim + 1, xs[0].shape)
+    a = _axis("stack", "axis", axis, xs[0].ndim + 1, xs[0].shape)
     return concatenate([expand_dims(x, a) for x in xs], axis=a)
 
 
@@ -412,7 +441,8 @@ def flip(m: Any, axis: Any = None) -> Any:
     trace = _trace_of("flip", (m,))
     if trace is None:
         return _np.flip(m, axis)
-    axes = list(range(m.ndim)) if axis is None else list(_shape_arg(axis))
+    axes = _checks.axes("flip", "axis", axis)
+    axes = list(range(m.ndim)) if axes is None else list(axes)
     return bind(trace, "rev", (m,), axes=axes)
 
 
@@ -491,7 +521,7 @@ def take(a: Any, indices: Any, axis: Any = None, mode: Optional[str] = None,
         axis = 0
     if a.ndim == 0:
         raise ValueError(f"take: cannot index into a zero-dimensional value (shape {a.shape})")
-    ax = _axis("take", axis, a.ndim, a.shape)
+    ax = _axis("take", "axis", axis, a.ndim, a.shape)
     n = a.shape[ax]
     idx = _int_indices("take", indices)
     if trace is None:
@@ -754,6 +784,7 @@ def var(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """`numpy.var` (ddof=0): the mean squared deviation from the mean over `axis`."""
     if _trace_of("var", (a,)) is None:
         return _np.var(a, axis=axis, keepdims=keepdims)
+    axis = _checks.axes("var", "axis", axis)
     centered = a - mean(a, axis=axis, keepdims=True)
     return mean(centered * centered, axis=axis, keepdims=keepdims)
 
@@ -762,6 +793,7 @@ def std(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """`numpy.std` (ddof=0): the square root of `var`."""
     if _trace_of("std", (a,)) is None:
         return _np.std(a, axis=axis, keepdims=keepdims)
+    axis = _checks.axes("std", "axis", axis)
     return sqrt(var(a, axis=axis, keepdims=keepdims))
 
 
@@ -878,3 +910,72 @@ def _getitem(x: Tracer, index: Any) -> Tracer:
     else:
         shape = final
     return reshape(y, shape)
+
+
+# --- numpy's own functions on traced values ------------------------------------
+#
+# `np.sum(x)` or `np.exp(x)` of a traced value comes here (numpy's
+# __array_function__ and __array_ufunc__ protocols, NEP 18 and 13) and calls
+# the namesake of this module, as `np.sum` of a JAX array calls its method.
+# numpy functions this module lacks raise TracerError naming them.
+
+# numpy functions that only read the static shape.
+_SHAPE_FUNCTIONS = {
+    "shape": lambda a: a.shape,
+    "ndim": lambda a: a.ndim,
+    "size": lambda a, axis=None: a.size if axis is None else a.shape[axis],
+}
+
+
+def _no_numpy(x: Tracer, what: str, why: str) -> TracerError:
+    return TracerError(
+        f"{what} of a traced value ({x.aval} in {x._trace.where()}): {why}; numpy cannot "
+        "compute on traced values, which have no data while the function is traced: use "
+        "the operators (+ - * / ...) and pathways.numpy (pw.numpy) functions"
+    )
+
+
+@_functools.lru_cache(maxsize=None)
+def _signature(fn: Any) -> _inspect.Signature:
+    return _inspect.signature(fn)
+
+
+def _call_namesake(x: Tracer, what: str, name: str, args: tuple, kwargs: dict) -> Any:
+    """pathways.numpy's `name` on numpy's arguments; TracerError if there is none or it
+    does not take them. Keywords given as None (`out=None`, `dtype=None`) are numpy's
+    defaults, and dropped."""
+    fn = globals().get(name) if name in __all__ else None
+    if fn is None:
+        raise _no_numpy(x, what, f"pathways.numpy has no {name}")
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    try:
+        _signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise _no_numpy(
+            x, what, f"it calls pathways.numpy.{name}, which does not take these arguments ({e})"
+        ) from None
+    return fn(*args, **kwargs)
+
+
+def _numpy_function(x: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`func(*args, **kwargs)`, a numpy function called with traced value `x` among its arguments."""
+    x._check()
+    name = func.__name__
+    if name in _SHAPE_FUNCTIONS:
+        return _SHAPE_FUNCTIONS[name](*args, **kwargs)
+    return _call_namesake(x, f"numpy.{name}", name, args, kwargs)
+
+
+def _numpy_ufunc(x: Tracer, ufunc: Any, method: str, inputs: tuple, kwargs: dict) -> Any:
+    """`ufunc` (called, or its `method`: reduce, accumulate ...) with traced value `x` among `inputs`.
+
+    numpy's operators on arrays are ufuncs too: `np_array + x` comes here as
+    `numpy.add`, and `np_array < x` as `numpy.less`.
+    """
+    x._check()
+    if method != "__call__":
+        raise _no_numpy(
+            x, f"numpy.{ufunc.__name__}.{method}", "ufunc methods are not supported (for "
+            "numpy.add.reduce use pathways.numpy.sum)"
+        )
+    return _call_namesake(x, f"numpy.{ufunc.__name__}", ufunc.__name__, inputs, kwargs)

@@ -198,11 +198,11 @@ def test_non_virtual_devices(runtime_ok):
     with pytest.raises(
         TypeError,
         match=re.escape(
-            "pmap needs virtual devices from `pw.make_virtual_device_set().add_slice(tpu_devices=n).tpus`"
+            "pmap: devices must be virtual devices from `pw.make_virtual_device_set().add_slice(tpu_devices=n).tpus`"
         ),
     ):
         pw.pmap(lambda x: x, devices=devs)
-    with pytest.raises(TypeError, match="pmap needs virtual devices"):
+    with pytest.raises(TypeError, match="pmap: devices must be virtual devices"):
         pw.pmap(lambda x: x, devices=["tpu:0"])
     with pytest.raises(ValueError, match="at least one device"):
         pw.pmap(lambda x: x, devices=[])
@@ -288,7 +288,7 @@ def test_device_put_errors(tpus2, runtime_ok):
     with pytest.raises(ValueError, match="outside the int32 range"):
         pw.device_put({"ok": np.zeros(2), "bad": np.array([0, 2**33])}, tpus2)
     # Something that is not a device of this runtime.
-    with pytest.raises(TypeError, match="expected a Device or VirtualDevice, got <class 'str'>"):
+    with pytest.raises(TypeError, match=re.escape("device_put: devices must be a VirtualSlice or a sequence of devices")):
         pw.device_put(np.zeros(2), ["tpu:0", "tpu:1"])
     runtime_ok()
 
@@ -324,7 +324,8 @@ def test_if_on_traced_value(tpus2, runtime_ok):
         (lambda x: complex(x), "complex() of a traced value"),
         (lambda x: [0, 1][x], "operator.index() of a traced value"),
         (lambda x: np.asarray(x), "np.asarray() of a traced value (f64[] in pmap of 'f')"),
-        (lambda x: np.sin(x), "does not support ufuncs"),  # numpy's own TypeError
+        # numpy functions call their pathways.numpy namesakes (test_clear_errors.py); others:
+        (lambda x: np.round(x), "numpy.round of a traced value (f64[] in pmap of 'f'): pathways.numpy has no round"),
         (lambda x: list(x), "iteration over a 0-d traced value (f64[])"),
         (lambda x: 1.0 if x == 1.0 else 0.0, "bool() of a traced value (pred[] in pmap of 'f')"),
         (lambda x: x if x <= 1.0 else -x, "bool() of a traced value (pred[] in pmap of 'f')"),
@@ -335,8 +336,7 @@ def test_untraceable_python_in_pmap(tpus2, runtime_ok, body, message):
     pf = pw.pmap(_named("f", body), devices=tpus2)
     with pytest.raises(TypeError, match=re.escape(message)) as info:
         pf(np.array([1.0, 2.0]))
-    if "ufuncs" not in message:
-        assert isinstance(info.value, pw.TracerError)
+    assert isinstance(info.value, pw.TracerError)
     runtime_ok()
 
 

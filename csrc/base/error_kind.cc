@@ -1,0 +1,39 @@
+#include "csrc/base/error_kind.h"
+
+#include <string>
+
+#include "absl/strings/cord.h"
+
+namespace pw {
+namespace {
+
+constexpr absl::string_view kPayloadUrl = "pathways/error_kind";
+
+absl::Status WithKind(absl::string_view message, ErrorKind kind) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kPayloadUrl, absl::Cord(std::string(1, static_cast<char>(kind))));
+  return status;
+}
+
+}  // namespace
+
+absl::Status UnsupportedTypeError(absl::string_view message) {
+  return WithKind(message, ErrorKind::kUnsupportedType);
+}
+
+absl::Status UnboundNameError(absl::string_view message) { return WithKind(message, ErrorKind::kUnboundName); }
+
+ErrorKind GetErrorKind(const absl::Status& status) {
+  const auto payload = status.GetPayload(kPayloadUrl);  // absl::optional<absl::Cord>
+  if (!payload.has_value() || payload->size() != 1) return ErrorKind::kNone;
+  const auto kind = static_cast<ErrorKind>(std::string(*payload)[0]);
+  switch (kind) {
+    case ErrorKind::kUnsupportedType:
+    case ErrorKind::kUnboundName:
+      return kind;
+    default:
+      return ErrorKind::kNone;
+  }
+}
+
+}  // namespace pw
