@@ -840,6 +840,11 @@ absl::StatusOr<int32_t> FunctionBuilder::Slice(int32_t x, const std::vector<int6
   op.slice_start = start;
   op.slice_limit = limit;
   op.slice_step = step;
+  for (size_t d = 0; d < tx.dims.size(); ++d) {
+    // With at most one element taken the step does not matter: stored as 1,
+    // so that no stride derived from it can overflow.
+    if (op.type.dims[d] <= 1) op.slice_step[d] = 1;
+  }
   return Add(std::move(op));
 }
 
