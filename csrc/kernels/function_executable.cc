@@ -287,6 +287,14 @@ T ReduceAdd(T a, T b) {
   }
 }
 
+// A constant's bytes. An empty constant's vector has no storage (data() may
+// be null); kernels offset pointers even when they read nothing, so it gets a
+// real address.
+const void* LiteralData(const Op& op) {
+  static constexpr uint64_t kNoElements[1] = {0};
+  return op.literal.empty() ? static_cast<const void*>(kNoElements) : op.literal.data();
+}
+
 // numpy's sum/mean/max/min/argmax over the plan's reduced dims, per shard.
 template <typename T>
 void Reduce(ReduceKind kind, int num_shards, int64_t n, const View& x,
@@ -955,7 +963,7 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
       case OpKind::kParameter:
         return {inputs[op.param_index], n, elem_stride};
       case OpKind::kConstant:
-        return {op.literal.data(), 0, elem_stride};
+        return {LiteralData(op), 0, elem_stride};
       default:
         return {base + scratch_offset_[v] * num_shards, n, elem_stride};
     }
@@ -973,7 +981,7 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
         auto tile_view = [&](int32_t u) -> View {
           const Op& uo = ops[u];
           if (tile_offset_[u] >= 0) return {tiles + tile_offset_[u], len, 1};
-          if (uo.kind == OpKind::kConstant) return {uo.literal.data(), 0, 0};
+          if (uo.kind == OpKind::kConstant) return {LiteralData(uo), 0, 0};
           return {static_cast<const uint8_t*>(view(u).data) + t0 * DTypeSize(uo.type.dtype),
                   len, 1};
         };
