@@ -27,14 +27,13 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
   rt->cluster_ = *std::move(cluster);
   rt->resource_manager_ = std::make_unique<ResourceManager>(rt->cluster_.get(), &rt->registry_);
   rt->stores_ = std::make_unique<ObjectStores>(rt->cluster_.get());
-  std::vector<GangScheduler*> schedulers;
   for (Island* island : rt->cluster_->islands()) {
     rt->schedulers_.push_back(std::make_unique<GangScheduler>(island));
-    schedulers.push_back(rt->schedulers_.back().get());
+    rt->scheduler_ptrs_.push_back(rt->schedulers_.back().get());
   }
   rt->delays_ = std::make_unique<DelayQueue>();
   rt->executor_ = std::make_unique<Executor>(rt->cluster_->options().num_executor_threads);
-  rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), std::move(schedulers),
+  rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), rt->scheduler_ptrs_,
                                                          rt->executor_.get(), &rt->stats_,
                                                          GangServices{rt->delays_.get(), &rt->timeline_,
                                                                       rt->cluster_->options().control_latency_ns,
@@ -63,6 +62,8 @@ std::vector<SchedulingClient*> Runtime::clients() {
   for (auto& c : clients_) out.push_back(c.get());
   return out;
 }
+
+Diagnosis Runtime::Diagnose() { return pw::Diagnose(scheduler_ptrs_); }
 
 void Runtime::SetSchedulingPolicy(SchedulingPolicy policy) {
   ReadyList ready;

@@ -78,6 +78,10 @@ class Runtime {
   // Sets the scheduling policy of every island's gang scheduler.
   void SetSchedulingPolicy(SchedulingPolicy policy);
 
+  // What every gang that is enqueued but not running waits for, on every
+  // island (scheduler/diagnosis.h). On demand; never on the dispatch path.
+  Diagnosis Diagnose();
+
   // Places host data (row-major `dtype`, global `dims`) on `devices`.
   // Cancelled after Shutdown().
   absl::StatusOr<std::shared_ptr<ShardedBuffer>> DevicePut(DType dtype, Dims dims, const void* data,
@@ -112,6 +116,7 @@ class Runtime {
   std::unique_ptr<DelayQueue> delays_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<ParallelDispatcher> dispatcher_;
+  std::vector<GangScheduler*> scheduler_ptrs_;  // schedulers_, by island id
   // Set once by Shutdown(); gangs read it through GangServices::cancelled.
   std::atomic<bool> shut_down_{false};
   // Execute() and DevicePut() calls under way; Shutdown() waits for them to

@@ -245,7 +245,96 @@ TEST_P(RuntimeTest, ShutdownCancelsQueuedWorkPromptly) {
   rt->Shutdown();  // idempotent
 }
 
+// Programs for the diagnosis tests: "hold" runs 'slow' (an hour of simulated
+// compute) on slice a; "after" runs 'first' on slice a, then 'second' on
+// slice b (another island) with first's output copied over DCN.
+struct HangPrograms {
+  std::shared_ptr<VirtualSlice> a, b;
+  std::shared_ptr<const LoweredProgram> hold, after;
+};
+
+HangPrograms MakeHangPrograms(Runtime& rt) {
+  HangPrograms p;
+  p.a = *rt.resource_manager().AddSlice(2, "tpu");
+  p.b = *rt.resource_manager().AddSlice(2, "tpu");
+  EXPECT_NE(p.a->island(), p.b->island());
+  FunctionBuilder b("slow", "i");
+  const int32_t x = b.Parameter(DType::kF64, {});
+  auto ir = *b.Build({*b.SimulatedCompute(x, kMaxSimulatedNs)});
+  auto slow = *CompiledFunction::Create(*FunctionExecutable::Compile(ir), testing::AllOf(p.a), &rt.registry());
+  ProgramBuilder hold("hold");
+  int v = *hold.AddArg(DType::kF64, {2});
+  p.hold = *Lower(*hold.Build({(*hold.AddCall(slow, {v}))[0]}));
+  auto first = testing::ScalarOpFunction("first", OpKind::kAdd, 1.0, p.a, &rt.registry());
+  auto second = testing::ScalarOpFunction("second", OpKind::kMul, 2.0, p.b, &rt.registry());
+  ProgramBuilder after("after");
+  v = *after.AddArg(DType::kF64, {2});
+  v = (*after.AddCall(first, {v}))[0];
+  p.after = *Lower(*after.Build({(*after.AddCall(second, {v}))[0]}));
+  return p;
+}
+
+const WaitingGang* FindWaiting(const Diagnosis& d, const std::string& node) {
+  for (const WaitingGang& w : d.waiting) {
+    if (w.gang.node == node) return &w;
+  }
+  return nullptr;
+}
+
+// Real programs: the gang queued behind another program's running gang names
+// it; the gang on another island waiting for a copy of its input names the
+// input's producer. Shutdown() ends the hour of simulated time at once.
+TEST_P(RuntimeTest, DiagnoseNamesBlockersAndProducers) {
+  auto rt = MakeRuntime(GetParam());
+  HangPrograms p = MakeHangPrograms(*rt);
+  SchedulingClient* tenant = *rt->CreateClient("tenant", 1.0);
+  const double in[] = {1.0, 2.0};
+  auto held = *rt->Execute(*p.hold, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ExecuteOptions options;
+  options.client = tenant;
+  auto outs = *rt->Execute(*p.after, {ProgramArg{nullptr, in, DType::kF64, {2}}}, options);
+  Diagnosis d;
+  const WaitingGang* first = nullptr;
+  // The hold gang may take a moment to be running; wait for it (generously).
+  for (int i = 0; i < 3000; ++i) {
+    d = rt->Diagnose();
+    first = FindWaiting(d, "first");
+    if (first != nullptr && !first->blocked_by.empty() && first->blocked_by[0].gang.state == GangState::kRunning) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NE(first, nullptr) << d.ToString();
+  EXPECT_EQ(first->gang.program, "after");
+  EXPECT_EQ(first->gang.client, "tenant");
+  EXPECT_EQ(first->gang.devices, p.a->devices());
+  EXPECT_EQ(first->gang.state, GangState::kQueued);
+  ASSERT_EQ(first->blocked_by.size(), 1u) << d.ToString();
+  EXPECT_EQ(first->blocked_by[0].gang.node, "slow");
+  EXPECT_EQ(first->blocked_by[0].gang.program, "hold");
+  EXPECT_EQ(first->blocked_by[0].gang.client, "default");
+  EXPECT_EQ(first->blocked_by[0].gang.state, GangState::kRunning);
+  EXPECT_EQ(first->blocked_by[0].device_ids.size(), 2u);
+
+  const WaitingGang* second = FindWaiting(d, "second");
+  ASSERT_NE(second, nullptr) << d.ToString();
+  EXPECT_EQ(second->gang.island, p.b->island()->id());
+  EXPECT_EQ(second->gang.state, GangState::kHoldingDevices);
+  EXPECT_TRUE(second->blocked_by.empty());
+  ASSERT_EQ(second->inputs.size(), 1u);
+  EXPECT_TRUE(second->inputs[0].copy);
+  ASSERT_TRUE(second->inputs[0].producer.has_value()) << d.ToString();
+  EXPECT_EQ(second->inputs[0].producer->node, "first");
+  EXPECT_EQ(second->inputs[0].producer->program, "after");
+  EXPECT_NE(d.ToString().find("not ready: a copy of the output of 'first' of program 'after', client 'tenant'"),
+            std::string::npos)
+      << d.ToString();
+  rt->Shutdown();
+  EXPECT_TRUE(rt->Diagnose().waiting.empty());
+}
+
 INSTANTIATE_TEST_SUITE_P(ExecutorThreads, RuntimeTest, ::testing::Values(1, 2, 4));
+
 
 }  // namespace
 }  // namespace pw
