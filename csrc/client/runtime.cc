@@ -38,10 +38,14 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
                                                          GangServices{rt->delays_.get(), &rt->timeline_,
                                                                       rt->cluster_->options().control_latency_ns,
                                                                       &rt->shut_down_});
+  if (const int64_t threshold = rt->cluster_->options().hang_report_ns; threshold > 0) {
+    rt->watchdog_ = std::make_unique<HangWatchdog>(rt->scheduler_ptrs_, threshold);
+  }
   return rt;
 }
 
 Runtime::~Runtime() {
+  if (watchdog_ != nullptr) watchdog_->Stop();
   AwaitQuiescence();
   executor_.reset();
   delays_.reset();
@@ -153,6 +157,7 @@ void Runtime::Shutdown() {
   // Held throughout, so a second caller returns only once the threads stop.
   MutexLock lock(&shutdown_mu_);
   if (shut_down_.exchange(true)) return;
+  if (watchdog_ != nullptr) watchdog_->Stop();  // cancelled gangs are no hangs
   delays_->Hurry();  // simulated time of running gangs and modeled messages ends now
   while (active_calls_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
   // Gangs still queued now run cancelled (microseconds each), in order.

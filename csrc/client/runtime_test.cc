@@ -1,6 +1,7 @@
 #include "csrc/client/runtime.h"
 
 #include <atomic>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -335,6 +336,41 @@ TEST_P(RuntimeTest, DiagnoseNamesBlockersAndProducers) {
 
 INSTANTIATE_TEST_SUITE_P(ExecutorThreads, RuntimeTest, ::testing::Values(1, 2, 4));
 
+// The watchdog reports nothing while nothing waits, then each gang that
+// cannot start once; Shutdown() stops it.
+TEST(RuntimeHangWatchdogTest, ReportsEachGangThatCannotStartOnce) {
+  TopologyOptions options;
+  options.hang_report_ns = 50'000'000;
+  auto rt = *Runtime::Create(options);
+  ASSERT_NE(rt->hang_watchdog(), nullptr);
+  HangPrograms p = MakeHangPrograms(*rt);
+  const double in[] = {1.0, 2.0};
+  auto held = *rt->Execute(*p.hold, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // only a running gang
+  EXPECT_FALSE(rt->hang_watchdog()->has_report());
+  auto outs = *rt->Execute(*p.after, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  // Both of after's gangs cannot start: collect reports until both came,
+  // then a while longer.
+  std::map<std::string, int> reported;
+  int64_t both_at = 0;
+  for (int i = 0; i < 3000; ++i) {
+    while (std::optional<Diagnosis> report = rt->hang_watchdog()->TakeReport()) {
+      for (const WaitingGang& w : report->waiting) reported[w.gang.node]++;
+    }
+    if (both_at == 0 && reported.size() == 2) both_at = NowNanos();
+    if (both_at != 0 && NowNanos() - both_at > 300'000'000) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(reported, (std::map<std::string, int>{{"first", 1}, {"second", 1}}));
+  rt->Shutdown();
+  EXPECT_FALSE(rt->hang_watchdog()->has_report());
+}
+
+TEST(RuntimeHangWatchdogTest, ZeroTurnsTheWatchdogOff) {
+  TopologyOptions options;
+  options.hang_report_ns = 0;
+  EXPECT_EQ((*Runtime::Create(options))->hang_watchdog(), nullptr);
+}
 
 }  // namespace
 }  // namespace pw

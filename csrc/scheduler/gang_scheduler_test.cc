@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/spin.h"
+#include "csrc/scheduler/hang_watchdog.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -476,6 +478,35 @@ TEST_F(GangSchedulerTest, TakingReportsEachWaitingGangOnce) {
   EXPECT_EQ(first.waiting[0].gang.node, "wait");
   EXPECT_TRUE(Diagnose(schedulers, 0, /*take=*/true).waiting.empty());
   EXPECT_EQ(Diagnose(schedulers).waiting.size(), 1u);
+  scheduler.Complete(&hold, &ready);
+  scheduler.Complete(&wait, &ready);
+}
+
+// The watchdog thread reports a gang that cannot start once, names what it
+// waits for, reports nothing while nothing waits, and stops promptly.
+TEST_F(GangSchedulerTest, HangWatchdogReportsAGangThatCannotStartOnce) {
+  GangScheduler scheduler(cluster_->islands()[0]);
+  NamedGang hold(List({0, 1}), nullptr, "a", "hold");
+  NamedGang wait(List({1}), nullptr, "b", "wait");
+  ReadyList ready;
+  scheduler.Enqueue(&hold, &ready);
+  HangWatchdog watchdog({&scheduler}, /*threshold_ns=*/20'000'000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // several periods, nothing waiting
+  EXPECT_FALSE(watchdog.has_report());
+  scheduler.Enqueue(&wait, &ready);
+  for (int i = 0; i < 3000 && !watchdog.has_report(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::optional<Diagnosis> report = watchdog.TakeReport();
+  ASSERT_TRUE(report.has_value());
+  ASSERT_EQ(report->waiting.size(), 1u);
+  EXPECT_EQ(report->waiting[0].gang.node, "wait");
+  EXPECT_GE(report->waiting[0].waited_ns, 20'000'000);
+  ASSERT_EQ(report->waiting[0].blocked_by.size(), 1u);
+  EXPECT_EQ(report->waiting[0].blocked_by[0].gang.node, "hold");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // still waiting: not reported again
+  EXPECT_FALSE(watchdog.TakeReport().has_value());
+  const int64_t start = NowNanos();
+  watchdog.Stop();
+  EXPECT_LT(NowNanos() - start, 1'000'000'000);
   scheduler.Complete(&hold, &ready);
   scheduler.Complete(&wait, &ready);
 }
