@@ -11,4 +11,5 @@ PYBIND11_MODULE(_core, m) {
   pw::bindings::RegisterShardedBuffer(m);
   pw::bindings::RegisterFunctionIr(m);
   pw::bindings::RegisterProgramIr(m);
+  pw::bindings::RegisterDiagnosis(m);
 }

@@ -11,9 +11,13 @@ void RegisterRuntime(pybind11::module_& m);        // runtime.cc: topology, devi
 void RegisterShardedBuffer(pybind11::module_& m);  // sharded_buffer.cc: ShardedBuffer, device_put
 void RegisterFunctionIr(pybind11::module_& m);     // function_ir.cc: FunctionBuilder, compile
 void RegisterProgramIr(pybind11::module_& m);      // program_ir.cc: ProgramBuilder, lowering, execute
+void RegisterDiagnosis(pybind11::module_& m);      // diagnosis.cc: diagnose
 
 // The default runtime, started on first use; raises on a bad topology.
 Runtime& GetRuntime();
+// The default runtime if a call has started it (never in a forked child),
+// else null; does not start it.
+Runtime* StartedRuntime();
 
 }  // namespace pw::bindings
 

@@ -14,16 +14,22 @@
 namespace pw::bindings {
 namespace py = pybind11;
 
+namespace {
+// The default runtime once a call started it, cached so the hot path does
+// not take Default()'s lock on every call.
+std::atomic<Runtime*> started_runtime{nullptr};
+}  // namespace
+
 Runtime& GetRuntime() {
-  // Cached so the hot path does not take Default()'s lock on every call.
-  static std::atomic<Runtime*> cached{nullptr};
-  Runtime* rt = cached.load(std::memory_order_acquire);
+  Runtime* rt = started_runtime.load(std::memory_order_acquire);
   if (rt == nullptr || InForkedChild()) {  // Default() says why a child may not
     rt = ValueOrThrow(Runtime::Default());
-    cached.store(rt, std::memory_order_release);
+    started_runtime.store(rt, std::memory_order_release);
   }
   return *rt;
 }
+
+Runtime* StartedRuntime() { return InForkedChild() ? nullptr : started_runtime.load(std::memory_order_acquire); }
 
 namespace {
 
@@ -58,6 +64,7 @@ void RegisterRuntime(py::module_& m) {
     d["device_memory"] = o.device_memory_bytes;
     d["executor_threads"] = o.num_executor_threads;
     d["control_latency_us"] = o.control_latency_ns / 1000.0;
+    d["hang_report_seconds"] = o.hang_report_ns / 1e9;
     return d;
   });
   m.def("devices", [] { return GetRuntime().cluster().devices(); }, py::return_value_policy::reference);

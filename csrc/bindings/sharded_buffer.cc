@@ -33,11 +33,14 @@ DType FromNumpyDType(const py::dtype& dtype, const char* what) {
   return *parsed;
 }
 
+void AwaitDone(const ShardedBuffer& buffer) {
+  if (buffer.IsDone()) return;
+  if (InForkedChild()) ThrowStatus(Runtime::Default().status());  // says why
+  WaitInterruptibly([&](int64_t timeout_ns) { return buffer.AwaitFor(timeout_ns); });
+}
+
 void AwaitOrThrow(const ShardedBuffer& buffer) {
-  if (!buffer.IsDone()) {
-    if (InForkedChild()) ThrowStatus(Runtime::Default().status());  // says why
-    WaitInterruptibly([&](int64_t timeout_ns) { return buffer.AwaitFor(timeout_ns); });
-  }
+  AwaitDone(buffer);
   ThrowIfError(buffer.status());
   ThrowIfError(buffer.devices()->CheckHealthy());  // its shards went with a failed device
 }
@@ -129,7 +132,7 @@ void RegisterShardedBuffer(py::module_& m) {
         const std::string type = TypeToString(s.dtype, s.dims);
         const std::shared_ptr<ShardedBuffer> b = s.buffer;
         if (b == nullptr) return absl::StrCat("ShardedBuffer(<deleted>, ", type, ")");
-        if (!b->IsDone()) WaitInterruptibly([&](int64_t timeout_ns) { return b->AwaitFor(timeout_ns); });
+        AwaitDone(*b);
         if (absl::Status st = b->status(); !st.ok()) {
           return absl::StrCat("ShardedBuffer(<failed: ", st.message(), ">, ", type, ")");
         }

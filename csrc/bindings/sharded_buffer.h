@@ -29,6 +29,11 @@ struct PyShardedBuffer {
   std::shared_ptr<ShardedBuffer> Get(const char* use) const;
 };
 
+// Waits until `buffer` is done (ready or failed) with the GIL released,
+// interruptibly (waiting.h). RuntimeError in a forked child (base/fork.h),
+// where a pending buffer would never complete.
+void AwaitDone(const ShardedBuffer& buffer);
+
 // Waits for `buffer` with the GIL released, interruptibly (waiting.h);
 // raises the producer's error, or DeviceFailedError if one of its devices
 // failed. RuntimeError in a forked child (base/fork.h), where a pending

@@ -10,7 +10,9 @@ constexpr int64_t kSliceNs = 50'000'000;
 }  // namespace
 
 void WaitInterruptibly(absl::FunctionRef<bool(int64_t)> done_within) {
-  while (!WithoutGil([&] { return done_within(kSliceNs); })) {
+  while (true) {
+    SurfaceHangReports();
+    if (WithoutGil([&] { return done_within(kSliceNs); })) return;
     if (PyErr_CheckSignals() != 0) throw pybind11::error_already_set();
   }
 }

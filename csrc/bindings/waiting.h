@@ -57,8 +57,15 @@ auto WithoutGil(F&& fn) -> decltype(fn()) {
 // GIL released and should wait up to `timeout_ns` for its condition; between
 // calls the GIL is taken and Python's signal handlers run, so Ctrl-C raises
 // KeyboardInterrupt (or whatever a handler raises) within one slice (50 ms).
+// Before each slice, the hang watchdog's reports are surfaced
+// (SurfaceHangReports), so a wait that hangs reports why.
 // `done_within` must not throw or touch Python objects.
 void WaitInterruptibly(absl::FunctionRef<bool(int64_t)> done_within);
+
+// Issues a pw.HangWarning for each report the default runtime's hang
+// watchdog has queued (diagnosis.cc); a warnings filter may make it raise.
+// With the GIL held. Costs one atomic load when there is none.
+void SurfaceHangReports();
 
 // Called before raising the default runtime's shutdown error: in a daemon
 // thread (only those outlive the start of interpreter exit) it waits until

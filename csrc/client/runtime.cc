@@ -27,22 +27,25 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
   rt->cluster_ = *std::move(cluster);
   rt->resource_manager_ = std::make_unique<ResourceManager>(rt->cluster_.get(), &rt->registry_);
   rt->stores_ = std::make_unique<ObjectStores>(rt->cluster_.get());
-  std::vector<GangScheduler*> schedulers;
   for (Island* island : rt->cluster_->islands()) {
     rt->schedulers_.push_back(std::make_unique<GangScheduler>(island));
-    schedulers.push_back(rt->schedulers_.back().get());
+    rt->scheduler_ptrs_.push_back(rt->schedulers_.back().get());
   }
   rt->delays_ = std::make_unique<DelayQueue>();
   rt->executor_ = std::make_unique<Executor>(rt->cluster_->options().num_executor_threads);
-  rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), std::move(schedulers),
+  rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), rt->scheduler_ptrs_,
                                                          rt->executor_.get(), &rt->stats_,
                                                          GangServices{rt->delays_.get(), &rt->timeline_,
                                                                       rt->cluster_->options().control_latency_ns,
                                                                       &rt->shut_down_});
+  if (const int64_t threshold = rt->cluster_->options().hang_report_ns; threshold > 0) {
+    rt->watchdog_ = std::make_unique<HangWatchdog>(rt->scheduler_ptrs_, threshold);
+  }
   return rt;
 }
 
 Runtime::~Runtime() {
+  if (watchdog_ != nullptr) watchdog_->Stop();
   AwaitQuiescence();
   executor_.reset();
   delays_.reset();
@@ -63,6 +66,8 @@ std::vector<SchedulingClient*> Runtime::clients() {
   for (auto& c : clients_) out.push_back(c.get());
   return out;
 }
+
+Diagnosis Runtime::Diagnose() { return pw::Diagnose(scheduler_ptrs_); }
 
 void Runtime::SetSchedulingPolicy(SchedulingPolicy policy) {
   ReadyList ready;
@@ -152,6 +157,7 @@ void Runtime::Shutdown() {
   // Held throughout, so a second caller returns only once the threads stop.
   MutexLock lock(&shutdown_mu_);
   if (shut_down_.exchange(true)) return;
+  if (watchdog_ != nullptr) watchdog_->Stop();  // cancelled gangs are no hangs
   delays_->Hurry();  // simulated time of running gangs and modeled messages ends now
   while (active_calls_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
   // Gangs still queued now run cancelled (microseconds each), in order.

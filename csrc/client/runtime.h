@@ -24,6 +24,7 @@
 #include "csrc/object_store/object_store.h"
 #include "csrc/resource_manager/resource_manager.h"
 #include "csrc/scheduler/gang_scheduler.h"
+#include "csrc/scheduler/hang_watchdog.h"
 
 namespace pw {
 
@@ -49,10 +50,10 @@ class Runtime {
   static void ShutdownDefault();
 
   // Stops the runtime promptly, whatever is queued: from now on Execute()
-  // and DevicePut() fail with Cancelled; gangs that have not started are
-  // cancelled (their outputs fail with Cancelled, without running kernels or
-  // simulated time); running kernels and transfers finish; then the executor
-  // and delay threads stop. Blocks until all that is done. Idempotent. The
+  // and DevicePut() fail with Cancelled; the hang watchdog stops; gangs that
+  // have not started are cancelled (their outputs fail with Cancelled,
+  // without running kernels or simulated time); running kernels and
+  // transfers finish; then the executor and delay threads stop. Blocks until all that is done. Idempotent. The
   // object may still be queried and destroyed afterwards.
   void Shutdown();
   bool is_shut_down() const { return shut_down_.load(std::memory_order_acquire); }
@@ -85,6 +86,13 @@ class Runtime {
   // fail, and the error flows to every dependent. The other devices keep
   // working. Thread-safe.
   void FailDevices(absl::Span<Device* const> devices);
+
+  // What every gang that is enqueued but not running waits for, on every
+  // island (scheduler/diagnosis.h). On demand; never on the dispatch path.
+  Diagnosis Diagnose();
+  // The hang watchdog, when TopologyOptions::hang_report_ns > 0 (else null):
+  // take its reports with hang_watchdog()->TakeReport(). Stopped by Shutdown().
+  HangWatchdog* hang_watchdog() { return watchdog_.get(); }
 
   // Places host data (row-major `dtype`, global `dims`) on `devices`.
   // Cancelled after Shutdown().
@@ -120,6 +128,8 @@ class Runtime {
   std::unique_ptr<DelayQueue> delays_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<ParallelDispatcher> dispatcher_;
+  std::vector<GangScheduler*> scheduler_ptrs_;  // schedulers_, by island id
+  std::unique_ptr<HangWatchdog> watchdog_;
   // Set once by Shutdown(); gangs read it through GangServices::cancelled.
   std::atomic<bool> shut_down_{false};
   // Execute() and DevicePut() calls under way; Shutdown() waits for them to

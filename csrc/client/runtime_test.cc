@@ -1,6 +1,7 @@
 #include "csrc/client/runtime.h"
 
 #include <atomic>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -290,7 +291,131 @@ TEST_P(RuntimeTest, FailedDeviceFailsItsWorkAndItsDependentsPromptly) {
   rt->AwaitQuiescence();
 }
 
+// Programs for the diagnosis tests: "hold" runs 'slow' (an hour of simulated
+// compute) on slice a; "after" runs 'first' on slice a, then 'second' on
+// slice b (another island) with first's output copied over DCN.
+struct HangPrograms {
+  std::shared_ptr<VirtualSlice> a, b;
+  std::shared_ptr<const LoweredProgram> hold, after;
+};
+
+HangPrograms MakeHangPrograms(Runtime& rt) {
+  HangPrograms p;
+  p.a = *rt.resource_manager().AddSlice(2, "tpu");
+  p.b = *rt.resource_manager().AddSlice(2, "tpu");
+  EXPECT_NE(p.a->island(), p.b->island());
+  FunctionBuilder b("slow", "i");
+  const int32_t x = b.Parameter(DType::kF64, {});
+  auto ir = *b.Build({*b.SimulatedCompute(x, kMaxSimulatedNs)});
+  auto slow = *CompiledFunction::Create(*FunctionExecutable::Compile(ir), testing::AllOf(p.a), &rt.registry());
+  ProgramBuilder hold("hold");
+  int v = *hold.AddArg(DType::kF64, {2});
+  p.hold = *Lower(*hold.Build({(*hold.AddCall(slow, {v}))[0]}));
+  auto first = testing::ScalarOpFunction("first", OpKind::kAdd, 1.0, p.a, &rt.registry());
+  auto second = testing::ScalarOpFunction("second", OpKind::kMul, 2.0, p.b, &rt.registry());
+  ProgramBuilder after("after");
+  v = *after.AddArg(DType::kF64, {2});
+  v = (*after.AddCall(first, {v}))[0];
+  p.after = *Lower(*after.Build({(*after.AddCall(second, {v}))[0]}));
+  return p;
+}
+
+const WaitingGang* FindWaiting(const Diagnosis& d, const std::string& node) {
+  for (const WaitingGang& w : d.waiting) {
+    if (w.gang.node == node) return &w;
+  }
+  return nullptr;
+}
+
+// Real programs: the gang queued behind another program's running gang names
+// it; the gang on another island waiting for a copy of its input names the
+// input's producer. Shutdown() ends the hour of simulated time at once.
+TEST_P(RuntimeTest, DiagnoseNamesBlockersAndProducers) {
+  auto rt = MakeRuntime(GetParam());
+  HangPrograms p = MakeHangPrograms(*rt);
+  SchedulingClient* tenant = *rt->CreateClient("tenant", 1.0);
+  const double in[] = {1.0, 2.0};
+  auto held = *rt->Execute(*p.hold, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ExecuteOptions options;
+  options.client = tenant;
+  auto outs = *rt->Execute(*p.after, {ProgramArg{nullptr, in, DType::kF64, {2}}}, options);
+  Diagnosis d;
+  const WaitingGang* first = nullptr;
+  // The hold gang may take a moment to be running; wait for it (generously).
+  for (int i = 0; i < 3000; ++i) {
+    d = rt->Diagnose();
+    first = FindWaiting(d, "first");
+    if (first != nullptr && !first->blocked_by.empty() && first->blocked_by[0].gang.state == GangState::kRunning) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NE(first, nullptr) << d.ToString();
+  EXPECT_EQ(first->gang.program, "after");
+  EXPECT_EQ(first->gang.client, "tenant");
+  EXPECT_EQ(first->gang.devices, p.a->devices());
+  EXPECT_EQ(first->gang.state, GangState::kQueued);
+  ASSERT_EQ(first->blocked_by.size(), 1u) << d.ToString();
+  EXPECT_EQ(first->blocked_by[0].gang.node, "slow");
+  EXPECT_EQ(first->blocked_by[0].gang.program, "hold");
+  EXPECT_EQ(first->blocked_by[0].gang.client, "default");
+  EXPECT_EQ(first->blocked_by[0].gang.state, GangState::kRunning);
+  EXPECT_EQ(first->blocked_by[0].device_ids.size(), 2u);
+
+  const WaitingGang* second = FindWaiting(d, "second");
+  ASSERT_NE(second, nullptr) << d.ToString();
+  EXPECT_EQ(second->gang.island, p.b->island()->id());
+  EXPECT_EQ(second->gang.state, GangState::kHoldingDevices);
+  EXPECT_TRUE(second->blocked_by.empty());
+  ASSERT_EQ(second->inputs.size(), 1u);
+  EXPECT_TRUE(second->inputs[0].copy);
+  ASSERT_TRUE(second->inputs[0].producer.has_value()) << d.ToString();
+  EXPECT_EQ(second->inputs[0].producer->node, "first");
+  EXPECT_EQ(second->inputs[0].producer->program, "after");
+  EXPECT_NE(d.ToString().find("not ready: a copy of the output of 'first' of program 'after', client 'tenant'"),
+            std::string::npos)
+      << d.ToString();
+  rt->Shutdown();
+  EXPECT_TRUE(rt->Diagnose().waiting.empty());
+}
+
 INSTANTIATE_TEST_SUITE_P(ExecutorThreads, RuntimeTest, ::testing::Values(1, 2, 4));
+
+// The watchdog reports nothing while nothing waits, then each gang that
+// cannot start once; Shutdown() stops it.
+TEST(RuntimeHangWatchdogTest, ReportsEachGangThatCannotStartOnce) {
+  TopologyOptions options;
+  options.hang_report_ns = 50'000'000;
+  auto rt = *Runtime::Create(options);
+  ASSERT_NE(rt->hang_watchdog(), nullptr);
+  HangPrograms p = MakeHangPrograms(*rt);
+  const double in[] = {1.0, 2.0};
+  auto held = *rt->Execute(*p.hold, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // only a running gang
+  EXPECT_FALSE(rt->hang_watchdog()->has_report());
+  auto outs = *rt->Execute(*p.after, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  // Both of after's gangs cannot start: collect reports until both came,
+  // then a while longer.
+  std::map<std::string, int> reported;
+  int64_t both_at = 0;
+  for (int i = 0; i < 3000; ++i) {
+    while (std::optional<Diagnosis> report = rt->hang_watchdog()->TakeReport()) {
+      for (const WaitingGang& w : report->waiting) reported[w.gang.node]++;
+    }
+    if (both_at == 0 && reported.size() == 2) both_at = NowNanos();
+    if (both_at != 0 && NowNanos() - both_at > 300'000'000) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(reported, (std::map<std::string, int>{{"first", 1}, {"second", 1}}));
+  rt->Shutdown();
+  EXPECT_FALSE(rt->hang_watchdog()->has_report());
+}
+
+TEST(RuntimeHangWatchdogTest, ZeroTurnsTheWatchdogOff) {
+  TopologyOptions options;
+  options.hang_report_ns = 0;
+  EXPECT_EQ((*Runtime::Create(options))->hang_watchdog(), nullptr);
+}
 
 }  // namespace
 }  // namespace pw

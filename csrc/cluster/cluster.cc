@@ -39,6 +39,19 @@ constexpr IntKey kIntKeys[] = {
     {"executor_threads", &TopologyOptions::num_executor_threads, 0, kMaxExecutorThreads},
 };
 
+// The keys given as a finite number of some unit, kept in nanoseconds.
+struct DurationKey {
+  absl::string_view name;     // e.g. "control_latency_us"
+  absl::string_view ns_name;  // the field, as ValidateTopology names it
+  int64_t TopologyOptions::*field;
+  int64_t ns_per_unit;
+  int64_t max_ns;
+};
+constexpr DurationKey kDurationKeys[] = {
+    {"control_latency_us", "control_latency_ns", &TopologyOptions::control_latency_ns, 1000, kMaxControlLatencyNs},
+    {"hang_report_seconds", "hang_report_ns", &TopologyOptions::hang_report_ns, 1'000'000'000, kMaxHangReportNs},
+};
+
 absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
   struct Unit {
     absl::string_view suffix;
@@ -71,14 +84,15 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
 // Parses `value` as `key`'s type into `options`, checking its range.
 absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, TopologyOptions* options) {
   value = absl::StripAsciiWhitespace(value);
-  if (key == "control_latency_us") {
-    constexpr int64_t kMaxUs = kMaxControlLatencyNs / 1000;
-    double us = 0;
-    if (!absl::SimpleAtod(value, &us) || !(us >= 0 && us <= kMaxUs)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "control_latency_us must be a finite number from 0 to ", kMaxUs, ", got '", value, "'"));
+  for (const DurationKey& k : kDurationKeys) {
+    if (key != k.name) continue;
+    const int64_t max_units = k.max_ns / k.ns_per_unit;
+    double units = 0;
+    if (!absl::SimpleAtod(value, &units) || !(units >= 0 && units <= max_units)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, " must be a finite number from 0 to ", max_units, ", got '", value, "'"));
     }
-    options->control_latency_ns = std::llround(us * 1000);
+    options->*k.field = std::llround(units * k.ns_per_unit);
     return absl::OkStatus();
   }
   if (key == "device_memory") {
@@ -99,7 +113,7 @@ absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, To
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown topology key '", key,
       "'; known keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, "
-      "control_latency_us"));
+      "control_latency_us, hang_report_seconds"));
 }
 
 }  // namespace
@@ -108,7 +122,7 @@ std::string TopologyOptions::ToString() const {
   return absl::StrCat("islands=", num_islands, ",hosts_per_island=", hosts_per_island,
                       ",devices_per_host=", devices_per_host, ",device_memory=", device_memory_bytes,
                       "B,executor_threads=", num_executor_threads, ",control_latency_us=",
-                      control_latency_ns / 1000.0);
+                      control_latency_ns / 1000.0, ",hang_report_seconds=", hang_report_ns / 1e9);
 }
 
 absl::Status ValidateTopology(const TopologyOptions& options) {
@@ -122,7 +136,7 @@ absl::Status ValidateTopology(const TopologyOptions& options) {
         options.num_islands, " x ", options.hosts_per_island, " x ", options.devices_per_host, " = ", devices));
   }
   PW_RETURN_IF_ERROR(CheckRange("device_memory", options.device_memory_bytes, 1, kMaxDeviceMemoryBytes, " bytes"));
-  PW_RETURN_IF_ERROR(CheckRange("control_latency_ns", options.control_latency_ns, 0, kMaxControlLatencyNs));
+  for (const DurationKey& k : kDurationKeys) PW_RETURN_IF_ERROR(CheckRange(k.ns_name, options.*k.field, 0, k.max_ns));
   return absl::OkStatus();
 }
 

@@ -41,6 +41,9 @@ struct TopologyOptions {
   // as in one process. Parallel dispatch pays it once per program (every
   // host gets its message at once); sequential dispatch once per node.
   int64_t control_latency_ns = 0;
+  // A gang that has not started this long after its submission is reported
+  // once by the hang watchdog (HangWatchdog); 0: no watchdog.
+  int64_t hang_report_ns = int64_t{60} * 1'000'000'000;
 
   std::string ToString() const;
 };
@@ -52,18 +55,20 @@ struct TopologyOptions {
 //   device_memory: 1 byte to kMaxDeviceMemoryBytes per device (so totals
 //     over all devices stay far inside int64);
 //   executor_threads: 0 (one per core, at most 4) to kMaxExecutorThreads;
-//   control_latency_us: a finite number from 0 to kMaxControlLatencyNs / 1000.
+//   control_latency_us: a finite number from 0 to kMaxControlLatencyNs / 1000;
+//   hang_report_seconds: a finite number from 0 to kMaxHangReportNs / 1e9.
 inline constexpr int kMaxDevices = 1 << 16;
 inline constexpr int64_t kMaxDeviceMemoryBytes = int64_t{1} << 40;  // 1 TiB
 inline constexpr int kMaxExecutorThreads = 256;
 inline constexpr int64_t kMaxControlLatencyNs = 1'000'000'000;  // 1 s
+inline constexpr int64_t kMaxHangReportNs = int64_t{86400} * 1'000'000'000;  // 1 day
 
 // InvalidArgument naming the key and its limit unless `options` is within
 // the limits above.
 absl::Status ValidateTopology(const TopologyOptions& options);
 
 // Parses "islands=2,hosts_per_island=2,devices_per_host=4,device_memory=1GiB,
-// executor_threads=2,control_latency_us=20" (any subset, any order; memory
+// executor_threads=2,control_latency_us=20,hang_report_seconds=60" (any subset, any order; memory
 // is an integer with an optional unit B, KiB, MiB, GiB or TiB). The format
 // of the PATHWAYS_TOPOLOGY environment variable. InvalidArgument names the
 // bad key or value, and the limit for a value out of range.

@@ -97,6 +97,23 @@ TEST(ClusterTest, ControlLatencyMustBeFiniteAndInRange) {
   ExpectInvalid(Cluster::Create(options).status(), {"control_latency"});
 }
 
+TEST(ClusterTest, HangReportSecondsMustBeFiniteAndInRange) {
+  EXPECT_EQ(TopologyOptions().hang_report_ns, int64_t{60} * 1'000'000'000);  // on by default
+  EXPECT_EQ(ParseTopology("hang_report_seconds=0")->hang_report_ns, 0);     // off
+  EXPECT_EQ(ParseTopology("hang_report_seconds=0.25")->hang_report_ns, 250'000'000);
+  EXPECT_EQ(ParseTopology("hang_report_seconds=86400")->hang_report_ns, int64_t{86400} * 1'000'000'000);
+  for (const char* bad : {"nan", "inf", "-1", "86401", "soon"}) {
+    ExpectInvalid(ParseTopology(absl::StrCat("hang_report_seconds=", bad)).status(),
+                  {"hang_report_seconds", "from 0 to 86400", bad});
+  }
+  TopologyOptions options;
+  options.hang_report_ns = -1;
+  ExpectInvalid(Cluster::Create(options).status(), {"hang_report_ns"});
+  // What ToString prints parses back to the same value.
+  options.hang_report_ns = 1'500'000'000;
+  EXPECT_EQ(ParseTopology(options.ToString())->hang_report_ns, 1'500'000'000);
+}
+
 TEST(ClusterTest, StructuredItemsParseEachValueAlone) {
   auto options = ParseTopology({{"islands", "3"}, {"device_memory", "64MiB"}, {"control_latency_us", "2.5"}});
   ASSERT_TRUE(options.ok()) << options.status();

@@ -5,17 +5,13 @@
 #include "absl/strings/str_join.h"
 
 namespace pw {
-namespace {
 
-// "[0-3]" for a run of consecutive ids, "[0,1,8,9]" otherwise.
-std::string IdsToString(const std::vector<int>& ids) {
+std::string DeviceIdsToString(const std::vector<int>& ids) {
   bool consecutive = true;
   for (size_t i = 1; i < ids.size(); ++i) consecutive &= ids[i] == ids[i - 1] + 1;
   if (consecutive && ids.size() > 2) return absl::StrCat("[", ids.front(), "-", ids.back(), "]");
   return absl::StrCat("[", absl::StrJoin(ids, ","), "]");
 }
-
-}  // namespace
 
 absl::StatusOr<const DeviceList*> DeviceListRegistry::Intern(absl::Span<Device* const> devices) {
   if (devices.empty()) return absl::InvalidArgumentError("a device list needs at least one device");
@@ -43,8 +39,8 @@ absl::StatusOr<const DeviceList*> DeviceListRegistry::Intern(absl::Span<Device* 
   for (Device* d : devices) {
     if (d->island() != list->island_) list->island_ = nullptr;
   }
-  list->text_ = list->island_ ? absl::StrCat("island ", list->island_->id(), " devices ", IdsToString(ids))
-                              : absl::StrCat("devices ", IdsToString(ids));
+  list->text_ = list->island_ ? absl::StrCat("island ", list->island_->id(), " devices ", DeviceIdsToString(ids))
+                              : absl::StrCat("devices ", DeviceIdsToString(ids));
   const DeviceList* result = list.get();
   by_id_.push_back(result);
   lists_.emplace(std::move(ids), std::move(list));

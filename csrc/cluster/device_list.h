@@ -19,6 +19,9 @@
 
 namespace pw {
 
+// "[0-3]" for a run of consecutive ids, "[0,1,8,9]" otherwise.
+std::string DeviceIdsToString(const std::vector<int>& ids);
+
 class DeviceList {
  public:
   const std::vector<Device*>& devices() const { return devices_; }

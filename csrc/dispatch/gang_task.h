@@ -60,6 +60,11 @@ class GangTask final : public Gang {
   void OnAtHeadOfAllQueues(ReadyList* ready) override { CountDown(ready); }
   bool InputsSequenced() const override;
   void OnSequenced() override;
+  // Diagnosis (gang_task_diagnosis.cc).
+  const std::string* program_name() const override { return &program_->name(); }
+  const std::string* node_name() const override { return &fn_->name(); }
+  int PendingInputs(std::vector<PendingInput>* out) const override;
+  void AppendOutputs(std::vector<const void*>* out) const override;
 
  private:
   struct InputWaiter final : BufferWaiter {

@@ -92,6 +92,8 @@ class ShardedBuffer {
   void MarkSequenced(int island) { sequenced_island_.store(island, std::memory_order_release); }
   void SetCopiedFrom(const std::shared_ptr<ShardedBuffer>& source) { copied_from_ = source; }
   bool IsSequencedOn(int island) const;
+  // The buffer this one is a copy of (SetCopiedFrom), while it lives; else null.
+  std::shared_ptr<ShardedBuffer> copied_from() const { return copied_from_.lock(); }
 
   // Registers `waiter` to be called when the buffer is done. Returns false,
   // without registering, if it is already done (the caller proceeds at once).

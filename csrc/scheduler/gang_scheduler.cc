@@ -1,8 +1,11 @@
 #include "csrc/scheduler/gang_scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
+#include "absl/container/flat_hash_map.h"
 #include "csrc/base/check.h"
+#include "csrc/base/spin.h"
 
 namespace pw {
 namespace {
@@ -108,6 +111,7 @@ void GangScheduler::AdmitWaitingLocked(ReadyList* notify, bool all) {
 
 void GangScheduler::Enqueue(Gang* gang, ReadyList* ready) {
   ReadyList notify;
+  gang->submitted_ns_ = NowNanos();
   {
     MutexLock lock(&mu_);
     ++in_flight_;
@@ -205,6 +209,129 @@ int64_t GangScheduler::MinSubmissionInFlight() const {
     for (const Gang* g : cq->waiting) min = std::min(min, g->submission_);
   }
   return min;
+}
+
+GangState GangScheduler::StateLocked(const Gang* gang) const {
+  if (!gang->sequenced_.load(std::memory_order_relaxed)) return GangState::kWaitingForAdmission;
+  if (!gang->notified_) return GangState::kQueued;
+  return gang->PendingInputs(nullptr) > 0 ? GangState::kHoldingDevices : GangState::kRunning;
+}
+
+GangRef GangScheduler::RefLocked(const Gang* gang) const {
+  GangRef ref;
+  ref.island = island_->id();
+  ref.id = gang->submission_;
+  if (const std::string* program = gang->program_name()) ref.program = *program;
+  if (const std::string* node = gang->node_name()) ref.node = *node;
+  ref.client = gang->client_ != nullptr ? gang->client_->name() : "default";
+  ref.devices = gang->devices_;
+  ref.state = StateLocked(gang);
+  return ref;
+}
+
+void GangScheduler::Snapshot(int64_t min_wait_ns, bool take, Diagnosis* out) {
+  // A waiting gang, and the fronts of the device lists that overlap its own
+  // with their place in the order: the candidates for heading the queues of
+  // its devices (parallel to report.blocked_by until resolved below).
+  struct Waiter {
+    WaitingGang report;
+    uint64_t sequence = std::numeric_limits<uint64_t>::max();  // not ordered: after every front
+    std::vector<std::pair<const DeviceList*, uint64_t>> fronts;
+  };
+  std::vector<Waiter> waiters;
+  IslandCounts counts;
+  counts.island = island_->id();
+  {
+    MutexLock lock(&mu_);
+    const int64_t now = NowNanos();
+    absl::flat_hash_map<const Gang*, GangRef> refs;  // each front named once
+    auto add = [&](Gang* gang, GangState state, ListQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      const int64_t waited = std::max<int64_t>(0, now - gang->submitted_ns_);
+      if (waited < min_wait_ns || (take && gang->hang_reported_)) return;
+      if (take) gang->hang_reported_ = true;
+      if (q == nullptr) q = QueueForLocked(gang->devices_);  // not admitted: its list may be new
+      Waiter& w = waiters.emplace_back();
+      w.report.gang = RefLocked(gang);
+      w.report.gang.state = state;
+      w.report.waited_ns = waited;
+      gang->PendingInputs(&w.report.inputs);
+      if (state != GangState::kWaitingForAdmission) w.sequence = gang->sequence_;
+      auto consider = [&](const ListQueue* list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (list->ordered.empty()) return;
+        const Gang* front = list->ordered.front();
+        if (front == gang || front->sequence_ > w.sequence) return;
+        auto [it, inserted] = refs.try_emplace(front);
+        if (inserted) it->second = RefLocked(front);
+        w.report.blocked_by.push_back(QueueHead{it->second, {}});
+        w.fronts.emplace_back(list->devices, front->sequence_);
+      };
+      consider(q);
+      for (const ListQueue* other : q->overlaps) consider(other);
+    };
+    for (ListQueue* q : all_lists_) {
+      for (Gang* gang : q->ordered) {
+        const GangState state = StateLocked(gang);
+        if (state == GangState::kRunning) {
+          ++counts.running;
+        } else {
+          add(gang, state, q);
+        }
+      }
+    }
+    for (auto& [client, cq] : clients_) {
+      for (Gang* gang : cq->waiting) add(gang, GangState::kWaitingForAdmission, nullptr);
+    }
+    counts.queued = in_flight_ - counts.running;
+    counts.waiting_for_admission = waiting_;
+  }
+  out->islands.push_back(counts);
+  // Each device's queue is headed by the earliest-ordered front of the lists
+  // holding it (the waiting gang's own list included); a candidate that heads
+  // none of the waiting gang's devices is dropped.
+  for (Waiter& w : waiters) {
+    const DeviceList* mine = w.report.gang.devices;
+    absl::flat_hash_map<const Device*, std::pair<uint64_t, int>> head;  // sequence, candidate (-1: itself)
+    for (const Device* d : mine->devices()) head[d] = {w.sequence, -1};
+    for (size_t i = 0; i < w.fronts.size(); ++i) {
+      for (const Device* d : w.fronts[i].first->devices()) {
+        auto it = head.find(d);
+        if (it != head.end() && w.fronts[i].second < it->second.first) it->second = {w.fronts[i].second, static_cast<int>(i)};
+      }
+    }
+    for (const Device* d : mine->devices()) {
+      if (const int i = head[d].second; i >= 0) w.report.blocked_by[i].device_ids.push_back(d->id());
+    }
+    std::erase_if(w.report.blocked_by, [](const QueueHead& h) { return h.device_ids.empty(); });
+    out->waiting.push_back(std::move(w.report));
+  }
+}
+
+void GangScheduler::FindProducers(std::vector<WaitingGang>* gangs) const {
+  absl::flat_hash_map<const void*, std::vector<PendingInput*>> wanted;
+  for (WaitingGang& g : *gangs) {
+    for (PendingInput& in : g.inputs) {
+      if (!in.producer.has_value() && in.awaited() != nullptr) wanted[in.awaited()].push_back(&in);
+    }
+  }
+  if (wanted.empty()) return;
+  MutexLock lock(&mu_);
+  std::vector<const void*> outputs;
+  auto check = [&](const Gang* gang) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    outputs.clear();
+    gang->AppendOutputs(&outputs);
+    for (const void* output : outputs) {
+      auto it = wanted.find(output);
+      if (it == wanted.end()) continue;
+      const GangRef ref = RefLocked(gang);
+      for (PendingInput* in : it->second) in->producer = ref;
+    }
+  };
+  for (const ListQueue* q : all_lists_) {
+    for (const Gang* gang : q->ordered) check(gang);
+  }
+  for (const auto& [client, cq] : clients_) {
+    for (const Gang* gang : cq->waiting) check(gang);
+  }
 }
 
 int64_t GangScheduler::num_in_flight() const {

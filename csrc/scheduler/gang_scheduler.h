@@ -30,6 +30,10 @@
 //    time in proportion to its weight. A gang is admitted only after the
 //    producers of its inputs, so the order stays consistent with dataflow.
 //
+// Diagnosis (diagnosis.h): Snapshot() describes the gangs that are not
+// running, under the lock, on demand; the dispatch path only stamps each gang
+// with its submission time.
+//
 // Thread-safe. Gangs must stay alive from Enqueue() until Complete() returns.
 
 #include <atomic>
@@ -43,6 +47,7 @@
 #include "csrc/base/mutex.h"
 #include "csrc/base/runnable.h"
 #include "csrc/cluster/device_list.h"
+#include "csrc/scheduler/diagnosis.h"
 
 namespace pw {
 
@@ -101,6 +106,17 @@ class Gang : public Runnable {
   // Called when the gang is given its place in the order (lock held).
   virtual void OnSequenced() {}
 
+  // For diagnosis only (GangScheduler::Snapshot), with the scheduler's lock
+  // held while the gang is queued; must not block.
+  // The program and the node (compiled function) it runs, or null; valid
+  // while the gang is queued.
+  virtual const std::string* program_name() const { return nullptr; }
+  virtual const std::string* node_name() const { return nullptr; }
+  // How many inputs are not ready yet; appends them to `out` unless null.
+  virtual int PendingInputs(std::vector<PendingInput>* out) const { return 0; }
+  // Appends the identities of its outputs (as in PendingInput::buffer).
+  virtual void AppendOutputs(std::vector<const void*>* out) const {}
+
  private:
   friend class GangScheduler;
   const DeviceList* devices_;
@@ -108,8 +124,10 @@ class Gang : public Runnable {
   int64_t cost_ns_;
   uint64_t sequence_ = 0;
   int64_t submission_ = 0;
+  int64_t submitted_ns_ = 0;  // NowNanos() at Enqueue()
   std::atomic<bool> sequenced_{false};
-  bool notified_ = false;  // guarded by the scheduler's mutex
+  bool notified_ = false;       // guarded by the scheduler's mutex
+  bool hang_reported_ = false;  // guarded by the scheduler's mutex
 };
 
 class GangScheduler {
@@ -153,6 +171,15 @@ class GangScheduler {
   // num_submitted() if none. Scans the queues: for waits, not the hot path.
   int64_t MinSubmissionInFlight() const;
 
+  // Appends this island's counts and its gangs that are not running to
+  // `out` (see Diagnose() in diagnosis.h for `min_wait_ns` and `take`),
+  // without their inputs' producers. Under the lock: work per gang in
+  // flight; which devices each blocker heads is worked out after it.
+  void Snapshot(int64_t min_wait_ns, bool take, Diagnosis* out);
+  // Names the producer of each input of `gangs` whose awaited buffer a gang
+  // in flight on this island produces.
+  void FindProducers(std::vector<WaitingGang>* gangs) const;
+
  private:
   struct ListQueue;
   struct ClientQueue;
@@ -163,6 +190,8 @@ class GangScheduler {
   void MaybeNotifyLocked(Gang* gang, ListQueue* q, ReadyList* notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdmitWaitingLocked(ReadyList* notify, bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasRoomLocked(const ListQueue* q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  GangState StateLocked(const Gang* gang) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  GangRef RefLocked(const Gang* gang) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Island* island_;
   mutable Mutex mu_;

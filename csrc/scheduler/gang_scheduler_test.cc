@@ -5,6 +5,9 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "csrc/base/spin.h"
+#include "csrc/scheduler/hang_watchdog.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -281,6 +284,232 @@ TEST_F(GangSchedulerTest, ProportionalShareAdmitsProducersFirst) {
   ASSERT_EQ(started.size(), 11u);
   auto pos = [&](OrderGang* g) { return std::find(started.begin(), started.end(), g) - started.begin(); };
   EXPECT_LT(pos(producer), pos(gangs.back().get()));
+}
+
+// A gang with names, for diagnosis: its inputs that are not ready and its
+// outputs are opaque buffers; it never runs by itself (tests complete it).
+class NamedGang : public Gang {
+ public:
+  NamedGang(const DeviceList* devices, SchedulingClient* client, std::string program, std::string node)
+      : Gang(devices, client, /*cost_ns=*/1000), program_(std::move(program)), node_(std::move(node)) {}
+  void Run(RunContext&) override {}
+  std::vector<std::shared_ptr<int>> pending;  // inputs not ready (set before Enqueue)
+  std::vector<std::shared_ptr<int>> outputs;
+
+ protected:
+  void OnAtHeadOfAllQueues(ReadyList*) override {}
+  const std::string* program_name() const override { return &program_; }
+  const std::string* node_name() const override { return &node_; }
+  int PendingInputs(std::vector<PendingInput>* out) const override {
+    for (size_t i = 0; out != nullptr && i < pending.size(); ++i) {
+      PendingInput& in = out->emplace_back();
+      in.index = static_cast<int>(i);
+      in.type = "f64[2]";
+      in.devices = gang_devices();
+      in.buffer = pending[i];
+    }
+    return static_cast<int>(pending.size());
+  }
+  void AppendOutputs(std::vector<const void*>* out) const override {
+    for (const auto& o : outputs) out->push_back(o.get());
+  }
+
+ private:
+  const std::string program_, node_;
+};
+
+const WaitingGang* FindWaiting(const Diagnosis& d, const std::string& node) {
+  for (const WaitingGang& w : d.waiting) {
+    if (w.gang.node == node) return &w;
+  }
+  return nullptr;
+}
+
+std::vector<int> Ids(const DeviceList* list) {
+  std::vector<int> ids;
+  for (Device* d : list->devices()) ids.push_back(d->id());
+  return ids;
+}
+
+// A gang queued behind another on a shared device is reported with the gang
+// heading that device's queue named (and whether it runs), device by device.
+TEST_F(GangSchedulerTest, DiagnosisNamesTheGangAtTheHeadOfASharedDevice) {
+  GangScheduler scheduler(cluster_->islands()[0]);
+  SchedulingClient alice(0, "alice", 1.0), bob(1, "bob", 1.0);
+  NamedGang hold(List({0, 1}), &alice, "train", "step");
+  NamedGang wait(List({1, 2}), &bob, "eval", "score");
+  NamedGang behind(List({2, 3}), nullptr, "eval", "post");
+  ReadyList ready;
+  for (Gang* g : {static_cast<Gang*>(&hold), static_cast<Gang*>(&wait), static_cast<Gang*>(&behind)}) {
+    scheduler.Enqueue(g, &ready);
+  }
+  GangScheduler* schedulers[] = {&scheduler};
+  Diagnosis d = Diagnose(schedulers);
+  ASSERT_EQ(d.islands.size(), 1u);
+  EXPECT_EQ(d.islands[0].running, 1);
+  EXPECT_EQ(d.islands[0].queued, 2);
+  ASSERT_EQ(d.waiting.size(), 2u);
+
+  const WaitingGang* score = FindWaiting(d, "score");
+  ASSERT_NE(score, nullptr);
+  EXPECT_EQ(score->gang.program, "eval");
+  EXPECT_EQ(score->gang.client, "bob");
+  EXPECT_EQ(score->gang.state, GangState::kQueued);
+  EXPECT_EQ(Ids(score->gang.devices), (std::vector<int>{1, 2}));
+  EXPECT_TRUE(score->inputs.empty());
+  ASSERT_EQ(score->blocked_by.size(), 1u);  // device 2's queue: score itself heads it
+  EXPECT_EQ(score->blocked_by[0].gang.node, "step");
+  EXPECT_EQ(score->blocked_by[0].gang.program, "train");
+  EXPECT_EQ(score->blocked_by[0].gang.client, "alice");
+  EXPECT_EQ(score->blocked_by[0].gang.state, GangState::kRunning);
+  EXPECT_EQ(score->blocked_by[0].device_ids, (std::vector<int>{1}));
+
+  const WaitingGang* post = FindWaiting(d, "post");
+  ASSERT_NE(post, nullptr);
+  EXPECT_EQ(post->gang.client, "default");
+  ASSERT_EQ(post->blocked_by.size(), 1u);
+  EXPECT_EQ(post->blocked_by[0].gang.node, "score");
+  EXPECT_EQ(post->blocked_by[0].gang.state, GangState::kQueued);
+  EXPECT_EQ(post->blocked_by[0].device_ids, (std::vector<int>{2}));
+
+  const std::string text = d.ToString();
+  EXPECT_NE(text.find("pathways: 2 gangs waiting to start. island 0: 1 running, 2 queued"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("- 'score' of program 'eval', client 'bob' (island 0, gang #1) on island 0 devices [1,2]"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("devices [1]: queue headed by 'step' of program 'train', client 'alice' (island 0, gang #0), "
+                      "running"),
+            std::string::npos)
+      << text;
+
+  // Once the head finishes, the next gang runs and is no longer reported.
+  scheduler.Complete(&hold, &ready);
+  d = Diagnose(schedulers);
+  ASSERT_EQ(d.waiting.size(), 1u);
+  EXPECT_EQ(d.waiting[0].gang.node, "post");
+  EXPECT_EQ(d.waiting[0].blocked_by[0].gang.state, GangState::kRunning);
+  scheduler.Complete(&wait, &ready);
+  scheduler.Complete(&behind, &ready);
+  d = Diagnose(schedulers);
+  EXPECT_TRUE(d.waiting.empty());
+  EXPECT_NE(d.ToString().find("0 gangs waiting to start. island 0: idle"), std::string::npos) << d.ToString();
+}
+
+// A gang at the head of its queues whose input is not ready holds its
+// devices; the input is named with the unfinished gang that produces it.
+TEST_F(GangSchedulerTest, DiagnosisNamesAnInputNotReadyAndItsProducer) {
+  GangScheduler scheduler(cluster_->islands()[0]);
+  NamedGang slow(List({0}), nullptr, "pipeline", "slow");
+  NamedGang producer(List({0}), nullptr, "pipeline", "make");  // queued behind slow
+  NamedGang consumer(List({1}), nullptr, "pipeline", "use");
+  auto x = std::make_shared<int>(0);
+  producer.outputs = {x};
+  consumer.pending = {x};
+  ReadyList ready;
+  scheduler.Enqueue(&slow, &ready);
+  scheduler.Enqueue(&producer, &ready);
+  scheduler.Enqueue(&consumer, &ready);
+  GangScheduler* schedulers[] = {&scheduler};
+  const Diagnosis d = Diagnose(schedulers);
+  EXPECT_EQ(x.use_count(), 3);  // the diagnosis keeps no buffer alive
+  const WaitingGang* use = FindWaiting(d, "use");
+  ASSERT_NE(use, nullptr);
+  EXPECT_EQ(use->gang.state, GangState::kHoldingDevices);
+  EXPECT_TRUE(use->blocked_by.empty());
+  ASSERT_EQ(use->inputs.size(), 1u);
+  EXPECT_EQ(use->inputs[0].index, 0);
+  EXPECT_EQ(use->inputs[0].type, "f64[2]");
+  ASSERT_TRUE(use->inputs[0].producer.has_value());
+  EXPECT_EQ(use->inputs[0].producer->node, "make");
+  EXPECT_EQ(use->inputs[0].producer->program, "pipeline");
+  EXPECT_EQ(use->inputs[0].producer->state, GangState::kQueued);
+  const std::string text = d.ToString();
+  EXPECT_NE(text.find("holds its devices, waiting for inputs"), std::string::npos) << text;
+  EXPECT_NE(text.find("input 0 (f64[2] on island 0 devices [1]) not ready: produced by 'make' of program "
+                      "'pipeline', client 'default' (island 0, gang #1), queued"),
+            std::string::npos)
+      << text;
+  for (Gang* g : {static_cast<Gang*>(&slow), static_cast<Gang*>(&producer), static_cast<Gang*>(&consumer)}) {
+    scheduler.Complete(g, &ready);
+  }
+}
+
+TEST_F(GangSchedulerTest, DiagnosisReportsGangsNotYetAdmitted) {
+  GangScheduler scheduler(cluster_->islands()[0]);
+  ReadyList ready;
+  scheduler.SetPolicy(SchedulingPolicy::kProportionalShare, &ready);
+  SchedulingClient tenant(0, "tenant", 1.0);
+  std::vector<std::unique_ptr<NamedGang>> gangs;
+  for (int i = 0; i < 5; ++i) {
+    gangs.push_back(std::make_unique<NamedGang>(List({0, 1}), &tenant, "loop", absl::StrCat("step", i)));
+    scheduler.Enqueue(gangs.back().get(), &ready);
+  }
+  GangScheduler* schedulers[] = {&scheduler};
+  const Diagnosis d = Diagnose(schedulers);
+  EXPECT_EQ(d.islands[0].running, 1);
+  EXPECT_EQ(d.islands[0].queued, 4);
+  EXPECT_EQ(d.islands[0].waiting_for_admission, 2);  // the admission window holds 3
+  const WaitingGang* last = FindWaiting(d, "step4");
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->gang.state, GangState::kWaitingForAdmission);
+  ASSERT_EQ(last->blocked_by.size(), 1u);
+  EXPECT_EQ(last->blocked_by[0].gang.node, "step0");
+  EXPECT_EQ(last->blocked_by[0].device_ids, (std::vector<int>{0, 1}));
+  EXPECT_NE(d.ToString().find("(2 not admitted)"), std::string::npos) << d.ToString();
+  for (auto& g : gangs) {
+    scheduler.Complete(g.get(), &ready);
+  }
+}
+
+// Taking reports (the watchdog's way) reports a gang once, and only after it
+// has waited long enough; on-demand diagnosis always lists it.
+TEST_F(GangSchedulerTest, TakingReportsEachWaitingGangOnce) {
+  GangScheduler scheduler(cluster_->islands()[0]);
+  NamedGang hold(List({0}), nullptr, "a", "hold");
+  NamedGang wait(List({0}), nullptr, "b", "wait");
+  ReadyList ready;
+  scheduler.Enqueue(&hold, &ready);
+  scheduler.Enqueue(&wait, &ready);
+  GangScheduler* schedulers[] = {&scheduler};
+  const int64_t hour = int64_t{3600} * 1'000'000'000;
+  EXPECT_TRUE(Diagnose(schedulers, hour, /*take=*/true).waiting.empty());
+  const Diagnosis first = Diagnose(schedulers, 0, /*take=*/true);
+  ASSERT_EQ(first.waiting.size(), 1u);
+  EXPECT_EQ(first.waiting[0].gang.node, "wait");
+  EXPECT_TRUE(Diagnose(schedulers, 0, /*take=*/true).waiting.empty());
+  EXPECT_EQ(Diagnose(schedulers).waiting.size(), 1u);
+  scheduler.Complete(&hold, &ready);
+  scheduler.Complete(&wait, &ready);
+}
+
+// The watchdog thread reports a gang that cannot start once, names what it
+// waits for, reports nothing while nothing waits, and stops promptly.
+TEST_F(GangSchedulerTest, HangWatchdogReportsAGangThatCannotStartOnce) {
+  GangScheduler scheduler(cluster_->islands()[0]);
+  NamedGang hold(List({0, 1}), nullptr, "a", "hold");
+  NamedGang wait(List({1}), nullptr, "b", "wait");
+  ReadyList ready;
+  scheduler.Enqueue(&hold, &ready);
+  HangWatchdog watchdog({&scheduler}, /*threshold_ns=*/20'000'000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // several periods, nothing waiting
+  EXPECT_FALSE(watchdog.has_report());
+  scheduler.Enqueue(&wait, &ready);
+  for (int i = 0; i < 3000 && !watchdog.has_report(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::optional<Diagnosis> report = watchdog.TakeReport();
+  ASSERT_TRUE(report.has_value());
+  ASSERT_EQ(report->waiting.size(), 1u);
+  EXPECT_EQ(report->waiting[0].gang.node, "wait");
+  EXPECT_GE(report->waiting[0].waited_ns, 20'000'000);
+  ASSERT_EQ(report->waiting[0].blocked_by.size(), 1u);
+  EXPECT_EQ(report->waiting[0].blocked_by[0].gang.node, "hold");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // still waiting: not reported again
+  EXPECT_FALSE(watchdog.TakeReport().has_value());
+  const int64_t start = NowNanos();
+  watchdog.Stop();
+  EXPECT_LT(NowNanos() - start, 1'000'000'000);
+  scheduler.Complete(&hold, &ready);
+  scheduler.Complete(&wait, &ready);
 }
 
 INSTANTIATE_TEST_SUITE_P(ThreadCounts, GangSchedulerTest,

@@ -55,6 +55,7 @@ from pathways._tracing import (
     simulated_compute,
 )
 from pathways._autodiff import grad, stop_gradient, value_and_grad
+from pathways._diagnose import Diagnosis, HangWarning, diagnose
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
 from pathways import testing  # pw.testing: fault injection
@@ -199,6 +200,10 @@ __all__ = [
     "memory_stats",
     "transfer_stats",
     "scheduler_stats",
+    # Hang diagnosis.
+    "diagnose",
+    "Diagnosis",
+    "HangWarning",
     # Errors.
     "PathwaysError",
     "NotFoundError",

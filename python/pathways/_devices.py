@@ -31,6 +31,7 @@ def configure(
     device_memory: Optional[Union[int, str]] = None,
     executor_threads: Optional[int] = None,
     control_latency_us: Optional[float] = None,
+    hang_report_seconds: Optional[float] = None,
 ) -> None:
     """Sets the simulated topology of the runtime before its first use.
 
@@ -60,6 +61,10 @@ def configure(
         finite number from 0 to 1000000 (1 s); 0 (the default) models none.
         Parallel dispatch pays it once per program, sequential dispatch once
         per node (paper §4.5, Figure 7).
+      hang_report_seconds: A gang that has not started this long after its
+        submission is reported once, as a `pw.HangWarning` issued by the next
+        wait on the runtime (see `pw.diagnose`); a finite number from 0 to
+        86400 (one day), 60 by default; 0 turns the watchdog off.
 
     The same limits apply to `PATHWAYS_TOPOLOGY`, with the same errors.
 
@@ -89,9 +94,12 @@ def configure(
                 )
             device_memory = str(int(device_memory))
         items.append(("device_memory", device_memory))
-    if control_latency_us is not None:
-        us = _checks.real("configure", "control_latency_us", control_latency_us)
-        items.append(("control_latency_us", repr(us)))
+    for name, value in (
+        ("control_latency_us", control_latency_us),
+        ("hang_report_seconds", hang_report_seconds),
+    ):
+        if value is not None:
+            items.append((name, repr(_checks.real("configure", name, value))))
     if not items:
         if _core.is_started():
             raise RuntimeError("configure() must be called before the runtime starts")
@@ -118,7 +126,8 @@ def topology() -> dict:
 
     Returns:
       A dict with keys `islands`, `hosts_per_island`, `devices_per_host`,
-      `device_memory` (bytes), `executor_threads` and `control_latency_us`.
+      `device_memory` (bytes), `executor_threads`, `control_latency_us` and
+      `hang_report_seconds`.
     """
     return _core.topology()
 

@@ -247,6 +247,7 @@ if pid == 0:
     print("child reads", np.asarray(ready), flush=True)
     for what, call in [("pmap", lambda: fast(np.zeros(2))),
                        ("wait", lambda: pending.block_until_ready()),
+                       ("repr", lambda: repr(pending)),
                        ("slice", lambda: pw.make_virtual_device_set().add_slice(tpu_devices=2))]:
         try:
             call()
@@ -264,6 +265,7 @@ print("parent", np.asarray(fast(np.zeros(2))), flush=True)
         "child reads [2. 2.]",
         "child pmap RuntimeError True",
         "child wait RuntimeError True",
+        "child repr RuntimeError True",
         "child slice RuntimeError True",
         "child exit 0",
         "parent [1. 1.]",
