@@ -476,6 +476,18 @@ def _from_end(indices: Any, dim: int) -> Any:
     return where(indices < 0, indices + dim, indices)
 
 
+def _wrap_indices(indices: Any, dim: int) -> Any:
+    """Traced int32 `indices` modulo `dim` (> 0), in [0, dim) as numpy's mode="wrap".
+
+    The IR has no integer remainder: the quotient is truncated from a float64
+    division, which can be one off for huge dims, so the remainder is brought
+    into range from either side.
+    """
+    r = indices - (indices / dim).astype(_np.int32) * dim
+    r = where(r < 0, r + dim, r)
+    return where(r >= dim, r - dim, r)
+
+
 _TAKE_MODES = (None, "fill", "clip", "raise", "wrap")
 
 
@@ -497,7 +509,8 @@ def take(a: Any, indices: Any, axis: Any = None, mode: Optional[str] = None,
         and indices still out of range give `fill_value` (default NaN for
         floats, the most negative int32, True for bool);
       - "clip": indices are clipped into range (negative ones to 0, as
-        numpy's "clip").
+        numpy's "clip");
+      - "wrap": indices are taken modulo the axis size, as numpy's "wrap".
     Constant indices (and numpy arrays outside a trace) follow numpy's modes:
     None or "raise" checks them (at trace time), "clip" and "wrap" as numpy;
     "fill" works there too.
@@ -506,7 +519,7 @@ def take(a: Any, indices: Any, axis: Any = None, mode: Optional[str] = None,
       TypeError: For indices that are not integers (traced ones: not int32).
       IndexError: For constant indices out of range, with mode None or "raise".
       ValueError: For an unknown mode.
-      NotImplementedError: For traced indices with mode "raise" or "wrap".
+      NotImplementedError: For traced indices with mode "raise" (as JAX).
     """
     if mode not in _TAKE_MODES:
         raise ValueError(
@@ -538,11 +551,14 @@ def take(a: Any, indices: Any, axis: Any = None, mode: Optional[str] = None,
             idx = trace.constant(idx.astype(_np.int32), None)
             if mode != "fill":
                 return gather(idx)
-        elif mode in ("raise", "wrap"):
+        elif mode == "raise":
+            # As jax.numpy.take: an index known only at run time cannot raise.
             raise NotImplementedError(
-                f"take: mode={mode!r} with traced indices ({idx.aval}) is not supported; "
-                "traced indices take mode='fill' (the default) or mode='clip'"
+                f"take: mode='raise' with traced indices ({idx.aval}) is not supported (nor in "
+                "jax.numpy.take); traced indices take mode='fill' (the default), 'clip' or 'wrap'"
             )
+        elif mode == "wrap" and n:
+            return gather(_wrap_indices(idx, n))
         if mode == "clip":
             return gather(idx)
     idx = _from_end(idx, n)

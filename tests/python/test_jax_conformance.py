@@ -301,11 +301,20 @@ def test_take_fill_gradient_and_axis(tpus2):
     check_grads(tpus2, f, [x, idx], argnums=(0,))
 
 
+@pytest.mark.parametrize("size", [1, 3, 7])
+def test_take_wrap_of_traced_indices_is_numpys(tpus2, size):
+    x = np.arange(2 * size * 2, dtype=np.float64).reshape(2, size, 2)
+    i = np.array([[-2**31, -size - 1, -size, -1, 0, 1, size, 2 * size + 1, 2**31 - 1]] * 2, np.int32)
+    got = pw.pmap(lambda a, j: pw.numpy.take(a, j, axis=0, mode="wrap"), devices=tpus2)(x, i)
+    want = np.stack([np.take(x[d], i[d], axis=0, mode="wrap") for d in range(2)])
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_take_mode_errors(tpus2, runtime_ok):
     x = np.zeros((2, 3))
     i = np.zeros((2, 2), np.int32)
-    with pytest.raises(NotImplementedError, match="mode='wrap' with traced indices"):
-        pw.pmap(lambda a, j: pw.numpy.take(a, j, mode="wrap"), devices=tpus2)(x, i)
+    with pytest.raises(NotImplementedError, match="mode='raise' with traced indices"):
+        pw.pmap(lambda a, j: pw.numpy.take(a, j, mode="raise"), devices=tpus2)(x, i)
     with pytest.raises(ValueError, match="take: mode must be one of"):
         pw.pmap(lambda a, j: pw.numpy.take(a, j, mode="nearest"), devices=tpus2)(x, i)
     with pytest.raises(IndexError, match="take: index -4 is out of bounds for axis with size 3"):
