@@ -32,6 +32,11 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
     rt->scheduler_ptrs_.push_back(rt->schedulers_.back().get());
   }
   rt->delays_ = std::make_unique<DelayQueue>();
+  // A gang on a failed device (FailDevices) does not wait out its simulated time.
+  rt->delays_->SetHurryRule([](Runnable* job) {
+    auto* gang = dynamic_cast<GangTask*>(job);
+    return gang != nullptr && gang->OnFailedDevice();
+  });
   rt->executor_ = std::make_unique<Executor>(rt->cluster_->options().num_executor_threads);
   rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), rt->scheduler_ptrs_,
                                                          rt->executor_.get(), &rt->stats_,
@@ -184,12 +189,9 @@ absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Runtime::Execute(con
 void Runtime::FailDevices(absl::Span<Device* const> devices) {
   bool any = false;
   for (Device* d : devices) any = d->MarkFailed() || any;
-  if (!any) return;
-  // Gangs on those devices in their simulated time finish now, failed.
-  delays_->HurryIf([](Runnable* job) {
-    auto* gang = dynamic_cast<GangTask*>(job);
-    return gang != nullptr && gang->OnFailedDevice();
-  });
+  // Gangs on those devices in their simulated time finish now, failed
+  // (the delay queue's hurry rule, set in Create()).
+  if (any) delays_->ApplyHurryRule();
 }
 
 std::vector<int64_t> Runtime::SubmissionMarks() {

@@ -291,6 +291,28 @@ TEST_P(RuntimeTest, FailedDeviceFailsItsWorkAndItsDependentsPromptly) {
   rt->AwaitQuiescence();
 }
 
+// Failing a device right after dispatch, while its gang may be between its
+// device check and entering its simulated time: the gang must still fail at
+// once (it once waited out its 100 s here, in about 1 run in 5).
+TEST_P(RuntimeTest, DeviceFailingAsItsGangStartsFailsItPromptly) {
+  for (int run = 0; run < 30; ++run) {
+    auto rt = MakeRuntime(GetParam());
+    auto slice = *rt->resource_manager().AddSlice(2, "tpu");
+    FunctionBuilder b("slow", "i");
+    const int32_t x = b.Parameter(DType::kF64, {});
+    auto ir = *b.Build({*b.SimulatedCompute(x, 100'000'000'000)});
+    auto fn = *CompiledFunction::Create(*FunctionExecutable::Compile(ir), testing::AllOf(slice), &rt->registry());
+    ProgramBuilder pb("one");
+    const int v = *pb.AddArg(DType::kF64, {2});
+    auto program = *Lower(*pb.Build({(*pb.AddCall(fn, {v}))[0]}));
+    const double in[] = {1.0, 2.0};
+    auto outs = *rt->Execute(*program, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+    if (run % 2 == 1) std::this_thread::sleep_for(std::chrono::microseconds(run * 10));
+    rt->FailDevices({slice->devices()->devices()[0]});
+    EXPECT_EQ(outs[0]->Await().code(), absl::StatusCode::kUnavailable) << "run " << run;
+  }
+}
+
 // Programs for the diagnosis tests: "hold" runs 'slow' (an hour of simulated
 // compute) on slice a; "after" runs 'first' on slice a, then 'second' on
 // slice b (another island) with first's output copied over DCN.

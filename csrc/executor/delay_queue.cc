@@ -21,8 +21,14 @@ void DelayQueue::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void DelayQueue::HurryIf(absl::FunctionRef<bool(Runnable*)> due) {
+void DelayQueue::SetHurryRule(std::function<bool(Runnable*)> due) {
   MutexLock lock(&mu_);
+  hurry_rule_ = std::move(due);
+}
+
+void DelayQueue::ApplyHurryRule() {
+  MutexLock lock(&mu_);
+  if (!hurry_rule_) return;
   std::vector<Entry> entries;
   entries.reserve(heap_.size());
   while (!heap_.empty()) {
@@ -31,7 +37,7 @@ void DelayQueue::HurryIf(absl::FunctionRef<bool(Runnable*)> due) {
   }
   bool any = false;
   for (Entry& e : entries) {
-    if (due(e.job)) {
+    if (hurry_rule_(e.job)) {
       e.deadline_ns = 0;  // keeps its insertion order among the hurried
       any = true;
     }
@@ -48,6 +54,7 @@ void DelayQueue::Hurry() {
 
 void DelayQueue::RunAt(int64_t deadline_ns, Runnable* job) {
   MutexLock lock(&mu_);
+  if (hurry_rule_ && hurry_rule_(job)) deadline_ns = 0;
   const bool earliest = heap_.empty() || deadline_ns < heap_.top().deadline_ns;
   heap_.push(Entry{deadline_ns, next_order_++, job});
   if (earliest) cv_.Signal();

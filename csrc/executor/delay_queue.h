@@ -17,11 +17,11 @@
 // Thread-safe.
 
 #include <cstdint>
+#include <functional>
 #include <queue>
 #include <thread>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "csrc/base/mutex.h"
 #include "csrc/base/runnable.h"
 
@@ -42,9 +42,15 @@ class DelayQueue {
   // as soon as the thread gets to them (for cancelling simulated work at
   // shutdown). Irreversible.
   void Hurry();
-  // Makes the pending jobs for which `due(job)` is true due now (their
-  // deadlines pass at once). For failing work early; O(pending jobs).
-  void HurryIf(absl::FunctionRef<bool(Runnable*)> due);
+  // A job for which `due(job)` is true is due at once: checked when the job
+  // is added (RunAt) and, for jobs already pending, by ApplyHurryRule(). For
+  // failing work early (a gang on a failed device). Set once, before use.
+  void SetHurryRule(std::function<bool(Runnable*)> due);
+  // Makes the pending jobs the rule now finds due, due at once; call after
+  // the rule's answer may have changed. O(pending jobs). Race-free with
+  // RunAt: both check the rule under the queue's lock, so a job added while
+  // the answer changes is caught by one of them.
+  void ApplyHurryRule();
   // Runs the jobs still pending (early), then joins the thread. Idempotent;
   // jobs added afterwards never run.
   void Stop();
@@ -68,6 +74,7 @@ class DelayQueue {
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool hurry_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<bool(Runnable*)> hurry_rule_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

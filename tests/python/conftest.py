@@ -66,20 +66,25 @@ def runtime_ok():
     return assert_runtime_works
 
 
-def run_python(code: str, env: dict | None = None, timeout: float = 120) -> str:
-    """Runs `code` in a fresh Python process; returns its stdout, failing on a non-zero exit."""
+def run_python_process(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh Python process (this package, no PATHWAYS_TOPOLOGY unless in `env`)."""
     full_env = {k: v for k, v in os.environ.items() if k != "PATHWAYS_TOPOLOGY"}
     full_env["PYTHONPATH"] = os.pathsep.join(
         [str(PYTHON_DIR)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else [])
     )
     full_env.update(env or {})
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=full_env,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 120) -> str:
+    """Runs `code` in a fresh Python process; returns its stdout, failing on a non-zero exit."""
+    proc = run_python_process(code, env, timeout)
     assert proc.returncode == 0, (
         f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     )

@@ -8,11 +8,8 @@ process run in a subprocess; a hang fails them by the subprocess timeout.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -20,16 +17,11 @@ import numpy as np
 import pytest
 
 import pathways as pw
-from conftest import PYTHON_DIR
+from conftest import run_python_process
 
 
-def _run(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PATHWAYS_TOPOLOGY"}
-    env["PYTHONPATH"] = str(PYTHON_DIR)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=env, capture_output=True, text=True, timeout=timeout,
-    )
+def _run(code: str) -> subprocess.CompletedProcess:
+    return run_python_process(code, timeout=60)
 
 
 _SLOW = """
