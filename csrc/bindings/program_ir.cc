@@ -54,8 +54,10 @@ py::list Execute(const LoweredProgram& program, const py::sequence& args, bool s
     host_bytes += static_cast<size_t>(array.nbytes());
     keep_alive.push_back(std::move(array));
   }
+  PyBlocker blocker;  // waits for device memory interruptibly
   ExecuteOptions options;
   options.client = client;
+  options.blocker = &blocker;
   options.mode = sequential ? DispatchMode::kSequential : DispatchMode::kParallel;
   Runtime& rt = GetRuntime();
   auto execute = [&] { return rt.Execute(program, converted, options); };
@@ -64,10 +66,13 @@ py::list Execute(const LoweredProgram& program, const py::sequence& args, bool s
   // arrays meanwhile).
   const bool release = sequential || host_bytes >= kReleaseGilBytes;
   absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> dispatched = release ? WithoutGil(execute) : execute();
+  blocker.RethrowIfInterrupted();
   auto outputs = ValueOrThrow(std::move(dispatched));
   py::list result(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
-    result[i] = py::cast(std::make_shared<PyShardedBuffer>(std::move(outputs[i])));
+    auto handle = std::make_shared<PyShardedBuffer>(std::move(outputs[i]));
+    if (client != nullptr) RegisterClientHandle(client, handle);
+    result[i] = py::cast(std::move(handle));
   }
   return result;
 }

@@ -7,6 +7,7 @@
 #include "csrc/base/fork.h"
 #include "csrc/base/spin.h"
 #include "csrc/bindings/registrations.h"
+#include "csrc/bindings/sharded_buffer.h"
 #include "csrc/bindings/status_casters.h"
 #include "csrc/bindings/waiting.h"
 #include "pybind11/stl.h"
@@ -74,6 +75,30 @@ void RegisterRuntime(py::module_& m) {
     d["bytes_in_use"] = rt.object_stores().TotalLiveBytes();
     d["bytes_reserved"] = rt.object_stores().TotalBytesCharged();
     d["live_buffers"] = rt.object_stores().live_buffers();
+    // By owner (§4.6's labels); owners with the same name are summed.
+    auto add = [](py::dict& by, const MemoryAccount& a) {
+      const py::str name(a.name());
+      if (!by.contains(name)) {
+        py::dict e;
+        e["bytes_in_use"] = 0;
+        e["live_buffers"] = 0;
+        e["peak_bytes_in_use"] = 0;
+        by[name] = e;
+      }
+      py::dict e = by[name];
+      e["bytes_in_use"] = e["bytes_in_use"].cast<int64_t>() + a.live_bytes();
+      e["live_buffers"] = e["live_buffers"].cast<int64_t>() + a.live_buffers();
+      e["peak_bytes_in_use"] = e["peak_bytes_in_use"].cast<int64_t>() + a.peak_bytes();
+    };
+    py::dict by_client, by_program;
+    add(by_client, rt.default_client_memory());
+    for (SchedulingClient* c : rt.clients()) add(by_client, c->memory());
+    for (const auto& a : rt.object_stores().ProgramAccounts()) {
+      if (a->live_buffers() > 0 || a->peak_bytes() > 0) add(by_program, *a);
+    }
+    d["by_client"] = by_client;
+    d["by_program"] = by_program;
+    d["dispatches_waiting_for_memory"] = rt.object_stores().memory_waiters();
     return d;
   });
   m.def("transfer_stats", [] {
@@ -159,12 +184,20 @@ void RegisterRuntime(py::module_& m) {
       .def_property_readonly("weight", &SchedulingClient::weight)
       .def_property_readonly("device_seconds", [](const SchedulingClient& c) { return c.device_ns() * 1e-9; })
       .def_property_readonly("gangs", &SchedulingClient::gangs)
+      .def_property_readonly("closed", &SchedulingClient::closed)
+      .def_property_readonly("bytes_in_use", [](const SchedulingClient& c) { return c.memory().live_bytes(); })
+      .def_property_readonly("live_buffers", [](const SchedulingClient& c) { return c.memory().live_buffers(); })
+      .def_property_readonly("peak_bytes_in_use", [](const SchedulingClient& c) { return c.memory().peak_bytes(); })
       .def("__repr__", [](const SchedulingClient& c) {
         return "SchedulingClient(" + c.name() + ", weight=" + std::to_string(c.weight()) + ")";
       });
   m.def("create_client", [](const std::string& name, double weight) {
     return ValueOrThrow(GetRuntime().CreateClient(name, weight));
   }, py::arg("name"), py::arg("weight"), py::return_value_policy::reference);
+  m.def("close_client", [](SchedulingClient* client) {
+    GetRuntime().CloseClient(client);
+    return DeleteClientHandles(client);
+  }, py::arg("client"));
   m.def("clients", [] { return GetRuntime().clients(); }, py::return_value_policy::reference);
   m.def("set_scheduling_policy", [](const std::string& policy) {
     SchedulingPolicy p;

@@ -2,8 +2,10 @@
 
 #include "csrc/bindings/sharded_buffer.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/fork.h"
 #include "csrc/bindings/registrations.h"
@@ -16,10 +18,52 @@ namespace py = pybind11;
 
 std::shared_ptr<ShardedBuffer> PyShardedBuffer::Get(const char* use) const {
   if (buffer == nullptr) {
-    ThrowDeleted(absl::StrCat("ShardedBuffer ", TypeToString(dtype, dims), " has been deleted; cannot ", use,
-                              " it"));
+    ThrowDeleted(absl::StrCat("ShardedBuffer ", TypeToString(dtype, dims), " has been deleted",
+                              deleted_why.empty() ? "" : " (", deleted_why, deleted_why.empty() ? "" : ")",
+                              "; cannot ", use, " it"));
   }
   return buffer;
+}
+
+namespace {
+struct ClientHandles {
+  std::vector<std::weak_ptr<PyShardedBuffer>> handles;
+  size_t compact_at = 64;  // drop expired entries when the list reaches this
+};
+// Guarded by the GIL; never destroyed (handles may outlive module teardown).
+absl::flat_hash_map<const SchedulingClient*, ClientHandles>& HandlesByClient() {
+  static auto* map = new absl::flat_hash_map<const SchedulingClient*, ClientHandles>();
+  return *map;
+}
+}  // namespace
+
+void RegisterClientHandle(const SchedulingClient* client, const std::shared_ptr<PyShardedBuffer>& handle) {
+  ClientHandles& c = HandlesByClient()[client];
+  c.handles.push_back(handle);
+  if (c.handles.size() >= c.compact_at) {
+    c.handles.erase(std::remove_if(c.handles.begin(), c.handles.end(),
+                                   [](const std::weak_ptr<PyShardedBuffer>& h) { return h.expired(); }),
+                    c.handles.end());
+    c.compact_at = std::max<size_t>(64, 2 * c.handles.size());
+  }
+}
+
+int DeleteClientHandles(const SchedulingClient* client) {
+  auto it = HandlesByClient().find(client);
+  if (it == HandlesByClient().end()) return 0;
+  std::vector<std::weak_ptr<PyShardedBuffer>> handles = std::move(it->second.handles);
+  HandlesByClient().erase(it);
+  int deleted = 0;
+  for (const auto& weak : handles) {
+    std::shared_ptr<PyShardedBuffer> h = weak.lock();
+    if (h == nullptr || h->buffer == nullptr) continue;
+    h->deleted_why = absl::StrCat("its client '", client->name(), "' was closed");
+    // Readers that began before hold their own reference (Get), so this
+    // only drops the handle's; memory returns when running work is done.
+    h->buffer.reset();
+    ++deleted;
+  }
+  return deleted;
 }
 
 py::dtype NumpyDType(DType dtype) { return py::dtype(std::string(DTypeName(dtype))); }
@@ -110,6 +154,13 @@ void RegisterShardedBuffer(py::module_& m) {
       .def("__int__", [](py::object self) { return py::int_(AsNumpy(self)); })
       .def("is_ready", [](const PyShardedBuffer& s) { return s.Get("query")->IsDone(); })
       .def("is_deleted", [](const PyShardedBuffer& s) { return s.buffer == nullptr; })
+      .def_property_readonly("owner", [](const PyShardedBuffer& s) {
+        const std::shared_ptr<ShardedBuffer> b = s.Get("read the owner of");
+        py::dict d;
+        d["client"] = b->client_account() ? py::object(py::str(b->client_account()->name())) : py::none();
+        d["program"] = b->program_account() ? py::object(py::str(b->program_account()->name())) : py::none();
+        return d;
+      }, "The ownership labels: {'client': name, 'program': name} (None where unlabeled).")
       .def("delete", [](PyShardedBuffer& s) {
         s.Get("delete");
         s.buffer.reset();
@@ -139,7 +190,7 @@ void RegisterShardedBuffer(py::module_& m) {
         return py::repr(ToNumpy(b));
       });
 
-  m.def("device_put", [](py::array array, const py::sequence& devices) {
+  m.def("device_put", [](py::array array, const py::sequence& devices, SchedulingClient* client) {
     const DType dtype = FromNumpyDType(array.dtype(), "device_put: the array");
     py::array c = py::array::ensure(array, py::array::c_style | py::array::forcecast);
     std::vector<Device*> physical = ToPhysical(devices);
@@ -151,12 +202,17 @@ void RegisterShardedBuffer(py::module_& m) {
       throw py::value_error(absl::StrCat("device_put over ", list->size(), " devices needs a leading axis of size ",
                                          list->size(), ", got shape ", DimsToString(dims)));
     }
-    auto put = [&] { return rt.DevicePut(dtype, dims, c.data(), list); };
+    PyBlocker blocker;
+    auto put = [&] { return rt.DevicePut(dtype, dims, c.data(), list, client, &blocker); };
     // `c` stays alive meanwhile; a thread writing to the array during the copy
     // races with it, as with any asynchronous device_put.
     const bool large = static_cast<size_t>(c.nbytes()) >= kReleaseGilBytes;
-    return std::make_shared<PyShardedBuffer>(ValueOrThrow(large ? WithoutGil(put) : put()));
-  }, py::arg("array"), py::arg("devices"));
+    auto put_buffer = large ? WithoutGil(put) : put();
+    blocker.RethrowIfInterrupted();
+    auto handle = std::make_shared<PyShardedBuffer>(ValueOrThrow(std::move(put_buffer)));
+    if (client != nullptr) RegisterClientHandle(client, handle);
+    return handle;
+  }, py::arg("array"), py::arg("devices"), py::arg("client") = static_cast<SchedulingClient*>(nullptr));
 }
 
 }  // namespace pw::bindings

@@ -8,7 +8,10 @@
 
 #include <memory>
 
+#include <string>
+
 #include "csrc/object_store/sharded_buffer.h"
+#include "csrc/scheduler/gang_scheduler.h"
 #include "pybind11/numpy.h"
 #include "pybind11/pybind11.h"
 
@@ -19,6 +22,8 @@ struct PyShardedBuffer {
   // Kept after delete() so the handle can still say what it was.
   DType dtype = DType::kF32;
   Dims dims;
+  // Why it was deleted when not by delete() (its client closed), for errors.
+  std::string deleted_why;
 
   explicit PyShardedBuffer(std::shared_ptr<ShardedBuffer> b)
       : buffer(std::move(b)), dtype(buffer->dtype()), dims(buffer->dims()) {}
@@ -28,6 +33,13 @@ struct PyShardedBuffer {
   // handle while the caller waits without the GIL.
   std::shared_ptr<ShardedBuffer> Get(const char* use) const;
 };
+
+// Handles of the buffers a client owns (outputs of its programs and its
+// device_puts), so that closing the client can delete them. With the GIL.
+void RegisterClientHandle(const SchedulingClient* client, const std::shared_ptr<PyShardedBuffer>& handle);
+// Deletes every live handle `client` owns (as delete() does, saying why);
+// returns how many. With the GIL.
+int DeleteClientHandles(const SchedulingClient* client);
 
 // Waits until `buffer` is done (ready or failed) with the GIL released,
 // interruptibly (waiting.h). RuntimeError in a forked child (base/fork.h),

@@ -17,6 +17,24 @@ void WaitInterruptibly(absl::FunctionRef<bool(int64_t)> done_within) {
   }
 }
 
+bool PyBlocker::Block(absl::FunctionRef<bool(int64_t)> done_within) {
+  if (!PyGILState_Check()) return Blocker::Block(done_within);
+  try {
+    WaitInterruptibly(done_within);
+    return true;
+  } catch (pybind11::error_already_set& e) {
+    interrupted_.emplace(std::move(e));
+    return false;
+  }
+}
+
+void PyBlocker::RethrowIfInterrupted() {
+  if (!interrupted_.has_value()) return;
+  pybind11::error_already_set e = std::move(*interrupted_);
+  interrupted_.reset();
+  throw e;
+}
+
 void ParkDaemonThreadAtExit() {
   namespace py = pybind11;
   if (!py::module_::import("threading").attr("current_thread")().attr("daemon").cast<bool>()) return;

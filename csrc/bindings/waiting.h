@@ -17,7 +17,10 @@
 #include <type_traits>
 #include <utility>
 
+#include <optional>
+
 #include "absl/functional/function_ref.h"
+#include "csrc/base/blocker.h"
 #include "pybind11/pybind11.h"
 #if defined(__GLIBCXX__)
 #include <cxxabi.h>
@@ -61,6 +64,22 @@ auto WithoutGil(F&& fn) -> decltype(fn()) {
 // (SurfaceHangReports), so a wait that hangs reports why.
 // `done_within` must not throw or touch Python objects.
 void WaitInterruptibly(absl::FunctionRef<bool(int64_t)> done_within);
+
+// The Blocker (base/blocker.h) that bound calls hand to the core. Called
+// with the GIL held, it waits as WaitInterruptibly() does; when a signal
+// handler raises (Ctrl-C), it gives up and keeps the exception, which
+// RethrowIfInterrupted() raises once the core call has returned (the core
+// unwinds by status, never by a Python exception). Called without the GIL
+// (inside WithoutGil), it waits plainly.
+class PyBlocker final : public Blocker {
+ public:
+  bool Block(absl::FunctionRef<bool(int64_t)> done_within) override;
+  // With the GIL held: raises the exception that made Block() give up.
+  void RethrowIfInterrupted();
+
+ private:
+  std::optional<pybind11::error_already_set> interrupted_;
+};
 
 // Issues a pw.HangWarning for each report the default runtime's hang
 // watchdog has queued (diagnosis.cc); a warnings filter may make it raise.

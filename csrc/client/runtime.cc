@@ -14,6 +14,10 @@
 namespace pw {
 namespace {
 
+absl::Status ClosedClientError(const SchedulingClient& client) {
+  return absl::FailedPreconditionError(absl::StrCat("client '", client.name(), "' is closed"));
+}
+
 Mutex default_mu;
 Runtime* default_runtime ABSL_GUARDED_BY(default_mu) = nullptr;
 TopologyOptions* default_options ABSL_GUARDED_BY(default_mu) = nullptr;
@@ -27,6 +31,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
   rt->cluster_ = *std::move(cluster);
   rt->resource_manager_ = std::make_unique<ResourceManager>(rt->cluster_.get(), &rt->registry_);
   rt->stores_ = std::make_unique<ObjectStores>(rt->cluster_.get());
+  rt->stores_->ListAccount(rt->device_put_memory_);
   for (Island* island : rt->cluster_->islands()) {
     rt->schedulers_.push_back(std::make_unique<GangScheduler>(island));
     rt->scheduler_ptrs_.push_back(rt->schedulers_.back().get());
@@ -40,7 +45,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
   rt->executor_ = std::make_unique<Executor>(rt->cluster_->options().num_executor_threads);
   rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), rt->scheduler_ptrs_,
                                                          rt->executor_.get(), &rt->stats_,
-                                                         GangServices{rt->delays_.get(), &rt->timeline_,
+                                                         GangServices{rt->stores_.get(), rt->delays_.get(), &rt->timeline_,
                                                                       rt->cluster_->options().control_latency_ns,
                                                                       &rt->shut_down_});
   if (const int64_t threshold = rt->cluster_->options().hang_report_ns; threshold > 0) {
@@ -164,6 +169,7 @@ void Runtime::Shutdown() {
   if (shut_down_.exchange(true)) return;
   if (watchdog_ != nullptr) watchdog_->Stop();  // cancelled gangs are no hangs
   delays_->Hurry();  // simulated time of running gangs and modeled messages ends now
+  stores_->NotifyMemoryWaiters();  // dispatches waiting for memory give up
   while (active_calls_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
   // Gangs still queued now run cancelled (microseconds each), in order.
   AwaitQuiescence();
@@ -172,10 +178,31 @@ void Runtime::Shutdown() {
 }
 
 absl::StatusOr<std::shared_ptr<ShardedBuffer>> Runtime::DevicePut(DType dtype, Dims dims, const void* data,
-                                                                  const DeviceList* devices) {
+                                                                  const DeviceList* devices,
+                                                                  SchedulingClient* client, Blocker* blocker) {
   ActiveCall call(this);
   PW_RETURN_IF_ERROR(call.status());
-  return CopyFromHost(stores_.get(), dtype, std::move(dims), data, devices, &stats_);
+  if (client != nullptr && client->closed()) return ClosedClientError(*client);
+  if (dims.empty() || dims[0] != devices->size()) {
+    return absl::InvalidArgumentError(absl::StrCat("device_put over ", devices->size(),
+                                                   " devices needs a leading axis of size ", devices->size(),
+                                                   ", got shape ", DimsToString(dims)));
+  }
+  const MemoryRequest request{devices, ShardBytes(dtype, dims)};
+  auto cancelled = [&]() -> absl::Status {
+    if (shut_down_.load(std::memory_order_acquire)) {
+      return absl::CancelledError("device_put was cancelled while it waited for device memory: "
+                                  "the pathways runtime shut down");
+    }
+    if (client != nullptr && client->closed()) return ClosedClientError(*client);
+    return absl::OkStatus();
+  };
+  auto reservation = stores_->Reserve(absl::MakeConstSpan(&request, 1), blocker != nullptr ? blocker : Blocker::Plain(),
+                                      cancelled, "device_put");
+  if (!reservation.ok()) return reservation.status();
+  const BufferOwner owner{&*reservation, client != nullptr ? &client->memory() : &default_memory_,
+                          device_put_memory_.get()};
+  return CopyFromHost(stores_.get(), dtype, std::move(dims), data, devices, &stats_, owner);
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Runtime::Execute(const LoweredProgram& program,
@@ -183,7 +210,19 @@ absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Runtime::Execute(con
                                                                              const ExecuteOptions& options) {
   ActiveCall call(this);
   PW_RETURN_IF_ERROR(call.status());
-  return dispatcher_->Execute(program, args, options);
+  if (options.client != nullptr && options.client->closed()) return ClosedClientError(*options.client);
+  ExecuteOptions labeled = options;
+  if (labeled.client_account == nullptr) {
+    labeled.client_account = options.client != nullptr ? &options.client->memory() : &default_memory_;
+  }
+  return dispatcher_->Execute(program, args, labeled);
+}
+
+void Runtime::CloseClient(SchedulingClient* client) {
+  client->Close();
+  // Its gangs waiting in the queues run cancelled; wake whoever waits for
+  // memory on its behalf so the wait sees it.
+  stores_->NotifyMemoryWaiters();
 }
 
 void Runtime::FailDevices(absl::Span<Device* const> devices) {

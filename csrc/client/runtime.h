@@ -75,6 +75,15 @@ class Runtime {
   absl::StatusOr<SchedulingClient*> CreateClient(std::string name, double weight);
   // Every client created so far.
   std::vector<SchedulingClient*> clients();
+  // Closes `client` (SchedulingClient::Close): it dispatches nothing more,
+  // and its gangs that have not started run cancelled, so the memory they
+  // hold comes back. Its buffers are freed when their handles go (the
+  // bindings drop the Python handles a client owns).
+  void CloseClient(SchedulingClient* client);
+  // The memory accounts of the default client (work outside any client)
+  // and of device_put.
+  const MemoryAccount& default_client_memory() const { return default_memory_; }
+  const MemoryAccount& device_put_memory() const { return *device_put_memory_; }
 
   // Sets the scheduling policy of every island's gang scheduler.
   void SetSchedulingPolicy(SchedulingPolicy policy);
@@ -94,12 +103,17 @@ class Runtime {
   // take its reports with hang_watchdog()->TakeReport(). Stopped by Shutdown().
   HangWatchdog* hang_watchdog() { return watchdog_.get(); }
 
-  // Places host data (row-major `dtype`, global `dims`) on `devices`.
-  // Cancelled after Shutdown().
+  // Places host data (row-major `dtype`, global `dims`) on `devices`, for
+  // `client` (null: the default client). Waits for memory through `blocker`
+  // as Execute() does. Cancelled after Shutdown(); FailedPrecondition for a
+  // closed client.
   absl::StatusOr<std::shared_ptr<ShardedBuffer>> DevicePut(DType dtype, Dims dims, const void* data,
-                                                           const DeviceList* devices);
-  // Runs `program` (see ParallelDispatcher::Execute). Cancelled after
-  // Shutdown().
+                                                           const DeviceList* devices,
+                                                           SchedulingClient* client = nullptr,
+                                                           Blocker* blocker = nullptr);
+  // Runs `program` (see ParallelDispatcher::Execute), its buffers labeled
+  // with the client's memory account. Cancelled after Shutdown();
+  // FailedPrecondition for a closed client.
   absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Execute(const LoweredProgram& program,
                                                                       absl::Span<const ProgramArg> args,
                                                                       const ExecuteOptions& options = {});
@@ -139,6 +153,8 @@ class Runtime {
   Mutex shutdown_mu_;  // held for the whole of Shutdown()
   Mutex clients_mu_;
   std::vector<std::unique_ptr<SchedulingClient>> clients_ ABSL_GUARDED_BY(clients_mu_);
+  MemoryAccount default_memory_{"default"};
+  std::shared_ptr<MemoryAccount> device_put_memory_ = std::make_shared<MemoryAccount>("device_put");
 };
 
 }  // namespace pw

@@ -24,7 +24,7 @@ LinkKind ClassifyLink(const DeviceList& src, const DeviceList& dst) {
 
 TransferTask::TransferTask(std::shared_ptr<ShardedBuffer> src, std::shared_ptr<ShardedBuffer> dst,
                            LinkKind link, TransferStats* stats)
-    : src_(std::move(src)), dst_(std::move(dst)), link_(link), stats_(stats) {}
+    : in_flight_(dst->stores()), src_(std::move(src)), dst_(std::move(dst)), link_(link), stats_(stats) {}
 
 void TransferTask::Start(ReadyList* ready) {
   if (!src_->AddWaiter(this)) ready->Push(this);
@@ -45,8 +45,10 @@ void TransferTask::Run(RunContext& ctx) {
       stats_->ici_bytes.fetch_add(src_->total_bytes(), std::memory_order_relaxed);
       stats_->ici_transfers.fetch_add(1, std::memory_order_relaxed);
     }
+    src_.reset();  // before the copy is seen ready, as a gang drops its inputs
     dst_->SetReady(ctx.ready);
   } else {
+    src_.reset();
     dst_->SetError(std::move(status), ctx.ready);
   }
   delete this;
@@ -54,8 +56,8 @@ void TransferTask::Run(RunContext& ctx) {
 
 absl::StatusOr<std::shared_ptr<ShardedBuffer>> CopyFromHost(ObjectStores* stores, DType dtype, Dims dims,
                                                             const void* data, const DeviceList* devices,
-                                                            TransferStats* stats) {
-  auto buffer = ShardedBuffer::Allocate(stores, dtype, std::move(dims), devices);
+                                                            TransferStats* stats, const BufferOwner& owner) {
+  auto buffer = ShardedBuffer::Allocate(stores, dtype, std::move(dims), devices, owner);
   if (!buffer.ok()) return buffer.status();
   std::memcpy((*buffer)->data(), data, static_cast<size_t>((*buffer)->total_bytes()));
   stats->host_bytes.fetch_add((*buffer)->total_bytes(), std::memory_order_relaxed);

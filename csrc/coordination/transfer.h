@@ -59,6 +59,7 @@ class TransferTask final : public Runnable, private BufferWaiter {
  private:
   void OnBufferDone(const absl::Status& status, ReadyList* ready) override;
 
+  ObjectStores::WorkInFlight in_flight_;  // first: ends after the buffers go
   std::shared_ptr<ShardedBuffer> src_, dst_;
   LinkKind link_;
   TransferStats* stats_;
@@ -66,10 +67,11 @@ class TransferTask final : public Runnable, private BufferWaiter {
 
 // Allocates a buffer on `devices` and fills it from host memory `data`
 // (row-major, the buffer's dtype and global dims). The copy is done before
-// returning, so the caller may reuse `data`; the buffer is ready.
+// returning, so the caller may reuse `data`; the buffer is ready. `owner`
+// as in ShardedBuffer::Allocate.
 absl::StatusOr<std::shared_ptr<ShardedBuffer>> CopyFromHost(ObjectStores* stores, DType dtype, Dims dims,
                                                             const void* data, const DeviceList* devices,
-                                                            TransferStats* stats);
+                                                            TransferStats* stats, const BufferOwner& owner = {});
 
 }  // namespace pw
 

@@ -62,12 +62,68 @@ absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> ParallelDispatcher::
                                                      TypeToString(dtype, dims)));
     }
   }
+  // All the memory of the run at once: the steps' outputs, and arguments
+  // placed on devices other than their own.
+  absl::InlinedVector<MemoryRequest, 4> requests(program.step_memory().begin(), program.step_memory().end());
+  int64_t run_bytes = program.step_bytes();  // over all shards
+  int64_t run_buffers = program.step_buffers();
+  for (const ArgPlacement& p : program.arg_placements()) {
+    const ProgramArg& arg = args[p.arg];
+    if (arg.buffer != nullptr && arg.buffer->devices() == p.devices) continue;
+    const DType dtype = arg.buffer ? arg.buffer->dtype() : arg.dtype;
+    const Dims& dims = arg.buffer ? arg.buffer->dims() : arg.dims;
+    if (dims.empty() || dims[0] != p.devices->size()) {
+      return absl::InvalidArgumentError(absl::StrCat("argument ", p.arg, " of program '", ir.name(), "' of shape ",
+                                                     DimsToString(dims), " needs a leading axis of size ",
+                                                     p.devices->size(), ", one entry per device"));
+    }
+    requests.push_back(MemoryRequest{p.devices, ShardBytes(dtype, dims)});
+    run_bytes += requests.back().bytes_per_device * p.devices->size();
+    ++run_buffers;
+  }
+  auto cancelled = [&]() -> absl::Status {
+    if (services_.cancelled != nullptr && services_.cancelled->load(std::memory_order_acquire)) {
+      return absl::CancelledError(absl::StrCat("program '", ir.name(),
+                                               "' was cancelled while it waited for device memory: "
+                                               "the pathways runtime shut down"));
+    }
+    if (options.client != nullptr && options.client->closed()) {
+      return absl::CancelledError(absl::StrCat("program '", ir.name(),
+                                               "' was cancelled while it waited for device memory: its client '",
+                                               options.client->name(), "' was closed"));
+    }
+    return absl::OkStatus();
+  };
+  auto reservation = stores_->Reserve(requests, options.blocker != nullptr ? options.blocker : Blocker::Plain(),
+                                      cancelled, ir.name());
+  if (!reservation.ok()) return reservation.status();
+  // The ownership labels: the run's buffers are charged to the client and
+  // the program at once, not one by one.
+  MemoryAccount* program_account = program.memory_account().get();
+  stores_->ListAccount(program.memory_account());
+  if (options.client_account != nullptr) options.client_account->Charge(run_bytes, run_buffers);
+  program_account->Charge(run_bytes, run_buffers);
+  const BufferOwner owner{&*reservation, options.client_account, program_account, /*precharged=*/true};
   std::vector<std::shared_ptr<ShardedBuffer>> slots(program.num_slots());
   ReadyList ready;
-  absl::Status status = DispatchSteps(program, args, options, slots, &ready);
+  absl::Status status = DispatchSteps(program, args, options, owner, slots, &ready);
   // Whatever was dispatched runs, even if a later step failed to dispatch.
   executor_->Submit(ready);
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    // Give back the charge of the buffers the run did not make: every slot
+    // filled holds one it made, except arguments used where they are.
+    for (const ArgPlacement& p : program.arg_placements()) {
+      if (args[p.arg].buffer != nullptr && args[p.arg].buffer->devices() == p.devices) slots[p.slot] = nullptr;
+    }
+    for (const auto& made : slots) {
+      if (made == nullptr) continue;
+      run_bytes -= made->total_bytes();
+      --run_buffers;
+    }
+    if (options.client_account != nullptr) options.client_account->Discharge(run_bytes, run_buffers);
+    program_account->Discharge(run_bytes, run_buffers);
+    return status;
+  }
   std::vector<std::shared_ptr<ShardedBuffer>> outputs;
   outputs.reserve(program.output_slots().size());
   for (int slot : program.output_slots()) outputs.push_back(slots[slot]);
@@ -75,19 +131,19 @@ absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> ParallelDispatcher::
 }
 
 absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
-                                               const ExecuteOptions& options,
+                                               const ExecuteOptions& options, const BufferOwner& owner,
                                                std::vector<std::shared_ptr<ShardedBuffer>>& slots,
                                                ReadyList* ready) {
   for (const ArgPlacement& p : program.arg_placements()) {
     const ProgramArg& arg = args[p.arg];
     if (arg.buffer == nullptr) {
-      auto placed = CopyFromHost(stores_, arg.dtype, arg.dims, arg.host_data, p.devices, stats_);
+      auto placed = CopyFromHost(stores_, arg.dtype, arg.dims, arg.host_data, p.devices, stats_, owner);
       if (!placed.ok()) return placed.status();
       slots[p.slot] = *std::move(placed);
     } else if (arg.buffer->devices() == p.devices) {
       slots[p.slot] = arg.buffer;
     } else {
-      auto dst = ShardedBuffer::Allocate(stores_, arg.buffer->dtype(), arg.buffer->dims(), p.devices);
+      auto dst = ShardedBuffer::Allocate(stores_, arg.buffer->dtype(), arg.buffer->dims(), p.devices, owner);
       if (!dst.ok()) return dst.status();
       (*dst)->SetCopiedFrom(arg.buffer);
       slots[p.slot] = *dst;
@@ -121,7 +177,7 @@ absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, ab
     }
     absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 2> outputs;
     for (int slot : step.out_slots) {
-      auto out = ShardedBuffer::Allocate(stores_, types[slot].dtype, types[slot].dims, step.devices);
+      auto out = ShardedBuffer::Allocate(stores_, types[slot].dtype, types[slot].dims, step.devices, owner);
       if (!out.ok()) return out.status();
       slots[slot] = *out;
       outputs.push_back(*std::move(out));

@@ -49,6 +49,10 @@ enum class DispatchMode : uint8_t {
 struct ExecuteOptions {
   DispatchMode mode = DispatchMode::kParallel;
   SchedulingClient* client = nullptr;  // null: the default client
+  // The client's ownership label: its buffers are charged to it. May be null.
+  MemoryAccount* client_account = nullptr;
+  // How the caller waits for device memory (back-pressure); null: plainly.
+  Blocker* blocker = nullptr;
 };
 
 class ParallelDispatcher {
@@ -59,11 +63,14 @@ class ParallelDispatcher {
                      TransferStats* stats, GangServices services);
 
   // Dispatches every step of `program` and returns its outputs (pending).
-  // InvalidArgument if the arguments do not match the program's; a
-  // ResourceExhausted error from the object stores if memory runs out, in
-  // which case the steps already dispatched still run to completion and
-  // their results are dropped. Thread-safe; `program` must stay alive until
-  // this returns (running steps keep what they need alive themselves).
+  // InvalidArgument if the arguments do not match the program's. First it
+  // reserves all the device memory the run needs (ObjectStores::Reserve):
+  // when that does not fit, it waits through `options.blocker` while work
+  // in flight may free memory; ResourceExhausted if it can never fit, and
+  // Cancelled if the wait is interrupted or the runtime shuts down; nothing
+  // is dispatched then. Every buffer is labeled with the program and the
+  // client. Thread-safe; `program` must stay alive until this returns
+  // (running steps keep what they need alive themselves).
   absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Execute(const LoweredProgram& program,
                                                                       absl::Span<const ProgramArg> args,
                                                                       const ExecuteOptions& options = {});
@@ -73,8 +80,8 @@ class ParallelDispatcher {
 
  private:
   absl::Status DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
-                             const ExecuteOptions& options, std::vector<std::shared_ptr<ShardedBuffer>>& slots,
-                             ReadyList* ready);
+                             const ExecuteOptions& options, const BufferOwner& owner,
+                             std::vector<std::shared_ptr<ShardedBuffer>>& slots, ReadyList* ready);
 
   ObjectStores* stores_;
   std::vector<GangScheduler*> schedulers_;

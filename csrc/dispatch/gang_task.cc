@@ -20,6 +20,7 @@ GangTask::GangTask(std::shared_ptr<const ProgramIr> program, const CompiledFunct
                    absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 2> outputs)
     : Gang(fn->physical_devices(), client,
            std::max<int64_t>(fn->executable().ir().simulated_ns(), kNominalKernelNs)),
+      in_flight_(services->stores),
       program_(std::move(program)),
       fn_(fn),
       scheduler_(scheduler),
@@ -61,6 +62,9 @@ void GangTask::Run(RunContext& ctx) {
   if (services_->cancelled != nullptr && services_->cancelled->load(std::memory_order_acquire)) {
     failed_ = absl::CancelledError(absl::StrCat("'", fn_->name(), "' in program '", program_->name(),
                                                 "' was cancelled: the pathways runtime shut down"));
+  } else if (client() != nullptr && client()->closed()) {
+    failed_ = absl::CancelledError(absl::StrCat("'", fn_->name(), "' in program '", program_->name(),
+                                                "' was cancelled: its client '", client()->name(), "' was closed"));
   }
   CheckDevices();
   for (const auto& in : inputs_) {
@@ -104,6 +108,9 @@ void GangTask::Finish(RunContext& ctx) {
   }
   // Free the devices first so the next gang in the island order can start.
   scheduler_->Complete(this, ctx.ready, end_ns - start_ns_);
+  // Drop the inputs before completing the outputs: whoever sees an output
+  // ready also sees the memory of inputs nobody else holds returned.
+  inputs_.clear();
   for (const auto& out : outputs_) {
     if (failed_.ok()) {
       out->SetReady(ctx.ready);

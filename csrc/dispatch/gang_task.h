@@ -26,6 +26,7 @@ namespace pw {
 
 // Runtime services a gang uses while running. Must outlive every task.
 struct GangServices {
+  ObjectStores* stores = nullptr;
   DelayQueue* delays = nullptr;
   Timeline* timeline = nullptr;
   int64_t control_latency_ns = 0;  // see TopologyOptions::control_latency_ns
@@ -86,6 +87,7 @@ class GangTask final : public Gang {
   void CheckDevices();
   void Finish(RunContext& ctx);
 
+  ObjectStores::WorkInFlight in_flight_;  // first: ends after the buffers go
   std::shared_ptr<const ProgramIr> program_;
   const CompiledFunction* fn_;
   GangScheduler* scheduler_;

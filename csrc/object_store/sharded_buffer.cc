@@ -17,18 +17,29 @@ constexpr int64_t kAwaitSpinNs = 50'000;
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<ShardedBuffer>> ShardedBuffer::Allocate(ObjectStores* stores, DType dtype,
-                                                                       Dims dims, const DeviceList* devices) {
+                                                                       Dims dims, const DeviceList* devices,
+                                                                       const BufferOwner& owner) {
   if (dims.empty() || dims[0] != devices->size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a sharded buffer over ", devices->size(), " devices needs a leading axis of size ", devices->size(),
         ", got shape ", DimsToString(dims)));
   }
-  const int64_t shard_bytes =
-      NumElements(absl::MakeConstSpan(dims).subspan(1)) * DTypeSize(dtype);
-  // O(1) for a list whose arena has room; see ObjectStores.
-  absl::Status charged = stores->Allocate(devices, shard_bytes);
-  if (!charged.ok()) return charged;
+  const int64_t shard_bytes = ShardBytes(dtype, dims);
+  if (owner.reservation != nullptr && owner.reservation->Take(devices, shard_bytes)) {
+    stores->CountAllocated(devices, shard_bytes);
+  } else {
+    // O(1) for a list whose arena has room; see ObjectStores.
+    absl::Status charged = stores->Allocate(devices, shard_bytes);
+    if (!charged.ok()) return charged;
+  }
   auto buffer = std::shared_ptr<ShardedBuffer>(new ShardedBuffer());
+  const int64_t total_bytes = shard_bytes * devices->size();
+  if (!owner.precharged) {
+    if (owner.client != nullptr) owner.client->Charge(total_bytes);
+    if (owner.program != nullptr) owner.program->Charge(total_bytes);
+  }
+  buffer->client_ = owner.client;
+  buffer->program_ = owner.program;
   buffer->stores_ = stores;
   buffer->dtype_ = dtype;
   buffer->dims_ = std::move(dims);
@@ -43,8 +54,18 @@ ShardedBuffer::~ShardedBuffer() {
   // In a forked child the stores' locks may be held by threads that did not
   // survive the fork; the memory goes with the child's exit.
   if (InForkedChild()) return;
-  stores_->Free(devices_, shard_bytes_);
-  HostMemoryPool::Get().Free(data_, static_cast<size_t>(std::max<int64_t>(shard_bytes_ * devices_->size(), 1)));
+  ReleaseMemory();
+}
+
+void ShardedBuffer::ReleaseMemory() {
+  if (memory_released_) return;
+  memory_released_ = true;
+  const int64_t total = shard_bytes_ * devices_->size();
+  if (client_ != nullptr) client_->Discharge(total);
+  if (program_ != nullptr) program_->Discharge(total);
+  HostMemoryPool::Get().Free(data_, static_cast<size_t>(std::max<int64_t>(total, 1)));
+  data_ = nullptr;
+  stores_->Free(devices_, shard_bytes_);  // last: wakes memory waiters
 }
 
 absl::Status ShardedBuffer::Await() const {
@@ -90,6 +111,9 @@ bool ShardedBuffer::AddWaiter(BufferWaiter* waiter) {
 }
 
 void ShardedBuffer::Complete(absl::Status status, ReadyList* ready) {
+  // A failed buffer is never read: its memory goes back now, not when the
+  // last reference goes. Only the producer, which is done writing, gets here.
+  if (!status.ok()) ReleaseMemory();
   BufferWaiter* waiters;
   {
     MutexLock lock(&mu_);

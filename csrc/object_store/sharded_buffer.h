@@ -46,6 +46,27 @@ class BufferWaiter {
   BufferWaiter* next_waiter_ = nullptr;
 };
 
+// Bytes of one shard of a buffer of `dtype` and global shape `dims` (dims[0]
+// is the number of shards).
+inline int64_t ShardBytes(DType dtype, const Dims& dims) {
+  return dims.empty() ? 0 : NumElements(absl::MakeConstSpan(dims).subspan(1)) * DTypeSize(dtype);
+}
+
+// Where a new buffer's memory comes from and whom it is charged to.
+struct BufferOwner {
+  // Draw the memory from this reservation (see ObjectStores::Reserve); null,
+  // or nothing left for the devices: charge the object stores now.
+  MemoryReservation* reservation = nullptr;
+  // The ownership labels (§4.6): the client and the program whose buffer
+  // it is. Either may be null. Both must outlive the buffer (a program's
+  // account does once ObjectStores::ListAccount has it).
+  MemoryAccount* client = nullptr;
+  MemoryAccount* program = nullptr;
+  // The caller charged both accounts for this buffer already (a dispatch
+  // charges a whole run at once).
+  bool precharged = false;
+};
+
 class ShardedBuffer {
  public:
   // Allocates a pending buffer of `dtype` and global shape `dims` over
@@ -53,7 +74,8 @@ class ShardedBuffer {
   // otherwise). ResourceExhausted if a device's memory is full; nothing stays
   // charged then. `stores` must outlive the buffer.
   static absl::StatusOr<std::shared_ptr<ShardedBuffer>> Allocate(ObjectStores* stores, DType dtype,
-                                                                  Dims dims, const DeviceList* devices);
+                                                                  Dims dims, const DeviceList* devices,
+                                                                  const BufferOwner& owner = {});
   ~ShardedBuffer();
   ShardedBuffer(const ShardedBuffer&) = delete;
   ShardedBuffer& operator=(const ShardedBuffer&) = delete;
@@ -65,8 +87,14 @@ class ShardedBuffer {
   int num_shards() const { return devices_->size(); }
   int64_t shard_bytes() const { return shard_bytes_; }
   int64_t total_bytes() const { return shard_bytes_ * num_shards(); }
-  // All shards, shard-major: shard i at data() + i * shard_bytes().
+  // All shards, shard-major: shard i at data() + i * shard_bytes(). Null
+  // once the buffer has failed: a failed buffer gives its memory back at
+  // once (it can never be read), so a failed program frees what it owned.
   void* data() const { return data_; }
+  ObjectStores* stores() const { return stores_; }
+  // The ownership labels; null for none.
+  const MemoryAccount* client_account() const { return client_; }
+  const MemoryAccount* program_account() const { return program_; }
 
   // True once ready or failed.
   bool IsDone() const { return state_.load(std::memory_order_acquire) != kPending; }
@@ -103,6 +131,8 @@ class ShardedBuffer {
   enum State : int { kPending = 0, kReady = 1, kFailed = 2 };
   ShardedBuffer() = default;
   void Complete(absl::Status status, ReadyList* ready);
+  // Gives back the device and host memory (once).
+  void ReleaseMemory();
 
   ObjectStores* stores_ = nullptr;
   DType dtype_ = DType::kF32;
@@ -110,6 +140,9 @@ class ShardedBuffer {
   const DeviceList* devices_ = nullptr;
   int64_t shard_bytes_ = 0;
   void* data_ = nullptr;
+  MemoryAccount* client_ = nullptr;
+  MemoryAccount* program_ = nullptr;
+  bool memory_released_ = false;  // by the producer on failure, or the destructor
 
   std::atomic<int> state_{kPending};
   std::atomic<int> sequenced_island_{-1};

@@ -1,5 +1,7 @@
 #include "csrc/program_ir/lowering.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -111,6 +113,22 @@ absl::StatusOr<std::shared_ptr<const LoweredProgram>> Lower(std::shared_ptr<cons
     }
     lowered->output_slots_.push_back(home_slot[v]);
   }
+  // What the steps' outputs need, per device list, reserved at once by each
+  // dispatch (ObjectStores::Reserve).
+  for (const LoweredStep& step : lowered->steps_) {
+    int64_t bytes = 0;
+    for (int slot : step.out_slots) bytes += ShardBytes(lowered->slot_types_[slot].dtype, lowered->slot_types_[slot].dims);
+    lowered->step_bytes_ += bytes * step.devices->size();
+    lowered->step_buffers_ += static_cast<int64_t>(step.out_slots.size());
+    auto it = std::find_if(lowered->step_memory_.begin(), lowered->step_memory_.end(),
+                           [&](const MemoryRequest& r) { return r.devices == step.devices; });
+    if (it == lowered->step_memory_.end()) {
+      lowered->step_memory_.push_back(MemoryRequest{step.devices, bytes});
+    } else {
+      it->bytes_per_device += bytes;
+    }
+  }
+  lowered->memory_account_ = std::make_shared<MemoryAccount>(ir->name());
   lowered->ir_ = std::move(ir);
   return std::shared_ptr<const LoweredProgram>(std::move(lowered));
 }

@@ -50,6 +50,15 @@ class LoweredProgram {
   const std::vector<LoweredStep>& steps() const { return steps_; }
   const std::vector<int>& output_slots() const { return output_slots_; }
   const std::vector<SlotType>& slot_types() const { return slot_types_; }
+  // Bytes per device the steps' outputs take, per device list (each list
+  // once): what a dispatch reserves besides its arguments' placements.
+  const std::vector<MemoryRequest>& step_memory() const { return step_memory_; }
+  // The steps' output buffers: their bytes over all shards, and their number.
+  int64_t step_bytes() const { return step_bytes_; }
+  int64_t step_buffers() const { return step_buffers_; }
+  // The program's ownership label: every buffer a run allocates is charged
+  // to it.
+  const std::shared_ptr<MemoryAccount>& memory_account() const { return memory_account_; }
   int num_slots() const { return static_cast<int>(slot_types_.size()); }
   int num_compute_steps() const;
   int num_transfer_steps() const;
@@ -62,6 +71,10 @@ class LoweredProgram {
   std::vector<LoweredStep> steps_;
   std::vector<int> output_slots_;
   std::vector<SlotType> slot_types_;
+  std::vector<MemoryRequest> step_memory_;
+  int64_t step_bytes_ = 0;
+  int64_t step_buffers_ = 0;
+  std::shared_ptr<MemoryAccount> memory_account_;
 };
 
 // InvalidArgument if a program output is a program argument (the caller

@@ -47,6 +47,7 @@
 #include "csrc/base/mutex.h"
 #include "csrc/base/runnable.h"
 #include "csrc/cluster/device_list.h"
+#include "csrc/object_store/object_store.h"
 #include "csrc/scheduler/diagnosis.h"
 
 namespace pw {
@@ -57,10 +58,20 @@ enum class SchedulingPolicy : uint8_t { kFifo, kProportionalShare };
 // accounting. Thread-safe; must outlive the gangs that name it.
 class SchedulingClient {
  public:
-  SchedulingClient(int id, std::string name, double weight) : id_(id), name_(std::move(name)), weight_(weight) {}
+  SchedulingClient(int id, std::string name, double weight)
+      : id_(id), name_(std::move(name)), weight_(weight), memory_(name_) {}
   int id() const { return id_; }
   const std::string& name() const { return name_; }
   double weight() const { return weight_; }
+
+  // The client's ownership label (§4.6): what its buffers hold.
+  MemoryAccount& memory() { return memory_; }
+  const MemoryAccount& memory() const { return memory_; }
+
+  // A closed client dispatches nothing more; its gangs that have not
+  // started run cancelled. For good.
+  void Close() { closed_.store(true, std::memory_order_release); }
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
 
   // Device time used: each gang adds its duration times its device count.
   void AddUsage(int64_t device_ns) {
@@ -76,6 +87,8 @@ class SchedulingClient {
   const double weight_;
   std::atomic<int64_t> device_ns_{0};
   std::atomic<int64_t> gangs_{0};
+  MemoryAccount memory_;
+  std::atomic<bool> closed_{false};
 };
 
 class GangScheduler;

@@ -37,7 +37,7 @@ from pathways._devices import (
 )
 from pathways._program import Program, ProgramTracer, program
 from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_map, tree_unflatten
-from pathways._tracing import _to_array
+from pathways._tracing import _state, _to_array
 from pathways._tracing import (
     PmapFunction,
     Tracer,
@@ -109,6 +109,9 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
       TypeError: For an unsupported dtype or leaf, or `devices` that are no
         devices.
       NotFoundError: For an unknown device.
+      ResourceExhaustedError: If the devices cannot hold it even after the
+        work in flight is done (until then it waits: back-pressure).
+      RuntimeError: Inside `with client:` for a closed client.
     """
     devices = _checks.devices(
         "device_put",
@@ -119,8 +122,9 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
     )
 
     leaves, treedef = tree_flatten(x)
+    client = _state.client  # inside `with client:` the buffers are the client's
     return tree_unflatten(treedef, [
-        _core.device_put(np.asarray(_to_array(leaf, "device_put", i, "leaf"), order="C"), devices)
+        _core.device_put(np.asarray(_to_array(leaf, "device_put", i, "leaf"), order="C"), devices, client)
         for i, leaf in enumerate(leaves)
     ])
 

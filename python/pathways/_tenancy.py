@@ -38,6 +38,10 @@ class Client:
     islands at once. Use `with client:` around the calls to attribute; the
     scope is per thread and clients may nest (the innermost wins).
 
+    A client owns the buffers made in its scope (their `owner` label says
+    so; `pw.memory_stats()["by_client"]` sums them). `close()` frees them
+    all at once, even with work in flight.
+
     Example:
       >>> a, b = pw.Client("a", weight=1), pw.Client("b", weight=3)
       >>> pw.set_scheduling_policy("proportional_share")
@@ -75,7 +79,38 @@ class Client:
         """Gangs (compiled-function runs) completed for this client."""
         return self._core.gangs
 
+    @property
+    def bytes_in_use(self) -> int:
+        """Device memory held by this client's live buffers (all shards)."""
+        return self._core.bytes_in_use
+
+    @property
+    def live_buffers(self) -> int:
+        """How many of this client's buffers are alive."""
+        return self._core.live_buffers
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def close(self) -> int:
+        """Ends the client and frees what it owned (paper §4.6).
+
+        From now on work in its scope raises RuntimeError. Its gangs that have
+        not started are cancelled (their outputs raise `PathwaysError` saying
+        so); running ones finish. Every buffer it owns is
+        deleted, as by `ShardedBuffer.delete()`: using one raises
+        `DeletedBufferError` saying the client closed. Device memory returns
+        once work in flight that reads those buffers is done. Idempotent.
+
+        Returns:
+          How many buffers it deleted.
+        """
+        return _core.close_client(self._core)
+
     def __enter__(self) -> "Client":
+        if self._core.closed:
+            raise RuntimeError(f"client {self.name!r} is closed")
         self._saved.append(_state.client)
         _state.client = self._core
         return self
@@ -84,7 +119,8 @@ class Client:
         _state.client = self._saved.pop()
 
     def __repr__(self) -> str:
-        return f"Client({self.name!r}, weight={self.weight:g})"
+        closed = ", closed" if self.closed else ""
+        return f"Client({self.name!r}, weight={self.weight:g}{closed})"
 
 
 def set_scheduling_policy(policy: str) -> None:
