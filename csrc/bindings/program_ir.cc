@@ -36,7 +36,8 @@ py::list Execute(const LoweredProgram& program, const py::sequence& args, bool s
       const auto& holder = a.cast<const PyShardedBuffer&>();
       if (holder.buffer == nullptr) {
         ThrowDeleted(absl::StrCat("argument ", i, " of program '", program.ir().name(), "' is a ShardedBuffer ",
-                                  TypeToString(holder.dtype, holder.dims), " that has been deleted"));
+                                  TypeToString(holder.dtype, holder.dims), " that has been deleted",
+                                  holder.DeletedWhy()));
       }
       converted[i].buffer = holder.buffer;
       continue;

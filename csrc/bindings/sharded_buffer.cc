@@ -18,8 +18,7 @@ namespace py = pybind11;
 
 std::shared_ptr<ShardedBuffer> PyShardedBuffer::Get(const char* use) const {
   if (buffer == nullptr) {
-    ThrowDeleted(absl::StrCat("ShardedBuffer ", TypeToString(dtype, dims), " has been deleted",
-                              deleted_why.empty() ? "" : " (", deleted_why, deleted_why.empty() ? "" : ")",
+    ThrowDeleted(absl::StrCat("ShardedBuffer ", TypeToString(dtype, dims), " has been deleted", DeletedWhy(),
                               "; cannot ", use, " it"));
   }
   return buffer;

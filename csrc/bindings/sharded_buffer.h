@@ -32,6 +32,8 @@ struct PyShardedBuffer {
   // A reference of the caller's own: another thread may delete() this
   // handle while the caller waits without the GIL.
   std::shared_ptr<ShardedBuffer> Get(const char* use) const;
+  // "" when deleted by delete(), else " (why)", for messages.
+  std::string DeletedWhy() const { return deleted_why.empty() ? "" : " (" + deleted_why + ")"; }
 };
 
 // Handles of the buffers a client owns (outputs of its programs and its
