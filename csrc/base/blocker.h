@@ -22,7 +22,7 @@ class Blocker {
   // false if the blocker gave up first (the caller was interrupted): the
   // caller then fails with Cancelled and the blocker's owner says why.
   virtual bool Block(absl::FunctionRef<bool(int64_t)> done_within) {
-    while (!done_within(kSliceNs)) {
+    while (!done_within(kPlainSliceNs)) {
     }
     return true;
   }
@@ -34,7 +34,7 @@ class Blocker {
   }
 
  protected:
-  static constexpr int64_t kSliceNs = 100'000'000;
+  static constexpr int64_t kPlainSliceNs = 100'000'000;
 };
 
 }  // namespace pw

@@ -18,7 +18,18 @@ void WaitInterruptibly(absl::FunctionRef<bool(int64_t)> done_within) {
 }
 
 bool PyBlocker::Block(absl::FunctionRef<bool(int64_t)> done_within) {
-  if (!PyGILState_Check()) return Blocker::Block(done_within);
+  if (!PyGILState_Check()) {
+    // Inside WithoutGil: take the GIL between slices only to run the
+    // signal handlers.
+    while (!done_within(kSliceNs)) {
+      const PyGILState_STATE gil = PyGILState_Ensure();
+      const bool raised = PyErr_CheckSignals() != 0;
+      if (raised) interrupted_.emplace();  // takes the pending exception
+      PyGILState_Release(gil);
+      if (raised) return false;
+    }
+    return true;
+  }
   try {
     WaitInterruptibly(done_within);
     return true;

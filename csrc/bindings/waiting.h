@@ -70,7 +70,8 @@ void WaitInterruptibly(absl::FunctionRef<bool(int64_t)> done_within);
 // handler raises (Ctrl-C), it gives up and keeps the exception, which
 // RethrowIfInterrupted() raises once the core call has returned (the core
 // unwinds by status, never by a Python exception). Called without the GIL
-// (inside WithoutGil), it waits plainly.
+// (inside WithoutGil), it takes the GIL between slices only to run the
+// signal handlers.
 class PyBlocker final : public Blocker {
  public:
   bool Block(absl::FunctionRef<bool(int64_t)> done_within) override;

@@ -308,3 +308,28 @@ def test_a_closed_client_cannot_dispatch_even_outside_its_scope(tpus2):
             pw.device_put(np.ones(2, np.float32), tpus2)
     np.testing.assert_array_equal(np.asarray(f(np.ones(2, np.float32))), [2.0, 2.0])
     assert "closed" in repr(c)
+
+
+def test_ctrl_c_interrupts_a_wait_for_memory_without_the_gil():
+    # A put of 1 MiB or more copies without the GIL, so it waits without it.
+    proc = run_python_process("""
+import os, signal, threading, time, numpy as np
+import pathways as pw
+pw.configure(device_memory="4MiB", islands=1, hosts_per_island=1, devices_per_host=2)
+t = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+def big():
+    return pw.device_put(np.zeros((2, 300000), np.float32), t)   # 1.2 MB per device
+long = pw.pmap(lambda x: pw.simulated_compute(x * 1., 10_000_000), devices=t)   # 10 s
+held = big()
+pending = [long(held), long(held)]   # three of 1.2 MB: the devices are full
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+start = time.time()
+try:
+    big()
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted", time.time() - start < 3)
+print(pw.memory_stats()["dispatches_waiting_for_memory"])
+""")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["interrupted True", "0"]
