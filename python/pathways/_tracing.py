@@ -1078,18 +1078,24 @@ def _pcollective(name: str, x: Any, axis_name: str) -> Any:
 def pmean(x: Any, axis_name: str) -> Any:
     """Mean of `x` over the devices of axis `axis_name`, like `jax.lax.pmean`.
 
-    The result has the type of `x` (int32 truncates toward zero). A Python
-    int or bool leaf gives a float64, as JAX's `psum(x) / n` gives a float.
+    A float leaf keeps its type. An integer leaf (int32, or a Python int or
+    bool) gives float64: like JAX's `psum(x) / n`, the mean is not truncated.
 
     Raises:
       NameError: If `axis_name` is not bound by the enclosing pmap.
+      TypeError: For a bool array leaf.
     """
     leaves, treedef = tree_flatten(x)
-    leaves = [
-        float(leaf) if isinstance(leaf, int) and not isinstance(leaf, np.generic) else leaf
-        for leaf in leaves
-    ]
-    return _pcollective("pmean", tree_unflatten(treedef, leaves), axis_name)
+
+    def mean(leaf: Any) -> Any:
+        if isinstance(leaf, int) and not isinstance(leaf, np.generic):
+            leaf = float(leaf)  # a Python int or bool: JAX's psum(x) / n
+        dtype = leaf.dtype if isinstance(leaf, Tracer) else np.asarray(leaf).dtype
+        if np.issubdtype(dtype, np.integer):
+            return _pcollective("psum", leaf, axis_name) / _pcollective("psum", 1, axis_name)
+        return _pcollective("pmean", leaf, axis_name)
+
+    return tree_unflatten(treedef, [mean(leaf) for leaf in leaves])
 
 
 def pmax(x: Any, axis_name: str) -> Any:

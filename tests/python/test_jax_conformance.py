@@ -487,3 +487,14 @@ def test_grad_of_a_python_int_output_is_an_error_as_jax(tpus2, runtime_ok):
     with pytest.raises(TypeError, match=r"grad requires real-valued outputs .* got i32\[\]"):
         f(np.ones((2, 3)))
     runtime_ok()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_pmean_of_int32_is_not_truncated(tpus2, tpus4, n):
+    # JAX's pmean is psum(x) / n, a float; it used to truncate to int32 here.
+    tpus = tpus2 if n == 2 else tpus4
+    f = pw.pmap(lambda x: pw.pmean(x, "i"), devices=tpus, axis_name="i")
+    x = np.arange(1, n + 1, dtype=np.int32)[:, None] * np.array([1, -3], np.int32)
+    got = np.asarray(f(x))
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, np.broadcast_to(x.mean(0), x.shape))
