@@ -14,9 +14,10 @@ ObjectStore::ObjectStore(const Host* host)
 
 absl::Status ObjectStore::Reserve(const Device* device, int64_t bytes) {
   DeviceMemory& m = memory_[device->index_in_host()];
-  int64_t now = m.in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  // seq_cst (free on x86): see ObjectStores::NotifyMemoryWaiters.
+  int64_t now = m.in_use.fetch_add(bytes, std::memory_order_seq_cst) + bytes;
   if (now > device->memory_capacity()) {
-    m.in_use.fetch_sub(bytes, std::memory_order_relaxed);
+    m.in_use.fetch_sub(bytes, std::memory_order_seq_cst);
     return absl::ResourceExhaustedError(absl::StrCat(
         "out of device memory on ", device->ToString(), ": requested ", bytes, " bytes, ",
         device->memory_capacity() - (now - bytes), " of ", device->memory_capacity(), " bytes free"));
@@ -28,7 +29,7 @@ absl::Status ObjectStore::Reserve(const Device* device, int64_t bytes) {
 }
 
 void ObjectStore::Release(const Device* device, int64_t bytes) {
-  memory_[device->index_in_host()].in_use.fetch_sub(bytes, std::memory_order_relaxed);
+  memory_[device->index_in_host()].in_use.fetch_sub(bytes, std::memory_order_seq_cst);
 }
 
 int64_t ObjectStore::bytes_in_use(const Device* device) const {
@@ -117,6 +118,7 @@ absl::Status ObjectStores::Charge(const DeviceList* devices, int64_t bytes_per_d
 
 void ObjectStores::Discharge(const DeviceList* devices, int64_t bytes_per_device, bool notify) {
   Arena* arena = ArenaFor(devices);
+  bool waiters = false;
   {
     MutexLock lock(&arena->mu);
     arena->used -= bytes_per_device;
@@ -127,8 +129,11 @@ void ObjectStores::Discharge(const DeviceList* devices, int64_t bytes_per_device
       for (Device* d : devices->devices()) For(d).Release(d, give);
       arena->reserved = target;
     }
+    // Read under the arena's lock, which a waiter's retry of this arena
+    // takes after it counted itself in (see NotifyMemoryWaiters).
+    waiters = notify && waiters_.load(std::memory_order_seq_cst) > 0;
   }
-  if (notify) NotifyMemoryWaiters();
+  if (waiters) WakeMemoryWaiters();
 }
 
 absl::Status ObjectStores::Allocate(const DeviceList* devices, int64_t bytes_per_device) {
@@ -150,10 +155,19 @@ void ObjectStores::Free(const DeviceList* devices, int64_t bytes_per_device) {
 }
 
 void ObjectStores::NotifyMemoryWaiters() {
-  // Pairs with the waiter's increment of waiters_ before it tries: either
-  // it sees the memory just freed, or this sees it waiting.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (waiters_.load(std::memory_order_relaxed) == 0) return;
+  // No fence is needed: a waiter counts itself in (seq_cst) before it
+  // retries, and every release it could miss is ordered against that retry.
+  // Memory in an arena is released under the arena's lock, which the retry
+  // takes too (Discharge reads waiters_ inside it); device memory is
+  // released by a seq_cst RMW on the device's counter, which the retry's
+  // RMW on the same counter follows or precedes; work ends by a seq_cst
+  // RMW on work_in_flight_ before this seq_cst load. So either the waiter
+  // sees what was released, or this sees the waiter.
+  if (waiters_.load(std::memory_order_seq_cst) == 0) return;
+  WakeMemoryWaiters();
+}
+
+void ObjectStores::WakeMemoryWaiters() {
   MutexLock lock(&memory_mu_);
   ++memory_generation_;
   memory_cv_.SignalAll();

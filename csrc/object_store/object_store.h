@@ -161,7 +161,7 @@ class ObjectStores {
       stores_->work_in_flight_.fetch_add(1, std::memory_order_relaxed);
     }
     ~WorkInFlight() {
-      stores_->work_in_flight_.fetch_sub(1, std::memory_order_release);
+      stores_->work_in_flight_.fetch_sub(1, std::memory_order_seq_cst);
       stores_->NotifyMemoryWaiters();
     }
     WorkInFlight(const WorkInFlight&) = delete;
@@ -170,7 +170,7 @@ class ObjectStores {
    private:
     ObjectStores* stores_;
   };
-  int64_t work_in_flight() const { return work_in_flight_.load(std::memory_order_acquire); }
+  int64_t work_in_flight() const { return work_in_flight_.load(std::memory_order_seq_cst); }
   // Wakes Reserve() waiters to look again: after memory was freed or work
   // ended, or when what they check for cancellation may have changed.
   void NotifyMemoryWaiters();
@@ -208,6 +208,7 @@ class ObjectStores {
   absl::Status TryReserve(absl::Span<const MemoryRequest> requests, MemoryReservation* out);
   // ResourceExhausted if the requests need more than a device's capacity.
   absl::Status CheckCanEverFit(absl::Span<const MemoryRequest> requests, absl::string_view what) const;
+  void WakeMemoryWaiters();
   // Waits up to `timeout_ns` for a notification after `generation`.
   bool AwaitMemoryEvent(uint64_t generation, int64_t timeout_ns);
 
