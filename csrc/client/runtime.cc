@@ -189,14 +189,7 @@ absl::StatusOr<std::shared_ptr<ShardedBuffer>> Runtime::DevicePut(DType dtype, D
                                                    ", got shape ", DimsToString(dims)));
   }
   const MemoryRequest request{devices, ShardBytes(dtype, dims)};
-  auto cancelled = [&]() -> absl::Status {
-    if (shut_down_.load(std::memory_order_acquire)) {
-      return absl::CancelledError("device_put was cancelled while it waited for device memory: "
-                                  "the pathways runtime shut down");
-    }
-    if (client != nullptr && client->closed()) return ClosedClientError(*client);
-    return absl::OkStatus();
-  };
+  auto cancelled = [&] { return MemoryWaitCancelled(&shut_down_, client, "device_put"); };
   auto reservation = stores_->Reserve(absl::MakeConstSpan(&request, 1), blocker != nullptr ? blocker : Blocker::Plain(),
                                       cancelled, "device_put");
   if (!reservation.ok()) return reservation.status();

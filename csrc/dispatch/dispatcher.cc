@@ -36,6 +36,19 @@ void WaitNanos(int64_t ns) {
 
 }  // namespace
 
+absl::Status MemoryWaitCancelled(const std::atomic<bool>* shut_down, const SchedulingClient* client,
+                                 absl::string_view what) {
+  if (shut_down != nullptr && shut_down->load(std::memory_order_acquire)) {
+    return absl::CancelledError(
+        absl::StrCat(what, " was cancelled while it waited for device memory: the pathways runtime shut down"));
+  }
+  if (client != nullptr && client->closed()) {
+    return absl::CancelledError(absl::StrCat(what, " was cancelled while it waited for device memory: its client '",
+                                             client->name(), "' was closed"));
+  }
+  return absl::OkStatus();
+}
+
 ParallelDispatcher::ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers,
                                        Executor* executor, TransferStats* stats, GangServices services)
     : stores_(stores),
@@ -81,18 +94,8 @@ absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> ParallelDispatcher::
     run_bytes += requests.back().bytes_per_device * p.devices->size();
     ++run_buffers;
   }
-  auto cancelled = [&]() -> absl::Status {
-    if (services_.cancelled != nullptr && services_.cancelled->load(std::memory_order_acquire)) {
-      return absl::CancelledError(absl::StrCat("program '", ir.name(),
-                                               "' was cancelled while it waited for device memory: "
-                                               "the pathways runtime shut down"));
-    }
-    if (options.client != nullptr && options.client->closed()) {
-      return absl::CancelledError(absl::StrCat("program '", ir.name(),
-                                               "' was cancelled while it waited for device memory: its client '",
-                                               options.client->name(), "' was closed"));
-    }
-    return absl::OkStatus();
+  auto cancelled = [&] {  // only while waiting: off the fast path
+    return MemoryWaitCancelled(services_.cancelled, options.client, absl::StrCat("program '", ir.name(), "'"));
   };
   auto reservation = stores_->Reserve(requests, options.blocker != nullptr ? options.blocker : Blocker::Plain(),
                                       cancelled, ir.name());

@@ -14,10 +14,12 @@
 // island scheduler's lock once per node, and wakes at most one executor
 // thread per program. No Python, no blocking.
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "csrc/coordination/transfer.h"
 #include "csrc/dispatch/gang_task.h"
@@ -54,6 +56,12 @@ struct ExecuteOptions {
   // How the caller waits for device memory (back-pressure); null: plainly.
   Blocker* blocker = nullptr;
 };
+
+// Why a call waiting for device memory must give up, if it must: the
+// runtime shut down (`shut_down` may be null) or its client (may be null)
+// was closed. `what` names the call ("program 'f'", "device_put").
+absl::Status MemoryWaitCancelled(const std::atomic<bool>* shut_down, const SchedulingClient* client,
+                                 absl::string_view what);
 
 class ParallelDispatcher {
  public:

@@ -243,6 +243,9 @@ absl::StatusOr<MemoryReservation> ObjectStores::Reserve(absl::Span<const MemoryR
     std::atomic<int>* waiters;
     ~Leave() { waiters->fetch_sub(1, std::memory_order_relaxed); }
   } leave{&waiters_};
+  auto interrupted = [&] {
+    return absl::CancelledError(absl::StrCat("'", what, "' was interrupted while it waited for device memory"));
+  };
   for (;;) {
     uint64_t generation;
     {
@@ -265,9 +268,7 @@ absl::StatusOr<MemoryReservation> ObjectStores::Reserve(absl::Span<const MemoryR
         changed = AwaitMemoryEvent(generation, std::min(timeout_ns, quiet_until - NowNanos()));
         return changed || NowNanos() >= quiet_until;
       });
-      if (!waited) {
-        return absl::CancelledError(absl::StrCat("'", what, "' was interrupted while it waited for device memory"));
-      }
+      if (!waited) return interrupted();
       if (changed || work_in_flight() > 0) continue;
       if (absl::Status stop = cancelled(); !stop.ok()) return stop;
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -276,9 +277,7 @@ absl::StatusOr<MemoryReservation> ObjectStores::Reserve(absl::Span<const MemoryR
     }
     if (absl::Status stop = cancelled(); !stop.ok()) return stop;
     const bool waited = blocker->Block([&](int64_t timeout_ns) { return AwaitMemoryEvent(generation, timeout_ns); });
-    if (!waited) {
-      return absl::CancelledError(absl::StrCat("'", what, "' was interrupted while it waited for device memory"));
-    }
+    if (!waited) return interrupted();
   }
 }
 
