@@ -1,0 +1,255 @@
+#include "csrc/coordination/host_channel.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "csrc/base/spin.h"
+#include "csrc/coordination/control.grpc.pb.h"
+#include "csrc/coordination/grpc_options.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pw {
+
+void ToWire(const absl::Status& status, wire::Status* out) {
+  out->set_code(static_cast<int32_t>(status.code()));
+  out->set_message(std::string(status.message()));
+}
+
+absl::Status FromWire(const wire::Status& status) {
+  const int code = status.code();
+  // A code this build does not know is still an error, never OK.
+  if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    if (code == 0) return absl::OkStatus();
+    return absl::UnknownError(absl::StrCat("(status code ", code, ") ", status.message()));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), status.message());
+}
+
+// The gRPC stream of a channel, with the gRPC channel and stub it runs on.
+// Reactions run on gRPC's threads and call back into the HostChannel, which
+// outlives the stream (its destructor waits for OnDone).
+class HostChannel::Stream final : public grpc::ClientBidiReactor<wire::ClientFrame, wire::HostFrame> {
+ public:
+  Stream(HostChannel* owner, std::shared_ptr<grpc::Channel> channel, const std::string& secret)
+      : owner_(owner), channel_(std::move(channel)), stub_(wire::Host::NewStub(channel_)) {
+    context_.AddMetadata(kSecretMetadataKey, secret);
+    stub_->async()->Session(&context_, this);
+    StartRead(&in_);
+    StartCall();
+  }
+
+  void Write(const wire::ClientFrame* frame) { StartWrite(frame); }
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended; OnDone follows
+    for (wire::Reply& reply : *in_.mutable_replies()) owner_->OnReply(std::move(reply));
+    in_.Clear();
+    StartRead(&in_);
+  }
+  void OnWriteDone(bool ok) override { owner_->OnWriteDone(ok); }
+  void OnDone(const grpc::Status& status) override {
+    absl::Status why;
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      why = absl::UnauthenticatedError(status.error_message());
+    } else {
+      why = absl::UnavailableError(absl::StrCat("its stream ended (", status.error_message(), ")"));
+    }
+    owner_->OnStreamDone(std::move(why));
+  }
+
+ private:
+  HostChannel* owner_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<wire::Host::Stub> stub_;
+  grpc::ClientContext context_;
+  wire::HostFrame in_;
+};
+
+HostChannel::HostChannel(std::string address, ChannelOptions options)
+    : address_(std::move(address)), options_(std::move(options)) {
+  if (options_.host_name.empty()) options_.host_name = absl::StrCat("host at ", address_);
+}
+
+absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::string& address, wire::Hello hello,
+                                                                  const ChannelOptions& options) {
+  const int64_t deadline_ns = NowNanos() + options.connect_timeout_ns;
+  std::unique_ptr<HostChannel> channel(new HostChannel(address, options));
+  auto grpc_channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), ClientChannelArguments());
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::nanoseconds(options.connect_timeout_ns);
+  if (!grpc_channel->WaitForConnected(deadline)) {
+    return absl::UnavailableError(absl::StrCat("cannot reach ", channel->options_.host_name, " within ",
+                                               options.connect_timeout_ns / 1e9, " s"));
+  }
+  channel->last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
+  channel->stream_ = std::make_unique<Stream>(channel.get(), std::move(grpc_channel), options.secret);
+  wire::Request request;
+  hello.set_client_name(options.client_name);
+  *request.mutable_hello() = std::move(hello);
+  auto reply = channel->Call(std::move(request), std::max<int64_t>(deadline_ns - NowNanos(), 0));
+  if (!reply.ok()) return reply.status();
+  channel->hello_reply_ = std::move(*reply->mutable_hello());
+  if (options.heartbeat_period_ns > 0) channel->heartbeat_ = std::thread([c = channel.get()] { c->HeartbeatLoop(); });
+  return channel;
+}
+
+HostChannel::~HostChannel() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (stream_ == nullptr) return;
+  Lose(absl::CancelledError(absl::StrCat("the session with ", options_.host_name, " was closed")));
+  MutexLock lock(&mu_);
+  while (!stream_done_) cv_.Wait(&mu_);
+}
+
+void HostChannel::Send(wire::Request request, ReplyCallback done) {
+  const uint64_t id = done ? next_id_.fetch_add(1, std::memory_order_relaxed) : 0;
+  request.set_id(id);
+  absl::Status lost;
+  {
+    MutexLock lock(&mu_);
+    if (lost_.load(std::memory_order_relaxed)) {
+      lost = lost_status_;
+    } else {
+      if (done) waiting_.emplace(id, std::move(done));
+      *pending_.add_requests() = std::move(request);
+      return;
+    }
+  }
+  if (done) std::move(done)(std::move(lost));
+}
+
+void HostChannel::Flush() {
+  {
+    MutexLock lock(&mu_);
+    if (writing_ || pending_.requests_size() == 0 || stream_done_) return;
+    out_.Swap(&pending_);
+    pending_.Clear();
+    writing_ = true;
+  }
+  frames_sent_.fetch_add(1, std::memory_order_relaxed);
+  stream_->Write(&out_);
+}
+
+void HostChannel::OnWriteDone(bool ok) {
+  {
+    MutexLock lock(&mu_);
+    writing_ = false;
+    // A failed write means the stream is ending: OnDone fails the callbacks.
+    if (!ok || pending_.requests_size() == 0 || stream_done_) return;
+    out_.Swap(&pending_);
+    pending_.Clear();
+    writing_ = true;
+  }
+  frames_sent_.fetch_add(1, std::memory_order_relaxed);
+  stream_->Write(&out_);
+}
+
+absl::StatusOr<wire::Reply> HostChannel::Call(wire::Request request, int64_t timeout_ns) {
+  struct Result {
+    Mutex mu;
+    CondVar cv;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::StatusOr<wire::Reply> reply ABSL_GUARDED_BY(mu);
+  };
+  auto result = std::make_shared<Result>();
+  Send(std::move(request), [result](absl::StatusOr<wire::Reply> reply) {
+    MutexLock lock(&result->mu);
+    result->reply = std::move(reply);
+    result->done = true;
+    result->cv.SignalAll();
+  });
+  Flush();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+  MutexLock lock(&result->mu);
+  while (!result->done) {
+    if (!result->cv.WaitUntil(&result->mu, deadline) && !result->done) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(options_.host_name, " did not answer within ", timeout_ns / 1e9, " s"));
+    }
+  }
+  if (!result->reply.ok()) return result->reply.status();
+  if (absl::Status s = ReplyStatus(*result->reply); !s.ok()) return s;
+  return std::move(result->reply);
+}
+
+absl::Status HostChannel::status() const {
+  MutexLock lock(&mu_);
+  return lost_status_;
+}
+
+void HostChannel::Lose(absl::Status why) {
+  {
+    MutexLock lock(&mu_);
+    if (lost_.load(std::memory_order_relaxed)) return;
+    lost_status_ = std::move(why);
+    lost_.store(true, std::memory_order_release);
+  }
+  if (stream_ != nullptr) stream_->Cancel();  // OnDone fails the callbacks still waiting
+}
+
+void HostChannel::OnReply(wire::Reply reply) {
+  last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
+  if (reply.id() == 0) return;
+  ReplyCallback done;
+  {
+    MutexLock lock(&mu_);
+    auto it = waiting_.find(reply.id());
+    if (it == waiting_.end()) return;  // not ours: a confused host is ignored
+    done = std::move(it->second);
+    waiting_.erase(it);
+  }
+  std::move(done)(std::move(reply));
+}
+
+void HostChannel::OnStreamDone(absl::Status why) {
+  absl::flat_hash_map<uint64_t, ReplyCallback> waiting;
+  absl::Status lost;
+  {
+    MutexLock lock(&mu_);
+    if (!lost_.load(std::memory_order_relaxed)) {
+      const absl::StatusCode code =
+          why.code() == absl::StatusCode::kUnauthenticated ? why.code() : absl::StatusCode::kUnavailable;
+      const char* verb = code == absl::StatusCode::kUnauthenticated ? " refused the session: " : " was lost: ";
+      lost_status_ = absl::Status(code, absl::StrCat(options_.host_name, verb, why.message()));
+      lost_.store(true, std::memory_order_release);
+    }
+    lost = lost_status_;
+    waiting.swap(waiting_);
+    pending_.Clear();
+    stream_done_ = true;
+    cv_.SignalAll();
+  }
+  for (auto& [id, done] : waiting) std::move(done)(lost);
+}
+
+void HostChannel::HeartbeatLoop() {
+  const auto period = std::chrono::nanoseconds(options_.heartbeat_period_ns);
+  auto next = std::chrono::steady_clock::now() + period;
+  while (true) {
+    {
+      MutexLock lock(&mu_);
+      while (!stopping_ && std::chrono::steady_clock::now() < next) cv_.WaitUntil(&mu_, next);
+      if (stopping_) return;
+    }
+    next += period;
+    if (!alive()) return;
+    const int64_t silent_ns = NowNanos() - last_heard_ns_.load(std::memory_order_relaxed);
+    if (silent_ns > options_.heartbeat_timeout_ns) {
+      Lose(absl::UnavailableError(absl::StrCat(options_.host_name, " was lost: it did not answer heartbeats for ",
+                                               silent_ns / 1e9, " s")));
+      return;
+    }
+    wire::Request ping;
+    ping.mutable_ping()->set_sent_ns(NowNanos());
+    Send(std::move(ping), [](absl::StatusOr<wire::Reply>) {});
+    Flush();
+  }
+}
+
+}  // namespace pw

@@ -1,0 +1,135 @@
+#ifndef PATHWAYS_COORDINATION_HOST_CHANNEL_H_
+#define PATHWAYS_COORDINATION_HOST_CHANNEL_H_
+
+// The client's end of the control plane (paper §4, Figure 3): one session
+// with one host process, over one long-lived bidirectional gRPC stream.
+//
+// Requests are queued with Send() and leave together, in one frame, at the
+// next Flush(); while a frame is on the wire, what is queued waits and goes
+// in the next one, so a burst of requests costs one write, not one each.
+// Replies are matched to requests by id and handed to the request's callback
+// on a gRPC thread.
+//
+// Liveness: the host is lost when its stream ends (its process died, or the
+// connection broke) or when no reply, heartbeat or other, came for
+// `heartbeat_timeout_ns` (the host answers heartbeats on its gRPC threads,
+// whatever its executors are doing). Then every
+// callback still waiting gets Unavailable naming the host, and so does
+// every later request. A lost channel stays lost.
+//
+// Thread-safe.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "csrc/base/mutex.h"
+#include "csrc/coordination/control.pb.h"
+
+namespace pw {
+
+struct ChannelOptions {
+  // The cluster's secret, presented when the stream opens.
+  std::string secret;
+  // Names the host in errors ("host 3 (127.0.0.1:4567)").
+  std::string host_name;
+  // The client's name, sent in the Hello.
+  std::string client_name = "pathways";
+  // How long Connect() may take, the Hello round trip included.
+  int64_t connect_timeout_ns = int64_t{10} * 1'000'000'000;
+  // A heartbeat goes out every period; the host is lost after the timeout
+  // without any reply. 0: no heartbeats (the stream's end still counts).
+  int64_t heartbeat_period_ns = 250'000'000;
+  int64_t heartbeat_timeout_ns = 1'500'000'000;
+};
+
+// A Status to and from its wire form.
+void ToWire(const absl::Status& status, wire::Status* out);
+absl::Status FromWire(const wire::Status& status);
+// The status a reply carries (OK when it has none).
+inline absl::Status ReplyStatus(const wire::Reply& reply) {
+  return reply.has_status() ? FromWire(reply.status()) : absl::OkStatus();
+}
+
+class HostChannel {
+ public:
+  // Gets the reply to one request: OK with the host's reply, or the error
+  // that ended the channel. Runs on a gRPC thread (or on the caller's, when
+  // the channel is lost already): it must not block.
+  using ReplyCallback = absl::AnyInvocable<void(absl::StatusOr<wire::Reply>) &&>;
+
+  // Opens a session with the host at `address` ("127.0.0.1:4567") and
+  // exchanges `hello` (its reply is in hello_reply()). Unavailable if the
+  // host cannot be reached in time, Unauthenticated if it refused the
+  // secret, or the host's own error for the Hello.
+  static absl::StatusOr<std::unique_ptr<HostChannel>> Connect(const std::string& address, wire::Hello hello,
+                                                              const ChannelOptions& options);
+  // Ends the session (the host frees what it held for it) and waits for the
+  // stream to close. Callbacks still waiting get Cancelled.
+  ~HostChannel();
+  HostChannel(const HostChannel&) = delete;
+  HostChannel& operator=(const HostChannel&) = delete;
+
+  const std::string& address() const { return address_; }
+  const wire::HelloReply& hello_reply() const { return hello_reply_; }
+
+  // Queues `request` for the next frame; its id is set here. `done` gets
+  // the reply; null: no reply is wanted (id 0), and the host sends none.
+  void Send(wire::Request request, ReplyCallback done);
+  // Sends what is queued (at once, or right after the frame on the wire).
+  void Flush();
+  // Send, Flush and wait up to `timeout_ns` for the reply; the reply's own
+  // status is returned as an error. DeadlineExceeded on timeout.
+  absl::StatusOr<wire::Reply> Call(wire::Request request, int64_t timeout_ns);
+
+  // OK while the host is reachable; Unavailable once it is lost.
+  absl::Status status() const;
+  bool alive() const { return !lost_.load(std::memory_order_acquire); }
+  // Frames written so far (for tests and stats: batching).
+  int64_t frames_sent() const { return frames_sent_.load(std::memory_order_relaxed); }
+
+  // Marks the host lost with `why` (idempotent) and cancels the stream.
+  void Lose(absl::Status why);
+
+ private:
+  class Stream;
+  HostChannel(std::string address, ChannelOptions options);
+  void OnReply(wire::Reply reply);
+  void OnWriteDone(bool ok);
+  void OnStreamDone(absl::Status status);
+  void HeartbeatLoop();
+
+  const std::string address_;
+  ChannelOptions options_;  // set before the channel is shared
+  wire::HelloReply hello_reply_;
+  std::unique_ptr<Stream> stream_;
+  std::atomic<bool> lost_{false};
+  std::atomic<int64_t> last_heard_ns_{0};
+  std::atomic<int64_t> frames_sent_{0};
+  std::atomic<uint64_t> next_id_{1};
+
+  mutable Mutex mu_;
+  // Protects the loss status, the callbacks of requests in flight by id,
+  // the frame being assembled and the writing flag (one write at a time on
+  // a gRPC stream), and the done flag the destructor waits for.
+  absl::Status lost_status_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, ReplyCallback> waiting_ ABSL_GUARDED_BY(mu_);
+  wire::ClientFrame pending_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The frame on the wire: touched only by whoever set writing_.
+  wire::ClientFrame out_;
+  CondVar cv_;  // stream_done_, stopping_
+  std::thread heartbeat_;
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_COORDINATION_HOST_CHANNEL_H_
