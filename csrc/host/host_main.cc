@@ -1,0 +1,112 @@
+#include "csrc/host/host_main.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "csrc/base/spin.h"
+#include "csrc/coordination/host_server.h"
+#include "csrc/host/host_runtime.h"
+
+namespace pw {
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;
+void OnSignal(int signal) { g_signal = signal; }
+
+// Reads stdin to its end on a thread of its own.
+std::atomic<bool> g_stdin_closed{false};
+void WatchStdin() {
+  std::thread([] {
+    char buf[256];
+    while (true) {
+      const ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));
+      if (n == 0 || (n < 0 && errno != EINTR)) break;
+    }
+    g_stdin_closed.store(true);
+  }).detach();
+}
+
+}  // namespace
+
+absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& args) {
+  HostMainOptions options;
+  for (const std::string& arg : args) {
+    if (absl::StartsWith(arg, "--listen=")) {
+      options.listen = arg.substr(9);
+    } else if (arg == "--secret-stdin") {
+      options.secret_from_stdin = true;
+    } else if (arg == "--stay") {
+      options.stay = true;
+    } else if (absl::StartsWith(arg, "--configure-timeout=")) {
+      double seconds = 0;
+      if (!absl::SimpleAtod(arg.substr(20), &seconds) || !(seconds > 0) || seconds > 86400) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--configure-timeout must be a number of seconds in (0, 86400], got '", arg.substr(20), "'"));
+      }
+      options.configure_timeout_ns = static_cast<int64_t>(seconds * 1e9);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown argument '", arg,
+          "' (usage: pathways-host [--listen=ADDRESS:PORT] [--secret-stdin] [--stay] [--configure-timeout=SECONDS])"));
+    }
+  }
+  return options;
+}
+
+int RunHost(const HostMainOptions& options) {
+  std::string secret;
+  if (options.secret_from_stdin) {
+    if (!std::getline(std::cin, secret)) {
+      std::cerr << "pathways-host: --secret-stdin: stdin ended before the secret\n";
+      return 2;
+    }
+    WatchStdin();
+  } else if (const char* env = std::getenv("PATHWAYS_SECRET"); env != nullptr) {
+    secret = env;
+  }
+  if (secret.empty()) {
+    std::cerr << "pathways-host: no secret: pass --secret-stdin or set PATHWAYS_SECRET\n";
+    return 2;
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+
+  HostRuntime runtime;
+  auto server = HostServer::Start(options.listen, std::move(secret), &runtime);
+  if (!server.ok()) {
+    std::cerr << "pathways-host: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::cout << absl::StrFormat("pathways-host ready address=%s pid=%d incarnation=%016x", (*server)->address(),
+                               getpid(), runtime.incarnation())
+            << std::endl;
+
+  const int64_t started = NowNanos();
+  std::string why;
+  while (why.empty()) {
+    runtime.AwaitOwnerGone(50'000'000);
+    if (g_signal != 0) {
+      why = absl::StrCat("signal ", static_cast<int>(g_signal));
+    } else if (g_stdin_closed.load()) {
+      why = "its client's pipe closed";
+    } else if (!options.stay && runtime.owner_gone()) {
+      why = "its client's session ended";
+    } else if (!options.stay && !runtime.configured() && NowNanos() - started > options.configure_timeout_ns) {
+      why = "no client configured it in time";
+    }
+  }
+  std::cerr << "pathways-host: stopping: " << why << "\n";
+  server->reset();  // ends the open sessions
+  return 0;
+}
+
+}  // namespace pw

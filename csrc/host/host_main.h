@@ -1,0 +1,48 @@
+#ifndef PATHWAYS_HOST_HOST_MAIN_H_
+#define PATHWAYS_HOST_HOST_MAIN_H_
+
+// The entry point of a host process: `pathways-host` and
+// `python -m pathways.host` both run RunHost().
+//
+//   pathways-host [--listen=127.0.0.1:0] [--secret-stdin] [--stay]
+//                 [--configure-timeout=SECONDS]
+//
+// The host listens (port 0: a free port), prints one line to stdout,
+//   pathways-host ready address=127.0.0.1:40123 pid=4242 incarnation=9f3c...
+// and serves until it is told to stop:
+//   - SIGTERM or SIGINT;
+//   - with --secret-stdin (how a client starts its hosts), the secret is the
+//     first line of stdin, and the end of stdin (the client died or closed
+//     the pipe) stops the host: a host never outlives the client that
+//     started it, however that client ended;
+//   - unless --stay, the end of the session of the client that configured
+//     it, or no client configuring it within --configure-timeout (60 s).
+// Without --secret-stdin the secret comes from the environment variable
+// PATHWAYS_SECRET (hosts started by hand, by Slurm or Kubernetes).
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pw {
+
+struct HostMainOptions {
+  std::string listen = "127.0.0.1:0";
+  bool secret_from_stdin = false;
+  bool stay = false;
+  int64_t configure_timeout_ns = int64_t{60} * 1'000'000'000;
+};
+
+// InvalidArgument naming the flag for anything it does not understand.
+absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& args);
+
+// Serves until told to stop (see above); the process's exit code. Prints
+// errors to stderr. Call once per process: it installs signal handlers.
+int RunHost(const HostMainOptions& options);
+
+}  // namespace pw
+
+#endif  // PATHWAYS_HOST_HOST_MAIN_H_
