@@ -12,4 +12,5 @@ PYBIND11_MODULE(_core, m) {
   pw::bindings::RegisterFunctionIr(m);
   pw::bindings::RegisterProgramIr(m);
   pw::bindings::RegisterDiagnosis(m);
+  pw::bindings::RegisterHost(m);
 }

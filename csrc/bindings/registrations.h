@@ -12,6 +12,7 @@ void RegisterShardedBuffer(pybind11::module_& m);  // sharded_buffer.cc: Sharded
 void RegisterFunctionIr(pybind11::module_& m);     // function_ir.cc: FunctionBuilder, compile
 void RegisterProgramIr(pybind11::module_& m);      // program_ir.cc: ProgramBuilder, lowering, execute
 void RegisterDiagnosis(pybind11::module_& m);      // diagnosis.cc: diagnose
+void RegisterHost(pybind11::module_& m);           // host.cc: a host process's entry point
 
 // The default runtime, started on first use; raises on a bad topology.
 Runtime& GetRuntime();

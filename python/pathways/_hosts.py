@@ -1,0 +1,128 @@
+"""Host processes started by this client on this machine (hosts="local_processes").
+
+Each host is `python -m pathways.host --secret-stdin`: the client writes the
+cluster's secret on the host's stdin and keeps the pipe open, so a host ends
+when its client does, however the client ends (even SIGKILL). Hosts run in a
+session of their own, so a Ctrl-C in the client's terminal reaches only the
+client. Each binds port 0 and reports its address on its first line of
+output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import secrets
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from typing import IO, List, Optional
+
+_READY = re.compile(rb"^pathways-host ready address=(\S+) pid=(\d+) incarnation=([0-9a-f]+)\s*$")
+
+
+def make_secret() -> str:
+    """A fresh secret for a cluster: 256 random bits, hex."""
+    return secrets.token_hex(32)
+
+
+@dataclasses.dataclass
+class HostProcess:
+    """One host process this client started."""
+
+    index: int
+    address: str
+    pid: int
+    incarnation: str
+    process: subprocess.Popen
+    log: IO[bytes]  # the host's stderr
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stderr_text(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+
+def start_local_hosts(count: int, secret: str, timeout: float = 60.0,
+                      listen: str = "127.0.0.1:0") -> List[HostProcess]:
+    """Starts `count` host processes and waits until each reports its address.
+
+    Raises:
+      RuntimeError: If a host exits or stays silent for `timeout` seconds;
+        every host started is stopped then, and the message holds the
+        host's error output.
+    """
+    started = []
+    try:
+        for i in range(count):
+            log = tempfile.TemporaryFile()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pathways.host", "--secret-stdin", f"--listen={listen}"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                start_new_session=True)
+            assert proc.stdin is not None
+            proc.stdin.write(secret.encode() + b"\n")
+            proc.stdin.flush()
+            started.append((proc, log))
+        deadline = time.monotonic() + timeout
+        return [_await_ready(i, proc, log, deadline) for i, (proc, log) in enumerate(started)]
+    except BaseException:
+        for proc, log in started:
+            _stop(proc, 1.0)
+        raise
+
+
+def _await_ready(index: int, proc: subprocess.Popen, log: IO[bytes], deadline: float) -> HostProcess:
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    line = b""
+    while not line.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(remaining, 0.0))
+        chunk = os.read(fd, 4096) if ready else b""
+        if not chunk:
+            why = "exited" if ready or proc.poll() is not None else "did not report its address in time"
+            _stop(proc, 1.0)
+            log.seek(0)
+            raise RuntimeError(f"host process {index} (pid {proc.pid}) {why}; its output: "
+                               f"{(line + log.read()).decode(errors='replace').strip() or '(none)'}")
+        line += chunk
+    m = _READY.match(line.split(b"\n", 1)[0])
+    if m is None:
+        _stop(proc, 1.0)
+        raise RuntimeError(f"host process {index} (pid {proc.pid}) said {line!r}, not its address")
+    return HostProcess(index, m.group(1).decode(), int(m.group(2)), m.group(3).decode(), proc, log)
+
+
+def _stop(proc: subprocess.Popen, timeout: float) -> Optional[int]:
+    """Closes the host's stdin (it stops), then kills it if it has not after `timeout` s."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def stop_local_hosts(hosts: List[HostProcess], timeout: float = 5.0) -> List[Optional[int]]:
+    """Stops every host (closing their pipes at once, then waiting); their exit codes."""
+    for h in hosts:
+        try:
+            if h.process.stdin is not None:
+                h.process.stdin.close()
+        except OSError:
+            pass
+    codes = [_stop(h.process, timeout) for h in hosts]
+    for h in hosts:
+        if h.process.stdout is not None:
+            h.process.stdout.close()
+    return codes

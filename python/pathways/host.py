@@ -1,0 +1,43 @@
+"""A pathways host process: serves one host's devices to its client.
+
+Usage:
+    python -m pathways.host [--listen=ADDRESS:PORT] [--secret-stdin] [--stay]
+                            [--configure-timeout=SECONDS]
+
+The host listens on ADDRESS:PORT (default 127.0.0.1:0, a free port on
+loopback), prints one line
+
+    pathways-host ready address=127.0.0.1:40123 pid=4242 incarnation=9f3c...
+
+and serves until SIGTERM or SIGINT. Every session must present the
+cluster's secret: with --secret-stdin it is the first line of stdin, and the
+end of stdin stops the host (a client starts its hosts this way, so they
+never outlive it); otherwise it is the environment variable PATHWAYS_SECRET
+(hosts started by hand, by Slurm or by Kubernetes). Unless --stay, the host
+also stops when the session of the client that configured it ends, or when
+no client configures it within --configure-timeout seconds (default 60).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs a host process with `argv` (default: the command line); returns its exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        return 0
+    from pathways import _core
+
+    try:
+        return _core.run_host(args)
+    except ValueError as e:
+        print(f"pathways-host: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
