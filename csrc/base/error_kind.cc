@@ -9,8 +9,9 @@ namespace {
 
 constexpr absl::string_view kPayloadUrl = "pathways/error_kind";
 
-absl::Status WithKind(absl::string_view message, ErrorKind kind) {
-  absl::Status status = absl::InvalidArgumentError(message);
+absl::Status WithKind(absl::string_view message, ErrorKind kind,
+                      absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
+  absl::Status status(code, message);
   status.SetPayload(kPayloadUrl, absl::Cord(std::string(1, static_cast<char>(kind))));
   return status;
 }
@@ -23,6 +24,10 @@ absl::Status UnsupportedTypeError(absl::string_view message) {
 
 absl::Status UnboundNameError(absl::string_view message) { return WithKind(message, ErrorKind::kUnboundName); }
 
+absl::Status HostLostError(absl::string_view message) {
+  return WithKind(message, ErrorKind::kHostLost, absl::StatusCode::kUnavailable);
+}
+
 ErrorKind GetErrorKind(const absl::Status& status) {
   const auto payload = status.GetPayload(kPayloadUrl);  // absl::optional<absl::Cord>
   if (!payload.has_value() || payload->size() != 1) return ErrorKind::kNone;
@@ -30,6 +35,7 @@ ErrorKind GetErrorKind(const absl::Status& status) {
   switch (kind) {
     case ErrorKind::kUnsupportedType:
     case ErrorKind::kUnboundName:
+    case ErrorKind::kHostLost:
       return kind;
     default:
       return ErrorKind::kNone;

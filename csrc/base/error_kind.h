@@ -1,7 +1,7 @@
 #ifndef PATHWAYS_BASE_ERROR_KIND_H_
 #define PATHWAYS_BASE_ERROR_KIND_H_
 
-// Finer kinds of InvalidArgument, for the Python edge. A mistake gives one
+// Finer kinds of a status code, for the Python edge. A mistake gives one
 // Python exception type whichever entry point it comes through: an
 // unsupported dtype is a TypeError and an unbound axis name a NameError, as in
 // numpy and JAX, whether the Python layer or the core finds it. Inside the
@@ -20,6 +20,7 @@ enum class ErrorKind : uint8_t {
   kNone = 0,         // a plain status: its code decides
   kUnsupportedType,  // a dtype an op or the runtime does not take (Python TypeError)
   kUnboundName,      // an axis name no enclosing pmap binds (Python NameError)
+  kHostLost,         // Unavailable: a host process died or cannot be reached (pw.HostLostError)
 };
 
 // InvalidArgument with `message`, of kind kUnsupportedType.
@@ -27,6 +28,9 @@ absl::Status UnsupportedTypeError(absl::string_view message);
 
 // InvalidArgument with `message`, of kind kUnboundName.
 absl::Status UnboundNameError(absl::string_view message);
+
+// Unavailable with `message`, of kind kHostLost.
+absl::Status HostLostError(absl::string_view message);
 
 // The kind `status` carries (kNone for one made otherwise, and for OK).
 ErrorKind GetErrorKind(const absl::Status& status);

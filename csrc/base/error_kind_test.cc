@@ -24,6 +24,14 @@ TEST(ErrorKindTest, PlainStatusesHaveNoKind) {
   EXPECT_EQ(GetErrorKind(absl::NotFoundError("gone")), ErrorKind::kNone);
 }
 
+TEST(ErrorKindTest, HostLostIsUnavailableOfItsKind) {
+  const absl::Status lost = HostLostError("host 2 (127.0.0.1:5000) was lost");
+  EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(lost.message(), "host 2 (127.0.0.1:5000) was lost");
+  EXPECT_EQ(GetErrorKind(lost), ErrorKind::kHostLost);
+  EXPECT_EQ(GetErrorKind(absl::UnavailableError("device 3 failed")), ErrorKind::kNone);
+}
+
 absl::Status Propagates() {
   PW_RETURN_IF_ERROR(DTypeFromName("float16").status());
   return absl::OkStatus();

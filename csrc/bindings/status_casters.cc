@@ -15,6 +15,7 @@ PyObject* not_found_error = nullptr;
 PyObject* resource_exhausted_error = nullptr;
 PyObject* deleted_buffer_error = nullptr;
 PyObject* device_failed_error = nullptr;
+PyObject* host_lost_error = nullptr;
 
 PyObject* NewException(py::module_& m, const char* name, PyObject* base, const char* doc) {
   const std::string qualified = std::string("pathways.") + name;
@@ -32,6 +33,8 @@ PyObject* ExceptionType(const absl::Status& status) {
       return PyExc_TypeError;
     case ErrorKind::kUnboundName:
       return PyExc_NameError;
+    case ErrorKind::kHostLost:
+      return host_lost_error;
     case ErrorKind::kNone:
       break;
   }
@@ -63,6 +66,8 @@ void RegisterExceptions(py::module_& m) {
                                           "Device memory or devices ran out for a request.");
   device_failed_error = NewException(m, "DeviceFailedError", pathways_error,
                                      "A device (or the host holding it) failed under a computation or a buffer.");
+  host_lost_error = NewException(m, "HostLostError", device_failed_error,
+                                 "A host process died or could not be reached; its devices are gone with it.");
   deleted_buffer_error =
       NewException(m, "DeletedBufferError", PyExc_RuntimeError, "A ShardedBuffer was used after delete().");
 }

@@ -5,6 +5,7 @@
 // an ErrorKind (base/error_kind.h) raises that kind's type:
 //   kUnsupportedType   -> TypeError (an unsupported dtype)
 //   kUnboundName       -> NameError (an unbound axis name)
+//   kHostLost          -> pathways.HostLostError (a DeviceFailedError)
 // any other, its code's:
 //   InvalidArgument    -> ValueError
 //   NotFound           -> pathways.NotFoundError (a ValueError)

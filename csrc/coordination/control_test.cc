@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/host_server.h"
@@ -202,7 +203,14 @@ TEST_F(ControlTest, ManyThreadsCallAtOnce) {
 }
 
 TEST_F(ControlTest, ALostHostFailsWaitingAndLaterRequests) {
-  auto channel = Connect();
+  std::atomic<int> reported{0};
+  absl::Status reported_status;
+  ChannelOptions options = Options();
+  options.on_lost = [&](const absl::Status& s) {
+    reported_status = s;
+    reported.fetch_add(1);
+  };
+  auto channel = Connect(options);
   ASSERT_NE(channel, nullptr);
   handler_.stalled = true;  // requests stay unanswered...
   std::atomic<int> failed{0};
@@ -220,7 +228,10 @@ TEST_F(ControlTest, ALostHostFailsWaitingAndLaterRequests) {
   server_.reset();  // ...until the host goes away
   ASSERT_TRUE(Eventually([&] { return failed.load() == 3; }));
   EXPECT_EQ(seen.code(), absl::StatusCode::kUnavailable) << seen;
+  EXPECT_EQ(GetErrorKind(seen), ErrorKind::kHostLost);
   EXPECT_NE(seen.message().find("host 0 was lost"), std::string::npos) << seen;
+  ASSERT_TRUE(Eventually([&] { return reported.load() == 1; }));
+  EXPECT_EQ(reported_status, seen);
   EXPECT_FALSE(channel->alive());
   EXPECT_EQ(channel->status().code(), absl::StatusCode::kUnavailable);
   // Later requests fail at once, on the caller's thread.
@@ -246,13 +257,16 @@ TEST_F(ControlTest, AHostThatStopsAnsweringHeartbeatsIsLost) {
   ASSERT_TRUE(Eventually([&] { return !channel->alive(); }));
   EXPECT_LT(NowNanos() - start, 5'000'000'000);
   EXPECT_EQ(channel->status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(GetErrorKind(channel->status()), ErrorKind::kHostLost);
   EXPECT_NE(channel->status().message().find("did not answer heartbeats"), std::string::npos) << channel->status();
   // The host hears that the session ended.
   ASSERT_TRUE(Eventually([&] { return handler_.ended.load() == 1; }));
 }
 
 TEST_F(ControlTest, ClosingTheChannelEndsTheSessionAndCancelsWaiters) {
-  auto channel = Connect();
+  ChannelOptions options = Options();
+  options.on_lost = [](const absl::Status& s) { ADD_FAILURE() << "closing is not a loss: " << s; };
+  auto channel = Connect(options);
   ASSERT_NE(channel, nullptr);
   handler_.stalled = true;
   absl::Status seen;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
 #include "csrc/coordination/control.grpc.pb.h"
 #include "csrc/coordination/grpc_options.h"
@@ -184,13 +185,16 @@ absl::Status HostChannel::status() const {
 }
 
 void HostChannel::Lose(absl::Status why) {
+  bool report;
   {
     MutexLock lock(&mu_);
     if (lost_.load(std::memory_order_relaxed)) return;
-    lost_status_ = std::move(why);
+    lost_status_ = why;
     lost_.store(true, std::memory_order_release);
+    report = !stopping_;  // else the owner is closing the channel
   }
   if (stream_ != nullptr) stream_->Cancel();  // OnDone fails the callbacks still waiting
+  if (report && options_.on_lost) options_.on_lost(why);
 }
 
 void HostChannel::OnReply(wire::Reply reply) {
@@ -210,14 +214,16 @@ void HostChannel::OnReply(wire::Reply reply) {
 void HostChannel::OnStreamDone(absl::Status why) {
   absl::flat_hash_map<uint64_t, ReplyCallback> waiting;
   absl::Status lost;
+  bool report = false;
   {
     MutexLock lock(&mu_);
     if (!lost_.load(std::memory_order_relaxed)) {
-      const absl::StatusCode code =
-          why.code() == absl::StatusCode::kUnauthenticated ? why.code() : absl::StatusCode::kUnavailable;
-      const char* verb = code == absl::StatusCode::kUnauthenticated ? " refused the session: " : " was lost: ";
-      lost_status_ = absl::Status(code, absl::StrCat(options_.host_name, verb, why.message()));
+      lost_status_ = why.code() == absl::StatusCode::kUnauthenticated
+                         ? absl::UnauthenticatedError(
+                               absl::StrCat(options_.host_name, " refused the session: ", why.message()))
+                         : HostLostError(absl::StrCat(options_.host_name, " was lost: ", why.message()));
       lost_.store(true, std::memory_order_release);
+      report = !stopping_;
     }
     lost = lost_status_;
     waiting.swap(waiting_);
@@ -226,6 +232,7 @@ void HostChannel::OnStreamDone(absl::Status why) {
     cv_.SignalAll();
   }
   for (auto& [id, done] : waiting) std::move(done)(lost);
+  if (report && options_.on_lost) options_.on_lost(lost);
 }
 
 void HostChannel::HeartbeatLoop() {
@@ -241,8 +248,8 @@ void HostChannel::HeartbeatLoop() {
     if (!alive()) return;
     const int64_t silent_ns = NowNanos() - last_heard_ns_.load(std::memory_order_relaxed);
     if (silent_ns > options_.heartbeat_timeout_ns) {
-      Lose(absl::UnavailableError(absl::StrCat(options_.host_name, " was lost: it did not answer heartbeats for ",
-                                               silent_ns / 1e9, " s")));
+      Lose(HostLostError(absl::StrCat(options_.host_name, " was lost: it did not answer heartbeats for ",
+                                      silent_ns / 1e9, " s")));
       return;
     }
     wire::Request ping;

@@ -15,11 +15,13 @@
 // `heartbeat_timeout_ns` (the host answers heartbeats on its gRPC threads,
 // whatever its executors are doing). Then every
 // callback still waiting gets Unavailable naming the host, and so does
-// every later request. A lost channel stays lost.
+// every later request (Unavailable of kind kHostLost: pw.HostLostError). A
+// lost channel stays lost.
 //
 // Thread-safe.
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,6 +49,9 @@ struct ChannelOptions {
   // without any reply. 0: no heartbeats (the stream's end still counts).
   int64_t heartbeat_period_ns = 250'000'000;
   int64_t heartbeat_timeout_ns = 1'500'000'000;
+  // Called once, on a gRPC or heartbeat thread, when the host is lost (not
+  // when the channel is closed by its owner): with the loss. Must not block.
+  std::function<void(const absl::Status&)> on_lost;
 };
 
 // A Status to and from its wire form.
