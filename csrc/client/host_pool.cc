@@ -1,0 +1,61 @@
+#include "csrc/client/host_pool.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pw {
+
+absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& cluster,
+                                                            const std::vector<std::string>& addresses,
+                                                            const ChannelOptions& options, LostCallback on_lost) {
+  const auto& hosts = cluster.hosts();
+  if (addresses.size() != hosts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the topology has ", hosts.size(), " hosts but ",
+                                                   addresses.size(), " host addresses were given"));
+  }
+  std::unique_ptr<HostPool> pool(new HostPool());
+  pool->cluster_ = &cluster;
+  pool->on_lost_ = std::move(on_lost);
+  const TopologyOptions& topology = cluster.options();
+  for (const Host* host : hosts) {
+    wire::Hello hello;
+    wire::HostConfig* config = hello.mutable_config();
+    config->set_host_id(host->id());
+    config->set_island_id(host->island()->id());
+    for (const Device* d : host->devices()) config->add_device_ids(d->id());
+    config->set_device_memory_bytes(topology.device_memory_bytes);
+    config->set_executor_threads(topology.num_executor_threads);
+    ChannelOptions host_options = options;
+    host_options.host_name = absl::StrCat("host ", host->id(), " (", addresses[host->id()], ")");
+    host_options.on_lost = [p = pool.get(), id = host->id()](const absl::Status& why) { p->OnLost(id, why); };
+    auto channel = HostChannel::Connect(addresses[host->id()], std::move(hello), host_options);
+    if (!channel.ok()) return channel.status();
+    pool->channels_.push_back(*std::move(channel));
+  }
+  return pool;
+}
+
+HostPool::~HostPool() {
+  channels_.clear();  // each closes its session; no loss is reported for that
+}
+
+void HostPool::OnLost(int host, const absl::Status& why) {
+  if (on_lost_) on_lost_(host, why);
+}
+
+std::vector<RemoteHostInfo> HostPool::hosts() const {
+  std::vector<RemoteHostInfo> out;
+  for (const Host* host : cluster_->hosts()) {
+    const HostChannel& c = *channels_[host->id()];
+    RemoteHostInfo info;
+    info.id = host->id();
+    info.island = host->island()->id();
+    info.address = c.address();
+    info.pid = c.hello_reply().pid();
+    info.incarnation = c.hello_reply().incarnation();
+    info.status = c.status();
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace pw

@@ -1,0 +1,102 @@
+// A client's pool of host sessions against host runtimes served in this
+// process: configuration, the hosts' identities, and a lost host.
+
+#include "csrc/client/host_pool.h"
+
+#include <atomic>
+#include <thread>
+
+#include "csrc/base/error_kind.h"
+#include "csrc/base/spin.h"
+#include "csrc/host/host_runtime.h"
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+constexpr char kSecret[] = "host-pool-test";
+
+class HostPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TopologyOptions topology;
+    topology.num_islands = 2;
+    topology.hosts_per_island = 2;
+    topology.devices_per_host = 2;
+    cluster_ = *Cluster::Create(topology);
+    for (int h = 0; h < 4; ++h) {
+      runtimes_.push_back(std::make_unique<HostRuntime>());
+      auto server = HostServer::Start("127.0.0.1:0", kSecret, runtimes_.back().get());
+      ASSERT_TRUE(server.ok()) << server.status();
+      addresses_.push_back((*server)->address());
+      servers_.push_back(*std::move(server));
+    }
+  }
+  ChannelOptions Options(std::string secret = kSecret) {
+    ChannelOptions options;
+    options.secret = std::move(secret);
+    options.heartbeat_period_ns = 0;
+    return options;
+  }
+  std::unique_ptr<Cluster> cluster_;
+  std::vector<std::unique_ptr<HostRuntime>> runtimes_;
+  std::vector<std::unique_ptr<HostServer>> servers_;
+  std::vector<std::string> addresses_;
+};
+
+TEST_F(HostPoolTest, ConfiguresEveryHostAndListsThem) {
+  auto pool = HostPool::Connect(*cluster_, addresses_, Options());
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const auto hosts = (*pool)->hosts();
+  ASSERT_EQ(hosts.size(), 4u);
+  for (int h = 0; h < 4; ++h) {
+    EXPECT_EQ(hosts[h].id, h);
+    EXPECT_EQ(hosts[h].island, h / 2);
+    EXPECT_EQ(hosts[h].address, addresses_[h]);
+    EXPECT_EQ(hosts[h].pid, getpid());
+    EXPECT_EQ(hosts[h].incarnation, runtimes_[h]->incarnation());
+    EXPECT_TRUE(hosts[h].alive());
+    EXPECT_TRUE(runtimes_[h]->configured());
+    const wire::HostConfig& config = (*pool)->channel(h).hello_reply().config();
+    EXPECT_EQ(config.host_id(), h);
+    EXPECT_EQ(config.island_id(), h / 2);
+    ASSERT_EQ(config.device_ids_size(), 2);
+    EXPECT_EQ(config.device_ids(0), 2 * h);
+    EXPECT_EQ(config.device_ids(1), 2 * h + 1);
+  }
+  pool->reset();  // the owner's sessions end
+  for (auto& runtime : runtimes_) EXPECT_TRUE(runtime->AwaitOwnerGone(5'000'000'000));
+}
+
+TEST_F(HostPoolTest, ALostHostIsReportedOnceAndTheOthersStay) {
+  std::atomic<int> lost_host{-1}, reports{0};
+  auto pool = HostPool::Connect(*cluster_, addresses_, Options(), [&](int host, const absl::Status& why) {
+    EXPECT_EQ(GetErrorKind(why), ErrorKind::kHostLost);
+    lost_host = host;
+    reports.fetch_add(1);
+  });
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  servers_[2].reset();
+  const int64_t deadline = NowNanos() + 10'000'000'000;
+  while (reports.load() == 0 && NowNanos() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(reports.load(), 1);
+  EXPECT_EQ(lost_host.load(), 2);
+  const auto hosts = (*pool)->hosts();
+  EXPECT_FALSE(hosts[2].alive());
+  EXPECT_NE(hosts[2].status.message().find("host 2 (" + addresses_[2] + ") was lost"), std::string::npos)
+      << hosts[2].status;
+  EXPECT_TRUE(hosts[0].alive() && hosts[1].alive() && hosts[3].alive());
+}
+
+TEST_F(HostPoolTest, WrongCountsAndWrongSecretsAreRefused) {
+  auto short_list = HostPool::Connect(*cluster_, {addresses_[0]}, Options());
+  EXPECT_EQ(short_list.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(short_list.status().message().find("4 hosts but 1 host addresses"), std::string::npos);
+  auto refused = HostPool::Connect(*cluster_, addresses_, Options("not the secret"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
+  EXPECT_NE(refused.status().message().find("host 0 ("), std::string::npos) << refused.status();
+  for (auto& runtime : runtimes_) EXPECT_FALSE(runtime->configured());
+}
+
+}  // namespace
+}  // namespace pw
