@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "csrc/bindings/registrations.h"
 #include "csrc/bindings/status_casters.h"
 #include "pybind11/stl.h"
@@ -11,11 +12,38 @@
 #define PATHWAYS_WITH_HOSTS 0
 #endif
 #if PATHWAYS_WITH_HOSTS
+#include "csrc/client/host_pool.h"
 #include "csrc/host/host_main.h"
 #endif
 
 namespace pw::bindings {
 namespace py = pybind11;
+
+#if PATHWAYS_WITH_HOSTS
+namespace {
+// A pool with the cluster it was made for (internal: pathways._hosts).
+struct PyHostPool {
+  std::unique_ptr<Cluster> cluster;
+  std::unique_ptr<HostPool> pool;
+};
+
+py::list HostInfos(const std::vector<RemoteHostInfo>& hosts) {
+  py::list out;
+  for (const RemoteHostInfo& h : hosts) {
+    py::dict d;
+    d["id"] = h.id;
+    d["island"] = h.island;
+    d["address"] = h.address;
+    d["pid"] = h.pid;
+    d["incarnation"] = absl::StrFormat("%016x", h.incarnation);
+    d["alive"] = h.alive();
+    d["status"] = h.alive() ? py::object(py::none()) : py::object(py::str(std::string(h.status.message())));
+    out.append(std::move(d));
+  }
+  return out;
+}
+}  // namespace
+#endif
 
 void RegisterHost(py::module_& m) {
   m.attr("has_host_processes") = py::bool_(PATHWAYS_WITH_HOSTS == 1);
@@ -35,6 +63,32 @@ void RegisterHost(py::module_& m) {
       },
       py::arg("args"),
       "Runs a host process until it is told to stop (see `python -m pathways.host --help`); returns its exit code.");
+#if PATHWAYS_WITH_HOSTS
+  py::class_<PyHostPool>(m, "_HostPool", "Sessions with host processes (internal; see pathways._hosts).")
+      .def(py::init([](const std::vector<std::string>& addresses, const std::string& secret,
+                       const std::vector<std::pair<std::string, std::string>>& topology) {
+             auto p = std::make_unique<PyHostPool>();
+             p->cluster = ValueOrThrow(Cluster::Create(ValueOrThrow(ParseTopology(topology))));
+             ChannelOptions options;
+             options.secret = secret;
+             absl::StatusOr<std::unique_ptr<HostPool>> pool;
+             {
+               py::gil_scoped_release release;
+               pool = HostPool::Connect(*p->cluster, addresses, options);
+             }
+             p->pool = ValueOrThrow(std::move(pool));
+             return p;
+           }),
+           py::arg("addresses"), py::arg("secret"), py::arg("topology"))
+      .def("hosts", [](const PyHostPool& p) {
+        if (p.pool == nullptr) throw std::runtime_error("the host pool is closed");
+        return HostInfos(p.pool->hosts());
+      })
+      .def("close", [](PyHostPool& p) {
+        py::gil_scoped_release release;
+        p.pool.reset();
+      });
+#endif
 }
 
 }  // namespace pw::bindings

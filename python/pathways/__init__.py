@@ -80,6 +80,7 @@ NotFoundError = _core.NotFoundError
 ResourceExhaustedError = _core.ResourceExhaustedError
 DeletedBufferError = _core.DeletedBufferError
 DeviceFailedError = _core.DeviceFailedError
+HostLostError = _core.HostLostError
 memory_stats = _core.memory_stats
 transfer_stats = _core.transfer_stats
 scheduler_stats = _core.scheduler_stats
@@ -214,5 +215,6 @@ __all__ = [
     "ResourceExhaustedError",
     "DeletedBufferError",
     "DeviceFailedError",
+    "HostLostError",
     "TracerError",
 ]

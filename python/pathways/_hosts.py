@@ -126,3 +126,13 @@ def stop_local_hosts(hosts: List[HostProcess], timeout: float = 5.0) -> List[Opt
         if h.process.stdout is not None:
             h.process.stdout.close()
     return codes
+
+
+def connect(hosts: List[HostProcess], secret: str, islands: int, hosts_per_island: int,
+            devices_per_host: int):
+    """Opens the client's sessions with `hosts` (host i serves host i of the topology)."""
+    from pathways import _core
+
+    topology = [("islands", str(islands)), ("hosts_per_island", str(hosts_per_island)),
+                ("devices_per_host", str(devices_per_host))]
+    return _core._HostPool([h.address for h in hosts], secret, topology)

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+import pathways as pw
 from pathways import _core, _hosts
 
 
@@ -101,3 +102,47 @@ def test_a_host_started_by_hand_stops_when_no_client_configures_it():
     assert proc.returncode == 0
     assert proc.stdout.startswith(b"pathways-host ready address=127.0.0.1:")
     assert b"no client configured it in time" in proc.stderr
+
+
+def test_a_client_configures_its_hosts_and_sees_one_killed():
+    secret = _hosts.make_secret()
+    hosts = _hosts.start_local_hosts(4, secret)
+    try:
+        pool = _hosts.connect(hosts, secret, islands=2, hosts_per_island=2, devices_per_host=2)
+        info = pool.hosts()
+        assert [h["id"] for h in info] == [0, 1, 2, 3]
+        assert [h["island"] for h in info] == [0, 0, 1, 1]
+        assert [h["pid"] for h in info] == [h.pid for h in hosts]
+        assert [h["address"] for h in info] == [h.address for h in hosts]
+        assert [h["incarnation"] for h in info] == [h.incarnation for h in hosts]
+        assert all(h["alive"] and h["status"] is None for h in info)
+
+        os.kill(hosts[2].pid, signal.SIGKILL)
+        start = time.monotonic()
+        while pool.hosts()[2]["alive"] and time.monotonic() - start < 10:
+            time.sleep(0.01)
+        lost = pool.hosts()[2]
+        assert not lost["alive"], "the killed host is still listed alive"
+        assert f"host 2 ({hosts[2].address}) was lost" in lost["status"]
+        assert [h["alive"] for h in pool.hosts()] == [True, True, False, True]
+
+        # Closing the client's sessions stops the hosts it configured.
+        pool.close()
+        for h in (hosts[0], hosts[1], hosts[3]):
+            assert h.process.wait(10) == 0
+            assert "its client's session ended" in h.stderr_text()
+    finally:
+        _hosts.stop_local_hosts(hosts)
+
+
+def test_the_wrong_secret_is_refused_and_the_hosts_keep_serving():
+    secret = _hosts.make_secret()
+    hosts = _hosts.start_local_hosts(1, secret)
+    try:
+        with pytest.raises(pw.PathwaysError, match=r"host 0 \(127\.0\.0\.1:\d+\) refused the session"):
+            _hosts.connect(hosts, "not-" + secret, islands=1, hosts_per_island=1, devices_per_host=1)
+        pool = _hosts.connect(hosts, secret, islands=1, hosts_per_island=1, devices_per_host=1)
+        assert pool.hosts()[0]["alive"]
+        pool.close()
+    finally:
+        _hosts.stop_local_hosts(hosts)
