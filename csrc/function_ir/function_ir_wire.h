@@ -40,18 +40,20 @@ inline constexpr int64_t kMaxWireAxisSize = int64_t{1} << 16;
 // Writes `ir` into `out` (cleared first).
 void ToProto(const FunctionIr& ir, wire::FunctionIr* out);
 
-// `ir` as a serialized wire::FunctionIr.
+// `ir` as a serialized wire::FunctionIr. Protobuf cannot serialize a message
+// over 2 GiB (constants that large): the result is then empty, which does not
+// parse.
 std::string SerializeFunctionIr(const FunctionIr& ir);
 
 // Rebuilds the function `proto` describes through FunctionBuilder.
 // InvalidArgument for a malformed message (see above), including ranks above
-// kMaxWireRank and axis sizes above kMaxWireAxisSize.
+// kMaxWireRank, axis sizes above kMaxWireAxisSize and fields this build does
+// not know (an older host must not drop an attribute it cannot read and
+// compute something else).
 absl::StatusOr<std::shared_ptr<const FunctionIr>> FromProto(const wire::FunctionIr& proto);
 
 // Parses `bytes` (a serialized wire::FunctionIr) and rebuilds the function as
-// FromProto does. InvalidArgument for bytes that are not such a message, or
-// that hold fields this build does not know (an older host must not drop an
-// attribute it cannot read and compute something else).
+// FromProto does. InvalidArgument also for bytes that are not such a message.
 absl::StatusOr<std::shared_ptr<const FunctionIr>> ParseFunctionIr(absl::string_view bytes);
 
 }  // namespace pw
