@@ -383,6 +383,17 @@ absl::StatusOr<int32_t> FunctionBuilder::Constant(DType dtype, Dims dims,
         "constant: %s needs %d bytes, got %d", TypeToString(dtype, dims), expected,
         bytes.size()));
   }
+  if (dtype == DType::kBool) {
+    // The kernels read these bytes as C++ bools, for which any other value
+    // is undefined behaviour.
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      if (bytes[i] > 1) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "constant: element %d of %s is %d; a bool is 0 or 1", i,
+            TypeToString(dtype, dims), bytes[i]));
+      }
+    }
+  }
   Op& op = ir_->ops_.emplace_back();  // in place, as in Parameter()
   op.kind = OpKind::kConstant;
   op.type = ValueType{dtype, std::move(dims)};

@@ -209,7 +209,7 @@ class FunctionBuilder {
   int32_t Parameter(DType dtype, Dims dims);
 
   // A constant. `bytes` must hold NumElements(dims) elements of `dtype`,
-  // row-major; InvalidArgument otherwise.
+  // row-major, each byte of a bool 0 or 1; InvalidArgument otherwise.
   absl::StatusOr<int32_t> Constant(DType dtype, Dims dims, absl::Span<const uint8_t> bytes);
 
   // Elementwise cast. Returns `x` itself when it already has `dtype`.

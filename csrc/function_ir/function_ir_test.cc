@@ -110,6 +110,16 @@ TEST(FunctionBuilderTest, ConstantChecksByteCount) {
   EXPECT_EQ(b.num_values(), 1);
 }
 
+TEST(FunctionBuilderTest, ConstantBoolsAreZeroOrOne) {
+  FunctionBuilder b("f", "");
+  const std::vector<uint8_t> ok = {0, 1, 1};
+  EXPECT_TRUE(b.Constant(DType::kBool, {3}, ok).ok());
+  const std::vector<uint8_t> two = {0, 1, 2};
+  ExpectInvalid(b.Constant(DType::kBool, {3}, two).status(),
+                "constant: element 2 of pred[3] is 2; a bool is 0 or 1");
+  EXPECT_EQ(b.num_values(), 1);
+}
+
 TEST(FunctionBuilderTest, ConvertOnlyWhenDTypeDiffers) {
   FunctionBuilder b("f", "");
   const int32_t x = b.Parameter(DType::kF32, {4});

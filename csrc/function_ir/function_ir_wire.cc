@@ -1,0 +1,480 @@
+#include "csrc/function_ir/function_ir_wire.h"
+
+#include <algorithm>
+#include <bit>
+#include <climits>
+#include <cstdlib>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "csrc/base/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace pw {
+namespace {
+
+// Constant literals are sent as the host's bytes, which every host we build
+// for lays out little-endian (the order function_ir.proto promises).
+static_assert(std::endian::native == std::endian::little,
+              "function_ir.proto literals are little-endian");
+
+// Each enum with its wire numbers: one list per enum, from which both
+// directions of the mapping are made.
+#define PW_WIRE_OP_KINDS(V)                                                                     \
+  V(OpKind::kParameter, wire::OP_PARAMETER) V(OpKind::kConstant, wire::OP_CONSTANT)             \
+  V(OpKind::kConvert, wire::OP_CONVERT) V(OpKind::kAdd, wire::OP_ADD)                           \
+  V(OpKind::kSub, wire::OP_SUB) V(OpKind::kMul, wire::OP_MUL) V(OpKind::kDiv, wire::OP_DIV)     \
+  V(OpKind::kNeg, wire::OP_NEG) V(OpKind::kPow, wire::OP_POW) V(OpKind::kMax, wire::OP_MAX)     \
+  V(OpKind::kMin, wire::OP_MIN) V(OpKind::kEq, wire::OP_EQ) V(OpKind::kNe, wire::OP_NE)         \
+  V(OpKind::kLt, wire::OP_LT) V(OpKind::kLe, wire::OP_LE) V(OpKind::kGt, wire::OP_GT)           \
+  V(OpKind::kGe, wire::OP_GE) V(OpKind::kAnd, wire::OP_AND) V(OpKind::kOr, wire::OP_OR)         \
+  V(OpKind::kXor, wire::OP_XOR) V(OpKind::kAbs, wire::OP_ABS) V(OpKind::kExp, wire::OP_EXP)     \
+  V(OpKind::kLog, wire::OP_LOG) V(OpKind::kTanh, wire::OP_TANH)                                 \
+  V(OpKind::kSqrt, wire::OP_SQRT) V(OpKind::kRsqrt, wire::OP_RSQRT)                             \
+  V(OpKind::kSin, wire::OP_SIN) V(OpKind::kCos, wire::OP_COS) V(OpKind::kNot, wire::OP_NOT)     \
+  V(OpKind::kSelect, wire::OP_SELECT) V(OpKind::kPsum, wire::OP_PSUM)                           \
+  V(OpKind::kSimulatedCompute, wire::OP_SIMULATED_COMPUTE) V(OpKind::kReduce, wire::OP_REDUCE)  \
+  V(OpKind::kPmean, wire::OP_PMEAN) V(OpKind::kPmax, wire::OP_PMAX)                             \
+  V(OpKind::kPmin, wire::OP_PMIN) V(OpKind::kAxisIndex, wire::OP_AXIS_INDEX)                    \
+  V(OpKind::kAllGather, wire::OP_ALL_GATHER) V(OpKind::kPpermute, wire::OP_PPERMUTE)            \
+  V(OpKind::kCopy, wire::OP_COPY) V(OpKind::kReshape, wire::OP_RESHAPE)                         \
+  V(OpKind::kBroadcastTo, wire::OP_BROADCAST_TO) V(OpKind::kTranspose, wire::OP_TRANSPOSE)      \
+  V(OpKind::kSlice, wire::OP_SLICE) V(OpKind::kRev, wire::OP_REV)                               \
+  V(OpKind::kPad, wire::OP_PAD) V(OpKind::kConcatenate, wire::OP_CONCATENATE)                   \
+  V(OpKind::kTake, wire::OP_TAKE) V(OpKind::kScatterAdd, wire::OP_SCATTER_ADD)                  \
+  V(OpKind::kMatmul, wire::OP_MATMUL) V(OpKind::kAllToAll, wire::OP_ALL_TO_ALL)                 \
+  V(OpKind::kPsumScatter, wire::OP_PSUM_SCATTER)
+
+#define PW_WIRE_DTYPES(V)                                               \
+  V(DType::kF32, wire::DTYPE_F32) V(DType::kF64, wire::DTYPE_F64)       \
+  V(DType::kI32, wire::DTYPE_I32) V(DType::kBool, wire::DTYPE_BOOL)
+
+#define PW_WIRE_REDUCE_KINDS(V)                                                           \
+  V(ReduceKind::kSum, wire::REDUCE_SUM) V(ReduceKind::kMean, wire::REDUCE_MEAN)           \
+  V(ReduceKind::kMax, wire::REDUCE_MAX) V(ReduceKind::kMin, wire::REDUCE_MIN)             \
+  V(ReduceKind::kArgmax, wire::REDUCE_ARGMAX)
+
+// ToWire(Cpp) and FromWire(Wire) for the pairs LIST(V) gives. ToWire's
+// switch names every C++ enumerator (-Wswitch warns of a missing one);
+// FromWire has a default, since a proto3 enum field may hold any int32.
+#define PW_WIRE_TO_CASE(cpp, w) \
+  case cpp:                     \
+    return w;
+#define PW_WIRE_FROM_CASE(cpp, w) \
+  case w:                         \
+    return cpp;
+#define PW_WIRE_ENUM_MAPPING(Cpp, Wire, LIST)       \
+  Wire ToWire(Cpp value) {                          \
+    switch (value) { LIST(PW_WIRE_TO_CASE) }        \
+    return Wire{};                                  \
+  }                                                 \
+  std::optional<Cpp> FromWire(Wire value) {         \
+    switch (value) {                                \
+      LIST(PW_WIRE_FROM_CASE)                       \
+      default:                                      \
+        break;                                      \
+    }                                               \
+    return std::nullopt;                            \
+  }
+
+PW_WIRE_ENUM_MAPPING(OpKind, wire::OpKind, PW_WIRE_OP_KINDS)
+PW_WIRE_ENUM_MAPPING(DType, wire::DType, PW_WIRE_DTYPES)
+PW_WIRE_ENUM_MAPPING(ReduceKind, wire::ReduceKind, PW_WIRE_REDUCE_KINDS)
+
+// The case labels of FunctionBuilder::Binary's and Unary's kinds.
+#define PW_WIRE_BINARY_CASES                                                              \
+  case OpKind::kAdd: case OpKind::kSub: case OpKind::kMul: case OpKind::kDiv:             \
+  case OpKind::kPow: case OpKind::kMax: case OpKind::kMin: case OpKind::kEq:              \
+  case OpKind::kNe: case OpKind::kLt: case OpKind::kLe: case OpKind::kGt: case OpKind::kGe: \
+  case OpKind::kAnd: case OpKind::kOr: case OpKind::kXor:
+#define PW_WIRE_UNARY_CASES                                                               \
+  case OpKind::kNeg: case OpKind::kAbs: case OpKind::kExp: case OpKind::kLog:             \
+  case OpKind::kTanh: case OpKind::kSqrt: case OpKind::kRsqrt: case OpKind::kSin:         \
+  case OpKind::kCos: case OpKind::kNot:
+
+template <typename Container>
+void Append(const Container& values, google::protobuf::RepeatedField<int64_t>* out) {
+  out->Reserve(static_cast<int>(values.size()));
+  for (int64_t v : values) out->Add(v);
+}
+
+std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& values) {
+  return std::vector<int64_t>(values.begin(), values.end());
+}
+
+// Writes the arguments of the builder call that makes `op` (see
+// function_ir.proto). The literal only `with_literal`: decoding compares
+// a rebuilt op with the one received, and the literal went to the builder
+// verbatim (a copy of it would only cost memory).
+void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
+  out->set_kind(ToWire(op.kind));
+  out->mutable_operands()->Reserve(static_cast<int>(op.operands.size()));
+  for (int32_t v : op.operands) out->add_operands(v);
+  switch (op.kind) {
+    case OpKind::kConstant:
+      if (with_literal) out->set_literal(op.literal.data(), op.literal.size());
+      [[fallthrough]];
+    case OpKind::kParameter:
+      out->set_dtype(ToWire(op.type.dtype));
+      [[fallthrough]];
+    case OpKind::kReshape:
+    case OpKind::kBroadcastTo:
+      Append(op.type.dims, out->mutable_dims());
+      break;
+    case OpKind::kConvert:
+      out->set_dtype(ToWire(op.type.dtype));
+      break;
+    case OpKind::kPsum:
+    case OpKind::kPmean:
+    case OpKind::kPmax:
+    case OpKind::kPmin:
+    case OpKind::kAxisIndex:
+      out->set_axis_name(op.axis_name);
+      break;
+    case OpKind::kSimulatedCompute:
+      out->set_duration_ns(op.duration_ns);
+      break;
+    case OpKind::kReduce:
+      out->set_reduce_kind(ToWire(op.reduce_kind));
+      Append(op.axes, out->mutable_axes());
+      out->set_keepdims(op.keepdims);
+      break;
+    case OpKind::kAllGather:
+    case OpKind::kPsumScatter:
+      out->set_axis_name(op.axis_name);
+      out->set_axis(op.axis);
+      break;
+    case OpKind::kPpermute:
+      out->set_axis_name(op.axis_name);
+      for (int64_t s : op.perm_source) out->add_perm_source(s);
+      break;
+    case OpKind::kTranspose:
+    case OpKind::kRev:
+      Append(op.axes, out->mutable_axes());
+      break;
+    case OpKind::kSlice:
+      Append(op.slice_start, out->mutable_slice_start());
+      Append(op.slice_limit, out->mutable_slice_limit());
+      for (size_t d = 0; d < op.slice_step.size(); ++d) {
+        // The IR stores step 1 where at most one element is taken; sent as
+        // is, the builder would take limit - start elements there.
+        out->add_slice_step(op.type.dims[d] <= 1
+                                ? std::max<int64_t>(1, op.slice_limit[d] - op.slice_start[d])
+                                : op.slice_step[d]);
+      }
+      break;
+    case OpKind::kPad:
+      Append(op.pad_lo, out->mutable_pad_lo());
+      Append(op.pad_hi, out->mutable_pad_hi());
+      Append(op.pad_interior, out->mutable_pad_interior());
+      break;
+    case OpKind::kConcatenate:
+    case OpKind::kTake:
+      out->set_axis(op.axis);
+      break;
+    case OpKind::kScatterAdd:
+      out->set_axis(op.axis);
+      out->set_size(op.type.dims[op.axis]);
+      break;
+    case OpKind::kAllToAll:
+      out->set_axis_name(op.axis_name);
+      out->set_axis(op.axis);
+      out->set_concat_axis(op.concat_axis);
+      break;
+    PW_WIRE_BINARY_CASES
+    PW_WIRE_UNARY_CASES
+    case OpKind::kSelect:
+    case OpKind::kCopy:
+    case OpKind::kMatmul:
+      break;  // operands only
+  }
+}
+
+absl::Status WireError(absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat("function wire: ", message));
+}
+
+// "op 3 (add)".
+std::string OpLabel(int index, OpKind kind) {
+  return absl::StrFormat("op %d (%s)", index, OpKindName(kind));
+}
+
+// A builder error for op `index`, as InvalidArgument whatever its code (an
+// all_gather without an axis size is FailedPrecondition to a tracer, but
+// from the network it is a malformed message).
+absl::Status BuilderError(int index, const absl::Status& status) {
+  return WireError(absl::StrFormat("op %d: %s", index, status.message()));
+}
+
+// How many operands `kind` takes; -2 for "two or more" (concatenate of one
+// value is that value, not an op).
+int OperandCount(OpKind kind) {
+  switch (kind) {
+    case OpKind::kParameter:
+    case OpKind::kConstant:
+    case OpKind::kAxisIndex:
+      return 0;
+    PW_WIRE_BINARY_CASES
+    case OpKind::kTake:
+    case OpKind::kScatterAdd:
+    case OpKind::kMatmul:
+      return 2;
+    case OpKind::kSelect:
+      return 3;
+    case OpKind::kConcatenate:
+      return -2;
+    default:
+      return 1;
+  }
+}
+
+// Checks what the builder cannot be trusted with or does not check itself,
+// before it is called: the operand count (the replay reads operands by
+// position), that operands are earlier ops, ranks (kMaxWireRank), enum
+// values and literals. Everything else is the builder's to check, or
+// CheckSameOp's.
+absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
+  const int n = w.operands_size();
+  const int expected = OperandCount(kind);
+  if (expected >= 0 ? n != expected : n < -expected) {
+    return WireError(absl::StrFormat("%s has %d operands, takes %s%d", OpLabel(index, kind), n,
+                                     expected >= 0 ? "" : "at least ", std::abs(expected)));
+  }
+  for (int32_t v : w.operands()) {
+    if (v < 0 || v >= index) {
+      return WireError(absl::StrFormat("%s: operand %d is not an earlier op",
+                                       OpLabel(index, kind), v));
+    }
+  }
+  // The comparison with the rebuilt op leaves literals out (CheckSameOp).
+  if (kind != OpKind::kConstant && !w.literal().empty()) {
+    return WireError(absl::StrFormat("%s has a literal; only constants take one",
+                                     OpLabel(index, kind)));
+  }
+  if (w.dims_size() > kMaxWireRank) {
+    return WireError(absl::StrFormat("%s: %d dims, more than the %d a value may have",
+                                     OpLabel(index, kind), w.dims_size(), kMaxWireRank));
+  }
+  if ((kind == OpKind::kParameter || kind == OpKind::kConstant || kind == OpKind::kConvert) &&
+      !FromWire(w.dtype()).has_value()) {
+    return WireError(
+        absl::StrFormat("%s: unknown dtype %d", OpLabel(index, kind), static_cast<int>(w.dtype())));
+  }
+  if (kind == OpKind::kReduce && !FromWire(w.reduce_kind()).has_value()) {
+    return WireError(absl::StrFormat("%s: unknown reduce kind %d", OpLabel(index, kind),
+                                     static_cast<int>(w.reduce_kind())));
+  }
+  return absl::OkStatus();
+}
+
+// The builder call that makes op `index` from `w` (already checked by
+// CheckOpShape); the builder's own checks apply to every argument.
+absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const wire::Op& w) {
+  auto operand = [&](int i) { return w.operands(i); };
+  const absl::string_view axis_name = w.axis_name();
+  switch (kind) {
+    case OpKind::kParameter: {
+      const DType dtype = *FromWire(w.dtype());
+      const Dims dims(w.dims().begin(), w.dims().end());
+      // Parameter() trusts its caller with the type (a tracer passes a
+      // numpy array's); from the network it is checked here.
+      PW_RETURN_IF_ERROR(CheckedNumBytes("parameter", dtype, dims).status());
+      return b.Parameter(dtype, dims);
+    }
+    case OpKind::kConstant: {
+      const std::string& literal = w.literal();
+      return b.Constant(*FromWire(w.dtype()), Dims(w.dims().begin(), w.dims().end()),
+                        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(literal.data()),
+                                            literal.size()));
+    }
+    case OpKind::kConvert:
+      return b.Convert(operand(0), *FromWire(w.dtype()));
+    PW_WIRE_BINARY_CASES
+      return b.Binary(kind, operand(0), operand(1));
+    PW_WIRE_UNARY_CASES
+      return b.Unary(kind, operand(0));
+    case OpKind::kSelect:
+      return b.Select(operand(0), operand(1), operand(2));
+    case OpKind::kPsum:
+      return b.Psum(operand(0), axis_name);
+    case OpKind::kPmean:
+    case OpKind::kPmax:
+    case OpKind::kPmin:
+      return b.Pcollective(kind, operand(0), axis_name);
+    case OpKind::kAxisIndex:
+      return b.AxisIndex(axis_name);
+    case OpKind::kSimulatedCompute:
+      return b.SimulatedCompute(operand(0), w.duration_ns());
+    case OpKind::kReduce: {
+      // The IR keeps the reduced axes, sorted; all of them is how a
+      // reduction over every axis (the only kind argmax of rank > 1 takes)
+      // reads, so that is replayed as "all axes".
+      const std::vector<int64_t> axes = ToVector(w.axes());
+      const bool all = axes.size() == b.type(operand(0)).dims.size();
+      return b.Reduce(*FromWire(w.reduce_kind()), operand(0), all ? nullptr : &axes,
+                      w.keepdims());
+    }
+    case OpKind::kAllGather:
+      return b.AllGather(operand(0), axis_name, w.axis());
+    case OpKind::kPpermute: {
+      std::vector<std::pair<int64_t, int64_t>> perm;
+      for (int d = 0; d < w.perm_source_size(); ++d) {
+        if (w.perm_source(d) != -1) perm.emplace_back(w.perm_source(d), d);
+      }
+      return b.Ppermute(operand(0), axis_name, perm);
+    }
+    case OpKind::kCopy:
+      return b.Copy(operand(0));
+    case OpKind::kReshape:
+      return b.Reshape(operand(0), Dims(w.dims().begin(), w.dims().end()));
+    case OpKind::kBroadcastTo:
+      return b.BroadcastTo(operand(0), Dims(w.dims().begin(), w.dims().end()));
+    case OpKind::kTranspose:
+      return b.Transpose(operand(0), ToVector(w.axes()));
+    case OpKind::kSlice:
+      return b.Slice(operand(0), ToVector(w.slice_start()), ToVector(w.slice_limit()),
+                     ToVector(w.slice_step()));
+    case OpKind::kRev:
+      return b.Rev(operand(0), ToVector(w.axes()));
+    case OpKind::kPad:
+      return b.Pad(operand(0), ToVector(w.pad_lo()), ToVector(w.pad_hi()),
+                   ToVector(w.pad_interior()));
+    case OpKind::kConcatenate:
+      return b.Concatenate(w.operands(), w.axis());
+    case OpKind::kTake:
+      return b.Take(operand(0), operand(1), w.axis());
+    case OpKind::kScatterAdd:
+      return b.ScatterAdd(operand(0), operand(1), w.axis(), w.size());
+    case OpKind::kMatmul:
+      return b.Matmul(operand(0), operand(1));
+    case OpKind::kAllToAll:
+      return b.AllToAll(operand(0), axis_name, w.axis(), w.concat_axis());
+    case OpKind::kPsumScatter:
+      return b.PsumScatter(operand(0), axis_name, w.axis());
+  }
+  return WireError(absl::StrCat("op ", index, ": unknown kind"));  // not reached
+}
+
+// Fields a decoder does not know: a newer peer's attribute, or corruption.
+absl::Status CheckNoUnknownFields(const google::protobuf::Message& message,
+                                  absl::string_view what) {
+  const google::protobuf::UnknownFieldSet& unknown =
+      message.GetReflection()->GetUnknownFields(message);
+  if (!unknown.empty()) {
+    return WireError(absl::StrFormat("%s has a field this build does not know (number %d)", what,
+                                     unknown.field(0).number()));
+  }
+  return absl::OkStatus();
+}
+
+// OK if `rebuilt` (the builder's op, re-encoded) is what `w` says, literal
+// aside; otherwise names the fields that differ.
+absl::Status CheckSameOp(int index, OpKind kind, const wire::Op& w, const wire::Op& rebuilt) {
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.IgnoreField(wire::Op::descriptor()->FindFieldByName("literal"));
+  std::string report;
+  differencer.ReportDifferencesToString(&report);
+  if (differencer.Compare(w, rebuilt)) return absl::OkStatus();
+  report = absl::StrReplaceAll(absl::StripSuffix(report, "\n"), {{"\n", "; "}});
+  return WireError(absl::StrFormat(
+      "%s is not in the form FunctionBuilder makes it (received -> rebuilt: %s)",
+      OpLabel(index, kind), report));
+}
+
+}  // namespace
+
+void ToProto(const FunctionIr& ir, wire::FunctionIr* out) {
+  out->Clear();
+  out->set_name(ir.name());
+  out->set_axis_name(ir.axis_name());
+  out->set_axis_size(ir.axis_size());
+  out->mutable_ops()->Reserve(static_cast<int>(ir.ops().size()));
+  for (const Op& op : ir.ops()) EncodeOp(op, /*with_literal=*/true, out->add_ops());
+  for (int32_t p : ir.params()) out->add_params(p);
+  for (int32_t o : ir.outputs()) out->add_outputs(o);
+}
+
+std::string SerializeFunctionIr(const FunctionIr& ir) {
+  wire::FunctionIr proto;
+  ToProto(ir, &proto);
+  return proto.SerializeAsString();
+}
+
+absl::StatusOr<std::shared_ptr<const FunctionIr>> FromProto(const wire::FunctionIr& proto) {
+  PW_RETURN_IF_ERROR(CheckNoUnknownFields(proto, "the function"));
+  FunctionBuilder b(proto.name(), proto.axis_name());
+  if (proto.axis_size() != 0) {
+    // Checked before SetAxisSize, which takes any n >= 1: ppermute allocates
+    // per shard and all_to_all multiplies a dimension by the axis size.
+    if (proto.axis_size() < 0 || proto.axis_size() > kMaxWireAxisSize) {
+      return WireError(absl::StrFormat("axis_size %d is not in [1, %d]", proto.axis_size(),
+                                       kMaxWireAxisSize));
+    }
+    PW_RETURN_IF_ERROR(b.SetAxisSize(proto.axis_size()));
+  }
+  std::vector<int32_t> params;
+  wire::Op rebuilt;
+  for (int i = 0; i < proto.ops_size(); ++i) {
+    const wire::Op& w = proto.ops(i);
+    PW_RETURN_IF_ERROR(CheckNoUnknownFields(w, absl::StrCat("op ", i)));
+    const std::optional<OpKind> kind = FromWire(w.kind());
+    if (!kind.has_value()) {
+      return WireError(absl::StrFormat("op %d: unknown kind %d", i, static_cast<int>(w.kind())));
+    }
+    PW_RETURN_IF_ERROR(CheckOpShape(i, *kind, w));
+    absl::StatusOr<int32_t> v = Replay(b, i, *kind, w);
+    if (!v.ok()) return BuilderError(i, v.status());
+    // One call, one new op: a conversion the builder inserted, or an
+    // identity it elided, means the sender's op is not one it would make.
+    if (*v != i || b.num_values() != i + 1) {
+      return WireError(absl::StrFormat(
+          "%s does not rebuild as one op (the builder gave %%%d and %d ops in all): its operands "
+          "or attributes are not in the form FunctionBuilder makes them",
+          OpLabel(i, *kind), *v, b.num_values()));
+    }
+    const int rank = static_cast<int>(b.type(i).dims.size());
+    if (rank > kMaxWireRank) {
+      return WireError(absl::StrFormat("%s: its result %s has rank %d, above %d",
+                                       OpLabel(i, *kind), b.type(i).ToString(), rank,
+                                       kMaxWireRank));
+    }
+    if (*kind == OpKind::kParameter) params.push_back(i);
+  }
+  if (!std::equal(params.begin(), params.end(), proto.params().begin(), proto.params().end())) {
+    return WireError(absl::StrFormat("params lists %d values, which are not the %d parameter ops",
+                                     proto.params_size(), params.size()));
+  }
+  absl::StatusOr<std::shared_ptr<const FunctionIr>> ir =
+      b.Build(absl::MakeConstSpan(proto.outputs().data(), proto.outputs_size()));
+  if (!ir.ok()) return WireError(ir.status().message());
+  // Every op as the builder made it, re-encoded, must be the op received:
+  // that rejects attributes its kind does not take, non-canonical ones
+  // (a negative axis, unsorted axes) and any the builder would change.
+  for (int i = 0; i < proto.ops_size(); ++i) {
+    rebuilt.Clear();
+    const Op& op = (*ir)->ops()[i];
+    EncodeOp(op, /*with_literal=*/false, &rebuilt);
+    PW_RETURN_IF_ERROR(CheckSameOp(i, op.kind, proto.ops(i), rebuilt));
+  }
+  return ir;
+}
+
+absl::StatusOr<std::shared_ptr<const FunctionIr>> ParseFunctionIr(absl::string_view bytes) {
+  if (bytes.size() > static_cast<size_t>(INT_MAX)) {
+    return WireError(absl::StrFormat("%d bytes, above protobuf's 2 GiB limit", bytes.size()));
+  }
+  wire::FunctionIr proto;
+  if (!proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return WireError(
+        absl::StrFormat("%d bytes that are not a serialized pw.wire.FunctionIr", bytes.size()));
+  }
+  return FromProto(proto);
+}
+
+}  // namespace pw
