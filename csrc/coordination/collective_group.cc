@@ -1,6 +1,7 @@
 #include "csrc/coordination/collective_group.h"
 
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -355,11 +357,12 @@ int64_t HashCounts(absl::Span<const int64_t> counts) {
   return static_cast<int64_t>(h >> 1);
 }
 
-// `bind_address`, or this machine's name if it is empty, once getaddrinfo(3)
-// knows it. Gloo must not see a name getaddrinfo fails on: it checks the
-// result for -1 only (failures are other negative codes) and then walks an
-// uninitialized list, a segfault.
-absl::StatusOr<std::string> ResolvableHost(const std::string& bind_address) {
+// `bind_address`, or this machine's name if it is empty, once this process
+// can listen on one of its addresses. Gloo must not see an address that fails
+// either way: on a name getaddrinfo(3) rejects it checks for -1 only (failures
+// are other negative codes) and walks an uninitialized list, a segfault; on
+// an address no socket binds to it throws before freeaddrinfo, a leak.
+absl::StatusOr<std::string> BindableHost(const std::string& bind_address) {
   std::string host = bind_address;
   if (host.empty()) {
     char name[HOST_NAME_MAX + 1] = {};
@@ -377,8 +380,34 @@ absl::StatusOr<std::string> ResolvableHost(const std::string& bind_address) {
   if (rv != 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot resolve bind address '", host, "': ", gai_strerror(rv)));
   }
+  int bind_errno = 0;
+  bool bound = false;
+  for (struct addrinfo* ai = result; ai != nullptr && !bound; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd == -1) continue;
+    bound = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    if (!bound) bind_errno = errno;
+    close(fd);
+  }
   freeaddrinfo(result);
+  if (!bound) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot listen on bind address '", host, "': ", strerror(bind_errno)));
+  }
   return host;
+}
+
+// Gloo writes to its sockets with writev(2), without MSG_NOSIGNAL, so a write
+// to a connection the peer has closed raises SIGPIPE, whose default action
+// ends the process. A peer's death must be an error here instead: ignore
+// SIGPIPE unless the program chose its own disposition (Python already
+// ignores it).
+void IgnoreDefaultSigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current;
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+  });
 }
 
 }  // namespace
@@ -404,8 +433,9 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Create(KeyValu
                                                    absl::FormatDuration(options.timeout)));
   }
 
-  absl::StatusOr<std::string> host = ResolvableHost(options.bind_address);
+  absl::StatusOr<std::string> host = BindableHost(options.bind_address);
   if (!host.ok()) return absl::InvalidArgumentError(absl::StrCat(name, ": ", host.status().message()));
+  IgnoreDefaultSigpipe();
   auto gloo = std::make_unique<Gloo>();
   try {
     gloo::transport::tcp::attr attr;

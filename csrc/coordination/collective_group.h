@@ -109,6 +109,10 @@ class CollectiveGroup {
   // (a connection failed), both naming the group and rank. InvalidArgument
   // for bad arguments or an address this host cannot bind.
   //
+  // The first Create sets SIGPIPE to ignored if its action was the default:
+  // Gloo writes to sockets without MSG_NOSIGNAL, and a write to a peer that
+  // has gone would otherwise end this process.
+  //
   // `store` must outlive only this call. A group key must be fresh for every
   // incarnation of a group: keys of an earlier, failed group with the same
   // key would point the members to dead addresses.

@@ -1,5 +1,7 @@
 #include "csrc/coordination/collective_group.h"
 
+#include <signal.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -101,6 +103,15 @@ TEST(CollectiveGroupTest, AddressThatCannotBeBoundIsInvalidArgumentNotAnAbort) {
   group = CollectiveGroup::Create(&store, "g", 0, 1, options);
   EXPECT_EQ(group.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(group.status().message(), HasSubstr("192.0.2.1"));
+}
+
+TEST(CollectiveGroupTest, CreateIgnoresSigpipeSoAPeerThatLeftCannotEndThisProcess) {
+  // gtest_main leaves SIGPIPE at its default (terminate the process).
+  InMemoryKeyValueStore store;
+  ASSERT_TRUE(CollectiveGroup::Create(&store, "sigpipe", 0, 1).ok());
+  struct sigaction after;
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &after), 0);
+  EXPECT_EQ(after.sa_handler, SIG_IGN);
 }
 
 TEST(CollectiveGroupTest, OneMemberGroupRunsEveryCollectiveLocally) {
