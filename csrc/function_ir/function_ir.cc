@@ -674,8 +674,9 @@ absl::StatusOr<int32_t> FunctionBuilder::Reduce(ReduceKind kind, int32_t x,
 
 absl::Status FunctionBuilder::SetAxisSize(int64_t n) {
   if (ir_ == nullptr) return absl::FailedPreconditionError("set_axis_size: builder already built");
-  if (n < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("set_axis_size: needs n >= 1, got ", n));
+  if (n < 1 || n > kMaxAxisSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("set_axis_size: needs 1 <= n <= ", kMaxAxisSize, " (the most devices a gang has), got ", n));
   }
   ir_->axis_size_ = n;
   return absl::OkStatus();

@@ -194,6 +194,10 @@ class FunctionIr {
 // up to 65536 devices) then stays far inside int64 nanoseconds.
 inline constexpr int64_t kMaxSimulatedNs = int64_t{3600} * 1'000'000'000;
 
+// The most shards a function may be traced for: the most devices a cluster
+// has (cluster.h's kMaxDevices).
+inline constexpr int64_t kMaxAxisSize = int64_t{1} << 16;
+
 // Builds a FunctionIr op by op, inferring and checking types as it goes, so
 // that shape and dtype errors surface at trace time with the op's name and the
 // shapes involved. Every error is InvalidArgument; those for an operand's
@@ -261,7 +265,8 @@ class FunctionBuilder {
   absl::StatusOr<int32_t> AxisIndex(absl::string_view axis_name);
 
   // Declares the number of shards (the pmap axis size), which all_gather and
-  // ppermute need. InvalidArgument unless n >= 1.
+  // ppermute need. InvalidArgument unless 1 <= n <= kMaxAxisSize (so sizes
+  // scaled by it, as in all_to_all, cannot overflow before they are checked).
   absl::Status SetAxisSize(int64_t n);
 
   // all_gather(x, axis_name, axis): the values of all shards stacked along a

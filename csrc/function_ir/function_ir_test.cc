@@ -487,7 +487,8 @@ TEST(FunctionBuilderTest, CollectiveTypesAndErrors) {
   // all_gather and ppermute need the axis size.
   EXPECT_EQ(b.AllGather(x, "i", 0).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(b.Ppermute(x, "i", {{0, 1}}).status().code(), absl::StatusCode::kFailedPrecondition);
-  ExpectInvalid(b.SetAxisSize(0), "set_axis_size: needs n >= 1, got 0");
+  ExpectInvalid(b.SetAxisSize(0), "set_axis_size: needs 1 <= n <= 65536 (the most devices a gang has), got 0");
+  EXPECT_EQ(b.SetAxisSize(int64_t{1} << 30).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(b.SetAxisSize(4).ok());
   auto g = b.AllGather(x, "i", 1);
   auto g_last = b.AllGather(x, "i", -1);

@@ -35,7 +35,7 @@ inline constexpr int kMaxWireRank = 64;
 
 // The largest axis size a decoded function may declare: the most devices a
 // slice has (cluster.h's kMaxDevices). Ppermute allocates per shard.
-inline constexpr int64_t kMaxWireAxisSize = int64_t{1} << 16;
+inline constexpr int64_t kMaxWireAxisSize = kMaxAxisSize;
 
 // Writes `ir` into `out` (cleared first).
 void ToProto(const FunctionIr& ir, wire::FunctionIr* out);

@@ -251,5 +251,7 @@ def test_axis_size_must_match_devices():
     assert "axis_size=3" in fn.as_text()
     with pytest.raises(ValueError, match=re.escape("was traced for 3 shards but is placed on 2 devices")):
         _core.compile(fn, devices(2))
-    with pytest.raises(ValueError, match=re.escape("set_axis_size: needs n >= 1, got 0")):
+    with pytest.raises(ValueError, match=re.escape("set_axis_size: needs 1 <= n <= 65536 (the most devices a gang has), got 0")):
         _core.FunctionBuilder("h", "i").set_axis_size(0)
+    with pytest.raises(ValueError, match=re.escape("got 1073741824")):
+        _core.FunctionBuilder("h", "i").set_axis_size(1 << 30)
