@@ -37,14 +37,22 @@ class HostChannel::Stream final : public grpc::ClientBidiReactor<wire::ClientFra
     context_.AddMetadata(kSecretMetadataKey, secret);
     stub_->async()->Session(&context_, this);
     StartRead(&in_);
+    // Writes start outside the reactions (Flush), so the write flow holds the
+    // stream open: OnDone cannot come between a Flush's decision to write
+    // and its StartWrite. The hold goes once no write can start any more.
+    AddHold();
     StartCall();
   }
 
   void Write(const wire::ClientFrame* frame) { StartWrite(frame); }
   void Cancel() { context_.TryCancel(); }
+  void ReleaseWriteHold() { RemoveHold(); }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // the stream ended; OnDone follows
+    if (!ok) {  // the stream ended; OnDone follows once the write flow lets go
+      if (owner_->OnReadEnded()) RemoveHold();
+      return;
+    }
     for (wire::Reply& reply : *in_.mutable_replies()) owner_->OnReply(std::move(reply));
     in_.Clear();
     StartRead(&in_);
@@ -128,7 +136,7 @@ void HostChannel::Send(wire::Request request, ReplyCallback done) {
 void HostChannel::Flush() {
   {
     MutexLock lock(&mu_);
-    if (writing_ || pending_.requests_size() == 0 || stream_done_) return;
+    if (writing_ || pending_.requests_size() == 0 || read_ended_) return;
     out_.Swap(&pending_);
     pending_.Clear();
     writing_ = true;
@@ -137,16 +145,30 @@ void HostChannel::Flush() {
   stream_->Write(&out_);
 }
 
+bool HostChannel::OnReadEnded() {
+  MutexLock lock(&mu_);
+  read_ended_ = true;
+  return !writing_;  // else the write in flight lets go when it is done
+}
+
 void HostChannel::OnWriteDone(bool ok) {
+  bool release = false, write = false;
   {
     MutexLock lock(&mu_);
     writing_ = false;
-    // A failed write means the stream is ending: OnDone fails the callbacks.
-    if (!ok || pending_.requests_size() == 0 || stream_done_) return;
-    out_.Swap(&pending_);
-    pending_.Clear();
-    writing_ = true;
+    if (read_ended_) {
+      // No write starts any more: the write flow's hold goes, and OnDone
+      // (which fails the callbacks) may come.
+      release = true;
+    } else if (ok && pending_.requests_size() > 0) {
+      // (A failed write means the stream is ending: OnReadDone follows.)
+      out_.Swap(&pending_);
+      pending_.Clear();
+      write = writing_ = true;
+    }
   }
+  if (release) stream_->ReleaseWriteHold();
+  if (!write) return;
   frames_sent_.fetch_add(1, std::memory_order_relaxed);
   stream_->Write(&out_);
 }

@@ -107,6 +107,9 @@ class HostChannel {
   HostChannel(std::string address, ChannelOptions options);
   void OnReply(wire::Reply reply);
   void OnWriteDone(bool ok);
+  // The stream's reading side ended: no write starts from now on. True if
+  // no write is in flight, so the write flow's hold may go now.
+  bool OnReadEnded();
   void OnStreamDone(absl::Status status);
   void HeartbeatLoop();
 
@@ -122,11 +125,13 @@ class HostChannel {
   mutable Mutex mu_;
   // Protects the loss status, the callbacks of requests in flight by id,
   // the frame being assembled and the writing flag (one write at a time on
-  // a gRPC stream), and the done flag the destructor waits for.
+  // a gRPC stream), whether the stream's reading side has ended (then no
+  // write starts), and the done flag the destructor waits for.
   absl::Status lost_status_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, ReplyCallback> waiting_ ABSL_GUARDED_BY(mu_);
   wire::ClientFrame pending_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_ended_ ABSL_GUARDED_BY(mu_) = false;
   bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // The frame on the wire: touched only by whoever set writing_.
