@@ -6,7 +6,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -304,21 +303,6 @@ TEST(WireStatus, RoundTripsAndNeverTurnsAnUnknownCodeIntoOk) {
   EXPECT_EQ(FromWire(w).code(), absl::StatusCode::kUnknown);
   w.set_code(-3);
   EXPECT_EQ(FromWire(w).code(), absl::StatusCode::kUnknown);
-}
-
-// Not an assertion: the round trip of a small request, for the record.
-TEST_F(ControlTest, ReportsRoundTripLatency) {
-  auto channel = Connect();
-  ASSERT_NE(channel, nullptr);
-  std::vector<int64_t> ns;
-  for (int i = 0; i < 300; ++i) {
-    const int64_t start = NowNanos();
-    ASSERT_TRUE(channel->Call(EchoRequest("p"), 5'000'000'000).ok());
-    ns.push_back(NowNanos() - start);
-  }
-  std::sort(ns.begin(), ns.end());
-  std::printf("control round trip over loopback: p50 %.1f us, p90 %.1f us\n", ns[ns.size() / 2] / 1e3,
-              ns[ns.size() * 9 / 10] / 1e3);
 }
 
 }  // namespace

@@ -250,11 +250,14 @@ void HostChannel::OnStreamDone(absl::Status why) {
     lost = lost_status_;
     waiting.swap(waiting_);
     pending_.Clear();
-    stream_done_ = true;
-    cv_.SignalAll();
   }
   for (auto& [id, done] : waiting) std::move(done)(lost);
   if (report && options_.on_lost) options_.on_lost(lost);
+  // Last: once the destructor sees this, the channel may be gone, so the
+  // callbacks above have all run by then.
+  MutexLock lock(&mu_);
+  stream_done_ = true;
+  cv_.SignalAll();
 }
 
 void HostChannel::HeartbeatLoop() {
