@@ -636,6 +636,27 @@ bool IsDataMovementKind(OpKind kind) {
   }
 }
 
+// Ops whose result on one shard depends on other shards or on the shard's
+// position in the gang. Every other op computes each shard from that shard's
+// operands alone (nothing is random or position-based), so RunLocal runs
+// them on the local shards as they are.
+bool IsCrossShardKind(OpKind kind) {
+  switch (kind) {
+    case OpKind::kPsum:
+    case OpKind::kPmean:
+    case OpKind::kPmax:
+    case OpKind::kPmin:
+    case OpKind::kAxisIndex:
+    case OpKind::kAllGather:
+    case OpKind::kPpermute:
+    case OpKind::kAllToAll:
+    case OpKind::kPsumScatter:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // The transpose of take for one shard: out [outer, dim, inner] is zeroed,
 // then updates [outer, num_indices, inner] are added at the clipped indices.
 template <typename T>
@@ -681,24 +702,63 @@ int64_t DimProduct(const Dims& dims, size_t begin, size_t end) {
   return p;
 }
 
+// Runs cross-shard op `op` (not axis_index) over `num_shards` shards: the
+// whole gang, whose operand is `x`. `in_dims` are the operand's dims;
+// `all_to_all_plan` is the op's CopyPlan when it is an all_to_all.
+void RunCrossShardKernel(const Op& op, const Dims& in_dims, const CopyPlan* all_to_all_plan,
+                         int num_shards, const View& x, void* out) {
+  const int64_t n = op.type.num_elements();
+  if (op.kind == OpKind::kAllToAll) {
+    const CopyPlan& p = *all_to_all_plan;
+    const int64_t esize = DTypeSize(op.type.dtype);
+    uint8_t* o = static_cast<uint8_t*>(out);
+    for (int d = 0; d < num_shards; ++d) {
+      for (int s = 0; s < num_shards; ++s) {
+        const auto* src = static_cast<const uint8_t*>(x.data) +
+                          (s * x.shard_stride + d * p.src_shard_step) * esize;
+        StridedCopy(p, esize, src, o + (d * n + s * p.dst_shard_step) * esize);
+      }
+    }
+    return;
+  }
+  DispatchDType(op.type.dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* o = static_cast<T*>(out);
+    switch (op.kind) {
+      case OpKind::kPsum:
+        return Psum<T>(num_shards, n, x, o);
+      case OpKind::kPmean:
+      case OpKind::kPmax:
+      case OpKind::kPmin:
+        return Pcollective<T>(op.kind, num_shards, n, x, o);
+      case OpKind::kAllGather: {
+        const size_t a = static_cast<size_t>(op.axis);
+        return AllGather<T>(num_shards, DimProduct(in_dims, 0, a),
+                            DimProduct(in_dims, a, in_dims.size()), x, o);
+      }
+      case OpKind::kPpermute:
+        return Ppermute<T>(num_shards, n, x, op.perm_source, o);
+      case OpKind::kPsumScatter: {
+        const size_t a = static_cast<size_t>(op.axis);
+        return PsumScatter<T>(num_shards, DimProduct(in_dims, 0, a),
+                              DimProduct(in_dims, a + 1, in_dims.size()), x, o);
+      }
+      default:
+        return;
+    }
+  });
+}
+
 // Whether Run() has a kernel for ops of `kind`.
 bool HasKernel(OpKind kind) {
-  if (IsElementwiseKind(kind) || IsDataMovementKind(kind)) return true;
+  if (IsElementwiseKind(kind) || IsDataMovementKind(kind) || IsCrossShardKind(kind)) return true;
   switch (kind) {
     case OpKind::kParameter:
     case OpKind::kConstant:
-    case OpKind::kPsum:
     case OpKind::kReduce:
-    case OpKind::kPmean:
-    case OpKind::kPmax:
-    case OpKind::kPmin:
-    case OpKind::kAxisIndex:
-    case OpKind::kAllGather:
-    case OpKind::kPpermute:
     case OpKind::kTake:
     case OpKind::kScatterAdd:
     case OpKind::kMatmul:
-    case OpKind::kPsumScatter:
       return true;
     default:
       return false;
@@ -731,6 +791,8 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   // Fusion groups: maximal runs of consecutive elementwise ops of one shape
   // whose operands are of that shape (and not constants) or scalar
   // constants, so every operand is read at the same flat index as the result.
+  // A cross-shard op is never elementwise, so it ends a run: RunLocal handles
+  // cross-shard ops one at a time, outside fused runs.
   auto fusible = [&](int32_t v) {
     const Op& op = ops[v];
     if (!IsElementwiseKind(op.kind) || op.kind == OpKind::kSimulatedCompute) return false;
@@ -827,6 +889,18 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     }
     exe->scratch_offset_[v] = offset;
     exe->scratch_per_shard_ = std::max(exe->scratch_per_shard_, offset + size);
+  }
+
+  // RunLocal's full-gang temporaries (see gang_temp_per_shard_). axis_index
+  // reads no operand and writes the local shards directly.
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (!IsCrossShardKind(op.kind) || op.kind == OpKind::kAxisIndex) continue;
+    const Op& in = ops[op.operands[0]];
+    const int64_t in_bytes = in.kind == OpKind::kConstant ? 0 : RoundUp(in.type.num_bytes());
+    exe->gang_temp_per_shard_ =
+        std::max(exe->gang_temp_per_shard_, in_bytes + RoundUp(op.type.num_bytes()));
+    if (in_bytes > 0) exe->gathers_ = true;
   }
 
   // Broadcast plans for ops with an operand that is neither a scalar nor of
@@ -950,8 +1024,56 @@ FunctionExecutable::MatmulPlan FunctionExecutable::MakeMatmulPlan(const Dims& a,
   return plan;
 }
 
+absl::StatusOr<LocalShards> LocalShards::Create(int gang_size, std::vector<int> positions) {
+  if (gang_size < 1 || gang_size > kMaxAxisSize) {
+    return absl::InvalidArgumentError(absl::StrCat("local shards: gang size ", gang_size,
+                                                   " is not in [1, ", kMaxAxisSize, "]"));
+  }
+  if (positions.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local shards: no positions of the gang of ", gang_size));
+  }
+  for (size_t k = 0; k < positions.size(); ++k) {
+    if (positions[k] < 0 || positions[k] >= gang_size) {
+      return absl::InvalidArgumentError(absl::StrCat("local shards: position ", positions[k],
+                                                     " is out of range for a gang of ", gang_size));
+    }
+    if (k > 0 && positions[k] <= positions[k - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("local shards: positions must be increasing, got ", positions[k],
+                       " after ", positions[k - 1]));
+    }
+  }
+  return LocalShards(gang_size, std::move(positions));
+}
+
 void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> inputs,
                              absl::Span<void* const> outputs, void* scratch) const {
+  // With no LocalShards every shard is here and nothing can fail.
+  RunShards(num_shards, nullptr, nullptr, inputs, outputs, scratch).IgnoreError();
+}
+
+absl::Status FunctionExecutable::RunLocal(const LocalShards& local,
+                                          absl::Span<const void* const> inputs,
+                                          absl::Span<void* const> outputs, void* scratch,
+                                          GangCollectives* collectives) const {
+  if (ir_->axis_size() > 0 && ir_->axis_size() != local.gang_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run: @", ir_->name(), " was traced for ", ir_->axis_size(),
+                     " shards, got a gang of ", local.gang_size()));
+  }
+  if (collectives == nullptr && gathers_ && !local.whole_gang()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "run: @", ir_->name(), " gathers values over the gang, which has ", local.gang_size(),
+        " shards of which ", local.num_local(), " are local, and no collectives were given"));
+  }
+  return RunShards(local.num_local(), &local, collectives, inputs, outputs, scratch);
+}
+
+absl::Status FunctionExecutable::RunShards(int num_shards, const LocalShards* local,
+                                           GangCollectives* collectives,
+                                           absl::Span<const void* const> inputs,
+                                           absl::Span<void* const> outputs, void* scratch) const {
   const absl::Span<const Op> ops = ir_->ops();
   uint8_t* const base = static_cast<uint8_t*>(scratch);
 
@@ -970,6 +1092,7 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
   };
 
   uint8_t* const tiles = base + scratch_per_shard_ * num_shards;
+  uint8_t* const gang_temp = tiles + tile_bytes_;  // RunLocal on a partial gang only
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant) continue;
@@ -1005,10 +1128,45 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
     const int64_t n = op.type.num_elements();
     if (op.kind == OpKind::kAxisIndex) {
       int32_t* o = static_cast<int32_t*>(out);
-      for (int s = 0; s < num_shards; ++s) o[s] = s;
+      if (local == nullptr) {
+        for (int s = 0; s < num_shards; ++s) o[s] = s;
+      } else {
+        for (int s = 0; s < num_shards; ++s) o[s] = local->positions()[s];
+      }
       continue;
     }
     const View x = view(op.operands[0]);
+    if (IsCrossShardKind(op.kind)) {
+      auto run_cross_shard = [&](int shards, const View& in, void* result) {
+        const auto [first, count] = copy_range_[i];
+        RunCrossShardKernel(op, ops[op.operands[0]].type.dims,
+                            count > 0 ? &copy_plans_[first] : nullptr, shards, in, result);
+      };
+      if (local == nullptr || local->whole_gang()) {
+        run_cross_shard(num_shards, x, out);
+        continue;
+      }
+      // Only some shards are here: gather the operand over the gang, run the
+      // kernel over the whole gang (same order of operations as Run() over
+      // it, so the same bits), keep the local rows.
+      const int gang = local->gang_size();
+      const int64_t in_bytes = ops[op.operands[0]].type.num_bytes();
+      View full = x;  // a constant (shard_stride 0) is already every shard's value
+      if (x.shard_stride != 0 && in_bytes > 0) {
+        PW_RETURN_IF_ERROR(collectives->AllGather(x.data, gang_temp, in_bytes));
+        full.data = gang_temp;
+      }
+      const int64_t gathered_bytes = x.shard_stride != 0 ? RoundUp(in_bytes) : 0;
+      uint8_t* const gang_out = gang_temp + gathered_bytes * gang;
+      run_cross_shard(gang, full, gang_out);
+      const int64_t out_bytes = op.type.num_bytes();
+      if (out_bytes == 0) continue;
+      for (int s = 0; s < num_shards; ++s) {
+        std::memcpy(static_cast<uint8_t*>(out) + s * out_bytes,
+                    gang_out + int64_t{local->positions()[s]} * out_bytes, out_bytes);
+      }
+      continue;
+    }
     const BroadcastPlan* plan =
         plan_index_[i] >= 0 ? &plans_[static_cast<size_t>(plan_index_[i])] : nullptr;
     const DType in_dtype = ops[op.operands[0]].type.dtype;
@@ -1016,49 +1174,11 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
       const View y = op.operands.size() > 1 ? view(op.operands[1]) : x;
       const View z = op.operands.size() > 2 ? view(op.operands[2]) : x;
       RunElementwise(op, in_dtype, num_shards, n, x, y, z, out, plan);
-    } else if (op.kind == OpKind::kPsum) {
-      DispatchDType(op.type.dtype, [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        Psum<T>(num_shards, n, x, static_cast<T*>(out));
-      });
-    } else if (op.kind == OpKind::kPmean || op.kind == OpKind::kPmax ||
-               op.kind == OpKind::kPmin) {
-      DispatchDType(op.type.dtype, [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        Pcollective<T>(op.kind, num_shards, n, x, static_cast<T*>(out));
-      });
-    } else if (op.kind == OpKind::kAllGather) {
-      const Dims& in = ops[op.operands[0]].type.dims;
-      int64_t outer = 1;
-      int64_t inner = 1;
-      for (size_t d = 0; d < in.size(); ++d) {
-        (static_cast<int64_t>(d) < op.axis ? outer : inner) *= in[d];
-      }
-      DispatchDType(op.type.dtype, [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        AllGather<T>(num_shards, outer, inner, x, static_cast<T*>(out));
-      });
-    } else if (op.kind == OpKind::kPpermute) {
-      DispatchDType(op.type.dtype, [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        Ppermute<T>(num_shards, n, x, op.perm_source, static_cast<T*>(out));
-      });
     } else if (IsDataMovementKind(op.kind)) {
       const int64_t esize = DTypeSize(op.type.dtype);
       const auto [first, count] = copy_range_[i];
       uint8_t* o = static_cast<uint8_t*>(out);
       if (op.kind == OpKind::kPad) std::memset(o, 0, op.type.num_bytes() * num_shards);
-      if (op.kind == OpKind::kAllToAll) {
-        const CopyPlan& p = copy_plans_[first];
-        for (int d = 0; d < num_shards; ++d) {
-          for (int s = 0; s < num_shards; ++s) {
-            const auto* src = static_cast<const uint8_t*>(x.data) +
-                              (s * x.shard_stride + d * p.src_shard_step) * esize;
-            StridedCopy(p, esize, src, o + (d * n + s * p.dst_shard_step) * esize);
-          }
-        }
-        continue;
-      }
       for (int32_t j = first; j < first + count; ++j) {
         const CopyPlan& p = copy_plans_[j];
         const View src = view(op.operands[p.operand]);
@@ -1094,14 +1214,6 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
           }
         });
       }
-    } else if (op.kind == OpKind::kPsumScatter) {
-      const Dims& in = ops[op.operands[0]].type.dims;
-      const size_t a = static_cast<size_t>(op.axis);
-      DispatchDType(op.type.dtype, [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        PsumScatter<T>(num_shards, DimProduct(in, 0, a), DimProduct(in, a + 1, in.size()), x,
-                       static_cast<T*>(out));
-      });
     } else if (op.kind == OpKind::kMatmul) {
       const MatmulPlan& mp = matmul_plans_[static_cast<size_t>(matmul_index_[i])];
       const View y = view(op.operands[1]);
@@ -1135,6 +1247,7 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
       for (int s = 0; s < num_shards; ++s) std::memcpy(dst + s * bytes, src.data, bytes);
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace pw

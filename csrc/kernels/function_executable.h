@@ -11,18 +11,68 @@
 // the "gang launch" model: the executor starts a gang only when it is at the
 // head of every device's queue and its inputs are ready, so no shard ever
 // blocks a thread waiting for the rest of its gang inside a collective.
+//
+// When a gang spans several host processes, each host holds only some of its
+// shards and runs them with RunLocal(): ops within a shard run exactly as in
+// Run(), and a cross-shard op first gathers its operand over the whole gang
+// through GangCollectives (which the host implements over Gloo), then runs
+// the same kernel over all shards and keeps this host's rows, so every host
+// computes bit-identical results to Run() over the whole gang.
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "csrc/function_ir/function_ir.h"
 #include "csrc/kernels/data_movement.h"
 
 namespace pw {
+
+// The shards of a gang that one host holds: the gang's size and the
+// positions in it of the local shards, in increasing order, which is also
+// their order in the host's buffers (local shard k is gang position
+// positions()[k]). Immutable value; thread-safe.
+class LocalShards {
+ public:
+  // InvalidArgument unless 1 <= gang_size <= kMaxAxisSize and `positions` is
+  // nonempty, strictly increasing and within [0, gang_size).
+  static absl::StatusOr<LocalShards> Create(int gang_size, std::vector<int> positions);
+
+  int gang_size() const { return gang_size_; }
+  int num_local() const { return static_cast<int>(positions_.size()); }
+  absl::Span<const int> positions() const { return positions_; }
+  // True when this host holds every shard (positions 0 .. gang_size-1).
+  bool whole_gang() const { return num_local() == gang_size_; }
+
+ private:
+  LocalShards(int gang_size, std::vector<int> positions)
+      : gang_size_(gang_size), positions_(std::move(positions)) {}
+  int gang_size_;
+  std::vector<int> positions_;
+};
+
+// The cross-host half of a gang's collectives; the host runtime implements
+// it over Gloo. Every host of the gang makes the same calls in the same
+// order (the calls follow the function's ops, which every host runs alike),
+// so an implementation may match calls by their sequence. One RunLocal()
+// uses it from one thread at a time.
+class GangCollectives {
+ public:
+  virtual ~GangCollectives() = default;
+
+  // `local` holds this host's shards of one value (its local positions, in
+  // order, `shard_bytes` each, contiguous); fills `full` (gang_size *
+  // shard_bytes bytes, not overlapping `local`) with all the gang's shards in
+  // gang order. The local shards' slots of `full` may be written too. Both
+  // pointers are only used during the call. An error (peer lost, timeout)
+  // ends the RunLocal() that called it with that same status.
+  virtual absl::Status AllGather(const void* local, void* full, int64_t shard_bytes) = 0;
+};
 
 class FunctionExecutable {
  public:
@@ -67,6 +117,37 @@ class FunctionExecutable {
   void Run(int num_shards, absl::Span<const void* const> inputs,
            absl::Span<void* const> outputs, void* scratch) const;
 
+  // Scratch bytes RunLocal() needs for `num_local` shards of a gang of
+  // `gang_size`: scratch_bytes(num_local), then (when the gang is not all
+  // local) room for the largest cross-shard op's operand and result over the
+  // whole gang, each in 64-byte aligned pieces. Equal to
+  // scratch_bytes(gang_size) when num_local == gang_size.
+  int64_t local_scratch_bytes(int num_local, int gang_size) const {
+    if (num_local == gang_size) return scratch_bytes(gang_size);
+    return scratch_bytes(num_local) + gang_temp_per_shard_ * gang_size;
+  }
+
+  // Runs this host's shards of one gang: as Run() with num_shards =
+  // local.num_local(), inputs and outputs holding only the local shards
+  // (shard-major, in local order). Cross-shard ops (psum, pmean, pmax, pmin,
+  // all_gather, ppermute, all_to_all, psum_scatter) gather their operand from
+  // the whole gang with collectives->AllGather, one call per such op whose
+  // operand is neither a constant (the same on every shard) nor empty, in op
+  // order; axis_index gives each shard its gang position. The results are
+  // bit-identical to the local shards' rows of Run() over the whole gang.
+  // When local.whole_gang() nothing is gathered and `collectives` may be
+  // null. `scratch` has at least local_scratch_bytes(num_local, gang_size)
+  // bytes, 64-byte aligned; `collectives` must outlive the call.
+  //
+  // InvalidArgument if the function was traced for another axis size than
+  // the gang's, or if `collectives` is null when a gather is needed (checked
+  // before any op runs). An error from AllGather is returned as it is, at
+  // once; the outputs are then undefined. Thread-safe as Run(); allocates
+  // nothing itself.
+  absl::Status RunLocal(const LocalShards& local, absl::Span<const void* const> inputs,
+                        absl::Span<void* const> outputs, void* scratch,
+                        GangCollectives* collectives) const;
+
   // How the operands of one op broadcast against its result when some
   // operand is neither of the result's shape nor a scalar (numpy
   // broadcasting). Computed by Compile, so Run() only reads it.
@@ -87,6 +168,12 @@ class FunctionExecutable {
 
  private:
   explicit FunctionExecutable(std::shared_ptr<const FunctionIr> ir) : ir_(std::move(ir)) {}
+  // The op loop shared by Run() and RunLocal(), over `num_shards` shards in
+  // memory: the whole gang when `local` is null (never fails then), else
+  // local's shards, cross-shard ops gathering through `collectives`.
+  absl::Status RunShards(int num_shards, const LocalShards* local, GangCollectives* collectives,
+                         absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
+                         void* scratch) const;
   std::shared_ptr<const FunctionIr> ir_;
   // Per op: byte offset of its value in one shard's slice of scratch, or -1
   // for parameters (read in place from the inputs).
@@ -115,6 +202,12 @@ class FunctionExecutable {
   std::vector<int32_t> group_start_;  // per op: the group starting at it, or -1
   std::vector<int64_t> tile_offset_;  // per op: its tile buffer (values internal to a group), or -1
   int64_t tile_bytes_ = 0;            // the tile buffers, once per gang, after the shards' scratch
+  // RunLocal(): per gang shard, the most any cross-shard op needs for its
+  // gathered operand (RoundUp of its bytes; 0 for a constant) plus its
+  // result (RoundUp), after the tiles. gathers_: some op gathers a nonempty
+  // operand, so a partial gang needs its GangCollectives.
+  int64_t gang_temp_per_shard_ = 0;
+  bool gathers_ = false;
 };
 
 }  // namespace pw

@@ -1,16 +1,25 @@
 #include "csrc/kernels/function_executable.h"
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <new>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "csrc/base/allocation_counter.h"
+#include "csrc/base/mutex.h"
+#include "csrc/base/status_macros.h"
 #include "gtest/gtest.h"
 
 
@@ -983,6 +992,520 @@ TEST(FunctionExecutableFusionTest, FusedRunMatchesOpByOp) {
     const double ev = xs[i] > ys[i] ? static_cast<double>(std::tanh(cv)) - 1.0 : 2.0;
     ASSERT_EQ(got_e[i], ev) << i;
   }
+}
+
+
+// --- RunLocal: a gang's shards split over hosts ---
+
+using IrOr = absl::StatusOr<std::shared_ptr<const FunctionIr>>;
+
+// One function per kind of cross-shard op, traced for a gang of `gang`
+// shards over axis "i". Each also carries values of other dtypes and shapes,
+// a constant operand (nothing to gather) and a scalar.
+IrOr PsumFunction(int gang) {
+  FunctionBuilder b("psum", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {2, 3});
+  const int32_t k = b.Parameter(DType::kI32, {5});  // large values: the sum wraps
+  const int32_t s = b.Parameter(DType::kF64, {});
+  const int32_t e = b.Parameter(DType::kF32, {0});  // nothing to gather
+  PW_ASSIGN_OR_RETURN(const int32_t c, b.Constant(DType::kF32, {2}, Bytes<float>({0.1f, -3})));
+  PW_ASSIGN_OR_RETURN(const int32_t px, b.Psum(x, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t pk, b.Psum(k, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t ps, b.Psum(s, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t pe, b.Psum(e, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t pc, b.Psum(c, "i"));
+  return b.Build({px, pk, ps, pe, pc});
+}
+
+IrOr PmeanPmaxPminFunction(int gang) {
+  FunctionBuilder b("pmean_pmax_pmin", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {4});
+  const int32_t k = b.Parameter(DType::kI32, {3});
+  const int32_t d = b.Parameter(DType::kF64, {2, 2});
+  std::vector<int32_t> outs;
+  for (OpKind kind : {OpKind::kPmean, OpKind::kPmax, OpKind::kPmin}) {
+    for (int32_t v : {x, k, d}) {
+      PW_ASSIGN_OR_RETURN(const int32_t r, b.Pcollective(kind, v, "i"));
+      outs.push_back(r);
+    }
+  }
+  return b.Build(outs);
+}
+
+IrOr AllGatherFunction(int gang) {
+  FunctionBuilder b("all_gather", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {2, 3});
+  const int32_t k = b.Parameter(DType::kI32, {});
+  PW_ASSIGN_OR_RETURN(const int32_t g0, b.AllGather(x, "i", 0));
+  PW_ASSIGN_OR_RETURN(const int32_t g1, b.AllGather(x, "i", 1));
+  PW_ASSIGN_OR_RETURN(const int32_t g2, b.AllGather(x, "i", -1));
+  PW_ASSIGN_OR_RETURN(const int32_t gk, b.AllGather(k, "i", 0));
+  return b.Build({g0, g1, g2, gk});
+}
+
+IrOr PpermuteFunction(int gang) {
+  FunctionBuilder b("ppermute", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {3});
+  const int32_t k = b.Parameter(DType::kI32, {2});
+  // Partial: only shards gang-1 and 1 receive; the others get zeros.
+  PW_ASSIGN_OR_RETURN(const int32_t px, b.Ppermute(x, "i", {{0, gang - 1}, {gang - 1, 1}}));
+  std::vector<std::pair<int64_t, int64_t>> shift;
+  for (int s = 0; s < gang; ++s) shift.push_back({s, (s + 1) % gang});
+  PW_ASSIGN_OR_RETURN(const int32_t pk, b.Ppermute(k, "i", shift));
+  return b.Build({px, pk});
+}
+
+IrOr AllToAllFunction(int gang) {
+  FunctionBuilder b("all_to_all", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {2, 2 * gang});
+  const int32_t d = b.Parameter(DType::kF64, {gang, 3});
+  PW_ASSIGN_OR_RETURN(const int32_t ax, b.AllToAll(x, "i", 1, 0));
+  PW_ASSIGN_OR_RETURN(const int32_t ad, b.AllToAll(d, "i", 0, 1));
+  return b.Build({ax, ad});
+}
+
+IrOr PsumScatterFunction(int gang) {
+  FunctionBuilder b("psum_scatter", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {2, gang, 3});
+  const int32_t k = b.Parameter(DType::kI32, {gang});
+  PW_ASSIGN_OR_RETURN(const int32_t sx, b.PsumScatter(x, "i", 1));
+  PW_ASSIGN_OR_RETURN(const int32_t sk, b.PsumScatter(k, "i", 0));
+  return b.Build({sx, sk});
+}
+
+IrOr AxisIndexFunction(int gang) {
+  FunctionBuilder b("axis_index", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t k = b.Parameter(DType::kI32, {4});
+  PW_ASSIGN_OR_RETURN(const int32_t idx, b.AxisIndex("i"));
+  PW_ASSIGN_OR_RETURN(const int32_t sum, b.Binary(OpKind::kAdd, k, idx));
+  PW_ASSIGN_OR_RETURN(const int32_t f, b.Convert(idx, DType::kF32));
+  return b.Build({idx, sum, f});
+}
+
+// Elementwise runs long enough to fuse over several tiles, matmuls and a
+// reduction between collectives; axis_index scales a value.
+IrOr MixedFunction(int gang) {
+  FunctionBuilder b("mixed", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {40, 30});
+  const int32_t w = b.Parameter(DType::kF32, {30, 8});
+  PW_ASSIGN_OR_RETURN(const int32_t two, b.Constant(DType::kF32, {}, Bytes<float>({2.f})));
+  PW_ASSIGN_OR_RETURN(const int32_t a, b.Binary(OpKind::kMul, x, two));
+  PW_ASSIGN_OR_RETURN(const int32_t a1, b.Binary(OpKind::kAdd, a, x));
+  PW_ASSIGN_OR_RETURN(const int32_t t, b.Unary(OpKind::kTanh, a1));
+  PW_ASSIGN_OR_RETURN(const int32_t m, b.Matmul(t, w));  // f32[40,8]
+  PW_ASSIGN_OR_RETURN(const int32_t p, b.Psum(m, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t q, b.Binary(OpKind::kSub, p, m));
+  PW_ASSIGN_OR_RETURN(const int32_t q2, b.Binary(OpKind::kMul, q, q));
+  PW_ASSIGN_OR_RETURN(const int32_t q3, b.Binary(OpKind::kAdd, q2, p));
+  PW_ASSIGN_OR_RETURN(const int32_t mx, b.Pcollective(OpKind::kPmax, q3, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t idx, b.AxisIndex("i"));
+  PW_ASSIGN_OR_RETURN(const int32_t fi, b.Convert(idx, DType::kF32));
+  PW_ASSIGN_OR_RETURN(const int32_t r, b.Binary(OpKind::kMul, q, fi));
+  const std::vector<int64_t> last = {1};
+  PW_ASSIGN_OR_RETURN(const int32_t s, b.Reduce(ReduceKind::kSum, r, &last, false));  // f32[40]
+  PW_ASSIGN_OR_RETURN(const int32_t g, b.AllGather(s, "i", 0));
+  std::vector<std::pair<int64_t, int64_t>> shift;
+  for (int i = 0; i < gang; ++i) shift.push_back({i, (i + gang - 1) % gang});
+  PW_ASSIGN_OR_RETURN(const int32_t pp, b.Ppermute(t, "i", shift));
+  PW_ASSIGN_OR_RETURN(const int32_t wt, b.Transpose(w, {1, 0}));
+  PW_ASSIGN_OR_RETURN(const int32_t m2, b.Matmul(pp, w));
+  PW_ASSIGN_OR_RETURN(const int32_t m3, b.Matmul(m2, wt));
+  PW_ASSIGN_OR_RETURN(const int32_t pm, b.Pcollective(OpKind::kPmean, m3, "i"));
+  return b.Build({p, mx, r, g, pp, pm, t});
+}
+
+// Cross-shard ops whose operand is a constant, and axis_index: nothing to
+// gather, so a partial gang runs without collectives.
+IrOr ConstantCollectivesFunction(int gang) {
+  FunctionBuilder b("constant_collectives", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {2});
+  PW_ASSIGN_OR_RETURN(const int32_t c, b.Constant(DType::kF32, {2}, Bytes<float>({1.5f, -2})));
+  PW_ASSIGN_OR_RETURN(const int32_t pc, b.Psum(c, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t mc, b.Pcollective(OpKind::kPmax, c, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t gc, b.AllGather(c, "i", 0));
+  PW_ASSIGN_OR_RETURN(const int32_t idx, b.AxisIndex("i"));
+  PW_ASSIGN_OR_RETURN(const int32_t fi, b.Convert(idx, DType::kF32));
+  PW_ASSIGN_OR_RETURN(const int32_t y, b.Binary(OpKind::kMul, x, fi));
+  PW_ASSIGN_OR_RETURN(const int32_t z, b.Binary(OpKind::kAdd, y, pc));
+  return b.Build({pc, mc, gc, idx, z});
+}
+
+struct GangFunction {
+  const char* name;
+  IrOr (*trace)(int gang);
+};
+
+constexpr GangFunction kGangFunctions[] = {
+    {"psum", PsumFunction},
+    {"pmean_pmax_pmin", PmeanPmaxPminFunction},
+    {"all_gather", AllGatherFunction},
+    {"ppermute", PpermuteFunction},
+    {"all_to_all", AllToAllFunction},
+    {"psum_scatter", PsumScatterFunction},
+    {"axis_index", AxisIndexFunction},
+    {"mixed", MixedFunction},
+    {"constant_collectives", ConstantCollectivesFunction},
+};
+
+// Every parameter's value for the whole gang (shard-major), varied per
+// element and shard: int32 values large enough that sums wrap, floats of
+// mixed signs and magnitudes (so the order of a sum shows in its bits).
+std::vector<std::vector<uint8_t>> GangInputs(const FunctionExecutable& exe, int gang) {
+  std::vector<std::vector<uint8_t>> inputs;
+  for (int i = 0; i < exe.ir().num_params(); ++i) {
+    const ValueType& type = exe.ir().param_type(i);
+    const int64_t count = type.num_elements() * gang;
+    std::vector<uint8_t> bytes(type.num_bytes() * gang);
+    for (int64_t j = 0; j < count; ++j) {
+      const double v = std::sin(0.37 * static_cast<double>(j) + i) * std::pow(10.0, j % 7 - 3);
+      switch (type.dtype) {
+        case DType::kF32: {
+          const float f = static_cast<float>(v);
+          std::memcpy(bytes.data() + j * 4, &f, 4);
+          break;
+        }
+        case DType::kF64:
+          std::memcpy(bytes.data() + j * 8, &v, 8);
+          break;
+        case DType::kI32: {
+          const int32_t k = static_cast<int32_t>(static_cast<uint32_t>(j + i) * 2654435761u);
+          std::memcpy(bytes.data() + j * 4, &k, 4);
+          break;
+        }
+        case DType::kBool:
+          bytes[j] = j % 3 == 0;
+          break;
+      }
+    }
+    inputs.push_back(std::move(bytes));
+  }
+  return inputs;
+}
+
+// Shards `positions` of a shard-major buffer of `shard_bytes` per shard.
+std::vector<uint8_t> Rows(const std::vector<uint8_t>& gang_value, int64_t shard_bytes,
+                          absl::Span<const int> positions) {
+  std::vector<uint8_t> rows;
+  for (int p : positions) {
+    rows.insert(rows.end(), gang_value.begin() + p * shard_bytes,
+                gang_value.begin() + (p + 1) * shard_bytes);
+  }
+  return rows;
+}
+
+// The hosts of one gang as threads of this process. AllGather is a barrier
+// per call: each host posts its local shards, waits for every host's,
+// copies them all into `full`, then waits again so no host reuses its
+// buffer before the others have read it. A host that waits 10 s breaks the
+// gang: every waiting and later call fails (DeadlineExceeded), so a host
+// that skips a call fails the test instead of hanging it.
+class ThreadedGang {
+ public:
+  explicit ThreadedGang(std::vector<std::vector<int>> hosts)
+      : hosts_(std::move(hosts)),
+        posted_(hosts_.size()),
+        posted_bytes_(hosts_.size()),
+        calls_(hosts_.size()) {
+    for (size_t h = 0; h < hosts_.size(); ++h) members_.emplace_back(this, static_cast<int>(h));
+  }
+
+  GangCollectives* collectives(int host) { return &members_[host]; }
+
+  // AllGather calls made by `host` so far.
+  int64_t calls(int host) {
+    MutexLock lock(&mu_);
+    return calls_[host];
+  }
+
+ private:
+  class Member : public GangCollectives {
+   public:
+    Member(ThreadedGang* gang, int host) : gang_(gang), host_(host) {}
+    absl::Status AllGather(const void* local, void* full, int64_t shard_bytes) override {
+      return gang_->AllGather(host_, local, full, shard_bytes);
+    }
+
+   private:
+    ThreadedGang* gang_;
+    int host_;
+  };
+
+  absl::Status AllGather(int host, const void* local, void* full, int64_t shard_bytes) {
+    MutexLock lock(&mu_);
+    ++calls_[host];
+    posted_[host] = local;
+    posted_bytes_[host] = shard_bytes;
+    PW_RETURN_IF_ERROR(BarrierLocked());
+    for (size_t h = 0; h < hosts_.size(); ++h) {
+      if (posted_bytes_[h] != shard_bytes) {
+        return absl::InternalError(absl::StrCat("host ", h, " gathers ", posted_bytes_[h],
+                                                " bytes per shard, host ", host, " ",
+                                                shard_bytes));
+      }
+      const auto* src = static_cast<const uint8_t*>(posted_[h]);
+      for (size_t k = 0; k < hosts_[h].size(); ++k) {
+        std::memcpy(static_cast<uint8_t*>(full) + hosts_[h][k] * shard_bytes,
+                    src + k * shard_bytes, shard_bytes);
+      }
+    }
+    return BarrierLocked();
+  }
+
+  absl::Status BarrierLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t generation = generation_;
+    if (++arrived_ == static_cast<int>(hosts_.size())) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.SignalAll();
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (generation_ == generation && !broken_) {
+      if (!cv_.WaitUntil(&mu_, deadline)) {
+        broken_ = true;
+        cv_.SignalAll();
+      }
+    }
+    if (broken_) return absl::DeadlineExceededError("a host of the gang never came");
+    return absl::OkStatus();
+  }
+
+  const std::vector<std::vector<int>> hosts_;
+  std::deque<Member> members_;
+  Mutex mu_;
+  CondVar cv_;
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<const void*> posted_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> posted_bytes_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+// What one host runs: its local shards' inputs, outputs and scratch, all
+// starting as garbage (0xff) like RunGang's.
+struct HostRun {
+  LocalShards local;
+  std::vector<std::vector<uint8_t>> inputs, outputs;
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  std::vector<Block> scratch;
+  absl::Status status;
+
+  HostRun(const FunctionExecutable& exe, LocalShards local_shards,
+          const std::vector<std::vector<uint8_t>>& gang_inputs)
+      : local(std::move(local_shards)) {
+    for (int i = 0; i < exe.ir().num_params(); ++i) {
+      inputs.push_back(Rows(gang_inputs[i], exe.param_bytes(i), local.positions()));
+      in.push_back(inputs.back().data());
+    }
+    for (int i = 0; i < exe.ir().num_outputs(); ++i) {
+      outputs.emplace_back(exe.output_bytes(i) * local.num_local(), 0xff);
+    }
+    for (auto& o : outputs) out.push_back(o.data());
+    scratch.resize((exe.local_scratch_bytes(local.num_local(), local.gang_size()) + 63) / 64);
+    if (!scratch.empty()) std::memset(scratch.data(), 0xff, scratch.size() * sizeof(Block));
+  }
+
+  void Run(const FunctionExecutable& exe, GangCollectives* collectives) {
+    status = exe.RunLocal(local, in, out, scratch.data(), collectives);
+  }
+
+  // Every output byte equals the rows of this host's positions in `gang`.
+  void ExpectOutputsAre(const FunctionExecutable& exe,
+                        const std::vector<std::vector<uint8_t>>& gang) const {
+    ASSERT_TRUE(status.ok()) << status;
+    for (int i = 0; i < exe.ir().num_outputs(); ++i) {
+      EXPECT_TRUE(outputs[i] == Rows(gang[i], exe.output_bytes(i), local.positions()))
+          << "output " << i << " (" << exe.ir().output_type(i).ToString() << ")";
+    }
+  }
+};
+
+LocalShards MustLocalShards(int gang_size, std::vector<int> positions) {
+  auto local = LocalShards::Create(gang_size, std::move(positions));
+  EXPECT_TRUE(local.ok()) << local.status();
+  return *std::move(local);
+}
+
+// Splits of a gang over hosts: interleaved and uneven.
+struct GangSplit {
+  int gang_size;
+  std::vector<std::vector<int>> hosts;
+};
+std::vector<GangSplit> GangSplits() {
+  return {
+      {4, {{0, 2}, {1, 3}}},
+      {4, {{0}, {1, 2, 3}}},
+      {4, {{3}, {0}, {1, 2}}},
+      {3, {{0, 2}, {1}}},
+      {3, {{0}, {1, 2}}},
+  };
+}
+
+// Every function, split over hosts that each run RunLocal on a thread of
+// their own, gives each host exactly (byte for byte) its rows of Run() over
+// the whole gang. Nothing allocates while the hosts run.
+TEST(FunctionExecutableRunLocalTest, HostsMatchTheWholeGangBitForBit) {
+  for (const GangSplit& split : GangSplits()) {
+    for (const GangFunction& f : kGangFunctions) {
+      std::string hosts_text;
+      for (const std::vector<int>& positions : split.hosts) {
+        absl::StrAppend(&hosts_text, "{", absl::StrJoin(positions, ","), "}");
+      }
+      SCOPED_TRACE(testing::Message() << f.name << " gang=" << split.gang_size << " hosts="
+                                      << hosts_text);
+      auto exe = MustCompile(f.trace(split.gang_size));
+      ASSERT_NE(exe, nullptr);
+      if (std::string(f.name) == "mixed") {  // cross-shard ops sit between fused runs
+        EXPECT_GE(exe->fusion_groups().size(), 2u);
+      }
+      const auto gang_inputs = GangInputs(*exe, split.gang_size);
+      const auto expected = RunGang(*exe, split.gang_size, gang_inputs);
+      ThreadedGang gang(split.hosts);
+      std::deque<HostRun> hosts;
+      for (const std::vector<int>& positions : split.hosts) {
+        hosts.emplace_back(*exe, MustLocalShards(split.gang_size, positions), gang_inputs);
+      }
+      std::atomic<bool> go{false};
+      std::vector<std::thread> threads;
+      for (size_t h = 0; h < hosts.size(); ++h) {
+        threads.emplace_back([&, h] {
+          while (!go.load()) std::this_thread::yield();
+          hosts[h].Run(*exe, gang.collectives(static_cast<int>(h)));
+        });
+      }
+      StartCountingAllocations();
+      go = true;
+      for (std::thread& t : threads) t.join();
+      EXPECT_EQ(StopCountingAllocations(), 0);
+      for (size_t h = 0; h < hosts.size(); ++h) {
+        SCOPED_TRACE(testing::Message() << "host " << h);
+        hosts[h].ExpectOutputsAre(*exe, expected);
+        EXPECT_EQ(gang.calls(static_cast<int>(h)), gang.calls(0));
+      }
+      if (std::string(f.name) == "constant_collectives" || std::string(f.name) == "axis_index") {
+        EXPECT_EQ(gang.calls(0), 0);  // constants and positions need nothing from other hosts
+      } else {
+        EXPECT_GT(gang.calls(0), 0);
+      }
+    }
+  }
+}
+
+// A host holding the whole gang gathers nothing: with no collectives,
+// RunLocal is Run() (same scratch size, no allocation).
+TEST(FunctionExecutableRunLocalTest, WholeGangNeedsNoCollectives) {
+  for (int gang_size : {3, 4}) {
+    for (const GangFunction& f : kGangFunctions) {
+      SCOPED_TRACE(testing::Message() << f.name << " gang=" << gang_size);
+      auto exe = MustCompile(f.trace(gang_size));
+      ASSERT_NE(exe, nullptr);
+      EXPECT_EQ(exe->local_scratch_bytes(gang_size, gang_size), exe->scratch_bytes(gang_size));
+      std::vector<int> all(gang_size);
+      for (int p = 0; p < gang_size; ++p) all[p] = p;
+      const auto gang_inputs = GangInputs(*exe, gang_size);
+      const auto expected = RunGang(*exe, gang_size, gang_inputs);
+      HostRun host(*exe, MustLocalShards(gang_size, all), gang_inputs);
+      StartCountingAllocations();
+      host.Run(*exe, nullptr);
+      EXPECT_EQ(StopCountingAllocations(), 0);
+      host.ExpectOutputsAre(*exe, expected);
+    }
+  }
+}
+
+// Returns `status` from every AllGather, counting the calls.
+class FailingCollectives : public GangCollectives {
+ public:
+  explicit FailingCollectives(absl::Status status) : status_(std::move(status)) {}
+  absl::Status AllGather(const void*, void*, int64_t) override {
+    ++calls_;
+    return status_;
+  }
+  int calls() const { return calls_; }
+
+ private:
+  absl::Status status_;
+  int calls_ = 0;
+};
+
+TEST(FunctionExecutableRunLocalTest, GatherErrorEndsTheRun) {
+  auto exe = MustCompile(MixedFunction(4));
+  ASSERT_NE(exe, nullptr);
+  const absl::Status lost = absl::UnavailableError("host 1 of the gang is gone");
+  FailingCollectives collectives(lost);
+  HostRun host(*exe, MustLocalShards(4, {0, 2}), GangInputs(*exe, 4));
+  host.Run(*exe, &collectives);
+  EXPECT_EQ(host.status, lost);
+  EXPECT_EQ(collectives.calls(), 1);  // stopped at the first gather
+}
+
+TEST(FunctionExecutableRunLocalTest, PartialGangWithoutCollectives) {
+  // A function that gathers cannot run a partial gang without collectives...
+  auto gathers = MustCompile(PsumFunction(4));
+  ASSERT_NE(gathers, nullptr);
+  HostRun host(*gathers, MustLocalShards(4, {1, 3}), GangInputs(*gathers, 4));
+  host.Run(*gathers, nullptr);
+  EXPECT_EQ(host.status.code(), absl::StatusCode::kInvalidArgument) << host.status;
+  // ... one whose cross-shard ops read only constants can.
+  auto constants = MustCompile(ConstantCollectivesFunction(4));
+  ASSERT_NE(constants, nullptr);
+  const auto gang_inputs = GangInputs(*constants, 4);
+  HostRun part(*constants, MustLocalShards(4, {1, 3}), gang_inputs);
+  part.Run(*constants, nullptr);
+  part.ExpectOutputsAre(*constants, RunGang(*constants, 4, gang_inputs));
+}
+
+TEST(FunctionExecutableRunLocalTest, GangSizeMustMatchTheTracedAxisSize) {
+  auto exe = MustCompile(PsumFunction(4));
+  ASSERT_NE(exe, nullptr);
+  FailingCollectives collectives(absl::OkStatus());
+  HostRun host(*exe, MustLocalShards(3, {0, 2}), GangInputs(*exe, 3));
+  host.Run(*exe, &collectives);
+  EXPECT_EQ(host.status.code(), absl::StatusCode::kInvalidArgument) << host.status;
+  EXPECT_EQ(collectives.calls(), 0);
+}
+
+TEST(FunctionExecutableRunLocalTest, LocalShardsAreValidated) {
+  auto code = [](int gang_size, std::vector<int> positions) {
+    return LocalShards::Create(gang_size, std::move(positions)).status().code();
+  };
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(code(0, {0}), kInvalid);
+  EXPECT_EQ(code(static_cast<int>(kMaxAxisSize) + 1, {0}), kInvalid);
+  EXPECT_EQ(code(4, {}), kInvalid);
+  EXPECT_EQ(code(4, {4}), kInvalid);
+  EXPECT_EQ(code(4, {-1, 2}), kInvalid);
+  EXPECT_EQ(code(4, {1, 1}), kInvalid);
+  EXPECT_EQ(code(4, {2, 1}), kInvalid);
+  EXPECT_EQ(LocalShards::Create(4, {2, 1}).status().message(),
+            "local shards: positions must be increasing, got 1 after 2");
+  auto ok = LocalShards::Create(4, {1, 3});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->gang_size(), 4);
+  EXPECT_EQ(ok->num_local(), 2);
+  EXPECT_FALSE(ok->whole_gang());
+  EXPECT_TRUE(MustLocalShards(2, {0, 1}).whole_gang());
+  EXPECT_TRUE(MustLocalShards(static_cast<int>(kMaxAxisSize), {0}).positions()[0] == 0);
+}
+
+// A partial gang's scratch holds the local shards' scratch, then the
+// largest cross-shard op's gathered operand and result over the whole gang.
+TEST(FunctionExecutableRunLocalTest, LocalScratchCoversTheGangTemporaries) {
+  auto exe = MustCompile(AllGatherFunction(4));  // largest: f32[2,3] in, f32[2,3,4] out
+  ASSERT_NE(exe, nullptr);
+  // Per gang shard: the operand's 24 bytes and the result's 96, each
+  // rounded up to 64-byte pieces.
+  EXPECT_EQ(exe->local_scratch_bytes(2, 4), exe->scratch_bytes(2) + (64 + 128) * 4);
 }
 
 }  // namespace
