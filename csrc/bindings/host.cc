@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "csrc/bindings/registrations.h"
 #include "csrc/bindings/status_casters.h"
@@ -11,8 +12,12 @@
 #ifndef PATHWAYS_WITH_HOSTS
 #define PATHWAYS_WITH_HOSTS 0
 #endif
+#include <unistd.h>
+
+#include "csrc/client/runtime.h"
 #if PATHWAYS_WITH_HOSTS
 #include "csrc/client/host_pool.h"
+#include "csrc/client/remote_cluster.h"
 #include "csrc/host/host_main.h"
 #endif
 
@@ -47,6 +52,46 @@ py::list HostInfos(const std::vector<RemoteHostInfo>& hosts) {
 
 void RegisterHost(py::module_& m) {
   m.attr("has_host_processes") = py::bool_(PATHWAYS_WITH_HOSTS == 1);
+  // hosts="local_processes": the runtime starts its hosts through
+  // pathways._hosts (a process per host, on this machine).
+  Runtime::SetHostLauncher([](const TopologyOptions&, int num_hosts) -> absl::StatusOr<LaunchedHosts> {
+    py::gil_scoped_acquire gil;
+    try {
+      py::tuple started = py::module_::import("pathways._hosts").attr("launch_for_runtime")(num_hosts);
+      LaunchedHosts out;
+      out.addresses = started[0].cast<std::vector<std::string>>();
+      out.secret = started[1].cast<std::string>();
+      return out;
+    } catch (py::error_already_set& e) {
+      return absl::UnavailableError(absl::StrCat("starting the host processes failed: ", e.what()));
+    }
+  });
+  m.def("hosts", [] {
+    Runtime& rt = GetRuntime();
+#if PATHWAYS_WITH_HOSTS
+    if (rt.remote() != nullptr) return HostInfos(rt.remote()->hosts());
+#endif
+    py::list out;  // in process: every host is this process
+    for (const Host* h : rt.cluster().hosts()) {
+      py::dict d;
+      d["id"] = h->id();
+      d["island"] = h->island()->id();
+      d["address"] = py::none();
+      d["pid"] = static_cast<int64_t>(getpid());
+      d["incarnation"] = py::none();
+      d["alive"] = true;
+      d["status"] = py::none();
+      out.append(std::move(d));
+    }
+    return out;
+  }, "Every host of the runtime: id, island, address, pid, incarnation, alive, status.");
+  m.def("control_messages", []() -> py::object {
+#if PATHWAYS_WITH_HOSTS
+    Runtime& rt = GetRuntime();
+    if (rt.remote() != nullptr) return py::cast(rt.remote()->messages_sent());
+#endif
+    return py::none();
+  }, "Control messages sent to each host process so far (None when hosts are in process).");
   m.def(
       "run_host",
       [](const std::vector<std::string>& args) -> int {

@@ -103,6 +103,11 @@ py::array ToNumpy(const std::shared_ptr<ShardedBuffer>& b) {
   AwaitOrThrow(*b);
   std::vector<py::ssize_t> shape(b->dims().begin(), b->dims().end());
   py::array out(NumpyDType(b->dtype()), shape);
+  if (b->is_remote()) {  // fetched from the host processes
+    void* dst = out.mutable_data();
+    ThrowIfError(WithoutGil([&] { return b->ReadInto(dst); }));
+    return out;
+  }
   CopyBytes(out.mutable_data(), b->data(), static_cast<size_t>(b->total_bytes()));
   return out;
 }

@@ -11,6 +11,13 @@
 #include "csrc/base/spin.h"
 #include "csrc/base/status_macros.h"
 
+#ifndef PATHWAYS_WITH_HOSTS
+#define PATHWAYS_WITH_HOSTS 0
+#endif
+#if PATHWAYS_WITH_HOSTS
+#include "csrc/client/remote_cluster.h"
+#endif
+
 namespace pw {
 namespace {
 
@@ -22,7 +29,16 @@ Mutex default_mu;
 Runtime* default_runtime ABSL_GUARDED_BY(default_mu) = nullptr;
 TopologyOptions* default_options ABSL_GUARDED_BY(default_mu) = nullptr;
 
+Mutex launcher_mu;
+HostLauncher* host_launcher ABSL_GUARDED_BY(launcher_mu) = nullptr;
+
 }  // namespace
+
+void Runtime::SetHostLauncher(HostLauncher launcher) {
+  MutexLock lock(&launcher_mu);
+  delete host_launcher;
+  host_launcher = new HostLauncher(std::move(launcher));
+}
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& options) {
   auto cluster = Cluster::Create(options);
@@ -50,6 +66,31 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
                                                                       &rt->shut_down_});
   if (const int64_t threshold = rt->cluster_->options().hang_report_ns; threshold > 0) {
     rt->watchdog_ = std::make_unique<HangWatchdog>(rt->scheduler_ptrs_, threshold);
+  }
+  if (options.hosts != HostsMode::kInProcess) {
+#if PATHWAYS_WITH_HOSTS
+    HostLauncher launcher;
+    {
+      MutexLock lock(&launcher_mu);
+      if (host_launcher != nullptr) launcher = *host_launcher;
+    }
+    if (!launcher) {
+      return absl::FailedPreconditionError(
+          "hosts=local_processes: nothing is set up to start host processes (Runtime::SetHostLauncher; "
+          "the pathways Python package sets one up)");
+    }
+    const int num_hosts = static_cast<int>(rt->cluster_->hosts().size());
+    auto launched = launcher(options, num_hosts);
+    if (!launched.ok()) return launched.status();
+    auto remote = RemoteCluster::Connect(*rt->cluster_, rt->stores_.get(), launched->addresses, launched->secret);
+    if (!remote.ok()) return remote.status();
+    rt->remote_ = *std::move(remote);
+    rt->dispatcher_->set_remote(rt->remote_.get());
+#else
+    return absl::FailedPreconditionError(
+        "hosts=local_processes: this build of pathways has no host processes (it was built without gRPC, "
+        "protobuf or Gloo)");
+#endif
   }
   return rt;
 }
@@ -193,8 +234,11 @@ absl::StatusOr<std::shared_ptr<ShardedBuffer>> Runtime::DevicePut(DType dtype, D
   auto reservation = stores_->Reserve(absl::MakeConstSpan(&request, 1), blocker != nullptr ? blocker : Blocker::Plain(),
                                       cancelled, "device_put");
   if (!reservation.ok()) return reservation.status();
-  const BufferOwner owner{&*reservation, client != nullptr ? &client->memory() : &default_memory_,
-                          device_put_memory_.get()};
+  BufferOwner owner{&*reservation, client != nullptr ? &client->memory() : &default_memory_,
+                    device_put_memory_.get()};
+#if PATHWAYS_WITH_HOSTS
+  owner.remote = remote_.get();
+#endif
   return CopyFromHost(stores_.get(), dtype, std::move(dims), data, devices, &stats_, owner);
 }
 

@@ -10,6 +10,8 @@
 // Thread-safe. Default() creates the process-wide runtime on first use.
 
 #include <atomic>
+#include <functional>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -28,9 +30,28 @@
 
 namespace pw {
 
+class RemoteCluster;
+
+// Hosts as processes (TopologyOptions::hosts): what starts them. Given the
+// options and the number of hosts, returns one address per host (in host
+// order) and the cluster's secret, or why it could not. The Python package
+// installs one (pathways._hosts); C++ tests install their own.
+struct LaunchedHosts {
+  std::vector<std::string> addresses;
+  std::string secret;
+};
+using HostLauncher = std::function<absl::StatusOr<LaunchedHosts>(const TopologyOptions& options, int num_hosts)>;
+
 class Runtime {
  public:
-  // A private runtime (tests make several). InvalidArgument for a bad topology.
+  // Installs the launcher runtimes with host processes use (replacing any).
+  static void SetHostLauncher(HostLauncher launcher);
+
+  // A private runtime (tests make several). InvalidArgument for a bad
+  // topology. With options.hosts other than in-process, it starts the hosts
+  // with the launcher and connects to them: FailedPrecondition without a
+  // launcher or in a build without host processes, else the launcher's or
+  // the hosts' error.
   static absl::StatusOr<std::unique_ptr<Runtime>> Create(const TopologyOptions& options);
 
   // The process-wide runtime, created on first call from the options given to
@@ -69,6 +90,8 @@ class Runtime {
   ParallelDispatcher& dispatcher() { return *dispatcher_; }
   TransferStats& transfer_stats() { return stats_; }
   Timeline& timeline() { return timeline_; }
+  // The host processes' client side; null when hosts are in process.
+  RemoteCluster* remote() { return remote_.get(); }
 
   // A new client (tenant) with a proportional-share weight (> 0). Clients
   // live as long as the runtime. InvalidArgument for a bad weight.
@@ -144,6 +167,7 @@ class Runtime {
   std::unique_ptr<ParallelDispatcher> dispatcher_;
   std::vector<GangScheduler*> scheduler_ptrs_;  // schedulers_, by island id
   std::unique_ptr<HangWatchdog> watchdog_;
+  std::shared_ptr<RemoteCluster> remote_;  // shared_ptr: the type is known only with host processes
   // Set once by Shutdown(); gangs read it through GangServices::cancelled.
   std::atomic<bool> shut_down_{false};
   // Execute() and DevicePut() calls under way; Shutdown() waits for them to

@@ -99,6 +99,17 @@ absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, To
     PW_ASSIGN_OR_RETURN(options->device_memory_bytes, ParseBytes(value));
     return absl::OkStatus();
   }
+  if (key == "hosts") {
+    if (value == "in_process") {
+      options->hosts = HostsMode::kInProcess;
+    } else if (value == "local_processes") {
+      options->hosts = HostsMode::kLocalProcesses;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hosts must be 'in_process' or 'local_processes', got '", value, "'"));
+    }
+    return absl::OkStatus();
+  }
   for (const IntKey& k : kIntKeys) {
     if (key != k.name) continue;
     int64_t n = 0;
@@ -113,7 +124,7 @@ absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, To
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown topology key '", key,
       "'; known keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, "
-      "control_latency_us, hang_report_seconds"));
+      "control_latency_us, hang_report_seconds, hosts"));
 }
 
 }  // namespace
@@ -122,7 +133,8 @@ std::string TopologyOptions::ToString() const {
   return absl::StrCat("islands=", num_islands, ",hosts_per_island=", hosts_per_island,
                       ",devices_per_host=", devices_per_host, ",device_memory=", device_memory_bytes,
                       "B,executor_threads=", num_executor_threads, ",control_latency_us=",
-                      control_latency_ns / 1000.0, ",hang_report_seconds=", hang_report_ns / 1e9);
+                      control_latency_ns / 1000.0, ",hang_report_seconds=", hang_report_ns / 1e9,
+                      hosts == HostsMode::kLocalProcesses ? ",hosts=local_processes" : "");
 }
 
 absl::Status ValidateTopology(const TopologyOptions& options) {

@@ -27,7 +27,12 @@ namespace pw {
 class Host;
 class Island;
 
+// Where the hosts run: threads of this process (the embedded default), or
+// one process per host started by the client on this machine.
+enum class HostsMode : uint8_t { kInProcess, kLocalProcesses };
+
 struct TopologyOptions {
+  HostsMode hosts = HostsMode::kInProcess;
   int num_islands = 2;
   int hosts_per_island = 2;
   int devices_per_host = 4;
@@ -68,7 +73,9 @@ inline constexpr int64_t kMaxHangReportNs = int64_t{86400} * 1'000'000'000;  // 
 absl::Status ValidateTopology(const TopologyOptions& options);
 
 // Parses "islands=2,hosts_per_island=2,devices_per_host=4,device_memory=1GiB,
-// executor_threads=2,control_latency_us=20,hang_report_seconds=60" (any subset, any order; memory
+// executor_threads=2,control_latency_us=20,hang_report_seconds=60,
+// hosts=local_processes" (any subset, any order; hosts is in_process or
+// local_processes; memory
 // is an integer with an optional unit B, KiB, MiB, GiB or TiB). The format
 // of the PATHWAYS_TOPOLOGY environment variable. InvalidArgument names the
 // bad key or value, and the limit for a value out of range.

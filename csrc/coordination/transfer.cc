@@ -59,7 +59,11 @@ absl::StatusOr<std::shared_ptr<ShardedBuffer>> CopyFromHost(ObjectStores* stores
                                                             TransferStats* stats, const BufferOwner& owner) {
   auto buffer = ShardedBuffer::Allocate(stores, dtype, std::move(dims), devices, owner);
   if (!buffer.ok()) return buffer.status();
-  std::memcpy((*buffer)->data(), data, static_cast<size_t>((*buffer)->total_bytes()));
+  if ((*buffer)->is_remote()) {
+    if (absl::Status sent = owner.remote->Write(**buffer, data); !sent.ok()) return sent;
+  } else {
+    std::memcpy((*buffer)->data(), data, static_cast<size_t>((*buffer)->total_bytes()));
+  }
   stats->host_bytes.fetch_add((*buffer)->total_bytes(), std::memory_order_relaxed);
   stats->host_transfers.fetch_add(1, std::memory_order_relaxed);
   ReadyList none;  // a fresh buffer has no waiters

@@ -109,7 +109,8 @@ absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> ParallelDispatcher::
   const BufferOwner owner{&*reservation, options.client_account, program_account, /*precharged=*/true};
   std::vector<std::shared_ptr<ShardedBuffer>> slots(program.num_slots());
   ReadyList ready;
-  absl::Status status = DispatchSteps(program, args, options, owner, slots, &ready);
+  absl::Status status = remote_ != nullptr ? remote_->DispatchSteps(program, args, options, owner, slots)
+                                           : DispatchSteps(program, args, options, owner, slots, &ready);
   // Whatever was dispatched runs, even if a later step failed to dispatch.
   executor_->Submit(ready);
   if (!status.ok()) {

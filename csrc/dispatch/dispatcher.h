@@ -63,6 +63,19 @@ struct ExecuteOptions {
 absl::Status MemoryWaitCancelled(const std::atomic<bool>* shut_down, const SchedulingClient* client,
                                  absl::string_view what);
 
+// Where dispatches go when hosts are processes (client/remote_cluster.h):
+// it makes the run's buffers into `slots` (as DispatchSteps does, one per
+// slot it fills, drawing on `owner`) and sends each host its part.
+class RemoteDispatch {
+ public:
+  virtual absl::Status DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
+                                     const ExecuteOptions& options, const BufferOwner& owner,
+                                     std::vector<std::shared_ptr<ShardedBuffer>>& slots) = 0;
+
+ protected:
+  ~RemoteDispatch() = default;
+};
+
 class ParallelDispatcher {
  public:
   // All pointers must outlive the dispatcher. `schedulers` is indexed by
@@ -85,6 +98,8 @@ class ParallelDispatcher {
 
   ObjectStores* stores() const { return stores_; }
   TransferStats* transfer_stats() const { return stats_; }
+  // Sends every later dispatch to host processes (set once, before use).
+  void set_remote(RemoteDispatch* remote) { remote_ = remote; }
 
  private:
   absl::Status DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
@@ -96,6 +111,7 @@ class ParallelDispatcher {
   Executor* executor_;
   TransferStats* stats_;
   GangServices services_;
+  RemoteDispatch* remote_ = nullptr;
 };
 
 }  // namespace pw

@@ -80,7 +80,7 @@ int RunHost(const HostMainOptions& options) {
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
 
-  HostRuntime runtime;
+  HostRuntime runtime(secret);
   auto server = HostServer::Start(options.listen, std::move(secret), &runtime);
   if (!server.ok()) {
     std::cerr << "pathways-host: " << server.status().message() << "\n";

@@ -16,6 +16,10 @@ uint64_t RandomIncarnation() {
   return (uint64_t{device()} << 32) ^ device() ^ static_cast<uint64_t>(getpid());
 }
 
+void ToWireIfError(const absl::Status& status, wire::Reply* reply) {
+  if (!status.ok()) ToWire(status, reply->mutable_status());
+}
+
 absl::Status CheckConfig(const wire::HostConfig& c) {
   if (c.host_id() < 0 || c.island_id() < 0) {
     return absl::InvalidArgumentError(
@@ -33,9 +37,55 @@ bool SameConfig(const wire::HostConfig& a, const wire::HostConfig& b) {
   return a.SerializeAsString() == b.SerializeAsString();
 }
 
+// Host 0's rendezvous store, seen from another host through a session with
+// host 0. A Get asks again every few milliseconds until the key is there:
+// a rendezvous happens once per group, so this costs nothing that matters.
+class ChannelKeyValueStore final : public KeyValueStore {
+ public:
+  explicit ChannelKeyValueStore(std::unique_ptr<HostChannel> channel) : channel_(std::move(channel)) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override {
+    wire::Request request;
+    request.mutable_kv_set()->set_key(std::string(key));
+    request.mutable_kv_set()->set_value(std::string(value));
+    return channel_->Call(std::move(request), kCallTimeoutNs).status();
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Time deadline) override {
+    while (true) {
+      wire::Request request;
+      request.mutable_kv_get()->set_key(std::string(key));
+      auto reply = channel_->Call(std::move(request), kCallTimeoutNs);
+      if (reply.ok()) return std::move(*reply->mutable_kv_value()->mutable_value());
+      if (!absl::IsNotFound(reply.status())) return reply.status();
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("rendezvous: key '", key, "' was not set in time"));
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  }
+
+ private:
+  static constexpr int64_t kCallTimeoutNs = int64_t{10} * 1'000'000'000;
+  std::unique_ptr<HostChannel> channel_;
+};
+
 }  // namespace
 
-HostRuntime::HostRuntime() : incarnation_(RandomIncarnation()) {}
+HostRuntime::HostRuntime(std::string secret) : incarnation_(RandomIncarnation()), secret_(std::move(secret)) {}
+
+HostRuntime::~HostRuntime() {
+  if (join_thread_.joinable()) join_thread_.join();
+  std::shared_ptr<HostExecutor> executor;
+  {
+    MutexLock lock(&mu_);
+    executor = std::move(executor_);
+  }
+  executor.reset();  // before the rendezvous store it uses
+}
+
+std::shared_ptr<HostExecutor> HostRuntime::executor() const {
+  MutexLock lock(&mu_);
+  return executor_;
+}
 
 void HostRuntime::Handle(const std::shared_ptr<HostSession>& session, wire::Request request) {
   wire::Reply reply;
@@ -50,7 +100,24 @@ void HostRuntime::Handle(const std::shared_ptr<HostSession>& session, wire::Requ
     case wire::Request::kEcho:
       *reply.mutable_echo() = std::move(*request.mutable_echo());
       break;
+    case wire::Request::kKvSet:
+      ToWireIfError(kv_.Set(request.kv_set().key(), request.kv_set().value()), &reply);
+      break;
+    case wire::Request::kKvGet: {
+      auto value = kv_.Get(request.kv_get().key(), absl::Now());
+      if (value.ok()) {
+        reply.mutable_kv_value()->set_value(*std::move(value));
+      } else {
+        ToWire(absl::NotFoundError(absl::StrCat("no key '", request.kv_get().key(), "' yet")),
+               reply.mutable_status());
+      }
+      break;
+    }
+    case wire::Request::kJoin:
+      Join(session, std::move(request));
+      return;
     default:
+      if (HandleProgramRequest(session, request)) return;
       ToWire(absl::UnimplementedError(absl::StrCat("this host does not know request kind ",
                                                    static_cast<int>(request.kind_case()))),
              reply.mutable_status());
@@ -58,6 +125,144 @@ void HostRuntime::Handle(const std::shared_ptr<HostSession>& session, wire::Requ
   if (request.id() == 0) return;
   reply.set_id(request.id());
   session->Reply(std::move(reply));
+}
+
+void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Request request) {
+  auto reply_with = [session, id = request.id()](const absl::Status& status) {
+    if (id == 0) return;
+    wire::Reply reply;
+    reply.set_id(id);
+    if (!status.ok()) ToWire(status, reply.mutable_status());
+    session->Reply(std::move(reply));
+  };
+  wire::HostConfig config;
+  {
+    MutexLock lock(&mu_);
+    if (owner_ == 0 || session->id() != owner_) {
+      reply_with(absl::PermissionDeniedError("join: only the client that configured this host may join it"));
+      return;
+    }
+    if (joining_) {
+      reply_with(absl::FailedPreconditionError("join: this host has joined its cluster already"));
+      return;
+    }
+    joining_ = true;
+    config = config_;
+  }
+  const wire::JoinCluster& join = request.join();
+  for (int d : config.device_ids()) {
+    if (d < 0 || d >= join.device_host_size() || join.device_host(d) != config.host_id()) {
+      reply_with(absl::InvalidArgumentError(
+          absl::StrCat("join: the cluster does not give device ", d, " to host ", config.host_id())));
+      return;
+    }
+  }
+  // Connecting blocks until every host has joined: not on a gRPC thread.
+  join_thread_ = std::thread([this, config, request = std::move(request), reply_with]() {
+    const wire::JoinCluster& join = request.join();
+    KeyValueStore* store = &kv_;
+    if (config.host_id() != 0) {
+      ChannelOptions options;
+      options.secret = secret_;
+      options.host_name = absl::StrCat("host 0 (", join.rendezvous_address(), ")");
+      options.client_name = absl::StrCat("host ", config.host_id());
+      auto channel = HostChannel::Connect(join.rendezvous_address(), wire::Hello(), options);
+      if (!channel.ok()) {
+        reply_with(channel.status());
+        return;
+      }
+      rendezvous_ = std::make_unique<ChannelKeyValueStore>(*std::move(channel));
+      store = rendezvous_.get();
+    }
+    auto executor = std::make_shared<HostExecutor>(config, join, store);
+    absl::Status connected = executor->ConnectDataPlane();
+    if (connected.ok()) {
+      MutexLock lock(&mu_);
+      executor_ = std::move(executor);
+    }
+    reply_with(connected);
+  });
+}
+
+bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& session, wire::Request& request) {
+  const uint64_t id = request.id();
+  auto reply_with = [session, id](const absl::Status& status) {
+    if (id == 0) return;
+    wire::Reply reply;
+    reply.set_id(id);
+    if (!status.ok()) ToWire(status, reply.mutable_status());
+    session->Reply(std::move(reply));
+  };
+  switch (request.kind_case()) {
+    case wire::Request::kDefineDevices:
+    case wire::Request::kLoadFunction:
+    case wire::Request::kLoadProgram:
+    case wire::Request::kPut:
+    case wire::Request::kRun:
+    case wire::Request::kFetch:
+    case wire::Request::kFree:
+      break;
+    default:
+      return false;
+  }
+  std::shared_ptr<HostExecutor> executor;
+  {
+    MutexLock lock(&mu_);
+    if (owner_ == 0 || session->id() != owner_) {
+      reply_with(absl::PermissionDeniedError("only the client that configured this host may run programs on it"));
+      return true;
+    }
+    executor = executor_;
+  }
+  if (executor == nullptr) {
+    reply_with(absl::FailedPreconditionError("this host has not joined its cluster yet"));
+    return true;
+  }
+  switch (request.kind_case()) {
+    case wire::Request::kDefineDevices:
+      reply_with(executor->DefineDevices(request.define_devices()));
+      break;
+    case wire::Request::kLoadFunction:
+      reply_with(executor->LoadFunction(request.load_function()));
+      break;
+    case wire::Request::kLoadProgram:
+      reply_with(executor->LoadProgram(request.load_program()));
+      break;
+    case wire::Request::kPut:
+      reply_with(executor->Put(*request.mutable_put()));
+      break;
+    case wire::Request::kRun:
+      executor->Run(request.run(), [session, id](absl::StatusOr<wire::RunReply> result) {
+        if (id == 0) return;
+        wire::Reply reply;
+        reply.set_id(id);
+        if (result.ok()) {
+          *reply.mutable_run() = *std::move(result);
+        } else {
+          ToWire(result.status(), reply.mutable_status());
+        }
+        session->Reply(std::move(reply));
+      });
+      break;
+    case wire::Request::kFetch:
+      executor->Fetch(request.fetch().buffer_id(), [session, id](absl::StatusOr<std::string> data) {
+        wire::Reply reply;
+        reply.set_id(id);
+        if (data.ok()) {
+          reply.mutable_fetch()->set_data(*std::move(data));
+        } else {
+          ToWire(data.status(), reply.mutable_status());
+        }
+        session->Reply(std::move(reply));
+      });
+      break;
+    case wire::Request::kFree:
+      executor->Free(request.free());
+      break;
+    default:
+      break;
+  }
+  return true;
 }
 
 wire::Reply HostRuntime::HandleHello(const std::shared_ptr<HostSession>& session, const wire::Hello& hello) {

@@ -5,21 +5,32 @@
 // client that configured it. This is its end of the control plane: it takes
 // its configuration from the first Hello that carries one, answers
 // heartbeats with its incarnation, and knows which session owns it, so the
-// process can exit when that client goes (see host_main.h).
+// process can exit when that client goes (see host_main.h). Once the client
+// has configured every host, JoinCluster connects the hosts to each other
+// (host 0 keeps the rendezvous store for the others) and the owner's
+// requests run programs on its HostExecutor.
 //
 // Thread-safe.
 
 #include <cstdint>
 #include <memory>
 
+#include <string>
+#include <thread>
+
 #include "csrc/base/mutex.h"
+#include "csrc/coordination/collective_group.h"
 #include "csrc/coordination/host_server.h"
+#include "csrc/host/host_executor.h"
 
 namespace pw {
 
 class HostRuntime final : public RequestHandler {
  public:
-  HostRuntime();
+  // `secret` is the cluster's: the host presents it to host 0 at the
+  // rendezvous.
+  explicit HostRuntime(std::string secret = "");
+  ~HostRuntime() override;
 
   // Random, fixed for the life of this process (see wire::HelloReply).
   uint64_t incarnation() const { return incarnation_; }
@@ -37,8 +48,19 @@ class HostRuntime final : public RequestHandler {
 
  private:
   wire::Reply HandleHello(const std::shared_ptr<HostSession>& session, const wire::Hello& hello);
+  // Connects to the other hosts on a thread of its own, then replies.
+  void Join(const std::shared_ptr<HostSession>& session, wire::Request request);
+  // The owner's requests for its programs; false if `request` is not one.
+  bool HandleProgramRequest(const std::shared_ptr<HostSession>& session, wire::Request& request);
+  std::shared_ptr<HostExecutor> executor() const;
 
   const uint64_t incarnation_;
+  const std::string secret_;
+  // The rendezvous store: this host's (kept for the others, on host 0) and
+  // the one this host uses (host 0's, through a session with it).
+  InMemoryKeyValueStore kv_;
+  std::unique_ptr<KeyValueStore> rendezvous_;
+  std::thread join_thread_;
   mutable Mutex mu_;
   mutable CondVar cv_;
   // Protects the configuration, the owning session's id (0: none yet) and
@@ -46,6 +68,8 @@ class HostRuntime final : public RequestHandler {
   wire::HostConfig config_ ABSL_GUARDED_BY(mu_);
   uint64_t owner_ ABSL_GUARDED_BY(mu_) = 0;
   bool owner_gone_ ABSL_GUARDED_BY(mu_) = false;
+  bool joining_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<HostExecutor> executor_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -45,6 +46,11 @@ absl::StatusOr<std::shared_ptr<ShardedBuffer>> ShardedBuffer::Allocate(ObjectSto
   buffer->dims_ = std::move(dims);
   buffer->devices_ = devices;
   buffer->shard_bytes_ = shard_bytes;
+  if (owner.remote != nullptr) {
+    buffer->remote_ = owner.remote;
+    buffer->remote_id_ = owner.remote_id != 0 ? owner.remote_id : owner.remote->NewBufferId();
+    return buffer;
+  }
   const size_t total = static_cast<size_t>(std::max<int64_t>(shard_bytes * devices->size(), 1));
   buffer->data_ = HostMemoryPool::Get().Allocate(total);
   return buffer;
@@ -63,9 +69,20 @@ void ShardedBuffer::ReleaseMemory() {
   const int64_t total = shard_bytes_ * devices_->size();
   if (client_ != nullptr) client_->Discharge(total);
   if (program_ != nullptr) program_->Discharge(total);
-  HostMemoryPool::Get().Free(data_, static_cast<size_t>(std::max<int64_t>(total, 1)));
+  if (remote_ != nullptr) {
+    remote_->Free(*this);
+  } else {
+    HostMemoryPool::Get().Free(data_, static_cast<size_t>(std::max<int64_t>(total, 1)));
+  }
   data_ = nullptr;
   stores_->Free(devices_, shard_bytes_);  // last: wakes memory waiters
+}
+
+absl::Status ShardedBuffer::ReadInto(void* dst) const {
+  if (remote_ != nullptr) return remote_->Read(*this, dst);
+  if (data_ == nullptr) return absl::FailedPreconditionError("the buffer has no data (it failed)");
+  std::memcpy(dst, data_, static_cast<size_t>(total_bytes()));
+  return absl::OkStatus();
 }
 
 absl::Status ShardedBuffer::Await() const {

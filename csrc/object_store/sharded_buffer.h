@@ -46,6 +46,28 @@ class BufferWaiter {
   BufferWaiter* next_waiter_ = nullptr;
 };
 
+class ShardedBuffer;
+
+// Where a buffer's shards live when hosts are processes (client/
+// remote_cluster.h): in the host processes, not here. The client's
+// ShardedBuffer of such a buffer has no bytes of its own (data() is null);
+// it keeps the bookkeeping (memory charged, readiness) and its id on the
+// hosts.
+class RemoteShards {
+ public:
+  // A fresh buffer id.
+  virtual uint64_t NewBufferId() = 0;
+  // Sends `data` (every shard, shard-major) to the hosts of `buffer`.
+  virtual absl::Status Write(const ShardedBuffer& buffer, const void* data) = 0;
+  // Reads every shard of a ready `buffer` into `dst` (shard-major). Blocks.
+  virtual absl::Status Read(const ShardedBuffer& buffer, void* dst) = 0;
+  // `buffer` is gone: its hosts may free its shards. Must not block.
+  virtual void Free(const ShardedBuffer& buffer) = 0;
+
+ protected:
+  ~RemoteShards() = default;
+};
+
 // Bytes of one shard of a buffer of `dtype` and global shape `dims` (dims[0]
 // is the number of shards).
 inline int64_t ShardBytes(DType dtype, const Dims& dims) {
@@ -65,6 +87,10 @@ struct BufferOwner {
   // The caller charged both accounts for this buffer already (a dispatch
   // charges a whole run at once).
   bool precharged = false;
+  // Hosts as processes: the buffer's shards live there (no bytes here),
+  // under `remote_id` (0: a fresh id from `remote`).
+  RemoteShards* remote = nullptr;
+  uint64_t remote_id = 0;
 };
 
 class ShardedBuffer {
@@ -90,7 +116,13 @@ class ShardedBuffer {
   // All shards, shard-major: shard i at data() + i * shard_bytes(). Null
   // once the buffer has failed: a failed buffer gives its memory back at
   // once (it can never be read), so a failed program frees what it owned.
+  // Null too for a remote buffer (see RemoteShards): use ReadInto().
   void* data() const { return data_; }
+  // Copies every shard, shard-major, to `dst` (total_bytes()); the buffer
+  // must be ready. From the hosts for a remote buffer (blocks).
+  absl::Status ReadInto(void* dst) const;
+  bool is_remote() const { return remote_ != nullptr; }
+  uint64_t remote_id() const { return remote_id_; }
   ObjectStores* stores() const { return stores_; }
   // The ownership labels; null for none.
   const MemoryAccount* client_account() const { return client_; }
@@ -140,6 +172,8 @@ class ShardedBuffer {
   const DeviceList* devices_ = nullptr;
   int64_t shard_bytes_ = 0;
   void* data_ = nullptr;
+  RemoteShards* remote_ = nullptr;
+  uint64_t remote_id_ = 0;
   MemoryAccount* client_ = nullptr;
   MemoryAccount* program_ = nullptr;
   bool memory_released_ = false;  // by the producer on failure, or the destructor

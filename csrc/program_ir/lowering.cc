@@ -1,5 +1,7 @@
 #include "csrc/program_ir/lowering.h"
 
+#include <atomic>
+
 #include <algorithm>
 
 #include "absl/container/flat_hash_map.h"
@@ -54,6 +56,8 @@ std::string LoweredProgram::ToText() const {
 
 absl::StatusOr<std::shared_ptr<const LoweredProgram>> Lower(std::shared_ptr<const ProgramIr> ir) {
   auto lowered = std::shared_ptr<LoweredProgram>(new LoweredProgram());
+  static std::atomic<uint64_t> next_id{1};
+  lowered->id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   const auto& values = ir->values();
   // Per program value: the slot holding it on each set of devices.
   std::vector<absl::flat_hash_map<const DeviceList*, int>> placed(values.size());

@@ -44,6 +44,9 @@ struct SlotType {
 
 class LoweredProgram {
  public:
+  // Unique in this process (never reused): names the lowered program to
+  // host processes, which keep it.
+  uint64_t id() const { return id_; }
   const ProgramIr& ir() const { return *ir_; }
   const std::shared_ptr<const ProgramIr>& ir_ptr() const { return ir_; }
   const std::vector<ArgPlacement>& arg_placements() const { return arg_placements_; }
@@ -66,6 +69,7 @@ class LoweredProgram {
 
  private:
   friend absl::StatusOr<std::shared_ptr<const LoweredProgram>> Lower(std::shared_ptr<const ProgramIr> ir);
+  uint64_t id_ = 0;
   std::shared_ptr<const ProgramIr> ir_;
   std::vector<ArgPlacement> arg_placements_;
   std::vector<LoweredStep> steps_;

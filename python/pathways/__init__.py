@@ -28,10 +28,12 @@ import numpy as np
 
 from pathways import _checks, _core
 from pathways._devices import (
+    HostInfo,
     VirtualDeviceSet,
     VirtualSlice,
     configure,
     devices,
+    hosts,
     make_virtual_device_set,
     topology,
 )
@@ -155,6 +157,8 @@ __all__ = [
     # Devices and topology.
     "configure",
     "devices",
+    "hosts",
+    "HostInfo",
     "topology",
     "make_virtual_device_set",
     "VirtualDeviceSet",

@@ -30,6 +30,12 @@ def configure(items: Sequence[tuple[str, str]]) -> None:
     """
 
 def is_started() -> bool: ...
+def hosts() -> list[dict[str, Any]]:
+    """Every host: id, island, address, pid, incarnation, alive, status. Starts the runtime."""
+
+def control_messages() -> Optional[list[int]]:
+    """Control messages sent to each host process so far (None in process)."""
+
 def topology() -> dict[str, Union[int, float]]:
     """Keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, control_latency_us. Starts the runtime."""
 

@@ -9,6 +9,7 @@ compiled functions on the slice's virtual devices (Figure 2).
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Any, Optional, Union
 
@@ -32,6 +33,7 @@ def configure(
     executor_threads: Optional[int] = None,
     control_latency_us: Optional[float] = None,
     hang_report_seconds: Optional[float] = None,
+    hosts: Optional[str] = None,
 ) -> None:
     """Sets the simulated topology of the runtime before its first use.
 
@@ -65,6 +67,10 @@ def configure(
         submission is reported once, as a `pw.HangWarning` issued by the next
         wait on the runtime (see `pw.diagnose`); a finite number from 0 to
         86400 (one day), 60 by default; 0 turns the watchdog off.
+      hosts: Where the hosts run: "in_process" (the default: threads of this
+        process) or "local_processes" (the runtime starts one host process
+        per host on this machine, on loopback, when it starts; they exit
+        with this process). See `pw.hosts()`.
 
     The same limits apply to `PATHWAYS_TOPOLOGY`, with the same errors.
 
@@ -100,6 +106,10 @@ def configure(
     ):
         if value is not None:
             items.append((name, repr(_checks.real("configure", name, value))))
+    if hosts is not None:
+        if not isinstance(hosts, str):
+            raise TypeError(f"configure: hosts must be a str ('in_process' or 'local_processes'), got {hosts!r}")
+        items.append(("hosts", hosts))
     if not items:
         if _core.is_started():
             raise RuntimeError("configure() must be called before the runtime starts")
@@ -130,6 +140,30 @@ def topology() -> dict:
       `hang_report_seconds`.
     """
     return _core.topology()
+
+
+@dataclasses.dataclass(frozen=True)
+class HostInfo:
+    """One host of the runtime (see `pw.hosts()`)."""
+
+    id: int
+    island: int
+    pid: int
+    address: Optional[str]  # "127.0.0.1:PORT" for a host process; None in process
+    alive: bool
+    incarnation: Optional[str] = None  # changes each time a host process starts
+    status: Optional[str] = None  # why the host was lost, once it is
+
+
+def hosts() -> list:
+    """Lists every host of the runtime: `id`, `island`, `pid`, `address`, `alive`.
+
+    In process (the default) every host is this process (`address` None). With
+    `hosts="local_processes"` each host is a process of its own, reached at
+    `address`; a host whose process died or stopped answering is not `alive`
+    and its `status` says why. Starts the runtime if needed.
+    """
+    return [HostInfo(**h) for h in _core.hosts()]
 
 
 class VirtualSlice:

@@ -10,6 +10,7 @@ output.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import re
@@ -136,3 +137,27 @@ def connect(hosts: List[HostProcess], secret: str, islands: int, hosts_per_islan
     topology = [("islands", str(islands)), ("hosts_per_island", str(hosts_per_island)),
                 ("devices_per_host", str(devices_per_host))]
     return _core._HostPool([h.address for h in hosts], secret, topology)
+
+
+# The hosts the runtime started (hosts="local_processes"): their pipes stay
+# open as long as this process lives, which keeps them running.
+_launched: List[HostProcess] = []
+
+
+def launch_for_runtime(count: int):
+    """The runtime's host launcher: starts `count` hosts; (addresses, secret)."""
+    secret = make_secret()
+    hosts = start_local_hosts(count, secret)
+    if not _launched:
+        atexit.register(_stop_launched)
+    _launched.extend(hosts)
+    return [h.address for h in hosts], secret
+
+
+def launched() -> List[HostProcess]:
+    """The host processes the runtime started."""
+    return list(_launched)
+
+
+def _stop_launched() -> None:
+    stop_local_hosts(_launched, timeout=2.0)

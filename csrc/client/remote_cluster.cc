@@ -1,0 +1,418 @@
+#include "csrc/client/remote_cluster.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "csrc/base/status_macros.h"
+#include "csrc/function_ir/function_ir_wire.h"
+
+namespace pw {
+namespace {
+
+// How long the hosts may take to connect their data plane to each other.
+constexpr int64_t kJoinTimeoutNs = int64_t{60} * 1'000'000'000;
+
+std::string FreshGroupPrefix() {
+  std::random_device device;
+  return absl::StrFormat("cluster-%08x%08x", device(), device());
+}
+
+// Waits for a known number of replies.
+class Replies {
+ public:
+  explicit Replies(int n) : left_(n) {}
+  void Done(absl::Status status) {
+    MutexLock lock(&mu_);
+    if (first_error_.ok() && !status.ok()) first_error_ = std::move(status);
+    if (--left_ == 0) cv_.SignalAll();
+  }
+  // The first error, or DeadlineExceeded after `timeout_ns`.
+  absl::Status Wait(int64_t timeout_ns, absl::string_view what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+    MutexLock lock(&mu_);
+    while (left_ > 0) {
+      if (!cv_.WaitUntil(&mu_, deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat(what, ": ", left_, " hosts did not answer in time"));
+      }
+    }
+    return first_error_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  int left_ ABSL_GUARDED_BY(mu_);
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+// What the hosts know of one lowered program.
+struct RemoteCluster::Plan {
+  std::vector<int> hosts;              // taking part, increasing
+  absl::flat_hash_set<int> loaded;     // hosts that have its steps
+};
+
+// One run in flight: its buffers complete once every host taking part has
+// replied. Holds the buffers (as a gang task does), and counts as work in
+// flight so a dispatch waiting for memory knows memory may come back.
+struct RemoteCluster::Run {
+  explicit Run(ObjectStores* stores) : in_flight(stores) {}
+  ObjectStores::WorkInFlight in_flight;
+  std::vector<std::shared_ptr<ShardedBuffer>> made;
+  std::atomic<int> pending{0};
+  Mutex mu;
+  absl::Status whole ABSL_GUARDED_BY(mu);  // a host's part failed as a whole
+  absl::flat_hash_map<uint64_t, absl::Status> failed ABSL_GUARDED_BY(mu);
+
+  static void HostDone(const std::shared_ptr<Run>& run, absl::StatusOr<wire::Reply> reply) {
+    {
+      MutexLock lock(&run->mu);
+      absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+      if (!status.ok()) {
+        if (run->whole.ok()) run->whole = std::move(status);
+      } else {
+        for (const wire::FailedBuffer& f : reply->run().failed()) run->failed[f.buffer_id()] = FromWire(f.status());
+      }
+    }
+    if (run->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    ReadyList none;  // nothing in this process waits on a remote buffer's list
+    MutexLock lock(&run->mu);
+    for (auto& buffer : run->made) {
+      absl::Status status = run->whole;
+      if (status.ok()) {
+        auto it = run->failed.find(buffer->remote_id());
+        if (it != run->failed.end()) status = it->second;
+      }
+      if (status.ok()) {
+        buffer->SetReady(&none);
+      } else {
+        buffer->SetError(std::move(status), &none);
+      }
+    }
+    run->made.clear();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Cluster& cluster,
+                                                                      ObjectStores* stores,
+                                                                      const std::vector<std::string>& addresses,
+                                                                      const std::string& secret) {
+  ChannelOptions options;
+  options.secret = secret;
+  auto pool = HostPool::Connect(cluster, addresses, options);
+  if (!pool.ok()) return pool.status();
+  auto rc = std::unique_ptr<RemoteCluster>(new RemoteCluster());
+  rc->cluster_ = &cluster;
+  rc->stores_ = stores;
+  rc->pool_ = *std::move(pool);
+  rc->messages_ = std::make_unique<std::atomic<int64_t>[]>(rc->pool_->num_hosts());
+  {
+    MutexLock lock(&rc->mu_);
+    rc->known_.resize(rc->pool_->num_hosts());
+  }
+  wire::JoinCluster join;
+  for (const Device* d : cluster.devices()) join.add_device_host(d->host()->id());
+  join.set_rendezvous_address(addresses[0]);
+  join.set_group_prefix(FreshGroupPrefix());
+  // Every host at once: each one's join waits for all the others.
+  Replies replies(rc->pool_->num_hosts());
+  for (int h = 0; h < rc->pool_->num_hosts(); ++h) {
+    wire::Request request;
+    *request.mutable_join() = join;
+    rc->pool_->channel(h).Send(std::move(request), [&replies, h](absl::StatusOr<wire::Reply> reply) {
+      absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+      if (!status.ok()) status = absl::Status(status.code(), absl::StrCat("host ", h, ": ", status.message()));
+      replies.Done(std::move(status));
+    });
+    rc->pool_->channel(h).Flush();
+  }
+  if (absl::Status joined = replies.Wait(kJoinTimeoutNs, "joining the hosts into one cluster"); !joined.ok()) {
+    return joined;
+  }
+  return rc;
+}
+
+RemoteCluster::~RemoteCluster() = default;
+
+std::vector<int64_t> RemoteCluster::messages_sent() const {
+  std::vector<int64_t> out;
+  for (int h = 0; h < pool_->num_hosts(); ++h) out.push_back(messages_[h].load(std::memory_order_relaxed));
+  return out;
+}
+
+const DeviceList* RemoteCluster::ListById(int id) const { return lists_by_id_.at(id); }
+
+void RemoteCluster::Send(int host, wire::Request request, HostChannel::ReplyCallback done) {
+  messages_[host].fetch_add(1, std::memory_order_relaxed);
+  pool_->channel(host).Send(std::move(request), std::move(done));
+}
+
+std::vector<int> RemoteCluster::HostsOf(const DeviceList* list) const {
+  std::vector<int> hosts;
+  for (const Device* d : list->devices()) hosts.push_back(d->host()->id());
+  std::sort(hosts.begin(), hosts.end());
+  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+  return hosts;
+}
+
+std::vector<int> RemoteCluster::PositionsOn(const DeviceList* list, int host) const {
+  std::vector<int> positions;
+  for (int i = 0; i < list->size(); ++i) {
+    if (list->devices()[i]->host()->id() == host) positions.push_back(i);
+  }
+  return positions;
+}
+
+void RemoteCluster::EnsureList(int host, const DeviceList* list) {
+  lists_by_id_[list->id()] = list;
+  if (!known_[host].lists.insert(list->id()).second) return;
+  wire::Request request;
+  wire::DefineDevices* define = request.mutable_define_devices();
+  define->set_list_id(list->id());
+  for (const Device* d : list->devices()) define->add_device_ids(d->id());
+  Send(host, std::move(request));
+}
+
+uint64_t RemoteCluster::EnsureFunction(int host, const CompiledFunction& fn) {
+  const std::shared_ptr<const FunctionIr>& ir = fn.executable().ir_ptr();
+  auto [it, fresh] = function_ids_.try_emplace(ir.get());
+  if (fresh) it->second = {function_ids_.size(), ir};
+  const uint64_t id = it->second.first;
+  if (known_[host].functions.insert(id).second) {
+    wire::Request request;
+    request.mutable_load_function()->set_function_id(id);
+    request.mutable_load_function()->set_ir(SerializeFunctionIr(*ir));
+    Send(host, std::move(request));
+  }
+  return id;
+}
+
+RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
+  std::unique_ptr<Plan>& plan = plans_[program.id()];
+  if (plan != nullptr) return *plan;
+  plan = std::make_unique<Plan>();
+  // The devices of every slot: where its producer (a step or an argument
+  // placement) puts it.
+  std::vector<const DeviceList*> slot_devices(program.num_slots());
+  for (const ArgPlacement& p : program.arg_placements()) slot_devices[p.slot] = p.devices;
+  for (const LoweredStep& step : program.steps()) {
+    for (int s : step.out_slots) slot_devices[s] = step.devices;
+  }
+  std::vector<wire::LoadProgram> loads(pool_->num_hosts());
+  std::vector<bool> takes_part(pool_->num_hosts(), false);
+  for (const LoweredStep& step : program.steps()) {
+    std::vector<int> hosts = HostsOf(step.devices);
+    if (step.kind == LoweredStep::Kind::kTransfer) {
+      std::vector<int> src = HostsOf(slot_devices[step.in_slots[0]]);
+      hosts.insert(hosts.end(), src.begin(), src.end());
+      std::sort(hosts.begin(), hosts.end());
+      hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+    }
+    const uint32_t tag = next_gang_tag_++;
+    for (int h : hosts) {
+      takes_part[h] = true;
+      wire::ProgramStep* ws = loads[h].add_steps();
+      if (step.kind == LoweredStep::Kind::kCompute) {
+        EnsureList(h, step.devices);
+        wire::ComputeStep* c = ws->mutable_compute();
+        c->set_function_id(EnsureFunction(h, *step.fn));
+        c->set_devices(step.devices->id());
+        for (int s : step.in_slots) c->add_in_slots(s);
+        for (int s : step.out_slots) c->add_out_slots(s);
+        c->set_gang_tag(tag);
+      } else {
+        const DeviceList* src = slot_devices[step.in_slots[0]];
+        EnsureList(h, src);
+        EnsureList(h, step.devices);
+        wire::TransferStep* t = ws->mutable_transfer();
+        t->set_src_slot(step.in_slots[0]);
+        t->set_src_devices(src->id());
+        t->set_dst_slot(step.out_slots[0]);
+        t->set_dst_devices(step.devices->id());
+        const SlotType& type = program.slot_types()[step.out_slots[0]];
+        t->set_shard_bytes(ShardBytes(type.dtype, type.dims));
+      }
+    }
+  }
+  // Hosts that only hold placed arguments take part too (they get puts).
+  for (const ArgPlacement& p : program.arg_placements()) {
+    for (int h : HostsOf(p.devices)) takes_part[h] = true;
+  }
+  for (int h = 0; h < pool_->num_hosts(); ++h) {
+    if (!takes_part[h]) continue;
+    plan->hosts.push_back(h);
+    plan->loaded.insert(h);
+    wire::Request request;
+    wire::LoadProgram* load = request.mutable_load_program();
+    *load = std::move(loads[h]);
+    load->set_program_id(program.id());
+    load->set_name(program.ir().name());
+    load->set_num_slots(program.num_slots());
+    Send(h, std::move(request));
+  }
+  return *plan;
+}
+
+absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
+                                          const ExecuteOptions& options, const BufferOwner& owner,
+                                          std::vector<std::shared_ptr<ShardedBuffer>>& slots) {
+  if (options.mode == DispatchMode::kSequential) {
+    return absl::UnimplementedError(
+        "sequential dispatch does not run on host processes yet: use parallel dispatch (the default)");
+  }
+  MutexLock lock(&mu_);
+  Plan& plan = PlanFor(program);
+  const uint64_t first = next_buffer_id_.fetch_add(program.num_slots(), std::memory_order_relaxed);
+  auto run = std::make_shared<Run>(stores_);
+  BufferOwner slot_owner = owner;
+  slot_owner.remote = this;
+  auto allocate = [&](int slot, DType dtype, const Dims& dims, const DeviceList* devices) -> absl::Status {
+    slot_owner.remote_id = first + static_cast<uint64_t>(slot);
+    auto buffer = ShardedBuffer::Allocate(stores_, dtype, dims, devices, slot_owner);
+    if (!buffer.ok()) return buffer.status();
+    slots[slot] = *std::move(buffer);
+    run->made.push_back(slots[slot]);
+    return absl::OkStatus();
+  };
+  std::vector<wire::ArgBinding> bindings;
+  std::vector<int> hosts = plan.hosts;
+  for (const ArgPlacement& p : program.arg_placements()) {
+    const ProgramArg& arg = args[p.arg];
+    if (arg.buffer == nullptr) {
+      PW_RETURN_IF_ERROR(allocate(p.slot, arg.dtype, arg.dims, p.devices));
+      WriteLocked(*slots[p.slot], arg.host_data);
+      continue;
+    }
+    if (!arg.buffer->is_remote()) {
+      return absl::InvalidArgumentError(absl::StrCat("argument ", p.arg, " of program '", program.ir().name(),
+                                                     "' is not a buffer of this cluster's hosts"));
+    }
+    wire::ArgBinding b;
+    b.set_slot(p.slot);
+    b.set_buffer_id(arg.buffer->remote_id());
+    b.set_src_devices(arg.buffer->devices()->id());
+    b.set_dst_devices(p.devices->id());
+    b.set_shard_bytes(arg.buffer->shard_bytes());
+    if (arg.buffer->devices() == p.devices) {
+      slots[p.slot] = arg.buffer;
+    } else {
+      PW_RETURN_IF_ERROR(allocate(p.slot, arg.buffer->dtype(), arg.buffer->dims(), p.devices));
+      b.set_copy(true);
+      for (int h : HostsOf(arg.buffer->devices())) hosts.push_back(h);  // they send
+    }
+    bindings.push_back(std::move(b));
+  }
+  const auto& types = program.slot_types();
+  for (const LoweredStep& step : program.steps()) {
+    for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
+  }
+  std::sort(hosts.begin(), hosts.end());
+  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+  run->pending.store(static_cast<int>(hosts.size()), std::memory_order_relaxed);
+  for (int h : hosts) {
+    if (plan.loaded.insert(h).second) {  // a host that only sends an argument
+      wire::Request load;
+      load.mutable_load_program()->set_program_id(program.id());
+      load.mutable_load_program()->set_name(program.ir().name());
+      load.mutable_load_program()->set_num_slots(program.num_slots());
+      Send(h, std::move(load));
+    }
+    wire::Request request;
+    wire::RunProgram* r = request.mutable_run();
+    r->set_program_id(program.id());
+    r->set_first_buffer_id(first);
+    for (const wire::ArgBinding& b : bindings) {
+      EnsureList(h, ListById(b.src_devices()));
+      EnsureList(h, ListById(b.dst_devices()));
+      *r->add_args() = b;
+    }
+    Send(h, std::move(request), [run](absl::StatusOr<wire::Reply> reply) { Run::HostDone(run, std::move(reply)); });
+  }
+  for (int h : hosts) pool_->channel(h).Flush();
+  return absl::OkStatus();
+}
+
+absl::Status RemoteCluster::Write(const ShardedBuffer& buffer, const void* data) {
+  MutexLock lock(&mu_);
+  WriteLocked(buffer, data);
+  return absl::OkStatus();
+}
+
+void RemoteCluster::WriteLocked(const ShardedBuffer& buffer, const void* data) {
+  const DeviceList* list = buffer.devices();
+  const int64_t shard = buffer.shard_bytes();
+  for (int h : HostsOf(list)) {
+    EnsureList(h, list);
+    wire::Request request;
+    wire::PutBuffer* put = request.mutable_put();
+    put->set_buffer_id(buffer.remote_id());
+    put->set_devices(list->id());
+    put->set_shard_bytes(shard);
+    std::string* bytes = put->mutable_data();
+    const std::vector<int> positions = PositionsOn(list, h);
+    bytes->resize(static_cast<size_t>(shard) * positions.size());
+    for (size_t k = 0; k < positions.size(); ++k) {
+      std::memcpy(bytes->data() + k * shard, static_cast<const uint8_t*>(data) + positions[k] * shard,
+                  static_cast<size_t>(shard));
+    }
+    Send(h, std::move(request));
+    pool_->channel(h).Flush();
+  }
+}
+
+absl::Status RemoteCluster::Read(const ShardedBuffer& buffer, void* dst) {
+  const DeviceList* list = buffer.devices();
+  const std::vector<int> hosts = HostsOf(list);
+  std::vector<absl::StatusOr<std::string>> data(hosts.size(), absl::UnknownError("no reply"));
+  Replies replies(static_cast<int>(hosts.size()));
+  {
+    for (size_t k = 0; k < hosts.size(); ++k) {
+      wire::Request request;
+      request.mutable_fetch()->set_buffer_id(buffer.remote_id());
+      Send(hosts[k], std::move(request), [&data, &replies, k](absl::StatusOr<wire::Reply> reply) {
+        absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+        if (status.ok()) {
+          data[k] = std::move(*reply->mutable_fetch()->mutable_data());
+        } else {
+          data[k] = status;
+        }
+        replies.Done(std::move(status));
+      });
+      pool_->channel(hosts[k]).Flush();
+    }
+  }
+  // A lost host fails its fetch (HostChannel), so this wait ends.
+  PW_RETURN_IF_ERROR(replies.Wait(std::numeric_limits<int64_t>::max() / 2, "reading a buffer"));
+  const int64_t shard = buffer.shard_bytes();
+  for (size_t k = 0; k < hosts.size(); ++k) {
+    const std::vector<int> positions = PositionsOn(list, hosts[k]);
+    const std::string& bytes = *data[k];
+    if (static_cast<int64_t>(bytes.size()) != shard * static_cast<int64_t>(positions.size())) {
+      return absl::InternalError(absl::StrCat("host ", hosts[k], " sent ", bytes.size(), " bytes of buffer ",
+                                              buffer.remote_id(), ", expected ", shard * positions.size()));
+    }
+    for (size_t p = 0; p < positions.size(); ++p) {
+      std::memcpy(static_cast<uint8_t*>(dst) + positions[p] * shard, bytes.data() + p * shard,
+                  static_cast<size_t>(shard));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void RemoteCluster::Free(const ShardedBuffer& buffer) {
+  // No lock: a buffer may go while a dispatch holds mu_ (its own error
+  // path). Nothing names a buffer once it is gone, so order is no matter.
+  for (int h : HostsOf(buffer.devices())) {
+    wire::Request request;
+    request.mutable_free()->add_buffer_ids(buffer.remote_id());
+    Send(h, std::move(request));
+    pool_->channel(h).Flush();
+  }
+}
+
+}  // namespace pw

@@ -1,0 +1,819 @@
+#include "csrc/host/host_executor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "csrc/coordination/host_channel.h"
+#include "csrc/function_ir/function_ir_wire.h"
+
+namespace pw {
+namespace {
+
+// Host-to-host transfers use one Gloo tag; a pair's messages stay in order.
+constexpr uint32_t kTransferTag = 1;
+// Bounds what a client may ask of one host (a program's slots).
+constexpr int kMaxSlots = 1 << 22;
+
+uint8_t* AlignedAlloc(int64_t bytes) {
+  const size_t size = (static_cast<size_t>(std::max<int64_t>(bytes, 1)) + 63) / 64 * 64;
+  return static_cast<uint8_t*>(std::aligned_alloc(64, size));
+}
+
+// Scratch memory of one device thread, 64-byte aligned, grown on demand.
+class Scratch {
+ public:
+  ~Scratch() { std::free(data_); }
+  uint8_t* Get(int64_t bytes) {
+    if (bytes > capacity_) {
+      std::free(data_);
+      data_ = AlignedAlloc(bytes);
+      capacity_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  uint8_t* data_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+}  // namespace
+
+// ---- HostBuffer ----
+
+HostBuffer::HostBuffer(uint64_t id, int64_t bytes) : id_(id), bytes_(bytes), data_(AlignedAlloc(bytes)) {}
+
+HostBuffer::~HostBuffer() { std::free(data_); }
+
+void HostBuffer::OnDone(absl::AnyInvocable<void(const absl::Status&) &&> fn) {
+  absl::Status status;
+  {
+    MutexLock lock(&mu_);
+    if (!done_) {
+      waiters_.push_back(std::move(fn));
+      return;
+    }
+    status = status_;
+  }
+  std::move(fn)(status);
+}
+
+absl::Status HostBuffer::Await(const std::atomic<bool>& stopping) {
+  MutexLock lock(&mu_);
+  while (!done_) {
+    if (stopping.load(std::memory_order_acquire)) return absl::CancelledError("the host is stopping");
+    cv_.WaitUntil(&mu_, std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
+  }
+  return status_;
+}
+
+void HostBuffer::Complete(const absl::Status& status) {
+  std::vector<absl::AnyInvocable<void(const absl::Status&) &&>> waiters;
+  {
+    MutexLock lock(&mu_);
+    if (done_) return;
+    done_ = true;
+    status_ = status;
+    waiters.swap(waiters_);
+    cv_.SignalAll();
+  }
+  for (auto& w : waiters) std::move(w)(status);
+}
+
+// ---- The executor's records ----
+
+struct HostExecutor::Function {
+  std::shared_ptr<const FunctionExecutable> exe;
+};
+
+struct HostExecutor::Program {
+  struct Step {
+    bool compute = true;
+    std::shared_ptr<const Function> fn;      // compute
+    const HostDeviceList* gang = nullptr;    // compute
+    std::vector<int> in_slots, out_slots;    // compute
+    uint32_t tag = 0;                        // compute
+    int src_slot = 0, dst_slot = 0;          // transfer
+    const HostDeviceList* src = nullptr;     // transfer
+    const HostDeviceList* dst = nullptr;     // transfer
+    int64_t shard_bytes = 0;                 // transfer
+  };
+  std::string name;
+  int num_slots = 0;
+  std::vector<Step> steps;
+};
+
+// The local part of one gang.
+struct HostExecutor::Part {
+  std::shared_ptr<const Function> fn;
+  const HostDeviceList* gang = nullptr;
+  uint32_t tag = 0;
+  std::vector<std::shared_ptr<HostBuffer>> inputs, outputs;
+  absl::Status error;  // set before enqueueing: fail without running
+  // Inputs not done, devices whose queue head it is not yet, and the
+  // enqueuer's hold.
+  std::atomic<int> pending{0};
+};
+
+// One run on this host: replies once every buffer it makes here is done.
+struct HostExecutor::RunState {
+  explicit RunState(absl::AnyInvocable<void(absl::StatusOr<wire::RunReply>) &&> d) : done(std::move(d)) {}
+  void Track(const std::shared_ptr<HostBuffer>& buffer) {
+    pending.fetch_add(1, std::memory_order_relaxed);
+    buffer->OnDone([this, id = buffer->id()](const absl::Status& status) {
+      if (!status.ok()) {
+        MutexLock lock(&mu);
+        wire::FailedBuffer* f = reply.add_failed();
+        f->set_buffer_id(id);
+        ToWire(status, f->mutable_status());
+      }
+      Release();
+    });
+  }
+  void Release() {
+    if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    std::move(done)(std::move(reply));
+    delete this;
+  }
+  std::atomic<int> pending{1};  // the dispatching thread's hold
+  Mutex mu;
+  wire::RunReply reply ABSL_GUARDED_BY(mu);
+  absl::AnyInvocable<void(absl::StatusOr<wire::RunReply>) &&> done;
+};
+
+// The remaining sources of one transfer's destination on this host.
+struct DstParts {
+  std::shared_ptr<HostBuffer> dst;
+  std::atomic<int> left{0};
+  Mutex mu;
+  absl::Status error ABSL_GUARDED_BY(mu);
+  void Done(const absl::Status& status) {
+    if (!status.ok()) {
+      MutexLock lock(&mu);
+      if (error.ok()) error = status;
+    }
+    if (left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    absl::Status result;
+    {
+      MutexLock lock(&mu);
+      result = error;
+    }
+    dst->Complete(result);
+  }
+};
+
+struct HostExecutor::Peer {
+  struct Send {
+    std::shared_ptr<HostBuffer> src;
+    std::vector<int> indices;  // local shard indices of src, in order
+    int64_t shard_bytes = 0;
+  };
+  struct Recv {
+    std::shared_ptr<DstParts> parts;
+    std::vector<int> indices;  // local shard indices of the destination
+    int64_t shard_bytes = 0;
+  };
+  int host = 0;
+  Mutex mu;
+  CondVar cv;
+  std::deque<Send> sends ABSL_GUARDED_BY(mu);
+  std::deque<Recv> recvs ABSL_GUARDED_BY(mu);
+  std::thread sender, receiver;
+};
+
+// A cross-host gang's collectives: the local shards meet the other hosts'
+// through the group of the gang's hosts.
+class HostExecutor::GroupCollectives final : public GangCollectives {
+ public:
+  GroupCollectives(CollectiveGroup* group, const HostDeviceList* gang, uint32_t tag)
+      : group_(group), gang_(gang), tag_(tag) {}
+  absl::Status AllGather(const void* local, void* full, int64_t shard_bytes) override {
+    const size_t n = gang_->host_set.size();
+    std::vector<int64_t> bytes_per_rank(n);
+    int64_t total = 0;
+    for (size_t r = 0; r < n; ++r) {
+      bytes_per_rank[r] = static_cast<int64_t>(gang_->positions_by_host[r].size()) * shard_bytes;
+      total += bytes_per_rank[r];
+    }
+    gathered_.resize(static_cast<size_t>(total));
+    const int64_t local_bytes = static_cast<int64_t>(gang_->local_positions.size()) * shard_bytes;
+    if (absl::Status s = group_->AllGatherV(local, local_bytes, gathered_.data(), bytes_per_rank, tag_); !s.ok()) {
+      return s;
+    }
+    // Rank order (hosts) to gang order (positions).
+    uint8_t* out = static_cast<uint8_t*>(full);
+    const uint8_t* in = gathered_.data();
+    for (size_t r = 0; r < n; ++r) {
+      for (int pos : gang_->positions_by_host[r]) {
+        std::memcpy(out + pos * shard_bytes, in, static_cast<size_t>(shard_bytes));
+        in += shard_bytes;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  CollectiveGroup* group_;
+  const HostDeviceList* gang_;
+  uint32_t tag_;
+  std::vector<uint8_t> gathered_;
+};
+
+// ---- HostExecutor ----
+
+HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join, KeyValueStore* store)
+    : host_id_(config.host_id()),
+      num_local_devices_(config.device_ids_size()),
+      device_host_(join.device_host().begin(), join.device_host().end()),
+      local_index_(join.device_host_size(), -1),
+      group_prefix_(join.group_prefix()),
+      store_(store) {
+  for (int i = 0; i < config.device_ids_size(); ++i) {
+    const int d = config.device_ids(i);
+    if (d >= 0 && d < static_cast<int>(local_index_.size())) local_index_[d] = i;
+  }
+  {
+    MutexLock lock(&queue_mu_);
+    queues_.resize(num_local_devices_);
+  }
+  for (int d = 0; d < num_local_devices_; ++d) {
+    workers_.push_back(std::make_unique<Worker>());
+  }
+  for (int d = 0; d < num_local_devices_; ++d) {
+    workers_[d]->thread = std::thread([this, d] { DeviceLoop(d); });
+  }
+}
+
+HostExecutor::~HostExecutor() {
+  stopping_.store(true, std::memory_order_release);
+  for (auto& w : workers_) {
+    {
+      MutexLock lock(&w->mu);
+      w->cv.SignalAll();
+    }
+    w->thread.join();
+  }
+  absl::flat_hash_map<int, std::unique_ptr<Peer>> peers;
+  {
+    MutexLock lock(&peers_mu_);
+    peers.swap(peers_);
+  }
+  for (auto& [host, peer] : peers) {
+    {
+      MutexLock lock(&peer->mu);
+      peer->cv.SignalAll();
+    }
+    peer->sender.join();
+    peer->receiver.join();
+  }
+  // Parts still queued never ran; they only hold buffers.
+  MutexLock lock(&queue_mu_);
+  absl::flat_hash_map<Part*, bool> seen;
+  for (auto& q : queues_) {
+    for (Part* p : q) seen[p] = true;
+  }
+  for (auto& [p, unused] : seen) delete p;
+}
+
+absl::Status HostExecutor::ConnectDataPlane() {
+  const int num_hosts =
+      device_host_.empty() ? 1 : *std::max_element(device_host_.begin(), device_host_.end()) + 1;
+  if (num_hosts <= 1) return absl::OkStatus();
+  auto world = CollectiveGroup::Create(store_, absl::StrCat(group_prefix_, "/world"), host_id_, num_hosts);
+  if (!world.ok()) return world.status();
+  world_ = *std::move(world);
+  return absl::OkStatus();
+}
+
+absl::Status HostExecutor::DefineDevices(const wire::DefineDevices& request) {
+  auto list = std::make_unique<HostDeviceList>();
+  if (request.device_ids_size() == 0) return absl::InvalidArgumentError("define_devices: an empty device list");
+  for (int i = 0; i < request.device_ids_size(); ++i) {
+    const int d = request.device_ids(i);
+    if (d < 0 || d >= static_cast<int>(device_host_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("define_devices: no device ", d, " in this cluster"));
+    }
+    const int h = device_host_[d];
+    list->device_ids.push_back(d);
+    list->hosts.push_back(h);
+    if (h == host_id_) {
+      list->local_positions.push_back(i);
+      list->local_devices.push_back(local_index_[d]);
+    }
+    auto it = std::find(list->host_set.begin(), list->host_set.end(), h);
+    if (it == list->host_set.end()) list->host_set.push_back(h);
+  }
+  std::sort(list->host_set.begin(), list->host_set.end());
+  list->positions_by_host.resize(list->host_set.size());
+  for (int i = 0; i < request.device_ids_size(); ++i) {
+    const size_t r = std::lower_bound(list->host_set.begin(), list->host_set.end(), list->hosts[i]) -
+                     list->host_set.begin();
+    list->positions_by_host[r].push_back(i);
+  }
+  if (!list->local_positions.empty()) {
+    auto local = LocalShards::Create(static_cast<int>(list->device_ids.size()), list->local_positions);
+    if (!local.ok()) return local.status();
+    list->local = *std::move(local);
+  }
+  std::vector<int> sorted = list->local_devices;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return absl::InvalidArgumentError("define_devices: a device appears twice in the list");
+  }
+  MutexLock lock(&mu_);
+  if (lists_.contains(request.list_id())) {
+    return absl::AlreadyExistsError(absl::StrCat("define_devices: list ", request.list_id(), " exists"));
+  }
+  lists_[request.list_id()] = std::move(list);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const HostDeviceList*> HostExecutor::List(int id) const {
+  auto it = lists_.find(id);
+  if (it == lists_.end()) return absl::InvalidArgumentError(absl::StrCat("no device list ", id, " on this host"));
+  return it->second.get();
+}
+
+absl::Status HostExecutor::LoadFunction(const wire::LoadFunction& request) {
+  auto ir = ParseFunctionIr(request.ir());
+  if (!ir.ok()) return ir.status();
+  auto exe = FunctionExecutable::Compile(*std::move(ir));
+  if (!exe.ok()) return exe.status();
+  auto fn = std::make_shared<Function>();
+  fn->exe = *std::move(exe);
+  MutexLock lock(&mu_);
+  functions_[request.function_id()] = std::move(fn);
+  return absl::OkStatus();
+}
+
+absl::Status HostExecutor::LoadProgram(const wire::LoadProgram& request) {
+  auto program = std::make_shared<Program>();
+  program->name = request.name();
+  program->num_slots = request.num_slots();
+  if (program->num_slots < 0 || program->num_slots > kMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("load_program: bad num_slots ", program->num_slots));
+  }
+  auto slot_ok = [&](int s) { return s >= 0 && s < program->num_slots; };
+  MutexLock lock(&mu_);
+  for (const wire::ProgramStep& ws : request.steps()) {
+    Program::Step step;
+    if (ws.has_compute()) {
+      const wire::ComputeStep& c = ws.compute();
+      auto fn = functions_.find(c.function_id());
+      if (fn == functions_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("load_program: no function ", c.function_id()));
+      }
+      auto gang = List(c.devices());
+      if (!gang.ok()) return gang.status();
+      const FunctionIr& ir = fn->second->exe->ir();
+      if (c.in_slots_size() != ir.num_params() || c.out_slots_size() != ir.num_outputs()) {
+        return absl::InvalidArgumentError(absl::StrCat("load_program: '", ir.name(), "' takes ", ir.num_params(),
+                                                       " inputs and gives ", ir.num_outputs(), " outputs"));
+      }
+      if (ir.axis_size() >= 1 && ir.axis_size() != static_cast<int64_t>((*gang)->device_ids.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("load_program: '", ir.name(), "' runs on ", ir.axis_size(),
+                                                       " devices, not ", (*gang)->device_ids.size()));
+      }
+      step.compute = true;
+      step.fn = fn->second;
+      step.gang = *gang;
+      step.in_slots.assign(c.in_slots().begin(), c.in_slots().end());
+      step.out_slots.assign(c.out_slots().begin(), c.out_slots().end());
+      step.tag = c.gang_tag();
+      for (int s : step.in_slots) {
+        if (!slot_ok(s)) return absl::InvalidArgumentError(absl::StrCat("load_program: bad slot ", s));
+      }
+      for (int s : step.out_slots) {
+        if (!slot_ok(s)) return absl::InvalidArgumentError(absl::StrCat("load_program: bad slot ", s));
+      }
+    } else if (ws.has_transfer()) {
+      const wire::TransferStep& t = ws.transfer();
+      auto src = List(t.src_devices());
+      if (!src.ok()) return src.status();
+      auto dst = List(t.dst_devices());
+      if (!dst.ok()) return dst.status();
+      if ((*src)->device_ids.size() != (*dst)->device_ids.size() || t.shard_bytes() < 0 ||
+          !slot_ok(t.src_slot()) || !slot_ok(t.dst_slot())) {
+        return absl::InvalidArgumentError("load_program: a malformed transfer step");
+      }
+      step.compute = false;
+      step.src_slot = t.src_slot();
+      step.dst_slot = t.dst_slot();
+      step.src = *src;
+      step.dst = *dst;
+      step.shard_bytes = t.shard_bytes();
+    } else {
+      return absl::InvalidArgumentError("load_program: a step of unknown kind");
+    }
+    program->steps.push_back(std::move(step));
+  }
+  programs_[request.program_id()] = std::move(program);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<HostBuffer> HostExecutor::NewBuffer(uint64_t id, int64_t bytes) {
+  auto buffer = std::make_shared<HostBuffer>(id, bytes);
+  buffers_[id] = buffer;
+  return buffer;
+}
+
+absl::Status HostExecutor::Put(wire::PutBuffer& request) {
+  MutexLock lock(&mu_);
+  auto list = List(request.devices());
+  if (!list.ok()) return list.status();
+  const int64_t want = static_cast<int64_t>((*list)->local_positions.size()) * request.shard_bytes();
+  if (request.shard_bytes() < 0 || static_cast<int64_t>(request.data().size()) != want) {
+    return absl::InvalidArgumentError(absl::StrCat("put: buffer ", request.buffer_id(), " needs ", want,
+                                                   " bytes here, got ", request.data().size()));
+  }
+  std::shared_ptr<HostBuffer> buffer = NewBuffer(request.buffer_id(), want);
+  if (want > 0) std::memcpy(buffer->data(), request.data().data(), static_cast<size_t>(want));
+  buffer->Complete(absl::OkStatus());
+  return absl::OkStatus();
+}
+
+void HostExecutor::Run(const wire::RunProgram& request,
+                       absl::AnyInvocable<void(absl::StatusOr<wire::RunReply>) &&> done) {
+  // What to start once the tables are unlocked, in program order.
+  struct Transfer {
+    const HostDeviceList* src_list;
+    std::shared_ptr<HostBuffer> src;
+    const HostDeviceList* dst_list;
+    std::shared_ptr<HostBuffer> dst;
+    int64_t shard_bytes;
+  };
+  std::vector<Transfer> transfers;
+  std::vector<Part*> parts;
+  auto* run = new RunState(std::move(done));
+  {
+    MutexLock lock(&mu_);
+    auto pit = programs_.find(request.program_id());
+    if (pit == programs_.end()) {
+      std::move(run->done)(absl::InvalidArgumentError(absl::StrCat("run: no program ", request.program_id())));
+      delete run;
+      return;
+    }
+    const Program& program = *pit->second;
+    const uint64_t first = request.first_buffer_id();
+    std::vector<std::shared_ptr<HostBuffer>> slots(program.num_slots);
+    auto lookup = [&](uint64_t id) -> std::shared_ptr<HostBuffer> {
+      auto it = buffers_.find(id);
+      if (it != buffers_.end()) return it->second;
+      // The client holds every buffer it names; one missing here is an
+      // error the run reports, not a crash.
+      auto missing = std::make_shared<HostBuffer>(id, 0);
+      missing->Complete(absl::NotFoundError(absl::StrCat("buffer ", id, " is not on host ", host_id_)));
+      return missing;
+    };
+    absl::Status bad;
+    for (const wire::ArgBinding& a : request.args()) {
+      auto src = List(a.src_devices());
+      auto dst = List(a.dst_devices());
+      if (!src.ok() || !dst.ok() || a.slot() < 0 || a.slot() >= program.num_slots || a.shard_bytes() < 0 ||
+          (*src)->device_ids.size() != (*dst)->device_ids.size()) {
+        bad = absl::InvalidArgumentError("run: a malformed argument binding");
+        break;
+      }
+      if (!a.copy()) {
+        if (!(*dst)->local_positions.empty()) slots[a.slot()] = lookup(a.buffer_id());
+        continue;
+      }
+      std::shared_ptr<HostBuffer> s = (*src)->local_positions.empty() ? nullptr : lookup(a.buffer_id());
+      std::shared_ptr<HostBuffer> d;
+      if (!(*dst)->local_positions.empty()) {
+        d = NewBuffer(first + a.slot(), static_cast<int64_t>((*dst)->local_positions.size()) * a.shard_bytes());
+        slots[a.slot()] = d;
+        run->Track(d);
+      }
+      transfers.push_back(Transfer{*src, std::move(s), *dst, std::move(d), a.shard_bytes()});
+    }
+    if (!bad.ok()) {
+      std::move(run->done)(bad);
+      delete run;
+      return;
+    }
+    for (const Program::Step& step : program.steps) {
+      if (!step.compute) {
+        std::shared_ptr<HostBuffer> s = step.src->local_positions.empty() ? nullptr : slots[step.src_slot];
+        std::shared_ptr<HostBuffer> d;
+        if (!step.dst->local_positions.empty()) {
+          d = NewBuffer(first + step.dst_slot,
+                        static_cast<int64_t>(step.dst->local_positions.size()) * step.shard_bytes);
+          slots[step.dst_slot] = d;
+          run->Track(d);
+        }
+        if (s == nullptr && !step.src->local_positions.empty()) s = lookup(first + step.src_slot);
+        transfers.push_back(Transfer{step.src, std::move(s), step.dst, std::move(d), step.shard_bytes});
+        continue;
+      }
+      if (step.gang->local_positions.empty()) continue;
+      auto* part = new Part();
+      part->fn = step.fn;
+      part->gang = step.gang;
+      part->tag = step.tag;
+      const FunctionExecutable& exe = *step.fn->exe;
+      const int64_t n = static_cast<int64_t>(step.gang->local_positions.size());
+      for (size_t i = 0; i < step.in_slots.size(); ++i) {
+        std::shared_ptr<HostBuffer> in = slots[step.in_slots[i]];
+        if (in == nullptr) in = lookup(first + step.in_slots[i]);
+        if (in->bytes() != exe.param_bytes(static_cast<int>(i)) * n && part->error.ok()) {
+          part->error = absl::InternalError(absl::StrCat("'", exe.ir().name(), "' input ", i, " has ", in->bytes(),
+                                                         " bytes on host ", host_id_, ", expected ",
+                                                         exe.param_bytes(static_cast<int>(i)) * n));
+        }
+        part->inputs.push_back(std::move(in));
+      }
+      for (size_t i = 0; i < step.out_slots.size(); ++i) {
+        auto out = NewBuffer(first + step.out_slots[i], exe.output_bytes(static_cast<int>(i)) * n);
+        slots[step.out_slots[i]] = out;
+        run->Track(out);
+        part->outputs.push_back(std::move(out));
+      }
+      parts.push_back(part);
+    }
+  }
+  for (Transfer& t : transfers) StartTransfer(*t.src_list, std::move(t.src), *t.dst_list, std::move(t.dst), t.shard_bytes);
+  for (Part* part : parts) Enqueue(part);
+  run->Release();
+}
+
+void HostExecutor::StartTransfer(const HostDeviceList& src_list, std::shared_ptr<HostBuffer> src,
+                                 const HostDeviceList& dst_list, std::shared_ptr<HostBuffer> dst,
+                                 int64_t shard_bytes) {
+  std::vector<std::pair<int, int>> copies;  // (src local index, dst local index)
+  absl::flat_hash_map<int, std::vector<int>> sends, recvs;
+  std::vector<int> send_order, recv_order;  // peers, in first-seen order
+  int src_local = 0, dst_local = 0;
+  for (size_t i = 0; i < src_list.device_ids.size(); ++i) {
+    const int s = src_list.hosts[i];
+    const int d = dst_list.hosts[i];
+    const int si = s == host_id_ ? src_local++ : -1;
+    const int di = d == host_id_ ? dst_local++ : -1;
+    if (s == host_id_ && d == host_id_) {
+      copies.emplace_back(si, di);
+    } else if (s == host_id_) {
+      if (!sends.contains(d)) send_order.push_back(d);
+      sends[d].push_back(si);
+    } else if (d == host_id_) {
+      if (!recvs.contains(s)) recv_order.push_back(s);
+      recvs[s].push_back(di);
+    }
+  }
+  for (int peer : send_order) {
+    Peer& p = PeerFor(peer);
+    MutexLock lock(&p.mu);
+    p.sends.push_back(Peer::Send{src, std::move(sends[peer]), shard_bytes});
+    p.cv.SignalAll();
+  }
+  if (dst == nullptr) return;
+  auto parts = std::make_shared<DstParts>();
+  parts->dst = dst;
+  parts->left.store((copies.empty() ? 0 : 1) + static_cast<int>(recv_order.size()) + 1);
+  for (int peer : recv_order) {
+    Peer& p = PeerFor(peer);
+    MutexLock lock(&p.mu);
+    p.recvs.push_back(Peer::Recv{parts, std::move(recvs[peer]), shard_bytes});
+    p.cv.SignalAll();
+  }
+  if (!copies.empty()) {
+    src->OnDone([src, dst, parts, copies = std::move(copies), shard_bytes](const absl::Status& status) {
+      if (status.ok()) {
+        for (auto [si, di] : copies) {
+          std::memcpy(dst->data() + di * shard_bytes, src->data() + si * shard_bytes,
+                      static_cast<size_t>(shard_bytes));
+        }
+      }
+      parts->Done(status);
+    });
+  }
+  parts->Done(absl::OkStatus());  // the hold
+}
+
+HostExecutor::Peer& HostExecutor::PeerFor(int host) {
+  MutexLock lock(&peers_mu_);
+  std::unique_ptr<Peer>& peer = peers_[host];
+  if (peer == nullptr) {
+    peer = std::make_unique<Peer>();
+    peer->host = host;
+    Peer* p = peer.get();
+    p->sender = std::thread([this, p] { SendLoop(p); });
+    p->receiver = std::thread([this, p] { RecvLoop(p); });
+  }
+  return *peer;
+}
+
+void HostExecutor::SendLoop(Peer* peer) {
+  std::vector<uint8_t> message;
+  while (true) {
+    Peer::Send item;
+    {
+      MutexLock lock(&peer->mu);
+      while (peer->sends.empty() && !stopping_.load(std::memory_order_acquire)) peer->cv.Wait(&peer->mu);
+      if (peer->sends.empty()) return;
+      item = std::move(peer->sends.front());
+      peer->sends.pop_front();
+    }
+    // The message: the shards in order, then one byte that says whether
+    // they are valid (the receiver's sizes must match, failed or not).
+    const int64_t payload = static_cast<int64_t>(item.indices.size()) * item.shard_bytes;
+    message.resize(static_cast<size_t>(payload + 1));
+    const absl::Status status = item.src->Await(stopping_);
+    if (stopping_.load(std::memory_order_acquire)) return;
+    if (status.ok()) {
+      for (size_t k = 0; k < item.indices.size(); ++k) {
+        std::memcpy(message.data() + k * item.shard_bytes, item.src->data() + item.indices[k] * item.shard_bytes,
+                    static_cast<size_t>(item.shard_bytes));
+      }
+    }
+    message[payload] = status.ok() ? 0 : 1;
+    item.src.reset();
+    if (world_ == nullptr) continue;  // the receiver fails its part
+    if (absl::Status sent = world_->Send(peer->host, message.data(), payload + 1, kTransferTag); !sent.ok()) {
+      std::cerr << "pathways-host " << host_id_ << ": transfer to host " << peer->host << " failed: " << sent
+                << "\n";
+    }
+  }
+}
+
+void HostExecutor::RecvLoop(Peer* peer) {
+  std::vector<uint8_t> message;
+  while (true) {
+    Peer::Recv item;
+    {
+      MutexLock lock(&peer->mu);
+      while (peer->recvs.empty() && !stopping_.load(std::memory_order_acquire)) peer->cv.Wait(&peer->mu);
+      if (peer->recvs.empty()) return;
+      item = std::move(peer->recvs.front());
+      peer->recvs.pop_front();
+    }
+    const int64_t payload = static_cast<int64_t>(item.indices.size()) * item.shard_bytes;
+    message.resize(static_cast<size_t>(payload + 1));
+    absl::Status status = world_ == nullptr
+                              ? absl::FailedPreconditionError("the data plane is not connected")
+                              : world_->Recv(peer->host, message.data(), payload + 1, kTransferTag);
+    if (status.ok() && message[payload] != 0) {
+      status = absl::AbortedError(absl::StrCat("the transfer's source shards on host ", peer->host, " failed"));
+    }
+    if (status.ok()) {
+      uint8_t* dst = item.parts->dst->data();
+      for (size_t k = 0; k < item.indices.size(); ++k) {
+        std::memcpy(dst + item.indices[k] * item.shard_bytes, message.data() + k * item.shard_bytes,
+                    static_cast<size_t>(item.shard_bytes));
+      }
+    }
+    item.parts->Done(status);
+  }
+}
+
+void HostExecutor::Enqueue(Part* part) {
+  const int devices = static_cast<int>(part->gang->local_devices.size());
+  part->pending.store(static_cast<int>(part->inputs.size()) + devices + 1, std::memory_order_relaxed);
+  for (const auto& in : part->inputs) {
+    in->OnDone([this, part](const absl::Status&) { CountDown(part); });
+  }
+  int heads = 0;
+  {
+    MutexLock lock(&queue_mu_);
+    for (int d : part->gang->local_devices) {
+      queues_[d].push_back(part);
+      if (queues_[d].front() == part) ++heads;
+    }
+  }
+  for (int i = 0; i < heads; ++i) CountDown(part);
+  CountDown(part);  // the hold
+}
+
+void HostExecutor::CountDown(Part* part) {
+  if (part->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  Worker& w = *workers_[part->gang->local_devices[0]];
+  MutexLock lock(&w.mu);
+  w.ready.push_back(part);
+  w.cv.Signal();
+}
+
+void HostExecutor::DeviceLoop(int device) {
+  Worker& w = *workers_[device];
+  Scratch scratch;
+  while (true) {
+    Part* part;
+    {
+      MutexLock lock(&w.mu);
+      while (w.ready.empty() && !stopping_.load(std::memory_order_acquire)) w.cv.Wait(&w.mu);
+      if (stopping_.load(std::memory_order_acquire)) return;
+      part = w.ready.front();
+      w.ready.pop_front();
+    }
+    absl::Status status = part->error;
+    for (const auto& in : part->inputs) {
+      if (!status.ok()) break;
+      absl::Status s = in->Await(stopping_);
+      if (!s.ok()) status = s;
+    }
+    if (status.ok()) {
+      const FunctionExecutable& exe = *part->fn->exe;
+      const HostDeviceList& gang = *part->gang;
+      std::vector<const void*> ins;
+      std::vector<void*> outs;
+      for (const auto& in : part->inputs) ins.push_back(in->data());
+      for (const auto& out : part->outputs) outs.push_back(out->data());
+      const int gang_size = static_cast<int>(gang.device_ids.size());
+      if (gang.all_local()) {
+        exe.Run(gang_size, ins, outs, scratch.Get(exe.scratch_bytes(gang_size)));
+      } else {
+        auto group = GroupFor(gang);
+        if (!group.ok()) {
+          status = group.status();
+        } else {
+          GroupCollectives collectives(*group, &gang, part->tag);
+          const int num_local = static_cast<int>(gang.local_positions.size());
+          status = exe.RunLocal(*gang.local, ins, outs,
+                                scratch.Get(exe.local_scratch_bytes(num_local, gang_size)), &collectives);
+        }
+      }
+      if (!status.ok()) {
+        status = absl::Status(status.code(), absl::StrCat("'", exe.ir().name(), "' on host ", host_id_,
+                                                          " failed: ", status.message()));
+      }
+    }
+    // Free the devices first, so the next gang in order can start.
+    std::vector<Part*> heads;
+    {
+      MutexLock lock(&queue_mu_);
+      for (int d : part->gang->local_devices) {
+        queues_[d].pop_front();
+        if (!queues_[d].empty()) heads.push_back(queues_[d].front());
+      }
+    }
+    for (Part* next : heads) CountDown(next);
+    part->inputs.clear();
+    for (const auto& out : part->outputs) out->Complete(status);
+    delete part;
+  }
+}
+
+absl::StatusOr<CollectiveGroup*> HostExecutor::GroupFor(const HostDeviceList& list) {
+  const std::string key = absl::StrCat(group_prefix_, "/hosts/", absl::StrJoin(list.host_set, ","));
+  std::shared_ptr<GroupEntry> entry;
+  {
+    MutexLock lock(&groups_mu_);
+    std::shared_ptr<GroupEntry>& e = groups_[key];
+    if (e == nullptr) e = std::make_shared<GroupEntry>();
+    entry = e;
+  }
+  MutexLock lock(&entry->mu);
+  if (!entry->created) {
+    entry->created = true;
+    const int rank = static_cast<int>(std::lower_bound(list.host_set.begin(), list.host_set.end(), host_id_) -
+                                      list.host_set.begin());
+    auto group = CollectiveGroup::Create(store_, key, rank, static_cast<int>(list.host_set.size()));
+    if (group.ok()) {
+      entry->group = *std::move(group);
+    } else {
+      entry->error = group.status();
+    }
+  }
+  if (!entry->error.ok()) return entry->error;
+  return entry->group.get();
+}
+
+void HostExecutor::Free(const wire::FreeBuffers& request) {
+  std::vector<std::shared_ptr<HostBuffer>> dropped;  // freed outside the lock
+  MutexLock lock(&mu_);
+  for (uint64_t id : request.buffer_ids()) {
+    auto it = buffers_.find(id);
+    if (it == buffers_.end()) continue;
+    dropped.push_back(std::move(it->second));
+    buffers_.erase(it);
+  }
+}
+
+void HostExecutor::Fetch(uint64_t buffer_id, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done) {
+  std::shared_ptr<HostBuffer> buffer;
+  {
+    MutexLock lock(&mu_);
+    auto it = buffers_.find(buffer_id);
+    if (it != buffers_.end()) buffer = it->second;
+  }
+  if (buffer == nullptr) {
+    std::move(done)(absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not on host ", host_id_)));
+    return;
+  }
+  buffer->OnDone([buffer, done = std::move(done)](const absl::Status& status) mutable {
+    if (!status.ok()) {
+      std::move(done)(status);
+      return;
+    }
+    std::move(done)(std::string(reinterpret_cast<const char*>(buffer->data()), static_cast<size_t>(buffer->bytes())));
+  });
+}
+
+int HostExecutor::num_buffers() const {
+  MutexLock lock(&mu_);
+  return static_cast<int>(buffers_.size());
+}
+
+}  // namespace pw

@@ -1,0 +1,188 @@
+#ifndef PATHWAYS_HOST_HOST_EXECUTOR_H_
+#define PATHWAYS_HOST_HOST_EXECUTOR_H_
+
+// What a host process runs (paper §4, Figure 3): its shards of every gang the
+// client dispatches to it, its shards of the buffers those gangs use, and the
+// transfers between its devices and other hosts'.
+//
+// Order. The client sends every host its work in one global order (the
+// order in which it dispatched), so every device queue here holds its gangs
+// in the island's order, as the gang scheduler of §4.4 wants. A gang's local
+// part starts when it is at the head of each of its local devices' queues and
+// its local inputs are ready. A gang that spans hosts meets its other hosts
+// in its collectives, over Gloo (CollectiveGroup, one group per set of
+// hosts). Since every host takes gangs in the same order, and a gang's part
+// runs on a thread of its own device (a running part owns its devices, so
+// running parts never outnumber the device threads), a part waiting in a
+// collective never holds a thread an earlier gang needs.
+//
+// Data. A transfer moves each shard from the host of its source device to the
+// host of its destination device: a copy inside a host, else a Gloo message
+// from host to host, never through the client. Each host has one sending and
+// one receiving thread per peer, fed in the global order, so the sends of
+// one host meet the receives of the other one for one.
+//
+// Thread-safe. Requests come from the control plane (HostRuntime).
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "csrc/base/mutex.h"
+#include "csrc/coordination/collective_group.h"
+#include "csrc/coordination/control.pb.h"
+#include "csrc/kernels/function_executable.h"
+
+namespace pw {
+
+// This host's shards of one sharded buffer, contiguous in list order; also
+// the future of whatever produces them here.
+class HostBuffer {
+ public:
+  HostBuffer(uint64_t id, int64_t bytes);
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  uint64_t id() const { return id_; }
+  uint8_t* data() const { return data_; }
+  int64_t bytes() const { return bytes_; }
+
+  // Calls `fn` with the status once the buffer is done: at once, on this
+  // thread, if it is done already. `fn` must not block.
+  void OnDone(absl::AnyInvocable<void(const absl::Status&) &&> fn);
+  // Waits until done or `stopping` is set; the status (Cancelled if stopped).
+  absl::Status Await(const std::atomic<bool>& stopping);
+  // Completes the buffer (once).
+  void Complete(const absl::Status& status);
+
+ private:
+  const uint64_t id_;
+  const int64_t bytes_;
+  uint8_t* data_ = nullptr;
+  Mutex mu_;
+  CondVar cv_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::AnyInvocable<void(const absl::Status&) &&>> waiters_ ABSL_GUARDED_BY(mu_);
+};
+
+// A device list as this host sees it.
+struct HostDeviceList {
+  std::vector<int> device_ids;      // global ids, in list order
+  std::vector<int> hosts;           // host of each position
+  std::vector<int> local_positions; // positions on this host, increasing
+  std::vector<int> local_devices;   // their index in this host's devices
+  // The hosts of the list, increasing, and each one's positions.
+  std::vector<int> host_set;
+  std::vector<std::vector<int>> positions_by_host;  // parallel to host_set
+  std::optional<LocalShards> local;  // when this host holds some positions
+  bool all_local() const { return local_positions.size() == device_ids.size(); }
+};
+
+class HostExecutor {
+ public:
+  // `store` is the rendezvous this host uses to connect its collective
+  // groups; it must outlive the executor.
+  HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join, KeyValueStore* store);
+  // Stops the threads. Work still queued is dropped.
+  ~HostExecutor();
+  HostExecutor(const HostExecutor&) = delete;
+  HostExecutor& operator=(const HostExecutor&) = delete;
+
+  // Connects the data plane to every other host (blocks until they all
+  // have joined, or fails after the collective timeout).
+  absl::Status ConnectDataPlane();
+
+  absl::Status DefineDevices(const wire::DefineDevices& request);
+  absl::Status LoadFunction(const wire::LoadFunction& request);
+  absl::Status LoadProgram(const wire::LoadProgram& request);
+  absl::Status Put(wire::PutBuffer& request);
+  // Starts a run; `done` gets the reply once this host's part has finished.
+  void Run(const wire::RunProgram& request, absl::AnyInvocable<void(absl::StatusOr<wire::RunReply>) &&> done);
+  // Gets this host's shards of a buffer once it is done.
+  void Fetch(uint64_t buffer_id, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
+  void Free(const wire::FreeBuffers& request);
+
+  // Buffers held now (tests).
+  int num_buffers() const;
+
+ private:
+  struct Program;
+  struct Function;
+  struct Part;
+  struct RunState;
+  struct Peer;
+  class GroupCollectives;
+
+  absl::StatusOr<const HostDeviceList*> List(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<HostBuffer> NewBuffer(uint64_t id, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The transfer of one step or argument: `src` and `dst` are this host's
+  // buffers, null where it holds no shard.
+  void StartTransfer(const HostDeviceList& src_list, std::shared_ptr<HostBuffer> src, const HostDeviceList& dst_list,
+                     std::shared_ptr<HostBuffer> dst, int64_t shard_bytes);
+  void Enqueue(Part* part);
+  void CountDown(Part* part);
+  void DeviceLoop(int device);
+  void RunPart(Part* part, std::vector<uint8_t>& scratch);
+  absl::StatusOr<CollectiveGroup*> GroupFor(const HostDeviceList& list);
+  Peer& PeerFor(int host);
+  void SendLoop(Peer* peer);
+  void RecvLoop(Peer* peer);
+
+  const int host_id_;
+  const int num_local_devices_;
+  std::vector<int> device_host_;            // by global device id
+  std::vector<int> local_index_;            // by global device id: index in this host, or -1
+  const std::string group_prefix_;
+  KeyValueStore* const store_;
+  std::atomic<bool> stopping_{false};
+
+  mutable Mutex mu_;  // the tables below
+  absl::flat_hash_map<int, std::unique_ptr<HostDeviceList>> lists_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<const Function>> functions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<const Program>> programs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<HostBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
+
+  // Device queues: the gang parts in order, per local device; a part counts
+  // one down per device as it reaches the head.
+  Mutex queue_mu_;
+  std::vector<std::deque<Part*>> queues_ ABSL_GUARDED_BY(queue_mu_);
+  // Parts ready to run, per local device (the part's first local device).
+  struct Worker {
+    Mutex mu;
+    CondVar cv;
+    std::deque<Part*> ready ABSL_GUARDED_BY(mu);
+    std::thread thread;
+  };
+  std::vector<std::unique_ptr<Worker>> workers_;
+
+  // The collective group of each set of hosts that shares a gang, made at
+  // its first use (under its entry's lock, not the map's).
+  struct GroupEntry {
+    Mutex mu;
+    bool created = false;
+    std::unique_ptr<CollectiveGroup> group;
+    absl::Status error;
+  };
+  Mutex groups_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<GroupEntry>> groups_ ABSL_GUARDED_BY(groups_mu_);
+  std::unique_ptr<CollectiveGroup> world_;  // set by ConnectDataPlane, before any transfer
+
+  Mutex peers_mu_;
+  absl::flat_hash_map<int, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(peers_mu_);
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_HOST_HOST_EXECUTOR_H_
