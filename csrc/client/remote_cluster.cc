@@ -55,6 +55,13 @@ class Replies {
 struct RemoteCluster::Plan {
   std::vector<int> hosts;              // taking part, increasing
   absl::flat_hash_set<int> loaded;     // hosts that have its steps
+  // Per step: its hosts and its wire form.
+  std::vector<std::vector<int>> step_hosts;
+  std::vector<wire::ProgramStep> step_wire;
+  // Sequential dispatch: step k is program sequential_base + k, and the
+  // arguments' copies program sequential_base + num_steps (0: not loaded).
+  uint64_t sequential_base = 0;
+  absl::flat_hash_set<int> args_loaded;
 };
 
 // One run in flight: its buffers complete once every host taking part has
@@ -80,13 +87,26 @@ struct RemoteCluster::Run {
       }
     }
     if (run->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    Finish(*run);
+  }
+
+  // Completes the buffers the run made.
+  static void Finish(Run& run) {
     ReadyList none;  // nothing in this process waits on a remote buffer's list
-    MutexLock lock(&run->mu);
-    for (auto& buffer : run->made) {
-      absl::Status status = run->whole;
+    std::vector<std::shared_ptr<ShardedBuffer>> made;
+    absl::Status whole;
+    absl::flat_hash_map<uint64_t, absl::Status> failed;
+    {
+      MutexLock lock(&run.mu);
+      made.swap(run.made);
+      whole = run.whole;
+      failed.swap(run.failed);
+    }
+    for (auto& buffer : made) {
+      absl::Status status = whole;
       if (status.ok()) {
-        auto it = run->failed.find(buffer->remote_id());
-        if (it != run->failed.end()) status = it->second;
+        auto it = failed.find(buffer->remote_id());
+        if (it != failed.end()) status = it->second;
       }
       if (status.ok()) {
         buffer->SetReady(&none);
@@ -94,7 +114,6 @@ struct RemoteCluster::Run {
         buffer->SetError(std::move(status), &none);
       }
     }
-    run->made.clear();
   }
 };
 
@@ -111,6 +130,10 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   rc->stores_ = stores;
   rc->pool_ = *std::move(pool);
   rc->messages_ = std::make_unique<std::atomic<int64_t>[]>(rc->pool_->num_hosts());
+  {
+    MutexLock lock(&rc->frees_mu_);
+    rc->pending_frees_.resize(rc->pool_->num_hosts());
+  }
   {
     MutexLock lock(&rc->mu_);
     rc->known_.resize(rc->pool_->num_hosts());
@@ -129,7 +152,7 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
       if (!status.ok()) status = absl::Status(status.code(), absl::StrCat("host ", h, ": ", status.message()));
       replies.Done(std::move(status));
     });
-    rc->pool_->channel(h).Flush();
+    rc->Flush(h);
   }
   if (absl::Status joined = replies.Wait(kJoinTimeoutNs, "joining the hosts into one cluster"); !joined.ok()) {
     return joined;
@@ -138,6 +161,11 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
 }
 
 RemoteCluster::~RemoteCluster() = default;
+
+void RemoteCluster::Flush(int host) {
+  messages_[host].fetch_add(1, std::memory_order_relaxed);
+  pool_->channel(host).Flush();
+}
 
 std::vector<int64_t> RemoteCluster::messages_sent() const {
   std::vector<int64_t> out;
@@ -148,7 +176,6 @@ std::vector<int64_t> RemoteCluster::messages_sent() const {
 const DeviceList* RemoteCluster::ListById(int id) const { return lists_by_id_.at(id); }
 
 void RemoteCluster::Send(int host, wire::Request request, HostChannel::ReplyCallback done) {
-  messages_[host].fetch_add(1, std::memory_order_relaxed);
   pool_->channel(host).Send(std::move(request), std::move(done));
 }
 
@@ -207,37 +234,41 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
   std::vector<bool> takes_part(pool_->num_hosts(), false);
   for (const LoweredStep& step : program.steps()) {
     std::vector<int> hosts = HostsOf(step.devices);
-    if (step.kind == LoweredStep::Kind::kTransfer) {
-      std::vector<int> src = HostsOf(slot_devices[step.in_slots[0]]);
-      hosts.insert(hosts.end(), src.begin(), src.end());
+    wire::ProgramStep ws;
+    if (step.kind == LoweredStep::Kind::kCompute) {
+      wire::ComputeStep* c = ws.mutable_compute();
+      c->set_devices(step.devices->id());
+      for (int s : step.in_slots) c->add_in_slots(s);
+      for (int s : step.out_slots) c->add_out_slots(s);
+      c->set_gang_tag(next_gang_tag_++);
+      for (int h : hosts) {
+        EnsureList(h, step.devices);
+        c->set_function_id(EnsureFunction(h, *step.fn));  // one id whatever the host
+      }
+    } else {
+      const DeviceList* src = slot_devices[step.in_slots[0]];
+      std::vector<int> src_hosts = HostsOf(src);
+      hosts.insert(hosts.end(), src_hosts.begin(), src_hosts.end());
       std::sort(hosts.begin(), hosts.end());
       hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
-    }
-    const uint32_t tag = next_gang_tag_++;
-    for (int h : hosts) {
-      takes_part[h] = true;
-      wire::ProgramStep* ws = loads[h].add_steps();
-      if (step.kind == LoweredStep::Kind::kCompute) {
-        EnsureList(h, step.devices);
-        wire::ComputeStep* c = ws->mutable_compute();
-        c->set_function_id(EnsureFunction(h, *step.fn));
-        c->set_devices(step.devices->id());
-        for (int s : step.in_slots) c->add_in_slots(s);
-        for (int s : step.out_slots) c->add_out_slots(s);
-        c->set_gang_tag(tag);
-      } else {
-        const DeviceList* src = slot_devices[step.in_slots[0]];
+      wire::TransferStep* t = ws.mutable_transfer();
+      t->set_src_slot(step.in_slots[0]);
+      t->set_src_devices(src->id());
+      t->set_dst_slot(step.out_slots[0]);
+      t->set_dst_devices(step.devices->id());
+      const SlotType& type = program.slot_types()[step.out_slots[0]];
+      t->set_shard_bytes(ShardBytes(type.dtype, type.dims));
+      for (int h : hosts) {
         EnsureList(h, src);
         EnsureList(h, step.devices);
-        wire::TransferStep* t = ws->mutable_transfer();
-        t->set_src_slot(step.in_slots[0]);
-        t->set_src_devices(src->id());
-        t->set_dst_slot(step.out_slots[0]);
-        t->set_dst_devices(step.devices->id());
-        const SlotType& type = program.slot_types()[step.out_slots[0]];
-        t->set_shard_bytes(ShardBytes(type.dtype, type.dims));
       }
     }
+    for (int h : hosts) {
+      takes_part[h] = true;
+      *loads[h].add_steps() = ws;
+    }
+    plan->step_hosts.push_back(std::move(hosts));
+    plan->step_wire.push_back(std::move(ws));
   }
   // Hosts that only hold placed arguments take part too (they get puts).
   for (const ArgPlacement& p : program.arg_placements()) {
@@ -258,16 +289,49 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
   return *plan;
 }
 
+void RemoteCluster::LoadOn(int host, uint64_t program_id, const LoweredProgram& program,
+                           const wire::ProgramStep* step) {
+  wire::Request request;
+  wire::LoadProgram* load = request.mutable_load_program();
+  load->set_program_id(program_id);
+  load->set_name(program.ir().name());
+  load->set_num_slots(program.num_slots());
+  if (step != nullptr) *load->add_steps() = *step;
+  Send(host, std::move(request));
+}
+
+void RemoteCluster::SendRun(const std::vector<int>& hosts, uint64_t program_id, uint64_t first,
+                            const std::vector<wire::ArgBinding>& bindings, std::shared_ptr<Run> run) {
+  if (hosts.empty()) {  // nothing to run anywhere
+    Run::Finish(*run);
+    return;
+  }
+  run->pending.store(static_cast<int>(hosts.size()), std::memory_order_relaxed);
+  for (int h : hosts) {
+    wire::Request request;
+    wire::RunProgram* r = request.mutable_run();
+    r->set_program_id(program_id);
+    r->set_first_buffer_id(first);
+    TakeFrees(h, r);
+    for (const wire::ArgBinding& b : bindings) {
+      EnsureList(h, ListById(b.src_devices()));
+      EnsureList(h, ListById(b.dst_devices()));
+      *r->add_args() = b;
+    }
+    Send(h, std::move(request), [run](absl::StatusOr<wire::Reply> reply) { Run::HostDone(run, std::move(reply)); });
+  }
+  for (int h : hosts) Flush(h);
+}
+
 absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
                                           const ExecuteOptions& options, const BufferOwner& owner,
                                           std::vector<std::shared_ptr<ShardedBuffer>>& slots) {
-  if (options.mode == DispatchMode::kSequential) {
-    return absl::UnimplementedError(
-        "sequential dispatch does not run on host processes yet: use parallel dispatch (the default)");
-  }
+  const bool sequential = options.mode == DispatchMode::kSequential;
   MutexLock lock(&mu_);
   Plan& plan = PlanFor(program);
   const uint64_t first = next_buffer_id_.fetch_add(program.num_slots(), std::memory_order_relaxed);
+  // Parallel: one run for the whole program. Sequential: one for the
+  // arguments, then one per step, each sent once its inputs are ready.
   auto run = std::make_shared<Run>(stores_);
   BufferOwner slot_owner = owner;
   slot_owner.remote = this;
@@ -279,13 +343,14 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
     run->made.push_back(slots[slot]);
     return absl::OkStatus();
   };
-  std::vector<wire::ArgBinding> bindings;
+  std::vector<wire::ArgBinding> bindings;  // in place (sequential: every run needs them)
+  std::vector<wire::ArgBinding> copies;
   std::vector<int> hosts = plan.hosts;
   for (const ArgPlacement& p : program.arg_placements()) {
     const ProgramArg& arg = args[p.arg];
     if (arg.buffer == nullptr) {
       PW_RETURN_IF_ERROR(allocate(p.slot, arg.dtype, arg.dims, p.devices));
-      WriteLocked(*slots[p.slot], arg.host_data);
+      WriteLocked(*slots[p.slot], arg.host_data, /*flush=*/false);  // leaves with the run
       continue;
     }
     if (!arg.buffer->is_remote()) {
@@ -300,50 +365,66 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
     b.set_shard_bytes(arg.buffer->shard_bytes());
     if (arg.buffer->devices() == p.devices) {
       slots[p.slot] = arg.buffer;
+      bindings.push_back(std::move(b));
     } else {
       PW_RETURN_IF_ERROR(allocate(p.slot, arg.buffer->dtype(), arg.buffer->dims(), p.devices));
       b.set_copy(true);
       for (int h : HostsOf(arg.buffer->devices())) hosts.push_back(h);  // they send
+      copies.push_back(std::move(b));
     }
-    bindings.push_back(std::move(b));
-  }
-  const auto& types = program.slot_types();
-  for (const LoweredStep& step : program.steps()) {
-    for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
   }
   std::sort(hosts.begin(), hosts.end());
   hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
-  run->pending.store(static_cast<int>(hosts.size()), std::memory_order_relaxed);
-  for (int h : hosts) {
-    if (plan.loaded.insert(h).second) {  // a host that only sends an argument
-      wire::Request load;
-      load.mutable_load_program()->set_program_id(program.id());
-      load.mutable_load_program()->set_name(program.ir().name());
-      load.mutable_load_program()->set_num_slots(program.num_slots());
-      Send(h, std::move(load));
+  const auto& types = program.slot_types();
+  if (!sequential) {
+    for (const LoweredStep& step : program.steps()) {
+      for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
     }
-    wire::Request request;
-    wire::RunProgram* r = request.mutable_run();
-    r->set_program_id(program.id());
-    r->set_first_buffer_id(first);
-    for (const wire::ArgBinding& b : bindings) {
-      EnsureList(h, ListById(b.src_devices()));
-      EnsureList(h, ListById(b.dst_devices()));
-      *r->add_args() = b;
+    for (int h : hosts) {
+      if (plan.loaded.insert(h).second) LoadOn(h, program.id(), program, nullptr);  // it only sends an argument
     }
-    Send(h, std::move(request), [run](absl::StatusOr<wire::Reply> reply) { Run::HostDone(run, std::move(reply)); });
+    bindings.insert(bindings.end(), copies.begin(), copies.end());
+    SendRun(hosts, program.id(), first, bindings, std::move(run));
+    return absl::OkStatus();
   }
-  for (int h : hosts) pool_->channel(h).Flush();
+  // Sequential (Figure 4a): the client sends a step only once its inputs are
+  // ready, paying a round trip per node. Each step is a program of its own
+  // on its hosts, loaded the first time.
+  if (plan.sequential_base == 0) {
+    plan.sequential_base = next_sequential_id_;
+    next_sequential_id_ += program.steps().size() + 1;
+    for (size_t k = 0; k < program.steps().size(); ++k) {
+      for (int h : plan.step_hosts[k]) LoadOn(h, plan.sequential_base + k, program, &plan.step_wire[k]);
+    }
+  }
+  const uint64_t args_id = plan.sequential_base + program.steps().size();
+  if (!copies.empty()) {
+    for (int h : hosts) {
+      if (plan.args_loaded.insert(h).second) LoadOn(h, args_id, program, nullptr);
+    }
+    SendRun(hosts, args_id, first, copies, run);
+  } else {
+    Run::Finish(*run);  // puts are ready once sent
+  }
+  for (size_t k = 0; k < program.steps().size(); ++k) {
+    const LoweredStep& step = program.steps()[k];
+    if (step.kind == LoweredStep::Kind::kCompute) {
+      for (int s : step.in_slots) slots[s]->Await().IgnoreError();  // errors flow to the outputs
+    }
+    run = std::make_shared<Run>(stores_);
+    for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
+    SendRun(plan.step_hosts[k], plan.sequential_base + k, first, bindings, std::move(run));
+  }
   return absl::OkStatus();
 }
 
 absl::Status RemoteCluster::Write(const ShardedBuffer& buffer, const void* data) {
   MutexLock lock(&mu_);
-  WriteLocked(buffer, data);
+  WriteLocked(buffer, data, /*flush=*/true);
   return absl::OkStatus();
 }
 
-void RemoteCluster::WriteLocked(const ShardedBuffer& buffer, const void* data) {
+void RemoteCluster::WriteLocked(const ShardedBuffer& buffer, const void* data, bool flush) {
   const DeviceList* list = buffer.devices();
   const int64_t shard = buffer.shard_bytes();
   for (int h : HostsOf(list)) {
@@ -361,7 +442,7 @@ void RemoteCluster::WriteLocked(const ShardedBuffer& buffer, const void* data) {
                   static_cast<size_t>(shard));
     }
     Send(h, std::move(request));
-    pool_->channel(h).Flush();
+    if (flush) Flush(h);
   }
 }
 
@@ -383,7 +464,7 @@ absl::Status RemoteCluster::Read(const ShardedBuffer& buffer, void* dst) {
         }
         replies.Done(std::move(status));
       });
-      pool_->channel(hosts[k]).Flush();
+      Flush(hosts[k]);
     }
   }
   // A lost host fails its fetch (HostChannel), so this wait ends.
@@ -405,14 +486,30 @@ absl::Status RemoteCluster::Read(const ShardedBuffer& buffer, void* dst) {
 }
 
 void RemoteCluster::Free(const ShardedBuffer& buffer) {
-  // No lock: a buffer may go while a dispatch holds mu_ (its own error
-  // path). Nothing names a buffer once it is gone, so order is no matter.
+  // Not under mu_: a buffer may go while a dispatch holds it (its own error
+  // path). Nothing names a buffer once it is gone, so its free may wait for
+  // the host's next run, unless it holds much memory or many wait.
+  const bool now = buffer.total_bytes() >= kFreeAtOnceBytes;
   for (int h : HostsOf(buffer.devices())) {
+    std::vector<uint64_t> ids;
+    {
+      MutexLock lock(&frees_mu_);
+      std::vector<uint64_t>& pending = pending_frees_[h];
+      pending.push_back(buffer.remote_id());
+      if (!now && pending.size() < kFreesPerMessage) continue;
+      ids.swap(pending);
+    }
     wire::Request request;
-    request.mutable_free()->add_buffer_ids(buffer.remote_id());
+    for (uint64_t id : ids) request.mutable_free()->add_buffer_ids(id);
     Send(h, std::move(request));
-    pool_->channel(h).Flush();
+    Flush(h);
   }
+}
+
+void RemoteCluster::TakeFrees(int host, wire::RunProgram* run) {
+  MutexLock lock(&frees_mu_);
+  for (uint64_t id : pending_frees_[host]) run->add_free_buffer_ids(id);
+  pending_frees_[host].clear();
 }
 
 }  // namespace pw

@@ -49,7 +49,8 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
 
   HostPool& pool() { return *pool_; }
   std::vector<RemoteHostInfo> hosts() const { return pool_->hosts(); }
-  // Control messages sent to each host so far (RunProgram and the rest).
+  // Control messages (frames on the wire: requests batched) sent to each
+  // host so far; heartbeats not counted.
   std::vector<int64_t> messages_sent() const;
 
   // RemoteShards
@@ -79,17 +80,37 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   std::vector<int> HostsOf(const DeviceList* list) const;
   // This host's shards of a buffer on `list`: shard positions, in order.
   std::vector<int> PositionsOn(const DeviceList* list, int host) const;
-  void WriteLocked(const ShardedBuffer& buffer, const void* data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the puts of `buffer`'s shards; sends them at once if `flush`.
+  void WriteLocked(const ShardedBuffer& buffer, const void* data, bool flush) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends what is queued for `host` as one message.
+  void Flush(int host);
+  // Moves the frees waiting for `host` into `run`.
+  void TakeFrees(int host, wire::RunProgram* run);
+  // Sends `host` the program `program_id`: `step` alone, or no step.
+  void LoadOn(int host, uint64_t program_id, const LoweredProgram& program, const wire::ProgramStep* step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends one RunProgram to each of `hosts`; `run` completes its buffers
+  // once they have all replied.
+  void SendRun(const std::vector<int>& hosts, uint64_t program_id, uint64_t first,
+               const std::vector<wire::ArgBinding>& bindings, std::shared_ptr<Run> run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Cluster* cluster_ = nullptr;
   ObjectStores* stores_ = nullptr;
   std::unique_ptr<HostPool> pool_;
   std::unique_ptr<std::atomic<int64_t>[]> messages_;  // per host
+  // Buffers dropped, by host, not yet told: they leave with the host's next
+  // run, or on their own once kFreesPerMessage wait or a buffer of at least
+  // kFreeAtOnceBytes goes.
+  static constexpr size_t kFreesPerMessage = 256;
+  static constexpr int64_t kFreeAtOnceBytes = int64_t{1} << 20;
+  Mutex frees_mu_;
+  std::vector<std::vector<uint64_t>> pending_frees_ ABSL_GUARDED_BY(frees_mu_);
   std::atomic<uint64_t> next_buffer_id_{1};
 
   // One dispatch at a time, so every host sees the same order; guards what
   // each host knows.
-  Mutex mu_;
+  mutable Mutex mu_;
   struct HostState {
     absl::flat_hash_set<int> lists;
     absl::flat_hash_set<uint64_t> functions;
@@ -101,6 +122,9 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<Plan>> plans_ ABSL_GUARDED_BY(mu_);
   uint32_t next_gang_tag_ ABSL_GUARDED_BY(mu_) = 1;
+  // Ids of the per-step programs of sequential dispatch: apart from
+  // LoweredProgram ids (which count from 1).
+  uint64_t next_sequential_id_ ABSL_GUARDED_BY(mu_) = uint64_t{1} << 62;
 };
 
 }  // namespace pw

@@ -449,8 +449,15 @@ void HostExecutor::Run(const wire::RunProgram& request,
   std::vector<Transfer> transfers;
   std::vector<Part*> parts;
   auto* run = new RunState(std::move(done));
+  std::vector<std::shared_ptr<HostBuffer>> dropped;  // freed once unlocked
   {
     MutexLock lock(&mu_);
+    for (uint64_t id : request.free_buffer_ids()) {
+      auto it = buffers_.find(id);
+      if (it == buffers_.end()) continue;
+      dropped.push_back(std::move(it->second));
+      buffers_.erase(it);
+    }
     auto pit = programs_.find(request.program_id());
     if (pit == programs_.end()) {
       std::move(run->done)(absl::InvalidArgumentError(absl::StrCat("run: no program ", request.program_id())));
