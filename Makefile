@@ -45,8 +45,11 @@ test-cpp: deps $(VENV)/.created
 	$(CMAKE) --build build/cpp
 	$(CTEST) --test-dir build/cpp --output-on-failure -j2
 
+# The Python suite twice: hosts in process (the default), then each host a
+# process of its own on loopback (hosts="local_processes").
 test-python: $(VENV)/.installed
 	cd tests/python && ../../$(VPY) -m pytest -q -p no:cacheprovider .
+	cd tests/python && ../../$(VPY) -m pytest -q -p no:cacheprovider --hosts=local_processes .
 
 # The paper's experiments (§5), pathways and its peers side by side: tables
 # and plots in benchmarks/results/. Peers come from the [bench] extra.

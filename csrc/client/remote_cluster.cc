@@ -123,6 +123,11 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
                                                                       const std::string& secret) {
   ChannelOptions options;
   options.secret = secret;
+  // A host process that dies ends its stream at once; the heartbeat only
+  // catches a host that hangs. Its timeout is generous: on a loaded
+  // machine, or behind a large frame on the same stream, a live host's
+  // answer can take over a second.
+  options.heartbeat_timeout_ns = int64_t{10} * 1'000'000'000;
   auto pool = HostPool::Connect(cluster, addresses, options);
   if (!pool.ok()) return pool.status();
   auto rc = std::unique_ptr<RemoteCluster>(new RemoteCluster());

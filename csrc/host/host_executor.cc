@@ -1,6 +1,7 @@
 #include "csrc/host/host_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -728,6 +729,7 @@ void HostExecutor::DeviceLoop(int device) {
       for (const auto& in : part->inputs) ins.push_back(in->data());
       for (const auto& out : part->outputs) outs.push_back(out->data());
       const int gang_size = static_cast<int>(gang.device_ids.size());
+      const auto start = std::chrono::steady_clock::now();
       if (gang.all_local()) {
         exe.Run(gang_size, ins, outs, scratch.Get(exe.scratch_bytes(gang_size)));
       } else {
@@ -740,6 +742,12 @@ void HostExecutor::DeviceLoop(int device) {
           status = exe.RunLocal(*gang.local, ins, outs,
                                 scratch.Get(exe.local_scratch_bytes(num_local, gang_size)), &collectives);
         }
+      }
+      // Simulated compute (pw.simulated_compute): the gang keeps its devices
+      // for that long, as in process; this thread is its device's, so it
+      // simply waits.
+      if (const int64_t simulated = exe.ir().simulated_ns(); simulated > 0 && status.ok()) {
+        std::this_thread::sleep_until(start + std::chrono::nanoseconds(simulated));
       }
       if (!status.ok()) {
         status = absl::Status(status.code(), absl::StrCat("'", exe.ir().name(), "' on host ", host_id_,

@@ -25,6 +25,35 @@ except ModuleNotFoundError as e:  # Not installed and not on PYTHONPATH: use the
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
     import pathways as pw
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--hosts", default="in_process", choices=("in_process", "local_processes"),
+        help="where the runtime's hosts run: threads of the test process (default) or one process per host")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "in_process_only(reason): needs what host processes do not have yet (issue 8); skipped with --hosts "
+        "other than in_process, the reason shown")
+    hosts = config.getoption("--hosts")
+    if hosts != "in_process":
+        pw.configure(hosts=hosts)
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--hosts") == "in_process":
+        return
+    for item in items:
+        mark = item.get_closest_marker("in_process_only")
+        if mark is not None:
+            item.add_marker(pytest.mark.skip(reason="in process only for now: " + mark.args[0]))
+
+
+def pytest_report_header(config):
+    return f"pathways hosts: {config.getoption('--hosts')}"
+
+
 # Subprocesses import the same package as this process.
 PYTHON_DIR = pathlib.Path(pw.__file__).resolve().parents[1]
 

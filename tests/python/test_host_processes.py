@@ -1,7 +1,9 @@
-"""Host processes on loopback (issue 8): start, report, stop with the client.
+"""Host processes on loopback (issue 8): start, report, stop with the client,
+run programs, and fail cleanly when a host dies.
 
-A host is `python -m pathways.host`; these tests check its life cycle, not
-yet programs run on it.
+A host is `python -m pathways.host`. The whole Python suite also runs with
+the runtime's hosts as processes (`pytest --hosts=local_processes`, part of
+`make test`); the tests here check what only process mode has.
 """
 
 import os
@@ -146,3 +148,104 @@ def test_the_wrong_secret_is_refused_and_the_hosts_keep_serving():
         pool.close()
     finally:
         _hosts.stop_local_hosts(hosts)
+
+
+def _run_local_processes(code: str, timeout: float = 120) -> str:
+    from conftest import run_python
+    return run_python("import pathways as pw\npw.configure(hosts='local_processes')\n" + textwrap.dedent(code),
+                      timeout=timeout)
+
+
+def test_figure2_runs_on_four_host_processes():
+    out = _run_local_processes("""
+        import os, numpy as np
+        def get_devices(n):
+            return pw.make_virtual_device_set().add_slice(tpu_devices=n).tpus
+        a = pw.pmap(lambda x: x * 2., devices=get_devices(2))
+        b = pw.pmap(lambda x: x + 1., devices=get_devices(2))
+        c = pw.pmap(lambda x: x / 2., devices=get_devices(2))
+        @pw.program
+        def f(v):
+            x = a(v)
+            y = b(x)
+            z = a(c(x))
+            return (y, z)
+        y, z = f(np.array([1., 2.]))
+        print(np.asarray(y).tolist(), np.asarray(z).tolist())
+        hosts = pw.hosts()
+        print(len(hosts), len({h.pid for h in hosts}), all(h.alive for h in hosts),
+              all(h.pid != os.getpid() for h in hosts), sorted({h.island for h in hosts}))
+        # Parallel dispatch: one control message per program to each host
+        # that takes part (the program is known to the hosts after its first run).
+        before = pw._core.control_messages()
+        for _ in range(20):
+            y, z = f(y)
+        z.block_until_ready()
+        after = pw._core.control_messages()
+        print(sorted({b - a for a, b in zip(before, after)}))
+    """)
+    lines = out.split("\n")
+    assert lines[0] == "[3.0, 5.0] [2.0, 4.0]"
+    assert lines[1] == "4 4 True True [0, 1]"
+    # Figure 2's slices use host 0 (island 0) and host 2 (island 1) only.
+    assert lines[2] == "[0, 20]"
+
+
+def test_cross_host_gang_collectives_match_in_process():
+    code = """
+        import numpy as np
+        t = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus  # spans the island's 2 hosts
+        f = pw.pmap(lambda x: (pw.psum(x, "i"), pw.all_gather(x, "i"), pw.axis_index("i") * x,
+                               pw.ppermute(x, "i", [(k, (k + 1) % 8) for k in range(8)])),
+                    axis_name="i", devices=t)
+        x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3) / 7
+        outs = f(x)
+        print(repr([np.asarray(o).tobytes().hex() for o in outs]))
+    """
+    from conftest import run_python
+    in_process = run_python("import pathways as pw\n" + textwrap.dedent(code))
+    assert _run_local_processes(code) == in_process
+
+
+def test_killed_host_fails_its_programs_with_host_lost_error():
+    out = _run_local_processes("""
+        import os, signal, time, numpy as np
+        hosts = pw.hosts()
+        tpus = pw.make_virtual_device_set().add_slice(tpu_devices=4).tpus
+        slow = pw.pmap(lambda x: pw.simulated_compute(x + 1., 3e6), devices=tpus)
+        y = slow(np.zeros(4))
+        victim = hosts[tpus[0].physical.host]
+        time.sleep(0.3)
+        os.kill(victim.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            y.block_until_ready()
+            print("no error")
+        except pw.HostLostError as e:
+            print("HostLostError", f"host {victim.id}" in str(e), time.monotonic() - t0 < 2.0)
+        print([h.alive for h in pw.hosts()] == [h.id != victim.id for h in hosts])
+        # The other island keeps working.
+        other = pw.make_virtual_device_set().add_slice(tpu_devices=4).tpus
+        while other[0].physical.island == victim.island:
+            other = pw.make_virtual_device_set().add_slice(tpu_devices=4).tpus
+        g = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=other)
+        print(np.asarray(g(np.arange(4.))).tolist())
+    """)
+    lines = out.split("\n")
+    assert lines[0] == "HostLostError True True", out
+    assert lines[1] == "True", out
+    assert lines[2] == "[6.0, 6.0, 6.0, 6.0]", out
+
+
+def test_client_exit_with_work_in_flight_leaves_no_host_behind():
+    out = _run_local_processes("""
+        import numpy as np
+        slow = pw.pmap(lambda x: pw.simulated_compute(x, 5e6),
+                       devices=pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus)
+        y = slow(np.zeros(2))
+        print(" ".join(str(h.pid) for h in pw.hosts()))
+    """)
+    pids = [int(p) for p in out.split()]
+    assert len(pids) == 4
+    for pid in pids:
+        assert _gone(pid, 10.0), f"host process {pid} outlived its client"

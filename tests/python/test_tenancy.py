@@ -18,6 +18,7 @@ def policy():
     pw.set_scheduling_policy(saved)
 
 
+@pytest.mark.in_process_only("per-client device time is measured by gangs run in this process")
 @pytest.mark.parametrize("scheduling", ["fifo", "proportional_share"])
 def test_sixteen_clients_with_collectives_on_overlapping_devices(policy, scheduling):
     policy(scheduling)
@@ -65,6 +66,7 @@ def test_sixteen_clients_with_collectives_on_overlapping_devices(policy, schedul
         assert stats[f"tenant{i}"]["gangs"] >= iterations
 
 
+@pytest.mark.in_process_only("host processes take gangs in FIFO order (no proportional share yet)")
 def test_proportional_share_follows_weights_while_backlogged(policy):
     policy("proportional_share")
     tpus = get_devices(8)
