@@ -29,3 +29,13 @@ def f(v):
 
 print(f(numpy.array([1., 2.])))
 # output: (array([3., 5.]), array([2., 4.]))
+
+# %% [markdown]
+# Where it ran. By default every host is a thread of this process; with
+# `PATHWAYS_TOPOLOGY=hosts=local_processes` each host is a process of its own
+# (pid and loopback address below), and the program's nodes ran there.
+
+# %%
+for h in pw.hosts():
+    where = f"process {h.pid} at {h.address}" if h.address else "this process"
+    print(f"host {h.id} (island {h.island}): {where}")

@@ -249,3 +249,33 @@ def test_client_exit_with_work_in_flight_leaves_no_host_behind():
     assert len(pids) == 4
     for pid in pids:
         assert _gone(pid, 10.0), f"host process {pid} outlived its client"
+
+
+def test_more_overlapping_cross_host_gangs_than_device_threads():
+    # Each host runs a gang's part on a thread of its own device; a part
+    # waiting in a cross-host collective must never keep an earlier gang
+    # from its thread. 12 threads dispatch gangs over overlapping slices
+    # (8 devices: both hosts of an island; 4 and 2: one host or two), far
+    # more gangs in flight than any host has device threads.
+    out = _run_local_processes("""
+        import threading, numpy as np
+        slices = [pw.make_virtual_device_set().add_slice(tpu_devices=n).tpus for n in (8, 8, 4, 4, 2, 2)]
+        fns = [pw.pmap(lambda x: pw.psum(x, "i") + pw.axis_index("i"), axis_name="i", devices=s) for s in slices]
+        errors = []
+        def worker(k):
+            try:
+                f = fns[k % len(fns)]
+                n = len(slices[k % len(fns)])
+                x = np.arange(n, dtype=np.float64) + k
+                outs = [f(x) for _ in range(30)]
+                want = x.sum() + np.arange(n)
+                for o in outs:
+                    np.testing.assert_array_equal(np.asarray(o), want)
+            except Exception as e:
+                errors.append(repr(e))
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(12)]
+        for t in threads: t.start()
+        for t in threads: t.join(60)
+        print(sum(t.is_alive() for t in threads), errors)
+    """, timeout=120)
+    assert out.strip() == "0 []", out
