@@ -552,6 +552,13 @@ void HostExecutor::Run(const wire::RunProgram& request,
 void HostExecutor::StartTransfer(const HostDeviceList& src_list, std::shared_ptr<HostBuffer> src,
                                  const HostDeviceList& dst_list, std::shared_ptr<HostBuffer> dst,
                                  int64_t shard_bytes) {
+  const int64_t src_bytes = static_cast<int64_t>(src_list.local_positions.size()) * shard_bytes;
+  if (src != nullptr && src->bytes() != src_bytes) {  // never read past a buffer, whatever a client says
+    auto bad = std::make_shared<HostBuffer>(src->id(), 0);
+    bad->Complete(absl::InternalError(absl::StrCat("transfer: buffer ", src->id(), " has ", src->bytes(),
+                                                   " bytes on host ", host_id_, ", expected ", src_bytes)));
+    src = std::move(bad);
+  }
   std::vector<std::pair<int, int>> copies;  // (src local index, dst local index)
   absl::flat_hash_map<int, std::vector<int>> sends, recvs;
   std::vector<int> send_order, recv_order;  // peers, in first-seen order
