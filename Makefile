@@ -45,9 +45,16 @@ test-cpp: deps $(VENV)/.created
 	$(CMAKE) --build build/cpp
 	$(CTEST) --test-dir build/cpp --output-on-failure -j2
 
+# What only some tests need: Ray (hosts="ray" on a local Ray cluster) and JAX
+# (pathways works in a process that imported jax and ray, with their own
+# copies of gRPC and abseil).
+$(VENV)/.test-deps: $(VENV)/.created
+	$(VPY) -m pip install -q ray jax
+	touch $@
+
 # The Python suite twice: hosts in process (the default), then each host a
 # process of its own on loopback (hosts="local_processes").
-test-python: $(VENV)/.installed
+test-python: $(VENV)/.installed $(VENV)/.test-deps
 	cd tests/python && ../../$(VPY) -m pytest -q -p no:cacheprovider .
 	cd tests/python && ../../$(VPY) -m pytest -q -p no:cacheprovider --hosts=local_processes .
 

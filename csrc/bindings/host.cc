@@ -54,10 +54,11 @@ void RegisterHost(py::module_& m) {
   m.attr("has_host_processes") = py::bool_(PATHWAYS_WITH_HOSTS == 1);
   // hosts="local_processes": the runtime starts its hosts through
   // pathways._hosts (a process per host, on this machine).
-  Runtime::SetHostLauncher([](const TopologyOptions&, int num_hosts) -> absl::StatusOr<LaunchedHosts> {
+  Runtime::SetHostLauncher([](const TopologyOptions& options, int num_hosts) -> absl::StatusOr<LaunchedHosts> {
     py::gil_scoped_acquire gil;
     try {
-      py::tuple started = py::module_::import("pathways._hosts").attr("launch_for_runtime")(num_hosts);
+      py::tuple started = py::module_::import("pathways._hosts")
+                              .attr("launch_for_runtime")(num_hosts, std::string(HostsModeName(options.hosts)));
       LaunchedHosts out;
       out.addresses = started[0].cast<std::vector<std::string>>();
       out.secret = started[1].cast<std::string>();

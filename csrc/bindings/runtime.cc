@@ -66,6 +66,7 @@ void RegisterRuntime(py::module_& m) {
     d["executor_threads"] = o.num_executor_threads;
     d["control_latency_us"] = o.control_latency_ns / 1000.0;
     d["hang_report_seconds"] = o.hang_report_ns / 1e9;
+    d["hosts"] = std::string(HostsModeName(o.hosts));
     return d;
   });
   m.def("devices", [] { return GetRuntime().cluster().devices(); }, py::return_value_policy::reference);

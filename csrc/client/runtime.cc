@@ -15,6 +15,10 @@
 #define PATHWAYS_WITH_HOSTS 0
 #endif
 #if PATHWAYS_WITH_HOSTS
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "csrc/client/host_registry.h"
 #include "csrc/client/remote_cluster.h"
 #endif
 
@@ -31,6 +35,50 @@ TopologyOptions* default_options ABSL_GUARDED_BY(default_mu) = nullptr;
 
 Mutex launcher_mu;
 HostLauncher* host_launcher ABSL_GUARDED_BY(launcher_mu) = nullptr;
+
+#if PATHWAYS_WITH_HOSTS
+absl::StatusOr<LaunchedHosts> LaunchHosts(const TopologyOptions& options, int num_hosts) {
+  HostLauncher launcher;
+  {
+    MutexLock lock(&launcher_mu);
+    if (host_launcher != nullptr) launcher = *host_launcher;
+  }
+  if (!launcher) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "hosts=", HostsModeName(options.hosts),
+        ": nothing is set up to start host processes (Runtime::SetHostLauncher; the pathways Python package "
+        "sets one up)"));
+  }
+  return launcher(options, num_hosts);
+}
+
+// hosts=external: the hosts are started by someone else and register here.
+absl::StatusOr<LaunchedHosts> AwaitExternalHosts(int num_hosts) {
+  const char* secret = std::getenv("PATHWAYS_SECRET");
+  if (secret == nullptr || *secret == '\0') {
+    return absl::FailedPreconditionError(
+        "hosts=external: set PATHWAYS_SECRET to the cluster's secret (the same for the client and its hosts)");
+  }
+  const char* listen = std::getenv("PATHWAYS_CLIENT_ADDRESS");
+  double timeout_s = 300;
+  if (const char* t = std::getenv("PATHWAYS_HOSTS_TIMEOUT"); t != nullptr) {
+    if (!absl::SimpleAtod(t, &timeout_s) || !(timeout_s > 0) || timeout_s > 86400) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PATHWAYS_HOSTS_TIMEOUT must be a number of seconds in (0, 86400], got '", t, "'"));
+    }
+  }
+  auto registry = HostRegistry::Start(listen != nullptr && *listen != '\0' ? listen : "127.0.0.1:0", secret);
+  if (!registry.ok()) return registry.status();
+  std::fprintf(stderr,
+               "pathways: waiting for %d hosts to register at %s: start each with\n"
+               "  PATHWAYS_SECRET=... pathways-host --client=%s [--listen=THIS_HOSTS_IP:0]\n"
+               "  (or python -m pathways.host with the same arguments)\n",
+               num_hosts, (*registry)->address().c_str(), (*registry)->address().c_str());
+  auto addresses = (*registry)->Await(num_hosts, static_cast<int64_t>(timeout_s * 1e9));
+  if (!addresses.ok()) return addresses.status();
+  return LaunchedHosts{*std::move(addresses), secret};
+}
+#endif
 
 }  // namespace
 
@@ -69,27 +117,19 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
   }
   if (options.hosts != HostsMode::kInProcess) {
 #if PATHWAYS_WITH_HOSTS
-    HostLauncher launcher;
-    {
-      MutexLock lock(&launcher_mu);
-      if (host_launcher != nullptr) launcher = *host_launcher;
-    }
-    if (!launcher) {
-      return absl::FailedPreconditionError(
-          "hosts=local_processes: nothing is set up to start host processes (Runtime::SetHostLauncher; "
-          "the pathways Python package sets one up)");
-    }
     const int num_hosts = static_cast<int>(rt->cluster_->hosts().size());
-    auto launched = launcher(options, num_hosts);
+    absl::StatusOr<LaunchedHosts> launched = options.hosts == HostsMode::kExternal
+                                                 ? AwaitExternalHosts(num_hosts)
+                                                 : LaunchHosts(options, num_hosts);
     if (!launched.ok()) return launched.status();
     auto remote = RemoteCluster::Connect(*rt->cluster_, rt->stores_.get(), launched->addresses, launched->secret);
     if (!remote.ok()) return remote.status();
     rt->remote_ = *std::move(remote);
     rt->dispatcher_->set_remote(rt->remote_.get());
 #else
-    return absl::FailedPreconditionError(
-        "hosts=local_processes: this build of pathways has no host processes (it was built without gRPC, "
-        "protobuf or Gloo)");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "hosts=", HostsModeName(options.hosts),
+        ": this build of pathways has no host processes (it was built without gRPC, protobuf or Gloo)"));
 #endif
   }
   return rt;

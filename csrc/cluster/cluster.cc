@@ -100,15 +100,14 @@ absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, To
     return absl::OkStatus();
   }
   if (key == "hosts") {
-    if (value == "in_process") {
-      options->hosts = HostsMode::kInProcess;
-    } else if (value == "local_processes") {
-      options->hosts = HostsMode::kLocalProcesses;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hosts must be 'in_process' or 'local_processes', got '", value, "'"));
+    for (HostsMode mode : {HostsMode::kInProcess, HostsMode::kLocalProcesses, HostsMode::kRay, HostsMode::kExternal}) {
+      if (value == HostsModeName(mode)) {
+        options->hosts = mode;
+        return absl::OkStatus();
+      }
     }
-    return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hosts must be 'in_process', 'local_processes', 'ray' or 'external', got '", value, "'"));
   }
   for (const IntKey& k : kIntKeys) {
     if (key != k.name) continue;
@@ -134,7 +133,21 @@ std::string TopologyOptions::ToString() const {
                       ",devices_per_host=", devices_per_host, ",device_memory=", device_memory_bytes,
                       "B,executor_threads=", num_executor_threads, ",control_latency_us=",
                       control_latency_ns / 1000.0, ",hang_report_seconds=", hang_report_ns / 1e9,
-                      hosts == HostsMode::kLocalProcesses ? ",hosts=local_processes" : "");
+                      hosts == HostsMode::kInProcess ? "" : absl::StrCat(",hosts=", HostsModeName(hosts)));
+}
+
+absl::string_view HostsModeName(HostsMode mode) {
+  switch (mode) {
+    case HostsMode::kInProcess:
+      return "in_process";
+    case HostsMode::kLocalProcesses:
+      return "local_processes";
+    case HostsMode::kRay:
+      return "ray";
+    case HostsMode::kExternal:
+      return "external";
+  }
+  return "?";
 }
 
 absl::Status ValidateTopology(const TopologyOptions& options) {

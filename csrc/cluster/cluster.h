@@ -27,9 +27,14 @@ namespace pw {
 class Host;
 class Island;
 
-// Where the hosts run: threads of this process (the embedded default), or
-// one process per host started by the client on this machine.
-enum class HostsMode : uint8_t { kInProcess, kLocalProcesses };
+// Where the hosts run: threads of this process (the embedded default); one
+// process per host that the client starts on this machine; one per node of
+// a Ray cluster; or processes started by someone else (by hand, Slurm,
+// Kubernetes: `pathways-host --client=ADDRESS`) that register with the client.
+enum class HostsMode : uint8_t { kInProcess, kLocalProcesses, kRay, kExternal };
+
+// "in_process", "local_processes", "ray", "external".
+absl::string_view HostsModeName(HostsMode mode);
 
 struct TopologyOptions {
   HostsMode hosts = HostsMode::kInProcess;
@@ -74,8 +79,8 @@ absl::Status ValidateTopology(const TopologyOptions& options);
 
 // Parses "islands=2,hosts_per_island=2,devices_per_host=4,device_memory=1GiB,
 // executor_threads=2,control_latency_us=20,hang_report_seconds=60,
-// hosts=local_processes" (any subset, any order; hosts is in_process or
-// local_processes; memory
+// hosts=local_processes" (any subset, any order; hosts is a HostsModeName;
+// memory
 // is an integer with an optional unit B, KiB, MiB, GiB or TiB). The format
 // of the PATHWAYS_TOPOLOGY environment variable. InvalidArgument names the
 // bad key or value, and the limit for a value out of range.

@@ -226,13 +226,15 @@ class HostExecutor::GroupCollectives final : public GangCollectives {
 
 // ---- HostExecutor ----
 
-HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join, KeyValueStore* store)
+HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join, KeyValueStore* store,
+                           std::string bind_ip)
     : host_id_(config.host_id()),
       num_local_devices_(config.device_ids_size()),
       device_host_(join.device_host().begin(), join.device_host().end()),
       local_index_(join.device_host_size(), -1),
       group_prefix_(join.group_prefix()),
       store_(store) {
+  collective_options_.bind_address = std::move(bind_ip);
   for (int i = 0; i < config.device_ids_size(); ++i) {
     const int d = config.device_ids(i);
     if (d >= 0 && d < static_cast<int>(local_index_.size())) local_index_[d] = i;
@@ -284,7 +286,8 @@ absl::Status HostExecutor::ConnectDataPlane() {
   const int num_hosts =
       device_host_.empty() ? 1 : *std::max_element(device_host_.begin(), device_host_.end()) + 1;
   if (num_hosts <= 1) return absl::OkStatus();
-  auto world = CollectiveGroup::Create(store_, absl::StrCat(group_prefix_, "/world"), host_id_, num_hosts);
+  auto world = CollectiveGroup::Create(store_, absl::StrCat(group_prefix_, "/world"), host_id_, num_hosts,
+                                       collective_options_);
   if (!world.ok()) return world.status();
   world_ = *std::move(world);
   return absl::OkStatus();
@@ -791,7 +794,8 @@ absl::StatusOr<CollectiveGroup*> HostExecutor::GroupFor(const HostDeviceList& li
     entry->created = true;
     const int rank = static_cast<int>(std::lower_bound(list.host_set.begin(), list.host_set.end(), host_id_) -
                                       list.host_set.begin());
-    auto group = CollectiveGroup::Create(store_, key, rank, static_cast<int>(list.host_set.size()));
+    auto group = CollectiveGroup::Create(store_, key, rank, static_cast<int>(list.host_set.size()),
+                                         collective_options_);
     if (group.ok()) {
       entry->group = *std::move(group);
     } else {

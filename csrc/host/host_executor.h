@@ -93,8 +93,10 @@ struct HostDeviceList {
 class HostExecutor {
  public:
   // `store` is the rendezvous this host uses to connect its collective
-  // groups; it must outlive the executor.
-  HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join, KeyValueStore* store);
+  // groups; it must outlive the executor. `bind_ip`: the address the data
+  // plane binds and advertises to the other hosts.
+  HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join, KeyValueStore* store,
+               std::string bind_ip = "127.0.0.1");
   // Stops the threads. Work still queued is dropped.
   ~HostExecutor();
   HostExecutor(const HostExecutor&) = delete;
@@ -146,6 +148,7 @@ class HostExecutor {
   std::vector<int> local_index_;            // by global device id: index in this host, or -1
   const std::string group_prefix_;
   KeyValueStore* const store_;
+  CollectiveOptions collective_options_;
   std::atomic<bool> stopping_{false};
 
   mutable Mutex mu_;  // the tables below

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "csrc/base/spin.h"
+#include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/host_server.h"
 #include "csrc/host/host_runtime.h"
 
@@ -35,6 +36,21 @@ void WatchStdin() {
   }).detach();
 }
 
+// hosts=external: tells the client at `client` where this host listens.
+absl::Status Register(const std::string& client, const std::string& secret, const std::string& address) {
+  ChannelOptions options;
+  options.secret = secret;
+  options.host_name = absl::StrCat("the client (", client, ")");
+  options.client_name = "pathways-host";
+  options.heartbeat_period_ns = 0;
+  auto channel = HostChannel::Connect(client, wire::Hello(), options);
+  if (!channel.ok()) return channel.status();
+  wire::Request request;
+  request.mutable_register_host()->set_address(address);
+  request.mutable_register_host()->set_pid(getpid());
+  return (*channel)->Call(std::move(request), int64_t{10} * 1'000'000'000).status();
+}
+
 }  // namespace
 
 absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& args) {
@@ -44,6 +60,8 @@ absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& ar
       options.listen = arg.substr(9);
     } else if (arg == "--secret-stdin") {
       options.secret_from_stdin = true;
+    } else if (absl::StartsWith(arg, "--client=") && arg.size() > 9) {
+      options.client = arg.substr(9);
     } else if (arg == "--stay") {
       options.stay = true;
     } else if (absl::StartsWith(arg, "--configure-timeout=")) {
@@ -56,7 +74,8 @@ absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& ar
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown argument '", arg,
-          "' (usage: pathways-host [--listen=ADDRESS:PORT] [--secret-stdin] [--stay] [--configure-timeout=SECONDS])"));
+          "' (usage: pathways-host [--listen=ADDRESS:PORT] [--secret-stdin] [--stay] [--configure-timeout=SECONDS] "
+          "[--client=ADDRESS])"));
     }
   }
   return options;
@@ -80,8 +99,12 @@ int RunHost(const HostMainOptions& options) {
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
 
-  HostRuntime runtime(secret);
-  auto server = HostServer::Start(options.listen, std::move(secret), &runtime);
+  // The data plane binds the IP the host listens on (loopback by default).
+  std::string bind_ip = options.listen.substr(0, options.listen.rfind(':'));
+  if (bind_ip.size() >= 2 && bind_ip.front() == '[') bind_ip = bind_ip.substr(1, bind_ip.size() - 2);
+  if (bind_ip.empty() || bind_ip == "0.0.0.0" || bind_ip == "::") bind_ip = "127.0.0.1";
+  HostRuntime runtime(secret, bind_ip);
+  auto server = HostServer::Start(options.listen, secret, &runtime);
   if (!server.ok()) {
     std::cerr << "pathways-host: " << server.status().message() << "\n";
     return 1;
@@ -89,6 +112,13 @@ int RunHost(const HostMainOptions& options) {
   std::cout << absl::StrFormat("pathways-host ready address=%s pid=%d incarnation=%016x", (*server)->address(),
                                getpid(), runtime.incarnation())
             << std::endl;
+  if (!options.client.empty()) {
+    if (absl::Status registered = Register(options.client, secret, (*server)->address()); !registered.ok()) {
+      std::cerr << "pathways-host: registering with the client at " << options.client
+                << " failed: " << registered.message() << "\n";
+      return 1;
+    }
+  }
 
   const int64_t started = NowNanos();
   std::string why;

@@ -5,7 +5,7 @@
 // `python -m pathways.host` both run RunHost().
 //
 //   pathways-host [--listen=127.0.0.1:0] [--secret-stdin] [--stay]
-//                 [--configure-timeout=SECONDS]
+//                 [--configure-timeout=SECONDS] [--client=ADDRESS]
 //
 // The host listens (port 0: a free port), prints one line to stdout,
 //   pathways-host ready address=127.0.0.1:40123 pid=4242 incarnation=9f3c...
@@ -18,7 +18,10 @@
 //   - unless --stay, the end of the session of the client that configured
 //     it, or no client configuring it within --configure-timeout (60 s).
 // Without --secret-stdin the secret comes from the environment variable
-// PATHWAYS_SECRET (hosts started by hand, by Slurm or Kubernetes).
+// PATHWAYS_SECRET (hosts started by hand, by Slurm or Kubernetes). With
+// --client=ADDRESS the host registers with a client waiting there
+// (hosts=external) once it listens. The host's data plane (Gloo) binds the
+// IP address it listens on.
 
 #include <cstdint>
 #include <cstdio>
@@ -34,6 +37,7 @@ struct HostMainOptions {
   bool secret_from_stdin = false;
   bool stay = false;
   int64_t configure_timeout_ns = int64_t{60} * 1'000'000'000;
+  std::string client;  // --client: register with the client there
 };
 
 // InvalidArgument naming the flag for anything it does not understand.

@@ -70,7 +70,8 @@ class ChannelKeyValueStore final : public KeyValueStore {
 
 }  // namespace
 
-HostRuntime::HostRuntime(std::string secret) : incarnation_(RandomIncarnation()), secret_(std::move(secret)) {}
+HostRuntime::HostRuntime(std::string secret, std::string bind_ip)
+    : incarnation_(RandomIncarnation()), secret_(std::move(secret)), bind_ip_(std::move(bind_ip)) {}
 
 HostRuntime::~HostRuntime() {
   if (join_thread_.joinable()) join_thread_.join();
@@ -174,7 +175,7 @@ void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Reques
       rendezvous_ = std::make_unique<ChannelKeyValueStore>(*std::move(channel));
       store = rendezvous_.get();
     }
-    auto executor = std::make_shared<HostExecutor>(config, join, store);
+    auto executor = std::make_shared<HostExecutor>(config, join, store, bind_ip_);
     absl::Status connected = executor->ConnectDataPlane();
     if (connected.ok()) {
       MutexLock lock(&mu_);

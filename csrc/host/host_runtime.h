@@ -29,7 +29,8 @@ class HostRuntime final : public RequestHandler {
  public:
   // `secret` is the cluster's: the host presents it to host 0 at the
   // rendezvous.
-  explicit HostRuntime(std::string secret = "");
+  // `bind_ip`: the address its data plane (Gloo) binds and advertises.
+  explicit HostRuntime(std::string secret = "", std::string bind_ip = "127.0.0.1");
   ~HostRuntime() override;
 
   // Random, fixed for the life of this process (see wire::HelloReply).
@@ -56,6 +57,7 @@ class HostRuntime final : public RequestHandler {
 
   const uint64_t incarnation_;
   const std::string secret_;
+  const std::string bind_ip_;
   // The rendezvous store: this host's (kept for the others, on host 0) and
   // the one this host uses (host 0's, through a session with it).
   InMemoryKeyValueStore kv_;

@@ -68,9 +68,13 @@ def configure(
         wait on the runtime (see `pw.diagnose`); a finite number from 0 to
         86400 (one day), 60 by default; 0 turns the watchdog off.
       hosts: Where the hosts run: "in_process" (the default: threads of this
-        process) or "local_processes" (the runtime starts one host process
+        process); "local_processes" (the runtime starts one host process
         per host on this machine, on loopback, when it starts; they exit
-        with this process). See `pw.hosts()`.
+        with this process); "ray" (one host process per node of the running
+        Ray cluster, placed with STRICT_SPREAD); or "external" (hosts
+        started by hand, Slurm or Kubernetes with `pathways-host
+        --client=ADDRESS` register with this client: set PATHWAYS_SECRET,
+        and PATHWAYS_CLIENT_ADDRESS to where to listen). See `pw.hosts()`.
 
     The same limits apply to `PATHWAYS_TOPOLOGY`, with the same errors.
 
@@ -108,7 +112,8 @@ def configure(
             items.append((name, repr(_checks.real("configure", name, value))))
     if hosts is not None:
         if not isinstance(hosts, str):
-            raise TypeError(f"configure: hosts must be a str ('in_process' or 'local_processes'), got {hosts!r}")
+            raise TypeError("configure: hosts must be a str ('in_process', 'local_processes', 'ray' or "
+                            f"'external'), got {hosts!r}")
         items.append(("hosts", hosts))
     if not items:
         if _core.is_started():
@@ -136,8 +141,8 @@ def topology() -> dict:
 
     Returns:
       A dict with keys `islands`, `hosts_per_island`, `devices_per_host`,
-      `device_memory` (bytes), `executor_threads`, `control_latency_us` and
-      `hang_report_seconds`.
+      `device_memory` (bytes), `executor_threads`, `control_latency_us`,
+      `hang_report_seconds` and `hosts` ("in_process" or "local_processes").
     """
     return _core.topology()
 

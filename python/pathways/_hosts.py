@@ -144,9 +144,18 @@ def connect(hosts: List[HostProcess], secret: str, islands: int, hosts_per_islan
 _launched: List[HostProcess] = []
 
 
-def launch_for_runtime(count: int):
-    """The runtime's host launcher: starts `count` hosts; (addresses, secret)."""
+def launch_for_runtime(count: int, mode: str = "local_processes"):
+    """The runtime's host launcher: starts `count` hosts; (addresses, secret).
+
+    `mode` is "local_processes" (this machine) or "ray" (one per Ray node).
+    """
     secret = make_secret()
+    if mode == "ray":
+        from pathways import _ray_hosts
+
+        return _ray_hosts.launch(count, secret), secret
+    if mode != "local_processes":
+        raise ValueError(f"hosts={mode!r} is not started by the client")
     hosts = start_local_hosts(count, secret)
     if not _launched:
         atexit.register(_stop_launched)

@@ -2,7 +2,7 @@
 
 Usage:
     python -m pathways.host [--listen=ADDRESS:PORT] [--secret-stdin] [--stay]
-                            [--configure-timeout=SECONDS]
+                            [--configure-timeout=SECONDS] [--client=ADDRESS]
 
 The host listens on ADDRESS:PORT (default 127.0.0.1:0, a free port on
 loopback), prints one line
@@ -16,6 +16,12 @@ never outlive it); otherwise it is the environment variable PATHWAYS_SECRET
 (hosts started by hand, by Slurm or by Kubernetes). Unless --stay, the host
 also stops when the session of the client that configured it ends, or when
 no client configures it within --configure-timeout seconds (default 60).
+
+With --client=ADDRESS the host registers with a client that waits there for
+its hosts (`pw.configure(hosts="external")`, PATHWAYS_CLIENT_ADDRESS on the
+client): this is how Slurm, Kubernetes or a person start hosts. On a
+machine other than the client's, pass --listen=THIS_MACHINES_IP:0; the host's
+data plane (Gloo) uses the same IP address.
 """
 
 from __future__ import annotations

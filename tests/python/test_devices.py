@@ -21,6 +21,8 @@ def test_default_topology():
     assert topo["devices_per_host"] == 4
     assert topo["device_memory"] > 0
     assert topo["executor_threads"] >= 1
+    # The two views of where hosts run agree.
+    assert topo["hosts"] == ("in_process" if pw.hosts()[0].address is None else "local_processes")
 
 
 def test_physical_devices():

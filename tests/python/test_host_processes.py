@@ -279,3 +279,116 @@ def test_more_overlapping_cross_host_gangs_than_device_threads():
         print(sum(t.is_alive() for t in threads), errors)
     """, timeout=120)
     assert out.strip() == "0 []", out
+
+
+def test_bad_hosts_option_is_a_clear_error():
+    from conftest import run_python
+    out = run_python("""
+        import pathways as pw
+        for bad, kind in (("remote", ValueError), (3, TypeError)):
+            try:
+                pw.configure(hosts=bad)
+                print("accepted", bad)
+            except kind as e:
+                print(kind.__name__, "hosts" in str(e))
+        pw.configure(hosts="in_process")
+        print(pw.topology()["hosts"], pw.hosts()[0].address)
+    """)
+    assert out.split("\n")[:3] == ["ValueError True", "TypeError True", "in_process None"], out
+    out = run_python("""
+        import pathways as pw
+        try:
+            pw.devices()
+        except ValueError as e:
+            print("ValueError", "hosts" in str(e))
+    """, env={"PATHWAYS_TOPOLOGY": "hosts=bogus"})
+    assert out.strip() == "ValueError True", out
+
+
+def test_hosts_on_a_local_ray_cluster():
+    pytest.importorskip("ray")
+    from conftest import run_python
+    # A one-node Ray instance on loopback: the hosts are placed by Ray actors
+    # (SPREAD, since one node cannot take STRICT_SPREAD's one host per node;
+    # several Ray nodes on one machine would need addresses other than
+    # loopback), report their addresses, and run a gang spanning hosts.
+    out = run_python("""
+        import os
+        import ray
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 _node_ip_address="127.0.0.1")
+        os.environ["PATHWAYS_RAY_LISTEN_IP"] = "127.0.0.1"
+        os.environ["PATHWAYS_RAY_STRATEGY"] = "SPREAD"
+        import numpy as np, pathways as pw
+        pw.configure(hosts="ray")
+        a = pw.pmap(lambda x: pw.psum(x, "i") * 2., axis_name="i",
+                    devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
+        print(np.asarray(a(np.arange(8.))).tolist())
+        hosts = pw.hosts()
+        # Each host's parent is a Ray actor's worker process, not this client.
+        parents = {int(open(f"/proc/{h.pid}/stat").read().rsplit(")", 1)[1].split()[1]) for h in hosts}
+        print(len(hosts), len({h.pid for h in hosts}), all(h.alive and h.address.startswith("127.0.0.1:") for h in hosts),
+              len(parents), os.getpid() not in parents)
+        print(pw.topology()["hosts"])
+        ray.shutdown()
+    """, timeout=180)
+    lines = out.strip().split("\n")
+    assert lines[0] == str([56.0] * 8), out
+    assert lines[1] == "4 4 True 4 True", out
+    assert lines[2] == "ray", out
+
+
+def test_hosts_started_by_hand_register_with_the_client(tmp_path):
+    import socket
+    with socket.socket() as s:  # a free port for the client to listen on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    secret = _hosts.make_secret()
+    env = {k: v for k, v in os.environ.items() if k != "PATHWAYS_TOPOLOGY"}
+    env["PATHWAYS_SECRET"] = secret
+    from conftest import PYTHON_DIR
+    env["PYTHONPATH"] = str(PYTHON_DIR)
+    client = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import numpy as np, pathways as pw
+            pw.configure(hosts="external")
+            a = pw.pmap(lambda x: x + 1., devices=pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus)
+            print(np.asarray(a(np.array([1., 2.]))).tolist(), sorted(h.pid for h in pw.hosts()))
+        """)],
+        env={**env, "PATHWAYS_CLIENT_ADDRESS": f"127.0.0.1:{port}", "PATHWAYS_HOSTS_TIMEOUT": "60"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hosts = []
+    try:
+        time.sleep(0.5)
+        for _ in range(4):  # the default topology's 4 hosts, as Slurm would start them
+            hosts.append(subprocess.Popen(
+                [sys.executable, "-m", "pathways.host", f"--client=127.0.0.1:{port}"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        out, err = client.communicate(timeout=120)
+        assert client.returncode == 0, err
+        assert "waiting for 4 hosts to register" in err
+        assert out.strip() == f"[2.0, 3.0] {sorted(h.pid for h in hosts)}", out
+        for h in hosts:  # each host stops when its client's session ends
+            assert h.wait(timeout=10) == 0
+    finally:
+        for p in [client] + hosts:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_works_after_importing_jax_and_ray():
+    # jaxlib and ray bring their own gRPC and abseil; pathways' must not clash.
+    pytest.importorskip("jax")
+    pytest.importorskip("ray")
+    from conftest import run_python
+    code = """
+        import jax, ray
+        import numpy as np, pathways as pw
+        %s
+        a = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i",
+                    devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
+        print(np.asarray(a(np.arange(8.))).tolist(), pw.topology()["hosts"])
+    """
+    assert run_python(code % "").strip() == f"{[28.0] * 8} in_process"
+    assert run_python(code % "pw.configure(hosts='local_processes')").strip() == f"{[28.0] * 8} local_processes"
