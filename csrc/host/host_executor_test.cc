@@ -1,0 +1,1186 @@
+// HostExecutor: a cluster of 2 or 3 hosts as executors in one process,
+// meeting through one in-memory rendezvous store, driven with the wire
+// messages a client sends (DefineDevices, LoadFunction, LoadProgram,
+// PutBuffer, RunProgram, FetchBuffer, FreeBuffers). Every wait is bounded,
+// so a hang fails its test instead of blocking ctest.
+
+#include "csrc/host/host_executor.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "csrc/base/status_macros.h"
+#include "csrc/coordination/host_channel.h"
+#include "csrc/function_ir/function_ir.h"
+#include "csrc/function_ir/function_ir_wire.h"
+#include "csrc/kernels/function_executable.h"
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+using IrOr = absl::StatusOr<std::shared_ptr<const FunctionIr>>;
+using Bytes = std::vector<uint8_t>;
+
+// Long enough for a loaded machine, short of ctest's timeout; a collective
+// that waits for a host that never comes fails after 30 s (Gloo's timeout).
+constexpr std::chrono::seconds kWait(60);
+
+template <typename T>
+Bytes ToBytes(const std::vector<T>& values) {
+  Bytes out(values.size() * sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+template <typename T>
+std::vector<T> FromBytes(const Bytes& bytes) {
+  std::vector<T> out(bytes.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+template <typename T>
+std::vector<T> Iota(int64_t n, T start, T step) {
+  std::vector<T> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_integral_v<T>) {  // wraps, as the i32 kernels do
+      using U = std::make_unsigned_t<T>;
+      v[static_cast<size_t>(i)] = static_cast<T>(static_cast<U>(start) + static_cast<U>(step) * static_cast<U>(i));
+    } else {
+      v[static_cast<size_t>(i)] = start + step * static_cast<T>(i);
+    }
+  }
+  return v;
+}
+
+// A future's value, or DeadlineExceeded once `timeout` has passed.
+template <typename T>
+absl::StatusOr<T> Await(std::future<absl::StatusOr<T>>& f, std::chrono::seconds timeout = kWait) {
+  if (f.wait_for(timeout) != std::future_status::ready) {
+    return absl::DeadlineExceededError("timed out waiting for the executor's reply");
+  }
+  return f.get();
+}
+
+// ---- Functions ----
+
+// x * 2 + 1 over f32[n] (elementwise: no axis size).
+IrOr AffineFunction(int64_t n) {
+  FunctionBuilder b("affine", "i");
+  const int32_t x = b.Parameter(DType::kF32, {n});
+  PW_ASSIGN_OR_RETURN(const int32_t two, b.Constant(DType::kF32, {}, ToBytes<float>({2.f})));
+  PW_ASSIGN_OR_RETURN(const int32_t one, b.Constant(DType::kF32, {}, ToBytes<float>({1.f})));
+  PW_ASSIGN_OR_RETURN(const int32_t a, b.Binary(OpKind::kMul, x, two));
+  PW_ASSIGN_OR_RETURN(const int32_t y, b.Binary(OpKind::kAdd, a, one));
+  return b.Build({y});
+}
+
+// Cross-shard ops of every kind a gang meets its other hosts in, for a gang
+// of `gang`: psum (f32 and wrapping i32), all_gather, axis_index, ppermute
+// (a shift) and pmax, with elementwise work between them.
+IrOr CollectiveFunction(int gang) {
+  FunctionBuilder b("collectives", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {2, 3});
+  const int32_t k = b.Parameter(DType::kI32, {4});
+  PW_ASSIGN_OR_RETURN(const int32_t px, b.Psum(x, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t pk, b.Psum(k, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t gx, b.AllGather(x, "i", 0));
+  PW_ASSIGN_OR_RETURN(const int32_t idx, b.AxisIndex("i"));
+  PW_ASSIGN_OR_RETURN(const int32_t ki, b.Binary(OpKind::kAdd, k, idx));
+  std::vector<std::pair<int64_t, int64_t>> shift;
+  for (int s = 0; s < gang; ++s) shift.push_back({s, (s + 1) % gang});
+  PW_ASSIGN_OR_RETURN(const int32_t sx, b.Ppermute(x, "i", shift));
+  PW_ASSIGN_OR_RETURN(const int32_t mk, b.Pcollective(OpKind::kPmax, ki, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t mixed, b.Binary(OpKind::kMul, px, sx));
+  return b.Build({px, pk, gx, ki, mixed, mk});
+}
+
+// psum(x) * (1 / gang) + axis_index over f32[n]: a collective whose values
+// stay bounded when chained.
+IrOr MeanPlusIndexFunction(int gang, int64_t n) {
+  FunctionBuilder b("mean_plus_index", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {n});
+  PW_ASSIGN_OR_RETURN(const int32_t s, b.Psum(x, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t inv, b.Constant(DType::kF32, {}, ToBytes<float>({1.f / gang})));
+  PW_ASSIGN_OR_RETURN(const int32_t m, b.Binary(OpKind::kMul, s, inv));
+  PW_ASSIGN_OR_RETURN(const int32_t idx, b.AxisIndex("i"));
+  PW_ASSIGN_OR_RETURN(const int32_t fi, b.Convert(idx, DType::kF32));
+  PW_ASSIGN_OR_RETURN(const int32_t y, b.Binary(OpKind::kAdd, m, fi));
+  return b.Build({y});
+}
+
+std::shared_ptr<const FunctionExecutable> MustCompile(IrOr ir) {
+  EXPECT_TRUE(ir.ok()) << ir.status();
+  if (!ir.ok()) return nullptr;
+  auto exe = FunctionExecutable::Compile(*std::move(ir));
+  EXPECT_TRUE(exe.ok()) << exe.status();
+  return exe.ok() ? *exe : nullptr;
+}
+
+// FunctionExecutable::Run over a whole gang: the reference a split gang
+// must equal byte for byte.
+std::vector<Bytes> RunWhole(const FunctionExecutable& exe, int gang, const std::vector<Bytes>& inputs) {
+  std::vector<const void*> in;
+  for (const Bytes& b : inputs) in.push_back(b.data());
+  std::vector<Bytes> outputs;
+  for (int i = 0; i < exe.ir().num_outputs(); ++i) outputs.emplace_back(exe.output_bytes(i) * gang, 0xee);
+  std::vector<void*> out;
+  for (Bytes& o : outputs) out.push_back(o.data());
+  struct alignas(64) Block {
+    uint8_t bytes[64];
+  };
+  std::vector<Block> scratch(static_cast<size_t>((exe.scratch_bytes(gang) + 63) / 64 + 1));
+  exe.Run(gang, in, out, scratch.data());
+  return outputs;
+}
+
+// ---- Steps and messages ----
+
+wire::ProgramStep Compute(uint64_t fn, int list, std::vector<int> in, std::vector<int> out, uint32_t tag) {
+  wire::ProgramStep step;
+  wire::ComputeStep* c = step.mutable_compute();
+  c->set_function_id(fn);
+  c->set_devices(list);
+  for (int s : in) c->add_in_slots(s);
+  for (int s : out) c->add_out_slots(s);
+  c->set_gang_tag(tag);
+  return step;
+}
+
+wire::ProgramStep Transfer(int src_slot, int src_list, int dst_slot, int dst_list, int64_t shard_bytes) {
+  wire::ProgramStep step;
+  wire::TransferStep* t = step.mutable_transfer();
+  t->set_src_slot(src_slot);
+  t->set_src_devices(src_list);
+  t->set_dst_slot(dst_slot);
+  t->set_dst_devices(dst_list);
+  t->set_shard_bytes(shard_bytes);
+  return step;
+}
+
+wire::LoadProgram Program(uint64_t id, int num_slots, std::vector<wire::ProgramStep> steps) {
+  wire::LoadProgram p;
+  p.set_program_id(id);
+  p.set_name(absl::StrCat("program", id));
+  p.set_num_slots(num_slots);
+  for (auto& s : steps) *p.add_steps() = std::move(s);
+  return p;
+}
+
+wire::RunProgram RunOf(uint64_t program, uint64_t first) {
+  wire::RunProgram r;
+  r.set_program_id(program);
+  r.set_first_buffer_id(first);
+  return r;
+}
+
+// Uses buffer `id` (on `list`, which must be the slot's) for `slot`.
+void Bind(wire::RunProgram& run, int slot, uint64_t id, int list) {
+  wire::ArgBinding* a = run.add_args();
+  a->set_slot(slot);
+  a->set_buffer_id(id);
+  a->set_src_devices(list);
+  a->set_dst_devices(list);
+  a->set_copy(false);
+}
+
+// Copies buffer `id` from `src_list` into `slot` on `dst_list`.
+void BindCopy(wire::RunProgram& run, int slot, uint64_t id, int src_list, int dst_list, int64_t shard_bytes) {
+  wire::ArgBinding* a = run.add_args();
+  a->set_slot(slot);
+  a->set_buffer_id(id);
+  a->set_src_devices(src_list);
+  a->set_dst_devices(dst_list);
+  a->set_shard_bytes(shard_bytes);
+  a->set_copy(true);
+}
+
+absl::flat_hash_map<uint64_t, absl::Status> Failed(const std::vector<wire::RunReply>& replies) {
+  absl::flat_hash_map<uint64_t, absl::Status> failed;
+  for (const wire::RunReply& r : replies) {
+    for (const wire::FailedBuffer& f : r.failed()) failed[f.buffer_id()] = FromWire(f.status());
+  }
+  return failed;
+}
+
+// ---- The cluster ----
+
+// `num_hosts` executors of `devices_per_host` devices each: host h has the
+// devices h * devices_per_host ... (h + 1) * devices_per_host - 1. Lists,
+// functions and programs are given to every host (a host skips the steps
+// that do not touch it); buffers are split and joined by the lists' hosts.
+class Cluster {
+ public:
+  Cluster(int num_hosts, int devices_per_host) : devices_per_host_(devices_per_host) {
+    static std::atomic<int> counter{0};
+    join_.set_group_prefix(absl::StrCat("host_executor_test/", getpid(), "/", counter.fetch_add(1)));
+    for (int d = 0; d < num_hosts * devices_per_host; ++d) join_.add_device_host(d / devices_per_host);
+    for (int h = 0; h < num_hosts; ++h) {
+      wire::HostConfig config;
+      config.set_host_id(h);
+      for (int k = 0; k < devices_per_host; ++k) config.add_device_ids(h * devices_per_host + k);
+      hosts_.push_back(std::make_unique<HostExecutor>(config, join_, &store_));
+    }
+  }
+  ~Cluster() {
+    // Each host's destructor joins its threads; a collective a lost host
+    // left waiting ends at Gloo's timeout.
+    hosts_.clear();
+  }
+
+  int num_hosts() const { return static_cast<int>(hosts_.size()); }
+  HostExecutor& host(int h) { return *hosts_[h]; }
+  int host_of(int device) const { return device / devices_per_host_; }
+
+  // ConnectDataPlane on every host at once (each blocks until all join).
+  absl::Status Connect() {
+    std::vector<std::future<absl::Status>> connected;
+    for (auto& h : hosts_) {
+      connected.push_back(std::async(std::launch::async, [&h] { return h->ConnectDataPlane(); }));
+    }
+    absl::Status status;
+    for (auto& f : connected) {
+      if (f.wait_for(kWait) != std::future_status::ready) {
+        status.Update(absl::DeadlineExceededError("ConnectDataPlane timed out"));
+        continue;
+      }
+      status.Update(f.get());
+    }
+    return status;
+  }
+
+  absl::Status DefineList(int id, std::vector<int> devices) {
+    wire::DefineDevices request;
+    request.set_list_id(id);
+    for (int d : devices) request.add_device_ids(d);
+    for (auto& h : hosts_) PW_RETURN_IF_ERROR(h->DefineDevices(request));
+    lists_[id] = std::move(devices);
+    return absl::OkStatus();
+  }
+
+  // Compiles `ir` here (the reference) and loads it on every host as
+  // function `id`; null (and a test failure) if either fails.
+  std::shared_ptr<const FunctionExecutable> Load(uint64_t id, IrOr ir) {
+    std::shared_ptr<const FunctionExecutable> exe = MustCompile(std::move(ir));
+    if (exe == nullptr) return nullptr;
+    wire::LoadFunction request;
+    request.set_function_id(id);
+    request.set_ir(SerializeFunctionIr(exe->ir()));
+    for (auto& h : hosts_) {
+      const absl::Status loaded = h->LoadFunction(request);
+      EXPECT_TRUE(loaded.ok()) << loaded;
+      if (!loaded.ok()) return nullptr;
+    }
+    return exe;
+  }
+
+  absl::Status LoadProgram(const wire::LoadProgram& request) {
+    for (auto& h : hosts_) PW_RETURN_IF_ERROR(h->LoadProgram(request));
+    return absl::OkStatus();
+  }
+
+  // Gives each host its shards of `full` (the whole buffer, in list order).
+  absl::Status Put(uint64_t id, int list, const Bytes& full) {
+    const std::vector<int>& devices = lists_.at(list);
+    const int64_t shard_bytes = static_cast<int64_t>(full.size() / devices.size());
+    for (int h = 0; h < num_hosts(); ++h) {
+      wire::PutBuffer request;
+      request.set_buffer_id(id);
+      request.set_devices(list);
+      request.set_shard_bytes(shard_bytes);
+      std::string* data = request.mutable_data();
+      for (size_t i = 0; i < devices.size(); ++i) {
+        if (host_of(devices[i]) != h) continue;
+        data->append(reinterpret_cast<const char*>(full.data()) + i * shard_bytes, static_cast<size_t>(shard_bytes));
+      }
+      bool holds = false;
+      for (int d : devices) holds |= host_of(d) == h;
+      if (!holds) continue;
+      PW_RETURN_IF_ERROR(hosts_[h]->Put(request));
+    }
+    return absl::OkStatus();
+  }
+
+  // Starts the run on every host (in host order, from this thread).
+  std::vector<std::future<absl::StatusOr<wire::RunReply>>> RunAsync(const wire::RunProgram& request) {
+    std::vector<std::future<absl::StatusOr<wire::RunReply>>> futures;
+    for (int h = 0; h < num_hosts(); ++h) futures.push_back(RunOn(h, request));
+    return futures;
+  }
+
+  std::future<absl::StatusOr<wire::RunReply>> RunOn(int h, const wire::RunProgram& request) {
+    auto promise = std::make_shared<std::promise<absl::StatusOr<wire::RunReply>>>();
+    auto future = promise->get_future();
+    hosts_[h]->Run(request, [promise](absl::StatusOr<wire::RunReply> reply) { promise->set_value(std::move(reply)); });
+    return future;
+  }
+
+  // Every host's reply, or the first error.
+  static absl::StatusOr<std::vector<wire::RunReply>> AwaitAll(
+      std::vector<std::future<absl::StatusOr<wire::RunReply>>>& futures) {
+    std::vector<wire::RunReply> replies;
+    absl::Status status;
+    for (auto& f : futures) {
+      auto reply = Await(f);
+      if (!reply.ok()) {
+        status.Update(reply.status());
+        continue;
+      }
+      replies.push_back(*std::move(reply));
+    }
+    if (!status.ok()) return status;
+    return replies;
+  }
+
+  absl::StatusOr<std::vector<wire::RunReply>> Run(const wire::RunProgram& request) {
+    auto futures = RunAsync(request);
+    return AwaitAll(futures);
+  }
+
+  // Sends `runs` to every host, in order, each host's from a thread of its
+  // own (as the control plane's sessions do); every reply, host by host.
+  absl::StatusOr<std::vector<wire::RunReply>> RunFromAThreadPerHost(const std::vector<wire::RunProgram>& runs) {
+    std::vector<std::vector<std::future<absl::StatusOr<wire::RunReply>>>> futures(hosts_.size());
+    std::vector<std::thread> senders;
+    for (int h = 0; h < num_hosts(); ++h) {
+      senders.emplace_back([&, h] {
+        for (const wire::RunProgram& run : runs) futures[h].push_back(RunOn(h, run));
+      });
+    }
+    for (auto& t : senders) t.join();
+    std::vector<wire::RunReply> replies;
+    absl::Status status;
+    for (int h = 0; h < num_hosts(); ++h) {
+      auto host_replies = AwaitAll(futures[h]);
+      if (!host_replies.ok()) {
+        status.Update(absl::Status(host_replies.status().code(),
+                                   absl::StrCat("host ", h, ": ", host_replies.status().message())));
+        continue;
+      }
+      replies.insert(replies.end(), host_replies->begin(), host_replies->end());
+    }
+    if (!status.ok()) return status;
+    return replies;
+  }
+
+  // Host h's shards of a buffer.
+  absl::StatusOr<std::string> FetchFrom(int h, uint64_t id, std::chrono::seconds timeout = kWait) {
+    auto promise = std::make_shared<std::promise<absl::StatusOr<std::string>>>();
+    auto future = promise->get_future();
+    hosts_[h]->Fetch(id, [promise](absl::StatusOr<std::string> data) { promise->set_value(std::move(data)); });
+    return Await(future, timeout);
+  }
+
+  // The whole buffer, in list order, joined from its hosts' shards.
+  absl::StatusOr<Bytes> Fetch(uint64_t id, int list) {
+    const std::vector<int>& devices = lists_.at(list);
+    std::vector<std::string> parts(hosts_.size());
+    std::vector<size_t> taken(hosts_.size(), 0);
+    std::vector<int> count(hosts_.size(), 0);
+    for (int d : devices) ++count[host_of(d)];
+    for (int h = 0; h < num_hosts(); ++h) {
+      if (count[h] == 0) continue;
+      PW_ASSIGN_OR_RETURN(parts[h], FetchFrom(h, id));
+    }
+    int64_t shard_bytes = -1;
+    for (int h = 0; h < num_hosts(); ++h) {
+      if (count[h] == 0) continue;
+      if (parts[h].size() % count[h] != 0) return absl::InternalError("uneven shards");
+      const int64_t s = static_cast<int64_t>(parts[h].size() / count[h]);
+      if (shard_bytes >= 0 && s != shard_bytes) return absl::InternalError("hosts disagree on the shard size");
+      shard_bytes = s;
+    }
+    Bytes full;
+    for (int d : devices) {
+      const int h = host_of(d);
+      full.insert(full.end(), parts[h].begin() + taken[h], parts[h].begin() + taken[h] + shard_bytes);
+      taken[h] += static_cast<size_t>(shard_bytes);
+    }
+    return full;
+  }
+
+ private:
+  const int devices_per_host_;
+  InMemoryKeyValueStore store_;  // outlives the hosts
+  wire::JoinCluster join_;
+  std::vector<std::unique_ptr<HostExecutor>> hosts_;
+  absl::flat_hash_map<int, std::vector<int>> lists_;
+};
+
+// Connects a cluster or fails the test.
+std::unique_ptr<Cluster> MakeCluster(int num_hosts, int devices_per_host) {
+  auto cluster = std::make_unique<Cluster>(num_hosts, devices_per_host);
+  const absl::Status connected = cluster->Connect();
+  EXPECT_TRUE(connected.ok()) << connected;
+  return cluster;
+}
+
+#define ASSERT_OK(expr)                                   \
+  do {                                                    \
+    const absl::Status _st = (expr);                      \
+    ASSERT_TRUE(_st.ok()) << #expr << ": " << _st;        \
+  } while (0)
+
+#define ASSERT_OK_AND_ASSIGN(lhs, expr)                   \
+  auto PW_TEST_CONCAT(_or_, __LINE__) = (expr);           \
+  ASSERT_TRUE(PW_TEST_CONCAT(_or_, __LINE__).ok())        \
+      << #expr << ": " << PW_TEST_CONCAT(_or_, __LINE__).status(); \
+  lhs = *std::move(PW_TEST_CONCAT(_or_, __LINE__))
+#define PW_TEST_CONCAT_INNER(a, b) a##b
+#define PW_TEST_CONCAT(a, b) PW_TEST_CONCAT_INNER(a, b)
+
+// ---- 1. Buffers: put, fetch, free ----
+
+TEST(HostExecutorTest, PutFetchFreeAcrossTwoHosts) {
+  auto cluster = MakeCluster(2, 2);
+  // Devices 0, 1 on host 0, 2, 3 on host 1; the list alternates hosts.
+  ASSERT_OK(cluster->DefineList(1, {2, 0, 3, 1}));
+  const Bytes full = ToBytes(Iota<float>(4 * 5, 1.f, 0.5f));  // 4 shards of 5 floats
+  ASSERT_OK(cluster->Put(7, 1, full));
+  EXPECT_EQ(cluster->host(0).num_buffers(), 1);
+  EXPECT_EQ(cluster->host(1).num_buffers(), 1);
+
+  // Each host holds exactly its shards, in list order.
+  ASSERT_OK_AND_ASSIGN(std::string h0, cluster->FetchFrom(0, 7));
+  ASSERT_OK_AND_ASSIGN(std::string h1, cluster->FetchFrom(1, 7));
+  const char* f = reinterpret_cast<const char*>(full.data());
+  EXPECT_EQ(h0, std::string(f + 20, 20) + std::string(f + 60, 20));  // positions 1, 3
+  EXPECT_EQ(h1, std::string(f + 0, 20) + std::string(f + 40, 20));   // positions 0, 2
+  ASSERT_OK_AND_ASSIGN(Bytes joined, cluster->Fetch(7, 1));
+  EXPECT_EQ(joined, full);
+
+  wire::FreeBuffers free;
+  free.add_buffer_ids(7);
+  free.add_buffer_ids(12345);  // unknown: ignored
+  for (int h = 0; h < 2; ++h) cluster->host(h).Free(free);
+  EXPECT_EQ(cluster->host(0).num_buffers(), 0);
+  EXPECT_EQ(cluster->host(1).num_buffers(), 0);
+  for (int h = 0; h < 2; ++h) {
+    auto gone = cluster->FetchFrom(h, 7);
+    EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  }
+}
+
+TEST(HostExecutorTest, PutOfNothingAndOnOneHostOnly) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0 only
+  ASSERT_OK(cluster->Put(3, 1, ToBytes(Iota<int32_t>(6, 0, 1))));
+  EXPECT_EQ(cluster->host(0).num_buffers(), 1);
+  EXPECT_EQ(cluster->host(1).num_buffers(), 0);
+  ASSERT_OK_AND_ASSIGN(Bytes back, cluster->Fetch(3, 1));
+  EXPECT_EQ(back, ToBytes(Iota<int32_t>(6, 0, 1)));
+  // Zero-byte shards.
+  ASSERT_OK(cluster->Put(4, 1, Bytes()));
+  ASSERT_OK_AND_ASSIGN(std::string empty, cluster->FetchFrom(0, 4));
+  EXPECT_TRUE(empty.empty());
+}
+
+// ---- 2. A gang on one host ----
+
+TEST(HostExecutorTest, ComputeOnAGangLocalToOneHost) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {3, 2}));  // host 1's two devices, reversed
+  auto exe = cluster->Load(10, AffineFunction(4));
+  ASSERT_NE(exe, nullptr);
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)})));
+  const std::vector<float> x = Iota<float>(8, -3.f, 1.25f);
+  ASSERT_OK(cluster->Put(100, 1, ToBytes(x)));  // slot 0 of a run from 100
+
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(20, 100)));
+  EXPECT_TRUE(Failed(replies).empty());
+  // Host 0 has no part of this program: nothing made there.
+  EXPECT_EQ(cluster->host(0).num_buffers(), 0);
+  ASSERT_OK_AND_ASSIGN(Bytes y, cluster->Fetch(101, 1));
+  std::vector<float> expected;
+  for (float v : x) expected.push_back(v * 2 + 1);
+  EXPECT_EQ(FromBytes<float>(y), expected);
+}
+
+// ---- 3. A gang spanning hosts ----
+
+// The gang alternates hosts; its results equal Run() over the whole gang.
+void ExpectSplitGangMatchesWholeGang(int num_hosts, int devices_per_host, std::vector<int> gang) {
+  auto cluster = MakeCluster(num_hosts, devices_per_host);
+  const int n = static_cast<int>(gang.size());
+  ASSERT_OK(cluster->DefineList(1, gang));
+  auto exe = cluster->Load(10, CollectiveFunction(n));
+  ASSERT_NE(exe, nullptr);
+  const int num_outputs = exe->ir().num_outputs();
+  std::vector<int> outs;
+  for (int i = 0; i < num_outputs; ++i) outs.push_back(2 + i);
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2 + num_outputs, {Compute(10, 1, {0, 1}, outs, 5)})));
+
+  const Bytes x = ToBytes(Iota<float>(n * 6, 0.25f, 1.5f));
+  std::vector<int32_t> kv = Iota<int32_t>(n * 4, 2'000'000'000, 123'456'789);  // the i32 psum wraps
+  const Bytes k = ToBytes(kv);
+  ASSERT_OK(cluster->Put(1000, 1, x));
+  ASSERT_OK(cluster->Put(1001, 1, k));
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(20, 1000)));
+  EXPECT_TRUE(Failed(replies).empty());
+
+  const std::vector<Bytes> expected = RunWhole(*exe, n, {x, k});
+  for (int i = 0; i < num_outputs; ++i) {
+    ASSERT_OK_AND_ASSIGN(Bytes got, cluster->Fetch(1002 + i, 1));
+    EXPECT_EQ(got, expected[i]) << "output " << i;
+  }
+  // axis_index: each shard its gang position.
+  ASSERT_OK_AND_ASSIGN(Bytes ki, cluster->Fetch(1005, 1));
+  std::vector<int32_t> kis = FromBytes<int32_t>(ki);
+  for (int s = 0; s < n; ++s) {
+    for (int e = 0; e < 4; ++e) EXPECT_EQ(kis[s * 4 + e], static_cast<int32_t>(static_cast<uint32_t>(kv[s * 4 + e]) + s));
+  }
+}
+
+TEST(HostExecutorTest, GangSpanningTwoHostsMatchesTheWholeGang) {
+  ExpectSplitGangMatchesWholeGang(2, 2, {0, 2, 1, 3});
+}
+
+TEST(HostExecutorTest, GangSpanningTwoHostsStartingOnTheSecond) {
+  ExpectSplitGangMatchesWholeGang(2, 2, {3, 1, 2, 0});
+}
+
+TEST(HostExecutorTest, GangSpanningThreeHostsMatchesTheWholeGang) {
+  ExpectSplitGangMatchesWholeGang(3, 2, {4, 0, 2, 5, 1, 3});
+}
+
+TEST(HostExecutorTest, GangOnTwoOfThreeHosts) {
+  ExpectSplitGangMatchesWholeGang(3, 2, {5, 1, 4});
+}
+
+// ---- 4. Transfers ----
+
+TEST(HostExecutorTest, TransfersBetweenAndWithinHosts) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+  ASSERT_OK(cluster->DefineList(2, {2, 3}));  // host 1
+  ASSERT_OK(cluster->DefineList(3, {1, 0}));  // host 0, reversed
+  ASSERT_OK(cluster->DefineList(4, {0, 3}));  // both hosts
+  ASSERT_OK(cluster->DefineList(5, {2, 1}));  // both hosts, crossed
+  constexpr int64_t kShard = 24;
+  ASSERT_OK(cluster->LoadProgram(Program(20, 6,
+                                         {
+                                             Transfer(0, 1, 1, 2, kShard),  // host 0 -> host 1 (DCN)
+                                             Transfer(0, 1, 2, 3, kShard),  // within host 0 (a copy)
+                                             Transfer(3, 4, 4, 5, kShard),  // both ways at once
+                                             Transfer(4, 5, 5, 4, kShard),  // and back
+                                         })));
+  const Bytes a = ToBytes(Iota<float>(2 * 6, 1.f, 1.f));
+  const Bytes b = ToBytes(Iota<float>(2 * 6, 100.f, -2.f));
+  ASSERT_OK(cluster->Put(100, 1, a));  // slot 0
+  ASSERT_OK(cluster->Put(103, 4, b));  // slot 3
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(20, 100)));
+  EXPECT_TRUE(Failed(replies).empty());
+  ASSERT_OK_AND_ASSIGN(Bytes s1, cluster->Fetch(101, 2));
+  EXPECT_EQ(s1, a);
+  ASSERT_OK_AND_ASSIGN(Bytes s2, cluster->Fetch(102, 3));
+  EXPECT_EQ(s2, a);
+  ASSERT_OK_AND_ASSIGN(Bytes s4, cluster->Fetch(104, 5));
+  EXPECT_EQ(s4, b);
+  ASSERT_OK_AND_ASSIGN(Bytes s5, cluster->Fetch(105, 4));
+  EXPECT_EQ(s5, b);
+  // Shard i went from device list[i] to device dst[i]: host 1's shard of
+  // slot 4 (device 2) is shard 0 of b, which came from host 0.
+  ASSERT_OK_AND_ASSIGN(std::string h1, cluster->FetchFrom(1, 104));
+  EXPECT_EQ(h1, std::string(reinterpret_cast<const char*>(b.data()), kShard));
+}
+
+TEST(HostExecutorTest, ComputeTransferComputeAcrossHosts) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+  ASSERT_OK(cluster->DefineList(2, {3, 2}));  // host 1
+  ASSERT_OK(cluster->DefineList(3, {1, 3}));  // both
+  auto affine = cluster->Load(10, AffineFunction(4));
+  auto mean = cluster->Load(11, MeanPlusIndexFunction(2, 4));
+  ASSERT_TRUE(affine != nullptr && mean != nullptr);
+  constexpr int64_t kShard = 16;
+  // affine on host 0 -> host 1 -> affine there -> a cross-host gang -> host 0.
+  ASSERT_OK(cluster->LoadProgram(Program(20, 7,
+                                         {
+                                             Compute(10, 1, {0}, {1}, 1),
+                                             Transfer(1, 1, 2, 2, kShard),
+                                             Compute(10, 2, {2}, {3}, 2),
+                                             Transfer(3, 2, 4, 3, kShard),
+                                             Compute(11, 3, {4}, {5}, 3),
+                                             Transfer(5, 3, 6, 1, kShard),
+                                         })));
+  const std::vector<float> x = Iota<float>(8, 0.5f, 0.75f);
+  ASSERT_OK(cluster->Put(200, 1, ToBytes(x)));
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(20, 200)));
+  EXPECT_TRUE(Failed(replies).empty());
+
+  std::vector<float> y;
+  for (float v : x) y.push_back((v * 2 + 1) * 2 + 1);
+  ASSERT_OK_AND_ASSIGN(Bytes s3, cluster->Fetch(203, 2));
+  EXPECT_EQ(FromBytes<float>(s3), y);
+  const Bytes expected = RunWhole(*mean, 2, {ToBytes(y)})[0];
+  ASSERT_OK_AND_ASSIGN(Bytes s5, cluster->Fetch(205, 3));
+  EXPECT_EQ(s5, expected);
+  ASSERT_OK_AND_ASSIGN(Bytes s6, cluster->Fetch(206, 1));
+  EXPECT_EQ(s6, expected);
+  // Whole values on host 0: slots 0, 1, 6 and its shard of 4, 5.
+  EXPECT_EQ(cluster->host(0).num_buffers(), 5);
+}
+
+// A chain of transfers among lists that permute 6 devices over 3 hosts,
+// then a gang: every host sends to and receives from both others in each
+// step. Several runs, each host's sent from a thread of its own.
+TEST(HostExecutorTest, ChainedTransfersAmongThreeHosts) {
+  auto cluster = MakeCluster(3, 2);
+  std::mt19937 rng(7);
+  constexpr int kSteps = 6;
+  std::vector<wire::ProgramStep> steps;
+  for (int l = 0; l <= kSteps; ++l) {
+    std::vector<int> devices = {0, 1, 2, 3, 4, 5};
+    std::shuffle(devices.begin(), devices.end(), rng);
+    ASSERT_OK(cluster->DefineList(l, devices));
+    if (l > 0) steps.push_back(Transfer(l - 1, l - 1, l, l, 12));
+  }
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(6, 3));
+  ASSERT_NE(mean, nullptr);
+  steps.push_back(Compute(10, kSteps, {kSteps}, {kSteps + 1}, 1));
+  ASSERT_OK(cluster->LoadProgram(Program(20, kSteps + 2, std::move(steps))));
+  constexpr int kRuns = 8;
+  std::vector<Bytes> inputs;
+  for (int r = 0; r < kRuns; ++r) {
+    inputs.push_back(ToBytes(Iota<float>(18, static_cast<float>(10 * r), 1.f)));
+    ASSERT_OK(cluster->Put(100 * (r + 1), 0, inputs.back()));
+  }
+  std::vector<wire::RunProgram> runs;
+  for (int r = 0; r < kRuns; ++r) runs.push_back(RunOf(20, 100 * (r + 1)));
+  ASSERT_OK_AND_ASSIGN(auto replies, cluster->RunFromAThreadPerHost(runs));
+  for (auto& [id, status] : Failed(replies)) ADD_FAILURE() << id << ": " << status;
+  for (int r = 0; r < kRuns; ++r) {
+    const uint64_t first = 100 * (r + 1);
+    for (int l = 1; l <= kSteps; ++l) {
+      ASSERT_OK_AND_ASSIGN(Bytes moved, cluster->Fetch(first + l, l));
+      EXPECT_EQ(moved, inputs[r]) << "run " << r << " slot " << l;
+    }
+    ASSERT_OK_AND_ASSIGN(Bytes out, cluster->Fetch(first + kSteps + 1, kSteps));
+    EXPECT_EQ(out, RunWhole(*mean, 6, {inputs[r]})[0]) << "run " << r;
+  }
+}
+
+// ---- 5. Runs of one program in flight at once ----
+
+TEST(HostExecutorTest, TwoRunsOfOneProgramInFlight) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 2, 1, 3}));  // the gang
+  ASSERT_OK(cluster->DefineList(2, {3, 1, 2, 0}));  // where its result goes
+  ASSERT_OK(cluster->DefineList(3, {1, 0, 3, 2}));  // where an argument starts
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(4, 8));
+  auto affine = cluster->Load(11, AffineFunction(8));
+  ASSERT_TRUE(mean != nullptr && affine != nullptr);
+  constexpr int64_t kShard = 32;
+  ASSERT_OK(cluster->LoadProgram(Program(20, 4,
+                                         {
+                                             Compute(10, 1, {0}, {1}, 7),
+                                             Transfer(1, 1, 2, 2, kShard),
+                                             Compute(11, 2, {2}, {3}, 8),
+                                         })));
+  const Bytes x1 = ToBytes(Iota<float>(32, 1.f, 0.5f));
+  const Bytes x2 = ToBytes(Iota<float>(32, -7.f, 0.25f));
+  ASSERT_OK(cluster->Put(1, 1, x1));  // on the gang's list
+  ASSERT_OK(cluster->Put(2, 3, x2));  // elsewhere: the run copies it
+
+  wire::RunProgram r1 = RunOf(20, 100);
+  Bind(r1, 0, 1, 1);
+  wire::RunProgram r2 = RunOf(20, 200);
+  BindCopy(r2, 0, 2, 3, 1, kShard);
+  // Both runs go to every host before any reply is awaited.
+  auto f1 = cluster->RunAsync(r1);
+  auto f2 = cluster->RunAsync(r2);
+  ASSERT_OK_AND_ASSIGN(auto replies1, Cluster::AwaitAll(f1));
+  ASSERT_OK_AND_ASSIGN(auto replies2, Cluster::AwaitAll(f2));
+  EXPECT_TRUE(Failed(replies1).empty());
+  EXPECT_TRUE(Failed(replies2).empty());
+
+  for (auto [first, x] : {std::pair<uint64_t, Bytes>{100, x1}, std::pair<uint64_t, Bytes>{200, x2}}) {
+    SCOPED_TRACE(first);
+    const Bytes m = RunWhole(*mean, 4, {x})[0];
+    ASSERT_OK_AND_ASSIGN(Bytes s1, cluster->Fetch(first + 1, 1));
+    EXPECT_EQ(s1, m);
+    // The transfer put gang shard i on list 2's device i.
+    ASSERT_OK_AND_ASSIGN(Bytes s2, cluster->Fetch(first + 2, 2));
+    EXPECT_EQ(s2, m);
+    ASSERT_OK_AND_ASSIGN(Bytes s3, cluster->Fetch(first + 3, 2));
+    EXPECT_EQ(s3, RunWhole(*affine, 4, {m})[0]);
+  }
+  // The copied argument is buffer 200 + 0.
+  ASSERT_OK_AND_ASSIGN(Bytes arg, cluster->Fetch(200, 1));
+  EXPECT_EQ(arg, x2);
+}
+
+// Many runs of one program, each sent to the hosts from a thread per host.
+TEST(HostExecutorTest, ManyRunsOfOneProgramFromAThreadPerHost) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {1, 3, 0, 2}));
+  ASSERT_OK(cluster->DefineList(2, {2, 0, 3, 1}));
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(4, 3));
+  ASSERT_NE(mean, nullptr);
+  ASSERT_OK(cluster->LoadProgram(
+      Program(20, 3, {Compute(10, 1, {0}, {1}, 1), Transfer(1, 1, 2, 2, 12)})));
+  constexpr int kRuns = 16;
+  std::vector<Bytes> inputs;
+  for (int r = 0; r < kRuns; ++r) {
+    inputs.push_back(ToBytes(Iota<float>(12, static_cast<float>(r), 0.5f)));
+    ASSERT_OK(cluster->Put(1000 * (r + 1), 1, inputs.back()));
+  }
+  std::vector<wire::RunProgram> runs;
+  for (int r = 0; r < kRuns; ++r) runs.push_back(RunOf(20, 1000 * (r + 1)));
+  ASSERT_OK_AND_ASSIGN(auto replies, cluster->RunFromAThreadPerHost(runs));
+  for (auto& [id, status] : Failed(replies)) ADD_FAILURE() << id << ": " << status;
+  for (int r = 0; r < kRuns; ++r) {
+    const Bytes m = RunWhole(*mean, 4, {inputs[r]})[0];
+    ASSERT_OK_AND_ASSIGN(Bytes s1, cluster->Fetch(1000 * (r + 1) + 1, 1));
+    EXPECT_EQ(s1, m) << "run " << r;
+    ASSERT_OK_AND_ASSIGN(Bytes s2, cluster->Fetch(1000 * (r + 1) + 2, 2));
+    EXPECT_EQ(s2, m) << "run " << r;
+  }
+}
+
+// ---- 6. Errors ----
+
+TEST(HostExecutorTest, RunOfAnUnknownProgramRepliesWithAnError) {
+  auto cluster = MakeCluster(2, 2);
+  auto futures = cluster->RunAsync(RunOf(99, 100));
+  for (auto& f : futures) {
+    auto reply = Await(f);
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kInvalidArgument) << reply.status();
+  }
+  // Still usable.
+  ASSERT_OK(cluster->DefineList(1, {0, 3}));
+  ASSERT_OK(cluster->Put(5, 1, ToBytes(Iota<float>(2, 0.f, 1.f))));
+  ASSERT_OK_AND_ASSIGN(Bytes back, cluster->Fetch(5, 1));
+  EXPECT_EQ(back, ToBytes(Iota<float>(2, 0.f, 1.f)));
+}
+
+TEST(HostExecutorTest, AMissingInputFailsTheStepsOutputs) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));
+  auto affine = cluster->Load(10, AffineFunction(4));
+  ASSERT_NE(affine, nullptr);
+  // The second step reads the first's output: it fails too.
+  ASSERT_OK(cluster->LoadProgram(Program(20, 3, {Compute(10, 1, {0}, {1}, 1), Compute(10, 1, {1}, {2}, 2)})));
+
+  // Slot 0 is neither put nor bound: buffer 100 is missing.
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(20, 100)));
+  auto failed = Failed(replies);
+  EXPECT_EQ(failed.size(), 2u);
+  EXPECT_TRUE(failed.contains(101));
+  EXPECT_TRUE(failed.contains(102));
+  EXPECT_FALSE(cluster->FetchFrom(0, 101).ok());
+  EXPECT_FALSE(cluster->FetchFrom(0, 102).ok());
+
+  // A bound argument that does not exist.
+  wire::RunProgram run = RunOf(20, 200);
+  Bind(run, 0, 4242, 1);
+  ASSERT_OK_AND_ASSIGN(replies, cluster->Run(run));
+  failed = Failed(replies);
+  EXPECT_EQ(failed.size(), 2u);
+  EXPECT_TRUE(failed.contains(201));
+  EXPECT_TRUE(failed.contains(202));
+
+  // The devices are free again: a good run goes through.
+  ASSERT_OK(cluster->Put(300, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+  ASSERT_OK_AND_ASSIGN(replies, cluster->Run(RunOf(20, 300)));
+  EXPECT_TRUE(Failed(replies).empty());
+}
+
+// A missing source of a transfer fails its destination, on both hosts'
+// sides of a DCN transfer, and the data plane stays in step.
+TEST(HostExecutorTest, AMissingTransferSourceFailsItsDestination) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));
+  ASSERT_OK(cluster->DefineList(2, {2, 3}));
+  ASSERT_OK(cluster->DefineList(3, {1, 0}));
+  ASSERT_OK(cluster->LoadProgram(Program(20, 3, {Transfer(0, 1, 1, 2, 8), Transfer(0, 1, 2, 3, 8)})));
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(20, 100)));
+  auto failed = Failed(replies);
+  EXPECT_EQ(failed.size(), 2u);
+  EXPECT_TRUE(failed.contains(101));  // on host 1, from host 0
+  EXPECT_TRUE(failed.contains(102));  // within host 0
+  ASSERT_OK(cluster->Put(200, 1, ToBytes(Iota<int32_t>(4, 5, 1))));
+  ASSERT_OK_AND_ASSIGN(replies, cluster->Run(RunOf(20, 200)));
+  EXPECT_TRUE(Failed(replies).empty());
+  ASSERT_OK_AND_ASSIGN(Bytes moved, cluster->Fetch(201, 2));
+  EXPECT_EQ(moved, ToBytes(Iota<int32_t>(4, 5, 1)));
+  ASSERT_OK_AND_ASSIGN(Bytes copied, cluster->Fetch(202, 3));
+  EXPECT_EQ(copied, ToBytes(Iota<int32_t>(4, 5, 1)));
+}
+
+// BUG (host_executor.cc, Run's `lookup`): a missing buffer is stood in for
+// by a failed *0-byte* HostBuffer, so the size checks that follow (a
+// compute step's input bytes in Run, the source bytes in StartTransfer)
+// replace its NotFound with InternalError ("'affine' input 0 has 0 bytes on
+// host 0, expected 32" / "transfer: buffer 100 has 0 bytes on host 0,
+// expected 16"): the run reports the wrong code and a misleading message.
+// Disabled until fixed.
+TEST(HostExecutorTest, DISABLED_AMissingBufferIsReportedAsNotFound) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));
+  ASSERT_OK(cluster->DefineList(2, {1, 0}));
+  auto affine = cluster->Load(10, AffineFunction(4));
+  ASSERT_NE(affine, nullptr);
+  ASSERT_OK(cluster->LoadProgram(Program(20, 3, {Compute(10, 1, {0}, {1}, 1), Transfer(0, 1, 2, 2, 16)})));
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(20, 100)));
+  auto failed = Failed(replies);
+  ASSERT_TRUE(failed.contains(101));
+  ASSERT_TRUE(failed.contains(102));
+  EXPECT_EQ(failed[101].code(), absl::StatusCode::kNotFound) << failed[101];
+  EXPECT_EQ(failed[102].code(), absl::StatusCode::kNotFound) << failed[102];
+}
+
+TEST(HostExecutorTest, MalformedProgramsAreInvalidArgument) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));
+  ASSERT_OK(cluster->DefineList(2, {2, 3, 0}));
+  auto affine = cluster->Load(10, AffineFunction(4));
+  auto mean = cluster->Load(11, MeanPlusIndexFunction(2, 4));
+  ASSERT_TRUE(affine != nullptr && mean != nullptr);
+  HostExecutor& host = cluster->host(0);
+  auto invalid = [&](const wire::LoadProgram& p) {
+    const absl::Status s = host.LoadProgram(p);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  };
+  invalid(Program(20, 2, {Compute(10, 1, {0}, {2}, 1)}));           // out slot past num_slots
+  invalid(Program(20, 2, {Compute(10, 1, {-1}, {1}, 1)}));          // negative slot
+  invalid(Program(20, 2, {Compute(99, 1, {0}, {1}, 1)}));           // unknown function
+  invalid(Program(20, 2, {Compute(10, 77, {0}, {1}, 1)}));          // unknown list
+  invalid(Program(20, 3, {Compute(10, 1, {0, 1}, {2}, 1)}));        // too many inputs
+  invalid(Program(20, 3, {Compute(10, 1, {0}, {1, 2}, 1)}));        // too many outputs
+  invalid(Program(20, 3, {Compute(11, 2, {0}, {1}, 1)}));           // traced for 2 devices, not 3
+  invalid(Program(20, 2, {Transfer(0, 1, 1, 77, 8)}));              // unknown list
+  invalid(Program(20, 2, {Transfer(0, 77, 1, 1, 8)}));              // unknown list
+  invalid(Program(20, 2, {Transfer(0, 1, 2, 1, 8)}));               // bad slot
+  invalid(Program(20, 2, {Transfer(5, 1, 1, 1, 8)}));               // bad slot
+  invalid(Program(20, 2, {Transfer(0, 1, 1, 2, 8)}));               // lists of different sizes
+  invalid(Program(20, 2, {Transfer(0, 1, 1, 1, -8)}));              // negative shard bytes
+  invalid(Program(20, -1, {}));                                     // negative slots
+  invalid(Program(20, 2, {wire::ProgramStep()}));                   // a step of no kind
+  // None of them was loaded.
+  auto reply = cluster->RunOn(0, RunOf(20, 100));
+  EXPECT_EQ(Await(reply).status().code(), absl::StatusCode::kInvalidArgument);
+  // Bad lists and functions.
+  wire::DefineDevices bad;
+  bad.set_list_id(9);
+  EXPECT_EQ(host.DefineDevices(bad).code(), absl::StatusCode::kInvalidArgument);  // empty
+  bad.add_device_ids(0);
+  bad.add_device_ids(0);
+  EXPECT_EQ(host.DefineDevices(bad).code(), absl::StatusCode::kInvalidArgument);  // twice
+  bad.set_device_ids(1, 4);
+  EXPECT_EQ(host.DefineDevices(bad).code(), absl::StatusCode::kInvalidArgument);  // no device 4
+  bad.set_device_ids(1, -1);
+  EXPECT_EQ(host.DefineDevices(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.set_list_id(1);
+  bad.set_device_ids(1, 1);
+  EXPECT_EQ(host.DefineDevices(bad).code(), absl::StatusCode::kAlreadyExists);
+  wire::LoadFunction fn;
+  fn.set_function_id(12);
+  fn.set_ir("not a function");
+  EXPECT_EQ(host.LoadFunction(fn).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HostExecutorTest, PutWithTheWrongBytesIsInvalidArgument) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 2, 1}));  // 2 shards on host 0
+  HostExecutor& host = cluster->host(0);
+  wire::PutBuffer put;
+  put.set_buffer_id(5);
+  put.set_devices(1);
+  put.set_shard_bytes(8);
+  put.set_data(std::string(24, 'x'));  // 3 shards' worth: the whole buffer, not host 0's part
+  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_data(std::string(15, 'x'));
+  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_shard_bytes(-8);
+  put.set_data("");
+  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_shard_bytes(8);
+  put.set_devices(77);
+  put.set_data(std::string(16, 'x'));
+  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);  // unknown list
+  EXPECT_EQ(host.num_buffers(), 0);
+  put.set_devices(1);
+  EXPECT_TRUE(host.Put(put).ok());
+  EXPECT_EQ(host.num_buffers(), 1);
+}
+
+// A transfer whose shard_bytes disagrees with its source buffer fails the
+// destination: no read past the source (run under ASan), no crash, and the
+// hosts' messages stay matched (a later transfer goes through).
+TEST(HostExecutorTest, ATransferWithTheWrongShardBytesFailsItsDestination) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+  ASSERT_OK(cluster->DefineList(2, {2, 3}));  // host 1
+  ASSERT_OK(cluster->DefineList(3, {1, 0}));  // host 0
+  ASSERT_OK(cluster->DefineList(4, {0, 2}));  // both
+  ASSERT_OK(cluster->DefineList(5, {3, 1}));  // both
+  // The source has 16-byte shards everywhere.
+  ASSERT_OK(cluster->LoadProgram(Program(20, 8,
+                                         {
+                                             Transfer(0, 1, 1, 2, 64),  // DCN, larger
+                                             Transfer(0, 1, 2, 3, 64),  // local, larger
+                                             Transfer(0, 1, 3, 2, 4),   // DCN, smaller
+                                             Transfer(0, 1, 4, 3, 4),   // local, smaller
+                                             Transfer(5, 4, 6, 5, 1 << 20),  // both ways, much larger
+                                             Transfer(0, 1, 7, 2, 16),  // right
+                                         })));
+  const Bytes a = ToBytes(Iota<float>(8, 1.f, 1.f));
+  ASSERT_OK(cluster->Put(100, 1, a));
+  ASSERT_OK(cluster->Put(105, 4, a));
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(20, 100)));
+  auto failed = Failed(replies);
+  // (buffer, a host that holds a shard of it)
+  for (auto [id, h] : {std::pair<uint64_t, int>{101, 1}, {102, 0}, {103, 1}, {104, 0}, {106, 0}, {106, 1}}) {
+    EXPECT_TRUE(failed.contains(id)) << id;
+    EXPECT_FALSE(cluster->FetchFrom(h, id).ok()) << id << " on host " << h;
+  }
+  EXPECT_FALSE(failed.contains(107));
+  ASSERT_OK_AND_ASSIGN(Bytes good, cluster->Fetch(107, 2));
+  EXPECT_EQ(good, a);
+}
+
+// ---- Bugs found (disabled until host_executor.cc is fixed) ----
+
+// BUG (Run, the argument bindings): a binding with copy=true makes its
+// destination buffer (first_buffer_id + slot, NewBuffer: in the buffer
+// table, not done) before the later bindings are checked; when a later one
+// is malformed, Run replies InvalidArgument and returns without starting the
+// transfer or completing that buffer. It stays in the table, never done: a
+// Fetch of it never replies, and a later run that reads it waits forever,
+// holding its devices' queues (every later gang on them hangs).
+TEST(HostExecutorTest, DISABLED_AMalformedBindingLeavesNoBufferThatNeverCompletes) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));
+  auto affine = cluster->Load(10, AffineFunction(4));
+  ASSERT_NE(affine, nullptr);
+  ASSERT_OK(cluster->LoadProgram(Program(20, 3, {Compute(10, 1, {0}, {1}, 1)})));
+  ASSERT_OK(cluster->Put(5, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+  wire::RunProgram run = RunOf(20, 100);
+  BindCopy(run, 0, 5, 1, 1, 16);  // good: makes buffer 100
+  Bind(run, 2, 5, 77);            // no list 77
+  auto reply = cluster->RunOn(0, run);
+  EXPECT_EQ(Await(reply).status().code(), absl::StatusCode::kInvalidArgument);
+  // Buffer 100: gone or failed, but answered.
+  auto fetched = cluster->FetchFrom(0, 100, std::chrono::seconds(5));
+  EXPECT_NE(fetched.status().code(), absl::StatusCode::kDeadlineExceeded) << fetched.status();
+  // A later run naming buffer 100 is answered too.
+  wire::RunProgram later = RunOf(20, 200);
+  Bind(later, 0, 100, 1);
+  auto r2 = cluster->RunOn(0, later);
+  auto got = Await(r2, std::chrono::seconds(5));
+  EXPECT_TRUE(got.ok()) << got.status();
+}
+
+// BUG (DeviceLoop): a cross-host gang whose part fails before RunLocal on
+// one host (part->error, or a failed input: here a missing one on host 0)
+// completes its outputs there at once and never joins the gang's
+// collectives. The other hosts of the gang wait in them for Gloo's timeout
+// (30 s), and the failure then poisons every later gang on that set of
+// hosts:
+//  - if it was the set's first gang, host 1's GroupFor fails its rendezvous
+//    (host 0 never called it) and GroupEntry caches that error for good;
+//  - if the group exists, host 1's AllGatherV times out, which breaks the
+//    CollectiveGroup for good.
+// Either way every later gang spanning hosts {0, 1} fails (DeadlineExceeded
+// / Unavailable), however good its inputs. A host whose part cannot run
+// still has to take part in the collectives (or tell its peers).
+TEST(HostExecutorTest, DISABLED_ACrossHostGangFailingOnOneHostLeavesTheGroupUsable) {
+  for (bool group_exists : {false, true}) {
+    SCOPED_TRACE(group_exists ? "group exists" : "first gang of the group");
+    auto cluster = MakeCluster(2, 2);
+    ASSERT_OK(cluster->DefineList(1, {0, 2}));
+    auto mean = cluster->Load(10, MeanPlusIndexFunction(2, 4));
+    ASSERT_NE(mean, nullptr);
+    ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)})));
+    if (group_exists) {
+      ASSERT_OK(cluster->Put(50, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+      ASSERT_OK_AND_ASSIGN(auto replies, cluster->Run(RunOf(20, 50)));
+      EXPECT_TRUE(Failed(replies).empty());
+    }
+    // Buffer 100 on host 1 only.
+    wire::PutBuffer put;
+    put.set_buffer_id(100);
+    put.set_devices(1);
+    put.set_shard_bytes(16);
+    put.set_data(std::string(16, '\0'));
+    ASSERT_OK(cluster->host(1).Put(put));
+    const auto start = std::chrono::steady_clock::now();
+    {
+      ASSERT_OK_AND_ASSIGN(auto replies, cluster->Run(RunOf(20, 100)));
+      EXPECT_TRUE(Failed(replies).contains(101));
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 5) << "host 1 waited for its collective's timeout";
+    // A good run afterwards.
+    ASSERT_OK(cluster->Put(200, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+    ASSERT_OK_AND_ASSIGN(auto replies, cluster->Run(RunOf(20, 200)));
+    for (const wire::RunReply& r : replies) {
+      for (const wire::FailedBuffer& f : r.failed()) ADD_FAILURE() << f.buffer_id() << ": " << FromWire(f.status());
+    }
+  }
+}
+
+// BUG (LoadProgram / Run / Put / StartTransfer): shard_bytes is only checked
+// to be >= 0, and local_positions.size() * shard_bytes is computed in int64
+// without an overflow check. With 4 local shards and shard_bytes = 2^62 the
+// product wraps to 0 (signed overflow, UB): Run makes a 0-byte destination,
+// a 0-byte source passes StartTransfer's size check (0 == 0), and the local
+// copy memcpy()s 2^62 bytes: SIGSEGV in StartTransfer's OnDone lambda. The
+// same through an ArgBinding with copy=true; and PutBuffer accepts an empty
+// `data` for such a shard_bytes. Running this test crashes the binary.
+TEST(HostExecutorTest, DISABLED_AnOverflowingShardBytesIsRefused) {
+  auto cluster = MakeCluster(2, 4);
+  ASSERT_OK(cluster->DefineList(1, {0, 1, 2, 3}));  // all on host 0
+  ASSERT_OK(cluster->DefineList(2, {3, 2, 1, 0}));
+  const int64_t huge = int64_t{1} << 62;
+  wire::PutBuffer put;
+  put.set_buffer_id(7);
+  put.set_devices(1);
+  put.set_shard_bytes(huge);
+  EXPECT_EQ(cluster->host(0).Put(put).code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status loaded = cluster->LoadProgram(Program(20, 2, {Transfer(0, 1, 1, 2, huge)}));
+  if (!loaded.ok()) {
+    EXPECT_EQ(loaded.code(), absl::StatusCode::kInvalidArgument);
+    return;
+  }
+  ASSERT_OK(cluster->Put(100, 1, Bytes()));
+  auto replies = cluster->Run(RunOf(20, 100));  // crashes here
+  ASSERT_TRUE(replies.ok()) << replies.status();
+  EXPECT_TRUE(Failed(*replies).contains(101));
+}
+
+// BUG (SendLoop / RecvLoop): a transfer between hosts with a huge (not
+// overflowing) shard_bytes, here 2^50 per shard, makes the sending thread
+// resize its message vector to 2 * 2^50 + 1 bytes before it looks at the
+// source: std::bad_alloc on a thread nothing catches, so std::terminate
+// ends the host process (the receiving side's resize the same). A client
+// message can kill a host; such a size should be refused (InvalidArgument
+// at LoadProgram / Run, or the destination failed with ResourceExhausted).
+// Running this test aborts the binary.
+TEST(HostExecutorTest, DISABLED_AHugeShardBytesBetweenHostsDoesNotCrash) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));
+  ASSERT_OK(cluster->DefineList(2, {2, 3}));
+  const int64_t huge = int64_t{1} << 50;
+  const absl::Status loaded = cluster->LoadProgram(Program(20, 2, {Transfer(0, 1, 1, 2, huge)}));
+  if (!loaded.ok()) {
+    EXPECT_EQ(loaded.code(), absl::StatusCode::kInvalidArgument);
+    return;
+  }
+  ASSERT_OK(cluster->Put(100, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+  auto replies = cluster->Run(RunOf(20, 100));
+  ASSERT_TRUE(replies.ok()) << replies.status();
+  EXPECT_TRUE(Failed(*replies).contains(101));
+}
+
+// BUG (minor; Run): on its early errors (no such program, a malformed
+// binding) Run calls `done` while it holds mu_, the tables' lock; a `done`
+// that calls back into the executor (num_buffers, Fetch, Put, ...)
+// self-deadlocks. HostRuntime's callbacks only queue a reply today, so
+// nothing hangs in production; every other path calls `done` unlocked.
+// On failure this test leaks its cluster (a thread is stuck inside it).
+TEST(HostExecutorTest, DISABLED_TheReplyCallbackMayCallTheExecutor) {
+  auto cluster = MakeCluster(2, 2);
+  HostExecutor* host = &cluster->host(0);
+  auto promise = std::make_shared<std::promise<int>>();
+  auto future = promise->get_future();
+  std::thread([host, promise] {
+    host->Run(RunOf(99, 100), [host, promise](absl::StatusOr<wire::RunReply>) {
+      promise->set_value(host->num_buffers());
+    });
+  }).detach();
+  if (future.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "deadlock: the reply callback ran under the executor's lock";
+    cluster.release();
+  }
+}
+
+// ---- 7. Order: many overlapping gangs across hosts ----
+
+// `num_gangs` gangs over overlapping lists that span the hosts, each a
+// psum, chained through the buffers of their lists and sent to every host
+// in the same order, each host from a thread of its own: all finish, with
+// the values of Run() over the whole gang.
+void ManyOverlappingGangs(int num_hosts, int devices_per_host, int num_gangs, uint32_t seed) {
+  auto cluster = MakeCluster(num_hosts, devices_per_host);
+  const int num_devices = num_hosts * devices_per_host;
+  constexpr int64_t kElems = 5;
+  std::mt19937 rng(seed);
+  // Lists: every size from 2 to all devices, in a shuffled order, some local.
+  std::vector<std::vector<int>> lists;
+  for (int l = 0; l < 8; ++l) {
+    std::vector<int> devices(num_devices);
+    for (int d = 0; d < num_devices; ++d) devices[d] = d;
+    std::shuffle(devices.begin(), devices.end(), rng);
+    const int size = 2 + l % (num_devices - 1);
+    devices.resize(size);
+    lists.push_back(devices);
+  }
+  lists.push_back({0, 1});  // one host's
+  std::vector<std::shared_ptr<const FunctionExecutable>> exes(num_devices + 1);
+  for (int size = 2; size <= num_devices; ++size) {
+    exes[size] = cluster->Load(size, MeanPlusIndexFunction(size, kElems));
+    ASSERT_NE(exes[size], nullptr);
+  }
+  std::vector<uint64_t> latest(lists.size());  // the newest buffer on each list
+  std::vector<Bytes> values(lists.size());      // its value
+  for (size_t l = 0; l < lists.size(); ++l) {
+    ASSERT_OK(cluster->DefineList(static_cast<int>(l), lists[l]));
+    values[l] = ToBytes(Iota<float>(lists[l].size() * kElems, static_cast<float>(l), 0.5f));
+    latest[l] = 10 + l;
+    ASSERT_OK(cluster->Put(latest[l], static_cast<int>(l), values[l]));
+  }
+  // Gang g: program 100 + g on list g % lists (shuffled), reading the
+  // list's newest buffer into slot 0 and writing buffer 1000 * (g + 1) + 1.
+  std::vector<int> gang_list(num_gangs);
+  std::vector<wire::RunProgram> runs;
+  std::vector<Bytes> expected(num_gangs);
+  for (int g = 0; g < num_gangs; ++g) {
+    const int l = static_cast<int>(rng() % lists.size());
+    gang_list[g] = l;
+    const int size = static_cast<int>(lists[l].size());
+    ASSERT_OK(cluster->LoadProgram(Program(100 + g, 2, {Compute(size, l, {0}, {1}, 100 + g)})));
+    const uint64_t first = 1000 * (g + 1);
+    wire::RunProgram run = RunOf(100 + g, first);
+    Bind(run, 0, latest[l], l);
+    runs.push_back(run);
+    values[l] = RunWhole(*exes[size], size, {values[l]})[0];
+    expected[g] = values[l];
+    latest[l] = first + 1;
+  }
+  ASSERT_OK_AND_ASSIGN(auto replies, cluster->RunFromAThreadPerHost(runs));
+  for (auto& [id, status] : Failed(replies)) ADD_FAILURE() << id << ": " << status;
+  for (int g = 0; g < num_gangs; ++g) {
+    ASSERT_OK_AND_ASSIGN(Bytes got, cluster->Fetch(1000 * (g + 1) + 1, gang_list[g]));
+    EXPECT_EQ(got, expected[g]) << "gang " << g;
+  }
+}
+
+TEST(HostExecutorTest, ManyOverlappingGangsOnTwoHosts) { ManyOverlappingGangs(2, 2, 20, 1); }
+
+TEST(HostExecutorTest, ManyOverlappingGangsOnThreeHosts) { ManyOverlappingGangs(3, 2, 30, 2); }
+
+TEST(HostExecutorTest, ManyOverlappingGangsOnTwoHostsOfFourDevices) { ManyOverlappingGangs(2, 4, 40, 3); }
+
+}  // namespace
+}  // namespace pw
