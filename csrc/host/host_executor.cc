@@ -16,16 +16,33 @@ namespace {
 
 // Host-to-host transfers use one Gloo tag; a pair's messages stay in order.
 constexpr uint32_t kTransferTag = 1;
-// Bounds what a client may ask of one host (a program's slots).
+// Bounds what a client may ask of one host (a program's slots, a shard's
+// bytes: at most a device's memory, so products with shard counts fit).
 constexpr int kMaxSlots = 1 << 22;
+constexpr int64_t kMaxShardBytes = int64_t{1} << 40;
+
+bool ShardBytesOk(int64_t bytes) { return bytes >= 0 && bytes <= kMaxShardBytes; }
+
+// Resizes `v`; ResourceExhausted instead of std::bad_alloc.
+absl::Status Resize(std::vector<uint8_t>& v, int64_t bytes) {
+  try {
+    v.resize(static_cast<size_t>(bytes));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes for a transfer"));
+  }
+  return absl::OkStatus();
+}
 
 uint8_t* AlignedAlloc(int64_t bytes) {
+  if (bytes < 0 || bytes > kMaxShardBytes * 65536) return nullptr;
   const size_t size = (static_cast<size_t>(std::max<int64_t>(bytes, 1)) + 63) / 64 * 64;
   return static_cast<uint8_t*>(std::aligned_alloc(64, size));
 }
 
+}  // namespace
+
 // Scratch memory of one device thread, 64-byte aligned, grown on demand.
-class Scratch {
+class HostExecutor::Scratch {
  public:
   ~Scratch() { std::free(data_); }
   uint8_t* Get(int64_t bytes) {
@@ -42,11 +59,13 @@ class Scratch {
   int64_t capacity_ = 0;
 };
 
-}  // namespace
-
 // ---- HostBuffer ----
 
 HostBuffer::HostBuffer(uint64_t id, int64_t bytes) : id_(id), bytes_(bytes), data_(AlignedAlloc(bytes)) {}
+
+absl::Status HostBuffer::AllocationError() const {
+  return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes_, " bytes for buffer ", id_));
+}
 
 HostBuffer::~HostBuffer() { std::free(data_); }
 
@@ -172,6 +191,7 @@ struct HostExecutor::Peer {
     std::shared_ptr<HostBuffer> src;
     std::vector<int> indices;  // local shard indices of src, in order
     int64_t shard_bytes = 0;
+    int64_t src_bytes = 0;     // what src must hold
   };
   struct Recv {
     std::shared_ptr<DstParts> parts;
@@ -400,7 +420,7 @@ absl::Status HostExecutor::LoadProgram(const wire::LoadProgram& request) {
       if (!src.ok()) return src.status();
       auto dst = List(t.dst_devices());
       if (!dst.ok()) return dst.status();
-      if ((*src)->device_ids.size() != (*dst)->device_ids.size() || t.shard_bytes() < 0 ||
+      if ((*src)->device_ids.size() != (*dst)->device_ids.size() || !ShardBytesOk(t.shard_bytes()) ||
           !slot_ok(t.src_slot()) || !slot_ok(t.dst_slot())) {
         return absl::InvalidArgumentError("load_program: a malformed transfer step");
       }
@@ -425,16 +445,48 @@ std::shared_ptr<HostBuffer> HostExecutor::NewBuffer(uint64_t id, int64_t bytes) 
   return buffer;
 }
 
+absl::Status HostExecutor::CheckSizes(const Part& part) const {
+  const FunctionExecutable& exe = *part.fn->exe;
+  const int64_t n = static_cast<int64_t>(part.gang->local_positions.size());
+  for (size_t i = 0; i < part.inputs.size(); ++i) {
+    const int64_t want = exe.param_bytes(static_cast<int>(i)) * n;
+    if (part.inputs[i]->bytes() != want) {
+      return absl::InternalError(absl::StrCat("'", exe.ir().name(), "' input ", i, " has ", part.inputs[i]->bytes(),
+                                              " bytes on host ", host_id_, ", expected ", want));
+    }
+  }
+  for (const auto& out : part.outputs) {
+    if (!out->allocated()) return out->AllocationError();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostExecutor::CheckTransferSizes(const HostBuffer& src, int64_t src_bytes, const HostBuffer& dst) const {
+  if (src.bytes() != src_bytes) {  // never read past a buffer, whatever a client says
+    return absl::InternalError(absl::StrCat("transfer: buffer ", src.id(), " has ", src.bytes(), " bytes on host ",
+                                            host_id_, ", expected ", src_bytes));
+  }
+  if (!dst.allocated()) return dst.AllocationError();
+  return absl::OkStatus();
+}
+
 absl::Status HostExecutor::Put(wire::PutBuffer& request) {
   MutexLock lock(&mu_);
   auto list = List(request.devices());
   if (!list.ok()) return list.status();
+  if (!ShardBytesOk(request.shard_bytes())) {
+    return absl::InvalidArgumentError(absl::StrCat("put: bad shard_bytes ", request.shard_bytes()));
+  }
   const int64_t want = static_cast<int64_t>((*list)->local_positions.size()) * request.shard_bytes();
-  if (request.shard_bytes() < 0 || static_cast<int64_t>(request.data().size()) != want) {
+  if (static_cast<int64_t>(request.data().size()) != want) {
     return absl::InvalidArgumentError(absl::StrCat("put: buffer ", request.buffer_id(), " needs ", want,
                                                    " bytes here, got ", request.data().size()));
   }
   std::shared_ptr<HostBuffer> buffer = NewBuffer(request.buffer_id(), want);
+  if (!buffer->allocated()) {
+    buffer->Complete(buffer->AllocationError());
+    return absl::OkStatus();  // reading it says why
+  }
   if (want > 0) std::memcpy(buffer->data(), request.data().data(), static_cast<size_t>(want));
   buffer->Complete(absl::OkStatus());
   return absl::OkStatus();
@@ -454,6 +506,7 @@ void HostExecutor::Run(const wire::RunProgram& request,
   std::vector<Part*> parts;
   auto* run = new RunState(std::move(done));
   std::vector<std::shared_ptr<HostBuffer>> dropped;  // freed once unlocked
+  absl::Status early;  // the run is refused (replied to outside the lock)
   {
     MutexLock lock(&mu_);
     for (uint64_t id : request.free_buffer_ids()) {
@@ -464,10 +517,28 @@ void HostExecutor::Run(const wire::RunProgram& request,
     }
     auto pit = programs_.find(request.program_id());
     if (pit == programs_.end()) {
-      std::move(run->done)(absl::InvalidArgumentError(absl::StrCat("run: no program ", request.program_id())));
-      delete run;
-      return;
+      early = absl::InvalidArgumentError(absl::StrCat("run: no program ", request.program_id()));
     }
+    // Every binding is checked before anything is made: a run refused
+    // leaves nothing behind that would never complete.
+    for (const wire::ArgBinding& a : request.args()) {
+      if (!early.ok()) break;
+      auto src = List(a.src_devices());
+      auto dst = List(a.dst_devices());
+      if (!src.ok() || !dst.ok() || a.slot() < 0 || a.slot() >= pit->second->num_slots ||
+          !ShardBytesOk(a.shard_bytes()) || (*src)->device_ids.size() != (*dst)->device_ids.size()) {
+        early = absl::InvalidArgumentError("run: a malformed argument binding");
+      }
+    }
+  }
+  if (!early.ok()) {
+    std::move(run->done)(early);
+    delete run;
+    return;
+  }
+  {
+    MutexLock lock(&mu_);
+    auto pit = programs_.find(request.program_id());
     const Program& program = *pit->second;
     const uint64_t first = request.first_buffer_id();
     std::vector<std::shared_ptr<HostBuffer>> slots(program.num_slots);
@@ -480,15 +551,9 @@ void HostExecutor::Run(const wire::RunProgram& request,
       missing->Complete(absl::NotFoundError(absl::StrCat("buffer ", id, " is not on host ", host_id_)));
       return missing;
     };
-    absl::Status bad;
     for (const wire::ArgBinding& a : request.args()) {
-      auto src = List(a.src_devices());
+      auto src = List(a.src_devices());  // checked above; lists are never removed
       auto dst = List(a.dst_devices());
-      if (!src.ok() || !dst.ok() || a.slot() < 0 || a.slot() >= program.num_slots || a.shard_bytes() < 0 ||
-          (*src)->device_ids.size() != (*dst)->device_ids.size()) {
-        bad = absl::InvalidArgumentError("run: a malformed argument binding");
-        break;
-      }
       if (!a.copy()) {
         if (!(*dst)->local_positions.empty()) slots[a.slot()] = lookup(a.buffer_id());
         continue;
@@ -501,11 +566,6 @@ void HostExecutor::Run(const wire::RunProgram& request,
         run->Track(d);
       }
       transfers.push_back(Transfer{*src, std::move(s), *dst, std::move(d), a.shard_bytes()});
-    }
-    if (!bad.ok()) {
-      std::move(run->done)(bad);
-      delete run;
-      return;
     }
     for (const Program::Step& step : program.steps) {
       if (!step.compute) {
@@ -531,11 +591,6 @@ void HostExecutor::Run(const wire::RunProgram& request,
       for (size_t i = 0; i < step.in_slots.size(); ++i) {
         std::shared_ptr<HostBuffer> in = slots[step.in_slots[i]];
         if (in == nullptr) in = lookup(first + step.in_slots[i]);
-        if (in->bytes() != exe.param_bytes(static_cast<int>(i)) * n && part->error.ok()) {
-          part->error = absl::InternalError(absl::StrCat("'", exe.ir().name(), "' input ", i, " has ", in->bytes(),
-                                                         " bytes on host ", host_id_, ", expected ",
-                                                         exe.param_bytes(static_cast<int>(i)) * n));
-        }
         part->inputs.push_back(std::move(in));
       }
       for (size_t i = 0; i < step.out_slots.size(); ++i) {
@@ -556,12 +611,6 @@ void HostExecutor::StartTransfer(const HostDeviceList& src_list, std::shared_ptr
                                  const HostDeviceList& dst_list, std::shared_ptr<HostBuffer> dst,
                                  int64_t shard_bytes) {
   const int64_t src_bytes = static_cast<int64_t>(src_list.local_positions.size()) * shard_bytes;
-  if (src != nullptr && src->bytes() != src_bytes) {  // never read past a buffer, whatever a client says
-    auto bad = std::make_shared<HostBuffer>(src->id(), 0);
-    bad->Complete(absl::InternalError(absl::StrCat("transfer: buffer ", src->id(), " has ", src->bytes(),
-                                                   " bytes on host ", host_id_, ", expected ", src_bytes)));
-    src = std::move(bad);
-  }
   std::vector<std::pair<int, int>> copies;  // (src local index, dst local index)
   absl::flat_hash_map<int, std::vector<int>> sends, recvs;
   std::vector<int> send_order, recv_order;  // peers, in first-seen order
@@ -584,7 +633,7 @@ void HostExecutor::StartTransfer(const HostDeviceList& src_list, std::shared_ptr
   for (int peer : send_order) {
     Peer& p = PeerFor(peer);
     MutexLock lock(&p.mu);
-    p.sends.push_back(Peer::Send{src, std::move(sends[peer]), shard_bytes});
+    p.sends.push_back(Peer::Send{src, std::move(sends[peer]), shard_bytes, src_bytes});
     p.cv.SignalAll();
   }
   if (dst == nullptr) return;
@@ -598,7 +647,9 @@ void HostExecutor::StartTransfer(const HostDeviceList& src_list, std::shared_ptr
     p.cv.SignalAll();
   }
   if (!copies.empty()) {
-    src->OnDone([src, dst, parts, copies = std::move(copies), shard_bytes](const absl::Status& status) {
+    src->OnDone([this, src, dst, parts, copies = std::move(copies), shard_bytes,
+                 src_bytes](absl::Status status) {
+      status.Update(CheckTransferSizes(*src, src_bytes, *dst));
       if (status.ok()) {
         for (auto [si, di] : copies) {
           std::memcpy(dst->data() + di * shard_bytes, src->data() + si * shard_bytes,
@@ -638,9 +689,18 @@ void HostExecutor::SendLoop(Peer* peer) {
     // The message: the shards in order, then one byte that says whether
     // they are valid (the receiver's sizes must match, failed or not).
     const int64_t payload = static_cast<int64_t>(item.indices.size()) * item.shard_bytes;
-    message.resize(static_cast<size_t>(payload + 1));
-    const absl::Status status = item.src->Await(stopping_);
+    absl::Status status = item.src->Await(stopping_);
     if (stopping_.load(std::memory_order_acquire)) return;
+    if (status.ok() && item.src->bytes() != item.src_bytes) {
+      status = absl::InternalError(absl::StrCat("transfer: buffer ", item.src->id(), " has ", item.src->bytes(),
+                                                " bytes on host ", host_id_, ", expected ", item.src_bytes));
+    }
+    if (absl::Status allocated = Resize(message, payload + 1); !allocated.ok()) {
+      // The receiver expects payload + 1 bytes and cannot get them: the pair
+      // is out of step for good, so say why and send nothing.
+      std::cerr << "pathways-host " << host_id_ << ": transfer to host " << peer->host << ": " << allocated << "\n";
+      continue;
+    }
     if (status.ok()) {
       for (size_t k = 0; k < item.indices.size(); ++k) {
         std::memcpy(message.data() + k * item.shard_bytes, item.src->data() + item.indices[k] * item.shard_bytes,
@@ -669,13 +729,17 @@ void HostExecutor::RecvLoop(Peer* peer) {
       peer->recvs.pop_front();
     }
     const int64_t payload = static_cast<int64_t>(item.indices.size()) * item.shard_bytes;
-    message.resize(static_cast<size_t>(payload + 1));
+    if (absl::Status allocated = Resize(message, payload + 1); !allocated.ok()) {
+      item.parts->Done(allocated);
+      continue;
+    }
     absl::Status status = world_ == nullptr
                               ? absl::FailedPreconditionError("the data plane is not connected")
                               : world_->Recv(peer->host, message.data(), payload + 1, kTransferTag);
     if (status.ok() && message[payload] != 0) {
       status = absl::AbortedError(absl::StrCat("the transfer's source shards on host ", peer->host, " failed"));
     }
+    if (status.ok() && !item.parts->dst->allocated()) status = item.parts->dst->AllocationError();
     if (status.ok()) {
       uint8_t* dst = item.parts->dst->data();
       for (size_t k = 0; k < item.indices.size(); ++k) {
@@ -731,39 +795,8 @@ void HostExecutor::DeviceLoop(int device) {
       absl::Status s = in->Await(stopping_);
       if (!s.ok()) status = s;
     }
-    if (status.ok()) {
-      const FunctionExecutable& exe = *part->fn->exe;
-      const HostDeviceList& gang = *part->gang;
-      std::vector<const void*> ins;
-      std::vector<void*> outs;
-      for (const auto& in : part->inputs) ins.push_back(in->data());
-      for (const auto& out : part->outputs) outs.push_back(out->data());
-      const int gang_size = static_cast<int>(gang.device_ids.size());
-      const auto start = std::chrono::steady_clock::now();
-      if (gang.all_local()) {
-        exe.Run(gang_size, ins, outs, scratch.Get(exe.scratch_bytes(gang_size)));
-      } else {
-        auto group = GroupFor(gang);
-        if (!group.ok()) {
-          status = group.status();
-        } else {
-          GroupCollectives collectives(*group, &gang, part->tag);
-          const int num_local = static_cast<int>(gang.local_positions.size());
-          status = exe.RunLocal(*gang.local, ins, outs,
-                                scratch.Get(exe.local_scratch_bytes(num_local, gang_size)), &collectives);
-        }
-      }
-      // Simulated compute (pw.simulated_compute): the gang keeps its devices
-      // for that long, as in process; this thread is its device's, so it
-      // simply waits.
-      if (const int64_t simulated = exe.ir().simulated_ns(); simulated > 0 && status.ok()) {
-        std::this_thread::sleep_until(start + std::chrono::nanoseconds(simulated));
-      }
-      if (!status.ok()) {
-        status = absl::Status(status.code(), absl::StrCat("'", exe.ir().name(), "' on host ", host_id_,
-                                                          " failed: ", status.message()));
-      }
-    }
+    status.Update(CheckSizes(*part));
+    RunPart(*part, status, scratch);
     // Free the devices first, so the next gang in order can start.
     std::vector<Part*> heads;
     {
@@ -777,6 +810,55 @@ void HostExecutor::DeviceLoop(int device) {
     part->inputs.clear();
     for (const auto& out : part->outputs) out->Complete(status);
     delete part;
+  }
+}
+
+void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scratch) {
+  const FunctionExecutable& exe = *part.fn->exe;
+  const HostDeviceList& gang = *part.gang;
+  const int gang_size = static_cast<int>(gang.device_ids.size());
+  const auto start = std::chrono::steady_clock::now();
+  auto run = [&](auto&& body) {
+    if (!status.ok()) return;
+    std::vector<const void*> ins;
+    std::vector<void*> outs;
+    for (const auto& in : part.inputs) ins.push_back(in->data());
+    for (const auto& out : part.outputs) outs.push_back(out->data());
+    status = body(ins, outs);
+  };
+  if (gang.all_local()) {
+    run([&](const std::vector<const void*>& ins, const std::vector<void*>& outs) {
+      exe.Run(gang_size, ins, outs, scratch.Get(exe.scratch_bytes(gang_size)));
+      return absl::OkStatus();
+    });
+  } else if (auto group = GroupFor(gang); !group.ok()) {
+    status.Update(group.status());
+  } else {
+    // The gang's hosts first agree whether every part can run: a part that
+    // cannot (a failed input) must not leave the others waiting in a
+    // collective it never joins, which would break their group for good.
+    int32_t cannot = status.ok() ? 0 : 1;
+    if (absl::Status agreed = (*group)->AllReduce(DType::kI32, ReduceOp::kMax, &cannot, 1, part.tag);
+        !agreed.ok()) {
+      status.Update(agreed);
+    } else if (cannot != 0 && status.ok()) {
+      status = absl::AbortedError("another host of the gang could not run its part");
+    }
+    run([&](const std::vector<const void*>& ins, const std::vector<void*>& outs) {
+      GroupCollectives collectives(*group, &gang, part.tag);
+      const int num_local = static_cast<int>(gang.local_positions.size());
+      return exe.RunLocal(*gang.local, ins, outs, scratch.Get(exe.local_scratch_bytes(num_local, gang_size)),
+                          &collectives);
+    });
+  }
+  // Simulated compute (pw.simulated_compute): the gang keeps its devices for
+  // that long, as in process; this thread is its device's, so it waits.
+  if (const int64_t simulated = exe.ir().simulated_ns(); simulated > 0 && status.ok()) {
+    std::this_thread::sleep_until(start + std::chrono::nanoseconds(simulated));
+  }
+  if (!status.ok()) {
+    status = absl::Status(status.code(), absl::StrCat("'", exe.ir().name(), "' on host ", host_id_, " failed: ",
+                                                      status.message()));
   }
 }
 

@@ -57,6 +57,9 @@ class HostBuffer {
   uint64_t id() const { return id_; }
   uint8_t* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
+  // False if its memory could not be allocated (then it is never written).
+  bool allocated() const { return data_ != nullptr; }
+  absl::Status AllocationError() const;
 
   // Calls `fn` with the status once the buffer is done: at once, on this
   // thread, if it is done already. `fn` must not block.
@@ -133,10 +136,18 @@ class HostExecutor {
   // buffers, null where it holds no shard.
   void StartTransfer(const HostDeviceList& src_list, std::shared_ptr<HostBuffer> src, const HostDeviceList& dst_list,
                      std::shared_ptr<HostBuffer> dst, int64_t shard_bytes);
+  // Internal if a part's inputs have other sizes than its function takes
+  // (a client's mistake, never a read past a buffer); ResourceExhausted if
+  // an output could not be allocated.
+  absl::Status CheckSizes(const Part& part) const;
+  absl::Status CheckTransferSizes(const HostBuffer& src, int64_t src_bytes, const HostBuffer& dst) const;
   void Enqueue(Part* part);
   void CountDown(Part* part);
   void DeviceLoop(int device);
-  void RunPart(Part* part, std::vector<uint8_t>& scratch);
+  class Scratch;
+  // Runs `part`'s kernels unless `status` says it cannot run (a cross-host
+  // gang's hosts agree on that first); `status` ends as the part's result.
+  void RunPart(const Part& part, absl::Status& status, Scratch& scratch);
   absl::StatusOr<CollectiveGroup*> GroupFor(const HostDeviceList& list);
   Peer& PeerFor(int host);
   void SendLoop(Peer* peer);

@@ -827,14 +827,13 @@ TEST(HostExecutorTest, AMissingTransferSourceFailsItsDestination) {
   EXPECT_EQ(copied, ToBytes(Iota<int32_t>(4, 5, 1)));
 }
 
-// BUG (host_executor.cc, Run's `lookup`): a missing buffer is stood in for
+// Was a bug, now fixed (host_executor.cc, Run's `lookup`): a missing buffer is stood in for
 // by a failed *0-byte* HostBuffer, so the size checks that follow (a
 // compute step's input bytes in Run, the source bytes in StartTransfer)
 // replace its NotFound with InternalError ("'affine' input 0 has 0 bytes on
 // host 0, expected 32" / "transfer: buffer 100 has 0 bytes on host 0,
 // expected 16"): the run reports the wrong code and a misleading message.
-// Disabled until fixed.
-TEST(HostExecutorTest, DISABLED_AMissingBufferIsReportedAsNotFound) {
+TEST(HostExecutorTest, AMissingBufferIsReportedAsNotFound) {
   auto cluster = MakeCluster(2, 2);
   ASSERT_OK(cluster->DefineList(1, {0, 1}));
   ASSERT_OK(cluster->DefineList(2, {1, 0}));
@@ -959,16 +958,16 @@ TEST(HostExecutorTest, ATransferWithTheWrongShardBytesFailsItsDestination) {
   EXPECT_EQ(good, a);
 }
 
-// ---- Bugs found (disabled until host_executor.cc is fixed) ----
+// ---- Regressions: bugs these tests found, fixed since ----
 
-// BUG (Run, the argument bindings): a binding with copy=true makes its
+// Was a bug, now fixed (Run, the argument bindings): a binding with copy=true makes its
 // destination buffer (first_buffer_id + slot, NewBuffer: in the buffer
 // table, not done) before the later bindings are checked; when a later one
 // is malformed, Run replies InvalidArgument and returns without starting the
 // transfer or completing that buffer. It stays in the table, never done: a
 // Fetch of it never replies, and a later run that reads it waits forever,
 // holding its devices' queues (every later gang on them hangs).
-TEST(HostExecutorTest, DISABLED_AMalformedBindingLeavesNoBufferThatNeverCompletes) {
+TEST(HostExecutorTest, AMalformedBindingLeavesNoBufferThatNeverCompletes) {
   auto cluster = MakeCluster(2, 2);
   ASSERT_OK(cluster->DefineList(1, {0, 1}));
   auto affine = cluster->Load(10, AffineFunction(4));
@@ -991,7 +990,7 @@ TEST(HostExecutorTest, DISABLED_AMalformedBindingLeavesNoBufferThatNeverComplete
   EXPECT_TRUE(got.ok()) << got.status();
 }
 
-// BUG (DeviceLoop): a cross-host gang whose part fails before RunLocal on
+// Was a bug, now fixed (DeviceLoop): a cross-host gang whose part fails before RunLocal on
 // one host (part->error, or a failed input: here a missing one on host 0)
 // completes its outputs there at once and never joins the gang's
 // collectives. The other hosts of the gang wait in them for Gloo's timeout
@@ -1004,7 +1003,7 @@ TEST(HostExecutorTest, DISABLED_AMalformedBindingLeavesNoBufferThatNeverComplete
 // Either way every later gang spanning hosts {0, 1} fails (DeadlineExceeded
 // / Unavailable), however good its inputs. A host whose part cannot run
 // still has to take part in the collectives (or tell its peers).
-TEST(HostExecutorTest, DISABLED_ACrossHostGangFailingOnOneHostLeavesTheGroupUsable) {
+TEST(HostExecutorTest, ACrossHostGangFailingOnOneHostLeavesTheGroupUsable) {
   for (bool group_exists : {false, true}) {
     SCOPED_TRACE(group_exists ? "group exists" : "first gang of the group");
     auto cluster = MakeCluster(2, 2);
@@ -1040,15 +1039,15 @@ TEST(HostExecutorTest, DISABLED_ACrossHostGangFailingOnOneHostLeavesTheGroupUsab
   }
 }
 
-// BUG (LoadProgram / Run / Put / StartTransfer): shard_bytes is only checked
+// Was a bug, now fixed (LoadProgram / Run / Put / StartTransfer): shard_bytes is only checked
 // to be >= 0, and local_positions.size() * shard_bytes is computed in int64
 // without an overflow check. With 4 local shards and shard_bytes = 2^62 the
 // product wraps to 0 (signed overflow, UB): Run makes a 0-byte destination,
 // a 0-byte source passes StartTransfer's size check (0 == 0), and the local
 // copy memcpy()s 2^62 bytes: SIGSEGV in StartTransfer's OnDone lambda. The
 // same through an ArgBinding with copy=true; and PutBuffer accepts an empty
-// `data` for such a shard_bytes. Running this test crashes the binary.
-TEST(HostExecutorTest, DISABLED_AnOverflowingShardBytesIsRefused) {
+// `data` for such a shard_bytes. Running this test crashed the binary.
+TEST(HostExecutorTest, AnOverflowingShardBytesIsRefused) {
   auto cluster = MakeCluster(2, 4);
   ASSERT_OK(cluster->DefineList(1, {0, 1, 2, 3}));  // all on host 0
   ASSERT_OK(cluster->DefineList(2, {3, 2, 1, 0}));
@@ -1069,7 +1068,7 @@ TEST(HostExecutorTest, DISABLED_AnOverflowingShardBytesIsRefused) {
   EXPECT_TRUE(Failed(*replies).contains(101));
 }
 
-// BUG (SendLoop / RecvLoop): a transfer between hosts with a huge (not
+// Was a bug, now fixed (SendLoop / RecvLoop): a transfer between hosts with a huge (not
 // overflowing) shard_bytes, here 2^50 per shard, makes the sending thread
 // resize its message vector to 2 * 2^50 + 1 bytes before it looks at the
 // source: std::bad_alloc on a thread nothing catches, so std::terminate
@@ -1077,7 +1076,7 @@ TEST(HostExecutorTest, DISABLED_AnOverflowingShardBytesIsRefused) {
 // message can kill a host; such a size should be refused (InvalidArgument
 // at LoadProgram / Run, or the destination failed with ResourceExhausted).
 // Running this test aborts the binary.
-TEST(HostExecutorTest, DISABLED_AHugeShardBytesBetweenHostsDoesNotCrash) {
+TEST(HostExecutorTest, AHugeShardBytesBetweenHostsDoesNotCrash) {
   auto cluster = MakeCluster(2, 2);
   ASSERT_OK(cluster->DefineList(1, {0, 1}));
   ASSERT_OK(cluster->DefineList(2, {2, 3}));
@@ -1093,13 +1092,12 @@ TEST(HostExecutorTest, DISABLED_AHugeShardBytesBetweenHostsDoesNotCrash) {
   EXPECT_TRUE(Failed(*replies).contains(101));
 }
 
-// BUG (minor; Run): on its early errors (no such program, a malformed
+// Was a bug, now fixed (minor; Run): on its early errors (no such program, a malformed
 // binding) Run calls `done` while it holds mu_, the tables' lock; a `done`
 // that calls back into the executor (num_buffers, Fetch, Put, ...)
 // self-deadlocks. HostRuntime's callbacks only queue a reply today, so
 // nothing hangs in production; every other path calls `done` unlocked.
-// On failure this test leaks its cluster (a thread is stuck inside it).
-TEST(HostExecutorTest, DISABLED_TheReplyCallbackMayCallTheExecutor) {
+TEST(HostExecutorTest, TheReplyCallbackMayCallTheExecutor) {
   auto cluster = MakeCluster(2, 2);
   HostExecutor* host = &cluster->host(0);
   auto promise = std::make_shared<std::promise<int>>();

@@ -37,13 +37,21 @@ void WatchStdin() {
 }
 
 // hosts=external: tells the client at `client` where this host listens.
-absl::Status Register(const std::string& client, const std::string& secret, const std::string& address) {
+absl::Status Register(const std::string& client, const std::string& secret, const std::string& address,
+                      int64_t deadline_ns) {
   ChannelOptions options;
   options.secret = secret;
   options.host_name = absl::StrCat("the client (", client, ")");
   options.client_name = "pathways-host";
   options.heartbeat_period_ns = 0;
-  auto channel = HostChannel::Connect(client, wire::Hello(), options);
+  // The client may not listen yet (Slurm starts everything at once): try
+  // again until the deadline.
+  absl::StatusOr<std::unique_ptr<HostChannel>> channel;
+  while (true) {
+    channel = HostChannel::Connect(client, wire::Hello(), options);
+    if (channel.ok() || !absl::IsUnavailable(channel.status()) || NowNanos() >= deadline_ns) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
   if (!channel.ok()) return channel.status();
   wire::Request request;
   request.mutable_register_host()->set_address(address);
@@ -113,7 +121,9 @@ int RunHost(const HostMainOptions& options) {
                                getpid(), runtime.incarnation())
             << std::endl;
   if (!options.client.empty()) {
-    if (absl::Status registered = Register(options.client, secret, (*server)->address()); !registered.ok()) {
+    if (absl::Status registered =
+            Register(options.client, secret, (*server)->address(), NowNanos() + options.configure_timeout_ns);
+        !registered.ok()) {
       std::cerr << "pathways-host: registering with the client at " << options.client
                 << " failed: " << registered.message() << "\n";
       return 1;
