@@ -23,6 +23,31 @@ constexpr int64_t kMaxShardBytes = int64_t{1} << 40;
 
 bool ShardBytesOk(int64_t bytes) { return bytes >= 0 && bytes <= kMaxShardBytes; }
 
+// Transfers of at least this many bytes travel without copies when their
+// shards lie in one piece (a header message first says they follow).
+constexpr int64_t kZeroCopyBytes = int64_t{1} << 20;
+
+// Where shards `indices` (of `shard` bytes each) start in `base` if they are
+// consecutive, else null.
+uint8_t* Contiguous(const std::vector<int>& indices, uint8_t* base, int64_t shard) {
+  for (size_t k = 1; k < indices.size(); ++k) {
+    if (indices[k] != indices[0] + static_cast<int>(k)) return nullptr;
+  }
+  return indices.empty() ? base : base + indices[0] * shard;
+}
+
+// Shards `indices` of `from` into consecutive places of `to`, and back.
+void Pack(const std::vector<int>& indices, const uint8_t* from, int64_t shard, uint8_t* to) {
+  for (size_t k = 0; k < indices.size(); ++k) {
+    std::memcpy(to + k * shard, from + indices[k] * shard, static_cast<size_t>(shard));
+  }
+}
+void Unpack(const std::vector<int>& indices, const uint8_t* from, int64_t shard, uint8_t* to) {
+  for (size_t k = 0; k < indices.size(); ++k) {
+    std::memcpy(to + indices[k] * shard, from + k * shard, static_cast<size_t>(shard));
+  }
+}
+
 // Resizes `v`; ResourceExhausted instead of std::bad_alloc.
 absl::Status Resize(std::vector<uint8_t>& v, int64_t bytes) {
   try {
@@ -686,8 +711,6 @@ void HostExecutor::SendLoop(Peer* peer) {
       item = std::move(peer->sends.front());
       peer->sends.pop_front();
     }
-    // The message: the shards in order, then one byte that says whether
-    // they are valid (the receiver's sizes must match, failed or not).
     const int64_t payload = static_cast<int64_t>(item.indices.size()) * item.shard_bytes;
     absl::Status status = item.src->Await(stopping_);
     if (stopping_.load(std::memory_order_acquire)) return;
@@ -695,22 +718,36 @@ void HostExecutor::SendLoop(Peer* peer) {
       status = absl::InternalError(absl::StrCat("transfer: buffer ", item.src->id(), " has ", item.src->bytes(),
                                                 " bytes on host ", host_id_, ", expected ", item.src_bytes));
     }
-    if (absl::Status allocated = Resize(message, payload + 1); !allocated.ok()) {
-      // The receiver expects payload + 1 bytes and cannot get them: the pair
-      // is out of step for good, so say why and send nothing.
-      std::cerr << "pathways-host " << host_id_ << ": transfer to host " << peer->host << ": " << allocated << "\n";
-      continue;
-    }
-    if (status.ok()) {
-      for (size_t k = 0; k < item.indices.size(); ++k) {
-        std::memcpy(message.data() + k * item.shard_bytes, item.src->data() + item.indices[k] * item.shard_bytes,
-                    static_cast<size_t>(item.shard_bytes));
-      }
-    }
-    message[payload] = status.ok() ? 0 : 1;
-    item.src.reset();
+    absl::Status sent;
     if (world_ == nullptr) continue;  // the receiver fails its part
-    if (absl::Status sent = world_->Send(peer->host, message.data(), payload + 1, kTransferTag); !sent.ok()) {
+    if (payload >= kZeroCopyBytes) {
+      // Large: a one-byte header says whether the shards follow, then they
+      // go straight from the buffer when they lie in one piece.
+      const uint8_t* from = status.ok() ? Contiguous(item.indices, item.src->data(), item.shard_bytes) : nullptr;
+      if (status.ok() && from == nullptr) {
+        status = Resize(message, payload);
+        if (status.ok()) {
+          Pack(item.indices, item.src->data(), item.shard_bytes, message.data());
+          from = message.data();
+        }
+      }
+      uint8_t header = status.ok() ? 0 : 1;
+      sent = world_->Send(peer->host, &header, 1, kTransferTag);
+      if (sent.ok() && header == 0) sent = world_->Send(peer->host, from, payload, kTransferTag);
+    } else {
+      // Small: one message, the shards then one byte that says whether
+      // they are valid (the receiver's sizes must match, failed or not).
+      if (absl::Status allocated = Resize(message, payload + 1); !allocated.ok()) {
+        std::cerr << "pathways-host " << host_id_ << ": transfer to host " << peer->host << ": " << allocated
+                  << "\n";
+        continue;
+      }
+      if (status.ok()) Pack(item.indices, item.src->data(), item.shard_bytes, message.data());
+      message[payload] = status.ok() ? 0 : 1;
+      sent = world_->Send(peer->host, message.data(), payload + 1, kTransferTag);
+    }
+    item.src.reset();
+    if (!sent.ok()) {
       std::cerr << "pathways-host " << host_id_ << ": transfer to host " << peer->host << " failed: " << sent
                 << "\n";
     }
@@ -729,23 +766,44 @@ void HostExecutor::RecvLoop(Peer* peer) {
       peer->recvs.pop_front();
     }
     const int64_t payload = static_cast<int64_t>(item.indices.size()) * item.shard_bytes;
-    if (absl::Status allocated = Resize(message, payload + 1); !allocated.ok()) {
-      item.parts->Done(allocated);
+    HostBuffer& dst = *item.parts->dst;
+    if (world_ == nullptr) {
+      item.parts->Done(absl::FailedPreconditionError("the data plane is not connected"));
       continue;
     }
-    absl::Status status = world_ == nullptr
-                              ? absl::FailedPreconditionError("the data plane is not connected")
-                              : world_->Recv(peer->host, message.data(), payload + 1, kTransferTag);
-    if (status.ok() && message[payload] != 0) {
-      status = absl::AbortedError(absl::StrCat("the transfer's source shards on host ", peer->host, " failed"));
-    }
-    if (status.ok() && !item.parts->dst->allocated()) status = item.parts->dst->AllocationError();
-    if (status.ok()) {
-      uint8_t* dst = item.parts->dst->data();
-      for (size_t k = 0; k < item.indices.size(); ++k) {
-        std::memcpy(dst + item.indices[k] * item.shard_bytes, message.data() + k * item.shard_bytes,
-                    static_cast<size_t>(item.shard_bytes));
+    absl::Status status;
+    if (payload >= kZeroCopyBytes) {  // see SendLoop
+      uint8_t header = 1;
+      status = world_->Recv(peer->host, &header, 1, kTransferTag);
+      if (status.ok() && header != 0) {
+        status = absl::AbortedError(absl::StrCat("the transfer's source shards on host ", peer->host, " failed"));
+      } else if (status.ok()) {
+        uint8_t* into = dst.allocated() ? Contiguous(item.indices, dst.data(), item.shard_bytes) : nullptr;
+        if (into == nullptr) {
+          // The bytes must be taken off the wire whatever happens to them.
+          status = Resize(message, payload);
+          if (!status.ok()) {
+            std::cerr << "pathways-host " << host_id_ << ": transfer from host " << peer->host << ": " << status
+                      << "\n";
+            item.parts->Done(status);
+            continue;
+          }
+        }
+        status = world_->Recv(peer->host, into != nullptr ? into : message.data(), payload, kTransferTag);
+        if (status.ok() && !dst.allocated()) status = dst.AllocationError();
+        if (status.ok() && into == nullptr) Unpack(item.indices, message.data(), item.shard_bytes, dst.data());
       }
+    } else {
+      if (absl::Status allocated = Resize(message, payload + 1); !allocated.ok()) {
+        item.parts->Done(allocated);
+        continue;
+      }
+      status = world_->Recv(peer->host, message.data(), payload + 1, kTransferTag);
+      if (status.ok() && message[payload] != 0) {
+        status = absl::AbortedError(absl::StrCat("the transfer's source shards on host ", peer->host, " failed"));
+      }
+      if (status.ok() && !dst.allocated()) status = dst.AllocationError();
+      if (status.ok()) Unpack(item.indices, message.data(), item.shard_bytes, dst.data());
     }
     item.parts->Done(status);
   }
