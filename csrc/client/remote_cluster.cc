@@ -68,9 +68,13 @@ struct RemoteCluster::Plan {
 // replied. Holds the buffers (as a gang task does), and counts as work in
 // flight so a dispatch waiting for memory knows memory may come back.
 struct RemoteCluster::Run {
-  explicit Run(ObjectStores* stores) : in_flight(stores) {}
+  Run(ObjectStores* stores, TransferStats* stats) : in_flight(stores), stats(stats) {}
   ObjectStores::WorkInFlight in_flight;
+  TransferStats* stats;
   std::vector<std::shared_ptr<ShardedBuffer>> made;
+  // The buffers made by transfers (ICI or DCN), counted in the transfer
+  // statistics once they are ready, as in process.
+  absl::flat_hash_map<uint64_t, LinkKind> copies;
   std::atomic<int> pending{0};
   Mutex mu;
   absl::Status whole ABSL_GUARDED_BY(mu);  // a host's part failed as a whole
@@ -109,6 +113,11 @@ struct RemoteCluster::Run {
         if (it != failed.end()) status = it->second;
       }
       if (status.ok()) {
+        if (auto c = run.copies.find(buffer->remote_id()); c != run.copies.end() && run.stats != nullptr) {
+          const bool dcn = c->second == LinkKind::kDcn;
+          (dcn ? run.stats->dcn_bytes : run.stats->ici_bytes).fetch_add(buffer->total_bytes(), std::memory_order_relaxed);
+          (dcn ? run.stats->dcn_transfers : run.stats->ici_transfers).fetch_add(1, std::memory_order_relaxed);
+        }
         buffer->SetReady(&none);
       } else {
         buffer->SetError(std::move(status), &none);
@@ -118,7 +127,7 @@ struct RemoteCluster::Run {
 };
 
 absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Cluster& cluster,
-                                                                      ObjectStores* stores,
+                                                                      ObjectStores* stores, TransferStats* stats,
                                                                       const std::vector<std::string>& addresses,
                                                                       const std::string& secret) {
   ChannelOptions options;
@@ -133,6 +142,7 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   auto rc = std::unique_ptr<RemoteCluster>(new RemoteCluster());
   rc->cluster_ = &cluster;
   rc->stores_ = stores;
+  rc->stats_ = stats;
   rc->pool_ = *std::move(pool);
   rc->messages_ = std::make_unique<std::atomic<int64_t>[]>(rc->pool_->num_hosts());
   {
@@ -337,7 +347,7 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
   const uint64_t first = next_buffer_id_.fetch_add(program.num_slots(), std::memory_order_relaxed);
   // Parallel: one run for the whole program. Sequential: one for the
   // arguments, then one per step, each sent once its inputs are ready.
-  auto run = std::make_shared<Run>(stores_);
+  auto run = std::make_shared<Run>(stores_, stats_);
   BufferOwner slot_owner = owner;
   slot_owner.remote = this;
   auto allocate = [&](int slot, DType dtype, const Dims& dims, const DeviceList* devices) -> absl::Status {
@@ -373,6 +383,7 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
       bindings.push_back(std::move(b));
     } else {
       PW_RETURN_IF_ERROR(allocate(p.slot, arg.buffer->dtype(), arg.buffer->dims(), p.devices));
+      run->copies[first + p.slot] = ClassifyLink(*arg.buffer->devices(), *p.devices);
       b.set_copy(true);
       for (int h : HostsOf(arg.buffer->devices())) hosts.push_back(h);  // they send
       copies.push_back(std::move(b));
@@ -384,6 +395,7 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
   if (!sequential) {
     for (const LoweredStep& step : program.steps()) {
       for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
+      if (step.kind == LoweredStep::Kind::kTransfer) run->copies[first + step.out_slots[0]] = step.link;
     }
     for (int h : hosts) {
       if (plan.loaded.insert(h).second) LoadOn(h, program.id(), program, nullptr);  // it only sends an argument
@@ -416,8 +428,9 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
     if (step.kind == LoweredStep::Kind::kCompute) {
       for (int s : step.in_slots) slots[s]->Await().IgnoreError();  // errors flow to the outputs
     }
-    run = std::make_shared<Run>(stores_);
+    run = std::make_shared<Run>(stores_, stats_);
     for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
+    if (step.kind == LoweredStep::Kind::kTransfer) run->copies[first + step.out_slots[0]] = step.link;
     SendRun(plan.step_hosts[k], plan.sequential_base + k, first, bindings, std::move(run));
   }
   return absl::OkStatus();

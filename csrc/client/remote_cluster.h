@@ -41,8 +41,9 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // them and joins them into one cluster (their data plane connected). The
   // cluster must outlive the result.
   // `stores` keeps the client's account of device memory (the hosts'
-  // buffers are charged there).
+  // buffers are charged there); `stats` counts the transfers between slices.
   static absl::StatusOr<std::unique_ptr<RemoteCluster>> Connect(const Cluster& cluster, ObjectStores* stores,
+                                                                TransferStats* stats,
                                                                 const std::vector<std::string>& addresses,
                                                                 const std::string& secret);
   ~RemoteCluster();
@@ -97,6 +98,7 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
 
   const Cluster* cluster_ = nullptr;
   ObjectStores* stores_ = nullptr;
+  TransferStats* stats_ = nullptr;
   std::unique_ptr<HostPool> pool_;
   std::unique_ptr<std::atomic<int64_t>[]> messages_;  // per host
   // Buffers dropped, by host, not yet told: they leave with the host's next

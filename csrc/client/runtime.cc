@@ -122,7 +122,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
                                                  ? AwaitExternalHosts(num_hosts)
                                                  : LaunchHosts(options, num_hosts);
     if (!launched.ok()) return launched.status();
-    auto remote = RemoteCluster::Connect(*rt->cluster_, rt->stores_.get(), launched->addresses, launched->secret);
+    auto remote = RemoteCluster::Connect(*rt->cluster_, rt->stores_.get(), &rt->stats_, launched->addresses, launched->secret);
     if (!remote.ok()) return remote.status();
     rt->remote_ = *std::move(remote);
     rt->dispatcher_->set_remote(rt->remote_.get());

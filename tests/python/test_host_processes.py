@@ -409,7 +409,11 @@ def test_large_transfers_between_host_processes_are_exact():
         rng = np.random.default_rng(0)
         for per_shard in (3, 512 * 1024 + 5):  # floats per shard: small, and over 2 MiB
             x = rng.standard_normal((8, per_shard)).astype(np.float32)
-            print(per_shard, np.array_equal(np.asarray(p(x)), x * 2 + 1), sorted({d.physical.island for d in a}),
+            before = pw.transfer_stats()
+            y = p(x)
+            print(per_shard, np.array_equal(np.asarray(y), x * 2 + 1), sorted({d.physical.island for d in a}),
                   sorted({d.physical.island for d in b}))
+            after = pw.transfer_stats()  # the DCN transfer is counted, as in process
+            print(after["dcn_transfers"] - before["dcn_transfers"], after["dcn_bytes"] - before["dcn_bytes"] == x.nbytes)
     """)
-    assert out.split("\n")[:2] == ["3 True [0] [1]", "524293 True [0] [1]"], out
+    assert out.split("\n")[:4] == ["3 True [0] [1]", "1 True", "524293 True [0] [1]", "1 True"], out
