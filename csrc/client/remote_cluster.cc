@@ -194,11 +194,15 @@ void RemoteCluster::Send(int host, wire::Request request, HostChannel::ReplyCall
   pool_->channel(host).Send(std::move(request), std::move(done));
 }
 
-std::vector<int> RemoteCluster::HostsOf(const DeviceList* list) const {
-  std::vector<int> hosts;
-  for (const Device* d : list->devices()) hosts.push_back(d->host()->id());
-  std::sort(hosts.begin(), hosts.end());
-  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+const std::vector<int>& RemoteCluster::HostsOf(const DeviceList* list) const {
+  // Per list once: a buffer's free or read then costs nothing per shard.
+  MutexLock lock(&hosts_mu_);
+  std::vector<int>& hosts = hosts_of_[list->id()];
+  if (hosts.empty()) {
+    for (const Device* d : list->devices()) hosts.push_back(d->host()->id());
+    std::sort(hosts.begin(), hosts.end());
+    hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+  }
   return hosts;
 }
 
@@ -248,7 +252,7 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
   std::vector<wire::LoadProgram> loads(pool_->num_hosts());
   std::vector<bool> takes_part(pool_->num_hosts(), false);
   for (const LoweredStep& step : program.steps()) {
-    std::vector<int> hosts = HostsOf(step.devices);
+    std::vector<int> hosts = HostsOf(step.devices);  // a copy: transfers add their sources
     wire::ProgramStep ws;
     if (step.kind == LoweredStep::Kind::kCompute) {
       wire::ComputeStep* c = ws.mutable_compute();
@@ -262,7 +266,7 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
       }
     } else {
       const DeviceList* src = slot_devices[step.in_slots[0]];
-      std::vector<int> src_hosts = HostsOf(src);
+      const std::vector<int>& src_hosts = HostsOf(src);
       hosts.insert(hosts.end(), src_hosts.begin(), src_hosts.end());
       std::sort(hosts.begin(), hosts.end());
       hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());

@@ -27,6 +27,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
 #include "csrc/client/host_pool.h"
@@ -77,8 +78,9 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   void EnsureList(int host, const DeviceList* list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t EnsureFunction(int host, const CompiledFunction& fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Plan& PlanFor(const LoweredProgram& program) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every host with a shard of `list`, increasing.
-  std::vector<int> HostsOf(const DeviceList* list) const;
+  // Every host with a shard of `list`, increasing (computed once per list;
+  // the reference stays valid: entries are never removed).
+  const std::vector<int>& HostsOf(const DeviceList* list) const;
   // This host's shards of a buffer on `list`: shard positions, in order.
   std::vector<int> PositionsOn(const DeviceList* list, int host) const;
   // Queues the puts of `buffer`'s shards; sends them at once if `flush`.
@@ -106,6 +108,8 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // kFreeAtOnceBytes goes.
   static constexpr size_t kFreesPerMessage = 256;
   static constexpr int64_t kFreeAtOnceBytes = int64_t{1} << 20;
+  mutable Mutex hosts_mu_;
+  mutable absl::node_hash_map<int, std::vector<int>> hosts_of_ ABSL_GUARDED_BY(hosts_mu_);  // stable references
   Mutex frees_mu_;
   std::vector<std::vector<uint64_t>> pending_frees_ ABSL_GUARDED_BY(frees_mu_);
   std::atomic<uint64_t> next_buffer_id_{1};
