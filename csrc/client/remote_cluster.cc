@@ -49,15 +49,45 @@ class Replies {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
 
+// Buffer data goes to and from hosts in chunks of this many bytes: each a
+// message of its own, far below protobuf's 2 GiB limit per message.
+constexpr int64_t kDataChunkBytes = int64_t{16} << 20;
+
+// Calls fn(position, offset in its shard, offset in the range, length) for
+// each piece of the bytes [offset, offset + n) of a host's shards: its
+// positions of the list in order, `shard` bytes each.
+template <typename Fn>
+void ForEachPiece(const std::vector<int>& positions, int64_t shard, int64_t offset, int64_t n, Fn fn) {
+  if (shard == 0) return;
+  size_t k = static_cast<size_t>(offset / shard);
+  int64_t in_shard = offset % shard;
+  for (int64_t done = 0; done < n; ++k, in_shard = 0) {
+    const int64_t len = std::min(shard - in_shard, n - done);
+    fn(positions[k], in_shard, done, len);
+    done += len;
+  }
+}
+
 }  // namespace
 
 // What the hosts know of one lowered program.
 struct RemoteCluster::Plan {
   std::vector<int> hosts;              // taking part, increasing
   absl::flat_hash_set<int> loaded;     // hosts that have its steps
-  // Per step: its hosts and its wire form.
+  // Per step: its hosts and its wire form; its devices and function (null
+  // for a transfer; alive while a run holds the program).
   std::vector<std::vector<int>> step_hosts;
   std::vector<wire::ProgramStep> step_wire;
+  std::vector<const DeviceList*> step_devices;
+  std::vector<const CompiledFunction*> step_fns;
+  // Per host: the steps it loaded, in order (a reply's step index).
+  std::vector<std::vector<int>> host_steps;
+  // Proportional share: each step's device time and island(s), and the
+  // whole program's.
+  std::vector<double> step_cost_ns;
+  std::vector<std::vector<int>> step_islands;
+  double cost_ns = 0;
+  std::vector<int> islands;
   // Sequential dispatch: step k is program sequential_base + k, and the
   // arguments' copies program sequential_base + num_steps (0: not loaded).
   uint64_t sequential_base = 0;
@@ -68,10 +98,28 @@ struct RemoteCluster::Plan {
 // replied. Holds the buffers (as a gang task does), and counts as work in
 // flight so a dispatch waiting for memory knows memory may come back.
 struct RemoteCluster::Run {
-  Run(ObjectStores* stores, TransferStats* stats) : in_flight(stores), stats(stats) {}
+  Run(RemoteCluster* rc, const Plan* plan, std::shared_ptr<const ProgramIr> program, SchedulingClient* client,
+      int single_step = -1)
+      : in_flight(rc->stores_),
+        rc(rc),
+        plan(plan),
+        program(std::move(program)),
+        client(client),
+        single_step(single_step) {}
   ObjectStores::WorkInFlight in_flight;
-  TransferStats* stats;
+  RemoteCluster* rc;
+  const Plan* plan;
+  std::shared_ptr<const ProgramIr> program;  // keeps the steps' functions alive
+  SchedulingClient* client;                  // null: the default client
+  // Sequential dispatch runs one step: every time a host reports is this
+  // step's. Else (-1) the host's step index maps through the plan.
+  int single_step;
+  int64_t seq = -1;  // in the runs in flight, from SubmitRun
+  std::vector<int> admitted_islands;  // counted in their admission windows
   std::vector<std::shared_ptr<ShardedBuffer>> made;
+  // Its argument buffers, held until it is sent: the free of one must not
+  // reach a host before the run that reads it.
+  std::vector<std::shared_ptr<ShardedBuffer>> args;
   // The buffers made by transfers (ICI or DCN), counted in the transfer
   // statistics once they are ready, as in process.
   absl::flat_hash_map<uint64_t, LinkKind> copies;
@@ -80,10 +128,17 @@ struct RemoteCluster::Run {
   absl::Status whole ABSL_GUARDED_BY(mu);  // a host's part failed as a whole
   absl::flat_hash_map<uint64_t, absl::Status> failed ABSL_GUARDED_BY(mu);
 
-  static void HostDone(const std::shared_ptr<Run>& run, absl::StatusOr<wire::Reply> reply) {
+  static void HostDone(const std::shared_ptr<Run>& run, int host, absl::StatusOr<wire::Reply> reply) {
+    absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+    // Before the buffers complete: whoever sees them ready sees the gangs
+    // in the timeline and the accounts, as in process.
+    if (status.ok()) {
+      for (const wire::StepTime& t : reply->run().times()) {
+        run->rc->RecordPart(*run, host, static_cast<int>(t.step()), t.start_ns(), t.end_ns());
+      }
+    }
     {
       MutexLock lock(&run->mu);
-      absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
       if (!status.ok()) {
         if (run->whole.ok()) run->whole = std::move(status);
       } else {
@@ -113,25 +168,41 @@ struct RemoteCluster::Run {
         if (it != failed.end()) status = it->second;
       }
       if (status.ok()) {
-        if (auto c = run.copies.find(buffer->remote_id()); c != run.copies.end() && run.stats != nullptr) {
+        TransferStats* stats = run.rc->services_.stats;
+        if (auto c = run.copies.find(buffer->remote_id()); c != run.copies.end() && stats != nullptr) {
           const bool dcn = c->second == LinkKind::kDcn;
-          (dcn ? run.stats->dcn_bytes : run.stats->ici_bytes).fetch_add(buffer->total_bytes(), std::memory_order_relaxed);
-          (dcn ? run.stats->dcn_transfers : run.stats->ici_transfers).fetch_add(1, std::memory_order_relaxed);
+          (dcn ? stats->dcn_bytes : stats->ici_bytes).fetch_add(buffer->total_bytes(), std::memory_order_relaxed);
+          (dcn ? stats->dcn_transfers : stats->ici_transfers).fetch_add(1, std::memory_order_relaxed);
         }
         buffer->SetReady(&none);
       } else {
         buffer->SetError(std::move(status), &none);
       }
     }
+    if (!run.admitted_islands.empty()) run.rc->Released(run.admitted_islands);
+    if (run.seq >= 0) run.rc->Retire(run.seq);
   }
 };
 
+// A run waiting for admission: SendRun's arguments.
+struct RemoteCluster::Waiting {
+  std::vector<int> hosts;
+  uint64_t program_id = 0;
+  uint64_t first = 0;
+  std::vector<wire::ArgBinding> bindings;
+  std::shared_ptr<Run> run;
+  double cost_ns = 0;
+  std::vector<int> islands;
+  int64_t order = 0;  // dispatch order among the queued
+};
+
 absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Cluster& cluster,
-                                                                      ObjectStores* stores, TransferStats* stats,
+                                                                      RemoteServices services,
                                                                       const std::vector<std::string>& addresses,
                                                                       const std::string& secret) {
   ChannelOptions options;
   options.secret = secret;
+  options.clock_samples = 8;  // hosts on other machines: their parts' times on our clock
   // A host process that dies ends its stream at once; the heartbeat only
   // catches a host that hangs. Its timeout is generous: on a loaded
   // machine, or behind a large frame on the same stream, a live host's
@@ -141,8 +212,8 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   if (!pool.ok()) return pool.status();
   auto rc = std::unique_ptr<RemoteCluster>(new RemoteCluster());
   rc->cluster_ = &cluster;
-  rc->stores_ = stores;
-  rc->stats_ = stats;
+  rc->stores_ = services.stores;
+  rc->services_ = std::move(services);
   rc->pool_ = *std::move(pool);
   rc->messages_ = std::make_unique<std::atomic<int64_t>[]>(rc->pool_->num_hosts());
   {
@@ -153,6 +224,11 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
     MutexLock lock(&rc->mu_);
     rc->known_.resize(rc->pool_->num_hosts());
   }
+  {
+    MutexLock lock(&rc->admission_mu_);
+    rc->admitted_.resize(cluster.islands().size(), 0);
+  }
+  rc->admission_thread_ = std::thread([r = rc.get()] { r->AdmissionLoop(); });
   wire::JoinCluster join;
   for (const Device* d : cluster.devices()) join.add_device_host(d->host()->id());
   join.set_rendezvous_address(addresses[0]);
@@ -175,7 +251,154 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   return rc;
 }
 
-RemoteCluster::~RemoteCluster() = default;
+RemoteCluster::~RemoteCluster() {
+  std::vector<std::unique_ptr<Waiting>> left;
+  {
+    MutexLock lock(&admission_mu_);
+    stopping_ = true;
+    admission_cv_.SignalAll();
+    for (auto& [client, q] : queues_) {
+      for (auto& w : q.waiting) left.push_back(std::move(w));
+      q.waiting.clear();
+    }
+    num_waiting_ = 0;
+  }
+  if (admission_thread_.joinable()) admission_thread_.join();
+  // Runs never sent (the runtime shuts down without waiting for them).
+  for (auto& w : left) {
+    {
+      MutexLock lock(&w->run->mu);
+      w->run->whole = absl::CancelledError("the run was never sent: the pathways runtime shut down");
+    }
+    Run::Finish(*w->run);
+  }
+  // The sessions end first: replies still awaited fail now, and finishing
+  // their runs uses this object's members.
+  pool_.reset();
+}
+
+void RemoteCluster::SetPolicy(SchedulingPolicy policy) {
+  MutexLock lock(&admission_mu_);
+  policy_ = policy;
+  if (num_waiting_ > 0) {
+    admission_wanted_ = true;
+    admission_cv_.Signal();
+  }
+}
+
+void RemoteCluster::Released(const std::vector<int>& islands) {
+  MutexLock lock(&admission_mu_);
+  for (int i : islands) --admitted_[i];
+  if (num_waiting_ > 0) {
+    admission_wanted_ = true;
+    admission_cv_.Signal();
+  }
+}
+
+void RemoteCluster::AdmissionLoop() {
+  while (true) {
+    {
+      MutexLock lock(&admission_mu_);
+      while (!admission_wanted_ && !stopping_) admission_cv_.Wait(&admission_mu_);
+      if (stopping_) return;
+      admission_wanted_ = false;
+    }
+    MutexLock lock(&mu_);
+    AdmitLocked();
+  }
+}
+
+void RemoteCluster::SubmitRun(std::vector<int> hosts, uint64_t program_id, uint64_t first,
+                              std::vector<wire::ArgBinding> bindings, std::shared_ptr<Run> run, double cost_ns,
+                              std::vector<int> islands) {
+  {
+    MutexLock lock(&runs_mu_);
+    run->seq = next_run_seq_++;
+    runs_in_flight_.insert(run->seq);
+  }
+  bool queued = false;
+  {
+    MutexLock lock(&admission_mu_);
+    // FIFO with nothing queued sends at once (below, unlocked: a run with
+    // no hosts finishes at once, and that takes admission_mu_).
+    if (policy_ != SchedulingPolicy::kFifo || num_waiting_ > 0) {
+      queued = true;
+      auto w = std::make_unique<Waiting>();
+      w->hosts = std::move(hosts);
+      w->program_id = program_id;
+      w->first = first;
+      w->bindings = std::move(bindings);
+      w->cost_ns = cost_ns;
+      w->islands = std::move(islands);
+      w->order = next_waiting_++;
+      for (const auto& made : run->made) unsent_buffers_.insert(made->remote_id());
+      w->run = std::move(run);
+      queues_[w->run->client].waiting.push_back(std::move(w));
+      ++num_waiting_;
+    }
+  }
+  if (queued) {
+    AdmitLocked();
+    return;
+  }
+  SendRun(hosts, program_id, first, bindings, std::move(run));
+}
+
+void RemoteCluster::AdmitLocked() {
+  while (true) {
+    std::unique_ptr<Waiting> w;
+    {
+      MutexLock lock(&admission_mu_);
+      if (num_waiting_ == 0) return;
+      const bool fifo = policy_ == SchedulingPolicy::kFifo;
+      ClientQueue* best = nullptr;
+      double best_key = 0;
+      for (auto& [client, q] : queues_) {
+        if (q.waiting.empty()) continue;
+        const Waiting& head = *q.waiting.front();
+        // Its arguments' producers go first (a host runs its device queues
+        // in order: a gang ahead of its input's producer would never start).
+        bool ready = true;
+        for (const wire::ArgBinding& b : head.bindings) ready = ready && !unsent_buffers_.contains(b.buffer_id());
+        if (!ready) continue;
+        if (!fifo) {
+          for (int i : head.islands) ready = ready && admitted_[i] < kAdmissionWindow;
+          if (!ready) continue;
+        }
+        // FIFO: dispatch order. Proportional share: the smallest start tag
+        // (start-time fair queueing, as the islands' gang schedulers).
+        const double key = fifo ? static_cast<double>(head.order) : std::max(virtual_time_, q.finish_tag);
+        if (best == nullptr || key < best_key) {
+          best = &q;
+          best_key = key;
+        }
+      }
+      if (best == nullptr) return;
+      w = std::move(best->waiting.front());
+      best->waiting.pop_front();
+      --num_waiting_;
+      if (!fifo) {
+        const SchedulingClient* client = w->run->client;
+        const double weight = client != nullptr ? std::max(client->weight(), 1e-9) : 1.0;
+        virtual_time_ = best_key;
+        best->finish_tag = best_key + w->cost_ns / weight;
+        for (int i : w->islands) ++admitted_[i];
+        w->run->admitted_islands = w->islands;
+      }
+      for (const auto& made : w->run->made) unsent_buffers_.erase(made->remote_id());
+    }
+    if (w->run->client != nullptr && w->run->client->closed()) {
+      {
+        MutexLock lock(&w->run->mu);
+        w->run->whole = absl::CancelledError(absl::StrCat("a run of client '", w->run->client->name(),
+                                                          "' was cancelled: the client was closed"));
+      }
+      Run::Finish(*w->run);
+      continue;
+    }
+    SendRun(w->hosts, w->program_id, w->first, w->bindings, std::move(w->run));
+  }
+}
 
 void RemoteCluster::Flush(int host) {
   messages_[host].fetch_add(1, std::memory_order_relaxed);
@@ -204,6 +427,68 @@ const std::vector<int>& RemoteCluster::HostsOf(const DeviceList* list) const {
     hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
   }
   return hosts;
+}
+
+const DeviceList* RemoteCluster::PartOn(const DeviceList* list, int host) const {
+  MutexLock lock(&hosts_mu_);
+  const DeviceList*& part = parts_on_[{list->id(), host}];
+  if (part == nullptr) {
+    std::vector<Device*> devices;
+    for (Device* d : list->devices()) {
+      if (d->host()->id() == host) devices.push_back(d);
+    }
+    // A sublist of an interned list: never empty here, never a new device.
+    auto interned = services_.registry->Intern(devices);
+    part = interned.ok() ? *interned : list;
+  }
+  return part;
+}
+
+void RemoteCluster::RecordPart(const Run& run, int host, int step, int64_t start_ns, int64_t end_ns) const {
+  const Plan& plan = *run.plan;
+  if (run.single_step >= 0) {
+    if (step != 0) return;
+    step = run.single_step;
+  } else {
+    const std::vector<int>& steps = plan.host_steps[host];
+    if (step < 0 || step >= static_cast<int>(steps.size())) return;  // not a step of ours: ignore
+    step = steps[step];
+  }
+  const CompiledFunction* fn = plan.step_fns[step];
+  if (fn == nullptr) return;  // a transfer
+  const DeviceList* gang = plan.step_devices[step];
+  const DeviceList* part = PartOn(gang, host);
+  // The host's clock to ours.
+  const int64_t offset = pool_->channel(host).clock_offset_ns();
+  start_ns -= offset;
+  end_ns -= offset;
+  const int64_t busy_ns = std::max<int64_t>(end_ns - start_ns, 0);
+  // The gang counts once: on its first host.
+  const bool first = plan.step_hosts[step].front() == host;
+  if (run.client != nullptr) run.client->AddUsage(busy_ns * part->size(), first ? 1 : 0);
+  if (gang->island() != nullptr && gang->island()->id() < static_cast<int>(services_.schedulers.size())) {
+    services_.schedulers[gang->island()->id()]->AddBusy(part, busy_ns);
+  }
+  if (services_.timeline != nullptr && services_.timeline->recording()) {
+    services_.timeline->Record(TimelineEvent{part, start_ns, start_ns + busy_ns,
+                                             run.client != nullptr ? &run.client->name() : &DefaultClientName(),
+                                             &run.program->name(), &fn->name(), run.program});
+  }
+}
+
+int64_t RemoteCluster::SubmissionMark() const {
+  MutexLock lock(&runs_mu_);
+  return next_run_seq_;
+}
+
+bool RemoteCluster::FinishedBefore(int64_t mark) const {
+  MutexLock lock(&runs_mu_);
+  return runs_in_flight_.empty() || *runs_in_flight_.begin() >= mark;
+}
+
+void RemoteCluster::Retire(int64_t seq) {
+  MutexLock lock(&runs_mu_);
+  runs_in_flight_.erase(seq);
 }
 
 std::vector<int> RemoteCluster::PositionsOn(const DeviceList* list, int host) const {
@@ -251,6 +536,7 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
   }
   std::vector<wire::LoadProgram> loads(pool_->num_hosts());
   std::vector<bool> takes_part(pool_->num_hosts(), false);
+  plan->host_steps.resize(pool_->num_hosts());
   for (const LoweredStep& step : program.steps()) {
     std::vector<int> hosts = HostsOf(step.devices);  // a copy: transfers add their sources
     wire::ProgramStep ws;
@@ -284,15 +570,38 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
     }
     for (int h : hosts) {
       takes_part[h] = true;
+      plan->host_steps[h].push_back(static_cast<int>(plan->step_wire.size()));
       *loads[h].add_steps() = ws;
     }
     plan->step_hosts.push_back(std::move(hosts));
     plan->step_wire.push_back(std::move(ws));
+    plan->step_devices.push_back(step.devices);
+    plan->step_fns.push_back(step.kind == LoweredStep::Kind::kCompute ? step.fn : nullptr);
+    std::vector<int> islands;
+    double cost_ns = 0;
+    if (step.kind == LoweredStep::Kind::kCompute) {
+      islands.push_back(step.devices->island()->id());
+      cost_ns = static_cast<double>(std::max<int64_t>(step.fn->executable().ir().simulated_ns(), kNominalKernelNs)) *
+                step.devices->size();
+    } else {
+      for (const DeviceList* list : {slot_devices[step.in_slots[0]], step.devices}) {
+        for (const Device* d : list->devices()) islands.push_back(d->island()->id());
+      }
+      std::sort(islands.begin(), islands.end());
+      islands.erase(std::unique(islands.begin(), islands.end()), islands.end());
+    }
+    plan->cost_ns += cost_ns;
+    plan->islands.insert(plan->islands.end(), islands.begin(), islands.end());
+    plan->step_cost_ns.push_back(cost_ns);
+    plan->step_islands.push_back(std::move(islands));
   }
   // Hosts that only hold placed arguments take part too (they get puts).
   for (const ArgPlacement& p : program.arg_placements()) {
     for (int h : HostsOf(p.devices)) takes_part[h] = true;
+    for (const Device* d : p.devices->devices()) plan->islands.push_back(d->island()->id());
   }
+  std::sort(plan->islands.begin(), plan->islands.end());
+  plan->islands.erase(std::unique(plan->islands.begin(), plan->islands.end()), plan->islands.end());
   for (int h = 0; h < pool_->num_hosts(); ++h) {
     if (!takes_part[h]) continue;
     plan->hosts.push_back(h);
@@ -325,6 +634,8 @@ void RemoteCluster::SendRun(const std::vector<int>& hosts, uint64_t program_id, 
     Run::Finish(*run);
     return;
   }
+  // Frees of the arguments may go once the run is on its way (behind it).
+  const std::vector<std::shared_ptr<ShardedBuffer>> args = std::move(run->args);
   run->pending.store(static_cast<int>(hosts.size()), std::memory_order_relaxed);
   for (int h : hosts) {
     wire::Request request;
@@ -337,7 +648,8 @@ void RemoteCluster::SendRun(const std::vector<int>& hosts, uint64_t program_id, 
       EnsureList(h, ListById(b.dst_devices()));
       *r->add_args() = b;
     }
-    Send(h, std::move(request), [run](absl::StatusOr<wire::Reply> reply) { Run::HostDone(run, std::move(reply)); });
+    Send(h, std::move(request),
+         [run, h](absl::StatusOr<wire::Reply> reply) { Run::HostDone(run, h, std::move(reply)); });
   }
   for (int h : hosts) Flush(h);
 }
@@ -346,12 +658,10 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
                                           const ExecuteOptions& options, const BufferOwner& owner,
                                           std::vector<std::shared_ptr<ShardedBuffer>>& slots) {
   const bool sequential = options.mode == DispatchMode::kSequential;
-  MutexLock lock(&mu_);
-  Plan& plan = PlanFor(program);
   const uint64_t first = next_buffer_id_.fetch_add(program.num_slots(), std::memory_order_relaxed);
   // Parallel: one run for the whole program. Sequential: one for the
   // arguments, then one per step, each sent once its inputs are ready.
-  auto run = std::make_shared<Run>(stores_, stats_);
+  std::shared_ptr<Run> run;
   BufferOwner slot_owner = owner;
   slot_owner.remote = this;
   auto allocate = [&](int slot, DType dtype, const Dims& dims, const DeviceList* devices) -> absl::Status {
@@ -363,79 +673,101 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
     return absl::OkStatus();
   };
   std::vector<wire::ArgBinding> bindings;  // in place (sequential: every run needs them)
-  std::vector<wire::ArgBinding> copies;
-  std::vector<int> hosts = plan.hosts;
-  for (const ArgPlacement& p : program.arg_placements()) {
-    const ProgramArg& arg = args[p.arg];
-    if (arg.buffer == nullptr) {
-      PW_RETURN_IF_ERROR(allocate(p.slot, arg.dtype, arg.dims, p.devices));
-      WriteLocked(*slots[p.slot], arg.host_data, /*flush=*/false);  // leaves with the run
-      continue;
-    }
-    if (!arg.buffer->is_remote()) {
-      return absl::InvalidArgumentError(absl::StrCat("argument ", p.arg, " of program '", program.ir().name(),
-                                                     "' is not a buffer of this cluster's hosts"));
-    }
-    wire::ArgBinding b;
-    b.set_slot(p.slot);
-    b.set_buffer_id(arg.buffer->remote_id());
-    b.set_src_devices(arg.buffer->devices()->id());
-    b.set_dst_devices(p.devices->id());
-    b.set_shard_bytes(arg.buffer->shard_bytes());
-    if (arg.buffer->devices() == p.devices) {
-      slots[p.slot] = arg.buffer;
-      bindings.push_back(std::move(b));
-    } else {
-      PW_RETURN_IF_ERROR(allocate(p.slot, arg.buffer->dtype(), arg.buffer->dims(), p.devices));
-      run->copies[first + p.slot] = ClassifyLink(*arg.buffer->devices(), *p.devices);
-      b.set_copy(true);
-      for (int h : HostsOf(arg.buffer->devices())) hosts.push_back(h);  // they send
-      copies.push_back(std::move(b));
-    }
-  }
-  std::sort(hosts.begin(), hosts.end());
-  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+  std::vector<std::shared_ptr<ShardedBuffer>> arg_buffers;  // every run holds them until sent
   const auto& types = program.slot_types();
-  if (!sequential) {
-    for (const LoweredStep& step : program.steps()) {
-      for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
-      if (step.kind == LoweredStep::Kind::kTransfer) run->copies[first + step.out_slots[0]] = step.link;
+  Plan* plan = nullptr;  // its steps never change once made
+  {
+    MutexLock lock(&mu_);
+    plan = &PlanFor(program);
+    run = std::make_shared<Run>(this, plan, program.ir_ptr(), options.client);
+    std::vector<wire::ArgBinding> copies;
+    std::vector<int> hosts = plan->hosts;
+    for (const ArgPlacement& p : program.arg_placements()) {
+      const ProgramArg& arg = args[p.arg];
+      if (arg.buffer == nullptr) {
+        PW_RETURN_IF_ERROR(allocate(p.slot, arg.dtype, arg.dims, p.devices));
+        WriteLocked(*slots[p.slot], arg.host_data, /*flush=*/false);  // leaves with the run
+        continue;
+      }
+      if (!arg.buffer->is_remote()) {
+        return absl::InvalidArgumentError(absl::StrCat("argument ", p.arg, " of program '", program.ir().name(),
+                                                       "' is not a buffer of this cluster's hosts"));
+      }
+      arg_buffers.push_back(arg.buffer);
+      wire::ArgBinding b;
+      b.set_slot(p.slot);
+      b.set_buffer_id(arg.buffer->remote_id());
+      b.set_src_devices(arg.buffer->devices()->id());
+      b.set_dst_devices(p.devices->id());
+      b.set_shard_bytes(arg.buffer->shard_bytes());
+      if (arg.buffer->devices() == p.devices) {
+        slots[p.slot] = arg.buffer;
+        bindings.push_back(std::move(b));
+      } else {
+        PW_RETURN_IF_ERROR(allocate(p.slot, arg.buffer->dtype(), arg.buffer->dims(), p.devices));
+        run->copies[first + p.slot] = ClassifyLink(*arg.buffer->devices(), *p.devices);
+        b.set_copy(true);
+        for (int h : HostsOf(arg.buffer->devices())) hosts.push_back(h);  // they send
+        copies.push_back(std::move(b));
+      }
     }
-    for (int h : hosts) {
-      if (plan.loaded.insert(h).second) LoadOn(h, program.id(), program, nullptr);  // it only sends an argument
+    std::sort(hosts.begin(), hosts.end());
+    hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+    if (!sequential) {
+      for (const LoweredStep& step : program.steps()) {
+        for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
+        if (step.kind == LoweredStep::Kind::kTransfer) run->copies[first + step.out_slots[0]] = step.link;
+      }
+      for (int h : hosts) {
+        if (plan->loaded.insert(h).second) LoadOn(h, program.id(), program, nullptr);  // it only sends an argument
+      }
+      bindings.insert(bindings.end(), copies.begin(), copies.end());
+      run->args = std::move(arg_buffers);
+      SubmitRun(std::move(hosts), program.id(), first, std::move(bindings), std::move(run), plan->cost_ns,
+                plan->islands);
+      return absl::OkStatus();
     }
-    bindings.insert(bindings.end(), copies.begin(), copies.end());
-    SendRun(hosts, program.id(), first, bindings, std::move(run));
-    return absl::OkStatus();
+    // Sequential (Figure 4a): the client sends a step only once its inputs are
+    // ready, paying a round trip per node. Each step is a program of its own
+    // on its hosts, loaded the first time.
+    if (plan->sequential_base == 0) {
+      plan->sequential_base = next_sequential_id_;
+      next_sequential_id_ += program.steps().size() + 1;
+      for (size_t k = 0; k < program.steps().size(); ++k) {
+        for (int h : plan->step_hosts[k]) LoadOn(h, plan->sequential_base + k, program, &plan->step_wire[k]);
+      }
+    }
+    const uint64_t args_id = plan->sequential_base + program.steps().size();
+    if (!copies.empty()) {
+      for (int h : hosts) {
+        if (plan->args_loaded.insert(h).second) LoadOn(h, args_id, program, nullptr);
+      }
+      std::vector<int> islands;
+      for (const ArgPlacement& p : program.arg_placements()) {
+        for (const Device* d : p.devices->devices()) islands.push_back(d->island()->id());
+      }
+      std::sort(islands.begin(), islands.end());
+      islands.erase(std::unique(islands.begin(), islands.end()), islands.end());
+      run->args = arg_buffers;
+      SubmitRun(hosts, args_id, first, copies, run, 0, std::move(islands));
+    } else {
+      Run::Finish(*run);  // puts are ready once sent
+    }
   }
-  // Sequential (Figure 4a): the client sends a step only once its inputs are
-  // ready, paying a round trip per node. Each step is a program of its own
-  // on its hosts, loaded the first time.
-  if (plan.sequential_base == 0) {
-    plan.sequential_base = next_sequential_id_;
-    next_sequential_id_ += program.steps().size() + 1;
-    for (size_t k = 0; k < program.steps().size(); ++k) {
-      for (int h : plan.step_hosts[k]) LoadOn(h, plan.sequential_base + k, program, &plan.step_wire[k]);
-    }
-  }
-  const uint64_t args_id = plan.sequential_base + program.steps().size();
-  if (!copies.empty()) {
-    for (int h : hosts) {
-      if (plan.args_loaded.insert(h).second) LoadOn(h, args_id, program, nullptr);
-    }
-    SendRun(hosts, args_id, first, copies, run);
-  } else {
-    Run::Finish(*run);  // puts are ready once sent
-  }
+  // Each step waits for its inputs unlocked: other dispatches go on
+  // meanwhile (the order hosts see is that of the sends, each under mu_).
   for (size_t k = 0; k < program.steps().size(); ++k) {
     const LoweredStep& step = program.steps()[k];
     if (step.kind == LoweredStep::Kind::kCompute) {
       for (int s : step.in_slots) slots[s]->Await().IgnoreError();  // errors flow to the outputs
     }
-    run = std::make_shared<Run>(stores_, stats_);
+    run = std::make_shared<Run>(this, plan, program.ir_ptr(), options.client, static_cast<int>(k));
     for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
     if (step.kind == LoweredStep::Kind::kTransfer) run->copies[first + step.out_slots[0]] = step.link;
-    SendRun(plan.step_hosts[k], plan.sequential_base + k, first, bindings, std::move(run));
+    run->args = arg_buffers;
+    MutexLock lock(&mu_);
+    SubmitRun(plan->step_hosts[k], plan->sequential_base + k, first, bindings, std::move(run), plan->step_cost_ns[k],
+              plan->step_islands[k]);
   }
   return absl::OkStatus();
 }
@@ -449,21 +781,27 @@ absl::Status RemoteCluster::Write(const ShardedBuffer& buffer, const void* data)
 void RemoteCluster::WriteLocked(const ShardedBuffer& buffer, const void* data, bool flush) {
   const DeviceList* list = buffer.devices();
   const int64_t shard = buffer.shard_bytes();
+  const auto* from = static_cast<const uint8_t*>(data);
   for (int h : HostsOf(list)) {
     EnsureList(h, list);
-    wire::Request request;
-    wire::PutBuffer* put = request.mutable_put();
-    put->set_buffer_id(buffer.remote_id());
-    put->set_devices(list->id());
-    put->set_shard_bytes(shard);
-    std::string* bytes = put->mutable_data();
     const std::vector<int> positions = PositionsOn(list, h);
-    bytes->resize(static_cast<size_t>(shard) * positions.size());
-    for (size_t k = 0; k < positions.size(); ++k) {
-      std::memcpy(bytes->data() + k * shard, static_cast<const uint8_t*>(data) + positions[k] * shard,
-                  static_cast<size_t>(shard));
+    const int64_t total = shard * static_cast<int64_t>(positions.size());
+    // In chunks, in order; an empty buffer still gets its one (empty) put.
+    for (int64_t offset = 0; offset == 0 || offset < total; offset += kDataChunkBytes) {
+      const int64_t n = std::min(kDataChunkBytes, total - offset);
+      wire::Request request;
+      wire::PutBuffer* put = request.mutable_put();
+      put->set_buffer_id(buffer.remote_id());
+      put->set_devices(list->id());
+      put->set_shard_bytes(shard);
+      put->set_offset(offset);
+      std::string* bytes = put->mutable_data();
+      bytes->resize(static_cast<size_t>(n));
+      ForEachPiece(positions, shard, offset, n, [&](int position, int64_t in_shard, int64_t at, int64_t len) {
+        std::memcpy(bytes->data() + at, from + position * shard + in_shard, static_cast<size_t>(len));
+      });
+      Send(h, std::move(request));
     }
-    Send(h, std::move(request));
     if (flush) Flush(h);
   }
 }
@@ -471,40 +809,50 @@ void RemoteCluster::WriteLocked(const ShardedBuffer& buffer, const void* data, b
 absl::Status RemoteCluster::Read(const ShardedBuffer& buffer, void* dst) {
   const DeviceList* list = buffer.devices();
   const std::vector<int> hosts = HostsOf(list);
-  std::vector<absl::StatusOr<std::string>> data(hosts.size(), absl::UnknownError("no reply"));
-  Replies replies(static_cast<int>(hosts.size()));
-  {
-    for (size_t k = 0; k < hosts.size(); ++k) {
-      wire::Request request;
-      request.mutable_fetch()->set_buffer_id(buffer.remote_id());
-      Send(hosts[k], std::move(request), [&data, &replies, k](absl::StatusOr<wire::Reply> reply) {
-        absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
-        if (status.ok()) {
-          data[k] = std::move(*reply->mutable_fetch()->mutable_data());
-        } else {
-          data[k] = status;
-        }
-        replies.Done(std::move(status));
-      });
-      Flush(hosts[k]);
-    }
-  }
-  // A lost host fails its fetch (HostChannel), so this wait ends.
-  PW_RETURN_IF_ERROR(replies.Wait(std::numeric_limits<int64_t>::max() / 2, "reading a buffer"));
   const int64_t shard = buffer.shard_bytes();
+  auto* to = static_cast<uint8_t*>(dst);
+  // Every chunk of every host asked at once; each reply lands in place.
+  struct Chunk {
+    int host;
+    const std::vector<int>* positions;
+    int64_t offset, bytes;
+  };
+  std::vector<std::vector<int>> positions(hosts.size());
+  std::vector<Chunk> chunks;
   for (size_t k = 0; k < hosts.size(); ++k) {
-    const std::vector<int> positions = PositionsOn(list, hosts[k]);
-    const std::string& bytes = *data[k];
-    if (static_cast<int64_t>(bytes.size()) != shard * static_cast<int64_t>(positions.size())) {
-      return absl::InternalError(absl::StrCat("host ", hosts[k], " sent ", bytes.size(), " bytes of buffer ",
-                                              buffer.remote_id(), ", expected ", shard * positions.size()));
-    }
-    for (size_t p = 0; p < positions.size(); ++p) {
-      std::memcpy(static_cast<uint8_t*>(dst) + positions[p] * shard, bytes.data() + p * shard,
-                  static_cast<size_t>(shard));
+    positions[k] = PositionsOn(list, hosts[k]);
+    const int64_t total = shard * static_cast<int64_t>(positions[k].size());
+    for (int64_t offset = 0; offset == 0 || offset < total; offset += kDataChunkBytes) {
+      chunks.push_back(Chunk{hosts[k], &positions[k], offset, std::min(kDataChunkBytes, total - offset)});
     }
   }
-  return absl::OkStatus();
+  Replies replies(static_cast<int>(chunks.size()));
+  for (const Chunk& c : chunks) {
+    wire::Request request;
+    wire::FetchBuffer* fetch = request.mutable_fetch();
+    fetch->set_buffer_id(buffer.remote_id());
+    fetch->set_offset(c.offset);
+    fetch->set_max_bytes(std::max<int64_t>(c.bytes, 1));  // 0 would mean "to the end"
+    Send(c.host, std::move(request), [&replies, &c, shard, to, id = buffer.remote_id()](absl::StatusOr<wire::Reply> reply) {
+      absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+      if (status.ok()) {
+        const std::string& bytes = reply->fetch().data();
+        if (static_cast<int64_t>(bytes.size()) != c.bytes) {
+          status = absl::InternalError(absl::StrCat("host ", c.host, " sent ", bytes.size(), " bytes of buffer ", id,
+                                                    " at offset ", c.offset, ", expected ", c.bytes));
+        } else {
+          ForEachPiece(*c.positions, shard, c.offset, c.bytes,
+                       [&](int position, int64_t in_shard, int64_t at, int64_t len) {
+                         std::memcpy(to + position * shard + in_shard, bytes.data() + at, static_cast<size_t>(len));
+                       });
+        }
+      }
+      replies.Done(std::move(status));
+    });
+  }
+  for (int h : hosts) Flush(h);
+  // A lost host fails its fetches (HostChannel), so this wait ends.
+  return replies.Wait(std::numeric_limits<int64_t>::max() / 2, "reading a buffer");
 }
 
 void RemoteCluster::Free(const ShardedBuffer& buffer) {

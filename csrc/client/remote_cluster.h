@@ -21,8 +21,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -31,20 +35,32 @@
 #include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
 #include "csrc/client/host_pool.h"
+#include "csrc/cluster/device_list.h"
 #include "csrc/dispatch/dispatcher.h"
+#include "csrc/executor/timeline.h"
 #include "csrc/object_store/sharded_buffer.h"
+#include "csrc/scheduler/gang_scheduler.h"
 
 namespace pw {
+
+// What the client's own bookkeeping the hosts' work reports to. Everything
+// must outlive the RemoteCluster.
+struct RemoteServices {
+  // The client's account of device memory: the hosts' buffers are charged
+  // there.
+  ObjectStores* stores = nullptr;
+  TransferStats* stats = nullptr;          // transfers between slices
+  Timeline* timeline = nullptr;            // gangs' parts, while it records
+  std::vector<GangScheduler*> schedulers;  // by island: devices' busy time
+  DeviceListRegistry* registry = nullptr;  // each host's part of a list
+};
 
 class RemoteCluster final : public RemoteShards, public RemoteDispatch {
  public:
   // Connects to the hosts (one address per host of `cluster`), configures
   // them and joins them into one cluster (their data plane connected). The
   // cluster must outlive the result.
-  // `stores` keeps the client's account of device memory (the hosts'
-  // buffers are charged there); `stats` counts the transfers between slices.
-  static absl::StatusOr<std::unique_ptr<RemoteCluster>> Connect(const Cluster& cluster, ObjectStores* stores,
-                                                                TransferStats* stats,
+  static absl::StatusOr<std::unique_ptr<RemoteCluster>> Connect(const Cluster& cluster, RemoteServices services,
                                                                 const std::vector<std::string>& addresses,
                                                                 const std::string& secret);
   ~RemoteCluster();
@@ -54,6 +70,20 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // Control messages (frames on the wire: requests batched) sent to each
   // host so far; heartbeats not counted.
   std::vector<int64_t> messages_sent() const;
+
+  // The order policy of the hosts' gangs, as the islands' gang schedulers'
+  // (§4.4, §5.2). FIFO sends each run as it is dispatched. Proportional
+  // share queues runs per client and sends them in start-time fair queueing
+  // order, at most kAdmissionWindow unfinished per island, so each
+  // backlogged client gets device time in proportion to its weight. A run
+  // is never sent before the runs that make its arguments.
+  void SetPolicy(SchedulingPolicy policy);
+
+  // Runs in flight, in dispatch order: a mark now, and whether every run
+  // dispatched before `mark` has finished (its buffers complete).
+  int64_t SubmissionMark() const;
+  bool FinishedBefore(int64_t mark) const;
+  bool Quiescent() const { return FinishedBefore(SubmissionMark()); }
 
   // RemoteShards
   uint64_t NewBufferId() override { return next_buffer_id_.fetch_add(1, std::memory_order_relaxed); }
@@ -83,6 +113,13 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   const std::vector<int>& HostsOf(const DeviceList* list) const;
   // This host's shards of a buffer on `list`: shard positions, in order.
   std::vector<int> PositionsOn(const DeviceList* list, int host) const;
+  // The devices of `list` on `host`, as a list (interned once per pair).
+  const DeviceList* PartOn(const DeviceList* list, int host) const;
+  // A host ran its part of step `step` of `run` from `start_ns` to `end_ns`
+  // (its clock): the client's accounts and the timeline see it.
+  void RecordPart(const Run& run, int host, int step, int64_t start_ns, int64_t end_ns) const;
+  // The run leaves the runs in flight.
+  void Retire(int64_t seq);
   // Queues the puts of `buffer`'s shards; sends them at once if `flush`.
   void WriteLocked(const ShardedBuffer& buffer, const void* data, bool flush) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends what is queued for `host` as one message.
@@ -92,6 +129,18 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // Sends `host` the program `program_id`: `step` alone, or no step.
   void LoadOn(int host, uint64_t program_id, const LoweredProgram& program, const wire::ProgramStep* step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `run` (SendRun's arguments) now, or queues it for admission (see
+  // SetPolicy). `cost_ns`: its device time for proportional share;
+  // `islands`: those it runs on.
+  void SubmitRun(std::vector<int> hosts, uint64_t program_id, uint64_t first, std::vector<wire::ArgBinding> bindings,
+                 std::shared_ptr<Run> run, double cost_ns, std::vector<int> islands) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the queued runs that may go now.
+  void AdmitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admits runs whenever finished runs make room (their replies come on
+  // gRPC threads, which must not wait for mu_).
+  void AdmissionLoop();
+  // A run admitted under proportional share finished.
+  void Released(const std::vector<int>& islands);
   // Sends one RunProgram to each of `hosts`; `run` completes its buffers
   // once they have all replied.
   void SendRun(const std::vector<int>& hosts, uint64_t program_id, uint64_t first,
@@ -99,8 +148,8 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Cluster* cluster_ = nullptr;
-  ObjectStores* stores_ = nullptr;
-  TransferStats* stats_ = nullptr;
+  RemoteServices services_;
+  ObjectStores* stores_ = nullptr;  // services_.stores
   std::unique_ptr<HostPool> pool_;
   std::unique_ptr<std::atomic<int64_t>[]> messages_;  // per host
   // Buffers dropped, by host, not yet told: they leave with the host's next
@@ -110,6 +159,11 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   static constexpr int64_t kFreeAtOnceBytes = int64_t{1} << 20;
   mutable Mutex hosts_mu_;
   mutable absl::node_hash_map<int, std::vector<int>> hosts_of_ ABSL_GUARDED_BY(hosts_mu_);  // stable references
+  mutable absl::flat_hash_map<std::pair<int, int>, const DeviceList*> parts_on_ ABSL_GUARDED_BY(hosts_mu_);
+  // Sequence numbers of the runs in flight (dispatch order).
+  mutable Mutex runs_mu_;
+  std::set<int64_t> runs_in_flight_ ABSL_GUARDED_BY(runs_mu_);
+  int64_t next_run_seq_ ABSL_GUARDED_BY(runs_mu_) = 0;
   Mutex frees_mu_;
   std::vector<std::vector<uint64_t>> pending_frees_ ABSL_GUARDED_BY(frees_mu_);
   std::atomic<uint64_t> next_buffer_id_{1};
@@ -127,6 +181,26 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   absl::flat_hash_map<const void*, std::pair<uint64_t, std::shared_ptr<const void>>> function_ids_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<Plan>> plans_ ABSL_GUARDED_BY(mu_);
+
+  // Admission (SetPolicy). Locked after mu_ when both are.
+  struct Waiting;
+  struct ClientQueue {
+    std::deque<std::unique_ptr<Waiting>> waiting;
+    double finish_tag = 0;
+  };
+  Mutex admission_mu_;
+  CondVar admission_cv_;
+  SchedulingPolicy policy_ ABSL_GUARDED_BY(admission_mu_) = SchedulingPolicy::kFifo;
+  absl::flat_hash_map<const SchedulingClient*, ClientQueue> queues_ ABSL_GUARDED_BY(admission_mu_);
+  int64_t num_waiting_ ABSL_GUARDED_BY(admission_mu_) = 0;
+  int64_t next_waiting_ ABSL_GUARDED_BY(admission_mu_) = 0;  // dispatch order of the queued
+  double virtual_time_ ABSL_GUARDED_BY(admission_mu_) = 0;
+  std::vector<int> admitted_ ABSL_GUARDED_BY(admission_mu_);  // per island: unfinished, under proportional share
+  // Buffers that runs still queued will make: a run using one waits.
+  absl::flat_hash_set<uint64_t> unsent_buffers_ ABSL_GUARDED_BY(admission_mu_);
+  bool admission_wanted_ ABSL_GUARDED_BY(admission_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
+  std::thread admission_thread_;
   uint32_t next_gang_tag_ ABSL_GUARDED_BY(mu_) = 1;
   // Ids of the per-step programs of sequential dispatch: apart from
   // LoweredProgram ids (which count from 1).

@@ -122,7 +122,13 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
                                                  ? AwaitExternalHosts(num_hosts)
                                                  : LaunchHosts(options, num_hosts);
     if (!launched.ok()) return launched.status();
-    auto remote = RemoteCluster::Connect(*rt->cluster_, rt->stores_.get(), &rt->stats_, launched->addresses, launched->secret);
+    RemoteServices services;
+    services.stores = rt->stores_.get();
+    services.stats = &rt->stats_;
+    services.timeline = &rt->timeline_;
+    services.schedulers = rt->scheduler_ptrs_;
+    services.registry = &rt->registry_;
+    auto remote = RemoteCluster::Connect(*rt->cluster_, std::move(services), launched->addresses, launched->secret);
     if (!remote.ok()) return remote.status();
     rt->remote_ = *std::move(remote);
     rt->dispatcher_->set_remote(rt->remote_.get());
@@ -164,6 +170,9 @@ void Runtime::SetSchedulingPolicy(SchedulingPolicy policy) {
   ReadyList ready;
   for (auto& s : schedulers_) s->SetPolicy(policy, &ready);
   executor_->Submit(ready);
+#if PATHWAYS_WITH_HOSTS
+  if (remote_ != nullptr) remote_->SetPolicy(policy);
+#endif
 }
 
 absl::StatusOr<Runtime*> Runtime::Default() {
@@ -314,6 +323,9 @@ std::vector<int64_t> Runtime::SubmissionMarks() {
   std::vector<int64_t> marks;
   marks.reserve(schedulers_.size());
   for (auto& s : schedulers_) marks.push_back(s->num_submitted());
+#if PATHWAYS_WITH_HOSTS
+  if (remote_ != nullptr) marks.push_back(remote_->SubmissionMark());  // after the islands' marks
+#endif
   return marks;
 }
 
@@ -337,6 +349,11 @@ bool Runtime::AwaitSubmittedBefore(const std::vector<int64_t>& marks, int64_t ti
         for (size_t i = 0; i < schedulers_.size(); ++i) {
           if (schedulers_[i]->MinSubmissionInFlight() < marks[i]) return false;
         }
+#if PATHWAYS_WITH_HOSTS
+        if (remote_ != nullptr && marks.size() > schedulers_.size() && !remote_->FinishedBefore(marks.back())) {
+          return false;
+        }
+#endif
         return true;
       },
       timeout_ns);
@@ -350,6 +367,9 @@ bool Runtime::AwaitQuiescenceFor(int64_t timeout_ns) {
         for (auto& s : schedulers_) {
           if (s->num_in_flight() > 0) return false;
         }
+#if PATHWAYS_WITH_HOSTS
+        if (remote_ != nullptr && !remote_->Quiescent()) return false;
+#endif
         return true;
       },
       timeout_ns);

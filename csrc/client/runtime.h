@@ -141,11 +141,13 @@ class Runtime {
                                                                       absl::Span<const ProgramArg> args,
                                                                       const ExecuteOptions& options = {});
 
-  // Blocks until no gang is in flight on any island.
+  // Blocks until no gang is in flight on any island (nor any run on the
+  // host processes).
   void AwaitQuiescence();
   // Like AwaitQuiescence(), giving up after `timeout_ns`; true if quiescent.
   bool AwaitQuiescenceFor(int64_t timeout_ns);
-  // Per island, how many gangs have been submitted so far.
+  // Per island, how many gangs have been submitted so far; with host
+  // processes, then the runs dispatched to them so far.
   std::vector<int64_t> SubmissionMarks();
   // Waits up to `timeout_ns` until every gang submitted before `marks` were
   // taken has finished, even if other threads keep submitting; true if so.

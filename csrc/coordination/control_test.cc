@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
+#include "csrc/coordination/frame_queue.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/host_server.h"
 #include "gtest/gtest.h"
@@ -21,6 +22,39 @@ namespace pw {
 namespace {
 
 constexpr char kSecret[] = "s3cret-for-tests";
+
+wire::Request PutOf(int64_t bytes) {
+  wire::Request request;
+  request.mutable_put()->set_data(std::string(static_cast<size_t>(bytes), 'x'));
+  return request;
+}
+
+TEST(FrameQueueTest, BatchesSmallMessagesAndStartsAFrameAtTheLimit) {
+  using Queue = FrameQueue<wire::ClientFrame, wire::Request, &wire::ClientFrame::add_requests>;
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  Queue queue;
+  wire::ClientFrame frame;
+  EXPECT_TRUE(queue.empty());
+  EXPECT_FALSE(queue.Pop(&frame));
+  for (int i = 0; i < 100; ++i) queue.Push(PutOf(10));
+  ASSERT_TRUE(queue.Pop(&frame));
+  EXPECT_EQ(frame.requests_size(), 100);
+  EXPECT_FALSE(queue.Pop(&frame));
+  // 40 MiB each: two never share a frame of at most 64 MiB; a message
+  // larger than the limit goes alone; small ones join the frame before.
+  queue.Push(PutOf(40 * kMiB));
+  queue.Push(PutOf(10));
+  queue.Push(PutOf(40 * kMiB));
+  queue.Push(PutOf(Queue::kMaxFrameBytes + 1));
+  queue.Push(PutOf(10));
+  std::vector<int> sizes;
+  while (queue.Pop(&frame)) {
+    sizes.push_back(frame.requests_size());
+    EXPECT_TRUE(frame.requests_size() == 1 || frame.ByteSizeLong() <= static_cast<size_t>(Queue::kMaxFrameBytes));
+  }
+  EXPECT_EQ(sizes, (std::vector<int>{2, 1, 1, 1}));
+  EXPECT_TRUE(queue.empty());
+}
 
 // Answers Hello, Ping and Echo at once; with `stalled`, answers nothing but
 // the Hello (a host whose process hangs).

@@ -1,6 +1,8 @@
 #include "csrc/coordination/host_channel.h"
 
 #include <chrono>
+#include <fstream>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,16 @@ absl::Status FromWire(const wire::Status& status) {
     return absl::UnknownError(absl::StrCat("(status code ", code, ") ", status.message()));
   }
   return absl::Status(static_cast<absl::StatusCode>(code), status.message());
+}
+
+const std::string& KernelBootId() {
+  static const std::string* const id = [] {
+    std::string text;
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::getline(in, text);
+    return new std::string(in ? text : "");
+  }();
+  return *id;
 }
 
 // The gRPC stream of a channel, with the gRPC channel and stub it runs on.
@@ -99,6 +111,25 @@ absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::str
   auto reply = channel->Call(std::move(request), std::max<int64_t>(deadline_ns - NowNanos(), 0));
   if (!reply.ok()) return reply.status();
   channel->hello_reply_ = std::move(*reply->mutable_hello());
+  const bool same_kernel = options.trust_boot_id && !KernelBootId().empty() &&
+                           channel->hello_reply_.boot_id() == KernelBootId();
+  if (options.clock_samples > 0 && !same_kernel) {
+    // Cristian's method: the host read its clock somewhere in the round
+    // trip; the shortest round trip bounds the error best.
+    int64_t best_rtt = std::numeric_limits<int64_t>::max();
+    for (int i = 0; i < options.clock_samples; ++i) {
+      wire::Request ping;
+      const int64_t sent = NowNanos();
+      ping.mutable_ping()->set_sent_ns(sent);
+      auto pong = channel->Call(std::move(ping), std::max<int64_t>(deadline_ns - NowNanos(), 0));
+      if (!pong.ok()) return pong.status();
+      const int64_t received = NowNanos();
+      if (received - sent < best_rtt) {
+        best_rtt = received - sent;
+        channel->clock_offset_ns_ = pong->pong().host_ns() - (sent + (received - sent) / 2);
+      }
+    }
+  }
   if (options.heartbeat_period_ns > 0) channel->heartbeat_ = std::thread([c = channel.get()] { c->HeartbeatLoop(); });
   return channel;
 }
@@ -126,7 +157,7 @@ void HostChannel::Send(wire::Request request, ReplyCallback done) {
       lost = lost_status_;
     } else {
       if (done) waiting_.emplace(id, std::move(done));
-      *pending_.add_requests() = std::move(request);
+      pending_.Push(std::move(request));
       return;
     }
   }
@@ -136,9 +167,7 @@ void HostChannel::Send(wire::Request request, ReplyCallback done) {
 void HostChannel::Flush() {
   {
     MutexLock lock(&mu_);
-    if (writing_ || pending_.requests_size() == 0 || read_ended_) return;
-    out_.Swap(&pending_);
-    pending_.Clear();
+    if (writing_ || read_ended_ || !pending_.Pop(&out_)) return;
     writing_ = true;
   }
   frames_sent_.fetch_add(1, std::memory_order_relaxed);
@@ -160,10 +189,8 @@ void HostChannel::OnWriteDone(bool ok) {
       // No write starts any more: the write flow's hold goes, and OnDone
       // (which fails the callbacks) may come.
       release = true;
-    } else if (ok && pending_.requests_size() > 0) {
+    } else if (ok && pending_.Pop(&out_)) {
       // (A failed write means the stream is ending: OnReadDone follows.)
-      out_.Swap(&pending_);
-      pending_.Clear();
       write = writing_ = true;
     }
   }

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
 #include "csrc/coordination/control.pb.h"
+#include "csrc/coordination/frame_queue.h"
 
 namespace pw {
 
@@ -52,7 +53,16 @@ struct ChannelOptions {
   // Called once, on a gRPC or heartbeat thread, when the host is lost (not
   // when the channel is closed by its owner): with the loss. Must not block.
   std::function<void(const absl::Status&)> on_lost;
+  // Connect() estimates the host's clock offset (clock_offset_ns()) from
+  // this many ping round trips, unless the host runs on this kernel (same
+  // boot id: one monotonic clock). 0: no estimate (offset 0).
+  int clock_samples = 0;
+  // False: estimate even for a host on this kernel (tests).
+  bool trust_boot_id = true;
 };
+
+// This kernel's boot id (/proc/sys/kernel/random/boot_id), or "" if unknown.
+const std::string& KernelBootId();
 
 // A Status to and from its wire form.
 void ToWire(const absl::Status& status, wire::Status* out);
@@ -83,6 +93,10 @@ class HostChannel {
 
   const std::string& address() const { return address_; }
   const wire::HelloReply& hello_reply() const { return hello_reply_; }
+  // The host's monotonic clock minus this process's (NowNanos()), as
+  // estimated by Connect(): exact (0) for a host on this kernel, else from
+  // the ping with the shortest round trip (error at most half of it).
+  int64_t clock_offset_ns() const { return clock_offset_ns_; }
 
   // Queues `request` for the next frame; its id is set here. `done` gets
   // the reply; null: no reply is wanted (id 0), and the host sends none.
@@ -116,6 +130,7 @@ class HostChannel {
   const std::string address_;
   ChannelOptions options_;  // set before the channel is shared
   wire::HelloReply hello_reply_;
+  int64_t clock_offset_ns_ = 0;
   std::unique_ptr<Stream> stream_;
   std::atomic<bool> lost_{false};
   std::atomic<int64_t> last_heard_ns_{0};
@@ -129,7 +144,7 @@ class HostChannel {
   // write starts), and the done flag the destructor waits for.
   absl::Status lost_status_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, ReplyCallback> waiting_ ABSL_GUARDED_BY(mu_);
-  wire::ClientFrame pending_ ABSL_GUARDED_BY(mu_);
+  FrameQueue<wire::ClientFrame, wire::Request, &wire::ClientFrame::add_requests> pending_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_ended_ ABSL_GUARDED_BY(mu_) = false;
   bool stream_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "csrc/coordination/control.grpc.pb.h"
+#include "csrc/coordination/frame_queue.h"
 #include "csrc/coordination/grpc_options.h"
 #include "grpcpp/grpcpp.h"
 
@@ -47,7 +48,7 @@ class SessionState final : public HostSession {
   // being assembled, the writing flag (one write at a time), and whether
   // the client's side has ended.
   HostServer::SessionReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
-  wire::HostFrame pending_ ABSL_GUARDED_BY(mu_);
+  FrameQueue<wire::HostFrame, wire::Reply, &wire::HostFrame::add_replies> pending_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -91,9 +92,7 @@ class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::Cl
     {
       MutexLock lock(&state_->mu_);
       state_->writing_ = false;
-      if (ok && !state_->read_done_ && state_->pending_.replies_size() > 0) {
-        state_->out_.Swap(&state_->pending_);
-        state_->pending_.Clear();
+      if (ok && !state_->read_done_ && state_->pending_.Pop(&state_->out_)) {
         write = state_->writing_ = true;
       } else if ((state_->read_done_ || !ok) && !state_->finished_) {
         finish = state_->finished_ = true;
@@ -125,10 +124,9 @@ void SessionState::Reply(wire::Reply reply) {
   {
     MutexLock lock(&mu_);
     if (reactor_ == nullptr || read_done_ || finished_) return;  // the session ended: dropped
-    *pending_.add_replies() = std::move(reply);
+    pending_.Push(std::move(reply));
     if (writing_) return;  // goes with the next frame
-    out_.Swap(&pending_);
-    pending_.Clear();
+    pending_.Pop(&out_);
     writing_ = true;
     reactor = reactor_;
   }

@@ -4,15 +4,6 @@
 #include "csrc/base/spin.h"
 
 namespace pw {
-namespace {
-// Device time assumed for proportional share when a function has no
-// simulated compute (its real kernels are tiny in comparison).
-constexpr int64_t kNominalKernelNs = 1000;
-const std::string& DefaultClientName() {
-  static const std::string* name = new std::string("default");
-  return *name;
-}
-}  // namespace
 
 GangTask::GangTask(std::shared_ptr<const ProgramIr> program, const CompiledFunction* fn, GangScheduler* scheduler,
                    SchedulingClient* client, const GangServices* services,

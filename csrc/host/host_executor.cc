@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "csrc/base/spin.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/function_ir/function_ir_wire.h"
 
@@ -157,6 +158,8 @@ struct HostExecutor::Part {
   std::shared_ptr<const Function> fn;
   const HostDeviceList* gang = nullptr;
   uint32_t tag = 0;
+  RunState* run = nullptr;  // holds it until the part's time is in its reply
+  uint32_t step = 0;        // index in the program's steps on this host
   std::vector<std::shared_ptr<HostBuffer>> inputs, outputs;
   absl::Status error;  // set before enqueueing: fail without running
   // Inputs not done, devices whose queue head it is not yet, and the
@@ -178,6 +181,14 @@ struct HostExecutor::RunState {
       }
       Release();
     });
+  }
+  void Hold() { pending.fetch_add(1, std::memory_order_relaxed); }
+  void AddTime(uint32_t step, int64_t start_ns, int64_t end_ns) {
+    MutexLock lock(&mu);
+    wire::StepTime* t = reply.add_times();
+    t->set_step(step);
+    t->set_start_ns(start_ns);
+    t->set_end_ns(end_ns);
   }
   void Release() {
     if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
@@ -502,17 +513,38 @@ absl::Status HostExecutor::Put(wire::PutBuffer& request) {
   if (!ShardBytesOk(request.shard_bytes())) {
     return absl::InvalidArgumentError(absl::StrCat("put: bad shard_bytes ", request.shard_bytes()));
   }
+  const uint64_t id = request.buffer_id();
   const int64_t want = static_cast<int64_t>((*list)->local_positions.size()) * request.shard_bytes();
-  if (static_cast<int64_t>(request.data().size()) != want) {
-    return absl::InvalidArgumentError(absl::StrCat("put: buffer ", request.buffer_id(), " needs ", want,
-                                                   " bytes here, got ", request.data().size()));
+  const int64_t offset = request.offset();
+  const int64_t bytes = static_cast<int64_t>(request.data().size());
+  if (offset < 0 || offset > want || bytes > want - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("put: buffer ", id, " has ", want, " bytes here; got ", bytes,
+                                                   " at offset ", offset));
   }
-  std::shared_ptr<HostBuffer> buffer = NewBuffer(request.buffer_id(), want);
-  if (!buffer->allocated()) {
-    buffer->Complete(buffer->AllocationError());
-    return absl::OkStatus();  // reading it says why
+  std::shared_ptr<HostBuffer> buffer;
+  if (offset == 0) {
+    buffer = NewBuffer(id, want);
+    puts_in_progress_.erase(id);
+    if (!buffer->allocated()) {
+      buffer->Complete(buffer->AllocationError());  // reading it says why; later chunks are dropped
+      return absl::OkStatus();
+    }
+  } else {
+    auto next = puts_in_progress_.find(id);
+    auto it = buffers_.find(id);
+    if (it != buffers_.end() && !it->second->allocated()) return absl::OkStatus();  // failed at its first chunk
+    if (next == puts_in_progress_.end() || it == buffers_.end() || next->second != offset) {
+      return absl::InvalidArgumentError(absl::StrCat("put: a chunk of buffer ", id, " at offset ", offset,
+                                                     " that does not follow the one before"));
+    }
+    buffer = it->second;
   }
-  if (want > 0) std::memcpy(buffer->data(), request.data().data(), static_cast<size_t>(want));
+  if (bytes > 0) std::memcpy(buffer->data() + offset, request.data().data(), static_cast<size_t>(bytes));
+  if (offset + bytes < want) {
+    puts_in_progress_[id] = offset + bytes;
+    return absl::OkStatus();
+  }
+  puts_in_progress_.erase(id);
   buffer->Complete(absl::OkStatus());
   return absl::OkStatus();
 }
@@ -534,12 +566,7 @@ void HostExecutor::Run(const wire::RunProgram& request,
   absl::Status early;  // the run is refused (replied to outside the lock)
   {
     MutexLock lock(&mu_);
-    for (uint64_t id : request.free_buffer_ids()) {
-      auto it = buffers_.find(id);
-      if (it == buffers_.end()) continue;
-      dropped.push_back(std::move(it->second));
-      buffers_.erase(it);
-    }
+    for (uint64_t id : request.free_buffer_ids()) DropLocked(id, dropped);
     auto pit = programs_.find(request.program_id());
     if (pit == programs_.end()) {
       early = absl::InvalidArgumentError(absl::StrCat("run: no program ", request.program_id()));
@@ -592,7 +619,8 @@ void HostExecutor::Run(const wire::RunProgram& request,
       }
       transfers.push_back(Transfer{*src, std::move(s), *dst, std::move(d), a.shard_bytes()});
     }
-    for (const Program::Step& step : program.steps) {
+    for (size_t k = 0; k < program.steps.size(); ++k) {
+      const Program::Step& step = program.steps[k];
       if (!step.compute) {
         std::shared_ptr<HostBuffer> s = step.src->local_positions.empty() ? nullptr : slots[step.src_slot];
         std::shared_ptr<HostBuffer> d;
@@ -611,6 +639,9 @@ void HostExecutor::Run(const wire::RunProgram& request,
       part->fn = step.fn;
       part->gang = step.gang;
       part->tag = step.tag;
+      part->run = run;
+      part->step = static_cast<uint32_t>(k);
+      run->Hold();
       const FunctionExecutable& exe = *step.fn->exe;
       const int64_t n = static_cast<int64_t>(step.gang->local_positions.size());
       for (size_t i = 0; i < step.in_slots.size(); ++i) {
@@ -854,7 +885,9 @@ void HostExecutor::DeviceLoop(int device) {
       if (!s.ok()) status = s;
     }
     status.Update(CheckSizes(*part));
+    const int64_t start_ns = NowNanos();
     RunPart(*part, status, scratch);
+    part->run->AddTime(part->step, start_ns, NowNanos());
     // Free the devices first, so the next gang in order can start.
     std::vector<Part*> heads;
     {
@@ -867,6 +900,7 @@ void HostExecutor::DeviceLoop(int device) {
     for (Part* next : heads) CountDown(next);
     part->inputs.clear();
     for (const auto& out : part->outputs) out->Complete(status);
+    part->run->Release();
     delete part;
   }
 }
@@ -876,6 +910,9 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scra
   const HostDeviceList& gang = *part.gang;
   const int gang_size = static_cast<int>(gang.device_ids.size());
   const auto start = std::chrono::steady_clock::now();
+  // An input's error passes on as it is (a chain of failed steps does not
+  // repeat itself); the part's own is named.
+  const bool failed_before = !status.ok();
   auto run = [&](auto&& body) {
     if (!status.ok()) return;
     std::vector<const void*> ins;
@@ -914,7 +951,7 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scra
   if (const int64_t simulated = exe.ir().simulated_ns(); simulated > 0 && status.ok()) {
     std::this_thread::sleep_until(start + std::chrono::nanoseconds(simulated));
   }
-  if (!status.ok()) {
+  if (!status.ok() && !failed_before) {
     status = absl::Status(status.code(), absl::StrCat("'", exe.ir().name(), "' on host ", host_id_, " failed: ",
                                                       status.message()));
   }
@@ -949,15 +986,22 @@ absl::StatusOr<CollectiveGroup*> HostExecutor::GroupFor(const HostDeviceList& li
 void HostExecutor::Free(const wire::FreeBuffers& request) {
   std::vector<std::shared_ptr<HostBuffer>> dropped;  // freed outside the lock
   MutexLock lock(&mu_);
-  for (uint64_t id : request.buffer_ids()) {
-    auto it = buffers_.find(id);
-    if (it == buffers_.end()) continue;
-    dropped.push_back(std::move(it->second));
-    buffers_.erase(it);
-  }
+  for (uint64_t id : request.buffer_ids()) DropLocked(id, dropped);
 }
 
-void HostExecutor::Fetch(uint64_t buffer_id, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done) {
+void HostExecutor::DropLocked(uint64_t id, std::vector<std::shared_ptr<HostBuffer>>& dropped) {
+  auto it = buffers_.find(id);
+  if (it == buffers_.end()) return;
+  if (puts_in_progress_.erase(id) > 0) {  // nobody may wait for the rest of it
+    it->second->Complete(absl::CancelledError(absl::StrCat("buffer ", id, " was freed before all of it came")));
+  }
+  dropped.push_back(std::move(it->second));
+  buffers_.erase(it);
+}
+
+void HostExecutor::Fetch(const wire::FetchBuffer& request,
+                         absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done) {
+  const uint64_t buffer_id = request.buffer_id();
   std::shared_ptr<HostBuffer> buffer;
   {
     MutexLock lock(&mu_);
@@ -968,12 +1012,22 @@ void HostExecutor::Fetch(uint64_t buffer_id, absl::AnyInvocable<void(absl::Statu
     std::move(done)(absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not on host ", host_id_)));
     return;
   }
-  buffer->OnDone([buffer, done = std::move(done)](const absl::Status& status) mutable {
+  const int64_t offset = request.offset();
+  if (offset < 0 || offset > buffer->bytes() || request.max_bytes() < 0) {
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat("fetch: buffer ", buffer_id, " has ", buffer->bytes(),
+                                                            " bytes on host ", host_id_, "; asked for offset ",
+                                                            offset, ", max_bytes ", request.max_bytes())));
+    return;
+  }
+  int64_t bytes = buffer->bytes() - offset;
+  if (request.max_bytes() > 0) bytes = std::min(bytes, request.max_bytes());
+  buffer->OnDone([buffer, offset, bytes, done = std::move(done)](const absl::Status& status) mutable {
     if (!status.ok()) {
       std::move(done)(status);
       return;
     }
-    std::move(done)(std::string(reinterpret_cast<const char*>(buffer->data()), static_cast<size_t>(buffer->bytes())));
+    std::move(done)(
+        std::string(reinterpret_cast<const char*>(buffer->data()) + offset, static_cast<size_t>(bytes)));
   });
 }
 

@@ -115,8 +115,8 @@ class HostExecutor {
   absl::Status Put(wire::PutBuffer& request);
   // Starts a run; `done` gets the reply once this host's part has finished.
   void Run(const wire::RunProgram& request, absl::AnyInvocable<void(absl::StatusOr<wire::RunReply>) &&> done);
-  // Gets this host's shards of a buffer once it is done.
-  void Fetch(uint64_t buffer_id, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
+  // Gets a range of this host's shards of a buffer once it is done.
+  void Fetch(const wire::FetchBuffer& request, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
   void Free(const wire::FreeBuffers& request);
 
   // Buffers held now (tests).
@@ -132,6 +132,8 @@ class HostExecutor {
 
   absl::StatusOr<const HostDeviceList*> List(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<HostBuffer> NewBuffer(uint64_t id, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets buffer `id`, moving it to `dropped` (to free unlocked).
+  void DropLocked(uint64_t id, std::vector<std::shared_ptr<HostBuffer>>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The transfer of one step or argument: `src` and `dst` are this host's
   // buffers, null where it holds no shard.
   void StartTransfer(const HostDeviceList& src_list, std::shared_ptr<HostBuffer> src, const HostDeviceList& dst_list,
@@ -167,6 +169,8 @@ class HostExecutor {
   absl::flat_hash_map<uint64_t, std::shared_ptr<const Function>> functions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<const Program>> programs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<HostBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
+  // Buffers being put in chunks: where the next chunk goes.
+  absl::flat_hash_map<uint64_t, int64_t> puts_in_progress_ ABSL_GUARDED_BY(mu_);
 
   // Device queues: the gang parts in order, per local device; a part counts
   // one down per device as it reaches the head.

@@ -386,7 +386,9 @@ class Cluster {
   absl::StatusOr<std::string> FetchFrom(int h, uint64_t id, std::chrono::seconds timeout = kWait) {
     auto promise = std::make_shared<std::promise<absl::StatusOr<std::string>>>();
     auto future = promise->get_future();
-    hosts_[h]->Fetch(id, [promise](absl::StatusOr<std::string> data) { promise->set_value(std::move(data)); });
+    wire::FetchBuffer fetch;
+    fetch.set_buffer_id(id);
+    hosts_[h]->Fetch(fetch, [promise](absl::StatusOr<std::string> data) { promise->set_value(std::move(data)); });
     return Await(future, timeout);
   }
 
@@ -626,6 +628,21 @@ TEST(HostExecutorTest, ComputeTransferComputeAcrossHosts) {
   ASSERT_OK(cluster->Put(200, 1, ToBytes(x)));
   ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(20, 200)));
   EXPECT_TRUE(Failed(replies).empty());
+  // Each host reports when its part of each compute step on it ran (steps
+  // by index in the program), in the order they ran.
+  ASSERT_EQ(replies.size(), 2u);
+  const std::vector<std::vector<uint32_t>> expected_steps = {{0, 4}, {2, 4}};
+  for (int h = 0; h < 2; ++h) {
+    std::vector<uint32_t> steps;
+    int64_t previous_end = 0;
+    for (const wire::StepTime& t : replies[h].times()) {
+      steps.push_back(t.step());
+      EXPECT_LE(t.start_ns(), t.end_ns());
+      EXPECT_GE(t.start_ns(), previous_end) << "host " << h;  // its steps 0/2 feed step 4
+      previous_end = t.end_ns();
+    }
+    EXPECT_EQ(steps, expected_steps[h]) << "host " << h;
+  }
 
   std::vector<float> y;
   for (float v : x) y.push_back((v * 2 + 1) * 2 + 1);
@@ -908,8 +925,14 @@ TEST(HostExecutorTest, PutWithTheWrongBytesIsInvalidArgument) {
   put.set_shard_bytes(8);
   put.set_data(std::string(24, 'x'));  // 3 shards' worth: the whole buffer, not host 0's part
   EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_data(std::string(15, 'x'));
+  put.set_data(std::string(4, 'x'));
+  put.set_offset(-1);
   EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_offset(13);  // past the 16 bytes
+  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_offset(4);  // a chunk of a put that never started
+  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_offset(0);
   put.set_shard_bytes(-8);
   put.set_data("");
   EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
@@ -920,6 +943,69 @@ TEST(HostExecutorTest, PutWithTheWrongBytesIsInvalidArgument) {
   EXPECT_EQ(host.num_buffers(), 0);
   put.set_devices(1);
   EXPECT_TRUE(host.Put(put).ok());
+  EXPECT_EQ(host.num_buffers(), 1);
+}
+
+TEST(HostExecutorTest, PutInChunksAndFetchRanges) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 2, 1}));  // 2 shards on host 0
+  HostExecutor& host = cluster->host(0);
+  std::string data(16, '\0');
+  for (int i = 0; i < 16; ++i) data[i] = static_cast<char>('a' + i);
+  wire::PutBuffer put;
+  put.set_buffer_id(5);
+  put.set_devices(1);
+  put.set_shard_bytes(8);
+  put.set_data(data.substr(0, 10));
+  ASSERT_OK(host.Put(put));
+  put.set_offset(12);  // leaves a gap
+  put.set_data(data.substr(12));
+  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_offset(10);  // runs past the end
+  put.set_data(std::string(7, 'x'));
+  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_data(data.substr(10));
+  ASSERT_OK(host.Put(put));
+  ASSERT_OK_AND_ASSIGN(std::string whole, cluster->FetchFrom(0, 5));
+  EXPECT_EQ(whole, data);
+
+  // Ranges: a middle, the tail (fewer than asked), nothing past the end.
+  auto fetch = [&](int64_t offset, int64_t max_bytes) {
+    auto promise = std::make_shared<std::promise<absl::StatusOr<std::string>>>();
+    auto future = promise->get_future();
+    wire::FetchBuffer request;
+    request.set_buffer_id(5);
+    request.set_offset(offset);
+    request.set_max_bytes(max_bytes);
+    host.Fetch(request, [promise](absl::StatusOr<std::string> data) { promise->set_value(std::move(data)); });
+    return future.get();  // the buffer is done: the reply is immediate
+  };
+  EXPECT_EQ(*fetch(3, 5), data.substr(3, 5));
+  EXPECT_EQ(*fetch(12, 100), data.substr(12));
+  EXPECT_EQ(*fetch(16, 4), "");
+  EXPECT_EQ(fetch(17, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fetch(-1, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fetch(0, -1).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A put freed before its last chunk: whoever waits on it hears so, and
+  // a late chunk finds nothing to continue.
+  put.set_buffer_id(6);
+  put.set_offset(0);
+  put.set_data(data.substr(0, 8));
+  ASSERT_OK(host.Put(put));
+  auto promise = std::make_shared<std::promise<absl::StatusOr<std::string>>>();
+  auto waiting = promise->get_future();
+  wire::FetchBuffer request;
+  request.set_buffer_id(6);
+  host.Fetch(request, [promise](absl::StatusOr<std::string> data) { promise->set_value(std::move(data)); });
+  wire::FreeBuffers free;
+  free.add_buffer_ids(6);
+  host.Free(free);
+  ASSERT_EQ(waiting.wait_for(kWait), std::future_status::ready);
+  EXPECT_EQ(waiting.get().status().code(), absl::StatusCode::kCancelled);
+  put.set_offset(8);
+  put.set_data(data.substr(8));
+  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(host.num_buffers(), 1);
 }
 

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/spin.h"
 #include "csrc/coordination/host_channel.h"
 
 namespace pw {
@@ -97,6 +98,7 @@ void HostRuntime::Handle(const std::shared_ptr<HostSession>& session, wire::Requ
     case wire::Request::kPing:
       reply.mutable_pong()->set_sent_ns(request.ping().sent_ns());
       reply.mutable_pong()->set_incarnation(incarnation_);
+      reply.mutable_pong()->set_host_ns(NowNanos());
       break;
     case wire::Request::kEcho:
       *reply.mutable_echo() = std::move(*request.mutable_echo());
@@ -246,7 +248,7 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
       });
       break;
     case wire::Request::kFetch:
-      executor->Fetch(request.fetch().buffer_id(), [session, id](absl::StatusOr<std::string> data) {
+      executor->Fetch(request.fetch(), [session, id](absl::StatusOr<std::string> data) {
         wire::Reply reply;
         reply.set_id(id);
         if (data.ok()) {
@@ -287,6 +289,7 @@ wire::Reply HostRuntime::HandleHello(const std::shared_ptr<HostSession>& session
   }
   reply.mutable_hello()->set_incarnation(incarnation_);
   reply.mutable_hello()->set_pid(getpid());
+  reply.mutable_hello()->set_boot_id(KernelBootId());
   *reply.mutable_hello()->mutable_config() = config_;
   return reply;
 }

@@ -3,6 +3,9 @@
 
 #include "csrc/host/host_runtime.h"
 
+#include <cstdlib>
+
+#include "csrc/base/spin.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/host/host_main.h"
 #include "gtest/gtest.h"
@@ -42,6 +45,33 @@ class HostRuntimeTest : public ::testing::Test {
   HostRuntime runtime_;
   std::unique_ptr<HostServer> server_;
 };
+
+TEST_F(HostRuntimeTest, ClockOffsetIsExactOnThisKernelAndEstimatedOtherwise) {
+  ChannelOptions options = Options();
+  options.clock_samples = 4;
+  auto same = HostChannel::Connect(server_->address(), wire::Hello(), options);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ((*same)->hello_reply().boot_id(), KernelBootId());
+  EXPECT_FALSE(KernelBootId().empty());
+  EXPECT_EQ((*same)->clock_offset_ns(), 0);
+
+  // Estimated from pings: the host's clock is ours here, so the estimate
+  // is off by at most half a round trip (far below a second).
+  options.trust_boot_id = false;
+  auto estimated = HostChannel::Connect(server_->address(), wire::Hello(), options);
+  ASSERT_TRUE(estimated.ok()) << estimated.status();
+  EXPECT_LT(std::abs((*estimated)->clock_offset_ns()), int64_t{1'000'000'000});
+
+  // A pong carries the host's clock, read between the ping and its reply.
+  wire::Request ping;
+  const int64_t sent = NowNanos();
+  ping.mutable_ping()->set_sent_ns(sent);
+  auto pong = (*same)->Call(std::move(ping), int64_t{10'000'000'000});
+  const int64_t received = NowNanos();
+  ASSERT_TRUE(pong.ok()) << pong.status();
+  EXPECT_GE(pong->pong().host_ns(), sent);
+  EXPECT_LE(pong->pong().host_ns(), received);
+}
 
 TEST_F(HostRuntimeTest, TheFirstClientConfiguresItAndOwnsIt) {
   EXPECT_FALSE(runtime_.configured());

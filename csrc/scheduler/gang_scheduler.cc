@@ -8,12 +8,6 @@
 #include "csrc/base/spin.h"
 
 namespace pw {
-namespace {
-// Admitted-but-unfinished gangs allowed on a set of overlapping device lists
-// under proportional share: one running and a couple queued keeps devices
-// busy while leaving the order to the fair-queueing tags.
-constexpr size_t kAdmissionWindow = 3;
-}  // namespace
 
 struct GangScheduler::ListQueue {
   const DeviceList* devices = nullptr;
@@ -27,6 +21,11 @@ struct GangScheduler::ClientQueue {
   std::deque<Gang*> waiting;
   double finish_tag = 0;
 };
+
+const std::string& DefaultClientName() {
+  static const std::string* const name = new std::string("default");
+  return *name;
+}
 
 GangScheduler::GangScheduler(const Island* island) : island_(island) {}
 GangScheduler::~GangScheduler() = default;
@@ -78,7 +77,7 @@ void GangScheduler::SequenceLocked(Gang* gang, ListQueue* q, ReadyList* notify) 
 bool GangScheduler::HasRoomLocked(const ListQueue* q) const {
   size_t ordered = q->ordered.size();
   for (const ListQueue* other : q->overlaps) ordered += other->ordered.size();
-  return ordered < kAdmissionWindow;
+  return ordered < static_cast<size_t>(kAdmissionWindow);
 }
 
 void GangScheduler::AdmitWaitingLocked(ReadyList* notify, bool all) {
@@ -180,6 +179,11 @@ SchedulingPolicy GangScheduler::policy() const {
   return policy_;
 }
 
+void GangScheduler::AddBusy(const DeviceList* devices, int64_t busy_ns) {
+  MutexLock lock(&mu_);
+  QueueForLocked(devices)->busy_ns += busy_ns;
+}
+
 std::vector<int64_t> GangScheduler::DeviceBusyNs() const {
   MutexLock lock(&mu_);
   std::vector<int64_t> busy(island_->devices().size(), 0);
@@ -223,7 +227,7 @@ GangRef GangScheduler::RefLocked(const Gang* gang) const {
   ref.id = gang->submission_;
   if (const std::string* program = gang->program_name()) ref.program = *program;
   if (const std::string* node = gang->node_name()) ref.node = *node;
-  ref.client = gang->client_ != nullptr ? gang->client_->name() : "default";
+  ref.client = gang->client_ != nullptr ? gang->client_->name() : DefaultClientName();
   ref.devices = gang->devices_;
   ref.state = StateLocked(gang);
   return ref;

@@ -73,10 +73,11 @@ class SchedulingClient {
   void Close() { closed_.store(true, std::memory_order_release); }
   bool closed() const { return closed_.load(std::memory_order_acquire); }
 
-  // Device time used: each gang adds its duration times its device count.
-  void AddUsage(int64_t device_ns) {
+  // Device time used: each gang adds its duration times its device count
+  // (on host processes, each host its part's: `gangs` is 1 for one of them).
+  void AddUsage(int64_t device_ns, int64_t gangs = 1) {
     device_ns_.fetch_add(device_ns, std::memory_order_relaxed);
-    gangs_.fetch_add(1, std::memory_order_relaxed);
+    gangs_.fetch_add(gangs, std::memory_order_relaxed);
   }
   int64_t device_ns() const { return device_ns_.load(std::memory_order_relaxed); }
   int64_t gangs() const { return gangs_.load(std::memory_order_relaxed); }
@@ -90,6 +91,18 @@ class SchedulingClient {
   MemoryAccount memory_;
   std::atomic<bool> closed_{false};
 };
+
+// Device time per shard assumed for proportional share when a function has
+// no simulated compute (its real kernels are tiny in comparison).
+inline constexpr int64_t kNominalKernelNs = 1000;
+
+// Admitted-but-unfinished gangs allowed on a set of overlapping device lists
+// under proportional share: one running and a couple queued keeps devices
+// busy while leaving the order to the fair-queueing tags.
+inline constexpr int kAdmissionWindow = 3;
+
+// The name of the client of gangs that name none.
+const std::string& DefaultClientName();
 
 class GangScheduler;
 
@@ -160,6 +173,10 @@ class GangScheduler {
   // which kept its devices busy for `busy_ns`; gangs that thereby reach the
   // head of all their queues are notified, and waiting gangs may be admitted.
   void Complete(Gang* gang, ReadyList* ready, int64_t busy_ns = 0);
+
+  // Adds `busy_ns` to the busy time of `devices` (of this island): work the
+  // hosts ran for gangs this scheduler did not run (hosts as processes).
+  void AddBusy(const DeviceList* devices, int64_t busy_ns);
 
   // Busy time of each device of the island so far, by index in the island
   // (the sum of busy_ns of the gangs that ran on it).

@@ -417,3 +417,24 @@ def test_large_transfers_between_host_processes_are_exact():
             print(after["dcn_transfers"] - before["dcn_transfers"], after["dcn_bytes"] - before["dcn_bytes"] == x.nbytes)
     """)
     assert out.split("\n")[:4] == ["3 True [0] [1]", "1 True", "524293 True [0] [1]", "1 True"], out
+
+
+def test_buffers_larger_than_a_chunk_go_to_and_from_hosts_exact():
+    # Buffer data moves between the client and its hosts in 16 MiB chunks,
+    # so no message nears protobuf's 2 GiB limit (a 2.25 GiB device_put
+    # aborted the client before). Shards of 13 MiB + 12 bytes straddle the
+    # chunk boundaries; a program's host-data argument takes the same path.
+    out = _run_local_processes("""
+        import numpy as np
+        tpus = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
+        print(len({d.physical.host for d in tpus}))
+        rng = np.random.default_rng(1)
+        x = rng.integers(-2**31, 2**31 - 1, size=(8, (13 * 2**20 + 12) // 4), dtype=np.int32)
+        b = pw.device_put(x, tpus)
+        print(np.array_equal(np.asarray(b), x))
+        f = pw.pmap(lambda v: v + 1, devices=tpus)
+        print(np.array_equal(np.asarray(f(x)), x + 1), np.array_equal(np.asarray(f(b)), x + 1))
+        empty = pw.device_put(np.zeros((8, 0), np.float32), tpus)
+        print(np.asarray(empty).shape)
+    """)
+    assert out.split("\n")[:4] == ["2", "True", "True True", "(8, 0)"], out

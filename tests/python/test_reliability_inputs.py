@@ -174,7 +174,6 @@ def _gangs_by_node(tl):
     return counts
 
 
-@pytest.mark.in_process_only("timelines record gangs run in this process")
 def test_nested_timelines_both_record(runtime_ok):
     tpus = get_devices(2)
     before, inside, after = (_named_step(n, tpus) for n in ("rel_before", "rel_inside", "rel_after"))
@@ -198,7 +197,6 @@ def test_nested_timelines_both_record(runtime_ok):
     runtime_ok()
 
 
-@pytest.mark.in_process_only("timelines record gangs run in this process")
 def test_timelines_of_two_threads_at_once(runtime_ok):
     n = 20
     steps = [_named_step(f"rel_thread{i}", get_devices(2)) for i in range(2)]
@@ -312,7 +310,6 @@ def test_export_chrome_trace_rejects_bad_devices(tmp_path, recorded, devices, ex
     assert not path.exists()
 
 
-@pytest.mark.in_process_only("timelines record gangs run in this process")
 def test_export_chrome_trace_device_forms(tmp_path, recorded):
     tl, tpus = recorded
     physical = [v.physical for v in tpus]

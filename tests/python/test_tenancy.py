@@ -18,7 +18,6 @@ def policy():
     pw.set_scheduling_policy(saved)
 
 
-@pytest.mark.in_process_only("per-client device time is measured by gangs run in this process")
 @pytest.mark.parametrize("scheduling", ["fifo", "proportional_share"])
 def test_sixteen_clients_with_collectives_on_overlapping_devices(policy, scheduling):
     policy(scheduling)
@@ -66,7 +65,6 @@ def test_sixteen_clients_with_collectives_on_overlapping_devices(policy, schedul
         assert stats[f"tenant{i}"]["gangs"] >= iterations
 
 
-@pytest.mark.in_process_only("host processes take gangs in FIFO order (no proportional share yet)")
 def test_proportional_share_follows_weights_while_backlogged(policy):
     policy("proportional_share")
     tpus = get_devices(8)
@@ -78,12 +76,17 @@ def test_proportional_share_follows_weights_while_backlogged(policy):
     # a loaded machine): from then on only the scheduler decides the shares.
     gate = pw.pmap(lambda x: pw.simulated_compute(x, 300_000), devices=tpus)(np.zeros(8))
 
+    errors = []
+
     def run(client):
-        with client:
-            x = gate
-            for _ in range(gangs):
-                x = step(x)
-            x.block_until_ready()
+        try:
+            with client:
+                x = gate
+                for _ in range(gangs):
+                    x = step(x)
+                np.testing.assert_array_equal(np.asarray(x), np.full(8, float(gangs)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append((client.name, repr(e)))
 
     with pw.timeline() as tl:
         threads = [threading.Thread(target=run, args=(c,)) for c in (light, heavy)]
@@ -91,6 +94,8 @@ def test_proportional_share_follows_weights_while_backlogged(policy):
             t.start()
         for t in threads:
             t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "hang: a client never finished"
+    assert not errors, errors
     events = [e for e in tl.events() if e["device"] == tpus[0].physical.id and e["client"] != "default"]
     by_client = {name: [e for e in events if e["client"] == name] for name in ("share-light", "share-heavy")}
     # Shares are only defined while both clients are backlogged: from when

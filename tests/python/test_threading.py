@@ -160,7 +160,6 @@ def test_gil_released_while_blocking(devices_of):
     )
 
 
-@pytest.mark.in_process_only("quiescence waits for gangs queued in this process")
 def test_gil_released_in_await_quiescence(devices_of):
     from pathways import _core
 

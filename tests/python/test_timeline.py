@@ -20,7 +20,6 @@ def _step(tpus, microseconds):
     )
 
 
-@pytest.mark.in_process_only("timelines record gangs run in this process")
 def test_trace_is_valid_and_matches_runtime_accounting(tmp_path):
     # Two clients on overlapping slices, so tracks interleave gangs of both.
     tpus_a, tpus_b = get_devices(4), get_devices(8)
@@ -84,7 +83,6 @@ def test_trace_is_valid_and_matches_runtime_accounting(tmp_path):
         assert info[tid].host == pid
 
 
-@pytest.mark.in_process_only("timelines record gangs run in this process")
 def test_timeline_events_name_client_program_and_node():
     tpus = get_devices(2)
     f = _step(tpus, 10)
@@ -103,7 +101,6 @@ def test_timeline_events_name_client_program_and_node():
     assert {e["device"] for e in events} == {d.physical.id for d in tpus}
 
 
-@pytest.mark.in_process_only("timelines record gangs run in this process")
 def test_timeline_exits_while_others_keep_submitting():
     tpus = get_devices(4)
     f = _step(tpus, 200)
