@@ -39,6 +39,7 @@
 #include "csrc/dispatch/dispatcher.h"
 #include "csrc/executor/timeline.h"
 #include "csrc/object_store/sharded_buffer.h"
+#include "csrc/scheduler/diagnosis.h"
 #include "csrc/scheduler/gang_scheduler.h"
 
 namespace pw {
@@ -78,6 +79,12 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // backlogged client gets device time in proportion to its weight. A run
   // is never sent before the runs that make its arguments.
   void SetPolicy(SchedulingPolicy policy);
+
+  // Adds the gangs of runs on the hosts that have not finished, and what
+  // each waits for, to `diagnosis` (pw.diagnose): each host describes its
+  // device queues (waiting at most `timeout_ns` for them); runs still
+  // queued here wait for admission. remote_diagnosis.cc.
+  void Describe(Diagnosis& diagnosis, int64_t timeout_ns);
 
   // Runs in flight, in dispatch order: a mark now, and whether every run
   // dispatched before `mark` has finished (its buffers complete).
@@ -119,7 +126,7 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // (its clock): the client's accounts and the timeline see it.
   void RecordPart(const Run& run, int host, int step, int64_t start_ns, int64_t end_ns) const;
   // The run leaves the runs in flight.
-  void Retire(int64_t seq);
+  void Retire(const Run& run);
   // Queues the puts of `buffer`'s shards; sends them at once if `flush`.
   void WriteLocked(const ShardedBuffer& buffer, const void* data, bool flush) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends what is queued for `host` as one message.
@@ -163,7 +170,10 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // Sequence numbers of the runs in flight (dispatch order).
   mutable Mutex runs_mu_;
   std::set<int64_t> runs_in_flight_ ABSL_GUARDED_BY(runs_mu_);
+  // The same runs by (program id, first buffer id): what hosts name them by.
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::weak_ptr<Run>> runs_by_id_ ABSL_GUARDED_BY(runs_mu_);
   int64_t next_run_seq_ ABSL_GUARDED_BY(runs_mu_) = 0;
+  int64_t next_gang_ ABSL_GUARDED_BY(runs_mu_) = 0;
   Mutex frees_mu_;
   std::vector<std::vector<uint64_t>> pending_frees_ ABSL_GUARDED_BY(frees_mu_);
   std::atomic<uint64_t> next_buffer_id_{1};

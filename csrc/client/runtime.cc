@@ -164,7 +164,15 @@ std::vector<SchedulingClient*> Runtime::clients() {
   return out;
 }
 
-Diagnosis Runtime::Diagnose() { return pw::Diagnose(scheduler_ptrs_); }
+Diagnosis Runtime::Diagnose() {
+  Diagnosis diagnosis = pw::Diagnose(scheduler_ptrs_);
+#if PATHWAYS_WITH_HOSTS
+  // The hosts' queues; a host that does not describe them within 5 s is
+  // left out (a diagnosis must not hang on what it diagnoses).
+  if (remote_ != nullptr) remote_->Describe(diagnosis, int64_t{5'000'000'000});
+#endif
+  return diagnosis;
+}
 
 void Runtime::SetSchedulingPolicy(SchedulingPolicy policy) {
   ReadyList ready;

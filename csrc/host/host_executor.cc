@@ -108,6 +108,11 @@ void HostBuffer::OnDone(absl::AnyInvocable<void(const absl::Status&) &&> fn) {
   std::move(fn)(status);
 }
 
+bool HostBuffer::done() const {
+  MutexLock lock(&mu_);
+  return done_;
+}
+
 absl::Status HostBuffer::Await(const std::atomic<bool>& stopping) {
   MutexLock lock(&mu_);
   while (!done_) {
@@ -160,6 +165,8 @@ struct HostExecutor::Part {
   uint32_t tag = 0;
   RunState* run = nullptr;  // holds it until the part's time is in its reply
   uint32_t step = 0;        // index in the program's steps on this host
+  uint64_t program_id = 0;  // with first_buffer_id: the run (pw.diagnose)
+  uint64_t first_buffer_id = 0;
   std::vector<std::shared_ptr<HostBuffer>> inputs, outputs;
   absl::Status error;  // set before enqueueing: fail without running
   // Inputs not done, devices whose queue head it is not yet, and the
@@ -288,6 +295,7 @@ HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinClust
       num_local_devices_(config.device_ids_size()),
       device_host_(join.device_host().begin(), join.device_host().end()),
       local_index_(join.device_host_size(), -1),
+      local_device_ids_(config.device_ids().begin(), config.device_ids().end()),
       group_prefix_(join.group_prefix()),
       store_(store) {
   collective_options_.bind_address = std::move(bind_ip);
@@ -641,6 +649,8 @@ void HostExecutor::Run(const wire::RunProgram& request,
       part->tag = step.tag;
       part->run = run;
       part->step = static_cast<uint32_t>(k);
+      part->program_id = request.program_id();
+      part->first_buffer_id = first;
       run->Hold();
       const FunctionExecutable& exe = *step.fn->exe;
       const int64_t n = static_cast<int64_t>(step.gang->local_positions.size());
@@ -1029,6 +1039,34 @@ void HostExecutor::Fetch(const wire::FetchBuffer& request,
     std::move(done)(
         std::string(reinterpret_cast<const char*>(buffer->data()) + offset, static_cast<size_t>(bytes)));
   });
+}
+
+wire::QueuesReply HostExecutor::DescribeQueues() {
+  wire::QueuesReply reply;
+  absl::flat_hash_map<const Part*, uint32_t> index;
+  // A part in a queue still has its inputs: its device's thread drops them
+  // only after taking it out of every queue, under this lock.
+  MutexLock lock(&queue_mu_);
+  for (int d = 0; d < num_local_devices_; ++d) {
+    wire::DeviceQueue* q = reply.add_queues();
+    q->set_device_id(local_device_ids_[d]);
+    for (const Part* part : queues_[d]) {
+      auto [it, fresh] = index.try_emplace(part, static_cast<uint32_t>(reply.parts_size()));
+      if (fresh) {
+        wire::QueuedPart* p = reply.add_parts();
+        p->set_program_id(part->program_id);
+        p->set_first_buffer_id(part->first_buffer_id);
+        p->set_step(part->step);
+        for (size_t i = 0; i < part->inputs.size(); ++i) {
+          if (part->inputs[i]->done()) continue;
+          p->add_pending_buffer_ids(part->inputs[i]->id());
+          p->add_pending_inputs(static_cast<uint32_t>(i));
+        }
+      }
+      q->add_parts(it->second);
+    }
+  }
+  return reply;
 }
 
 int HostExecutor::num_buffers() const {

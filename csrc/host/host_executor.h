@@ -64,6 +64,7 @@ class HostBuffer {
   // Calls `fn` with the status once the buffer is done: at once, on this
   // thread, if it is done already. `fn` must not block.
   void OnDone(absl::AnyInvocable<void(const absl::Status&) &&> fn);
+  bool done() const;
   // Waits until done or `stopping` is set; the status (Cancelled if stopped).
   absl::Status Await(const std::atomic<bool>& stopping);
   // Completes the buffer (once).
@@ -73,7 +74,7 @@ class HostBuffer {
   const uint64_t id_;
   const int64_t bytes_;
   uint8_t* data_ = nullptr;
-  Mutex mu_;
+  mutable Mutex mu_;
   CondVar cv_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
@@ -119,6 +120,9 @@ class HostExecutor {
   void Fetch(const wire::FetchBuffer& request, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
   void Free(const wire::FreeBuffers& request);
 
+  // What the device queues hold now (pw.diagnose).
+  wire::QueuesReply DescribeQueues();
+
   // Buffers held now (tests).
   int num_buffers() const;
 
@@ -159,6 +163,7 @@ class HostExecutor {
   const int num_local_devices_;
   std::vector<int> device_host_;            // by global device id
   std::vector<int> local_index_;            // by global device id: index in this host, or -1
+  std::vector<int> local_device_ids_;       // by index in this host: global id
   const std::string group_prefix_;
   KeyValueStore* const store_;
   CollectiveOptions collective_options_;

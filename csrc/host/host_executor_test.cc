@@ -946,6 +946,54 @@ TEST(HostExecutorTest, PutWithTheWrongBytesIsInvalidArgument) {
   EXPECT_EQ(host.num_buffers(), 1);
 }
 
+TEST(HostExecutorTest, DescribeQueuesNamesQueuedPartsAndTheirPendingInputs) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {3, 2}));  // host 1's two devices
+  ASSERT_NE(cluster->Load(10, AffineFunction(4)), nullptr);
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)})));
+  HostExecutor& host = cluster->host(1);
+  const std::string x(32, '\0');  // 2 shards of 4 floats (zeros)
+  // Run 100's input comes in two chunks: only the first is here yet.
+  wire::PutBuffer put;
+  put.set_buffer_id(100);
+  put.set_devices(1);
+  put.set_shard_bytes(16);
+  put.set_data(x.substr(0, 8));
+  ASSERT_OK(host.Put(put));
+  auto first = cluster->RunOn(1, RunOf(20, 100));
+  ASSERT_OK(cluster->Put(200, 1, Bytes(x.begin(), x.end())));
+  auto second = cluster->RunOn(1, RunOf(20, 200));  // behind the first on both devices
+
+  const wire::QueuesReply queues = host.DescribeQueues();
+  ASSERT_EQ(queues.parts_size(), 2);
+  EXPECT_EQ(queues.parts(0).program_id(), 20u);
+  EXPECT_EQ(queues.parts(0).first_buffer_id(), 100u);
+  EXPECT_EQ(queues.parts(0).step(), 0u);
+  ASSERT_EQ(queues.parts(0).pending_buffer_ids_size(), 1);
+  EXPECT_EQ(queues.parts(0).pending_buffer_ids(0), 100u);
+  EXPECT_EQ(queues.parts(0).pending_inputs(0), 0u);
+  EXPECT_EQ(queues.parts(1).first_buffer_id(), 200u);
+  EXPECT_EQ(queues.parts(1).pending_buffer_ids_size(), 0);
+  ASSERT_EQ(queues.queues_size(), 2);
+  std::vector<int> devices;
+  for (const wire::DeviceQueue& q : queues.queues()) {
+    devices.push_back(q.device_id());
+    EXPECT_EQ(std::vector<uint32_t>(q.parts().begin(), q.parts().end()), (std::vector<uint32_t>{0, 1}));
+  }
+  EXPECT_EQ(devices, (std::vector<int>{2, 3}));  // global ids, in the host's order
+
+  put.set_offset(8);
+  put.set_data(x.substr(8));
+  ASSERT_OK(host.Put(put));
+  ASSERT_EQ(first.wait_for(kWait), std::future_status::ready);
+  ASSERT_EQ(second.wait_for(kWait), std::future_status::ready);
+  EXPECT_TRUE(first.get().ok());
+  EXPECT_TRUE(second.get().ok());
+  const wire::QueuesReply after = host.DescribeQueues();
+  EXPECT_EQ(after.parts_size(), 0);
+  for (const wire::DeviceQueue& q : after.queues()) EXPECT_EQ(q.parts_size(), 0);
+}
+
 TEST(HostExecutorTest, PutInChunksAndFetchRanges) {
   auto cluster = MakeCluster(2, 2);
   ASSERT_OK(cluster->DefineList(1, {0, 2, 1}));  // 2 shards on host 0

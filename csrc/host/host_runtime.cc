@@ -204,6 +204,7 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kRun:
     case wire::Request::kFetch:
     case wire::Request::kFree:
+    case wire::Request::kDescribeQueues:
       break;
     default:
       return false;
@@ -262,6 +263,13 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kFree:
       executor->Free(request.free());
       break;
+    case wire::Request::kDescribeQueues: {
+      wire::Reply reply;
+      reply.set_id(id);
+      *reply.mutable_queues() = executor->DescribeQueues();
+      if (id != 0) session->Reply(std::move(reply));
+      break;
+    }
     default:
       break;
   }

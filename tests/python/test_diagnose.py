@@ -43,7 +43,6 @@ def test_nothing_waiting_reports_nothing():
     assert "idle" in str(d)
 
 
-@pytest.mark.in_process_only("pw.diagnose sees the client's gang scheduler queues; on host processes the gangs queue on the hosts")
 def test_diagnose_names_the_waiting_gang_and_what_it_waits_for():
     tpus = get_devices(2)
     ids = [d.physical.id for d in tpus]

@@ -1,0 +1,151 @@
+#ifndef PATHWAYS_CLIENT_REMOTE_CLUSTER_INTERNAL_H_
+#define PATHWAYS_CLIENT_REMOTE_CLUSTER_INTERNAL_H_
+
+// RemoteCluster's records of programs and runs, shared by its files
+// (remote_cluster.cc: dispatch; remote_diagnosis.cc: pw.diagnose).
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "csrc/client/remote_cluster.h"
+
+namespace pw {
+
+// What the hosts know of one lowered program.
+struct RemoteCluster::Plan {
+  std::vector<int> hosts;              // taking part, increasing
+  absl::flat_hash_set<int> loaded;     // hosts that have its steps
+  // Per step: its hosts and its wire form; its devices and function (null
+  // for a transfer; alive while a run holds the program).
+  std::vector<std::vector<int>> step_hosts;
+  std::vector<wire::ProgramStep> step_wire;
+  std::vector<const DeviceList*> step_devices;
+  std::vector<const CompiledFunction*> step_fns;
+  // Per host: the steps it loaded, in order (a reply's step index).
+  std::vector<std::vector<int>> host_steps;
+  // The step that makes each slot (-1: an argument).
+  std::vector<int> slot_step;
+  // Proportional share: each step's device time and island(s), and the
+  // whole program's.
+  std::vector<double> step_cost_ns;
+  std::vector<std::vector<int>> step_islands;
+  double cost_ns = 0;
+  std::vector<int> islands;
+  // Sequential dispatch: step k is program sequential_base + k, and the
+  // arguments' copies program sequential_base + num_steps (0: not loaded).
+  uint64_t sequential_base = 0;
+  absl::flat_hash_set<int> args_loaded;
+};
+
+// One run in flight: its buffers complete once every host taking part has
+// replied. Holds the buffers (as a gang task does), and counts as work in
+// flight so a dispatch waiting for memory knows memory may come back.
+struct RemoteCluster::Run {
+  Run(RemoteCluster* rc, const Plan* plan, std::shared_ptr<const ProgramIr> program, SchedulingClient* client,
+      int single_step = -1)
+      : in_flight(rc->stores_),
+        rc(rc),
+        plan(plan),
+        program(std::move(program)),
+        client(client),
+        single_step(single_step) {}
+  ObjectStores::WorkInFlight in_flight;
+  RemoteCluster* rc;
+  const Plan* plan;
+  std::shared_ptr<const ProgramIr> program;  // keeps the steps' functions alive
+  SchedulingClient* client;                  // null: the default client
+  // Sequential dispatch runs one step: every time a host reports is this
+  // step's. Else (-1) the host's step index maps through the plan.
+  int single_step;
+  int64_t seq = -1;  // in the runs in flight, from SubmitRun
+  uint64_t program_id = 0;  // with `first`: how hosts name it
+  uint64_t first = 0;
+  int64_t submitted_ns = 0;
+  int64_t first_gang = 0;  // its steps' gang numbers count from it (pw.diagnose)
+  std::vector<int> admitted_islands;  // counted in their admission windows
+  std::vector<std::shared_ptr<ShardedBuffer>> made;
+  // Its argument buffers, held until it is sent: the free of one must not
+  // reach a host before the run that reads it.
+  std::vector<std::shared_ptr<ShardedBuffer>> args;
+  // The buffers made by transfers (ICI or DCN), counted in the transfer
+  // statistics once they are ready, as in process.
+  absl::flat_hash_map<uint64_t, LinkKind> copies;
+  std::atomic<int> pending{0};
+  Mutex mu;
+  absl::Status whole ABSL_GUARDED_BY(mu);  // a host's part failed as a whole
+  absl::flat_hash_map<uint64_t, absl::Status> failed ABSL_GUARDED_BY(mu);
+
+  static void HostDone(const std::shared_ptr<Run>& run, int host, absl::StatusOr<wire::Reply> reply) {
+    absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+    // Before the buffers complete: whoever sees them ready sees the gangs
+    // in the timeline and the accounts, as in process.
+    if (status.ok()) {
+      for (const wire::StepTime& t : reply->run().times()) {
+        run->rc->RecordPart(*run, host, static_cast<int>(t.step()), t.start_ns(), t.end_ns());
+      }
+    }
+    {
+      MutexLock lock(&run->mu);
+      if (!status.ok()) {
+        if (run->whole.ok()) run->whole = std::move(status);
+      } else {
+        for (const wire::FailedBuffer& f : reply->run().failed()) run->failed[f.buffer_id()] = FromWire(f.status());
+      }
+    }
+    if (run->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    Finish(*run);
+  }
+
+  // Completes the buffers the run made.
+  static void Finish(Run& run) {
+    ReadyList none;  // nothing in this process waits on a remote buffer's list
+    std::vector<std::shared_ptr<ShardedBuffer>> made;
+    absl::Status whole;
+    absl::flat_hash_map<uint64_t, absl::Status> failed;
+    {
+      MutexLock lock(&run.mu);
+      made.swap(run.made);
+      whole = run.whole;
+      failed.swap(run.failed);
+    }
+    for (auto& buffer : made) {
+      absl::Status status = whole;
+      if (status.ok()) {
+        auto it = failed.find(buffer->remote_id());
+        if (it != failed.end()) status = it->second;
+      }
+      if (status.ok()) {
+        TransferStats* stats = run.rc->services_.stats;
+        if (auto c = run.copies.find(buffer->remote_id()); c != run.copies.end() && stats != nullptr) {
+          const bool dcn = c->second == LinkKind::kDcn;
+          (dcn ? stats->dcn_bytes : stats->ici_bytes).fetch_add(buffer->total_bytes(), std::memory_order_relaxed);
+          (dcn ? stats->dcn_transfers : stats->ici_transfers).fetch_add(1, std::memory_order_relaxed);
+        }
+        buffer->SetReady(&none);
+      } else {
+        buffer->SetError(std::move(status), &none);
+      }
+    }
+    if (!run.admitted_islands.empty()) run.rc->Released(run.admitted_islands);
+    if (run.seq >= 0) run.rc->Retire(run);
+  }
+};
+
+// A run waiting for admission: SendRun's arguments.
+struct RemoteCluster::Waiting {
+  std::vector<int> hosts;
+  uint64_t program_id = 0;
+  uint64_t first = 0;
+  std::vector<wire::ArgBinding> bindings;
+  std::shared_ptr<Run> run;
+  double cost_ns = 0;
+  std::vector<int> islands;
+  int64_t order = 0;  // dispatch order among the queued
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_CLIENT_REMOTE_CLUSTER_INTERNAL_H_
