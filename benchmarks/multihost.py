@@ -20,7 +20,11 @@ Gloo TCP between hosts for transfers and cross-host collectives).
   5. In-process regression: dispatch_overhead.pw_worker (hosts in process)
      at the README's device counts, beside the README's numbers.
 
-Usage: python benchmarks/multihost.py [--quick] [--out-dir DIR]
+Usage: python benchmarks/multihost.py [--quick] [--out-dir DIR] [--only fig5]
+
+--only fig5 runs section 1 alone (pathways and JAX, same rounds as the full
+run) and writes multihost_fig5.{txt,json,png}, so it never replaces the full
+run's files.
 """
 
 from __future__ import annotations
@@ -460,7 +464,11 @@ class Runner:
         return r
 
 
-def run_all(quick: bool, mark: str) -> dict:
+SECTIONS = ("fig5",)  # what --only can pick
+
+
+def run_all(quick: bool, mark: str, only=None) -> dict:
+    """Every section, or only section `only` (one of SECTIONS)."""
     run = Runner(mark, max_wait=15 if quick else 120, retries=0 if quick else 2)
     env = {"PATHWAYS_TOPOLOGY": FIG5_TOPOLOGY}
     secs, warm = (0.6, 0.2) if quick else (2.0, 0.5)
@@ -485,6 +493,10 @@ def run_all(quick: bool, mark: str) -> dict:
                 r = run("multihost:jax_multicontroller", kw, {}, kw["timeout"] + 30)
             for m in group:
                 d["fig5_jax"][m].append(r)
+    if only == "fig5":
+        d["waited_for_idle_s"] = run.waited
+        d["disturbed_runs"] = run.disturbed
+        return d
 
     stages = [1, 4, 16] if quick else [1, 2, 4, 8, 16]
     seconds, rounds = (0.3, 1) if quick else (1.5, 5)
@@ -770,10 +782,11 @@ def report(d: dict, info: dict, elapsed: float) -> str:
     lines = [h.machine_header(info), ""]
     targets: list = []
     report_fig5(d, lines, targets)
-    report_fig7(d, lines, targets)
-    report_dcn(d, lines, targets)
-    report_messages(d, lines, targets)
-    report_regression(d, lines, targets)
+    if "fig7" in d:  # not a --only fig5 run
+        report_fig7(d, lines, targets)
+        report_dcn(d, lines, targets)
+        report_messages(d, lines, targets)
+        report_regression(d, lines, targets)
     left = d["leftover_hosts"]
     lines += ["Targets:"] + [f"- {t}" for t in targets] + [""]
     lines.append(f"waited {d['waited_for_idle_s']:.0f} s in all for the CPU to be idle (< 10% busy) before "
@@ -878,20 +891,25 @@ def plot(d: dict, vals: dict, path: str) -> None:
 
 
 def main(argv=None) -> None:
-    args = h.parse_args(__doc__.splitlines()[0], argv)
+    p = h.argument_parser(__doc__.splitlines()[0])
+    p.add_argument("--only", choices=SECTIONS, help="run only this section (results as multihost_<section>)")
+    args = p.parse_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
     sw = h.Stopwatch()
     info = h.machine_info()
     mark = uuid.uuid4().hex
     try:
-        d = run_all(args.quick, mark)
+        d = run_all(args.quick, mark, args.only)
     finally:
         left = leftover_hosts(mark)
     d["leftover_hosts"] = left
     text = report(d, info, sw.elapsed())
     print(text)
     d["machine"] = info
-    h.write_results(args.out_dir, NAME, text, d)
-    plot(d, report_fig5(d, [], []), os.path.join(args.out_dir, f"{NAME}.png"))
+    name = f"{NAME}_{args.only}" if args.only else NAME
+    h.write_results(args.out_dir, name, text, d)
+    if args.only is None:
+        plot(d, report_fig5(d, [], []), os.path.join(args.out_dir, f"{name}.png"))
 
 
 if __name__ == "__main__":

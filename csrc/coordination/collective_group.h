@@ -23,6 +23,7 @@
 #include "absl/types/span.h"
 #include "csrc/base/dtype.h"
 #include "csrc/base/mutex.h"
+#include "csrc/base/reduce_op.h"
 
 namespace pw {
 
@@ -55,11 +56,8 @@ class InMemoryKeyValueStore final : public KeyValueStore {
   absl::flat_hash_map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
 };
 
-// The reductions of AllReduce. Floats follow numpy.maximum/minimum: a NaN
-// anywhere wins. int32 sums wrap (two's complement), as XLA's do. bool: kMax
-// is logical or, kMin logical and; kSum of bool is InvalidArgument (JAX's psum
-// sums bools as int32: convert first).
-enum class ReduceOp : uint8_t { kSum, kMax, kMin };
+// AllReduce's reductions are ReduceOp (csrc/base/reduce_op.h); kSum of bool
+// is InvalidArgument.
 
 struct CollectiveOptions {
   // The local address this member listens on and its peers connect to; must

@@ -1,5 +1,6 @@
-// Prints the latency of CollectiveGroup::AllReduce (f32 sum) over loopback
-// TCP with the ranks as threads of this process: one row per (ranks, count).
+// Prints the latency of CollectiveGroup::AllReduce (f32 sum) and AllGatherV
+// (`count` floats from every rank) over loopback TCP with the ranks as
+// threads of this process: one row per (operation, ranks, count).
 // Not a test; numbers depend on the machine (run on an idle one).
 //
 //   build/cpp/csrc/coordination/collective_group_benchmark [iterations]
@@ -18,9 +19,11 @@
 namespace pw {
 namespace {
 
-// Median and minimum microseconds per AllReduce of `count` floats over `n`
-// ranks, measured on rank 0 after a barrier per iteration.
-void Measure(int n, int64_t count, bool check_agreement, int iterations) {
+enum class Op { kAllReduce, kAllGatherV };
+
+// Median and minimum microseconds per operation on `count` floats (per rank)
+// over `n` ranks, measured on rank 0 after a barrier per iteration.
+void Measure(Op op, int n, int64_t count, bool check_agreement, int iterations) {
   InMemoryKeyValueStore store;
   const std::string key = absl::StrCat("bench-", n, "-", count);
   CollectiveOptions options;
@@ -35,10 +38,15 @@ void Measure(int n, int64_t count, bool check_agreement, int iterations) {
         std::abort();
       }
       std::vector<float> data(count, 1.0f);
+      std::vector<float> gathered(count * n);
+      const std::vector<int64_t> bytes_per_rank(n, count * static_cast<int64_t>(sizeof(float)));
       for (int i = -3; i < iterations; ++i) {  // 3 warm-up rounds
         if (!(*group)->Barrier(1).ok()) std::abort();
         const auto start = std::chrono::steady_clock::now();
-        absl::Status s = (*group)->AllReduce(DType::kF32, ReduceOp::kSum, data.data(), count, 0);
+        absl::Status s =
+            op == Op::kAllReduce
+                ? (*group)->AllReduce(DType::kF32, ReduceOp::kSum, data.data(), count, 0)
+                : (*group)->AllGatherV(data.data(), bytes_per_rank[r], gathered.data(), bytes_per_rank, 0);
         const auto end = std::chrono::steady_clock::now();
         if (!s.ok()) {
           std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -50,7 +58,7 @@ void Measure(int n, int64_t count, bool check_agreement, int iterations) {
   }
   for (auto& t : threads) t.join();
   std::sort(micros.begin(), micros.end());
-  std::printf("%5d  %9lld  %7s  %12.1f  %12.1f\n", n, static_cast<long long>(count), check_agreement ? "yes" : "no",
+  std::printf("%-10s  %5d  %9lld  %7s  %12.1f  %12.1f\n", op == Op::kAllReduce ? "AllReduce" : "AllGatherV", n, static_cast<long long>(count), check_agreement ? "yes" : "no",
               micros[micros.size() / 2], micros.front());
 }
 
@@ -59,11 +67,13 @@ void Measure(int n, int64_t count, bool check_agreement, int iterations) {
 
 int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::atoi(argv[1]) : 50;
-  std::printf("AllReduce f32 sum, loopback TCP, ranks as threads, %d iterations\n", iterations);
-  std::printf("ranks      count  checked   median (us)      min (us)\n");
-  for (int n : {2, 4}) {
-    for (int64_t count : {int64_t{1}, int64_t{1} << 20}) {
-      for (bool checked : {false, true}) pw::Measure(n, count, checked, iterations);
+  std::printf("f32, loopback TCP, ranks as threads, %d iterations\n", iterations);
+  std::printf("operation   ranks      count  checked   median (us)      min (us)\n");
+  for (pw::Op op : {pw::Op::kAllReduce, pw::Op::kAllGatherV}) {
+    for (int n : {2, 4}) {
+      for (int64_t count : {int64_t{1}, int64_t{1} << 20}) {
+        for (bool checked : {false, true}) pw::Measure(op, n, count, checked, iterations);
+      }
     }
   }
   return 0;

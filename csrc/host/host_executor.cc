@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "csrc/base/spin.h"
+#include "csrc/base/status_macros.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/function_ir/function_ir_wire.h"
 
@@ -71,11 +72,12 @@ uint8_t* AlignedAlloc(int64_t bytes) {
 class HostExecutor::Scratch {
  public:
   ~Scratch() { std::free(data_); }
+  // Null if `bytes` cannot be allocated (a later call may try again).
   uint8_t* Get(int64_t bytes) {
     if (bytes > capacity_) {
       std::free(data_);
       data_ = AlignedAlloc(bytes);
-      capacity_ = bytes;
+      capacity_ = data_ != nullptr ? bytes : 0;
     }
     return data_;
   }
@@ -251,40 +253,155 @@ struct HostExecutor::Peer {
 
 // A cross-host gang's collectives: the local shards meet the other hosts'
 // through the group of the gang's hosts.
+//
+// Agreement. The gang's first collective also carries each host's "cannot
+// run" flag (one more byte of its AllGatherV contribution, or one more
+// element of its AllReduce), so the hosts agree whether every part runs at
+// no extra round: a host whose part cannot run (a failed input, no memory)
+// still makes that first call, through JoinWithoutRunning, with its flag
+// set and no kernel run; every host that can run gets Aborted from that
+// call, and RunLocal ends with it. Every host makes the same calls up to
+// and including that first one, and none makes a later one, so none is left
+// waiting in a collective another host never joins.
 class HostExecutor::GroupCollectives final : public GangCollectives {
  public:
-  GroupCollectives(CollectiveGroup* group, const HostDeviceList* gang, uint32_t tag)
-      : group_(group), gang_(gang), tag_(tag) {}
+  GroupCollectives(CollectiveGroup* group, const HostDeviceList* gang, uint32_t tag, bool cannot_run)
+      : group_(group), gang_(gang), tag_(tag), cannot_run_(cannot_run) {}
+
   absl::Status AllGather(const void* local, void* full, int64_t shard_bytes) override {
+    const bool agree = !agreed_;
+    agreed_ = true;
+    const int64_t flag_bytes = agree ? 1 : 0;
     const size_t n = gang_->host_set.size();
-    std::vector<int64_t> bytes_per_rank(n);
-    int64_t total = 0;
+    bytes_per_rank_.resize(n);
+    const int own_host = gang_->hosts[static_cast<size_t>(gang_->local_positions[0])];
+    int64_t total = 0, own_offset = 0;
     for (size_t r = 0; r < n; ++r) {
-      bytes_per_rank[r] = static_cast<int64_t>(gang_->positions_by_host[r].size()) * shard_bytes;
-      total += bytes_per_rank[r];
+      bytes_per_rank_[r] = static_cast<int64_t>(gang_->positions_by_host[r].size()) * shard_bytes + flag_bytes;
+      if (gang_->host_set[r] < own_host) own_offset += bytes_per_rank_[r];
+      total += bytes_per_rank_[r];
     }
     gathered_.resize(static_cast<size_t>(total));
     const int64_t local_bytes = static_cast<int64_t>(gang_->local_positions.size()) * shard_bytes;
-    if (absl::Status s = group_->AllGatherV(local, local_bytes, gathered_.data(), bytes_per_rank, tag_); !s.ok()) {
-      return s;
+    const uint8_t* in = static_cast<const uint8_t*>(local);
+    if (agree) {  // this host's shards and its flag, in place in its slot
+      if (local_bytes > 0 && local != nullptr) std::memcpy(gathered_.data() + own_offset, local, local_bytes);
+      gathered_[own_offset + local_bytes] = cannot_run_ ? 1 : 0;
+      in = gathered_.data() + own_offset;
+    }
+    PW_RETURN_IF_ERROR(group_->AllGatherV(in, local_bytes + flag_bytes, gathered_.data(), bytes_per_rank_, tag_));
+    if (agree) {
+      bool cannot = false;
+      int64_t end = 0;
+      for (size_t r = 0; r < n; ++r) {
+        end += bytes_per_rank_[r];
+        cannot |= gathered_[end - 1] != 0;
+      }
+      if (cannot) return Aborted();
     }
     // Rank order (hosts) to gang order (positions).
     uint8_t* out = static_cast<uint8_t*>(full);
-    const uint8_t* in = gathered_.data();
+    const uint8_t* from = gathered_.data();
     for (size_t r = 0; r < n; ++r) {
       for (int pos : gang_->positions_by_host[r]) {
-        std::memcpy(out + pos * shard_bytes, in, static_cast<size_t>(shard_bytes));
-        in += shard_bytes;
+        std::memcpy(out + pos * shard_bytes, from, static_cast<size_t>(shard_bytes));
+        from += shard_bytes;
       }
+      from += flag_bytes;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllReduce(DType dtype, ReduceOp op, void* data, int64_t count) override {
+    if (agreed_) return group_->AllReduce(dtype, op, data, count, tag_);
+    agreed_ = true;
+    // One more element: the flag, as a value that the reduction keeps equal
+    // to "can run" only if every host can (sum and max of 0s; min of 1s).
+    const int64_t esize = DTypeSize(dtype);
+    reduced_.resize(static_cast<size_t>((count + 1) * esize));
+    if (count > 0 && data != nullptr) std::memcpy(reduced_.data(), data, static_cast<size_t>(count * esize));
+    const bool can_value = op == ReduceOp::kMin;
+    SetFlag(dtype, reduced_.data() + count * esize, cannot_run_ ? !can_value : can_value);
+    PW_RETURN_IF_ERROR(group_->AllReduce(dtype, op, reduced_.data(), count + 1, tag_));
+    if (FlagIsSet(dtype, reduced_.data() + count * esize) != can_value) return Aborted();
+    if (count > 0 && data != nullptr) std::memcpy(data, reduced_.data(), static_cast<size_t>(count * esize));
+    return absl::OkStatus();
+  }
+
+  // For a host whose part cannot run (made with cannot_run): makes the
+  // function's first collective call, as RunLocal would, with zeros for its
+  // data; OK if the group worked (every host then knows), else its error.
+  absl::Status JoinWithoutRunning(const FunctionExecutable::CollectiveCall& call) {
+    using Kind = FunctionExecutable::CollectiveCall::Kind;
+    if (call.kind == Kind::kAllReduce) {
+      std::vector<uint8_t> zeros(static_cast<size_t>(call.count * DTypeSize(call.dtype)));
+      absl::Status s = AllReduce(call.dtype, call.op, zeros.data(), call.count);
+      return absl::IsAborted(s) ? absl::OkStatus() : s;
+    }
+    if (call.kind == Kind::kAllGather) {
+      const size_t num_local = gang_->local_positions.size();
+      std::vector<uint8_t> zeros(num_local * static_cast<size_t>(call.shard_bytes));
+      std::vector<uint8_t> full(gang_->device_ids.size() * static_cast<size_t>(call.shard_bytes));
+      absl::Status s = AllGather(zeros.data(), full.data(), call.shard_bytes);
+      return absl::IsAborted(s) ? absl::OkStatus() : s;
     }
     return absl::OkStatus();
   }
 
  private:
+  static absl::Status Aborted() { return absl::AbortedError("another host of the gang could not run its part"); }
+  static void SetFlag(DType dtype, uint8_t* slot, bool value) {
+    switch (dtype) {
+      case DType::kF32: {
+        const float v = value ? 1.f : 0.f;
+        std::memcpy(slot, &v, sizeof v);
+        return;
+      }
+      case DType::kF64: {
+        const double v = value ? 1.0 : 0.0;
+        std::memcpy(slot, &v, sizeof v);
+        return;
+      }
+      case DType::kI32: {
+        const int32_t v = value ? 1 : 0;
+        std::memcpy(slot, &v, sizeof v);
+        return;
+      }
+      case DType::kBool:
+        *slot = value ? 1 : 0;
+        return;
+    }
+  }
+  static bool FlagIsSet(DType dtype, const uint8_t* slot) {
+    switch (dtype) {
+      case DType::kF32: {
+        float v;
+        std::memcpy(&v, slot, sizeof v);
+        return v != 0.f;
+      }
+      case DType::kF64: {
+        double v;
+        std::memcpy(&v, slot, sizeof v);
+        return v != 0.0;
+      }
+      case DType::kI32: {
+        int32_t v;
+        std::memcpy(&v, slot, sizeof v);
+        return v != 0;
+      }
+      case DType::kBool:
+        return *slot != 0;
+    }
+    return true;
+  }
+
   CollectiveGroup* group_;
   const HostDeviceList* gang_;
   uint32_t tag_;
-  std::vector<uint8_t> gathered_;
+  const bool cannot_run_;
+  bool agreed_ = false;  // the first call (which carries the flags) is made
+  std::vector<int64_t> bytes_per_rank_;
+  std::vector<uint8_t> gathered_, reduced_;
 };
 
 // ---- HostExecutor ----
@@ -923,6 +1040,12 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scra
   // An input's error passes on as it is (a chain of failed steps does not
   // repeat itself); the part's own is named.
   const bool failed_before = !status.ok();
+  const int num_local = static_cast<int>(gang.local_positions.size());
+  auto local_scratch = [&] { return scratch.Get(exe.local_scratch_bytes(num_local, gang_size)); };
+  auto scratch_error = [&] {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", exe.local_scratch_bytes(num_local, gang_size), " bytes of scratch"));
+  };
   auto run = [&](auto&& body) {
     if (!status.ok()) return;
     std::vector<const void*> ins;
@@ -936,25 +1059,31 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scra
       exe.Run(gang_size, ins, outs, scratch.Get(exe.scratch_bytes(gang_size)));
       return absl::OkStatus();
     });
+  } else if (exe.first_collective().kind == FunctionExecutable::CollectiveCall::Kind::kNone) {
+    // The parts need nothing from each other (elementwise, or cross-shard
+    // ops on constants and positions only): each runs or fails alone.
+    run([&](const std::vector<const void*>& ins, const std::vector<void*>& outs) {
+      uint8_t* local = local_scratch();
+      if (local == nullptr) return scratch_error();
+      return exe.RunLocal(*gang.local, ins, outs, local, nullptr);
+    });
   } else if (auto group = GroupFor(gang); !group.ok()) {
     status.Update(group.status());
   } else {
-    // The gang's hosts first agree whether every part can run: a part that
-    // cannot (a failed input) must not leave the others waiting in a
-    // collective it never joins, which would break their group for good.
-    int32_t cannot = status.ok() ? 0 : 1;
-    if (absl::Status agreed = (*group)->AllReduce(DType::kI32, ReduceOp::kMax, &cannot, 1, part.tag);
-        !agreed.ok()) {
-      status.Update(agreed);
-    } else if (cannot != 0 && status.ok()) {
-      status = absl::AbortedError("another host of the gang could not run its part");
+    // A part that cannot run (a failed input, no scratch) must not leave
+    // the others waiting in a collective it never joins, which would break
+    // their group for good: the hosts agree in the gang's first collective
+    // (see GroupCollectives), with no round of their own.
+    uint8_t* local = status.ok() ? local_scratch() : nullptr;
+    if (status.ok() && local == nullptr) status = scratch_error();
+    GroupCollectives collectives(*group, &gang, part.tag, /*cannot_run=*/!status.ok());
+    if (!status.ok()) {
+      status.Update(collectives.JoinWithoutRunning(exe.first_collective()));
+    } else {
+      run([&](const std::vector<const void*>& ins, const std::vector<void*>& outs) {
+        return exe.RunLocal(*gang.local, ins, outs, local, &collectives);
+      });
     }
-    run([&](const std::vector<const void*>& ins, const std::vector<void*>& outs) {
-      GroupCollectives collectives(*group, &gang, part.tag);
-      const int num_local = static_cast<int>(gang.local_positions.size());
-      return exe.RunLocal(*gang.local, ins, outs, scratch.Get(exe.local_scratch_bytes(num_local, gang_size)),
-                          &collectives);
-    });
   }
   // Simulated compute (pw.simulated_compute): the gang keeps its devices for
   // that long, as in process; this thread is its device's, so it waits.

@@ -14,7 +14,9 @@
 // hosts). Since every host takes gangs in the same order, and a gang's part
 // runs on a thread of its own device (a running part owns its devices, so
 // running parts never outnumber the device threads), a part waiting in a
-// collective never holds a thread an earlier gang needs.
+// collective never holds a thread an earlier gang needs. A part that cannot
+// run still makes its gang's first collective, carrying a "cannot run" flag
+// that makes every host of the gang stop after it (RunPart).
 //
 // Data. A transfer moves each shard from the host of its source device to the
 // host of its destination device: a copy inside a host, else a Gloo message
@@ -151,8 +153,10 @@ class HostExecutor {
   void CountDown(Part* part);
   void DeviceLoop(int device);
   class Scratch;
-  // Runs `part`'s kernels unless `status` says it cannot run (a cross-host
-  // gang's hosts agree on that first); `status` ends as the part's result.
+  // Runs `part`'s kernels unless `status` says it cannot run; `status` ends
+  // as the part's result. A cross-host gang whose function calls collectives
+  // agrees in its first collective whether every host's part runs (see
+  // GroupCollectives); one that calls none runs or fails on each host alone.
   void RunPart(const Part& part, absl::Status& status, Scratch& scratch);
   absl::StatusOr<CollectiveGroup*> GroupFor(const HostDeviceList& list);
   Peer& PeerFor(int host);

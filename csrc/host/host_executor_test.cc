@@ -24,6 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/coordination/host_channel.h"
@@ -126,6 +127,17 @@ IrOr MeanPlusIndexFunction(int gang, int64_t n) {
   PW_ASSIGN_OR_RETURN(const int32_t fi, b.Convert(idx, DType::kF32));
   PW_ASSIGN_OR_RETURN(const int32_t y, b.Binary(OpKind::kAdd, m, fi));
   return b.Build({y});
+}
+
+// all_gather(x) then psum(x) over f32[n]: a function whose first collective
+// is an AllGather (MeanPlusIndexFunction's is its psum's AllReduce).
+IrOr GatherThenSumFunction(int gang, int64_t n) {
+  FunctionBuilder b("gather_then_sum", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF32, {n});
+  PW_ASSIGN_OR_RETURN(const int32_t g, b.AllGather(x, "i", 0));
+  PW_ASSIGN_OR_RETURN(const int32_t s, b.Psum(x, "i"));
+  return b.Build({g, s});
 }
 
 std::shared_ptr<const FunctionExecutable> MustCompile(IrOr ir) {
@@ -1171,6 +1183,98 @@ TEST(HostExecutorTest, ACrossHostGangFailingOnOneHostLeavesTheGroupUsable) {
       for (const wire::FailedBuffer& f : r.failed()) ADD_FAILURE() << f.buffer_id() << ": " << FromWire(f.status());
     }
   }
+}
+
+// The hosts of a cross-host gang agree in its first collective whether
+// every part runs: a host whose input failed still joins that collective
+// (with its "cannot run" flag, running no kernel), so the other host gets
+// Aborted from it instead of waiting for Gloo's timeout (which would end in
+// DeadlineExceeded / Unavailable and break the group). Either host may be
+// the failing one, and the first collective may be an AllReduce (psum) or
+// an AllGather. Afterwards the group works: a good run of the same program
+// gives the whole gang's results.
+TEST(HostExecutorTest, AFailedInputOnOneHostAbortsTheGangInItsFirstCollective) {
+  struct Case {
+    const char* name;
+    IrOr (*trace)(int gang, int64_t n);
+  };
+  for (const Case& c : {Case{"psum first", MeanPlusIndexFunction}, Case{"all_gather first", GatherThenSumFunction}}) {
+    for (int failing : {0, 1}) {
+      SCOPED_TRACE(testing::Message() << c.name << ", input missing on host " << failing);
+      auto cluster = MakeCluster(2, 2);
+      ASSERT_OK(cluster->DefineList(1, {0, 2}));
+      auto exe = cluster->Load(10, c.trace(2, 4));
+      ASSERT_NE(exe, nullptr);
+      const int num_outputs = exe->ir().num_outputs();
+      std::vector<int> outs;
+      for (int i = 0; i < num_outputs; ++i) outs.push_back(1 + i);
+      ASSERT_OK(cluster->LoadProgram(Program(20, 1 + num_outputs, {Compute(10, 1, {0}, outs, 1)})));
+      // Buffer 100 only on the host that does not fail.
+      wire::PutBuffer put;
+      put.set_buffer_id(100);
+      put.set_devices(1);
+      put.set_shard_bytes(16);
+      put.set_data(std::string(16, '\0'));
+      ASSERT_OK(cluster->host(1 - failing).Put(put));
+      ASSERT_OK_AND_ASSIGN(auto replies, cluster->Run(RunOf(20, 100)));
+      ASSERT_EQ(replies.size(), 2u);
+      for (int h = 0; h < 2; ++h) {
+        absl::flat_hash_map<uint64_t, absl::Status> failed = Failed({replies[h]});
+        for (int i = 0; i < num_outputs; ++i) {
+          ASSERT_TRUE(failed.contains(101 + i)) << "host " << h << " output " << i;
+          const absl::Status& status = failed[101 + i];
+          if (h == failing) {
+            EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;  // its own error
+          } else {
+            EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+            EXPECT_TRUE(absl::StrContains(status.message(), "another host of the gang could not run its part"))
+                << status;
+          }
+        }
+      }
+      // The same gang's collectives work afterwards.
+      const Bytes x = ToBytes(Iota<float>(8, 0.5f, 1.25f));
+      ASSERT_OK(cluster->Put(200, 1, x));
+      ASSERT_OK_AND_ASSIGN(auto good, cluster->Run(RunOf(20, 200)));
+      for (const auto& [id, status] : Failed(good)) ADD_FAILURE() << id << ": " << status;
+      const std::vector<Bytes> expected = RunWhole(*exe, 2, {x});
+      for (int i = 0; i < num_outputs; ++i) {
+        ASSERT_OK_AND_ASSIGN(Bytes got, cluster->Fetch(201 + i, 1));
+        EXPECT_EQ(got, expected[i]) << "output " << i;  // sums of these values are exact in any order
+      }
+    }
+  }
+}
+
+// A cross-host gang whose function calls no collective (elementwise) needs
+// nothing from its other hosts: a host whose input failed fails its own
+// shards, and the other host runs its part and completes its shards.
+TEST(HostExecutorTest, AFailedInputOnOneHostOfAGangWithoutCollectivesFailsOnlyThatHost) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 2}));
+  auto exe = cluster->Load(10, AffineFunction(4));
+  ASSERT_NE(exe, nullptr);
+  EXPECT_EQ(exe->first_collective().kind, FunctionExecutable::CollectiveCall::Kind::kNone);
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)})));
+  const std::vector<float> x = {1.f, 2.f, 3.f, 4.f};
+  wire::PutBuffer put;  // buffer 100 on host 1 only (device 2, gang position 1)
+  put.set_buffer_id(100);
+  put.set_devices(1);
+  put.set_shard_bytes(16);
+  put.set_data(std::string(reinterpret_cast<const char*>(x.data()), 16));
+  ASSERT_OK(cluster->host(1).Put(put));
+  ASSERT_OK_AND_ASSIGN(auto replies, cluster->Run(RunOf(20, 100)));
+  ASSERT_EQ(replies.size(), 2u);
+  absl::flat_hash_map<uint64_t, absl::Status> failed0 = Failed({replies[0]});
+  ASSERT_TRUE(failed0.contains(101));
+  EXPECT_EQ(failed0[101].code(), absl::StatusCode::kNotFound) << failed0[101];
+  EXPECT_TRUE(Failed({replies[1]}).empty());
+  ASSERT_OK_AND_ASSIGN(std::string shard, cluster->FetchFrom(1, 101));
+  EXPECT_EQ(FromBytes<float>(Bytes(shard.begin(), shard.end())), (std::vector<float>{3.f, 5.f, 7.f, 9.f}));
+  // A good run afterwards.
+  ASSERT_OK(cluster->Put(200, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+  ASSERT_OK_AND_ASSIGN(auto good, cluster->Run(RunOf(20, 200)));
+  EXPECT_TRUE(Failed(good).empty());
 }
 
 // Was a bug, now fixed (LoadProgram / Run / Put / StartTransfer): shard_bytes is only checked

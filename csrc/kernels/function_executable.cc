@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -657,6 +658,41 @@ bool IsCrossShardKind(OpKind kind) {
   }
 }
 
+// How RunLocal reduces a cross-shard op's local results across hosts when
+// the op is a reduction (psum, pmean, pmax, pmin), else nothing: the op
+// gathers its operand instead. psum of bool is a logical or (see Psum).
+std::optional<ReduceOp> HostReduction(OpKind kind, DType dtype) {
+  switch (kind) {
+    case OpKind::kPsum:
+      return dtype == DType::kBool ? ReduceOp::kMax : ReduceOp::kSum;
+    case OpKind::kPmean:
+      return ReduceOp::kSum;  // of float64 sums
+    case OpKind::kPmax:
+      return ReduceOp::kMax;
+    case OpKind::kPmin:
+      return ReduceOp::kMin;
+    default:
+      return std::nullopt;
+  }
+}
+
+// pmean on a partial gang, before and after the hosts' AllReduce: `sums`
+// gets this host's float64 sums of its shards (in order) of `x`; then `out`
+// (one shard) gets the gang's sums divided by `gang_size`, as Pcollective.
+template <typename T>
+void LocalMeanSums(int num_shards, int64_t n, View x, double* sums) {
+  const T* px = static_cast<const T*>(x.data);
+  for (int64_t j = 0; j < n; ++j) {
+    double acc = 0;
+    for (int s = 0; s < num_shards; ++s) acc += static_cast<double>(px[s * x.shard_stride + j * x.elem_stride]);
+    sums[j] = acc;
+  }
+}
+template <typename T>
+void MeanFromSums(int gang_size, int64_t n, const double* sums, T* out) {
+  for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(sums[j] / gang_size);
+}
+
 // The transpose of take for one shard: out [outer, dim, inner] is zeroed,
 // then updates [outer, num_indices, inner] are added at the clipped indices.
 template <typename T>
@@ -891,8 +927,9 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     exe->scratch_per_shard_ = std::max(exe->scratch_per_shard_, offset + size);
   }
 
-  // RunLocal's full-gang temporaries (see gang_temp_per_shard_). axis_index
-  // reads no operand and writes the local shards directly.
+  // RunLocal's full-gang temporaries (see gang_temp_per_shard_) and its
+  // first call to its collectives. axis_index reads no operand and writes
+  // the local shards directly.
   for (int32_t v = 0; v < num_ops; ++v) {
     const Op& op = ops[v];
     if (!IsCrossShardKind(op.kind) || op.kind == OpKind::kAxisIndex) continue;
@@ -900,7 +937,17 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     const int64_t in_bytes = in.kind == OpKind::kConstant ? 0 : RoundUp(in.type.num_bytes());
     exe->gang_temp_per_shard_ =
         std::max(exe->gang_temp_per_shard_, in_bytes + RoundUp(op.type.num_bytes()));
-    if (in_bytes > 0) exe->gathers_ = true;
+    if (in_bytes == 0 || exe->first_collective_.kind != CollectiveCall::Kind::kNone) continue;
+    CollectiveCall& call = exe->first_collective_;
+    if (std::optional<ReduceOp> reduce = HostReduction(op.kind, op.type.dtype)) {
+      call.kind = CollectiveCall::Kind::kAllReduce;
+      call.op = *reduce;
+      call.dtype = op.kind == OpKind::kPmean ? DType::kF64 : op.type.dtype;
+      call.count = op.type.num_elements();
+    } else {
+      call.kind = CollectiveCall::Kind::kAllGather;
+      call.shard_bytes = in.type.num_bytes();
+    }
   }
 
   // Broadcast plans for ops with an operand that is neither a scalar nor of
@@ -1062,9 +1109,10 @@ absl::Status FunctionExecutable::RunLocal(const LocalShards& local,
         absl::StrCat("run: @", ir_->name(), " was traced for ", ir_->axis_size(),
                      " shards, got a gang of ", local.gang_size()));
   }
-  if (collectives == nullptr && gathers_ && !local.whole_gang()) {
+  if (collectives == nullptr && first_collective_.kind != CollectiveCall::Kind::kNone &&
+      !local.whole_gang()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "run: @", ir_->name(), " gathers values over the gang, which has ", local.gang_size(),
+        "run: @", ir_->name(), " needs collectives over the gang, which has ", local.gang_size(),
         " shards of which ", local.num_local(), " are local, and no collectives were given"));
   }
   return RunShards(local.num_local(), &local, collectives, inputs, outputs, scratch);
@@ -1146,11 +1194,37 @@ absl::Status FunctionExecutable::RunShards(int num_shards, const LocalShards* lo
         run_cross_shard(num_shards, x, out);
         continue;
       }
+      const int gang = local->gang_size();
+      const int64_t in_bytes = ops[op.operands[0]].type.num_bytes();
+      if (const std::optional<ReduceOp> reduce = HostReduction(op.kind, op.type.dtype);
+          reduce.has_value() && x.shard_stride != 0 && n > 0) {
+        // Only some shards are here, and the op is a reduction: reduce the
+        // local shards into this host's first row, that row across hosts,
+        // then copy it to the other local rows.
+        if (op.kind == OpKind::kPmean) {
+          double* sums = reinterpret_cast<double*>(gang_temp);  // 8n bytes fit (see Compile)
+          DispatchDType(op.type.dtype, [&](auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            LocalMeanSums<T>(num_shards, n, x, sums);
+          });
+          PW_RETURN_IF_ERROR(collectives->AllReduce(DType::kF64, ReduceOp::kSum, sums, n));
+          DispatchDType(op.type.dtype, [&](auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            MeanFromSums<T>(gang, n, sums, static_cast<T*>(out));
+          });
+        } else {
+          RunCrossShardKernel(op, ops[op.operands[0]].type.dims, nullptr, num_shards, x, out);
+          PW_RETURN_IF_ERROR(collectives->AllReduce(op.type.dtype, *reduce, out, n));
+        }
+        const int64_t out_bytes = op.type.num_bytes();
+        for (int s = 1; s < num_shards; ++s) {
+          std::memcpy(static_cast<uint8_t*>(out) + s * out_bytes, out, out_bytes);
+        }
+        continue;
+      }
       // Only some shards are here: gather the operand over the gang, run the
       // kernel over the whole gang (same order of operations as Run() over
       // it, so the same bits), keep the local rows.
-      const int gang = local->gang_size();
-      const int64_t in_bytes = ops[op.operands[0]].type.num_bytes();
       View full = x;  // a constant (shard_stride 0) is already every shard's value
       if (x.shard_stride != 0 && in_bytes > 0) {
         PW_RETURN_IF_ERROR(collectives->AllGather(x.data, gang_temp, in_bytes));

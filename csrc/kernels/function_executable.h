@@ -14,10 +14,12 @@
 //
 // When a gang spans several host processes, each host holds only some of its
 // shards and runs them with RunLocal(): ops within a shard run exactly as in
-// Run(), and a cross-shard op first gathers its operand over the whole gang
-// through GangCollectives (which the host implements over Gloo), then runs
-// the same kernel over all shards and keeps this host's rows, so every host
-// computes bit-identical results to Run() over the whole gang.
+// Run(). The reductions (psum, pmean, pmax, pmin) are hierarchical: the host
+// reduces its local shards in-process, reduces that one value per host across
+// the gang's hosts through GangCollectives (which the host implements over
+// Gloo), and copies the result to its local shards. The other cross-shard
+// ops gather their operand over the whole gang, run the same kernel over all
+// shards and keep this host's rows, bit-identical to Run().
 
 #include <cstdint>
 #include <memory>
@@ -28,6 +30,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "csrc/base/dtype.h"
+#include "csrc/base/reduce_op.h"
 #include "csrc/function_ir/function_ir.h"
 #include "csrc/kernels/data_movement.h"
 
@@ -69,9 +73,18 @@ class GangCollectives {
   // order, `shard_bytes` each, contiguous); fills `full` (gang_size *
   // shard_bytes bytes, not overlapping `local`) with all the gang's shards in
   // gang order. The local shards' slots of `full` may be written too. Both
-  // pointers are only used during the call. An error (peer lost, timeout)
-  // ends the RunLocal() that called it with that same status.
+  // pointers are only used during the call. An error (peer lost, timeout, or
+  // an implementation's own reason such as "another host cannot run") ends
+  // the RunLocal() that called it with that same status.
   virtual absl::Status AllGather(const void* local, void* full, int64_t shard_bytes) = 0;
+
+  // In place: `data` holds `count` elements of `dtype`, this host's
+  // reduction of its local shards, and receives the reduction by `op` over
+  // the gang's hosts, the same bits on every host. The order in which hosts'
+  // values are combined is the implementation's (floating-point sums may
+  // differ in their last bits from a sum in gang order). Never kSum of bool.
+  // `data` is only used during the call; errors as AllGather's.
+  virtual absl::Status AllReduce(DType dtype, ReduceOp op, void* data, int64_t count) = 0;
 };
 
 class FunctionExecutable {
@@ -129,24 +142,45 @@ class FunctionExecutable {
 
   // Runs this host's shards of one gang: as Run() with num_shards =
   // local.num_local(), inputs and outputs holding only the local shards
-  // (shard-major, in local order). Cross-shard ops (psum, pmean, pmax, pmin,
-  // all_gather, ppermute, all_to_all, psum_scatter) gather their operand from
-  // the whole gang with collectives->AllGather, one call per such op whose
-  // operand is neither a constant (the same on every shard) nor empty, in op
-  // order; axis_index gives each shard its gang position. The results are
-  // bit-identical to the local shards' rows of Run() over the whole gang.
-  // When local.whole_gang() nothing is gathered and `collectives` may be
-  // null. `scratch` has at least local_scratch_bytes(num_local, gang_size)
-  // bytes, 64-byte aligned; `collectives` must outlive the call.
+  // (shard-major, in local order). Every cross-shard op whose operand is
+  // neither a constant (the same on every shard) nor empty makes one call to
+  // `collectives`, in op order: psum, pmax and pmin reduce the local shards
+  // in-process (in gang order), then collectives->AllReduce (kSum; kMax for
+  // a psum of bool, which is a logical or); pmean sums the local shards in
+  // float64 and AllReduces those sums (as Run(), which sums in float64, then
+  // divides by the gang size); all_gather, ppermute, all_to_all and
+  // psum_scatter gather their operand from the whole gang with
+  // collectives->AllGather. axis_index gives each shard its gang position.
+  // Results equal the local shards' rows of Run() over the whole gang bit
+  // for bit, except that floating-point psum and pmean add in another order
+  // (local shards, then hosts): their last bits may differ. When
+  // local.whole_gang() nothing is called and `collectives` may be null.
+  // `scratch` has at least local_scratch_bytes(num_local, gang_size) bytes,
+  // 64-byte aligned; `collectives` must outlive the call.
   //
   // InvalidArgument if the function was traced for another axis size than
-  // the gang's, or if `collectives` is null when a gather is needed (checked
-  // before any op runs). An error from AllGather is returned as it is, at
+  // the gang's, or if `collectives` is null when a call is needed (checked
+  // before any op runs, so every host of a gang fails alike and none calls
+  // `collectives`). An error from `collectives` is returned as it is, at
   // once; the outputs are then undefined. Thread-safe as Run(); allocates
   // nothing itself.
   absl::Status RunLocal(const LocalShards& local, absl::Span<const void* const> inputs,
                         absl::Span<void* const> outputs, void* scratch,
                         GangCollectives* collectives) const;
+
+  // The first call RunLocal() makes to its GangCollectives on a partial gang
+  // (the same on every host of the gang, and on every partial layout of it),
+  // so a host that cannot run its part can still make that call, and its
+  // peers are not left waiting in it (see HostExecutor::RunPart).
+  struct CollectiveCall {
+    enum class Kind : uint8_t { kNone, kAllGather, kAllReduce };
+    Kind kind = Kind::kNone;  // kNone: the function calls no collective
+    int64_t shard_bytes = 0;  // kAllGather: AllGather's shard_bytes
+    DType dtype = DType::kF32;  // kAllReduce: AllReduce's arguments
+    ReduceOp op = ReduceOp::kSum;
+    int64_t count = 0;
+  };
+  const CollectiveCall& first_collective() const { return first_collective_; }
 
   // How the operands of one op broadcast against its result when some
   // operand is neither of the result's shape nor a scalar (numpy
@@ -204,10 +238,10 @@ class FunctionExecutable {
   int64_t tile_bytes_ = 0;            // the tile buffers, once per gang, after the shards' scratch
   // RunLocal(): per gang shard, the most any cross-shard op needs for its
   // gathered operand (RoundUp of its bytes; 0 for a constant) plus its
-  // result (RoundUp), after the tiles. gathers_: some op gathers a nonempty
-  // operand, so a partial gang needs its GangCollectives.
+  // result (RoundUp), after the tiles; a pmean's float64 sums fit there too.
   int64_t gang_temp_per_shard_ = 0;
-  bool gathers_ = false;
+  // Its kind is kNone unless a partial gang needs its GangCollectives.
+  CollectiveCall first_collective_;
 };
 
 }  // namespace pw

@@ -11,6 +11,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -1009,13 +1010,15 @@ IrOr PsumFunction(int gang) {
   const int32_t k = b.Parameter(DType::kI32, {5});  // large values: the sum wraps
   const int32_t s = b.Parameter(DType::kF64, {});
   const int32_t e = b.Parameter(DType::kF32, {0});  // nothing to gather
+  const int32_t q = b.Parameter(DType::kBool, {3});  // psum of bool: counts, in int32
   PW_ASSIGN_OR_RETURN(const int32_t c, b.Constant(DType::kF32, {2}, Bytes<float>({0.1f, -3})));
   PW_ASSIGN_OR_RETURN(const int32_t px, b.Psum(x, "i"));
   PW_ASSIGN_OR_RETURN(const int32_t pk, b.Psum(k, "i"));
   PW_ASSIGN_OR_RETURN(const int32_t ps, b.Psum(s, "i"));
   PW_ASSIGN_OR_RETURN(const int32_t pe, b.Psum(e, "i"));
   PW_ASSIGN_OR_RETURN(const int32_t pc, b.Psum(c, "i"));
-  return b.Build({px, pk, ps, pe, pc});
+  PW_ASSIGN_OR_RETURN(const int32_t pq, b.Psum(q, "i"));
+  return b.Build({px, pk, ps, pe, pc, pq});
 }
 
 IrOr PmeanPmaxPminFunction(int gang) {
@@ -1024,9 +1027,11 @@ IrOr PmeanPmaxPminFunction(int gang) {
   const int32_t x = b.Parameter(DType::kF32, {4});
   const int32_t k = b.Parameter(DType::kI32, {3});
   const int32_t d = b.Parameter(DType::kF64, {2, 2});
+  const int32_t q = b.Parameter(DType::kBool, {3});
   std::vector<int32_t> outs;
   for (OpKind kind : {OpKind::kPmean, OpKind::kPmax, OpKind::kPmin}) {
-    for (int32_t v : {x, k, d}) {
+    for (int32_t v : {x, k, d, q}) {
+      if (kind == OpKind::kPmean && v == q) continue;  // no pmean of bool
       PW_ASSIGN_OR_RETURN(const int32_t r, b.Pcollective(kind, v, "i"));
       outs.push_back(r);
     }
@@ -1202,28 +1207,42 @@ std::vector<uint8_t> Rows(const std::vector<uint8_t>& gang_value, int64_t shard_
   return rows;
 }
 
-// The hosts of one gang as threads of this process. AllGather is a barrier
-// per call: each host posts its local shards, waits for every host's,
-// copies them all into `full`, then waits again so no host reuses its
-// buffer before the others have read it. A host that waits 10 s breaks the
-// gang: every waiting and later call fails (DeadlineExceeded), so a host
-// that skips a call fails the test instead of hanging it.
+// The hosts of one gang as threads of this process. Each call is a barrier:
+// each host posts its data, waits for every host's, reads them all (AllGather
+// copies every host's shards into `full`; AllReduce reduces the hosts' values
+// in host order into a buffer of its own, then copies that into `data`),
+// then waits again so no host reuses its buffer before the others have read
+// it. Hosts making different calls (kind or sizes) get InternalError. A host
+// that waits 10 s breaks the gang: every waiting and later call fails
+// (DeadlineExceeded), so a host that skips a call fails the test instead of
+// hanging it.
 class ThreadedGang {
  public:
+  // The largest AllReduce, in bytes (its result buffers are made up front,
+  // so calls allocate nothing).
+  static constexpr int64_t kMaxReduceBytes = 1 << 16;
+
   explicit ThreadedGang(std::vector<std::vector<int>> hosts)
       : hosts_(std::move(hosts)),
         posted_(hosts_.size()),
         posted_bytes_(hosts_.size()),
-        calls_(hosts_.size()) {
+        calls_(hosts_.size()),
+        reduce_calls_(hosts_.size()) {
     for (size_t h = 0; h < hosts_.size(); ++h) members_.emplace_back(this, static_cast<int>(h));
+    reduced_.assign(hosts_.size(), std::vector<uint8_t>(kMaxReduceBytes));
   }
 
   GangCollectives* collectives(int host) { return &members_[host]; }
 
-  // AllGather calls made by `host` so far.
+  // Calls (AllGather and AllReduce) made by `host` so far.
   int64_t calls(int host) {
     MutexLock lock(&mu_);
     return calls_[host];
+  }
+  // AllReduce calls made by `host` so far.
+  int64_t reduce_calls(int host) {
+    MutexLock lock(&mu_);
+    return reduce_calls_[host];
   }
 
  private:
@@ -1233,24 +1252,90 @@ class ThreadedGang {
     absl::Status AllGather(const void* local, void* full, int64_t shard_bytes) override {
       return gang_->AllGather(host_, local, full, shard_bytes);
     }
+    absl::Status AllReduce(DType dtype, ReduceOp op, void* data, int64_t count) override {
+      return gang_->AllReduce(host_, dtype, op, data, count);
+    }
 
    private:
     ThreadedGang* gang_;
     int host_;
   };
 
+  // What a call is, for checking that every host makes the same one.
+  static int64_t Signature(bool reduce, DType dtype, ReduceOp op, int64_t size) {
+    return reduce ? -(size * 64 + static_cast<int64_t>(dtype) * 8 + static_cast<int64_t>(op) + 1) : size;
+  }
+
+  absl::Status CheckSignaturesLocked(int host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t h = 0; h < hosts_.size(); ++h) {
+      if (posted_bytes_[h] != posted_bytes_[host]) {
+        return absl::InternalError(absl::StrCat("host ", h, " makes call ", posted_bytes_[h], ", host ", host,
+                                                " call ", posted_bytes_[host]));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename T>
+  static T Combine(ReduceOp op, T a, T b) {
+    if constexpr (std::is_same_v<T, bool>) {
+      return op == ReduceOp::kMax ? (a || b) : (a && b);
+    } else if constexpr (std::is_same_v<T, int32_t>) {
+      if (op == ReduceOp::kSum) return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+      return op == ReduceOp::kMax ? std::max(a, b) : std::min(a, b);
+    } else {
+      if (op == ReduceOp::kSum) return a + b;
+      if (a != a || b != b) return a != a ? a : b;  // NOLINT: NaN wins
+      return op == ReduceOp::kMax ? std::max(a, b) : std::min(a, b);
+    }
+  }
+
+  absl::Status AllReduce(int host, DType dtype, ReduceOp op, void* data, int64_t count) {
+    MutexLock lock(&mu_);
+    ++calls_[host];
+    ++reduce_calls_[host];
+    posted_[host] = data;
+    posted_bytes_[host] = Signature(true, dtype, op, count);
+    PW_RETURN_IF_ERROR(BarrierLocked());
+    PW_RETURN_IF_ERROR(CheckSignaturesLocked(host));
+    if (dtype == DType::kBool && op == ReduceOp::kSum) return absl::InternalError("AllReduce: sum of bool");
+    if (count * DTypeSize(dtype) > kMaxReduceBytes) return absl::InternalError("AllReduce: too large for the test");
+    uint8_t* result = reduced_[host].data();
+    auto reduce = [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      T* r = reinterpret_cast<T*>(result);
+      for (int64_t j = 0; j < count; ++j) {
+        r[j] = static_cast<const T*>(posted_[0])[j];
+        for (size_t h = 1; h < hosts_.size(); ++h) r[j] = Combine<T>(op, r[j], static_cast<const T*>(posted_[h])[j]);
+      }
+    };
+    switch (dtype) {
+      case DType::kF32:
+        reduce(static_cast<float*>(nullptr));
+        break;
+      case DType::kF64:
+        reduce(static_cast<double*>(nullptr));
+        break;
+      case DType::kI32:
+        reduce(static_cast<int32_t*>(nullptr));
+        break;
+      case DType::kBool:
+        reduce(static_cast<bool*>(nullptr));
+        break;
+    }
+    PW_RETURN_IF_ERROR(BarrierLocked());
+    if (count > 0) std::memcpy(data, result, count * DTypeSize(dtype));
+    return absl::OkStatus();
+  }
+
   absl::Status AllGather(int host, const void* local, void* full, int64_t shard_bytes) {
     MutexLock lock(&mu_);
     ++calls_[host];
     posted_[host] = local;
-    posted_bytes_[host] = shard_bytes;
+    posted_bytes_[host] = Signature(false, DType::kF32, ReduceOp::kSum, shard_bytes);
     PW_RETURN_IF_ERROR(BarrierLocked());
+    PW_RETURN_IF_ERROR(CheckSignaturesLocked(host));
     for (size_t h = 0; h < hosts_.size(); ++h) {
-      if (posted_bytes_[h] != shard_bytes) {
-        return absl::InternalError(absl::StrCat("host ", h, " gathers ", posted_bytes_[h],
-                                                " bytes per shard, host ", host, " ",
-                                                shard_bytes));
-      }
       const auto* src = static_cast<const uint8_t*>(posted_[h]);
       for (size_t k = 0; k < hosts_[h].size(); ++k) {
         std::memcpy(static_cast<uint8_t*>(full) + hosts_[h][k] * shard_bytes,
@@ -1286,8 +1371,10 @@ class ThreadedGang {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<const void*> posted_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> posted_bytes_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> posted_bytes_ ABSL_GUARDED_BY(mu_);  // each host's call's Signature
   std::vector<int64_t> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> reduce_calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<uint8_t>> reduced_;  // per host: its AllReduce result
 };
 
 // What one host runs: its local shards' inputs, outputs and scratch, all
@@ -1319,16 +1406,73 @@ struct HostRun {
     status = exe.RunLocal(local, in, out, scratch.data(), collectives);
   }
 
-  // Every output byte equals the rows of this host's positions in `gang`.
-  void ExpectOutputsAre(const FunctionExecutable& exe,
-                        const std::vector<std::vector<uint8_t>>& gang) const {
+  // Every output byte equals the rows of this host's positions in `gang`,
+  // except in the outputs that `near` marks (floating point, computed from a
+  // float psum or pmean: RunLocal adds in another order than Run()), which
+  // must be within a tight tolerance of them.
+  void ExpectOutputsAre(const FunctionExecutable& exe, const std::vector<std::vector<uint8_t>>& gang,
+                        const std::vector<bool>& near = {}) const {
     ASSERT_TRUE(status.ok()) << status;
     for (int i = 0; i < exe.ir().num_outputs(); ++i) {
-      EXPECT_TRUE(outputs[i] == Rows(gang[i], exe.output_bytes(i), local.positions()))
-          << "output " << i << " (" << exe.ir().output_type(i).ToString() << ")";
+      const std::vector<uint8_t> want = Rows(gang[i], exe.output_bytes(i), local.positions());
+      const DType dtype = exe.ir().output_type(i).dtype;
+      if (i < static_cast<int>(near.size()) && near[i]) {
+        if (dtype == DType::kF32) {
+          ExpectNormwiseNear<float>(outputs[i], want, 1e-5, i);
+          continue;
+        }
+        if (dtype == DType::kF64) {
+          ExpectNormwiseNear<double>(outputs[i], want, 1e-12, i);
+          continue;
+        }
+      }
+      EXPECT_TRUE(outputs[i] == want) << "output " << i << " (" << exe.ir().output_type(i).ToString() << ")";
+    }
+  }
+
+  // |got - want| <= rtol * max |want| elementwise (NaN only where want is).
+  template <typename T>
+  static void ExpectNormwiseNear(const std::vector<uint8_t>& got_bytes, const std::vector<uint8_t>& want_bytes,
+                                 double rtol, int output) {
+    ASSERT_EQ(got_bytes.size(), want_bytes.size());
+    std::vector<T> got(got_bytes.size() / sizeof(T)), want(got.size());
+    std::memcpy(got.data(), got_bytes.data(), got_bytes.size());
+    std::memcpy(want.data(), want_bytes.data(), want_bytes.size());
+    double scale = 0;
+    for (T w : want) scale = std::isnan(w) ? scale : std::max(scale, std::abs(static_cast<double>(w)));
+    for (size_t j = 0; j < got.size(); ++j) {
+      if (std::isnan(want[j])) {
+        EXPECT_TRUE(std::isnan(got[j])) << "output " << output << " element " << j;
+        continue;
+      }
+      EXPECT_LE(std::abs(static_cast<double>(got[j]) - static_cast<double>(want[j])), rtol * scale)
+          << "output " << output << " element " << j << ": " << got[j] << " vs " << want[j];
     }
   }
 };
+
+// Per output of `ir`: whether it is floating point and depends on a psum or
+// pmean of a non-constant float operand, whose sum a partial gang adds in
+// another order (local shards, then hosts) than Run().
+std::vector<bool> AfterFloatSums(const FunctionIr& ir) {
+  const absl::Span<const Op> ops = ir.ops();
+  std::vector<bool> after(ops.size(), false);
+  for (size_t v = 0; v < ops.size(); ++v) {
+    const Op& op = ops[v];
+    for (int32_t u : op.operands) after[v] = after[v] || after[u];
+    if ((op.kind == OpKind::kPsum || op.kind == OpKind::kPmean) &&
+        ops[op.operands[0]].kind != OpKind::kConstant &&
+        (op.type.dtype == DType::kF32 || op.type.dtype == DType::kF64)) {
+      after[v] = true;
+    }
+  }
+  std::vector<bool> outputs;
+  for (int i = 0; i < ir.num_outputs(); ++i) {
+    const DType dtype = ir.output_type(i).dtype;
+    outputs.push_back(after[ir.outputs()[i]] && (dtype == DType::kF32 || dtype == DType::kF64));
+  }
+  return outputs;
+}
 
 LocalShards MustLocalShards(int gang_size, std::vector<int> positions) {
   auto local = LocalShards::Create(gang_size, std::move(positions));
@@ -1353,8 +1497,13 @@ std::vector<GangSplit> GangSplits() {
 
 // Every function, split over hosts that each run RunLocal on a thread of
 // their own, gives each host exactly (byte for byte) its rows of Run() over
-// the whole gang. Nothing allocates while the hosts run.
-TEST(FunctionExecutableRunLocalTest, HostsMatchTheWholeGangBitForBit) {
+// the whole gang, except float values computed from a float psum or pmean:
+// RunLocal reduces the local shards first, then across hosts, so those sums
+// add in another order and may differ in their last bits; they must be
+// within a tight tolerance (1e-5 of the output's largest magnitude for f32,
+// 1e-12 for f64). Integer, bool, max and min results and every gather stay
+// bit for bit. Nothing allocates while the hosts run.
+TEST(FunctionExecutableRunLocalTest, HostsMatchTheWholeGang) {
   for (const GangSplit& split : GangSplits()) {
     for (const GangFunction& f : kGangFunctions) {
       std::string hosts_text;
@@ -1387,11 +1536,22 @@ TEST(FunctionExecutableRunLocalTest, HostsMatchTheWholeGangBitForBit) {
       go = true;
       for (std::thread& t : threads) t.join();
       EXPECT_EQ(StopCountingAllocations(), 0);
+      const std::vector<bool> near = AfterFloatSums(exe->ir());
       for (size_t h = 0; h < hosts.size(); ++h) {
         SCOPED_TRACE(testing::Message() << "host " << h);
-        hosts[h].ExpectOutputsAre(*exe, expected);
+        hosts[h].ExpectOutputsAre(*exe, expected, near);
         EXPECT_EQ(gang.calls(static_cast<int>(h)), gang.calls(0));
+        EXPECT_EQ(gang.reduce_calls(static_cast<int>(h)), gang.reduce_calls(0));
       }
+      int reductions = 0;  // cross-shard reductions of a non-constant, nonempty operand
+      for (const Op& op : exe->ir().ops()) {
+        if ((op.kind == OpKind::kPsum || op.kind == OpKind::kPmean || op.kind == OpKind::kPmax ||
+             op.kind == OpKind::kPmin) &&
+            exe->ir().ops()[op.operands[0]].kind != OpKind::kConstant && op.type.num_elements() > 0) {
+          ++reductions;
+        }
+      }
+      EXPECT_EQ(gang.reduce_calls(0), reductions);  // one AllReduce per reduction, no gather
       if (std::string(f.name) == "constant_collectives" || std::string(f.name) == "axis_index") {
         EXPECT_EQ(gang.calls(0), 0);  // constants and positions need nothing from other hosts
       } else {
@@ -1423,11 +1583,15 @@ TEST(FunctionExecutableRunLocalTest, WholeGangNeedsNoCollectives) {
   }
 }
 
-// Returns `status` from every AllGather, counting the calls.
+// Returns `status` from every call, counting the calls.
 class FailingCollectives : public GangCollectives {
  public:
   explicit FailingCollectives(absl::Status status) : status_(std::move(status)) {}
   absl::Status AllGather(const void*, void*, int64_t) override {
+    ++calls_;
+    return status_;
+  }
+  absl::Status AllReduce(DType, ReduceOp, void*, int64_t) override {
     ++calls_;
     return status_;
   }
@@ -1438,7 +1602,7 @@ class FailingCollectives : public GangCollectives {
   int calls_ = 0;
 };
 
-TEST(FunctionExecutableRunLocalTest, GatherErrorEndsTheRun) {
+TEST(FunctionExecutableRunLocalTest, CollectiveErrorEndsTheRun) {
   auto exe = MustCompile(MixedFunction(4));
   ASSERT_NE(exe, nullptr);
   const absl::Status lost = absl::UnavailableError("host 1 of the gang is gone");
@@ -1446,7 +1610,7 @@ TEST(FunctionExecutableRunLocalTest, GatherErrorEndsTheRun) {
   HostRun host(*exe, MustLocalShards(4, {0, 2}), GangInputs(*exe, 4));
   host.Run(*exe, &collectives);
   EXPECT_EQ(host.status, lost);
-  EXPECT_EQ(collectives.calls(), 1);  // stopped at the first gather
+  EXPECT_EQ(collectives.calls(), 1);  // stopped at the first collective (its psum's AllReduce)
 }
 
 TEST(FunctionExecutableRunLocalTest, PartialGangWithoutCollectives) {
@@ -1506,6 +1670,105 @@ TEST(FunctionExecutableRunLocalTest, LocalScratchCoversTheGangTemporaries) {
   // Per gang shard: the operand's 24 bytes and the result's 96, each
   // rounded up to 64-byte pieces.
   EXPECT_EQ(exe->local_scratch_bytes(2, 4), exe->scratch_bytes(2) + (64 + 128) * 4);
+}
+
+// A float psum on a partial gang adds each host's shards in gang order,
+// then the hosts' sums (here the test gang's host order): exactly
+// (x0 + x2) + (x1 + x3) for hosts {0, 2} and {1, 3}, which differs from
+// Run()'s ((x0 + x1) + x2) + x3 in its last bits for these values.
+TEST(FunctionExecutableRunLocalTest, PsumReducesLocalShardsThenHosts) {
+  FunctionBuilder b("psum_f32", "i");
+  ASSERT_TRUE(b.SetAxisSize(4).ok());
+  const int32_t x = b.Parameter(DType::kF32, {});
+  auto px = b.Psum(x, "i");
+  ASSERT_TRUE(px.ok()) << px.status();
+  auto exe = MustCompile(b.Build({*px}));
+  ASSERT_NE(exe, nullptr);
+  const std::vector<float> xs = {1.0f, 1e8f, 3.0f, -1e8f};
+  const std::vector<std::vector<uint8_t>> inputs = {Bytes(xs)};
+  const float whole = Values<float>(RunGang(*exe, 4, inputs)[0])[0];
+  const float hierarchical = (xs[0] + xs[2]) + (xs[1] + xs[3]);
+  ASSERT_NE(whole, hierarchical);  // the values make the order visible
+  ThreadedGang gang({{0, 2}, {1, 3}});
+  std::deque<HostRun> hosts;
+  hosts.emplace_back(*exe, MustLocalShards(4, {0, 2}), inputs);
+  hosts.emplace_back(*exe, MustLocalShards(4, {1, 3}), inputs);
+  std::thread other([&] { hosts[1].Run(*exe, gang.collectives(1)); });
+  hosts[0].Run(*exe, gang.collectives(0));
+  other.join();
+  for (HostRun& host : hosts) {
+    ASSERT_TRUE(host.status.ok()) << host.status;
+    EXPECT_EQ(Values<float>(host.outputs[0]), std::vector<float>(2, hierarchical));
+  }
+  EXPECT_EQ(gang.calls(0), 1);
+  EXPECT_EQ(gang.reduce_calls(0), 1);
+}
+
+// first_collective(): what a partial gang's first call to its collectives
+// is (a host that cannot run makes just that call), and RunLocal's first
+// call is indeed that one.
+TEST(FunctionExecutableRunLocalTest, FirstCollectiveIsRunLocalsFirstCall) {
+  using Kind = FunctionExecutable::CollectiveCall::Kind;
+  struct Case {
+    IrOr (*trace)(int gang);
+    Kind kind;
+    DType dtype;
+    ReduceOp op;
+    int64_t size;  // count or shard_bytes
+  };
+  const Case cases[] = {
+      {PsumFunction, Kind::kAllReduce, DType::kF32, ReduceOp::kSum, 6},
+      {PmeanPmaxPminFunction, Kind::kAllReduce, DType::kF64, ReduceOp::kSum, 4},  // pmean's float64 sums
+      {AllGatherFunction, Kind::kAllGather, DType::kF32, ReduceOp::kSum, 24},
+      {MixedFunction, Kind::kAllReduce, DType::kF32, ReduceOp::kSum, 40 * 8},
+      {AxisIndexFunction, Kind::kNone, DType::kF32, ReduceOp::kSum, 0},
+      {ConstantCollectivesFunction, Kind::kNone, DType::kF32, ReduceOp::kSum, 0},
+  };
+  for (const Case& c : cases) {
+    auto exe = MustCompile(c.trace(4));
+    ASSERT_NE(exe, nullptr);
+    SCOPED_TRACE(exe->ir().name());
+    const FunctionExecutable::CollectiveCall& call = exe->first_collective();
+    EXPECT_EQ(call.kind, c.kind);
+    if (c.kind == Kind::kAllReduce) {
+      EXPECT_EQ(call.dtype, c.dtype);
+      EXPECT_EQ(call.op, c.op);
+      EXPECT_EQ(call.count, c.size);
+    } else if (c.kind == Kind::kAllGather) {
+      EXPECT_EQ(call.shard_bytes, c.size);
+    }
+    // RunLocal's first call, seen by a recorder that then fails the run.
+    struct Recorder : GangCollectives {
+      absl::Status AllGather(const void*, void*, int64_t shard_bytes) override {
+        if (calls++ == 0) first = {Kind::kAllGather, shard_bytes};
+        return absl::CancelledError("recorded");
+      }
+      absl::Status AllReduce(DType dtype, ReduceOp op, void*, int64_t count) override {
+        if (calls++ == 0) first = {Kind::kAllReduce, 0, dtype, op, count};
+        return absl::CancelledError("recorded");
+      }
+      int calls = 0;
+      FunctionExecutable::CollectiveCall first;
+    } recorder;
+    HostRun host(*exe, MustLocalShards(4, {1, 2}), GangInputs(*exe, 4));
+    host.Run(*exe, &recorder);
+    EXPECT_EQ(recorder.calls, c.kind == Kind::kNone ? 0 : 1);
+    EXPECT_EQ(recorder.first.kind, call.kind);
+    EXPECT_EQ(recorder.first.shard_bytes, call.shard_bytes);
+    EXPECT_EQ(recorder.first.dtype, call.dtype);
+    EXPECT_EQ(recorder.first.op, call.op);
+    EXPECT_EQ(recorder.first.count, call.count);
+  }
+  // psum of bool counts (the builder converts to int32 first): an int32 sum.
+  FunctionBuilder b("psum_bool", "i");
+  const int32_t q = b.Parameter(DType::kBool, {3});
+  auto pq = b.Psum(q, "i");
+  ASSERT_TRUE(pq.ok()) << pq.status();
+  auto exe = MustCompile(b.Build({*pq}));
+  ASSERT_NE(exe, nullptr);
+  EXPECT_EQ(exe->first_collective().kind, Kind::kAllReduce);
+  EXPECT_EQ(exe->first_collective().dtype, DType::kI32);
+  EXPECT_EQ(exe->first_collective().op, ReduceOp::kSum);
 }
 
 }  // namespace
