@@ -20,11 +20,11 @@ Gloo TCP between hosts for transfers and cross-host collectives).
   5. In-process regression: dispatch_overhead.pw_worker (hosts in process)
      at the README's device counts, beside the README's numbers.
 
-Usage: python benchmarks/multihost.py [--quick] [--out-dir DIR] [--only fig5]
+Usage: python benchmarks/multihost.py [--quick] [--out-dir DIR] [--only fig5|dcn]
 
 --only fig5 runs section 1 alone (pathways and JAX, same rounds as the full
-run) and writes multihost_fig5.{txt,json,png}, so it never replaces the full
-run's files.
+run) and writes multihost_fig5.{txt,json}; --only dcn runs section 3 alone
+(multihost_dcn.{txt,json}); neither replaces the full run's files.
 """
 
 from __future__ import annotations
@@ -464,7 +464,15 @@ class Runner:
         return r
 
 
-SECTIONS = ("fig5",)  # what --only can pick
+SECTIONS = ("fig5", "dcn")  # what --only can pick
+
+
+def run_dcn(run, d: dict, quick: bool) -> None:
+    """Section 3: the DCN transfer, and raw loopback TCP in the same run."""
+    h.log(f"[{NAME}] 3. {DCN_MIB} MiB DCN transfer on {DCN_TOPOLOGY}; raw loopback TCP")
+    d["dcn"] = run("multihost:pw_dcn", {"mib": DCN_MIB, "rounds": 5 if quick else 15},
+                   {"PATHWAYS_TOPOLOGY": DCN_TOPOLOGY}, 180)
+    d["tcp"] = run("multihost:tcp_loopback", {"mib": DCN_MIB, "repeats": 5 if quick else 10}, {}, 60)
 
 
 def run_all(quick: bool, mark: str, only=None) -> dict:
@@ -478,7 +486,7 @@ def run_all(quick: bool, mark: str, only=None) -> dict:
     # Pathways and JAX alternate, round by round, so both see the same
     # machine: on 2 cores the 4 host processes (or 4 controllers) make every
     # collective depend on the OS scheduler, and rates move 2-3x over minutes.
-    d["rounds5"] = 1 if quick else 3
+    d["rounds5"] = 0 if only == "dcn" else 1 if quick else 3
     d["fig5_pw"], d["fig5_jax"] = [], {m: [] for _, m in JAX_MODES}
     for k in range(d["rounds5"]):
         h.log(f"[{NAME}] 1. Figure 5, round {k + 1} of {d['rounds5']}: pathways on {FIG5_TOPOLOGY}")
@@ -497,6 +505,11 @@ def run_all(quick: bool, mark: str, only=None) -> dict:
         d["waited_for_idle_s"] = run.waited
         d["disturbed_runs"] = run.disturbed
         return d
+    if only == "dcn":
+        run_dcn(run, d, quick)
+        d["waited_for_idle_s"] = run.waited
+        d["disturbed_runs"] = run.disturbed
+        return d
 
     stages = [1, 4, 16] if quick else [1, 2, 4, 8, 16]
     seconds, rounds = (0.3, 1) if quick else (1.5, 5)
@@ -505,10 +518,7 @@ def run_all(quick: bool, mark: str, only=None) -> dict:
     d["fig7"]["run"] = run("multihost:pw_fig7", {"stages": stages, "seconds": seconds, "rounds": rounds},
                            {"PATHWAYS_TOPOLOGY": FIG7_TOPOLOGY}, 600)
 
-    h.log(f"[{NAME}] 3. {DCN_MIB} MiB DCN transfer on {DCN_TOPOLOGY}; raw loopback TCP")
-    d["dcn"] = run("multihost:pw_dcn", {"mib": DCN_MIB, "rounds": 5 if quick else 15},
-                   {"PATHWAYS_TOPOLOGY": DCN_TOPOLOGY}, 180)
-    d["tcp"] = run("multihost:tcp_loopback", {"mib": DCN_MIB, "repeats": 5 if quick else 10}, {}, 60)
+    run_dcn(run, d, quick)
 
     h.log(f"[{NAME}] 4. control messages on {FIG5_TOPOLOGY}")
     d["messages"] = run("multihost:pw_messages", {"runs": MSG_RUNS}, env, 180)
@@ -781,8 +791,11 @@ def _readme_cpu() -> str:
 def report(d: dict, info: dict, elapsed: float) -> str:
     lines = [h.machine_header(info), ""]
     targets: list = []
-    report_fig5(d, lines, targets)
-    if "fig7" in d:  # not a --only fig5 run
+    if d["rounds5"]:  # not a --only dcn run
+        report_fig5(d, lines, targets)
+    if "dcn" in d and "fig7" not in d:  # --only dcn
+        report_dcn(d, lines, targets)
+    if "fig7" in d:  # not a --only run
         report_fig7(d, lines, targets)
         report_dcn(d, lines, targets)
         report_messages(d, lines, targets)

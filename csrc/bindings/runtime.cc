@@ -246,6 +246,7 @@ void RegisterRuntime(py::module_& m) {
     Runtime& rt = GetRuntime();
     std::vector<Device*> devices;
     for (int id : ids) devices.push_back(ValueOrThrow(rt.cluster().device(id)));
+    py::gil_scoped_release release;  // with host processes it waits for them to take it
     rt.FailDevices(devices);
   }, py::arg("ids"));
   m.def("add_slice", [](const py::int_& num_devices, const std::string& kind) {

@@ -17,6 +17,8 @@ namespace {
 
 // How long the hosts may take to connect their data plane to each other.
 constexpr int64_t kJoinTimeoutNs = int64_t{60} * 1'000'000'000;
+// How long FailDevices waits for the hosts to take it.
+constexpr int64_t kFailTimeoutNs = int64_t{5} * 1'000'000'000;
 
 std::string FreshGroupPrefix() {
   std::random_device device;
@@ -108,21 +110,22 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   rc->admission_thread_ = std::thread([r = rc.get()] { r->AdmissionLoop(); });
   wire::JoinCluster join;
   for (const Device* d : cluster.devices()) join.add_device_host(d->host()->id());
-  join.set_rendezvous_address(addresses[0]);
+  for (const std::string& address : addresses) join.add_host_addresses(address);
   join.set_group_prefix(FreshGroupPrefix());
   // Every host at once: each one's join waits for all the others.
-  Replies replies(rc->pool_->num_hosts());
+  // Shared with the callbacks: a reply may come after a timed-out wait.
+  auto replies = std::make_shared<Replies>(rc->pool_->num_hosts());
   for (int h = 0; h < rc->pool_->num_hosts(); ++h) {
     wire::Request request;
     *request.mutable_join() = join;
-    rc->pool_->channel(h).Send(std::move(request), [&replies, h](absl::StatusOr<wire::Reply> reply) {
+    rc->pool_->channel(h).Send(std::move(request), [replies, h](absl::StatusOr<wire::Reply> reply) {
       absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
       if (!status.ok()) status = absl::Status(status.code(), absl::StrCat("host ", h, ": ", status.message()));
-      replies.Done(std::move(status));
+      replies->Done(std::move(status));
     });
     rc->Flush(h);
   }
-  if (absl::Status joined = replies.Wait(kJoinTimeoutNs, "joining the hosts into one cluster"); !joined.ok()) {
+  if (absl::Status joined = replies->Wait(kJoinTimeoutNs, "joining the hosts into one cluster"); !joined.ok()) {
     return joined;
   }
   return rc;
@@ -741,6 +744,20 @@ absl::Status RemoteCluster::Read(const ShardedBuffer& buffer, void* dst) {
   for (int h : hosts) Flush(h);
   // A lost host fails its fetches (HostChannel), so this wait ends.
   return replies.Wait(std::numeric_limits<int64_t>::max() / 2, "reading a buffer");
+}
+
+void RemoteCluster::FailDevices(absl::Span<Device* const> devices) {
+  absl::flat_hash_map<int, wire::FailDevices> by_host;
+  for (const Device* d : devices) by_host[d->host()->id()].add_device_ids(d->id());
+  auto replies = std::make_shared<Replies>(static_cast<int>(by_host.size()));
+  for (auto& [host, request] : by_host) {
+    wire::Request r;
+    *r.mutable_fail_devices() = std::move(request);
+    // A lost host's devices are gone anyway: its error is not the caller's.
+    Send(host, std::move(r), [replies](absl::StatusOr<wire::Reply>) { replies->Done(absl::OkStatus()); });
+    Flush(host);
+  }
+  (void)replies->Wait(kFailTimeoutNs, "failing devices");
 }
 
 void RemoteCluster::Free(const ShardedBuffer& buffer) {

@@ -86,6 +86,12 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // queued here wait for admission. remote_diagnosis.cc.
   void Describe(Diagnosis& diagnosis, int64_t timeout_ns);
 
+  // Fault injection (Runtime::FailDevices): tells the hosts of `devices`
+  // that they have failed, so their parts and transfers fail there too.
+  // Waits (bounded) until every such host has taken it; a lost host is
+  // skipped (its devices are gone anyway).
+  void FailDevices(absl::Span<Device* const> devices);
+
   // Runs in flight, in dispatch order: a mark now, and whether every run
   // dispatched before `mark` has finished (its buffers complete).
   int64_t SubmissionMark() const;

@@ -322,6 +322,9 @@ void Runtime::CloseClient(SchedulingClient* client) {
 void Runtime::FailDevices(absl::Span<Device* const> devices) {
   bool any = false;
   for (Device* d : devices) any = d->MarkFailed() || any;
+#if PATHWAYS_WITH_HOSTS
+  if (remote_ != nullptr && any) remote_->FailDevices(devices);  // their work fails on the hosts too
+#endif
   // Gangs on those devices in their simulated time finish now, failed
   // (the delay queue's hurry rule, set in Create()).
   if (any) delays_->ApplyHurryRule();

@@ -96,12 +96,35 @@ struct HostDeviceList {
   bool all_local() const { return local_positions.size() == device_ids.size(); }
 };
 
+// Where the hosts of a collective group meet (CollectiveGroup::Create's
+// rendezvous): in the store kept by the group's lowest host, so that making
+// a group needs only its own members alive (with one store on host 0, a
+// lost host 0 would keep every other island from making new groups).
+class RendezvousStores {
+ public:
+  virtual ~RendezvousStores() = default;
+  // The store kept by `host`; it lives as long as this object. Unavailable
+  // if that host cannot be reached. Thread-safe; may block while it
+  // connects (bounded).
+  virtual absl::StatusOr<KeyValueStore*> StoreOf(int host) = 0;
+};
+
+// One store for every host: hosts as threads of one process (tests).
+class SharedRendezvous final : public RendezvousStores {
+ public:
+  explicit SharedRendezvous(KeyValueStore* store) : store_(store) {}
+  absl::StatusOr<KeyValueStore*> StoreOf(int) override { return store_; }
+
+ private:
+  KeyValueStore* const store_;
+};
+
 class HostExecutor {
  public:
-  // `store` is the rendezvous this host uses to connect its collective
-  // groups; it must outlive the executor. `bind_ip`: the address the data
+  // `stores` are where this host meets the others to connect its collective
+  // groups; they must outlive the executor. `bind_ip`: the address the data
   // plane binds and advertises to the other hosts.
-  HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join, KeyValueStore* store,
+  HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join, RendezvousStores* stores,
                std::string bind_ip = "127.0.0.1");
   // Stops the threads. Work still queued is dropped.
   ~HostExecutor();
@@ -121,6 +144,12 @@ class HostExecutor {
   // Gets a range of this host's shards of a buffer once it is done.
   void Fetch(const wire::FetchBuffer& request, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
   void Free(const wire::FreeBuffers& request);
+  // Fault injection: marks these devices (all of this host's: else
+  // InvalidArgument, and none is marked) failed for good. Parts on them
+  // that have not started fail without running, parts in their simulated
+  // time stop and fail, and transfers from or to them fail, all with
+  // Unavailable naming the device.
+  absl::Status FailDevices(const wire::FailDevices& request);
 
   // What the device queues hold now (pw.diagnose).
   wire::QueuesReply DescribeQueues();
@@ -149,6 +178,10 @@ class HostExecutor {
   // an output could not be allocated.
   absl::Status CheckSizes(const Part& part) const;
   absl::Status CheckTransferSizes(const HostBuffer& src, int64_t src_bytes, const HostBuffer& dst) const;
+  // Unavailable naming the first failed device among `local_devices`
+  // (indices in this host's devices), else OK. One atomic load while no
+  // device has failed.
+  absl::Status CheckHealthy(absl::Span<const int> local_devices) const;
   void Enqueue(Part* part);
   void CountDown(Part* part);
   void DeviceLoop(int device);
@@ -169,9 +202,16 @@ class HostExecutor {
   std::vector<int> local_index_;            // by global device id: index in this host, or -1
   std::vector<int> local_device_ids_;       // by index in this host: global id
   const std::string group_prefix_;
-  KeyValueStore* const store_;
+  RendezvousStores* const stores_;
   CollectiveOptions collective_options_;
   std::atomic<bool> stopping_{false};
+  const int island_id_;
+  // Failed local devices (FailDevices), by index in this host; fail_cv_
+  // wakes parts in their simulated time when one fails.
+  std::unique_ptr<std::atomic<bool>[]> failed_;
+  std::atomic<bool> any_failed_{false};
+  Mutex fail_mu_;
+  CondVar fail_cv_;
 
   mutable Mutex mu_;  // the tables below
   absl::flat_hash_map<int, std::unique_ptr<HostDeviceList>> lists_ ABSL_GUARDED_BY(mu_);

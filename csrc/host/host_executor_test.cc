@@ -250,7 +250,7 @@ class Cluster {
       wire::HostConfig config;
       config.set_host_id(h);
       for (int k = 0; k < devices_per_host; ++k) config.add_device_ids(h * devices_per_host + k);
-      hosts_.push_back(std::make_unique<HostExecutor>(config, join_, &store_));
+      hosts_.push_back(std::make_unique<HostExecutor>(config, join_, &stores_));
     }
   }
   ~Cluster() {
@@ -435,6 +435,7 @@ class Cluster {
  private:
   const int devices_per_host_;
   InMemoryKeyValueStore store_;  // outlives the hosts
+  SharedRendezvous stores_{&store_};
   wire::JoinCluster join_;
   std::vector<std::unique_ptr<HostExecutor>> hosts_;
   absl::flat_hash_map<int, std::vector<int>> lists_;
@@ -1285,6 +1286,62 @@ TEST(HostExecutorTest, AFailedInputOnOneHostOfAGangWithoutCollectivesFailsOnlyTh
 // copy memcpy()s 2^62 bytes: SIGSEGV in StartTransfer's OnDone lambda. The
 // same through an ArgBinding with copy=true; and PutBuffer accepts an empty
 // `data` for such a shard_bytes. Running this test crashed the binary.
+// x + 0, holding its gang for `ns` of simulated time.
+IrOr SlowFunction(int64_t n, int64_t ns) {
+  FunctionBuilder b("slow", "i");
+  const int32_t x = b.Parameter(DType::kF32, {n});
+  PW_ASSIGN_OR_RETURN(const int32_t y, b.SimulatedCompute(x, ns));
+  return b.Build({y});
+}
+
+// Fault injection (pw.testing on host processes): a failed device fails the
+// parts on it (one in its simulated time at once), the transfers from it and
+// what depends on them, with Unavailable naming it; the others run.
+TEST(HostExecutorTest, FailedDevicesFailTheirWorkAndTheRestRuns) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+  ASSERT_OK(cluster->DefineList(2, {2, 3}));  // host 1
+  auto slow = cluster->Load(10, SlowFunction(4, int64_t{600} * 1'000'000'000));  // 600 s
+  auto affine = cluster->Load(11, AffineFunction(4));
+  ASSERT_TRUE(slow != nullptr && affine != nullptr);
+  constexpr int64_t kShard = 16;
+  // slow on host 0 -> host 1 -> affine there; affine on host 1 alone.
+  ASSERT_OK(cluster->LoadProgram(Program(20, 5,
+                                         {
+                                             Compute(10, 1, {0}, {1}, 1),
+                                             Transfer(1, 1, 2, 2, kShard),
+                                             Compute(11, 2, {2}, {3}, 2),
+                                             Compute(11, 2, {3}, {4}, 3),
+                                         })));
+  ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Compute(11, 2, {0}, {1}, 4)})));
+  ASSERT_OK(cluster->Put(100, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+  auto futures = cluster->RunAsync(RunOf(20, 100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // slow is in its simulated time
+  wire::FailDevices fail;
+  fail.add_device_ids(2);
+  EXPECT_EQ(cluster->host(0).FailDevices(fail).code(), absl::StatusCode::kInvalidArgument);  // not host 0's
+  fail.set_device_ids(0, 1);
+  ASSERT_OK(cluster->host(0).FailDevices(fail));
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, Cluster::AwaitAll(futures));
+  const auto failed = Failed(replies);
+  ASSERT_TRUE(failed.contains(101));
+  EXPECT_EQ(failed.at(101).code(), absl::StatusCode::kUnavailable) << failed.at(101);
+  EXPECT_NE(failed.at(101).message().find("device 1 (island 0, host 0) has failed"), std::string::npos)
+      << failed.at(101);
+  for (uint64_t id : {102, 103, 104}) EXPECT_TRUE(failed.contains(id)) << id;  // the transfer and its dependents
+  // Host 1's devices keep working; a new part on device 1 fails at once.
+  ASSERT_OK(cluster->Put(200, 2, ToBytes(Iota<float>(8, 0.f, 1.f))));
+  ASSERT_OK_AND_ASSIGN(replies, cluster->Run(RunOf(21, 200)));
+  EXPECT_TRUE(Failed(replies).empty());
+  ASSERT_OK_AND_ASSIGN(Bytes out, cluster->Fetch(201, 2));
+  std::vector<float> expected;
+  for (float v : Iota<float>(8, 0.f, 1.f)) expected.push_back(v * 2 + 1);
+  EXPECT_EQ(FromBytes<float>(out), expected);
+  ASSERT_OK(cluster->Put(300, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+  ASSERT_OK_AND_ASSIGN(replies, cluster->Run(RunOf(20, 300)));
+  EXPECT_TRUE(Failed(replies).contains(301));
+}
+
 TEST(HostExecutorTest, AnOverflowingShardBytesIsRefused) {
   auto cluster = MakeCluster(2, 4);
   ASSERT_OK(cluster->DefineList(1, {0, 1, 2, 3}));  // all on host 0

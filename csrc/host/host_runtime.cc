@@ -71,6 +71,47 @@ class ChannelKeyValueStore final : public KeyValueStore {
 
 }  // namespace
 
+// Every host's rendezvous store as this host sees it: its own in memory, the
+// others' through a session with them, opened at first use (a host meets
+// only the hosts it shares gangs with) and kept.
+class HostRuntime::PeerStores final : public RendezvousStores {
+ public:
+  PeerStores(int self, KeyValueStore* own, std::vector<std::string> addresses, std::string secret)
+      : self_(self), own_(own), addresses_(std::move(addresses)), secret_(std::move(secret)) {
+    for (size_t h = 0; h < addresses_.size(); ++h) peers_.push_back(std::make_unique<Peer>());
+  }
+
+  absl::StatusOr<KeyValueStore*> StoreOf(int host) override {
+    if (host == self_) return own_;
+    if (host < 0 || host >= static_cast<int>(addresses_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("rendezvous: no host ", host, " in this cluster"));
+    }
+    Peer& peer = *peers_[host];
+    MutexLock lock(&peer.mu);  // one connection attempt at a time per host
+    if (peer.store == nullptr) {
+      ChannelOptions options;
+      options.secret = secret_;
+      options.host_name = absl::StrCat("host ", host, " (", addresses_[host], ")");
+      options.client_name = absl::StrCat("host ", self_);
+      auto channel = HostChannel::Connect(addresses_[host], wire::Hello(), options);
+      if (!channel.ok()) return channel.status();
+      peer.store = std::make_unique<ChannelKeyValueStore>(*std::move(channel));
+    }
+    return peer.store.get();
+  }
+
+ private:
+  struct Peer {
+    Mutex mu;
+    std::unique_ptr<KeyValueStore> store ABSL_GUARDED_BY(mu);
+  };
+  const int self_;
+  KeyValueStore* const own_;
+  const std::vector<std::string> addresses_;
+  const std::string secret_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // by host id; the vector never changes
+};
+
 HostRuntime::HostRuntime(std::string secret, std::string bind_ip)
     : incarnation_(RandomIncarnation()), secret_(std::move(secret)), bind_ip_(std::move(bind_ip)) {}
 
@@ -163,21 +204,10 @@ void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Reques
   // Connecting blocks until every host has joined: not on a gRPC thread.
   join_thread_ = std::thread([this, config, request = std::move(request), reply_with]() {
     const wire::JoinCluster& join = request.join();
-    KeyValueStore* store = &kv_;
-    if (config.host_id() != 0) {
-      ChannelOptions options;
-      options.secret = secret_;
-      options.host_name = absl::StrCat("host 0 (", join.rendezvous_address(), ")");
-      options.client_name = absl::StrCat("host ", config.host_id());
-      auto channel = HostChannel::Connect(join.rendezvous_address(), wire::Hello(), options);
-      if (!channel.ok()) {
-        reply_with(channel.status());
-        return;
-      }
-      rendezvous_ = std::make_unique<ChannelKeyValueStore>(*std::move(channel));
-      store = rendezvous_.get();
-    }
-    auto executor = std::make_shared<HostExecutor>(config, join, store, bind_ip_);
+    stores_ = std::make_unique<PeerStores>(
+        config.host_id(), &kv_, std::vector<std::string>(join.host_addresses().begin(), join.host_addresses().end()),
+        secret_);
+    auto executor = std::make_shared<HostExecutor>(config, join, stores_.get(), bind_ip_);
     absl::Status connected = executor->ConnectDataPlane();
     if (connected.ok()) {
       MutexLock lock(&mu_);
@@ -205,6 +235,7 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kFetch:
     case wire::Request::kFree:
     case wire::Request::kDescribeQueues:
+    case wire::Request::kFailDevices:
       break;
     default:
       return false;
@@ -262,6 +293,9 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
       break;
     case wire::Request::kFree:
       executor->Free(request.free());
+      break;
+    case wire::Request::kFailDevices:
+      reply_with(executor->FailDevices(request.fail_devices()));
       break;
     case wire::Request::kDescribeQueues: {
       wire::Reply reply;

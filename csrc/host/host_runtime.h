@@ -7,8 +7,9 @@
 // heartbeats with its incarnation, and knows which session owns it, so the
 // process can exit when that client goes (see host_main.h). Once the client
 // has configured every host, JoinCluster connects the hosts to each other
-// (host 0 keeps the rendezvous store for the others) and the owner's
-// requests run programs on its HostExecutor.
+// (every host keeps a rendezvous store for the collective groups whose
+// lowest host it is) and the owner's requests run programs on its
+// HostExecutor.
 //
 // Thread-safe.
 
@@ -27,8 +28,8 @@ namespace pw {
 
 class HostRuntime final : public RequestHandler {
  public:
-  // `secret` is the cluster's: the host presents it to host 0 at the
-  // rendezvous.
+  // `secret` is the cluster's: the host presents it to the other hosts at
+  // the rendezvous.
   // `bind_ip`: the address its data plane (Gloo) binds and advertises.
   explicit HostRuntime(std::string secret = "", std::string bind_ip = "127.0.0.1");
   ~HostRuntime() override;
@@ -55,13 +56,16 @@ class HostRuntime final : public RequestHandler {
   bool HandleProgramRequest(const std::shared_ptr<HostSession>& session, wire::Request& request);
   std::shared_ptr<HostExecutor> executor() const;
 
+  class PeerStores;
+
   const uint64_t incarnation_;
   const std::string secret_;
   const std::string bind_ip_;
-  // The rendezvous store: this host's (kept for the others, on host 0) and
-  // the one this host uses (host 0's, through a session with it).
+  // The rendezvous stores: this host's (kept for the groups whose lowest
+  // host it is) and the other hosts', each through a session with its host
+  // made at first use (see RendezvousStores).
   InMemoryKeyValueStore kv_;
-  std::unique_ptr<KeyValueStore> rendezvous_;
+  std::unique_ptr<PeerStores> stores_;
   std::thread join_thread_;
   mutable Mutex mu_;
   mutable CondVar cv_;

@@ -1,8 +1,10 @@
 """Fault injection (pw.testing) and errors that flow through futures (paper §4.6).
 
-A failed device stays failed, so each case runs in a fresh subprocess. The
-programs use 600-second simulated kernels: if a failed gang or one of its
-dependents waited out its simulated time, the subprocess would time out.
+A failed device stays failed, so each case runs in a fresh subprocess, with
+the hosts of the suite's mode (`--hosts`: in process, or host processes,
+where the hosts fail the work on their failed devices). The programs use
+600-second simulated kernels: if a failed gang or one of its dependents
+waited out its simulated time, the subprocess would time out.
 """
 
 from __future__ import annotations
@@ -27,8 +29,17 @@ def expect_failure(buf, device):
 """
 
 
-def test_failed_device_fails_its_gang_and_dependents_and_the_rest_runs(python_subprocess):
-    out = python_subprocess(_PRELUDE + """
+@pytest.fixture
+def run_faults(request):
+    """Runs code after _PRELUDE in a fresh process with the suite's hosts; returns its stdout."""
+    from conftest import run_python
+    hosts = request.config.getoption("--hosts")
+    configure = "" if hosts == "in_process" else f"pw.configure(hosts={hosts!r})\n"
+    return lambda code: run_python(_PRELUDE + configure + code)
+
+
+def test_failed_device_fails_its_gang_and_dependents_and_the_rest_runs(run_faults):
+    out = run_faults("""
 a = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
 b = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus  # the other island
 f, g = pw.pmap(slow, devices=a), pw.pmap(slow, devices=b)
@@ -62,8 +73,8 @@ print(pw.memory_stats()["bytes_in_use"] == baseline)
     assert lines[1:] == ["True True", "[2. 2.]", "True"]
 
 
-def test_failed_host_loses_its_buffers_and_new_slices_avoid_it(python_subprocess):
-    out = python_subprocess(_PRELUDE + """
+def test_failed_host_loses_its_buffers_and_new_slices_avoid_it(run_faults):
+    out = run_faults("""
 tpus = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus   # all of island 0: hosts 0 and 1
 ready = pw.device_put(np.arange(8.), tpus)
 host = tpus[5].physical.host
@@ -85,8 +96,8 @@ except pw.ResourceExhaustedError as e:
     assert out.splitlines() == ["True", "True"]
 
 
-def test_device_put_onto_a_failed_device_cannot_be_read(python_subprocess):
-    out = python_subprocess(_PRELUDE + """
+def test_device_put_onto_a_failed_device_cannot_be_read(run_faults):
+    out = run_faults("""
 tpus = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
 pw.testing.fail_device(tpus[0].physical.id)
 print(expect_failure(pw.device_put(np.ones(2), tpus), tpus[0].physical.id))

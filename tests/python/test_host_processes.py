@@ -247,6 +247,29 @@ def test_killed_host_fails_its_programs_with_host_lost_error():
     assert lines[2] == "[6.0, 6.0, 6.0, 6.0]", out
 
 
+def test_with_host_0_lost_the_other_island_makes_new_cross_host_gangs():
+    # A collective group of hosts meets in the store of its lowest host, not
+    # host 0's: island 1's first gang over both its hosts, made after host 0
+    # died, still forms and runs.
+    out = _run_local_processes("""
+        import os, signal, time, numpy as np
+        hosts = pw.hosts()
+        os.kill(hosts[0].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pw.hosts()[0].alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print(pw.hosts()[0].alive)
+        t = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
+        print(sorted({d.physical.host for d in t}))
+        g = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=t)
+        print(np.asarray(g(np.arange(8.))).tolist())
+    """)
+    lines = out.split("\n")
+    assert lines[0] == "False", out
+    assert lines[1] == "[2, 3]", out
+    assert lines[2] == str([28.0] * 8), out
+
+
 def test_client_exit_with_work_in_flight_leaves_no_host_behind():
     out = _run_local_processes("""
         import numpy as np
