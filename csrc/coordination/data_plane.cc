@@ -756,30 +756,31 @@ absl::Status DataPlane::Send(int peer, absl::Span<const iovec> pieces, uint8_t f
   return p.send_broken;
 }
 
+absl::Status DataPlane::BreakRecv(Peer& p, int peer, int fd, absl::string_view why) {
+  if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+  // The stream's position is lost (or the stream is gone): shut it down so
+  // that the peer's Sends fail too instead of filling it.
+  shutdown(fd, SHUT_RDWR);
+  p.recv_broken = absl::UnavailableError(absl::StrCat(Name(), ": connection from host ", peer, " broke: ", why));
+  return p.recv_broken;
+}
+
 absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces) {
   PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
   Peer& p = peers_[peer];
   MutexLock lock(&p.recv_mu);
   if (!p.recv_broken.ok()) return p.recv_broken;
 
-  // The connection is unusable after any failure below: record why, and
-  // shut it down so that the peer's Sends fail too instead of filling it.
-  auto broken = [&](absl::string_view why) -> absl::Status {
-    if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
-    shutdown(fd, SHUT_RDWR);
-    p.recv_broken = absl::UnavailableError(absl::StrCat(Name(), ": connection from host ", peer, " broke: ", why));
-    return p.recv_broken;
-  };
-
   uint8_t header[kHeaderBytes];
   iovec header_iov = {header, sizeof(header)};
   uint64_t got = 0;
   if (absl::Status status = ReadAll(fd, &header_iov, 1, &got); !status.ok()) {
-    return broken(got == 0 ? std::string(status.message())
-                           : absl::StrCat(status.message(), " inside a message header"));
+    return BreakRecv(p, peer, fd,
+                     got == 0 ? std::string(status.message())
+                              : absl::StrCat(status.message(), " inside a message header"));
   }
   if (Get32(header) != kMessageMarker || header[5] != 0 || header[6] != 0 || header[7] != 0) {
-    return broken("corrupt stream (not a message header)");
+    return BreakRecv(p, peer, fd, "corrupt stream (not a message header)");
   }
   const uint8_t flag = header[4];
   const uint64_t length = Get64(header + 8);
@@ -798,7 +799,8 @@ absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces
     while (got < length) {
       iovec chunk = {scratch.get(), static_cast<size_t>(std::min<uint64_t>(length - got, kDrainBytes))};
       if (absl::Status status = ReadAll(fd, &chunk, 1, &got); !status.ok()) {
-        return broken(absl::StrCat(status.message(), " after ", got, " of ", length, " bytes of a message"));
+        return BreakRecv(p, peer, fd,
+                         absl::StrCat(status.message(), " after ", got, " of ", length, " bytes of a message"));
       }
     }
     return absl::InvalidArgumentError(absl::StrCat(Name(), ": the message from host ", peer, " has ", length,
@@ -806,7 +808,8 @@ absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces
                                                    "; discarded it"));
   }
   if (absl::Status status = ReadAll(fd, iov.data(), iov.size(), &got); !status.ok()) {
-    return broken(absl::StrCat(status.message(), " after ", got, " of ", length, " bytes of a message"));
+    return BreakRecv(p, peer, fd,
+                     absl::StrCat(status.message(), " after ", got, " of ", length, " bytes of a message"));
   }
   return flag;
 }

@@ -48,6 +48,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "csrc/base/mutex.h"
@@ -185,6 +186,11 @@ class DataPlane {
   // The socket of `peer`'s connection in one direction, or an error status
   // for the caller's argument/state (see Send's errors).
   absl::StatusOr<int> ConnectionFd(int peer, bool outgoing);
+
+  // After a failed read from `peer` (on `fd`): Cancelled if shutting down;
+  // otherwise marks the connection broken by `why` for good, shuts it down,
+  // and returns that Unavailable error.
+  absl::Status BreakRecv(Peer& p, int peer, int fd, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.recv_mu);
 
   // "data plane host <id>" for messages.
   std::string Name() const;
