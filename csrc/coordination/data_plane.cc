@@ -503,22 +503,40 @@ void DataPlane::AcceptLoop() {
 // ---------------------------------------------------------------------------
 // Connect
 
+// One outgoing connection that Connect is making: connect, send the hello,
+// read the ack. Failures that may pass (refused: the peer is not listening
+// yet; dropped before the ack: its hello queue overflowed) wait `backoff`
+// and start over.
+struct DataPlane::Dial {
+  int peer;
+  std::string address;  // as given, for messages
+  SocketAddress socket_address;
+  enum State { kWaiting, kConnecting, kAwaitingAck, kDone } state = kWaiting;
+  int fd = -1;
+  absl::Time retry_at = absl::InfinitePast();
+  absl::Duration backoff = kFirstBackoff;
+  size_t got = 0;  // bytes of `ack`
+  uint8_t ack[kAckBytes] = {};
+  std::string last_error = "not dialed";
+
+  std::string Text() const { return absl::StrCat("host ", peer, " at ", address); }
+
+  void RetryLater(absl::Time now, std::string why) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+    state = kWaiting;
+    got = 0;
+    last_error = std::move(why);
+    retry_at = now + backoff;
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+};
+
 absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
   if (addresses.size() != static_cast<size_t>(num_hosts_)) {
     return absl::InvalidArgumentError(
         absl::StrCat(Name(), ": Connect got ", addresses.size(), " addresses for ", num_hosts_, " hosts"));
   }
-  struct Dial {
-    int peer;
-    SocketAddress address;
-    enum State { kWaiting, kConnecting, kAwaitingAck, kDone } state = kWaiting;
-    int fd = -1;
-    absl::Time retry_at = absl::InfinitePast();
-    absl::Duration backoff = kFirstBackoff;
-    size_t got = 0;
-    uint8_t ack[kAckBytes] = {};
-    std::string last_error = "not dialed";
-  };
   std::vector<Dial> dials;
   for (int h = 0; h < num_hosts_; ++h) {
     if (h == host_id_) continue;
@@ -527,7 +545,7 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
       return absl::InvalidArgumentError(absl::StrCat(Name(), ": address of host ", h, " '", addresses[h],
                                                      "': ", address.status().message()));
     }
-    dials.push_back(Dial{h, *address});
+    dials.push_back(Dial{h, addresses[h], *address});
   }
   {
     MutexLock lock(&mu_);
@@ -535,113 +553,64 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
     connect_called_ = true;
   }
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
-  auto cancelled = [&] { return absl::CancelledError(absl::StrCat(Name(), " is shut down")); };
-  auto peer_text = [&](const Dial& d) { return absl::StrCat("host ", d.peer, " at ", addresses[d.peer]); };
+  absl::Status dialed = DialAll(dials, deadline);
+  for (Dial& d : dials) {
+    if (d.fd >= 0) close(d.fd);  // not done: not registered
+  }
+  return AwaitDialIns(std::move(dialed), deadline);
+}
 
+absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
   uint8_t hello[kHelloBytes] = {};
   std::memcpy(hello, kHelloMagic, 8);
   Put32(hello + 8, kVersion);
   Put32(hello + 12, static_cast<uint32_t>(host_id_));
   Put32(hello + 16, static_cast<uint32_t>(options_.secret.size()));
   std::memcpy(hello + 20, options_.secret.data(), options_.secret.size());
-
-  // Dials run as a state machine on this thread, all at once, so a peer
-  // that never answers costs the others nothing.
-  auto retry_later = [&](Dial& d, absl::Time now, std::string why) {
-    if (d.fd >= 0) close(d.fd);
-    d.fd = -1;
-    d.state = Dial::kWaiting;
-    d.got = 0;
-    d.last_error = std::move(why);
-    d.retry_at = now + d.backoff;
-    d.backoff = std::min(d.backoff * 2, kMaxBackoff);
-  };
+  // A fresh socket's buffer takes the whole hello at once, so it is sent
+  // without waiting (a short write just means another try).
   auto send_hello = [&](Dial& d, absl::Time now) {
     if (send(d.fd, hello, sizeof(hello), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
-      retry_later(d, now, absl::StrCat("sending the hello: ", ErrnoText(errno)));
+      d.RetryLater(now, absl::StrCat("sending the hello: ", ErrnoText(errno)));
     } else {
       d.state = Dial::kAwaitingAck;
     }
   };
-  // A complete ack: OK (d is done and registered), or the permanent error
-  // that ends Connect.
-  auto take_ack = [&](Dial& d) -> absl::Status {
-    if (std::memcmp(d.ack, kAckMagic, 8) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Name(), ": ", peer_text(d), " answered the hello with something not a data plane's"));
-    }
-    const uint32_t version = Get32(d.ack + 8), id = Get32(d.ack + 12), status = Get32(d.ack + 16);
-    if (status == kVersionMismatch || version != kVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(Name(), ": ", peer_text(d), " runs data plane version ",
-                                                        version, ", this host version ", kVersion));
-    }
-    if (id != static_cast<uint32_t>(d.peer)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Name(), ": ", peer_text(d), " is the data plane of host ", id));
-    }
-    switch (status) {
-      case kAccepted:
-        break;
-      case kWrongSecret:
-        return absl::PermissionDeniedError(
-            absl::StrCat(Name(), ": ", peer_text(d), " refused the hello: different secret"));
-      case kBadHostId:
-        return absl::FailedPreconditionError(absl::StrCat(Name(), ": ", peer_text(d), " refused host id ",
-                                                          host_id_, " (a different cluster size?)"));
-      case kAlreadyConnected:
-        return absl::FailedPreconditionError(
-            absl::StrCat(Name(), ": ", peer_text(d), " already has a connection from host ", host_id_));
-      default:
-        return absl::FailedPreconditionError(
-            absl::StrCat(Name(), ": ", peer_text(d), " refused the hello (status ", status, ")"));
-    }
-    if (absl::Status configured = ConfigureConnection(d.fd); !configured.ok()) {
-      return absl::InternalError(absl::StrCat(Name(), ": ", peer_text(d), ": ", configured.message()));
-    }
-    MutexLock lock(&mu_);
-    if (shutting_down_.load()) return cancelled();
-    out_fds_[d.peer] = d.fd;  // the destructor closes it from now on
-    d.fd = -1;
-    d.state = Dial::kDone;
-    return absl::OkStatus();
-  };
 
-  absl::Status status;
+  // All dials at once, as a state machine on this thread: a peer that never
+  // answers costs the others nothing.
   std::vector<pollfd> fds;
-  std::vector<Dial*> polled;
+  std::vector<Dial*> polled;  // polled[i] is fds[i + 1]
   for (;;) {
-    if (shutting_down_.load()) {
-      status = cancelled();
-      break;
-    }
+    if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
     absl::Time now = absl::Now();
     absl::Time wake_at = deadline;
     bool all_done = true;
     for (Dial& d : dials) {
       if (d.state == Dial::kWaiting && d.retry_at <= now) {
-        d.fd = socket(d.address.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        d.fd = socket(d.socket_address.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (d.fd < 0) {
-          retry_later(d, now, absl::StrCat("socket: ", ErrnoText(errno)));
-        } else if (connect(d.fd, d.address.get(), d.address.length) == 0) {
+          d.RetryLater(now, absl::StrCat("socket: ", ErrnoText(errno)));
+        } else if (connect(d.fd, d.socket_address.get(), d.socket_address.length) == 0) {
           send_hello(d, now);
         } else if (errno == EINPROGRESS || errno == EINTR) {
           d.state = Dial::kConnecting;
         } else {
-          retry_later(d, now, ErrnoText(errno));
+          d.RetryLater(now, ErrnoText(errno));
         }
       }
       if (d.state == Dial::kWaiting) wake_at = std::min(wake_at, d.retry_at);
       all_done &= d.state == Dial::kDone;
     }
-    if (all_done) break;
+    if (all_done) return absl::OkStatus();
     if (now >= deadline) {
       std::vector<std::string> missing;
       for (const Dial& d : dials) {
-        if (d.state != Dial::kDone) missing.push_back(absl::StrCat(peer_text(d), ": ", d.last_error));
+        if (d.state != Dial::kDone) missing.push_back(absl::StrCat(d.Text(), ": ", d.last_error));
       }
-      status = absl::DeadlineExceededError(absl::StrCat("could not reach ", absl::StrJoin(missing, "; ")));
-      break;
+      return absl::DeadlineExceededError(absl::StrCat("could not reach ", absl::StrJoin(missing, "; ")));
     }
+
     fds.clear();
     polled.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
@@ -652,11 +621,10 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
       }
     }
     if (poll(fds.data(), fds.size(), PollTimeoutMs(now, wake_at)) < 0 && errno != EINTR) {
-      status = absl::InternalError(absl::StrCat(Name(), ": poll: ", ErrnoText(errno)));
-      break;
+      return absl::InternalError(absl::StrCat(Name(), ": poll: ", ErrnoText(errno)));
     }
     now = absl::Now();
-    for (size_t i = 0; i < polled.size() && status.ok(); ++i) {
+    for (size_t i = 0; i < polled.size(); ++i) {
       Dial& d = *polled[i];
       if (fds[i + 1].revents == 0) continue;
       if (d.state == Dial::kConnecting) {
@@ -664,7 +632,7 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
         socklen_t len = sizeof(err);
         if (getsockopt(d.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
         if (err != 0) {
-          retry_later(d, now, ErrnoText(err));
+          d.RetryLater(now, ErrnoText(err));
         } else {
           send_hello(d, now);
         }
@@ -672,39 +640,70 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
       }
       const ssize_t n = recv(d.fd, d.ack + d.got, kAckBytes - d.got, MSG_DONTWAIT);
       if (n < 0) {
-        if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) retry_later(d, now, ErrnoText(errno));
+        if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) d.RetryLater(now, ErrnoText(errno));
       } else if (n == 0) {
-        // Dropped before the ack: the listener is overloaded by hellos, or
-        // going away; worth another try until the deadline.
-        retry_later(d, now, "connection closed during the handshake");
+        d.RetryLater(now, "connection closed during the handshake");
       } else if ((d.got += static_cast<size_t>(n)) == kAckBytes) {
-        status = take_ack(d);
+        PW_RETURN_IF_ERROR(TakeAck(d));
       }
     }
-    if (!status.ok()) break;
   }
-  for (Dial& d : dials) {
-    if (d.fd >= 0) close(d.fd);
-  }
+}
 
-  // Then wait for every peer's dial to us (they may have come long ago).
+absl::Status DataPlane::TakeAck(Dial& d) {
+  auto refused = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat(Name(), ": ", d.Text(), " ", why));
+  };
+  if (std::memcmp(d.ack, kAckMagic, 8) != 0) return refused("answered the hello with something not a data plane's");
+  const uint32_t version = Get32(d.ack + 8), id = Get32(d.ack + 12), status = Get32(d.ack + 16);
+  if (status == kVersionMismatch || version != kVersion) {
+    return refused(absl::StrCat("runs data plane version ", version, ", this host version ", kVersion));
+  }
+  if (id != static_cast<uint32_t>(d.peer)) return refused(absl::StrCat("is the data plane of host ", id));
+  switch (status) {
+    case kAccepted:
+      break;
+    case kWrongSecret:
+      return absl::PermissionDeniedError(
+          absl::StrCat(Name(), ": ", d.Text(), " refused the hello: different secret"));
+    case kBadHostId:
+      return refused(absl::StrCat("refused host id ", host_id_, " (a different cluster size?)"));
+    case kAlreadyConnected:
+      return refused(absl::StrCat("already has a connection from host ", host_id_));
+    default:
+      return refused(absl::StrCat("refused the hello (status ", status, ")"));
+  }
+  if (absl::Status configured = ConfigureConnection(d.fd); !configured.ok()) {
+    return absl::InternalError(absl::StrCat(Name(), ": ", d.Text(), ": ", configured.message()));
+  }
+  MutexLock lock(&mu_);
+  if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+  out_fds_[d.peer] = d.fd;  // the destructor closes it from now on
+  d.fd = -1;
+  d.state = Dial::kDone;
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::AwaitDialIns(absl::Status dialed, absl::Time deadline) {
+  if (!dialed.ok() && !absl::IsDeadlineExceeded(dialed)) return dialed;
   const auto steady_deadline = std::chrono::steady_clock::now() +
                                absl::ToChronoNanoseconds(std::max(deadline - absl::Now(), absl::ZeroDuration()));
   MutexLock lock(&mu_);
-  if (!status.ok() && !absl::IsDeadlineExceeded(status)) return status;
   for (;;) {
-    if (shutting_down_.load()) return cancelled();
+    if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
     std::vector<int> missing;
     for (int h = 0; h < num_hosts_; ++h) {
       if (h != host_id_ && in_fds_[h] < 0) missing.push_back(h);
     }
-    if (missing.empty() && status.ok()) {
+    if (missing.empty() && dialed.ok()) {
       connected_ = true;
       return absl::OkStatus();
     }
-    if (!status.ok() || std::chrono::steady_clock::now() >= steady_deadline) {
-      std::string text = absl::StrCat(Name(), ": Connect timed out after ", absl::FormatDuration(options_.connect_timeout), ": ");
-      if (!status.ok()) absl::StrAppend(&text, status.message(), missing.empty() ? "" : "; ");
+    // A dial that timed out reports now, with whoever has not dialed in yet.
+    if (!dialed.ok() || std::chrono::steady_clock::now() >= steady_deadline) {
+      std::string text =
+          absl::StrCat(Name(), ": Connect timed out after ", absl::FormatDuration(options_.connect_timeout), ": ");
+      if (!dialed.ok()) absl::StrAppend(&text, dialed.message(), missing.empty() ? "" : "; ");
       if (!missing.empty()) absl::StrAppend(&text, "not dialed in by host(s) ", absl::StrJoin(missing, ", "));
       return absl::DeadlineExceededError(text);
     }

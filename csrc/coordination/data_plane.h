@@ -183,6 +183,14 @@ class DataPlane {
   // once, none blocking the others; registers accepted peers' connections.
   void AcceptLoop();
 
+  // Connect's parts: makes the outgoing connections (all at once, retrying
+  // until `deadline`); takes one's complete ack (OK: registered; else the
+  // error that ends Connect); waits until every peer has dialed in.
+  struct Dial;  // one outgoing connection in the making, defined in the .cc
+  absl::Status DialAll(std::vector<Dial>& dials, absl::Time deadline);
+  absl::Status TakeAck(Dial& dial);
+  absl::Status AwaitDialIns(absl::Status dialed, absl::Time deadline);
+
   // The socket of `peer`'s connection in one direction, or an error status
   // for the caller's argument/state (see Send's errors).
   absl::StatusOr<int> ConnectionFd(int peer, bool outgoing);
