@@ -396,7 +396,7 @@ void DataPlane::AcceptLoop() {
   std::vector<pollfd> fds;
   absl::Time accept_paused_until = absl::InfinitePast();
 
-  // Reads what has arrived of pending[i]'s hello; returns true while it is
+  // Reads what has arrived of p's hello; returns true while it is
   // still incomplete and may complete. Closes the connection, or hands it to
   // the peer table, and returns false otherwise.
   auto advance = [&](Pending& p) -> bool {

@@ -84,7 +84,7 @@ namespace pw {
 // from the network is noticed by TCP keepalive on idle connections (about
 // 25 s), and by TCP's retransmission timeout for a Send with unacknowledged
 // data (minutes). A peer that is alive but never calls Recv blocks our Send
-// (backpressure) until it does, or until Shutdown.
+// (backpressure) until it does, or until either of us shuts down.
 class DataPlane {
  public:
   struct Options {
@@ -97,7 +97,8 @@ class DataPlane {
     // Bound on Connect: dialing every peer and being dialed by every peer.
     absl::Duration connect_timeout = absl::Seconds(30);
     // A connection that has not completed its hello this long after being
-    // accepted is closed (it does not hold up the others meanwhile).
+    // accepted is closed. Hellos proceed side by side, so a slow one holds
+    // up no other; of more than 64 incomplete at once, the oldest is closed.
     absl::Duration handshake_timeout = absl::Seconds(5);
   };
 
@@ -212,7 +213,7 @@ class DataPlane {
   std::unique_ptr<Peer[]> peers_;  // by host id; this host's entry unused
   std::atomic<bool> shutting_down_{false};
 
-  Mutex mu_;  // guards the fields below; connected_ is signalled on changes
+  Mutex mu_;  // guards the fields below; changed_ is signalled when in_fds_ changes and on Shutdown
   CondVar changed_;
   // Sockets by host id, -1 until connected. Closed only by the destructor,
   // so a thread that read one under mu_ may use it after unlocking.
