@@ -1,0 +1,816 @@
+#include "csrc/coordination/data_plane.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <system_error>
+#include <utility>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/memory/memory.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "csrc/base/status_macros.h"
+
+namespace pw {
+namespace {
+
+// --- Wire format (see data_plane.h) -----------------------------------------
+
+constexpr char kHelloMagic[8] = {'p', 'w', 'd', 'p', '-', 'h', 'i', '\n'};
+constexpr char kAckMagic[8] = {'p', 'w', 'd', 'p', '-', 'a', 'k', '\n'};
+constexpr size_t kHelloBytes = 8 + 4 + 4 + 4 + DataPlane::kMaxSecretBytes;
+constexpr size_t kAckBytes = 8 + 4 + 4 + 4;
+constexpr uint32_t kMessageMarker = 0x4d445750;  // "PWDM" read little-endian
+constexpr size_t kHeaderBytes = 16;
+
+// Why a listener refused a hello (the ack's status).
+enum AckStatus : uint32_t {
+  kAccepted = 0,
+  kWrongSecret = 1,
+  kBadHostId = 2,        // out of range, or the listener's own
+  kAlreadyConnected = 3, // that host id has a connection already
+  kVersionMismatch = 4,  // the ack's version field says the listener's
+};
+
+void Put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void Put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t Get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+uint64_t Get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+// --- Limits ---------------------------------------------------------------
+
+// Hellos in progress on the accept thread. A flood of connections that never
+// finish their hello evicts the oldest first: a real peer finishes within a
+// round trip, so it is never the oldest for long.
+constexpr size_t kMaxPendingHellos = 64;
+// Scratch for draining a message whose size the receiver did not expect:
+// fixed, whatever length the wire claims.
+constexpr size_t kDrainBytes = 64 << 10;
+// Retry backoff of a dial that was refused or dropped.
+constexpr absl::Duration kFirstBackoff = absl::Milliseconds(10);
+constexpr absl::Duration kMaxBackoff = absl::Milliseconds(500);
+// When accept() runs out of descriptors or memory, the listening socket stays
+// readable; pause accepting instead of spinning.
+constexpr absl::Duration kAcceptPause = absl::Milliseconds(100);
+// TCP keepalive on established connections (see "Dead-peer detection").
+constexpr int kKeepIdleSeconds = 10;
+constexpr int kKeepIntervalSeconds = 5;
+constexpr int kKeepCount = 3;
+
+// --- Helpers --------------------------------------------------------------
+
+std::string ErrnoText(int err) { return std::system_category().message(err); }
+
+// poll()'s timeout for waiting from `now` until `until`: -1 for never,
+// otherwise milliseconds rounded up (so the deadline has passed on wake-up).
+int PollTimeoutMs(absl::Time now, absl::Time until) {
+  if (until == absl::InfiniteFuture()) return -1;
+  if (until <= now) return 0;
+  const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(until - now, absl::Milliseconds(1)));
+  return static_cast<int>(std::min<int64_t>(ms, INT_MAX));
+}
+
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  int family() const { return storage.ss_family; }
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+};
+
+// A numeric IPv4 or IPv6 address and a port.
+absl::StatusOr<SocketAddress> ParseIp(const std::string& ip, uint16_t port) {
+  SocketAddress address;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&address.storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&address.storage);
+  if (inet_pton(AF_INET, ip.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    address.length = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, ip.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    address.length = sizeof(sockaddr_in6);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("'", ip, "' is not a numeric IPv4 or IPv6 address"));
+  }
+  return address;
+}
+
+// "ip:port" or "[ipv6]:port", as address() makes them.
+absl::StatusOr<SocketAddress> ParseAddress(absl::string_view text) {
+  const size_t colon = text.rfind(':');
+  if (colon == absl::string_view::npos) return absl::InvalidArgumentError("no ':port'");
+  absl::string_view ip = text.substr(0, colon);
+  uint32_t port = 0;
+  if (!absl::SimpleAtoi(text.substr(colon + 1), &port) || port == 0 || port > 65535) {
+    return absl::InvalidArgumentError("bad port");
+  }
+  if (ip.size() >= 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+  return ParseIp(std::string(ip), static_cast<uint16_t>(port));
+}
+
+std::string FormatAddress(const SocketAddress& address) {
+  char ip[INET6_ADDRSTRLEN] = {};
+  if (address.family() == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address.storage);
+    inet_ntop(AF_INET, &v4->sin_addr, ip, sizeof(ip));
+    return absl::StrCat(ip, ":", ntohs(v4->sin_port));
+  }
+  const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address.storage);
+  inet_ntop(AF_INET6, &v6->sin6_addr, ip, sizeof(ip));
+  return absl::StrCat("[", ip, "]:", ntohs(v6->sin6_port));
+}
+
+// A connection that finished its handshake becomes blocking (Recv blocks in
+// recvmsg; Send asks for MSG_DONTWAIT per call), sends small messages at
+// once (no Nagle delay), and probes an idle peer.
+absl::Status ConfigureConnection(int fd) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+    return absl::InternalError(absl::StrCat("fcntl: ", ErrnoText(errno)));
+  }
+  const int one = 1;
+  const std::array<std::pair<int, int>, 4> options = {{{IPPROTO_TCP, TCP_NODELAY},
+                                                       {IPPROTO_TCP, TCP_KEEPIDLE},
+                                                       {IPPROTO_TCP, TCP_KEEPINTVL},
+                                                       {IPPROTO_TCP, TCP_KEEPCNT}}};
+  const std::array<int, 4> values = {one, kKeepIdleSeconds, kKeepIntervalSeconds, kKeepCount};
+  for (size_t i = 0; i < options.size(); ++i) {
+    if (setsockopt(fd, options[i].first, options[i].second, &values[i], sizeof(int)) < 0) {
+      return absl::InternalError(absl::StrCat("setsockopt: ", ErrnoText(errno)));
+    }
+  }
+  if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one)) < 0) {
+    return absl::InternalError(absl::StrCat("setsockopt(SO_KEEPALIVE): ", ErrnoText(errno)));
+  }
+  return absl::OkStatus();
+}
+
+// Skips `n` bytes of the iovec array [*iov, *iov + *count): drops the pieces
+// fully done and trims the first one partly done.
+void Advance(iovec** iov, size_t* count, size_t n) {
+  while (n > 0 && *count > 0) {
+    if (n >= (*iov)->iov_len) {
+      n -= (*iov)->iov_len;
+      ++*iov;
+      --*count;
+    } else {
+      (*iov)->iov_base = static_cast<uint8_t*>((*iov)->iov_base) + n;
+      (*iov)->iov_len -= n;
+      n = 0;
+    }
+  }
+}
+
+// Why a connection's peer end is gone, from poll's revents on it.
+std::string ClosedText(int fd, short revents) {
+  if (revents & POLLERR) {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0) return ErrnoText(err);
+  }
+  return "closed by the peer";
+}
+
+// Writes all of iov[0, count) (modified as it goes) to `fd` without sleeping
+// in the kernel: when the socket is full it waits in poll, which also wakes
+// when the peer's end closes (FIN or RST: our peer never writes on this
+// connection, so anything readable is its end) or when `wake_fd` fires
+// (Shutdown). A FIN alone would not fail a write, hence the check before the
+// first write too: a peer that went away since the last message fails this
+// Send instead of swallowing its bytes.
+// Returns OK, Cancelled (woken), or Unavailable with the reason.
+absl::Status WriteAll(int fd, int wake_fd, iovec* iov, size_t count, uint64_t* written) {
+  bool check = true;   // poll before writing
+  bool full = false;   // the last write found no room
+  while (count > 0) {
+    if (check) {
+      pollfd fds[2] = {{fd, static_cast<short>(POLLRDHUP | (full ? POLLOUT : 0)), 0}, {wake_fd, POLLIN, 0}};
+      if (poll(fds, 2, full ? -1 : 0) < 0) {
+        if (errno == EINTR) continue;
+        return absl::UnavailableError(absl::StrCat("poll: ", ErrnoText(errno)));
+      }
+      if (fds[1].revents != 0) return absl::CancelledError("shut down");
+      if (fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLIN)) {
+        return absl::UnavailableError(ClosedText(fd, fds[0].revents));
+      }
+      if (full && !(fds[0].revents & POLLOUT)) continue;
+      check = false;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = std::min<size_t>(count, IOV_MAX);
+    const ssize_t n = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        check = full = true;
+        continue;
+      }
+      return absl::UnavailableError(ErrnoText(errno));
+    }
+    full = false;
+    *written += static_cast<uint64_t>(n);
+    Advance(&iov, &count, static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+// Reads exactly the bytes of iov[0, count) (modified as it goes) from the
+// blocking socket `fd`, sleeping in the kernel until they are all in (or the
+// connection ends, or Shutdown shuts the socket's reading side down).
+// Returns OK or Unavailable with the reason.
+absl::Status ReadAll(int fd, iovec* iov, size_t count, uint64_t* read) {
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = std::min<size_t>(count, IOV_MAX);
+    const ssize_t n = recvmsg(fd, &msg, MSG_WAITALL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(ErrnoText(errno));
+    }
+    if (n == 0) return absl::UnavailableError("closed by the peer");
+    *read += static_cast<uint64_t>(n);
+    Advance(&iov, &count, static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+void MakeAck(uint8_t* ack, int host_id, AckStatus status) {
+  std::memcpy(ack, kAckMagic, 8);
+  Put32(ack + 8, DataPlane::kVersion);
+  Put32(ack + 12, static_cast<uint32_t>(host_id));
+  Put32(ack + 16, status);
+}
+
+// Sends an ack on a connection still in its handshake. 20 bytes always fit in
+// a fresh socket's buffer, so a short write means the peer is gone.
+bool SendAck(int fd, int host_id, AckStatus status) {
+  uint8_t ack[kAckBytes];
+  MakeAck(ack, host_id, status);
+  return send(fd, ack, sizeof(ack), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(ack));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Construction
+
+absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Listen(int host_id, int num_hosts, Options options) {
+  if (num_hosts < 1 || host_id < 0 || host_id >= num_hosts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane: host id ", host_id, " is not in a cluster of ", num_hosts, " hosts"));
+  }
+  if (options.secret.empty() || options.secret.size() > kMaxSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("data plane host ", host_id, ": the secret has ",
+                                                   options.secret.size(), " bytes, not 1 to ", kMaxSecretBytes));
+  }
+  absl::StatusOr<SocketAddress> bind_address = ParseIp(options.bind_ip, 0);
+  if (!bind_address.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane host ", host_id, ": bind_ip: ", bind_address.status().message()));
+  }
+  auto unavailable = [&](absl::string_view what) {
+    return absl::UnavailableError(absl::StrCat("data plane host ", host_id, ": ", what, " on ", options.bind_ip,
+                                               ": ", ErrnoText(errno)));
+  };
+  // Non-blocking: poll may report a connection that is reset before
+  // accept() takes it, and then accept must not block the accept thread.
+  const int fd = socket(bind_address->family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return unavailable("socket");
+  SocketAddress bound;
+  bound.length = sizeof(bound.storage);
+  if (bind(fd, bind_address->get(), bind_address->length) < 0 || listen(fd, SOMAXCONN) < 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound.storage), &bound.length) < 0) {
+    absl::Status status = unavailable("bind/listen");
+    close(fd);
+    return status;
+  }
+  const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd < 0) {
+    absl::Status status = unavailable("eventfd");
+    close(fd);
+    return status;
+  }
+  auto plane = absl::WrapUnique(
+      new DataPlane(host_id, num_hosts, std::move(options), fd, wake_fd, FormatAddress(bound)));
+  DataPlane* raw = plane.get();
+  plane->accept_thread_ = std::thread([raw] { raw->AcceptLoop(); });
+  return plane;
+}
+
+DataPlane::DataPlane(int host_id, int num_hosts, Options options, int listen_fd, int wake_fd, std::string address)
+    : host_id_(host_id),
+      num_hosts_(num_hosts),
+      options_(std::move(options)),
+      listen_fd_(listen_fd),
+      wake_fd_(wake_fd),
+      address_(std::move(address)),
+      peers_(new Peer[num_hosts]),
+      out_fds_(num_hosts, -1),
+      in_fds_(num_hosts, -1) {}
+
+DataPlane::~DataPlane() {
+  Shutdown();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  close(listen_fd_);
+  close(wake_fd_);
+  MutexLock lock(&mu_);
+  for (int fd : out_fds_) {
+    if (fd >= 0) close(fd);
+  }
+  for (int fd : in_fds_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+std::string DataPlane::Name() const { return absl::StrCat("data plane host ", host_id_); }
+
+void DataPlane::Shutdown() {
+  if (shutting_down_.exchange(true)) return;
+  // Wakes the accept thread, a dialing Connect and every Send waiting for
+  // room (they poll wake_fd_); the eventfd stays readable from now on.
+  const uint64_t one = 1;
+  if (write(wake_fd_, &one, sizeof(one)) < 0) {
+    // Cannot fail for an eventfd short of overflow; the shutdowns below
+    // still end every transfer.
+  }
+  shutdown(listen_fd_, SHUT_RDWR);
+  // Shutting the connections down (not closing them: other threads may be
+  // inside a syscall on them, and a closed descriptor number can be reused)
+  // wakes every Recv blocked in recvmsg, fails every later write, and sends
+  // FIN to the peers, whose transfers with us then fail.
+  MutexLock lock(&mu_);
+  for (int fd : out_fds_) {
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+  }
+  for (int fd : in_fds_) {
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+  }
+  changed_.SignalAll();
+}
+
+// ---------------------------------------------------------------------------
+// The accept thread
+
+void DataPlane::AcceptLoop() {
+  // The hello we expect to carry, padded as on the wire.
+  std::array<uint8_t, kMaxSecretBytes> secret{};
+  std::memcpy(secret.data(), options_.secret.data(), options_.secret.size());
+
+  struct Pending {
+    int fd;
+    absl::Time deadline;
+    size_t got = 0;
+    uint8_t hello[kHelloBytes] = {};
+  };
+  std::vector<Pending> pending;  // oldest first
+  std::vector<pollfd> fds;
+  absl::Time accept_paused_until = absl::InfinitePast();
+
+  // Reads what has arrived of p's hello; returns true while it is
+  // still incomplete and may complete. Closes the connection, or hands it to
+  // the peer table, and returns false otherwise.
+  auto advance = [&](Pending& p) -> bool {
+    const ssize_t n = recv(p.fd, p.hello + p.got, kHelloBytes - p.got, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    bool keep_fd = false;
+    if (n > 0) {
+      p.got += static_cast<size_t>(n);
+      // Refuse as early as the bytes allow: garbage or another protocol at
+      // once, without waiting for 276 bytes that may never come.
+      if (std::memcmp(p.hello, kHelloMagic, std::min<size_t>(p.got, 8)) != 0) {
+        // not ours: close without an answer
+      } else if (p.got >= 12 && Get32(p.hello + 8) != kVersion) {
+        SendAck(p.fd, host_id_, kVersionMismatch);
+      } else if (p.got < kHelloBytes) {
+        return true;
+      } else {
+        // Constant time over the whole padded field and the length, so the
+        // time taken tells nothing about how much of a guess was right.
+        uint32_t diff = Get32(p.hello + 16) ^ static_cast<uint32_t>(options_.secret.size());
+        for (size_t i = 0; i < kMaxSecretBytes; ++i) diff |= p.hello[20 + i] ^ secret[i];
+        const uint32_t id = Get32(p.hello + 12);
+        if (diff != 0) {
+          SendAck(p.fd, host_id_, kWrongSecret);
+        } else if (id >= static_cast<uint32_t>(num_hosts_) || id == static_cast<uint32_t>(host_id_)) {
+          SendAck(p.fd, host_id_, kBadHostId);
+        } else if (absl::Status configured = ConfigureConnection(p.fd); configured.ok()) {
+          MutexLock lock(&mu_);
+          if (shutting_down_.load()) {
+            // closed below
+          } else if (in_fds_[id] >= 0) {
+            SendAck(p.fd, host_id_, kAlreadyConnected);
+          } else if (SendAck(p.fd, host_id_, kAccepted)) {
+            // Registered only once acked (a dialer that got no ack retries),
+            // and atomically with the duplicate check.
+            in_fds_[id] = p.fd;
+            keep_fd = true;
+            changed_.SignalAll();
+          }
+        }
+      }
+    }
+    if (!keep_fd) close(p.fd);
+    return false;
+  };
+
+  while (!shutting_down_.load()) {
+    absl::Time now = absl::Now();
+    const bool accepting = now >= accept_paused_until;
+    fds.clear();
+    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
+    absl::Time wake_at = accepting ? absl::InfiniteFuture() : accept_paused_until;
+    for (const Pending& p : pending) {
+      fds.push_back({p.fd, POLLIN | POLLRDHUP, 0});
+      wake_at = std::min(wake_at, p.deadline);
+    }
+    if (poll(fds.data(), fds.size(), PollTimeoutMs(now, wake_at)) < 0 && errno != EINTR) {
+      // Not expected (EFAULT/EINVAL/ENOMEM); do not spin.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    if (fds[0].revents != 0) break;
+
+    // Hellos first (fds[2 + i] is pending[i]), then new connections.
+    now = absl::Now();
+    std::vector<Pending> still;
+    still.reserve(pending.size());
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      if (fds[2 + i].revents != 0) {
+        if (!advance(p)) continue;
+      }
+      if (now >= p.deadline) {
+        close(p.fd);  // too slow: a stalled or silent peer
+        continue;
+      }
+      still.push_back(p);
+    }
+    pending.swap(still);
+
+    if (fds[1].revents & POLLIN) {
+      // Take what is queued, but a bounded number per round so the hellos
+      // in progress keep being served during a flood.
+      for (int i = 0; i < 16; ++i) {
+        const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+          if (errno == EINTR || errno == ECONNABORTED) continue;
+          if (errno != EAGAIN && errno != EWOULDBLOCK) accept_paused_until = now + kAcceptPause;
+          break;
+        }
+        if (pending.size() >= kMaxPendingHellos) {
+          close(pending.front().fd);
+          pending.erase(pending.begin());
+        }
+        Pending p{fd, now + options_.handshake_timeout};
+        pending.push_back(p);
+      }
+    }
+  }
+  for (const Pending& p : pending) close(p.fd);
+}
+
+// ---------------------------------------------------------------------------
+// Connect
+
+// One outgoing connection that Connect is making: connect, send the hello,
+// read the ack. Failures that may pass (refused: the peer is not listening
+// yet; dropped before the ack: its hello queue overflowed) wait `backoff`
+// and start over.
+struct DataPlane::Dial {
+  int peer;
+  std::string address;  // as given, for messages
+  SocketAddress socket_address;
+  enum State { kWaiting, kConnecting, kAwaitingAck, kDone } state = kWaiting;
+  int fd = -1;
+  absl::Time retry_at = absl::InfinitePast();
+  absl::Duration backoff = kFirstBackoff;
+  size_t got = 0;  // bytes of `ack`
+  uint8_t ack[kAckBytes] = {};
+  std::string last_error = "not dialed";
+
+  std::string Text() const { return absl::StrCat("host ", peer, " at ", address); }
+
+  void RetryLater(absl::Time now, std::string why) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+    state = kWaiting;
+    got = 0;
+    last_error = std::move(why);
+    retry_at = now + backoff;
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+};
+
+absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
+  if (addresses.size() != static_cast<size_t>(num_hosts_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Name(), ": Connect got ", addresses.size(), " addresses for ", num_hosts_, " hosts"));
+  }
+  std::vector<Dial> dials;
+  for (int h = 0; h < num_hosts_; ++h) {
+    if (h == host_id_) continue;
+    absl::StatusOr<SocketAddress> address = ParseAddress(addresses[h]);
+    if (!address.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(Name(), ": address of host ", h, " '", addresses[h],
+                                                     "': ", address.status().message()));
+    }
+    dials.push_back(Dial{h, addresses[h], *address});
+  }
+  {
+    MutexLock lock(&mu_);
+    if (connect_called_) return absl::FailedPreconditionError(absl::StrCat(Name(), ": Connect called twice"));
+    connect_called_ = true;
+  }
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  absl::Status dialed = DialAll(dials, deadline);
+  for (Dial& d : dials) {
+    if (d.fd >= 0) close(d.fd);  // not done: not registered
+  }
+  return AwaitDialIns(std::move(dialed), deadline);
+}
+
+absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
+  uint8_t hello[kHelloBytes] = {};
+  std::memcpy(hello, kHelloMagic, 8);
+  Put32(hello + 8, kVersion);
+  Put32(hello + 12, static_cast<uint32_t>(host_id_));
+  Put32(hello + 16, static_cast<uint32_t>(options_.secret.size()));
+  std::memcpy(hello + 20, options_.secret.data(), options_.secret.size());
+  // A fresh socket's buffer takes the whole hello at once, so it is sent
+  // without waiting (a short write just means another try).
+  auto send_hello = [&](Dial& d, absl::Time now) {
+    if (send(d.fd, hello, sizeof(hello), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
+      d.RetryLater(now, absl::StrCat("sending the hello: ", ErrnoText(errno)));
+    } else {
+      d.state = Dial::kAwaitingAck;
+    }
+  };
+
+  // All dials at once, as a state machine on this thread: a peer that never
+  // answers costs the others nothing.
+  std::vector<pollfd> fds;
+  std::vector<Dial*> polled;  // polled[i] is fds[i + 1]
+  for (;;) {
+    if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+    absl::Time now = absl::Now();
+    absl::Time wake_at = deadline;
+    bool all_done = true;
+    for (Dial& d : dials) {
+      if (d.state == Dial::kWaiting && d.retry_at <= now) {
+        d.fd = socket(d.socket_address.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (d.fd < 0) {
+          d.RetryLater(now, absl::StrCat("socket: ", ErrnoText(errno)));
+        } else if (connect(d.fd, d.socket_address.get(), d.socket_address.length) == 0) {
+          send_hello(d, now);
+        } else if (errno == EINPROGRESS || errno == EINTR) {
+          d.state = Dial::kConnecting;
+        } else {
+          d.RetryLater(now, ErrnoText(errno));
+        }
+      }
+      if (d.state == Dial::kWaiting) wake_at = std::min(wake_at, d.retry_at);
+      all_done &= d.state == Dial::kDone;
+    }
+    if (all_done) return absl::OkStatus();
+    if (now >= deadline) {
+      std::vector<std::string> missing;
+      for (const Dial& d : dials) {
+        if (d.state != Dial::kDone) missing.push_back(absl::StrCat(d.Text(), ": ", d.last_error));
+      }
+      return absl::DeadlineExceededError(absl::StrCat("could not reach ", absl::StrJoin(missing, "; ")));
+    }
+
+    fds.clear();
+    polled.clear();
+    fds.push_back({wake_fd_, POLLIN, 0});
+    for (Dial& d : dials) {
+      if (d.state == Dial::kConnecting || d.state == Dial::kAwaitingAck) {
+        fds.push_back({d.fd, static_cast<short>(d.state == Dial::kConnecting ? POLLOUT : POLLIN), 0});
+        polled.push_back(&d);
+      }
+    }
+    if (poll(fds.data(), fds.size(), PollTimeoutMs(now, wake_at)) < 0 && errno != EINTR) {
+      return absl::InternalError(absl::StrCat(Name(), ": poll: ", ErrnoText(errno)));
+    }
+    now = absl::Now();
+    for (size_t i = 0; i < polled.size(); ++i) {
+      Dial& d = *polled[i];
+      if (fds[i + 1].revents == 0) continue;
+      if (d.state == Dial::kConnecting) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (getsockopt(d.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
+        if (err != 0) {
+          d.RetryLater(now, ErrnoText(err));
+        } else {
+          send_hello(d, now);
+        }
+        continue;
+      }
+      const ssize_t n = recv(d.fd, d.ack + d.got, kAckBytes - d.got, MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) d.RetryLater(now, ErrnoText(errno));
+      } else if (n == 0) {
+        d.RetryLater(now, "connection closed during the handshake");
+      } else if ((d.got += static_cast<size_t>(n)) == kAckBytes) {
+        PW_RETURN_IF_ERROR(TakeAck(d));
+      }
+    }
+  }
+}
+
+absl::Status DataPlane::TakeAck(Dial& d) {
+  auto refused = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat(Name(), ": ", d.Text(), " ", why));
+  };
+  if (std::memcmp(d.ack, kAckMagic, 8) != 0) return refused("answered the hello with something not a data plane's");
+  const uint32_t version = Get32(d.ack + 8), id = Get32(d.ack + 12), status = Get32(d.ack + 16);
+  if (status == kVersionMismatch || version != kVersion) {
+    return refused(absl::StrCat("runs data plane version ", version, ", this host version ", kVersion));
+  }
+  if (id != static_cast<uint32_t>(d.peer)) return refused(absl::StrCat("is the data plane of host ", id));
+  switch (status) {
+    case kAccepted:
+      break;
+    case kWrongSecret:
+      return absl::PermissionDeniedError(
+          absl::StrCat(Name(), ": ", d.Text(), " refused the hello: different secret"));
+    case kBadHostId:
+      return refused(absl::StrCat("refused host id ", host_id_, " (a different cluster size?)"));
+    case kAlreadyConnected:
+      return refused(absl::StrCat("already has a connection from host ", host_id_));
+    default:
+      return refused(absl::StrCat("refused the hello (status ", status, ")"));
+  }
+  if (absl::Status configured = ConfigureConnection(d.fd); !configured.ok()) {
+    return absl::InternalError(absl::StrCat(Name(), ": ", d.Text(), ": ", configured.message()));
+  }
+  MutexLock lock(&mu_);
+  if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+  out_fds_[d.peer] = d.fd;  // the destructor closes it from now on
+  d.fd = -1;
+  d.state = Dial::kDone;
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::AwaitDialIns(absl::Status dialed, absl::Time deadline) {
+  if (!dialed.ok() && !absl::IsDeadlineExceeded(dialed)) return dialed;
+  const auto steady_deadline = std::chrono::steady_clock::now() +
+                               absl::ToChronoNanoseconds(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  MutexLock lock(&mu_);
+  for (;;) {
+    if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+    std::vector<int> missing;
+    for (int h = 0; h < num_hosts_; ++h) {
+      if (h != host_id_ && in_fds_[h] < 0) missing.push_back(h);
+    }
+    if (missing.empty() && dialed.ok()) {
+      connected_ = true;
+      return absl::OkStatus();
+    }
+    // A dial that timed out reports now, with whoever has not dialed in yet.
+    if (!dialed.ok() || std::chrono::steady_clock::now() >= steady_deadline) {
+      std::string text =
+          absl::StrCat(Name(), ": Connect timed out after ", absl::FormatDuration(options_.connect_timeout), ": ");
+      if (!dialed.ok()) absl::StrAppend(&text, dialed.message(), missing.empty() ? "" : "; ");
+      if (!missing.empty()) absl::StrAppend(&text, "not dialed in by host(s) ", absl::StrJoin(missing, ", "));
+      return absl::DeadlineExceededError(text);
+    }
+    changed_.WaitUntil(&mu_, steady_deadline);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Transfers
+
+absl::StatusOr<int> DataPlane::ConnectionFd(int peer, bool outgoing) {
+  if (peer < 0 || peer >= num_hosts_ || peer == host_id_) {
+    return absl::InvalidArgumentError(absl::StrCat(Name(), ": no peer host ", peer, " (cluster of ", num_hosts_,
+                                                   " hosts, this is host ", host_id_, ")"));
+  }
+  if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+  MutexLock lock(&mu_);
+  if (!connected_) return absl::FailedPreconditionError(absl::StrCat(Name(), ": not connected (Connect first)"));
+  return outgoing ? out_fds_[peer] : in_fds_[peer];
+}
+
+absl::Status DataPlane::Send(int peer, absl::Span<const iovec> pieces, uint8_t flag) {
+  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/true));
+  uint8_t header[kHeaderBytes] = {};
+  absl::InlinedVector<iovec, 8> iov;
+  iov.push_back({header, sizeof(header)});
+  uint64_t length = 0;
+  for (const iovec& piece : pieces) {
+    length += piece.iov_len;
+    if (piece.iov_len > 0) iov.push_back(piece);
+  }
+  Put32(header, kMessageMarker);
+  header[4] = flag;
+  Put64(header + 8, length);
+
+  Peer& p = peers_[peer];
+  MutexLock lock(&p.send_mu);
+  if (!p.send_broken.ok()) return p.send_broken;
+  uint64_t written = 0;
+  absl::Status status = WriteAll(fd, wake_fd_, iov.data(), iov.size(), &written);
+  if (status.ok()) return status;
+  if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+  // The stream may now end mid-message: nothing more can go on it. Shutting
+  // it down makes the peer's Recv fail now rather than wait.
+  shutdown(fd, SHUT_RDWR);
+  p.send_broken = absl::UnavailableError(
+      absl::StrCat(Name(), ": connection to host ", peer, " broke (", status.message(), ") after ", written, " of ",
+                   length + kHeaderBytes, " bytes of a message"));
+  return p.send_broken;
+}
+
+absl::Status DataPlane::BreakRecv(Peer& p, int peer, int fd, absl::string_view why) {
+  if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+  // The stream's position is lost (or the stream is gone): shut it down so
+  // that the peer's Sends fail too instead of filling it.
+  shutdown(fd, SHUT_RDWR);
+  p.recv_broken = absl::UnavailableError(absl::StrCat(Name(), ": connection from host ", peer, " broke: ", why));
+  return p.recv_broken;
+}
+
+absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces) {
+  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
+  Peer& p = peers_[peer];
+  MutexLock lock(&p.recv_mu);
+  if (!p.recv_broken.ok()) return p.recv_broken;
+
+  uint8_t header[kHeaderBytes];
+  iovec header_iov = {header, sizeof(header)};
+  uint64_t got = 0;
+  if (absl::Status status = ReadAll(fd, &header_iov, 1, &got); !status.ok()) {
+    return BreakRecv(p, peer, fd,
+                     got == 0 ? std::string(status.message())
+                              : absl::StrCat(status.message(), " inside a message header"));
+  }
+  if (Get32(header) != kMessageMarker || header[5] != 0 || header[6] != 0 || header[7] != 0) {
+    return BreakRecv(p, peer, fd, "corrupt stream (not a message header)");
+  }
+  const uint8_t flag = header[4];
+  const uint64_t length = Get64(header + 8);
+
+  uint64_t capacity = 0;
+  absl::InlinedVector<iovec, 8> iov;
+  for (const iovec& piece : pieces) {
+    capacity += piece.iov_len;
+    if (piece.iov_len > 0) iov.push_back(piece);
+  }
+  got = 0;
+  if (length != capacity) {
+    // Drain into a fixed scratch buffer: the length is the peer's word, and
+    // allocating it could be anything.
+    auto scratch = std::make_unique<uint8_t[]>(kDrainBytes);
+    while (got < length) {
+      iovec chunk = {scratch.get(), static_cast<size_t>(std::min<uint64_t>(length - got, kDrainBytes))};
+      if (absl::Status status = ReadAll(fd, &chunk, 1, &got); !status.ok()) {
+        return BreakRecv(p, peer, fd,
+                         absl::StrCat(status.message(), " after ", got, " of ", length, " bytes of a message"));
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat(Name(), ": the message from host ", peer, " has ", length,
+                                                   " bytes but the receive pieces hold ", capacity,
+                                                   "; discarded it"));
+  }
+  if (absl::Status status = ReadAll(fd, iov.data(), iov.size(), &got); !status.ok()) {
+    return BreakRecv(p, peer, fd,
+                     absl::StrCat(status.message(), " after ", got, " of ", length, " bytes of a message"));
+  }
+  return flag;
+}
+
+}  // namespace pw

@@ -1,0 +1,230 @@
+#ifndef PATHWAYS_COORDINATION_DATA_PLANE_H_
+#define PATHWAYS_COORDINATION_DATA_PLANE_H_
+
+// The data plane: bulk transfers between host processes (the ICI and DCN
+// copies of sharded buffers between slices) over plain TCP, in place of
+// Gloo's send/recv. One `DataPlane` is one host's end: a point-to-point
+// byte-message stream to and from every other host of the cluster.
+//
+// Why not Gloo (collective_group.h) for transfers:
+//  - Gloo's listening ports accept anyone; here every connection must present
+//    the cluster's secret before it carries a byte of data.
+//  - One failed Gloo pair breaks the whole group; here each peer has its own
+//    connections, so a host that dies fails only the transfers with it.
+//  - Gloo's send/recv reached ~22% of raw loopback TCP on 64 MiB; here a
+//    message goes with one sendmsg/recvmsg per kernel wake-up straight between
+//    the caller's memory and the socket (data_plane_benchmark compares).
+//
+// Connections: one TCP connection per ordered pair of hosts. Host a's
+// messages to host b go over the connection a dialed to b, so a Send and a
+// Recv with the same peer never share a socket (nor a lock). The listener
+// answers only the handshake and never writes on that connection again.
+//
+// Wire format (integers little-endian; a dialer and its listener must run
+// the same version):
+//   hello (dialer -> listener, 276 bytes): "pwdp-hi\n", u32 version,
+//       u32 dialer host id, u32 secret length, the secret zero-padded to 256.
+//   ack (listener -> dialer, 20 bytes): "pwdp-ak\n", u32 version,
+//       u32 listener host id, u32 status (0 accepted; else why refused).
+//   message (dialer -> listener, repeated): u32 0x4d445750 ("PWDM"), u8 flag,
+//       3 zero bytes, u64 payload length; then the payload.
+// Security: the secret keeps out processes that do not know it (a stray or
+// hostile connection to the port, a host of another cluster). It travels in
+// the clear and the data is not encrypted, so the network itself must be
+// trusted against eavesdroppers; the listener compares it in constant time.
+//
+// Linux only (eventfd, POLLRDHUP, MSG_NOSIGNAL). Never raises SIGPIPE and
+// leaves the process's signal dispositions alone.
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "csrc/base/mutex.h"
+
+namespace pw {
+
+// One host's end of the data plane: point-to-point byte messages to and from
+// every other host of a cluster of `num_hosts`.
+//
+// Life cycle: Listen (binds a port and starts the accept thread) -> hand
+// address() to the other hosts (the control plane's business) -> Connect
+// with every host's address -> Send/Recv -> Shutdown and/or destroy.
+//
+// Thread safety: every method may be called from any thread. Sends to
+// different peers run in parallel, as do Recvs from different peers, and a
+// Send and a Recv with the same peer. Two Sends to one peer are serialized
+// (each message is written whole, in the order the Sends take the peer's
+// lock), and so are two Recvs from one peer. Shutdown may be called at any
+// time, also while other calls block. The destructor must not run while
+// another thread is inside a method: Shutdown, let the calls return, then
+// destroy.
+//
+// Failure isolation: each peer's two connections fail on their own. Once a
+// connection breaks (the peer closed it or died, or a transfer error left
+// the stream mid-message) every later Send (or Recv) with that peer returns
+// the same Unavailable error naming the peer; the other peers keep working.
+// A broken connection is never re-established: a host that restarts joins a
+// new cluster (new DataPlanes, new secret or new ports).
+//
+// Dead-peer detection: a peer process that exits or is killed is noticed at
+// once (its kernel closes the connections: a blocked Recv returns, and a
+// Send fails before writing or while blocked). A peer machine that vanishes
+// from the network is noticed by TCP keepalive on idle connections (about
+// 25 s), and by TCP's retransmission timeout for a Send with unacknowledged
+// data (minutes). A peer that is alive but never calls Recv blocks our Send
+// (backpressure) until it does, or until either of us shuts down.
+class DataPlane {
+ public:
+  struct Options {
+    // The local IP (v4 or v6, numeric) to listen on, port chosen by the
+    // kernel. address() reports it, so it must be one the peers can reach.
+    std::string bind_ip = "127.0.0.1";
+    // The cluster's secret, 1 to 256 bytes (any bytes): every connection
+    // must present it. Hand it to the hosts over an authenticated channel.
+    std::string secret;
+    // Bound on Connect: dialing every peer and being dialed by every peer.
+    absl::Duration connect_timeout = absl::Seconds(30);
+    // A connection that has not completed its hello this long after being
+    // accepted is closed. Hellos proceed side by side, so a slow one holds
+    // up no other; of more than 64 incomplete at once, the oldest is closed.
+    absl::Duration handshake_timeout = absl::Seconds(5);
+  };
+
+  // Hello/ack constants (see the wire format above), for tests that speak it.
+  static constexpr uint32_t kVersion = 1;
+  static constexpr size_t kMaxSecretBytes = 256;
+
+  // Binds options.bind_ip:0, listens, and starts the accept thread, which
+  // from now on takes the hellos of the peers (they may dial before this
+  // host calls Connect). InvalidArgument for host_id outside [0, num_hosts),
+  // num_hosts < 1, a secret that is empty or longer than kMaxSecretBytes, or
+  // a bind_ip that is not a numeric IP; Unavailable if the socket cannot be
+  // bound or listened on.
+  static absl::StatusOr<std::unique_ptr<DataPlane>> Listen(int host_id, int num_hosts, Options options);
+
+  // Shutdown(), joins the accept thread and closes every socket.
+  ~DataPlane();
+  DataPlane(const DataPlane&) = delete;
+  DataPlane& operator=(const DataPlane&) = delete;
+
+  int host_id() const { return host_id_; }
+  int num_hosts() const { return num_hosts_; }
+
+  // "ip:port" ("[ip]:port" for IPv6): where the peers dial this host.
+  std::string address() const { return address_; }
+
+  // Dials every other host (`addresses` holds every host's address() by
+  // host id, this host's own included and ignored), sends the hello, waits
+  // for its ack, and waits until every other host has dialed in. Dials run
+  // in parallel and retry a refused or dropped connection (the peer may not
+  // be listening yet) until options.connect_timeout.
+  // Errors: InvalidArgument (wrong number of addresses, or one that does
+  // not parse); FailedPrecondition (called twice, or an address answers
+  // that is not the expected host's data plane); PermissionDenied (a peer
+  // refused our hello: different secret; the message says which peer);
+  // DeadlineExceeded naming the hosts not reached (with their last error)
+  // and the hosts that have not dialed in; Cancelled after Shutdown. After
+  // an error the plane is unusable (Send/Recv: FailedPrecondition): shut
+  // it down.
+  absl::Status Connect(const std::vector<std::string>& addresses);
+
+  // Sends one message to `peer`: the bytes of `pieces` back to back
+  // (gathered by the kernel, no packing copy), preceded by a 16-byte header
+  // (total length and `flag`, which the receiver's Recv returns). Blocks
+  // until every byte is handed to the kernel (not until the peer received
+  // it). Messages to one peer arrive in the order they were sent. The
+  // caller keeps `pieces` and their memory alive until Send returns.
+  // Errors: InvalidArgument (peer out of range or this host);
+  // FailedPrecondition (Connect did not succeed); Unavailable naming the
+  // peer if its connection is (or becomes) broken (this peer only);
+  // Cancelled after Shutdown.
+  absl::Status Send(int peer, absl::Span<const iovec> pieces, uint8_t flag = 0);
+
+  // Receives the next message from `peer`, scattered into `pieces` (written
+  // in order, without an intermediate copy), and returns the sender's flag.
+  // Blocks until the whole message is in. If the message's length differs
+  // from the pieces' total, the message is read into a small scratch buffer
+  // and discarded (nothing of it lands in `pieces`), the connection stays
+  // usable, and the result is InvalidArgument with both sizes. Other errors
+  // as Send: InvalidArgument (peer), FailedPrecondition, Unavailable naming
+  // the peer (closed, also mid-message, or a corrupt stream), Cancelled.
+  absl::StatusOr<uint8_t> Recv(int peer, absl::Span<const iovec> pieces);
+
+  // Unblocks every Connect, Send and Recv (they return Cancelled, as will
+  // every later call), stops accepting, and shuts the connections down so
+  // that the peers' transfers with this host fail (Unavailable) at once.
+  // Idempotent; does not wait for the accept thread (the destructor does).
+  void Shutdown();
+
+ private:
+  // One other host: the connection this host dialed to it (our Sends) and
+  // the one it dialed to us (our Recvs).
+  struct Peer {
+    Mutex send_mu;  // held by a Send for its whole message
+    absl::Status send_broken ABSL_GUARDED_BY(send_mu);
+    Mutex recv_mu;  // held by a Recv for its whole message
+    absl::Status recv_broken ABSL_GUARDED_BY(recv_mu);
+  };
+
+  DataPlane(int host_id, int num_hosts, Options options, int listen_fd, int wake_fd, std::string address);
+
+  // The accept thread: accepts connections and runs their hellos, many at
+  // once, none blocking the others; registers accepted peers' connections.
+  void AcceptLoop();
+
+  // Connect's parts: makes the outgoing connections (all at once, retrying
+  // until `deadline`); takes one's complete ack (OK: registered; else the
+  // error that ends Connect); waits until every peer has dialed in.
+  struct Dial;  // one outgoing connection in the making, defined in the .cc
+  absl::Status DialAll(std::vector<Dial>& dials, absl::Time deadline);
+  absl::Status TakeAck(Dial& dial);
+  absl::Status AwaitDialIns(absl::Status dialed, absl::Time deadline);
+
+  // The socket of `peer`'s connection in one direction, or an error status
+  // for the caller's argument/state (see Send's errors).
+  absl::StatusOr<int> ConnectionFd(int peer, bool outgoing);
+
+  // After a failed read from `peer` (on `fd`): Cancelled if shutting down;
+  // otherwise marks the connection broken by `why` for good, shuts it down,
+  // and returns that Unavailable error.
+  absl::Status BreakRecv(Peer& p, int peer, int fd, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.recv_mu);
+
+  // "data plane host <id>" for messages.
+  std::string Name() const;
+
+  const int host_id_;
+  const int num_hosts_;
+  const Options options_;
+  const int listen_fd_;
+  const int wake_fd_;  // eventfd, readable forever once Shutdown wrote it
+  const std::string address_;
+  std::unique_ptr<Peer[]> peers_;  // by host id; this host's entry unused
+  std::atomic<bool> shutting_down_{false};
+
+  Mutex mu_;  // guards the fields below; changed_ is signalled when in_fds_ changes and on Shutdown
+  CondVar changed_;
+  // Sockets by host id, -1 until connected. Closed only by the destructor,
+  // so a thread that read one under mu_ may use it after unlocking.
+  std::vector<int> out_fds_ ABSL_GUARDED_BY(mu_);  // we dialed (Sends)
+  std::vector<int> in_fds_ ABSL_GUARDED_BY(mu_);   // they dialed (Recvs)
+  bool connect_called_ ABSL_GUARDED_BY(mu_) = false;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;  // Connect succeeded
+
+  std::thread accept_thread_;
+};
+
+}  // namespace pw
+
+#endif  // PATHWAYS_COORDINATION_DATA_PLANE_H_

@@ -1,0 +1,1011 @@
+#include "csrc/coordination/data_plane.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// Every wait in these tests is bounded by this (a hang is a failure, not a
+// stuck test binary).
+constexpr auto kWait = std::chrono::seconds(10);
+
+#define ASSERT_OK(expr)                          \
+  do {                                           \
+    const absl::Status pw_s = (expr);            \
+    ASSERT_TRUE(pw_s.ok()) << #expr << ": " << pw_s; \
+  } while (0)
+
+DataPlane::Options TestOptions() {
+  DataPlane::Options options;
+  options.secret = "s3cret of the test cluster";
+  options.connect_timeout = absl::Seconds(10);
+  options.handshake_timeout = absl::Seconds(2);
+  return options;
+}
+
+iovec Piece(const void* data, size_t size) { return iovec{const_cast<void*>(data), size}; }
+
+absl::Status SendString(DataPlane& plane, int peer, const std::string& bytes, uint8_t flag = 0) {
+  const iovec piece = Piece(bytes.data(), bytes.size());
+  return plane.Send(peer, {&piece, 1}, flag);
+}
+
+// Receives a message of exactly `size` bytes into *out.
+absl::StatusOr<uint8_t> RecvString(DataPlane& plane, int peer, size_t size, std::string* out) {
+  out->assign(size, '\0');
+  const iovec piece = Piece(out->data(), size);
+  return plane.Recv(peer, {&piece, 1});
+}
+
+// Bytes that depend on every coordinate, so a misplaced or mixed-up byte
+// shows.
+std::string Pattern(size_t size, uint32_t seed) {
+  std::string bytes(size, '\0');
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < size; ++i) {
+    x = x * 1103515245u + 12345u;
+    bytes[i] = static_cast<char>(x >> 24);
+  }
+  return bytes;
+}
+
+// A cluster of planes as threads of this process, plus the threads a test
+// runs against it. The destructor shuts every plane down first (which
+// unblocks whatever a failed test left blocked) and then joins the threads.
+class Cluster {
+ public:
+  ~Cluster() {
+    for (auto& plane : planes) {
+      if (plane != nullptr) plane->Shutdown();
+    }
+    for (auto& thread : threads_) thread.join();
+  }
+
+  // Listens `n` planes (with `options`), without connecting them.
+  absl::Status Listen(int n, const DataPlane::Options& options = TestOptions()) {
+    for (int h = 0; h < n; ++h) {
+      absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Listen(h, n, options);
+      if (!plane.ok()) return plane.status();
+      planes.push_back(*std::move(plane));
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<std::string> Addresses() const {
+    std::vector<std::string> addresses;
+    for (const auto& plane : planes) addresses.push_back(plane->address());
+    return addresses;
+  }
+
+  // Connects the given planes (all by default) at once; the first error.
+  absl::Status Connect(std::vector<int> hosts = {}) {
+    if (hosts.empty()) {
+      for (size_t h = 0; h < planes.size(); ++h) hosts.push_back(static_cast<int>(h));
+    }
+    std::vector<std::future<absl::Status>> connects;
+    for (int h : hosts) connects.push_back(Async([this, h] { return planes[h]->Connect(Addresses()); }));
+    absl::Status first;
+    for (auto& c : connects) {
+      if (c.wait_for(kWait) != std::future_status::ready) return absl::DeadlineExceededError("Connect hangs");
+      first.Update(c.get());
+    }
+    return first;
+  }
+
+  absl::Status Start(int n, const DataPlane::Options& options = TestOptions()) {
+    if (absl::Status s = Listen(n, options); !s.ok()) return s;
+    return Connect();
+  }
+
+  // Runs fn on a new thread (joined by the destructor); its result.
+  template <typename Fn>
+  auto Async(Fn fn) -> std::future<decltype(fn())> {
+    auto task = std::make_shared<std::packaged_task<decltype(fn())()>>(std::move(fn));
+    auto result = task->get_future();
+    threads_.emplace_back([task] { (*task)(); });
+    return result;
+  }
+
+  DataPlane& operator[](int h) { return *planes[h]; }
+
+  std::vector<std::unique_ptr<DataPlane>> planes;
+
+ private:
+  std::vector<std::thread> threads_;
+};
+
+template <typename T>
+T Get(std::future<T>& future) {
+  if (future.wait_for(kWait) != std::future_status::ready) {
+    ADD_FAILURE() << "a call did not return within " << kWait.count() << " s";
+    std::abort();  // the destructor's join would hang otherwise
+  }
+  return future.get();
+}
+
+// ---------------------------------------------------------------------------
+// Raw sockets that speak (or fail to speak) the wire format of data_plane.h.
+
+void Put32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+void Put64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+
+std::string Hello(uint32_t host_id, const std::string& secret, uint32_t version = DataPlane::kVersion) {
+  std::string hello = "pwdp-hi\n";
+  Put32(&hello, version);
+  Put32(&hello, host_id);
+  Put32(&hello, static_cast<uint32_t>(secret.size()));
+  hello += secret;
+  hello.resize(20 + DataPlane::kMaxSecretBytes, '\0');
+  return hello;
+}
+
+std::string Ack(uint32_t host_id, uint32_t status) {
+  std::string ack = "pwdp-ak\n";
+  Put32(&ack, DataPlane::kVersion);
+  Put32(&ack, host_id);
+  Put32(&ack, status);
+  return ack;
+}
+
+std::string MessageHeader(uint64_t length, uint8_t flag = 0) {
+  std::string header;
+  Put32(&header, 0x4d445750);
+  header.push_back(static_cast<char>(flag));
+  header.append(3, '\0');
+  Put64(&header, length);
+  return header;
+}
+
+// A blocking TCP socket connected to "127.0.0.1:port", or -1.
+int DialRaw(const std::string& address) {
+  const std::vector<std::string> parts = absl::StrSplit(address, ':');
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(std::stoi(parts.at(1))));
+  inet_pton(AF_INET, parts.at(0).c_str(), &to.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A listening socket on 127.0.0.1:0; *address receives "127.0.0.1:port".
+int ListenRaw(std::string* address) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(at);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) < 0 || listen(fd, 16) < 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&at), &len) < 0) {
+    return -1;
+  }
+  *address = absl::StrCat("127.0.0.1:", ntohs(at.sin_port));
+  return fd;
+}
+
+bool WriteRaw(int fd, const std::string& bytes) {
+  return send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+// Reads exactly n bytes (waiting at most kWait); empty on EOF or timeout.
+std::string ReadRaw(int fd, size_t n) {
+  std::string bytes(n, '\0');
+  size_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (got < n) {
+    pollfd p = {fd, POLLIN, 0};
+    const int ms = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    if (ms <= 0 || poll(&p, 1, ms) <= 0) return "";
+    const ssize_t r = recv(fd, bytes.data() + got, n - got, 0);
+    if (r <= 0) return "";
+    got += static_cast<size_t>(r);
+  }
+  return bytes;
+}
+
+// Waits until the other end closes `fd` (EOF or reset), collecting what it
+// sent before; false if it is still open after `timeout`.
+bool ClosedWithin(int fd, std::chrono::milliseconds timeout, std::string* received = nullptr) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const int ms = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    pollfd p = {fd, POLLIN, 0};
+    if (ms <= 0 || poll(&p, 1, ms) <= 0) return false;
+    char buffer[512];
+    const ssize_t r = recv(fd, buffer, sizeof(buffer), 0);
+    if (r <= 0) return true;
+    if (received != nullptr) received->append(buffer, static_cast<size_t>(r));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Arguments and states
+
+TEST(DataPlaneTest, ListenRejectsBadArguments) {
+  DataPlane::Options options = TestOptions();
+  EXPECT_TRUE(absl::IsInvalidArgument(DataPlane::Listen(2, 2, options).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(DataPlane::Listen(-1, 2, options).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(DataPlane::Listen(0, 0, options).status()));
+  options.secret = "";
+  EXPECT_TRUE(absl::IsInvalidArgument(DataPlane::Listen(0, 2, options).status()));
+  options.secret = std::string(DataPlane::kMaxSecretBytes + 1, 'x');
+  EXPECT_TRUE(absl::IsInvalidArgument(DataPlane::Listen(0, 2, options).status()));
+  options = TestOptions();
+  options.bind_ip = "localhost";
+  EXPECT_TRUE(absl::IsInvalidArgument(DataPlane::Listen(0, 2, options).status()));
+  options.bind_ip = "::1";  // IPv6 loopback, where the kernel has it
+  if (absl::StatusOr<std::unique_ptr<DataPlane>> v6 = DataPlane::Listen(0, 1, options); v6.ok()) {
+    EXPECT_THAT((*v6)->address(), HasSubstr("[::1]:"));
+  }
+}
+
+TEST(DataPlaneTest, CallsOutOfOrderOrWithBadPeersFail) {
+  Cluster c;
+  ASSERT_OK(c.Listen(2));
+  std::string got;
+  EXPECT_TRUE(absl::IsFailedPrecondition(SendString(c[0], 1, "x")));
+  EXPECT_TRUE(absl::IsFailedPrecondition(RecvString(c[0], 1, 1, &got).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(c[0].Connect({c[0].address()})));
+  EXPECT_TRUE(absl::IsInvalidArgument(c[0].Connect({c[0].address(), "127.0.0.1"})));
+  EXPECT_TRUE(absl::IsInvalidArgument(c[0].Connect({c[0].address(), "nohost:80"})));
+  ASSERT_OK(c.Connect());
+  EXPECT_TRUE(absl::IsFailedPrecondition(c[0].Connect(c.Addresses())));
+  EXPECT_TRUE(absl::IsInvalidArgument(SendString(c[0], 0, "x")));  // itself
+  EXPECT_TRUE(absl::IsInvalidArgument(SendString(c[0], 2, "x")));
+  EXPECT_TRUE(absl::IsInvalidArgument(RecvString(c[0], -1, 1, &got).status()));
+  ASSERT_OK(SendString(c[0], 1, "still fine"));
+  ASSERT_TRUE(RecvString(c[1], 0, 10, &got).ok());
+  EXPECT_EQ(got, "still fine");
+}
+
+// ---------------------------------------------------------------------------
+// Transfers
+
+TEST(DataPlaneTest, RoundTripsOfZeroAndOneByte) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  ASSERT_OK(c[0].Send(1, {}));  // no pieces at all
+  const iovec empty = Piece(nullptr, 0);
+  ASSERT_OK(c[0].Send(1, {&empty, 1}));  // one empty piece
+  ASSERT_OK(SendString(c[0], 1, "x"));
+  absl::StatusOr<uint8_t> flag = c[1].Recv(0, {});
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  flag = c[1].Recv(0, {&empty, 1});
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  std::string got;
+  flag = RecvString(c[1], 0, 1, &got);
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(got, "x");
+  // And back the other way.
+  ASSERT_OK(SendString(c[1], 0, "y"));
+  ASSERT_TRUE(RecvString(c[0], 1, 1, &got).ok());
+  EXPECT_EQ(got, "y");
+}
+
+TEST(DataPlaneTest, PiecesAreGatheredAndScatteredAsOneStream) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  const std::string message = Pattern(109, 7);
+  // Sent as 3 + 0 + 5 + 100 + 1 bytes, received as 50 + 0 + 58 + 1.
+  std::vector<iovec> out = {Piece(message.data(), 3), Piece(message.data() + 3, 0), Piece(message.data() + 3, 5),
+                            Piece(message.data() + 8, 100), Piece(message.data() + 108, 1)};
+  ASSERT_OK(c[0].Send(1, out, 42));
+  std::string a(50, '\0'), b(58, '\0'), d(1, '\0');
+  std::vector<iovec> in = {Piece(a.data(), a.size()), Piece(nullptr, 0), Piece(b.data(), b.size()),
+                           Piece(d.data(), d.size())};
+  absl::StatusOr<uint8_t> flag = c[1].Recv(0, in);
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(*flag, 42);
+  EXPECT_EQ(a + b + d, message);
+}
+
+TEST(DataPlaneTest, PiecesBeyondIovMaxGoInSeveralCalls) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  const std::string message = Pattern(5000, 3);  // 5000 one-byte pieces > IOV_MAX (1024)
+  std::vector<iovec> out;
+  for (size_t i = 0; i < message.size(); ++i) out.push_back(Piece(message.data() + i, 1));
+  auto sent = c.Async([&] { return c[0].Send(1, out); });
+  std::string got(message.size(), '\0');
+  std::vector<iovec> in;
+  for (size_t i = 0; i < got.size(); i += 2) in.push_back(Piece(got.data() + i, 2));
+  absl::StatusOr<uint8_t> flag = c[1].Recv(0, in);
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  ASSERT_OK(Get(sent));
+  EXPECT_EQ(got, message);
+}
+
+TEST(DataPlaneTest, FlagsArriveWithTheirMessages) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  auto sender = c.Async([&] {
+    for (int flag = 0; flag < 256; ++flag) {
+      absl::Status s = SendString(c[0], 1, std::string(flag % 3, 'f'), static_cast<uint8_t>(flag));
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
+  for (int flag = 0; flag < 256; ++flag) {
+    std::string got;
+    absl::StatusOr<uint8_t> received = RecvString(c[1], 0, flag % 3, &got);
+    ASSERT_TRUE(received.ok()) << received.status();
+    EXPECT_EQ(*received, flag);
+  }
+  ASSERT_OK(Get(sender));
+}
+
+TEST(DataPlaneTest, ManyMessagesArriveInOrderBothWays) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  constexpr int kMessages = 2000;
+  auto send_all = [&](int from, int to) {
+    for (int i = 0; i < kMessages; ++i) {
+      absl::Status s = SendString(c[from], to, Pattern(i % 300, i));
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  auto sent01 = c.Async([&] { return send_all(0, 1); });
+  auto sent10 = c.Async([&] { return send_all(1, 0); });
+  auto recv_all = [&](int at, int from) {
+    for (int i = 0; i < kMessages; ++i) {
+      std::string got;
+      absl::StatusOr<uint8_t> flag = RecvString(c[at], from, i % 300, &got);
+      if (!flag.ok()) return flag.status();
+      if (got != Pattern(i % 300, i)) return absl::DataLossError(absl::StrCat("message ", i, " differs"));
+    }
+    return absl::OkStatus();
+  };
+  auto got01 = c.Async([&] { return recv_all(1, 0); });
+  ASSERT_OK(recv_all(0, 1));
+  ASSERT_OK(Get(got01));
+  ASSERT_OK(Get(sent01));
+  ASSERT_OK(Get(sent10));
+}
+
+TEST(DataPlaneTest, SixtyFourMiBArriveByteExact) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  constexpr size_t kBytes = size_t{64} << 20;
+  const std::string message = Pattern(kBytes, 64);
+  // Three unequal pieces out, two in.
+  std::vector<iovec> out = {Piece(message.data(), 1), Piece(message.data() + 1, kBytes / 3),
+                            Piece(message.data() + 1 + kBytes / 3, kBytes - 1 - kBytes / 3)};
+  auto sent = c.Async([&] { return c[0].Send(1, out, 9); });
+  std::string got(kBytes, '\0');
+  std::vector<iovec> in = {Piece(got.data(), kBytes / 2 + 5), Piece(got.data() + kBytes / 2 + 5, kBytes / 2 - 5)};
+  absl::StatusOr<uint8_t> flag = c[1].Recv(0, in);
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  ASSERT_OK(Get(sent));
+  EXPECT_EQ(*flag, 9);
+  EXPECT_TRUE(got == message);  // not EXPECT_EQ: no 64 MiB diff on failure
+}
+
+TEST(DataPlaneTest, SizeMismatchIsDrainedReportedAndTheConnectionStaysUsable) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  // Larger than the pieces (and than the drain scratch), then smaller.
+  const std::string big = Pattern(1 << 20, 1);
+  auto sent = c.Async([&] {
+    absl::Status s = SendString(c[0], 1, big);
+    s.Update(SendString(c[0], 1, "tiny"));
+    s.Update(SendString(c[0], 1, "exact", 5));
+    return s;
+  });
+  std::string got(10, '-');
+  const iovec piece = Piece(got.data(), got.size());
+  absl::StatusOr<uint8_t> flag = c[1].Recv(0, {&piece, 1});
+  EXPECT_TRUE(absl::IsInvalidArgument(flag.status())) << flag.status();
+  EXPECT_THAT(flag.status().message(), AllOf(HasSubstr("host 0"), HasSubstr("1048576"), HasSubstr(" 10")));
+  EXPECT_EQ(got, std::string(10, '-'));  // nothing landed in the pieces
+  flag = c[1].Recv(0, {&piece, 1});
+  EXPECT_TRUE(absl::IsInvalidArgument(flag.status())) << flag.status();
+  EXPECT_THAT(flag.status().message(), AllOf(HasSubstr(" 4 "), HasSubstr(" 10")));
+  flag = RecvString(c[1], 0, 5, &got);
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(got, "exact");
+  EXPECT_EQ(*flag, 5);
+  ASSERT_OK(Get(sent));
+}
+
+TEST(DataPlaneTest, ConcurrentTrafficAmongFourPlanesInAllDirections) {
+  constexpr int kHosts = 4;
+  constexpr int kMessages = 60;
+  Cluster c;
+  ASSERT_OK(c.Start(kHosts));
+  auto size_of = [](int from, int to, int i) { return static_cast<size_t>((from * 7 + to * 13 + i * 2011) % 65536); };
+  auto seed_of = [](int from, int to, int i) { return static_cast<uint32_t>(from * 1000000 + to * 10000 + i); };
+  std::vector<std::future<absl::Status>> results;
+  for (int from = 0; from < kHosts; ++from) {
+    for (int to = 0; to < kHosts; ++to) {
+      if (from == to) continue;
+      // One sending and one receiving thread per ordered pair, as the host
+      // executor will run them.
+      results.push_back(c.Async([&, from, to] {
+        for (int i = 0; i < kMessages; ++i) {
+          absl::Status s = SendString(c[from], to, Pattern(size_of(from, to, i), seed_of(from, to, i)), i % 256);
+          if (!s.ok()) return s;
+        }
+        return absl::OkStatus();
+      }));
+      results.push_back(c.Async([&, from, to] {
+        for (int i = 0; i < kMessages; ++i) {
+          std::string got;
+          absl::StatusOr<uint8_t> flag = RecvString(c[to], from, size_of(from, to, i), &got);
+          if (!flag.ok()) return flag.status();
+          if (*flag != i % 256 || got != Pattern(size_of(from, to, i), seed_of(from, to, i))) {
+            return absl::DataLossError(absl::StrCat("message ", i, " from ", from, " to ", to, " differs"));
+          }
+        }
+        return absl::OkStatus();
+      }));
+    }
+  }
+  for (auto& r : results) ASSERT_OK(Get(r));
+}
+
+TEST(DataPlaneTest, ConcurrentSendsToOnePeerStayWhole) {
+  constexpr int kThreads = 3;
+  constexpr int kMessages = 200;
+  constexpr size_t kBody = 8192;
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  // Each message: (thread, index) in 8 bytes, then a body that depends on
+  // both, as two pieces; messages of different threads must not interleave.
+  auto body = [](int t, int i) { return Pattern(kBody, static_cast<uint32_t>(t * 100000 + i)); };
+  std::vector<std::future<absl::Status>> sent;
+  for (int t = 0; t < kThreads; ++t) {
+    sent.push_back(c.Async([&, t] {
+      for (int i = 0; i < kMessages; ++i) {
+        const int32_t head[2] = {t, i};
+        const std::string b = body(t, i);
+        const std::vector<iovec> pieces = {Piece(head, sizeof(head)), Piece(b.data(), b.size())};
+        absl::Status s = c[0].Send(1, pieces);
+        if (!s.ok()) return s;
+      }
+      return absl::OkStatus();
+    }));
+  }
+  std::vector<int> next(kThreads, 0);
+  for (int m = 0; m < kThreads * kMessages; ++m) {
+    int32_t head[2] = {-1, -1};
+    std::string got(kBody, '\0');
+    const std::vector<iovec> pieces = {Piece(head, sizeof(head)), Piece(got.data(), got.size())};
+    absl::StatusOr<uint8_t> flag = c[1].Recv(0, pieces);
+    ASSERT_TRUE(flag.ok()) << flag.status();
+    ASSERT_TRUE(head[0] >= 0 && head[0] < kThreads) << head[0];
+    ASSERT_EQ(head[1], next[head[0]]) << "thread " << head[0];  // each thread's own order holds
+    ASSERT_TRUE(got == body(head[0], head[1])) << "message " << head[1] << " of thread " << head[0];
+    ++next[head[0]];
+  }
+  for (auto& s : sent) ASSERT_OK(Get(s));
+}
+
+// ---------------------------------------------------------------------------
+// Authentication: connections that are not a cluster's peers
+
+TEST(DataPlaneTest, BadPeersAreRefusedAndGoodPeersStillConnectAndTransfer) {
+  // A handshake timeout far beyond the waits below: every refusal here is
+  // for what the connection sent, not for being slow.
+  DataPlane::Options options = TestOptions();
+  options.handshake_timeout = absl::Seconds(60);
+  Cluster c;
+  ASSERT_OK(c.Listen(3, options));
+  const std::string target = c[0].address();
+  const auto kPrompt = std::chrono::milliseconds(5000);
+
+  // Two that stall, opened first: they must not hold up anyone after them.
+  const int silent = DialRaw(target);
+  ASSERT_GE(silent, 0);
+  const int truncated = DialRaw(target);
+  ASSERT_GE(truncated, 0);
+  ASSERT_TRUE(WriteRaw(truncated, Hello(1, options.secret).substr(0, 100)));
+
+  struct Case {
+    std::string name;
+    std::string bytes;
+    std::string answer;  // the ack expected before the close, or "" for none
+  };
+  const std::vector<Case> cases = {
+      {"wrong secret", Hello(1, "not the secret"), Ack(0, 1)},
+      {"secret with a wrong length", Hello(1, options.secret + "x"), Ack(0, 1)},
+      {"right secret but wrong padding", Hello(1, options.secret).replace(20 + options.secret.size(), 1, "x"),
+       Ack(0, 1)},
+      {"host id out of range", Hello(3, options.secret), Ack(0, 2)},
+      {"the listener's own host id", Hello(0, options.secret), Ack(0, 2)},
+      {"another version", Hello(1, options.secret, DataPlane::kVersion + 1), Ack(0, 4)},
+      {"HTTP", "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", ""},
+      {"garbage", Pattern(1000, 5), ""},
+      {"nothing, then closed", "", ""},
+  };
+  for (const Case& bad : cases) {
+    SCOPED_TRACE(bad.name);
+    const int fd = DialRaw(target);
+    ASSERT_GE(fd, 0);
+    if (bad.bytes.empty()) {
+      shutdown(fd, SHUT_WR);
+    } else {
+      ASSERT_TRUE(WriteRaw(fd, bad.bytes));
+    }
+    std::string received;
+    EXPECT_TRUE(ClosedWithin(fd, kPrompt, &received));
+    EXPECT_EQ(received, bad.answer);
+    close(fd);
+  }
+
+  // The real peers connect while the stalled ones are still pending.
+  ASSERT_OK(c.Connect());
+  ASSERT_OK(SendString(c[1], 0, "after the bad ones"));
+  std::string got;
+  ASSERT_TRUE(RecvString(c[0], 1, 18, &got).ok());
+  EXPECT_EQ(got, "after the bad ones");
+
+  // A second connection claiming a connected host (with the right secret)
+  // is refused; the real one is untouched.
+  const int impostor = DialRaw(target);
+  ASSERT_GE(impostor, 0);
+  ASSERT_TRUE(WriteRaw(impostor, Hello(2, options.secret)));
+  std::string received;
+  EXPECT_TRUE(ClosedWithin(impostor, kPrompt, &received));
+  EXPECT_EQ(received, Ack(0, 3));
+  close(impostor);
+  ASSERT_OK(SendString(c[2], 0, "still here"));
+  ASSERT_TRUE(RecvString(c[0], 2, 10, &got).ok());
+  EXPECT_EQ(got, "still here");
+  close(silent);
+  close(truncated);
+}
+
+TEST(DataPlaneTest, StalledHellosAreClosedAtTheHandshakeTimeout) {
+  DataPlane::Options options = TestOptions();
+  options.handshake_timeout = absl::Milliseconds(300);
+  Cluster c;
+  ASSERT_OK(c.Listen(2, options));
+  const auto start = std::chrono::steady_clock::now();
+  const int silent = DialRaw(c[0].address());
+  ASSERT_GE(silent, 0);
+  const int truncated = DialRaw(c[0].address());
+  ASSERT_GE(truncated, 0);
+  ASSERT_TRUE(WriteRaw(truncated, Hello(1, options.secret).substr(0, 275)));  // one byte short
+  EXPECT_TRUE(ClosedWithin(silent, std::chrono::milliseconds(5000)));
+  EXPECT_TRUE(ClosedWithin(truncated, std::chrono::milliseconds(5000)));
+  // Not before the timeout (a little slack: absl::Now and steady_clock differ).
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(290));
+  close(silent);
+  close(truncated);
+  // Those did not use up host 1's place.
+  ASSERT_OK(c.Connect());
+  ASSERT_OK(SendString(c[1], 0, "late but fine"));
+  std::string got;
+  ASSERT_TRUE(RecvString(c[0], 1, 13, &got).ok());
+  EXPECT_EQ(got, "late but fine");
+}
+
+TEST(DataPlaneTest, AFloodOfSilentConnectionsDoesNotLockPeersOut) {
+  DataPlane::Options options = TestOptions();
+  options.handshake_timeout = absl::Seconds(60);  // the flood would last
+  Cluster c;
+  ASSERT_OK(c.Listen(2, options));
+  std::vector<int> flood;
+  for (int i = 0; i < 150; ++i) {  // more than the listener keeps pending
+    const int fd = DialRaw(c[1].address());
+    ASSERT_GE(fd, 0);
+    flood.push_back(fd);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_OK(c.Connect());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  ASSERT_OK(SendString(c[0], 1, "through"));
+  std::string got;
+  ASSERT_TRUE(RecvString(c[1], 0, 7, &got).ok());
+  EXPECT_EQ(got, "through");
+  for (int fd : flood) close(fd);
+}
+
+TEST(DataPlaneTest, ADifferentSecretIsPermissionDenied) {
+  DataPlane::Options other = TestOptions();
+  other.secret = "the secret of another cluster";
+  Cluster c;
+  absl::StatusOr<std::unique_ptr<DataPlane>> a = DataPlane::Listen(0, 2, TestOptions());
+  absl::StatusOr<std::unique_ptr<DataPlane>> b = DataPlane::Listen(1, 2, other);
+  ASSERT_TRUE(a.ok() && b.ok());
+  c.planes.push_back(*std::move(a));
+  c.planes.push_back(*std::move(b));
+  auto connect0 = c.Async([&] { return c[0].Connect(c.Addresses()); });
+  absl::Status s1 = c[1].Connect(c.Addresses());
+  absl::Status s0 = Get(connect0);
+  EXPECT_TRUE(absl::IsPermissionDenied(s0)) << s0;
+  EXPECT_TRUE(absl::IsPermissionDenied(s1)) << s1;
+  EXPECT_THAT(s0.message(), AllOf(HasSubstr("host 1 at " + c[1].address()), HasSubstr("secret")));
+  EXPECT_THAT(s1.message(), HasSubstr("host 0 at " + c[0].address()));
+  std::string got;
+  EXPECT_TRUE(absl::IsFailedPrecondition(SendString(c[0], 1, "x")));
+}
+
+TEST(DataPlaneTest, AnAddressOfTheWrongHostIsFailedPrecondition) {
+  DataPlane::Options options = TestOptions();
+  options.connect_timeout = absl::Seconds(2);
+  Cluster c;
+  ASSERT_OK(c.Listen(3, options));
+  std::vector<std::string> addresses = c.Addresses();
+  addresses[1] = c[2].address();
+  absl::Status s = c[0].Connect(addresses);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("is the data plane of host 2"));
+}
+
+// ---------------------------------------------------------------------------
+// A peer that speaks the wire format by hand: what a plane sends, and what it
+// makes of a peer that lies or stops mid-message.
+
+class FakePeerTest : public ::testing::Test {
+ protected:
+  // Host 0 is a real plane; host 1 is this test on raw sockets.
+  void SetUp() override {
+    std::string fake_address;
+    listen_fd_ = ListenRaw(&fake_address);
+    ASSERT_GE(listen_fd_, 0);
+    absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Listen(0, 2, TestOptions());
+    ASSERT_TRUE(plane.ok()) << plane.status();
+    c_.planes.push_back(*std::move(plane));
+    auto connected = c_.Async([&, fake_address] { return c_[0].Connect({c_[0].address(), fake_address}); });
+    // The plane dials us: its hello, our ack.
+    from_plane_ = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    ASSERT_GE(from_plane_, 0);
+    EXPECT_EQ(ReadRaw(from_plane_, 276), Hello(0, TestOptions().secret));
+    ASSERT_TRUE(WriteRaw(from_plane_, Ack(1, 0)));
+    // We dial the plane: our hello, its ack.
+    to_plane_ = DialRaw(c_[0].address());
+    ASSERT_GE(to_plane_, 0);
+    ASSERT_TRUE(WriteRaw(to_plane_, Hello(1, TestOptions().secret)));
+    EXPECT_EQ(ReadRaw(to_plane_, 20), Ack(0, 0));
+    ASSERT_OK(Get(connected));
+  }
+  void TearDown() override {
+    c_[0].Shutdown();
+    close(listen_fd_);
+    if (from_plane_ >= 0) close(from_plane_);
+    if (to_plane_ >= 0) close(to_plane_);
+  }
+
+  Cluster c_;
+  int listen_fd_ = -1;
+  int from_plane_ = -1;  // the plane's messages to host 1
+  int to_plane_ = -1;    // host 1's messages to the plane
+};
+
+TEST_F(FakePeerTest, MessagesOnTheWireAreHeaderThenPayload) {
+  ASSERT_OK(SendString(c_[0], 1, "abc", 7));
+  ASSERT_OK(c_[0].Send(1, {}, 255));
+  const std::string wire = ReadRaw(from_plane_, 16 + 3 + 16);
+  EXPECT_EQ(wire, MessageHeader(3, 7) + "abc" + MessageHeader(0, 255));
+  ASSERT_TRUE(WriteRaw(to_plane_, MessageHeader(2, 3) + "hi"));
+  std::string got;
+  absl::StatusOr<uint8_t> flag = RecvString(c_[0], 1, 2, &got);
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(*flag, 3);
+  EXPECT_EQ(got, "hi");
+}
+
+TEST_F(FakePeerTest, AHugeClaimedLengthAllocatesNothingAndEndsWithTheConnection) {
+  // 2^60 bytes claimed: the plane drains through its fixed scratch buffer
+  // until the peer closes, and must not try to allocate the claim.
+  ASSERT_TRUE(WriteRaw(to_plane_, MessageHeader(uint64_t{1} << 60) + Pattern(100000, 1)));
+  shutdown(to_plane_, SHUT_WR);
+  std::string got;
+  absl::StatusOr<uint8_t> flag = RecvString(c_[0], 1, 10, &got);
+  EXPECT_TRUE(absl::IsUnavailable(flag.status())) << flag.status();
+  EXPECT_THAT(flag.status().message(),
+              AllOf(HasSubstr("from host 1"), HasSubstr("after 100000 of 1152921504606846976 bytes")));
+  // Broken for good, and said again.
+  EXPECT_EQ(RecvString(c_[0], 1, 10, &got).status(), flag.status());
+}
+
+TEST_F(FakePeerTest, APeerThatStopsMidMessageIsUnavailable) {
+  ASSERT_TRUE(WriteRaw(to_plane_, MessageHeader(1 << 20) + Pattern(1000, 2)));
+  auto received = c_.Async([&] {
+    std::string got;
+    return RecvString(c_[0], 1, 1 << 20, &got).status();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // usually blocked by now; either way works
+  close(to_plane_);
+  to_plane_ = -1;
+  absl::Status s = Get(received);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("host 1"), HasSubstr("after 1000 of 1048576 bytes")));
+  // Sending to host 1 is a different connection and still works.
+  ASSERT_OK(SendString(c_[0], 1, "ok"));
+  EXPECT_EQ(ReadRaw(from_plane_, 18), MessageHeader(2) + "ok");
+}
+
+TEST_F(FakePeerTest, ACorruptHeaderBreaksTheConnection) {
+  ASSERT_TRUE(WriteRaw(to_plane_, "GET / HTTP/1.1\r\n\r\n"));
+  std::string got;
+  absl::Status s = RecvString(c_[0], 1, 2, &got).status();
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("corrupt"));
+  // The plane shut the connection: the peer sees it closed.
+  EXPECT_TRUE(ClosedWithin(to_plane_, std::chrono::milliseconds(3000)));
+}
+
+TEST_F(FakePeerTest, SendToAPeerThatClosedFailsBeforeWriting) {
+  // Host 1 closes its end of the plane's connection (a FIN: TCP would still
+  // take writes after it). Wait until the plane's kernel has acknowledged
+  // the FIN (our end is then in FIN_WAIT2), so the plane knows.
+  shutdown(from_plane_, SHUT_WR);
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  for (;;) {
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    ASSERT_EQ(getsockopt(from_plane_, IPPROTO_TCP, TCP_INFO, &info, &len), 0);
+    if (info.tcpi_state == TCP_FIN_WAIT2) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the FIN is not acknowledged";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // The next Send fails, and writes nothing into a connection nobody reads.
+  absl::Status s = SendString(c_[0], 1, "lost?");
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("to host 1"), HasSubstr("closed by the peer")));
+  // What host 1 then reads: the plane's FIN (it shut the broken connection
+  // down), with no byte before it.
+  std::string received;
+  EXPECT_TRUE(ClosedWithin(from_plane_, std::chrono::milliseconds(3000), &received));
+  EXPECT_EQ(received, "");
+  EXPECT_EQ(SendString(c_[0], 1, "again").ToString(), s.ToString());  // broken for good
+}
+
+// ---------------------------------------------------------------------------
+// Failures: peers that go away, Shutdown, Connect's deadline
+
+TEST(DataPlaneTest, AShutDownPeerFailsOnlyItsOwnTransfers) {
+  Cluster c;
+  ASSERT_OK(c.Start(3));
+  // Host 0 is blocked sending 64 MiB to host 1, which does not read.
+  const std::string big = Pattern(size_t{64} << 20, 1);
+  auto blocked = c.Async([&] { return SendString(c[0], 1, big); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  c[1].Shutdown();
+  absl::Status s = Get(blocked);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("host 1"));
+
+  // Every transfer with host 1 fails promptly, and names it.
+  std::string got;
+  for (int h : {0, 2}) {
+    absl::Status r = RecvString(c[h], 1, 1, &got).status();
+    EXPECT_TRUE(absl::IsUnavailable(r)) << r;
+    EXPECT_THAT(r.message(), HasSubstr("from host 1"));
+  }
+  absl::Status s2 = SendString(c[2], 1, "x");
+  EXPECT_TRUE(absl::IsUnavailable(s2)) << s2;
+  EXPECT_THAT(s2.message(), HasSubstr("to host 1"));
+  EXPECT_TRUE(absl::IsCancelled(SendString(c[1], 0, "x")));
+
+  // Hosts 0 and 2 carry on, both ways, big and small.
+  auto sent = c.Async([&] { return SendString(c[0], 2, big, 1); });
+  ASSERT_OK(SendString(c[2], 0, "fine"));
+  got.assign(big.size(), '\0');
+  const iovec piece = Piece(got.data(), got.size());
+  ASSERT_TRUE(c[2].Recv(0, {&piece, 1}).ok());
+  EXPECT_TRUE(got == big);
+  ASSERT_OK(Get(sent));
+  ASSERT_TRUE(RecvString(c[0], 2, 4, &got).ok());
+  EXPECT_EQ(got, "fine");
+}
+
+TEST(DataPlaneTest, ASenderShutDownMidMessageLeavesTheReceiverUnavailable) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  const std::string big = Pattern(size_t{64} << 20, 2);
+  auto blocked = c.Async([&] { return SendString(c[0], 1, big); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // part of it is in flight by now
+  c[0].Shutdown();
+  absl::Status s = Get(blocked);
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  std::string got;
+  s = RecvString(c[1], 0, big.size(), &got).status();
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("from host 0"));
+}
+
+TEST(DataPlaneTest, ShutdownUnblocksRecvSendAndConnect) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  std::string got;
+  auto recv = c.Async([&] { return RecvString(c[0], 1, 5, &got).status(); });
+  const std::string big = Pattern(size_t{64} << 20, 3);
+  auto send = c.Async([&] { return SendString(c[0], 1, big); });  // host 1 never reads
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  c[0].Shutdown();
+  c[0].Shutdown();  // idempotent
+  absl::Status r = Get(recv), s = Get(send);
+  EXPECT_TRUE(absl::IsCancelled(r)) << r;
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_TRUE(absl::IsCancelled(SendString(c[0], 1, "x")));
+  EXPECT_TRUE(absl::IsCancelled(RecvString(c[0], 1, 1, &got).status()));
+
+  // A Connect waiting for a host that never dials in.
+  Cluster d;
+  ASSERT_OK(d.Listen(2));
+  auto connect = d.Async([&] { return d[0].Connect(d.Addresses()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  d[0].Shutdown();
+  absl::Status cs = Get(connect);
+  EXPECT_TRUE(absl::IsCancelled(cs)) << cs;
+}
+
+TEST(DataPlaneTest, ConnectTimesOutNamingTheHostsThatNeverDialedIn) {
+  DataPlane::Options options = TestOptions();
+  // Long enough for hosts 0 and 1 to reach everyone even on a loaded machine.
+  options.connect_timeout = absl::Seconds(1);
+  Cluster c;
+  ASSERT_OK(c.Listen(3, options));
+  // Host 2 listens (and acks the others' hellos) but never calls Connect.
+  const auto start = std::chrono::steady_clock::now();
+  auto connect0 = c.Async([&] { return c[0].Connect(c.Addresses()); });
+  absl::Status s1 = c[1].Connect(c.Addresses());
+  absl::Status s0 = Get(connect0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  for (const absl::Status& s : {s0, s1}) {
+    EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr("not dialed in by host(s) 2"));
+    EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("could not reach")));
+  }
+  EXPECT_TRUE(absl::IsFailedPrecondition(SendString(c[0], 1, "x")));
+}
+
+TEST(DataPlaneTest, ConnectTimesOutNamingAHostNobodyListensFor) {
+  DataPlane::Options options = TestOptions();
+  options.connect_timeout = absl::Milliseconds(300);
+  Cluster c;
+  ASSERT_OK(c.Listen(2, options));
+  std::string closed_address;
+  const int fd = ListenRaw(&closed_address);
+  ASSERT_GE(fd, 0);
+  close(fd);  // nothing listens there now
+  absl::Status s = c[0].Connect({c[0].address(), closed_address});
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("could not reach host 1 at " + closed_address), HasSubstr("refused"),
+                                 HasSubstr("not dialed in by host(s) 1")));
+}
+
+// A host process killed outright (no Shutdown): the survivors' transfers
+// with it fail, and theirs with each other go on.
+TEST(DataPlaneTest, AKilledHostProcessFailsOnlyTransfersWithIt) {
+  int to_child[2], from_child[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(from_child), 0);
+  // Forked before this process makes any plane (no threads to lose).
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Host 2: tells its address, learns the others', connects, then echoes
+    // host 0's messages until killed.
+    close(to_child[1]);
+    close(from_child[0]);
+    auto plane = DataPlane::Listen(2, 3, TestOptions());
+    if (!plane.ok()) _exit(2);
+    const std::string mine = (*plane)->address() + "\n";
+    if (write(from_child[1], mine.data(), mine.size()) != static_cast<ssize_t>(mine.size())) _exit(3);
+    std::string theirs;
+    char ch;
+    while (read(to_child[0], &ch, 1) == 1 && ch != '\0') theirs.push_back(ch);
+    std::vector<std::string> addresses = absl::StrSplit(theirs, '\n', absl::SkipEmpty());
+    addresses.push_back((*plane)->address());
+    if (addresses.size() != 3 || !(*plane)->Connect(addresses).ok()) _exit(4);
+    for (;;) {
+      char buffer[8];
+      const iovec piece = {buffer, sizeof(buffer)};
+      if (!(*plane)->Recv(0, {&piece, 1}).ok() || !(*plane)->Send(0, {&piece, 1}).ok()) _exit(5);
+    }
+  }
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } reaper{pid};
+  close(to_child[0]);
+  close(from_child[1]);
+  std::string child_address;
+  char ch;
+  while (read(from_child[0], &ch, 1) == 1 && ch != '\n') child_address.push_back(ch);
+  close(from_child[0]);
+  ASSERT_FALSE(child_address.empty());
+
+  Cluster c;
+  ASSERT_OK(c.Listen(3));
+  c.planes.pop_back();  // host 2 lives in the child
+  const std::string ours = c[0].address() + "\n" + c[1].address() + "\n" + std::string(1, '\0');
+  ASSERT_EQ(write(to_child[1], ours.data(), ours.size()), static_cast<ssize_t>(ours.size()));
+  close(to_child[1]);
+  const std::vector<std::string> addresses = {c[0].address(), c[1].address(), child_address};
+  auto connect1 = c.Async([&] { return c[1].Connect(addresses); });
+  ASSERT_OK(c[0].Connect(addresses));
+  ASSERT_OK(Get(connect1));
+
+  // The child echoes.
+  std::string got;
+  ASSERT_OK(SendString(c[0], 2, "echo me!"));
+  ASSERT_TRUE(RecvString(c[0], 2, 8, &got).ok());
+  EXPECT_EQ(got, "echo me!");
+
+  // Kill it, with host 0 blocked receiving from it.
+  auto recv = c.Async([&] {
+    std::string echo;
+    return RecvString(c[0], 2, 8, &echo).status();
+  });
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  ASSERT_EQ(waitpid(pid, nullptr, 0), pid);
+  reaper.pid = -1;
+  absl::Status r = Get(recv);
+  EXPECT_TRUE(absl::IsUnavailable(r)) << r;
+  EXPECT_THAT(r.message(), HasSubstr("from host 2"));
+  r = RecvString(c[1], 2, 8, &got).status();
+  EXPECT_TRUE(absl::IsUnavailable(r)) << r;
+  EXPECT_THAT(r.message(), HasSubstr("from host 2"));
+  // Sends to it fail too (at the latest once the FIN, or the reset answering
+  // one last write, is in: allow a few tries).
+  for (int h : {0, 1}) {
+    absl::Status s;
+    for (int i = 0; i < 200 && s.ok(); ++i) {
+      s = SendString(c[h], 2, "anyone?");
+      if (s.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr("to host 2"));
+  }
+
+  // Hosts 0 and 1 go on.
+  const std::string big = Pattern(4 << 20, 4);
+  auto sent = c.Async([&] { return SendString(c[0], 1, big); });
+  ASSERT_OK(SendString(c[1], 0, "alive"));
+  ASSERT_TRUE(RecvString(c[1], 0, big.size(), &got).ok());
+  EXPECT_TRUE(got == big);
+  ASSERT_OK(Get(sent));
+  ASSERT_TRUE(RecvString(c[0], 1, 5, &got).ok());
+  EXPECT_EQ(got, "alive");
+}
+
+}  // namespace
+}  // namespace pw
