@@ -87,7 +87,13 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   // machine, or behind a large frame on the same stream, a live host's
   // answer can take over a second.
   options.heartbeat_timeout_ns = int64_t{10} * 1'000'000'000;
-  auto pool = HostPool::Connect(cluster, addresses, options);
+  // A lost host's devices are gone with it: new slices avoid them, and
+  // work or buffers on them fail with the host's loss (HostLostError).
+  auto pool = HostPool::Connect(cluster, addresses, options, [&cluster](int host, const absl::Status& why) {
+    for (Device* d : cluster.devices()) {
+      if (d->host()->id() == host) d->MarkFailed(why);
+    }
+  });
   if (!pool.ok()) return pool.status();
   auto rc = std::unique_ptr<RemoteCluster>(new RemoteCluster());
   rc->cluster_ = &cluster;

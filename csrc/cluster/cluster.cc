@@ -188,10 +188,23 @@ std::string Device::ToString() const {
   return absl::StrCat(kind, "Device(id=", id_, ", island=", island_->id(), ", host=", host_->id(), ")");
 }
 
-bool Device::MarkFailed() {
-  if (failed_.exchange(true, std::memory_order_acq_rel)) return false;
+bool Device::MarkFailed(absl::Status why) {
+  {
+    MutexLock lock(&failure_mu_);
+    if (failed_.load(std::memory_order_acquire)) return false;
+    failure_ = why.ok() ? absl::UnavailableError(absl::StrCat("device ", id_, " (island ", island_->id(), ", host ",
+                                                              host_->id(), ") has failed"))
+                        : std::move(why);
+    failed_.store(true, std::memory_order_release);
+  }
   island_->num_failed_.fetch_add(1, std::memory_order_acq_rel);
   return true;
+}
+
+absl::Status Device::failure() const {
+  if (!failed()) return absl::OkStatus();
+  MutexLock lock(&failure_mu_);
+  return failure_;
 }
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(const TopologyOptions& options) {

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "csrc/base/mutex.h"
 
 namespace pw {
 
@@ -103,16 +104,21 @@ class Device {
   // "TpuDevice(id=3, island=0, host=1)"
   std::string ToString() const;
 
-  // Failure (for fault injection; see Runtime::FailDevices). A failed device
-  // stays failed: work placed on it fails with Unavailable (DeviceFailure),
-  // and buffers on it cannot be read.
+  // Failure (fault injection, see Runtime::FailDevices; or its host process
+  // was lost). A failed device stays failed: work placed on it fails with
+  // Unavailable, and buffers on it cannot be read.
   bool failed() const { return failed_.load(std::memory_order_acquire); }
-  // Marks the device failed; false if it already was. Thread-safe.
-  bool MarkFailed();
+  // Marks the device failed for `why` (Unavailable; OK: "device N (island
+  // I, host H) has failed"); false if it already was. Thread-safe.
+  bool MarkFailed(absl::Status why = absl::OkStatus());
+  // Why it failed (see MarkFailed); OK while it has not.
+  absl::Status failure() const;
 
  private:
   friend class Cluster;
   std::atomic<bool> failed_{false};
+  mutable Mutex failure_mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(failure_mu_);
   int id_ = 0, index_in_host_ = 0, index_in_island_ = 0;
   const std::string* kind_ = nullptr;
   int64_t memory_capacity_ = 0;

@@ -57,9 +57,7 @@ const Device* DeviceList::FailedDevice() const {
 
 absl::Status DeviceList::CheckHealthy() const {
   const Device* failed = FailedDevice();
-  if (failed == nullptr) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat("device ", failed->id(), " (island ", failed->island()->id(),
-                                             ", host ", failed->host()->id(), ") has failed"));
+  return failed == nullptr ? absl::OkStatus() : failed->failure();
 }
 
 std::vector<int> DeviceListRegistry::DeviceIds(int id) {

@@ -764,7 +764,9 @@ absl::Status DataPlane::BreakRecv(Peer& p, int peer, int fd, absl::string_view w
   return p.recv_broken;
 }
 
-absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces) {
+absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces,
+                                        std::optional<std::string>* other) {
+  if (other != nullptr) other->reset();
   PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
   Peer& p = peers_[peer];
   MutexLock lock(&p.recv_mu);
@@ -791,6 +793,15 @@ absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces
     if (piece.iov_len > 0) iov.push_back(piece);
   }
   got = 0;
+  if (length != capacity && other != nullptr && length <= kMaxOtherBytes) {
+    other->emplace(static_cast<size_t>(length), '\0');
+    iovec into = {(*other)->data(), (*other)->size()};
+    if (absl::Status status = ReadAll(fd, &into, 1, &got); !status.ok()) {
+      return BreakRecv(p, peer, fd,
+                       absl::StrCat(status.message(), " after ", got, " of ", length, " bytes of a message"));
+    }
+    return flag;
+  }
   if (length != capacity) {
     // Drain into a fixed scratch buffer: the length is the peer's word, and
     // allocating it could be anything.

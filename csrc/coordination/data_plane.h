@@ -41,6 +41,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,12 +156,18 @@ class DataPlane {
   // Receives the next message from `peer`, scattered into `pieces` (written
   // in order, without an intermediate copy), and returns the sender's flag.
   // Blocks until the whole message is in. If the message's length differs
-  // from the pieces' total, the message is read into a small scratch buffer
-  // and discarded (nothing of it lands in `pieces`), the connection stays
+  // from the pieces' total: with `other` given and a length of at most
+  // kMaxOtherBytes, the message goes into *other instead (nothing lands in
+  // `pieces`) and Recv returns its flag, so a sender may send something
+  // else than the bytes expected, an error report say (*other is reset when
+  // the message lands in `pieces`); otherwise the message is read into a small scratch buffer and
+  // discarded (nothing of it lands in `pieces`), the connection stays
   // usable, and the result is InvalidArgument with both sizes. Other errors
   // as Send: InvalidArgument (peer), FailedPrecondition, Unavailable naming
   // the peer (closed, also mid-message, or a corrupt stream), Cancelled.
-  absl::StatusOr<uint8_t> Recv(int peer, absl::Span<const iovec> pieces);
+  static constexpr uint64_t kMaxOtherBytes = 64 << 10;
+  absl::StatusOr<uint8_t> Recv(int peer, absl::Span<const iovec> pieces,
+                               std::optional<std::string>* other = nullptr);
 
   // Unblocks every Connect, Send and Recv (they return Cancelled, as will
   // every later call), stops accepting, and shuts the connections down so

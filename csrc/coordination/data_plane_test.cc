@@ -15,6 +15,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -442,6 +443,40 @@ TEST(DataPlaneTest, SizeMismatchIsDrainedReportedAndTheConnectionStaysUsable) {
   ASSERT_TRUE(flag.ok()) << flag.status();
   EXPECT_EQ(got, "exact");
   EXPECT_EQ(*flag, 5);
+  ASSERT_OK(Get(sent));
+}
+
+// A sender may send something else than the bytes the receiver expects (an
+// error report instead of a buffer's shards): with `other`, a message of
+// another length up to kMaxOtherBytes lands there, with its flag; a longer
+// one is still drained and reported.
+TEST(DataPlaneTest, AMessageOfAnotherLengthCanBeTakenAsOther) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  const std::string report = "the source failed";
+  const std::string big = Pattern(DataPlane::kMaxOtherBytes + 1, 3);
+  auto sent = c.Async([&] {
+    absl::Status s = SendString(c[0], 1, report, 1);
+    s.Update(SendString(c[0], 1, big, 1));
+    s.Update(SendString(c[0], 1, "0123456789", 0));
+    return s;
+  });
+  std::string got(10, '-');
+  std::optional<std::string> other;
+  const iovec piece = Piece(got.data(), got.size());
+  absl::StatusOr<uint8_t> flag = c[1].Recv(0, {&piece, 1}, &other);
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(*flag, 1);
+  ASSERT_TRUE(other.has_value());
+  EXPECT_EQ(*other, report);
+  EXPECT_EQ(got, std::string(10, '-'));
+  flag = c[1].Recv(0, {&piece, 1}, &other);
+  EXPECT_TRUE(absl::IsInvalidArgument(flag.status())) << flag.status();
+  flag = c[1].Recv(0, {&piece, 1}, &other);
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(*flag, 0);
+  EXPECT_EQ(got, "0123456789");
+  EXPECT_FALSE(other.has_value());  // it landed in the pieces
   ASSERT_OK(Get(sent));
 }
 

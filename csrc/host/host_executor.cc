@@ -11,14 +11,13 @@
 #include "csrc/base/spin.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/coordination/host_channel.h"
+#include "csrc/coordination/data_plane.h"
 #include "csrc/function_ir/function_ir_wire.h"
 #include "csrc/object_store/host_memory_pool.h"
 
 namespace pw {
 namespace {
 
-// Host-to-host transfers use one Gloo tag; a pair's messages stay in order.
-constexpr uint32_t kTransferTag = 1;
 // Bounds what a client may ask of one host (a program's slots, a shard's
 // bytes: at most a device's memory, so products with shard counts fit).
 constexpr int kMaxSlots = 1 << 22;
@@ -26,39 +25,34 @@ constexpr int64_t kMaxShardBytes = int64_t{1} << 40;
 
 bool ShardBytesOk(int64_t bytes) { return bytes >= 0 && bytes <= kMaxShardBytes; }
 
-// Transfers of at least this many bytes travel without copies when their
-// shards lie in one piece (a header message first says they follow).
-constexpr int64_t kZeroCopyBytes = int64_t{1} << 20;
+// A transfer's message on the data plane: its shards (flag kShards), or,
+// when they cannot be had, an error report (kErrorReport: a wire::Status)
+// that the receiver fails its destination with.
+constexpr uint8_t kShards = 0;
+constexpr uint8_t kErrorReport = 1;
 
-// Where shards `indices` (of `shard` bytes each) start in `base` if they are
-// consecutive, else null.
-uint8_t* Contiguous(const std::vector<int>& indices, uint8_t* base, int64_t shard) {
-  for (size_t k = 1; k < indices.size(); ++k) {
-    if (indices[k] != indices[0] + static_cast<int>(k)) return nullptr;
-  }
-  return indices.empty() ? base : base + indices[0] * shard;
-}
-
-// Shards `indices` of `from` into consecutive places of `to`, and back.
-void Pack(const std::vector<int>& indices, const uint8_t* from, int64_t shard, uint8_t* to) {
-  for (size_t k = 0; k < indices.size(); ++k) {
-    std::memcpy(to + k * shard, from + indices[k] * shard, static_cast<size_t>(shard));
-  }
-}
-void Unpack(const std::vector<int>& indices, const uint8_t* from, int64_t shard, uint8_t* to) {
-  for (size_t k = 0; k < indices.size(); ++k) {
-    std::memcpy(to + indices[k] * shard, from + k * shard, static_cast<size_t>(shard));
+// Shards `indices` (of `shard` bytes each) of `base` as pieces to send or
+// receive into, consecutive shards in one piece.
+void ShardPieces(const std::vector<int>& indices, uint8_t* base, int64_t shard, std::vector<iovec>& pieces) {
+  pieces.clear();
+  for (int i : indices) {
+    uint8_t* p = base + i * shard;
+    if (!pieces.empty() && static_cast<uint8_t*>(pieces.back().iov_base) + pieces.back().iov_len == p) {
+      pieces.back().iov_len += static_cast<size_t>(shard);
+    } else {
+      pieces.push_back(iovec{p, static_cast<size_t>(shard)});
+    }
   }
 }
 
-// Resizes `v`; ResourceExhausted instead of std::bad_alloc.
-absl::Status Resize(std::vector<uint8_t>& v, int64_t bytes) {
-  try {
-    v.resize(static_cast<size_t>(bytes));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes for a transfer"));
-  }
-  return absl::OkStatus();
+// `status` as an error report: never `payload` bytes long, so that it can
+// never pass for the shards (see DataPlane::Recv's `other`).
+std::string ErrorReport(const absl::Status& status, int64_t payload) {
+  wire::Status w;
+  ToWire(absl::Status(status.code(), status.message().substr(0, 4096)), &w);
+  std::string report = w.SerializeAsString();
+  if (static_cast<int64_t>(report.size()) == payload) w.set_message(absl::StrCat(w.message(), " "));
+  return w.SerializeAsString();
 }
 
 uint8_t* AlignedAlloc(int64_t bytes) {
@@ -429,7 +423,7 @@ class HostExecutor::GroupCollectives final : public GangCollectives {
 // ---- HostExecutor ----
 
 HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join,
-                           RendezvousStores* stores, std::string bind_ip)
+                           RendezvousStores* stores, std::string bind_ip, std::string secret)
     : host_id_(config.host_id()),
       num_local_devices_(config.device_ids_size()),
       device_host_(join.device_host().begin(), join.device_host().end()),
@@ -437,6 +431,7 @@ HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinClust
       local_device_ids_(config.device_ids().begin(), config.device_ids().end()),
       group_prefix_(join.group_prefix()),
       stores_(stores),
+      secret_(std::move(secret)),
       island_id_(config.island_id()),
       failed_(new std::atomic<bool>[config.device_ids_size()]) {
   for (int d = 0; d < config.device_ids_size(); ++d) failed_[d].store(false, std::memory_order_relaxed);
@@ -470,6 +465,7 @@ HostExecutor::~HostExecutor() {
     }
     w->thread.join();
   }
+  if (data_ != nullptr) data_->Shutdown();  // a peer thread blocked in it returns
   absl::flat_hash_map<int, std::unique_ptr<Peer>> peers;
   {
     MutexLock lock(&peers_mu_);
@@ -496,11 +492,29 @@ absl::Status HostExecutor::ConnectDataPlane() {
   const int num_hosts =
       device_host_.empty() ? 1 : *std::max_element(device_host_.begin(), device_host_.end()) + 1;
   if (num_hosts <= 1) return absl::OkStatus();
+  DataPlane::Options options;
+  options.bind_ip = collective_options_.bind_address;
+  // Hosts configured without a secret (tests) still name their cluster.
+  options.secret = secret_.empty() ? group_prefix_ : secret_;
+  if (options.secret.size() > DataPlane::kMaxSecretBytes) options.secret.resize(DataPlane::kMaxSecretBytes);
+  options.connect_timeout = collective_options_.timeout;
+  PW_ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> plane, DataPlane::Listen(host_id_, num_hosts, options));
+  // The hosts learn each other's data plane addresses through host 0's
+  // store (every host is alive while the cluster forms).
   PW_ASSIGN_OR_RETURN(KeyValueStore * store, stores_->StoreOf(0));
-  auto world = CollectiveGroup::Create(store, absl::StrCat(group_prefix_, "/world"), host_id_, num_hosts,
-                                       collective_options_);
-  if (!world.ok()) return world.status();
-  world_ = *std::move(world);
+  const std::string prefix = absl::StrCat(group_prefix_, "/data/");
+  PW_RETURN_IF_ERROR(store->Set(absl::StrCat(prefix, host_id_), plane->address()));
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  std::vector<std::string> addresses(num_hosts);
+  for (int h = 0; h < num_hosts; ++h) {
+    if (h == host_id_) {
+      addresses[h] = plane->address();
+    } else {
+      PW_ASSIGN_OR_RETURN(addresses[h], store->Get(absl::StrCat(prefix, h), deadline));
+    }
+  }
+  PW_RETURN_IF_ERROR(plane->Connect(addresses));
+  data_ = std::move(plane);
   return absl::OkStatus();
 }
 
@@ -896,7 +910,7 @@ HostExecutor::Peer& HostExecutor::PeerFor(int host) {
 }
 
 void HostExecutor::SendLoop(Peer* peer) {
-  std::vector<uint8_t> message;
+  std::vector<iovec> pieces;
   while (true) {
     Peer::Send item;
     {
@@ -914,36 +928,19 @@ void HostExecutor::SendLoop(Peer* peer) {
                                                 " bytes on host ", host_id_, ", expected ", item.src_bytes));
     }
     if (status.ok()) status = CheckHealthy(item.devices);
+    if (data_ == nullptr) continue;  // the receiver fails its part
     absl::Status sent;
-    if (world_ == nullptr) continue;  // the receiver fails its part
-    if (payload >= kZeroCopyBytes) {
-      // Large: a one-byte header says whether the shards follow, then they
-      // go straight from the buffer when they lie in one piece.
-      const uint8_t* from = status.ok() ? Contiguous(item.indices, item.src->data(), item.shard_bytes) : nullptr;
-      if (status.ok() && from == nullptr) {
-        status = Resize(message, payload);
-        if (status.ok()) {
-          Pack(item.indices, item.src->data(), item.shard_bytes, message.data());
-          from = message.data();
-        }
-      }
-      uint8_t header = status.ok() ? 0 : 1;
-      sent = world_->Send(peer->host, &header, 1, kTransferTag);
-      if (sent.ok() && header == 0) sent = world_->Send(peer->host, from, payload, kTransferTag);
+    if (status.ok()) {
+      // Straight from the buffer: the kernel gathers the shards.
+      ShardPieces(item.indices, item.src->data(), item.shard_bytes, pieces);
+      sent = data_->Send(peer->host, pieces, kShards);
     } else {
-      // Small: one message, the shards then one byte that says whether
-      // they are valid (the receiver's sizes must match, failed or not).
-      if (absl::Status allocated = Resize(message, payload + 1); !allocated.ok()) {
-        std::cerr << "pathways-host " << host_id_ << ": transfer to host " << peer->host << ": " << allocated
-                  << "\n";
-        continue;
-      }
-      if (status.ok()) Pack(item.indices, item.src->data(), item.shard_bytes, message.data());
-      message[payload] = status.ok() ? 0 : 1;
-      sent = world_->Send(peer->host, message.data(), payload + 1, kTransferTag);
+      const std::string report = ErrorReport(status, payload);
+      const iovec piece{const_cast<char*>(report.data()), report.size()};
+      sent = data_->Send(peer->host, {&piece, 1}, kErrorReport);
     }
     item.src.reset();
-    if (!sent.ok()) {
+    if (!sent.ok() && !absl::IsCancelled(sent)) {
       std::cerr << "pathways-host " << host_id_ << ": transfer to host " << peer->host << " failed: " << sent
                 << "\n";
     }
@@ -951,7 +948,8 @@ void HostExecutor::SendLoop(Peer* peer) {
 }
 
 void HostExecutor::RecvLoop(Peer* peer) {
-  std::vector<uint8_t> message;
+  std::vector<iovec> pieces;
+  std::optional<std::string> other;
   while (true) {
     Peer::Recv item;
     {
@@ -963,43 +961,33 @@ void HostExecutor::RecvLoop(Peer* peer) {
     }
     const int64_t payload = static_cast<int64_t>(item.indices.size()) * item.shard_bytes;
     HostBuffer& dst = *item.parts->dst;
-    if (world_ == nullptr) {
+    if (data_ == nullptr) {
       item.parts->Done(absl::FailedPreconditionError("the data plane is not connected"));
       continue;
     }
-    absl::Status status;
-    if (payload >= kZeroCopyBytes) {  // see SendLoop
-      uint8_t header = 1;
-      status = world_->Recv(peer->host, &header, 1, kTransferTag);
-      if (status.ok() && header != 0) {
-        status = absl::AbortedError(absl::StrCat("the transfer's source shards on host ", peer->host, " failed"));
-      } else if (status.ok()) {
-        uint8_t* into = dst.allocated() ? Contiguous(item.indices, dst.data(), item.shard_bytes) : nullptr;
-        if (into == nullptr) {
-          // The bytes must be taken off the wire whatever happens to them.
-          status = Resize(message, payload);
-          if (!status.ok()) {
-            std::cerr << "pathways-host " << host_id_ << ": transfer from host " << peer->host << ": " << status
-                      << "\n";
-            item.parts->Done(status);
-            continue;
-          }
-        }
-        status = world_->Recv(peer->host, into != nullptr ? into : message.data(), payload, kTransferTag);
-        if (status.ok() && !dst.allocated()) status = dst.AllocationError();
-        if (status.ok() && into == nullptr) Unpack(item.indices, message.data(), item.shard_bytes, dst.data());
-      }
+    // Straight into the destination (the kernel scatters the shards); with
+    // no memory for it, the bytes are still taken off the wire (drained).
+    if (dst.allocated()) {
+      ShardPieces(item.indices, dst.data(), item.shard_bytes, pieces);
     } else {
-      if (absl::Status allocated = Resize(message, payload + 1); !allocated.ok()) {
-        item.parts->Done(allocated);
-        continue;
-      }
-      status = world_->Recv(peer->host, message.data(), payload + 1, kTransferTag);
-      if (status.ok() && message[payload] != 0) {
-        status = absl::AbortedError(absl::StrCat("the transfer's source shards on host ", peer->host, " failed"));
-      }
-      if (status.ok() && !dst.allocated()) status = dst.AllocationError();
-      if (status.ok()) Unpack(item.indices, message.data(), item.shard_bytes, dst.data());
+      pieces.clear();
+    }
+    absl::StatusOr<uint8_t> flag = data_->Recv(peer->host, pieces, &other);
+    absl::Status status;
+    if (flag.ok() && *flag == kErrorReport && other.has_value()) {
+      wire::Status report;
+      status = report.ParseFromString(*other)
+                   ? FromWire(report)
+                   : absl::DataLossError(absl::StrCat("a malformed error report from host ", peer->host));
+      if (status.ok()) status = absl::InternalError(absl::StrCat("host ", peer->host, " reported an OK error"));
+    } else if (!dst.allocated() && payload > 0) {
+      status = dst.AllocationError();
+    } else if (!flag.ok()) {
+      status = flag.status();
+    } else if (*flag != kShards || other.has_value()) {
+      status = absl::InternalError(absl::StrCat("transfer from host ", peer->host, ": a message of ",
+                                                other.has_value() ? other->size() : payload, " bytes (flag ",
+                                                *flag, ") where ", payload, " bytes of shards were due"));
     }
     item.parts->Done(status);
   }

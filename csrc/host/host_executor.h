@@ -19,10 +19,13 @@
 // that makes every host of the gang stop after it (RunPart).
 //
 // Data. A transfer moves each shard from the host of its source device to the
-// host of its destination device: a copy inside a host, else a Gloo message
-// from host to host, never through the client. Each host has one sending and
+// host of its destination device: a copy inside a host, else one message on
+// the data plane (coordination/data_plane.h: authenticated TCP, a connection
+// per pair of hosts) from host to host, never through the client, straight
+// from the source buffer into the destination. Each host has one sending and
 // one receiving thread per peer, fed in the global order, so the sends of
-// one host meet the receives of the other one for one.
+// one host meet the receives of the other one for one. A source that failed
+// sends its error instead, which fails the destination.
 //
 // Thread-safe. Requests come from the control plane (HostRuntime).
 
@@ -42,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
 #include "csrc/coordination/collective_group.h"
+#include "csrc/coordination/data_plane.h"
 #include "csrc/coordination/control.pb.h"
 #include "csrc/kernels/function_executable.h"
 
@@ -123,16 +127,19 @@ class HostExecutor {
  public:
   // `stores` are where this host meets the others to connect its collective
   // groups; they must outlive the executor. `bind_ip`: the address the data
-  // plane binds and advertises to the other hosts.
+  // plane (and Gloo) binds and advertises to the other hosts. `secret`: the
+  // cluster's, which every data plane connection must present (empty: the
+  // cluster's group prefix stands in, for tests).
   HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join, RendezvousStores* stores,
-               std::string bind_ip = "127.0.0.1");
+               std::string bind_ip = "127.0.0.1", std::string secret = "");
   // Stops the threads. Work still queued is dropped.
   ~HostExecutor();
   HostExecutor(const HostExecutor&) = delete;
   HostExecutor& operator=(const HostExecutor&) = delete;
 
   // Connects the data plane to every other host (blocks until they all
-  // have joined, or fails after the collective timeout).
+  // have joined, or fails after the collective timeout); the hosts find
+  // each other's addresses in host 0's rendezvous store.
   absl::Status ConnectDataPlane();
 
   absl::Status DefineDevices(const wire::DefineDevices& request);
@@ -203,6 +210,7 @@ class HostExecutor {
   std::vector<int> local_device_ids_;       // by index in this host: global id
   const std::string group_prefix_;
   RendezvousStores* const stores_;
+  const std::string secret_;
   CollectiveOptions collective_options_;
   std::atomic<bool> stopping_{false};
   const int island_id_;
@@ -244,7 +252,7 @@ class HostExecutor {
   };
   Mutex groups_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<GroupEntry>> groups_ ABSL_GUARDED_BY(groups_mu_);
-  std::unique_ptr<CollectiveGroup> world_;  // set by ConnectDataPlane, before any transfer
+  std::unique_ptr<DataPlane> data_;  // set by ConnectDataPlane, before any transfer
 
   Mutex peers_mu_;
   absl::flat_hash_map<int, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(peers_mu_);

@@ -260,6 +260,9 @@ class Cluster {
   }
 
   int num_hosts() const { return static_cast<int>(hosts_.size()); }
+  // Destroys host h (as if its process died: its data plane closes). Only
+  // RunOn, FetchFrom and host() of the other hosts may be used afterwards.
+  void Kill(int h) { hosts_[h].reset(); }
   HostExecutor& host(int h) { return *hosts_[h]; }
   int host_of(int device) const { return device / devices_per_host_; }
 
@@ -1329,6 +1332,8 @@ TEST(HostExecutorTest, FailedDevicesFailTheirWorkAndTheRestRuns) {
   EXPECT_NE(failed.at(101).message().find("device 1 (island 0, host 0) has failed"), std::string::npos)
       << failed.at(101);
   for (uint64_t id : {102, 103, 104}) EXPECT_TRUE(failed.contains(id)) << id;  // the transfer and its dependents
+  // The source's error crossed to host 1 with the transfer, as it is.
+  EXPECT_EQ(failed.at(102), failed.at(101));
   // Host 1's devices keep working; a new part on device 1 fails at once.
   ASSERT_OK(cluster->Put(200, 2, ToBytes(Iota<float>(8, 0.f, 1.f))));
   ASSERT_OK_AND_ASSIGN(replies, cluster->Run(RunOf(21, 200)));
@@ -1340,6 +1345,34 @@ TEST(HostExecutorTest, FailedDevicesFailTheirWorkAndTheRestRuns) {
   ASSERT_OK(cluster->Put(300, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
   ASSERT_OK_AND_ASSIGN(replies, cluster->Run(RunOf(20, 300)));
   EXPECT_TRUE(Failed(replies).contains(301));
+}
+
+// The data plane has a connection per pair of hosts: a host that dies fails
+// the transfers with it, and the others' transfers among themselves go on.
+TEST(HostExecutorTest, ALostHostFailsOnlyTheTransfersWithIt) {
+  auto cluster = MakeCluster(3, 1);
+  ASSERT_OK(cluster->DefineList(0, {0}));
+  ASSERT_OK(cluster->DefineList(1, {1}));
+  ASSERT_OK(cluster->DefineList(2, {2}));
+  constexpr int64_t kShard = 3 << 20;  // 3 MiB
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Transfer(0, 1, 1, 0, kShard)})));  // host 1 -> host 0
+  ASSERT_OK(cluster->LoadProgram(Program(21, 3, {Transfer(0, 1, 1, 2, kShard), Transfer(1, 2, 2, 1, kShard)})));
+  const Bytes a = ToBytes(Iota<float>(kShard / 4, 1.f, 0.5f));
+  ASSERT_OK(cluster->Put(100, 1, a));
+  ASSERT_OK(cluster->Put(200, 1, a));
+  cluster->Kill(0);
+  // Host 1's send to the lost host fails (logged there; its client learns
+  // of the loss from the control plane).
+  auto to_lost = cluster->RunOn(1, RunOf(20, 100));
+  ASSERT_OK(Await(to_lost).status());
+  // 1 -> 2 -> 1 still goes, byte for byte.
+  std::vector<std::future<absl::StatusOr<wire::RunReply>>> futures;
+  futures.push_back(cluster->RunOn(1, RunOf(21, 200)));
+  futures.push_back(cluster->RunOn(2, RunOf(21, 200)));
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, Cluster::AwaitAll(futures));
+  EXPECT_TRUE(Failed(replies).empty());
+  ASSERT_OK_AND_ASSIGN(std::string back, cluster->FetchFrom(1, 202));
+  EXPECT_TRUE(back == std::string(reinterpret_cast<const char*>(a.data()), a.size()));
 }
 
 TEST(HostExecutorTest, AnOverflowingShardBytesIsRefused) {

@@ -207,7 +207,7 @@ void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Reques
     stores_ = std::make_unique<PeerStores>(
         config.host_id(), &kv_, std::vector<std::string>(join.host_addresses().begin(), join.host_addresses().end()),
         secret_);
-    auto executor = std::make_shared<HostExecutor>(config, join, stores_.get(), bind_ip_);
+    auto executor = std::make_shared<HostExecutor>(config, join, stores_.get(), bind_ip_, secret_);
     absl::Status connected = executor->ConnectDataPlane();
     if (connected.ok()) {
       MutexLock lock(&mu_);
