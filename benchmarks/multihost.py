@@ -2,7 +2,7 @@
 
 Every pathways configuration here runs with `hosts=local_processes`: the
 runtime starts one host process per host on loopback (gRPC control plane,
-Gloo TCP between hosts for transfers and cross-host collectives).
+the data plane's TCP between hosts for transfers, Gloo TCP for cross-host collectives).
 
   1. Figure 5 on 4 host processes x 2 devices (islands=1, hosts_per_island=4,
      devices_per_host=2): one 8-device gang spans all 4 processes. Modes
@@ -654,7 +654,7 @@ def report_fig7(d: dict, lines: list, targets: list) -> None:
     f7 = d["fig7"]
     stages, run = f7["stages"], f7["run"]
     lines += [f"2. Figure 7 on host processes ({FIG7_TOPOLOGY}): a pipeline of S stages, stage k = psum + add "
-              "on a 4-device slice of host process k, the value moving host to host (Gloo); no modeled latency", ""]
+              "on a 4-device slice of host process k, the value moving host to host (data plane TCP); no modeled latency", ""]
     fig7._report_one(lines, run, stages, f7["rounds"])
     if run.get("ok"):
         res = run["result"]["results"][str(max(stages))]
@@ -812,7 +812,7 @@ def report(d: dict, info: dict, elapsed: float) -> str:
         "",
         "Notes:",
         "- pathways rows run the runtime with hosts=local_processes: the client (this script's child) and",
-        "  one process per host, on loopback; cross-host psums and transfers go over Gloo TCP. The",
+        "  one process per host, on loopback; cross-host psums go over Gloo TCP, transfers over the data plane. The",
         "  in-process rows (section 5) are the README's setting: hosts are threads of one process.",
         f"- JAX: {FIG5_HOSTS} processes, each XLA_FLAGS=--xla_force_host_platform_device_count={FIG5_DPH},",
         "  jax.distributed.initialize(coordinator_address=127.0.0.1:PORT, num_processes, process_id),",

@@ -179,6 +179,7 @@ struct HostExecutor::Part {
   uint32_t tag = 0;
   RunState* run = nullptr;  // holds it until the part's time is in its reply
   uint32_t step = 0;        // index in the program's steps on this host
+  std::shared_ptr<const Program> program;  // for its name in errors
   uint64_t program_id = 0;  // with first_buffer_id: the run (pw.diagnose)
   uint64_t first_buffer_id = 0;
   std::vector<std::shared_ptr<HostBuffer>> inputs, outputs;
@@ -760,7 +761,8 @@ void HostExecutor::Run(const wire::RunProgram& request,
   {
     MutexLock lock(&mu_);
     auto pit = programs_.find(request.program_id());
-    const Program& program = *pit->second;
+    const std::shared_ptr<const Program> program_ref = pit->second;
+    const Program& program = *program_ref;
     const uint64_t first = request.first_buffer_id();
     std::vector<std::shared_ptr<HostBuffer>> slots(program.num_slots);
     auto lookup = [&](uint64_t id) -> std::shared_ptr<HostBuffer> {
@@ -810,6 +812,7 @@ void HostExecutor::Run(const wire::RunProgram& request,
       part->tag = step.tag;
       part->run = run;
       part->step = static_cast<uint32_t>(k);
+      part->program = program_ref;
       part->program_id = request.program_id();
       part->first_buffer_id = first;
       run->Hold();
@@ -1037,9 +1040,6 @@ void HostExecutor::DeviceLoop(int device) {
       absl::Status s = in->Await(stopping_);
       if (!s.ok()) status = s;
     }
-    // A gang on a failed device fails when its turn comes, without running
-    // (an input's error, which came first, stays the one reported).
-    status.Update(CheckHealthy(part->gang->local_devices));
     status.Update(CheckSizes(*part));
     const int64_t start_ns = NowNanos();
     RunPart(*part, status, scratch);
@@ -1069,6 +1069,9 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scra
   // An input's error passes on as it is (a chain of failed steps does not
   // repeat itself); the part's own is named.
   const bool failed_before = !status.ok();
+  // A gang on a failed device fails when its turn comes, without running
+  // (an input's error, which came first, stays the one reported).
+  status.Update(CheckHealthy(gang.local_devices));
   const int num_local = static_cast<int>(gang.local_positions.size());
   auto local_scratch = [&] { return scratch.Get(exe.local_scratch_bytes(num_local, gang_size)); };
   auto scratch_error = [&] {
@@ -1126,7 +1129,8 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scra
     status.Update(CheckHealthy(gang.local_devices));
   }
   if (!status.ok() && !failed_before) {
-    status = absl::Status(status.code(), absl::StrCat("'", exe.ir().name(), "' on host ", host_id_, " failed: ",
+    status = absl::Status(status.code(), absl::StrCat("'", exe.ir().name(), "' in program '", part.program->name,
+                                                      "' failed on host ", host_id_, ": ",
                                                       status.message()));
   }
 }
