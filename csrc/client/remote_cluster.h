@@ -26,6 +26,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -83,8 +84,11 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // Adds the gangs of runs on the hosts that have not finished, and what
   // each waits for, to `diagnosis` (pw.diagnose): each host describes its
   // device queues (waiting at most `timeout_ns` for them); runs still
-  // queued here wait for admission. remote_diagnosis.cc.
-  void Describe(Diagnosis& diagnosis, int64_t timeout_ns);
+  // queued here wait for admission. As scheduler/diagnosis.h's Diagnose:
+  // with `min_wait_ns`, only gangs that have waited that long (and the hosts
+  // are asked only if a run in flight is that old); with `take`, only gangs
+  // no earlier take reported (the hang watchdog). remote_diagnosis.cc.
+  void Describe(Diagnosis& diagnosis, int64_t timeout_ns, int64_t min_wait_ns = 0, bool take = false);
 
   // Fault injection (Runtime::FailDevices): tells the hosts of `devices`
   // that they have failed, so their parts and transfers fail there too.
@@ -183,6 +187,10 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   Mutex frees_mu_;
   std::vector<std::vector<uint64_t>> pending_frees_ ABSL_GUARDED_BY(frees_mu_);
   std::atomic<uint64_t> next_buffer_id_{1};
+  // Gangs a take of Describe reported: (program id, first buffer id, step);
+  // forgotten once their run has finished.
+  Mutex reported_mu_;
+  absl::flat_hash_set<std::tuple<uint64_t, uint64_t, int>> reported_ ABSL_GUARDED_BY(reported_mu_);
 
   // One dispatch at a time, so every host sees the same order; guards what
   // each host knows.

@@ -39,16 +39,35 @@ struct GangSeen {
 
 }  // namespace
 
-void RemoteCluster::Describe(Diagnosis& diagnosis, int64_t timeout_ns) {
+void RemoteCluster::Describe(Diagnosis& diagnosis, int64_t timeout_ns, int64_t min_wait_ns, bool take) {
   const int64_t now = NowNanos();
   // The runs in flight, held while their names are used.
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Run>> runs;
+  bool any_old_enough = false;
   {
     MutexLock lock(&runs_mu_);
     for (const auto& [key, weak] : runs_by_id_) {
-      if (std::shared_ptr<Run> run = weak.lock()) runs.emplace(key, std::move(run));
+      if (std::shared_ptr<Run> run = weak.lock()) {
+        any_old_enough |= now - run->submitted_ns >= min_wait_ns;
+        runs.emplace(key, std::move(run));
+      }
     }
   }
+  if (take) {  // forget the reported gangs of finished runs
+    MutexLock lock(&reported_mu_);
+    absl::erase_if(reported_, [&](const GangKey& key) {
+      return !runs.contains(std::make_pair(std::get<0>(key), std::get<1>(key)));
+    });
+  }
+  if (!any_old_enough) return;  // nothing has waited that long: no host is asked
+  // Whether the gang `key`, waiting `waited_ns`, belongs in this diagnosis
+  // (min_wait_ns, take).
+  auto keep = [&](const GangKey& key, int64_t waited_ns) {
+    if (waited_ns < min_wait_ns) return false;
+    if (!take) return true;
+    MutexLock lock(&reported_mu_);
+    return reported_.insert(key).second;
+  };
   absl::flat_hash_set<const Run*> unsent;
   {
     MutexLock lock(&admission_mu_);
@@ -193,6 +212,7 @@ void RemoteCluster::Describe(Diagnosis& diagnosis, int64_t timeout_ns) {
     WaitingGang w;
     w.gang = seen.ref;
     w.waited_ns = now - runs.at({std::get<0>(key), std::get<1>(key)})->submitted_ns;
+    if (!keep(key, w.waited_ns)) continue;
     // The heads it waits behind, each with the devices whose queues it heads.
     std::map<GangKey, std::vector<int>> heads;
     for (const auto& [device, head] : seen.blocked_by) heads[head.first].push_back(device);
@@ -222,6 +242,7 @@ void RemoteCluster::Describe(Diagnosis& diagnosis, int64_t timeout_ns) {
       IslandCounts& counts = counts_of(w.gang.island);
       ++counts.queued;
       ++counts.waiting_for_admission;
+      if (!keep(GangKey{key.first, key.second, step}, w.waited_ns)) continue;
       diagnosis.waiting.push_back(std::move(w));
     }
   }

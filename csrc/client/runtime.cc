@@ -112,9 +112,6 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
                                                          GangServices{rt->stores_.get(), rt->delays_.get(), &rt->timeline_,
                                                                       rt->cluster_->options().control_latency_ns,
                                                                       &rt->shut_down_});
-  if (const int64_t threshold = rt->cluster_->options().hang_report_ns; threshold > 0) {
-    rt->watchdog_ = std::make_unique<HangWatchdog>(rt->scheduler_ptrs_, threshold);
-  }
   if (options.hosts != HostsMode::kInProcess) {
 #if PATHWAYS_WITH_HOSTS
     const int num_hosts = static_cast<int>(rt->cluster_->hosts().size());
@@ -137,6 +134,22 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
         "hosts=", HostsModeName(options.hosts),
         ": this build of pathways has no host processes (it was built without gRPC, protobuf or Gloo)"));
 #endif
+  }
+  if (const int64_t threshold = rt->cluster_->options().hang_report_ns; threshold > 0) {
+    // The islands' gang schedulers, and with host processes the hosts'
+    // device queues (asked only once a run in flight is that old; a host
+    // that does not answer within 5 s is left out of that report).
+    rt->watchdog_ = std::make_unique<HangWatchdog>(
+        [r = rt.get()](int64_t threshold_ns) {
+          Diagnosis report = pw::Diagnose(r->scheduler_ptrs_, threshold_ns, /*take=*/true);
+#if PATHWAYS_WITH_HOSTS
+          if (r->remote_ != nullptr) {
+            r->remote_->Describe(report, int64_t{5'000'000'000}, threshold_ns, /*take=*/true);
+          }
+#endif
+          return report;
+        },
+        threshold);
   }
   return rt;
 }

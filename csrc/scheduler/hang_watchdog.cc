@@ -5,8 +5,13 @@
 
 namespace pw {
 
+HangWatchdog::HangWatchdog(Source source, int64_t threshold_ns)
+    : source_(std::move(source)), threshold_ns_(threshold_ns), thread_([this] { Loop(); }) {}
+
 HangWatchdog::HangWatchdog(std::vector<GangScheduler*> schedulers, int64_t threshold_ns)
-    : schedulers_(std::move(schedulers)), threshold_ns_(threshold_ns), thread_([this] { Loop(); }) {}
+    : HangWatchdog([schedulers = std::move(schedulers)](
+                       int64_t threshold) { return Diagnose(schedulers, threshold, /*take=*/true); },
+                   threshold_ns) {}
 
 HangWatchdog::~HangWatchdog() { Stop(); }
 
@@ -30,7 +35,7 @@ void HangWatchdog::Loop() {
       }
       if (stop_) return;
     }
-    Diagnosis report = Diagnose(schedulers_, threshold_ns_, /*take=*/true);
+    Diagnosis report = source_(threshold_ns_);
     if (report.waiting.empty()) continue;
     MutexLock lock(&mu_);
     if (queue_.size() >= kMaxQueuedReports) {

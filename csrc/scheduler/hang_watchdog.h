@@ -3,8 +3,9 @@
 
 // The hang watchdog (issue 9): a thread that, once a period, takes from
 // every island the gangs that have not started `threshold_ns` after their
-// submission and were not reported before (Diagnose() with `take`), and
-// queues one report of them. Each gang is reported at most once. Nothing is
+// submission and were not reported before (Diagnose() with `take`; with
+// host processes, the hosts' device queues too: RemoteCluster::Describe),
+// and queues one report of them. Each gang is reported at most once. Nothing is
 // called out of the thread: readers take the reports (the Python bindings
 // turn them into warnings in a thread that holds the GIL).
 //
@@ -17,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -31,7 +33,15 @@ class HangWatchdog {
   // Unread reports kept; later ones are dropped (and counted) until some are taken.
   static constexpr size_t kMaxQueuedReports = 64;
 
-  // Starts the thread; `threshold_ns` > 0.
+  // Where the watchdog looks: called once a period on its thread with the
+  // threshold, it returns the gangs that have waited at least that long and
+  // that no earlier call returned (each gang once).
+  using Source = std::function<Diagnosis(int64_t threshold_ns)>;
+
+  // Starts the thread; `threshold_ns` > 0. `source` must stay callable until
+  // Stop() returns.
+  HangWatchdog(Source source, int64_t threshold_ns);
+  // Watching the islands' gang schedulers (Diagnose with `take`).
   HangWatchdog(std::vector<GangScheduler*> schedulers, int64_t threshold_ns);
   ~HangWatchdog();  // Stop()
   HangWatchdog(const HangWatchdog&) = delete;
@@ -52,7 +62,7 @@ class HangWatchdog {
  private:
   void Loop();
 
-  const std::vector<GangScheduler*> schedulers_;
+  const Source source_;
   const int64_t threshold_ns_;
   mutable Mutex mu_;
   CondVar cv_;
