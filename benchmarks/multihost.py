@@ -18,17 +18,21 @@ the data plane's TCP between hosts for transfers, Gloo TCP for cross-host collec
   4. Control messages per program per host (pw._core.control_messages()),
      parallel and sequential dispatch.
   5. In-process regression: dispatch_overhead.pw_worker (hosts in process)
-     at the README's device counts, beside the README's numbers.
+     at the README's device counts, this build against the same worker on
+     pathways built from --base (default: the last commit before hosts
+     became processes; built once into build/regression/), alternating.
 
 Usage: python benchmarks/multihost.py [--quick] [--out-dir DIR] [--only fig5|dcn]
 
 --only fig5 runs section 1 alone (pathways and JAX, same rounds as the full
 run) and writes multihost_fig5.{txt,json}; --only dcn runs section 3 alone
-(multihost_dcn.{txt,json}); neither replaces the full run's files.
+(multihost_dcn.{txt,json}), --only regression section 5; none replaces the
+full run's files.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -377,7 +381,43 @@ def pw_messages(runs: int) -> dict:
 
 
 # --------------------------------------------------------------------------
-# 5. In-process regression against the README's Figure 5 table.
+# 5. In-process regression: against the same worker built from the last
+# commit before hosts became processes, on this machine, rounds interleaved
+# (the README's table was measured on another CPU: shown beside, not judged).
+
+BASE_COMMIT = "4cdf4ea"  # the last commit before issue 8 (hosts as processes)
+
+
+def base_build(commit: str) -> dict:
+    """Pathways built from `commit` into build/regression/<commit>/site, once
+    (later runs reuse it): {"ok": True, "path": site} or {"ok": False, "error"}.
+
+    The sources come from `git archive` (no worktree is left behind); the
+    build is pip's, as `make`'s, into a directory of its own.
+    """
+    import subprocess
+    import tarfile
+
+    root = os.path.join(h.REPO_DIR, "build", "regression", commit)
+    site = os.path.join(root, "site")
+    if os.path.isdir(os.path.join(site, "pathways")):
+        return {"ok": True, "path": site, "commit": commit, "built_now": False}
+    src = os.path.join(root, "src")
+    try:
+        os.makedirs(src, exist_ok=True)
+        archive = subprocess.run(["git", "-C", h.REPO_DIR, "archive", "--format=tar", commit],
+                                 capture_output=True, check=True, timeout=120).stdout
+        with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+            tar.extractall(src, filter="data")
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                        "--target", site, src], capture_output=True, check=True, timeout=3600)
+        return {"ok": True, "path": site, "commit": commit, "built_now": True,
+                "build_s": time.perf_counter() - t0}
+    except (OSError, subprocess.SubprocessError, tarfile.TarError) as e:
+        err = getattr(e, "stderr", b"") or b""
+        return {"ok": False, "commit": commit,
+                "error": f"{type(e).__name__}: {e} {err.decode(errors='replace')[-500:]}".strip()}
 
 
 def readme_fig5() -> dict:
@@ -467,7 +507,7 @@ class Runner:
         return r
 
 
-SECTIONS = ("fig5", "dcn")  # what --only can pick
+SECTIONS = ("fig5", "dcn", "regression")  # what --only can pick
 
 
 def run_dcn(run, d: dict, quick: bool) -> None:
@@ -478,7 +518,7 @@ def run_dcn(run, d: dict, quick: bool) -> None:
     d["tcp"] = run("multihost:tcp_loopback", {"mib": DCN_MIB, "repeats": 5 if quick else 10}, {}, 60)
 
 
-def run_all(quick: bool, mark: str, only=None) -> dict:
+def run_all(quick: bool, mark: str, only=None, base: str = BASE_COMMIT) -> dict:
     """Every section, or only section `only` (one of SECTIONS)."""
     run = Runner(mark, max_wait=15 if quick else 120, retries=0 if quick else 2)
     env = {"PATHWAYS_TOPOLOGY": FIG5_TOPOLOGY}
@@ -489,7 +529,7 @@ def run_all(quick: bool, mark: str, only=None) -> dict:
     # Pathways and JAX alternate, round by round, so both see the same
     # machine: on 2 cores the 4 host processes (or 4 controllers) make every
     # collective depend on the OS scheduler, and rates move 2-3x over minutes.
-    d["rounds5"] = 0 if only == "dcn" else 1 if quick else 3
+    d["rounds5"] = 0 if only in ("dcn", "regression") else 1 if quick else 3
     d["fig5_pw"], d["fig5_jax"] = [], {m: [] for _, m in JAX_MODES}
     for k in range(d["rounds5"]):
         h.log(f"[{NAME}] 1. Figure 5, round {k + 1} of {d['rounds5']}: pathways on {FIG5_TOPOLOGY}")
@@ -514,29 +554,36 @@ def run_all(quick: bool, mark: str, only=None) -> dict:
         d["disturbed_runs"] = run.disturbed
         return d
 
-    stages = [1, 4, 16] if quick else [1, 2, 4, 8, 16]
-    seconds, rounds = (0.3, 1) if quick else (1.5, 5)
-    d["fig7"] = {"stages": stages, "rounds": rounds}
-    h.log(f"[{NAME}] 2. Figure 7 on {FIG7_TOPOLOGY}, S={stages}")
-    d["fig7"]["run"] = run("multihost:pw_fig7", {"stages": stages, "seconds": seconds, "rounds": rounds},
-                           {"PATHWAYS_TOPOLOGY": FIG7_TOPOLOGY}, 600)
+    if only is None:
+        stages = [1, 4, 16] if quick else [1, 2, 4, 8, 16]
+        seconds, rounds = (0.3, 1) if quick else (1.5, 5)
+        d["fig7"] = {"stages": stages, "rounds": rounds}
+        h.log(f"[{NAME}] 2. Figure 7 on {FIG7_TOPOLOGY}, S={stages}")
+        d["fig7"]["run"] = run("multihost:pw_fig7", {"stages": stages, "seconds": seconds, "rounds": rounds},
+                               {"PATHWAYS_TOPOLOGY": FIG7_TOPOLOGY}, 600)
 
-    run_dcn(run, d, quick)
+        run_dcn(run, d, quick)
 
-    h.log(f"[{NAME}] 4. control messages on {FIG5_TOPOLOGY}")
-    d["messages"] = run("multihost:pw_messages", {"runs": MSG_RUNS}, env, 180)
+        h.log(f"[{NAME}] 4. control messages on {FIG5_TOPOLOGY}")
+        d["messages"] = run("multihost:pw_messages", {"runs": MSG_RUNS}, env, 180)
 
     readme = readme_fig5()
     counts = [1, 64, 2048] if quick else sorted(next(iter(readme.values())))
-    reg_rounds = 1 if quick else 2
-    d["regression"] = {"readme": readme, "counts": counts, "rounds": reg_rounds, "runs": {c: [] for c in counts}}
+    reg_rounds = 1 if quick else 3
+    h.log(f"[{NAME}] 5. building pathways at {base} for the in-process comparison (once)")
+    build = base_build(base)
+    d["regression"] = {"readme": readme, "counts": counts, "rounds": reg_rounds, "base": build,
+                       "runs": {c: [] for c in counts}, "base_runs": {c: [] for c in counts}}
     s_in, w_in = (0.4, 0.15) if quick else (1.0, 0.3)  # as dispatch_overhead.py
     for k in range(reg_rounds):
         for c in counts:
             h.log(f"[{NAME}] 5. in-process Figure 5, n={c}, round {k + 1} of {reg_rounds}")
-            d["regression"]["runs"][c].append(run(
-                "dispatch_overhead:pw_worker", {"n": c, "seconds": s_in, "warmup": w_in},
-                {"PATHWAYS_TOPOLOGY": h.topology_for(c)}, 180))
+            kw = {"n": c, "seconds": s_in, "warmup": w_in}
+            env_now = {"PATHWAYS_TOPOLOGY": h.topology_for(c)}
+            d["regression"]["runs"][c].append(run("dispatch_overhead:pw_worker", kw, env_now, 180))
+            if build["ok"]:  # the same worker on the base build, right after
+                env_base = {**env_now, "PYTHONPATH": build["path"]}
+                d["regression"]["base_runs"][c].append(run("dispatch_overhead:pw_worker", kw, env_base, 180))
     d["waited_for_idle_s"] = run.waited
     d["disturbed_runs"] = run.disturbed
     return d
@@ -750,15 +797,21 @@ REG_ROWS = [("PW-O", "OpByOp"), ("PW-O sync", "OpByOp-sync"), ("PW-C", "Chained"
 
 def report_regression(d: dict, lines: list, targets: list) -> None:
     reg = d["regression"]
-    counts, readme = reg["counts"], reg["readme"]
-    lines += ["5. In-process regression: dispatch_overhead.pw_worker (hosts in process) now vs the README's "
-              f"Figure 5 table; cells: now (best of {reg['rounds']} round(s)) / README (ratio)", ""]
-    rows, ratios = [], []
+    counts, readme, build = reg["counts"], reg["readme"], reg.get("base", {"ok": False, "error": "not run"})
+    base = build.get("commit", "?")
+    lines += [f"5. In-process regression: dispatch_overhead.pw_worker (hosts in process), this build vs the same "
+              f"worker on pathways at {base} (before hosts became processes), the two alternating on this "
+              f"machine; cells: now / then (ratio), best of {reg['rounds']} round(s) each", ""]
+    if not build["ok"]:
+        lines.append(f"the build at {base} failed: {build['error']}")
+    rows, ratios, readme_ratios = [], [], []
     for c in counts:
         row = [c]
         for label, mode in REG_ROWS:
             text, v = _best_round(reg["runs"][c], mode)
-            old = readme.get(label, {}).get(c)
+            old = _best_round(reg["base_runs"][c], mode)[1] if reg["base_runs"].get(c) else None
+            if readme.get(label, {}).get(c) and v is not None:
+                readme_ratios.append((v / readme[label][c], label, c))
             if v is None or not old:
                 row.append(text[:30])
                 continue
@@ -766,22 +819,30 @@ def report_regression(d: dict, lines: list, targets: list) -> None:
             row.append(f"{h.fmt_rate(v)} / {h.fmt_rate(old)} ({v / old:.2f})")
         rows.append(row)
     lines.append(h.table(["devices"] + [label for label, _ in REG_ROWS], rows))
-    busy = [r.get("cpu_busy_before") for c in counts for r in reg["runs"][c]]
+    busy = [r.get("cpu_busy_before") for c in counts for r in reg["runs"][c] + reg["base_runs"].get(c, [])]
     busy = [b for b in busy if b is not None]
     if busy:
         lines.append(f"CPU busy (both cores) just before each configuration: {100 * min(busy):.0f}-"
-                     f"{100 * max(busy):.0f}%; the README's numbers were measured on an {_readme_cpu()}")
+                     f"{100 * max(busy):.0f}%")
+    if readme_ratios:
+        lines.append(f"against the README's table (measured on an {_readme_cpu()}, not this CPU): "
+                     f"{min(r[0] for r in readme_ratios):.2f}-{max(r[0] for r in readme_ratios):.2f}x")
     lines.append("")
     if not ratios:
-        targets.append("in-process regression: not measured")
+        targets.append(f"in-process regression: not measured (no build at {base})")
         return
     below = sorted(r for r in ratios if r[0] < 0.9)
+    def geomean(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
     per_mode = ", ".join(f"{label} {min(x for x, l, _ in ratios if l == label):.2f}-"
-                         f"{max(x for x, l, _ in ratios if l == label):.2f}"
+                         f"{max(x for x, l, _ in ratios if l == label):.2f} "
+                         f"(geometric mean {geomean([x for x, l, _ in ratios if l == label]):.2f})"
                          for label, _ in REG_ROWS if any(l == label for _, l, _ in ratios))
-    targets.append(f"in-process regression: {len(ratios) - len(below)} of {len(ratios)} cells at >= 0.90 of the "
-                   f"README (target: all within 10%): {'MET' if not below else 'MISSED'}; ratios now/README by "
-                   f"mode: {per_mode}")
+    targets.append(f"in-process regression: {len(ratios) - len(below)} of {len(ratios)} cells at >= 0.90 of "
+                   f"pathways at {base} on this machine (target: all): {'MET' if not below else 'MISSED'}; "
+                   f"ratios now/then by mode: {per_mode}"
+                   + (f"; below: {', '.join(f'{l} n={c} {x:.2f}' for x, l, c in below)}" if below else ""))
 
 
 def _readme_cpu() -> str:
@@ -798,6 +859,8 @@ def report(d: dict, info: dict, elapsed: float) -> str:
         report_fig5(d, lines, targets)
     if "dcn" in d and "fig7" not in d:  # --only dcn
         report_dcn(d, lines, targets)
+    if "regression" in d and "fig7" not in d:  # --only regression
+        report_regression(d, lines, targets)
     if "fig7" in d:  # not a --only run
         report_fig7(d, lines, targets)
         report_dcn(d, lines, targets)
@@ -886,7 +949,7 @@ def plot(d: dict, vals: dict, path: str) -> None:
         pts = []
         for c in reg["counts"]:
             _, v = _best_round(reg["runs"][c], mode)
-            old = reg["readme"].get(label, {}).get(c)
+            old = _best_round(reg["base_runs"][c], mode)[1] if reg.get("base_runs", {}).get(c) else None
             if v and old:
                 pts.append((c, v / old))
         if pts:
@@ -896,8 +959,8 @@ def plot(d: dict, vals: dict, path: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("devices")
-    ax.set_ylabel("now / README")
-    ax.set_title("in process: Figure 5 now vs the README (band: +-10%)", fontsize=9)
+    ax.set_ylabel(f"now / at {reg.get('base', {}).get('commit', '?')}")
+    ax.set_title("in process: Figure 5 now vs before issue 8, same machine (band: +-10%)", fontsize=9)
     ax.legend(fontsize=8)
     for a in axes.flat:
         a.grid(True, which="both", alpha=0.3)
@@ -909,13 +972,15 @@ def plot(d: dict, vals: dict, path: str) -> None:
 def main(argv=None) -> None:
     p = h.argument_parser(__doc__.splitlines()[0])
     p.add_argument("--only", choices=SECTIONS, help="run only this section (results as multihost_<section>)")
+    p.add_argument("--base", default=BASE_COMMIT,
+                   help="commit the in-process section compares with (built once into build/regression/)")
     args = p.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     sw = h.Stopwatch()
     info = h.machine_info()
     mark = uuid.uuid4().hex
     try:
-        d = run_all(args.quick, mark, args.only)
+        d = run_all(args.quick, mark, args.only, args.base)
     finally:
         left = leftover_hosts(mark)
     d["leftover_hosts"] = left
