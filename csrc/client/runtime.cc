@@ -76,7 +76,9 @@ absl::StatusOr<LaunchedHosts> AwaitExternalHosts(int num_hosts) {
                num_hosts, (*registry)->address().c_str(), (*registry)->address().c_str());
   auto addresses = (*registry)->Await(num_hosts, static_cast<int64_t>(timeout_s * 1e9));
   if (!addresses.ok()) return addresses.status();
-  return LaunchedHosts{*std::move(addresses), secret};
+  // The registry outlives this call: the last host's registration reply may
+  // still be on its way, and a host that loses it stops.
+  return LaunchedHosts{*std::move(addresses), secret, std::shared_ptr<HostRegistry>(*std::move(registry))};
 }
 #endif
 
@@ -119,6 +121,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
                                                  ? AwaitExternalHosts(num_hosts)
                                                  : LaunchHosts(options, num_hosts);
     if (!launched.ok()) return launched.status();
+    rt->launcher_state_ = launched->keep_alive;
     RemoteServices services;
     services.stores = rt->stores_.get();
     services.stats = &rt->stats_;

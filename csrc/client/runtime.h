@@ -39,6 +39,9 @@ class RemoteCluster;
 struct LaunchedHosts {
   std::vector<std::string> addresses;
   std::string secret;
+  // Whatever must live as long as the runtime (the registry that hosts
+  // started by hand registered with: its last replies must reach them).
+  std::shared_ptr<void> keep_alive;
 };
 using HostLauncher = std::function<absl::StatusOr<LaunchedHosts>(const TopologyOptions& options, int num_hosts)>;
 
@@ -170,6 +173,7 @@ class Runtime {
   std::vector<GangScheduler*> scheduler_ptrs_;  // schedulers_, by island id
   std::unique_ptr<HangWatchdog> watchdog_;
   std::shared_ptr<RemoteCluster> remote_;  // shared_ptr: the type is known only with host processes
+  std::shared_ptr<void> launcher_state_;    // LaunchedHosts::keep_alive
   // Set once by Shutdown(); gangs read it through GangServices::cancelled.
   std::atomic<bool> shut_down_{false};
   // Execute() and DevicePut() calls under way; Shutdown() waits for them to

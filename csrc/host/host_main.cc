@@ -37,8 +37,11 @@ void WatchStdin() {
 }
 
 // hosts=external: tells the client at `client` where this host listens.
+// `*sent` says whether the registration left: if its reply then fails, the
+// client may have it all the same.
 absl::Status Register(const std::string& client, const std::string& secret, const std::string& address,
-                      int64_t deadline_ns) {
+                      int64_t deadline_ns, bool* sent) {
+  *sent = false;
   ChannelOptions options;
   options.secret = secret;
   options.host_name = absl::StrCat("the client (", client, ")");
@@ -56,6 +59,7 @@ absl::Status Register(const std::string& client, const std::string& secret, cons
   wire::Request request;
   request.mutable_register_host()->set_address(address);
   request.mutable_register_host()->set_pid(getpid());
+  *sent = true;
   return (*channel)->Call(std::move(request), int64_t{10} * 1'000'000'000).status();
 }
 
@@ -121,12 +125,20 @@ int RunHost(const HostMainOptions& options) {
                                getpid(), runtime.incarnation())
             << std::endl;
   if (!options.client.empty()) {
-    if (absl::Status registered =
-            Register(options.client, secret, (*server)->address(), NowNanos() + options.configure_timeout_ns);
+    bool sent = false;
+    if (absl::Status registered = Register(options.client, secret, (*server)->address(),
+                                           NowNanos() + options.configure_timeout_ns, &sent);
         !registered.ok()) {
       std::cerr << "pathways-host: registering with the client at " << options.client
                 << " failed: " << registered.message() << "\n";
-      return 1;
+      // A refusal is final. A reply lost after the registration left (the
+      // client may be busy connecting to its hosts) is not: the client may
+      // have it, so wait to be configured, as long as an unregistered
+      // host would.
+      if (!sent || absl::IsUnauthenticated(registered) || absl::IsPermissionDenied(registered) ||
+          absl::IsInvalidArgument(registered)) {
+        return 1;
+      }
     }
   }
 

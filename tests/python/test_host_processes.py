@@ -398,6 +398,11 @@ def test_hosts_started_by_hand_register_with_the_client(tmp_path):
                 [sys.executable, "-m", "pathways.host", f"--client=127.0.0.1:{port}"],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         out, err = client.communicate(timeout=120)
+        if client.returncode != 0:  # what the hosts said, for the failure's message
+            for p in hosts:
+                if p.poll() is None:
+                    p.kill()
+            err += "".join(f"\n--- host {p.pid} (exit {p.wait()}):\n{p.stderr.read()}" for p in hosts)
         assert client.returncode == 0, err
         assert "waiting for 4 hosts to register" in err
         assert out.strip() == f"[2.0, 3.0] {sorted(h.pid for h in hosts)}", out
