@@ -50,8 +50,7 @@ void ShardPieces(const std::vector<int>& indices, uint8_t* base, int64_t shard, 
 std::string ErrorReport(const absl::Status& status, int64_t payload) {
   wire::Status w;
   ToWire(absl::Status(status.code(), status.message().substr(0, 4096)), &w);
-  std::string report = w.SerializeAsString();
-  if (static_cast<int64_t>(report.size()) == payload) w.set_message(absl::StrCat(w.message(), " "));
+  if (static_cast<int64_t>(w.ByteSizeLong()) == payload) w.mutable_message()->push_back(' ');
   return w.SerializeAsString();
 }
 
