@@ -22,23 +22,47 @@ py::tuple ShapeTuple(const Dims& dims) {
   return py::tuple(py::cast(std::vector<int64_t>(dims.begin(), dims.end())));
 }
 
-constexpr OpKind kBinaryKinds[] = {
-    OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow, OpKind::kMax,
-    OpKind::kMin, OpKind::kEq,  OpKind::kNe,  OpKind::kLt,  OpKind::kLe,  OpKind::kGt,
-    OpKind::kGe,  OpKind::kAnd, OpKind::kOr,  OpKind::kXor};
-constexpr OpKind kUnaryKinds[] = {OpKind::kNeg,  OpKind::kAbs, OpKind::kExp,   OpKind::kLog,
-                                  OpKind::kTanh, OpKind::kSqrt, OpKind::kRsqrt, OpKind::kSin,
-                                  OpKind::kCos,  OpKind::kNot};
-
-// The op of `kinds` named `op` (its OpKindName); ValueError lists them otherwise.
-template <size_t N>
-OpKind KindByName(const std::string& op, const OpKind (&kinds)[N], const char* what) {
+// The op named `op` among those `is_kind` accepts (by the registry's
+// names); ValueError lists them otherwise.
+OpKind KindByName(const std::string& op, bool (*is_kind)(OpKind), const char* what) {
+  if (std::optional<OpKind> kind = OpKindFromName(op); kind && is_kind(*kind)) return *kind;
   std::string known;
-  for (OpKind k : kinds) {
-    if (OpKindName(k) == op) return k;
-    absl::StrAppend(&known, known.empty() ? "" : ", ", OpKindName(k));
+  for (const OpInfo& info : kOpRegistry) {
+    if (is_kind(info.kind)) absl::StrAppend(&known, known.empty() ? "" : ", ", info.name);
   }
   throw py::value_error(absl::StrCat("unknown ", what, " op '", op, "'; known: ", known));
+}
+
+bool IsPcollective(OpKind kind) {
+  return kind == OpKind::kPmean || kind == OpKind::kPmax || kind == OpKind::kPmin;
+}
+
+absl::string_view OpClassName(OpClass c) {
+  switch (c) {
+    case OpClass::kSource: return "source";
+    case OpClass::kElementwise: return "elementwise";
+    case OpClass::kSimulated: return "simulated";
+    case OpClass::kReduction: return "reduction";
+    case OpClass::kDataMovement: return "data_movement";
+    case OpClass::kIndexing: return "indexing";
+    case OpClass::kContraction: return "contraction";
+    case OpClass::kCollective: return "collective";
+  }
+  return "unknown";
+}
+
+absl::string_view TypeRuleName(TypeRule r) {
+  switch (r) {
+    case TypeRule::kArithmetic: return "arithmetic";
+    case TypeRule::kComparison: return "comparison";
+    case TypeRule::kLogical: return "logical";
+    case TypeRule::kNumeric: return "numeric";
+    case TypeRule::kFloating: return "floating";
+    case TypeRule::kBoolean: return "boolean";
+    case TypeRule::kSame: return "same";
+    case TypeRule::kOwn: return "own";
+  }
+  return "unknown";
 }
 
 // Holder for the immutable IR objects (pybind11 wants non-const holders).
@@ -50,6 +74,16 @@ std::shared_ptr<T> Mutable(std::shared_ptr<const T> p) {
 }  // namespace
 
 void RegisterFunctionIr(py::module_& m) {
+  m.def("op_registry", [] {
+    py::list rows;
+    for (const OpInfo& info : kOpRegistry) {
+      rows.append(py::make_tuple(std::string(info.name), info.arity,
+                                 std::string(OpClassName(info.op_class)),
+                                 std::string(TypeRuleName(info.type_rule))));
+    }
+    return rows;
+  }, "The op registry (csrc/function_ir/op_registry.h), in enum order: one "
+     "(name, arity, op_class, type_rule) tuple per op; arity -1 is variadic.");
   py::class_<FunctionIr, std::shared_ptr<FunctionIr>>(m, "Function", "A traced compiled function (one shard's IR).")
       .def_property_readonly("name", &FunctionIr::name)
       .def_property_readonly("axis_name", &FunctionIr::axis_name)
@@ -76,10 +110,10 @@ void RegisterFunctionIr(py::module_& m) {
         return ValueOrThrow(b.Convert(x, ValueOrThrow(DTypeFromName(dtype))));
       })
       .def("binary", [](FunctionBuilder& b, const std::string& op, int32_t x, int32_t y) {
-        return ValueOrThrow(b.Binary(KindByName(op, kBinaryKinds, "binary"), x, y));
+        return ValueOrThrow(b.Binary(KindByName(op, IsBinaryOp, "binary"), x, y));
       }, py::arg("op"), py::arg("a"), py::arg("b"))
       .def("unary", [](FunctionBuilder& b, const std::string& op, int32_t x) {
-        return ValueOrThrow(b.Unary(KindByName(op, kUnaryKinds, "unary"), x));
+        return ValueOrThrow(b.Unary(KindByName(op, IsUnaryOp, "unary"), x));
       }, py::arg("op"), py::arg("x"))
       .def("select", [](FunctionBuilder& b, int32_t cond, int32_t x, int32_t y) {
         return ValueOrThrow(b.Select(cond, x, y));
@@ -102,13 +136,7 @@ void RegisterFunctionIr(py::module_& m) {
       }, py::arg("op"), py::arg("x"), py::arg("axes"), py::arg("keepdims"))
       .def("pcollective", [](FunctionBuilder& b, const std::string& op, int32_t x,
                              const std::string& axis) {
-        OpKind kind;
-        if (op == "pmean") kind = OpKind::kPmean;
-        else if (op == "pmax") kind = OpKind::kPmax;
-        else if (op == "pmin") kind = OpKind::kPmin;
-        else throw py::value_error(absl::StrCat("unknown collective '", op,
-                                                "'; known: pmean, pmax, pmin"));
-        return ValueOrThrow(b.Pcollective(kind, x, axis));
+        return ValueOrThrow(b.Pcollective(KindByName(op, IsPcollective, "collective"), x, axis));
       }, py::arg("op"), py::arg("x"), py::arg("axis_name"))
       .def("axis_index", [](FunctionBuilder& b, const std::string& axis) {
         return ValueOrThrow(b.AxisIndex(axis));

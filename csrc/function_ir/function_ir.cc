@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -85,26 +86,9 @@ Op MakeOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands, ValueType type)
 
 std::string ValueName(int32_t v) { return absl::StrCat("%", v); }
 
-bool IsComparison(OpKind kind) {
-  return kind == OpKind::kEq || kind == OpKind::kNe || kind == OpKind::kLt ||
-         kind == OpKind::kLe || kind == OpKind::kGt || kind == OpKind::kGe;
-}
-
-bool IsLogical(OpKind kind) {
-  return kind == OpKind::kAnd || kind == OpKind::kOr || kind == OpKind::kXor;
-}
-
-bool IsArithmetic(OpKind kind) {
-  return kind == OpKind::kAdd || kind == OpKind::kSub || kind == OpKind::kMul ||
-         kind == OpKind::kDiv || kind == OpKind::kPow || kind == OpKind::kMax ||
-         kind == OpKind::kMin;
-}
-
-bool IsTranscendental(OpKind kind) {
-  return kind == OpKind::kExp || kind == OpKind::kLog || kind == OpKind::kTanh ||
-         kind == OpKind::kSqrt || kind == OpKind::kRsqrt || kind == OpKind::kSin ||
-         kind == OpKind::kCos;
-}
+bool IsComparison(OpKind kind) { return GetTypeRule(kind) == TypeRule::kComparison; }
+bool IsLogical(OpKind kind) { return GetTypeRule(kind) == TypeRule::kLogical; }
+bool IsTranscendental(OpKind kind) { return GetTypeRule(kind) == TypeRule::kFloating; }
 
 }  // namespace
 
@@ -122,114 +106,11 @@ bool BroadcastDims(absl::Span<const int64_t> a, absl::Span<const int64_t> b, Dim
   return true;
 }
 
-absl::string_view OpKindName(OpKind kind) {
-  switch (kind) {
-    case OpKind::kParameter:
-      return "parameter";
-    case OpKind::kConstant:
-      return "constant";
-    case OpKind::kConvert:
-      return "convert";
-    case OpKind::kAdd:
-      return "add";
-    case OpKind::kSub:
-      return "sub";
-    case OpKind::kMul:
-      return "mul";
-    case OpKind::kDiv:
-      return "div";
-    case OpKind::kNeg:
-      return "neg";
-    case OpKind::kPow:
-      return "pow";
-    case OpKind::kMax:
-      return "max";
-    case OpKind::kMin:
-      return "min";
-    case OpKind::kEq:
-      return "eq";
-    case OpKind::kNe:
-      return "ne";
-    case OpKind::kLt:
-      return "lt";
-    case OpKind::kLe:
-      return "le";
-    case OpKind::kGt:
-      return "gt";
-    case OpKind::kGe:
-      return "ge";
-    case OpKind::kAnd:
-      return "and";
-    case OpKind::kOr:
-      return "or";
-    case OpKind::kXor:
-      return "xor";
-    case OpKind::kAbs:
-      return "abs";
-    case OpKind::kExp:
-      return "exp";
-    case OpKind::kLog:
-      return "log";
-    case OpKind::kTanh:
-      return "tanh";
-    case OpKind::kSqrt:
-      return "sqrt";
-    case OpKind::kRsqrt:
-      return "rsqrt";
-    case OpKind::kSin:
-      return "sin";
-    case OpKind::kCos:
-      return "cos";
-    case OpKind::kNot:
-      return "not";
-    case OpKind::kSelect:
-      return "select";
-    case OpKind::kPsum:
-      return "psum";
-    case OpKind::kSimulatedCompute:
-      return "simulated_compute";
-    case OpKind::kReduce:
-      return "reduce";
-    case OpKind::kPmean:
-      return "pmean";
-    case OpKind::kPmax:
-      return "pmax";
-    case OpKind::kPmin:
-      return "pmin";
-    case OpKind::kAxisIndex:
-      return "axis_index";
-    case OpKind::kAllGather:
-      return "all_gather";
-    case OpKind::kPpermute:
-      return "ppermute";
-    case OpKind::kCopy:
-      return "copy";
-    case OpKind::kReshape:
-      return "reshape";
-    case OpKind::kBroadcastTo:
-      return "broadcast_to";
-    case OpKind::kTranspose:
-      return "transpose";
-    case OpKind::kSlice:
-      return "slice";
-    case OpKind::kRev:
-      return "rev";
-    case OpKind::kPad:
-      return "pad";
-    case OpKind::kConcatenate:
-      return "concatenate";
-    case OpKind::kTake:
-      return "take";
-    case OpKind::kScatterAdd:
-      return "scatter_add";
-    case OpKind::kMatmul:
-      return "matmul";
-    case OpKind::kAllToAll:
-      return "all_to_all";
-    case OpKind::kPsumScatter:
-      return "psum_scatter";
+std::optional<OpKind> OpKindFromName(absl::string_view name) {
+  for (const OpInfo& info : kOpRegistry) {
+    if (info.name == name) return info.kind;
   }
-  return "unknown";
+  return std::nullopt;
 }
 
 absl::string_view ReduceKindName(ReduceKind kind) {
@@ -248,17 +129,10 @@ absl::string_view ReduceKindName(ReduceKind kind) {
   return "unknown";
 }
 
-namespace {
-bool IsCollective(OpKind kind) {
-  return kind == OpKind::kPsum || kind == OpKind::kPmean || kind == OpKind::kPmax ||
-         kind == OpKind::kPmin || kind == OpKind::kAxisIndex || kind == OpKind::kAllGather ||
-         kind == OpKind::kPpermute || kind == OpKind::kAllToAll || kind == OpKind::kPsumScatter;
-}
-}  // namespace
 
 bool FunctionIr::has_collectives() const {
   return std::any_of(ops_.begin(), ops_.end(),
-                     [](const Op& op) { return IsCollective(op.kind); });
+                     [](const Op& op) { return IsCollectiveOp(op.kind); });
 }
 
 std::string FunctionIr::ToText() const {
@@ -285,7 +159,7 @@ std::string FunctionIr::ToText() const {
     } else {
       absl::StrAppendFormat(&text, "%s", OpKindName(op.kind));
     }
-    if (IsCollective(op.kind)) absl::StrAppend(&text, "[", op.axis_name, "]");
+    if (IsCollectiveOp(op.kind)) absl::StrAppend(&text, "[", op.axis_name, "]");
     switch (op.kind) {
       case OpKind::kAllGather:
       case OpKind::kConcatenate:
@@ -483,7 +357,7 @@ absl::StatusOr<int32_t> FunctionBuilder::AddOp(OpKind kind, absl::InlinedVector<
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t b) {
-  if (!IsArithmetic(kind) && !IsComparison(kind) && !IsLogical(kind)) {
+  if (!IsBinaryOp(kind)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("binary: %s is not a binary op", OpKindName(kind)));
   }
@@ -518,16 +392,17 @@ absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t 
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Unary(OpKind kind, int32_t x) {
-  if (kind != OpKind::kNeg && kind != OpKind::kAbs && kind != OpKind::kNot &&
-      !IsTranscendental(kind)) {
+  if (!IsUnaryOp(kind)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("unary: %s is not a unary op", OpKindName(kind)));
   }
   const absl::string_view name = OpKindName(kind);
   PW_RETURN_IF_ERROR(CheckValue(x, name));
   const ValueType tx = type(x);
-  if (kind == OpKind::kNot && tx.dtype != DType::kBool) {
-    return UnsupportedTypeError(absl::StrFormat("not: operand must be bool, got %s", tx.ToString()));
+  const TypeRule rule = GetTypeRule(kind);
+  if (rule == TypeRule::kBoolean && tx.dtype != DType::kBool) {
+    return UnsupportedTypeError(
+        absl::StrFormat("%s: operand must be bool, got %s", name, tx.ToString()));
   }
   if (kind == OpKind::kNeg && tx.dtype == DType::kBool) {
     return UnsupportedTypeError(absl::StrFormat(

@@ -20,95 +20,18 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "csrc/base/dtype.h"
+#include "csrc/function_ir/op_registry.h"
 
 namespace pw {
 
-enum class OpKind : uint8_t {
-  kParameter,  // input `param_index` of the function
-  kConstant,   // a literal captured at trace time
-  kConvert,    // elementwise cast to type.dtype
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  kNeg,
-  // Binary elementwise (numpy broadcasting, promotion of the operands).
-  kPow,
-  kMax,
-  kMin,
-  // Comparisons: operands promoted to a common type; the result is bool.
-  kEq,
-  kNe,
-  kLt,
-  kLe,
-  kGt,
-  kGe,
-  // Logical ops on bool operands.
-  kAnd,
-  kOr,
-  kXor,
-  // Unary elementwise. The transcendental ones (exp ... cos) compute in
-  // floating point: int32 operands are converted to float64, bool to float32.
-  kAbs,
-  kExp,
-  kLog,
-  kTanh,
-  kSqrt,
-  kRsqrt,
-  kSin,
-  kCos,
-  kNot,     // logical not of a bool
-  kSelect,  // where(cond, x, y): cond bool; numpy broadcasting of all three
-  kPsum,       // all-reduce sum across the shards of the gang (the pmap axis)
-  // Identity on its operand; the gang holds its devices for at least the
-  // sum of these durations from its start (a simulated kernel of known
-  // duration, which uses no CPU): it lasts max(real kernels, that sum).
-  kSimulatedCompute,
-  // A reduction (Op::reduce_kind) over Op::axes of one shard's value,
-  // keeping size-1 dimensions when Op::keepdims (numpy semantics).
-  kReduce,
-  kPmean,      // all-reduce mean across the shards (same type as the input)
-  kPmax,       // all-reduce max across the shards
-  kPmin,       // all-reduce min across the shards
-  kAxisIndex,  // int32 scalar: the index of the shard in the gang (no operands)
-  // Every shard's value stacked along a new axis Op::axis (of size
-  // the axis size); needs FunctionBuilder::SetAxisSize.
-  kAllGather,
-  // Shard Op::perm_source[d] sends its value to shard d (zeros where -1).
-  kPpermute,
-  // --- Data movement within a shard (one strided-copy kernel) ---
-  kCopy,         // identity with a value of its own (stop_gradient, aliasing)
-  kReshape,      // same elements, row-major, new dims
-  kBroadcastTo,  // numpy broadcast_to(x, type.dims)
-  kTranspose,    // numpy transpose(x, Op::axes)
-  kSlice,        // x[slice_start:slice_limit:slice_step] per dimension
-  kRev,          // x reversed along Op::axes
-  kPad,          // zeros around and between elements (pad_lo, pad_hi, pad_interior)
-  kConcatenate,  // operands joined along Op::axis
-  // take(x, indices, axis) (operands x, indices): indices are int32, clipped
-  // to [0, x.dims[axis]).
-  kTake,
-  // The transpose of kTake (operands updates, indices): zeros of type.dims
-  // with updates added at the clipped indices along Op::axis.
-  kScatterAdd,
-  // numpy matmul of two values of rank >= 2: batch dims broadcast.
-  kMatmul,
-  // JAX all_to_all: split along Op::axis into axis-size chunks, chunk d goes
-  // to shard d, received chunks joined along Op::concat_axis.
-  kAllToAll,
-  // JAX psum_scatter (tiled=False): the sum over shards, shard d keeping
-  // index d of dimension Op::axis (which has the axis size), dropped.
-  kPsumScatter,
-};
+// OpKind, OpKindName and the per-op classification: see op_registry.h.
+
 
 // Which reduction a kReduce op computes.
 enum class ReduceKind : uint8_t { kSum, kMean, kMax, kMin, kArgmax };
 
 // "sum", "mean", "max", "min", "argmax".
 absl::string_view ReduceKindName(ReduceKind kind);
-
-// "add", "psum", ... as printed in IR text and error messages.
-absl::string_view OpKindName(OpKind kind);
 
 // The numpy broadcast of two shapes (aligned from the right; size-1
 // dimensions stretch), or false if they are incompatible.

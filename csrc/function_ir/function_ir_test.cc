@@ -1,6 +1,9 @@
 #include "csrc/function_ir/function_ir.h"
 
 #include <limits>
+#include <optional>
+#include <set>
+#include <string>
 
 #include <cstring>
 #include <vector>
@@ -25,28 +28,74 @@ void ExpectInvalid(const absl::Status& status, const std::string& message) {
   EXPECT_EQ(std::string(status.message()), message);
 }
 
-TEST(OpKindNameTest, AllKinds) {
-  EXPECT_EQ(OpKindName(OpKind::kParameter), "parameter");
-  EXPECT_EQ(OpKindName(OpKind::kConstant), "constant");
-  EXPECT_EQ(OpKindName(OpKind::kConvert), "convert");
-  EXPECT_EQ(OpKindName(OpKind::kAdd), "add");
-  EXPECT_EQ(OpKindName(OpKind::kSub), "sub");
-  EXPECT_EQ(OpKindName(OpKind::kMul), "mul");
-  EXPECT_EQ(OpKindName(OpKind::kDiv), "div");
-  EXPECT_EQ(OpKindName(OpKind::kNeg), "neg");
-  EXPECT_EQ(OpKindName(OpKind::kPsum), "psum");
-  EXPECT_EQ(OpKindName(OpKind::kPow), "pow");
-  EXPECT_EQ(OpKindName(OpKind::kGe), "ge");
-  EXPECT_EQ(OpKindName(OpKind::kXor), "xor");
-  EXPECT_EQ(OpKindName(OpKind::kRsqrt), "rsqrt");
-  EXPECT_EQ(OpKindName(OpKind::kNot), "not");
-  EXPECT_EQ(OpKindName(OpKind::kSelect), "select");
-  EXPECT_EQ(OpKindName(OpKind::kReduce), "reduce");
-  EXPECT_EQ(OpKindName(OpKind::kPmean), "pmean");
-  EXPECT_EQ(OpKindName(OpKind::kAxisIndex), "axis_index");
-  EXPECT_EQ(OpKindName(OpKind::kAllGather), "all_gather");
-  EXPECT_EQ(OpKindName(OpKind::kPpermute), "ppermute");
+TEST(OpRegistryTest, NamesAreUniqueIdentifiersAndFoundByName) {
+  std::set<std::string> names;
+  for (const OpInfo& info : kOpRegistry) {
+    SCOPED_TRACE(std::string(info.name));
+    EXPECT_TRUE(names.insert(std::string(info.name)).second);
+    ASSERT_FALSE(info.name.empty());
+    for (char c : info.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || c == '_');
+    EXPECT_EQ(OpKindName(info.kind), info.name);
+    EXPECT_EQ(OpKindFromName(info.name), info.kind);
+  }
+  EXPECT_EQ(OpKindFromName("fma"), std::nullopt);
+  EXPECT_EQ(OpKindName(static_cast<OpKind>(kNumOpKinds)), "unknown");
   EXPECT_EQ(ReduceKindName(ReduceKind::kArgmax), "argmax");
+}
+
+// The builder's Binary and Unary take exactly the registry's binary and
+// unary elementwise ops, and type them by the op's rule.
+TEST(OpRegistryTest, BinaryAndUnaryFollowTheTypeRules) {
+  for (const OpInfo& info : kOpRegistry) {
+    SCOPED_TRACE(std::string(info.name));
+    FunctionBuilder b("f", "i");
+    const int32_t f = b.Parameter(DType::kF32, {2});
+    const int32_t i = b.Parameter(DType::kI32, {2});
+    const int32_t p = b.Parameter(DType::kBool, {2});
+    auto binary = b.Binary(info.kind, f, i);
+    auto unary = b.Unary(info.kind, i);
+    EXPECT_EQ(!absl::StrContains(binary.status().message(), "is not a binary op"),
+              IsBinaryOp(info.kind))
+        << binary.status();
+    EXPECT_EQ(!absl::StrContains(unary.status().message(), "is not a unary op"),
+              IsUnaryOp(info.kind))
+        << unary.status();
+    auto result_dtype = [&](int32_t v) { return b.type(v).dtype; };
+    switch (info.type_rule) {
+      case TypeRule::kArithmetic:
+        ASSERT_TRUE(binary.ok()) << binary.status();
+        EXPECT_EQ(result_dtype(*binary), DType::kF64) << "f32 with i32 promotes to f64";
+        break;
+      case TypeRule::kComparison:
+        ASSERT_TRUE(binary.ok()) << binary.status();
+        EXPECT_EQ(result_dtype(*binary), DType::kBool);
+        break;
+      case TypeRule::kLogical:
+        EXPECT_FALSE(binary.ok());
+        ASSERT_TRUE(b.Binary(info.kind, p, p).ok());
+        EXPECT_EQ(result_dtype(*b.Binary(info.kind, p, p)), DType::kBool);
+        break;
+      case TypeRule::kNumeric:
+        ASSERT_TRUE(unary.ok()) << unary.status();
+        EXPECT_EQ(result_dtype(*unary), DType::kI32);
+        break;
+      case TypeRule::kFloating:
+        ASSERT_TRUE(unary.ok()) << unary.status();
+        EXPECT_EQ(result_dtype(*unary), DType::kF64);
+        EXPECT_EQ(result_dtype(*b.Unary(info.kind, p)), DType::kF32);
+        EXPECT_EQ(result_dtype(*b.Unary(info.kind, f)), DType::kF32);
+        break;
+      case TypeRule::kBoolean:
+        EXPECT_FALSE(unary.ok());
+        ASSERT_TRUE(b.Unary(info.kind, p).ok());
+        EXPECT_EQ(result_dtype(*b.Unary(info.kind, p)), DType::kBool);
+        break;
+      case TypeRule::kSame:
+      case TypeRule::kOwn:
+        EXPECT_FALSE(IsBinaryOp(info.kind) || IsUnaryOp(info.kind));
+        break;
+    }
+  }
 }
 
 TEST(FunctionBuilderTest, SimulatedComputeValidatesDurations) {

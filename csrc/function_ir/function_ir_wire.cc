@@ -26,30 +26,11 @@ static_assert(std::endian::native == std::endian::little,
 
 // Each enum with its wire numbers: one list per enum, from which both
 // directions of the mapping are made.
-#define PW_WIRE_OP_KINDS(V)                                                                     \
-  V(OpKind::kParameter, wire::OP_PARAMETER) V(OpKind::kConstant, wire::OP_CONSTANT)             \
-  V(OpKind::kConvert, wire::OP_CONVERT) V(OpKind::kAdd, wire::OP_ADD)                           \
-  V(OpKind::kSub, wire::OP_SUB) V(OpKind::kMul, wire::OP_MUL) V(OpKind::kDiv, wire::OP_DIV)     \
-  V(OpKind::kNeg, wire::OP_NEG) V(OpKind::kPow, wire::OP_POW) V(OpKind::kMax, wire::OP_MAX)     \
-  V(OpKind::kMin, wire::OP_MIN) V(OpKind::kEq, wire::OP_EQ) V(OpKind::kNe, wire::OP_NE)         \
-  V(OpKind::kLt, wire::OP_LT) V(OpKind::kLe, wire::OP_LE) V(OpKind::kGt, wire::OP_GT)           \
-  V(OpKind::kGe, wire::OP_GE) V(OpKind::kAnd, wire::OP_AND) V(OpKind::kOr, wire::OP_OR)         \
-  V(OpKind::kXor, wire::OP_XOR) V(OpKind::kAbs, wire::OP_ABS) V(OpKind::kExp, wire::OP_EXP)     \
-  V(OpKind::kLog, wire::OP_LOG) V(OpKind::kTanh, wire::OP_TANH)                                 \
-  V(OpKind::kSqrt, wire::OP_SQRT) V(OpKind::kRsqrt, wire::OP_RSQRT)                             \
-  V(OpKind::kSin, wire::OP_SIN) V(OpKind::kCos, wire::OP_COS) V(OpKind::kNot, wire::OP_NOT)     \
-  V(OpKind::kSelect, wire::OP_SELECT) V(OpKind::kPsum, wire::OP_PSUM)                           \
-  V(OpKind::kSimulatedCompute, wire::OP_SIMULATED_COMPUTE) V(OpKind::kReduce, wire::OP_REDUCE)  \
-  V(OpKind::kPmean, wire::OP_PMEAN) V(OpKind::kPmax, wire::OP_PMAX)                             \
-  V(OpKind::kPmin, wire::OP_PMIN) V(OpKind::kAxisIndex, wire::OP_AXIS_INDEX)                    \
-  V(OpKind::kAllGather, wire::OP_ALL_GATHER) V(OpKind::kPpermute, wire::OP_PPERMUTE)            \
-  V(OpKind::kCopy, wire::OP_COPY) V(OpKind::kReshape, wire::OP_RESHAPE)                         \
-  V(OpKind::kBroadcastTo, wire::OP_BROADCAST_TO) V(OpKind::kTranspose, wire::OP_TRANSPOSE)      \
-  V(OpKind::kSlice, wire::OP_SLICE) V(OpKind::kRev, wire::OP_REV)                               \
-  V(OpKind::kPad, wire::OP_PAD) V(OpKind::kConcatenate, wire::OP_CONCATENATE)                   \
-  V(OpKind::kTake, wire::OP_TAKE) V(OpKind::kScatterAdd, wire::OP_SCATTER_ADD)                  \
-  V(OpKind::kMatmul, wire::OP_MATMUL) V(OpKind::kAllToAll, wire::OP_ALL_TO_ALL)                 \
-  V(OpKind::kPsumScatter, wire::OP_PSUM_SCATTER)
+// The op kinds' pairs come from the op registry (op_registry.h): V is one
+// of the two case makers below, and PW_OPS's rows are passed to it.
+#define PW_WIRE_OP_KINDS(V) PW_OPS(V##_OP)
+#define PW_WIRE_TO_CASE_OP(e, name, w, arity, cls, rule) PW_WIRE_TO_CASE(OpKind::e, wire::OP_##w)
+#define PW_WIRE_FROM_CASE_OP(e, name, w, arity, cls, rule) PW_WIRE_FROM_CASE(OpKind::e, wire::OP_##w)
 
 #define PW_WIRE_DTYPES(V)                                               \
   V(DType::kF32, wire::DTYPE_F32) V(DType::kF64, wire::DTYPE_F64)       \
@@ -86,17 +67,6 @@ static_assert(std::endian::native == std::endian::little,
 PW_WIRE_ENUM_MAPPING(OpKind, wire::OpKind, PW_WIRE_OP_KINDS)
 PW_WIRE_ENUM_MAPPING(DType, wire::DType, PW_WIRE_DTYPES)
 PW_WIRE_ENUM_MAPPING(ReduceKind, wire::ReduceKind, PW_WIRE_REDUCE_KINDS)
-
-// The case labels of FunctionBuilder::Binary's and Unary's kinds.
-#define PW_WIRE_BINARY_CASES                                                              \
-  case OpKind::kAdd: case OpKind::kSub: case OpKind::kMul: case OpKind::kDiv:             \
-  case OpKind::kPow: case OpKind::kMax: case OpKind::kMin: case OpKind::kEq:              \
-  case OpKind::kNe: case OpKind::kLt: case OpKind::kLe: case OpKind::kGt: case OpKind::kGe: \
-  case OpKind::kAnd: case OpKind::kOr: case OpKind::kXor:
-#define PW_WIRE_UNARY_CASES                                                               \
-  case OpKind::kNeg: case OpKind::kAbs: case OpKind::kExp: case OpKind::kLog:             \
-  case OpKind::kTanh: case OpKind::kSqrt: case OpKind::kRsqrt: case OpKind::kSin:         \
-  case OpKind::kCos: case OpKind::kNot:
 
 template <typename Container>
 void Append(const Container& values, google::protobuf::RepeatedField<int64_t>* out) {
@@ -187,12 +157,8 @@ void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
       out->set_axis(op.axis);
       out->set_concat_axis(op.concat_axis);
       break;
-    PW_WIRE_BINARY_CASES
-    PW_WIRE_UNARY_CASES
-    case OpKind::kSelect:
-    case OpKind::kCopy:
-    case OpKind::kMatmul:
-      break;  // operands only
+    default:
+      break;  // operands only: the elementwise ops, copy, matmul
   }
 }
 
@@ -215,23 +181,8 @@ absl::Status BuilderError(int index, const absl::Status& status) {
 // How many operands `kind` takes; -2 for "two or more" (concatenate of one
 // value is that value, not an op).
 int OperandCount(OpKind kind) {
-  switch (kind) {
-    case OpKind::kParameter:
-    case OpKind::kConstant:
-    case OpKind::kAxisIndex:
-      return 0;
-    PW_WIRE_BINARY_CASES
-    case OpKind::kTake:
-    case OpKind::kScatterAdd:
-    case OpKind::kMatmul:
-      return 2;
-    case OpKind::kSelect:
-      return 3;
-    case OpKind::kConcatenate:
-      return -2;
-    default:
-      return 1;
-  }
+  const int arity = GetOpInfo(kind).arity;
+  return arity < 0 ? -2 : arity;
 }
 
 // Checks what the builder cannot be trusted with or does not check itself,
@@ -278,6 +229,8 @@ absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
 absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const wire::Op& w) {
   auto operand = [&](int i) { return w.operands(i); };
   const absl::string_view axis_name = w.axis_name();
+  if (IsBinaryOp(kind)) return b.Binary(kind, operand(0), operand(1));
+  if (IsUnaryOp(kind)) return b.Unary(kind, operand(0));
   switch (kind) {
     case OpKind::kParameter: {
       const DType dtype = *FromWire(w.dtype());
@@ -295,10 +248,6 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
     }
     case OpKind::kConvert:
       return b.Convert(operand(0), *FromWire(w.dtype()));
-    PW_WIRE_BINARY_CASES
-      return b.Binary(kind, operand(0), operand(1));
-    PW_WIRE_UNARY_CASES
-      return b.Unary(kind, operand(0));
     case OpKind::kSelect:
       return b.Select(operand(0), operand(1), operand(2));
     case OpKind::kPsum:
@@ -357,6 +306,8 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
       return b.AllToAll(operand(0), axis_name, w.axis(), w.concat_axis());
     case OpKind::kPsumScatter:
       return b.PsumScatter(operand(0), axis_name, w.axis());
+    default:
+      break;  // binary and unary, above
   }
   return WireError(absl::StrCat("op ", index, ": unknown kind"));  // not reached
 }

@@ -541,47 +541,16 @@ void RunConvert(DType to, int num_shards, int64_t n, View x, void* out) {
   });
 }
 
+// The kernels' view of the op registry (op_registry.h).
+// Elementwise binary ops whose result has the operands' (promoted) type.
 bool IsBinaryKind(OpKind kind) {
-  switch (kind) {
-    case OpKind::kAdd:
-    case OpKind::kSub:
-    case OpKind::kMul:
-    case OpKind::kDiv:
-    case OpKind::kPow:
-    case OpKind::kMax:
-    case OpKind::kMin:
-    case OpKind::kAnd:
-    case OpKind::kOr:
-    case OpKind::kXor:
-      return true;
-    default:
-      return false;
-  }
+  return IsBinaryOp(kind) && GetTypeRule(kind) != TypeRule::kComparison;
 }
 
-bool IsComparisonKind(OpKind kind) {
-  return kind == OpKind::kEq || kind == OpKind::kNe || kind == OpKind::kLt ||
-         kind == OpKind::kLe || kind == OpKind::kGt || kind == OpKind::kGe;
-}
+bool IsComparisonKind(OpKind kind) { return GetTypeRule(kind) == TypeRule::kComparison; }
 
-bool IsUnaryKind(OpKind kind) {
-  switch (kind) {
-    case OpKind::kNeg:
-    case OpKind::kAbs:
-    case OpKind::kExp:
-    case OpKind::kLog:
-    case OpKind::kTanh:
-    case OpKind::kSqrt:
-    case OpKind::kRsqrt:
-    case OpKind::kSin:
-    case OpKind::kCos:
-    case OpKind::kNot:
-    case OpKind::kSimulatedCompute:
-      return true;
-    default:
-      return false;
-  }
-}
+// simulated_compute runs as a unary identity (its time is the executor's).
+bool IsUnaryKind(OpKind kind) { return IsUnaryOp(kind) || GetOpClass(kind) == OpClass::kSimulated; }
 
 // Runs a kConvert, unary, binary, comparison or select op (operands x, y, z
 // as the op has them).
@@ -616,47 +585,19 @@ void RunElementwise(const Op& op, DType in_dtype, int num_shards, int64_t n, Vie
 }
 
 bool IsElementwiseKind(OpKind kind) {
-  return kind == OpKind::kConvert || IsBinaryKind(kind) || IsComparisonKind(kind) ||
-         IsUnaryKind(kind) || kind == OpKind::kSelect;
+  return GetOpClass(kind) == OpClass::kElementwise || GetOpClass(kind) == OpClass::kSimulated;
 }
 
+// Ops run by copy plans (data_movement.h): all_to_all is one within the gang.
 bool IsDataMovementKind(OpKind kind) {
-  switch (kind) {
-    case OpKind::kCopy:
-    case OpKind::kReshape:
-    case OpKind::kBroadcastTo:
-    case OpKind::kTranspose:
-    case OpKind::kSlice:
-    case OpKind::kRev:
-    case OpKind::kPad:
-    case OpKind::kConcatenate:
-    case OpKind::kAllToAll:
-      return true;
-    default:
-      return false;
-  }
+  return GetOpClass(kind) == OpClass::kDataMovement || kind == OpKind::kAllToAll;
 }
 
 // Ops whose result on one shard depends on other shards or on the shard's
 // position in the gang. Every other op computes each shard from that shard's
 // operands alone (nothing is random or position-based), so RunLocal runs
 // them on the local shards as they are.
-bool IsCrossShardKind(OpKind kind) {
-  switch (kind) {
-    case OpKind::kPsum:
-    case OpKind::kPmean:
-    case OpKind::kPmax:
-    case OpKind::kPmin:
-    case OpKind::kAxisIndex:
-    case OpKind::kAllGather:
-    case OpKind::kPpermute:
-    case OpKind::kAllToAll:
-    case OpKind::kPsumScatter:
-      return true;
-    default:
-      return false;
-  }
-}
+bool IsCrossShardKind(OpKind kind) { return IsCollectiveOp(kind); }
 
 // How RunLocal reduces a cross-shard op's local results across hosts when
 // the op is a reduction (psum, pmean, pmax, pmin), else nothing: the op
@@ -785,21 +726,10 @@ void RunCrossShardKernel(const Op& op, const Dims& in_dims, const CopyPlan* all_
   });
 }
 
-// Whether Run() has a kernel for ops of `kind`.
-bool HasKernel(OpKind kind) {
-  if (IsElementwiseKind(kind) || IsDataMovementKind(kind) || IsCrossShardKind(kind)) return true;
-  switch (kind) {
-    case OpKind::kParameter:
-    case OpKind::kConstant:
-    case OpKind::kReduce:
-    case OpKind::kTake:
-    case OpKind::kScatterAdd:
-    case OpKind::kMatmul:
-      return true;
-    default:
-      return false;
-  }
-}
+// Whether Run() has a kernel for ops of `kind`: every op of the registry
+// (each class has its kernels; elementwise ones switch over every kind of
+// their rule), so only a value outside the enum has none.
+bool HasKernel(OpKind kind) { return static_cast<int>(kind) < kNumOpKinds; }
 
 }  // namespace
 

@@ -330,6 +330,50 @@ TYPED_TEST(FunctionExecutableTest, Figure2Chain) {
   }
 }
 
+// Every elementwise op of the registry has a kernel for the dtypes its type
+// rule gives it: the kernels' switches have defaults, so an op added to the
+// registry without its case would leave its output unwritten (0xff bytes:
+// NaN, or a bool that is neither 0 nor 1).
+TEST(FunctionExecutableRegistryTest, EveryElementwiseOpHasAKernel) {
+  for (const OpInfo& info : kOpRegistry) {
+    if (!IsBinaryOp(info.kind) && !IsUnaryOp(info.kind)) continue;
+    const bool on_bools =
+        info.type_rule == TypeRule::kLogical || info.type_rule == TypeRule::kBoolean;
+    for (DType dtype : {DType::kF32, DType::kF64}) {
+      SCOPED_TRACE(absl::StrCat(info.name, " ", DTypeName(dtype)));
+      const DType in = on_bools ? DType::kBool : dtype;
+      FunctionBuilder b("f", "i");
+      const int32_t x = b.Parameter(in, {3});
+      const int32_t y = b.Parameter(in, {3});
+      auto r = IsBinaryOp(info.kind) ? b.Binary(info.kind, x, y) : b.Unary(info.kind, x);
+      ASSERT_TRUE(r.ok()) << r.status();
+      auto ir = b.Build({*r});
+      ASSERT_TRUE(ir.ok()) << ir.status();
+      auto exe = FunctionExecutable::Compile(*ir);
+      ASSERT_TRUE(exe.ok()) << exe.status();
+      std::vector<std::vector<uint8_t>> inputs;
+      for (int p = 0; p < 2; ++p) {
+        if (on_bools) {
+          inputs.push_back({1, 0, 1, 1, 1, 0});
+        } else if (dtype == DType::kF32) {
+          inputs.push_back(Bytes(std::vector<float>{0.5f, 1.5f, 2.f, 0.75f, 1.f, 3.f}));
+        } else {
+          inputs.push_back(Bytes(std::vector<double>{0.5, 1.5, 2., 0.75, 1., 3.}));
+        }
+      }
+      const std::vector<uint8_t> out = RunGang(**exe, 2, inputs)[0];
+      const DType result = (*ir)->output_type(0).dtype;
+      if (result == DType::kBool) {
+        for (uint8_t v : out) EXPECT_LE(v, 1);
+      } else if (result == DType::kF32) {
+        for (float v : Values<float>(out)) EXPECT_FALSE(std::isnan(v));
+      } else {
+        for (double v : Values<double>(out)) EXPECT_FALSE(std::isnan(v));
+      }
+    }
+  }
+}
+
 TEST(FunctionExecutableMixedTest, ConvertF32AndF64Params) {
   constexpr int64_t n = 4;
   FunctionBuilder b("f", "");

@@ -1,0 +1,180 @@
+#ifndef PATHWAYS_FUNCTION_IR_OP_REGISTRY_H_
+#define PATHWAYS_FUNCTION_IR_OP_REGISTRY_H_
+
+// The op registry: every op of a compiled function's IR, defined once (as
+// XLA's hlo_opcode.h). Everything per op in C++ derives from PW_OPS: the
+// OpKind enum, the names in IR text and errors, the wire numbers
+// (function_ir_wire.cc), the builder's type rules (function_ir.cc), the
+// kernels' classification (kernels/), and the table the Python front end
+// builds its Primitive objects from (bindings `op_registry()`; tests check
+// each side against it). Adding an op: one line here, its builder method,
+// its kernel, and its Primitive in python/pathways/_primitives.py.
+
+#include <array>
+#include <cstdint>
+#include <optional>
+
+#include "absl/strings/string_view.h"
+
+namespace pw {
+
+// What a kernel does with an op, which decides how the executable plans and
+// runs it (kernels/) and how the front end emits it.
+enum class OpClass : uint8_t {
+  kSource,        // no kernel: parameters and constants
+  kElementwise,   // each element from the same element of its operands (numpy broadcasting)
+  kSimulated,     // identity that holds the gang's devices for a simulated time
+  kReduction,     // over some axes of one shard
+  kDataMovement,  // one strided-copy kernel within a shard
+  kIndexing,      // take / scatter_add along an axis, by int32 indices
+  kContraction,   // matmul
+  kCollective,    // reads other shards of the gang, or the shard's position in it
+};
+
+// How FunctionBuilder types an op's result from its operands.
+enum class TypeRule : uint8_t {
+  kArithmetic,   // binary: numpy promotion; true division and bool**bool as numpy
+  kComparison,   // binary: operands promoted; result bool
+  kLogical,      // binary: bool operands; result bool
+  kNumeric,      // unary: the operand's type; not bool
+  kFloating,     // unary: float result (int32 -> float64, bool -> float32), as numpy's ufuncs
+  kBoolean,      // unary: bool operand, bool result
+  kSame,         // the (first) operand's type
+  kOwn,          // computed by the op's own builder method from its parameters
+};
+
+// X(Enum, "name", WIRE, arity, OpClass, TypeRule): arity -1 is variadic.
+// WIRE is the proto's enumerator without its OP_ prefix (function_ir.proto
+// numbers them independently of this order).
+#define PW_OPS(X)                                                                      \
+  X(kParameter, "parameter", PARAMETER, 0, kSource, kOwn)                              \
+  X(kConstant, "constant", CONSTANT, 0, kSource, kOwn)                                 \
+  X(kConvert, "convert", CONVERT, 1, kElementwise, kOwn)                               \
+  X(kAdd, "add", ADD, 2, kElementwise, kArithmetic)                                    \
+  X(kSub, "sub", SUB, 2, kElementwise, kArithmetic)                                    \
+  X(kMul, "mul", MUL, 2, kElementwise, kArithmetic)                                    \
+  X(kDiv, "div", DIV, 2, kElementwise, kArithmetic)                                    \
+  X(kPow, "pow", POW, 2, kElementwise, kArithmetic)                                    \
+  X(kMax, "max", MAX, 2, kElementwise, kArithmetic)                                    \
+  X(kMin, "min", MIN, 2, kElementwise, kArithmetic)                                    \
+  X(kEq, "eq", EQ, 2, kElementwise, kComparison)                                       \
+  X(kNe, "ne", NE, 2, kElementwise, kComparison)                                       \
+  X(kLt, "lt", LT, 2, kElementwise, kComparison)                                       \
+  X(kLe, "le", LE, 2, kElementwise, kComparison)                                       \
+  X(kGt, "gt", GT, 2, kElementwise, kComparison)                                       \
+  X(kGe, "ge", GE, 2, kElementwise, kComparison)                                       \
+  X(kAnd, "and", AND, 2, kElementwise, kLogical)                                       \
+  X(kOr, "or", OR, 2, kElementwise, kLogical)                                          \
+  X(kXor, "xor", XOR, 2, kElementwise, kLogical)                                       \
+  X(kNeg, "neg", NEG, 1, kElementwise, kNumeric)                                       \
+  X(kAbs, "abs", ABS, 1, kElementwise, kNumeric)                                       \
+  X(kExp, "exp", EXP, 1, kElementwise, kFloating)                                      \
+  X(kLog, "log", LOG, 1, kElementwise, kFloating)                                      \
+  X(kTanh, "tanh", TANH, 1, kElementwise, kFloating)                                   \
+  X(kSqrt, "sqrt", SQRT, 1, kElementwise, kFloating)                                   \
+  X(kRsqrt, "rsqrt", RSQRT, 1, kElementwise, kFloating)                                \
+  X(kSin, "sin", SIN, 1, kElementwise, kFloating)                                      \
+  X(kCos, "cos", COS, 1, kElementwise, kFloating)                                      \
+  X(kNot, "not", NOT, 1, kElementwise, kBoolean)                                       \
+  /* where(cond, x, y): cond bool; numpy broadcasting of all three */                  \
+  X(kSelect, "select", SELECT, 3, kElementwise, kOwn)                                  \
+  /* Identity; the gang holds its devices at least the sum of these durations */       \
+  X(kSimulatedCompute, "simulated_compute", SIMULATED_COMPUTE, 1, kSimulated, kSame)   \
+  /* Op::reduce_kind over Op::axes of one shard, keeping size-1 dims when keepdims */  \
+  X(kReduce, "reduce", REDUCE, 1, kReduction, kOwn)                                    \
+  /* --- Data movement within a shard --- */                                           \
+  X(kCopy, "copy", COPY, 1, kDataMovement, kSame)                                      \
+  X(kReshape, "reshape", RESHAPE, 1, kDataMovement, kOwn)                              \
+  X(kBroadcastTo, "broadcast_to", BROADCAST_TO, 1, kDataMovement, kOwn)                \
+  X(kTranspose, "transpose", TRANSPOSE, 1, kDataMovement, kOwn) /* by Op::axes */      \
+  X(kSlice, "slice", SLICE, 1, kDataMovement, kOwn)                                    \
+  X(kRev, "rev", REV, 1, kDataMovement, kSame) /* reversed along Op::axes */           \
+  X(kPad, "pad", PAD, 1, kDataMovement, kOwn) /* zeros around and between */           \
+  X(kConcatenate, "concatenate", CONCATENATE, -1, kDataMovement, kOwn)                 \
+  /* take(x, indices, axis): indices clipped to [0, x.dims[axis]) */                   \
+  X(kTake, "take", TAKE, 2, kIndexing, kOwn)                                           \
+  /* The transpose of take (operands updates, indices) */                              \
+  X(kScatterAdd, "scatter_add", SCATTER_ADD, 2, kIndexing, kOwn)                       \
+  /* numpy matmul of two values of rank >= 2: batch dims broadcast */                  \
+  X(kMatmul, "matmul", MATMUL, 2, kContraction, kOwn)                                  \
+  /* --- Across the shards of the gang (the pmap axis) --- */                          \
+  X(kPsum, "psum", PSUM, 1, kCollective, kSame)                                        \
+  X(kPmean, "pmean", PMEAN, 1, kCollective, kSame)                                     \
+  X(kPmax, "pmax", PMAX, 1, kCollective, kSame)                                        \
+  X(kPmin, "pmin", PMIN, 1, kCollective, kSame)                                        \
+  X(kAxisIndex, "axis_index", AXIS_INDEX, 0, kCollective, kOwn)                        \
+  /* Every shard's value stacked along a new axis Op::axis */                          \
+  X(kAllGather, "all_gather", ALL_GATHER, 1, kCollective, kOwn)                        \
+  /* Shard Op::perm_source[d] sends its value to shard d (zeros where -1) */           \
+  X(kPpermute, "ppermute", PPERMUTE, 1, kCollective, kSame)                            \
+  /* JAX all_to_all: split along Op::axis, chunk d to shard d, join on concat_axis */  \
+  X(kAllToAll, "all_to_all", ALL_TO_ALL, 1, kCollective, kOwn)                         \
+  /* JAX psum_scatter (tiled=False) along Op::axis */                                  \
+  X(kPsumScatter, "psum_scatter", PSUM_SCATTER, 1, kCollective, kOwn)
+
+enum class OpKind : uint8_t {
+#define PW_OP_ENUMERATOR(e, name, wire, arity, cls, rule) e,
+  PW_OPS(PW_OP_ENUMERATOR)
+#undef PW_OP_ENUMERATOR
+};
+
+// One row of the registry.
+struct OpInfo {
+  OpKind kind;
+  absl::string_view name;  // as printed in IR text and error messages
+  int arity;               // number of operands; -1: one or more
+  OpClass op_class;
+  TypeRule type_rule;
+};
+
+inline constexpr OpInfo kOpRegistry[] = {
+#define PW_OP_ROW(e, name, wire, arity, cls, rule) \
+  OpInfo{OpKind::e, name, arity, OpClass::cls, TypeRule::rule},
+    PW_OPS(PW_OP_ROW)
+#undef PW_OP_ROW
+};
+
+inline constexpr int kNumOpKinds = static_cast<int>(std::size(kOpRegistry));
+
+inline constexpr const OpInfo& GetOpInfo(OpKind kind) {
+  return kOpRegistry[static_cast<int>(kind)];
+}
+
+// "add", "psum", ... ("unknown" for a value outside the enum).
+inline absl::string_view OpKindName(OpKind kind) {
+  const int i = static_cast<int>(kind);
+  return i < kNumOpKinds ? kOpRegistry[i].name : "unknown";
+}
+
+// The op named `name`, or nullopt.
+std::optional<OpKind> OpKindFromName(absl::string_view name);
+
+inline constexpr OpClass GetOpClass(OpKind kind) { return GetOpInfo(kind).op_class; }
+inline constexpr TypeRule GetTypeRule(OpKind kind) { return GetOpInfo(kind).type_rule; }
+
+// FunctionBuilder::Binary's ops: elementwise with arity 2.
+inline constexpr bool IsBinaryOp(OpKind kind) {
+  return GetOpClass(kind) == OpClass::kElementwise && GetOpInfo(kind).arity == 2;
+}
+// FunctionBuilder::Unary's ops: elementwise with arity 1, except convert.
+inline constexpr bool IsUnaryOp(OpKind kind) {
+  return GetOpClass(kind) == OpClass::kElementwise && GetOpInfo(kind).arity == 1 &&
+         GetTypeRule(kind) != TypeRule::kOwn;
+}
+// An op whose result on one shard depends on other shards or on the shard's
+// position in the gang.
+inline constexpr bool IsCollectiveOp(OpKind kind) {
+  return GetOpClass(kind) == OpClass::kCollective;
+}
+
+// The registry's rows are in enum order (GetOpInfo indexes by the enum).
+static_assert([] {
+  for (int i = 0; i < kNumOpKinds; ++i) {
+    if (static_cast<int>(kOpRegistry[i].kind) != i) return false;
+  }
+  return true;
+}());
+
+}  // namespace pw
+
+#endif  // PATHWAYS_FUNCTION_IR_OP_REGISTRY_H_
