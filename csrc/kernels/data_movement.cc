@@ -2,12 +2,29 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "csrc/kernels/kernel_util.h"
 
 namespace pw {
 namespace {
+
+template <typename T>
+void ScatterAddRowsOf(int64_t outer, int64_t dim, int64_t inner, const T* updates,
+                    const int32_t* indices, int64_t num_indices, int64_t index_stride, T* out) {
+  std::fill(out, out + outer * dim * inner, T(0));
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t j = 0; j < num_indices; ++j) {
+      T* dst = out + (o * dim + ClipIndex(indices[j * index_stride], dim)) * inner;
+      const T* src = updates + (o * num_indices + j) * inner;
+      for (int64_t i = 0; i < inner; ++i) dst[i] = kernels::ReduceAdd(dst[i], src[i]);
+    }
+  }
+}
+
+
 
 // Row-major element strides of `dims`.
 Dims ContiguousStrides(const Dims& dims) {
@@ -201,6 +218,17 @@ void TakeRows(int64_t elem_size, int64_t outer, int64_t dim, int64_t inner, cons
                   px + ((o * dim + k) * inner) * elem_size, row);
     }
   }
+}
+
+void ScatterAddRows(DType dtype, int64_t outer, int64_t dim, int64_t inner, const void* updates,
+                    const int32_t* indices, int64_t num_indices, int64_t index_stride, void* out) {
+  kernels::DispatchDType(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if constexpr (!std::is_same_v<T, bool>) {  // the builder refuses bool
+      ScatterAddRowsOf<T>(outer, dim, inner, static_cast<const T*>(updates), indices,
+                          num_indices, index_stride, static_cast<T*>(out));
+    }
+  });
 }
 
 }  // namespace pw

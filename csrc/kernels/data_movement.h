@@ -50,6 +50,18 @@ void StridedCopy(const CopyPlan& plan, int64_t elem_size, const void* src, void*
 void TakeRows(int64_t elem_size, int64_t outer, int64_t dim, int64_t inner, const void* x,
               const int32_t* indices, int64_t num_indices, int64_t index_stride, void* out);
 
+// Ops run by copy plans: the data-movement class of the op registry, and
+// all_to_all, whose chunks between shards are copy plans too.
+inline bool IsDataMovementKind(OpKind kind) {
+  return GetOpClass(kind) == OpClass::kDataMovement || kind == OpKind::kAllToAll;
+}
+
+// The transpose of TakeRows for one shard, elements of `dtype` (not bool):
+// out [outer, dim, inner] is zeroed, then updates [outer, num_indices,
+// inner] are added at the clipped indices.
+void ScatterAddRows(DType dtype, int64_t outer, int64_t dim, int64_t inner, const void* updates,
+                    const int32_t* indices, int64_t num_indices, int64_t index_stride, void* out);
+
 // Clips index `i` into [0, dim) (dim >= 1).
 inline int64_t ClipIndex(int32_t i, int64_t dim) {
   return i < 0 ? 0 : (i >= dim ? dim - 1 : static_cast<int64_t>(i));

@@ -34,6 +34,8 @@
 #include "csrc/base/reduce_op.h"
 #include "csrc/function_ir/function_ir.h"
 #include "csrc/kernels/data_movement.h"
+#include "csrc/kernels/elementwise.h"
+#include "csrc/kernels/reduction.h"
 
 namespace pw {
 
@@ -182,23 +184,10 @@ class FunctionExecutable {
   };
   const CollectiveCall& first_collective() const { return first_collective_; }
 
-  // How the operands of one op broadcast against its result when some
-  // operand is neither of the result's shape nor a scalar (numpy
-  // broadcasting). Computed by Compile, so Run() only reads it.
-  struct BroadcastPlan {
-    Dims dims;     // the result's dims (rank >= 1)
-    Dims row_div;  // per dim d < rank-1: number of rows (of dims.back()) per step of d
-    absl::InlinedVector<Dims, 3> strides;  // per operand, per result dim: element stride
-  };
-
-  // How a kReduce op walks its operand (one shard): result element o and
-  // reduced element r (both row-major over their dims) read the operand at
-  // offset(o, kept_dims, kept_strides) + offset(r, red_dims, red_strides).
-  struct ReducePlan {
-    Dims kept_dims, kept_strides;
-    Dims red_dims, red_strides;
-    int64_t red_count = 1;
-  };
+  // Per-op plans Compile makes for Run(): see kernels/elementwise.h and
+  // kernels/reduction.h.
+  using BroadcastPlan = kernels::BroadcastPlan;
+  using ReducePlan = kernels::ReducePlan;
 
  private:
   explicit FunctionExecutable(std::shared_ptr<const FunctionIr> ir) : ir_(std::move(ir)) {}

@@ -1,0 +1,335 @@
+#include "csrc/kernels/elementwise.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <utility>
+
+namespace pw::kernels {
+namespace {
+
+template <typename In, typename Out, typename F>
+void Map1(int num_shards, int64_t n, View x, Out* out, F f) {
+  const In* px = static_cast<const In*>(x.data);
+  const int64_t total = num_shards * n;
+  switch (FlatStride(x, n)) {
+    case 1:
+      for (int64_t i = 0; i < total; ++i) out[i] = f(px[i]);
+      return;
+    case 0:
+      std::fill(out, out + total, f(px[0]));
+      return;
+    default:
+      for (int s = 0; s < num_shards; ++s) {
+        const In* rx = px + s * x.shard_stride;
+        Out* ro = out + s * n;
+        for (int64_t j = 0; j < n; ++j) ro[j] = f(rx[j * x.elem_stride]);
+      }
+  }
+}
+
+
+// One operand of a broadcasting op: its elements for shard s start at
+// p + s * shard_stride; strides come from the op's BroadcastPlan.
+template <typename T>
+struct Operand {
+  const T* p;
+  int64_t shard_stride;
+  const int64_t* strides;
+};
+
+template <typename T>
+Operand<T> MakeOperand(const View& v, const BroadcastPlan& plan, int k) {
+  return {static_cast<const T*>(v.data), v.shard_stride, plan.strides[k].data()};
+}
+
+template <typename Out, typename F, typename... In>
+void BroadcastRow(Out* ro, int64_t last, F& f, std::pair<const In*, int64_t>... args) {
+  for (int64_t t = 0; t < last; ++t) ro[t] = f(args.first[t * args.second]...);
+}
+
+// The general numpy-broadcasting loop: rows of the last dimension, the
+// offset of each operand's row computed from the row index (O(rank) per row).
+template <typename Out, typename F, typename... In>
+void MapBroadcast(int num_shards, const BroadcastPlan& plan, Out* out, F f,
+                  Operand<In>... ops) {
+  const size_t rank = plan.dims.size();
+  const int64_t n = NumElements(plan.dims);
+  if (n == 0) return;
+  const int64_t last = plan.dims[rank - 1];
+  const int64_t rows = n / last;
+  for (int s = 0; s < num_shards; ++s) {
+    for (int64_t r = 0; r < rows; ++r) {
+      auto row_start = [&](const auto& o) {
+        int64_t off = s * o.shard_stride;
+        for (size_t d = 0; d + 1 < rank; ++d) {
+          off += ((r / plan.row_div[d]) % plan.dims[d]) * o.strides[d];
+        }
+        return off;
+      };
+      BroadcastRow<Out, F, In...>(
+          out + s * n + r * last, last, f,
+          std::pair<const In*, int64_t>(ops.p + row_start(ops), ops.strides[rank - 1])...);
+    }
+  }
+}
+
+template <typename A, typename B, typename Out, typename F>
+void Map2(int num_shards, int64_t n, View a, View b, Out* out, const BroadcastPlan* plan, F f) {
+  if (plan != nullptr) {
+    return MapBroadcast<Out, F, A, B>(num_shards, *plan, out, f, MakeOperand<A>(a, *plan, 0),
+                                      MakeOperand<B>(b, *plan, 1));
+  }
+  const A* pa = static_cast<const A*>(a.data);
+  const B* pb = static_cast<const B*>(b.data);
+  const int64_t total = num_shards * n;
+  const int fa = FlatStride(a, n);
+  const int fb = FlatStride(b, n);
+  if (fa == 1 && fb == 1) {
+    for (int64_t i = 0; i < total; ++i) out[i] = f(pa[i], pb[i]);
+    return;
+  }
+  if (fa == 1 && fb == 0) {
+    const B y = pb[0];
+    for (int64_t i = 0; i < total; ++i) out[i] = f(pa[i], y);
+    return;
+  }
+  if (fa == 0 && fb == 1) {
+    const A x = pa[0];
+    for (int64_t i = 0; i < total; ++i) out[i] = f(x, pb[i]);
+    return;
+  }
+  // A per-shard scalar against a full operand, or a non-scalar constant:
+  // shards outside, elements inside.
+  for (int s = 0; s < num_shards; ++s) {
+    const A* ra = pa + s * a.shard_stride;
+    const B* rb = pb + s * b.shard_stride;
+    Out* ro = out + s * n;
+    if (a.elem_stride != 0 && b.elem_stride != 0) {
+      for (int64_t j = 0; j < n; ++j) ro[j] = f(ra[j], rb[j]);
+    } else if (a.elem_stride != 0) {
+      const B y = rb[0];
+      for (int64_t j = 0; j < n; ++j) ro[j] = f(ra[j], y);
+    } else if (b.elem_stride != 0) {
+      const A x = ra[0];
+      for (int64_t j = 0; j < n; ++j) ro[j] = f(x, rb[j]);
+    } else {
+      for (int64_t j = 0; j < n; ++j) ro[j] = f(ra[0], rb[0]);
+    }
+  }
+}
+
+// where(c, x, y).
+template <typename T>
+void Select(int num_shards, int64_t n, View c, View x, View y, T* out,
+            const BroadcastPlan* plan) {
+  auto f = [](bool p, T a, T b) { return p ? a : b; };
+  if (plan != nullptr) {
+    return MapBroadcast<T, decltype(f), bool, T, T>(
+        num_shards, *plan, out, f, MakeOperand<bool>(c, *plan, 0), MakeOperand<T>(x, *plan, 1),
+        MakeOperand<T>(y, *plan, 2));
+  }
+  const bool* pc = static_cast<const bool*>(c.data);
+  const T* px = static_cast<const T*>(x.data);
+  const T* py = static_cast<const T*>(y.data);
+  for (int s = 0; s < num_shards; ++s) {
+    const bool* rc = pc + s * c.shard_stride;
+    const T* rx = px + s * x.shard_stride;
+    const T* ry = py + s * y.shard_stride;
+    T* ro = out + s * n;
+    for (int64_t j = 0; j < n; ++j) {
+      ro[j] = f(rc[j * c.elem_stride], rx[j * x.elem_stride], ry[j * y.elem_stride]);
+    }
+  }
+}
+
+// Arithmetic, max and min: operands and result of type T.
+template <typename T>
+void RunArithmetic(OpKind kind, int num_shards, int64_t n, View a, View b, void* out,
+                   const BroadcastPlan* plan) {
+  T* o = static_cast<T*>(out);
+  auto map = [&](auto f) { Map2<T, T, T>(num_shards, n, a, b, o, plan, f); };
+  constexpr bool kInt = std::is_same_v<T, int32_t>;
+  constexpr bool kBool = std::is_same_v<T, bool>;
+  switch (kind) {
+    case OpKind::kAdd:
+      if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) + uint32_t(y)); });
+      if constexpr (kBool) return map([](T x, T y) { return x || y; });
+      if constexpr (!kInt && !kBool) return map([](T x, T y) { return x + y; });
+      return;
+    case OpKind::kSub:
+      if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) - uint32_t(y)); });
+      if constexpr (!kInt && !kBool) return map([](T x, T y) { return x - y; });
+      return;  // bool: rejected by the builder
+    case OpKind::kMul:
+      if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) * uint32_t(y)); });
+      if constexpr (kBool) return map([](T x, T y) { return x && y; });
+      if constexpr (!kInt && !kBool) return map([](T x, T y) { return x * y; });
+      return;
+    case OpKind::kDiv:
+      if constexpr (std::is_floating_point_v<T>) return map([](T x, T y) { return x / y; });
+      return;  // integers divide in float64 (the builder converts)
+    case OpKind::kPow:
+      if constexpr (kInt) return map([](T x, T y) { return IntPow(x, y); });
+      if constexpr (std::is_floating_point_v<T>) {
+        return map([](T x, T y) { return static_cast<T>(std::pow(x, y)); });
+      }
+      return;
+    case OpKind::kMax:
+      return map([](T x, T y) { return Max(x, y); });
+    case OpKind::kMin:
+      return map([](T x, T y) { return Min(x, y); });
+    case OpKind::kAnd:
+      if constexpr (kBool) return map([](T x, T y) { return x && y; });
+      return;
+    case OpKind::kOr:
+      if constexpr (kBool) return map([](T x, T y) { return x || y; });
+      return;
+    case OpKind::kXor:
+      if constexpr (kBool) return map([](T x, T y) { return x != y; });
+      return;
+    default:
+      return;
+  }
+}
+
+// Comparisons: operands of type T, bool result.
+template <typename T>
+void RunComparison(OpKind kind, int num_shards, int64_t n, View a, View b, void* out,
+                   const BroadcastPlan* plan) {
+  bool* o = static_cast<bool*>(out);
+  auto map = [&](auto f) { Map2<T, T, bool>(num_shards, n, a, b, o, plan, f); };
+  switch (kind) {
+    case OpKind::kEq:
+      return map([](T x, T y) { return x == y; });
+    case OpKind::kNe:
+      return map([](T x, T y) { return x != y; });
+    case OpKind::kLt:
+      return map([](T x, T y) { return x < y; });
+    case OpKind::kLe:
+      return map([](T x, T y) { return x <= y; });
+    case OpKind::kGt:
+      return map([](T x, T y) { return x > y; });
+    case OpKind::kGe:
+      return map([](T x, T y) { return x >= y; });
+    default:
+      return;
+  }
+}
+
+template <typename T>
+void RunUnary(OpKind kind, int num_shards, int64_t n, View x, void* out) {
+  T* o = static_cast<T*>(out);
+  auto map = [&](auto f) { Map1<T>(num_shards, n, x, o, f); };
+  constexpr bool kFloat = std::is_floating_point_v<T>;
+  switch (kind) {
+    case OpKind::kNeg:
+      if constexpr (std::is_same_v<T, int32_t>) return map([](T v) { return Wrap(0u - uint32_t(v)); });
+      if constexpr (kFloat) return map([](T v) { return -v; });
+      return;
+    case OpKind::kAbs:
+      if constexpr (std::is_same_v<T, int32_t>) {
+        return map([](T v) { return v < 0 ? Wrap(0u - uint32_t(v)) : v; });
+      }
+      if constexpr (kFloat) return map([](T v) { return std::abs(v); });
+      return map([](T v) { return v; });
+    case OpKind::kNot:
+      if constexpr (std::is_same_v<T, bool>) return map([](T v) { return !v; });
+      return;
+    case OpKind::kSimulatedCompute:  // the time is spent by the executor, not here
+      return map([](T v) { return v; });
+    default:
+      break;
+  }
+  if constexpr (kFloat) {  // transcendental: the builder converts to float
+    switch (kind) {
+      case OpKind::kExp:
+        return map([](T v) { return std::exp(v); });
+      case OpKind::kLog:
+        return map([](T v) { return std::log(v); });
+      case OpKind::kTanh:
+        return map([](T v) { return std::tanh(v); });
+      case OpKind::kSqrt:
+        return map([](T v) { return std::sqrt(v); });
+      case OpKind::kRsqrt:
+        return map([](T v) { return T(1) / std::sqrt(v); });
+      case OpKind::kSin:
+        return map([](T v) { return std::sin(v); });
+      case OpKind::kCos:
+        return map([](T v) { return std::cos(v); });
+      default:
+        return;
+    }
+  }
+}
+
+template <typename Out, typename In>
+Out ConvertElement(In v) {
+  if constexpr (std::is_same_v<Out, bool>) {
+    return v != In(0);
+  } else if constexpr (std::is_same_v<Out, int32_t> && std::is_floating_point_v<In>) {
+    // Out-of-range and NaN are undefined in C++; give INT32_MIN as x86 numpy does.
+    if (!(v >= In(-2147483648.0) && v < In(2147483648.0))) {
+      return std::numeric_limits<int32_t>::min();
+    }
+    return static_cast<int32_t>(v);
+  } else {
+    return static_cast<Out>(v);
+  }
+}
+
+template <typename In>
+void RunConvert(DType to, int num_shards, int64_t n, View x, void* out) {
+  DispatchDType(to, [&](auto* tag) {
+    using Out = std::remove_pointer_t<decltype(tag)>;
+    Map1<In>(num_shards, n, x, static_cast<Out*>(out),
+             [](In v) { return ConvertElement<Out, In>(v); });
+  });
+}
+
+}  // namespace
+
+bool IsBinaryKind(OpKind kind) {
+  return IsBinaryOp(kind) && GetTypeRule(kind) != TypeRule::kComparison;
+}
+
+bool IsComparisonKind(OpKind kind) { return GetTypeRule(kind) == TypeRule::kComparison; }
+
+bool IsUnaryKind(OpKind kind) { return IsUnaryOp(kind) || GetOpClass(kind) == OpClass::kSimulated; }
+
+void RunElementwise(const Op& op, DType in_dtype, int num_shards, int64_t n, View x, View y,
+                    View z, void* out, const BroadcastPlan* plan) {
+  if (op.kind == OpKind::kConvert) {
+    DispatchDType(in_dtype, [&](auto* tag) {
+      using In = std::remove_pointer_t<decltype(tag)>;
+      RunConvert<In>(op.type.dtype, num_shards, n, x, out);
+    });
+  } else if (IsBinaryKind(op.kind)) {
+    DispatchDType(op.type.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      RunArithmetic<T>(op.kind, num_shards, n, x, y, out, plan);
+    });
+  } else if (IsComparisonKind(op.kind)) {
+    DispatchDType(in_dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      RunComparison<T>(op.kind, num_shards, n, x, y, out, plan);
+    });
+  } else if (IsUnaryKind(op.kind)) {
+    DispatchDType(op.type.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      RunUnary<T>(op.kind, num_shards, n, x, out);
+    });
+  } else if (op.kind == OpKind::kSelect) {
+    DispatchDType(op.type.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      Select<T>(num_shards, n, x, y, z, static_cast<T*>(out), plan);
+    });
+  }
+}
+
+bool IsElementwiseKind(OpKind kind) {
+  return GetOpClass(kind) == OpClass::kElementwise || GetOpClass(kind) == OpClass::kSimulated;
+}
+
+
+}  // namespace pw::kernels

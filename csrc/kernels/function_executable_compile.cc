@@ -1,0 +1,302 @@
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "csrc/base/status_macros.h"
+#include "csrc/kernels/collectives.h"
+#include "csrc/kernels/elementwise.h"
+#include "csrc/kernels/function_executable.h"
+
+// FunctionExecutable::Compile: liveness, elementwise fusion, buffer
+// assignment (scratch slots and tiles) and the per-op plans Run() reads.
+
+namespace pw {
+namespace {
+
+using kernels::HostReduction;
+using kernels::IsBinaryKind;
+using kernels::IsComparisonKind;
+using kernels::IsCrossShardKind;
+using kernels::IsElementwiseKind;
+using kernels::Offset;
+using kernels::RoundUp;
+
+// Whether Run() has a kernel for ops of `kind`: every op of the registry
+// (each class has its kernels; elementwise ones switch over every kind of
+// their rule), so only a value outside the enum has none.
+bool HasKernel(OpKind kind) { return static_cast<int>(kind) < kNumOpKinds; }
+
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Compile(
+    std::shared_ptr<const FunctionIr> ir) {
+  if (ir == nullptr) return absl::InvalidArgumentError("compile: null function");
+  const absl::Span<const Op> ops = ir->ops();
+  const int32_t num_ops = static_cast<int32_t>(ops.size());
+
+  // Last op that reads each value; outputs stay live past the last op.
+  std::vector<int32_t> last_use(num_ops);
+  for (int32_t i = 0; i < num_ops; ++i) {
+    last_use[i] = i;
+    if (!HasKernel(ops[i].kind)) {
+      return absl::UnimplementedError(
+          absl::StrCat("compile: @", ir->name(), ": op %", i, " has kind ",
+                       static_cast<int>(ops[i].kind), ", which the kernels cannot run"));
+    }
+    for (int32_t v : ops[i].operands) last_use[v] = i;
+  }
+  for (int32_t v : ir->outputs()) last_use[v] = num_ops;
+
+  auto exe = std::shared_ptr<FunctionExecutable>(new FunctionExecutable(ir));
+
+  // Fusion groups: maximal runs of consecutive elementwise ops of one shape
+  // whose operands are of that shape (and not constants) or scalar
+  // constants, so every operand is read at the same flat index as the result.
+  // A cross-shard op is never elementwise, so it ends a run: RunLocal handles
+  // cross-shard ops one at a time, outside fused runs.
+  auto fusible = [&](int32_t v) {
+    const Op& op = ops[v];
+    if (!IsElementwiseKind(op.kind) || op.kind == OpKind::kSimulatedCompute) return false;
+    for (int32_t u : op.operands) {
+      const Op& uo = ops[u];
+      const bool constant = uo.kind == OpKind::kConstant;
+      if (constant ? !uo.type.dims.empty() : uo.type.dims != op.type.dims) return false;
+    }
+    return true;
+  };
+  exe->group_start_.assign(num_ops, -1);
+  exe->tile_offset_.assign(num_ops, -1);
+  for (int32_t v = 0; v < num_ops;) {
+    if (!fusible(v)) {
+      ++v;
+      continue;
+    }
+    // Parameters and constants compute nothing, so they may sit inside a run
+    // (the tracer adds a constant just before the op that uses it).
+    auto inert = [&](int32_t u) {
+      return ops[u].kind == OpKind::kParameter || ops[u].kind == OpKind::kConstant;
+    };
+    int32_t last = v;
+    for (int32_t next = v + 1; next < num_ops; ++next) {
+      if (inert(next)) continue;
+      if (!fusible(next) || ops[next].type.dims != ops[v].type.dims) break;
+      last = next;
+    }
+    // Values used only inside the group get tile buffers (of the widest
+    // element), reused once their last reader has run.
+    constexpr int64_t kTileBytes = kTileElements * 8;
+    int64_t tile_bytes = 0;
+    std::vector<int64_t> free_tiles;
+    for (int32_t u = v; u <= last; ++u) {
+      for (int32_t w = v; w < u; ++w) {
+        if (exe->tile_offset_[w] >= 0 && last_use[w] == u - 1) {
+          free_tiles.push_back(exe->tile_offset_[w]);
+        }
+      }
+      if (inert(u) || last_use[u] > last) continue;
+      if (free_tiles.empty()) {
+        exe->tile_offset_[u] = tile_bytes;
+        tile_bytes += kTileBytes;
+      } else {
+        exe->tile_offset_[u] = free_tiles.back();
+        free_tiles.pop_back();
+      }
+    }
+    if (last > v && tile_bytes > 0) {
+      exe->group_start_[v] = static_cast<int32_t>(exe->groups_.size());
+      exe->groups_.push_back({v, last});
+      exe->tile_bytes_ = std::max(exe->tile_bytes_, tile_bytes);
+      // Tiles of later ops are computed after tiles of earlier ops have read
+      // their operands, so every value read in the group stays live (keeps
+      // its scratch slot) to the group's end.
+      for (int32_t u = v; u <= last; ++u) {
+        for (int32_t w : ops[u].operands) last_use[w] = std::max(last_use[w], last);
+      }
+    } else {
+      for (int32_t u = v; u <= last; ++u) exe->tile_offset_[u] = -1;
+    }
+    v = last + 1;
+  }
+
+  // Parameters are read in place and constants straight from their literal;
+  // every other value gets a scratch slot, except values internal to a fusion
+  // group. First fit over the slots of values still live at its definition,
+  // so dead intermediates are reused. A value never shares a slot with its
+  // operands (they are live at its definition).
+  exe->scratch_offset_.assign(num_ops, -1);
+  struct Slot {
+    int64_t offset;
+    int64_t size;
+  };
+  std::vector<Slot> live;
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const OpKind kind = ops[v].kind;
+    if (kind == OpKind::kParameter || kind == OpKind::kConstant || exe->tile_offset_[v] >= 0) {
+      continue;
+    }
+    const int64_t size = RoundUp(ops[v].type.num_bytes());
+    live.clear();
+    for (int32_t u = 0; u < v; ++u) {
+      if (exe->scratch_offset_[u] >= 0 && last_use[u] >= v) {
+        live.push_back({exe->scratch_offset_[u], RoundUp(ops[u].type.num_bytes())});
+      }
+    }
+    std::sort(live.begin(), live.end(),
+              [](const Slot& a, const Slot& b) { return a.offset < b.offset; });
+    int64_t offset = 0;
+    for (const Slot& s : live) {
+      if (offset + size <= s.offset) break;
+      offset = std::max(offset, s.offset + s.size);
+    }
+    exe->scratch_offset_[v] = offset;
+    exe->scratch_per_shard_ = std::max(exe->scratch_per_shard_, offset + size);
+  }
+
+  // RunLocal's full-gang temporaries (see gang_temp_per_shard_) and its
+  // first call to its collectives. axis_index reads no operand and writes
+  // the local shards directly.
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (!IsCrossShardKind(op.kind) || op.kind == OpKind::kAxisIndex) continue;
+    const Op& in = ops[op.operands[0]];
+    const int64_t in_bytes = in.kind == OpKind::kConstant ? 0 : RoundUp(in.type.num_bytes());
+    exe->gang_temp_per_shard_ =
+        std::max(exe->gang_temp_per_shard_, in_bytes + RoundUp(op.type.num_bytes()));
+    if (in_bytes == 0 || exe->first_collective_.kind != CollectiveCall::Kind::kNone) continue;
+    CollectiveCall& call = exe->first_collective_;
+    if (std::optional<ReduceOp> reduce = HostReduction(op.kind, op.type.dtype)) {
+      call.kind = CollectiveCall::Kind::kAllReduce;
+      call.op = *reduce;
+      call.dtype = op.kind == OpKind::kPmean ? DType::kF64 : op.type.dtype;
+      call.count = op.type.num_elements();
+    } else {
+      call.kind = CollectiveCall::Kind::kAllGather;
+      call.shard_bytes = in.type.num_bytes();
+    }
+  }
+
+  // Broadcast plans for ops with an operand that is neither a scalar nor of
+  // the result's shape.
+  exe->plan_index_.assign(num_ops, -1);
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (!IsBinaryKind(op.kind) && !IsComparisonKind(op.kind) && op.kind != OpKind::kSelect) {
+      continue;
+    }
+    const Dims& dims = op.type.dims;
+    const bool needed = std::any_of(op.operands.begin(), op.operands.end(), [&](int32_t u) {
+      const Dims& od = ops[u].type.dims;
+      return !od.empty() && od != dims;
+    });
+    if (!needed || dims.empty()) continue;
+    BroadcastPlan plan;
+    plan.dims = dims;
+    const size_t rank = dims.size();
+    plan.row_div.assign(rank, 1);
+    for (size_t d = rank - 1; d-- > 0;) {
+      plan.row_div[d] = d + 2 < rank ? plan.row_div[d + 1] * dims[d + 1] : 1;
+    }
+    for (int32_t u : op.operands) {
+      const Dims& od = ops[u].type.dims;
+      Dims strides(rank, 0);
+      int64_t stride = 1;
+      for (size_t i = 0; i < od.size(); ++i) {  // from the right
+        const size_t k = od.size() - 1 - i;
+        const size_t d = rank - 1 - i;
+        strides[d] = od[k] == 1 ? 0 : stride;
+        stride *= od[k];
+      }
+      plan.strides.push_back(std::move(strides));
+    }
+    exe->plan_index_[v] = static_cast<int32_t>(exe->plans_.size());
+    exe->plans_.push_back(std::move(plan));
+  }
+  // Reduce plans.
+  exe->reduce_index_.assign(num_ops, -1);
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (op.kind != OpKind::kReduce) continue;
+    const Dims& in = ops[op.operands[0]].type.dims;
+    ReducePlan plan;
+    int64_t stride = 1;
+    Dims strides(in.size(), 0);
+    for (size_t d = in.size(); d-- > 0;) {
+      strides[d] = stride;
+      stride *= in[d];
+    }
+    size_t k = 0;
+    for (size_t d = 0; d < in.size(); ++d) {
+      if (k < op.axes.size() && op.axes[k] == static_cast<int64_t>(d)) {
+        plan.red_dims.push_back(in[d]);
+        plan.red_strides.push_back(strides[d]);
+        plan.red_count *= in[d];
+        ++k;
+      } else {
+        plan.kept_dims.push_back(in[d]);
+        plan.kept_strides.push_back(strides[d]);
+      }
+    }
+    exe->reduce_index_[v] = static_cast<int32_t>(exe->reduce_plans_.size());
+    exe->reduce_plans_.push_back(std::move(plan));
+  }
+  // Copy plans of the data-movement ops, and matmul offsets.
+  exe->copy_range_.assign(num_ops, {0, 0});
+  exe->matmul_index_.assign(num_ops, -1);
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (IsDataMovementKind(op.kind)) {
+      if (op.kind == OpKind::kAllToAll && ir->axis_size() < 1) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("compile: @", ir->name(), ": all_to_all needs the axis size"));
+      }
+      PW_ASSIGN_OR_RETURN(std::vector<CopyPlan> plans, MakeCopyPlans(*ir, v));
+      exe->copy_range_[v] = {static_cast<int32_t>(exe->copy_plans_.size()),
+                             static_cast<int32_t>(plans.size())};
+      for (CopyPlan& p : plans) exe->copy_plans_.push_back(std::move(p));
+    } else if (op.kind == OpKind::kMatmul) {
+      exe->matmul_index_[v] = static_cast<int32_t>(exe->matmul_plans_.size());
+      exe->matmul_plans_.push_back(MakeMatmulPlan(ops[op.operands[0]].type.dims,
+                                                  ops[op.operands[1]].type.dims));
+    }
+  }
+  return std::shared_ptr<const FunctionExecutable>(std::move(exe));
+}
+
+FunctionExecutable::MatmulPlan FunctionExecutable::MakeMatmulPlan(const Dims& a, const Dims& b) {
+  MatmulPlan plan;
+  const size_t ra = a.size();
+  const size_t rb = b.size();
+  plan.m = a[ra - 2];
+  plan.k = a[ra - 1];
+  plan.n = b[rb - 1];
+  Dims batch;
+  BroadcastDims(absl::MakeConstSpan(a).subspan(0, ra - 2),
+                absl::MakeConstSpan(b).subspan(0, rb - 2), &batch);
+  const int64_t count = NumElements(batch);
+  // Element strides of each operand's batch dims, aligned right with the
+  // broadcast batch dims (0 where the operand has size 1 or lacks the dim).
+  auto batch_strides = [&](const Dims& dims) {
+    const size_t r = dims.size() - 2;
+    Dims strides(batch.size(), 0);
+    int64_t stride = dims[r] * dims[r + 1];
+    for (size_t i = 0; i < r; ++i) {
+      const size_t d = r - 1 - i;
+      const size_t bd = batch.size() - 1 - i;
+      strides[bd] = dims[d] == 1 ? 0 : stride;
+      stride *= dims[d];
+    }
+    return strides;
+  };
+  const Dims sa = batch_strides(a);
+  const Dims sb = batch_strides(b);
+  for (int64_t i = 0; i < count; ++i) {
+    plan.a_offsets.push_back(Offset(i, batch, sa));
+    plan.b_offsets.push_back(Offset(i, batch, sb));
+  }
+  return plan;
+}
+
+}  // namespace pw

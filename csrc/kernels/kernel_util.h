@@ -1,0 +1,123 @@
+#ifndef PATHWAYS_KERNELS_KERNEL_UTIL_H_
+#define PATHWAYS_KERNELS_KERNEL_UTIL_H_
+
+// What the kernels of a compiled function share: how a value of the whole
+// gang is addressed (View), dtype dispatch, and numpy's integer and NaN
+// semantics. Internal to csrc/kernels.
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "csrc/base/dtype.h"
+#include "csrc/function_ir/function_ir.h"
+
+namespace pw::kernels {
+
+inline constexpr int64_t kAlignment = 64;
+
+inline int64_t RoundUp(int64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+
+// Where the elements of one value live for the whole gang: element j of shard
+// s is data[s * shard_stride + j * elem_stride] (strides in elements).
+// Parameters and scratch values have shard_stride = num_elements; constants
+// are shared by all shards (shard_stride 0); scalars have elem_stride 0 so
+// they broadcast against a full operand.
+struct View {
+  const void* data;
+  int64_t shard_stride;
+  int64_t elem_stride;
+};
+
+// 1 if the view's elements for a result of n elements per shard sit at flat
+// index i (one loop over the gang), 0 if they are all the same element, -1 if
+// neither.
+inline int FlatStride(const View& v, int64_t n) {
+  if (v.shard_stride == n && (v.elem_stride == 1 || n == 1)) return 1;
+  if (v.shard_stride == 0 && v.elem_stride == 0) return 0;
+  return -1;
+}
+
+// int32 arithmetic wraps around (two's complement), as numpy's does.
+inline int32_t Wrap(uint32_t v) { return static_cast<int32_t>(v); }
+
+inline int32_t IntPow(int32_t base, int32_t exp) {
+  if (exp < 0) {  // numpy raises; we cannot at run time, so follow JAX
+    if (base == 1) return 1;
+    if (base == -1) return (exp % 2 == 0) ? 1 : -1;
+    return 0;
+  }
+  uint32_t result = 1;
+  uint32_t b = static_cast<uint32_t>(base);
+  while (exp > 0) {
+    if (exp & 1) result *= b;
+    b *= b;
+    exp >>= 1;
+  }
+  return Wrap(result);
+}
+
+// NaN-propagating, as numpy.maximum / numpy.minimum.
+template <typename T>
+T Max(T x, T y) {
+  return (x != x || x > y) ? x : y;  // NOLINT(misc-redundant-expression): NaN check
+}
+template <typename T>
+T Min(T x, T y) {
+  return (x != x || x < y) ? x : y;  // NOLINT(misc-redundant-expression): NaN check
+}
+
+// The offset of row-major element `i` of `dims` in a layout of `strides`.
+inline int64_t Offset(int64_t i, const Dims& dims, const Dims& strides) {
+  int64_t off = 0;
+  for (size_t d = dims.size(); d-- > 0;) {
+    off += (i % dims[d]) * strides[d];
+    i /= dims[d];
+  }
+  return off;
+}
+
+template <typename T>
+T ReduceAdd(T a, T b) {
+  if constexpr (std::is_same_v<T, int32_t>) {
+    return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return a || b;
+  } else {
+    return a + b;
+  }
+}
+
+// A constant's bytes. An empty constant's vector has no storage (data() may
+// be null); kernels offset pointers even when they read nothing, so it gets a
+// real address.
+inline const void* LiteralData(const Op& op) {
+  static constexpr uint64_t kNoElements[1] = {0};
+  return op.literal.empty() ? static_cast<const void*>(kNoElements) : op.literal.data();
+}
+
+// Calls f with a null pointer of the element type of `dtype`.
+template <typename F>
+void DispatchDType(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF64:
+      return f(static_cast<double*>(nullptr));
+    case DType::kI32:
+      return f(static_cast<int32_t*>(nullptr));
+    case DType::kBool:
+      return f(static_cast<bool*>(nullptr));
+    case DType::kF32:
+      return f(static_cast<float*>(nullptr));
+  }
+}
+
+// Product of dims [begin, end).
+inline int64_t DimProduct(const Dims& dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t d = begin; d < end; ++d) p *= dims[d];
+  return p;
+}
+
+}  // namespace pw::kernels
+
+#endif  // PATHWAYS_KERNELS_KERNEL_UTIL_H_

@@ -1,0 +1,29 @@
+#ifndef PATHWAYS_KERNELS_REDUCTION_H_
+#define PATHWAYS_KERNELS_REDUCTION_H_
+
+// numpy's sum, mean, max, min and argmax over some axes of each shard.
+
+#include <cstdint>
+
+#include "csrc/function_ir/function_ir.h"
+#include "csrc/kernels/kernel_util.h"
+
+namespace pw::kernels {
+
+// How a kReduce op walks its operand (one shard): result element o and
+// reduced element r (both row-major over their dims) read the operand at
+// offset(o, kept_dims, kept_strides) + offset(r, red_dims, red_strides).
+struct ReducePlan {
+  Dims kept_dims, kept_strides;
+  Dims red_dims, red_strides;
+  int64_t red_count = 1;
+};
+
+// Runs reduction `kind` of `x` (of `in_dtype`) into `out` (`n` elements per
+// shard) over `num_shards` shards.
+void RunReduce(ReduceKind kind, DType in_dtype, int num_shards, int64_t n, const View& x,
+               const ReducePlan& plan, void* out);
+
+}  // namespace pw::kernels
+
+#endif  // PATHWAYS_KERNELS_REDUCTION_H_
