@@ -113,7 +113,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
                                                          rt->executor_.get(), &rt->stats_,
                                                          GangServices{rt->stores_.get(), rt->delays_.get(), &rt->timeline_,
                                                                       rt->cluster_->options().control_latency_ns,
-                                                                      &rt->shut_down_});
+                                                                      &rt->shut_down_,
+                                                                      rt->executor_->num_threads()});
   if (options.hosts != HostsMode::kInProcess) {
 #if PATHWAYS_WITH_HOSTS
     const int num_hosts = static_cast<int>(rt->cluster_->hosts().size());

@@ -63,6 +63,10 @@ void GangTask::Run(RunContext& ctx) {
     if (absl::Status s = in->status(); !s.ok()) failed_ = std::move(s);
   }
   if (failed_.ok()) {
+    if (const int parts = NumParts(); parts > 1) {
+      StartParts(ctx, parts);
+      return;
+    }
     const FunctionExecutable& exe = fn_->executable();
     const int n = gang_devices()->size();
     absl::InlinedVector<const void*, 4> in_ptrs;
@@ -70,12 +74,68 @@ void GangTask::Run(RunContext& ctx) {
     for (const auto& in : inputs_) in_ptrs.push_back(in->data());
     for (const auto& out : outputs_) out_ptrs.push_back(out->data());
     exe.Run(n, in_ptrs, out_ptrs, ctx.Scratch(exe.scratch_bytes(n)));
-    if (const int64_t simulated = exe.ir().simulated_ns(); simulated > 0) {
+  }
+  KernelsDone(ctx);
+}
+
+void GangTask::KernelsDone(RunContext& ctx) {
+  if (failed_.ok()) {
+    if (const int64_t simulated = fn_->executable().ir().simulated_ns(); simulated > 0) {
       services_->delays->RunAt(start_ns_ + simulated, this);
       return;
     }
   }
   Finish(ctx);
+}
+
+int GangTask::NumParts() const {
+  const FunctionExecutable& exe = fn_->executable();
+  const int n = gang_devices()->size();
+  if (services_->max_shard_parts < 2 || n < 2 ||
+      exe.work_per_shard() < kMinParallelWorkPerShard) {
+    return 1;
+  }
+  return std::min(n, services_->max_shard_parts);
+}
+
+void GangTask::StartParts(RunContext& ctx, int num_parts) {
+  const FunctionExecutable& exe = fn_->executable();
+  const int n = gang_devices()->size();
+  shared_scratch_ = exe.AcquireSharedScratch(exe.shared_scratch_bytes(n));
+  parts_.resize(static_cast<size_t>(num_parts));
+  for (int i = 0; i < num_parts; ++i) {
+    parts_[i].task = this;
+    parts_[i].begin = static_cast<int>(int64_t{n} * i / num_parts);
+    parts_[i].end = static_cast<int>(int64_t{n} * (i + 1) / num_parts);
+  }
+  stage_ = 0;
+  parts_left_.store(num_parts, std::memory_order_relaxed);
+  // This thread runs the first part next; the executor offers the others to
+  // its other threads.
+  for (Part& p : parts_) ctx.ready->Push(&p);
+}
+
+void GangTask::RunPart(RunContext& ctx, const Part& part) {
+  const FunctionExecutable& exe = fn_->executable();
+  const int n = gang_devices()->size();
+  absl::InlinedVector<const void*, 4> in_ptrs;
+  absl::InlinedVector<void*, 2> out_ptrs;
+  for (const auto& in : inputs_) in_ptrs.push_back(in->data());
+  for (const auto& out : outputs_) out_ptrs.push_back(out->data());
+  exe.RunStage(stage_, n, part.begin, part.end, in_ptrs, out_ptrs, shared_scratch_,
+               ctx.Scratch(exe.tile_bytes()));
+  // The last part of the stage to finish closes it; its acquire sees every
+  // other part's writes.
+  if (parts_left_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  exe.RunStageCollective(stage_, n, in_ptrs, shared_scratch_);
+  if (++stage_ < exe.num_stages()) {
+    parts_left_.store(static_cast<int>(parts_.size()), std::memory_order_relaxed);
+    for (Part& p : parts_) ctx.ready->Push(&p);  // offered to other threads once this job returns
+    return;
+  }
+  exe.ReleaseSharedScratch(shared_scratch_, exe.shared_scratch_bytes(n));
+  shared_scratch_ = nullptr;
+  KernelsDone(ctx);
 }
 
 void GangTask::CheckDevices() {

@@ -34,7 +34,16 @@ struct GangServices {
   // skip their kernels and simulated time and fail their outputs with a
   // Cancelled error (the runtime is shutting down). Null: never.
   const std::atomic<bool>* cancelled = nullptr;
+  // The most parts a gang's shards split into, to run on that many executor
+  // threads at once (FunctionExecutable::RunStage): the executor's threads.
+  int max_shard_parts = 1;
 };
+
+// A gang splits its shards across threads only when each shard has at least
+// this much work (FunctionExecutable::work_per_shard(), about elements
+// written): ~30 us of kernels, well above the cost of a hand-off between
+// threads. Smaller gangs (a scalar psum chain) run on one thread.
+inline constexpr int64_t kMinParallelWorkPerShard = 1 << 15;
 
 class GangTask final : public Gang {
  public:
@@ -85,7 +94,22 @@ class GangTask final : public Gang {
   }
   // Fails the gang (failed_) if one of its devices has failed.
   void CheckDevices();
+  // After the kernels: the simulated time, if any, then Finish.
+  void KernelsDone(RunContext& ctx);
   void Finish(RunContext& ctx);
+
+  // A shard-parallel run: parts_[i] runs shards [begin, end) of each stage;
+  // the part that finishes a stage last runs its closing collective and
+  // starts the next stage's parts.
+  struct Part final : Runnable {
+    GangTask* task = nullptr;
+    int begin = 0, end = 0;
+    void Run(RunContext& ctx) override { task->RunPart(ctx, *this); }
+  };
+  // How many parts this gang's run splits into (1: on this thread alone).
+  int NumParts() const;
+  void StartParts(RunContext& ctx, int num_parts);
+  void RunPart(RunContext& ctx, const Part& part);
 
   ObjectStores::WorkInFlight in_flight_;  // first: ends after the buffers go
   std::shared_ptr<const ProgramIr> program_;
@@ -97,6 +121,10 @@ class GangTask final : public Gang {
   absl::InlinedVector<InputWaiter, 4> waiters_;
   std::atomic<int> pending_;
   bool kernels_done_ = false;  // Run() is called again after a simulated delay
+  absl::InlinedVector<Part, 2> parts_;
+  std::atomic<int> parts_left_{0};
+  int stage_ = 0;                    // the stage the parts run
+  void* shared_scratch_ = nullptr;   // from the executable's pool, during a parallel run
   int64_t start_ns_ = 0;
   absl::Status failed_;
 };

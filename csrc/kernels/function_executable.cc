@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -59,7 +60,98 @@ absl::StatusOr<LocalShards> LocalShards::Create(int gang_size, std::vector<int> 
 void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> inputs,
                              absl::Span<void* const> outputs, void* scratch) const {
   // With no LocalShards every shard is here and nothing can fail.
-  RunShards(num_shards, nullptr, nullptr, inputs, outputs, scratch).IgnoreError();
+  const ShardRange all{num_shards, 0, num_shards, 0, static_cast<int32_t>(ir_->ops().size())};
+  RunShards(all, nullptr, nullptr, inputs, outputs, scratch,
+            static_cast<uint8_t*>(scratch) + scratch_per_shard_ * num_shards)
+      .IgnoreError();
+}
+
+void FunctionExecutable::RunStage(int stage, int num_shards, int begin, int end,
+                                  absl::Span<const void* const> inputs,
+                                  absl::Span<void* const> outputs, void* scratch,
+                                  void* tiles) const {
+  const Stage& st = stages_[static_cast<size_t>(stage)];
+  // One shard at a time, each in its own region of the scratch.
+  for (int s = begin; s < end; ++s) {
+    RunShards({num_shards, s, s + 1, st.begin, st.end, true, true}, nullptr, nullptr, inputs,
+              outputs, scratch, tiles)
+        .IgnoreError();  // no LocalShards: nothing can fail
+  }
+}
+
+void FunctionExecutable::RunStageCollective(int stage, int num_shards,
+                                            absl::Span<const void* const> inputs,
+                                            void* scratch) const {
+  const Stage& st = stages_[static_cast<size_t>(stage)];
+  if (st.collective < 0) return;
+  const absl::Span<const Op> ops = ir_->ops();
+  const Op& op = ops[st.collective];
+  uint8_t* const base = static_cast<uint8_t*>(scratch);
+  const int64_t out_offset = scratch_offset_[st.collective];
+  if (op.kind == OpKind::kAxisIndex) {
+    for (int s = 0; s < num_shards; ++s) {
+      const int32_t position = s;
+      std::memcpy(base + s * scratch_per_shard_ + out_offset, &position, sizeof(position));
+    }
+    return;
+  }
+  // The operand over the whole gang: its shards are scratch_per_shard_
+  // apart (a multiple of 64 bytes, so of the element size).
+  const Op& in = ops[op.operands[0]];
+  const int64_t elem_stride = in.type.dims.empty() ? 0 : 1;
+  View x;
+  if (in.kind == OpKind::kParameter) {
+    x = {inputs[in.param_index], in.type.num_elements(), elem_stride};
+  } else if (in.kind == OpKind::kConstant) {
+    x = {LiteralData(in), 0, elem_stride};
+  } else {
+    x = {base + scratch_offset_[op.operands[0]],
+         scratch_per_shard_ / DTypeSize(in.type.dtype), elem_stride};
+  }
+  // The result, gang-contiguous as the kernels write it, after the shards'
+  // regions; then each shard's row into its region.
+  uint8_t* const gang_out = base + scratch_per_shard_ * num_shards;
+  const auto [first, count] = copy_range_[static_cast<size_t>(st.collective)];
+  kernels::RunCrossShardKernel(op, in.type.dims, count > 0 ? &copy_plans_[first] : nullptr,
+                               num_shards, x, gang_out);
+  const int64_t bytes = op.type.num_bytes();
+  if (bytes == 0) return;
+  for (int s = 0; s < num_shards; ++s) {
+    std::memcpy(base + s * scratch_per_shard_ + out_offset, gang_out + s * bytes, bytes);
+  }
+}
+
+void* FunctionExecutable::AcquireSharedScratch(int64_t bytes) const {
+  {
+    MutexLock lock(&pool_mu_);
+    for (size_t i = 0; i < free_scratch_.size(); ++i) {
+      if (free_scratch_[i].bytes == bytes) {
+        void* data = free_scratch_[i].data;
+        free_scratch_.erase(free_scratch_.begin() + static_cast<std::ptrdiff_t>(i));
+        return data;
+      }
+    }
+  }
+  return ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), std::align_val_t{64});
+}
+
+void FunctionExecutable::ReleaseSharedScratch(void* scratch, int64_t bytes) const {
+  // Keep a few blocks: as many as gangs of this function run at once, in
+  // practice the executor's threads.
+  constexpr size_t kMaxFree = 4;
+  {
+    MutexLock lock(&pool_mu_);
+    if (free_scratch_.size() < kMaxFree) {
+      free_scratch_.push_back({bytes, scratch});
+      return;
+    }
+  }
+  ::operator delete(scratch, std::align_val_t{64});
+}
+
+FunctionExecutable::~FunctionExecutable() {
+  MutexLock lock(&pool_mu_);
+  for (const ScratchBlock& b : free_scratch_) ::operator delete(b.data, std::align_val_t{64});
 }
 
 absl::Status FunctionExecutable::RunLocal(const LocalShards& local,
@@ -77,40 +169,59 @@ absl::Status FunctionExecutable::RunLocal(const LocalShards& local,
         "run: @", ir_->name(), " needs collectives over the gang, which has ", local.gang_size(),
         " shards of which ", local.num_local(), " are local, and no collectives were given"));
   }
-  return RunShards(local.num_local(), &local, collectives, inputs, outputs, scratch);
+  const int n = local.num_local();
+  const ShardRange all{n, 0, n, 0, static_cast<int32_t>(ir_->ops().size())};
+  return RunShards(all, &local, collectives, inputs, outputs, scratch,
+                   static_cast<uint8_t*>(scratch) + scratch_per_shard_ * n);
 }
 
-absl::Status FunctionExecutable::RunShards(int num_shards, const LocalShards* local,
+absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalShards* local,
                                            GangCollectives* collectives,
                                            absl::Span<const void* const> inputs,
-                                           absl::Span<void* const> outputs, void* scratch) const {
+                                           absl::Span<void* const> outputs, void* scratch,
+                                           void* tile_buffer) const {
   const absl::Span<const Op> ops = ir_->ops();
   uint8_t* const base = static_cast<uint8_t*>(scratch);
+  // Kernels see the range's shards as a gang of their own: every value's
+  // shards are contiguous, so its range starts `s0` shards in.
+  const int total = range.num_shards;
+  const int num_shards = range.end - range.begin;
+  const int64_t s0 = range.begin;
+  // Shard-major: this one shard's values start here (see ShardRange).
+  uint8_t* const region = base + s0 * scratch_per_shard_;
 
   auto view = [&](int32_t v) -> View {
     const Op& op = ops[v];
     const int64_t n = op.type.num_elements();
+    const int64_t first = s0 * n * DTypeSize(op.type.dtype);
     const int64_t elem_stride = op.type.dims.empty() ? 0 : 1;
     switch (op.kind) {
       case OpKind::kParameter:
-        return {inputs[op.param_index], n, elem_stride};
+        return {static_cast<const uint8_t*>(inputs[op.param_index]) + first, n, elem_stride};
       case OpKind::kConstant:
         return {LiteralData(op), 0, elem_stride};
       default:
-        return {base + scratch_offset_[v] * num_shards, n, elem_stride};
+        if (range.shard_major) return {region + scratch_offset_[v], n, elem_stride};
+        return {base + scratch_offset_[v] * total + first, n, elem_stride};
     }
   };
+  auto result = [&](int32_t v) -> uint8_t* {
+    if (range.shard_major) return region + scratch_offset_[v];
+    const Op& op = ops[v];
+    return base + scratch_offset_[v] * total + s0 * op.type.num_elements() * DTypeSize(op.type.dtype);
+  };
 
-  uint8_t* const tiles = base + scratch_per_shard_ * num_shards;
-  uint8_t* const gang_temp = tiles + tile_bytes_;  // RunLocal on a partial gang only
-  for (size_t i = 0; i < ops.size(); ++i) {
+  uint8_t* const tiles = static_cast<uint8_t*>(tile_buffer);
+  // RunLocal on a partial gang only: after the values and the tiles.
+  uint8_t* const gang_temp = base + scratch_per_shard_ * total + tile_bytes_;
+  for (size_t i = static_cast<size_t>(range.op_begin); i < static_cast<size_t>(range.op_end); ++i) {
     const Op& op = ops[i];
     if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant) continue;
     if (group_start_[i] >= 0) {  // a fused run, tile by tile over the whole gang
       const FusionGroup& g = groups_[static_cast<size_t>(group_start_[i])];
-      const int64_t total = op.type.num_elements() * num_shards;
-      for (int64_t t0 = 0; t0 < total; t0 += kTileElements) {
-        const int64_t len = std::min(kTileElements, total - t0);
+      const int64_t count = op.type.num_elements() * num_shards;
+      for (int64_t t0 = 0; t0 < count; t0 += kTileElements) {
+        const int64_t len = std::min(kTileElements, count - t0);
         auto tile_view = [&](int32_t u) -> View {
           const Op& uo = ops[u];
           if (tile_offset_[u] >= 0) return {tiles + tile_offset_[u], len, 1};
@@ -126,20 +237,19 @@ absl::Status FunctionExecutable::RunShards(int num_shards, const LocalShards* lo
           const View z = fop.operands.size() > 2 ? tile_view(fop.operands[2]) : x;
           void* o = tile_offset_[v] >= 0
                         ? static_cast<void*>(tiles + tile_offset_[v])
-                        : static_cast<void*>(base + scratch_offset_[v] * num_shards +
-                                             t0 * DTypeSize(fop.type.dtype));
+                        : static_cast<void*>(result(v) + t0 * DTypeSize(fop.type.dtype));
           kernels::RunElementwise(fop, ops[fop.operands[0]].type.dtype, 1, len, x, y, z, o, nullptr);
         }
       }
       i = static_cast<size_t>(g.last);
       continue;
     }
-    void* out = base + scratch_offset_[i] * num_shards;
+    void* out = result(static_cast<int32_t>(i));
     const int64_t n = op.type.num_elements();
     if (op.kind == OpKind::kAxisIndex) {
       int32_t* o = static_cast<int32_t*>(out);
       if (local == nullptr) {
-        for (int s = 0; s < num_shards; ++s) o[s] = s;
+        for (int s = 0; s < num_shards; ++s) o[s] = static_cast<int32_t>(s0 + s);
       } else {
         for (int s = 0; s < num_shards; ++s) o[s] = local->positions()[s];
       }
@@ -258,12 +368,16 @@ absl::Status FunctionExecutable::RunShards(int num_shards, const LocalShards* lo
     }
   }
 
+  if (range.op_end < static_cast<int32_t>(ops.size()) || !range.write_outputs) {
+    return absl::OkStatus();
+  }
+  // The outputs, after the last op: the range's shards of each.
   for (int i = 0; i < ir_->num_outputs(); ++i) {
     const int32_t v = ir_->outputs()[i];
     const View src = view(v);
     const int64_t bytes = ops[v].type.num_bytes();
     if (bytes == 0) continue;
-    uint8_t* dst = static_cast<uint8_t*>(outputs[i]);
+    uint8_t* dst = static_cast<uint8_t*>(outputs[i]) + s0 * bytes;
     if (src.shard_stride != 0) {
       std::memcpy(dst, src.data, bytes * num_shards);
     } else {  // a constant: every shard gets the literal

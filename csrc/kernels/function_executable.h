@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "csrc/base/dtype.h"
+#include "csrc/base/mutex.h"
 #include "csrc/base/reduce_op.h"
 #include "csrc/function_ir/function_ir.h"
 #include "csrc/kernels/data_movement.h"
@@ -170,6 +171,44 @@ class FunctionExecutable {
                         absl::Span<void* const> outputs, void* scratch,
                         GangCollectives* collectives) const;
 
+  // --- Shard-parallel runs (a gang's shards on several executor threads) ---
+  //
+  // The ops split into stages. Stage k runs the ops that compute each shard
+  // from that shard alone, on any subset of the shards (RunStage: a part of
+  // the gang, on one thread, while other threads run the other parts), then
+  // its closing cross-shard op over the whole gang (RunStageCollective,
+  // called once every part of stage k is done: by the part that finished
+  // last, so no thread waits for another). The last stage has no closing op
+  // and writes the outputs. Run() is the same sequence on one thread.
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  // Estimated work of one shard (elements written by its ops, plus m*n*k/8
+  // per matmul): a caller splits a gang only when it is large enough to pay
+  // for the hand-offs between threads (a few microseconds each).
+  int64_t work_per_shard() const { return work_per_shard_; }
+  // Scratch that the parts of a gang of `num_shards` share (each shard's
+  // values, then room for a cross-shard op's result over the gang), and
+  // each part's own tiles.
+  int64_t shared_scratch_bytes(int num_shards) const {
+    return (scratch_per_shard_ + gang_temp_per_shard_) * num_shards;
+  }
+  int64_t tile_bytes() const { return tile_bytes_; }
+  // Stage `stage`'s per-shard ops on shards [begin, end) of a gang of
+  // `num_shards`: inputs and outputs as Run()'s (whole gang), `scratch` the
+  // shared scratch (64-byte aligned), `tiles` tile_bytes() of this thread's
+  // own (64-byte aligned). Parts of one stage may run at once on disjoint
+  // shard ranges. No allocation, no locks.
+  void RunStage(int stage, int num_shards, int begin, int end, absl::Span<const void* const> inputs,
+                absl::Span<void* const> outputs, void* scratch, void* tiles) const;
+  // Stage `stage`'s closing cross-shard op over the whole gang, after all
+  // of its parts; nothing for the last stage.
+  void RunStageCollective(int stage, int num_shards, absl::Span<const void* const> inputs,
+                          void* scratch) const;
+
+  // Shared scratch for parallel runs, reused across runs so a run does not
+  // allocate (nor fault in fresh pages) in the steady state. Thread-safe.
+  void* AcquireSharedScratch(int64_t bytes) const;
+  void ReleaseSharedScratch(void* scratch, int64_t bytes) const;
+
   // The first call RunLocal() makes to its GangCollectives on a partial gang
   // (the same on every host of the gang, and on every partial layout of it),
   // so a host that cannot run its part can still make that call, and its
@@ -194,9 +233,27 @@ class FunctionExecutable {
   // The op loop shared by Run() and RunLocal(), over `num_shards` shards in
   // memory: the whole gang when `local` is null (never fails then), else
   // local's shards, cross-shard ops gathering through `collectives`.
-  absl::Status RunShards(int num_shards, const LocalShards* local, GangCollectives* collectives,
-                         absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
-                         void* scratch) const;
+  // Shards [begin, end) of a gang of `num_shards` whose values are laid out
+  // in scratch for all `num_shards`, and ops [op_begin, op_end) of the IR.
+  struct ShardRange {
+    int num_shards;
+    int begin, end;
+    int32_t op_begin, op_end;
+    bool write_outputs = true;  // when op_end is the last op
+    // Scratch laid out shard-major (a parallel run): shard s's values at
+    // scratch + s * scratch_per_shard_ + their offset, so parts of a gang
+    // never share a slot; then end - begin is 1 and the range has no
+    // cross-shard op. Else value-major, as Run()'s (a value's shards
+    // contiguous at scratch + offset * num_shards).
+    bool shard_major = false;
+  };
+  // Runs the range's ops on the range's shards; a cross-shard op in it needs
+  // every shard. The outputs' shards of the range are written when the range
+  // ends at the last op. `tile_buffer` holds tile_bytes_ for fused runs.
+  absl::Status RunShards(const ShardRange& range, const LocalShards* local,
+                         GangCollectives* collectives, absl::Span<const void* const> inputs,
+                         absl::Span<void* const> outputs, void* scratch,
+                         void* tile_buffer) const;
   std::shared_ptr<const FunctionIr> ir_;
   // Per op: byte offset of its value in one shard's slice of scratch, or -1
   // for parameters (read in place from the inputs).
@@ -231,6 +288,22 @@ class FunctionExecutable {
   int64_t gang_temp_per_shard_ = 0;
   // Its kind is kNone unless a partial gang needs its GangCollectives.
   CollectiveCall first_collective_;
+  // Shard-parallel stages: per-shard ops [begin, end), then op `collective`
+  // (-1 for the last stage).
+  struct Stage {
+    int32_t begin = 0, end = 0;
+    int32_t collective = -1;
+  };
+  std::vector<Stage> stages_;
+  int64_t work_per_shard_ = 0;
+  struct ScratchBlock {
+    int64_t bytes;
+    void* data;
+  };
+  mutable Mutex pool_mu_;
+  mutable std::vector<ScratchBlock> free_scratch_ ABSL_GUARDED_BY(pool_mu_);
+ public:
+  ~FunctionExecutable();
 };
 
 }  // namespace pw

@@ -262,6 +262,23 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
                                                   ops[op.operands[1]].type.dims));
     }
   }
+  // Stages for shard-parallel runs: cut after each cross-shard op. A fused
+  // run has no cross-shard op inside, so it stays within one stage.
+  int32_t begin = 0;
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (IsCrossShardKind(op.kind)) {
+      exe->stages_.push_back({begin, v, v});
+      begin = v + 1;
+    }
+    if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant) continue;
+    exe->work_per_shard_ += op.type.num_elements();
+    if (op.kind == OpKind::kMatmul) {
+      const MatmulPlan& mp = exe->matmul_plans_[static_cast<size_t>(exe->matmul_index_[v])];
+      exe->work_per_shard_ += mp.m * mp.n * mp.k * static_cast<int64_t>(mp.a_offsets.size()) / 8;
+    }
+  }
+  exe->stages_.push_back({begin, num_ops, -1});
   return std::shared_ptr<const FunctionExecutable>(std::move(exe));
 }
 

@@ -1605,6 +1605,70 @@ TEST(FunctionExecutableRunLocalTest, HostsMatchTheWholeGang) {
   }
 }
 
+// A gang split into parts that run each stage on threads of their own
+// (RunStage; the last part to finish a stage runs its collective, as
+// GangTask does) computes exactly Run()'s bytes: shards are computed alone
+// between cross-shard ops, in the same order of operations. Nothing
+// allocates while the parts run.
+TEST(FunctionExecutableStagesTest, PartsOnThreadsMatchRun) {
+  for (int gang_size : {3, 4}) {
+    for (int num_parts = 2; num_parts <= gang_size; ++num_parts) {
+      for (const GangFunction& f : kGangFunctions) {
+        SCOPED_TRACE(testing::Message() << f.name << " gang=" << gang_size << " parts=" << num_parts);
+        auto exe = MustCompile(f.trace(gang_size));
+        ASSERT_NE(exe, nullptr);
+        int collectives = 0;
+        for (const Op& op : exe->ir().ops()) collectives += IsCollectiveOp(op.kind) ? 1 : 0;
+        EXPECT_EQ(exe->num_stages(), collectives + 1);
+        const auto inputs = GangInputs(*exe, gang_size);
+        const auto expected = RunGang(*exe, gang_size, inputs);
+        std::vector<const void*> in;
+        for (const auto& i : inputs) in.push_back(i.data());
+        std::vector<std::vector<uint8_t>> outputs;
+        std::vector<void*> out;
+        for (int i = 0; i < exe->ir().num_outputs(); ++i) {
+          outputs.emplace_back(exe->output_bytes(i) * gang_size, 0xff);
+        }
+        for (auto& o : outputs) out.push_back(o.data());
+        const int64_t shared_bytes = exe->shared_scratch_bytes(gang_size);
+        void* shared = exe->AcquireSharedScratch(shared_bytes);
+        std::memset(shared, 0xff, static_cast<size_t>(shared_bytes));
+        std::vector<std::vector<Block>> tiles(num_parts);
+        for (auto& t : tiles) t.resize(static_cast<size_t>(exe->tile_bytes() / 64 + 1));
+        std::atomic<int> stage{0};
+        std::atomic<int> left{num_parts};
+        std::atomic<int> stage_done{0};
+        std::vector<std::thread> threads;
+        std::atomic<bool> go{false};
+        for (int p = 0; p < num_parts; ++p) {
+          threads.emplace_back([&, p] {
+            while (!go.load()) std::this_thread::yield();
+            const int begin = gang_size * p / num_parts;
+            const int end = gang_size * (p + 1) / num_parts;
+            for (int k = 0; k < exe->num_stages(); ++k) {
+              while (stage.load(std::memory_order_acquire) != k) std::this_thread::yield();
+              exe->RunStage(k, gang_size, begin, end, in, out, shared, tiles[p].data());
+              if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                exe->RunStageCollective(k, gang_size, in, shared);
+                left.store(num_parts, std::memory_order_relaxed);
+                stage_done.fetch_add(1);
+                stage.store(k + 1, std::memory_order_release);
+              }
+            }
+          });
+        }
+        StartCountingAllocations();
+        go = true;
+        for (std::thread& t : threads) t.join();
+        EXPECT_EQ(StopCountingAllocations(), 0);
+        EXPECT_EQ(stage_done.load(), exe->num_stages());
+        exe->ReleaseSharedScratch(shared, shared_bytes);
+        for (size_t i = 0; i < outputs.size(); ++i) EXPECT_EQ(outputs[i], expected[i]) << i;
+      }
+    }
+  }
+}
+
 // A host holding the whole gang gathers nothing: with no collectives,
 // RunLocal is Run() (same scratch size, no allocation).
 TEST(FunctionExecutableRunLocalTest, WholeGangNeedsNoCollectives) {
