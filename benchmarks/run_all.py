@@ -1,4 +1,4 @@
-"""Runs the six benchmark scripts in sequence (`make bench`).
+"""Runs the seven benchmark scripts in sequence (`make bench`).
 
 Each script prints its table and writes benchmarks/results/<name>.txt, .json
 and .png. `--quick` is passed through (a reduced sweep, for smoke runs).
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _harness as h  # noqa: E402
 
-SCRIPTS = ["dispatch_overhead", "smallest_computation", "pipeline_dispatch", "multi_tenancy", "kernels", "multihost"]
+SCRIPTS = ["dispatch_overhead", "smallest_computation", "pipeline_dispatch", "multi_tenancy", "kernels", "transformer", "multihost"]
 
 
 def main(argv=None) -> int:
