@@ -10,10 +10,10 @@ same compiled function IR as the forward ones:
 2. A `_Tape` is pushed on `trace.tapes` while `f` runs. `bind`
    (pathways._tracing) shows it every op; it keeps the ops that have an
    operand depending on the inputs (a *tracked* value) and tracks their float
-   outputs.
+   outputs, with the `Primitive` of each.
 3. The tape is walked backwards from a cotangent of 1 for the scalar output.
-   Cotangents are keyed by value id; each primitive's rule in `VJP_RULES`
-   maps the cotangent of its output to cotangents of its operands, and
+   Cotangents are keyed by value id; each primitive's `vjp` rule (registered
+   below) maps the cotangent of its output to cotangents of its operands, and
    contributions to one value are added up.
 
 The rules emit their ops through `bind` (Tracer operators included), so a
@@ -31,10 +31,12 @@ from __future__ import annotations
 import functools
 import operator
 import threading
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from pathways._primitives import PRIMITIVES, Primitive
 from pathways._pytree import tree_flatten, tree_map, tree_unflatten
 from pathways.numpy import broadcast_to as _broadcast_to
 from pathways.numpy import reshape as _reshape
@@ -69,7 +71,7 @@ class _Tape:
     Attributes:
       tracked: Value ids that depend on the inputs: the inputs and the float
         outputs of recorded ops.
-      entries: `(prim, operand ids, output id, params)` per recorded op.
+      entries: `(Primitive, operand ids, output id, params)` per recorded op.
     """
 
     __slots__ = ("_builder", "tracked", "entries")
@@ -79,14 +81,15 @@ class _Tape:
         self.tracked = set(input_ids)
         self.entries: list = []
 
-    def record(self, prim: str, operand_ids: Sequence[int], out_id: int, params: dict) -> None:
+    def record(self, prim: Primitive, operand_ids: Sequence[int], out_id: int,
+               params: dict) -> None:
         """Keeps the op if it depends on a tracked value and has a float output.
 
         Int and bool outputs (comparisons, argmax, casts to int) carry no
-        gradient, and "stop_gradient" cuts the dependence, so neither is
-        tracked.
+        gradient, and a primitive that stops gradients ("stop_gradient") cuts
+        the dependence, so neither is tracked.
         """
-        if prim == "stop_gradient":
+        if prim.stops_gradient:
             return
         tracked = self.tracked
         for i in operand_ids:
@@ -175,20 +178,41 @@ def _expand_reduced(v: Tracer, shape: Sequence[int], axes: Sequence[int], keepdi
 # cotangent or None per operand; None for operands that do not need one keeps
 # dead backward ops out of the compiled function. A cotangent must have its
 # operand's shape; the caller casts it to the operand's dtype. Int and bool
-# operands never need one. "stop_gradient" has no rule: tapes do not record it.
+# operands never need one. Primitives whose result is never a float have no
+# rule (tapes do not record them), nor has "stop_gradient" (nor are they).
 
 VjpRule = Callable[[Tracer, Sequence[Tracer], Tracer, dict, Sequence[bool]], list]
 
-VJP_RULES: dict = {}
-
 
 def _rule(*prims: str) -> Callable[[VjpRule], VjpRule]:
+    """Registers the decorated function as the VJP rule of primitives `prims`."""
+
     def register(fn: VjpRule) -> VjpRule:
         for p in prims:
-            VJP_RULES[p] = fn
+            PRIMITIVES[p].def_vjp(fn)
         return fn
 
     return register
+
+
+class _VjpRules(Mapping):
+    """The primitives' VJP rules by primitive name, a read-only view: a rule is
+    the `vjp` of its `Primitive`, set by `_rule`."""
+
+    def __getitem__(self, name: str) -> Callable[..., list]:
+        rule = PRIMITIVES[name].vjp
+        if rule is None:
+            raise KeyError(name)
+        return rule
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, prim in PRIMITIVES.items() if prim.vjp is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+VJP_RULES = _VjpRules()
 
 
 def _lazy(needs: Sequence[bool], *thunks: Callable[[], Tracer]) -> list:
@@ -269,8 +293,8 @@ def _extremum_vjp(greater: str):
     return rule
 
 
-VJP_RULES["max"] = _extremum_vjp("gt")
-VJP_RULES["min"] = _extremum_vjp("lt")
+_rule("max")(_extremum_vjp("gt"))
+_rule("min")(_extremum_vjp("lt"))
 
 
 @_rule("neg")
@@ -527,10 +551,10 @@ def _backward(trace: _FunctionTrace, tape: _Tape, out: Tracer) -> dict:
         ct = cts.pop(out_id, None)
         if ct is None:
             continue
-        rule = VJP_RULES.get(prim)
+        rule = prim.vjp
         if rule is None:
             raise NotImplementedError(
-                f"pw.grad: differentiation of primitive {prim!r} is not implemented "
+                f"pw.grad: differentiation of primitive {prim.name!r} is not implemented "
                 f"(in {trace.where()})"
             )
         operands = [Tracer(trace, i) for i in ids]
@@ -543,7 +567,7 @@ def _backward(trace: _FunctionTrace, tape: _Tape, out: Tracer) -> dict:
                 c = c.astype(x.dtype)
             if c.shape != x.shape:
                 raise AssertionError(
-                    f"pw.grad: the rule of {prim!r} gave a cotangent {c.aval} for an operand "
+                    f"pw.grad: the rule of {prim.name!r} gave a cotangent {c.aval} for an operand "
                     f"{x.aval} (a bug in pathways._autodiff)"
                 )
             prev = cts.get(i)

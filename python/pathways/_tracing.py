@@ -16,11 +16,12 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
 from pathways import _checks, _core
+from pathways._primitives import PRIMITIVES, Primitive
 from pathways._pytree import PyTreeDef, flat_tuple_treedef, tree_flatten, tree_unflatten
 
 __all__ = [
@@ -185,90 +186,21 @@ def _concrete_error(t: "Tracer", conversion: str) -> TracerError:
     )
 
 
-_BINARY_SYMBOL = {
-    "add": "+",
-    "sub": "-",
-    "mul": "*",
-    "div": "/",
-    "pow": "**",
-    "eq": "==",
-    "ne": "!=",
-    "lt": "<",
-    "le": "<=",
-    "gt": ">",
-    "ge": ">=",
-    "and": "&",
-    "or": "|",
-    "xor": "^",
-}
-
-
 # --- Primitives -------------------------------------------------------------
 #
-# Every op a function trace records goes through `bind`: it emits the op into
-# the trace's builder and shows it to the trace's active gradient tapes
-# (pathways._autodiff), which is how `pw.grad` sees the computation. A
-# primitive is named by its IR op name; `_EMITTERS` maps it to the builder
-# call.
-
-_BINARY_PRIMS = ("add", "sub", "mul", "div", "pow", "max", "min", "eq", "ne", "lt", "le", "gt",
-                 "ge", "and", "or", "xor")
-_UNARY_PRIMS = ("neg", "abs", "exp", "log", "tanh", "sqrt", "rsqrt", "sin", "cos", "not")
+# Every op a function trace records goes through `bind`: it emits the op of a
+# primitive (pathways._primitives) into the trace's builder and shows it to
+# the trace's active gradient tapes (pathways._autodiff), which is how
+# `pw.grad` sees the computation.
 
 
-def _emit_binary(op: str) -> Callable[..., int]:
-    return lambda b, x, y: b.binary(op, x, y)
-
-
-def _emit_unary(op: str) -> Callable[..., int]:
-    return lambda b, x: b.unary(op, x)
-
-
-def _emit_pcollective(op: str) -> Callable[..., int]:
-    return lambda b, x, axis_name: b.pcollective(op, x, axis_name)
-
-
-_EMITTERS: dict = {
-    **{op: _emit_binary(op) for op in _BINARY_PRIMS},
-    **{op: _emit_unary(op) for op in _UNARY_PRIMS},
-    "convert": lambda b, x, dtype: b.convert(x, dtype),
-    "select": lambda b, c, x, y: b.select(c, x, y),
-    "reduce": lambda b, x, kind, axes, keepdims: b.reduce(kind, x, axes, keepdims),
-    "psum": lambda b, x, axis_name: b.psum(x, axis_name),
-    "pmean": _emit_pcollective("pmean"),
-    "pmax": _emit_pcollective("pmax"),
-    "pmin": _emit_pcollective("pmin"),
-    "axis_index": lambda b, axis_name: b.axis_index(axis_name),
-    "all_gather": lambda b, x, axis_name, axis: b.all_gather(x, axis_name, axis),
-    "ppermute": lambda b, x, axis_name, perm: b.ppermute(x, axis_name, perm),
-    "simulated_compute": lambda b, x, microseconds: b.simulated_compute(x, microseconds),
-    "copy": lambda b, x: b.copy(x),
-    "stop_gradient": lambda b, x: b.copy(x),  # a copy that gradients do not flow through
-    "reshape": lambda b, x, shape: b.reshape(x, shape),
-    "broadcast_to": lambda b, x, shape: b.broadcast_to(x, shape),
-    "transpose": lambda b, x, perm: b.transpose(x, perm),
-    "slice": lambda b, x, start, limit, step: b.slice(x, start, limit, step),
-    "rev": lambda b, x, axes: b.rev(x, axes),
-    "pad": lambda b, x, lo, hi, interior: b.pad(x, lo, hi, interior),
-    "concatenate": lambda b, *xs, axis: b.concatenate(list(xs), axis),
-    "take": lambda b, x, indices, axis: b.take(x, indices, axis),
-    "scatter_add": lambda b, u, indices, axis, size: b.scatter_add(u, indices, axis, size),
-    "matmul": lambda b, x, y: b.matmul(x, y),
-    "all_to_all": lambda b, x, axis_name, split_axis, concat_axis: b.all_to_all(
-        x, axis_name, split_axis, concat_axis
-    ),
-    "psum_scatter": lambda b, x, axis_name, scatter_dimension: b.psum_scatter(
-        x, axis_name, scatter_dimension
-    ),
-}
-
-
-def bind(trace: "_FunctionTrace", prim: str, operands: Sequence["Tracer"], **params: Any) -> "Tracer":
+def bind(trace: "_FunctionTrace", prim: Union[str, Primitive], operands: Sequence["Tracer"],
+         **params: Any) -> "Tracer":
     """Records primitive `prim` on `operands` (traced values of `trace`).
 
     Args:
       trace: The active function trace.
-      prim: A key of `_EMITTERS` (the IR op name).
+      prim: A `Primitive`, or its name (a key of `PRIMITIVES`).
       operands: Traced values of `trace`, checked by the caller.
       **params: The primitive's static parameters, as its emitter takes them.
 
@@ -279,11 +211,17 @@ def bind(trace: "_FunctionTrace", prim: str, operands: Sequence["Tracer"], **par
     Raises:
       ValueError, TypeError: From the builder, naming the op and the shapes.
     """
+    p = prim if type(prim) is Primitive else PRIMITIVES[prim]
     ids = [t._id for t in operands]
-    out = _EMITTERS[prim](trace.builder, *ids, **params)
+    if len(ids) != p.arity and (p.arity >= 0 or not ids):
+        raise TypeError(
+            f"primitive {p.name!r} takes {'one or more' if p.arity < 0 else p.arity} operands, "
+            f"got {len(ids)}"
+        )
+    out = p.emit(trace.builder, *ids, **params)
     if trace.tapes and out not in ids:
         for tape in trace.tapes:
-            tape.record(prim, ids, out, params)
+            tape.record(p, ids, out, params)
     return Tracer(trace, out)
 
 
@@ -428,7 +366,7 @@ class Tracer(_TracerBase):
         for t in [self, *others]:
             if t.dtype != np.bool_:
                 raise TypeError(
-                    f"'{_BINARY_SYMBOL[op]}' on traced values needs bool operands, got "
+                    f"'{PRIMITIVES[op].symbol}' on traced values needs bool operands, got "
                     f"{t.aval} in {self._trace.where()}; bitwise ops on integers are not "
                     "supported yet"
                 )
