@@ -1,7 +1,7 @@
 """The primitives of the function tracer: one `Primitive` object per op, as JAX's `core.Primitive`.
 
 Every op a function trace records is a primitive bound by `bind`
-(pathways._tracing): the primitive's emitter records its op with the trace's
+(pathways._tracer): the primitive's emitter records its op with the trace's
 `_core.FunctionBuilder`, and the gradient tapes of `pw.grad`
 (pathways._autodiff) record the primitive, whose `vjp` rule (registered in
 pathways._autodiff) differentiates it.
@@ -20,7 +20,7 @@ Adding an op, once it is in the registry with its builder method: its
 `_define` below (with its emitter), its VJP rule in pathways._autodiff
 (`@_rule("name")`; unless its result is never a float, which
 tests/python/test_op_registry.py checks), and the public function that binds
-it (a `Tracer` method, pathways.numpy, or a collective in pathways._tracing).
+it (a `Tracer` method, pathways.numpy, or pathways._collectives).
 """
 
 from __future__ import annotations
