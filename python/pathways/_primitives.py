@@ -3,8 +3,8 @@
 Every op a function trace records is a primitive bound by `bind`
 (pathways._tracer): the primitive's emitter records its op with the trace's
 `_core.FunctionBuilder`, and the gradient tapes of `pw.grad`
-(pathways._autodiff) record the primitive, whose `vjp` rule (registered in
-pathways._autodiff) differentiates it.
+(pathways._autodiff) record the primitive, whose `vjp` rule
+(pathways._vjp_rules) differentiates it.
 
 The ops are those of the C++ op registry (csrc/function_ir/op_registry.h),
 which `_core.op_registry()` exports: a primitive takes its arity, class and
@@ -17,7 +17,7 @@ records a `copy` that gradients do not flow through. Reductions are one
 primitive, `reduce`, whose `kind` parameter is sum, mean, max, min or argmax.
 
 Adding an op, once it is in the registry with its builder method: its
-`_define` below (with its emitter), its VJP rule in pathways._autodiff
+`_define` below (with its emitter), its VJP rule in pathways._vjp_rules
 (`@_rule("name")`; unless its result is never a float, which
 tests/python/test_op_registry.py checks), and the public function that binds
 it (a `Tracer` method, pathways.numpy, or pathways._collectives).
@@ -73,7 +73,7 @@ class Primitive:
       symbol: The `Tracer` operator that binds it ("+", "&"), or None.
       stops_gradient: Whether gradient tapes leave it out, so that its output
         is a constant to `pw.grad`.
-      vjp: Its reverse-mode rule (see pathways._autodiff), or None if it has
+      vjp: Its reverse-mode rule (see pathways._vjp_rules), or None if it has
         none (`pw.grad` raises NotImplementedError on a path through it).
       jvp: Its forward-mode rule; no primitive has one yet.
     """
