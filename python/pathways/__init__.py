@@ -39,15 +39,13 @@ from pathways._devices import (
 )
 from pathways._program import Program, ProgramTracer, program
 from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_map, tree_unflatten
-from pathways._tracing import _state, _to_array
-from pathways._tracing import (
-    PmapFunction,
-    Tracer,
-    TracerError,
+from pathways._trace_state import TracerError, _state
+from pathways._tracer import Tracer
+from pathways._pmap import PmapFunction, _to_array, pmap
+from pathways._collectives import (
     all_gather,
     all_to_all,
     axis_index,
-    pmap,
     pmax,
     pmean,
     pmin,

@@ -92,6 +92,9 @@ class VirtualDevice:
 
 # --- Compiled functions (function IR) -------------------------------------
 
+def op_registry() -> list[tuple[str, int, str, str]]:
+    """The op registry (csrc/function_ir/op_registry.h), in enum order: one (name, arity, op_class, type_rule) tuple per op; arity -1 is variadic."""
+
 class FunctionBuilder:
     """Records one shard's computation; every method checks types and raises ValueError with the op and shapes (TypeError for an operand's dtype, NameError for an unbound axis name)."""
     def __init__(self, name: str, axis_name: str) -> None: ...  # axis_name "" = none

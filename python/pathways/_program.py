@@ -17,18 +17,16 @@ import numpy as np
 
 from pathways import _core
 from pathways._pytree import PyTreeDef, tree_flatten, tree_unflatten
-from pathways._tracing import (
+from pathways._pmap import PmapFunction, _ir_name, _to_array
+from pathways._trace_state import (
     _SUPPORTED_DTYPE_NAMES,
     _SUPPORTED_DTYPES,
-    PmapFunction,
-    Tracer,
     TracerError,
-    _ir_name,
     _state,
-    _to_array,
     _TracerBase,
     aval_str,
 )
+from pathways._tracer import Tracer
 
 __all__ = ["Program", "ProgramTracer", "program"]
 

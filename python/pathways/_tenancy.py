@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from pathways import _checks, _core
 from pathways._program import _check_dispatch
-from pathways._tracing import _state
+from pathways._trace_state import _state
 
 __all__ = [
     "Client",

@@ -1,0 +1,80 @@
+"""What every tracer shares: the per-thread tracing state, `TracerError`, and the base of traced values.
+
+Tracing state is thread-local, so several threads may trace and run at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from pathways._tracer import _FunctionTrace
+
+__all__ = ["TracerError", "aval_str"]
+
+_SUPPORTED_DTYPES = (
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+    np.dtype(np.int32),
+    np.dtype(np.bool_),
+)
+_SUPPORTED_DTYPE_NAMES = "float32, float64, int32, bool"
+_SHORT_DTYPE = {"float32": "f32", "float64": "f64", "int32": "i32", "bool": "pred"}
+
+
+class TracerError(TypeError):
+    """A traced value was used in a way that tracing cannot record.
+
+    Raised for Python control flow on traced values (`if x > 0:`), conversions
+    to Python or numpy values, escaped tracers (used after their trace ended),
+    and computation on program values outside pmap'd functions.
+    """
+
+
+class _TraceState(threading.local):
+    """Per-thread state: the traces under way, and how this thread's calls execute.
+
+    At most one function trace and one program trace. `client` is the
+    `_core.SchedulingClient` work is attributed to (None: the default client);
+    `dispatch` overrides the dispatch mode of calls ("parallel" or
+    "sequential"; None: each program's own).
+    """
+
+    function: Optional["_FunctionTrace"] = None
+    program: Any = None  # a pathways._program._ProgramTrace
+    client: Any = None
+    dispatch: Optional[str] = None
+
+
+_state = _TraceState()
+
+
+def aval_str(shape: Sequence[int], dtype: Any) -> str:
+    """Short type string like "f32[2,3]"."""
+    name = np.dtype(dtype).name
+    return f"{_SHORT_DTYPE.get(name, name)}[{','.join(str(d) for d in shape)}]"
+
+
+class _TracerBase:
+    """Common base of function tracers and program tracers.
+
+    Subclasses set `shape` and `dtype`; the derived properties live here.
+    """
+
+    __slots__ = ()
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def aval(self) -> str:
+        return aval_str(self.shape, self.dtype)
+

@@ -1,0 +1,510 @@
+"""The values of a function trace: `Tracer` and its operators, the trace, and `bind`.
+
+Every op a function trace records goes through `bind`: it emits the op of a
+primitive (pathways._primitives) into the trace's builder and shows it to the
+trace's active gradient tapes (pathways._autodiff), which is how `pw.grad`
+sees the computation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from pathways import _checks
+from pathways._primitives import PRIMITIVES, Primitive
+from pathways._trace_state import (
+    _SUPPORTED_DTYPE_NAMES,
+    _SUPPORTED_DTYPES,
+    TracerError,
+    _state,
+    _TracerBase,
+)
+
+__all__ = ["Tracer", "bind"]
+
+
+class _FunctionTrace:
+    """One trace of a pmap'd function: its builder and whether it is still running."""
+
+    __slots__ = ("builder", "name", "axis_name", "active", "tapes")
+
+    def __init__(self, builder: Any, name: str, axis_name: Optional[str]):
+        self.builder = builder
+        self.name = name
+        self.axis_name = axis_name
+        self.active = True
+        self.tapes: list = []  # gradient tapes recording this trace (pathways._autodiff)
+
+    def where(self) -> str:
+        return f"pmap of {self.name!r}"
+
+    def constant(self, value: Any, like_dtype: Optional[np.dtype]) -> "Tracer":
+        """Adds a constant operand of a value of dtype `like_dtype`.
+
+        Python scalars are weakly typed: a Python int or bool takes
+        `like_dtype` (int32 when `like_dtype` is bool), a Python float takes
+        `like_dtype` if it is a float type and float32 otherwise; with no
+        `like_dtype` (None), they get the dtype an argument would (a bool
+        bool, an int int32 as in JAX, a float float64). numpy bool, int32,
+        float32 and float64 values keep their dtype; other numpy integers take
+        `like_dtype` if it is a float type and int32 otherwise.
+        """
+        b = self.builder
+        like = None if like_dtype is None else np.dtype(like_dtype)
+        if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
+            if like is None:
+                int_dtype = np.bool_ if isinstance(value, bool) else np.int32
+                dtype = np.float64 if isinstance(value, float) else int_dtype
+            elif isinstance(value, float) and like.kind != "f":
+                dtype = np.float32
+            elif isinstance(value, int) and not isinstance(value, bool) and like.kind == "b":
+                dtype = np.int32
+            else:
+                dtype = like
+            arr = np.array(value, dtype=dtype)
+        else:
+            arr = np.asarray(value)
+            if arr.dtype.kind in "iu" and arr.dtype != np.int32:
+                arr = arr.astype(like if like is not None and like.kind == "f" else np.int32)
+            elif arr.dtype not in _SUPPORTED_DTYPES:
+                raise TypeError(
+                    f"{self.where()}: constant of dtype {arr.dtype} is not supported; "
+                    f"supported dtypes: {_SUPPORTED_DTYPE_NAMES}"
+                )
+            arr = np.asarray(arr, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
+        return Tracer(self, b.constant(arr))
+
+
+def _escaped(t: "Tracer") -> TracerError:
+    return TracerError(
+        f"escaped tracer: a traced value ({t.aval}) of {t._trace.where()} was used "
+        "after its trace ended, or in another trace. Traced values only exist while "
+        "the function is traced; return them from the function instead of storing them"
+    )
+
+
+def _control_flow_error(t: "Tracer", conversion: str) -> TracerError:
+    return TracerError(
+        f"{conversion} of a traced value ({t.aval} in {t._trace.where()}): Python control "
+        "flow that depends on a traced value is not traceable, because compiled functions "
+        "are traced once per input shape before any data exists; compute both branches, "
+        "or move the decision outside the compiled function"
+    )
+
+
+def _concrete_error(t: "Tracer", conversion: str) -> TracerError:
+    return TracerError(
+        f"{conversion} of a traced value ({t.aval} in {t._trace.where()}): a traced value "
+        "has no concrete value, because compiled functions are traced once per input shape "
+        "before any data exists; return it from the function and convert the result "
+        "outside the compiled function"
+    )
+
+
+
+def bind(trace: "_FunctionTrace", prim: Union[str, Primitive], operands: Sequence["Tracer"],
+         **params: Any) -> "Tracer":
+    """Records primitive `prim` on `operands` (traced values of `trace`).
+
+    Args:
+      trace: The active function trace.
+      prim: A `Primitive`, or its name (a key of `PRIMITIVES`).
+      operands: Traced values of `trace`, checked by the caller.
+      **params: The primitive's static parameters, as its emitter takes them.
+
+    Returns:
+      The traced result. When the builder returns an operand itself (e.g. a
+      cast to the same dtype), no op was recorded and no tape sees one.
+
+    Raises:
+      ValueError, TypeError: From the builder, naming the op and the shapes.
+    """
+    p = prim if type(prim) is Primitive else PRIMITIVES[prim]
+    ids = [t._id for t in operands]
+    if len(ids) != p.arity and (p.arity >= 0 or not ids):
+        raise TypeError(
+            f"primitive {p.name!r} takes {'one or more' if p.arity < 0 else p.arity} operands, "
+            f"got {len(ids)}"
+        )
+    out = p.emit(trace.builder, *ids, **params)
+    if trace.tapes and out not in ids:
+        for tape in trace.tapes:
+            tape.record(p, ids, out, params)
+    return Tracer(trace, out)
+
+
+class Tracer(_TracerBase):
+    """A value inside a function traced by `pw.pmap`: one shard's array.
+
+    Supports `+ - * / **` (also reflected), comparisons `< <= > >= == !=`
+    (giving bool values), `& | ^ ~` on bool values, unary `-`/`+`, `abs()`,
+    `.astype()` and the reductions `.sum() .mean() .max() .min() .argmax()`
+    (numpy's `axis` and `keepdims`), with other traced values of the same trace, Python scalars
+    and numpy scalars and arrays; more ops are in `pathways.numpy`, which
+    numpy's own functions call on traced values (`np.sum(x)` is
+    `pathways.numpy.sum(x)`). Shapes
+    broadcast as in numpy, and dtypes promote as in numpy (bool < int32 <
+    float32 < float64, int32 with float32 gives float64; `/` of integers is
+    float64). Python scalars are weakly typed: a Python int or bool takes the
+    traced value's dtype (int32 for a bool value), a Python float takes it if
+    it is a float type and float32 otherwise (so int32 + 0.5 is float64, as in
+    numpy). Python control flow on a traced value (`if x > 0:`) raises
+    `TracerError`, since `bool()` of a traced value has no answer.
+
+    Attributes:
+      shape: The per-shard shape (the pmap'd axis removed).
+      dtype: A numpy dtype: float32, float64, int32 or bool.
+      ndim: `len(shape)`.
+      size: The number of elements per shard.
+      aval: A short type string, e.g. "f32[3]".
+    """
+
+    __slots__ = ("_trace", "_id", "shape", "dtype")
+
+    __array_priority__ = 1000
+
+    # numpy functions and ufuncs of a traced value (`np.sum(x)`, `np.exp(x)`, and
+    # `np_array * x`, which numpy computes with the ufunc `np.multiply`) call their
+    # `pathways.numpy` namesakes, or raise TracerError naming the function.
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        from pathways import numpy as pnp
+
+        return pnp._numpy_ufunc(self, ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        from pathways import numpy as pnp
+
+        return pnp._numpy_function(self, func, args, kwargs)
+
+    def __init__(self, trace: _FunctionTrace, value_id: int):
+        self._trace = trace
+        self._id = value_id
+        self.shape = tuple(trace.builder.shape(value_id))
+        self.dtype = np.dtype(trace.builder.dtype(value_id))
+
+    def __repr__(self) -> str:
+        return f"Tracer<{self.aval}>"
+
+    def _check(self) -> _FunctionTrace:
+        trace = self._trace
+        if not trace.active or _state.function is not trace:
+            raise _escaped(self)
+        return trace
+
+    def _operand(self, other: Any) -> Optional["Tracer"]:
+        """`other` as a traced operand (constants are added), or None if unsupported."""
+        trace = self._trace
+        if isinstance(other, Tracer):
+            if other._trace is not trace or not other._trace.active:
+                raise _escaped(other)
+            return other
+        if isinstance(other, _TracerBase):
+            raise TracerError(
+                f"{trace.where()} uses a traced program value ({other.aval}) that was not "
+                "passed to it as an argument; pass program values to pmap'd functions as "
+                "arguments instead of closing over them"
+            )
+        if isinstance(other, (bool, int, float, np.generic, np.ndarray)):
+            if isinstance(other, (np.generic, np.ndarray)) and other.dtype.kind not in "biuf":
+                return None
+            return trace.constant(other, self.dtype)
+        return None
+
+    def _binary(self, op: str, other: Any, reflected: bool) -> Any:
+        trace = self._check()
+        o = self._operand(other)
+        if o is None:
+            return NotImplemented
+        return bind(trace, op, (o, self) if reflected else (self, o))
+
+    def __add__(self, other: Any) -> Any:
+        return self._binary("add", other, False)
+
+    def __radd__(self, other: Any) -> Any:
+        return self._binary("add", other, True)
+
+    def __sub__(self, other: Any) -> Any:
+        return self._binary("sub", other, False)
+
+    def __rsub__(self, other: Any) -> Any:
+        return self._binary("sub", other, True)
+
+    def __mul__(self, other: Any) -> Any:
+        return self._binary("mul", other, False)
+
+    def __rmul__(self, other: Any) -> Any:
+        return self._binary("mul", other, True)
+
+    def __truediv__(self, other: Any) -> Any:
+        return self._binary("div", other, False)
+
+    def __rtruediv__(self, other: Any) -> Any:
+        return self._binary("div", other, True)
+
+    def __pow__(self, other: Any) -> Any:
+        return self._binary("pow", other, False)
+
+    def __rpow__(self, other: Any) -> Any:
+        return self._binary("pow", other, True)
+
+    # Comparisons give bool traced values; `3 < x` calls `x.__gt__(3)`.
+    def __lt__(self, other: Any) -> Any:
+        return self._binary("lt", other, False)
+
+    def __le__(self, other: Any) -> Any:
+        return self._binary("le", other, False)
+
+    def __gt__(self, other: Any) -> Any:
+        return self._binary("gt", other, False)
+
+    def __ge__(self, other: Any) -> Any:
+        return self._binary("ge", other, False)
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        return self._binary("eq", other, False)
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        return self._binary("ne", other, False)
+
+    __hash__ = object.__hash__
+
+    def _logical(self, op: str, other: Any, reflected: bool) -> Any:
+        self._check()
+        others = [other] if isinstance(other, Tracer) else []
+        for t in [self, *others]:
+            if t.dtype != np.bool_:
+                raise TypeError(
+                    f"'{PRIMITIVES[op].symbol}' on traced values needs bool operands, got "
+                    f"{t.aval} in {self._trace.where()}; bitwise ops on integers are not "
+                    "supported yet"
+                )
+        return self._binary(op, other, reflected)
+
+    def __and__(self, other: Any) -> Any:
+        return self._logical("and", other, False)
+
+    def __rand__(self, other: Any) -> Any:
+        return self._logical("and", other, True)
+
+    def __or__(self, other: Any) -> Any:
+        return self._logical("or", other, False)
+
+    def __ror__(self, other: Any) -> Any:
+        return self._logical("or", other, True)
+
+    def __xor__(self, other: Any) -> Any:
+        return self._logical("xor", other, False)
+
+    def __rxor__(self, other: Any) -> Any:
+        return self._logical("xor", other, True)
+
+    def _unary(self, op: str) -> "Tracer":
+        trace = self._check()
+        return bind(trace, op, (self,))
+
+    def __invert__(self) -> "Tracer":
+        self._check()
+        if self.dtype != np.bool_:
+            raise TypeError(
+                f"'~' on traced values needs a bool operand, got {self.aval} in "
+                f"{self._trace.where()}; bitwise ops on integers are not supported yet"
+            )
+        return self._unary("not")
+
+    def __neg__(self) -> "Tracer":
+        trace = self._check()
+        return bind(trace, "neg", (self,))
+
+    def __pos__(self) -> "Tracer":
+        self._check()
+        return self
+
+    def __abs__(self) -> "Tracer":
+        return self._unary("abs")
+
+    def astype(self, dtype: Any) -> "Tracer":
+        """Casts to `dtype` (float32, float64, int32 or bool), like numpy's `astype`.
+
+        Float to int32 truncates toward zero; to bool is `x != 0`.
+
+        Raises:
+          TypeError: For an unsupported dtype.
+        """
+        trace = self._check()
+        dt = np.dtype(dtype)
+        if dt not in _SUPPORTED_DTYPES:
+            raise TypeError(
+                f"astype of a traced value ({self.aval} in {trace.where()}) to {dt}: "
+                f"supported dtypes: {_SUPPORTED_DTYPE_NAMES}"
+            )
+        return bind(trace, "convert", (self,), dtype=dt.name)
+
+    # --- Reductions (numpy semantics) ---------------------------------------
+
+    def _reduce(self, op: str, axis: Any, keepdims: bool) -> "Tracer":
+        trace = self._check()
+        axes = _checks.axes(op, "axis", axis)
+        return bind(trace, "reduce", (self,), kind=op, axes=None if axes is None else list(axes),
+                    keepdims=bool(keepdims))
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """Sum over `axis` (None, int or tuple), as numpy; bool/int32 sum to int32."""
+        return self._reduce("sum", axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """Mean over `axis`, as numpy; bool/int32 give float64."""
+        return self._reduce("mean", axis, keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """Maximum over `axis`, as numpy (NaN-propagating)."""
+        return self._reduce("max", axis, keepdims)
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """Minimum over `axis`, as numpy (NaN-propagating)."""
+        return self._reduce("min", axis, keepdims)
+
+    def argmax(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """Index of the first maximum along `axis` (None: flattened), as int32."""
+        return self._reduce("argmax", _checks.optional_index("argmax", "axis", axis), keepdims)
+
+    # --- Not traceable (yet) ------------------------------------------------
+
+    def _unsupported(self, what: str) -> TracerError:
+        self._check()
+        return TracerError(
+            f"{what} on traced values ({self.aval} in {self._trace.where()}) is not supported "
+            "yet; supported operations: + - * / ** @ comparisons & | ^ ~ abs() .astype(), "
+            "indexing, .reshape() .transpose() .T, .sum() .mean() .max() .min() .argmax(), "
+            "pathways.numpy, pathways.nn, pw.psum and the other collectives"
+        )
+
+    def __floordiv__(self, other: Any) -> Any:
+        raise self._unsupported("'//'")
+
+    __rfloordiv__ = __floordiv__
+
+    def __mod__(self, other: Any) -> Any:
+        raise self._unsupported("'%'")
+
+    __rmod__ = __mod__
+
+    def __matmul__(self, other: Any) -> Any:
+        from pathways import numpy as pnp  # Local: pathways.numpy imports this module.
+
+        self._check()
+        return pnp.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Any:
+        from pathways import numpy as pnp
+
+        self._check()
+        return pnp.matmul(other, self)
+
+    # --- Shapes (numpy semantics; see pathways.numpy) -------------------------
+
+    def reshape(self, *shape: Any) -> "Tracer":
+        """numpy's `reshape`: `x.reshape(2, 3)` or `x.reshape((2, -1))`."""
+        from pathways import numpy as pnp
+
+        return pnp.reshape(self, shape[0] if len(shape) == 1 else shape)
+
+    def transpose(self, *axes: Any) -> "Tracer":
+        """numpy's `transpose`: reversed dims, or `x.transpose(1, 0, 2)`."""
+        from pathways import numpy as pnp
+
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return pnp.transpose(self, axes or None)
+
+    @property
+    def T(self) -> "Tracer":  # noqa: N802 (numpy's name)
+        """The transpose (dimensions reversed)."""
+        return self.transpose()
+
+    def swapaxes(self, axis1: int, axis2: int) -> "Tracer":
+        """numpy's `swapaxes`."""
+        from pathways import numpy as pnp
+
+        return pnp.swapaxes(self, axis1, axis2)
+
+    def squeeze(self, axis: Any = None) -> "Tracer":
+        """numpy's `squeeze`."""
+        from pathways import numpy as pnp
+
+        return pnp.squeeze(self, axis)
+
+    def ravel(self) -> "Tracer":
+        """numpy's `ravel`: a 1-d value, row-major."""
+        from pathways import numpy as pnp
+
+        return pnp.ravel(self)
+
+    flatten = ravel
+
+    def clip(self, a_min: Any = None, a_max: Any = None) -> "Tracer":
+        """numpy's `clip`."""
+        from pathways import numpy as pnp
+
+        return pnp.clip(self, a_min, a_max)
+
+    def var(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """numpy's `var` (ddof=0)."""
+        from pathways import numpy as pnp
+
+        return pnp.var(self, axis, keepdims)
+
+    def std(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+        """numpy's `std` (ddof=0)."""
+        from pathways import numpy as pnp
+
+        return pnp.std(self, axis, keepdims)
+
+    def take(self, indices: Any, axis: Any = None, mode: Optional[str] = None,
+             fill_value: Any = None) -> "Tracer":
+        """numpy's `take`, with JAX's modes (see `pathways.numpy.take`)."""
+        from pathways import numpy as pnp
+
+        return pnp.take(self, indices, axis, mode, fill_value)
+
+    def __bool__(self) -> bool:
+        raise _control_flow_error(self, "bool()")
+
+    def __int__(self) -> int:
+        raise _concrete_error(self, "int()")
+
+    def __float__(self) -> float:
+        raise _concrete_error(self, "float()")
+
+    def __complex__(self) -> complex:
+        raise _concrete_error(self, "complex()")
+
+    def __index__(self) -> int:
+        raise _concrete_error(self, "operator.index()")
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise TracerError(
+            f"np.asarray() of a traced value ({self.aval} in {self._trace.where()}): numpy "
+            "cannot compute on traced values, which have no data while the function is "
+            "traced; use the traced value's operators (+ - * / ...) or pathways.numpy "
+            "functions instead of numpy functions"
+        )
+
+    def __iter__(self) -> Any:
+        self._check()
+        if not self.shape:
+            raise TracerError(f"iteration over a 0-d traced value ({self.aval})")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of unsized traced value ({self.aval})")
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> Any:
+        """numpy basic indexing with static indices (ints, slices, None, '...'), plus one
+        integer array or int32 traced value (a `take`)."""
+        from pathways import numpy as pnp
+
+        return pnp._getitem(self, index)

@@ -1,0 +1,430 @@
+"""The VJP rules of the primitives: how `pw.grad` differentiates each op.
+
+Each rule is registered onto its `Primitive` (pathways._primitives) with
+`@_rule(name, ...)`, which sets the primitive's `vjp`; pathways._autodiff
+imports this module, and its backward pass calls `prim.vjp`.
+
+The rules emit their ops through `bind` (Tracer operators included), so a
+tape of an enclosing `grad` records the backward ops too: nested `grad` gives
+higher derivatives. With collectives the semantics are those of `jax.pmap`:
+the transpose of `psum` is `psum`.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from pathways._primitives import PRIMITIVES
+from pathways._tracer import Tracer, bind
+from pathways.numpy import broadcast_to as _broadcast_to
+from pathways.numpy import reshape as _reshape
+from pathways.numpy import transpose as _transpose
+
+__all__: list = []
+
+
+# --- Helpers the rules emit with --------------------------------------------
+
+
+def _sum(x: Tracer, axes: Sequence[int], keepdims: bool) -> Tracer:
+    return bind(x._trace, "reduce", (x,), kind="sum", axes=list(axes), keepdims=keepdims)
+
+
+def _where(cond: Tracer, x: Any, y: Any) -> Tracer:
+    """`select(cond, x, y)`; Python scalars take the dtype of the traced one of `x`, `y`."""
+    trace = cond._trace
+    like = x.dtype if isinstance(x, Tracer) else y.dtype
+    if not isinstance(x, Tracer):
+        x = trace.constant(x, like)
+    if not isinstance(y, Tracer):
+        y = trace.constant(y, like)
+    return bind(trace, "select", (cond, x, y))
+
+
+def _mask(cond: Tracer, dtype: np.dtype) -> Tracer:
+    """A bool value as 1.0 / 0.0 of a float `dtype`."""
+    return cond.astype(dtype)
+
+
+def _unbroadcast(ct: Tracer, shape: Sequence[int]) -> Tracer:
+    """Sums `ct` over the dimensions that numpy broadcasting added to `shape`.
+
+    Leading dimensions that `shape` lacks are summed away; dimensions where
+    `shape` has size 1 and `ct` does not are summed with keepdims. Needs no
+    reshape.
+    """
+    shape = tuple(shape)
+    if ct.shape == shape:
+        return ct
+    lead = ct.ndim - len(shape)
+    ones = [lead + i for i, d in enumerate(shape) if d == 1 and ct.shape[lead + i] != 1]
+    if ones:
+        ct = _sum(ct, ones, keepdims=True)
+    if lead:
+        ct = _sum(ct, range(lead), keepdims=False)
+    return ct
+
+
+def _reduced_axes(ndim: int, axes: Optional[Sequence[int]]) -> list:
+    if axes is None:
+        return list(range(ndim))
+    return sorted(operator.index(a) % ndim for a in axes)
+
+
+def _keepdims_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple:
+    return tuple(1 if d in axes else n for d, n in enumerate(shape))
+
+
+def _expand_reduced(v: Tracer, shape: Sequence[int], axes: Sequence[int], keepdims: bool) -> Tracer:
+    """A reduction's output `v` with its reduced `axes` of `shape` back as size-1 dims."""
+    if keepdims or list(axes) == list(range(len(axes))):
+        # Leading axes come back by broadcasting, which aligns trailing dims.
+        return v
+    return _reshape(v, _keepdims_shape(shape, axes))
+
+
+
+# --- VJP rules ----------------------------------------------------------------
+#
+# A rule takes (ct, operands, out, params, needs): the cotangent of the op's
+# output (a Tracer of the output's shape and dtype), the operands and output
+# as Tracers, the op's parameters as `bind` got them, and which operands need
+# a cotangent (those that depend on the differentiated inputs). It returns one
+# cotangent or None per operand; None for operands that do not need one keeps
+# dead backward ops out of the compiled function. A cotangent must have its
+# operand's shape; the caller casts it to the operand's dtype. Int and bool
+# operands never need one. Primitives whose result is never a float have no
+# rule (tapes do not record them), nor has "stop_gradient" (nor are they).
+
+VjpRule = Callable[[Tracer, Sequence[Tracer], Tracer, dict, Sequence[bool]], list]
+
+
+def _rule(*prims: str) -> Callable[[VjpRule], VjpRule]:
+    """Registers the decorated function as the VJP rule of primitives `prims`."""
+
+    def register(fn: VjpRule) -> VjpRule:
+        for p in prims:
+            PRIMITIVES[p].def_vjp(fn)
+        return fn
+
+    return register
+
+
+def _lazy(needs: Sequence[bool], *thunks: Callable[[], Tracer]) -> list:
+    """Calls the thunk of each operand that needs a cotangent."""
+    return [t() if n else None for n, t in zip(needs, thunks)]
+
+
+@_rule("add")
+def _add_vjp(ct, ops, out, params, needs):
+    a, b = ops
+    return _lazy(needs, lambda: _unbroadcast(ct, a.shape), lambda: _unbroadcast(ct, b.shape))
+
+
+@_rule("sub")
+def _sub_vjp(ct, ops, out, params, needs):
+    a, b = ops
+    return _lazy(needs, lambda: _unbroadcast(ct, a.shape), lambda: _unbroadcast(-ct, b.shape))
+
+
+@_rule("mul")
+def _mul_vjp(ct, ops, out, params, needs):
+    a, b = ops
+    return _lazy(
+        needs, lambda: _unbroadcast(ct * b, a.shape), lambda: _unbroadcast(ct * a, b.shape)
+    )
+
+
+@_rule("div")
+def _div_vjp(ct, ops, out, params, needs):
+    a, b = ops
+    # d(a/b)/db = -a/b**2 = -out/b.
+    return _lazy(
+        needs,
+        lambda: _unbroadcast(ct / b, a.shape),
+        lambda: _unbroadcast(-(ct * out) / b, b.shape),
+    )
+
+
+@_rule("pow")
+def _pow_vjp(ct, ops, out, params, needs):
+    a, b = ops
+
+    def base() -> Tracer:
+        # b * a**(b-1), and 0 where b == 0 (a**-1 would be inf at a == 0); the
+        # safe exponent keeps inf and NaN out of higher derivatives.
+        b_is_0 = b == 0
+        d = _where(b_is_0, 0, b * a ** (_where(b_is_0, 1, b) - 1))
+        return _unbroadcast(ct * d, a.shape)
+
+    def exponent() -> Tracer:
+        # log(a) * out where a > 0 and 0 elsewhere (no real log there); the log
+        # of a safe operand keeps NaN out of higher derivatives.
+        a_f = a if a.dtype.kind == "f" else a.astype(out.dtype)
+        pos = a_f > 0
+        log_a = _where(pos, a_f, 1)._unary("log")
+        return _unbroadcast(_where(pos, ct * log_a * out, 0), b.shape)
+
+    return _lazy(needs, base, exponent)
+
+
+def _extremum_vjp(greater: str):
+    """max/min: the winner gets the cotangent; ties split it half and half, as JAX."""
+
+    def rule(ct, ops, out, params, needs):
+        a, b = ops
+        dt = out.dtype
+
+        def weight(x: Tracer, y: Tracer) -> Tracer:
+            wins = _mask(bind(x._trace, greater, (x, y)), dt)
+            return wins + _mask(x == y, dt) * 0.5
+
+        return _lazy(
+            needs,
+            lambda: _unbroadcast(ct * weight(a, b), a.shape),
+            lambda: _unbroadcast(ct * weight(b, a), b.shape),
+        )
+
+    return rule
+
+
+_rule("max")(_extremum_vjp("gt"))
+_rule("min")(_extremum_vjp("lt"))
+
+
+@_rule("neg")
+def _neg_vjp(ct, ops, out, params, needs):
+    return [-ct]
+
+
+@_rule("abs")
+def _abs_vjp(ct, ops, out, params, needs):
+    (x,) = ops
+    sign = _mask(x > 0, ct.dtype) - _mask(x < 0, ct.dtype)
+    return [ct * sign]
+
+
+@_rule("exp")
+def _exp_vjp(ct, ops, out, params, needs):
+    return [ct * out]
+
+
+@_rule("log")
+def _log_vjp(ct, ops, out, params, needs):
+    return [ct / ops[0]]
+
+
+@_rule("tanh")
+def _tanh_vjp(ct, ops, out, params, needs):
+    return [ct * (1 - out * out)]
+
+
+@_rule("sqrt")
+def _sqrt_vjp(ct, ops, out, params, needs):
+    return [ct * 0.5 / out]
+
+
+@_rule("rsqrt")
+def _rsqrt_vjp(ct, ops, out, params, needs):
+    # d(x**-0.5)/dx = -0.5 * x**-1.5 = -0.5 * out / x.
+    return [ct * (-0.5) * out / ops[0]]
+
+
+@_rule("sin")
+def _sin_vjp(ct, ops, out, params, needs):
+    return [ct * ops[0]._unary("cos")]
+
+
+@_rule("cos")
+def _cos_vjp(ct, ops, out, params, needs):
+    return [-(ct * ops[0]._unary("sin"))]
+
+
+@_rule("convert", "copy", "simulated_compute")
+def _identity_vjp(ct, ops, out, params, needs):
+    # convert: only float -> float is recorded; the caller casts back.
+    return [ct]
+
+
+@_rule("select")
+def _select_vjp(ct, ops, out, params, needs):
+    c, x, y = ops
+    return _lazy(
+        needs,
+        lambda: None,
+        lambda: _unbroadcast(_where(c, ct, 0), x.shape),
+        lambda: _unbroadcast(_where(c, 0, ct), y.shape),
+    )
+
+
+@_rule("reduce")
+def _reduce_vjp(ct, ops, out, params, needs):
+    (x,) = ops
+    kind = params["kind"]
+    axes = _reduced_axes(x.ndim, params["axes"])
+    keepdims = params["keepdims"]
+    if kind == "sum" or kind == "mean":
+        if kind == "mean":
+            count = 1
+            for a in axes:
+                count *= x.shape[a]
+            ct = ct / float(max(count, 1))
+        return [_broadcast_to(_expand_reduced(ct, x.shape, axes, keepdims), x.shape)]
+    if kind == "max" or kind == "min":
+        # Every position equal to the result shares the cotangent equally, as JAX.
+        at = _mask(x == _expand_reduced(out, x.shape, axes, keepdims), ct.dtype)
+        share = at / _sum(at, axes, keepdims=True)
+        return [_expand_reduced(ct, x.shape, axes, keepdims) * share]
+    return [None]  # argmax: an int32 result carries no cotangent
+
+
+def _collective(prim: str, ct: Tracer, **params: Any) -> Tracer:
+    return bind(ct._trace, prim, (ct,), **params)
+
+
+@_rule("psum")
+def _psum_vjp(ct, ops, out, params, needs):
+    return [_collective("psum", ct, axis_name=params["axis_name"])]
+
+
+@_rule("pmean")
+def _pmean_vjp(ct, ops, out, params, needs):
+    return [_collective("pmean", ct, axis_name=params["axis_name"])]
+
+
+@_rule("pmax", "pmin")
+def _pextremum_vjp(ct, ops, out, params, needs):
+    # Every device's result is the extremum, so its cotangent is the sum over
+    # devices, shared equally among the devices that hold the extremum.
+    axis_name = params["axis_name"]
+    at = _mask(ops[0] == out, ct.dtype)
+    return [_collective("psum", ct, axis_name=axis_name) * at
+            / _collective("psum", at, axis_name=axis_name)]
+
+
+@_rule("ppermute")
+def _ppermute_vjp(ct, ops, out, params, needs):
+    inverse = [(d, s) for s, d in params["perm"]]
+    return [_collective("ppermute", ct, axis_name=params["axis_name"], perm=inverse)]
+
+
+@_rule("all_gather")
+def _all_gather_vjp(ct, ops, out, params, needs):
+    return [_collective("psum_scatter", ct, axis_name=params["axis_name"],
+                        scatter_dimension=params["axis"])]
+
+
+@_rule("psum_scatter")
+def _psum_scatter_vjp(ct, ops, out, params, needs):
+    return [_collective("all_gather", ct, axis_name=params["axis_name"],
+                        axis=params["scatter_dimension"])]
+
+
+@_rule("all_to_all")
+def _all_to_all_vjp(ct, ops, out, params, needs):
+    return [_collective("all_to_all", ct, axis_name=params["axis_name"],
+                        split_axis=params["concat_axis"], concat_axis=params["split_axis"])]
+
+
+@_rule("reshape")
+def _reshape_vjp(ct, ops, out, params, needs):
+    return [_reshape(ct, ops[0].shape)]
+
+
+@_rule("broadcast_to")
+def _broadcast_to_vjp(ct, ops, out, params, needs):
+    return [_unbroadcast(ct, ops[0].shape)]
+
+
+@_rule("transpose")
+def _transpose_vjp(ct, ops, out, params, needs):
+    perm = params["perm"]
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p % len(perm)] = i
+    return [_transpose(ct, inverse)]
+
+
+@_rule("slice")
+def _slice_vjp(ct, ops, out, params, needs):
+    # Zeros around and between the taken elements: a pad with interior
+    # step - 1, and whatever the slice did not reach at the high end.
+    (x,) = ops
+    lo, hi, interior = [], [], []
+    for d, start, step, n in zip(x.shape, params["start"], params["step"], ct.shape):
+        covered = n + max(n - 1, 0) * (step - 1)
+        lo.append(start)
+        interior.append(step - 1)
+        hi.append(d - start - covered)
+    return [bind(ct._trace, "pad", (ct,), lo=lo, hi=hi, interior=interior)]
+
+
+@_rule("pad")
+def _pad_vjp(ct, ops, out, params, needs):
+    (x,) = ops
+    start, limit, step = [], [], []
+    for d, lo, gap in zip(x.shape, params["lo"], params["interior"]):
+        start.append(lo)
+        limit.append(lo + (d - 1) * (gap + 1) + 1 if d else lo)
+        step.append(gap + 1)
+    return [bind(ct._trace, "slice", (ct,), start=start, limit=limit, step=step)]
+
+
+@_rule("rev")
+def _rev_vjp(ct, ops, out, params, needs):
+    return [bind(ct._trace, "rev", (ct,), axes=list(params["axes"]))]
+
+
+@_rule("concatenate")
+def _concatenate_vjp(ct, ops, out, params, needs):
+    axis = operator.index(params["axis"]) % ct.ndim
+    cts: list = []
+    offset = 0
+    for x, need in zip(ops, needs):
+        size = x.shape[axis]
+        if need:
+            start = [0] * ct.ndim
+            limit = list(ct.shape)
+            start[axis], limit[axis] = offset, offset + size
+            cts.append(bind(ct._trace, "slice", (ct,), start=start, limit=limit,
+                            step=[1] * ct.ndim))
+        else:
+            cts.append(None)
+        offset += size
+    return cts
+
+
+@_rule("take")
+def _take_vjp(ct, ops, out, params, needs):
+    x, indices = ops
+    axis = operator.index(params["axis"]) % x.ndim
+    return [
+        bind(ct._trace, "scatter_add", (ct, indices), axis=axis, size=x.shape[axis]),
+        None,
+    ]
+
+
+@_rule("scatter_add")
+def _scatter_add_vjp(ct, ops, out, params, needs):
+    _, indices = ops
+    return [bind(ct._trace, "take", (ct, indices), axis=params["axis"]), None]
+
+
+def _swap_last(x: Tracer) -> Tracer:
+    perm = list(range(x.ndim))
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    return _transpose(x, perm)
+
+
+@_rule("matmul")
+def _matmul_vjp(ct, ops, out, params, needs):
+    a, b = ops
+    trace = ct._trace
+    return _lazy(
+        needs,
+        lambda: _unbroadcast(bind(trace, "matmul", (ct, _swap_last(b))), a.shape),
+        lambda: _unbroadcast(bind(trace, "matmul", (_swap_last(a), ct)), b.shape),
+    )

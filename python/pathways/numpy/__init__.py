@@ -1,0 +1,162 @@
+"""numpy-style functions on the values of a function traced by `pw.pmap`.
+
+Usage:
+  >>> import pathways.numpy as pnp
+  >>> f = pw.pmap(lambda x: pnp.where(x > 0, pnp.sqrt(x), 0.0), devices=tpus)
+
+Inside a pmap trace, a call with at least one traced value among its array
+arguments records an op of the compiled function. Shapes broadcast and dtypes
+promote as in numpy (bool < int32 < float32 < float64; int32 with float32
+gives float64); the transcendental functions compute int32 in float64 and
+bool in float32; Python scalars are weakly typed as for the `Tracer`
+operators. Called with no traced value (e.g. on numpy arrays outside a
+trace), each function simply calls its numpy namesake. Conversely numpy's own
+functions, called on a traced value (`np.sum(x)`, `np.exp(x)`), call their
+namesakes here, and raise TracerError for those this module lacks.
+
+The functions live in submodules by job: `_elementwise` (ufuncs, `where` and
+what is built from them), `_reductions`, `_shapes`, `_indexing` (`take`, and
+indexing of traced values), `_linalg` (`matmul`, `dot`, `einsum`); `_protocol`
+sends numpy's own functions here.
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+
+from pathways.numpy._elementwise import (  # noqa: A004 (numpy's names)
+    abs,
+    absolute,
+    add,
+    bitwise_and,
+    bitwise_or,
+    bitwise_xor,
+    clip,
+    cos,
+    divide,
+    equal,
+    exp,
+    greater,
+    greater_equal,
+    less,
+    less_equal,
+    log,
+    logical_and,
+    logical_not,
+    logical_or,
+    logical_xor,
+    maximum,
+    minimum,
+    multiply,
+    negative,
+    not_equal,
+    ones_like,
+    power,
+    rsqrt,
+    sign,
+    sin,
+    sqrt,
+    square,
+    subtract,
+    tanh,
+    true_divide,
+    where,
+    zeros_like,
+)
+from pathways.numpy._reductions import (  # noqa: A004 (numpy's names)
+    argmax,
+    max,
+    mean,
+    min,
+    std,
+    sum,
+    var,
+)
+from pathways.numpy._shapes import (
+    broadcast_to,
+    concatenate,
+    expand_dims,
+    flip,
+    moveaxis,
+    ravel,
+    reshape,
+    squeeze,
+    stack,
+    swapaxes,
+    transpose,
+)
+from pathways.numpy._indexing import _getitem, take  # noqa: F401 (Tracer.__getitem__)
+from pathways.numpy._linalg import dot, einsum, matmul
+# Tracer.__array_function__ and __array_ufunc__.
+from pathways.numpy._protocol import _numpy_function, _numpy_ufunc  # noqa: F401
+
+__all__ = [
+    "float32",
+    "float64",
+    "int32",
+    "bool_",
+    "exp",
+    "log",
+    "tanh",
+    "sqrt",
+    "rsqrt",
+    "sin",
+    "cos",
+    "abs",
+    "absolute",
+    "negative",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "true_divide",
+    "power",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "maximum",
+    "minimum",
+    "where",
+    "equal",
+    "not_equal",
+    "less",
+    "less_equal",
+    "greater",
+    "greater_equal",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "logical_not",
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "argmax",
+    "reshape",
+    "ravel",
+    "transpose",
+    "swapaxes",
+    "moveaxis",
+    "broadcast_to",
+    "expand_dims",
+    "squeeze",
+    "concatenate",
+    "stack",
+    "flip",
+    "take",
+    "matmul",
+    "dot",
+    "einsum",
+    "zeros_like",
+    "ones_like",
+    "square",
+    "sign",
+    "clip",
+    "var",
+    "std",
+]
+
+float32 = _np.float32
+float64 = _np.float64
+int32 = _np.int32
+bool_ = _np.bool_
