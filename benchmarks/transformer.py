@@ -272,7 +272,7 @@ def pw_worker(size: str, n: int, seconds: float, warmup: float, async_mode: bool
     import numpy as np
 
     import pathways as pw
-    from pathways import _tracing
+    from pathways import _core
 
     cfg = SIZES[size]
     out = {"system": "pathways", "size": size, "devices": n, "topology": pw.topology()}
@@ -290,7 +290,7 @@ def pw_worker(size: str, n: int, seconds: float, warmup: float, async_mode: bool
     # Trace + compile (+ lower to a one-node program), without running; the
     # part spent in the C++ compiler is timed by wrapping _core.compile.
     core_compile = []
-    real_compile = _tracing._core.compile
+    real_compile = _core.compile
 
     def timed_compile(*a, **k):
         t0 = time.perf_counter()
@@ -298,13 +298,13 @@ def pw_worker(size: str, n: int, seconds: float, warmup: float, async_mode: bool
         core_compile.append(time.perf_counter() - t0)
         return r
 
-    _tracing._core.compile = timed_compile
+    _core.compile = timed_compile
     try:
         t0 = time.perf_counter()
         step.compiled(params, adam, tok[0])
         out["trace_compile_s"] = time.perf_counter() - t0
     finally:
-        _tracing._core.compile = real_compile
+        _core.compile = real_compile
     out["core_compile_s"] = sum(core_compile)
     out["ir_ops"] = _ir_op_counts(step.as_text(params, adam, tok[0]))
 

@@ -219,26 +219,7 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   for (int32_t v = 0; v < num_ops; ++v) {
     const Op& op = ops[v];
     if (op.kind != OpKind::kReduce) continue;
-    const Dims& in = ops[op.operands[0]].type.dims;
-    ReducePlan plan;
-    int64_t stride = 1;
-    Dims strides(in.size(), 0);
-    for (size_t d = in.size(); d-- > 0;) {
-      strides[d] = stride;
-      stride *= in[d];
-    }
-    size_t k = 0;
-    for (size_t d = 0; d < in.size(); ++d) {
-      if (k < op.axes.size() && op.axes[k] == static_cast<int64_t>(d)) {
-        plan.red_dims.push_back(in[d]);
-        plan.red_strides.push_back(strides[d]);
-        plan.red_count *= in[d];
-        ++k;
-      } else {
-        plan.kept_dims.push_back(in[d]);
-        plan.kept_strides.push_back(strides[d]);
-      }
-    }
+    ReducePlan plan = kernels::MakeReducePlan(ops[op.operands[0]].type.dims, op.axes);
     exe->reduce_index_[v] = static_cast<int32_t>(exe->reduce_plans_.size());
     exe->reduce_plans_.push_back(std::move(plan));
   }
