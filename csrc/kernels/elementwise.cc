@@ -5,6 +5,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
+
 namespace pw::kernels {
 namespace {
 
@@ -48,30 +50,66 @@ void BroadcastRow(Out* ro, int64_t last, F& f, std::pair<const In*, int64_t>... 
   for (int64_t t = 0; t < last; ++t) ro[t] = f(args.first[t * args.second]...);
 }
 
-// The general numpy-broadcasting loop: rows of the last dimension, the
-// offset of each operand's row computed from the row index (O(rank) per row).
-template <typename Out, typename F, typename... In>
-void MapBroadcast(int num_shards, const BroadcastPlan& plan, Out* out, F f,
-                  Operand<In>... ops) {
+// One row of a two-operand broadcast, each operand's last-dimension stride
+// 1 or 0: a loop per case, so the compiler vectorizes the common ones.
+template <typename Out, typename F, typename A, typename B>
+void BroadcastRow(Out* ro, int64_t last, F& f, std::pair<const A*, int64_t> a,
+                  std::pair<const B*, int64_t> b) {
+  const A* pa = a.first;
+  const B* pb = b.first;
+  if (a.second == 1 && b.second == 1) {
+    for (int64_t t = 0; t < last; ++t) ro[t] = f(pa[t], pb[t]);
+  } else if (a.second == 1 && b.second == 0) {
+    const B y = pb[0];
+    for (int64_t t = 0; t < last; ++t) ro[t] = f(pa[t], y);
+  } else if (a.second == 0 && b.second == 1) {
+    const A x = pa[0];
+    for (int64_t t = 0; t < last; ++t) ro[t] = f(x, pb[t]);
+  } else {
+    for (int64_t t = 0; t < last; ++t) ro[t] = f(pa[t * a.second], pb[t * b.second]);
+  }
+}
+
+// The general numpy-broadcasting loop: rows of the last dimension; each
+// operand's row start follows the row index like an odometer over the
+// leading dims (no division per row).
+template <typename Out, typename F, typename... In, size_t... I>
+void MapBroadcastImpl(std::index_sequence<I...>, int num_shards, const BroadcastPlan& plan,
+                      Out* out, F f, Operand<In>... ops) {
   const size_t rank = plan.dims.size();
   const int64_t n = NumElements(plan.dims);
   if (n == 0) return;
   const int64_t last = plan.dims[rank - 1];
   const int64_t rows = n / last;
+  constexpr size_t kOps = sizeof...(In);
+  const int64_t* strides[kOps] = {ops.strides...};
   for (int s = 0; s < num_shards; ++s) {
+    const int64_t shard_start[kOps] = {s * ops.shard_stride...};
+    int64_t start[kOps];
+    for (size_t k = 0; k < kOps; ++k) start[k] = shard_start[k];
+    absl::InlinedVector<int64_t, 6> index(rank, 0);  // over dims [0, rank-1)
     for (int64_t r = 0; r < rows; ++r) {
-      auto row_start = [&](const auto& o) {
-        int64_t off = s * o.shard_stride;
-        for (size_t d = 0; d + 1 < rank; ++d) {
-          off += ((r / plan.row_div[d]) % plan.dims[d]) * o.strides[d];
-        }
-        return off;
-      };
       BroadcastRow<Out, F, In...>(
           out + s * n + r * last, last, f,
-          std::pair<const In*, int64_t>(ops.p + row_start(ops), ops.strides[rank - 1])...);
+          std::pair<const In*, int64_t>(ops.p + start[I], ops.strides[rank - 1])...);
+      // Next row: advance the odometer from the innermost leading dim.
+      for (size_t d = rank - 1; d-- > 0;) {
+        if (++index[d] < plan.dims[d]) {
+          for (size_t j = 0; j < kOps; ++j) start[j] += strides[j][d];
+          break;
+        }
+        index[d] = 0;
+        for (size_t j = 0; j < kOps; ++j) start[j] -= strides[j][d] * (plan.dims[d] - 1);
+      }
     }
   }
+}
+
+template <typename Out, typename F, typename... In>
+void MapBroadcast(int num_shards, const BroadcastPlan& plan, Out* out, F f,
+                  Operand<In>... ops) {
+  MapBroadcastImpl<Out, F, In...>(std::index_sequence_for<In...>{}, num_shards, plan, out, f,
+                                  ops...);
 }
 
 template <typename A, typename B, typename Out, typename F>

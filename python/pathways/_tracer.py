@@ -244,6 +244,13 @@ class Tracer(_TracerBase):
         return self._binary("div", other, True)
 
     def __pow__(self, other: Any) -> Any:
+        # A Python integer exponent of 2 or 3 on numbers is repeated
+        # multiplication, as JAX's integer_pow (x ** 3 in GELU): exact
+        # where pow is within an ulp, and no libm call per element.
+        if type(other) is int and other in (2, 3) and self.dtype.kind in "fi":
+            self._check()
+            square = self._binary("mul", self, False)
+            return square if other == 2 else square._binary("mul", self, False)
         return self._binary("pow", other, False)
 
     def __rpow__(self, other: Any) -> Any:
