@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "csrc/base/spin.h"
+#include "csrc/kernels/matmul.h"
 
 namespace pw {
 
@@ -102,6 +103,7 @@ void GangTask::StartParts(RunContext& ctx, int num_parts) {
   const FunctionExecutable& exe = fn_->executable();
   const int n = gang_devices()->size();
   shared_scratch_ = exe.AcquireSharedScratch(exe.shared_scratch_bytes(n));
+  EnterParallelShards();
   parts_.resize(static_cast<size_t>(num_parts));
   for (int i = 0; i < num_parts; ++i) {
     parts_[i].task = this;
@@ -135,6 +137,7 @@ void GangTask::RunPart(RunContext& ctx, const Part& part) {
   }
   exe.ReleaseSharedScratch(shared_scratch_, exe.shared_scratch_bytes(n));
   shared_scratch_ = nullptr;
+  ExitParallelShards();
   KernelsDone(ctx);
 }
 

@@ -10,6 +10,7 @@
 #include <cblas.h>
 
 #include "csrc/base/check.h"
+#include "csrc/base/mutex.h"
 
 namespace pw {
 namespace {
@@ -193,6 +194,37 @@ void BatchedMatmul(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n
       return BatchedProduct<uint8_t>(trans_a, trans_b, m, n, k, batch, a, a_offsets, b, b_offsets,
                                      out);
   }
+}
+
+namespace {
+
+// The parallel runs in progress, and BLAS's thread count outside them.
+struct BlasThreads {
+  Mutex mu;
+  int active ABSL_GUARDED_BY(mu) = 0;
+  int outside ABSL_GUARDED_BY(mu) = 0;
+};
+
+BlasThreads& GetBlasThreads() {
+  static BlasThreads* const threads = new BlasThreads;
+  return *threads;
+}
+
+}  // namespace
+
+void EnterParallelShards() {
+  BlasThreads& t = GetBlasThreads();
+  MutexLock lock(&t.mu);
+  if (t.active++ == 0) {
+    t.outside = openblas_get_num_threads();
+    if (t.outside > 1) openblas_set_num_threads(1);
+  }
+}
+
+void ExitParallelShards() {
+  BlasThreads& t = GetBlasThreads();
+  MutexLock lock(&t.mu);
+  if (--t.active == 0 && t.outside > 1) openblas_set_num_threads(t.outside);
 }
 
 }  // namespace pw
