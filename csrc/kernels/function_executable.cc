@@ -216,7 +216,7 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
   uint8_t* const gang_temp = base + scratch_per_shard_ * total + tile_bytes_;
   for (size_t i = static_cast<size_t>(range.op_begin); i < static_cast<size_t>(range.op_end); ++i) {
     const Op& op = ops[i];
-    if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant) continue;
+    if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant || skip_[i]) continue;
     if (group_start_[i] >= 0) {  // a fused run, tile by tile over the whole gang
       const FusionGroup& g = groups_[static_cast<size_t>(group_start_[i])];
       const int64_t count = op.type.num_elements() * num_shards;
@@ -352,12 +352,13 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
       }
     } else if (op.kind == OpKind::kMatmul) {
       const MatmulPlan& mp = matmul_plans_[static_cast<size_t>(matmul_index_[i])];
-      const View y = view(op.operands[1]);
+      const View a = view(mp.a);
+      const View y = view(mp.b);
       const int64_t esize = DTypeSize(op.type.dtype);
       const int64_t batch = static_cast<int64_t>(mp.a_offsets.size());
       for (int s = 0; s < num_shards; ++s) {
-        BatchedMatmul(op.type.dtype, false, false, mp.m, mp.n, mp.k, batch,
-                      static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize,
+        BatchedMatmul(op.type.dtype, mp.trans_a, mp.trans_b, mp.m, mp.n, mp.k, batch,
+                      static_cast<const uint8_t*>(a.data) + s * a.shard_stride * esize,
                       mp.a_offsets.data(),
                       static_cast<const uint8_t*>(y.data) + s * y.shard_stride * esize,
                       mp.b_offsets.data(), static_cast<uint8_t*>(out) + s * n * esize);

@@ -274,11 +274,18 @@ class FunctionExecutable {
   struct MatmulPlan {
     int64_t m = 0, n = 0, k = 0;
     std::vector<int64_t> a_offsets, b_offsets;
+    // The values read: the operands, or the operand of a transpose of an
+    // operand's last two dims, read transposed.
+    int32_t a = -1, b = -1;
+    bool trans_a = false, trans_b = false;
   };
   static MatmulPlan MakeMatmulPlan(const Dims& a, const Dims& b);
   std::vector<int32_t> matmul_index_;
   std::vector<MatmulPlan> matmul_plans_;
   std::vector<FusionGroup> groups_;
+  // Per op: 1 for a transpose that only matmuls read (they read its operand
+  // transposed), which is not run.
+  std::vector<uint8_t> skip_;
   std::vector<int32_t> group_start_;  // per op: the group starting at it, or -1
   std::vector<int64_t> tile_offset_;  // per op: its tile buffer (values internal to a group), or -1
   int64_t tile_bytes_ = 0;            // the tile buffers, once per gang, after the shards' scratch

@@ -2,6 +2,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/status_macros.h"
@@ -37,20 +38,57 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   const absl::Span<const Op> ops = ir->ops();
   const int32_t num_ops = static_cast<int32_t>(ops.size());
 
-  // Last op that reads each value; outputs stay live past the last op.
-  std::vector<int32_t> last_use(num_ops);
   for (int32_t i = 0; i < num_ops; ++i) {
-    last_use[i] = i;
     if (!HasKernel(ops[i].kind)) {
       return absl::UnimplementedError(
           absl::StrCat("compile: @", ir->name(), ": op %", i, " has kind ",
                        static_cast<int>(ops[i].kind), ", which the kernels cannot run"));
     }
-    for (int32_t v : ops[i].operands) last_use[v] = i;
+  }
+  auto exe = std::shared_ptr<FunctionExecutable>(new FunctionExecutable(ir));
+
+  // A matmul reads a transpose of the last two dims of its operand in place
+  // (BLAS's trans flags: the gradients of a matmul and q @ k^T are such
+  // products); a transpose that only such matmuls read is not run at all.
+  auto swaps_last_two = [&](const Op& t) {
+    const size_t r = t.axes.size();
+    if (t.kind != OpKind::kTranspose || r < 2) return false;
+    for (size_t d = 0; d + 2 < r; ++d) {
+      if (t.axes[d] != static_cast<int64_t>(d)) return false;
+    }
+    return t.axes[r - 2] == static_cast<int64_t>(r - 1) && t.axes[r - 1] == static_cast<int64_t>(r - 2);
+  };
+  std::vector<int32_t> readers(num_ops, 0), absorbed(num_ops, 0);
+  for (int32_t v : ir->outputs()) ++readers[v];
+  for (int32_t v = 0; v < num_ops; ++v) {
+    for (int32_t u : ops[v].operands) ++readers[u];
+  }
+  // Per op, the values it reads (a matmul's absorbed transposes replaced by
+  // their operand).
+  std::vector<absl::InlinedVector<int32_t, 2>> reads(num_ops);
+  exe->skip_.assign(num_ops, 0);
+  for (int32_t v = 0; v < num_ops; ++v) {
+    reads[v] = ops[v].operands;
+    if (ops[v].kind != OpKind::kMatmul) continue;
+    for (int32_t& u : reads[v]) {
+      if (swaps_last_two(ops[u])) {
+        ++absorbed[u];
+        u = ops[u].operands[0];
+      }
+    }
+  }
+  for (int32_t u = 0; u < num_ops; ++u) {
+    exe->skip_[u] = absorbed[u] > 0 && absorbed[u] == readers[u];
+  }
+
+  // Last op that reads each value; outputs stay live past the last op.
+  std::vector<int32_t> last_use(num_ops);
+  for (int32_t i = 0; i < num_ops; ++i) {
+    last_use[i] = i;
+    if (exe->skip_[i]) continue;
+    for (int32_t v : reads[i]) last_use[v] = i;
   }
   for (int32_t v : ir->outputs()) last_use[v] = num_ops;
-
-  auto exe = std::shared_ptr<FunctionExecutable>(new FunctionExecutable(ir));
 
   // Fusion groups: maximal runs of consecutive elementwise ops of one shape
   // whose operands are of that shape (and not constants) or scalar
@@ -134,7 +172,8 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   std::vector<Slot> live;
   for (int32_t v = 0; v < num_ops; ++v) {
     const OpKind kind = ops[v].kind;
-    if (kind == OpKind::kParameter || kind == OpKind::kConstant || exe->tile_offset_[v] >= 0) {
+    if (kind == OpKind::kParameter || kind == OpKind::kConstant || exe->tile_offset_[v] >= 0 ||
+        exe->skip_[v]) {
       continue;
     }
     const int64_t size = RoundUp(ops[v].type.num_bytes());
@@ -239,8 +278,12 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       for (CopyPlan& p : plans) exe->copy_plans_.push_back(std::move(p));
     } else if (op.kind == OpKind::kMatmul) {
       exe->matmul_index_[v] = static_cast<int32_t>(exe->matmul_plans_.size());
-      exe->matmul_plans_.push_back(MakeMatmulPlan(ops[op.operands[0]].type.dims,
-                                                  ops[op.operands[1]].type.dims));
+      MatmulPlan plan = MakeMatmulPlan(ops[op.operands[0]].type.dims, ops[op.operands[1]].type.dims);
+      plan.a = reads[v][0];
+      plan.b = reads[v][1];
+      plan.trans_a = plan.a != op.operands[0];
+      plan.trans_b = plan.b != op.operands[1];
+      exe->matmul_plans_.push_back(std::move(plan));
     }
   }
   // Stages for shard-parallel runs: cut after each cross-shard op. A fused
@@ -252,7 +295,7 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       exe->stages_.push_back({begin, v, v});
       begin = v + 1;
     }
-    if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant) continue;
+    if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant || exe->skip_[v]) continue;
     exe->work_per_shard_ += op.type.num_elements();
     if (op.kind == OpKind::kMatmul) {
       const MatmulPlan& mp = exe->matmul_plans_[static_cast<size_t>(exe->matmul_index_[v])];

@@ -330,6 +330,50 @@ TYPED_TEST(FunctionExecutableTest, Figure2Chain) {
   }
 }
 
+// A matmul reads a transpose of its operands' last two dims in place (BLAS
+// trans flags), with batch dims, whether or not the transpose is also
+// needed elsewhere (then it runs too); the products equal a naive loop's.
+TEST(FunctionExecutableMatmulTest, TransposedOperandsAreReadInPlace) {
+  for (bool transpose_is_output : {false, true}) {
+    SCOPED_TRACE(transpose_is_output);
+    FunctionBuilder b("f", "i");
+    const int32_t x = b.Parameter(DType::kF32, {2, 3, 4});  // x^T: [2, 4, 3]
+    const int32_t y = b.Parameter(DType::kF32, {2, 5, 3});  // y^T: [2, 3, 5]
+    const int32_t xt = *b.Transpose(x, {0, 2, 1});
+    const int32_t yt = *b.Transpose(y, {0, 2, 1});
+    const int32_t p = *b.Matmul(xt, yt);  // [2, 4, 5]
+    std::vector<int32_t> outputs = {p};
+    if (transpose_is_output) outputs.push_back(xt);
+    auto exe = MustCompile(b.Build(outputs));
+    ASSERT_NE(exe, nullptr);
+    if (!transpose_is_output) {  // the transposes take no scratch: only p does (160 B, aligned)
+      EXPECT_EQ(exe->scratch_bytes(1), 192);
+    }
+    const int shards = 2;
+    const std::vector<float> xs = Iota<float>(shards, 24, 0.5f, 0.25f);
+    const std::vector<float> ys = Iota<float>(shards, 30, -3.f, 0.125f);
+    const auto out = RunGang(*exe, shards, {Bytes(xs), Bytes(ys)});
+    const std::vector<float> got = Values<float>(out[0]);
+    for (int s = 0; s < shards; ++s) {
+      for (int bt = 0; bt < 2; ++bt) {
+        for (int i = 0; i < 4; ++i) {
+          for (int j = 0; j < 5; ++j) {
+            float want = 0;
+            for (int k = 0; k < 3; ++k) {
+              want += xs[s * 24 + bt * 12 + k * 4 + i] * ys[s * 30 + bt * 15 + j * 3 + k];
+            }
+            EXPECT_FLOAT_EQ(got[s * 40 + bt * 20 + i * 5 + j], want) << s << bt << i << j;
+          }
+        }
+      }
+    }
+    if (transpose_is_output) {
+      const std::vector<float> t = Values<float>(out[1]);
+      EXPECT_EQ(t[1], xs[4]);  // x^T[0, 0, 1] = x[0, 1, 0]
+    }
+  }
+}
+
 // Every elementwise op of the registry has a kernel for the dtypes its type
 // rule gives it: the kernels' switches have defaults, so an op added to the
 // registry without its case would leave its output unwritten (0xff bytes:
