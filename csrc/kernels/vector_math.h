@@ -1,0 +1,93 @@
+#ifndef PATHWAYS_KERNELS_VECTOR_MATH_H_
+#define PATHWAYS_KERNELS_VECTOR_MATH_H_
+
+// Transcendental functions over contiguous arrays, for the elementwise
+// kernels: y[i] = f(x[i]) for 0 <= i < n, vectorized with Eigen's array
+// functions (AVX-512, AVX2 or SSE2: whatever the kernels library is compiled
+// for, see PATHWAYS_NATIVE_ARCH).
+//
+// Accuracy is part of the contract: results are compared against numpy and
+// JAX. The bounds below are the largest errors measured against the exact
+// value (computed in double for float, in long double for double), in ulp of
+// the result: float on all 2^32 inputs, double on 3 to 4 million random inputs
+// per function (every binade alike, and uniform where the function is most
+// used); vector_math_test.cc asserts them. "0.5" is correctly rounded;
+// "< 0.501" is correctly rounded but for inputs whose exact result lies
+// within about 2^-29 ulp of a midpoint between two floats (the function is
+// computed in double, then rounded).
+//
+//              float                         double
+//   Exp        < 0.501  (Eigen in double)    < 2     (Eigen; 1.70 seen)
+//   Log        < 0.91   (Eigen; 0.8999)      < 2     (Eigen; 1.51 seen)
+//   Tanh       < 0.501  (Eigen in double)    < 2.5   (std::tanh, glibc's: 2.15 seen)
+//   Sin, Cos   < 1.51   (Eigen; 1.5011)      < 1     (std::, glibc's: 0.52 seen)
+//   Sqrt       0.5      (the instruction)    0.5
+//   Rsqrt      < 0.501  (1/sqrt in double)   < 1.5   (1/sqrt, two roundings as numpy's)
+//   Logistic   < 0.501  (Eigen in double)    < 3     (Eigen; 2.65 seen)
+//
+// For comparison, numpy 2.4's float32 SIMD functions err by up to 2.4 (exp),
+// 3.6 (log), 1.4 (tanh) and 1.5 ulp (sin, cos) on this machine.
+//
+// Without fused multiply-add (the portable x86-64 build: SSE2) Eigen's float
+// log errs by up to 1.07 ulp and its sin and cos by up to 2.4 ulp; the rest
+// is as above (vector_math_test.cc asserts the bounds of the build's own
+// instruction set). Special values are as std:: gives them, for both types:
+// NaN for NaN; ±0, ±inf and denormals in and out; exp overflowing to inf and
+// underflowing through the denormals to 0 (exp(-104.f) == 0); log of a
+// negative number NaN, of ±0 -inf; tanh(±large) ±1; sin and cos of huge
+// arguments reduced exactly, of ±inf NaN; sqrt(-0) == -0; rsqrt(0) == inf,
+// rsqrt(-0) == -inf, rsqrt(inf) == 0.
+//
+// Where Eigen 3.4 falls short, vector_math.cc works around it: float exp,
+// tanh and logistic are computed in double (Eigen's float versions err by up
+// to 4.5, 4.8 and 8400 ulp); elements for which Eigen's exp or log would give
+// or take a denormal, or that are NaN, are recomputed with std:: (rare
+// inputs: a vectorized test per block, then a scalar loop over those
+// elements only); Sqrt and Rsqrt do not use Eigen, whose AVX-512 sqrt is an
+// estimate. Eigen 3.4 has no vectorized tanh, sin or cos for double: those
+// are plain std:: loops.
+//
+// Results depend only on the input value: not on n, on the element's
+// position or on the alignment of x and y (every element takes the same
+// vectorized path; the last partial block is padded).
+//
+// x and y point to n >= 0 elements; y may be x (in place) but must not
+// otherwise overlap it. Thread-safe; meant for executor threads: no heap
+// allocation (8 KiB of stack), no locks, no Python.
+
+#include <cstdint>
+
+namespace pw {
+
+void Exp(const float* x, float* y, int64_t n);
+void Exp(const double* x, double* y, int64_t n);
+
+// Natural logarithm.
+void Log(const float* x, float* y, int64_t n);
+void Log(const double* x, double* y, int64_t n);
+
+void Tanh(const float* x, float* y, int64_t n);
+void Tanh(const double* x, double* y, int64_t n);
+
+void Sin(const float* x, float* y, int64_t n);
+void Sin(const double* x, double* y, int64_t n);
+
+void Cos(const float* x, float* y, int64_t n);
+void Cos(const double* x, double* y, int64_t n);
+
+void Sqrt(const float* x, float* y, int64_t n);
+void Sqrt(const double* x, double* y, int64_t n);
+
+// 1 / sqrt(x).
+void Rsqrt(const float* x, float* y, int64_t n);
+void Rsqrt(const double* x, double* y, int64_t n);
+
+// The logistic sigmoid 1 / (1 + exp(-x)); the reference for its accuracy
+// (there is no std::logistic) is exp(x) / (1 + exp(x)) for x < 0, else
+// 1 / (1 + exp(-x)), in higher precision.
+void Logistic(const float* x, float* y, int64_t n);
+void Logistic(const double* x, double* y, int64_t n);
+
+}  // namespace pw
+
+#endif  // PATHWAYS_KERNELS_VECTOR_MATH_H_
