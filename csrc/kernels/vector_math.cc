@@ -68,8 +68,9 @@ void InDouble(const float* in, float* out, int64_t n, F f) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(d[i]);
 }
 
-// Fast-path tests: functors, so that the compiler inlines them, and `&`
-// rather than `&&`, whose branch would keep the loop over them scalar.
+// Fast-path tests: functors, so that the compiler inlines them, and int `&`
+// rather than `&&`, whose branch would keep the loop over them scalar (and
+// `&` of two bools draws a clang warning).
 constexpr auto kNotNan = [](auto v) { return !std::isnan(v); };
 
 // Between the smallest normal number and the largest: Eigen's log is right
@@ -77,7 +78,7 @@ constexpr auto kNotNan = [](auto v) { return !std::isnan(v); };
 // gives -87.3), and would give NaN, -inf and inf itself elsewhere.
 constexpr auto kPositiveNormal = [](auto v) {
   using T = decltype(v);
-  return (v >= std::numeric_limits<T>::min()) & (v <= std::numeric_limits<T>::max());
+  return int{v >= std::numeric_limits<T>::min()} & int{v <= std::numeric_limits<T>::max()};
 };
 
 }  // namespace
@@ -108,7 +109,7 @@ void Exp(const double* x, double* y, int64_t n) {
       [](const double* in, double* out, int64_t m) {
         AlignedArray<double>(out, m) = ConstAlignedArray<double>(in, m).exp();
       },
-      [](double v) { return (v >= -708.0) & (v <= 709.0); }, [](double v) { return std::exp(v); });
+      [](double v) { return int{v >= -708.0} & int{v <= 709.0}; }, [](double v) { return std::exp(v); });
 }
 
 void Log(const float* x, float* y, int64_t n) {
