@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
+#include "csrc/kernels/vector_math.h"
 
 namespace pw::kernels {
 namespace {
@@ -255,6 +256,36 @@ void RunComparison(OpKind kind, int num_shards, int64_t n, View a, View b, void*
   }
 }
 
+// y = fn(x) elementwise, fn one of vector_math.h's array functions: one
+// call over the gang when x is contiguous, else per shard (a broadcast
+// scalar computed once, through fn too, so every path gives the same bits).
+template <typename T>
+void MapArray(int num_shards, int64_t n, View x, T* out, void (*fn)(const T*, T*, int64_t)) {
+  const T* px = static_cast<const T*>(x.data);
+  switch (FlatStride(x, n)) {
+    case 1:
+      return fn(px, out, num_shards * n);
+    case 0: {
+      T v;
+      fn(px, &v, 1);
+      std::fill(out, out + num_shards * n, v);
+      return;
+    }
+    default:
+      for (int s = 0; s < num_shards; ++s) {
+        const T* rx = px + s * x.shard_stride;
+        T* ro = out + s * n;
+        if (x.elem_stride == 1) {
+          fn(rx, ro, n);
+        } else {  // elem_stride 0: one value per shard
+          T v;
+          fn(rx, &v, 1);
+          std::fill(ro, ro + n, v);
+        }
+      }
+  }
+}
+
 template <typename T>
 void RunUnary(OpKind kind, int num_shards, int64_t n, View x, void* out) {
   T* o = static_cast<T*>(out);
@@ -280,24 +311,33 @@ void RunUnary(OpKind kind, int num_shards, int64_t n, View x, void* out) {
       break;
   }
   if constexpr (kFloat) {  // transcendental: the builder converts to float
+    void (*fn)(const T*, T*, int64_t) = nullptr;
     switch (kind) {
       case OpKind::kExp:
-        return map([](T v) { return std::exp(v); });
+        fn = &Exp;
+        break;
       case OpKind::kLog:
-        return map([](T v) { return std::log(v); });
+        fn = &Log;
+        break;
       case OpKind::kTanh:
-        return map([](T v) { return std::tanh(v); });
+        fn = &Tanh;
+        break;
       case OpKind::kSqrt:
-        return map([](T v) { return std::sqrt(v); });
+        fn = &Sqrt;
+        break;
       case OpKind::kRsqrt:
-        return map([](T v) { return T(1) / std::sqrt(v); });
+        fn = &Rsqrt;
+        break;
       case OpKind::kSin:
-        return map([](T v) { return std::sin(v); });
+        fn = &Sin;
+        break;
       case OpKind::kCos:
-        return map([](T v) { return std::cos(v); });
+        fn = &Cos;
+        break;
       default:
         return;
     }
+    MapArray<T>(num_shards, n, x, o, fn);
   }
 }
 
