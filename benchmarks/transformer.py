@@ -614,9 +614,9 @@ def report(data: dict, summary: dict, checks: list, info: dict, elapsed: float) 
     lines += [
         "",
         "Notes:",
-        "- pathways DP n: one island, 1 host x n devices (_harness.topology_for); all shards of a gang",
-        "  run on one executor thread, so n devices do the same CPU work as one device with n x the",
-        "  batch, on the same thread. jax.pmap n: n XLA:CPU host devices, one thread each.",
+        "- pathways DP n: one island, 1 host x n devices (_harness.topology_for); a gang's shards run",
+        "  as parts on the executor's threads (2 here), one BLAS thread per part. jax.pmap n: n XLA:CPU",
+        "  host devices, one thread each.",
         "- trace+compile: pathways PmapFunction.compiled() (trace in Python + _core.compile + lowering",
         "  to a one-node program; '(trace + compile)' = everything else + _core.compile); JAX",
         "  .lower() (trace to StableHLO) + .compile() (XLA). '1st call - device': a second fresh",
