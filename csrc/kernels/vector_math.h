@@ -29,9 +29,10 @@
 // 3.6 (log), 1.4 (tanh) and 1.5 ulp (sin, cos) on this machine.
 //
 // Without fused multiply-add (the portable x86-64 build: SSE2) Eigen's float
-// log errs by up to 1.07 ulp and its sin and cos by up to 2.4 ulp; the rest
-// is as above (vector_math_test.cc asserts the bounds of the build's own
-// instruction set). Special values are as std:: gives them, for both types:
+// log errs by up to 1.07 ulp (1.0674) and its sin and cos by up to 2.43 ulp
+// (2.4221), also measured on all 2^32 inputs; the rest is as above
+// (vector_math_test.cc asserts the bounds of the build's own instruction
+// set). Special values are as std:: gives them, for both types:
 // NaN for NaN; ±0, ±inf and denormals in and out; exp overflowing to inf and
 // underflowing through the denormals to 0 (exp(-104.f) == 0); log of a
 // negative number NaN, of ±0 -inf; tanh(±large) ±1; sin and cos of huge
