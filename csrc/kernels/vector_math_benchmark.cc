@@ -14,7 +14,6 @@
 #include <map>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "benchmark/benchmark.h"
