@@ -268,6 +268,20 @@ def _timed_loop(step, state, tokens, wait, *, seconds, warmup, window):
     return h.measure(issue, wait, seconds=seconds, warmup=warmup, window=window)
 
 
+def _measure_steps(out: dict, step, state: list, tokens, seconds: float, warmup: float,
+                   async_mode: bool) -> None:
+    """out["sync"] (each step's loss waited for) and, if `async_mode`, out["async"]
+    (IN_FLIGHT steps in flight): _timed_loop of `step` from `state` on `tokens`."""
+
+    def wait(loss):
+        return loss.block_until_ready()
+
+    out["sync"] = _timed_loop(step, state, tokens, wait, seconds=seconds, warmup=warmup, window=0)
+    if async_mode:
+        out["async"] = _timed_loop(step, state, tokens, wait, seconds=seconds, warmup=warmup,
+                                   window=IN_FLIGHT)
+
+
 def pw_worker(size: str, n: int, seconds: float, warmup: float, async_mode: bool) -> dict:
     import numpy as np
 
@@ -329,15 +343,7 @@ def pw_worker(size: str, n: int, seconds: float, warmup: float, async_mode: bool
         out["first_call_s"] = time.perf_counter() - t0
     out["first_call_gang_s"] = max(e["end_us"] - e["start_us"] for e in tl.events()) / 1e6
 
-    state = [params, adam]
-
-    def wait(loss):
-        return loss.block_until_ready()
-
-    out["sync"] = _timed_loop(step, state, tok[0], wait, seconds=seconds, warmup=warmup, window=0)
-    if async_mode:
-        out["async"] = _timed_loop(step, state, tok[0], wait, seconds=seconds, warmup=warmup,
-                                   window=IN_FLIGHT)
+    _measure_steps(out, step, [params, adam], tok[0], seconds, warmup, async_mode)
     # Device time per step (gang duration) over a few more steps.
     with pw.timeline() as tl:
         t0, k = time.perf_counter(), 0
@@ -401,15 +407,7 @@ def jax_worker(size: str, n: int, kind: str, seconds: float, warmup: float, asyn
     out["losses"] = losses
     out["first_steps_s"] = step_s
 
-    state = [params, adam]
-
-    def wait(loss):
-        return loss.block_until_ready()
-
-    out["sync"] = _timed_loop(step, state, tok[0], wait, seconds=seconds, warmup=warmup, window=0)
-    if async_mode:
-        out["async"] = _timed_loop(step, state, tok[0], wait, seconds=seconds, warmup=warmup,
-                                   window=IN_FLIGHT)
+    _measure_steps(out, step, [params, adam], tok[0], seconds, warmup, async_mode)
     return out
 
 

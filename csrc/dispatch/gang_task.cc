@@ -70,13 +70,17 @@ void GangTask::Run(RunContext& ctx) {
     }
     const FunctionExecutable& exe = fn_->executable();
     const int n = gang_devices()->size();
-    absl::InlinedVector<const void*, 4> in_ptrs;
-    absl::InlinedVector<void*, 2> out_ptrs;
-    for (const auto& in : inputs_) in_ptrs.push_back(in->data());
-    for (const auto& out : outputs_) out_ptrs.push_back(out->data());
-    exe.Run(n, in_ptrs, out_ptrs, ctx.Scratch(exe.scratch_bytes(n)));
+    const BufferPointers p = Pointers();
+    exe.Run(n, p.inputs, p.outputs, ctx.Scratch(exe.scratch_bytes(n)));
   }
   KernelsDone(ctx);
+}
+
+GangTask::BufferPointers GangTask::Pointers() const {
+  BufferPointers p;
+  for (const auto& in : inputs_) p.inputs.push_back(in->data());
+  for (const auto& out : outputs_) p.outputs.push_back(out->data());
+  return p;
 }
 
 void GangTask::KernelsDone(RunContext& ctx) {
@@ -120,16 +124,13 @@ void GangTask::StartParts(RunContext& ctx, int num_parts) {
 void GangTask::RunPart(RunContext& ctx, const Part& part) {
   const FunctionExecutable& exe = fn_->executable();
   const int n = gang_devices()->size();
-  absl::InlinedVector<const void*, 4> in_ptrs;
-  absl::InlinedVector<void*, 2> out_ptrs;
-  for (const auto& in : inputs_) in_ptrs.push_back(in->data());
-  for (const auto& out : outputs_) out_ptrs.push_back(out->data());
-  exe.RunStage(stage_, n, part.begin, part.end, in_ptrs, out_ptrs, shared_scratch_,
+  const BufferPointers p = Pointers();
+  exe.RunStage(stage_, n, part.begin, part.end, p.inputs, p.outputs, shared_scratch_,
                ctx.Scratch(exe.tile_bytes()));
   // The last part of the stage to finish closes it; its acquire sees every
   // other part's writes.
   if (parts_left_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  exe.RunStageCollective(stage_, n, in_ptrs, shared_scratch_);
+  exe.RunStageCollective(stage_, n, p.inputs, shared_scratch_);
   if (++stage_ < exe.num_stages()) {
     parts_left_.store(static_cast<int>(parts_.size()), std::memory_order_relaxed);
     for (Part& p : parts_) ctx.ready->Push(&p);  // offered to other threads once this job returns

@@ -94,6 +94,12 @@ class GangTask final : public Gang {
   }
   // Fails the gang (failed_) if one of its devices has failed.
   void CheckDevices();
+  // The buffers' memory, as the kernels take it.
+  struct BufferPointers {
+    absl::InlinedVector<const void*, 4> inputs;
+    absl::InlinedVector<void*, 2> outputs;
+  };
+  BufferPointers Pointers() const;
   // After the kernels: the simulated time, if any, then Finish.
   void KernelsDone(RunContext& ctx);
   void Finish(RunContext& ctx);
