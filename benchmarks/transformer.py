@@ -343,7 +343,8 @@ def pw_worker(size: str, n: int, seconds: float, warmup: float, async_mode: bool
         out["first_call_s"] = time.perf_counter() - t0
     out["first_call_gang_s"] = max(e["end_us"] - e["start_us"] for e in tl.events()) / 1e6
 
-    _measure_steps(out, step, [params, adam], tok[0], seconds, warmup, async_mode)
+    state = [params, adam]
+    _measure_steps(out, step, state, tok[0], seconds, warmup, async_mode)
     # Device time per step (gang duration) over a few more steps.
     with pw.timeline() as tl:
         t0, k = time.perf_counter(), 0
