@@ -283,8 +283,9 @@ class FunctionExecutable {
   std::vector<int32_t> matmul_index_;
   std::vector<MatmulPlan> matmul_plans_;
   std::vector<FusionGroup> groups_;
-  // Per op: 1 for a transpose that only matmuls read (they read its operand
-  // transposed), which is not run.
+  // Per op: 1 if it is not run: a transpose that only matmuls read (they
+  // read its operand transposed), or a reshape that shares its operand's
+  // slot (the operand dies at it).
   std::vector<uint8_t> skip_;
   std::vector<int32_t> group_start_;  // per op: the group starting at it, or -1
   std::vector<int64_t> tile_offset_;  // per op: its tile buffer (values internal to a group), or -1

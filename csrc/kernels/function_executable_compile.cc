@@ -161,7 +161,7 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
 
   // Parameters are read in place and constants straight from their literal;
   // every other value gets a scratch slot, except values internal to a fusion
-  // group. First fit over the slots of values still live at its definition,
+  // group, and a reshape of a value that dies at it, which shares its slot. First fit over the slots of values still live at its definition,
   // so dead intermediates are reused. A value never shares a slot with its
   // operands (they are live at its definition).
   exe->scratch_offset_.assign(num_ops, -1);
@@ -175,6 +175,16 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     if (kind == OpKind::kParameter || kind == OpKind::kConstant || exe->tile_offset_[v] >= 0 ||
         exe->skip_[v]) {
       continue;
+    }
+    if (kind == OpKind::kReshape) {
+      // A reshape whose operand dies here takes the operand's slot: the same
+      // bytes in the same (row-major) order, so there is nothing to run.
+      const int32_t u = ops[v].operands[0];
+      if (exe->scratch_offset_[u] >= 0 && last_use[u] == v) {
+        exe->scratch_offset_[v] = exe->scratch_offset_[u];
+        exe->skip_[v] = 1;
+        continue;
+      }
     }
     const int64_t size = RoundUp(ops[v].type.num_bytes());
     live.clear();

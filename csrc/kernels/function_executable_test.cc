@@ -375,6 +375,38 @@ TEST(FunctionExecutableMatmulTest, TransposedOperandsAreReadInPlace) {
   }
 }
 
+// A reshape of a value that dies at it shares the value's scratch slot
+// (nothing runs); one of a value read later gets a slot of its own. Both
+// give the reshaped bytes, on every shard.
+TEST(FunctionExecutableReshapeTest, AReshapeOfADyingValueSharesItsSlot) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {4, 6});
+  const int32_t y = *b.Unary(OpKind::kNeg, x);               // [4, 6]
+  const int32_t r = *b.Reshape(y, {6, 4});                   // y dies here: aliased
+  const int32_t z = *b.Unary(OpKind::kNeg, r);               // [6, 4]
+  const int32_t r2 = *b.Reshape(z, {24});                    // z read again below: a copy
+  const int32_t w = *b.Binary(OpKind::kAdd, z, z);           // [6, 4]
+  auto exe = MustCompile(b.Build({r2, w, r}));
+  ASSERT_NE(exe, nullptr);
+  {  // neg then reshape alone: one slot of 96 B (128 aligned), not two
+    FunctionBuilder b1("g", "");
+    const int32_t x1 = b1.Parameter(DType::kF32, {4, 6});
+    auto exe1 = MustCompile(b1.Build({*b1.Reshape(*b1.Unary(OpKind::kNeg, x1), {24})}));
+    ASSERT_NE(exe1, nullptr);
+    EXPECT_EQ(exe1->scratch_bytes(1), 128);
+  }
+  const int shards = 3;
+  const std::vector<float> xs = Iota<float>(shards, 24, 1.f, 1.f);
+  const auto out = RunGang(*exe, shards, {Bytes(xs)});
+  EXPECT_EQ(Values<float>(out[0]), xs);  // r2 = -(-x) flattened
+  const std::vector<float> rv = Values<float>(out[2]);
+  const std::vector<float> wv = Values<float>(out[1]);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_EQ(rv[i], -xs[i]);
+    EXPECT_EQ(wv[i], 2 * xs[i]);
+  }
+}
+
 // Every elementwise op of the registry has a kernel for the dtypes its type
 // rule gives it: the kernels' switches have defaults, so an op added to the
 // registry without its case would leave its output unwritten (0xff bytes:
