@@ -193,7 +193,7 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
   auto view = [&](int32_t v) -> View {
     const Op& op = ops[v];
     const int64_t n = op.type.num_elements();
-    const int64_t first = s0 * n * DTypeSize(op.type.dtype);
+    const int64_t first = s0 == 0 ? 0 : s0 * n * DTypeSize(op.type.dtype);
     const int64_t elem_stride = op.type.dims.empty() ? 0 : 1;
     switch (op.kind) {
       case OpKind::kParameter:
@@ -207,6 +207,7 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
   };
   auto result = [&](int32_t v) -> uint8_t* {
     if (range.shard_major) return region + scratch_offset_[v];
+    if (s0 == 0) return base + scratch_offset_[v] * total;
     const Op& op = ops[v];
     return base + scratch_offset_[v] * total + s0 * op.type.num_elements() * DTypeSize(op.type.dtype);
   };
