@@ -114,11 +114,31 @@ void GangTask::StartParts(RunContext& ctx, int num_parts) {
     parts_[i].begin = static_cast<int>(int64_t{n} * i / num_parts);
     parts_[i].end = static_cast<int>(int64_t{n} * (i + 1) / num_parts);
   }
-  stage_ = 0;
-  parts_left_.store(num_parts, std::memory_order_relaxed);
-  // This thread runs the first part next; the executor offers the others to
-  // its other threads.
-  for (Part& p : parts_) ctx.ready->Push(&p);
+  stage_ = -1;
+  AdvanceStages(ctx);
+}
+
+void GangTask::AdvanceStages(RunContext& ctx) {
+  const FunctionExecutable& exe = fn_->executable();
+  const int n = gang_devices()->size();
+  while (++stage_ < exe.num_stages()) {
+    if (exe.stage_work_per_shard(stage_) >= kMinParallelWorkPerShard) {
+      // This thread runs the first part next; the executor offers the
+      // others to its other threads once this job returns.
+      parts_left_.store(static_cast<int>(parts_.size()), std::memory_order_relaxed);
+      for (Part& p : parts_) ctx.ready->Push(&p);
+      return;
+    }
+    // A small stage: every shard on this thread, no hand-off.
+    const BufferPointers p = Pointers();
+    exe.RunStage(stage_, n, 0, n, p.inputs, p.outputs, shared_scratch_,
+                 ctx.Scratch(exe.tile_bytes()));
+    exe.RunStageCollective(stage_, n, p.inputs, shared_scratch_);
+  }
+  exe.ReleaseSharedScratch(shared_scratch_, exe.shared_scratch_bytes(n));
+  shared_scratch_ = nullptr;
+  ExitParallelShards();
+  KernelsDone(ctx);
 }
 
 void GangTask::RunPart(RunContext& ctx, const Part& part) {
@@ -131,15 +151,7 @@ void GangTask::RunPart(RunContext& ctx, const Part& part) {
   // other part's writes.
   if (parts_left_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   exe.RunStageCollective(stage_, n, p.inputs, shared_scratch_);
-  if (++stage_ < exe.num_stages()) {
-    parts_left_.store(static_cast<int>(parts_.size()), std::memory_order_relaxed);
-    for (Part& p : parts_) ctx.ready->Push(&p);  // offered to other threads once this job returns
-    return;
-  }
-  exe.ReleaseSharedScratch(shared_scratch_, exe.shared_scratch_bytes(n));
-  shared_scratch_ = nullptr;
-  ExitParallelShards();
-  KernelsDone(ctx);
+  AdvanceStages(ctx);
 }
 
 void GangTask::CheckDevices() {

@@ -115,6 +115,10 @@ class GangTask final : public Gang {
   // How many parts this gang's run splits into (1: on this thread alone).
   int NumParts() const;
   void StartParts(RunContext& ctx, int num_parts);
+  // Moves on to the next stage: its parts queued when it has enough work,
+  // else run here (all shards) and on to the one after; after the last, the
+  // scratch back to its pool and KernelsDone.
+  void AdvanceStages(RunContext& ctx);
   void RunPart(RunContext& ctx, const Part& part);
 
   ObjectStores::WorkInFlight in_flight_;  // first: ends after the buffers go

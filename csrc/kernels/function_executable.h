@@ -185,6 +185,12 @@ class FunctionExecutable {
   // per matmul): a caller splits a gang only when it is large enough to pay
   // for the hand-offs between threads (a few microseconds each).
   int64_t work_per_shard() const { return work_per_shard_; }
+  // The same for stage `stage`'s per-shard ops: a stage with little work
+  // (an Adam update of one leaf between two pmeans, or nothing) is cheaper
+  // run on one thread than handed off.
+  int64_t stage_work_per_shard(int stage) const {
+    return stages_[static_cast<size_t>(stage)].work_per_shard;
+  }
   // Scratch that the parts of a gang of `num_shards` share (each shard's
   // values, then room for a cross-shard op's result over the gang), and
   // each part's own tiles.
@@ -301,6 +307,7 @@ class FunctionExecutable {
   struct Stage {
     int32_t begin = 0, end = 0;
     int32_t collective = -1;
+    int64_t work_per_shard = 0;  // of its per-shard ops, as work_per_shard()
   };
   std::vector<Stage> stages_;
   int64_t work_per_shard_ = 0;

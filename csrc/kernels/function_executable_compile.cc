@@ -297,22 +297,27 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     }
   }
   // Stages for shard-parallel runs: cut after each cross-shard op. A fused
-  // run has no cross-shard op inside, so it stays within one stage.
+  // run has no cross-shard op inside, so it stays within one stage. Each
+  // stage's work, and the function's, per shard.
   int32_t begin = 0;
+  int64_t stage_work = 0;
   for (int32_t v = 0; v < num_ops; ++v) {
     const Op& op = ops[v];
     if (IsCrossShardKind(op.kind)) {
-      exe->stages_.push_back({begin, v, v});
+      exe->stages_.push_back({begin, v, v, stage_work});
       begin = v + 1;
+      stage_work = 0;
     }
     if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant || exe->skip_[v]) continue;
-    exe->work_per_shard_ += op.type.num_elements();
+    int64_t work = op.type.num_elements();
     if (op.kind == OpKind::kMatmul) {
       const MatmulPlan& mp = exe->matmul_plans_[static_cast<size_t>(exe->matmul_index_[v])];
-      exe->work_per_shard_ += mp.m * mp.n * mp.k * static_cast<int64_t>(mp.a_offsets.size()) / 8;
+      work += mp.m * mp.n * mp.k * static_cast<int64_t>(mp.a_offsets.size()) / 8;
     }
+    exe->work_per_shard_ += work;
+    if (!IsCrossShardKind(op.kind)) stage_work += work;
   }
-  exe->stages_.push_back({begin, num_ops, -1});
+  exe->stages_.push_back({begin, num_ops, -1, stage_work});
   return std::shared_ptr<const FunctionExecutable>(std::move(exe));
 }
 
