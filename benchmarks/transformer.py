@@ -268,6 +268,24 @@ def _timed_loop(step, state, tokens, wait, *, seconds, warmup, window):
     return h.measure(issue, wait, seconds=seconds, warmup=warmup, window=window)
 
 
+def _first_steps(out: dict, step, params, adam, tok: list) -> tuple:
+    """Runs one step per batch of `tok` (the first also times a first call on a
+    compiled function); out["losses"] ([step][device], checked by the parent)
+    and out["first_steps_s"]. Returns the params and Adam state after them."""
+    import numpy as np
+
+    losses, step_s = [], []
+    for b in tok:
+        t0 = time.perf_counter()
+        params, adam, loss = step(params, adam, b)
+        loss = np.asarray(loss)
+        step_s.append(time.perf_counter() - t0)
+        losses.append(np.atleast_1d(loss).tolist())
+    out["losses"] = losses
+    out["first_steps_s"] = step_s
+    return params, adam
+
+
 def _measure_steps(out: dict, step, state: list, tokens, seconds: float, warmup: float,
                    async_mode: bool) -> None:
     """out["sync"] (each step's loss waited for) and, if `async_mode`, out["async"]
@@ -324,15 +342,7 @@ def pw_worker(size: str, n: int, seconds: float, warmup: float, async_mode: bool
 
     # The first CHECK_STEPS steps (the first one also timed: first call on a
     # compiled function), losses checked by the parent.
-    losses, step_s = [], []
-    for b in tok:
-        t0 = time.perf_counter()
-        params, adam, loss = step(params, adam, b)
-        loss = np.asarray(loss)
-        step_s.append(time.perf_counter() - t0)
-        losses.append(loss.tolist())
-    out["losses"] = losses  # [step][device]
-    out["first_steps_s"] = step_s
+    params, adam = _first_steps(out, step, params, adam, tok)
 
     # A fresh PmapFunction: its first call traces, compiles, lowers and runs.
     # Its host-side time = wall time - the step's own gang (pw.timeline).
@@ -398,15 +408,7 @@ def jax_worker(size: str, n: int, kind: str, seconds: float, warmup: float, asyn
     t2 = time.perf_counter()
     out["trace_s"], out["compile_s"], out["trace_compile_s"] = t1 - t0, t2 - t1, t2 - t0
 
-    losses, step_s = [], []
-    for b in tok:
-        t0 = time.perf_counter()
-        params, adam, loss = step(params, adam, b)
-        loss = np.asarray(loss)
-        step_s.append(time.perf_counter() - t0)
-        losses.append(np.atleast_1d(loss).tolist())
-    out["losses"] = losses
-    out["first_steps_s"] = step_s
+    params, adam = _first_steps(out, step, params, adam, tok)
 
     _measure_steps(out, step, [params, adam], tok[0], seconds, warmup, async_mode)
     return out
