@@ -18,6 +18,12 @@ namespace {
 
 Dims ToDims(const std::vector<int64_t>& shape) { return Dims(shape.begin(), shape.end()); }
 
+// RuntimeError (FailedPrecondition) for a builder that Build emptied: its
+// values are gone, and reading them must not touch freed memory.
+void ThrowIfBuilt(const FunctionBuilder& b, absl::string_view what) {
+  if (b.built()) ThrowIfError(absl::FailedPreconditionError(absl::StrCat(what, ": builder already built")));
+}
+
 py::tuple ShapeTuple(const Dims& dims) {
   return py::tuple(py::cast(std::vector<int64_t>(dims.begin(), dims.end())));
 }
@@ -97,6 +103,7 @@ void RegisterFunctionIr(py::module_& m) {
   py::class_<FunctionBuilder>(m, "FunctionBuilder", "Records one shard's computation op by op.")
       .def(py::init<std::string, std::string>(), py::arg("name"), py::arg("axis_name"))
       .def("parameter", [](FunctionBuilder& b, const std::string& dtype, const std::vector<int64_t>& shape) {
+        ThrowIfBuilt(b, "parameter");
         return b.Parameter(ValueOrThrow(DTypeFromName(dtype)), ToDims(shape));
       }, py::arg("dtype"), py::arg("shape"))
       .def("constant", [](FunctionBuilder& b, py::array array) {
@@ -197,10 +204,12 @@ void RegisterFunctionIr(py::module_& m) {
         return ValueOrThrow(b.SimulatedComputeMicros(x, microseconds));
       }, py::arg("x"), py::arg("microseconds"))
       .def("shape", [](const FunctionBuilder& b, int32_t v) {
+        ThrowIfBuilt(b, "shape");
         if (v < 0 || v >= b.num_values()) throw py::value_error(absl::StrCat("%", v, " is not a value"));
         return ShapeTuple(b.type(v).dims);
       })
       .def("dtype", [](const FunctionBuilder& b, int32_t v) {
+        ThrowIfBuilt(b, "dtype");
         if (v < 0 || v >= b.num_values()) throw py::value_error(absl::StrCat("%", v, " is not a value"));
         return std::string(DTypeName(b.type(v).dtype));
       })

@@ -132,7 +132,8 @@ class FunctionBuilder {
  public:
   FunctionBuilder(std::string name, std::string axis_name);
 
-  // Adds the next parameter; returns its value.
+  // Adds the next parameter; returns its value. The builder must not be
+  // built yet (built() false).
   int32_t Parameter(DType dtype, Dims dims);
 
   // A constant. `bytes` must hold NumElements(dims) elements of `dtype`,
@@ -262,9 +263,13 @@ class FunctionBuilder {
   // kMaxSimulatedNs.
   absl::StatusOr<int32_t> SimulatedComputeMicros(int32_t x, double microseconds);
 
-  // The type of value `v`. `v` must be a value of this builder.
+  // The type of value `v`. `v` must be a value of this builder, which must
+  // not be built yet.
   const ValueType& type(int32_t v) const { return ir_->ops_[v].type; }
-  int num_values() const { return static_cast<int>(ir_->ops_.size()); }
+  // The number of values so far; 0 once built.
+  int num_values() const { return ir_ == nullptr ? 0 : static_cast<int>(ir_->ops_.size()); }
+  // Whether Build succeeded: the builder holds nothing any more.
+  bool built() const { return ir_ == nullptr; }
 
   // Finishes the function with the given outputs (at least one). The builder
   // must not be used afterwards.

@@ -63,6 +63,7 @@ from pathways._collectives import (
     simulated_compute,
 )
 from pathways._autodiff import grad, stop_gradient, value_and_grad
+from pathways._vjp import jvp, vjp
 from pathways._diagnose import Diagnosis, HangWarning, diagnose
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
@@ -189,6 +190,8 @@ __all__ = [
     "grad",
     "value_and_grad",
     "stop_gradient",
+    "vjp",
+    "jvp",
     # Multi-tenancy and timelines.
     "Client",
     "client_stats",

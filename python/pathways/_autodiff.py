@@ -124,8 +124,17 @@ VJP_RULES = _VjpRules()
 # --- The backward pass -----------------------------------------------------------
 
 
-def _backward(trace: _FunctionTrace, tape: _Tape, out: Tracer) -> dict:
-    """Walks `tape` backwards from a cotangent of 1 for `out`.
+def _backward(tape: _Tape, cts: dict, value: Callable[[int], Tracer], where: str) -> dict:
+    """Walks `tape` backwards from the cotangents `cts`.
+
+    Args:
+      tape: The recorded forward ops.
+      cts: Cotangents by value id of the forward values they belong to (the
+        differentiated outputs); consumed.
+      value: The traced value the rules read for a forward value id: the
+        forward value itself when the backward ops go into the same trace, or
+        a parameter of a separate backward function (pathways._vjp).
+      where: The caller and its trace, for messages ("pw.grad in pmap of 'f'").
 
     Returns:
       Cotangents by value id, for the values the walk reached that are no
@@ -134,7 +143,6 @@ def _backward(trace: _FunctionTrace, tape: _Tape, out: Tracer) -> dict:
     Raises:
       NotImplementedError: For a primitive without a gradient rule on the path.
     """
-    cts = {out._id: trace.constant(np.ones((), out.dtype), None)}
     tracked = tape.tracked
     for prim, ids, out_id, params in reversed(tape.entries):
         ct = cts.pop(out_id, None)
@@ -143,12 +151,11 @@ def _backward(trace: _FunctionTrace, tape: _Tape, out: Tracer) -> dict:
         rule = prim.vjp
         if rule is None:
             raise NotImplementedError(
-                f"pw.grad: differentiation of primitive {prim.name!r} is not implemented "
-                f"(in {trace.where()})"
+                f"{where}: differentiation of primitive {prim.name!r} is not implemented"
             )
-        operands = [Tracer(trace, i) for i in ids]
+        operands = [value(i) for i in ids]
         needs = [i in tracked for i in ids]
-        contributions = rule(ct, operands, Tracer(trace, out_id), params, needs)
+        contributions = rule(ct, operands, value(out_id), params, needs)
         for i, x, c, need in zip(ids, operands, contributions, needs):
             if c is None or not need:
                 continue
@@ -156,8 +163,8 @@ def _backward(trace: _FunctionTrace, tape: _Tape, out: Tracer) -> dict:
                 c = c.astype(x.dtype)
             if c.shape != x.shape:
                 raise AssertionError(
-                    f"pw.grad: the rule of {prim.name!r} gave a cotangent {c.aval} for an operand "
-                    f"{x.aval} (a bug in pathways._autodiff)"
+                    f"{where}: the rule of {prim.name!r} gave a cotangent {c.aval} for an "
+                    f"operand {x.aval} (a bug in pathways._autodiff)"
                 )
             prev = cts.get(i)
             cts[i] = c if prev is None else prev + c
@@ -289,7 +296,9 @@ def _value_and_grad_in_trace(
             )
         result, aux = result
     out = _output(trace, result, name)
-    cts = _backward(trace, tape, out)
+    ones = trace.constant(np.ones((), out.dtype), None)
+    cts = _backward(tape, {out._id: ones}, functools.partial(Tracer, trace),
+                    f"pw.grad of {name!r} in {trace.where()}")
     grads = []
     for treedef, fresh in inputs:
         leaves = []

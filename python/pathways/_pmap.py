@@ -305,6 +305,21 @@ class PmapFunction:
             self._slices[n] = vslice
         return vslice.devices
 
+    def cached(self, key: Any, make: Callable[[], Any]) -> Any:
+        """The cache entry for `key`, made by `make()` (under the lock) on a miss.
+
+        Holds the compiled entries of calls (keyed by signature) and of what is
+        derived from the function (`pw.vjp`'s forward and backward functions,
+        keyed by a tuple starting with its kind).
+        """
+        entry = self._cache.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._cache.get(key)
+                if entry is None:
+                    entry = self._cache[key] = make()
+        return entry
+
     def get_compiled(self, treedef: PyTreeDef, avals: Sequence[tuple]) -> _Compiled:
         """Returns the cache entry for a signature, tracing and compiling on a miss.
 
@@ -323,50 +338,53 @@ class PmapFunction:
         if entry is not None:
             return entry
         n = self.check_avals(avals)
-        with self._lock:
-            entry = self._cache.get(key)
-            if entry is None:
-                entry = self._trace_and_compile(treedef, avals, self._devices_for(n))
-                self._cache[key] = entry
-        return entry
+        return self.cached(key, lambda: self._trace_and_compile(treedef, avals, n))
 
-    def _trace_and_compile(
-        self, treedef: PyTreeDef, avals: Sequence[tuple], devices: list
-    ) -> _Compiled:
-        ir_name = _ir_name(self._name)
-        b = _core.FunctionBuilder(ir_name, self._axis_name or "")
-        b.set_axis_size(len(devices))
-        trace = _FunctionTrace(b, self._name, self._axis_name)
+    def new_trace(self, n: int, suffix: str = "") -> _FunctionTrace:
+        """A function trace (not yet current) over `n` devices, named after the function."""
+        b = _core.FunctionBuilder(_ir_name(self._name) + suffix, self._axis_name or "")
+        b.set_axis_size(n)
+        return _FunctionTrace(b, self._name, self._axis_name)
+
+    def output_ids(self, trace: _FunctionTrace, leaves: Sequence[Any], what: str = "output") -> list:
+        """The value ids of the function's output leaves; constants are added to `trace`.
+
+        Raises:
+          TracerError: For a traced value of another trace.
+          TypeError: For a leaf that is neither a traced value nor a number.
+        """
+        ids = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, Tracer):
+                if leaf._trace is not trace:
+                    raise _escaped(leaf)
+                ids.append(leaf._id)
+            elif isinstance(leaf, _TracerBase):
+                raise TracerError(
+                    f"pmap of {self._name!r} returns a traced program value ({leaf.aval}) "
+                    f"as {what} {i}; pass program values as arguments instead of closing "
+                    "over them"
+                )
+            else:
+                try:
+                    ids.append(trace.constant(leaf, None)._id)
+                except (TypeError, ValueError) as e:
+                    raise TypeError(
+                        f"pmap of {self._name!r}: {what} {i} is neither a traced value nor "
+                        f"a numeric constant: {leaf!r} ({e})"
+                    ) from None
+        return ids
+
+    def _trace_and_compile(self, treedef: PyTreeDef, avals: Sequence[tuple], n: int) -> _Compiled:
+        trace = self.new_trace(n)
+        b = trace.builder
         st = _state
         prev = st.function
         st.function = trace
         try:
-            params = [
-                Tracer(trace, b.parameter(np.dtype(dtype).name, list(shape[1:])))
-                for shape, dtype in avals
-            ]
-            out = self._fn(*tree_unflatten(treedef, params))
+            out = self._fn(*tree_unflatten(treedef, parameters(trace, avals)))
             out_leaves, out_treedef = tree_flatten(out)
-            out_ids = []
-            for i, leaf in enumerate(out_leaves):
-                if isinstance(leaf, Tracer):
-                    if leaf._trace is not trace:
-                        raise _escaped(leaf)
-                    out_ids.append(leaf._id)
-                elif isinstance(leaf, _TracerBase):
-                    raise TracerError(
-                        f"pmap of {self._name!r} returns a traced program value ({leaf.aval}) "
-                        f"as output {i}; pass program values as arguments instead of closing "
-                        "over them"
-                    )
-                else:
-                    try:
-                        out_ids.append(trace.constant(leaf, None)._id)
-                    except (TypeError, ValueError) as e:
-                        raise TypeError(
-                            f"pmap of {self._name!r}: output {i} is neither a traced value nor "
-                            f"a numeric constant: {leaf!r} ({e})"
-                        ) from None
+            out_ids = self.output_ids(trace, out_leaves)
         finally:
             trace.active = False
             st.function = prev
@@ -375,14 +393,24 @@ class PmapFunction:
                 f"pmap of {self._name!r} returns no values (output structure {out_treedef}); "
                 "a compiled function needs at least one output"
             )
-        function = b.build(out_ids)
-        compiled = _core.compile(function, devices)
-        pb = _core.ProgramBuilder(ir_name)
-        arg_ids = [pb.add_arg(np.dtype(dtype).name, list(shape)) for shape, dtype in avals]
-        out_values = pb.add_call(compiled, arg_ids)
-        program = pb.build(out_values)
-        lowered = program.lower()
-        return _Compiled(function, compiled, program, lowered, out_treedef)
+        return compile_one_node(b.build(out_ids), self._devices_for(n), avals, out_treedef)
+
+
+def parameters(trace: _FunctionTrace, avals: Sequence[tuple]) -> list:
+    """One parameter of `trace` per argument leaf: its shard, the leading axis removed."""
+    b = trace.builder
+    return [Tracer(trace, b.parameter(np.dtype(d).name, list(s[1:]))) for s, d in avals]
+
+
+def compile_one_node(
+    function: Any, devices: list, avals: Sequence[tuple], out_treedef: PyTreeDef
+) -> _Compiled:
+    """Compiles `function` for `devices`, wrapped in a one-node program taking `avals`."""
+    compiled = _core.compile(function, devices)
+    pb = _core.ProgramBuilder(function.name)
+    arg_ids = [pb.add_arg(np.dtype(dtype).name, list(shape)) for shape, dtype in avals]
+    program = pb.build(pb.add_call(compiled, arg_ids))
+    return _Compiled(function, compiled, program, program.lower(), out_treedef)
 
 
 def pmap(

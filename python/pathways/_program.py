@@ -92,11 +92,17 @@ class _ProgramTrace:
             self._constant_ids.append(vid)
         return vid
 
-    def stage_pmap(self, fn: PmapFunction, args: tuple) -> Any:
-        """Records a call of `fn` on `args` as a program node; returns its outputs."""
-        leaves, treedef = tree_flatten(args)
-        inputs = []
-        avals = []
+    def check_leaves(self, leaves: list, where: str, what: str = "argument") -> list:
+        """The leaves given to a compiled function of this program, checked.
+
+        Program values of this trace stay as they are; concrete leaves become
+        ShardedBuffers or numpy arrays (`capture` adds them when staged).
+
+        Raises:
+          TracerError: For a value of another (or ended) trace.
+          TypeError, ValueError: As `pw.pmap` for a bad concrete leaf.
+        """
+        checked = []
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, ProgramTracer):
                 if leaf._trace is not self or not self.active:
@@ -104,27 +110,36 @@ class _ProgramTrace:
             elif isinstance(leaf, Tracer):
                 raise TracerError(
                     f"escaped tracer: a traced value ({leaf.aval}) of {leaf._trace.where()} "
-                    f"was passed to pmap of {fn.__name__!r} in {self.where()}"
+                    f"was passed to {where} in {self.where()}"
                 )
             else:
-                leaf = _to_array(leaf, f"pmap of {fn._name!r}", i)
-            inputs.append(leaf)
-            avals.append((tuple(leaf.shape), np.dtype(leaf.dtype)))
-        entry = fn.get_compiled(treedef, avals)
+                leaf = _to_array(leaf, where, i, what)
+            checked.append(leaf)
+        return checked
+
+    def stage_call(self, compiled: Any, inputs: list) -> list:
+        """Records a node calling `compiled` on checked `inputs`; returns its outputs."""
         ids = []
         for leaf in inputs:
             if isinstance(leaf, ProgramTracer):
                 ids.append(leaf._id)
             else:
-                ids.append(self.capture(leaf, entry.compiled.virtual_devices))
+                ids.append(self.capture(leaf, compiled.virtual_devices))
         outs = []
         out_ids = []
-        for shape, dtype in entry.compiled.output_types():
+        for shape, dtype in compiled.output_types():
             vid = self._new_value()
             out_ids.append(vid)
             outs.append(ProgramTracer(self, vid, tuple(shape), np.dtype(dtype)))
-        self.calls.append((entry.compiled, ids, out_ids))
-        return tree_unflatten(entry.out_treedef, outs)
+        self.calls.append((compiled, ids, out_ids))
+        return outs
+
+    def stage_pmap(self, fn: PmapFunction, args: tuple) -> Any:
+        """Records a call of `fn` on `args` as a program node; returns its outputs."""
+        leaves, treedef = tree_flatten(args)
+        inputs = self.check_leaves(leaves, f"pmap of {fn._name!r}")
+        entry = fn.get_compiled(treedef, [(tuple(x.shape), np.dtype(x.dtype)) for x in inputs])
+        return tree_unflatten(entry.out_treedef, self.stage_call(entry.compiled, inputs))
 
     def build(self, outputs: list) -> Any:
         """Builds the `_core.Program` with the given output value ids."""

@@ -28,7 +28,7 @@ __all__ = ["Tracer", "bind"]
 class _FunctionTrace:
     """One trace of a pmap'd function: its builder and whether it is still running."""
 
-    __slots__ = ("builder", "name", "axis_name", "active", "tapes")
+    __slots__ = ("builder", "name", "axis_name", "active", "tapes", "constant_values")
 
     def __init__(self, builder: Any, name: str, axis_name: Optional[str]):
         self.builder = builder
@@ -36,6 +36,10 @@ class _FunctionTrace:
         self.axis_name = axis_name
         self.active = True
         self.tapes: list = []  # gradient tapes recording this trace (pathways._autodiff)
+        # Constant arrays by value id, kept only when set to a dict: the forward
+        # trace of a `pw.vjp` split (pathways._vjp) gives its constants to the
+        # backward function as constants, not as residuals.
+        self.constant_values: Optional[dict] = None
 
     def where(self) -> str:
         return f"pmap of {self.name!r}"
@@ -74,7 +78,10 @@ class _FunctionTrace:
                     f"supported dtypes: {_SUPPORTED_DTYPE_NAMES}"
                 )
             arr = np.asarray(arr, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
-        return Tracer(self, b.constant(arr))
+        vid = b.constant(arr)
+        if self.constant_values is not None:
+            self.constant_values[vid] = arr
+        return Tracer(self, vid)
 
 
 def _escaped(t: "Tracer") -> TracerError:

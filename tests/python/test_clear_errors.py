@@ -441,3 +441,16 @@ def test_unbound_axis_name_is_a_name_error_in_the_core(runtime_ok, core_call):
     with raises(NameError, r": unbound axis name 'j' \(bound: 'i'\)"):
         core_call(b, x)
     runtime_ok()
+
+
+def test_a_built_function_builder_raises_instead_of_reading_freed_values(runtime_ok):
+    # Build hands the builder's values to the function; reading them through
+    # the builder afterwards crashed the process.
+    b = _core.FunctionBuilder("f", "")
+    x = b.parameter("float32", [2])
+    b.build([x])
+    for call in (lambda: b.shape(x), lambda: b.dtype(x), lambda: b.parameter("float32", [2]),
+                 lambda: b.unary("neg", x), lambda: b.build([x])):
+        with pytest.raises(RuntimeError, match="already built"):
+            call()
+    runtime_ok()

@@ -1156,7 +1156,8 @@ def test_primitive_without_rule(tpus2, runtime_ok, monkeypatch):
         return pnp.sin(x).sum()
 
     with pytest.raises(NotImplementedError, match=re.escape(
-            "pw.grad: differentiation of primitive 'sin' is not implemented (in pmap of 'f')")):
+            "pw.grad of 'f' in pmap of 'f': differentiation of primitive 'sin' is not "
+            "implemented")):
         pw.pmap(pw.grad(f), devices=tpus2)(np.ones((2, 3)))
     # Off the path from the inputs to the output, the missing rule does not matter.
     g = pw.pmap(pw.grad(lambda x: (x * pnp.sin(np.ones(3))).sum() + (pnp.sin(x) > 2).sum()),
