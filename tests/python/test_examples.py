@@ -3,6 +3,7 @@
 import pathlib
 import re
 
+import pathways as pw
 from conftest import run_python
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
@@ -19,14 +20,33 @@ def test_data_parallel_mlp_matches_single_device_and_learns():
     assert len(losses) >= 2 and losses[-1] < 0.5 * losses[0]
 
 
-def test_pipeline_lm_matches_single_device_losses():
-    out = run_python(
-        f"import runpy, sys; sys.argv = ['pipeline_lm.py', '--quick']; "
-        f"runpy.run_path({str(EXAMPLES / 'pipeline_lm.py')!r}, run_name='__main__')"
+def run_example(name: str, *args: str) -> str:
+    """Runs examples/<name> as a script (its folder first on sys.path) in a fresh
+    process, with hosts where this test session has them; returns its stdout."""
+    hosts = pw.topology()["hosts"]
+    return run_python(
+        f"import runpy, sys; sys.path.insert(0, {str(EXAMPLES)!r}); "
+        f"sys.argv = [{name!r}, *{list(args)!r}]; "
+        f"runpy.run_path({str(EXAMPLES / name)!r}, run_name='__main__')",
+        env=None if hosts == "in_process" else {"PATHWAYS_TOPOLOGY": f"hosts={hosts}"},
     )
+
+
+def test_pipeline_lm_matches_single_device_losses():
+    out = run_example("pipeline_lm.py", "--quick")
     assert "one program per step: 96 nodes" in out
     diff = float(re.search(r"max relative difference of the losses: (\S+)", out).group(1))
     assert diff < 1e-5
     bubble = float(re.search(r"bubble fraction of the last step \(timeline\): (\S+)", out).group(1))
     assert 0.0 <= bubble < 1.0
     assert "OK: the pipeline matches" in out
+
+
+def test_multi_island_dp_matches_one_island():
+    out = run_example("multi_island_dp.py", "--quick")
+    assert "slice A on island 0, slice B on island 1" in out
+    diff = float(re.search(r"max relative difference of the losses: (\S+)", out).group(1))
+    assert diff < 1e-5
+    transfers = int(re.search(r"DCN transfers: (\d+)", out).group(1))
+    assert transfers == 2 * 3  # each island's gradient slices to the other, every step
+    assert "OK: two islands over DCN match one island" in out
