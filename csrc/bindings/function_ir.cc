@@ -66,6 +66,7 @@ absl::string_view TypeRuleName(TypeRule r) {
     case TypeRule::kFloating: return "floating";
     case TypeRule::kBoolean: return "boolean";
     case TypeRule::kSame: return "same";
+    case TypeRule::kIndices: return "indices";
     case TypeRule::kOwn: return "own";
   }
   return "unknown";
@@ -189,6 +190,9 @@ void RegisterFunctionIr(py::module_& m) {
                              int64_t size) {
         return ValueOrThrow(b.ScatterAdd(updates, indices, axis, size));
       }, py::arg("updates"), py::arg("indices"), py::arg("axis"), py::arg("size"))
+      .def("top_k", [](FunctionBuilder& b, int32_t x, int64_t k) {
+        return ValueOrThrow(b.TopK(x, k));
+      }, py::arg("x"), py::arg("k"))
       .def("matmul", [](FunctionBuilder& b, int32_t x, int32_t y) {
         return ValueOrThrow(b.Matmul(x, y));
       }, py::arg("a"), py::arg("b"))

@@ -170,6 +170,9 @@ std::string FunctionIr::ToText() const {
       case OpKind::kScatterAdd:
         absl::StrAppend(&text, "[axis=", op.axis, "]");
         break;
+      case OpKind::kTopK:
+        absl::StrAppend(&text, "[k=", op.type.dims.back(), "]");
+        break;
       case OpKind::kAllToAll:
         absl::StrAppend(&text, "[split=", op.axis, ",concat=", op.concat_axis, "]");
         break;
@@ -892,6 +895,27 @@ absl::StatusOr<int32_t> FunctionBuilder::ScatterAdd(int32_t updates, int32_t ind
       MakeOp(OpKind::kScatterAdd, {updates, indices}, ValueType{tu.dtype, std::move(dims)});
   op.axis = axis;
   return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::TopK(int32_t x, int64_t k) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "top_k"));
+  const ValueType tx = type(x);
+  if (tx.dims.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "top_k: operand must have at least one dimension, got %s", tx.ToString()));
+  }
+  const int64_t n = tx.dims.back();
+  if (k < 0 || k > n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "top_k: k must be in [0, %d] (the last dimension of %s), got %d", n, tx.ToString(), k));
+  }
+  if (n > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "top_k: the last dimension of %s is beyond int32 positions", tx.ToString()));
+  }
+  Dims dims = tx.dims;
+  dims.back() = k;
+  return AddOp(OpKind::kTopK, {x}, ValueType{DType::kI32, std::move(dims)});
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Matmul(int32_t a, int32_t b) {

@@ -62,6 +62,7 @@ struct Op {
   std::vector<int64_t> axes;                 // kReduce, kRev: sorted; kTranspose: the permutation
   bool keepdims = false;                     // kReduce only
   // kAllGather, kConcatenate, kTake, kScatterAdd, kPsumScatter; kAllToAll: the split axis.
+  // (kTopK keeps its k as the last dim of its type.)
   int64_t axis = 0;
   int64_t concat_axis = 0;                   // kAllToAll only
   std::vector<int64_t> slice_start, slice_limit, slice_step;  // kSlice only
@@ -242,6 +243,16 @@ class FunctionBuilder {
   // `updates` (dims of a Take result) added at the indexed positions.
   absl::StatusOr<int32_t> ScatterAdd(int32_t updates, int32_t indices, int64_t axis,
                                      int64_t size);
+
+  // jax.lax.top_k's indices: for each row along the last axis of `x` (rank
+  // >= 1, any dtype), the int32 positions of its `k` largest elements,
+  // largest first; equal elements in increasing position, floats in IEEE
+  // totalOrder (NaN above +inf, a NaN with its sign bit set below -inf, -0
+  // below +0). The result has x's dims with the last one k. The values are
+  // a take of these positions (the front end's lax.top_k). InvalidArgument
+  // for a zero-dimensional `x`, k outside [0, last dim], or a last dim
+  // beyond int32 positions.
+  absl::StatusOr<int32_t> TopK(int32_t x, int64_t k);
 
   // numpy matmul of values of rank >= 2 (batch dims broadcast; dtypes promote).
   absl::StatusOr<int32_t> Matmul(int32_t a, int32_t b);

@@ -91,6 +91,7 @@ TEST(OpRegistryTest, BinaryAndUnaryFollowTheTypeRules) {
         EXPECT_EQ(result_dtype(*b.Unary(info.kind, p)), DType::kBool);
         break;
       case TypeRule::kSame:
+      case TypeRule::kIndices:  // int32 whatever the operand (TopKTypesAndErrors)
       case TypeRule::kOwn:
         EXPECT_FALSE(IsBinaryOp(info.kind) || IsUnaryOp(info.kind));
         break;
@@ -564,6 +565,39 @@ TEST(FunctionBuilderTest, CollectiveTypesAndErrors) {
   EXPECT_NE(text.find("pmean[i]"), std::string::npos) << text;
   EXPECT_NE(text.find("all_gather[i][axis=1]"), std::string::npos) << text;
   EXPECT_NE(text.find("ppermute[i][sources=(1,0,-1,-1)]"), std::string::npos) << text;
+}
+
+// top_k gives int32 positions for every dtype, k along the last axis; the
+// registry says so (kIndices).
+TEST(FunctionBuilderTest, TopKTypesAndErrors) {
+  EXPECT_EQ(GetTypeRule(OpKind::kTopK), TypeRule::kIndices);
+  FunctionBuilder b("f", "");
+  for (DType dtype : {DType::kF32, DType::kF64, DType::kI32, DType::kBool}) {
+    const int32_t x = b.Parameter(dtype, {2, 3, 5});
+    auto t = b.TopK(x, 2);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(b.type(*t).ToString(), "i32[2,3,2]");
+  }
+  const int32_t v = b.Parameter(DType::kF32, {4});
+  const int32_t e = b.Parameter(DType::kF32, {3, 0});
+  auto all = b.TopK(v, 4);
+  auto none = b.TopK(v, 0);
+  auto empty = b.TopK(e, 0);
+  ASSERT_TRUE(all.ok() && none.ok() && empty.ok());
+  EXPECT_NE(*all, v);  // never elided: positions, not the operand
+  EXPECT_EQ(b.type(*none).ToString(), "i32[0]");
+  EXPECT_EQ(b.type(*empty).ToString(), "i32[3,0]");
+  ExpectInvalid(b.TopK(v, 5).status(), "top_k: k must be in [0, 4] (the last dimension of f32[4]), got 5");
+  ExpectInvalid(b.TopK(v, -1).status(), "top_k: k must be in [0, 4] (the last dimension of f32[4]), got -1");
+  ExpectInvalid(b.TopK(e, 1).status(), "top_k: k must be in [0, 0] (the last dimension of f32[3,0]), got 1");
+  ExpectInvalid(b.TopK(b.Parameter(DType::kF32, {}), 0).status(),
+                "top_k: operand must have at least one dimension, got f32[]");
+  ExpectInvalid(b.TopK(b.Parameter(DType::kBool, {int64_t{1} << 32}), 1).status(),
+                "top_k: the last dimension of pred[4294967296] is beyond int32 positions");
+  ExpectInvalid(b.TopK(99, 1).status(), "top_k: operand %99 is not a value of this function");
+  auto ir = b.Build({*all});
+  ASSERT_TRUE(ir.ok());
+  EXPECT_NE((*ir)->ToText().find("top_k[k=4] %"), std::string::npos) << (*ir)->ToText();
 }
 
 TEST(FunctionBuilderTest, CollectivesNeedAnAxisName) {

@@ -152,6 +152,9 @@ void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
       out->set_axis(op.axis);
       out->set_size(op.type.dims[op.axis]);
       break;
+    case OpKind::kTopK:
+      out->set_size(op.type.dims.back());
+      break;
     case OpKind::kAllToAll:
       out->set_axis_name(op.axis_name);
       out->set_axis(op.axis);
@@ -300,6 +303,8 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
       return b.Take(operand(0), operand(1), w.axis());
     case OpKind::kScatterAdd:
       return b.ScatterAdd(operand(0), operand(1), w.axis(), w.size());
+    case OpKind::kTopK:
+      return b.TopK(operand(0), w.size());
     case OpKind::kMatmul:
       return b.Matmul(operand(0), operand(1));
     case OpKind::kAllToAll:

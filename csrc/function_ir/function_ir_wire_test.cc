@@ -138,6 +138,9 @@ std::shared_ptr<const FunctionIr> ShapeFunction() {
   const int32_t take = Ok(b.Take(x, idx, 1));
   outs.push_back(take);
   outs.push_back(Ok(b.ScatterAdd(take, idx, 1, 3)));
+  outs.push_back(Ok(b.TopK(x, 2)));
+  outs.push_back(Ok(b.TopK(k, 0)));  // k = 0: the wire's default size
+  outs.push_back(Ok(b.TopK(y, 4)));
   outs.push_back(Ok(b.Matmul(x, Ok(b.Transpose(x, {1, 0})))));
   const int32_t row = Ok(b.Reshape(x, {1, 6}));
   outs.push_back(Ok(b.Matmul(Ok(b.Reshape(y, {3, 4, 1})), row)));  // batched; f32 -> f64
@@ -181,7 +184,7 @@ std::shared_ptr<const FunctionIr> RandomFunction(std::mt19937& rng) {
   auto value = [&] { return values[pick(static_cast<int>(values.size()))]; };
   for (int step = 0; step < 40; ++step) {
     absl::StatusOr<int32_t> v = absl::InvalidArgumentError("none");
-    switch (pick(25)) {
+    switch (pick(26)) {
       case 0: {
         const DType dtype = dtypes[pick(4)];
         Dims dims(pick(3));
@@ -262,6 +265,7 @@ std::shared_ptr<const FunctionIr> RandomFunction(std::mt19937& rng) {
       case 22: v = b.AllToAll(value(), "i", small(), small()); break;
       case 23: v = b.PsumScatter(value(), "i", small()); break;
       case 24: v = b.SimulatedCompute(value(), pick(5000)); break;
+      case 25: v = b.TopK(value(), small()); break;
     }
     if (v.ok() && b.type(*v).num_elements() <= 256) values.push_back(*v);
   }

@@ -40,6 +40,7 @@ enum class TypeRule : uint8_t {
   kFloating,     // unary: float result (int32 -> float64, bool -> float32), as numpy's ufuncs
   kBoolean,      // unary: bool operand, bool result
   kSame,         // the (first) operand's type
+  kIndices,      // int32 positions in the operand, whatever its type: no gradient flows
   kOwn,          // computed by the op's own builder method from its parameters
 };
 
@@ -95,6 +96,10 @@ enum class TypeRule : uint8_t {
   X(kTake, "take", TAKE, 2, kIndexing, kOwn)                                           \
   /* The transpose of take (operands updates, indices) */                              \
   X(kScatterAdd, "scatter_add", SCATTER_ADD, 2, kIndexing, kOwn)                       \
+  /* Positions (Op::type's last dim: k) of the k largest along the last axis,          \
+     largest first, ties lower position first; floats in IEEE totalOrder (as           \
+     XLA's TopK): NaN above +inf (below -inf with its sign set), -0 below +0 */        \
+  X(kTopK, "top_k", TOP_K, 1, kIndexing, kIndices)                                     \
   /* numpy matmul of two values of rank >= 2: batch dims broadcast */                  \
   X(kMatmul, "matmul", MATMUL, 2, kContraction, kOwn)                                  \
   /* --- Across the shards of the gang (the pmap axis) --- */                          \

@@ -16,6 +16,7 @@
 #include "csrc/kernels/elementwise.h"
 #include "csrc/kernels/matmul.h"
 #include "csrc/kernels/reduction.h"
+#include "csrc/kernels/top_k.h"
 
 
 // The interpreter: LocalShards, and Run()/RunLocal(), which run a compiled
@@ -350,6 +351,16 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
         ScatterAddRows(op.type.dtype, outer, dim, inner,
                        static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize, is,
                        num_indices, index_stride, static_cast<uint8_t*>(out) + s * n * esize);
+      }
+    } else if (op.kind == OpKind::kTopK) {
+      // Rows of the operand's last dimension; its k positions per row.
+      const Dims& in = ops[op.operands[0]].type.dims;
+      const int64_t rows = DimProduct(in, 0, in.size() - 1);
+      const int64_t esize = DTypeSize(in_dtype);
+      for (int s = 0; s < num_shards; ++s) {
+        kernels::TopKRows(in_dtype, rows, in.back(), op.type.dims.back(),
+                          static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize,
+                          static_cast<int32_t*>(out) + s * n);
       }
     } else if (op.kind == OpKind::kMatmul) {
       const MatmulPlan& mp = matmul_plans_[static_cast<size_t>(matmul_index_[i])];

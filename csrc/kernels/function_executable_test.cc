@@ -932,6 +932,44 @@ TEST(FunctionExecutableReduceTest, IntAndBoolReductions) {
   }
 }
 
+// top_k of a parameter (each shard's rows differ and tie) and of a constant
+// (the same on every shard), against a stable sort of each row; no
+// allocation while it runs.
+TEST(FunctionExecutableTopKTest, PositionsOfEachRowOfEachShard) {
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    FunctionBuilder b("f", "i");
+    const int32_t x = b.Parameter(DType::kF32, {2, 3, 5});
+    auto t = b.TopK(x, 3);
+    auto c = b.Constant(DType::kI32, {4}, Bytes<int32_t>({5, 9, 5, -1}));
+    ASSERT_TRUE(t.ok() && c.ok());
+    auto tc = b.TopK(*c, 2);
+    ASSERT_TRUE(tc.ok());
+    auto exe = MustCompile(b.Build({*t, *tc}));
+    ASSERT_NE(exe, nullptr);
+    std::vector<float> xs(shards * 30);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>((i * 7 + i / 5) % 4);
+    int64_t allocations = -1;
+    const auto out = RunGang(*exe, shards, {Bytes(xs)}, &allocations);
+    EXPECT_EQ(allocations, 0);
+    const auto got = Values<int32_t>(out[0]);
+    const auto got_c = Values<int32_t>(out[1]);
+    ASSERT_EQ(got.size(), static_cast<size_t>(shards * 18));
+    for (int row = 0; row < shards * 6; ++row) {
+      std::vector<int32_t> pos = {0, 1, 2, 3, 4};
+      const float* r = xs.data() + row * 5;
+      std::stable_sort(pos.begin(), pos.end(), [&](int32_t a, int32_t b) { return r[a] > r[b]; });
+      EXPECT_EQ(std::vector<int32_t>(got.begin() + row * 3, got.begin() + row * 3 + 3),
+                std::vector<int32_t>(pos.begin(), pos.begin() + 3))
+          << "row " << row;
+    }
+    for (int s = 0; s < shards; ++s) {
+      EXPECT_EQ(got_c[s * 2], 1);
+      EXPECT_EQ(got_c[s * 2 + 1], 0);
+    }
+  }
+}
+
 // Shape ops, gathers, matmul and the all_to_all / psum_scatter collectives
 // on x = f32[2,3] per shard (x[s][i][j] = 100 s + 10 i + j), against index
 // arithmetic written out here.

@@ -71,7 +71,7 @@ void RunOne(const uint8_t* data, size_t size) {
                           OpKind::kSqrt, OpKind::kRsqrt, OpKind::kSin, OpKind::kNot};
   while (!in.empty() && values.size() < 64) {
     absl::StatusOr<int32_t> v = absl::InvalidArgumentError("no op");
-    switch (in.Byte() % 24) {
+    switch (in.Byte() % 25) {
       case 0: {
         const DType dtype = PickDType(in);
         Dims dims = in.SmallDims();
@@ -170,6 +170,11 @@ void RunOne(const uint8_t* data, size_t size) {
       case 23: {
         const int32_t x = pick();
         v = b.PsumScatter(x, "i", in.Int());
+        break;
+      }
+      case 24: {
+        const int32_t x = pick();
+        v = b.TopK(x, in.Int());
         break;
       }
     }

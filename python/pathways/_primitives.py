@@ -39,7 +39,8 @@ class RegistryOp(NamedTuple):
     arity: int  # number of operands; -1: one or more
     op_class: str  # source, elementwise, simulated, reduction, data_movement, indexing,
     # contraction or collective
-    type_rule: str  # arithmetic, comparison, logical, numeric, floating, boolean, same or own
+    type_rule: str  # arithmetic, comparison, logical, numeric, floating, boolean, same,
+    # indices or own
 
 
 # The registry, in its (enum) order.
@@ -212,6 +213,8 @@ _define("concatenate", lambda b, *xs, axis: b.concatenate(list(xs), axis))
 
 _define("take", lambda b, x, indices, axis: b.take(x, indices, axis))
 _define("scatter_add", lambda b, u, indices, axis, size: b.scatter_add(u, indices, axis, size))
+# The int32 positions of the k largest along the last axis (pw.lax.top_k takes the values).
+_define("top_k", lambda b, x, k: b.top_k(x, k))
 _define("matmul", lambda b, x, y: b.matmul(x, y))
 
 # --- Collectives (over the pmap axis `axis_name`) ----------------------------------

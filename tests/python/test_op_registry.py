@@ -25,6 +25,8 @@ REGISTRY = {name: (arity, op_class, type_rule) for name, arity, op_class, type_r
 
 # Type rules whose result is bool whatever the operands (op_registry.h).
 BOOL_RESULT_RULES = {"comparison", "logical", "boolean"}
+# Type rules whose result is never a float: bool, or int32 positions (op_registry.h).
+NO_FLOAT_RESULT_RULES = BOOL_RESULT_RULES | {"indices"}
 # Type rules whose operands must be bool.
 BOOL_OPERAND_RULES = {"logical", "boolean"}
 REDUCE_KINDS = ("sum", "mean", "max", "min", "argmax")
@@ -49,7 +51,7 @@ def test_registry_rows():
         assert op_class in ("source", "elementwise", "simulated", "reduction", "data_movement",
                             "indexing", "contraction", "collective"), name
         assert type_rule in ("arithmetic", "comparison", "logical", "numeric", "floating",
-                             "boolean", "same", "own"), name
+                             "boolean", "same", "indices", "own"), name
 
 
 def test_every_op_has_one_primitive_with_the_registrys_arity_and_class():
@@ -98,7 +100,7 @@ def test_define_checks_against_the_registry():
 
 def needs_vjp(p):
     """Whether `p`'s result can be a float that depends on its operands, by the registry."""
-    return p.arity != 0 and p.type_rule not in BOOL_RESULT_RULES and not p.stops_gradient
+    return p.arity != 0 and p.type_rule not in NO_FLOAT_RESULT_RULES and not p.stops_gradient
 
 
 def test_vjp_rules_exactly_where_the_result_can_be_a_float():
@@ -106,8 +108,9 @@ def test_vjp_rules_exactly_where_the_result_can_be_a_float():
     have = {n for n, p in PRIMITIVES.items() if p.vjp is not None}
     assert sorted(needed - have) == [], "primitives without a VJP rule"
     assert sorted(have - needed) == [], "VJP rules of primitives without a float result"
-    # Those without: comparisons, logical ops, axis_index, stop_gradient.
-    assert {"eq", "lt", "and", "not", "axis_index", "stop_gradient"} <= set(PRIMITIVES) - have
+    # Those without: comparisons, logical ops, axis_index, top_k (positions), stop_gradient.
+    assert {"eq", "lt", "and", "not", "axis_index", "top_k", "stop_gradient"} <= (
+        set(PRIMITIVES) - have)
     assert dict(_autodiff.VJP_RULES) == {n: PRIMITIVES[n].vjp for n in have}
 
 
@@ -138,6 +141,7 @@ EXAMPLES = {
     "concatenate": ([("float32", (2,)), F32], {"axis": 0}),
     "take": ([("float32", (4,)), ("int32", (2,))], {"axis": 0}),
     "scatter_add": ([("float32", (2,)), ("int32", (2,))], {"axis": 0, "size": 4}),
+    "top_k": ([("float32", (2, 4))], {"k": 2}),
     "matmul": ([("float32", (2, 3)), ("float32", (3, 2))], {}),
     "psum": ([F32], {}),
     "pmean": ([F32], {}),
