@@ -66,6 +66,10 @@ void RegisterRuntime(py::module_& m) {
     d["executor_threads"] = o.num_executor_threads;
     d["control_latency_us"] = o.control_latency_ns / 1000.0;
     d["hang_report_seconds"] = o.hang_report_ns / 1e9;
+    d["ici_latency_us"] = o.ici_latency_ns / 1000.0;
+    d["ici_bandwidth_gbps"] = o.ici_bandwidth_bps / 1e9;
+    d["dcn_latency_us"] = o.dcn_latency_ns / 1000.0;
+    d["dcn_bandwidth_gbps"] = o.dcn_bandwidth_bps / 1e9;
     d["hosts"] = std::string(HostsModeName(o.hosts));
     return d;
   });
