@@ -219,17 +219,22 @@ void RegisterRuntime(py::module_& m) {
     return GetRuntime().scheduler(0).policy() == SchedulingPolicy::kFifo ? "fifo" : "proportional_share";
   });
 
-  // Timeline: events come back per gang; device lists by id (expand with device_list()).
-  // Sessions may overlap (nested scopes, several threads); each gets all events recorded while open.
+  // Timeline: events come back per gang, and per transfer between slices;
+  // device lists by id (expand with device_list()). Sessions may overlap
+  // (nested scopes, several threads); each gets all events recorded while open.
   m.def("timeline_start", [] { return GetRuntime().timeline().Start(); });
   m.def("timeline_stop", [](int64_t session) {
     std::vector<TimelineEvent> events = ValueOrThrow(GetRuntime().timeline().Stop(session));
-    py::list out(events.size());
-    for (size_t i = 0; i < events.size(); ++i) {
-      const TimelineEvent& e = events[i];
-      out[i] = py::make_tuple(e.devices->id(), e.start_ns, e.end_ns, *e.client, *e.program, *e.node);
+    py::list gangs, transfers;
+    for (const TimelineEvent& e : events) {
+      if (e.source != nullptr) {
+        transfers.append(py::make_tuple(e.source->id(), e.devices->id(), e.start_ns, e.end_ns, std::string(e.link),
+                                        e.bytes));
+      } else {
+        gangs.append(py::make_tuple(e.devices->id(), e.start_ns, e.end_ns, *e.client, *e.program, *e.node));
+      }
     }
-    return out;
+    return py::make_tuple(gangs, transfers);
   }, py::arg("session"));
   m.def("device_list", [](int id) {
     return GetRuntime().registry().DeviceIds(id);
