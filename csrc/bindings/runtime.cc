@@ -66,6 +66,10 @@ void RegisterRuntime(py::module_& m) {
     d["executor_threads"] = o.num_executor_threads;
     d["control_latency_us"] = o.control_latency_ns / 1000.0;
     d["hang_report_seconds"] = o.hang_report_ns / 1e9;
+    d["ici_latency_us"] = o.ici_latency_ns / 1000.0;
+    d["ici_bandwidth_gbps"] = o.ici_bandwidth_bps / 1e9;
+    d["dcn_latency_us"] = o.dcn_latency_ns / 1000.0;
+    d["dcn_bandwidth_gbps"] = o.dcn_bandwidth_bps / 1e9;
     d["hosts"] = std::string(HostsModeName(o.hosts));
     return d;
   });
@@ -215,17 +219,22 @@ void RegisterRuntime(py::module_& m) {
     return GetRuntime().scheduler(0).policy() == SchedulingPolicy::kFifo ? "fifo" : "proportional_share";
   });
 
-  // Timeline: events come back per gang; device lists by id (expand with device_list()).
-  // Sessions may overlap (nested scopes, several threads); each gets all events recorded while open.
+  // Timeline: events come back per gang, and per transfer between slices;
+  // device lists by id (expand with device_list()). Sessions may overlap
+  // (nested scopes, several threads); each gets all events recorded while open.
   m.def("timeline_start", [] { return GetRuntime().timeline().Start(); });
   m.def("timeline_stop", [](int64_t session) {
     std::vector<TimelineEvent> events = ValueOrThrow(GetRuntime().timeline().Stop(session));
-    py::list out(events.size());
-    for (size_t i = 0; i < events.size(); ++i) {
-      const TimelineEvent& e = events[i];
-      out[i] = py::make_tuple(e.devices->id(), e.start_ns, e.end_ns, *e.client, *e.program, *e.node);
+    py::list gangs, transfers;
+    for (const TimelineEvent& e : events) {
+      if (e.source != nullptr) {
+        transfers.append(py::make_tuple(e.source->id(), e.devices->id(), e.start_ns, e.end_ns, std::string(e.link),
+                                        e.bytes));
+      } else {
+        gangs.append(py::make_tuple(e.devices->id(), e.start_ns, e.end_ns, *e.client, *e.program, *e.node));
+      }
     }
-    return out;
+    return py::make_tuple(gangs, transfers);
   }, py::arg("session"));
   m.def("device_list", [](int id) {
     return GetRuntime().registry().DeviceIds(id);

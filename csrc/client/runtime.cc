@@ -103,18 +103,22 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
     rt->scheduler_ptrs_.push_back(rt->schedulers_.back().get());
   }
   rt->delays_ = std::make_unique<DelayQueue>();
-  // A gang on a failed device (FailDevices) does not wait out its simulated time.
+  // A gang on a failed device (FailDevices) does not wait out its simulated
+  // time, nor a transfer from or to one its modeled time.
   rt->delays_->SetHurryRule([](Runnable* job) {
-    auto* gang = dynamic_cast<GangTask*>(job);
-    return gang != nullptr && gang->OnFailedDevice();
+    if (auto* gang = dynamic_cast<GangTask*>(job)) return gang->OnFailedDevice();
+    auto* transfer = dynamic_cast<TransferTask*>(job);
+    return transfer != nullptr && transfer->OnFailedDevice();
   });
+  rt->interconnect_ = InterconnectModel::Create(*rt->cluster_);
   rt->executor_ = std::make_unique<Executor>(rt->cluster_->options().num_executor_threads);
   rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), rt->scheduler_ptrs_,
                                                          rt->executor_.get(), &rt->stats_,
                                                          GangServices{rt->stores_.get(), rt->delays_.get(), &rt->timeline_,
                                                                       rt->cluster_->options().control_latency_ns,
                                                                       &rt->shut_down_,
-                                                                      rt->executor_->num_threads()});
+                                                                      rt->executor_->num_threads()},
+                                                         rt->interconnect_.get());
   if (options.hosts != HostsMode::kInProcess) {
 #if PATHWAYS_WITH_HOSTS
     const int num_hosts = static_cast<int>(rt->cluster_->hosts().size());

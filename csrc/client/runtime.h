@@ -166,6 +166,7 @@ class Runtime {
   std::unique_ptr<ObjectStores> stores_;
   std::vector<std::unique_ptr<GangScheduler>> schedulers_;
   TransferStats stats_;
+  std::unique_ptr<InterconnectModel> interconnect_;  // null: no model (the topology's ici_*/dcn_* keys are 0)
   Timeline timeline_;
   std::unique_ptr<DelayQueue> delays_;
   std::unique_ptr<Executor> executor_;

@@ -50,7 +50,27 @@ struct DurationKey {
 constexpr DurationKey kDurationKeys[] = {
     {"control_latency_us", "control_latency_ns", &TopologyOptions::control_latency_ns, 1000, kMaxControlLatencyNs},
     {"hang_report_seconds", "hang_report_ns", &TopologyOptions::hang_report_ns, 1'000'000'000, kMaxHangReportNs},
+    {"ici_latency_us", "ici_latency_ns", &TopologyOptions::ici_latency_ns, 1000, kMaxLinkLatencyNs},
+    {"dcn_latency_us", "dcn_latency_ns", &TopologyOptions::dcn_latency_ns, 1000, kMaxLinkLatencyNs},
 };
+
+// The link bandwidths: given in Gbit/s, kept in bit/s; 0 is unlimited.
+struct BandwidthKey {
+  absl::string_view name;     // e.g. "dcn_bandwidth_gbps"
+  absl::string_view bps_name; // the field, as ValidateTopology names it
+  int64_t TopologyOptions::*field;
+};
+constexpr BandwidthKey kBandwidthKeys[] = {
+    {"ici_bandwidth_gbps", "ici_bandwidth_bps", &TopologyOptions::ici_bandwidth_bps},
+    {"dcn_bandwidth_gbps", "dcn_bandwidth_bps", &TopologyOptions::dcn_bandwidth_bps},
+};
+constexpr double kBitsPerGbit = 1e9;
+
+absl::Status CheckBandwidth(absl::string_view name, int64_t bps) {
+  if (bps == 0 || (bps >= kMinLinkBandwidthBps && bps <= kMaxLinkBandwidthBps)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(name, " must be 0 (unlimited) or from ", kMinLinkBandwidthBps,
+                                                 " to ", kMaxLinkBandwidthBps, " bits/s, got ", bps));
+}
 
 absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
   struct Unit {
@@ -95,6 +115,18 @@ absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, To
     options->*k.field = std::llround(units * k.ns_per_unit);
     return absl::OkStatus();
   }
+  for (const BandwidthKey& k : kBandwidthKeys) {
+    if (key != k.name) continue;
+    const double min_gbps = kMinLinkBandwidthBps / kBitsPerGbit;
+    const int64_t max_gbps = kMaxLinkBandwidthBps / 1'000'000'000;
+    double gbps = 0;
+    if (!absl::SimpleAtod(value, &gbps) || !(gbps == 0 || (gbps >= min_gbps && gbps <= max_gbps))) {
+      return absl::InvalidArgumentError(absl::StrCat(key, " must be 0 (unlimited) or a finite number of Gbit/s from ",
+                                                     min_gbps, " to ", max_gbps, ", got '", value, "'"));
+    }
+    options->*k.field = std::llround(gbps * kBitsPerGbit);
+    return absl::OkStatus();
+  }
   if (key == "device_memory") {
     PW_ASSIGN_OR_RETURN(options->device_memory_bytes, ParseBytes(value));
     return absl::OkStatus();
@@ -123,7 +155,8 @@ absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, To
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown topology key '", key,
       "'; known keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, "
-      "control_latency_us, hang_report_seconds, hosts"));
+      "control_latency_us, hang_report_seconds, ici_latency_us, ici_bandwidth_gbps, dcn_latency_us, "
+      "dcn_bandwidth_gbps, hosts"));
 }
 
 }  // namespace
@@ -133,6 +166,12 @@ std::string TopologyOptions::ToString() const {
                       ",devices_per_host=", devices_per_host, ",device_memory=", device_memory_bytes,
                       "B,executor_threads=", num_executor_threads, ",control_latency_us=",
                       control_latency_ns / 1000.0, ",hang_report_seconds=", hang_report_ns / 1e9,
+                      // Only when set, so that specs without them read as before.
+                      models_interconnect()
+                          ? absl::StrCat(",ici_latency_us=", ici_latency_ns / 1000.0, ",ici_bandwidth_gbps=",
+                                         ici_bandwidth_bps / kBitsPerGbit, ",dcn_latency_us=", dcn_latency_ns / 1000.0,
+                                         ",dcn_bandwidth_gbps=", dcn_bandwidth_bps / kBitsPerGbit)
+                          : "",
                       hosts == HostsMode::kInProcess ? "" : absl::StrCat(",hosts=", HostsModeName(hosts)));
 }
 
@@ -162,6 +201,13 @@ absl::Status ValidateTopology(const TopologyOptions& options) {
   }
   PW_RETURN_IF_ERROR(CheckRange("device_memory", options.device_memory_bytes, 1, kMaxDeviceMemoryBytes, " bytes"));
   for (const DurationKey& k : kDurationKeys) PW_RETURN_IF_ERROR(CheckRange(k.ns_name, options.*k.field, 0, k.max_ns));
+  for (const BandwidthKey& k : kBandwidthKeys) PW_RETURN_IF_ERROR(CheckBandwidth(k.bps_name, options.*k.field));
+  if (options.models_interconnect() && options.hosts != HostsMode::kInProcess) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ici_latency_us, ici_bandwidth_gbps, dcn_latency_us and dcn_bandwidth_gbps model the interconnect of "
+        "hosts=in_process only; with hosts=",
+        HostsModeName(options.hosts), " transfers cross real sockets: leave them 0"));
+  }
   return absl::OkStatus();
 }
 

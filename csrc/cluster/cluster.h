@@ -55,6 +55,22 @@ struct TopologyOptions {
   // A gang that has not started this long after its submission is reported
   // once by the hang watchdog (HangWatchdog); 0: no watchdog.
   int64_t hang_report_ns = int64_t{60} * 1'000'000'000;
+  // The interconnect model (coordination/interconnect.h), in process only:
+  // a transfer between slices holds the links it crosses for latency +
+  // bytes / bandwidth, and its destination is ready no earlier. Inside an
+  // island (ICI) every device has one port each way; across islands (DCN)
+  // every host has one NIC each way, shared by all its devices' transfers.
+  // Bandwidths are in bits per second, each way; 0: unlimited. All four 0
+  // (the default): no model, a transfer is done once copied, as before.
+  int64_t ici_latency_ns = 0;
+  int64_t ici_bandwidth_bps = 0;  // per device port
+  int64_t dcn_latency_ns = 0;
+  int64_t dcn_bandwidth_bps = 0;  // per host NIC
+
+  // True if a transfer costs modeled time (some interconnect key is not 0).
+  bool models_interconnect() const {
+    return ici_latency_ns != 0 || ici_bandwidth_bps != 0 || dcn_latency_ns != 0 || dcn_bandwidth_bps != 0;
+  }
 
   std::string ToString() const;
 };
@@ -67,12 +83,21 @@ struct TopologyOptions {
 //     over all devices stay far inside int64);
 //   executor_threads: 0 (one per core, at most 4) to kMaxExecutorThreads;
 //   control_latency_us: a finite number from 0 to kMaxControlLatencyNs / 1000;
-//   hang_report_seconds: a finite number from 0 to kMaxHangReportNs / 1e9.
+//   hang_report_seconds: a finite number from 0 to kMaxHangReportNs / 1e9;
+//   ici_latency_us, dcn_latency_us: a finite number from 0 to
+//     kMaxLinkLatencyNs / 1000;
+//   ici_bandwidth_gbps, dcn_bandwidth_gbps: 0 (unlimited), or a finite
+//     number from kMinLinkBandwidthBps / 1e9 to kMaxLinkBandwidthBps / 1e9;
+//   and the interconnect keys only with hosts=in_process (host processes
+//     move their bytes over real sockets, which the model does not slow).
 inline constexpr int kMaxDevices = 1 << 16;
 inline constexpr int64_t kMaxDeviceMemoryBytes = int64_t{1} << 40;  // 1 TiB
 inline constexpr int kMaxExecutorThreads = 256;
 inline constexpr int64_t kMaxControlLatencyNs = 1'000'000'000;  // 1 s
 inline constexpr int64_t kMaxHangReportNs = int64_t{86400} * 1'000'000'000;  // 1 day
+inline constexpr int64_t kMaxLinkLatencyNs = 1'000'000'000;                 // 1 s
+inline constexpr int64_t kMinLinkBandwidthBps = 1'000'000;                  // 1 Mbit/s
+inline constexpr int64_t kMaxLinkBandwidthBps = int64_t{1'000'000} * 1'000'000'000;  // 1 Pbit/s
 
 // InvalidArgument naming the key and its limit unless `options` is within
 // the limits above.
@@ -80,9 +105,10 @@ absl::Status ValidateTopology(const TopologyOptions& options);
 
 // Parses "islands=2,hosts_per_island=2,devices_per_host=4,device_memory=1GiB,
 // executor_threads=2,control_latency_us=20,hang_report_seconds=60,
-// hosts=local_processes" (any subset, any order; hosts is a HostsModeName;
-// memory
-// is an integer with an optional unit B, KiB, MiB, GiB or TiB). The format
+// ici_latency_us=1,ici_bandwidth_gbps=1600,dcn_latency_us=20,
+// dcn_bandwidth_gbps=200,hosts=local_processes" (any subset, any order;
+// hosts is a HostsModeName; memory is an integer with an optional unit B,
+// KiB, MiB, GiB or TiB; bandwidths are in Gbit/s, 10^9 bits). The format
 // of the PATHWAYS_TOPOLOGY environment variable. InvalidArgument names the
 // bad key or value, and the limit for a value out of range.
 absl::StatusOr<TopologyOptions> ParseTopology(absl::string_view spec);

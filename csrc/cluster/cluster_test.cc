@@ -114,6 +114,55 @@ TEST(ClusterTest, HangReportSecondsMustBeFiniteAndInRange) {
   EXPECT_EQ(ParseTopology(options.ToString())->hang_report_ns, 1'500'000'000);
 }
 
+TEST(ClusterTest, InterconnectKeysParseValidateAndPrint) {
+  const TopologyOptions none;
+  EXPECT_FALSE(none.models_interconnect());  // off by default
+  EXPECT_EQ(none.ToString().find("ici_"), std::string::npos);  // and absent from the spec
+  auto options = ParseTopology("ici_latency_us=1.5,ici_bandwidth_gbps=1600,dcn_latency_us=20,dcn_bandwidth_gbps=0.5");
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->ici_latency_ns, 1500);
+  EXPECT_EQ(options->ici_bandwidth_bps, int64_t{1600} * 1'000'000'000);
+  EXPECT_EQ(options->dcn_latency_ns, 20'000);
+  EXPECT_EQ(options->dcn_bandwidth_bps, 500'000'000);
+  EXPECT_TRUE(options->models_interconnect());
+  // What ToString prints parses back to the same values.
+  auto again = ParseTopology(options->ToString());
+  ASSERT_TRUE(again.ok()) << again.status() << " " << options->ToString();
+  EXPECT_EQ(again->ici_latency_ns, 1500);
+  EXPECT_EQ(again->ici_bandwidth_bps, options->ici_bandwidth_bps);
+  EXPECT_EQ(again->dcn_latency_ns, 20'000);
+  EXPECT_EQ(again->dcn_bandwidth_bps, 500'000'000);
+  // Any one key turns the model on; 0 bandwidth is unlimited.
+  EXPECT_TRUE(ParseTopology("dcn_latency_us=0.001")->models_interconnect());
+  EXPECT_FALSE(ParseTopology("ici_bandwidth_gbps=0,dcn_latency_us=0")->models_interconnect());
+  EXPECT_EQ(ParseTopology("dcn_bandwidth_gbps=0.001")->dcn_bandwidth_bps, kMinLinkBandwidthBps);
+  EXPECT_EQ(ParseTopology("ici_bandwidth_gbps=1000000")->ici_bandwidth_bps, kMaxLinkBandwidthBps);
+  EXPECT_EQ(ParseTopology("ici_latency_us=1000000")->ici_latency_ns, kMaxLinkLatencyNs);
+
+  for (const char* key : {"ici_latency_us", "dcn_latency_us"}) {
+    for (const char* bad : {"nan", "inf", "-1", "1000001", "slow"}) {
+      ExpectInvalid(ParseTopology(absl::StrCat(key, "=", bad)).status(), {key, "from 0 to 1000000", bad});
+    }
+  }
+  for (const char* key : {"ici_bandwidth_gbps", "dcn_bandwidth_gbps"}) {
+    for (const char* bad : {"nan", "inf", "-1", "0.0001", "1000001", "1e300", "fast"}) {
+      ExpectInvalid(ParseTopology(absl::StrCat(key, "=", bad)).status(),
+                    {key, "0 (unlimited)", "from 0.001 to 1000000", bad});
+    }
+  }
+  // Cluster::Create checks options built in C++ too, naming the field.
+  TopologyOptions slow;
+  slow.dcn_bandwidth_bps = 5;
+  ExpectInvalid(Cluster::Create(slow).status(), {"dcn_bandwidth_bps", "0 (unlimited)"});
+  TopologyOptions late;
+  late.ici_latency_ns = kMaxLinkLatencyNs + 1;
+  ExpectInvalid(Cluster::Create(late).status(), {"ici_latency_ns", "at most"});
+  // Host processes move bytes over real sockets: the model is refused there.
+  ExpectInvalid(ParseTopology("hosts=local_processes,dcn_latency_us=20").status(),
+                {"hosts=in_process only", "hosts=local_processes", "dcn_latency_us"});
+  EXPECT_TRUE(ParseTopology("hosts=local_processes,dcn_latency_us=0").ok());
+}
+
 TEST(ClusterTest, StructuredItemsParseEachValueAlone) {
   auto options = ParseTopology({{"islands", "3"}, {"device_memory", "64MiB"}, {"control_latency_us", "2.5"}});
   ASSERT_TRUE(options.ok()) << options.status();

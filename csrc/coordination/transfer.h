@@ -11,16 +11,20 @@
 //
 // In this in-process cluster the bytes are copied with memcpy; the link
 // kind is recorded (and counted) so that tests and traces can see which
-// edges crossed islands.
+// edges crossed islands. With an interconnect model (interconnect.h) the
+// destination becomes ready only once the modeled transfer ends.
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "csrc/base/runnable.h"
 #include "csrc/cluster/device_list.h"
+#include "csrc/coordination/interconnect.h"
+#include "csrc/executor/delay_queue.h"
+#include "csrc/executor/timeline.h"
 #include "csrc/object_store/sharded_buffer.h"
 
 namespace pw {
@@ -42,27 +46,53 @@ struct TransferStats {
   std::atomic<int64_t> ici_transfers{0}, dcn_transfers{0}, host_transfers{0};
 };
 
+// What transfers use while they run. Must outlive every transfer.
+struct TransferServices {
+  TransferStats* stats = nullptr;  // required
+  // Where finished transfers are recorded while it records; null: nowhere.
+  Timeline* timeline = nullptr;
+  // The interconnect model; null (no model): a transfer is done once copied.
+  InterconnectModel* interconnect = nullptr;
+  // Runs a modeled transfer's end; required with `interconnect`.
+  DelayQueue* delays = nullptr;
+};
+
 // Copies `src` shard by shard into `dst` (same dtype, dims and shard count,
 // other devices) once `src` is ready; `dst` becomes ready (or inherits the
-// error) afterwards. Owns itself: deletes itself after it runs.
+// error) afterwards: at once, or with an interconnect model when the
+// modeled transfer ends (the copy is made at once; `src` is held until the
+// end, as the link reads it until then). Owns itself: deletes itself once
+// done.
 class TransferTask final : public Runnable, private BufferWaiter {
  public:
   TransferTask(std::shared_ptr<ShardedBuffer> src, std::shared_ptr<ShardedBuffer> dst, LinkKind link,
-               TransferStats* stats);
+               const TransferServices* services);
 
   // Makes the transfer wait for its source; puts it into `ready` if the
   // source is already done. Call once, after construction.
   void Start(ReadyList* ready);
 
+  // First run: checks, copies, and completes `dst` or, with a model, waits
+  // in the delay queue for the modeled end. Second run (from there):
+  // completes `dst`, failed if a device of either side failed meanwhile.
   void Run(RunContext& ctx) override;
+
+  // True if a device of its source or destination has failed: the runtime
+  // then ends a modeled transfer early, failed (DelayQueue's hurry rule).
+  bool OnFailedDevice() const;
 
  private:
   void OnBufferDone(const absl::Status& status, ReadyList* ready) override;
+  // Records the transfer (if the timeline records), then completes `dst`
+  // with `status` and deletes this.
+  void Finish(RunContext& ctx, absl::Status status);
 
   ObjectStores::WorkInFlight in_flight_;  // first: ends after the buffers go
   std::shared_ptr<ShardedBuffer> src_, dst_;
   LinkKind link_;
-  TransferStats* stats_;
+  bool copied_ = false;  // Run() is called again at the modeled end
+  const TransferServices* services_;
+  int64_t start_ns_ = 0;  // when the links were taken (or the copy began)
 };
 
 // Allocates a buffer on `devices` and fills it from host memory `data`

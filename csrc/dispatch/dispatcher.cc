@@ -50,12 +50,13 @@ absl::Status MemoryWaitCancelled(const std::atomic<bool>* shut_down, const Sched
 }
 
 ParallelDispatcher::ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers,
-                                       Executor* executor, TransferStats* stats, GangServices services)
+                                       Executor* executor, TransferStats* stats, GangServices services,
+                                       InterconnectModel* interconnect)
     : stores_(stores),
       schedulers_(std::move(schedulers)),
       executor_(executor),
-      stats_(stats),
-      services_(services) {}
+      services_(services),
+      transfer_services_{stats, services.timeline, interconnect, services.delays} {}
 
 absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> ParallelDispatcher::Execute(
     const LoweredProgram& program, absl::Span<const ProgramArg> args, const ExecuteOptions& options) {
@@ -141,7 +142,7 @@ absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, ab
   for (const ArgPlacement& p : program.arg_placements()) {
     const ProgramArg& arg = args[p.arg];
     if (arg.buffer == nullptr) {
-      auto placed = CopyFromHost(stores_, arg.dtype, arg.dims, arg.host_data, p.devices, stats_, owner);
+      auto placed = CopyFromHost(stores_, arg.dtype, arg.dims, arg.host_data, p.devices, transfer_services_.stats, owner);
       if (!placed.ok()) return placed.status();
       slots[p.slot] = *std::move(placed);
     } else if (arg.buffer->devices() == p.devices) {
@@ -151,7 +152,8 @@ absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, ab
       if (!dst.ok()) return dst.status();
       (*dst)->SetCopiedFrom(arg.buffer);
       slots[p.slot] = *dst;
-      (new TransferTask(arg.buffer, *std::move(dst), ClassifyLink(*arg.buffer->devices(), *p.devices), stats_))
+      (new TransferTask(arg.buffer, *std::move(dst), ClassifyLink(*arg.buffer->devices(), *p.devices),
+                        &transfer_services_))
           ->Start(ready);
     }
   }
@@ -188,7 +190,8 @@ absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, ab
     }
     if (step.kind == LoweredStep::Kind::kTransfer) {
       outputs[0]->SetCopiedFrom(slots[step.in_slots[0]]);
-      (new TransferTask(slots[step.in_slots[0]], std::move(outputs[0]), step.link, stats_))->Start(ready);
+      (new TransferTask(slots[step.in_slots[0]], std::move(outputs[0]), step.link, &transfer_services_))
+          ->Start(ready);
       continue;
     }
     absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 4> inputs;

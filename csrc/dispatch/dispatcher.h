@@ -79,9 +79,11 @@ class RemoteDispatch {
 class ParallelDispatcher {
  public:
   // All pointers must outlive the dispatcher. `schedulers` is indexed by
-  // island id.
+  // island id. `interconnect` (may be null: no model) times the transfers
+  // between slices; their recording goes to `services.timeline` and their
+  // modeled ends to `services.delays`.
   ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers, Executor* executor,
-                     TransferStats* stats, GangServices services);
+                     TransferStats* stats, GangServices services, InterconnectModel* interconnect = nullptr);
 
   // Dispatches every step of `program` and returns its outputs (pending).
   // InvalidArgument if the arguments do not match the program's. First it
@@ -97,7 +99,7 @@ class ParallelDispatcher {
                                                                       const ExecuteOptions& options = {});
 
   ObjectStores* stores() const { return stores_; }
-  TransferStats* transfer_stats() const { return stats_; }
+  TransferStats* transfer_stats() const { return transfer_services_.stats; }
   // Sends every later dispatch to host processes (set once, before use).
   void set_remote(RemoteDispatch* remote) { remote_ = remote; }
 
@@ -109,8 +111,8 @@ class ParallelDispatcher {
   ObjectStores* stores_;
   std::vector<GangScheduler*> schedulers_;
   Executor* executor_;
-  TransferStats* stats_;
   GangServices services_;
+  TransferServices transfer_services_;
   RemoteDispatch* remote_ = nullptr;
 };
 

@@ -2,10 +2,11 @@
 #define PATHWAYS_EXECUTOR_TIMELINE_H_
 
 // What each device ran and when (paper Figure 9, Appendix D): one event per
-// gang, naming its devices, start and end, client, program and node. Cheap
-// enough to leave on in benchmarks: an event is recorded per gang, not per
-// device (expanding to per-device tracks happens at export), and recording
-// is off unless started.
+// gang, naming its devices, start and end, client, program and node; and one
+// per transfer between slices, naming its source and destination devices,
+// link and bytes. Cheap enough to leave on in benchmarks: an event is
+// recorded per gang or transfer, not per device (expanding to per-device
+// tracks happens at export), and recording is off unless started.
 //
 // Thread-safe.
 
@@ -18,19 +19,26 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "csrc/base/mutex.h"
 #include "csrc/cluster/device_list.h"
 
 namespace pw {
 
 struct TimelineEvent {
-  const DeviceList* devices = nullptr;
+  const DeviceList* devices = nullptr;  // a gang's; a transfer's destination
   int64_t start_ns = 0;  // NowNanos() clock
   int64_t end_ns = 0;
+  // A gang's (null for a transfer):
   const std::string* client = nullptr;   // lives as long as the runtime
   const std::string* program = nullptr;  // kept alive by `owner`
   const std::string* node = nullptr;     // kept alive by `owner`
   std::shared_ptr<const void> owner;
+  // A transfer's (`source` null for a gang): from when it took its links
+  // (or began its copy) until its destination was ready.
+  const DeviceList* source = nullptr;
+  absl::string_view link = "";  // LinkKindName: "ici" or "dcn", a literal
+  int64_t bytes = 0;       // over all shards
 };
 
 // Recording happens in sessions, which may overlap (nested scopes, several

@@ -34,6 +34,10 @@ def configure(
     control_latency_us: Optional[float] = None,
     hang_report_seconds: Optional[float] = None,
     hosts: Optional[str] = None,
+    ici_latency_us: Optional[float] = None,
+    ici_bandwidth_gbps: Optional[float] = None,
+    dcn_latency_us: Optional[float] = None,
+    dcn_bandwidth_gbps: Optional[float] = None,
 ) -> None:
     """Sets the simulated topology of the runtime before its first use.
 
@@ -75,6 +79,29 @@ def configure(
         started by hand, Slurm or Kubernetes with `pathways-host
         --client=ADDRESS` register with this client: set PATHWAYS_SECRET,
         and PATHWAYS_CLIENT_ADDRESS to where to listen). See `pw.hosts()`.
+      ici_latency_us: The interconnect model (in process only; all four
+        keys 0, the default, model nothing: a transfer is done once copied).
+        A transfer between slices holds the links it crosses for latency +
+        bytes / bandwidth, queueing behind the transfers that hold them, and
+        its destination is ready no earlier; it shows in `pw.timeline()`'s
+        `transfers()`. `ici_latency_us` is the latency of a transfer inside
+        an island (ICI), a finite number from 0 to 1000000 (1 s). Suggested:
+        1.
+      ici_bandwidth_gbps: ICI bandwidth of one device each way, in Gbit/s:
+        every device has one ICI port out and one in, and shard i of a
+        transfer holds its source device's port out and its destination
+        device's port in. 0 (unlimited) or a finite number from 0.001 to
+        1000000. Suggested: 1600 (TPU v5e: 400 GB/s per chip both ways).
+      dcn_latency_us: Latency of a transfer across islands (DCN), a finite
+        number from 0 to 1000000. Suggested: 20.
+      dcn_bandwidth_gbps: DCN bandwidth of one host's NIC each way, in
+        Gbit/s, shared by every transfer sending from or receiving at that
+        host: two transfers leaving one host at once take turns, so the
+        second ends twice as late. 0 (unlimited) or from 0.001 to 1000000.
+        Suggested: 200 (TPU v5e: 2 x 100 Gbps NICs per host). The sources
+        of the suggestions are in the README ("Choosing the topology").
+        With hosts other than "in_process" these keys must stay 0: host
+        processes move bytes over real sockets.
 
     The same limits apply to `PATHWAYS_TOPOLOGY`, with the same errors.
 
@@ -107,6 +134,10 @@ def configure(
     for name, value in (
         ("control_latency_us", control_latency_us),
         ("hang_report_seconds", hang_report_seconds),
+        ("ici_latency_us", ici_latency_us),
+        ("ici_bandwidth_gbps", ici_bandwidth_gbps),
+        ("dcn_latency_us", dcn_latency_us),
+        ("dcn_bandwidth_gbps", dcn_bandwidth_gbps),
     ):
         if value is not None:
             items.append((name, repr(_checks.real("configure", name, value))))
@@ -142,7 +173,9 @@ def topology() -> dict:
     Returns:
       A dict with keys `islands`, `hosts_per_island`, `devices_per_host`,
       `device_memory` (bytes), `executor_threads`, `control_latency_us`,
-      `hang_report_seconds` and `hosts` ("in_process" or "local_processes").
+      `hang_report_seconds`, `ici_latency_us`, `ici_bandwidth_gbps`,
+      `dcn_latency_us`, `dcn_bandwidth_gbps` (0: not modeled) and `hosts`
+      ("in_process" or "local_processes").
     """
     return _core.topology()
 

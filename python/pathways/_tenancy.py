@@ -5,8 +5,8 @@
   policy each backlogged client gets device time in proportion to its weight.
 * `set_scheduling_policy`: "fifo" or "proportional_share", for every island.
 * `dispatch_mode`: overrides parallel/sequential dispatch for calls in scope.
-* `timeline`: records what each device ran and when, and exports it as a
-  Chrome/Perfetto trace.
+* `timeline`: records what each device ran and when, and the transfers
+  between slices (ICI or DCN), and exports it as a Chrome/Perfetto trace.
 """
 
 from __future__ import annotations
@@ -182,11 +182,13 @@ def device_busy_seconds() -> list:
 class Timeline:
     """What each device ran and when, recorded by `pw.timeline()`.
 
-    Events are per gang; each covers every device of the gang.
+    Events are per gang; each covers every device of the gang. Transfers
+    between slices are listed apart (`transfers()`).
     """
 
     def __init__(self) -> None:
         self._raw: list = []
+        self._raw_transfers: list = []
         self._lists: dict = {}
         self._origin_ns = _core.now_ns()
         self.wall_seconds = 0.0
@@ -221,6 +223,37 @@ class Timeline:
                 )
         return out
 
+    def transfers(self) -> list:
+        """One dict per transfer between slices, in the order they finished.
+
+        Keys: link ("ici" inside an island, "dcn" across islands), bytes (all
+        shards), src_devices and dst_devices (device ids, shard i from the
+        one to the other), src_hosts and dst_hosts (sorted host ids), and
+        start_us, end_us: microseconds since the timeline started. In
+        process, without an interconnect model (see `pw.configure`'s
+        ici_*/dcn_* keys), a transfer lasts as long as its copy; with one,
+        from when it took its links until its destination was ready, which is
+        at least latency + bytes / bandwidth. Transfers between host
+        processes (hosts="local_processes") are not recorded.
+        """
+        info = {d.id: d for d in _core.devices()}
+        out = []
+        for src_id, dst_id, start, end, link, nbytes in self._raw_transfers:
+            src, dst = self._devices_of(src_id), self._devices_of(dst_id)
+            out.append(
+                {
+                    "link": link,
+                    "bytes": nbytes,
+                    "src_devices": list(src),
+                    "dst_devices": list(dst),
+                    "src_hosts": sorted({info[d].host for d in src}),
+                    "dst_hosts": sorted({info[d].host for d in dst}),
+                    "start_us": (start - self._origin_ns) / 1e3,
+                    "end_us": (end - self._origin_ns) / 1e3,
+                }
+            )
+        return out
+
     def device_busy_seconds(self) -> dict:
         """{device id: busy seconds} over the recorded gangs."""
         busy: dict = {}
@@ -233,7 +266,10 @@ class Timeline:
         """Writes the timeline as Chrome/Perfetto trace-event JSON.
 
         One track (thread) per device, grouped in one process per host, named
-        "island I / host H". Open it in https://ui.perfetto.dev or chrome://tracing.
+        "island I / host H". Transfers between slices are async slices
+        ("transfer" category, named "ici 4096 B" or "dcn 4096 B") in the
+        process of their first destination host. Open it in
+        https://ui.perfetto.dev or chrome://tracing.
 
         Args:
           path: File to write.
@@ -267,9 +303,21 @@ class Timeline:
                     "args": {"program": ev["program"], "client": ev["client"]},
                 }
             )
+        hosts = {h for h, _ in tracks}
+        for k, tr in enumerate(self.transfers()):
+            if wanted is not None and not wanted.intersection(tr["src_devices"] + tr["dst_devices"]):
+                continue
+            host = tr["dst_hosts"][0]
+            hosts.add(host)
+            common = {"name": f'{tr["link"]} {tr["bytes"]} B', "cat": "transfer", "id": k, "pid": host,
+                      "tid": tr["dst_devices"][0]}
+            args = {"link": tr["link"], "bytes": tr["bytes"], "src_devices": tr["src_devices"],
+                    "dst_devices": tr["dst_devices"]}
+            trace.append({**common, "ph": "b", "ts": round(tr["start_us"], 3), "args": args})
+            trace.append({**common, "ph": "e", "ts": round(tr["end_us"], 3)})
         meta = []
-        for host in sorted({h for h, _ in tracks}):
-            island = next(info[d].island for h, d in tracks if h == host)
+        for host in sorted(hosts):
+            island = next(d.island for d in info.values() if d.host == host)
             meta.append(
                 {"name": "process_name", "ph": "M", "ts": 0, "pid": host, "tid": 0,
                  "args": {"name": f"island {island} / host {host}"}}
@@ -291,10 +339,13 @@ class Timeline:
 def timeline() -> Iterator[Timeline]:
     """Records what every device runs in this scope (all threads and clients).
 
-    Recording costs one event per gang. On exit, waits for the gangs
-    dispatched before the exit to finish (not for work other threads keep
-    submitting), so every gang of the scope is in the timeline. A gang that
-    started before the scope has a negative `start_us`.
+    Recording costs one event per gang and per transfer between slices. On
+    exit, waits for the gangs dispatched before the exit to finish (not for
+    work other threads keep submitting), so every gang of the scope is in
+    the timeline; a transfer is in it once its destination is ready (wait
+    for a program's outputs inside the scope to be sure of its last
+    transfers). A gang that started before the scope has a negative
+    `start_us`.
 
     Scopes may nest, and several threads may record at once: each timeline
     gets every gang that finished while it was open, so an outer scope also
@@ -311,5 +362,5 @@ def timeline() -> Iterator[Timeline]:
         try:
             _core.await_submitted()  # interruptible (Ctrl-C)
         finally:
-            tl._raw = _core.timeline_stop(session)
+            tl._raw, tl._raw_transfers = _core.timeline_stop(session)
             tl.wall_seconds = (_core.now_ns() - tl._origin_ns) * 1e-9
