@@ -50,3 +50,13 @@ def test_multi_island_dp_matches_one_island():
     transfers = int(re.search(r"DCN transfers: (\d+)", out).group(1))
     assert transfers == 2 * 3  # each island's gradient slices to the other, every step
     assert "OK: two islands over DCN match one island" in out
+
+
+def test_moe_matches_the_dense_reference_and_drops_over_capacity():
+    out = run_example("moe.py", "--quick")
+    diff = float(re.search(r"max relative difference of the losses: (\S+)", out).group(1))
+    assert diff < 1e-5
+    dropped, total = map(int, re.search(r"dropped (\d+) of (\d+)", out).groups())
+    assert total == 2 * 64 * 4  # top-2 of every token of the 4 groups
+    assert dropped > 0  # the capacity binds, so the check covers dropped tokens too
+    assert "OK: the mixture of experts over all_to_all matches" in out
