@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _harness as h  # noqa: E402
 
-SCRIPTS = ["dispatch_overhead", "smallest_computation", "pipeline_dispatch", "multi_tenancy", "kernels", "transformer", "multihost"]
+SCRIPTS = ["dispatch_overhead", "smallest_computation", "pipeline_dispatch", "multi_tenancy", "kernels", "transformer", "multihost",
+           "pipeline_training"]
 
 
 def main(argv=None) -> int:

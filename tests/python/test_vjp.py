@@ -319,3 +319,37 @@ def test_matches_jax_vjp():
     np.testing.assert_allclose(y, np.asarray(jy), rtol=1e-13)
     for a, b in zip(f_vjp(ct), j_vjp(ct)):
         np.testing.assert_allclose(a, np.asarray(b), rtol=1e-12, atol=1e-14)
+
+
+def test_has_aux_needs_a_pair_and_errors_leave_the_cache_usable(tpus2, runtime_ok):
+    f = pw.pmap(lambda x: x * 2.0, devices=tpus2)
+    with pytest.raises(TypeError, match="has_aux=True: the function must return a pair"):
+        pw.vjp(f, np.ones((2, 3)), has_aux=True)
+    with pytest.raises(TypeError, match="has_aux=True: the function must return a pair"):
+        pw.pmap(lambda x: pw.vjp(lambda z: z, x, has_aux=True)[0], devices=tpus2)(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="leading axis of size 3"):
+        pw.vjp(f, np.ones((3, 3)))
+    y, f_vjp = pw.vjp(f, np.ones((2, 3)))  # the failed traces left nothing behind
+    np.testing.assert_array_equal(np.asarray(f_vjp(np.ones((2, 3)))[0]), np.full((2, 3), 2.0))
+    runtime_ok()
+
+
+def test_a_cotangent_from_another_program_is_an_escaped_tracer(tpus2, data):
+    w, x, ct = data
+    f = pw.pmap(stage, devices=tpus2)
+    other = []
+
+    @pw.program
+    def first(ct):
+        other.append(ct)
+        return ct
+
+    first(ct)
+
+    @pw.program
+    def second(w, x):
+        _, f_vjp = pw.vjp(f, w, x)
+        return f_vjp(other[0])
+
+    with pytest.raises(pw.TracerError, match="escaped tracer"):
+        second(w, x)
