@@ -64,6 +64,7 @@ from pathways._collectives import (
 )
 from pathways._autodiff import grad, stop_gradient, value_and_grad
 from pathways._vjp import jvp, vjp
+from pathways._dynamic import compact
 from pathways._diagnose import Diagnosis, HangWarning, diagnose
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
@@ -185,6 +186,7 @@ __all__ = [
     "all_to_all",
     "psum_scatter",
     "program",
+    "compact",
     "simulated_compute",
     "dispatch_mode",
     # Gradients.

@@ -51,7 +51,12 @@ class _ProgramTrace:
         self._constant_ids: list = []  # their value ids
         self._captured: dict = {}  # id(value) -> value id
         self._keepalive: list = []  # the captured objects themselves
+        self.deferred_constants: dict = {}  # value id -> concrete input of a deferred node
         self.calls: list = []  # (compiled function, input value ids, output value ids)
+        # Nodes whose shapes depend on data (paper §4.5), run by the fallback
+        # after the static part: (kind, payload, input value ids, output ids).
+        self.deferred: list = []
+        self.dynamic: set = set()  # value ids whose shape is known only at run time
         self._next_id = 0
 
     def where(self) -> str:
@@ -117,6 +122,16 @@ class _ProgramTrace:
             checked.append(leaf)
         return checked
 
+    def reject_dynamic(self, leaves: list, where: str) -> None:
+        """TracerError for a value of data-dependent shape among `leaves` (for `where`)."""
+        for leaf in leaves:
+            if isinstance(leaf, ProgramTracer) and leaf._id in self.dynamic:
+                raise TracerError(
+                    f"{where} got a value of data-dependent shape ({leaf.aval}) in "
+                    f"{self.where()}: not supported yet (only pmap'd calls and pw.compact run on "
+                    "such values)"
+                )
+
     def stage_call(self, compiled: Any, inputs: list) -> list:
         """Records a node calling `compiled` on checked `inputs`; returns its outputs."""
         ids = []
@@ -135,14 +150,52 @@ class _ProgramTrace:
         return outs
 
     def stage_pmap(self, fn: PmapFunction, args: tuple) -> Any:
-        """Records a call of `fn` on `args` as a program node; returns its outputs."""
+        """Records a call of `fn` on `args` as a program node; returns its outputs.
+
+        A call with an input whose shape depends on data is deferred: traced
+        now at the input's bound (for its output structure), run by the
+        fallback once the input exists.
+        """
         leaves, treedef = tree_flatten(args)
         inputs = self.check_leaves(leaves, f"pmap of {fn._name!r}")
+        if any(isinstance(x, ProgramTracer) and x._id in self.dynamic for x in inputs):
+            avals = [(x._bound, x.dtype) if isinstance(x, ProgramTracer) and x._id in self.dynamic
+                     else (tuple(x.shape), np.dtype(x.dtype)) for x in inputs]
+            entry = fn.get_compiled(treedef, avals)
+            outs = self.stage_deferred(("call", fn, treedef), inputs, entry.compiled.output_types())
+            return tree_unflatten(entry.out_treedef, outs)
         entry = fn.get_compiled(treedef, [(tuple(x.shape), np.dtype(x.dtype)) for x in inputs])
         return tree_unflatten(entry.out_treedef, self.stage_call(entry.compiled, inputs))
 
+    def stage_deferred(self, op: tuple, inputs: list, out_types: list) -> list:
+        """Records a node of the fallback; returns its outputs, of data-dependent shape.
+
+        Args:
+          op: What the node runs (see pathways._dynamic.run_deferred).
+          inputs: Checked leaves: program values, or concrete arrays (captured).
+          out_types: `(bound shape, dtype)` per output.
+        """
+        ids = []
+        for leaf in inputs:
+            if isinstance(leaf, ProgramTracer):
+                ids.append(leaf._id)
+            else:
+                vid = self._new_value()
+                self._keepalive.append(leaf)
+                self.deferred_constants[vid] = leaf
+                ids.append(vid)
+        outs = []
+        out_ids = []
+        for shape, dtype in out_types:
+            vid = self._new_value()
+            out_ids.append(vid)
+            self.dynamic.add(vid)
+            outs.append(ProgramTracer(self, vid, None, np.dtype(dtype), bound=tuple(shape)))
+        self.deferred.append((op, ids, out_ids))
+        return outs
+
     def build(self, outputs: list) -> Any:
-        """Builds the `_core.Program` with the given output value ids."""
+        """Builds the `_core.Program` of the static nodes with the given output value ids."""
         pb = _core.ProgramBuilder(_ir_name(self.name))
         core_id = {}
         for vid, dtype, shape in self.args:
@@ -177,7 +230,7 @@ class ProgramTracer(_TracerBase):
       aval: A short type string, e.g. "f64[2]".
     """
 
-    __slots__ = ("_trace", "_id", "shape", "dtype", "_arg_index")
+    __slots__ = ("_trace", "_id", "shape", "dtype", "_arg_index", "_bound")
 
     __array_priority__ = 1000
 
@@ -185,15 +238,27 @@ class ProgramTracer(_TracerBase):
         self,
         trace: _ProgramTrace,
         value_id: int,
-        shape: tuple,
+        shape: Optional[tuple],
         dtype: np.dtype,
         arg_index: Optional[int] = None,
+        bound: Optional[tuple] = None,
     ):
         self._trace = trace
         self._id = value_id
-        self.shape = shape
+        self.shape = shape  # None: known only at run time (a data-dependent shape)
         self.dtype = dtype
         self._arg_index = arg_index  # index among the program's dynamic args
+        self._bound = bound  # the largest shape a data-dependent one can take
+
+    @property
+    def ndim(self) -> int:
+        return len(self._bound if self.shape is None else self.shape)
+
+    @property
+    def aval(self) -> str:
+        if self.shape is None:
+            return aval_str(("?",) * len(self._bound), self.dtype)
+        return aval_str(self.shape, self.dtype)
 
     def __repr__(self) -> str:
         return f"ProgramTracer<{self.aval}>"
@@ -254,6 +319,8 @@ class ProgramTracer(_TracerBase):
         raise self._untraceable("indexing")
 
     def __len__(self) -> int:
+        if self.shape is None:
+            raise TypeError(f"len() of a traced program value of data-dependent shape ({self.aval})")
         if not self.shape:
             raise TypeError(f"len() of unsized traced program value ({self.aval})")
         return self.shape[0]
@@ -295,6 +362,7 @@ del _symbol, _names, _name
 _FROM_OUTPUT = 0  # payload: index into the executed program's outputs
 _FROM_INPUT = 1  # payload: index into the caller's dynamic leaves
 _CONSTANT = 2  # payload: the value itself
+_FROM_DEFERRED = 3  # payload: the value id of a deferred node's output
 
 
 class _Traced(NamedTuple):
@@ -307,6 +375,10 @@ class _Traced(NamedTuple):
     num_outputs: int  # program value outputs
     constants: list  # captured arrays, passed after the dynamic args
     outputs_in_order: bool  # out_spec is exactly the program's outputs, in order
+    # The fallback's nodes (pathways._dynamic): (op, input refs, output ids),
+    # a ref being ("output", j), ("input", k), ("constant", array) or
+    # ("deferred", value id).
+    deferred: tuple = ()
 
 
 _POSITIONAL: dict = {}
@@ -451,10 +523,14 @@ class Program:
                 return tree_unflatten(entry.out_treedef, outs)
         else:
             outs = ()
+        late = _run_deferred(entry.deferred, outs, dynamic) if entry.deferred else None
         return tree_unflatten(
             entry.out_treedef,
             [
-                outs[p] if kind == _FROM_OUTPUT else dynamic[p] if kind == _FROM_INPUT else p
+                outs[p] if kind == _FROM_OUTPUT
+                else dynamic[p] if kind == _FROM_INPUT
+                else late[p] if kind == _FROM_DEFERRED
+                else p
                 for kind, p in entry.out_spec
             ],
         )
@@ -528,6 +604,9 @@ class Program:
                     if leaf._arg_index is not None:
                         spec.append((_FROM_INPUT, leaf._arg_index))
                         continue
+                    if leaf._id in trace.dynamic:
+                        spec.append((_FROM_DEFERRED, leaf._id))
+                        continue
                     j = index_of.get(leaf._id)
                     if j is None:
                         j = index_of[leaf._id] = len(out_ids)
@@ -543,12 +622,51 @@ class Program:
         finally:
             trace.active = False
             st.program = prev
+        deferred = _deferred_refs(trace, out_ids, index_of)
         prog = trace.build(out_ids)
         lowered = prog.lower()
-        in_order = spec == [(_FROM_OUTPUT, j) for j in range(len(out_ids))]
+        in_order = not deferred and spec == [(_FROM_OUTPUT, j) for j in range(len(out_ids))]
         return _Traced(
-            prog, lowered, out_treedef, tuple(spec), len(out_ids), list(trace.constants), in_order
+            prog, lowered, out_treedef, tuple(spec), len(out_ids), list(trace.constants), in_order,
+            deferred,
         )
+
+
+def _deferred_refs(trace: _ProgramTrace, out_ids: list, index_of: dict) -> tuple:
+    """The deferred nodes with their inputs as refs; static values they read become outputs."""
+    arg_of = {vid: k for k, (vid, _, _) in enumerate(trace.args)}
+    constant_of = dict(zip(trace._constant_ids, trace.constants))
+    nodes = []
+    for op, ids, outs in trace.deferred:
+        refs = []
+        for vid in ids:
+            if vid in trace.dynamic:
+                refs.append(("deferred", vid))
+            elif vid in arg_of:
+                refs.append(("input", arg_of[vid]))
+            elif vid in constant_of:
+                refs.append(("constant", constant_of[vid]))
+            elif vid in trace.deferred_constants:
+                refs.append(("constant", trace.deferred_constants[vid]))
+            else:  # a static node's output: the static program returns it
+                j = index_of.get(vid)
+                if j is None:
+                    j = index_of[vid] = len(out_ids)
+                    out_ids.append(vid)
+                refs.append(("output", j))
+        nodes.append((op, tuple(refs), tuple(outs)))
+    return tuple(nodes)
+
+
+def _run_deferred(deferred: tuple, outs: Any, dynamic: Any) -> dict:
+    """Runs the fallback's nodes of one call (pathways._dynamic)."""
+    from pathways._dynamic import run_deferred
+
+    def resolve(ref: tuple) -> Any:
+        kind, p = ref
+        return outs[p] if kind == "output" else dynamic[p] if kind == "input" else p
+
+    return run_deferred(deferred, resolve)
 
 
 _DISPATCH_MODES = ("parallel", "sequential")

@@ -288,6 +288,8 @@ class _Pullback:
         """
         e = self._entry
         where = f"pw.vjp pullback of pmap of {self._name!r}"
+        if self._program is not None and self._program.active:
+            self._program.reject_dynamic(tree_flatten(cotangent)[0], where)
         leaves = _cotangent_leaves(cotangent, e.out_treedef, e.out_avals, where)
         program = self._program
         if program is not None:
@@ -380,6 +382,7 @@ def _vjp_pmapped(pf: PmapFunction, primals: tuple, has_aux: bool) -> tuple:
     program = _state.program
     if program is not None:
         inputs = program.check_leaves(leaves, where, "primal leaf")
+        program.reject_dynamic(inputs, where)
     else:
         inputs = [_to_array(x, where, i, "primal leaf") for i, x in enumerate(leaves)]
     entry = _entry(pf, inputs, treedef, has_aux)
@@ -663,6 +666,8 @@ def jvp(fn: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = Fal
     """
     if not callable(fn):
         raise TypeError(f"jvp expects a callable, got {fn!r}")
+    if _state.program is not None:
+        _state.program.reject_dynamic(tree_flatten((primals, tangents))[0], "pw.jvp")
     _check_jvp_args(primals, tangents)
     primals, tangents = tuple(primals), tuple(tangents)
     has_aux = bool(has_aux)
