@@ -1,5 +1,6 @@
 #include "csrc/coordination/interconnect.h"
 
+#include <memory>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -19,6 +20,10 @@ class InterconnectModelTest : public ::testing::Test {
     options.ici_bandwidth_bps = ici_bps;
     options.dcn_latency_ns = dcn_latency_ns;
     options.dcn_bandwidth_bps = dcn_bps;
+    // A new registry with the new cluster: an old one would hand back lists
+    // of the freed devices for the new devices' addresses.
+    model_.reset();
+    registry_ = std::make_unique<DeviceListRegistry>();
     cluster_ = *Cluster::Create(options);
     model_ = InterconnectModel::Create(*cluster_);
     ASSERT_NE(model_, nullptr);
@@ -26,14 +31,14 @@ class InterconnectModelTest : public ::testing::Test {
   const DeviceList& List(std::vector<int> ids) {
     std::vector<Device*> devs;
     for (int id : ids) devs.push_back(cluster_->devices()[id]);
-    return **registry_.Intern(devs);
+    return **registry_->Intern(devs);
   }
   InterconnectModel::Interval Move(std::vector<int> src, std::vector<int> dst, int64_t shard_bytes, int64_t now) {
     return model_->Reserve(List(std::move(src)), List(std::move(dst)), shard_bytes, now);
   }
 
   std::unique_ptr<Cluster> cluster_;
-  DeviceListRegistry registry_;
+  std::unique_ptr<DeviceListRegistry> registry_;
   std::unique_ptr<InterconnectModel> model_;
 };
 
