@@ -313,7 +313,7 @@ def main(argv=None) -> None:
         ax1.set_xlabel("pipeline stages S")
         ax1.set_ylabel("throughput relative to SPMD")
         ax1.set_title("Pipelined training, 16 devices")
-        ax1.legend(fontsize=8)
+        ax1.legend(fontsize=7, loc="upper right", ncol=2)
         ax2.bar(["1 island x 16", "2 islands x 8"], [1.0, (two / one) if one and two else 0])
         ax2.set_ylim(0.9, 1.01)
         ax2.axhline(0.97, color="red", lw=0.8, ls="--", label="target 0.97")
