@@ -202,6 +202,7 @@ def test_timelines_of_two_threads_at_once(runtime_ok):
     steps = [_named_step(f"rel_thread{i}", get_devices(2)) for i in range(2)]
     both_open = threading.Barrier(2)
     results = [None, None]
+    events = [None, None]
     errors = []
 
     def run(i):
@@ -214,6 +215,9 @@ def test_timelines_of_two_threads_at_once(runtime_ok):
                 x.block_until_ready()
                 both_open.wait(timeout=60)  # neither closes before the other finished
             results[i] = _gangs_by_node(tl)
+            # Kept for the message below: which events a wrong count came from.
+            events[i] = sorted((ev["node"], ev["start_us"], ev["end_us"], ev["device"])
+                               for ev in tl.events() if ev["node"].startswith("rel_thread"))
         except Exception as e:  # reported below
             errors.append(e)
 
@@ -225,7 +229,8 @@ def test_timelines_of_two_threads_at_once(runtime_ok):
     assert not errors, errors
     for i in range(2):
         # Its own gangs, and (both scopes being open throughout) the other thread's too.
-        assert results[i].get("rel_thread0") == n and results[i].get("rel_thread1") == n, (i, results[i])
+        assert results[i].get("rel_thread0") == n and results[i].get("rel_thread1") == n, (
+            i, results[i], events[i])
     runtime_ok()
 
 
