@@ -231,7 +231,7 @@ void RegisterRuntime(py::module_& m) {
         transfers.append(py::make_tuple(e.source->id(), e.devices->id(), e.start_ns, e.end_ns, std::string(e.link),
                                         e.bytes));
       } else {
-        gangs.append(py::make_tuple(e.devices->id(), e.start_ns, e.end_ns, *e.client, *e.program, *e.node));
+        gangs.append(py::make_tuple(e.devices->id(), e.start_ns, e.end_ns, *e.client, *e.program, *e.node, e.gang));
       }
     }
     return py::make_tuple(gangs, transfers);

@@ -362,9 +362,13 @@ void RemoteCluster::RecordPart(const Run& run, int host, int step, int64_t start
     services_.schedulers[gang->island()->id()]->AddBusy(part, busy_ns);
   }
   if (services_.timeline != nullptr && services_.timeline->recording()) {
-    services_.timeline->Record(TimelineEvent{part, start_ns, start_ns + busy_ns,
-                                             run.client != nullptr ? &run.client->name() : &DefaultClientName(),
-                                             &run.program->name(), &fn->name(), run.program});
+    TimelineEvent event{part, start_ns, start_ns + busy_ns,
+                        run.client != nullptr ? &run.client->name() : &DefaultClientName(),
+                        &run.program->name(), &fn->name(), run.program};
+    // Every host's part of this step of this run is one gang: numbered by
+    // both, negative so as not to meet the in-process numbers (steps < 2^24).
+    event.gang = -((static_cast<int64_t>(run.seq) << 24) + step + 1);
+    services_.timeline->Record(std::move(event));
   }
 }
 

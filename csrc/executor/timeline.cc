@@ -35,7 +35,9 @@ absl::StatusOr<std::vector<TimelineEvent>> Timeline::Stop(int64_t session) {
 
 void Timeline::Record(TimelineEvent event) {
   MutexLock lock(&mu_);
-  if (recording_.load(std::memory_order_relaxed)) events_.push_back(std::move(event));
+  if (!recording_.load(std::memory_order_relaxed)) return;
+  if (event.source == nullptr && event.gang == 0) event.gang = ++next_gang_;
+  events_.push_back(std::move(event));
 }
 
 }  // namespace pw

@@ -34,6 +34,11 @@ struct TimelineEvent {
   const std::string* program = nullptr;  // kept alive by `owner`
   const std::string* node = nullptr;     // kept alive by `owner`
   std::shared_ptr<const void> owner;
+  // Which gang: the same for every event of one gang, and for no other.
+  // With host processes a gang spanning hosts is recorded once per host (its
+  // part there, with that host's start and end), so it is how they group. 0:
+  // Record numbers the event as a gang of its own (gangs run in process).
+  int64_t gang = 0;
   // A transfer's (`source` null for a gang): from when it took its links
   // (or began its copy) until its destination was ready.
   const DeviceList* source = nullptr;
@@ -52,6 +57,8 @@ class Timeline {
   // Start(). NotFound if it is not open.
   absl::StatusOr<std::vector<TimelineEvent>> Stop(int64_t session);
   bool recording() const { return recording_.load(std::memory_order_relaxed); }
+  // Keeps `event` for the open sessions; a gang's event with `gang` 0 gets a
+  // number of its own (positive).
   void Record(TimelineEvent event);
 
  private:
@@ -63,6 +70,7 @@ class Timeline {
   // Open sessions: id -> number of the first event it wants.
   absl::flat_hash_map<int64_t, int64_t> sessions_ ABSL_GUARDED_BY(mu_);
   int64_t next_session_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_gang_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pw

@@ -200,13 +200,16 @@ class Timeline:
         return devices
 
     def events(self) -> list:
-        """One dict per gang and device: device, island, host, start_us, end_us, client, program, node.
+        """One dict per gang and device: device, island, host, start_us, end_us, client, program, node, gang.
 
-        Times are microseconds since the timeline started.
+        Times are microseconds since the timeline started. `gang` numbers the
+        gang: the events of one gang share it. With host processes a gang
+        spanning hosts has each host's own start and end (its part there);
+        group by `gang` to count gangs.
         """
         info = {d.id: d for d in _core.devices()}
         out = []
-        for list_id, start, end, client, program, node in self._raw:
+        for list_id, start, end, client, program, node, gang in self._raw:
             for dev in self._devices_of(list_id):
                 d = info[dev]
                 out.append(
@@ -219,6 +222,7 @@ class Timeline:
                         "client": client,
                         "program": program,
                         "node": node,
+                        "gang": gang,
                     }
                 )
         return out

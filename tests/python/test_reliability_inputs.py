@@ -164,12 +164,11 @@ def _named_step(name, tpus):
 
 
 def _gangs_by_node(tl):
-    """{node: number of gangs}, from the per-device events."""
-    devices_per_gang = {}
-    for ev in tl.events():
-        devices_per_gang.setdefault((ev["node"], ev["start_us"]), set()).add(ev["device"])
+    """{node: number of gangs}, from the per-device events (grouped by gang: with
+    host processes a gang spanning hosts has one start per host)."""
+    gangs = {(ev["node"], ev["gang"]) for ev in tl.events()}
     counts = {}
-    for node, _ in devices_per_gang:
+    for node, _ in gangs:
         counts[node] = counts.get(node, 0) + 1
     return counts
 

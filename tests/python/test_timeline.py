@@ -131,3 +131,22 @@ def test_timeline_exits_while_others_keep_submitting():
     worker.join(timeout=60)
     assert exited.is_set(), "pw.timeline() did not exit while another client kept submitting"
     assert any(e["client"] == "default" for e in record.events)
+
+
+def test_the_events_of_one_gang_share_its_number_across_hosts(devices_of):
+    # 8 devices span two hosts of 4: with host processes each host records its
+    # part of the gang (its own start and end); `gang` groups them.
+    wide = pw.pmap(lambda x: pw.simulated_compute(x + 1.0, 100), devices=devices_of(8))
+    x = np.zeros(8)
+    wide(x).block_until_ready()
+    with pw.timeline() as tl:
+        y = wide(x)
+        y = wide(y)
+        y.block_until_ready()
+    events = [e for e in tl.events() if e["program"] == "lambda"]
+    assert len(events) == 2 * 8  # per gang and device
+    by_gang = {}
+    for e in events:
+        by_gang.setdefault(e["gang"], set()).add(e["device"])
+    assert len(by_gang) == 2 and all(len(devs) == 8 for devs in by_gang.values())
+    assert len({e["host"] for e in events}) == 2
