@@ -116,6 +116,18 @@ py::array ToNumpy(const std::shared_ptr<ShardedBuffer>& b) {
 // as on np.asarray(buffer) (ValueError for more than one element).
 py::object AsNumpy(py::handle self) { return py::module_::import("numpy").attr("asarray")(self); }
 
+// The one element of a one-element buffer, as a Python scalar; TypeError
+// naming `conversion` and the shape otherwise (as numpy's for an array).
+py::object ScalarOf(py::handle self, const char* conversion) {
+  const auto& s = self.cast<const PyShardedBuffer&>();
+  if (NumElements(s.dims) != 1) {
+    throw py::type_error(absl::StrCat(conversion, "() of a ShardedBuffer of shape ", DimsToString(s.dims),
+                                      ": only a buffer of one element converts to a Python scalar "
+                                      "(use .item(index) or np.asarray)"));
+  }
+  return AsNumpy(self).attr("item")();
+}
+
 std::vector<Device*> ToPhysical(const py::sequence& devices) {
   std::vector<Device*> out;
   for (const py::handle& d : devices) {
@@ -153,9 +165,16 @@ void RegisterShardedBuffer(py::module_& m) {
         AwaitOrThrow(*self.cast<const PyShardedBuffer&>().Get("wait for"));
         return self;
       })
+      // bool() is numpy's (one element: its truth; more: ValueError). float()
+      // and int() convert a buffer of one element, although it has a leading
+      // (device) axis, where numpy 2 converts only 0-d arrays: float(loss) of
+      // a one-device program's loss.
       .def("__bool__", [](py::object self) { return py::bool_(AsNumpy(self)); })
-      .def("__float__", [](py::object self) { return py::float_(AsNumpy(self)); })
-      .def("__int__", [](py::object self) { return py::int_(AsNumpy(self)); })
+      .def("__float__", [](py::object self) { return py::float_(ScalarOf(self, "float")); })
+      .def("__int__", [](py::object self) { return py::int_(ScalarOf(self, "int")); })
+      // numpy's item: the one element (or the one at the given index) as a
+      // Python scalar, read back from the devices.
+      .def("item", [](py::object self, py::args index) { return AsNumpy(self).attr("item")(*index); })
       .def("is_ready", [](const PyShardedBuffer& s) { return s.Get("query")->IsDone(); })
       .def("is_deleted", [](const PyShardedBuffer& s) { return s.buffer == nullptr; })
       .def_property_readonly("owner", [](const PyShardedBuffer& s) {

@@ -87,10 +87,19 @@ from pathways.numpy._shapes import (
 )
 from pathways.numpy._indexing import _getitem, take  # noqa: F401 (Tracer.__getitem__)
 from pathways.numpy._linalg import dot, einsum, matmul
+from pathways.numpy._creation import arange, eye, full, linspace, ones, tril, triu, zeros
 # Tracer.__array_function__ and __array_ufunc__.
 from pathways.numpy._protocol import _numpy_function, _numpy_ufunc  # noqa: F401
 
 __all__ = [
+    "zeros",
+    "ones",
+    "full",
+    "arange",
+    "linspace",
+    "eye",
+    "tril",
+    "triu",
     "float32",
     "float64",
     "int32",
