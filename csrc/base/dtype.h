@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include "absl/strings/string_view.h"
 
 #include "absl/container/inlined_vector.h"
@@ -65,6 +66,19 @@ std::string DimsToString(absl::Span<const int64_t> dims);
 
 // "f32[2,3]" as the IR text prints an array type.
 std::string TypeToString(DType dtype, absl::Span<const int64_t> dims);
+
+// The DType of C++ element type T: float, double, int32_t, or bool/uint8_t
+// (a bool element is one byte). Other types do not compile.
+template <typename T>
+constexpr DType DTypeOf() {
+  if constexpr (std::is_same_v<T, float>) return DType::kF32;
+  else if constexpr (std::is_same_v<T, double>) return DType::kF64;
+  else if constexpr (std::is_same_v<T, int32_t>) return DType::kI32;
+  else {
+    static_assert(std::is_same_v<T, bool> || std::is_same_v<T, uint8_t>, "no DType for this type");
+    return DType::kBool;
+  }
+}
 
 }  // namespace pw
 

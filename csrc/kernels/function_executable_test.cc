@@ -31,11 +31,6 @@ namespace {
 constexpr int kShardCounts[] = {1, 2, 3, 8};
 
 template <typename T>
-constexpr DType DTypeOf() {
-  return sizeof(T) == 8 ? DType::kF64 : DType::kF32;
-}
-
-template <typename T>
 std::vector<uint8_t> Bytes(const std::vector<T>& values) {
   std::vector<uint8_t> out(values.size() * sizeof(T));
   if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());

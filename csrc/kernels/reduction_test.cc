@@ -13,13 +13,6 @@
 namespace pw::kernels {
 namespace {
 
-template <typename T>
-constexpr DType DTypeOf() {
-  if constexpr (std::is_same_v<T, float>) return DType::kF32;
-  if constexpr (std::is_same_v<T, double>) return DType::kF64;
-  return DType::kI32;
-}
-
 // Every reduction over every subset of axes of shapes up to rank 4 (size-1
 // dims included, so the fast paths' dimension merging is exercised): the
 // fast path gives the general loop's result. Max, min and integer sums are

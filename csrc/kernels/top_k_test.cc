@@ -14,14 +14,6 @@
 namespace pw::kernels {
 namespace {
 
-template <typename T>
-constexpr DType DTypeOf() {
-  if constexpr (std::is_same_v<T, float>) return DType::kF32;
-  if constexpr (std::is_same_v<T, double>) return DType::kF64;
-  if constexpr (std::is_same_v<T, int32_t>) return DType::kI32;
-  return DType::kBool;
-}
-
 // IEEE totalOrder, written from the classes rather than the kernel's bit
 // trick: -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN (NaNs of one sign
 // equal; the tests use one NaN of each sign).

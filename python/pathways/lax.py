@@ -23,9 +23,10 @@ import numpy as _np
 from pathways import _checks
 from pathways._pmap import PmapFunction, _to_array
 from pathways._trace_state import _SUPPORTED_DTYPE_NAMES, _SUPPORTED_DTYPES, TracerError
-from pathways._trace_state import _state, _TracerBase
+from pathways._trace_state import _state
 from pathways._tracer import Tracer, bind
 from pathways.numpy import reshape as _reshape
+from pathways.numpy._common import _trace_of
 
 __all__ = ["top_k"]
 
@@ -86,14 +87,8 @@ def _function_trace(name: str, x: Any) -> Any:
     Raises:
       TracerError: For a traced program value, or a traced value whose trace ended.
     """
-    if isinstance(x, Tracer):
-        return x._check()
-    if isinstance(x, _TracerBase):
-        raise TracerError(
-            f"pw.lax.{name} of a traced program value ({x.aval}); pass program values to "
-            "pmap'd functions as arguments and compute inside them"
-        )
-    return _state.function
+    trace = _trace_of(name, (x,), "pw.lax")
+    return _state.function if trace is None else trace
 
 
 # --- top_k ----------------------------------------------------------------------

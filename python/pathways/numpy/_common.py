@@ -10,8 +10,11 @@ from pathways._trace_state import TracerError, _TracerBase
 from pathways._tracer import Tracer
 
 
-def _trace_of(name: str, args: tuple) -> Any:
+def _trace_of(name: str, args: tuple, module: str = "pathways.numpy") -> Any:
     """The function trace of the traced values among `args`, or None if there are none.
+
+    Args:
+      name, module: The caller, for messages ("pathways.numpy", "sum").
 
     Raises:
       TracerError: For a traced program value, or a traced value whose trace ended.
@@ -21,7 +24,7 @@ def _trace_of(name: str, args: tuple) -> Any:
             return a._check()
         if isinstance(a, _TracerBase):
             raise TracerError(
-                f"pathways.numpy.{name} of a traced program value ({a.aval}); pass program "
+                f"{module}.{name} of a traced program value ({a.aval}); pass program "
                 "values to pmap'd functions as arguments and compute inside them"
             )
     return None
