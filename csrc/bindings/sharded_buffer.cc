@@ -71,7 +71,7 @@ DType FromNumpyDType(const py::dtype& dtype, const char* what) {
   const std::string name = py::str(static_cast<const py::object&>(dtype));
   auto parsed = DTypeFromName(name);
   if (!parsed.ok()) {
-    throw py::type_error(absl::StrCat(what, " has dtype ", name, "; supported dtypes: float32, float64, int32, bool"));
+    throw py::type_error(absl::StrCat(what, " has dtype ", name, "; supported dtypes: ", kSupportedDTypeNames));
   }
   return *parsed;
 }

@@ -61,10 +61,10 @@ _ACCEPTED_LEAVES = (
 def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str = "argument") -> Any:
     """A ShardedBuffer or numpy array for a concrete argument leaf.
 
-    numpy arrays of float32, float64, int32 and bool keep their dtype (other
-    dtypes, e.g. float16, are rejected later with the supported ones named);
-    other integer arrays (numpy's default int64 included) and Python ints
-    become int32, as in JAX; Python floats become float64 and bools bool.
+    numpy arrays of float32, float64, int32, uint32 and bool keep their dtype
+    (other dtypes, e.g. float16, are rejected later with the supported ones
+    named); other integer arrays (numpy's default int64 included) and Python
+    ints become int32, as in JAX; Python floats become float64 and bools bool.
 
     Args:
       leaf: The argument leaf.
@@ -92,7 +92,7 @@ def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str
             f"{where}: {what} {'' if i is None else f'{i} '}has type {type(leaf).__name__} "
             f"({text}), not an array or number; {_ACCEPTED_LEAVES}"
         )
-    if arr.dtype.kind in "iu" and arr.dtype != np.int32:
+    if arr.dtype.kind in "iu" and arr.dtype != np.int32 and arr.dtype != np.uint32:
         info = np.iinfo(np.int32)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
             raise ValueError(
