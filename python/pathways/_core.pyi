@@ -100,9 +100,11 @@ class FunctionBuilder:
     """Records one shard's computation; every method checks types and raises ValueError with the op and shapes (TypeError for an operand's dtype, NameError for an unbound axis name)."""
     def __init__(self, name: str, axis_name: str) -> None: ...  # axis_name "" = none
     def parameter(self, dtype: str, shape: Sequence[int]) -> int: ...
-    def constant(self, array: np.ndarray) -> int: ...  # float32, float64, int32 or bool, any shape
+    def constant(self, array: np.ndarray) -> int: ...  # float32, float64, int32, bool or uint32, any shape
     def convert(self, x: int, dtype: str) -> int: ...
-    # op: add sub mul div pow max min eq ne lt le gt ge and or xor (numpy broadcasting)
+    def bitcast_convert_type(self, x: int, dtype: str) -> int: ...  # float32/int32/uint32 bits
+    # op: add sub mul div pow max min eq ne lt le gt ge and or xor shift_left shift_right_logical
+    # shift_right_arithmetic (numpy broadcasting)
     def binary(self, op: str, a: int, b: int) -> int: ...
     # op: neg abs exp log tanh sqrt rsqrt sin cos not
     def unary(self, op: str, x: int) -> int: ...
@@ -132,7 +134,7 @@ class FunctionBuilder:
     def top_k(self, x: int, k: int) -> int: ...  # int32 positions of the k largest, last axis
     def matmul(self, a: int, b: int) -> int: ...  # rank >= 2, batch dims broadcast
     def shape(self, v: int) -> tuple[int, ...]: ...
-    def dtype(self, v: int) -> str: ...  # "float32", "float64", "int32" or "bool"
+    def dtype(self, v: int) -> str: ...  # "float32", "float64", "int32", "bool" or "uint32"
     def build(self, outputs: Sequence[int]) -> Function: ...
 
 class Function:

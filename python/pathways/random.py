@@ -436,7 +436,7 @@ def _float_param(name: str, param: str, trace: Any, value: Any, dtype: _np.dtype
     if v.dtype.kind not in "biuf":
         raise TypeError(f"{name}: {param} must be a number or an array of numbers, got "
                         f"dtype {v.dtype}")
-    return _on(trace, v).astype(dtype)
+    return v.astype(dtype) if isinstance(v, Tracer) else _on(trace, v.astype(dtype))
 
 
 def _uniform(name: str, trace: Any, key: Any, shape: tuple, dtype: _np.dtype, minval: Any,
@@ -445,16 +445,29 @@ def _uniform(name: str, trace: Any, key: Any, shape: tuple, dtype: _np.dtype, mi
     hi = _float_param(name, "maxval", trace, maxval, dtype)
     _broadcast_shape(name, shape, _shape_of(lo), _shape_of(hi))
     floats = _unit_floats(name, trace, key, shape, dtype)
-    # As JAX: scaled, then at least minval (rounding may take it below).
-    return _pnp.maximum(lo, floats * (hi - lo) + lo)
+    if dtype == _F32:
+        # JAX's multiply-add is fused (rounded once): so is this one, computed in float64,
+        # where the product of two floats is exact (and so, but for a float64 rounding that
+        # falls exactly on a float32 tie, one in about 2**29, is the sum's float32 rounding).
+        scaled = (floats.astype(_F64) * (hi - lo).astype(_F64) + lo.astype(_F64)).astype(_F32)
+    else:
+        # Two roundings; JAX's fused one may differ in the last bit (not for the default
+        # bounds, 0 and 1, where both are exact).
+        scaled = floats * (hi - lo) + lo
+    # At least minval, as JAX (rounding may take it below).
+    return _pnp.maximum(lo, scaled)
 
 
 def uniform(key: Any, shape: Any = (), dtype: Any = _np.float32, minval: Any = 0.0,
             maxval: Any = 1.0) -> Any:
     """Uniform floats in [minval, maxval), like `jax.random.uniform` (bitwise equal).
 
-    float64 values are those of JAX with x64 enabled (52 random mantissa
-    bits). Gradients flow to traced `minval` and `maxval`, not to the key.
+    Computed as JAX does: `max(minval, f * (maxval - minval) + minval)` for
+    f uniform in [0, 1), the multiply-add rounded once for float32, as
+    JAX's fused one. float64 values are those of JAX with x64 enabled (52
+    random mantissa bits) for the default bounds; for others the
+    multiply-add rounds twice, so the last bit may differ from JAX's fused
+    one. Gradients flow to traced `minval` and `maxval`, not to the key.
 
     Args:
       key: A key.

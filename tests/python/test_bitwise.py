@@ -324,6 +324,12 @@ def test_uint32_collectives(tpus2):
     np.testing.assert_array_equal(g, np.stack([x, x]))
     np.testing.assert_array_equal(p, x[::-1])
     assert s.dtype == mx.dtype == g.dtype == p.dtype == np.uint32
+    # pmean of integers is float64, as JAX's psum(x) / n (the sum wrapping as psum's).
+    mean = np.asarray(pw.pmap(lambda v: pw.pmean(v, "i"), devices=tpus2, axis_name="i")(x))
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(mean, np.stack([(x[0] + x[1]) / 2.0] * 2))
+    assert mean.dtype == np.float64
+    np.testing.assert_array_equal(mean[0], [0.0, (2**31 + 3) / 2, 2**30])  # 2**32 wraps to 0
 
 
 def test_uint32_indexing_top_k_and_matmul(tpus2):
