@@ -109,15 +109,10 @@ def _out(trace: Any, x: Any) -> Any:
     return x if trace is not None else _np.asarray(x)
 
 
-class _quiet:
-    """numpy's integer arithmetic wraps silently on arrays, but warns on scalars (and on
-    the inf and NaN of branches a `where` discards); the eager paths expect both."""
-
-    def __enter__(self) -> None:
-        self._state = _np.seterr(over="ignore", invalid="ignore", divide="ignore")
-
-    def __exit__(self, *exc: Any) -> None:
-        _np.seterr(**self._state)
+def _quiet() -> Any:
+    """numpy's integer arithmetic wraps silently on arrays but warns on scalars (and the
+    branches a `where` discards may hold inf and NaN); the eager paths expect both."""
+    return _np.errstate(over="ignore", invalid="ignore", divide="ignore")
 
 
 # --- Arguments --------------------------------------------------------------------
