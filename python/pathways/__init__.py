@@ -46,7 +46,14 @@ from pathways._devices import (
     topology,
 )
 from pathways._program import Program, ProgramTracer, program
-from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_map, tree_unflatten
+from pathways._pytree import (
+    PyTreeDef,
+    tree_flatten,
+    tree_leaves,
+    tree_map,
+    tree_structure,
+    tree_unflatten,
+)
 from pathways._trace_state import TracerError, _state
 from pathways._tracer import Tracer
 from pathways._pmap import PmapFunction, _to_array, pmap
@@ -70,6 +77,7 @@ from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
 from pathways import lax  # pw.lax: top_k, ... (like jax.lax)
 from pathways import testing  # pw.testing: fault injection
+from pathways import tree_util  # pw.tree_util: pytrees (like jax.tree_util)
 from pathways._tenancy import (
     Client,
     Timeline,
@@ -217,6 +225,8 @@ __all__ = [
     "tree_unflatten",
     "tree_leaves",
     "tree_map",
+    "tree_structure",
+    "tree_util",
     # Statistics.
     "memory_stats",
     "transfer_stats",
