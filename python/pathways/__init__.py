@@ -57,6 +57,7 @@ from pathways._pytree import (
 from pathways._trace_state import TracerError, _state
 from pathways._tracer import Tracer
 from pathways._pmap import PmapFunction, _to_array, pmap
+from pathways._jit import JitFunction, jit
 from pathways._collectives import (
     all_gather,
     all_to_all,
@@ -184,6 +185,8 @@ __all__ = [
     "VirtualDevice",
     # Compiled functions and programs.
     "pmap",
+    "jit",
+    "JitFunction",
     "psum",
     "pmean",
     "pmax",
