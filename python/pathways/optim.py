@@ -804,11 +804,16 @@ def polynomial_schedule(init_value: float, end_value: float, power: float, trans
     Raises:
       TypeError: If an argument is not a number.
     """
-    name = "polynomial_schedule"
+    return _polynomial("polynomial_schedule", init_value, end_value, power, transition_steps,
+                       transition_begin)
+
+
+def _polynomial(name: str, init_value: Any, end_value: Any, power: Any, transition_steps: Any,
+                transition_begin: Any) -> Schedule:
     init_value, end_value = _real(name, "init_value", init_value), _real(name, "end_value", end_value)
     power = _real(name, "power", power)
-    _real(name, "transition_steps", transition_steps)
-    _real(name, "transition_begin", transition_begin)
+    _real(name, "transition_steps", transition_steps, "a number")
+    _real(name, "transition_begin", transition_begin, "a number")
     if transition_steps <= 0:
         return lambda count: init_value
     transition_begin = max(transition_begin, 0)
@@ -831,7 +836,7 @@ def linear_schedule(init_value: float, end_value: float, transition_steps: int,
     Raises:
       TypeError: If an argument is not a number.
     """
-    return polynomial_schedule(init_value, end_value, 1, transition_steps, transition_begin)
+    return _polynomial("linear_schedule", init_value, end_value, 1, transition_steps, transition_begin)
 
 
 def piecewise_constant_schedule(init_value: float,
@@ -857,7 +862,7 @@ def piecewise_constant_schedule(init_value: float,
             raise TypeError(f"{name}: boundaries_and_scales must be a dict of step: scale, got "
                             f"{_describe(boundaries_and_scales)}")
         for b, s in sorted(boundaries_and_scales.items()):
-            items.append((_real(name, "a boundary", b), _real(name, "a scale", s)))
+            items.append((_real(name, "a boundary", b, "a number"), _real(name, "a scale", s)))
         if any(s < 0.0 for _, s in items):
             raise ValueError(f"{name}: scales must be non-negative, got {boundaries_and_scales}")
 
@@ -888,8 +893,8 @@ def exponential_decay(init_value: float, transition_steps: int, decay_rate: floa
     name = "exponential_decay"
     init_value = _real(name, "init_value", init_value)
     decay_rate = _real(name, "decay_rate", decay_rate)
-    _real(name, "transition_steps", transition_steps)
-    _real(name, "transition_begin", transition_begin)
+    _real(name, "transition_steps", transition_steps, "a number")
+    _real(name, "transition_begin", transition_begin, "a number")
     if end_value is not None:
         end_value = _real(name, "end_value", end_value, "None or a float")
     if transition_steps <= 0 or decay_rate == 0:
@@ -923,7 +928,7 @@ def cosine_decay_schedule(init_value: float, decay_steps: int, alpha: float = 0.
     name = "cosine_decay_schedule"
     init_value, alpha = _real(name, "init_value", init_value), _real(name, "alpha", alpha)
     exponent = _real(name, "exponent", exponent)
-    _real(name, "decay_steps", decay_steps)
+    _real(name, "decay_steps", decay_steps, "a number")
     if not decay_steps > 0:
         raise ValueError(f"{name}: decay_steps must be positive, got {decay_steps}")
 
@@ -974,9 +979,10 @@ def warmup_cosine_decay_schedule(init_value: float, peak_value: float, warmup_st
       TypeError: If an argument is not a number.
     """
     name = "warmup_cosine_decay_schedule"
+    init_value, exponent = _real(name, "init_value", init_value), _real(name, "exponent", exponent)
     peak_value, end_value = _real(name, "peak_value", peak_value), _real(name, "end_value", end_value)
-    _real(name, "warmup_steps", warmup_steps)
-    _real(name, "decay_steps", decay_steps)
+    _real(name, "warmup_steps", warmup_steps, "a number")
+    _real(name, "decay_steps", decay_steps, "a number")
     if not decay_steps > warmup_steps:
         raise ValueError(
             f"{name}: decay_steps ({decay_steps}) must exceed warmup_steps ({warmup_steps}): it "

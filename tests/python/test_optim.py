@@ -469,8 +469,12 @@ def test_schedule_argument_errors():
         optim.warmup_cosine_decay_schedule(0.0, 1.0, 5, 5)
     with pytest.raises(ValueError, match=r"piecewise_constant_schedule: scales must be non-negative"):
         optim.piecewise_constant_schedule(1.0, {3: -0.5})
-    with pytest.raises(TypeError, match=r"linear_schedule|polynomial_schedule: init_value must be a float"):
+    with pytest.raises(TypeError, match=r"linear_schedule: init_value must be a float, got '1' \(str\)"):
         optim.linear_schedule("1", 0.0, 10)
+    with pytest.raises(TypeError, match=r"warmup_cosine_decay_schedule: init_value must be a float"):
+        optim.warmup_cosine_decay_schedule(None, 1.0, 5, 10)
+    with pytest.raises(TypeError, match=r"exponential_decay: transition_steps must be a number, got '10' \(str\)"):
+        optim.exponential_decay(1.0, "10", 0.5)
     with pytest.raises(ValueError, match=r"join_schedules: 2 schedules need 1 boundaries, got 2"):
         optim.join_schedules([optim.constant_schedule(1.0)] * 2, [1, 2])
     # As optax: no transition is a constant schedule.
