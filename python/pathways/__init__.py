@@ -77,6 +77,7 @@ from pathways._diagnose import Diagnosis, HangWarning, diagnose
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
 from pathways import lax  # pw.lax: top_k, ... (like jax.lax)
+from pathways import optim  # pw.optim: optimizers and schedules (like optax)
 from pathways import testing  # pw.testing: fault injection
 from pathways import tree_util  # pw.tree_util: pytrees (like jax.tree_util)
 from pathways._tenancy import (
