@@ -629,7 +629,7 @@ def test_mismatched_pytrees_name_both_structures(tpus2, runtime_ok):
         optim.apply_updates(p, wrong)
     with pytest.raises(ValueError, match=r"add_decayed_weights: updates has structure .* but params has"):
         optim.adamw(0.1).update(p, optim.adamw(0.1).init(p), wrong)
-    with pytest.raises(ValueError, match=r"masked: mask has structure PyTreeDef\(\{'w': \*\}\) but params"):
+    with pytest.raises(ValueError, match=r"masked: mask has structure PyTreeSpec\(\{'w': \*\}\) but params"):
         optim.adamw(0.1, mask={"w": True}).init(p)
     runtime_ok()
 
