@@ -14,7 +14,7 @@ import functools
 from typing import Any, Callable, Optional
 
 from pathways import _checks, _core
-from pathways._pmap import PmapFunction
+from pathways._pmap import PmapFunction, check_static, normalize_argnums
 from pathways._trace_state import TracerError, _state
 
 __all__ = ["JitFunction", "jit"]
@@ -87,27 +87,14 @@ class JitFunction:
 
     def _split(self, args: tuple, kwargs: dict) -> tuple:
         """`(dynamic args, dynamic kwargs, statics)` of a call."""
-        n = len(args)
-        positions = set()
-        for i in self._static_argnums:
-            if not -n <= i < n:
-                raise ValueError(
-                    f"jit of {self._name!r}: static_argnums {self._static_argnums} names "
-                    f"argument {i}, but it was called with {n} positional arguments"
-                )
-            positions.add(i % n)
-        positional = tuple((i, args[i]) for i in sorted(positions))
+        where = f"jit of {self._name!r}"
+        positions = normalize_argnums(self._static_argnums, len(args), where, "static_argnums")
+        positional = tuple((i, args[i]) for i in positions)
         named = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_argnames))
-        for what, value in [(f"argument {i}", v) for i, v in positional] + [
-            (f"argument {k!r}", v) for k, v in named
-        ]:
-            try:
-                hash(value)
-            except TypeError:
-                raise TypeError(
-                    f"jit of {self._name!r}: static {what} ({type(value).__name__}) is not "
-                    "hashable; static arguments are part of the cache key"
-                ) from None
+        for i, value in positional:
+            check_static(where, f"argument {i}", value)
+        for k, value in named:
+            check_static(where, f"argument {k!r}", value)
         dynamic = tuple(a for i, a in enumerate(args) if i not in positions)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
         return dynamic, dyn_kwargs, (positional, named)

@@ -175,17 +175,30 @@ def _check_argnums(argnums: Any) -> tuple:
     return _checks.ints("pmap", "static_broadcasted_argnums", argnums)
 
 
-def _normalize_argnums(argnums: tuple, n: int, where: str) -> tuple:
-    """The argument positions `argnums` names in a call of `n` arguments, sorted."""
+def normalize_argnums(
+    argnums: tuple, n: int, where: str, name: str = "static_broadcasted_argnums"
+) -> tuple:
+    """The argument positions `argnums` (parameter `name`) names in a call of `n` arguments, sorted."""
     out = set()
     for i in argnums:
         if not -n <= i < n:
             raise ValueError(
-                f"{where}: static_broadcasted_argnums {argnums!r} names argument {i}, but it was "
-                f"called with {n} positional arguments"
+                f"{where}: {name} {argnums!r} names argument {i}, but it was called with {n} "
+                "positional arguments"
             )
         out.add(i % n)
     return tuple(sorted(out))
+
+
+def check_static(where: str, what: str, value: Any) -> None:
+    """TypeError naming `what` unless a static argument `value` is hashable (it is part of cache keys)."""
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(
+            f"{where}: static {what} ({type(value).__name__}) is not hashable; static "
+            "arguments are part of the cache key"
+        ) from None
 
 
 def _normalize_axis(axis: int, ndim: int, where: str, what: str) -> int:
@@ -350,16 +363,10 @@ class PmapFunction:
           TypeError: For an unhashable static argument.
         """
         where = f"pmap of {self._name!r}"
-        static = _normalize_argnums(self._static, len(args), where)
+        static = normalize_argnums(self._static, len(args), where)
         statics = tuple((i, args[i]) for i in static)
         for i, value in statics:
-            try:
-                hash(value)
-            except TypeError:
-                raise TypeError(
-                    f"{where}: static argument {i} ({type(value).__name__}) is not hashable; "
-                    "static_broadcasted_argnums arguments are part of the cache key"
-                ) from None
+            check_static(where, f"argument {i}", value)
         dynamic = tuple(a for i, a in enumerate(args) if i not in static)
         in_axes = self._in_axes
         if type(in_axes) is tuple:

@@ -147,21 +147,11 @@ def test_unary(name, dtype):
 
 # --- binary elementwise, with broadcasting -----------------------------------------
 
-BINARY = {
-    "add": (pnp.add, np.add),
-    "subtract": (pnp.subtract, np.subtract),
-    "multiply": (pnp.multiply, np.multiply),
-    "divide": (pnp.divide, np.divide),
-    "power": (pnp.power, np.power),
-    "maximum": (pnp.maximum, np.maximum),
-    "minimum": (pnp.minimum, np.minimum),
-    "equal": (pnp.equal, np.equal),
-    "not_equal": (pnp.not_equal, np.not_equal),
-    "less": (pnp.less, np.less),
-    "less_equal": (pnp.less_equal, np.less_equal),
-    "greater": (pnp.greater, np.greater),
-    "greater_equal": (pnp.greater_equal, np.greater_equal),
-}
+BINARY_NAMES = [
+    "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
+    "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
+]
+BINARY = {name: (getattr(pnp, name), getattr(np, name)) for name in BINARY_NAMES}
 
 
 @pytest.mark.parametrize("dy", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -218,13 +208,8 @@ def _axes(ndim: int) -> list:
 
 
 REDUCTIONS = {
-    "sum": (pnp.sum, np.sum),
-    "mean": (pnp.mean, np.mean),
-    "max": (pnp.max, np.max),
-    "min": (pnp.min, np.min),
-    "var": (pnp.var, np.var),
-    "std": (pnp.std, np.std),
-    "argmax": (pnp.argmax, np.argmax),
+    name: (getattr(pnp, name), getattr(np, name))
+    for name in ["sum", "mean", "max", "min", "var", "std", "argmax"]
 }
 
 
