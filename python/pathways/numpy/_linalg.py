@@ -74,13 +74,8 @@ def _einsum_pair(trace: Any, x: Tracer, xs: str, y: Tracer, ys: str, out: str) -
     contract = [c for c in xs if c in ys and c not in out]
     x_free = [c for c in xs if c not in ys]
     y_free = [c for c in ys if c not in xs]
-    size = {c: d for c, d in zip(xs, x.shape)}
-    for c, d in zip(ys, y.shape):
-        if c in size and size[c] != d:
-            raise ValueError(
-                f"einsum: dimension '{c}' has size {size[c]} in one operand and {d} in another"
-            )
-        size[c] = d
+    size = dict(zip(xs, x.shape))
+    size.update(zip(ys, y.shape))  # equal where shared: checked by einsum
 
     def prod(letters: list) -> int:
         return int(_np.prod([size[c] for c in letters], dtype=_np.int64))
@@ -177,6 +172,13 @@ def einsum(subscripts: str, *operands: Any) -> Any:
     if dtype != _np.bool_:  # bool operands count as 0 and 1 among numbers
         xs = [x.astype(dtype) if x.dtype == _np.bool_ else x for x in xs]
     xs, ins = zip(*[_einsum_diagonal(x, s) for x, s in zip(xs, ins)])
+    size: dict = {}
+    for x, s in zip(xs, ins):
+        for c, d in zip(s, x.shape):
+            if size.setdefault(c, d) != d:
+                raise ValueError(
+                    f"einsum: dimension '{c}' has size {size[c]} in one operand and {d} in another"
+                )
 
     # opt_einsum picks the order of the contractions from the shapes (which
     # pair first decides the sizes of the intermediates: a chain of matrix
