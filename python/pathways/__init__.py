@@ -46,10 +46,18 @@ from pathways._devices import (
     topology,
 )
 from pathways._program import Program, ProgramTracer, program
-from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_map, tree_unflatten
+from pathways._pytree import (
+    PyTreeDef,
+    tree_flatten,
+    tree_leaves,
+    tree_map,
+    tree_structure,
+    tree_unflatten,
+)
 from pathways._trace_state import TracerError, _state
 from pathways._tracer import Tracer
 from pathways._pmap import PmapFunction, _to_array, pmap
+from pathways._jit import JitFunction, jit
 from pathways._collectives import (
     all_gather,
     all_to_all,
@@ -70,7 +78,9 @@ from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
 from pathways import lax  # pw.lax: top_k, ... (like jax.lax)
 from pathways import random  # pw.random: PRNGKey, split, uniform, normal, ... (like jax.random)
+from pathways import optim  # pw.optim: optimizers and schedules (like optax)
 from pathways import testing  # pw.testing: fault injection
+from pathways import tree_util  # pw.tree_util: pytrees (like jax.tree_util)
 from pathways._tenancy import (
     Client,
     Timeline,
@@ -177,6 +187,8 @@ __all__ = [
     "VirtualDevice",
     # Compiled functions and programs.
     "pmap",
+    "jit",
+    "JitFunction",
     "psum",
     "pmean",
     "pmax",
@@ -218,6 +230,8 @@ __all__ = [
     "tree_unflatten",
     "tree_leaves",
     "tree_map",
+    "tree_structure",
+    "tree_util",
     # Statistics.
     "memory_stats",
     "transfer_stats",

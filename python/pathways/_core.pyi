@@ -196,6 +196,8 @@ class ShardedBuffer:
     def block_until_ready(self) -> ShardedBuffer: ...  # GIL released; raises the producer's error
     def is_ready(self) -> bool: ...
     def is_deleted(self) -> bool: ...
+    @property
+    def is_replicated(self) -> bool: ...  # one value held whole by every device (out_axes=None)
     def delete(self) -> None: ...
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray: ...
     def __len__(self) -> int: ...
@@ -206,6 +208,7 @@ class ShardedBuffer:
     def item(self, *index: Any) -> Any: ...  # np.asarray(self).item(*index)
     def __repr__(self) -> str: ...  # numpy's repr of the value, e.g. "array([3., 5.])"
 
+def replicated_view(buffer: ShardedBuffer, client: Any = None) -> ShardedBuffer: ...  # shard 0 as the value
 def device_put(array: np.ndarray, devices: Sequence[Union[VirtualDevice, Device]]) -> ShardedBuffer:
     """Copies array onto devices, leading axis split over them (array.shape[0] == len(devices)).
 

@@ -51,9 +51,14 @@ class _FunctionTrace:
         `like_dtype` (int32 when `like_dtype` is bool), a Python float takes
         `like_dtype` if it is a float type and float32 otherwise; with no
         `like_dtype` (None), they get the dtype an argument would (a bool
-        bool, an int int32 as in JAX, a float float64). numpy bool, int32,
-        uint32, float32 and float64 values keep their dtype; other numpy
-        integers take `like_dtype` if it is a float type and int32 otherwise.
+        bool, an int int32 as in JAX, a float float64). numpy scalars
+        (`np.float64(2.0)`, what `np.sqrt(d)` returns) are weakly typed too
+        when there is a `like_dtype`, as a JAX user expects of a float32
+        model (JAX without x64 has no float64 to promote to): numpy's own
+        rule would make `x_f32 * np.float64(2)` float64. numpy arrays, 0-d
+        ones included, keep their dtype (bool, int32, uint32, float32,
+        float64; other numpy integers take `like_dtype` if it is a float type
+        and int32 otherwise).
 
         Raises:
           OverflowError: For a Python int out of the range of the dtype it
@@ -61,7 +66,10 @@ class _FunctionTrace:
         """
         b = self.builder
         like = None if like_dtype is None else np.dtype(like_dtype)
-        if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
+        if like is not None and isinstance(value, np.generic) and value.dtype.kind in "biuf":
+            value = value.item()
+        weak = isinstance(value, (bool, int, float)) and not isinstance(value, np.generic)
+        if weak:
             if like is None:
                 int_dtype = np.bool_ if isinstance(value, bool) else np.int32
                 dtype = np.float64 if isinstance(value, float) else int_dtype
@@ -85,7 +93,7 @@ class _FunctionTrace:
         vid = b.constant(arr)
         if self.constant_values is not None:
             self.constant_values[vid] = arr
-        return Tracer(self, vid)
+        return WeakTracer(self, vid) if weak else Tracer(self, vid)
 
 
 def _escaped(t: "Tracer") -> TracerError:
@@ -115,6 +123,35 @@ def _concrete_error(t: "Tracer", conversion: str) -> TracerError:
 
 
 
+def _weak_operands_converted(
+    trace: "_FunctionTrace", p: Primitive, operands: Sequence["Tracer"]
+) -> Sequence["Tracer"]:
+    """`operands` with each weakly typed one (`WeakTracer`) cast as a Python scalar would be.
+
+    The dtype comes from the strongly typed operands (select's condition
+    aside): a weak float takes theirs if it is a float type and float32
+    otherwise, a weak int or bool takes theirs (int32 for bool). With no
+    strongly typed operand, nothing changes.
+    """
+    first = 1 if p.name == "select" else 0
+    strong = [t.dtype for t in operands[first:] if type(t) is not WeakTracer]
+    if len(strong) == len(operands) - first or not strong:
+        return operands
+    like = np.result_type(*strong)
+    out = list(operands)
+    for i in range(first, len(out)):
+        t = out[i]
+        if type(t) is WeakTracer:
+            if t.dtype.kind == "f":
+                dtype = like if like.kind == "f" else np.dtype(np.float32)
+            elif t.dtype.kind == "i":
+                dtype = like if like.kind != "b" else np.dtype(np.int32)
+            else:
+                dtype = like
+            out[i] = bind(trace, "convert", [t], dtype=dtype.name) if dtype != t.dtype else t
+    return out
+
+
 def bind(trace: "_FunctionTrace", prim: Union[str, Primitive], operands: Sequence["Tracer"],
          **params: Any) -> "Tracer":
     """Records primitive `prim` on `operands` (traced values of `trace`).
@@ -133,6 +170,8 @@ def bind(trace: "_FunctionTrace", prim: Union[str, Primitive], operands: Sequenc
       ValueError, TypeError: From the builder, naming the op and the shapes.
     """
     p = prim if type(prim) is Primitive else PRIMITIVES[prim]
+    if p.op_class == "elementwise" and len(operands) > 1:
+        operands = _weak_operands_converted(trace, p, operands)
     ids = [t._id for t in operands]
     if len(ids) != p.arity and (p.arity >= 0 or not ids):
         raise TypeError(
@@ -143,6 +182,15 @@ def bind(trace: "_FunctionTrace", prim: Union[str, Primitive], operands: Sequenc
     if trace.tapes and out not in ids:
         for tape in trace.tapes:
             tape.record(p, ids, out, params)
+    # Weak in, weak out (`lr * 0.5` of a weak `lr` stays weak); a cast is strong.
+    if (
+        operands
+        and type(operands[0]) is WeakTracer
+        and p.op_class == "elementwise"
+        and p.name != "convert"
+        and all(type(t) is WeakTracer for t in operands)
+    ):
+        return WeakTracer(trace, out)
     return Tracer(trace, out)
 
 
@@ -538,3 +586,17 @@ class Tracer(_TracerBase):
         from pathways import numpy as pnp
 
         return pnp._getitem(self, index)
+
+
+class WeakTracer(Tracer):
+    """A weakly typed traced value, as JAX's weak types: a constant of a Python
+    (or numpy) scalar, a parameter of a Python scalar argument, or an
+    elementwise result of weak values only.
+
+    In an elementwise op with strongly typed operands it takes their dtype as
+    a Python scalar would (`bind`), so `pw.jit(step)(w_f32, 0.1)` keeps `w`
+    float32, and so does `w - (lr * 0.5) * g`. Casts (`astype`) and every
+    other op give strongly typed values.
+    """
+
+    __slots__ = ()

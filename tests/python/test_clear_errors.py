@@ -36,7 +36,7 @@ def raises(error, message):
 
 @pytest.mark.parametrize("axis_name", [3, b"i", ("i",), 1.5])
 def test_pmap_axis_name_must_be_a_str(tpus2, runtime_ok, axis_name):
-    with raises(TypeError, re.escape(f"pmap: axis_name must be a str, got {axis_name!r}")):
+    with raises(TypeError, re.escape(f"pmap: axis_name must be a str or None, got {axis_name!r}")):
         pw.pmap(lambda x: x, devices=tpus2, axis_name=axis_name)
     with raises(TypeError, "pmap: axis_name must be a str"):
         pw.PmapFunction(lambda x: x, None, axis_name)

@@ -184,7 +184,7 @@ def test_no_outputs(tpus2, runtime_ok):
 
     with pytest.raises(
         ValueError,
-        match=re.escape("pmap of 'f' returns no values (output structure PyTreeDef(None))"),
+        match=re.escape("pmap of 'f' returns no values (output structure PyTreeSpec(None))"),
     ):
         pw.pmap(f, devices=tpus2)(np.zeros(2))
     runtime_ok()
