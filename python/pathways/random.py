@@ -9,13 +9,14 @@ the same floats as JAX's default generator (threefry2x32 with
 `permutation` (exactly), and `normal`, `gumbel` and `categorical` (to a few
 ulp; the argmax of `categorical` exactly but for near-ties).
 
-Inside a function traced by `pw.pmap` (or `@pw.program`'s pmap'd functions)
+Inside a function traced by `pw.pmap` or `pw.jit` (in `@pw.program`s too)
 the functions record ops of the compiled function, so a dropout mask is drawn
 on the device, per call; outside any trace they compute with numpy and return
 numpy arrays, as `pathways.numpy`'s creation functions do. Either way the
 result depends only on the key and the arguments: not on whether it was
-drawn eagerly or traced, nor on the number of devices (a key passed
-replicated to 8 devices gives each device the values it gives eagerly). That
+drawn eagerly or traced, nor on the number of devices (a key given to 8
+devices, with `in_axes=None` or as copies, gives each device the values it
+gives eagerly). That
 holds to the bit for every function, because all of them are built from ops
 that the devices and numpy compute exactly alike: integer ops, float `+ - *
 /`, `sqrt`, comparisons and bitcasts; the logarithms of `normal` and `gumbel`
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Optional
+from typing import Any
 
 import numpy as _np
 

@@ -8,7 +8,8 @@ float64 is compared with JAX's x64 mode, and checked by its own construction.
 Statistics use fixed seeds and bounds about 5 standard deviations (or a
 chi-square quantile near 1 - 1e-5) wide: generous, but a broken generator
 fails them. Every function draws the same values eagerly (numpy), inside a
-1-device and an 8-device pmap, and inside `@pw.program`.
+1-device and an 8-device pmap (keys copied, broadcast with in_axes=None, or
+split per device), in `pw.jit`, and inside `@pw.program`.
 """
 
 import math
@@ -408,10 +409,13 @@ def test_same_values_eagerly_and_on_1_or_8_devices(tpus1, tpus8, name):
     eager = draw(k)
     assert isinstance(eager, np.ndarray)
     same_bits(np.asarray(pw.pmap(draw, devices=tpus1)(k[None]))[0], eager)
-    # Replicated: every device draws the eager values.
+    # Replicated, as copies or with in_axes=None: every device draws the eager values.
     replicated = np.asarray(pw.pmap(draw, devices=tpus8)(np.stack([k] * 8)))
+    broadcast = np.asarray(pw.pmap(draw, devices=tpus8, in_axes=None)(k))
     for d in range(8):
         same_bits(replicated[d], eager)
+        same_bits(broadcast[d], eager)
+    same_bits(np.asarray(pw.jit(draw)(k)), eager)
     # Split per device: device d draws what keys[d] draws eagerly, and on one device.
     keys = R.split(k, 8)
     per_device = np.asarray(pw.pmap(draw, devices=tpus8)(keys))
