@@ -297,6 +297,28 @@ TEST(FunctionBuilderTest, PromotionOfIntsAndBools) {
   EXPECT_EQ(type_of(b.Convert(i, DType::kBool)), "pred[2]");
 }
 
+// A comparison of int32 with uint32 reads both in float64, where every value
+// of either is exact: in int32 (their promoted type) uint32's values above
+// 2^31 would wrap negative.
+TEST(FunctionBuilderTest, ComparisonOfInt32WithUint32IsExact) {
+  FunctionBuilder b("f", "");
+  const int32_t u = b.Parameter(DType::kU32, {2});
+  const int32_t i = b.Parameter(DType::kI32, {2});
+  const absl::StatusOr<int32_t> lt = b.Binary(OpKind::kLt, i, u);
+  ASSERT_TRUE(lt.ok()) << lt.status();
+  const absl::StatusOr<int32_t> eq = b.Binary(OpKind::kEq, u, u);  // same dtype: as it is
+  ASSERT_TRUE(eq.ok()) << eq.status();
+  auto ir = b.Build({*lt, *eq});
+  ASSERT_TRUE(ir.ok()) << ir.status();
+  const Op& op = (*ir)->ops()[*lt];
+  for (int32_t operand : op.operands) {
+    EXPECT_EQ((*ir)->ops()[operand].type.dtype, DType::kF64);
+  }
+  for (int32_t operand : (*ir)->ops()[*eq].operands) {
+    EXPECT_EQ((*ir)->ops()[operand].type.dtype, DType::kU32);
+  }
+}
+
 // uint32 takes numpy's promotion where numpy's result is a dtype we have,
 // and JAX's (x64 disabled) with int32, where numpy's is int64.
 TEST(FunctionBuilderTest, PromotionOfUint32) {

@@ -5,8 +5,8 @@ every axis with and without keepdims, broadcasting pairs, and gradients
 against central finite differences.
 
 The reference is numpy, with the project's documented dtype rules where they
-differ from numpy's (int32 is the one integer type, so numpy's int8/int64
-results are int32 here; float16 is float32). Where numpy raises for a case
+differ from numpy's (int32 and uint32 are the integer types: numpy's int8 and
+int64 results are int32 here, as JAX's without x64; float16 is float32). Where numpy raises for a case
 (`np.negative` of bool, `np.max` of an empty axis), pathways must raise the
 same exception type. Every case runs in a `pw.jit` compiled function.
 """
@@ -22,7 +22,7 @@ import pathways as pw
 import pathways.nn as pnn
 import pathways.numpy as pnp
 
-DTYPES = [np.float32, np.float64, np.int32, np.bool_]
+DTYPES = [np.float32, np.float64, np.int32, np.uint32, np.bool_]
 FLOATS = [np.float32, np.float64]
 SHAPES = [(), (0,), (3,), (2, 3), (1, 4, 1), (2, 0, 3)]
 BROADCAST_PAIRS = [
@@ -31,6 +31,7 @@ BROADCAST_PAIRS = [
 ]
 FLOAT_EDGES = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-30, -1e-30, 1.5, -2.5, 700.0, -700.0, 3e3]
 INT_EDGES = [0, 1, -1, 7, -13, 2**20, -(2**20)]
+UINT_EDGES = [0, 1, 7, 13, 2**20, 2**31 + 5, 2**32 - 1]
 
 
 def _values(rng: np.random.Generator, shape: tuple, dtype, edges: bool = True) -> np.ndarray:
@@ -39,8 +40,10 @@ def _values(rng: np.random.Generator, shape: tuple, dtype, edges: bool = True) -
     size = int(np.prod(shape))
     if dtype == np.bool_:
         flat = rng.random(size) < 0.5
-    elif dtype.kind == "i":
-        pool = INT_EDGES if edges else list(range(-9, 10))
+    elif dtype.kind in "iu":
+        pool = (INT_EDGES if dtype.kind == "i" else UINT_EDGES) if edges else list(range(0, 10))
+        if dtype.kind == "i" and not edges:
+            pool = list(range(-9, 10))
         flat = rng.choice(np.array(pool, dtype=np.int64), size).astype(dtype)
     else:
         flat = rng.normal(scale=3.0, size=size)
@@ -54,6 +57,8 @@ def _values(rng: np.random.Generator, shape: tuple, dtype, edges: bool = True) -
 def _our_dtype(dtype: np.dtype) -> np.dtype:
     """numpy's result dtype as pathways' rules have it."""
     dtype = np.dtype(dtype)
+    if dtype in (np.uint32, np.uint64):  # a sum of uint32 is uint32, as JAX's
+        return np.dtype(np.uint32)
     if dtype.kind in "iu":
         return np.dtype(np.int32)
     if dtype == np.float16:
@@ -77,6 +82,8 @@ def _reference(fn, *xs):
             want = np.asarray(fn(*xs))
         except TypeError:  # numpy's UFuncTypeError too
             return TypeError
+        except OverflowError:  # a Python int out of an unsigned dtype's range
+            return OverflowError
         except ValueError:
             return ValueError
         if want.dtype in (np.float16, np.int8):
@@ -171,6 +178,12 @@ def test_binary(name, dx, dy):
                 x = np.clip(x, -9, 9)
             if np.dtype(dy).kind == "f":
                 y = np.round(y).astype(dy)  # real powers of negatives are nan in both
+        if {np.dtype(dx), np.dtype(dy)} == {np.dtype(np.int32), np.dtype(np.uint32)} and (
+            name not in ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
+        ):
+            # int32 with uint32 computes in int32 (README: JAX's lattice, no int64), where
+            # numpy computes in int64: they agree below 2^31. Comparisons are exact throughout.
+            x, y = (v % 2**31 if v.dtype == np.uint32 else v for v in (x, y))
         # pow of floats loses a few ulps more than the arithmetic.
         _run_case(ours, ref, [x, y], name in ("power", "divide"), f"{name}{sx}{sy}")
 
@@ -193,7 +206,8 @@ def test_where_and_clip(dtype):
     if dtype != np.bool_:
         for shape in SHAPES:
             x = _values(rng, shape, dtype)
-            _run_case(lambda v: pnp.clip(v, -2, 5), lambda v: np.clip(v, -2, 5), [x],
+            lo = 1 if dtype == np.uint32 else -2  # -2 is out of uint32's range (OverflowError)
+            _run_case(lambda v: pnp.clip(v, lo, 5), lambda v: np.clip(v, lo, 5), [x],
                       where=f"clip{shape}")
 
 
