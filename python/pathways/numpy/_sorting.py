@@ -82,14 +82,15 @@ def _check_sort_args(name: str, kind: Any, order: Any) -> None:
         raise ValueError(f"{name}: order (structured arrays) is not supported; order must be None")
 
 
-def _argsort_traced(trace: Any, x: Tracer, axis: Any, descending: bool) -> tuple:
+def _argsort_traced(name: str, trace: Any, x: Tracer, axis: Any, descending: bool) -> tuple:
     """(positions, values) of traced `x` sorted along `axis` (None: flattened)."""
     if axis is None:
         x = ravel(x)
         axis = -1
     if x.ndim == 0:
-        raise ValueError("sort: a zero-dimensional value has no axis to sort along; use axis=None")
-    ax = _axis("sort", "axis", axis, x.ndim, x.shape)
+        raise ValueError(f"{name}: a zero-dimensional value has no axis to sort along; use "
+                         "axis=None")
+    ax = _axis(name, "axis", axis, x.ndim, x.shape)
     last = x.ndim - 1
     moved = x if ax == last else moveaxis(x, ax, last)
     positions = bind(trace, "sort", (moved,), descending=bool(descending))
@@ -135,7 +136,7 @@ def argsort(a: Any, axis: Any = -1, kind: Optional[str] = None, order: Any = Non
         return _numpy_argsort(a, axis, descending)
     if axis is not None:
         axis = _checks.index("argsort", "axis", axis)
-    return _argsort_traced(trace, _operand(trace, a), axis, descending)[0]
+    return _argsort_traced("argsort", trace, _operand(trace, a), axis, descending)[0]
 
 
 def sort(a: Any, axis: Any = -1, kind: Optional[str] = None, order: Any = None, *,
@@ -161,4 +162,4 @@ def sort(a: Any, axis: Any = -1, kind: Optional[str] = None, order: Any = None, 
         return _np.sort(a, axis=axis, kind="stable")
     if axis is not None:
         axis = _checks.index("sort", "axis", axis)
-    return _argsort_traced(trace, _operand(trace, a), axis, descending)[1]
+    return _argsort_traced("sort", trace, _operand(trace, a), axis, descending)[1]
