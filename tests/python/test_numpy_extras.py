@@ -630,7 +630,24 @@ def test_at_traced_indices_wrap_negatives_and_drop_out_of_range(tpus2):
         got = pmapped(tpus2, lambda x, j: getattr(x.at[:, j], method)(7.0), x, j)
         assert_same(got, per_device(
             lambda x, j: np_at(x, (slice(None), j[(j >= -3) & (j < 3)] % 3), method, 7.0), x, j))
-    # mode="clip" clips instead; get clips (as x[i]) or fills.
+        # Beside a partial slice, the general path (positions in x flattened) drops them too.
+        got = pmapped(tpus2, lambda x, j: getattr(x.at[1:, j], method)(7.0), x, j)
+        assert_same(got, per_device(
+            lambda x, j: np_at(x, (slice(1, None), j[(j >= -3) & (j < 3)] % 3), method, 7.0), x, j))
+    # mode="clip" clips instead; get clips (as x[i]) or fills: along one axis
+    # (x.at[:, j]) and by the general path (x.at[1:, j]).
+    j = np.array([[3, 5], [-3, -4]], np.int32)
+    clipped = np.clip(np.where(j < 0, j + 3, j), 0, 2)
+    inside = ((j >= -3) & (j < 3))[:, None, :]
+    for start in (0, 1):
+        rows = slice(start, None)
+        form = (lambda x, j: x.at[:, j]) if start == 0 else (lambda x, j: x.at[1:, j])
+        got = pmapped(tpus2, lambda x, j: form(x, j).add(1.0, mode="clip"), x, j)
+        assert_same(got, per_device(lambda x, c: np_at(x, (rows, c), "add", 1.0), x, clipped))
+        want_get = per_device(lambda x, c: x[rows, c], x, clipped)
+        assert_same(pmapped(tpus2, lambda x, j: form(x, j).get(), x, j), want_get)
+        assert_same(pmapped(tpus2, lambda x, j: form(x, j).get(mode="fill"), x, j),
+                    np.where(inside, want_get, np.float32(np.nan)))
     got = pmapped(tpus2, lambda x, i, v: x.at[i].set(v, mode="clip"), x, i, v)
     assert_same(got, per_device(lambda x, i, v: np_at(x, np.clip(np.where(i < 0, i + 4, i), 0, 3),
                                                       "set", v), x, i, v))

@@ -6,7 +6,9 @@ combined into the indexed elements. The index is any index `x[index]`
 takes and more: ints, slices, None, Ellipsis, integer arrays (several, as
 numpy broadcasts them) and constant boolean masks, and int32 traced values.
 
-Every form becomes the same thing: the positions, in `x` flattened, of the
+One integer index amid full slices (`x.at[i]`, `x.at[:, i]`, the common
+case) is one `scatter` op along its axis (one `take` for `.get`). Every other
+form becomes the positions, in `x` flattened, of the
 indexed elements (an int32 array of the shape of `x[index]`), and one
 `scatter` op of the function IR (one `take` for `.get`). Positions of
 constant indices are computed with numpy at trace time, from per-dimension
@@ -25,7 +27,7 @@ import numpy as _np
 from pathways._trace_state import TracerError, _TracerBase
 from pathways._tracer import Tracer, bind
 from pathways.numpy._elementwise import where
-from pathways.numpy._indexing import _INT32_MAX, _fill_value
+from pathways.numpy._indexing import _INT32_MAX, _checked_indices, _fill_value, take
 from pathways.numpy._shapes import broadcast_to, reshape
 
 _UPDATE_MODES = (None, "drop", "fill", "clip", "promise_in_bounds")
@@ -119,35 +121,76 @@ class _Positions:
             raise ValueError(f"{name}: {x.aval} has more than 2**31 - 1 elements, beyond the int32 "
                              "positions it is updated at")
 
-    def resolve(self, x: Tracer, clip: bool) -> tuple:
-        """(positions, valid): int32 positions of shape `self.shape` (a traced value, or a
-        constant), and where they are in range (a bool traced value, or None when all are).
+    def resolve(self, x: Tracer, out_of_range: str) -> Tracer:
+        """The int32 positions, of shape `self.shape` (a traced value, or a constant).
 
-        Negative traced indices count from the end; out-of-range ones are
-        clipped into range when `clip`, else flagged in `valid` (positions
-        then in range too, so that a gather may read them).
+        Negative traced indices count from the end. Indices still out of range
+        are, by `out_of_range`: "clip"ped into range; "drop"ped (their positions
+        are -1, which a scatter skips); or "mask"ed, returned as a bool traced
+        value beside positions clipped into range (a gather then reads them):
+        `(positions, valid)`.
         """
         trace = x._trace
-        pos = trace.constant(self.static.astype(_np.int32), None)
+        # A zero constant part (a traced index on the first axis) needs no add.
+        pos = None if self.traced and not self.static.any() else trace.constant(
+            self.static.astype(_np.int32), None)
         valid = None
         for dim, e, gather_at in self.traced:
             n = x.shape[dim]
             i = where(e < 0, e + n, e)
-            inside = (i >= 0) & (i < n)
-            i = where(i < 0, 0, where(i >= n, n - 1, i))
-            flat_at = trace.constant(gather_at.astype(_np.int32), None)
-            term = bind(trace, "take", (reshape(i * self._stride(x, dim), (e.size,)), flat_at),
-                        axis=0) if e.ndim else broadcast_to(i * self._stride(x, dim), self.shape)
-            pos = pos + term
-            if not clip:
-                ok = bind(trace, "take", (reshape(inside, (e.size,)), flat_at), axis=0) \
-                    if e.ndim else broadcast_to(inside, self.shape)
-                valid = ok if valid is None else valid & ok
-        return pos, valid
+            if out_of_range != "clip":
+                inside = (i >= 0) & (i < n)
+                valid = self._place(trace, inside, gather_at) if valid is None else (
+                    valid & self._place(trace, inside, gather_at))
+            if out_of_range != "drop":
+                i = where(i < 0, 0, where(i >= n, n - 1, i))
+            stride = int(_np.prod(x.shape[dim + 1 :], dtype=_np.int64))
+            term = self._place(trace, i * stride if stride != 1 else i, gather_at)
+            pos = term if pos is None else pos + term
+        if out_of_range == "drop" and valid is not None:
+            return where(valid, pos, -1)
+        if out_of_range == "mask":
+            return pos, valid
+        return pos
 
-    @staticmethod
-    def _stride(x: Tracer, dim: int) -> int:
-        return int(_np.prod(x.shape[dim + 1 :], dtype=_np.int64))
+    def _place(self, trace: Any, t: Tracer, gather_at: _np.ndarray) -> Tracer:
+        """Traced index entry `t` (or a value of its shape) at each element of `self.shape`."""
+        if t.ndim == 0:
+            return broadcast_to(t, self.shape)
+        if t.shape == self.shape and _np.array_equal(gather_at.reshape(-1), _np.arange(t.size)):
+            return t  # the index's own layout: no gather
+        flat_at = trace.constant(gather_at.astype(_np.int32), None)
+        return bind(trace, "take", (reshape(t, (t.size,)), flat_at), axis=0)
+
+
+def _one_axis(x: Tracer, index: Any) -> Optional[tuple]:
+    """`(dim, indices)` when `index` is one integer index (an int, an integer array or an
+    int32 traced value) at `dim` amid full slices and at most one Ellipsis: the common
+    `x.at[i]`, `x.at[:, i]`, `x.at[..., i]`. Else None.
+
+    Those need no positions: the update is one scatter along `dim` of `x` itself,
+    whose kernel drops out-of-range indices (and `get` one take, which clips).
+    """
+    idx = index if isinstance(index, tuple) else (index,)
+    is_array = lambda e: isinstance(e, (Tracer, _np.ndarray, list))  # noqa: E731
+    full = lambda e: isinstance(e, slice) and e == slice(None)  # noqa: E731
+    ellipses = [k for k, e in enumerate(idx) if not is_array(e) and e is Ellipsis]
+    picks = [k for k, e in enumerate(idx) if is_array(e) or not (full(e) or e is Ellipsis)]
+    if len(ellipses) > 1 or len(picks) != 1:
+        return None
+    k = picks[0]
+    e = idx[k]
+    if isinstance(e, Tracer):
+        if e.dtype != _np.int32:
+            return None  # the general path says why
+    elif e is None or isinstance(e, (slice, bool, _np.bool_)) or _np.asarray(e).dtype.kind not in "iu":
+        return None
+    rest = len(idx) - 1 - len(ellipses)
+    if rest + 1 > x.ndim:
+        return None
+    # Entries before the index, an Ellipsis among them standing for the dims no entry takes.
+    dim = k - 1 + (x.ndim - 1 - rest) if ellipses and ellipses[0] < k else k
+    return dim, e
 
 
 def _check_mode(name: str, mode: Any) -> None:
@@ -176,8 +219,18 @@ class _IndexUpdateRef:
         _check_mode("at[...].get", mode)
         x = self._x
         trace = x._check()
+        one = _one_axis(x, self._index)
+        if one is not None:
+            dim, e = one
+            if mode == "fill":
+                return take(x, e, axis=dim, mode="fill", fill_value=fill_value)
+            i = self._one_axis_indices("get", e, x.shape[dim], "clip")
+            return bind(trace, "take", (x, i), axis=dim)  # the kernel clips, as x[i]
         where_ = _Positions(x, self._index, "at[...].get")
-        pos, valid = where_.resolve(x, clip=mode != "fill")
+        if mode == "fill":
+            pos, valid = where_.resolve(x, "mask")
+        else:
+            pos, valid = where_.resolve(x, "clip"), None
         out = bind(trace, "take", (reshape(x, (x.size,)), pos), axis=0) if x.size else \
             broadcast_to(trace.constant(_np.zeros((), x.dtype), None), where_.shape)
         if valid is None:
@@ -188,25 +241,50 @@ class _IndexUpdateRef:
         _check_mode(f"at[...].{name}", mode)
         x = self._x
         trace = x._check()
-        where_ = _Positions(x, self._index, f"at[...].{name}")
         v = x._operand(values)
         if v is None:
             raise TypeError(f"at[...].{name}: values must be an array or a number, got "
                             f"{type(values).__name__}")
+        one = _one_axis(x, self._index)
+        if one is not None:
+            dim, e = one
+            n = x.shape[dim]
+            i = self._one_axis_indices(name, e, n, mode)
+            if isinstance(e, Tracer) and mode == "clip":
+                i = where(i < 0, 0, where(i >= n, n - 1, i))
+            shape = x.shape[:dim] + tuple(i.shape) + x.shape[dim + 1 :]
+            v = self._broadcast(name, v, shape)
+            return bind(trace, "scatter", (x, i, v), combiner=combiner, axis=dim, size=n)
+        where_ = _Positions(x, self._index, f"at[...].{name}")
+        pos = where_.resolve(x, "clip" if mode == "clip" else "drop")  # JAX's scatters drop
+        v = self._broadcast(name, v, where_.shape)
+        out = bind(trace, "scatter", (reshape(x, (x.size,)), pos, v), combiner=combiner, axis=0,
+                   size=x.size)
+        return reshape(out, x.shape)
+
+    def _one_axis_indices(self, name: str, e: Any, n: int, mode: Optional[str]) -> Tracer:
+        """Indices into a dim of size `n`: traced ones with the negative ones counted from
+        the end; constant ones checked (IndexError) as numpy, or clipped with mode "clip"."""
+        trace = self._x._trace
+        if isinstance(e, Tracer):
+            return where(e < 0, e + n, e)
+        i = _np.asarray(e)
+        if mode == "clip":
+            i = _np.clip(_np.where(i < 0, i + n, i), 0, max(n - 1, 0))
+        else:
+            i = _checked_indices(f"at[...].{name}", i, n)
+        return trace.constant(i.astype(_np.int32), None)
+
+    def _broadcast(self, name: str, v: Tracer, shape: tuple) -> Tracer:
+        """`v` broadcast to the indexed `shape`; ValueError if it does not broadcast."""
         try:
-            fits = _np.broadcast_shapes(v.shape, where_.shape) == where_.shape
+            fits = _np.broadcast_shapes(v.shape, shape) == tuple(shape)
         except ValueError:
             fits = False
         if not fits:
             raise ValueError(f"at[...].{name}: values of shape {v.shape} do not broadcast to the "
-                             f"indexed shape {where_.shape} of {x.aval}")
-        pos, valid = where_.resolve(x, clip=mode == "clip")
-        if valid is not None:
-            pos = where(valid, pos, -1)  # out of range: dropped, as JAX's scatters
-        v = broadcast_to(v, where_.shape)
-        out = bind(trace, "scatter", (reshape(x, (x.size,)), pos, v), combiner=combiner, axis=0,
-                   size=x.size)
-        return reshape(out, x.shape)
+                             f"indexed shape {tuple(shape)} of {self._x.aval}")
+        return broadcast_to(v, shape)
 
     def set(self, values: Any, *, mode: Optional[str] = None, indices_are_sorted: bool = False,
             unique_indices: bool = False) -> Tracer:
