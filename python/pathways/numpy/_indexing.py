@@ -256,7 +256,8 @@ def _getitem(x: Tracer, index: Any) -> Tracer:
 _INT32_MAX = 2**31 - 1
 
 
-def _along_axis_positions(trace: Any, shape: tuple, indices: Tracer, axis: int) -> Tracer:
+def _along_axis_positions(trace: Any, shape: tuple, indices: Tracer, axis: int,
+                          name: str = "take_along_axis") -> Tracer:
     """The positions, in `shape` flattened row-major, of the elements at `indices` along `axis`.
 
     `indices` (int32) has `shape`'s rank and dims but at `axis`, and values in
@@ -273,7 +274,7 @@ def _along_axis_positions(trace: Any, shape: tuple, indices: Tracer, axis: int) 
     size = int(_np.prod(shape, dtype=_np.int64))
     if size > _INT32_MAX:
         raise ValueError(
-            f"take_along_axis: an array of shape {tuple(shape)} has more than 2**31 - 1 "
+            f"{name}: an array of shape {tuple(shape)} has more than 2**31 - 1 "
             "elements, beyond the int32 positions it is gathered at"
         )
     lead = [int(d) for d in indices.shape[:axis]]
@@ -289,9 +290,10 @@ def _along_axis_positions(trace: Any, shape: tuple, indices: Tracer, axis: int) 
     return pos
 
 
-def _gather_along_axis(trace: Any, arr: Tracer, indices: Tracer, axis: int) -> Tracer:
+def _gather_along_axis(trace: Any, arr: Tracer, indices: Tracer, axis: int,
+                       name: str = "take_along_axis") -> Tracer:
     """`arr`'s elements at `indices` along `axis` (indices in range, of arr's dims but at `axis`)."""
-    pos = _along_axis_positions(trace, arr.shape, indices, axis)
+    pos = _along_axis_positions(trace, arr.shape, indices, axis, name)
     return bind(trace, "take", (reshape(arr, (arr.size,)), pos), axis=0)
 
 
@@ -299,7 +301,7 @@ def _scatter_add_along_axis(trace: Any, shape: tuple, indices: Tracer, updates: 
                             axis: int) -> Tracer:
     """Zeros of `shape` with `updates` added at `indices` along `axis` (the transpose of
     `_gather_along_axis`)."""
-    pos = _along_axis_positions(trace, shape, indices, axis)
+    pos = _along_axis_positions(trace, shape, indices, axis, "gradient")
     size = int(_np.prod(shape, dtype=_np.int64))
     zero = trace.constant(_np.zeros((), updates.dtype), None)
     flat = bind(trace, "scatter", (zero, pos, updates), combiner="add", axis=0, size=size)

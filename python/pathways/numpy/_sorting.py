@@ -94,7 +94,7 @@ def _argsort_traced(name: str, trace: Any, x: Tracer, axis: Any, descending: boo
     last = x.ndim - 1
     moved = x if ax == last else moveaxis(x, ax, last)
     positions = bind(trace, "sort", (moved,), descending=bool(descending))
-    values = _gather_along_axis(trace, moved, positions, last) if moved.size else moved
+    values = _gather_along_axis(trace, moved, positions, last, name) if moved.size else moved
     if ax != last:
         positions, values = moveaxis(positions, last, ax), moveaxis(values, last, ax)
     return positions, values
