@@ -73,6 +73,16 @@ absl::string_view TypeRuleName(TypeRule r) {
   return "unknown";
 }
 
+// The combiner named `name` ("add", "mul", "max", "min", "set"), or
+// ValueError naming the op and what it takes.
+Combiner CombinerByName(const std::string& name, const char* op, bool with_set) {
+  for (Combiner c : {Combiner::kAdd, Combiner::kMul, Combiner::kMax, Combiner::kMin, Combiner::kSet}) {
+    if ((with_set || c != Combiner::kSet) && CombinerName(c) == name) return c;
+  }
+  throw py::value_error(absl::StrCat("unknown ", op, " combiner '", name, "'; known: add, mul, max, min",
+                                     with_set ? ", set" : ""));
+}
+
 // Holder for the immutable IR objects (pybind11 wants non-const holders).
 template <typename T>
 std::shared_ptr<T> Mutable(std::shared_ptr<const T> p) {
@@ -190,6 +200,12 @@ void RegisterFunctionIr(py::module_& m) {
       .def("take", [](FunctionBuilder& b, int32_t x, int32_t indices, int64_t axis) {
         return ValueOrThrow(b.Take(x, indices, axis));
       }, py::arg("x"), py::arg("indices"), py::arg("axis"))
+      .def("scatter", [](FunctionBuilder& b, const std::string& combiner, int32_t operand,
+                         int32_t indices, int32_t updates, int64_t axis, int64_t size) {
+        return ValueOrThrow(b.Scatter(CombinerByName(combiner, "scatter", true), operand, indices,
+                                      updates, axis, size));
+      }, py::arg("combiner"), py::arg("operand"), py::arg("indices"), py::arg("updates"),
+         py::arg("axis"), py::arg("size"))
       .def("scatter_add", [](FunctionBuilder& b, int32_t updates, int32_t indices, int64_t axis,
                              int64_t size) {
         return ValueOrThrow(b.ScatterAdd(updates, indices, axis, size));
@@ -197,6 +213,14 @@ void RegisterFunctionIr(py::module_& m) {
       .def("top_k", [](FunctionBuilder& b, int32_t x, int64_t k) {
         return ValueOrThrow(b.TopK(x, k));
       }, py::arg("x"), py::arg("k"))
+      .def("sort", [](FunctionBuilder& b, int32_t x, bool descending) {
+        return ValueOrThrow(b.Sort(x, descending));
+      }, py::arg("x"), py::arg("descending"))
+      .def("cumulative", [](FunctionBuilder& b, const std::string& combiner, int32_t x,
+                            int64_t axis, bool reverse) {
+        return ValueOrThrow(b.Cumulative(CombinerByName(combiner, "cumulative", false), x, axis,
+                                         reverse));
+      }, py::arg("combiner"), py::arg("x"), py::arg("axis"), py::arg("reverse"))
       .def("matmul", [](FunctionBuilder& b, int32_t x, int32_t y) {
         return ValueOrThrow(b.Matmul(x, y));
       }, py::arg("a"), py::arg("b"))

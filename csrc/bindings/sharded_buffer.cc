@@ -184,6 +184,14 @@ void RegisterShardedBuffer(py::module_& m) {
       // numpy's item: the one element (or the one at the given index) as a
       // Python scalar, read back from the devices.
       .def("item", [](py::object self, py::args index) { return AsNumpy(self).attr("item")(*index); })
+      // JAX arrays have .at[...] updates; a ShardedBuffer's data lives on
+      // devices, where only compiled functions compute, so say where they are.
+      .def_property_readonly("at", [](py::object) -> py::object {
+        throw py::type_error(
+            "ShardedBuffer.at: indexed updates (x.at[index].set(v), .add, ...) run inside "
+            "compiled functions: apply them to the traced value in the function given to "
+            "pw.pmap, or to np.asarray(buffer) with numpy indexing on the host");
+      })
       .def("is_ready", [](const PyShardedBuffer& s) { return s.Get("query")->IsDone(); })
       .def_property_readonly("is_replicated", [](const PyShardedBuffer& s) { return s.replicated; },
                              "True for one value held whole by every device (pmap's out_axes=None, "

@@ -132,6 +132,21 @@ absl::string_view ReduceKindName(ReduceKind kind) {
   return "unknown";
 }
 
+absl::string_view CombinerName(Combiner combiner) {
+  switch (combiner) {
+    case Combiner::kAdd:
+      return "add";
+    case Combiner::kMul:
+      return "mul";
+    case Combiner::kMax:
+      return "max";
+    case Combiner::kMin:
+      return "min";
+    case Combiner::kSet:
+      return "set";
+  }
+  return "unknown";
+}
 
 bool FunctionIr::has_collectives() const {
   return std::any_of(ops_.begin(), ops_.end(),
@@ -170,11 +185,18 @@ std::string FunctionIr::ToText() const {
       case OpKind::kPsumScatter:
         absl::StrAppend(&text, "[axis=", op.axis, "]");
         break;
-      case OpKind::kScatterAdd:
-        absl::StrAppend(&text, "[axis=", op.axis, "]");
+      case OpKind::kScatter:
+        absl::StrAppend(&text, "[", CombinerName(op.combiner), ",axis=", op.axis, "]");
+        break;
+      case OpKind::kCumulative:
+        absl::StrAppend(&text, "[", CombinerName(op.combiner), ",axis=", op.axis,
+                        op.reverse ? ",reverse" : "", "]");
         break;
       case OpKind::kTopK:
         absl::StrAppend(&text, "[k=", op.type.dims.back(), "]");
+        break;
+      case OpKind::kSort:
+        if (op.reverse) absl::StrAppend(&text, "[descending]");
         break;
       case OpKind::kAllToAll:
         absl::StrAppend(&text, "[split=", op.axis, ",concat=", op.concat_axis, "]");
@@ -909,36 +931,85 @@ absl::StatusOr<int32_t> FunctionBuilder::Take(int32_t x, int32_t indices, int64_
   return Add(std::move(op));
 }
 
-absl::StatusOr<int32_t> FunctionBuilder::ScatterAdd(int32_t updates, int32_t indices,
-                                                    int64_t axis, int64_t size) {
-  PW_RETURN_IF_ERROR(CheckValue(updates, "scatter_add"));
-  PW_RETURN_IF_ERROR(CheckValue(indices, "scatter_add"));
-  const ValueType tu = type(updates);
-  const ValueType ti = type(indices);
+namespace {
+
+bool IsCombiner(Combiner c) {
+  return c == Combiner::kAdd || c == Combiner::kMul || c == Combiner::kMax || c == Combiner::kMin ||
+         c == Combiner::kSet;
+}
+
+// The dims of a scatter's (or scatter_add's) result, or InvalidArgument
+// naming `op` when `updates` and `indices` do not fit at `axis` with `size`.
+absl::StatusOr<Dims> ScatterDims(absl::string_view op, const ValueType& tu, const ValueType& ti,
+                                 int64_t axis, int64_t size) {
   if (ti.dtype != DType::kI32) {
     return UnsupportedTypeError(
-        absl::StrFormat("scatter_add: indices must be int32, got %s", ti.ToString()));
-  }
-  if (tu.dtype == DType::kBool) {
-    return UnsupportedTypeError(
-        absl::StrFormat("scatter_add: updates must be numeric, got %s", tu.ToString()));
+        absl::StrFormat("%s: indices must be int32, got %s", op, ti.ToString()));
   }
   const int64_t irank = static_cast<int64_t>(ti.dims.size());
   const int64_t urank = static_cast<int64_t>(tu.dims.size());
-  const bool fits = axis >= 0 && axis <= urank - irank && size >= 1 &&
+  const bool fits = axis >= 0 && axis <= urank - irank && size >= 0 &&
                     std::equal(ti.dims.begin(), ti.dims.end(), tu.dims.begin() + axis);
   if (!fits) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "scatter_add: updates %s do not hold indices %s at axis %d (size %d)", tu.ToString(),
+        "%s: updates %s do not hold indices %s at axis %d (size %d)", op, tu.ToString(),
         ti.ToString(), axis, size));
   }
   Dims dims(tu.dims.begin(), tu.dims.begin() + axis);
   dims.push_back(size);
   dims.insert(dims.end(), tu.dims.begin() + axis + irank, tu.dims.end());
-  Op op =
-      MakeOp(OpKind::kScatterAdd, {updates, indices}, ValueType{tu.dtype, std::move(dims)});
+  return dims;
+}
+
+}  // namespace
+
+absl::StatusOr<int32_t> FunctionBuilder::Scatter(Combiner combiner, int32_t operand,
+                                                 int32_t indices, int32_t updates, int64_t axis,
+                                                 int64_t size) {
+  PW_RETURN_IF_ERROR(CheckValue(operand, "scatter"));
+  PW_RETURN_IF_ERROR(CheckValue(indices, "scatter"));
+  PW_RETURN_IF_ERROR(CheckValue(updates, "scatter"));
+  if (!IsCombiner(combiner)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "scatter: unknown combiner %d", static_cast<int>(combiner)));
+  }
+  const ValueType to = type(operand);
+  PW_ASSIGN_OR_RETURN(Dims dims, ScatterDims("scatter", type(updates), type(indices), axis, size));
+  if (!to.dims.empty() && to.dims != dims) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "scatter: operand %s is neither a scalar nor of the result's shape %s (updates %s, "
+        "indices %s, axis %d)",
+        to.ToString(), TypeToString(to.dtype, dims), type(updates).ToString(),
+        type(indices).ToString(), axis));
+  }
+  if (to.dtype == DType::kBool && (combiner == Combiner::kAdd || combiner == Combiner::kMul)) {
+    return UnsupportedTypeError(absl::StrFormat(
+        "scatter: %s into a bool operand (%s) is not supported, as in JAX; max and min are "
+        "logical or and and",
+        CombinerName(combiner), to.ToString()));
+  }
+  PW_ASSIGN_OR_RETURN(updates, Convert(updates, to.dtype));
+  Op op = MakeOp(OpKind::kScatter, {operand, indices, updates},
+                 ValueType{to.dtype, std::move(dims)});
+  op.combiner = combiner;
   op.axis = axis;
   return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::ScatterAdd(int32_t updates, int32_t indices,
+                                                    int64_t axis, int64_t size) {
+  PW_RETURN_IF_ERROR(CheckValue(updates, "scatter_add"));
+  PW_RETURN_IF_ERROR(CheckValue(indices, "scatter_add"));
+  const ValueType tu = type(updates);
+  if (tu.dtype == DType::kBool) {
+    return UnsupportedTypeError(
+        absl::StrFormat("scatter_add: updates must be numeric, got %s", tu.ToString()));
+  }
+  // Checked before the zero constant is added, so that an error adds nothing.
+  PW_RETURN_IF_ERROR(ScatterDims("scatter_add", tu, type(indices), axis, size).status());
+  const std::vector<uint8_t> zero(static_cast<size_t>(DTypeSize(tu.dtype)), 0);
+  PW_ASSIGN_OR_RETURN(const int32_t zeros, Constant(tu.dtype, {}, zero));
+  return Scatter(Combiner::kAdd, zeros, indices, updates, axis, size);
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::TopK(int32_t x, int64_t k) {
@@ -960,6 +1031,47 @@ absl::StatusOr<int32_t> FunctionBuilder::TopK(int32_t x, int64_t k) {
   Dims dims = tx.dims;
   dims.back() = k;
   return AddOp(OpKind::kTopK, {x}, ValueType{DType::kI32, std::move(dims)});
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Sort(int32_t x, bool descending) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "sort"));
+  const ValueType tx = type(x);
+  if (tx.dims.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sort: operand must have at least one dimension, got %s", tx.ToString()));
+  }
+  if (tx.dims.back() > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sort: the last dimension of %s is beyond int32 positions", tx.ToString()));
+  }
+  Op op = MakeOp(OpKind::kSort, {x}, ValueType{DType::kI32, tx.dims});
+  op.reverse = descending;
+  return Add(std::move(op));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Cumulative(Combiner combiner, int32_t x, int64_t axis,
+                                                    bool reverse) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "cumulative"));
+  if (combiner == Combiner::kSet || !IsCombiner(combiner)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cumulative: combiner must be add, mul, max or min, got %s", CombinerName(combiner)));
+  }
+  const ValueType tx = type(x);
+  const int64_t rank = static_cast<int64_t>(tx.dims.size());
+  if (rank == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cumulative: operand must have at least one dimension, got %s", tx.ToString()));
+  }
+  PW_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis("cumulative", axis, rank, tx));
+  if (tx.dtype == DType::kBool && (combiner == Combiner::kAdd || combiner == Combiner::kMul)) {
+    PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kI32));  // a count, as numpy's cumsum of bools
+  }
+  if (tx.dims[a] <= 1) return x;  // each element is its own running value
+  Op op = MakeOp(OpKind::kCumulative, {x}, type(x));
+  op.combiner = combiner;
+  op.axis = a;
+  op.reverse = reverse;
+  return Add(std::move(op));
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Matmul(int32_t a, int32_t b) {

@@ -33,6 +33,14 @@ enum class ReduceKind : uint8_t { kSum, kMean, kMax, kMin, kArgmax };
 // "sum", "mean", "max", "min", "argmax".
 absl::string_view ReduceKindName(ReduceKind kind);
 
+// How kCumulative combines an element with the running value, and kScatter
+// an update with the element it lands on. Max and min propagate NaN, as
+// numpy.maximum; kSet (scatter only) replaces the element.
+enum class Combiner : uint8_t { kAdd, kMul, kMax, kMin, kSet };
+
+// "add", "mul", "max", "min", "set".
+absl::string_view CombinerName(Combiner combiner);
+
 // The numpy broadcast of two shapes (aligned from the right; size-1
 // dimensions stretch), or false if they are incompatible.
 bool BroadcastDims(absl::Span<const int64_t> a, absl::Span<const int64_t> b, Dims* out);
@@ -61,9 +69,11 @@ struct Op {
   ReduceKind reduce_kind = ReduceKind::kSum;  // kReduce only
   std::vector<int64_t> axes;                 // kReduce, kRev: sorted; kTranspose: the permutation
   bool keepdims = false;                     // kReduce only
-  // kAllGather, kConcatenate, kTake, kScatterAdd, kPsumScatter; kAllToAll: the split axis.
-  // (kTopK keeps its k as the last dim of its type.)
+  // kAllGather, kConcatenate, kTake, kScatter, kPsumScatter, kCumulative; kAllToAll:
+  // the split axis. (kTopK keeps its k as the last dim of its type.)
   int64_t axis = 0;
+  Combiner combiner = Combiner::kAdd;        // kCumulative, kScatter
+  bool reverse = false;                      // kCumulative: from the end; kSort: descending
   int64_t concat_axis = 0;                   // kAllToAll only
   std::vector<int64_t> slice_start, slice_limit, slice_step;  // kSlice only
   std::vector<int64_t> pad_lo, pad_hi, pad_interior;         // kPad only
@@ -251,8 +261,25 @@ class FunctionBuilder {
   // numpy take(x, indices, axis) with int32 indices clipped into range.
   absl::StatusOr<int32_t> Take(int32_t x, int32_t indices, int64_t axis);
 
-  // The transpose of Take: zeros with x's dims (`size` at `axis`) plus
-  // `updates` (dims of a Take result) added at the indexed positions.
+  // The inverse of Take: `operand` with `updates` combined into it at
+  // `indices` along `axis`. `updates` has the dims of a Take result: the
+  // result's dims with the one at `axis` replaced by the indices' dims; the
+  // result has `size` at `axis` (>= 0; 0 takes no index in range) and
+  // `operand`'s dtype. `operand` has the result's dims, or is a scalar
+  // broadcast to them. `updates` is converted to `operand`'s dtype; kSet
+  // replaces the element (the last update in index order wins), the others
+  // combine (duplicate indices accumulate, in index order). Indices outside
+  // [0, size) are skipped, as JAX's scatters drop them (negative ones too).
+  // InvalidArgument ("scatter: ...") for non-int32 indices, dims that do not
+  // fit, a bool operand with kAdd or kMul (as JAX; kMax and kMin are or and
+  // and), an unknown combiner.
+  absl::StatusOr<int32_t> Scatter(Combiner combiner, int32_t operand, int32_t indices,
+                                  int32_t updates, int64_t axis, int64_t size);
+
+  // The transpose of Take: zeros of `updates`' dtype with x's dims (`size`
+  // at `axis`) plus `updates` added at the indexed positions (a zero
+  // constant and a kScatter; indices out of range add nothing). Bool
+  // updates are refused.
   absl::StatusOr<int32_t> ScatterAdd(int32_t updates, int32_t indices, int64_t axis,
                                      int64_t size);
 
@@ -265,6 +292,24 @@ class FunctionBuilder {
   // for a zero-dimensional `x`, k outside [0, last dim], or a last dim
   // beyond int32 positions.
   absl::StatusOr<int32_t> TopK(int32_t x, int64_t k);
+
+  // numpy's argsort of each row along the last axis of `x` (rank >= 1, any
+  // dtype), stable: the int32 positions of the row's elements in increasing
+  // order (decreasing when `descending`), equal elements in increasing
+  // position either way (as jax.numpy.argsort). Floats in numpy's order: NaN
+  // after +inf (before it when descending), whatever its sign; -0 equal to
+  // +0. The result has x's dims. InvalidArgument for a zero-dimensional `x`
+  // or a last dim beyond int32 positions.
+  absl::StatusOr<int32_t> Sort(int32_t x, bool descending);
+
+  // numpy's cumsum (kAdd), cumprod (kMul), maximum.accumulate (kMax) and
+  // minimum.accumulate (kMin) of `x` along `axis` (rank >= 1; negative
+  // counts from the end): element i combines elements 0..i, or i..n-1 when
+  // `reverse` (jax.lax.cumsum's reverse). Sums and products of bool are
+  // int32 (the operand is converted), as numpy's of a bool array (JAX's
+  // int32); max and min of bool are or and and. InvalidArgument for an
+  // out-of-range axis, a zero-dimensional `x` or kSet.
+  absl::StatusOr<int32_t> Cumulative(Combiner combiner, int32_t x, int64_t axis, bool reverse);
 
   // numpy matmul of values of rank >= 2 (batch dims broadcast; dtypes promote).
   absl::StatusOr<int32_t> Matmul(int32_t a, int32_t b);

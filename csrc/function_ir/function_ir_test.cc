@@ -701,6 +701,127 @@ TEST(FunctionBuilderTest, TopKTypesAndErrors) {
   EXPECT_NE((*ir)->ToText().find("top_k[k=4] %"), std::string::npos) << (*ir)->ToText();
 }
 
+// erf and erfc are transcendental: floats keep their type, int32 computes in
+// f64 and bool in f32.
+TEST(FunctionBuilderTest, ErfTypes) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {2});
+  const int32_t k = b.Parameter(DType::kI32, {2});
+  const int32_t p = b.Parameter(DType::kBool, {});
+  EXPECT_EQ(b.type(*b.Unary(OpKind::kErf, x)).ToString(), "f32[2]");
+  EXPECT_EQ(b.type(*b.Unary(OpKind::kErfc, k)).ToString(), "f64[2]");
+  EXPECT_EQ(b.type(*b.Unary(OpKind::kErf, p)).ToString(), "f32[]");
+}
+
+// scatter: the operand's dtype and the result's dims, updates converted,
+// a scalar operand; scatter_add is a scatter into a zero scalar.
+TEST(FunctionBuilderTest, ScatterTypesAndErrors) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {3, 4});
+  const int32_t k = b.Parameter(DType::kI32, {3, 4});
+  const int32_t p = b.Parameter(DType::kBool, {5});
+  const int32_t idx = b.Parameter(DType::kI32, {2});
+  const int32_t u = b.Parameter(DType::kF64, {3, 2});
+  const int32_t one = b.Parameter(DType::kI32, {});
+  auto set = b.Scatter(Combiner::kSet, x, idx, u, 1, 4);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(b.type(*set).ToString(), "f32[3,4]");
+  auto mul = b.Scatter(Combiner::kMul, k, idx, u, 1, 4);  // f64 updates into int32
+  ASSERT_TRUE(mul.ok()) << mul.status();
+  EXPECT_EQ(b.type(*mul).ToString(), "i32[3,4]");
+  auto scalar = b.Scatter(Combiner::kMax, one, idx, u, 1, 7);
+  ASSERT_TRUE(scalar.ok()) << scalar.status();
+  EXPECT_EQ(b.type(*scalar).ToString(), "i32[3,7]");
+  auto bool_max = b.Scatter(Combiner::kMax, p, one, one, 0, 5);
+  ASSERT_TRUE(bool_max.ok()) << bool_max.status();
+  EXPECT_EQ(b.type(*bool_max).ToString(), "pred[5]");
+  auto sa = b.ScatterAdd(u, idx, 1, 4);
+  ASSERT_TRUE(sa.ok()) << sa.status();
+  EXPECT_EQ(b.type(*sa).ToString(), "f64[3,4]");
+
+  ExpectInvalid(b.Scatter(Combiner::kAdd, x, idx, u, 1, 5).status(),
+                "scatter: operand f32[3,4] is neither a scalar nor of the result's shape f32[3,5] "
+                "(updates f64[3,2], indices i32[2], axis 1)");
+  ExpectInvalid(b.Scatter(Combiner::kAdd, x, idx, u, 0, 4).status(),
+                "scatter: updates f64[3,2] do not hold indices i32[2] at axis 0 (size 4)");
+  ExpectInvalid(b.Scatter(Combiner::kAdd, x, u, u, 1, 4).status(),
+                "scatter: indices must be int32, got f64[3,2]");
+  ExpectInvalid(b.Scatter(Combiner::kAdd, p, one, one, 0, 5).status(),
+                "scatter: add into a bool operand (pred[5]) is not supported, as in JAX; max "
+                "and min are logical or and and");
+  ExpectInvalid(b.Scatter(Combiner::kMul, p, one, one, 0, 5).status(),
+                "scatter: mul into a bool operand (pred[5]) is not supported, as in JAX; max "
+                "and min are logical or and and");
+  ExpectInvalid(b.Scatter(static_cast<Combiner>(7), x, idx, u, 1, 4).status(),
+                "scatter: unknown combiner 7");
+  ExpectInvalid(b.ScatterAdd(p, one, 0, 5).status(), "scatter_add: updates must be numeric, got pred[5]");
+  // The dtype errors are of the unsupported-type kind (TypeError in Python).
+  EXPECT_EQ(GetErrorKind(b.Scatter(Combiner::kAdd, x, u, u, 1, 4).status()),
+            ErrorKind::kUnsupportedType);
+  EXPECT_EQ(GetErrorKind(b.Scatter(Combiner::kAdd, p, one, one, 0, 5).status()),
+            ErrorKind::kUnsupportedType);
+  auto ir = b.Build({*set, *scalar});
+  ASSERT_TRUE(ir.ok());
+  const Op& set_op = (*ir)->ops()[*set];
+  EXPECT_EQ((*ir)->ops()[set_op.operands[2]].type.ToString(), "f32[3,2]");  // updates converted
+  EXPECT_EQ(set_op.combiner, Combiner::kSet);
+  EXPECT_NE((*ir)->ToText().find("scatter[set,axis=1] %0, %3,"), std::string::npos)
+      << (*ir)->ToText();
+  EXPECT_NE((*ir)->ToText().find("scatter[max,axis=1] %5,"), std::string::npos) << (*ir)->ToText();
+}
+
+// sort gives int32 positions of the operand's dims, for every dtype.
+TEST(FunctionBuilderTest, SortTypesAndErrors) {
+  EXPECT_EQ(GetTypeRule(OpKind::kSort), TypeRule::kIndices);
+  FunctionBuilder b("f", "");
+  for (DType dtype : {DType::kF32, DType::kF64, DType::kI32, DType::kBool}) {
+    const int32_t x = b.Parameter(dtype, {2, 0, 3});
+    auto s = b.Sort(x, dtype == DType::kBool);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(b.type(*s).ToString(), "i32[2,0,3]");
+  }
+  const int32_t v = b.Parameter(DType::kF32, {4});
+  const int32_t scalar = b.Parameter(DType::kF32, {});
+  ExpectInvalid(b.Sort(scalar, false).status(),
+                "sort: operand must have at least one dimension, got f32[]");
+  auto up = b.Sort(v, false);
+  auto down = b.Sort(v, true);
+  auto ir = b.Build({*up, *down});
+  ASSERT_TRUE(ir.ok());
+  EXPECT_NE((*ir)->ToText().find("= sort %"), std::string::npos) << (*ir)->ToText();
+  EXPECT_NE((*ir)->ToText().find("= sort[descending] %"), std::string::npos) << (*ir)->ToText();
+}
+
+// cumulative: numpy's cumsum dtypes (bool sums in int32), axes normalized,
+// an axis of size 1 needs no op.
+TEST(FunctionBuilderTest, CumulativeTypesAndErrors) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {3, 4});
+  const int32_t p = b.Parameter(DType::kBool, {5});
+  const int32_t row = b.Parameter(DType::kF64, {1, 4});
+  auto sum = b.Cumulative(Combiner::kAdd, x, -1, false);
+  auto prod = b.Cumulative(Combiner::kMul, p, 0, true);
+  auto max = b.Cumulative(Combiner::kMax, p, 0, false);
+  ASSERT_TRUE(sum.ok() && prod.ok() && max.ok());
+  EXPECT_EQ(b.type(*sum).ToString(), "f32[3,4]");
+  EXPECT_EQ(b.type(*prod).ToString(), "i32[5]");
+  EXPECT_EQ(b.type(*max).ToString(), "pred[5]");
+  EXPECT_EQ(*b.Cumulative(Combiner::kMin, row, 0, false), row);
+  const int32_t scalar = b.Parameter(DType::kF32, {});
+  ExpectInvalid(b.Cumulative(Combiner::kAdd, scalar, 0, false).status(),
+                "cumulative: operand must have at least one dimension, got f32[]");
+  ExpectInvalid(b.Cumulative(Combiner::kAdd, x, 2, false).status(),
+                "cumulative: axis 2 is out of range for f32[3,4]");
+  ExpectInvalid(b.Cumulative(Combiner::kSet, x, 0, false).status(),
+                "cumulative: combiner must be add, mul, max or min, got set");
+  auto ir = b.Build({*sum, *prod});
+  ASSERT_TRUE(ir.ok());
+  EXPECT_NE((*ir)->ToText().find("cumulative[add,axis=1] %0"), std::string::npos)
+      << (*ir)->ToText();
+  EXPECT_NE((*ir)->ToText().find("cumulative[mul,axis=0,reverse] %"), std::string::npos)
+      << (*ir)->ToText();
+}
+
 TEST(FunctionBuilderTest, CollectivesNeedAnAxisName) {
   FunctionBuilder b("f", "");
   const int32_t x = b.Parameter(DType::kF32, {2});
@@ -726,7 +847,7 @@ TEST(FunctionBuilderTest, HugeOrOverflowingShapesAreErrors) {
   // A huge step is a valid slice (of one element); its size must not overflow.
   EXPECT_EQ(b.type(*b.Slice(v, {1}, {4}, {INT64_MAX})).dims, Dims{1});
   expect_error(b.ScatterAdd(v, *b.Constant(DType::kI32, {4}, std::vector<uint8_t>(16)), 0, int64_t{1} << 40),
-               "scatter_add: f32[1099511627776] is too large");
+               "scatter: f32[1099511627776] is too large");
   std::vector<uint8_t> none;
   expect_error(b.Constant(DType::kF64, {int64_t{1} << 62, 4}, none), "constant: f64[");
 }

@@ -42,6 +42,11 @@ static_assert(std::endian::native == std::endian::little,
   V(ReduceKind::kMax, wire::REDUCE_MAX) V(ReduceKind::kMin, wire::REDUCE_MIN)             \
   V(ReduceKind::kArgmax, wire::REDUCE_ARGMAX)
 
+#define PW_WIRE_COMBINERS(V)                                                          \
+  V(Combiner::kAdd, wire::COMBINER_ADD) V(Combiner::kMul, wire::COMBINER_MUL)         \
+  V(Combiner::kMax, wire::COMBINER_MAX) V(Combiner::kMin, wire::COMBINER_MIN)         \
+  V(Combiner::kSet, wire::COMBINER_SET)
+
 // ToWire(Cpp) and FromWire(Wire) for the pairs LIST(V) gives. ToWire's
 // switch names every C++ enumerator (-Wswitch warns of a missing one);
 // FromWire has a default, since a proto3 enum field may hold any int32.
@@ -68,6 +73,7 @@ static_assert(std::endian::native == std::endian::little,
 PW_WIRE_ENUM_MAPPING(OpKind, wire::OpKind, PW_WIRE_OP_KINDS)
 PW_WIRE_ENUM_MAPPING(DType, wire::DType, PW_WIRE_DTYPES)
 PW_WIRE_ENUM_MAPPING(ReduceKind, wire::ReduceKind, PW_WIRE_REDUCE_KINDS)
+PW_WIRE_ENUM_MAPPING(Combiner, wire::Combiner, PW_WIRE_COMBINERS)
 
 template <typename Container>
 void Append(const Container& values, google::protobuf::RepeatedField<int64_t>* out) {
@@ -150,12 +156,21 @@ void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
     case OpKind::kTake:
       out->set_axis(op.axis);
       break;
-    case OpKind::kScatterAdd:
+    case OpKind::kScatter:
+      out->set_combiner(ToWire(op.combiner));
       out->set_axis(op.axis);
       out->set_size(op.type.dims[op.axis]);
       break;
+    case OpKind::kCumulative:
+      out->set_combiner(ToWire(op.combiner));
+      out->set_axis(op.axis);
+      out->set_reverse(op.reverse);
+      break;
     case OpKind::kTopK:
       out->set_size(op.type.dims.back());
+      break;
+    case OpKind::kSort:
+      out->set_reverse(op.reverse);
       break;
     case OpKind::kAllToAll:
       out->set_axis_name(op.axis_name);
@@ -226,6 +241,11 @@ absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
   if (kind == OpKind::kReduce && !FromWire(w.reduce_kind()).has_value()) {
     return WireError(absl::StrFormat("%s: unknown reduce kind %d", OpLabel(index, kind),
                                      static_cast<int>(w.reduce_kind())));
+  }
+  if ((kind == OpKind::kScatter || kind == OpKind::kCumulative) &&
+      !FromWire(w.combiner()).has_value()) {
+    return WireError(absl::StrFormat("%s: unknown combiner %d", OpLabel(index, kind),
+                                     static_cast<int>(w.combiner())));
   }
   return absl::OkStatus();
 }
@@ -306,10 +326,15 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
       return b.Concatenate(w.operands(), w.axis());
     case OpKind::kTake:
       return b.Take(operand(0), operand(1), w.axis());
-    case OpKind::kScatterAdd:
-      return b.ScatterAdd(operand(0), operand(1), w.axis(), w.size());
+    case OpKind::kScatter:
+      return b.Scatter(*FromWire(w.combiner()), operand(0), operand(1), operand(2), w.axis(),
+                       w.size());
+    case OpKind::kCumulative:
+      return b.Cumulative(*FromWire(w.combiner()), operand(0), w.axis(), w.reverse());
     case OpKind::kTopK:
       return b.TopK(operand(0), w.size());
+    case OpKind::kSort:
+      return b.Sort(operand(0), w.reverse());
     case OpKind::kMatmul:
       return b.Matmul(operand(0), operand(1));
     case OpKind::kAllToAll:

@@ -66,7 +66,8 @@ std::shared_ptr<const FunctionIr> ElementwiseFunction() {
     outs.push_back(Ok(b.Binary(kind, p, cb)));
   }
   for (OpKind kind : {OpKind::kNeg, OpKind::kAbs, OpKind::kExp, OpKind::kLog, OpKind::kTanh,
-                      OpKind::kSqrt, OpKind::kRsqrt, OpKind::kSin, OpKind::kCos}) {
+                      OpKind::kSqrt, OpKind::kRsqrt, OpKind::kSin, OpKind::kCos, OpKind::kErf,
+                      OpKind::kErfc}) {
     outs.push_back(Ok(b.Unary(kind, x)));
   }
   outs.push_back(Ok(b.Unary(OpKind::kExp, k)));  // int32 -> f64
@@ -152,6 +153,20 @@ std::shared_ptr<const FunctionIr> ShapeFunction() {
   const int32_t take = Ok(b.Take(x, idx, 1));
   outs.push_back(take);
   outs.push_back(Ok(b.ScatterAdd(take, idx, 1, 3)));
+  outs.push_back(Ok(b.Scatter(Combiner::kSet, x, idx, take, 1, 3)));
+  outs.push_back(Ok(b.Scatter(Combiner::kMax, x, idx, Ok(b.Convert(take, DType::kF64)), 1,
+                              3)));  // f64 updates converted to f32
+  outs.push_back(Ok(b.Scatter(Combiner::kMul, k, Ok(b.Constant(DType::kI32, {}, Bytes<int32_t>({4}))),
+                              Ok(b.Constant(DType::kI32, {}, Bytes<int32_t>({3}))), 0, 5)));
+  outs.push_back(Ok(b.Scatter(Combiner::kMin, Ok(b.Constant(DType::kBool, {}, {1})),
+                              Ok(b.Constant(DType::kI32, {1}, Bytes<int32_t>({0}))),
+                              Ok(b.Constant(DType::kBool, {1}, {0})), 0, 0)));  // size 0
+  outs.push_back(Ok(b.Cumulative(Combiner::kAdd, x, -1, false)));
+  outs.push_back(Ok(b.Cumulative(Combiner::kMul, y, 0, true)));
+  outs.push_back(Ok(b.Cumulative(Combiner::kMax, k, 0, false)));
+  outs.push_back(Ok(b.Cumulative(Combiner::kMin, y, 2, true)));
+  outs.push_back(Ok(b.Sort(x, false)));
+  outs.push_back(Ok(b.Sort(y, true)));
   outs.push_back(Ok(b.TopK(x, 2)));
   outs.push_back(Ok(b.TopK(k, 0)));  // k = 0: the wire's default size
   outs.push_back(Ok(b.TopK(y, 4)));
@@ -198,7 +213,7 @@ std::shared_ptr<const FunctionIr> RandomFunction(std::mt19937& rng) {
   auto value = [&] { return values[pick(static_cast<int>(values.size()))]; };
   for (int step = 0; step < 40; ++step) {
     absl::StatusOr<int32_t> v = absl::InvalidArgumentError("none");
-    switch (pick(26)) {
+    switch (pick(29)) {
       case 0: {
         const DType dtype = dtypes[pick(5)];
         Dims dims(pick(3));
@@ -285,6 +300,11 @@ std::shared_ptr<const FunctionIr> RandomFunction(std::mt19937& rng) {
       case 23: v = b.PsumScatter(value(), "i", small()); break;
       case 24: v = b.SimulatedCompute(value(), pick(5000)); break;
       case 25: v = b.TopK(value(), small()); break;
+      case 26:
+        v = b.Scatter(static_cast<Combiner>(pick(5)), value(), value(), value(), pick(3), pick(4));
+        break;
+      case 27: v = b.Cumulative(static_cast<Combiner>(pick(5)), value(), small(), pick(2)); break;
+      case 28: v = b.Sort(value(), pick(2)); break;
     }
     if (v.ok() && b.type(*v).num_elements() <= 256) values.push_back(*v);
   }
@@ -326,6 +346,8 @@ void ExpectSameIr(const FunctionIr& a, const FunctionIr& b) {
     EXPECT_EQ(x.pad_hi, y.pad_hi);
     EXPECT_EQ(x.pad_interior, y.pad_interior);
     EXPECT_EQ(x.perm_source, y.perm_source);
+    EXPECT_EQ(x.combiner, y.combiner);
+    EXPECT_EQ(x.reverse, y.reverse);
   }
 }
 
@@ -650,10 +672,20 @@ TEST(FunctionIrWireTest, BadAttributes) {
   sim.set_duration_ns(kMaxSimulatedNs + 1);
   ExpectWireError(WithOp(2, sim), "total simulated time must be at most");
 
-  wire::Op scatter = MakeOp(wire::OP_SCATTER_ADD, {0, 1});
+  wire::Op scatter = MakeOp(wire::OP_SCATTER, {0, 1, 0});
   scatter.set_axis(0);
-  scatter.set_size(0);
-  ExpectWireError(WithOp(2, scatter), "scatter_add: updates f32[2,3] do not hold indices i32[] at axis 0 (size 0)");
+  scatter.set_size(-1);
+  ExpectWireError(WithOp(2, scatter), "scatter: updates f32[2,3] do not hold indices i32[] at axis 0 (size -1)");
+  scatter.set_size(2);
+  scatter.set_combiner(static_cast<wire::Combiner>(9));
+  ExpectWireError(WithOp(2, scatter), "unknown combiner 9");
+
+  wire::Op cumulative = MakeOp(wire::OP_CUMULATIVE, {0});
+  cumulative.set_combiner(wire::COMBINER_SET);
+  ExpectWireError(WithOp(2, cumulative), "cumulative: combiner must be add, mul, max or min, got set");
+  cumulative.set_combiner(wire::COMBINER_ADD);
+  cumulative.set_axis(-1);  // not canonical: the builder stores 1
+  ExpectWireError(WithOp(2, cumulative), "not in the form FunctionBuilder makes it");
 
   wire::Op take = MakeOp(wire::OP_TAKE, {0, 1});
   take.set_axis(std::numeric_limits<int64_t>::min());

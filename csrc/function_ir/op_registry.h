@@ -26,7 +26,7 @@ enum class OpClass : uint8_t {
   kSimulated,     // identity that holds the gang's devices for a simulated time
   kReduction,     // over some axes of one shard
   kDataMovement,  // one strided-copy kernel within a shard
-  kIndexing,      // take / scatter_add along an axis, by int32 indices
+  kIndexing,      // take / scatter along an axis by int32 indices; top_k, sort
   kContraction,   // matmul
   kCollective,    // reads other shards of the gang, or the shard's position in it
 };
@@ -84,6 +84,8 @@ enum class TypeRule : uint8_t {
   X(kRsqrt, "rsqrt", RSQRT, 1, kElementwise, kFloating)                                \
   X(kSin, "sin", SIN, 1, kElementwise, kFloating)                                      \
   X(kCos, "cos", COS, 1, kElementwise, kFloating)                                      \
+  X(kErf, "erf", ERF, 1, kElementwise, kFloating)                                      \
+  X(kErfc, "erfc", ERFC, 1, kElementwise, kFloating)                                   \
   X(kNot, "not", NOT, 1, kElementwise, kInvert)                                        \
   /* The operand's bits as Op::type.dtype, of the same size (jax.lax's name) */        \
   X(kBitcastConvert, "bitcast_convert_type", BITCAST_CONVERT_TYPE, 1, kElementwise,    \
@@ -94,6 +96,9 @@ enum class TypeRule : uint8_t {
   X(kSimulatedCompute, "simulated_compute", SIMULATED_COMPUTE, 1, kSimulated, kSame)   \
   /* Op::reduce_kind over Op::axes of one shard, keeping size-1 dims when keepdims */  \
   X(kReduce, "reduce", REDUCE, 1, kReduction, kOwn)                                    \
+  /* Running Op::combiner (add, mul, max, min) along Op::axis, from the end when       \
+     Op::reverse: numpy's cumsum, cumprod and ufunc.accumulate */                      \
+  X(kCumulative, "cumulative", CUMULATIVE, 1, kReduction, kOwn)                        \
   /* --- Data movement within a shard --- */                                           \
   X(kCopy, "copy", COPY, 1, kDataMovement, kSame)                                      \
   X(kReshape, "reshape", RESHAPE, 1, kDataMovement, kOwn)                              \
@@ -105,12 +110,19 @@ enum class TypeRule : uint8_t {
   X(kConcatenate, "concatenate", CONCATENATE, -1, kDataMovement, kOwn)                 \
   /* take(x, indices, axis): indices clipped to [0, x.dims[axis]) */                   \
   X(kTake, "take", TAKE, 2, kIndexing, kOwn)                                           \
-  /* The transpose of take (operands updates, indices) */                              \
-  X(kScatterAdd, "scatter_add", SCATTER_ADD, 2, kIndexing, kOwn)                       \
+  /* scatter(operand, indices, updates, axis): operand (or a scalar broadcast to the   \
+     result) with updates combined in by Op::combiner (set, add, mul, max, min) at the \
+     indices along the axis; indices out of range are skipped. The transpose of take   \
+     (add into zeros), and x.at[i].set/add/... */                                      \
+  X(kScatter, "scatter", SCATTER, 3, kIndexing, kOwn)                                  \
   /* Positions (Op::type's last dim: k) of the k largest along the last axis,          \
      largest first, ties lower position first; floats in IEEE totalOrder (as           \
      XLA's TopK): NaN above +inf (below -inf with its sign set), -0 below +0 */        \
   X(kTopK, "top_k", TOP_K, 1, kIndexing, kIndices)                                     \
+  /* Positions that sort each row along the last axis, stably (equal elements in       \
+     increasing position), in numpy's order: NaN last (first when Op::reverse,         \
+     descending), -0 equal to +0 */                                                    \
+  X(kSort, "sort", SORT, 1, kIndexing, kIndices)                                       \
   /* numpy matmul of two values of rank >= 2: batch dims broadcast */                  \
   X(kMatmul, "matmul", MATMUL, 2, kContraction, kOwn)                                  \
   /* --- Across the shards of the gang (the pmap axis) --- */                          \

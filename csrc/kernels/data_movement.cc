@@ -11,20 +11,27 @@
 namespace pw {
 namespace {
 
-template <typename T>
-void ScatterAddRowsOf(int64_t outer, int64_t dim, int64_t inner, const T* updates,
-                    const int32_t* indices, int64_t num_indices, int64_t index_stride, T* out) {
-  std::fill(out, out + outer * dim * inner, T(0));
+template <typename T, typename F>
+void ScatterRowsOf(int64_t outer, int64_t dim, int64_t inner, const T* operand, bool scalar_operand,
+                   const T* updates, const int32_t* indices, int64_t num_indices,
+                   int64_t index_stride, T* out, F combine) {
+  const int64_t n = outer * dim * inner;
+  if (scalar_operand) {
+    std::fill(out, out + n, operand[0]);
+  } else {
+    std::copy_n(operand, n, out);
+  }
+  if (inner == 0) return;
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t j = 0; j < num_indices; ++j) {
-      T* dst = out + (o * dim + ClipIndex(indices[j * index_stride], dim)) * inner;
+      const int32_t k = indices[j * index_stride];
+      if (k < 0 || k >= dim) continue;  // dropped, as JAX's scatters
+      T* dst = out + (o * dim + k) * inner;
       const T* src = updates + (o * num_indices + j) * inner;
-      for (int64_t i = 0; i < inner; ++i) dst[i] = kernels::ReduceAdd(dst[i], src[i]);
+      for (int64_t i = 0; i < inner; ++i) dst[i] = combine(dst[i], src[i]);
     }
   }
 }
-
-
 
 // Row-major element strides of `dims`.
 Dims ContiguousStrides(const Dims& dims) {
@@ -220,13 +227,33 @@ void TakeRows(int64_t elem_size, int64_t outer, int64_t dim, int64_t inner, cons
   }
 }
 
-void ScatterAddRows(DType dtype, int64_t outer, int64_t dim, int64_t inner, const void* updates,
-                    const int32_t* indices, int64_t num_indices, int64_t index_stride, void* out) {
+void ScatterRows(Combiner combiner, DType dtype, int64_t outer, int64_t dim, int64_t inner,
+                 const void* operand, bool scalar_operand, const void* updates,
+                 const int32_t* indices, int64_t num_indices, int64_t index_stride, void* out) {
   kernels::DispatchDType(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    if constexpr (!std::is_same_v<T, bool>) {  // the builder refuses bool
-      ScatterAddRowsOf<T>(outer, dim, inner, static_cast<const T*>(updates), indices,
-                          num_indices, index_stride, static_cast<T*>(out));
+    auto run = [&](auto combine) {
+      ScatterRowsOf<T>(outer, dim, inner, static_cast<const T*>(operand), scalar_operand,
+                       static_cast<const T*>(updates), indices, num_indices, index_stride,
+                       static_cast<T*>(out), combine);
+    };
+    switch (combiner) {
+      case Combiner::kSet:
+        return run([](T, T u) { return u; });
+      case Combiner::kAdd:
+        return run([](T a, T u) { return kernels::ReduceAdd(a, u); });
+      case Combiner::kMul:
+        if constexpr (std::is_same_v<T, int32_t>) {
+          return run([](T a, T u) {
+            return kernels::Wrap(static_cast<uint32_t>(a) * static_cast<uint32_t>(u));
+          });
+        } else {
+          return run([](T a, T u) { return static_cast<T>(a * u); });
+        }
+      case Combiner::kMax:
+        return run([](T a, T u) { return kernels::Max(a, u); });
+      case Combiner::kMin:
+        return run([](T a, T u) { return kernels::Min(a, u); });
     }
   });
 }

@@ -56,11 +56,16 @@ inline bool IsDataMovementKind(OpKind kind) {
   return GetOpClass(kind) == OpClass::kDataMovement || kind == OpKind::kAllToAll;
 }
 
-// The transpose of TakeRows for one shard, elements of `dtype` (not bool):
-// out [outer, dim, inner] is zeroed, then updates [outer, num_indices,
-// inner] are added at the clipped indices.
-void ScatterAddRows(DType dtype, int64_t outer, int64_t dim, int64_t inner, const void* updates,
-                    const int32_t* indices, int64_t num_indices, int64_t index_stride, void* out);
+// kScatter for one shard, elements of `dtype`: out [outer, dim, inner] is
+// `operand` (of out's shape, or one element filling it when
+// `scalar_operand`), then each row j of updates [outer, num_indices, inner]
+// is combined in at index indices[j * index_stride] by `combiner` (set
+// replaces: the last update wins; add, mul, max, min accumulate in index
+// order). Indices outside [0, dim) are skipped. The builder refuses add and
+// mul into bool.
+void ScatterRows(Combiner combiner, DType dtype, int64_t outer, int64_t dim, int64_t inner,
+                 const void* operand, bool scalar_operand, const void* updates,
+                 const int32_t* indices, int64_t num_indices, int64_t index_stride, void* out);
 
 // Clips index `i` into [0, dim) (dim >= 1).
 inline int64_t ClipIndex(int32_t i, int64_t dim) {

@@ -352,6 +352,12 @@ void RunUnary(OpKind kind, int num_shards, int64_t n, View x, void* out) {
       case OpKind::kCos:
         fn = &Cos;
         break;
+      case OpKind::kErf:
+        fn = &Erf;
+        break;
+      case OpKind::kErfc:
+        fn = &Erfc;
+        break;
       default:
         return;
     }

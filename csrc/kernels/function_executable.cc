@@ -13,9 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/kernels/collectives.h"
+#include "csrc/kernels/cumulative.h"
 #include "csrc/kernels/elementwise.h"
 #include "csrc/kernels/matmul.h"
 #include "csrc/kernels/reduction.h"
+#include "csrc/kernels/sort.h"
 #include "csrc/kernels/top_k.h"
 
 
@@ -329,10 +331,11 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
                       o + s * n * esize);
         }
       }
-    } else if (op.kind == OpKind::kTake || op.kind == OpKind::kScatterAdd) {
-      // x (take) or the result (scatter_add) is [outer, dim, inner] around op.axis.
+    } else if (op.kind == OpKind::kTake || op.kind == OpKind::kScatter) {
+      // x (take) or the result (scatter) is [outer, dim, inner] around op.axis.
+      const bool take = op.kind == OpKind::kTake;
       const View idx = view(op.operands[1]);
-      const Dims& full = op.kind == OpKind::kTake ? ops[op.operands[0]].type.dims : op.type.dims;
+      const Dims& full = take ? ops[op.operands[0]].type.dims : op.type.dims;
       const size_t a = static_cast<size_t>(op.axis);
       const int64_t outer = DimProduct(full, 0, a);
       const int64_t dim = full[a];
@@ -340,17 +343,19 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
       const int64_t num_indices = ops[op.operands[1]].type.num_elements();
       const int64_t index_stride = idx.elem_stride;
       const int64_t esize = DTypeSize(op.type.dtype);
+      const View updates = take ? x : view(op.operands[2]);
+      const bool scalar_operand = ops[op.operands[0]].type.dims.empty();
       for (int s = 0; s < num_shards; ++s) {
         const int32_t* is = static_cast<const int32_t*>(idx.data) + s * idx.shard_stride;
-        if (op.kind == OpKind::kTake) {
-          TakeRows(esize, outer, dim, inner,
-                   static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize, is,
-                   num_indices, index_stride, static_cast<uint8_t*>(out) + s * n * esize);
+        const uint8_t* xs = static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize;
+        uint8_t* os = static_cast<uint8_t*>(out) + s * n * esize;
+        if (take) {
+          TakeRows(esize, outer, dim, inner, xs, is, num_indices, index_stride, os);
           continue;
         }
-        ScatterAddRows(op.type.dtype, outer, dim, inner,
-                       static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize, is,
-                       num_indices, index_stride, static_cast<uint8_t*>(out) + s * n * esize);
+        ScatterRows(op.combiner, op.type.dtype, outer, dim, inner, xs, scalar_operand,
+                    static_cast<const uint8_t*>(updates.data) + s * updates.shard_stride * esize,
+                    is, num_indices, index_stride, os);
       }
     } else if (op.kind == OpKind::kTopK) {
       // Rows of the operand's last dimension; its k positions per row.
@@ -361,6 +366,25 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
         kernels::TopKRows(in_dtype, rows, in.back(), op.type.dims.back(),
                           static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize,
                           static_cast<int32_t*>(out) + s * n);
+      }
+    } else if (op.kind == OpKind::kSort) {
+      const Dims& in = ops[op.operands[0]].type.dims;
+      const int64_t row = in.back();
+      const int64_t esize = DTypeSize(in_dtype);
+      for (int s = 0; s < num_shards; ++s) {
+        kernels::SortRows(in_dtype, row == 0 ? 0 : n / row, row, op.reverse,
+                          static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize,
+                          static_cast<int32_t*>(out) + s * n);
+      }
+    } else if (op.kind == OpKind::kCumulative) {
+      const Dims& dims = op.type.dims;
+      const size_t a = static_cast<size_t>(op.axis);
+      const int64_t esize = DTypeSize(op.type.dtype);
+      for (int s = 0; s < num_shards; ++s) {
+        kernels::CumulativeRows(op.combiner, op.type.dtype, DimProduct(dims, 0, a), dims[a],
+                                DimProduct(dims, a + 1, dims.size()), op.reverse,
+                                static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize,
+                                static_cast<uint8_t*>(out) + s * n * esize);
       }
     } else if (op.kind == OpKind::kMatmul) {
       const MatmulPlan& mp = matmul_plans_[static_cast<size_t>(matmul_index_[i])];

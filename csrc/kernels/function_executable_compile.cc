@@ -311,6 +311,12 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant || exe->skip_[v]) continue;
     int64_t work = op.type.num_elements();
     if (op.kind == OpKind::kTopK) work += ops[op.operands[0]].type.num_elements();  // reads every row
+    if (op.kind == OpKind::kScatter) work += ops[op.operands[2]].type.num_elements();
+    if (op.kind == OpKind::kSort) {  // n log n comparisons per row of n
+      int64_t log_n = 1;
+      while ((int64_t{1} << log_n) < op.type.dims.back()) ++log_n;
+      work *= log_n;
+    }
     if (op.kind == OpKind::kMatmul) {
       const MatmulPlan& mp = exe->matmul_plans_[static_cast<size_t>(exe->matmul_index_[v])];
       work += mp.m * mp.n * mp.k * static_cast<int64_t>(mp.a_offsets.size()) / 8;

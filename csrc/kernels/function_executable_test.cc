@@ -1215,6 +1215,80 @@ TEST(FunctionExecutableTopKTest, PositionsOfEachRowOfEachShard) {
   }
 }
 
+// sort, cumulative and scatter through the interpreter, each shard's rows
+// its own: sort of a parameter (ties, both directions), cumsum along a
+// middle axis and a reversed cummax, a scatter (set, with an out-of-range
+// and a duplicate index) into a parameter and a scatter (add) into a zero
+// scalar; erf of a parameter. No allocation while it runs.
+TEST(FunctionExecutableTest, SortCumulativeScatterAndErfPerShard) {
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    FunctionBuilder b("f", "i");
+    const int32_t x = b.Parameter(DType::kF32, {2, 3, 4});
+    auto up = b.Sort(x, false);
+    auto down = b.Sort(x, true);
+    auto csum = b.Cumulative(Combiner::kAdd, x, 1, false);
+    auto cmax = b.Cumulative(Combiner::kMax, x, -1, true);
+    auto idx = b.Constant(DType::kI32, {3}, Bytes<int32_t>({3, 7, 3}));  // 7: dropped
+    ASSERT_TRUE(idx.ok());
+    auto upd = b.Constant(DType::kF32, {2, 3, 3},
+                          Bytes<float>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+                                        18}));
+    ASSERT_TRUE(upd.ok());
+    auto set = b.Scatter(Combiner::kSet, x, *idx, *upd, 2, 4);
+    auto add = b.ScatterAdd(*upd, *idx, 2, 4);
+    auto erf = b.Unary(OpKind::kErf, x);
+    ASSERT_TRUE(up.ok() && down.ok() && csum.ok() && cmax.ok() && set.ok() && add.ok() && erf.ok());
+    auto exe = MustCompile(b.Build({*up, *down, *csum, *cmax, *set, *add, *erf}));
+    ASSERT_NE(exe, nullptr);
+    std::vector<float> xs(shards * 24);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>((i * 5 + i / 7) % 6) - 2.5f;
+    int64_t allocations = -1;
+    const auto out = RunGang(*exe, shards, {Bytes(xs)}, &allocations);
+    EXPECT_EQ(allocations, 0);
+    const auto got_up = Values<int32_t>(out[0]);
+    const auto got_down = Values<int32_t>(out[1]);
+    const auto got_csum = Values<float>(out[2]);
+    const auto got_cmax = Values<float>(out[3]);
+    const auto got_set = Values<float>(out[4]);
+    const auto got_add = Values<float>(out[5]);
+    const auto got_erf = Values<float>(out[6]);
+    for (int s = 0; s < shards; ++s) {
+      for (int a = 0; a < 2; ++a) {
+        for (int r = 0; r < 3; ++r) {
+          const int row = (s * 2 + a) * 3 + r;
+          const float* v = xs.data() + row * 4;
+          std::vector<int32_t> asc = {0, 1, 2, 3};
+          std::stable_sort(asc.begin(), asc.end(), [&](int32_t i, int32_t j) { return v[i] < v[j]; });
+          std::vector<int32_t> desc = {0, 1, 2, 3};
+          std::stable_sort(desc.begin(), desc.end(), [&](int32_t i, int32_t j) { return v[i] > v[j]; });
+          EXPECT_EQ(std::vector<int32_t>(got_up.begin() + row * 4, got_up.begin() + row * 4 + 4), asc);
+          EXPECT_EQ(std::vector<int32_t>(got_down.begin() + row * 4, got_down.begin() + row * 4 + 4),
+                    desc);
+          float running = -INFINITY;
+          for (int c = 3; c >= 0; --c) {
+            running = std::max(running, v[c]);
+            EXPECT_EQ(got_cmax[row * 4 + c], running);
+          }
+          for (int c = 0; c < 4; ++c) {
+            float sum = 0;
+            for (int q = 0; q <= r; ++q) sum += xs[((s * 2 + a) * 3 + q) * 4 + c];
+            EXPECT_EQ(got_csum[row * 4 + c], sum);
+            EXPECT_EQ(got_erf[row * 4 + c], static_cast<float>(std::erf(double{v[c]})));
+            // Updates row (a, r) is {u0, u1, u2} at indices {3, 7, 3}: the
+            // last at 3 wins for set, both at 3 add; 7 is dropped.
+            const float* u = nullptr;
+            const float us[18] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18};
+            u = us + (a * 3 + r) * 3;
+            EXPECT_EQ(got_set[row * 4 + c], c == 3 ? u[2] : v[c]);
+            EXPECT_EQ(got_add[row * 4 + c], c == 3 ? u[0] + u[2] : 0.f);
+          }
+        }
+      }
+    }
+  }
+}
+
 // Shape ops, gathers, matmul and the all_to_all / psum_scatter collectives
 // on x = f32[2,3] per shard (x[s][i][j] = 100 s + 10 i + j), against index
 // arithmetic written out here.

@@ -71,10 +71,11 @@ void RunOne(const uint8_t* data, size_t size) {
                            OpKind::kOr,  OpKind::kShiftLeft, OpKind::kShiftRightLogical,
                            OpKind::kShiftRightArithmetic};
   const OpKind unary[] = {OpKind::kNeg, OpKind::kAbs, OpKind::kExp, OpKind::kLog, OpKind::kTanh,
-                          OpKind::kSqrt, OpKind::kRsqrt, OpKind::kSin, OpKind::kNot};
+                          OpKind::kSqrt, OpKind::kRsqrt, OpKind::kSin, OpKind::kNot,
+                          OpKind::kErf, OpKind::kErfc};
   while (!in.empty() && values.size() < 64) {
     absl::StatusOr<int32_t> v = absl::InvalidArgumentError("no op");
-    switch (in.Byte() % 25) {
+    switch (in.Byte() % 28) {
       case 0: {
         const DType dtype = PickDType(in);
         Dims dims = in.SmallDims();
@@ -182,6 +183,25 @@ void RunOne(const uint8_t* data, size_t size) {
       case 24: {
         const int32_t x = pick();
         v = b.TopK(x, in.Int());
+        break;
+      }
+      case 25: {
+        const int32_t operand = pick(), indices = pick(), updates = pick();
+        const auto combiner = static_cast<Combiner>(in.Byte() % 6);  // 5: not a combiner
+        const int64_t axis = in.Int();
+        v = b.Scatter(combiner, operand, indices, updates, axis, in.Int());
+        break;
+      }
+      case 26: {
+        const int32_t x = pick();
+        const auto combiner = static_cast<Combiner>(in.Byte() % 6);
+        const int64_t axis = in.Int();
+        v = b.Cumulative(combiner, x, axis, in.Byte() % 2 == 0);
+        break;
+      }
+      case 27: {
+        const int32_t x = pick();
+        v = b.Sort(x, in.Byte() % 2 == 0);
         break;
       }
     }

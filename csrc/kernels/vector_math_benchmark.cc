@@ -74,6 +74,9 @@ const Case kCases[] = {
      [](double v) { return 1 / std::sqrt(v); }},
     {"logistic", -10, 10, Logistic, Logistic, [](float v) { return 1 / (1 + std::exp(-v)); },
      [](double v) { return 1 / (1 + std::exp(-v)); }},
+    {"erf", -4, 4, Erf, Erf, [](float v) { return std::erf(v); }, [](double v) { return std::erf(v); }},
+    {"erfc", -4, 10, Erfc, Erfc, [](float v) { return std::erfc(v); },
+     [](double v) { return std::erfc(v); }},
 };
 
 void RegisterAll() {

@@ -98,6 +98,10 @@ const std::vector<Function>& Functions() {
       {"rsqrt", Rsqrt, Rsqrt, [](double x) { return 1 / std::sqrt(x); },
        [](long double x) { return 1 / std::sqrt(x); }, 0.501, 1.5},
       {"logistic", Logistic, Logistic, ExactLogistic<double>, ExactLogistic<long double>, 0.501, 3},
+      {"erf", Erf, Erf, [](double x) { return std::erf(x); }, [](long double x) { return std::erf(x); },
+       0.501, 1},
+      {"erfc", Erfc, Erfc, [](double x) { return std::erfc(x); },
+       [](long double x) { return std::erfc(x); }, 0.501, 2.5},
   };
   return *functions;
 }
@@ -216,6 +220,14 @@ TEST(VectorMathTest, FloatDenseRanges) {
       {"sqrt", 1.0f, 4.0f},
       {"rsqrt", 0.0f, 2.0e-38f},
       {"rsqrt", 1.0f, 4.0f},
+      // erf and erfc: around their cut-overs (0.47, 0.85), where erfc turns
+      // denormal (9.2) and zero (10.05), and near 0.
+      {"erf", 0.4f, 1.2f},
+      {"erf", -1.2f, -0.4f},
+      {"erfc", 0.4f, 1.2f},
+      {"erfc", -1.2f, -0.4f},
+      {"erfc", 8.0f, 10.1f},
+      {"erf", 0x1p-14f, 0x1p-10f},
   };
   for (const Range& range : ranges) {
     for (const Function& f : Functions()) {
@@ -239,6 +251,8 @@ TEST(VectorMathTest, DoubleRandom) {
     if (f.name == "exp" || f.name == "logistic") ranges.push_back({-746, 710});
     if (f.name == "sin" || f.name == "cos") ranges.push_back({-1e6, 1e6});
     if (f.name == "log" || f.name == "sqrt" || f.name == "rsqrt") ranges.push_back({0, 1e-300});
+    if (f.name == "erf" || f.name == "erfc") ranges.push_back({-6, 6});
+    if (f.name == "erfc") ranges.push_back({0, 27.5});  // erfc turns denormal near 26.55
     Worst worst;
     std::vector<double> xs(kCount);
     for (double& x : xs) {
@@ -332,6 +346,22 @@ TEST(VectorMathTest, NamedCases) {
   EXPECT_TRUE(std::isnan(one(Sin, INFINITY)));
   EXPECT_EQ(one(Logistic, -120.0f), 0.0f);
   EXPECT_EQ(one(Logistic, 30.0f), 1.0f);
+  // erf: odd, saturating to exactly +-1; erfc: 2 at -inf, 0 from 10.06 (float)
+  // and 27.3 (double), denormal just before.
+  EXPECT_EQ(one64(Erf, 6.0), 1.0);
+  EXPECT_EQ(one64(Erf, -INFINITY), -1.0);
+  EXPECT_EQ(one(Erf, 4.0f), 1.0f);
+  EXPECT_TRUE(std::signbit(one(Erf, -0.0f)));
+  EXPECT_EQ(one64(Erf, -0.3), -one64(Erf, 0.3));
+  EXPECT_EQ(one64(Erfc, -INFINITY), 2.0);
+  EXPECT_EQ(one64(Erfc, INFINITY), 0.0);
+  EXPECT_EQ(one64(Erfc, 30.0), 0.0);
+  EXPECT_GT(one64(Erfc, 26.9), 0.0);
+  EXPECT_LT(one64(Erfc, 26.9), std::numeric_limits<double>::min());
+  EXPECT_EQ(one(Erfc, 10.1f), 0.0f);
+  EXPECT_GT(one(Erfc, 9.5f), 0.0f);
+  EXPECT_TRUE(std::isnan(one(Erfc, NAN)));
+  EXPECT_TRUE(std::isnan(one64(Erf, -NAN)));
 }
 
 // In place, out of place, and one element at a time, at any length and

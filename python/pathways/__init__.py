@@ -76,7 +76,7 @@ from pathways._dynamic import compact
 from pathways._diagnose import Diagnosis, HangWarning, diagnose
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
-from pathways import lax  # pw.lax: top_k, ... (like jax.lax)
+from pathways import lax  # pw.lax: top_k, erf, cumsum, cummax, ... (like jax.lax)
 from pathways import random  # pw.random: PRNGKey, split, uniform, normal, ... (like jax.random)
 from pathways import optim  # pw.optim: optimizers and schedules (like optax)
 from pathways import testing  # pw.testing: fault injection

@@ -190,6 +190,8 @@ _define("sqrt")
 _define("rsqrt")
 _define("sin")
 _define("cos")
+_define("erf")
+_define("erfc")
 _define("not", symbol="~")
 _define("select", lambda b, cond, x, y: b.select(cond, x, y))
 _define("bitcast_convert_type", lambda b, x, dtype: b.bitcast_convert_type(x, dtype))
@@ -199,6 +201,8 @@ _define("bitcast_convert_type", lambda b, x, dtype: b.bitcast_convert_type(x, dt
 _define("simulated_compute", lambda b, x, microseconds: b.simulated_compute(x, microseconds))
 # kind: sum, mean, max, min or argmax; axes None: all.
 _define("reduce", lambda b, x, kind, axes, keepdims: b.reduce(kind, x, axes, keepdims))
+# combiner: add, mul, max or min (cumsum, cumprod, cummax, cummin); reverse: from the end.
+_define("cumulative", lambda b, x, combiner, axis, reverse: b.cumulative(combiner, x, axis, reverse))
 
 # --- Data movement --------------------------------------------------------------
 
@@ -216,9 +220,15 @@ _define("concatenate", lambda b, *xs, axis: b.concatenate(list(xs), axis))
 # --- Indexing, contraction ----------------------------------------------------------
 
 _define("take", lambda b, x, indices, axis: b.take(x, indices, axis))
-_define("scatter_add", lambda b, u, indices, axis, size: b.scatter_add(u, indices, axis, size))
+# operand (or a scalar broadcast) with updates combined in at indices along axis, by
+# combiner: set, add, mul, max or min; out-of-range indices are dropped. Into a zero
+# scalar with "add", the transpose of take.
+_define("scatter", lambda b, operand, indices, updates, combiner, axis, size: b.scatter(
+    combiner, operand, indices, updates, axis, size))
 # The int32 positions of the k largest along the last axis (pw.lax.top_k takes the values).
 _define("top_k", lambda b, x, k: b.top_k(x, k))
+# The int32 positions that sort each row along the last axis (argsort; sort takes the values).
+_define("sort", lambda b, x, descending: b.sort(x, descending))
 _define("matmul", lambda b, x, y: b.matmul(x, y))
 
 # --- Collectives (over the pmap axis `axis_name`) ----------------------------------

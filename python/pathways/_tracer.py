@@ -546,6 +546,46 @@ class Tracer(_TracerBase):
 
         return pnp.take(self, indices, axis, mode, fill_value)
 
+    def cumsum(self, axis: Any = None, dtype: Any = None) -> "Tracer":
+        """numpy's `cumsum` (see `pathways.numpy.cumsum`)."""
+        from pathways import numpy as pnp
+
+        return pnp.cumsum(self, axis, dtype)
+
+    def cumprod(self, axis: Any = None, dtype: Any = None) -> "Tracer":
+        """numpy's `cumprod` (see `pathways.numpy.cumprod`)."""
+        from pathways import numpy as pnp
+
+        return pnp.cumprod(self, axis, dtype)
+
+    def sort(self, axis: Any = -1, kind: Optional[str] = None, order: Any = None, *,
+             stable: bool = True, descending: bool = False) -> "Tracer":
+        """The sorted values, as `jax.Array.sort` (a new value; see `pathways.numpy.sort`)."""
+        from pathways import numpy as pnp
+
+        return pnp.sort(self, axis, kind, order, stable=stable, descending=descending)
+
+    def argsort(self, axis: Any = -1, kind: Optional[str] = None, order: Any = None, *,
+                stable: bool = True, descending: bool = False) -> "Tracer":
+        """numpy's `argsort`, int32 (see `pathways.numpy.argsort`)."""
+        from pathways import numpy as pnp
+
+        return pnp.argsort(self, axis, kind, order, stable=stable, descending=descending)
+
+    @property
+    def at(self) -> Any:
+        """JAX's indexed updates, out of place: `x.at[idx].set(v)`, `.add(v)`,
+        `.subtract(v)`, `.multiply(v)` (`.mul`), `.min(v)`, `.max(v)`, `.get()`. The index
+        is any index `x[idx]` takes (ints, slices, None, Ellipsis, integer arrays, int32
+        traced values) and constant boolean masks; `v` broadcasts to the shape of
+        `x[idx]` and is cast to x's dtype; repeated indices accumulate for add, multiply,
+        min and max, and the last update wins for set; out-of-range traced indices are
+        dropped (see `pathways.numpy._at`)."""
+        from pathways.numpy._at import _IndexUpdateHelper
+
+        self._check()
+        return _IndexUpdateHelper(self)
+
     def __bool__(self) -> bool:
         raise _control_flow_error(self, "bool()")
 

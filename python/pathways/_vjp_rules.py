@@ -12,6 +12,7 @@ the transpose of `psum` is `psum`.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable, Optional, Sequence
 
@@ -22,6 +23,7 @@ from pathways._tracer import Tracer, bind
 from pathways.numpy import broadcast_to as _broadcast_to
 from pathways.numpy import reshape as _reshape
 from pathways.numpy import transpose as _transpose
+from pathways.numpy._indexing import _scatter_add_along_axis
 
 __all__: list = []
 
@@ -243,6 +245,25 @@ def _cos_vjp(ct, ops, out, params, needs):
     return [-(ct * ops[0]._unary("sin"))]
 
 
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _gaussian(x: Tracer, dtype: np.dtype) -> Tracer:
+    """2 / sqrt(pi) * exp(-x**2), erf's derivative, in float `dtype` (x may be int or bool)."""
+    x = x if x.dtype == dtype else x.astype(dtype)
+    return _TWO_OVER_SQRT_PI * (-(x * x))._unary("exp")
+
+
+@_rule("erf")
+def _erf_vjp(ct, ops, out, params, needs):
+    return [ct * _gaussian(ops[0], out.dtype)]
+
+
+@_rule("erfc")
+def _erfc_vjp(ct, ops, out, params, needs):
+    return [-(ct * _gaussian(ops[0], out.dtype))]
+
+
 @_rule("convert", "copy", "simulated_compute")
 def _identity_vjp(ct, ops, out, params, needs):
     # convert: only float -> float is recorded; the caller casts back.
@@ -405,20 +426,167 @@ def _concatenate_vjp(ct, ops, out, params, needs):
     return cts
 
 
+def _clip_indices(indices: Tracer, size: int) -> Tracer:
+    """int32 `indices` clipped into [0, size), as the take kernel reads them."""
+    return _where(indices < 0, 0, _where(indices >= size, size - 1, indices))
+
+
+def _scatter(combiner: str, operand: Tracer, indices: Tracer, updates: Tracer, axis: int,
+             size: int) -> Tracer:
+    return bind(operand._trace, "scatter", (operand, indices, updates), combiner=combiner,
+                axis=axis, size=size)
+
+
+def _scalar(trace: Any, value: Any, dtype: np.dtype) -> Tracer:
+    return trace.constant(np.asarray(value, dtype=dtype), None)
+
+
 @_rule("take")
 def _take_vjp(ct, ops, out, params, needs):
+    # The cotangent goes back to where take read, at the clipped indices (the
+    # scatter drops out-of-range ones, take clips them).
     x, indices = ops
     axis = operator.index(params["axis"]) % x.ndim
+    size = x.shape[axis]
+    zero = _scalar(ct._trace, 0, ct.dtype)
+    return [_scatter("add", zero, _clip_indices(indices, size), ct, axis, size), None]
+
+
+def _index_mask(indices: Tracer, axis: int, like: Tracer) -> Tracer:
+    """`indices` reshaped to broadcast against updates `like` (their dims at `axis`)."""
+    shape = [1] * axis + list(indices.shape) + [1] * (like.ndim - axis - indices.ndim)
+    return _reshape(indices, shape)
+
+
+@_rule("scatter")
+def _scatter_vjp(ct, ops, out, params, needs):
+    """scatter(x, i, u): each combiner's derivative, with dropped (out-of-range) indices
+    giving their updates no cotangent.
+
+    set: x keeps the cotangent where nothing was written; the update that won
+    (the last at its index) gets it. add: both get it. mul: x gets it times the
+    product of the updates at its position; an update gets it times x and the
+    other updates there (zero-safe: by counts of zero updates, no division by
+    zero). max and min: shared equally by the operand and updates that equal
+    the result, as JAX's.
+    """
+    x, indices, u = ops
+    combiner, axis, size = params["combiner"], params["axis"], params["size"]
+    trace = ct._trace
+    dt = ct.dtype
+    valid = _index_mask((indices >= 0) & (indices < size), axis, u)
+    safe = _clip_indices(indices, size)
+
+    def gather(t: Tracer) -> Tracer:  # t's elements at the indices: updates' shape
+        return bind(trace, "take", (t, safe), axis=axis)
+
+    def at_updates(t: Tracer) -> Tracer:  # gather, 0 for dropped updates
+        return _where(valid, gather(t), 0)
+
+    def full(v: Any, like: Tracer) -> Tracer:
+        return _broadcast_to(_scalar(trace, v, like.dtype), like.shape)
+
+    if combiner == "add":
+        return [_unbroadcast(ct, x.shape) if needs[0] else None, None,
+                at_updates(ct) if needs[2] else None]
+    if combiner == "set":
+        d_x = d_u = None
+        if needs[0]:
+            d_x = _unbroadcast(_scatter("set", ct, indices, full(0, u).astype(dt), axis, size),
+                               x.shape)
+        if needs[2]:
+            # Which update won at each index: scatter every index's number, read it back.
+            flat = _reshape(indices, (indices.size,))
+            numbers = trace.constant(np.arange(indices.size, dtype=np.int32), None)
+            winner = _scatter("set", _scalar(trace, -1, np.int32), flat, numbers, 0, size)
+            won = bind(trace, "take", (winner, _clip_indices(flat, size)), axis=0) == numbers
+            won = _index_mask(_reshape(won, indices.shape), axis, u)
+            d_u = _where(won & valid, gather(ct), 0)
+        return [d_x, None, d_u]
+    if combiner == "mul":
+        one = _scalar(trace, 1, u.dtype)
+        d_x = d_u = None
+        if needs[0]:
+            d_x = _unbroadcast(ct * _scatter("mul", one, indices, u, axis, size), x.shape)
+        if needs[2]:
+            is_zero = u == 0
+            zeros_at = _scatter("add", _scalar(trace, 0, np.int32), indices,
+                                is_zero.astype(np.int32), axis, size)
+            nonzero_product = _scatter("mul", one, indices, _where(is_zero, 1, u), axis, size)
+            n_zero = gather(zeros_at)
+            p = gather(nonzero_product)
+            others = _where(is_zero, _where(n_zero == 1, p, 0),
+                            _where(n_zero == 0, p / _where(is_zero, 1, u), 0))
+            d_u = _where(valid, gather(ct * _broadcast_to(x, out.shape)) * others, 0)
+        return [d_x, None, d_u]
+    # max, min: winners share equally.
+    xb = _broadcast_to(x, out.shape)
+    kept = xb == out
+    won = valid & (u == gather(out))
+    count = _scatter("add", kept.astype(dt), indices, won.astype(dt), axis, size)
+    share = ct / _where(count == 0, 1, count)
     return [
-        bind(ct._trace, "scatter_add", (ct, indices), axis=axis, size=x.shape[axis]),
+        _unbroadcast(_where(kept, share, 0), x.shape) if needs[0] else None,
         None,
+        _where(won, gather(share), 0) if needs[2] else None,
     ]
 
 
-@_rule("scatter_add")
-def _scatter_add_vjp(ct, ops, out, params, needs):
-    _, indices = ops
-    return [bind(ct._trace, "take", (ct, indices), axis=params["axis"]), None]
+def _cumulative(x: Tracer, combiner: str, axis: int, reverse: bool) -> Tracer:
+    return bind(x._trace, "cumulative", (x,), combiner=combiner, axis=axis, reverse=reverse)
+
+
+def _shift_in_scan(x: Tracer, axis: int, reverse: bool) -> Tracer:
+    """`x` moved one step along `axis` in scan order: element i holds the element
+    before it (i - 1, or i + 1 when `reverse`), zero at the first."""
+    n = x.shape[axis]
+    start = [0] * x.ndim
+    limit = list(x.shape)
+    lo = [0] * x.ndim
+    hi = [0] * x.ndim
+    if reverse:
+        start[axis] = 1
+        hi[axis] = 1
+    else:
+        limit[axis] = n - 1
+        lo[axis] = 1
+    cut = bind(x._trace, "slice", (x,), start=start, limit=limit, step=[1] * x.ndim)
+    return bind(x._trace, "pad", (cut,), lo=lo, hi=hi, interior=[0] * x.ndim)
+
+
+@_rule("cumulative")
+def _cumulative_vjp(ct, ops, out, params, needs):
+    """cumsum: the reverse cumsum of the cotangent. cumprod: out_j / x_i summed over
+    j >= i where no zero came before i, and at the first zero the same sum of the
+    products with that zero taken as 1 (zero-safe); 0 after it. cummax/cummin: each
+    output's cotangent to the first position that attained it (where the running
+    value last changed)."""
+    (x,) = ops
+    combiner, axis, reverse = params["combiner"], params["axis"], params["reverse"]
+    if combiner == "add":
+        return [_cumulative(ct, "add", axis, not reverse)]
+    trace = ct._trace
+    if combiner == "mul":
+        is_zero = x == 0
+        zeros_so_far = _cumulative(is_zero.astype(np.int32), "add", axis, reverse)
+        first_zero = is_zero & (zeros_so_far == 1)
+        before = zeros_so_far == 0
+        tail = _cumulative(ct * out, "add", axis, not reverse)
+        at_first = _cumulative(ct * _cumulative(_where(first_zero, 1, x), "mul", axis, reverse),
+                               "add", axis, not reverse)
+        return [_where(before, tail / _where(before, x, 1), _where(first_zero, at_first, 0))]
+    # max, min: positions (along the axis) where the running value changed.
+    n = x.shape[axis]
+    iota_shape = [1] * x.ndim
+    iota_shape[axis] = n
+    iota = trace.constant(np.arange(n, dtype=np.int32).reshape(iota_shape), None)
+    first = iota == (n - 1 if reverse else 0)
+    changed = first | (out != _shift_in_scan(out, axis, reverse))
+    if reverse:
+        at = _cumulative(_where(changed, iota, n), "min", axis, True)
+    else:
+        at = _cumulative(_where(changed, iota, -1), "max", axis, False)
+    return [_scatter_add_along_axis(trace, x.shape, at, ct, axis)]
 
 
 def _swap_last(x: Tracer) -> Tracer:

@@ -46,18 +46,21 @@ def relu(x: Any) -> Any:
 
 
 def gelu(x: Any, approximate: bool = True) -> Any:
-    """The GELU activation, in the tanh approximation (JAX's default).
+    """The GELU activation, as `jax.nn.gelu` (whose default is also the approximation).
 
-    `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    `approximate=True`: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    `approximate=False`: the exact `x P(X <= x)` for a standard normal X,
+    `0.5 x (1 + erf(x / sqrt(2)))`, computed as `0.5 x erfc(-x / sqrt(2))`,
+    which keeps its relative accuracy for negative x, where 1 + erf cancels
+    (gelu(-10) is -7.6e-23, not 0).
 
     Raises:
-      NotImplementedError: For `approximate=False`, which needs erf.
+      TypeError: If `approximate` is not a bool.
     """
+    if not isinstance(approximate, (bool, _np.bool_)):
+        raise TypeError(f"gelu: approximate must be a bool, got {approximate!r}")
     if not approximate:
-        raise NotImplementedError(
-            "gelu(approximate=False) needs erf, which is not an op yet; use the default "
-            "tanh approximation"
-        )
+        return 0.5 * x * _pnp.erfc(x * (-1.0 / math.sqrt(2.0)))
     c = math.sqrt(2.0 / math.pi)
     return 0.5 * x * (1.0 + _pnp.tanh(c * (x + 0.044715 * (x * x * x))))
 

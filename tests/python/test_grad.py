@@ -488,7 +488,8 @@ def test_take(tpus2):
     np.testing.assert_array_equal(g, want)
 
 
-def test_scatter_add(tpus2):
+def test_scatter_add_into_zeros(tpus2):
+    # The transpose of take: a scatter with combiner add into a zero scalar.
     rng = rng_for("scatter_add")
     u = stacked(rng, 2, (2, 3, 2))
     idx = np.array([1, 4, 1], np.int32)
@@ -500,7 +501,8 @@ def test_scatter_add(tpus2):
             np.add.at(out, (slice(None), idx), u * u)
             return (out * w).sum()
         i = u._trace.constant(idx, None)
-        return (traced_op("scatter_add", u * u, i, axis=1, size=5) * w).sum()
+        zero = u._trace.constant(np.zeros((), u.dtype), None)
+        return (traced_op("scatter", zero, i, u * u, combiner="add", axis=1, size=5) * w).sum()
 
     check_grads(tpus2, f, [u])
 

@@ -110,9 +110,9 @@ def test_vjp_rules_exactly_where_the_result_can_be_a_float():
     have = {n for n, p in PRIMITIVES.items() if p.vjp is not None}
     assert sorted(needed - have) == [], "primitives without a VJP rule"
     assert sorted(have - needed) == [], "VJP rules of primitives without a float result"
-    # Those without: comparisons, bitwise ops and shifts, axis_index, top_k (positions),
-    # stop_gradient.
-    assert {"eq", "lt", "and", "not", "shift_left", "axis_index", "top_k",
+    # Those without: comparisons, bitwise ops and shifts, axis_index, top_k and sort
+    # (positions), stop_gradient.
+    assert {"eq", "lt", "and", "not", "shift_left", "axis_index", "top_k", "sort",
             "stop_gradient"} <= (set(PRIMITIVES) - have)
     assert dict(_autodiff.VJP_RULES) == {n: PRIMITIVES[n].vjp for n in have}
 
@@ -144,8 +144,11 @@ EXAMPLES = {
     "pad": ([F32], {"lo": [1], "hi": [0], "interior": [0]}),
     "concatenate": ([("float32", (2,)), F32], {"axis": 0}),
     "take": ([("float32", (4,)), ("int32", (2,))], {"axis": 0}),
-    "scatter_add": ([("float32", (2,)), ("int32", (2,))], {"axis": 0, "size": 4}),
+    "scatter": ([("float32", (4,)), ("int32", (2,)), ("float32", (2,))],
+                {"combiner": "add", "axis": 0, "size": 4}),
     "top_k": ([("float32", (2, 4))], {"k": 2}),
+    "sort": ([("float32", (2, 4))], {"descending": False}),
+    "cumulative": ([("float32", (2, 4))], {"combiner": "mul", "axis": 1, "reverse": True}),
     "matmul": ([("float32", (2, 3)), ("float32", (3, 2))], {}),
     "psum": ([F32], {}),
     "pmean": ([F32], {}),

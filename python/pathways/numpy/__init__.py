@@ -16,9 +16,10 @@ functions, called on a traced value (`np.sum(x)`, `np.exp(x)`), call their
 namesakes here, and raise TracerError for those this module lacks.
 
 The functions live in submodules by job: `_elementwise` (ufuncs, `where` and
-what is built from them), `_reductions`, `_shapes`, `_indexing` (`take`, and
-indexing of traced values), `_linalg` (`matmul`, `dot`, `einsum`); `_protocol`
-sends numpy's own functions here.
+what is built from them, `erf`), `_reductions`, `_shapes`, `_indexing` (`take`,
+`take_along_axis`, and indexing of traced values), `_at` (`x.at[index]`'s
+updates), `_sorting` (`cumsum`, `cumprod`, `sort`, `argsort`), `_linalg`
+(`matmul`, `dot`, `einsum`); `_protocol` sends numpy's own functions here.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from pathways.numpy._elementwise import (  # noqa: A004 (numpy's names)
     clip,
     cos,
     divide,
+    erf,
+    erfc,
     equal,
     exp,
     greater,
@@ -90,7 +93,8 @@ from pathways.numpy._shapes import (
     swapaxes,
     transpose,
 )
-from pathways.numpy._indexing import _getitem, take  # noqa: F401 (Tracer.__getitem__)
+from pathways.numpy._indexing import _getitem, take, take_along_axis  # noqa: F401 (Tracer.__getitem__)
+from pathways.numpy._sorting import argsort, cumprod, cumsum, sort
 from pathways.numpy._linalg import dot, einsum, matmul
 from pathways.numpy._creation import arange, eye, full, linspace, ones, tril, triu, zeros
 # Tracer.__array_function__ and __array_ufunc__.
@@ -117,6 +121,8 @@ __all__ = [
     "rsqrt",
     "sin",
     "cos",
+    "erf",
+    "erfc",
     "abs",
     "absolute",
     "negative",
@@ -163,6 +169,11 @@ __all__ = [
     "stack",
     "flip",
     "take",
+    "take_along_axis",
+    "cumsum",
+    "cumprod",
+    "sort",
+    "argsort",
     "matmul",
     "dot",
     "einsum",

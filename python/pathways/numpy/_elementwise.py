@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math as _math
 from typing import Any
 
 import numpy as _np
@@ -41,6 +42,36 @@ abs = absolute = _unary("abs", "abs", _np.abs)  # noqa: A001 (numpy's name)
 negative = _unary("negative", "neg", _np.negative)
 # Bitwise not of integers, logical not of bools.
 invert = bitwise_not = _unary("invert", "not", _np.invert)
+
+
+def _special(name: str, scalar_fn: Any) -> Any:
+    """An elementwise special function numpy lacks (scipy.special has it): on numpy arrays
+    `scalar_fn` (math's, correctly rounded in practice) per element, in float64, then
+    in the dtype the op gives (float32 stays float32, int32 float64, bool float32)."""
+    vectorized = _np.vectorize(scalar_fn, otypes=[_np.float64])
+
+    def numpy_fn(x: Any) -> Any:
+        a = _np.asarray(x)
+        dtype = a.dtype if a.dtype.kind == "f" else (_np.float32 if a.dtype == _np.bool_ else
+                                                     _np.float64)
+        out = vectorized(a.astype(_np.float64)).astype(dtype)
+        return out if out.ndim else out[()]
+
+    numpy_fn.__name__ = name
+    return numpy_fn
+
+
+erf = _unary("erf", "erf", _special("erf", _math.erf))
+erf.__doc__ = (
+    "Elementwise error function erf(x) = 2/sqrt(pi) * integral of exp(-t**2) from 0 to x "
+    "(`scipy.special.erf`, `jax.lax.erf`), of a traced value or a numpy array; gradient "
+    "2/sqrt(pi) * exp(-x**2). int32 computes in float64 and bool in float32."
+)
+erfc = _unary("erfc", "erfc", _special("erfc", _math.erfc))
+erfc.__doc__ = (
+    "Elementwise complementary error function erfc(x) = 1 - erf(x), accurate where it is "
+    "tiny (`scipy.special.erfc`, `jax.lax.erfc`); of a traced value or a numpy array."
+)
 
 
 def _binary(name: str, op: str, numpy_fn: Any) -> Any:
