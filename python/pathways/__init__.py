@@ -33,6 +33,9 @@ from typing import Any, Sequence
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 import numpy as np  # noqa: E402
+# Registers bfloat16 with numpy, which _core names when it makes or reads
+# bfloat16 arrays (np.dtype("bfloat16")).
+import ml_dtypes  # noqa: E402, F401
 
 from pathways import _checks, _core  # noqa: E402
 from pathways._devices import (
