@@ -71,7 +71,9 @@ TEST(BFloat16Test, RoundsToNearestEvenLikeTheReference) {
       continue;
     }
     for (uint32_t lo : lows) check(hi << 16 | lo);
-    for (uint32_t lo = (hi * 2654435761u) & 0x1fffu; lo <= 0xffffu; lo += 0x2000u) check(hi << 16 | lo);
+    for (uint32_t lo = (hi * 2654435761u) & 0x1fffu; lo <= 0xffffu; lo += 0x2000u) {
+      check(hi << 16 | lo);
+    }
   }
   EXPECT_EQ(mismatches, 0);
 }

@@ -38,7 +38,8 @@ absl::string_view DTypeName(DType dtype);
 absl::string_view DTypeShortName(DType dtype);
 
 // The supported types' numpy names, for messages.
-inline constexpr absl::string_view kSupportedDTypeNames = "float32, float64, int32, bool, uint32, bfloat16";
+inline constexpr absl::string_view kSupportedDTypeNames =
+    "float32, float64, int32, bool, uint32, bfloat16";
 
 // Parses numpy's name ("float32", ...). InvalidArgument of kind kUnsupportedType
 // (error_kind.h) names the supported types.

@@ -479,8 +479,8 @@ absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t 
     PW_ASSIGN_OR_RETURN(b, Convert(b, DType::kBF16));
     PW_ASSIGN_OR_RETURN(a, Convert(a, DType::kF32));
     PW_ASSIGN_OR_RETURN(b, Convert(b, DType::kF32));
-    return RoundToBF16(AddOp(kind, {a, b}, ValueType{IsComparison(kind) ? DType::kBool : DType::kF32,
-                                                     std::move(dims)}));
+    const DType computed = IsComparison(kind) ? DType::kBool : DType::kF32;
+    return RoundToBF16(AddOp(kind, {a, b}, ValueType{computed, std::move(dims)}));
   }
   if (dtype == DType::kBool && kind == OpKind::kSub) {
     return UnsupportedTypeError(absl::StrFormat(

@@ -881,7 +881,8 @@ TEST(FunctionBuilderBFloat16Test, MatmulTopKAndScatterComputeInFloat32) {
   auto ir = b.Build({*m, *top, *scattered});
   ASSERT_TRUE(ir.ok());
   const std::string text = (*ir)->ToText();
-  EXPECT_TRUE(absl::StrContains(text, "matmul %3, %4 : f32[2,4]\n")) << text;  // %4: w as bf16, widened
+  // %3: a widened; %4: w rounded to bfloat16, then widened.
+  EXPECT_TRUE(absl::StrContains(text, "matmul %3, %4 : f32[2,4]\n")) << text;
   EXPECT_TRUE(absl::StrContains(text, "top_k[k=2] %3 : i32[2,2]\n")) << text;
   EXPECT_TRUE(absl::StrContains(text, "scatter_add[axis=0] %3, %8 : f32[3,3]\n")) << text;
   // Every op but those that move elements reads and writes only other types.
@@ -899,7 +900,8 @@ TEST(FunctionBuilderBFloat16Test, MatmulTopKAndScatterComputeInFloat32) {
 TEST(FunctionBuilderBFloat16Test, ConstantsFoldAndPrint) {
   FunctionBuilder b("c", "");
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  auto c = b.Constant(DType::kF32, {6}, Bytes<float>({0.1f, 1.0f + 0x1p-8f, -nan, 3.4e38f, -0.0f, 257}));
+  auto c = b.Constant(DType::kF32, {6},
+                      Bytes<float>({0.1f, 1.0f + 0x1p-8f, -nan, 3.4e38f, -0.0f, 257}));
   ASSERT_TRUE(c.ok());
   auto h = b.Convert(*c, DType::kBF16);
   ASSERT_TRUE(h.ok());

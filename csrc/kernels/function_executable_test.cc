@@ -447,7 +447,8 @@ TEST(FunctionExecutableRegistryTest, EveryElementwiseOpHasAKernel) {
             inputs.push_back(Bytes(std::vector<uint32_t>{1, 2, 3, 7, 1, 5}));
             break;
           case DType::kBF16:  // computed in float32: Compile refuses it otherwise
-            inputs.push_back(Bytes(std::vector<uint16_t>{0x3f00, 0x3fc0, 0x4000, 0x3f40, 0x3f80, 0x4040}));
+            inputs.push_back(
+                Bytes(std::vector<uint16_t>{0x3f00, 0x3fc0, 0x4000, 0x3f40, 0x3f80, 0x4040}));
             break;
         }
       }
@@ -989,7 +990,8 @@ TEST(FunctionExecutableBFloat16Test, ConvertsToAndFromEveryDType) {
       for (int s = 0; s < shards; ++s) all.insert(all.end(), v.begin(), v.end());
       return Bytes(all);
     };
-    const auto out = RunGang(*exe, shards, {repeat(fv), repeat(dv), repeat(iv), repeat(uv), repeat(pv)});
+    const auto out =
+        RunGang(*exe, shards, {repeat(fv), repeat(dv), repeat(iv), repeat(uv), repeat(pv)});
     const std::vector<BFloat16> got_f = Values<BFloat16>(out[0]);
     const std::vector<BFloat16> got_d = Values<BFloat16>(out[1]);
     const std::vector<BFloat16> got_i = Values<BFloat16>(out[2]);
@@ -1027,9 +1029,9 @@ TEST(FunctionExecutableBFloat16Test, ConvertsToAndFromEveryDType) {
       if (!std::isnan(w)) EXPECT_EQ(back64[j], static_cast<double>(w)) << j;
     }
     EXPECT_TRUE(std::isnan(back64[3]));
-    EXPECT_EQ(std::vector<int32_t>(ints.begin(), ints.begin() + 8), (std::vector<int32_t>{1, 1, 0, std::numeric_limits<int32_t>::min(),
-                                         std::numeric_limits<int32_t>::min(), 0, -2,
-                                         std::numeric_limits<int32_t>::min()}));
+    const int32_t m = std::numeric_limits<int32_t>::min();
+    EXPECT_EQ(std::vector<int32_t>(ints.begin(), ints.begin() + 8),
+              (std::vector<int32_t>{1, 1, 0, m, m, 0, -2, m}));
     EXPECT_EQ(uints[0], 1u);
     EXPECT_EQ(uints[3], 0u);           // NaN
     EXPECT_EQ(uints[4], 4294967295u);  // inf saturates

@@ -109,8 +109,8 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
     to `devices[i]`. `x` may be a pytree; every leaf is put.
 
     Args:
-      x: A pytree of numpy arrays (float32, float64, int32 or bool; other
-        integer dtypes become int32, as for `pmap` arguments) or array-likes
+      x: A pytree of numpy arrays (float32, float64, int32, uint32, bool or
+        bfloat16; other integer dtypes become int32, as for `pmap` arguments) or array-likes
         (Python floats become float64, ints int32), each with leading axis
         `len(devices)`, or `ShardedBuffer`s (copied).
       devices: Virtual devices (e.g. a slice's `.tpus`), a `VirtualSlice`, or
