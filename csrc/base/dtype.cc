@@ -18,6 +18,8 @@ int64_t DTypeSize(DType dtype) {
     case DType::kI32:
     case DType::kU32:
       return 4;
+    case DType::kBF16:
+      return 2;
     case DType::kBool:
       return 1;
   }
@@ -36,6 +38,8 @@ absl::string_view DTypeName(DType dtype) {
       return "bool";
     case DType::kU32:
       return "uint32";
+    case DType::kBF16:
+      return "bfloat16";
   }
   return "unknown";
 }
@@ -52,6 +56,8 @@ absl::string_view DTypeShortName(DType dtype) {
       return "pred";
     case DType::kU32:
       return "u32";
+    case DType::kBF16:
+      return "bf16";
   }
   return "?";
 }
@@ -62,6 +68,7 @@ absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
   if (name == "int32") return DType::kI32;
   if (name == "bool") return DType::kBool;
   if (name == "uint32") return DType::kU32;
+  if (name == "bfloat16") return DType::kBF16;
   return UnsupportedTypeError(absl::StrCat("dtype ", name, " is not supported; supported dtypes: ",
                                            kSupportedDTypeNames));
 }
@@ -70,9 +77,14 @@ DType PromoteTypes(DType a, DType b) {
   if (a == b || b == DType::kBool) return a;
   if (a == DType::kBool) return b;
   if (IsInteger(a) && IsInteger(b)) return DType::kI32;  // int32 with uint32
+  // An integer with a float: float32 cannot hold every 32-bit integer, so
+  // float64 (numpy's); bfloat16 cannot either, but JAX keeps it (int32 +
+  // bfloat16 is bfloat16), and float64 would defeat storing in bfloat16.
   if (IsInteger(a)) return b == DType::kF32 ? DType::kF64 : b;
   if (IsInteger(b)) return a == DType::kF32 ? DType::kF64 : a;
-  return DType::kF64;  // float32 with float64
+  // Two different floats: the wider.
+  if (a == DType::kF64 || b == DType::kF64) return DType::kF64;
+  return DType::kF32;  // bfloat16 with float32
 }
 
 int64_t NumElements(absl::Span<const int64_t> dims) {

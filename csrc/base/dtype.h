@@ -12,6 +12,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "csrc/base/bfloat16.h"
 
 namespace pw {
 
@@ -21,19 +22,24 @@ enum class DType : uint8_t {
   kI32 = 2,
   kBool = 3,  // one byte per element, 0 or 1 (numpy's bool_)
   kU32 = 4,   // unsigned: arithmetic wraps modulo 2^32 (PRNG keys and bits)
+  // Storage only: FunctionBuilder computes on it in float32 and rounds each
+  // result back (function_ir.h); kernels only move and convert it.
+  kBF16 = 5,
 };
 
 // Size of one element in bytes.
 int64_t DTypeSize(DType dtype);
 
-// numpy's name for the type: "float32", "float64", "int32", "bool", "uint32".
+// numpy's name for the type: "float32", "float64", "int32", "bool", "uint32",
+// "bfloat16" (ml_dtypes' name, which numpy knows once ml_dtypes is imported).
 absl::string_view DTypeName(DType dtype);
 
-// The short name used in IR text: "f32", "f64", "i32", "pred", "u32".
+// The short name used in IR text: "f32", "f64", "i32", "pred", "u32", "bf16".
 absl::string_view DTypeShortName(DType dtype);
 
 // The supported types' numpy names, for messages.
-inline constexpr absl::string_view kSupportedDTypeNames = "float32, float64, int32, bool, uint32";
+inline constexpr absl::string_view kSupportedDTypeNames =
+    "float32, float64, int32, bool, uint32, bfloat16";
 
 // Parses numpy's name ("float32", ...). InvalidArgument of kind kUnsupportedType
 // (error_kind.h) names the supported types.
@@ -44,11 +50,15 @@ absl::StatusOr<DType> DTypeFromName(absl::string_view name);
 // float32 gives float64 (float32 cannot hold every int32 or uint32). Where
 // numpy's answer is a type we lack, JAX's with x64 disabled: int32 with
 // uint32 gives int32 (numpy: int64), so a uint32 above 2^31 - 1 wraps to a
-// negative int32 there.
+// negative int32 there. bfloat16 sits where JAX's lattice puts it: above
+// bool and the integers (int32 + bfloat16 is bfloat16) and below float32
+// (bfloat16 + float32 is float32).
 DType PromoteTypes(DType a, DType b);
 
-// True for kF32 and kF64.
-inline bool IsFloat(DType dtype) { return dtype == DType::kF32 || dtype == DType::kF64; }
+// True for kF32, kF64 and kBF16.
+inline bool IsFloat(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kBF16;
+}
 
 // True for kI32 and kU32.
 inline bool IsInteger(DType dtype) { return dtype == DType::kI32 || dtype == DType::kU32; }
@@ -77,14 +87,16 @@ std::string DimsToString(absl::Span<const int64_t> dims);
 // "f32[2,3]" as the IR text prints an array type.
 std::string TypeToString(DType dtype, absl::Span<const int64_t> dims);
 
-// The DType of C++ element type T: float, double, int32_t, uint32_t, or
-// bool/uint8_t (a bool element is one byte). Other types do not compile.
+// The DType of C++ element type T: float, double, int32_t, uint32_t,
+// BFloat16, or bool/uint8_t (a bool element is one byte). Other types do not
+// compile.
 template <typename T>
 constexpr DType DTypeOf() {
   if constexpr (std::is_same_v<T, float>) return DType::kF32;
   else if constexpr (std::is_same_v<T, double>) return DType::kF64;
   else if constexpr (std::is_same_v<T, int32_t>) return DType::kI32;
   else if constexpr (std::is_same_v<T, uint32_t>) return DType::kU32;
+  else if constexpr (std::is_same_v<T, BFloat16>) return DType::kBF16;
   else {
     static_assert(std::is_same_v<T, bool> || std::is_same_v<T, uint8_t>, "no DType for this type");
     return DType::kBool;

@@ -8,7 +8,7 @@ namespace pw {
 namespace {
 
 TEST(DTypeTest, NamesRoundTrip) {
-  for (DType t : {DType::kF32, DType::kF64, DType::kI32, DType::kBool, DType::kU32}) {
+  for (DType t : {DType::kF32, DType::kF64, DType::kI32, DType::kBool, DType::kU32, DType::kBF16}) {
     auto parsed = DTypeFromName(DTypeName(t));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, t);
@@ -48,6 +48,24 @@ TEST(DTypeTest, PromotionAndShapes) {
   EXPECT_TRUE(IsInteger(DType::kU32) && IsInteger(DType::kI32));
   EXPECT_FALSE(IsInteger(DType::kBool) || IsInteger(DType::kF32));
   EXPECT_EQ(DTypeOf<uint32_t>(), DType::kU32);
+  // bfloat16: JAX's lattice. Integers and bool sit below it (int32 +
+  // bfloat16 is bfloat16, where float32 would give float64), the wider
+  // floats above it.
+  for (DType low : {DType::kBool, DType::kI32, DType::kU32, DType::kBF16}) {
+    EXPECT_EQ(PromoteTypes(DType::kBF16, low), DType::kBF16) << DTypeName(low);
+    EXPECT_EQ(PromoteTypes(low, DType::kBF16), DType::kBF16) << DTypeName(low);
+  }
+  EXPECT_EQ(PromoteTypes(DType::kBF16, DType::kF32), DType::kF32);
+  EXPECT_EQ(PromoteTypes(DType::kF32, DType::kBF16), DType::kF32);
+  EXPECT_EQ(PromoteTypes(DType::kBF16, DType::kF64), DType::kF64);
+  EXPECT_EQ(PromoteTypes(DType::kF64, DType::kBF16), DType::kF64);
+  EXPECT_EQ(DTypeName(DType::kBF16), "bfloat16");
+  EXPECT_EQ(DTypeShortName(DType::kBF16), "bf16");
+  EXPECT_EQ(DTypeSize(DType::kBF16), 2);
+  EXPECT_TRUE(IsFloat(DType::kBF16));
+  EXPECT_FALSE(IsInteger(DType::kBF16));
+  EXPECT_EQ(DTypeOf<BFloat16>(), DType::kBF16);
+  EXPECT_EQ(TypeToString(DType::kBF16, Dims{2, 3}), "bf16[2,3]");
   EXPECT_EQ(DTypeShortName(DType::kBool), "pred");
   EXPECT_EQ(DTypeShortName(DType::kI32), "i32");
   EXPECT_EQ(DTypeSize(DType::kBool), 1);

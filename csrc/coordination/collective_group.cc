@@ -186,6 +186,8 @@ ReduceFn Reduction(DType dtype, ReduceOp op) {
       if (op == ReduceOp::kMax) return &OrInto;
       if (op == ReduceOp::kMin) return &AndInto;
       return nullptr;
+    case DType::kBF16:  // the function IR reduces bfloat16 in float32
+      return nullptr;
   }
   return nullptr;
 }
@@ -526,7 +528,9 @@ absl::Status CollectiveGroup::AllReduce(DType dtype, ReduceOp op, void* data, in
   const ReduceFn reduce = Reduction(dtype, op);
   if (reduce == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(Name(), ": AllReduce ", ReduceOpName(op), " of ",
-                                                   DTypeName(dtype), " is not supported (sum bools as int32)"));
+                                                   DTypeName(dtype),
+                                                   " is not supported (sum bools as int32, "
+                                                   "reduce bfloat16 in float32)"));
   }
   const int64_t element_size = DTypeSize(dtype);
   if (count < 0 || count > kMaxArrayBytes / element_size) {

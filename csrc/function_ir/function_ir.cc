@@ -37,6 +37,28 @@ std::string FormatElement(const uint8_t* p) {
   return Shortest(value);
 }
 
+// The fewest significant digits that read back (through float32, as
+// ml_dtypes reads them) as the same bfloat16: "0.1" for bfloat16(0.1), whose
+// float32 value would print as 0.10009766.
+template <>
+std::string FormatElement<BFloat16>(const uint8_t* p) {
+  BFloat16 value;
+  std::memcpy(&value.bits, p, 2);
+  const float f = BFloat16ToFloat(value);
+  if (std::isnan(f)) return "nan";  // to_chars' spelling for every NaN
+  char buf[64];
+  for (int digits = 1; digits <= 9; ++digits) {
+    auto [end, ec] =
+        std::to_chars(buf, buf + sizeof(buf), f, std::chars_format::general, digits);
+    if (ec != std::errc()) break;
+    float back = 0;
+    if (std::from_chars(buf, end, back).ec == std::errc() && FloatToBFloat16(back) == value) {
+      return std::string(buf, end);
+    }
+  }
+  return Shortest(f);
+}
+
 constexpr int64_t kMaxSimulatedUs = kMaxSimulatedNs / 1000;
 
 // `ns` in microseconds, exactly: "3000000000", "1.5".
@@ -62,6 +84,8 @@ std::string FormatLiteral(const Op& op) {
         return FormatElement<int32_t>(p);
       case DType::kU32:
         return FormatElement<uint32_t>(p);
+      case DType::kBF16:
+        return FormatElement<BFloat16>(p);
       case DType::kBool:
         return std::string(*p != 0 ? "true" : "false");
       case DType::kF32:
@@ -323,6 +347,11 @@ double LiteralElement(const std::vector<uint8_t>& literal, DType dtype, int64_t 
       std::memcpy(&v, literal.data() + i * 4, 4);
       return v;
     }
+    case DType::kBF16: {
+      BFloat16 v;
+      std::memcpy(&v.bits, literal.data() + i * 2, 2);
+      return BFloat16ToFloat(v);
+    }
     case DType::kBool:
       return literal[i] != 0 ? 1.0 : 0.0;
     case DType::kF32:
@@ -334,9 +363,10 @@ double LiteralElement(const std::vector<uint8_t>& literal, DType dtype, int64_t 
 }
 
 // `literal` (of `from`) cast to `to`, with the kernels' rules (kernel_util.h's
-// ToInt32 and ToUint32): to bool is != 0; float to int32 truncates, NaN and
-// out-of-range giving INT32_MIN; to uint32 truncates and saturates (NaN
-// giving 0); between integers modulo 2^32.
+// ToInt32 and ToUint32, bfloat16.h): to bool is != 0; float to int32
+// truncates, NaN and out-of-range giving INT32_MIN; to uint32 truncates and
+// saturates (NaN giving 0); between integers modulo 2^32; to bfloat16
+// through float32 (exact from bfloat16, so the double `v` loses nothing).
 std::vector<uint8_t> ConvertLiteral(const std::vector<uint8_t>& literal, DType from, DType to,
                                     int64_t n) {
   std::vector<uint8_t> out(static_cast<size_t>(n * DTypeSize(to)));
@@ -367,6 +397,11 @@ std::vector<uint8_t> ConvertLiteral(const std::vector<uint8_t>& literal, DType f
         std::memcpy(out.data() + i * 4, &k, 4);
         break;
       }
+      case DType::kBF16: {
+        const BFloat16 h = FloatToBFloat16(static_cast<float>(v));
+        std::memcpy(out.data() + i * 2, &h.bits, 2);
+        break;
+      }
       case DType::kBool:
         out[i] = v != 0.0 ? 1 : 0;
         break;
@@ -380,6 +415,19 @@ std::vector<uint8_t> ConvertLiteral(const std::vector<uint8_t>& literal, DType f
 absl::StatusOr<int32_t> FunctionBuilder::Convert(int32_t x, DType dtype) {
   PW_RETURN_IF_ERROR(CheckValue(x, OpKindName(OpKind::kConvert)));
   if (type(x).dtype == dtype) return x;
+  // Every op on a bfloat16 value widens it: one convert per value serves
+  // them all (the conversion is exact, so sharing it changes no result).
+  const bool widen = type(x).dtype == DType::kBF16 && dtype == DType::kF32;
+  if (widen && static_cast<size_t>(x) < widened_.size() && widened_[x] >= 0) return widened_[x];
+  PW_ASSIGN_OR_RETURN(const int32_t converted, ConvertUncached(x, dtype));
+  if (widen) {
+    if (widened_.size() <= static_cast<size_t>(x)) widened_.resize(x + 1, -1);
+    widened_[x] = converted;
+  }
+  return converted;
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::ConvertUncached(int32_t x, DType dtype) {
   if (ir_->ops_[x].kind == OpKind::kConstant) {  // folded: a constant of the new dtype
     const Op& c = ir_->ops_[x];
     Dims dims = c.type.dims;
@@ -414,6 +462,12 @@ absl::StatusOr<int32_t> FunctionBuilder::AddOp(OpKind kind, absl::InlinedVector<
   return Add(MakeOp(kind, std::move(operands), std::move(type)));
 }
 
+absl::StatusOr<int32_t> FunctionBuilder::RoundToBF16(absl::StatusOr<int32_t> computed) {
+  if (!computed.ok()) return computed;
+  if (type(*computed).dtype != DType::kF32) return computed;  // a comparison's bools
+  return Convert(*computed, DType::kBF16);
+}
+
 absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t b) {
   if (!IsBinaryOp(kind)) {
     return absl::InvalidArgumentError(
@@ -440,6 +494,16 @@ absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t 
         "%s: operands must be integers, got %s and %s", name, ta.ToString(), tb.ToString()));
   }
   DType dtype = PromoteTypes(ta.dtype, tb.dtype);
+  if (dtype == DType::kBF16) {
+    // An integer or bool operand becomes bfloat16 first (its rounding is
+    // part of JAX's promotion), then both are computed on in float32.
+    PW_ASSIGN_OR_RETURN(a, Convert(a, DType::kBF16));
+    PW_ASSIGN_OR_RETURN(b, Convert(b, DType::kBF16));
+    PW_ASSIGN_OR_RETURN(a, Convert(a, DType::kF32));
+    PW_ASSIGN_OR_RETURN(b, Convert(b, DType::kF32));
+    const DType computed = IsComparison(kind) ? DType::kBool : DType::kF32;
+    return RoundToBF16(AddOp(kind, {a, b}, ValueType{computed, std::move(dims)}));
+  }
   if (dtype == DType::kBool && kind == OpKind::kSub) {
     return UnsupportedTypeError(absl::StrFormat(
         "sub: boolean subtract is not supported (%s and %s); use logical_xor", ta.ToString(),
@@ -479,6 +543,10 @@ absl::StatusOr<int32_t> FunctionBuilder::Unary(OpKind kind, int32_t x) {
   }
   if (IsTranscendental(kind) && !IsFloat(tx.dtype)) {
     PW_ASSIGN_OR_RETURN(x, Convert(x, IsInteger(tx.dtype) ? DType::kF64 : DType::kF32));
+  }
+  if (tx.dtype == DType::kBF16) {
+    PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kF32));
+    return RoundToBF16(AddOp(kind, {x}, type(x)));
   }
   return AddOp(kind, {x}, type(x));
 }
@@ -528,9 +596,13 @@ absl::StatusOr<int32_t> FunctionBuilder::Psum(int32_t x, absl::string_view axis_
   if (type(x).dtype == DType::kBool) {
     PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kI32));
   }
+  const bool bf16 = type(x).dtype == DType::kBF16;
+  if (bf16) {
+    PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kF32));  // summed in float32, rounded once
+  }
   Op op = MakeOp(OpKind::kPsum, {x}, type(x));
   op.axis_name = std::string(axis_name);
-  return Add(std::move(op));
+  return bf16 ? RoundToBF16(Add(std::move(op))) : Add(std::move(op));
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Pcollective(OpKind kind, int32_t x,
@@ -546,9 +618,13 @@ absl::StatusOr<int32_t> FunctionBuilder::Pcollective(OpKind kind, int32_t x,
     return UnsupportedTypeError(
         absl::StrFormat("pmean: operand must be numeric, got %s", type(x).ToString()));
   }
+  const bool bf16 = type(x).dtype == DType::kBF16;
+  if (bf16) {
+    PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kF32));
+  }
   Op op = MakeOp(kind, {x}, type(x));
   op.axis_name = std::string(axis_name);
-  return Add(std::move(op));
+  return bf16 ? RoundToBF16(Add(std::move(op))) : Add(std::move(op));
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::AxisIndex(absl::string_view axis_name) {
@@ -607,12 +683,16 @@ absl::StatusOr<int32_t> FunctionBuilder::Reduce(ReduceKind kind, int32_t x,
   DType dtype = tx.dtype;
   if (kind == ReduceKind::kSum && dtype == DType::kBool) dtype = DType::kI32;
   if (kind == ReduceKind::kMean && !IsFloat(dtype)) dtype = DType::kF64;
+  // bfloat16 accumulates in float32 and rounds once, as XLA's reductions.
+  const bool bf16 = dtype == DType::kBF16;
+  if (bf16) dtype = DType::kF32;
   PW_ASSIGN_OR_RETURN(x, Convert(x, dtype));
   const DType result = kind == ReduceKind::kArgmax ? DType::kI32 : dtype;
   Op op = MakeOp(OpKind::kReduce, {x}, ValueType{result, std::move(dims)});
   op.reduce_kind = kind;
   op.axes = std::move(red_axes);
   op.keepdims = keepdims;
+  if (bf16 && kind != ReduceKind::kArgmax) return RoundToBF16(Add(std::move(op)));
   return Add(std::move(op));
 }
 
@@ -988,12 +1068,17 @@ absl::StatusOr<int32_t> FunctionBuilder::Scatter(Combiner combiner, int32_t oper
         "logical or and and",
         CombinerName(combiner), to.ToString()));
   }
-  PW_ASSIGN_OR_RETURN(updates, Convert(updates, to.dtype));
-  Op op = MakeOp(OpKind::kScatter, {operand, indices, updates},
-                 ValueType{to.dtype, std::move(dims)});
+  // bfloat16 combines in float32 (the operand and updates widened, the
+  // result rounded once), as every computing op on bfloat16.
+  const bool bf16 = to.dtype == DType::kBF16;
+  const DType computed = bf16 ? DType::kF32 : to.dtype;
+  PW_ASSIGN_OR_RETURN(operand, Convert(operand, computed));
+  PW_ASSIGN_OR_RETURN(updates, Convert(updates, to.dtype));  // cast to x's dtype, as JAX
+  PW_ASSIGN_OR_RETURN(updates, Convert(updates, computed));
+  Op op = MakeOp(OpKind::kScatter, {operand, indices, updates}, ValueType{computed, std::move(dims)});
   op.combiner = combiner;
   op.axis = axis;
-  return Add(std::move(op));
+  return bf16 ? RoundToBF16(Add(std::move(op))) : Add(std::move(op));
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::ScatterAdd(int32_t updates, int32_t indices,
@@ -1030,6 +1115,11 @@ absl::StatusOr<int32_t> FunctionBuilder::TopK(int32_t x, int64_t k) {
   }
   Dims dims = tx.dims;
   dims.back() = k;
+  // Widening is exact and keeps totalOrder (NaN payloads and signs, -0), so
+  // the float32 kernel ranks bfloat16 values as they are.
+  if (tx.dtype == DType::kBF16) {
+    PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kF32));
+  }
   return AddOp(OpKind::kTopK, {x}, ValueType{DType::kI32, std::move(dims)});
 }
 
@@ -1043,6 +1133,9 @@ absl::StatusOr<int32_t> FunctionBuilder::Sort(int32_t x, bool descending) {
   if (tx.dims.back() > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "sort: the last dimension of %s is beyond int32 positions", tx.ToString()));
+  }
+  if (tx.dtype == DType::kBF16) {  // widening keeps the order: sort the float32 values
+    PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kF32));
   }
   Op op = MakeOp(OpKind::kSort, {x}, ValueType{DType::kI32, tx.dims});
   op.reverse = descending;
@@ -1067,11 +1160,16 @@ absl::StatusOr<int32_t> FunctionBuilder::Cumulative(Combiner combiner, int32_t x
     PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kI32));  // a count, as numpy's cumsum of bools
   }
   if (tx.dims[a] <= 1) return x;  // each element is its own running value
+  // bfloat16 runs in float32, each running value rounded once.
+  const bool bf16 = tx.dtype == DType::kBF16;
+  if (bf16) {
+    PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kF32));
+  }
   Op op = MakeOp(OpKind::kCumulative, {x}, type(x));
   op.combiner = combiner;
   op.axis = a;
   op.reverse = reverse;
-  return Add(std::move(op));
+  return bf16 ? RoundToBF16(Add(std::move(op))) : Add(std::move(op));
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Matmul(int32_t a, int32_t b) {
@@ -1097,6 +1195,11 @@ absl::StatusOr<int32_t> FunctionBuilder::Matmul(int32_t a, int32_t b) {
   PW_ASSIGN_OR_RETURN(b, Convert(b, dtype));
   batch.push_back(ta.dims[ra - 2]);
   batch.push_back(tb.dims[rb - 1]);
+  if (dtype == DType::kBF16) {  // float32 products and sums (BLAS), rounded once
+    PW_ASSIGN_OR_RETURN(a, Convert(a, DType::kF32));
+    PW_ASSIGN_OR_RETURN(b, Convert(b, DType::kF32));
+    return RoundToBF16(AddOp(OpKind::kMatmul, {a, b}, ValueType{DType::kF32, std::move(batch)}));
+  }
   return AddOp(OpKind::kMatmul, {a, b}, ValueType{dtype, std::move(batch)});
 }
 
@@ -1139,6 +1242,10 @@ absl::StatusOr<int32_t> FunctionBuilder::PsumScatter(int32_t x, absl::string_vie
   if (type(x).dtype == DType::kBool) {
     PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kI32));
   }
+  const bool bf16 = type(x).dtype == DType::kBF16;
+  if (bf16) {
+    PW_ASSIGN_OR_RETURN(x, Convert(x, DType::kF32));
+  }
   const ValueType tx = type(x);
   const int64_t rank = static_cast<int64_t>(tx.dims.size());
   PW_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis("psum_scatter", axis, rank, tx));
@@ -1152,7 +1259,7 @@ absl::StatusOr<int32_t> FunctionBuilder::PsumScatter(int32_t x, absl::string_vie
   Op op = MakeOp(OpKind::kPsumScatter, {x}, ValueType{tx.dtype, std::move(dims)});
   op.axis_name = std::string(axis_name);
   op.axis = a;
-  return Add(std::move(op));
+  return bf16 ? RoundToBF16(Add(std::move(op))) : Add(std::move(op));
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::SimulatedCompute(int32_t x, int64_t duration_ns) {

@@ -9,6 +9,20 @@
 //
 // Values are in SSA form: each Op defines one value, named by its index in
 // ops(); operands refer to earlier ops only.
+//
+// bfloat16 is stored in bfloat16 and computed in float32 (as XLA's CPU
+// backend does), and the builder is where that happens: an op that computes
+// (arithmetic, comparisons, transcendental functions, reductions, matmul,
+// scatter_add, top_k and the reducing collectives) on bfloat16 values is
+// recorded as convert-to-f32, the op in float32, convert-to-bf16 (round to
+// nearest even, NaN kept), so every result is the float32 result of the
+// bfloat16 inputs rounded once. Reductions, matmul and psum accumulate in
+// float32 and round once. The IR text shows these converts, and the wire
+// format carries the legalized ops, which replay to themselves. Only the
+// convert kernel and the kernels that move elements without looking at them
+// (data movement, concatenate, pad, take, select, all_gather, ppermute,
+// all_to_all, simulated_compute) take bfloat16; FunctionExecutable::Compile
+// refuses any other op on it.
 
 #include <cstdint>
 #include <memory>
@@ -155,7 +169,9 @@ class FunctionBuilder {
   // toward zero; out of range, NaN included, int32 gets INT32_MIN (x86
   // numpy's answer) and uint32 saturates to [0, 2^32 - 1] with NaN giving 0
   // (XLA's; numpy's is undefined); between int32 and uint32 the bits stay.
-  // Returns `x` itself when it already has `dtype`.
+  // To bfloat16 rounds to nearest even through float32 (base/bfloat16.h).
+  // Returns `x` itself when it already has `dtype`, and the value made by an
+  // earlier bfloat16-to-float32 convert of `x` when there is one.
   absl::StatusOr<int32_t> Convert(int32_t x, DType dtype);
 
   // jax.lax.bitcast_convert_type: `x`'s bits read as `dtype`, which must have
@@ -171,7 +187,8 @@ class FunctionBuilder {
   // right; a dimension of size 1 stretches). Mixed dtypes are promoted
   // (Converts are inserted); kDiv of integer or bool operands is true
   // division in float64, kPow and shifts of two bools compute in int32.
-  // Comparisons give bool. InvalidArgument names the op and both types for
+  // Comparisons give bool. A bfloat16 result is computed in float32 and
+  // rounded (see the top of this file). InvalidArgument names the op and both types for
   // incompatible shapes ("add: incompatible shapes f32[2] and f32[3]"), for
   // bitwise ops and shifts of floats, and for kSub of two bools (as numpy).
   absl::StatusOr<int32_t> Binary(OpKind kind, int32_t a, int32_t b);
@@ -179,7 +196,7 @@ class FunctionBuilder {
   // A unary elementwise op: kNeg, kAbs, kExp, kLog, kTanh, kSqrt, kRsqrt,
   // kSin, kCos or kNot. kNot needs a bool (logical not) or integer (bitwise
   // not) operand and kNeg a numeric one; the transcendental ops convert
-  // integers to float64 and bool to float32.
+  // integers to float64 and bool to float32; bfloat16 computes in float32.
   absl::StatusOr<int32_t> Unary(OpKind kind, int32_t x);
 
   // where(cond, x, y): cond must be bool; x and y are promoted to a common
@@ -195,7 +212,8 @@ class FunctionBuilder {
   // A reduction of `x` over `axes` (empty optional: all axes; negative axes
   // count from the end), as numpy's sum/mean/max/min/argmax. Result dtypes as
   // numpy: sum of bool or int32 is int32, mean of bool or int32 is float64,
-  // argmax is int32 (numpy's int64 narrowed). argmax takes at most one axis
+  // argmax is int32 (numpy's int64 narrowed); sum and mean of bfloat16 are
+  // bfloat16, accumulated in float32. argmax takes at most one axis
   // (all axes: the index into the flattened value). InvalidArgument names
   // the op and the type ("sum: axis 2 is out of range for f32[3,4]") for an
   // out-of-range or repeated axis, and for max/min/argmax of an empty
@@ -352,10 +370,18 @@ class FunctionBuilder {
                                         const ValueType& type) const;
   // Adds `kind` over `operands` (already converted) with result `type`.
   absl::StatusOr<int32_t> AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands, ValueType type);
+  // Convert without the reuse of widened bfloat16 values.
+  absl::StatusOr<int32_t> ConvertUncached(int32_t x, DType dtype);
+  // A float32 value computed for a bfloat16 op, rounded back to bfloat16 (a
+  // bool value, from a comparison, as it is); errors pass through.
+  absl::StatusOr<int32_t> RoundToBF16(absl::StatusOr<int32_t> computed);
   // Appends `op`; InvalidArgument naming the op if its result's size is
   // invalid (CheckedNumBytes): every op's result is checked here.
   absl::StatusOr<int32_t> Add(Op op);
   std::unique_ptr<FunctionIr> ir_;
+  // Per bfloat16 value (by index; -1 or past the end: none yet), its
+  // float32 convert, which every later op on it reads.
+  std::vector<int32_t> widened_;
 };
 
 }  // namespace pw

@@ -1,5 +1,6 @@
 #include "csrc/function_ir/function_ir.h"
 
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <set>
@@ -10,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "csrc/base/error_kind.h"
 #include "gtest/gtest.h"
 
@@ -902,6 +904,182 @@ TEST(FunctionIrTest, ConvertOfAConstantToAndFromUint32Folds) {
   std::memcpy(d, (*ir)->ops()[*back].literal.data(), 16);
   EXPECT_EQ(d[0], 4294967295.0);
   EXPECT_TRUE(absl::StrContains((*ir)->ToText(), "const u32[2] [4294967295, 5]")) << (*ir)->ToText();
+}
+
+// --- bfloat16: storage in bfloat16, compute in float32 ------------------------
+
+// The type of a builder result, or "error: <message>".
+std::string TypeOf(const FunctionBuilder& b, const absl::StatusOr<int32_t>& v) {
+  return v.ok() ? b.type(*v).ToString() : absl::StrCat("error: ", v.status().message());
+}
+
+TEST(FunctionBuilderBFloat16Test, PromotionAsJax) {
+  FunctionBuilder b("f", "i");
+  const int32_t h = b.Parameter(DType::kBF16, {2});
+  const int32_t f = b.Parameter(DType::kF32, {2});
+  const int32_t d = b.Parameter(DType::kF64, {2});
+  const int32_t i = b.Parameter(DType::kI32, {2});
+  const int32_t u = b.Parameter(DType::kU32, {2});
+  const int32_t p = b.Parameter(DType::kBool, {2});
+  EXPECT_EQ(TypeOf(b, b.Binary(OpKind::kAdd, h, h)), "bf16[2]");
+  EXPECT_EQ(TypeOf(b, b.Binary(OpKind::kAdd, h, f)), "f32[2]");
+  EXPECT_EQ(TypeOf(b, b.Binary(OpKind::kMul, d, h)), "f64[2]");
+  EXPECT_EQ(TypeOf(b, b.Binary(OpKind::kSub, h, i)), "bf16[2]");  // not f64, as float32's
+  EXPECT_EQ(TypeOf(b, b.Binary(OpKind::kSub, u, h)), "bf16[2]");
+  EXPECT_EQ(TypeOf(b, b.Binary(OpKind::kMax, p, h)), "bf16[2]");
+  EXPECT_EQ(TypeOf(b, b.Binary(OpKind::kDiv, h, i)), "bf16[2]");
+  EXPECT_EQ(TypeOf(b, b.Binary(OpKind::kPow, h, p)), "bf16[2]");
+  EXPECT_EQ(TypeOf(b, b.Binary(OpKind::kLe, h, i)), "pred[2]");
+  EXPECT_EQ(TypeOf(b, b.Unary(OpKind::kExp, h)), "bf16[2]");
+  EXPECT_EQ(TypeOf(b, b.Unary(OpKind::kAbs, h)), "bf16[2]");
+  EXPECT_EQ(TypeOf(b, b.Select(p, h, i)), "bf16[2]");
+  EXPECT_EQ(TypeOf(b, b.Select(p, h, f)), "f32[2]");
+  EXPECT_EQ(TypeOf(b, b.Reduce(ReduceKind::kSum, h, nullptr, false)), "bf16[]");
+  EXPECT_EQ(TypeOf(b, b.Reduce(ReduceKind::kMean, h, nullptr, true)), "bf16[1]");
+  EXPECT_EQ(TypeOf(b, b.Reduce(ReduceKind::kArgmax, h, nullptr, false)), "i32[]");
+  EXPECT_EQ(TypeOf(b, b.Psum(h, "i")), "bf16[2]");
+  EXPECT_EQ(TypeOf(b, b.Pcollective(OpKind::kPmean, h, "i")), "bf16[2]");
+  EXPECT_EQ(TypeOf(b, b.TopK(h, 1)), "i32[1]");
+  EXPECT_EQ(TypeOf(b, b.Concatenate(std::vector<int32_t>{h, i, p}, 0)), "bf16[6]");
+  EXPECT_EQ(TypeOf(b, b.Concatenate(std::vector<int32_t>{h, f}, 0)), "f32[4]");
+}
+
+TEST(FunctionBuilderBFloat16Test, TypeErrorsNameTheOp) {
+  FunctionBuilder b("f", "");
+  const int32_t h = b.Parameter(DType::kBF16, {2});
+  const int32_t i = b.Parameter(DType::kI32, {2});
+  for (OpKind kind : {OpKind::kAnd, OpKind::kShiftLeft}) {
+    auto r = b.Binary(kind, h, i);
+    EXPECT_EQ(GetErrorKind(r.status()), ErrorKind::kUnsupportedType) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "bf16[2]")) << r.status();
+  }
+  auto inv = b.Unary(OpKind::kNot, h);
+  EXPECT_EQ(GetErrorKind(inv.status()), ErrorKind::kUnsupportedType) << inv.status();
+  auto bits = b.BitcastConvert(h, DType::kI32);
+  EXPECT_EQ(GetErrorKind(bits.status()), ErrorKind::kUnsupportedType) << bits.status();
+  auto take = b.Take(i, h, 0);
+  EXPECT_EQ(take.status().message(), "take: indices must be int32, got bf16[2]");
+  auto parsed = DTypeFromName("float16");
+  EXPECT_TRUE(absl::StrContains(parsed.status().message(),
+                                "float32, float64, int32, bool, uint32, bfloat16"))
+      << parsed.status();
+}
+
+// The text shows what the kernels run: each op on bfloat16 between a widening
+// convert (shared by every op that reads the value) and a rounding one.
+TEST(FunctionBuilderBFloat16Test, OpsComputeInFloat32AndRoundOnce) {
+  FunctionBuilder b("f", "i");
+  const int32_t h = b.Parameter(DType::kBF16, {3});
+  const int32_t k = b.Parameter(DType::kI32, {3});
+  auto sq = b.Binary(OpKind::kMul, h, h);
+  ASSERT_TRUE(sq.ok());
+  auto sum = b.Binary(OpKind::kAdd, *sq, h);
+  ASSERT_TRUE(sum.ok());
+  auto mixed = b.Binary(OpKind::kSub, k, h);
+  ASSERT_TRUE(mixed.ok());
+  auto lt = b.Binary(OpKind::kLt, h, *sum);
+  ASSERT_TRUE(lt.ok());
+  auto total = b.Reduce(ReduceKind::kSum, *sum, nullptr, false);
+  ASSERT_TRUE(total.ok());
+  auto ps = b.Psum(*total, "i");
+  ASSERT_TRUE(ps.ok());
+  auto ir = b.Build({*sum, *mixed, *lt, *ps});
+  ASSERT_TRUE(ir.ok());
+  EXPECT_EQ((*ir)->ToText(),
+            "func @f(%0: bf16[3], %1: i32[3]) axis=i {\n"
+            "  %2 = convert %0 : f32[3]\n"
+            "  %3 = mul %2, %2 : f32[3]\n"
+            "  %4 = convert %3 : bf16[3]\n"
+            "  %5 = convert %4 : f32[3]\n"
+            "  %6 = add %5, %2 : f32[3]\n"  // %0 widened once
+            "  %7 = convert %6 : bf16[3]\n"
+            "  %8 = convert %1 : bf16[3]\n"  // int32 rounds to bfloat16 first, as JAX
+            "  %9 = convert %8 : f32[3]\n"
+            "  %10 = sub %9, %2 : f32[3]\n"
+            "  %11 = convert %10 : bf16[3]\n"
+            "  %12 = convert %7 : f32[3]\n"
+            "  %13 = lt %2, %12 : pred[3]\n"  // a comparison's bools need no rounding
+            "  %14 = sum[axes=(0)] %12 : f32[]\n"  // accumulated in float32
+            "  %15 = convert %14 : bf16[]\n"
+            "  %16 = convert %15 : f32[]\n"
+            "  %17 = psum[i] %16 : f32[]\n"
+            "  %18 = convert %17 : bf16[]\n"
+            "  return %7, %11, %13, %18\n"
+            "}\n");
+}
+
+TEST(FunctionBuilderBFloat16Test, MatmulTopKAndScatterComputeInFloat32) {
+  FunctionBuilder b("f", "");
+  const int32_t a = b.Parameter(DType::kBF16, {2, 3});
+  const int32_t w = b.Parameter(DType::kI32, {3, 4});
+  auto m = b.Matmul(a, w);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(b.type(*m).ToString(), "bf16[2,4]");
+  auto top = b.TopK(a, 2);
+  ASSERT_TRUE(top.ok());
+  const int32_t idx = *b.Constant(DType::kI32, {2}, Bytes<int32_t>({1, 1}));
+  auto scattered = b.ScatterAdd(a, idx, 0, 3);
+  ASSERT_TRUE(scattered.ok());
+  EXPECT_EQ(b.type(*scattered).ToString(), "bf16[3,3]");
+  auto ir = b.Build({*m, *top, *scattered});
+  ASSERT_TRUE(ir.ok());
+  const std::string text = (*ir)->ToText();
+  // %3: a widened; %4: w rounded to bfloat16, then widened.
+  EXPECT_TRUE(absl::StrContains(text, "matmul %3, %4 : f32[2,4]\n")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "top_k[k=2] %3 : i32[2,2]\n")) << text;
+  // scatter_add is a scatter into a zero (%9, folded widened to %10).
+  EXPECT_TRUE(absl::StrContains(text, "scatter[add,axis=0] %10, %8, %3 : f32[3,3]\n")) << text;
+  // Every op but the sources and converts reads and writes only other types.
+  for (const Op& op : (*ir)->ops()) {
+    if (op.kind == OpKind::kConvert || op.kind == OpKind::kParameter ||
+        op.kind == OpKind::kConstant) {
+      continue;
+    }
+    EXPECT_NE(op.type.dtype, DType::kBF16) << OpKindName(op.kind);
+    for (int32_t u : op.operands) {
+      EXPECT_NE((*ir)->ops()[u].type.dtype, DType::kBF16) << OpKindName(op.kind);
+    }
+  }
+}
+
+// A bfloat16 constant folds through converts with the kernels' rounding,
+// and prints with the fewest digits that read back as the same bfloat16.
+TEST(FunctionBuilderBFloat16Test, ConstantsFoldAndPrint) {
+  FunctionBuilder b("c", "");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto c = b.Constant(DType::kF32, {6},
+                      Bytes<float>({0.1f, 1.0f + 0x1p-8f, -nan, 3.4e38f, -0.0f, 257}));
+  ASSERT_TRUE(c.ok());
+  auto h = b.Convert(*c, DType::kBF16);
+  ASSERT_TRUE(h.ok());
+  auto back = b.Convert(*h, DType::kF64);
+  auto k = b.Convert(*h, DType::kI32);
+  ASSERT_TRUE(back.ok() && k.ok());
+  auto big = b.Constant(DType::kI32, {1}, Bytes<int32_t>({16777217}));
+  ASSERT_TRUE(big.ok());
+  auto hb = b.Convert(*big, DType::kBF16);
+  ASSERT_TRUE(hb.ok());
+  auto ir = b.Build({*h, *back, *k, *hb});
+  ASSERT_TRUE(ir.ok());
+  for (int32_t v : {*h, *back, *k, *hb}) EXPECT_EQ((*ir)->ops()[v].kind, OpKind::kConstant);
+  std::vector<uint16_t> bits(6);
+  std::memcpy(bits.data(), (*ir)->ops()[*h].literal.data(), 12);
+  EXPECT_EQ(bits, (std::vector<uint16_t>{0x3dcd, 0x3f80, 0xffc0, 0x7f80, 0x8000, 0x4380}));
+  double d[6];
+  std::memcpy(d, (*ir)->ops()[*back].literal.data(), 48);
+  EXPECT_EQ(d[0], 0.10009765625);
+  EXPECT_TRUE(std::isnan(d[2]) && std::signbit(d[2]));
+  EXPECT_EQ(d[5], 256.0);  // 257 is a tie between 256 and 258: even
+  int32_t ints[6];
+  std::memcpy(ints, (*ir)->ops()[*k].literal.data(), 24);
+  EXPECT_EQ(ints[0], 0);
+  EXPECT_EQ(ints[2], std::numeric_limits<int32_t>::min());
+  uint16_t big_bits;
+  std::memcpy(&big_bits, (*ir)->ops()[*hb].literal.data(), 2);
+  EXPECT_EQ(big_bits, 0x4b80);  // 2^24
+  const std::string text = (*ir)->ToText();
+  EXPECT_TRUE(absl::StrContains(text, "const bf16[6] [0.1, 1, nan, inf, ...]")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "const bf16[1] [1.68e+07]")) << text;
 }
 
 }  // namespace

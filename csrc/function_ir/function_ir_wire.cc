@@ -35,7 +35,7 @@ static_assert(std::endian::native == std::endian::little,
 #define PW_WIRE_DTYPES(V)                                               \
   V(DType::kF32, wire::DTYPE_F32) V(DType::kF64, wire::DTYPE_F64)       \
   V(DType::kI32, wire::DTYPE_I32) V(DType::kBool, wire::DTYPE_BOOL)   \
-  V(DType::kU32, wire::DTYPE_U32)
+  V(DType::kU32, wire::DTYPE_U32) V(DType::kBF16, wire::DTYPE_BF16)
 
 #define PW_WIRE_REDUCE_KINDS(V)                                                           \
   V(ReduceKind::kSum, wire::REDUCE_SUM) V(ReduceKind::kMean, wire::REDUCE_MEAN)           \

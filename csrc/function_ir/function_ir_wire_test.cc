@@ -125,6 +125,55 @@ std::shared_ptr<const FunctionIr> CollectiveFunction(int n) {
   return MustBuild(b, outs);
 }
 
+// bfloat16 over `n` shards: parameters and constants, the ops the builder
+// computes in float32 (its converts travel as ops of their own) and those
+// that move bfloat16 as it is.
+std::shared_ptr<const FunctionIr> BFloat16Function(int n) {
+  FunctionBuilder b("bfloat16", "i");
+  EXPECT_TRUE(b.SetAxisSize(n).ok());
+  const int32_t h = b.Parameter(DType::kBF16, {2, n});
+  const int32_t k = b.Parameter(DType::kI32, {2, n});
+  const int32_t x = b.Parameter(DType::kF32, {n});
+  const int32_t p = b.Parameter(DType::kBool, {2, n});
+  // 1.5, -0.1 (rounded), NaN, 65280 (the largest below 2^16).
+  const int32_t c = Ok(b.Constant(DType::kBF16, {4},
+                                  Bytes<uint16_t>({0x3fc0, 0xbdcd, 0x7fc0, 0x477f})));
+  const int32_t row = Ok(b.Reshape(c, {1, 4}));
+  std::vector<int32_t> outs;
+  for (OpKind kind : {OpKind::kAdd, OpKind::kDiv, OpKind::kPow, OpKind::kMax, OpKind::kLt}) {
+    outs.push_back(Ok(b.Binary(kind, h, k)));  // int32 rounds to bf16 first
+  }
+  outs.push_back(Ok(b.Binary(OpKind::kMul, h, x)));  // f32
+  outs.push_back(Ok(b.Unary(OpKind::kExp, h)));
+  outs.push_back(Ok(b.Unary(OpKind::kNeg, h)));
+  outs.push_back(Ok(b.Select(p, h, k)));
+  outs.push_back(Ok(b.Convert(k, DType::kBF16)));
+  outs.push_back(Ok(b.Convert(c, DType::kI32)));  // folded
+  const std::vector<int64_t> last = {-1};
+  outs.push_back(Ok(b.Reduce(ReduceKind::kSum, h, nullptr, false)));
+  outs.push_back(Ok(b.Reduce(ReduceKind::kMean, h, &last, true)));
+  outs.push_back(Ok(b.Reduce(ReduceKind::kArgmax, h, &last, false)));
+  outs.push_back(Ok(b.Matmul(Ok(b.Reshape(h, {2 * n, 1})), row)));
+  const int32_t idx = Ok(b.Constant(DType::kI32, {3}, Bytes<int32_t>({1, 0, 1})));
+  const int32_t take = Ok(b.Take(h, idx, 0));
+  outs.push_back(take);
+  outs.push_back(Ok(b.ScatterAdd(take, idx, 0, 2)));
+  outs.push_back(Ok(b.TopK(h, 1)));
+  outs.push_back(Ok(b.Concatenate(std::vector<int32_t>{h, k}, 0)));
+  outs.push_back(Ok(b.Pad(h, {1, 0}, {0, 1}, {0, 1})));
+  outs.push_back(Ok(b.Transpose(h, {1, 0})));
+  outs.push_back(Ok(b.Psum(h, "i")));
+  outs.push_back(Ok(b.Pcollective(OpKind::kPmean, h, "i")));
+  outs.push_back(Ok(b.Pcollective(OpKind::kPmax, h, "i")));
+  outs.push_back(Ok(b.AllGather(h, "i", 0)));
+  outs.push_back(Ok(b.Ppermute(h, "i", {{0, n - 1}})));
+  outs.push_back(Ok(b.AllToAll(h, "i", 1, 0)));
+  outs.push_back(Ok(b.PsumScatter(h, "i", 1)));
+  outs.push_back(Ok(b.SimulatedCompute(h, 1000)));
+  outs.push_back(c);
+  return MustBuild(b, outs);
+}
+
 // Shape ops and reductions, including the attributes the builder stores in
 // canonical form (slice steps, pad interiors, reduction axes).
 std::shared_ptr<const FunctionIr> ShapeFunction() {
@@ -198,7 +247,8 @@ std::shared_ptr<const FunctionIr> RandomFunction(std::mt19937& rng) {
     for (int64_t& a : v) a = small();
     return v;
   };
-  const DType dtypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kBool, DType::kU32};
+  const DType dtypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kBool, DType::kU32,
+                          DType::kBF16};
   const int n = 1 + pick(3);
   FunctionBuilder b("random", pick(4) == 0 ? "" : "i");
   if (pick(3) != 0) {
@@ -208,14 +258,14 @@ std::shared_ptr<const FunctionIr> RandomFunction(std::mt19937& rng) {
   for (int i = 0; i < 2; ++i) {
     Dims dims(pick(4));
     for (int64_t& d : dims) d = pick(4);
-    values.push_back(b.Parameter(dtypes[pick(5)], dims));
+    values.push_back(b.Parameter(dtypes[pick(6)], dims));
   }
   auto value = [&] { return values[pick(static_cast<int>(values.size()))]; };
   for (int step = 0; step < 40; ++step) {
     absl::StatusOr<int32_t> v = absl::InvalidArgumentError("none");
     switch (pick(29)) {
       case 0: {
-        const DType dtype = dtypes[pick(5)];
+        const DType dtype = dtypes[pick(6)];
         Dims dims(pick(3));
         for (int64_t& d : dims) d = pick(4);
         std::vector<uint8_t> bytes(NumElements(dims) * DTypeSize(dtype));
@@ -225,7 +275,7 @@ std::shared_ptr<const FunctionIr> RandomFunction(std::mt19937& rng) {
       }
       case 1: {
         const int32_t x = value();
-        v = pick(4) ? b.Convert(x, dtypes[pick(5)]) : b.BitcastConvert(x, dtypes[pick(5)]);
+        v = pick(4) ? b.Convert(x, dtypes[pick(6)]) : b.BitcastConvert(x, dtypes[pick(6)]);
         break;
       }
       // kAdd to kShiftRightArithmetic are the binary ops, and one more.
@@ -361,7 +411,7 @@ std::shared_ptr<const FunctionIr> RoundTrip(const FunctionIr& ir) {
 
 std::vector<std::shared_ptr<const FunctionIr>> KnownFunctions() {
   return {ElementwiseFunction(), CollectiveFunction(1), CollectiveFunction(2),
-          CollectiveFunction(3), ShapeFunction()};
+          CollectiveFunction(3), ShapeFunction(), BFloat16Function(1), BFloat16Function(3)};
 }
 
 TEST(FunctionIrWireTest, RoundTripsEveryOpKind) {
@@ -445,7 +495,8 @@ std::vector<std::vector<uint8_t>> RunGang(const FunctionExecutable& exe, int num
 TEST(FunctionIrWireTest, ParsedFunctionsRunLikeTheOriginal) {
   for (int shards = 1; shards <= 3; ++shards) {
     SCOPED_TRACE(testing::Message() << "shards=" << shards);
-    for (const auto& ir : {ElementwiseFunction(), CollectiveFunction(shards), ShapeFunction()}) {
+    for (const auto& ir : {ElementwiseFunction(), CollectiveFunction(shards), ShapeFunction(),
+                           BFloat16Function(shards)}) {
       ASSERT_NE(ir, nullptr);
       SCOPED_TRACE(ir->name());
       auto parsed = ParseFunctionIr(SerializeFunctionIr(*ir));
@@ -579,8 +630,8 @@ TEST(FunctionIrWireTest, BadKindsAndEnums) {
   ExpectWireError(WithOp(3, MakeOp(static_cast<wire::OpKind>(99), {0})), "op 3: unknown kind 99");
   ExpectWireError(WithOp(3, MakeOp(static_cast<wire::OpKind>(-1), {0})), "op 3: unknown kind -1");
   wire::Op param = MakeOp(wire::OP_PARAMETER, {});
-  param.set_dtype(static_cast<wire::DType>(5));
-  ExpectWireError(WithOp(1, param), "op 1 (parameter): unknown dtype 5");
+  param.set_dtype(static_cast<wire::DType>(6));
+  ExpectWireError(WithOp(1, param), "op 1 (parameter): unknown dtype 6");
   wire::Op bitcast = MakeOp(wire::OP_BITCAST_CONVERT_TYPE, {0});
   bitcast.set_dtype(static_cast<wire::DType>(7));
   ExpectWireError(WithOp(3, bitcast), "op 3 (bitcast_convert_type): unknown dtype 7");
@@ -763,6 +814,42 @@ TEST(FunctionIrWireTest, OpsMustBeInTheBuildersForm) {
   reshape.add_dims(2);
   reshape.add_dims(3);
   ExpectWireError(WithOp(2, reshape), "op 2 (reshape) does not rebuild as one op");
+}
+
+TEST(FunctionIrWireTest, BFloat16TravelsAsTheBuilderLegalizedIt) {
+  auto ir = BFloat16Function(2);
+  ASSERT_NE(ir, nullptr);
+  const std::string text = ir->ToText();
+  // The float32 computation and its converts are in the IR, and travel.
+  EXPECT_TRUE(absl::StrContains(text, "convert %0 : f32[2,2]")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "const bf16[4] [1.5, -0.1, nan, 6.53e+04]")) << text;
+  auto parsed = RoundTrip(*ir);
+  ASSERT_NE(parsed, nullptr);
+  // An op on bfloat16 that the builder would compute in float32 is not in
+  // its form: it rebuilds as converts, the op and a convert back.
+  wire::FunctionIr proto;
+  proto.set_name("f");
+  wire::Op param = MakeOp(wire::OP_PARAMETER, {});
+  param.set_dtype(wire::DTYPE_BF16);
+  param.add_dims(3);
+  *proto.add_ops() = param;
+  proto.add_params(0);
+  *proto.add_ops() = MakeOp(wire::OP_ADD, {0, 0});
+  proto.add_outputs(1);
+  ExpectWireError(FromProto(proto), "op 1 (add) does not rebuild as one op (the builder gave %3");
+  // A literal of two bytes per element.
+  wire::Op constant = MakeOp(wire::OP_CONSTANT, {});
+  constant.set_dtype(wire::DTYPE_BF16);
+  constant.add_dims(2);
+  constant.set_literal(std::string("\x80\x3f\x00\xc0", 4));  // 1.0, -2.0
+  *proto.mutable_ops(1) = constant;
+  proto.set_outputs(0, 1);
+  auto ok = FromProto(proto);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(absl::StrContains((*ok)->ToText(), "const bf16[2] [1, -2]")) << (*ok)->ToText();
+  constant.set_literal(std::string("\x80\x3f\x00", 3));
+  *proto.mutable_ops(1) = constant;
+  EXPECT_FALSE(FromProto(proto).ok());
 }
 
 TEST(FunctionIrWireTest, BadParamsAndOutputs) {

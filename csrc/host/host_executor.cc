@@ -387,6 +387,11 @@ class HostExecutor::GroupCollectives final : public GangCollectives {
       case DType::kBool:
         *slot = value ? 1 : 0;
         return;
+      case DType::kBF16: {  // never reduced (the function IR widens it), but it has a one
+        const BFloat16 v = FloatToBFloat16(value ? 1.f : 0.f);
+        std::memcpy(slot, &v.bits, sizeof v.bits);
+        return;
+      }
     }
   }
   static bool FlagIsSet(DType dtype, const uint8_t* slot) {
@@ -409,6 +414,11 @@ class HostExecutor::GroupCollectives final : public GangCollectives {
       }
       case DType::kBool:
         return *slot != 0;
+      case DType::kBF16: {
+        BFloat16 v;
+        std::memcpy(&v.bits, slot, sizeof v.bits);
+        return BFloat16ToFloat(v) != 0.f;
+      }
     }
     return true;
   }

@@ -62,7 +62,7 @@ void Ppermute(int num_shards, int64_t n, View x, const std::vector<int64_t>& sou
     T* dst = out + d * n;
     const int64_t src = d < static_cast<int>(source.size()) ? source[d] : -1;
     if (src < 0) {
-      std::fill(dst, dst + n, T(0));
+      std::fill(dst, dst + n, T{});  // zero bits: 0, false, +0.0
       continue;
     }
     const T* rx = px + src * x.shard_stride;
@@ -186,6 +186,17 @@ void RunCrossShardKernel(const Op& op, const Dims& in_dims, const CopyPlan* all_
       }
     }
     return;
+  }
+  if (op.kind == OpKind::kAllGather || op.kind == OpKind::kPpermute) {
+    // Copies only: bfloat16 included.
+    return DispatchStorageDType(op.type.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      T* o = static_cast<T*>(out);
+      if (op.kind == OpKind::kPpermute) return Ppermute<T>(num_shards, n, x, op.perm_source, o);
+      const size_t a = static_cast<size_t>(op.axis);
+      AllGather<T>(num_shards, DimProduct(in_dims, 0, a), DimProduct(in_dims, a, in_dims.size()),
+                   x, o);
+    });
   }
   DispatchDType(op.type.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

@@ -205,6 +205,8 @@ void StridedCopy(const CopyPlan& plan, int64_t elem_size, const void* src, void*
   switch (elem_size) {
     case 1:
       return CopyElements(plan, static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst));
+    case 2:  // bfloat16
+      return CopyElements(plan, static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst));
     case 4:
       return CopyElements(plan, static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst));
     default:

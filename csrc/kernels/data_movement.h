@@ -41,7 +41,7 @@ inline constexpr int kMaxCopyRank = 16;
 // deeper than kMaxCopyRank after merging.
 absl::StatusOr<std::vector<CopyPlan>> MakeCopyPlans(const FunctionIr& ir, int32_t v);
 
-// Runs one plan on elements of `elem_size` bytes (1, 4 or 8).
+// Runs one plan on elements of `elem_size` bytes (1, 2, 4 or 8).
 void StridedCopy(const CopyPlan& plan, int64_t elem_size, const void* src, void* dst);
 
 // take along an axis of one shard: x is [outer, dim, inner], the result

@@ -367,7 +367,12 @@ void RunUnary(OpKind kind, int num_shards, int64_t n, View x, void* out) {
 
 template <typename Out, typename In>
 Out ConvertElement(In v) {
-  if constexpr (std::is_same_v<Out, bool>) {
+  if constexpr (std::is_same_v<In, BFloat16>) {
+    return ConvertElement<Out, float>(BFloat16ToFloat(v));  // exact
+  } else if constexpr (std::is_same_v<Out, BFloat16>) {
+    // Through float32, as ml_dtypes: float64 and large integers round twice.
+    return FloatToBFloat16(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<Out, bool>) {
     return v != In(0);
   } else if constexpr (std::is_same_v<Out, int32_t> && std::is_floating_point_v<In>) {
     return ToInt32(v);
@@ -387,7 +392,7 @@ void RunBitcast(int num_shards, int64_t n, View x, void* out) {
 
 template <typename In>
 void RunConvert(DType to, int num_shards, int64_t n, View x, void* out) {
-  DispatchDType(to, [&](auto* tag) {
+  DispatchStorageDType(to, [&](auto* tag) {
     using Out = std::remove_pointer_t<decltype(tag)>;
     Map1<In>(num_shards, n, x, static_cast<Out*>(out),
              [](In v) { return ConvertElement<Out, In>(v); });
@@ -407,7 +412,7 @@ bool IsUnaryKind(OpKind kind) { return IsUnaryOp(kind) || GetOpClass(kind) == Op
 void RunElementwise(const Op& op, DType in_dtype, int num_shards, int64_t n, View x, View y,
                     View z, void* out, const BroadcastPlan* plan) {
   if (op.kind == OpKind::kConvert) {
-    DispatchDType(in_dtype, [&](auto* tag) {
+    DispatchStorageDType(in_dtype, [&](auto* tag) {
       using In = std::remove_pointer_t<decltype(tag)>;
       RunConvert<In>(op.type.dtype, num_shards, n, x, out);
     });
@@ -429,13 +434,18 @@ void RunElementwise(const Op& op, DType in_dtype, int num_shards, int64_t n, Vie
       using T = std::remove_pointer_t<decltype(tag)>;
       RunComparison<T>(op.kind, num_shards, n, x, y, out, plan);
     });
+  } else if (op.kind == OpKind::kSimulatedCompute) {  // identity, of any dtype
+    DispatchStorageDType(op.type.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      Map1<T>(num_shards, n, x, static_cast<T*>(out), [](T v) { return v; });
+    });
   } else if (IsUnaryKind(op.kind)) {
     DispatchDType(op.type.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       RunUnary<T>(op.kind, num_shards, n, x, out);
     });
   } else if (op.kind == OpKind::kSelect) {
-    DispatchDType(op.type.dtype, [&](auto* tag) {
+    DispatchStorageDType(op.type.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       Select<T>(num_shards, n, x, y, z, static_cast<T*>(out), plan);
     });

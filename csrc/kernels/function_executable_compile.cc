@@ -45,6 +45,20 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
                        static_cast<int>(ops[i].kind), ", which the kernels cannot run"));
     }
   }
+  for (int32_t i = 0; i < num_ops; ++i) {
+    // The builder computes on bfloat16 in float32 (function_ir.h), so only
+    // kernels that move elements ever see it; they are all that take it.
+    const Op& op = ops[i];
+    if (kernels::MovesBFloat16(op.kind)) continue;
+    bool bf16 = op.type.dtype == DType::kBF16;
+    for (int32_t u : op.operands) bf16 = bf16 || ops[u].type.dtype == DType::kBF16;
+    if (bf16) {
+      return absl::InternalError(absl::StrCat("compile: @", ir->name(), ": op %", i, " (",
+                                              OpKindName(op.kind),
+                                              ") computes on bfloat16, which has no kernel "
+                                              "(FunctionBuilder computes it in float32)"));
+    }
+  }
   auto exe = std::shared_ptr<FunctionExecutable>(new FunctionExecutable(ir));
 
   // A matmul reads a transpose of the last two dims of its operand in place

@@ -413,7 +413,8 @@ TEST(FunctionExecutableReshapeTest, AReshapeOfADyingValueSharesItsSlot) {
 TEST(FunctionExecutableRegistryTest, EveryElementwiseOpHasAKernel) {
   for (const OpInfo& info : kOpRegistry) {
     if (!IsBinaryOp(info.kind) && !IsUnaryOp(info.kind)) continue;
-    for (DType dtype : {DType::kF32, DType::kF64, DType::kI32, DType::kU32, DType::kBool}) {
+    for (DType dtype :
+         {DType::kF32, DType::kF64, DType::kI32, DType::kU32, DType::kBool, DType::kBF16}) {
       SCOPED_TRACE(absl::StrCat(info.name, " ", DTypeName(dtype)));
       FunctionBuilder b("f", "i");
       const int32_t x = b.Parameter(dtype, {3});
@@ -444,6 +445,10 @@ TEST(FunctionExecutableRegistryTest, EveryElementwiseOpHasAKernel) {
             break;
           case DType::kU32:
             inputs.push_back(Bytes(std::vector<uint32_t>{1, 2, 3, 7, 1, 5}));
+            break;
+          case DType::kBF16:  // computed in float32: Compile refuses it otherwise
+            inputs.push_back(
+                Bytes(std::vector<uint16_t>{0x3f00, 0x3fc0, 0x4000, 0x3f40, 0x3f80, 0x4040}));
             break;
         }
       }
@@ -941,6 +946,221 @@ TEST(FunctionExecutableUint32Test, ReductionsCollectivesAndDataMovement) {
   EXPECT_EQ(got_mm[0], 1u + 4 + 9);
   EXPECT_EQ(got_mm[1], 4294967295u + 0u);  // -1 + 2 * 2^31 = -1 mod 2^32
   EXPECT_EQ(got_mm[3], 1u);                // 1 + 2^62 mod 2^32
+}
+
+// --- bfloat16: the convert kernel, and float32 compute rounded once -------------
+
+std::vector<BFloat16> ToBFloat16(const std::vector<float>& fs) {
+  std::vector<BFloat16> out;
+  for (float f : fs) out.push_back(FloatToBFloat16(f));
+  return out;
+}
+
+// Converts between bfloat16 and every dtype give ml_dtypes' bits (through
+// float32, rounding to nearest even), and casts out of bfloat16 the kernels'
+// rules for float32.
+TEST(FunctionExecutableBFloat16Test, ConvertsToAndFromEveryDType) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> fv = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -0.0f, -nan, 3.4e38f,
+                                 0x1p-133f, -2.75f, 1e10f};
+  const std::vector<double> dv = {1 + 0x1p-8 + 0x1p-30, 0.1, -inf, 257.0, 1e300, -1e-300, 2.5, 0};
+  const std::vector<int32_t> iv = {16777217, 257, -259, 0, 7, std::numeric_limits<int32_t>::min(),
+                                   3, -1};
+  const std::vector<uint32_t> uv = {4294967295u, 1, 2, 3, 255, 256, 257, 258};
+  const std::vector<uint8_t> pv = {1, 0, 1, 1, 0, 0, 1, 0};
+  FunctionBuilder b("f", "");
+  const int32_t f = b.Parameter(DType::kF32, {8});
+  const int32_t d = b.Parameter(DType::kF64, {8});
+  const int32_t i = b.Parameter(DType::kI32, {8});
+  const int32_t u = b.Parameter(DType::kU32, {8});
+  const int32_t p = b.Parameter(DType::kBool, {8});
+  std::vector<int32_t> outs;
+  for (int32_t x : {f, d, i, u, p}) outs.push_back(*b.Convert(x, DType::kBF16));
+  const int32_t h = outs[0];
+  for (DType to : {DType::kF32, DType::kF64, DType::kI32, DType::kU32, DType::kBool}) {
+    outs.push_back(*b.Convert(h, to));
+  }
+  auto exe = MustCompile(b.Build(outs));
+  ASSERT_NE(exe, nullptr);
+  for (int shards : {1, 3}) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    auto repeat = [&](auto v) {
+      decltype(v) all;
+      for (int s = 0; s < shards; ++s) all.insert(all.end(), v.begin(), v.end());
+      return Bytes(all);
+    };
+    const auto out =
+        RunGang(*exe, shards, {repeat(fv), repeat(dv), repeat(iv), repeat(uv), repeat(pv)});
+    const std::vector<BFloat16> got_f = Values<BFloat16>(out[0]);
+    const std::vector<BFloat16> got_d = Values<BFloat16>(out[1]);
+    const std::vector<BFloat16> got_i = Values<BFloat16>(out[2]);
+    const std::vector<BFloat16> got_u = Values<BFloat16>(out[3]);
+    const std::vector<BFloat16> got_p = Values<BFloat16>(out[4]);
+    for (int s = 0; s < shards; ++s) {
+      for (int j = 0; j < 8; ++j) {
+        SCOPED_TRACE(testing::Message() << "element " << j);
+        const int e = s * 8 + j;
+        EXPECT_EQ(got_f[e], FloatToBFloat16(fv[j]));
+        EXPECT_EQ(got_d[e], FloatToBFloat16(static_cast<float>(dv[j])));  // twice rounded
+        EXPECT_EQ(got_i[e], FloatToBFloat16(static_cast<float>(iv[j])));
+        EXPECT_EQ(got_u[e], FloatToBFloat16(static_cast<float>(uv[j])));
+        EXPECT_EQ(got_p[e].bits, pv[j] ? 0x3f80 : 0x0000);
+      }
+    }
+    // Spot values: ties to even, NaN quiet with its sign, overflow to inf,
+    // the smallest subnormal kept, 2^24 + 1 through float32.
+    EXPECT_EQ(got_f[0].bits, 0x3f80);
+    EXPECT_EQ(got_f[1].bits, 0x3f82);
+    EXPECT_EQ(got_f[2].bits, 0x8000);
+    EXPECT_EQ(got_f[3].bits, 0xffc0);
+    EXPECT_EQ(got_f[4].bits, 0x7f80);
+    EXPECT_EQ(got_f[5].bits, 0x0001);
+    EXPECT_EQ(got_d[0].bits, 0x3f80);  // 1 + 2^-8 + 2^-30 is a float32 tie first
+    EXPECT_EQ(got_i[0].bits, 0x4b80);
+    const std::vector<float> back = Values<float>(out[5]);
+    const std::vector<double> back64 = Values<double>(out[6]);
+    const std::vector<int32_t> ints = Values<int32_t>(out[7]);
+    const std::vector<uint32_t> uints = Values<uint32_t>(out[8]);
+    const std::vector<uint8_t> bools = out[9];
+    for (int j = 0; j < 8; ++j) {
+      const float w = BFloat16ToFloat(got_f[j]);
+      EXPECT_EQ(std::bit_cast<uint32_t>(back[j]), std::bit_cast<uint32_t>(w)) << j;
+      if (!std::isnan(w)) EXPECT_EQ(back64[j], static_cast<double>(w)) << j;
+    }
+    EXPECT_TRUE(std::isnan(back64[3]));
+    const int32_t m = std::numeric_limits<int32_t>::min();
+    EXPECT_EQ(std::vector<int32_t>(ints.begin(), ints.begin() + 8),
+              (std::vector<int32_t>{1, 1, 0, m, m, 0, -2, m}));
+    EXPECT_EQ(uints[0], 1u);
+    EXPECT_EQ(uints[3], 0u);           // NaN
+    EXPECT_EQ(uints[4], 4294967295u);  // inf saturates
+    EXPECT_EQ(uints[6], 0u);           // negative saturates
+    EXPECT_EQ(uints[5], 0u);           // 2^-133 truncates
+    EXPECT_EQ(uints[7], 4294967295u);  // 1e10 saturates
+    EXPECT_EQ(std::vector<uint8_t>(bools.begin(), bools.begin() + 8),
+              (std::vector<uint8_t>{1, 1, 0, 1, 1, 1, 1, 1}));  // -0 is false, NaN true
+  }
+}
+
+// Every op on bfloat16 gives the float32 result of its bfloat16 inputs,
+// rounded once to bfloat16; sums and products accumulate in float32.
+TEST(FunctionExecutableBFloat16Test, ComputesInFloat32AndRoundsOnce) {
+  const std::vector<BFloat16> av =
+      ToBFloat16({1.0f, 3.140625f, -2.5f, 1e-3f, 300.0f, -0.0f, 0.1f, 7.0f});
+  const std::vector<BFloat16> bv = ToBFloat16({3.0f, 0.3f, 1.75f, -7.0f, 0.01f, 2.0f, 0.1f, -0.5f});
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kBF16, {8});
+  const int32_t y = b.Parameter(DType::kBF16, {8});
+  const OpKind binary[] = {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv,
+                           OpKind::kPow, OpKind::kMax, OpKind::kMin};
+  const OpKind unary[] = {OpKind::kExp, OpKind::kTanh, OpKind::kSin, OpKind::kNeg, OpKind::kAbs};
+  std::vector<int32_t> outs;
+  for (OpKind k : binary) outs.push_back(*b.Binary(k, x, y));
+  for (OpKind k : unary) outs.push_back(*b.Unary(k, x));
+  outs.push_back(*b.Binary(OpKind::kGe, x, y));
+  // 256 + 1 + 1 + 1 + 1 in bfloat16 steps would stay 256 (its spacing there
+  // is 2); accumulated in float32 it is 260, which bfloat16 holds.
+  const int32_t v = *b.Constant(DType::kBF16, {5}, Bytes(ToBFloat16({256, 1, 1, 1, 1})));
+  const int32_t ones = *b.Constant(DType::kBF16, {5, 1}, Bytes(ToBFloat16({1, 1, 1, 1, 1})));
+  outs.push_back(*b.Reduce(ReduceKind::kSum, v, nullptr, false));
+  outs.push_back(*b.Matmul(*b.Reshape(v, {1, 5}), ones));
+  outs.push_back(*b.Reduce(ReduceKind::kMean, v, nullptr, false));  // 52
+  outs.push_back(*b.Reduce(ReduceKind::kMax, x, nullptr, false));
+  outs.push_back(*b.Reduce(ReduceKind::kArgmax, x, nullptr, false));
+  auto exe = MustCompile(b.Build(outs));
+  ASSERT_NE(exe, nullptr);
+  EXPECT_GE(exe->fusion_groups().size(), 1u);  // the converts fuse with the ops around them
+  auto twice = [](const std::vector<BFloat16>& h) {
+    std::vector<BFloat16> all = h;
+    all.insert(all.end(), h.begin(), h.end());
+    return Bytes(all);
+  };
+  const auto out = RunGang(*exe, 2, {twice(av), twice(bv)});
+  std::vector<float> fa, fb;
+  for (int j = 0; j < 8; ++j) {
+    fa.push_back(BFloat16ToFloat(av[j]));
+    fb.push_back(BFloat16ToFloat(bv[j]));
+  }
+  auto reference = [&](OpKind kind, float p, float q) -> float {
+    switch (kind) {
+      case OpKind::kAdd: return p + q;
+      case OpKind::kSub: return p - q;
+      case OpKind::kMul: return p * q;
+      case OpKind::kDiv: return p / q;
+      case OpKind::kPow: return std::pow(p, q);
+      case OpKind::kMax: return std::max(p, q);
+      default: return std::min(p, q);
+    }
+  };
+  size_t o = 0;
+  for (OpKind kind : binary) {
+    SCOPED_TRACE(OpKindName(kind));
+    const std::vector<BFloat16> got = Values<BFloat16>(out[o++]);
+    ASSERT_EQ(got.size(), 16u);
+    for (int j = 0; j < 16; ++j) {
+      EXPECT_EQ(got[j], FloatToBFloat16(reference(kind, fa[j % 8], fb[j % 8]))) << j;
+    }
+  }
+  std::vector<float> fexp(8), ftanh(8), fsin(8);
+  Exp(fa.data(), fexp.data(), 8);
+  Tanh(fa.data(), ftanh.data(), 8);
+  Sin(fa.data(), fsin.data(), 8);
+  for (const std::vector<float>* want : {&fexp, &ftanh, &fsin}) {
+    const std::vector<BFloat16> got = Values<BFloat16>(out[o++]);
+    for (int j = 0; j < 16; ++j) EXPECT_EQ(got[j], FloatToBFloat16((*want)[j % 8])) << j;
+  }
+  const std::vector<BFloat16> neg = Values<BFloat16>(out[o++]);
+  const std::vector<BFloat16> abs = Values<BFloat16>(out[o++]);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(neg[j].bits, av[j % 8].bits ^ 0x8000);  // -(-0.0) is +0.0
+    EXPECT_EQ(abs[j].bits, av[j % 8].bits & 0x7fff);
+  }
+  const std::vector<uint8_t> ge = out[o++];
+  for (int j = 0; j < 16; ++j) EXPECT_EQ(ge[j], fa[j % 8] >= fb[j % 8] ? 1 : 0) << j;
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(Values<BFloat16>(out[o])[s].bits, FloatToBFloat16(260.0f).bits);
+    EXPECT_EQ(Values<BFloat16>(out[o + 1])[s].bits, FloatToBFloat16(260.0f).bits);
+    EXPECT_EQ(Values<BFloat16>(out[o + 2])[s].bits, FloatToBFloat16(52.0f).bits);
+    EXPECT_EQ(Values<BFloat16>(out[o + 3])[s].bits, FloatToBFloat16(300.0f).bits);
+    EXPECT_EQ(Values<int32_t>(out[o + 4])[s], 4);
+  }
+}
+
+// The kernels that move elements take bfloat16 as it is: select, take,
+// concatenate, pad, transpose, and simulated compute.
+TEST(FunctionExecutableBFloat16Test, MovesBFloat16AsItIs) {
+  const std::vector<BFloat16> hv = ToBFloat16({1.5f, -0.0f, 0x1p-133f, -3.0f, 65280.0f, 0.1f});
+  FunctionBuilder b("f", "");
+  const int32_t h = b.Parameter(DType::kBF16, {2, 3});
+  const int32_t p = b.Parameter(DType::kBool, {3});
+  const int32_t two = *b.Constant(DType::kI32, {}, Bytes(std::vector<int32_t>{2}));
+  const int32_t idx = *b.Constant(DType::kI32, {2}, Bytes(std::vector<int32_t>{1, 0}));
+  std::vector<int32_t> outs;
+  outs.push_back(*b.Select(p, h, two));  // 2 as bfloat16 where p is false
+  outs.push_back(*b.Take(h, idx, 0));
+  outs.push_back(*b.Concatenate(std::vector<int32_t>{h, h}, 1));
+  outs.push_back(*b.Pad(h, {0, 1}, {0, 0}, {0, 1}));
+  outs.push_back(*b.Transpose(h, {1, 0}));
+  outs.push_back(*b.SimulatedCompute(h, 0));
+  auto exe = MustCompile(b.Build(outs));
+  ASSERT_NE(exe, nullptr);
+  const auto out = RunGang(*exe, 1, {Bytes(hv), Bytes(std::vector<uint8_t>{1, 0, 1})});
+  auto bits = [&](int i) {
+    std::vector<uint16_t> v;
+    for (BFloat16 x : Values<BFloat16>(out[i])) v.push_back(x.bits);
+    return v;
+  };
+  const std::vector<uint16_t> in = {hv[0].bits, hv[1].bits, hv[2].bits,
+                                    hv[3].bits, hv[4].bits, hv[5].bits};
+  EXPECT_EQ(bits(0), (std::vector<uint16_t>{in[0], 0x4000, in[2], in[3], 0x4000, in[5]}));
+  EXPECT_EQ(bits(1), (std::vector<uint16_t>{in[3], in[4], in[5], in[0], in[1], in[2]}));
+  EXPECT_EQ(bits(2), (std::vector<uint16_t>{in[0], in[1], in[2], in[0], in[1], in[2],
+                                            in[3], in[4], in[5], in[3], in[4], in[5]}));
+  EXPECT_EQ(bits(3), (std::vector<uint16_t>{0, in[0], 0, in[1], 0, in[2],
+                                            0, in[3], 0, in[4], 0, in[5]}));
+  EXPECT_EQ(bits(4), (std::vector<uint16_t>{in[0], in[3], in[1], in[4], in[2], in[5]}));
+  EXPECT_EQ(bits(5), in);
 }
 
 TEST(FunctionExecutableElementwiseTest, UnaryMathLogicAndConverts) {
@@ -1624,6 +1844,26 @@ IrOr ConstantCollectivesFunction(int gang) {
   return b.Build({pc, mc, gc, idx, z});
 }
 
+// bfloat16 across the gang: gathers, permutes and all_to_all move it as it
+// is; psum, pmean, pmax and psum_scatter reduce it in float32.
+IrOr BFloat16CollectivesFunction(int gang) {
+  FunctionBuilder b("bfloat16", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t h = b.Parameter(DType::kBF16, {2, gang});
+  const int32_t k = b.Parameter(DType::kI32, {gang});
+  PW_ASSIGN_OR_RETURN(const int32_t kh, b.Binary(OpKind::kMul, k, h));  // bf16[2,gang]
+  PW_ASSIGN_OR_RETURN(const int32_t g, b.AllGather(kh, "i", 1));
+  std::vector<std::pair<int64_t, int64_t>> shift;
+  for (int s = 0; s < gang; ++s) shift.push_back({s, (s + 1) % gang});
+  PW_ASSIGN_OR_RETURN(const int32_t pp, b.Ppermute(h, "i", shift));
+  PW_ASSIGN_OR_RETURN(const int32_t a2a, b.AllToAll(h, "i", 1, 0));
+  PW_ASSIGN_OR_RETURN(const int32_t ps, b.Psum(kh, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t pm, b.Pcollective(OpKind::kPmean, h, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t mx, b.Pcollective(OpKind::kPmax, h, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t sc, b.PsumScatter(h, "i", 1));
+  return b.Build({g, pp, a2a, ps, pm, mx, sc});
+}
+
 struct GangFunction {
   const char* name;
   IrOr (*trace)(int gang);
@@ -1639,6 +1879,7 @@ constexpr GangFunction kGangFunctions[] = {
     {"axis_index", AxisIndexFunction},
     {"mixed", MixedFunction},
     {"constant_collectives", ConstantCollectivesFunction},
+    {"bfloat16", BFloat16CollectivesFunction},
 };
 
 // Every parameter's value for the whole gang (shard-major), varied per
@@ -1670,6 +1911,11 @@ std::vector<std::vector<uint8_t>> GangInputs(const FunctionExecutable& exe, int 
         case DType::kBool:
           bytes[j] = j % 3 == 0;
           break;
+        case DType::kBF16: {
+          const BFloat16 h = FloatToBFloat16(static_cast<float>(v));
+          std::memcpy(bytes.data() + j * 2, &h.bits, 2);
+          break;
+        }
       }
     }
     inputs.push_back(std::move(bytes));
@@ -1806,6 +2052,8 @@ class ThreadedGang {
       case DType::kBool:
         reduce(static_cast<bool*>(nullptr));
         break;
+      case DType::kBF16:  // never reduced: the builder reduces it in float32
+        break;
     }
     PW_RETURN_IF_ERROR(BarrierLocked());
     if (count > 0) std::memcpy(data, result, count * DTypeSize(dtype));
@@ -1909,9 +2157,25 @@ struct HostRun {
           ExpectNormwiseNear<double>(outputs[i], want, 1e-12, i);
           continue;
         }
+        if (dtype == DType::kBF16) {  // a float32 sum in another order, rounded: an ulp apart
+          ExpectNormwiseNear<float>(Widened(outputs[i]), Widened(want), 1e-2, i);
+          continue;
+        }
       }
       EXPECT_TRUE(outputs[i] == want) << "output " << i << " (" << exe.ir().output_type(i).ToString() << ")";
     }
+  }
+
+  // bfloat16 bytes as float32 bytes (exact).
+  static std::vector<uint8_t> Widened(const std::vector<uint8_t>& bf16_bytes) {
+    std::vector<uint8_t> out(bf16_bytes.size() * 2);
+    for (size_t j = 0; j < bf16_bytes.size() / 2; ++j) {
+      BFloat16 h;
+      std::memcpy(&h.bits, bf16_bytes.data() + 2 * j, 2);
+      const float f = BFloat16ToFloat(h);
+      std::memcpy(out.data() + 4 * j, &f, 4);
+    }
+    return out;
   }
 
   // |got - want| <= rtol * max |want| elementwise (NaN only where want is).
@@ -1953,8 +2217,7 @@ std::vector<bool> AfterFloatSums(const FunctionIr& ir) {
   }
   std::vector<bool> outputs;
   for (int i = 0; i < ir.num_outputs(); ++i) {
-    const DType dtype = ir.output_type(i).dtype;
-    outputs.push_back(after[ir.outputs()[i]] && (dtype == DType::kF32 || dtype == DType::kF64));
+    outputs.push_back(after[ir.outputs()[i]] && IsFloat(ir.output_type(i).dtype));
   }
   return outputs;
 }

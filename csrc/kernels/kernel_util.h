@@ -10,6 +10,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "csrc/base/bfloat16.h"
 #include "csrc/base/dtype.h"
 #include "csrc/function_ir/function_ir.h"
 
@@ -135,7 +136,9 @@ inline const void* LiteralData(const Op& op) {
   return op.literal.empty() ? static_cast<const void*>(kNoElements) : op.literal.data();
 }
 
-// Calls f with a null pointer of the element type of `dtype`.
+// Calls f with a null pointer of the element type of `dtype`, for kernels
+// that compute. bfloat16 never reaches them (the builder computes it in
+// float32, and Compile checks; function_ir.h), so for it f is not called.
 template <typename F>
 void DispatchDType(DType dtype, F&& f) {
   switch (dtype) {
@@ -149,6 +152,31 @@ void DispatchDType(DType dtype, F&& f) {
       return f(static_cast<bool*>(nullptr));
     case DType::kF32:
       return f(static_cast<float*>(nullptr));
+    case DType::kBF16:
+      return;
+  }
+}
+
+// DispatchDType for kernels that only move or convert elements: bfloat16
+// too, as BFloat16 (which has no arithmetic).
+template <typename F>
+void DispatchStorageDType(DType dtype, F&& f) {
+  if (dtype == DType::kBF16) return f(static_cast<BFloat16*>(nullptr));
+  DispatchDType(dtype, f);
+}
+
+// Whether the kernels take an op of `kind` on bfloat16 values: those that
+// move elements without computing on them, and convert.
+inline bool MovesBFloat16(OpKind kind) {
+  switch (GetOpClass(kind)) {
+    case OpClass::kSource:
+    case OpClass::kSimulated:
+    case OpClass::kDataMovement:
+      return true;
+    default:
+      return kind == OpKind::kConvert || kind == OpKind::kSelect || kind == OpKind::kTake ||
+             kind == OpKind::kAllGather || kind == OpKind::kPpermute ||
+             kind == OpKind::kAllToAll;
   }
 }
 

@@ -194,6 +194,8 @@ void BatchedMatmul(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n
     case DType::kBool:
       return BatchedProduct<uint8_t>(trans_a, trans_b, m, n, k, batch, a, a_offsets, b, b_offsets,
                                      out);
+    case DType::kBF16:  // multiplied in float32 (the builder widens it)
+      return;
   }
 }
 

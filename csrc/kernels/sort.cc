@@ -25,6 +25,7 @@ inline int64_t SortKey(double v) {
   return b ^ ((b >> 63) & std::numeric_limits<int64_t>::max());
 }
 inline int32_t SortKey(int32_t v) { return v; }
+inline uint32_t SortKey(uint32_t v) { return v; }
 inline int32_t SortKey(uint8_t v) { return v; }  // bool
 
 template <typename T>
@@ -59,8 +60,12 @@ void SortRows(DType dtype, int64_t rows, int64_t n, bool descending, const void*
       return SortRowsOf(rows, n, descending, static_cast<const double*>(x), out);
     case DType::kI32:
       return SortRowsOf(rows, n, descending, static_cast<const int32_t*>(x), out);
+    case DType::kU32:
+      return SortRowsOf(rows, n, descending, static_cast<const uint32_t*>(x), out);
     case DType::kBool:
       return SortRowsOf(rows, n, descending, static_cast<const uint8_t*>(x), out);
+    case DType::kBF16:  // sorted in float32 (the builder widens it)
+      return;
   }
 }
 

@@ -71,6 +71,11 @@ TEST(SortRowsTest, IntegersBoolsAndExtremes) {
                                      std::numeric_limits<int32_t>::max(), 0};
   EXPECT_EQ(Sort(ints, 1, 6, false), (std::vector<int32_t>{1, 2, 5, 0, 3, 4}));
   EXPECT_EQ(Sort(ints, 1, 6, true), (std::vector<int32_t>{4, 0, 3, 5, 2, 1}));
+  // uint32 above 2^31 sorts after every smaller value (not as a negative int32).
+  const std::vector<uint32_t> uints = {5, 0x80000003u, 0, 7, 0xffffffffu, 7};
+  EXPECT_EQ(Sort(uints, 1, 6, false), (std::vector<int32_t>{2, 0, 3, 5, 1, 4}));
+  EXPECT_EQ(Sort(uints, 1, 6, true), (std::vector<int32_t>{4, 1, 3, 5, 0, 2}));
+  EXPECT_EQ(Sort(uints, 1, 6, false), Reference(uints, 1, 6, false));
   const std::vector<uint8_t> bools = {1, 0, 1, 0, 0};
   EXPECT_EQ(Sort(bools, 1, 5, false), (std::vector<int32_t>{1, 3, 4, 0, 2}));
   EXPECT_EQ(Sort(bools, 1, 5, true), (std::vector<int32_t>{0, 2, 1, 3, 4}));

@@ -33,6 +33,9 @@ from typing import Any, Sequence
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 import numpy as np  # noqa: E402
+# Registers bfloat16 with numpy, which _core names when it makes or reads
+# bfloat16 arrays (np.dtype("bfloat16")).
+import ml_dtypes  # noqa: E402, F401
 
 from pathways import _checks, _core  # noqa: E402
 from pathways._devices import (
@@ -117,8 +120,8 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
     to `devices[i]`. `x` may be a pytree; every leaf is put.
 
     Args:
-      x: A pytree of numpy arrays (float32, float64, int32, uint32 or bool;
-        other integer dtypes become int32, as for `pmap` arguments) or array-likes
+      x: A pytree of numpy arrays (float32, float64, int32, uint32, bool or
+        bfloat16; other integer dtypes become int32, as for `pmap` arguments) or array-likes
         (Python floats become float64, ints int32), each with leading axis
         `len(devices)`, or `ShardedBuffer`s (copied).
       devices: Virtual devices (e.g. a slice's `.tpus`), a `VirtualSlice`, or

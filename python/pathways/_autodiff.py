@@ -46,7 +46,8 @@ from pathways.numpy import broadcast_to as _broadcast_to
 
 __all__ = ["grad", "value_and_grad", "stop_gradient", "VJP_RULES"]
 
-_FLOAT_DTYPE_NAMES = ("float32", "float64")
+# bfloat16 values get bfloat16 cotangents, as in JAX.
+_FLOAT_DTYPE_NAMES = ("float32", "float64", "bfloat16")
 
 
 # --- The tape -----------------------------------------------------------------
@@ -176,7 +177,8 @@ def _backward(tape: _Tape, cts: dict, value: Callable[[int], Tracer], where: str
 
 def _real_dtype_error(what: str, pos: int) -> TypeError:
     return TypeError(
-        f"grad requires real-valued inputs (float32 or float64), got {what} for argument {pos}"
+        f"grad requires real-valued inputs (float32, float64 or bfloat16), got {what} for "
+        f"argument {pos}"
     )
 
 
@@ -235,7 +237,7 @@ def _output(trace: _FunctionTrace, out: Any, name: str) -> Tracer:
         )
     if out.dtype.name not in _FLOAT_DTYPE_NAMES:
         raise TypeError(
-            f"grad requires real-valued outputs (float32 or float64), got {out.aval} "
+            f"grad requires real-valued outputs (float32, float64 or bfloat16), got {out.aval} "
             f"(grad of {name!r} in {trace.where()})"
         )
     return out

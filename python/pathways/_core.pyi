@@ -100,7 +100,7 @@ class FunctionBuilder:
     """Records one shard's computation; every method checks types and raises ValueError with the op and shapes (TypeError for an operand's dtype, NameError for an unbound axis name)."""
     def __init__(self, name: str, axis_name: str) -> None: ...  # axis_name "" = none
     def parameter(self, dtype: str, shape: Sequence[int]) -> int: ...
-    def constant(self, array: np.ndarray) -> int: ...  # float32, float64, int32, bool or uint32, any shape
+    def constant(self, array: np.ndarray) -> int: ...  # float32, float64, int32, uint32, bool or bfloat16, any shape
     def convert(self, x: int, dtype: str) -> int: ...
     def bitcast_convert_type(self, x: int, dtype: str) -> int: ...  # float32/int32/uint32 bits
     # op: add sub mul div pow max min eq ne lt le gt ge and or xor shift_left shift_right_logical

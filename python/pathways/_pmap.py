@@ -33,6 +33,7 @@ from pathways._trace_state import (
     _SUPPORTED_DTYPE_NAMES,
     _SUPPORTED_DTYPES,
     TracerError,
+    _is_float,
     _state,
     _TracerBase,
 )
@@ -68,7 +69,7 @@ _ACCEPTED_LEAVES = (
 def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str = "argument") -> Any:
     """A ShardedBuffer or numpy array for a concrete argument leaf.
 
-    numpy arrays of float32, float64, int32, uint32 and bool keep their dtype
+    numpy arrays of float32, float64, int32, uint32, bool and bfloat16 keep their dtype
     (other dtypes, e.g. float16, are rejected later with the supported ones
     named); other integer arrays (numpy's default int64 included) and Python
     ints become int32, as in JAX; Python floats become float64 and bools bool.
@@ -92,7 +93,7 @@ def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str
             f"escaped tracer: a traced value ({leaf.aval}) was used after its trace ended"
         )
     arr = np.asarray(leaf)
-    if arr.dtype.kind not in "biufc" and not isinstance(leaf, np.ndarray):
+    if arr.dtype.kind not in "biufc" and not _is_float(arr.dtype) and not isinstance(leaf, np.ndarray):
         text = repr(leaf)
         text = text if len(text) <= 60 else text[:57] + "..."
         raise TypeError(

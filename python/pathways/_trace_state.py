@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+import ml_dtypes
 import numpy as np
 
 if TYPE_CHECKING:
@@ -15,15 +16,27 @@ if TYPE_CHECKING:
 
 __all__ = ["TracerError", "aval_str"]
 
+# ml_dtypes' bfloat16 (JAX's jnp.bfloat16): numpy's kind for it is "V", so
+# code that asks whether a dtype is a float asks `_is_float` instead.
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
 _SUPPORTED_DTYPES = (
     np.dtype(np.float32),
     np.dtype(np.float64),
     np.dtype(np.int32),
     np.dtype(np.bool_),
     np.dtype(np.uint32),
+    _BFLOAT16,
 )
-_SUPPORTED_DTYPE_NAMES = "float32, float64, int32, bool, uint32"
-_SHORT_DTYPE = {"float32": "f32", "float64": "f64", "int32": "i32", "bool": "pred", "uint32": "u32"}
+_SUPPORTED_DTYPE_NAMES = "float32, float64, int32, bool, uint32, bfloat16"
+_SHORT_DTYPE = {"float32": "f32", "float64": "f64", "int32": "i32", "bool": "pred", "uint32": "u32",
+                "bfloat16": "bf16"}
+
+
+def _is_float(dtype: Any) -> bool:
+    """Whether `dtype` is a floating-point type: numpy's floats and bfloat16."""
+    dt = np.dtype(dtype)
+    return dt.kind == "f" or dt == _BFLOAT16
 
 
 class TracerError(TypeError):

@@ -18,6 +18,7 @@ from pathways._trace_state import (
     _SUPPORTED_DTYPE_NAMES,
     _SUPPORTED_DTYPES,
     TracerError,
+    _is_float,
     _state,
     _TracerBase,
 )
@@ -57,7 +58,7 @@ class _FunctionTrace:
         model (JAX without x64 has no float64 to promote to): numpy's own
         rule would make `x_f32 * np.float64(2)` float64. numpy arrays, 0-d
         ones included, keep their dtype (bool, int32, uint32, float32,
-        float64; other numpy integers take `like_dtype` if it is a float type
+        float64, bfloat16; other numpy integers take `like_dtype` if it is a float type
         and int32 otherwise).
 
         Raises:
@@ -73,7 +74,7 @@ class _FunctionTrace:
             if like is None:
                 int_dtype = np.bool_ if isinstance(value, bool) else np.int32
                 dtype = np.float64 if isinstance(value, float) else int_dtype
-            elif isinstance(value, float) and like.kind != "f":
+            elif isinstance(value, float) and not _is_float(like):
                 dtype = np.float32
             elif isinstance(value, int) and not isinstance(value, bool) and like.kind == "b":
                 dtype = np.int32
@@ -83,7 +84,7 @@ class _FunctionTrace:
         else:
             arr = np.asarray(value)
             if arr.dtype.kind in "iu" and arr.dtype not in (np.int32, np.uint32):
-                arr = arr.astype(like if like is not None and like.kind == "f" else np.int32)
+                arr = arr.astype(like if like is not None and _is_float(like) else np.int32)
             elif arr.dtype not in _SUPPORTED_DTYPES:
                 raise TypeError(
                     f"{self.where()}: constant of dtype {arr.dtype} is not supported; "
@@ -209,7 +210,10 @@ class Tracer(_TracerBase):
     broadcast as in numpy, and dtypes promote as in numpy (bool < int32,
     uint32 < float32 < float64, an integer with float32 gives float64; `/`
     of integers is float64), but int32 with uint32 gives int32, as JAX's
-    (numpy's int64 is no dtype here). Python scalars are weakly typed: a Python int or bool takes the
+    (numpy's int64 is no dtype here). bfloat16 promotes as in JAX: with
+    bool or an integer it stays bfloat16, with float32 or float64 it widens;
+    it is stored in bfloat16 and computed in float32, each result rounded
+    once. Python scalars are weakly typed: a Python int or bool takes the
     traced value's dtype (int32 for a bool value), a Python float takes it if
     it is a float type and float32 otherwise (so int32 + 0.5 is float64, as in
     numpy). Python control flow on a traced value (`if x > 0:`) raises
@@ -217,7 +221,8 @@ class Tracer(_TracerBase):
 
     Attributes:
       shape: The per-shard shape (the pmap'd axis removed).
-      dtype: A numpy dtype: float32, float64, int32, uint32 or bool.
+      dtype: A numpy dtype: float32, float64, int32, uint32, bool or bfloat16
+        (`ml_dtypes.bfloat16`, which is `pw.numpy.bfloat16`).
       ndim: `len(shape)`.
       size: The number of elements per shard.
       aval: A short type string, e.g. "f32[3]".
@@ -269,7 +274,8 @@ class Tracer(_TracerBase):
                 "arguments instead of closing over them"
             )
         if isinstance(other, (bool, int, float, np.generic, np.ndarray)):
-            if isinstance(other, (np.generic, np.ndarray)) and other.dtype.kind not in "biuf":
+            if (isinstance(other, (np.generic, np.ndarray)) and other.dtype.kind not in "biuf"
+                    and not _is_float(other.dtype)):
                 return None
             return trace.constant(other, self.dtype)
         return None
@@ -309,7 +315,7 @@ class Tracer(_TracerBase):
         # A Python integer exponent of 2 or 3 on numbers is repeated
         # multiplication, as JAX's integer_pow (x ** 3 in GELU): exact
         # where pow is within an ulp, and no libm call per element.
-        if type(other) is int and other in (2, 3) and self.dtype.kind in "fi":
+        if type(other) is int and other in (2, 3) and (_is_float(self.dtype) or self.dtype.kind == "i"):
             self._check()
             square = self._binary("mul", self, False)
             return square if other == 2 else square._binary("mul", self, False)
@@ -401,11 +407,13 @@ class Tracer(_TracerBase):
         return self._unary("abs")
 
     def astype(self, dtype: Any) -> "Tracer":
-        """Casts to `dtype` (float32, float64, int32, uint32 or bool), like numpy's `astype`.
+        """Casts to `dtype` (float32, float64, int32, uint32, bool or bfloat16), like numpy's `astype`.
 
         Float to an integer truncates toward zero (out of range: int32 gets
         INT32_MIN as numpy on x86, uint32 saturates as XLA, NaN giving 0);
-        between int32 and uint32 the bits stay; to bool is `x != 0`.
+        between int32 and uint32 the bits stay; to bool is `x != 0`; to
+        bfloat16 rounds to nearest even through float32 (NaN stays NaN), the
+        bits `ml_dtypes` gives.
 
         Raises:
           TypeError: For an unsupported dtype.

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from pathways._primitives import PRIMITIVES
+from pathways._trace_state import _is_float
 from pathways._tracer import Tracer, bind
 from pathways.numpy import broadcast_to as _broadcast_to
 from pathways.numpy import reshape as _reshape
@@ -165,7 +166,7 @@ def _pow_vjp(ct, ops, out, params, needs):
     def exponent() -> Tracer:
         # log(a) * out where a > 0 and 0 elsewhere (no real log there); the log
         # of a safe operand keeps NaN out of higher derivatives.
-        a_f = a if a.dtype.kind == "f" else a.astype(out.dtype)
+        a_f = a if _is_float(a.dtype) else a.astype(out.dtype)
         pos = a_f > 0
         log_a = _where(pos, a_f, 1)._unary("log")
         return _unbroadcast(_where(pos, ct * log_a * out, 0), b.shape)

@@ -152,8 +152,9 @@ def top_k(operand: Any, k: int) -> tuple:
 
     Args:
       operand: An array of rank >= 1: a traced value, or a numpy array or
-        array-like (float32, float64, int32, uint32 or bool; other integers
-        become int32 and Python floats float64, as for `pw.pmap` arguments).
+        array-like (float32, float64, int32, uint32, bool or bfloat16; other
+        integers become int32 and Python floats float64, as for `pw.pmap`
+        arguments).
       k: How many elements to keep from each row: a static int with
         0 <= k <= operand.shape[-1].
 

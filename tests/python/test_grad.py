@@ -1016,7 +1016,8 @@ def test_grad_in_a_program_through_pmap(tpus2):
 def test_int_and_bool_inputs_are_errors(tpus2, runtime_ok, dtype):
     x = np.ones((2, 3), dtype)
     name = np.dtype(dtype).name
-    msg = f"grad requires real-valued inputs (float32 or float64), got {name} for argument 0"
+    msg = (f"grad requires real-valued inputs (float32, float64 or bfloat16), got {name} for "
+           "argument 0")
     with pytest.raises(TypeError, match=re.escape(msg)):
         pw.pmap(pw.grad(lambda x: x.sum() * 1.0), devices=tpus2)(x)
     with pytest.raises(TypeError, match=re.escape(msg.replace("argument 0", "argument 1"))):
@@ -1029,7 +1030,7 @@ def test_int_and_bool_inputs_are_errors(tpus2, runtime_ok, dtype):
 
 def test_python_int_input_is_an_error(tpus2, runtime_ok):
     with pytest.raises(TypeError, match=re.escape(
-            "grad requires real-valued inputs (float32 or float64), got int for argument 0")):
+            "grad requires real-valued inputs (float32, float64 or bfloat16), got int for argument 0")):
         pw.grad(lambda x: x * 1.0)(3)
     with pytest.raises(TypeError, match=re.escape("got int for argument 0")):
         pw.pmap(lambda x: pw.grad(lambda a, x: (a * x).sum())(2, x), devices=tpus2)(np.ones(2))
@@ -1043,10 +1044,10 @@ def test_python_int_input_is_an_error(tpus2, runtime_ok):
          "Gradient only defined for scalar-output functions. Output had shape f64[3] "
          "(grad of 'f' in pmap of 'outer')"),
         (lambda x: x.sum() > 0,
-         "grad requires real-valued outputs (float32 or float64), got pred[] "
+         "grad requires real-valued outputs (float32, float64 or bfloat16), got pred[] "
          "(grad of 'f' in pmap of 'outer')"),
         (lambda x: x.argmax(),
-         "grad requires real-valued outputs (float32 or float64), got i32[]"),
+         "grad requires real-valued outputs (float32, float64 or bfloat16), got i32[]"),
         (lambda x: "loss", "grad of 'f': the function must return a float scalar, got 'loss'"),
     ],
 )

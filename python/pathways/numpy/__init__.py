@@ -8,7 +8,9 @@ Inside a pmap trace, a call with at least one traced value among its array
 arguments records an op of the compiled function. Shapes broadcast and dtypes
 promote as in numpy (bool < int32, uint32 < float32 < float64; an integer
 with float32 gives float64), but int32 with uint32 gives int32 as in JAX;
-the transcendental functions compute integers in float64 and bool in
+`bfloat16` (ml_dtypes') sits where JAX puts it, above bool and the integers
+and below float32, and computes in float32, each result rounded once; the
+transcendental functions compute integers in float64 and bool in
 float32; Python scalars are weakly typed as for the `Tracer`
 operators. Called with no traced value (e.g. on numpy arrays outside a
 trace), each function simply calls its numpy namesake. Conversely numpy's own
@@ -24,6 +26,7 @@ updates), `_sorting` (`cumsum`, `cumprod`, `sort`, `argsort`), `_linalg`
 
 from __future__ import annotations
 
+import ml_dtypes as _ml_dtypes
 import numpy as _np
 
 from pathways.numpy._elementwise import (  # noqa: A004 (numpy's names)
@@ -114,6 +117,7 @@ __all__ = [
     "int32",
     "uint32",
     "bool_",
+    "bfloat16",
     "exp",
     "log",
     "tanh",
@@ -191,3 +195,4 @@ float64 = _np.float64
 int32 = _np.int32
 uint32 = _np.uint32
 bool_ = _np.bool_
+bfloat16 = _ml_dtypes.bfloat16  # jax.numpy.bfloat16 is the same type

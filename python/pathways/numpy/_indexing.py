@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import numpy as _np
 
+from pathways._trace_state import _is_float
 from pathways._tracer import Tracer, bind
 from pathways.numpy._common import _axis, _operand, _trace_of
 from pathways.numpy._elementwise import where
@@ -65,8 +66,8 @@ def _fill_value(dtype: Any, fill_value: Any) -> Any:
     uint32, or True."""
     dt = _np.dtype(dtype)
     if fill_value is None:
-        fill_value = {"f": _np.nan, "i": _np.iinfo(_np.int32).min, "u": _np.iinfo(_np.uint32).max,
-                      "b": True}[dt.kind]
+        fill_value = _np.nan if _is_float(dt) else {
+            "i": _np.iinfo(_np.int32).min, "u": _np.iinfo(_np.uint32).max, "b": True}[dt.kind]
     return _np.asarray(fill_value).astype(dt)
 
 
