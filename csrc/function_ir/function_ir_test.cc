@@ -685,8 +685,8 @@ TEST(FunctionBuilderScanTest, TypesResultsAndText) {
     const int32_t tuple = (*results)[0] - 1;  // the get_elements follow the scan
     ASSERT_EQ(tuple, 3);
     EXPECT_EQ(b.type(tuple).ToString(), absl::StrCat("(f32[], f32[", length, ",3])"));
-    EXPECT_EQ(b.type((*results)[0]), ValueType(DType::kF32, {}));
-    EXPECT_EQ(b.type((*results)[1]), ValueType(DType::kF32, {length, 3}));
+    EXPECT_EQ(b.type((*results)[0]).ToString(), "f32[]");
+    EXPECT_EQ(b.type((*results)[1]).ToString(), absl::StrCat("f32[", length, ",3]"));
     auto ir = b.Build(*results);
     ASSERT_TRUE(ir.ok()) << ir.status();
     EXPECT_EQ((*ir)->nesting_depth(), 1);
@@ -721,7 +721,7 @@ TEST(FunctionBuilderScanTest, ReverseAndNoOperandsInText) {
   b.Parameter(DType::kF32, {});
   auto results = b.ScanResults(*k, {}, 0, 0, 4, true);
   ASSERT_TRUE(results.ok()) << results.status();
-  EXPECT_EQ(b.type((*results)[0]), ValueType(DType::kI32, {4}));
+  EXPECT_EQ(b.type((*results)[0]).ToString(), "i32[4]");
   auto ir = b.Build(*results);
   ASSERT_TRUE(ir.ok());
   EXPECT_TRUE(absl::StrContains((*ir)->ToText(),

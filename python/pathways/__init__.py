@@ -68,7 +68,10 @@ from pathways._dynamic import compact
 from pathways._diagnose import Diagnosis, HangWarning, diagnose
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
-from pathways import lax  # pw.lax: top_k, ... (like jax.lax)
+from pathways import lax  # pw.lax: top_k, scan, fori_loop, ... (like jax.lax)
+from pathways._control_flow import checkpoint
+
+remat = checkpoint  # jax.remat's name
 from pathways import testing  # pw.testing: fault injection
 from pathways._tenancy import (
     Client,
@@ -195,6 +198,8 @@ __all__ = [
     "stop_gradient",
     "vjp",
     "jvp",
+    "checkpoint",
+    "remat",
     # Multi-tenancy and timelines.
     "Client",
     "client_stats",
