@@ -68,7 +68,7 @@ def _is_float(dtype: Any) -> bool:
 class _BodyTrace(_FunctionTrace):
     """The trace of a loop's body: a function of its own, inside `parent`."""
 
-    __slots__ = ("what",)
+    __slots__ = ("what", "full_tape")
 
     def __init__(self, parent: _FunctionTrace, name: str, what: str):
         builder = _core.FunctionBuilder(_ir_name(name), parent.axis_name or "")
@@ -77,9 +77,17 @@ class _BodyTrace(_FunctionTrace):
             builder.set_axis_size(n)
         super().__init__(builder, name, parent.axis_name, parent)
         self.what = what
+        self.full_tape: Optional[_Tape] = None  # over every float parameter, when set
 
     def where(self) -> str:
         return f"{self.what} of {self.name!r} in {self.parent.where()}"
+
+    def resolve(self, t: Tracer) -> int:
+        lifted = len(self.lifted)
+        v = super().resolve(t)
+        if self.full_tape is not None and len(self.lifted) > lifted and _is_float(t.dtype):
+            self.full_tape.tracked.add(v)  # a float parameter too, lifted as the body reads it
+        return v
 
 
 class _Linearization(NamedTuple):
@@ -330,7 +338,7 @@ def scan_core(trace: _FunctionTrace, body_fn: BodyFn, name: str, what: str, carr
         # is traced (it may capture a differentiated value): record a tape of
         # every float parameter now, and prune it later (_linearize).
         body.constant_values = {}
-        full = _Tape(bb, [p._id for p in params if _is_float(p.dtype)])
+        full = body.full_tape = _Tape(bb, [p._id for p in params if _is_float(p.dtype)])
         body.tapes.append(full)
     st = _state
     prev = st.function
