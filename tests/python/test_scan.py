@@ -584,3 +584,34 @@ def test_the_function_ir_goes_over_the_wire(tpus2):
     np.testing.assert_allclose(np.asarray(f(ws, c)),
                                np.asarray(pw.pmap(pw.grad(layers_loss(mlp_step)),
                                                   devices=tpus2)(ws, c)), rtol=1e-12)
+
+
+def test_a_gang_over_two_hosts_runs_the_collectives_of_a_loop_body(devices_of):
+    """8 devices span two hosts (with --hosts=local_processes, two processes, each running
+    its shards of every iteration and meeting the other in each psum)."""
+    tpus8 = devices_of(8)
+
+    def loss(w, x, xs):
+        def body(c, r):
+            c = pnp.tanh(c * w + pw.psum(c * r, "i") * 0.1)
+            return c, pw.pmax(c, "i")
+        c, ys = pw.lax.scan(body, x, xs)
+        return (c ** 2).sum() + ys.sum()
+
+    def loss_unrolled(w, x, xs):
+        def body(c, r):
+            c = pnp.tanh(c * w + pw.psum(c * r, "i") * 0.1)
+            return c, pw.pmax(c, "i")
+        c, ys = unrolled_scan(body, x, xs)
+        return (c ** 2).sum() + ys.sum()
+
+    rng = np.random.default_rng(13)
+    args = (rng.normal(size=(8, 3)), rng.normal(size=(8, 3)), rng.normal(size=(8, 5, 3)))
+    got = pmap_grads(tpus8, loss, args, (0, 1, 2))
+    want = pmap_grads(tpus8, loss_unrolled, args, (0, 1, 2))
+    for g, u in zip(got, want):
+        np.testing.assert_allclose(g, u, rtol=1e-10, atol=1e-12)
+    value = pw.pmap(loss, devices=tpus8, axis_name="i")(*args)
+    np.testing.assert_allclose(np.asarray(value),
+                               np.asarray(pw.pmap(loss_unrolled, devices=tpus8, axis_name="i")(*args)),
+                               rtol=1e-12)
