@@ -615,3 +615,36 @@ def test_a_gang_over_two_hosts_runs_the_collectives_of_a_loop_body(devices_of):
     np.testing.assert_allclose(np.asarray(value),
                                np.asarray(pw.pmap(loss_unrolled, devices=tpus8, axis_name="i")(*args)),
                                rtol=1e-12)
+
+
+def test_grad_inside_a_body_differentiated_again_and_values_of_the_function_as_ys(tpus2):
+    """A body that takes a gradient (a tape of its own), reads an int and a float of the
+    enclosing function and returns one of them as its y; then pw.grad of the whole loop."""
+    def inner_step(c, w, k):
+        return c - 0.1 * pw.grad(lambda c: (pnp.sin(c * w) * k).sum())(c)
+
+    def loss(w, k, xs):
+        c, ys = pw.lax.scan(lambda c, x: (inner_step(c, w, k) + x, w), xs[0], xs)
+        return (c ** 2).sum() + ys.sum()
+
+    def loss_unrolled(w, k, xs):
+        c, ys = unrolled_scan(lambda c, x: (inner_step(c, w, k) + x, w), xs[0], xs)
+        return (c ** 2).sum() + ys.sum()
+
+    rng = np.random.default_rng(15)
+    w, xs = rng.normal(size=(2, 3)), rng.normal(size=(2, 4, 3))
+    k = np.array([2, 3], np.int32)
+    got = pw.pmap(pw.grad(loss, argnums=(0, 2)), devices=tpus2)(w, k, xs)
+    want = pw.pmap(pw.grad(loss_unrolled, argnums=(0, 2)), devices=tpus2)(w, k, xs)
+    for g, u in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(u), rtol=1e-12, atol=1e-14)
+
+
+def test_vjp_in_a_trace_of_a_loop(tpus2):
+    def f(x):
+        y, pullback = pw.vjp(
+            lambda x: pw.lax.scan(lambda c, _: (c * x, c), x, None, length=3)[0], x)
+        return pullback(pnp.ones_like(y))[0]
+
+    x = np.array([[1.0, 2.0], [3.0, -4.0]])
+    np.testing.assert_allclose(np.asarray(pw.pmap(f, devices=tpus2)(x)), 4 * x ** 3)
