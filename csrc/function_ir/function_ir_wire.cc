@@ -226,10 +226,11 @@ absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
     return WireError(absl::StrFormat("%s has a literal; only constants take one",
                                      OpLabel(index, kind)));
   }
-  if ((kind == OpKind::kScan) != w.has_body()) {
-    return WireError(absl::StrFormat(kind == OpKind::kScan ? "%s has no body"
-                                                           : "%s has a body; only scans take one",
-                                     OpLabel(index, kind)));
+  if (kind == OpKind::kScan && !w.has_body()) {
+    return WireError(absl::StrFormat("%s has no body", OpLabel(index, kind)));
+  }
+  if (kind != OpKind::kScan && w.has_body()) {
+    return WireError(absl::StrFormat("%s has a body; only scans take one", OpLabel(index, kind)));
   }
   if (w.dims_size() > kMaxWireRank) {
     return WireError(absl::StrFormat("%s: %d dims, more than the %d a value may have",
