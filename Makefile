@@ -10,7 +10,7 @@ CMAKE := $(VENV)/bin/cmake
 CTEST := $(VENV)/bin/ctest
 APT_PACKAGES := build-essential libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libeigen3-dev python3-venv python3-dev \
                 libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev libgloo-dev
-PY_BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.24" ninja numpy pytest hypothesis
+PY_BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.24" ninja numpy optree opt_einsum pytest hypothesis
 SOURCES := CMakeLists.txt pyproject.toml $(shell find csrc python -type f \( -name '*.cc' -o -name '*.h' \
              -o -name '*.py' -o -name '*.pyi' -o -name '*.proto' -o -name 'CMakeLists.txt' \) 2>/dev/null)
 CPP_CONFIG := -G Ninja -DPATHWAYS_BUILD_TESTS=ON -DPATHWAYS_BUILD_PYTHON=OFF -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja)

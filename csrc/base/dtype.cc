@@ -16,6 +16,7 @@ int64_t DTypeSize(DType dtype) {
     case DType::kF64:
       return 8;
     case DType::kI32:
+    case DType::kU32:
       return 4;
     case DType::kBool:
       return 1;
@@ -33,6 +34,8 @@ absl::string_view DTypeName(DType dtype) {
       return "int32";
     case DType::kBool:
       return "bool";
+    case DType::kU32:
+      return "uint32";
   }
   return "unknown";
 }
@@ -47,6 +50,8 @@ absl::string_view DTypeShortName(DType dtype) {
       return "i32";
     case DType::kBool:
       return "pred";
+    case DType::kU32:
+      return "u32";
   }
   return "?";
 }
@@ -56,31 +61,18 @@ absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
   if (name == "float64") return DType::kF64;
   if (name == "int32") return DType::kI32;
   if (name == "bool") return DType::kBool;
-  return UnsupportedTypeError(absl::StrCat(
-      "dtype ", name, " is not supported; supported dtypes: float32, float64, int32, bool"));
+  if (name == "uint32") return DType::kU32;
+  return UnsupportedTypeError(absl::StrCat("dtype ", name, " is not supported; supported dtypes: ",
+                                           kSupportedDTypeNames));
 }
-
-namespace {
-int PromotionRank(DType t) {
-  switch (t) {
-    case DType::kBool:
-      return 0;
-    case DType::kI32:
-      return 1;
-    case DType::kF32:
-      return 2;
-    case DType::kF64:
-      return 3;
-  }
-  return 3;
-}
-}  // namespace
 
 DType PromoteTypes(DType a, DType b) {
-  if ((a == DType::kI32 && b == DType::kF32) || (a == DType::kF32 && b == DType::kI32)) {
-    return DType::kF64;
-  }
-  return PromotionRank(a) >= PromotionRank(b) ? a : b;
+  if (a == b || b == DType::kBool) return a;
+  if (a == DType::kBool) return b;
+  if (IsInteger(a) && IsInteger(b)) return DType::kI32;  // int32 with uint32
+  if (IsInteger(a)) return b == DType::kF32 ? DType::kF64 : b;
+  if (IsInteger(b)) return a == DType::kF32 ? DType::kF64 : a;
+  return DType::kF64;  // float32 with float64
 }
 
 int64_t NumElements(absl::Span<const int64_t> dims) {

@@ -8,7 +8,7 @@ namespace pw {
 namespace {
 
 TEST(DTypeTest, NamesRoundTrip) {
-  for (DType t : {DType::kF32, DType::kF64, DType::kI32, DType::kBool}) {
+  for (DType t : {DType::kF32, DType::kF64, DType::kI32, DType::kBool, DType::kU32}) {
     auto parsed = DTypeFromName(DTypeName(t));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, t);
@@ -31,6 +31,23 @@ TEST(DTypeTest, PromotionAndShapes) {
   EXPECT_EQ(PromoteTypes(DType::kBool, DType::kI32), DType::kI32);
   EXPECT_EQ(PromoteTypes(DType::kI32, DType::kF64), DType::kF64);
   EXPECT_EQ(PromoteTypes(DType::kBool, DType::kBool), DType::kBool);
+  // uint32: numpy's rules, but JAX's (x64 disabled) with int32, where numpy's
+  // int64 is not a dtype here.
+  EXPECT_EQ(PromoteTypes(DType::kU32, DType::kU32), DType::kU32);
+  EXPECT_EQ(PromoteTypes(DType::kU32, DType::kBool), DType::kU32);
+  EXPECT_EQ(PromoteTypes(DType::kBool, DType::kU32), DType::kU32);
+  EXPECT_EQ(PromoteTypes(DType::kU32, DType::kI32), DType::kI32);
+  EXPECT_EQ(PromoteTypes(DType::kI32, DType::kU32), DType::kI32);
+  EXPECT_EQ(PromoteTypes(DType::kU32, DType::kF32), DType::kF64);
+  EXPECT_EQ(PromoteTypes(DType::kF32, DType::kU32), DType::kF64);
+  EXPECT_EQ(PromoteTypes(DType::kU32, DType::kF64), DType::kF64);
+  EXPECT_EQ(PromoteTypes(DType::kF64, DType::kF32), DType::kF64);
+  EXPECT_EQ(DTypeName(DType::kU32), "uint32");
+  EXPECT_EQ(DTypeShortName(DType::kU32), "u32");
+  EXPECT_EQ(DTypeSize(DType::kU32), 4);
+  EXPECT_TRUE(IsInteger(DType::kU32) && IsInteger(DType::kI32));
+  EXPECT_FALSE(IsInteger(DType::kBool) || IsInteger(DType::kF32));
+  EXPECT_EQ(DTypeOf<uint32_t>(), DType::kU32);
   EXPECT_EQ(DTypeShortName(DType::kBool), "pred");
   EXPECT_EQ(DTypeShortName(DType::kI32), "i32");
   EXPECT_EQ(DTypeSize(DType::kBool), 1);

@@ -62,10 +62,11 @@ absl::string_view TypeRuleName(TypeRule r) {
   switch (r) {
     case TypeRule::kArithmetic: return "arithmetic";
     case TypeRule::kComparison: return "comparison";
-    case TypeRule::kLogical: return "logical";
+    case TypeRule::kBitwise: return "bitwise";
+    case TypeRule::kShift: return "shift";
     case TypeRule::kNumeric: return "numeric";
     case TypeRule::kFloating: return "floating";
-    case TypeRule::kBoolean: return "boolean";
+    case TypeRule::kInvert: return "invert";
     case TypeRule::kSame: return "same";
     case TypeRule::kIndices: return "indices";
     case TypeRule::kOwn: return "own";
@@ -120,6 +121,9 @@ void RegisterFunctionIr(py::module_& m) {
       .def("convert", [](FunctionBuilder& b, int32_t x, const std::string& dtype) {
         return ValueOrThrow(b.Convert(x, ValueOrThrow(DTypeFromName(dtype))));
       })
+      .def("bitcast_convert_type", [](FunctionBuilder& b, int32_t x, const std::string& dtype) {
+        return ValueOrThrow(b.BitcastConvert(x, ValueOrThrow(DTypeFromName(dtype))));
+      }, py::arg("x"), py::arg("dtype"))
       .def("binary", [](FunctionBuilder& b, const std::string& op, int32_t x, int32_t y) {
         return ValueOrThrow(b.Binary(KindByName(op, IsBinaryOp, "binary"), x, y));
       }, py::arg("op"), py::arg("a"), py::arg("b"))

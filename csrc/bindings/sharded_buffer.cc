@@ -71,7 +71,7 @@ DType FromNumpyDType(const py::dtype& dtype, const char* what) {
   const std::string name = py::str(static_cast<const py::object&>(dtype));
   auto parsed = DTypeFromName(name);
   if (!parsed.ok()) {
-    throw py::type_error(absl::StrCat(what, " has dtype ", name, "; supported dtypes: float32, float64, int32, bool"));
+    throw py::type_error(absl::StrCat(what, " has dtype ", name, "; supported dtypes: ", kSupportedDTypeNames));
   }
   return *parsed;
 }
@@ -98,17 +98,26 @@ void CopyBytes(void* dst, const void* src, size_t bytes) {
   }
 }
 
-// `b` is the caller's own reference (see PyShardedBuffer::Get).
-py::array ToNumpy(const std::shared_ptr<ShardedBuffer>& b) {
+// The value of a handle on `b` (the caller's own reference, see
+// PyShardedBuffer::Get): every shard, or shard 0 of a replicated handle.
+py::array ToNumpy(const std::shared_ptr<ShardedBuffer>& b, bool replicated) {
   AwaitOrThrow(*b);
-  std::vector<py::ssize_t> shape(b->dims().begin(), b->dims().end());
+  const Dims& dims = b->dims();
+  std::vector<py::ssize_t> shape(dims.begin() + (replicated ? 1 : 0), dims.end());
   py::array out(NumpyDType(b->dtype()), shape);
-  if (b->is_remote()) {  // fetched from the host processes
-    void* dst = out.mutable_data();
-    ThrowIfError(WithoutGil([&] { return b->ReadInto(dst); }));
+  const size_t bytes = static_cast<size_t>(replicated ? b->shard_bytes() : b->total_bytes());
+  if (b->is_remote()) {  // fetched from the host processes, every shard
+    if (!replicated) {
+      void* dst = out.mutable_data();
+      ThrowIfError(WithoutGil([&] { return b->ReadInto(dst); }));
+      return out;
+    }
+    std::vector<char> all(static_cast<size_t>(b->total_bytes()));
+    ThrowIfError(WithoutGil([&] { return b->ReadInto(all.data()); }));
+    std::memcpy(out.mutable_data(), all.data(), bytes);
     return out;
   }
-  CopyBytes(out.mutable_data(), b->data(), static_cast<size_t>(b->total_bytes()));
+  CopyBytes(out.mutable_data(), b->data(), bytes);
   return out;
 }
 
@@ -176,6 +185,9 @@ void RegisterShardedBuffer(py::module_& m) {
       // Python scalar, read back from the devices.
       .def("item", [](py::object self, py::args index) { return AsNumpy(self).attr("item")(*index); })
       .def("is_ready", [](const PyShardedBuffer& s) { return s.Get("query")->IsDone(); })
+      .def_property_readonly("is_replicated", [](const PyShardedBuffer& s) { return s.replicated; },
+                             "True for one value held whole by every device (pmap's out_axes=None, "
+                             "pw.jit); False for a value whose leading axis runs over the devices.")
       .def("is_deleted", [](const PyShardedBuffer& s) { return s.buffer == nullptr; })
       .def_property_readonly("owner", [](const PyShardedBuffer& s) {
         const std::shared_ptr<ShardedBuffer> b = s.Get("read the owner of");
@@ -192,11 +204,14 @@ void RegisterShardedBuffer(py::module_& m) {
         if (!copy.is_none() && !copy.cast<bool>()) {
           throw py::value_error("a ShardedBuffer lives in device memory: converting it to numpy always copies");
         }
-        py::array out = ToNumpy(s.Get("read"));
+        py::array out = ToNumpy(s.Get("read"), s.replicated);
         if (!dtype.is_none()) return py::array(out.attr("astype")(dtype));
         return out;
       }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
-      .def("__len__", [](const PyShardedBuffer& s) { return s.dims[0]; })
+      .def("__len__", [](const PyShardedBuffer& s) {
+        if (s.dims.empty()) throw py::type_error("len() of unsized object");  // numpy's words
+        return s.dims[0];
+      })
       // Indexing reads the buffer back, like np.asarray(buffer)[index]: the
       // result is a numpy value on the host.
       .def("__getitem__", [](py::object self, py::object index) -> py::object {
@@ -210,8 +225,19 @@ void RegisterShardedBuffer(py::module_& m) {
         if (absl::Status st = b->status(); !st.ok()) {
           return absl::StrCat("ShardedBuffer(<failed: ", st.message(), ">, ", type, ")");
         }
-        return py::repr(ToNumpy(b));
+        return py::repr(ToNumpy(b, s.replicated));
       });
+
+  // A replicated handle on a mapped buffer whose shards are all equal (the
+  // caller's promise, as JAX's out_axes=None): no copy, the same buffer.
+  m.def("replicated_view", [](const PyShardedBuffer& s, SchedulingClient* client) {
+    std::shared_ptr<ShardedBuffer> b = s.Get("view");
+    if (s.replicated) throw py::value_error("replicated_view: the ShardedBuffer is replicated already");
+    if (b->dims().empty()) throw py::value_error("replicated_view: the ShardedBuffer has no device axis");
+    auto handle = std::make_shared<PyShardedBuffer>(std::move(b), /*is_replicated=*/true);
+    if (client != nullptr) RegisterClientHandle(client, handle);
+    return handle;
+  }, py::arg("buffer"), py::arg("client") = static_cast<SchedulingClient*>(nullptr));
 
   m.def("device_put", [](py::array array, const py::sequence& devices, SchedulingClient* client) {
     const DType dtype = FromNumpyDType(array.dtype(), "device_put: the array");

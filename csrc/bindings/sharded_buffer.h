@@ -19,14 +19,22 @@ namespace pw::bindings {
 
 struct PyShardedBuffer {
   std::shared_ptr<ShardedBuffer> buffer;  // null once deleted
-  // Kept after delete() so the handle can still say what it was.
+  // A replicated handle stands for one value held whole by every device of
+  // its buffer (pmap's out_axes=None, pw.jit): its value is shard 0, and
+  // `dims` are the buffer's without the leading (device) axis. Otherwise the
+  // value is the whole buffer, leading axis included.
+  bool replicated = false;
+  // Kept after delete() so the handle can still say what it was: the dims
+  // of the value (see `replicated`).
   DType dtype = DType::kF32;
   Dims dims;
   // Why it was deleted when not by delete() (its client closed), for errors.
   std::string deleted_why;
 
-  explicit PyShardedBuffer(std::shared_ptr<ShardedBuffer> b)
-      : buffer(std::move(b)), dtype(buffer->dtype()), dims(buffer->dims()) {}
+  explicit PyShardedBuffer(std::shared_ptr<ShardedBuffer> b, bool is_replicated = false)
+      : buffer(std::move(b)), replicated(is_replicated), dtype(buffer->dtype()), dims(buffer->dims()) {
+    if (replicated) dims.erase(dims.begin());
+  }
 
   // The buffer, or DeletedBufferError naming what was deleted and `use`.
   // A reference of the caller's own: another thread may delete() this

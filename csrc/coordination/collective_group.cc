@@ -180,6 +180,8 @@ ReduceFn Reduction(DType dtype, ReduceOp op) {
       return NumericReduction<double>(op);
     case DType::kI32:
       return NumericReduction<int32_t>(op);
+    case DType::kU32:  // sums wrap by themselves
+      return NumericReduction<uint32_t>(op);
     case DType::kBool:
       if (op == ReduceOp::kMax) return &OrInto;
       if (op == ReduceOp::kMin) return &AndInto;

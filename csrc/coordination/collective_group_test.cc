@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -167,7 +168,11 @@ void CheckAllReduce(std::vector<std::unique_ptr<CollectiveGroup>>& groups, DType
   const int n = static_cast<int>(groups.size());
   std::vector<std::vector<T>> data(n, std::vector<T>(count));
   for (int r = 0; r < n; ++r) {
-    for (int64_t i = 0; i < count; ++i) data[r][i] = static_cast<T>(Contribution(r, i));
+    // Through int64 for integers: a negative contribution wraps to a large uint32.
+    for (int64_t i = 0; i < count; ++i) {
+      data[r][i] = std::is_integral_v<T> ? static_cast<T>(static_cast<int64_t>(Contribution(r, i)))
+                                         : static_cast<T>(Contribution(r, i));
+    }
   }
   std::vector<T> expected = data[0];
   for (int r = 1; r < n; ++r) {
@@ -203,6 +208,7 @@ TEST_P(CollectiveGroupSizeTest, AllReduceEveryNumericTypeAndOp) {
       CheckAllReduce<float>(groups, DType::kF32, op, count);
       CheckAllReduce<double>(groups, DType::kF64, op, count);
       CheckAllReduce<int32_t>(groups, DType::kI32, op, count);
+      CheckAllReduce<uint32_t>(groups, DType::kU32, op, count);
     }
   }
 }

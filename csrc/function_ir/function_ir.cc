@@ -60,6 +60,8 @@ std::string FormatLiteral(const Op& op) {
         return FormatElement<double>(p);
       case DType::kI32:
         return FormatElement<int32_t>(p);
+      case DType::kU32:
+        return FormatElement<uint32_t>(p);
       case DType::kBool:
         return std::string(*p != 0 ? "true" : "false");
       case DType::kF32:
@@ -87,7 +89,8 @@ Op MakeOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands, ValueType type)
 std::string ValueName(int32_t v) { return absl::StrCat("%", v); }
 
 bool IsComparison(OpKind kind) { return GetTypeRule(kind) == TypeRule::kComparison; }
-bool IsLogical(OpKind kind) { return GetTypeRule(kind) == TypeRule::kLogical; }
+bool IsBitwise(OpKind kind) { return GetTypeRule(kind) == TypeRule::kBitwise; }
+bool IsShift(OpKind kind) { return GetTypeRule(kind) == TypeRule::kShift; }
 bool IsTranscendental(OpKind kind) { return GetTypeRule(kind) == TypeRule::kFloating; }
 
 }  // namespace
@@ -313,7 +316,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Constant(DType dtype, Dims dims,
 
 namespace {
 
-// Element i of a literal of `dtype`, as a double (exact for all four dtypes).
+// Element i of a literal of `dtype`, as a double (exact for every dtype).
 double LiteralElement(const std::vector<uint8_t>& literal, DType dtype, int64_t i) {
   switch (dtype) {
     case DType::kF64: {
@@ -323,6 +326,11 @@ double LiteralElement(const std::vector<uint8_t>& literal, DType dtype, int64_t 
     }
     case DType::kI32: {
       int32_t v;
+      std::memcpy(&v, literal.data() + i * 4, 4);
+      return v;
+    }
+    case DType::kU32: {
+      uint32_t v;
       std::memcpy(&v, literal.data() + i * 4, 4);
       return v;
     }
@@ -336,13 +344,19 @@ double LiteralElement(const std::vector<uint8_t>& literal, DType dtype, int64_t 
   return v;
 }
 
-// `literal` (of `from`) cast to `to`, with the kernels' rules: to bool is
-// != 0; float to int32 truncates, NaN and out-of-range giving INT32_MIN.
+// `literal` (of `from`) cast to `to`, with the kernels' rules (kernel_util.h's
+// ToInt32 and ToUint32): to bool is != 0; float to int32 truncates, NaN and
+// out-of-range giving INT32_MIN; to uint32 truncates and saturates (NaN
+// giving 0); between integers modulo 2^32.
 std::vector<uint8_t> ConvertLiteral(const std::vector<uint8_t>& literal, DType from, DType to,
                                     int64_t n) {
   std::vector<uint8_t> out(static_cast<size_t>(n * DTypeSize(to)));
   for (int64_t i = 0; i < n; ++i) {
     const double v = LiteralElement(literal, from, i);
+    if (IsInteger(from) && IsInteger(to)) {  // the same bits
+      std::memcpy(out.data() + i * 4, literal.data() + i * 4, 4);
+      continue;
+    }
     switch (to) {
       case DType::kF64:
         std::memcpy(out.data() + i * 8, &v, 8);
@@ -356,6 +370,11 @@ std::vector<uint8_t> ConvertLiteral(const std::vector<uint8_t>& literal, DType f
         const int32_t k = (v >= -2147483648.0 && v < 2147483648.0)
                               ? static_cast<int32_t>(v)
                               : std::numeric_limits<int32_t>::min();
+        std::memcpy(out.data() + i * 4, &k, 4);
+        break;
+      }
+      case DType::kU32: {
+        const uint32_t k = !(v > 0) ? 0u : v >= 4294967295.0 ? 4294967295u : static_cast<uint32_t>(v);
         std::memcpy(out.data() + i * 4, &k, 4);
         break;
       }
@@ -387,6 +406,20 @@ absl::StatusOr<int32_t> FunctionBuilder::Convert(int32_t x, DType dtype) {
   return Add(std::move(op));
 }
 
+absl::StatusOr<int32_t> FunctionBuilder::BitcastConvert(int32_t x, DType dtype) {
+  const absl::string_view name = OpKindName(OpKind::kBitcastConvert);
+  PW_RETURN_IF_ERROR(CheckValue(x, name));
+  const ValueType tx = type(x);
+  if (tx.dtype == DType::kBool || dtype == DType::kBool ||
+      DTypeSize(tx.dtype) != DTypeSize(dtype)) {
+    return UnsupportedTypeError(absl::StrFormat(
+        "%s: %s to %s: needs two of float32, int32 and uint32 (the same width, not bool)", name,
+        tx.ToString(), DTypeName(dtype)));
+  }
+  if (tx.dtype == dtype) return x;
+  return AddOp(OpKind::kBitcastConvert, {x}, ValueType{dtype, tx.dims});
+}
+
 absl::StatusOr<int32_t> FunctionBuilder::AddOp(OpKind kind, absl::InlinedVector<int32_t, 2> operands,
                                                ValueType type) {
   return Add(MakeOp(kind, std::move(operands), std::move(type)));
@@ -408,9 +441,14 @@ absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t 
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: incompatible shapes %s and %s", name, ta.ToString(), tb.ToString()));
   }
-  if (IsLogical(kind) && (ta.dtype != DType::kBool || tb.dtype != DType::kBool)) {
+  if (IsBitwise(kind) && (IsFloat(ta.dtype) || IsFloat(tb.dtype))) {
     return UnsupportedTypeError(absl::StrFormat(
-        "%s: operands must be bool, got %s and %s", name, ta.ToString(), tb.ToString()));
+        "%s: operands must be bool or integers, got %s and %s", name, ta.ToString(),
+        tb.ToString()));
+  }
+  if (IsShift(kind) && (IsFloat(ta.dtype) || IsFloat(tb.dtype))) {
+    return UnsupportedTypeError(absl::StrFormat(
+        "%s: operands must be integers, got %s and %s", name, ta.ToString(), tb.ToString()));
   }
   DType dtype = PromoteTypes(ta.dtype, tb.dtype);
   if (dtype == DType::kBool && kind == OpKind::kSub) {
@@ -420,7 +458,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t 
   }
   // True division of integers is in float64, as numpy; bool ** bool in int32.
   if (kind == OpKind::kDiv && !IsFloat(dtype)) dtype = DType::kF64;
-  if (kind == OpKind::kPow && dtype == DType::kBool) dtype = DType::kI32;
+  if ((kind == OpKind::kPow || IsShift(kind)) && dtype == DType::kBool) dtype = DType::kI32;
   PW_ASSIGN_OR_RETURN(a, Convert(a, dtype));
   PW_ASSIGN_OR_RETURN(b, Convert(b, dtype));
   const DType result = IsComparison(kind) ? DType::kBool : dtype;
@@ -436,16 +474,16 @@ absl::StatusOr<int32_t> FunctionBuilder::Unary(OpKind kind, int32_t x) {
   PW_RETURN_IF_ERROR(CheckValue(x, name));
   const ValueType tx = type(x);
   const TypeRule rule = GetTypeRule(kind);
-  if (rule == TypeRule::kBoolean && tx.dtype != DType::kBool) {
+  if (rule == TypeRule::kInvert && IsFloat(tx.dtype)) {
     return UnsupportedTypeError(
-        absl::StrFormat("%s: operand must be bool, got %s", name, tx.ToString()));
+        absl::StrFormat("%s: operand must be bool or an integer, got %s", name, tx.ToString()));
   }
   if (kind == OpKind::kNeg && tx.dtype == DType::kBool) {
     return UnsupportedTypeError(absl::StrFormat(
         "neg: negative of a bool is not supported (%s); use logical_not", tx.ToString()));
   }
   if (IsTranscendental(kind) && !IsFloat(tx.dtype)) {
-    PW_ASSIGN_OR_RETURN(x, Convert(x, tx.dtype == DType::kI32 ? DType::kF64 : DType::kF32));
+    PW_ASSIGN_OR_RETURN(x, Convert(x, IsInteger(tx.dtype) ? DType::kF64 : DType::kF32));
   }
   return AddOp(kind, {x}, type(x));
 }

@@ -217,23 +217,35 @@ class FunctionBuilder {
   // row-major, each byte of a bool 0 or 1; InvalidArgument otherwise.
   absl::StatusOr<int32_t> Constant(DType dtype, Dims dims, absl::Span<const uint8_t> bytes);
 
-  // Elementwise cast. Returns `x` itself when it already has `dtype`.
+  // Elementwise cast, as numpy's astype: float to an integer truncates
+  // toward zero; out of range, NaN included, int32 gets INT32_MIN (x86
+  // numpy's answer) and uint32 saturates to [0, 2^32 - 1] with NaN giving 0
+  // (XLA's; numpy's is undefined); between int32 and uint32 the bits stay.
+  // Returns `x` itself when it already has `dtype`.
   absl::StatusOr<int32_t> Convert(int32_t x, DType dtype);
 
+  // jax.lax.bitcast_convert_type: `x`'s bits read as `dtype`, which must have
+  // the same width (float32, int32 and uint32 among themselves);
+  // InvalidArgument of kind kUnsupportedType otherwise. Returns `x` itself
+  // when it already has `dtype`.
+  absl::StatusOr<int32_t> BitcastConvert(int32_t x, DType dtype);
+
   // A binary elementwise op: kAdd, kSub, kMul, kDiv, kPow, kMax, kMin, a
-  // comparison (kEq ... kGe) or a logical op (kAnd, kOr, kXor). Shapes
-  // broadcast as in numpy (aligned from the right; a dimension of size 1
-  // stretches). Mixed dtypes are promoted (Converts are inserted); kDiv of
-  // int32 or bool operands is true division in float64, kPow of two bools
-  // computes in int32. Comparisons give bool. InvalidArgument names the op and
-  // both types for incompatible shapes ("add: incompatible shapes f32[2] and
-  // f32[3]"), for logical ops on non-bool operands, and for kSub of two bools
-  // (as numpy).
+  // comparison (kEq ... kGe), a bitwise op (kAnd, kOr, kXor: logical on
+  // bools) or a shift (kShiftLeft, kShiftRightLogical,
+  // kShiftRightArithmetic). Shapes broadcast as in numpy (aligned from the
+  // right; a dimension of size 1 stretches). Mixed dtypes are promoted
+  // (Converts are inserted); kDiv of integer or bool operands is true
+  // division in float64, kPow and shifts of two bools compute in int32.
+  // Comparisons give bool. InvalidArgument names the op and both types for
+  // incompatible shapes ("add: incompatible shapes f32[2] and f32[3]"), for
+  // bitwise ops and shifts of floats, and for kSub of two bools (as numpy).
   absl::StatusOr<int32_t> Binary(OpKind kind, int32_t a, int32_t b);
 
   // A unary elementwise op: kNeg, kAbs, kExp, kLog, kTanh, kSqrt, kRsqrt,
-  // kSin, kCos or kNot. kNot needs a bool operand and kNeg a numeric one;
-  // the transcendental ops convert int32 to float64 and bool to float32.
+  // kSin, kCos or kNot. kNot needs a bool (logical not) or integer (bitwise
+  // not) operand and kNeg a numeric one; the transcendental ops convert
+  // integers to float64 and bool to float32.
   absl::StatusOr<int32_t> Unary(OpKind kind, int32_t x);
 
   // where(cond, x, y): cond must be bool; x and y are promoted to a common

@@ -71,10 +71,16 @@ TEST(OpRegistryTest, BinaryAndUnaryFollowTheTypeRules) {
         ASSERT_TRUE(binary.ok()) << binary.status();
         EXPECT_EQ(result_dtype(*binary), DType::kBool);
         break;
-      case TypeRule::kLogical:
+      case TypeRule::kBitwise:
         EXPECT_FALSE(binary.ok());
         ASSERT_TRUE(b.Binary(info.kind, p, p).ok());
         EXPECT_EQ(result_dtype(*b.Binary(info.kind, p, p)), DType::kBool);
+        EXPECT_EQ(result_dtype(*b.Binary(info.kind, p, i)), DType::kI32);
+        break;
+      case TypeRule::kShift:
+        EXPECT_FALSE(binary.ok());
+        EXPECT_EQ(result_dtype(*b.Binary(info.kind, i, i)), DType::kI32);
+        EXPECT_EQ(result_dtype(*b.Binary(info.kind, p, p)), DType::kI32);
         break;
       case TypeRule::kNumeric:
         ASSERT_TRUE(unary.ok()) << unary.status();
@@ -86,10 +92,11 @@ TEST(OpRegistryTest, BinaryAndUnaryFollowTheTypeRules) {
         EXPECT_EQ(result_dtype(*b.Unary(info.kind, p)), DType::kF32);
         EXPECT_EQ(result_dtype(*b.Unary(info.kind, f)), DType::kF32);
         break;
-      case TypeRule::kBoolean:
-        EXPECT_FALSE(unary.ok());
-        ASSERT_TRUE(b.Unary(info.kind, p).ok());
+      case TypeRule::kInvert:
+        ASSERT_TRUE(unary.ok()) << unary.status();
+        EXPECT_EQ(result_dtype(*unary), DType::kI32);
         EXPECT_EQ(result_dtype(*b.Unary(info.kind, p)), DType::kBool);
+        EXPECT_FALSE(b.Unary(info.kind, f).ok());
         break;
       case TypeRule::kSame:
       case TypeRule::kIndices:  // int32 whatever the operand (TopKTypesAndErrors)
@@ -291,6 +298,78 @@ TEST(FunctionBuilderTest, PromotionOfIntsAndBools) {
   EXPECT_EQ(type_of(b.Convert(i, DType::kBool)), "pred[2]");
 }
 
+// uint32 takes numpy's promotion where numpy's result is a dtype we have,
+// and JAX's (x64 disabled) with int32, where numpy's is int64.
+TEST(FunctionBuilderTest, PromotionOfUint32) {
+  FunctionBuilder b("f", "");
+  const int32_t u = b.Parameter(DType::kU32, {2});
+  const int32_t i = b.Parameter(DType::kI32, {2});
+  const int32_t f = b.Parameter(DType::kF32, {2});
+  const int32_t p = b.Parameter(DType::kBool, {2});
+  const int32_t d = b.Parameter(DType::kF64, {2});
+  auto type_of = [&](absl::StatusOr<int32_t> v) {
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? b.type(*v).ToString() : std::string("error");
+  };
+  EXPECT_EQ(type_of(b.Binary(OpKind::kAdd, u, u)), "u32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kAdd, u, i)), "i32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kSub, i, u)), "i32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kMul, u, p)), "u32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kAdd, u, f)), "f64[2]");  // as numpy
+  EXPECT_EQ(type_of(b.Binary(OpKind::kAdd, f, u)), "f64[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kMax, d, u)), "f64[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kDiv, u, u)), "f64[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kPow, u, u)), "u32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kLt, u, i)), "pred[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kAnd, u, p)), "u32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kXor, u, u)), "u32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kOr, u, i)), "i32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kShiftLeft, u, p)), "u32[2]");
+  EXPECT_EQ(type_of(b.Binary(OpKind::kShiftRightLogical, i, u)), "i32[2]");
+  EXPECT_EQ(type_of(b.Unary(OpKind::kNot, u)), "u32[2]");
+  EXPECT_EQ(type_of(b.Unary(OpKind::kNeg, u)), "u32[2]");  // wraps, as numpy
+  EXPECT_EQ(type_of(b.Unary(OpKind::kExp, u)), "f64[2]");
+  EXPECT_EQ(type_of(b.Select(p, u, i)), "i32[2]");
+  EXPECT_EQ(type_of(b.Reduce(ReduceKind::kSum, u, nullptr, false)), "u32[]");
+  EXPECT_EQ(type_of(b.Reduce(ReduceKind::kMean, u, nullptr, false)), "f64[]");
+  EXPECT_EQ(type_of(b.Reduce(ReduceKind::kArgmax, u, nullptr, false)), "i32[]");
+  EXPECT_EQ(type_of(b.TopK(u, 1)), "i32[1]");
+}
+
+TEST(FunctionBuilderTest, BitwiseShiftAndBitcastTypeErrors) {
+  FunctionBuilder b("f", "");
+  const int32_t u = b.Parameter(DType::kU32, {2});
+  const int32_t f = b.Parameter(DType::kF32, {2});
+  const int32_t p = b.Parameter(DType::kBool, {2});
+  const int32_t d = b.Parameter(DType::kF64, {2});
+  const int32_t i = b.Parameter(DType::kI32, {2});
+  ExpectInvalid(b.Binary(OpKind::kAnd, u, f).status(),
+                "and: operands must be bool or integers, got u32[2] and f32[2]");
+  ExpectInvalid(b.Binary(OpKind::kShiftLeft, f, u).status(),
+                "shift_left: operands must be integers, got f32[2] and u32[2]");
+  ExpectInvalid(b.Unary(OpKind::kNot, d).status(),
+                "not: operand must be bool or an integer, got f64[2]");
+  ExpectInvalid(b.BitcastConvert(d, DType::kU32).status(),
+                "bitcast_convert_type: f64[2] to uint32: needs two of float32, int32 and uint32 "
+                "(the same width, not bool)");
+  ExpectInvalid(b.BitcastConvert(p, DType::kBool).status(),
+                "bitcast_convert_type: pred[2] to bool: needs two of float32, int32 and uint32 "
+                "(the same width, not bool)");
+  EXPECT_EQ(GetErrorKind(b.BitcastConvert(u, DType::kF64).status()), ErrorKind::kUnsupportedType);
+  EXPECT_EQ(GetErrorKind(b.Binary(OpKind::kXor, d, p).status()), ErrorKind::kUnsupportedType);
+  EXPECT_EQ(b.num_values(), 5);  // no op added by the failures
+  EXPECT_EQ(*b.BitcastConvert(u, DType::kU32), u);
+  auto bits = b.BitcastConvert(f, DType::kU32);
+  ASSERT_TRUE(bits.ok()) << bits.status();
+  EXPECT_EQ(b.type(*bits).ToString(), "u32[2]");
+  EXPECT_EQ(b.type(*b.BitcastConvert(*bits, DType::kI32)).ToString(), "i32[2]");
+  EXPECT_EQ(b.type(*b.BitcastConvert(i, DType::kF32)).ToString(), "f32[2]");
+  auto ir = b.Build({*bits});
+  ASSERT_TRUE(ir.ok());
+  EXPECT_TRUE(absl::StrContains((*ir)->ToText(), "bitcast_convert_type %1 : u32[2]"))
+      << (*ir)->ToText();
+}
+
 TEST(FunctionBuilderTest, PsumOfBoolCountsInInt32) {
   FunctionBuilder b("f", "i");
   const int32_t p = b.Parameter(DType::kBool, {3});
@@ -304,11 +383,11 @@ TEST(FunctionBuilderTest, ElementwiseTypeErrors) {
   const int32_t i = b.Parameter(DType::kI32, {2});
   const int32_t p = b.Parameter(DType::kBool, {2});
   const int32_t f = b.Parameter(DType::kF32, {3});
-  ExpectInvalid(b.Binary(OpKind::kAnd, i, p).status(),
-                "and: operands must be bool, got i32[2] and pred[2]");
+  ExpectInvalid(b.Binary(OpKind::kAnd, f, f).status(),
+                "and: operands must be bool or integers, got f32[3] and f32[3]");
   ExpectInvalid(b.Binary(OpKind::kSub, p, p).status(),
                 "sub: boolean subtract is not supported (pred[2] and pred[2]); use logical_xor");
-  ExpectInvalid(b.Unary(OpKind::kNot, i).status(), "not: operand must be bool, got i32[2]");
+  ExpectInvalid(b.Unary(OpKind::kNot, f).status(), "not: operand must be bool or an integer, got f32[3]");
   ExpectInvalid(b.Unary(OpKind::kNeg, p).status(),
                 "neg: negative of a bool is not supported (pred[2]); use logical_not");
   ExpectInvalid(b.Unary(OpKind::kAdd, i).status(), "unary: add is not a unary op");
@@ -317,8 +396,8 @@ TEST(FunctionBuilderTest, ElementwiseTypeErrors) {
   ExpectInvalid(b.Select(p, f, f).status(), "select: incompatible shapes pred[2], f32[3] and f32[3]");
   EXPECT_EQ(b.num_values(), 3);
   // Operand dtypes are unsupported types (Python's TypeError); shapes and op kinds are not.
-  for (const absl::Status& st : {b.Binary(OpKind::kAnd, i, p).status(), b.Binary(OpKind::kSub, p, p).status(),
-                                 b.Unary(OpKind::kNot, i).status(), b.Unary(OpKind::kNeg, p).status(),
+  for (const absl::Status& st : {b.Binary(OpKind::kAnd, f, f).status(), b.Binary(OpKind::kSub, p, p).status(),
+                                 b.Unary(OpKind::kNot, f).status(), b.Unary(OpKind::kNeg, p).status(),
                                  b.Select(i, i, i).status()}) {
     EXPECT_EQ(GetErrorKind(st), ErrorKind::kUnsupportedType) << st;
   }
@@ -878,6 +957,34 @@ TEST(FunctionBuilderScanTest, CollectivesOfBodiesCount) {
   auto ir = b.Build(*r);
   ASSERT_TRUE(ir.ok());
   EXPECT_TRUE((*ir)->has_collectives());
+}
+
+// Folded converts give the kernels' answers (kernel_util.h's ToUint32):
+// float to uint32 saturates, NaN gives 0; integers keep their bits.
+TEST(FunctionIrTest, ConvertOfAConstantToAndFromUint32Folds) {
+  FunctionBuilder b("c", "");
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto c = b.Constant(DType::kF64, {6}, Bytes<double>({nan, 3.7, -0.5, -7.0, 1e10, 4294967295.0}));
+  auto k = b.Constant(DType::kI32, {2}, Bytes<int32_t>({-1, 5}));
+  ASSERT_TRUE(c.ok() && k.ok());
+  auto u = b.Convert(*c, DType::kU32);
+  auto ku = b.Convert(*k, DType::kU32);
+  ASSERT_TRUE(u.ok() && ku.ok());
+  auto back = b.Convert(*ku, DType::kF64);
+  ASSERT_TRUE(back.ok());
+  auto ir = b.Build({*u, *ku, *back});
+  ASSERT_TRUE(ir.ok());
+  for (int32_t v : {*u, *ku, *back}) EXPECT_EQ((*ir)->ops()[v].kind, OpKind::kConstant);
+  std::vector<uint32_t> got(6);
+  std::memcpy(got.data(), (*ir)->ops()[*u].literal.data(), 24);
+  EXPECT_EQ(got, (std::vector<uint32_t>{0, 3, 0, 0, 4294967295u, 4294967295u}));
+  std::memcpy(got.data(), (*ir)->ops()[*ku].literal.data(), 8);
+  EXPECT_EQ(got[0], 4294967295u);
+  EXPECT_EQ(got[1], 5u);
+  double d[2];
+  std::memcpy(d, (*ir)->ops()[*back].literal.data(), 16);
+  EXPECT_EQ(d[0], 4294967295.0);
+  EXPECT_TRUE(absl::StrContains((*ir)->ToText(), "const u32[2] [4294967295, 5]")) << (*ir)->ToText();
 }
 
 }  // namespace

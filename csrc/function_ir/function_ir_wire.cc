@@ -35,7 +35,8 @@ static_assert(std::endian::native == std::endian::little,
 
 #define PW_WIRE_DTYPES(V)                                               \
   V(DType::kF32, wire::DTYPE_F32) V(DType::kF64, wire::DTYPE_F64)       \
-  V(DType::kI32, wire::DTYPE_I32) V(DType::kBool, wire::DTYPE_BOOL)
+  V(DType::kI32, wire::DTYPE_I32) V(DType::kBool, wire::DTYPE_BOOL)   \
+  V(DType::kU32, wire::DTYPE_U32)
 
 #define PW_WIRE_REDUCE_KINDS(V)                                                           \
   V(ReduceKind::kSum, wire::REDUCE_SUM) V(ReduceKind::kMean, wire::REDUCE_MEAN)           \
@@ -102,6 +103,7 @@ void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
       Append(op.type.dims, out->mutable_dims());
       break;
     case OpKind::kConvert:
+    case OpKind::kBitcastConvert:
       out->set_dtype(ToWire(op.type.dtype));
       break;
     case OpKind::kPsum:
@@ -236,7 +238,8 @@ absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
     return WireError(absl::StrFormat("%s: %d dims, more than the %d a value may have",
                                      OpLabel(index, kind), w.dims_size(), kMaxWireRank));
   }
-  if ((kind == OpKind::kParameter || kind == OpKind::kConstant || kind == OpKind::kConvert) &&
+  if ((kind == OpKind::kParameter || kind == OpKind::kConstant || kind == OpKind::kConvert ||
+       kind == OpKind::kBitcastConvert) &&
       !FromWire(w.dtype()).has_value()) {
     return WireError(
         absl::StrFormat("%s: unknown dtype %d", OpLabel(index, kind), static_cast<int>(w.dtype())));
@@ -277,6 +280,8 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
     }
     case OpKind::kConvert:
       return b.Convert(operand(0), *FromWire(w.dtype()));
+    case OpKind::kBitcastConvert:
+      return b.BitcastConvert(operand(0), *FromWire(w.dtype()));
     case OpKind::kSelect:
       return b.Select(operand(0), operand(1), operand(2));
     case OpKind::kPsum:

@@ -74,6 +74,20 @@ std::shared_ptr<const FunctionIr> ElementwiseFunction() {
   outs.push_back(Ok(b.Select(p, x, k)));
   outs.push_back(Ok(b.Convert(x, DType::kI32)));
   outs.push_back(Ok(b.Convert(p, DType::kF64)));
+  // uint32: constants, bitwise ops and shifts (with int32: promoted), bitcasts.
+  const int32_t u = b.Parameter(DType::kU32, {3});
+  const int32_t cu = Ok(b.Constant(DType::kU32, {3}, Bytes<uint32_t>({1, 0x80000000u, 33})));
+  for (OpKind kind : {OpKind::kAnd, OpKind::kOr, OpKind::kXor, OpKind::kShiftLeft,
+                      OpKind::kShiftRightLogical, OpKind::kShiftRightArithmetic}) {
+    outs.push_back(Ok(b.Binary(kind, u, cu)));
+    outs.push_back(Ok(b.Binary(kind, k, u)));
+  }
+  outs.push_back(Ok(b.Unary(OpKind::kNot, u)));
+  outs.push_back(Ok(b.Unary(OpKind::kNot, k)));
+  outs.push_back(Ok(b.Convert(u, DType::kF32)));
+  outs.push_back(Ok(b.Convert(Ok(b.Convert(c64, DType::kU32)), DType::kF64)));  // folded
+  outs.push_back(Ok(b.BitcastConvert(u, DType::kF32)));
+  outs.push_back(Ok(b.BitcastConvert(x, DType::kI32)));
   outs.push_back(Ok(b.Copy(x)));
   const int32_t slow = Ok(b.SimulatedCompute(x, 1500));
   outs.push_back(Ok(b.SimulatedComputeMicros(slow, 2.25)));
@@ -218,7 +232,7 @@ std::shared_ptr<const FunctionIr> RandomFunction(std::mt19937& rng) {
     for (int64_t& a : v) a = small();
     return v;
   };
-  const DType dtypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kBool};
+  const DType dtypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kBool, DType::kU32};
   const int n = 1 + pick(3);
   FunctionBuilder b("random", pick(4) == 0 ? "" : "i");
   if (pick(3) != 0) {
@@ -228,14 +242,14 @@ std::shared_ptr<const FunctionIr> RandomFunction(std::mt19937& rng) {
   for (int i = 0; i < 2; ++i) {
     Dims dims(pick(4));
     for (int64_t& d : dims) d = pick(4);
-    values.push_back(b.Parameter(dtypes[pick(4)], dims));
+    values.push_back(b.Parameter(dtypes[pick(5)], dims));
   }
   auto value = [&] { return values[pick(static_cast<int>(values.size()))]; };
   for (int step = 0; step < 40; ++step) {
     absl::StatusOr<int32_t> v = absl::InvalidArgumentError("none");
     switch (pick(26)) {
       case 0: {
-        const DType dtype = dtypes[pick(4)];
+        const DType dtype = dtypes[pick(5)];
         Dims dims(pick(3));
         for (int64_t& d : dims) d = pick(4);
         std::vector<uint8_t> bytes(NumElements(dims) * DTypeSize(dtype));
@@ -243,8 +257,13 @@ std::shared_ptr<const FunctionIr> RandomFunction(std::mt19937& rng) {
         v = b.Constant(dtype, dims, bytes);
         break;
       }
-      case 1: v = b.Convert(value(), dtypes[pick(4)]); break;
-      case 2: v = b.Binary(static_cast<OpKind>(static_cast<int>(OpKind::kAdd) + pick(17)), value(), value()); break;
+      case 1: {
+        const int32_t x = value();
+        v = pick(4) ? b.Convert(x, dtypes[pick(5)]) : b.BitcastConvert(x, dtypes[pick(5)]);
+        break;
+      }
+      // kAdd to kShiftRightArithmetic are the binary ops, and one more.
+      case 2: v = b.Binary(static_cast<OpKind>(static_cast<int>(OpKind::kAdd) + pick(20)), value(), value()); break;
       case 3: v = b.Unary(static_cast<OpKind>(static_cast<int>(OpKind::kAbs) + pick(9)), value()); break;
       case 4: v = b.Select(value(), value(), value()); break;
       case 5: v = b.Psum(value(), "i"); break;
@@ -596,8 +615,11 @@ TEST(FunctionIrWireTest, BadKindsAndEnums) {
   ExpectWireError(WithOp(3, MakeOp(static_cast<wire::OpKind>(99), {0})), "op 3: unknown kind 99");
   ExpectWireError(WithOp(3, MakeOp(static_cast<wire::OpKind>(-1), {0})), "op 3: unknown kind -1");
   wire::Op param = MakeOp(wire::OP_PARAMETER, {});
-  param.set_dtype(static_cast<wire::DType>(4));
-  ExpectWireError(WithOp(1, param), "op 1 (parameter): unknown dtype 4");
+  param.set_dtype(static_cast<wire::DType>(5));
+  ExpectWireError(WithOp(1, param), "op 1 (parameter): unknown dtype 5");
+  wire::Op bitcast = MakeOp(wire::OP_BITCAST_CONVERT_TYPE, {0});
+  bitcast.set_dtype(static_cast<wire::DType>(7));
+  ExpectWireError(WithOp(3, bitcast), "op 3 (bitcast_convert_type): unknown dtype 7");
   wire::Op convert = MakeOp(wire::OP_CONVERT, {0});
   convert.set_dtype(static_cast<wire::DType>(1000));
   ExpectWireError(WithOp(3, convert), "op 3 (convert): unknown dtype 1000");

@@ -36,10 +36,11 @@ enum class OpClass : uint8_t {
 enum class TypeRule : uint8_t {
   kArithmetic,   // binary: numpy promotion; true division and bool**bool as numpy
   kComparison,   // binary: operands promoted; result bool
-  kLogical,      // binary: bool operands; result bool
+  kBitwise,      // binary: bool or integer operands, promoted; logical on bool (numpy's bitwise_and ...)
+  kShift,        // binary: integer operands (bools compute in int32), promoted
   kNumeric,      // unary: the operand's type; not bool
-  kFloating,     // unary: float result (int32 -> float64, bool -> float32), as numpy's ufuncs
-  kBoolean,      // unary: bool operand, bool result
+  kFloating,     // unary: float result (integers -> float64, bool -> float32), as numpy's ufuncs
+  kInvert,       // unary: bool or integer operand, its type: bitwise not (logical on bool)
   kSame,         // the (first) operand's type
   kIndices,      // int32 positions in the operand, whatever its type: no gradient flows
   kOwn,          // computed by the op's own builder method from its parameters
@@ -66,9 +67,16 @@ enum class TypeRule : uint8_t {
   X(kLe, "le", LE, 2, kElementwise, kComparison)                                       \
   X(kGt, "gt", GT, 2, kElementwise, kComparison)                                       \
   X(kGe, "ge", GE, 2, kElementwise, kComparison)                                       \
-  X(kAnd, "and", AND, 2, kElementwise, kLogical)                                       \
-  X(kOr, "or", OR, 2, kElementwise, kLogical)                                          \
-  X(kXor, "xor", XOR, 2, kElementwise, kLogical)                                       \
+  X(kAnd, "and", AND, 2, kElementwise, kBitwise)                                       \
+  X(kOr, "or", OR, 2, kElementwise, kBitwise)                                          \
+  X(kXor, "xor", XOR, 2, kElementwise, kBitwise)                                       \
+  /* Shift counts outside [0, bit width) give 0, or the sign for arithmetic right      \
+     shifts (as XLA; a negative count is taken as unsigned, so out of range) */        \
+  X(kShiftLeft, "shift_left", SHIFT_LEFT, 2, kElementwise, kShift)                     \
+  X(kShiftRightLogical, "shift_right_logical", SHIFT_RIGHT_LOGICAL, 2, kElementwise,   \
+    kShift)                                                                            \
+  X(kShiftRightArithmetic, "shift_right_arithmetic", SHIFT_RIGHT_ARITHMETIC, 2,        \
+    kElementwise, kShift)                                                              \
   X(kNeg, "neg", NEG, 1, kElementwise, kNumeric)                                       \
   X(kAbs, "abs", ABS, 1, kElementwise, kNumeric)                                       \
   X(kExp, "exp", EXP, 1, kElementwise, kFloating)                                      \
@@ -78,7 +86,10 @@ enum class TypeRule : uint8_t {
   X(kRsqrt, "rsqrt", RSQRT, 1, kElementwise, kFloating)                                \
   X(kSin, "sin", SIN, 1, kElementwise, kFloating)                                      \
   X(kCos, "cos", COS, 1, kElementwise, kFloating)                                      \
-  X(kNot, "not", NOT, 1, kElementwise, kBoolean)                                       \
+  X(kNot, "not", NOT, 1, kElementwise, kInvert)                                        \
+  /* The operand's bits as Op::type.dtype, of the same size (jax.lax's name) */        \
+  X(kBitcastConvert, "bitcast_convert_type", BITCAST_CONVERT_TYPE, 1, kElementwise,    \
+    kOwn)                                                                              \
   /* where(cond, x, y): cond bool; numpy broadcasting of all three */                  \
   X(kSelect, "select", SELECT, 3, kElementwise, kOwn)                                  \
   /* Identity; the gang holds its devices at least the sum of these durations */       \
@@ -169,7 +180,8 @@ inline constexpr TypeRule GetTypeRule(OpKind kind) { return GetOpInfo(kind).type
 inline constexpr bool IsBinaryOp(OpKind kind) {
   return GetOpClass(kind) == OpClass::kElementwise && GetOpInfo(kind).arity == 2;
 }
-// FunctionBuilder::Unary's ops: elementwise with arity 1, except convert.
+// FunctionBuilder::Unary's ops: elementwise with arity 1, except convert and
+// bitcast_convert_type.
 inline constexpr bool IsUnaryOp(OpKind kind) {
   return GetOpClass(kind) == OpClass::kElementwise && GetOpInfo(kind).arity == 1 &&
          GetTypeRule(kind) != TypeRule::kOwn;

@@ -378,7 +378,8 @@ class HostExecutor::GroupCollectives final : public GangCollectives {
         std::memcpy(slot, &v, sizeof v);
         return;
       }
-      case DType::kI32: {
+      case DType::kI32:
+      case DType::kU32: {  // 0 and 1 have the same bits in both
         const int32_t v = value ? 1 : 0;
         std::memcpy(slot, &v, sizeof v);
         return;
@@ -400,7 +401,8 @@ class HostExecutor::GroupCollectives final : public GangCollectives {
         std::memcpy(&v, slot, sizeof v);
         return v != 0.0;
       }
-      case DType::kI32: {
+      case DType::kI32:
+      case DType::kU32: {
         int32_t v;
         std::memcpy(&v, slot, sizeof v);
         return v != 0;

@@ -1,6 +1,7 @@
 #include "csrc/kernels/elementwise.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -182,35 +183,38 @@ void Select(int num_shards, int64_t n, View c, View x, View y, T* out,
   }
 }
 
-// Arithmetic, max and min: operands and result of type T.
+// Arithmetic, max, min, bitwise ops and shifts: operands and result of type T.
 template <typename T>
 void RunArithmetic(OpKind kind, int num_shards, int64_t n, View a, View b, void* out,
                    const BroadcastPlan* plan) {
   T* o = static_cast<T*>(out);
   auto map = [&](auto f) { Map2<T, T, T>(num_shards, n, a, b, o, plan, f); };
   constexpr bool kInt = std::is_same_v<T, int32_t>;
+  constexpr bool kUint = std::is_same_v<T, uint32_t>;  // wraps by itself
   constexpr bool kBool = std::is_same_v<T, bool>;
+  constexpr bool kFloat = std::is_floating_point_v<T>;
   switch (kind) {
     case OpKind::kAdd:
       if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) + uint32_t(y)); });
       if constexpr (kBool) return map([](T x, T y) { return x || y; });
-      if constexpr (!kInt && !kBool) return map([](T x, T y) { return x + y; });
+      if constexpr (kFloat || kUint) return map([](T x, T y) { return T(x + y); });
       return;
     case OpKind::kSub:
       if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) - uint32_t(y)); });
-      if constexpr (!kInt && !kBool) return map([](T x, T y) { return x - y; });
+      if constexpr (kFloat || kUint) return map([](T x, T y) { return T(x - y); });
       return;  // bool: rejected by the builder
     case OpKind::kMul:
       if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) * uint32_t(y)); });
       if constexpr (kBool) return map([](T x, T y) { return x && y; });
-      if constexpr (!kInt && !kBool) return map([](T x, T y) { return x * y; });
+      if constexpr (kFloat || kUint) return map([](T x, T y) { return T(x * y); });
       return;
     case OpKind::kDiv:
-      if constexpr (std::is_floating_point_v<T>) return map([](T x, T y) { return x / y; });
+      if constexpr (kFloat) return map([](T x, T y) { return x / y; });
       return;  // integers divide in float64 (the builder converts)
     case OpKind::kPow:
       if constexpr (kInt) return map([](T x, T y) { return IntPow(x, y); });
-      if constexpr (std::is_floating_point_v<T>) {
+      if constexpr (kUint) return map([](T x, T y) { return UintPow(x, y); });
+      if constexpr (kFloat) {
         return map([](T x, T y) { return static_cast<T>(std::pow(x, y)); });
       }
       return;
@@ -220,12 +224,24 @@ void RunArithmetic(OpKind kind, int num_shards, int64_t n, View a, View b, void*
       return map([](T x, T y) { return Min(x, y); });
     case OpKind::kAnd:
       if constexpr (kBool) return map([](T x, T y) { return x && y; });
+      if constexpr (kInt || kUint) return map([](T x, T y) { return T(x & y); });
       return;
     case OpKind::kOr:
       if constexpr (kBool) return map([](T x, T y) { return x || y; });
+      if constexpr (kInt || kUint) return map([](T x, T y) { return T(x | y); });
       return;
     case OpKind::kXor:
       if constexpr (kBool) return map([](T x, T y) { return x != y; });
+      if constexpr (kInt || kUint) return map([](T x, T y) { return T(x ^ y); });
+      return;
+    case OpKind::kShiftLeft:
+      if constexpr (kInt || kUint) return map([](T x, T y) { return ShiftLeft(x, y); });
+      return;  // bool and floats: rejected or converted by the builder
+    case OpKind::kShiftRightLogical:
+      if constexpr (kInt || kUint) return map([](T x, T y) { return ShiftRightLogical(x, y); });
+      return;
+    case OpKind::kShiftRightArithmetic:
+      if constexpr (kInt || kUint) return map([](T x, T y) { return ShiftRightArithmetic(x, y); });
       return;
     default:
       return;
@@ -294,6 +310,7 @@ void RunUnary(OpKind kind, int num_shards, int64_t n, View x, void* out) {
   switch (kind) {
     case OpKind::kNeg:
       if constexpr (std::is_same_v<T, int32_t>) return map([](T v) { return Wrap(0u - uint32_t(v)); });
+      if constexpr (std::is_same_v<T, uint32_t>) return map([](T v) { return T(0u - v); });
       if constexpr (kFloat) return map([](T v) { return -v; });
       return;
     case OpKind::kAbs:
@@ -304,6 +321,7 @@ void RunUnary(OpKind kind, int num_shards, int64_t n, View x, void* out) {
       return map([](T v) { return v; });
     case OpKind::kNot:
       if constexpr (std::is_same_v<T, bool>) return map([](T v) { return !v; });
+      if constexpr (std::is_integral_v<T>) return map([](T v) { return T(~v); });
       return;
     case OpKind::kSimulatedCompute:  // the time is spent by the executor, not here
       return map([](T v) { return v; });
@@ -346,14 +364,19 @@ Out ConvertElement(In v) {
   if constexpr (std::is_same_v<Out, bool>) {
     return v != In(0);
   } else if constexpr (std::is_same_v<Out, int32_t> && std::is_floating_point_v<In>) {
-    // Out-of-range and NaN are undefined in C++; give INT32_MIN as x86 numpy does.
-    if (!(v >= In(-2147483648.0) && v < In(2147483648.0))) {
-      return std::numeric_limits<int32_t>::min();
-    }
-    return static_cast<int32_t>(v);
+    return ToInt32(v);
+  } else if constexpr (std::is_same_v<Out, uint32_t> && std::is_floating_point_v<In>) {
+    return ToUint32(v);
   } else {
-    return static_cast<Out>(v);
+    return static_cast<Out>(v);  // between integers: modulo 2^32 (C++20)
   }
+}
+
+// The bits of each element of x, of type In, as type Out of the same size.
+template <typename In, typename Out>
+void RunBitcast(int num_shards, int64_t n, View x, void* out) {
+  static_assert(sizeof(In) == sizeof(Out));
+  Map1<In>(num_shards, n, x, static_cast<Out*>(out), [](In v) { return std::bit_cast<Out>(v); });
 }
 
 template <typename In>
@@ -381,6 +404,14 @@ void RunElementwise(const Op& op, DType in_dtype, int num_shards, int64_t n, Vie
     DispatchDType(in_dtype, [&](auto* tag) {
       using In = std::remove_pointer_t<decltype(tag)>;
       RunConvert<In>(op.type.dtype, num_shards, n, x, out);
+    });
+  } else if (op.kind == OpKind::kBitcastConvert) {
+    DispatchDType(in_dtype, [&](auto* in_tag) {
+      using In = std::remove_pointer_t<decltype(in_tag)>;
+      DispatchDType(op.type.dtype, [&](auto* out_tag) {
+        using Out = std::remove_pointer_t<decltype(out_tag)>;
+        if constexpr (sizeof(In) == sizeof(Out)) RunBitcast<In, Out>(num_shards, n, x, out);
+      });
     });
   } else if (IsBinaryKind(op.kind)) {
     DispatchDType(op.type.dtype, [&](auto* tag) {

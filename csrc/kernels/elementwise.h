@@ -1,7 +1,7 @@
 #ifndef PATHWAYS_KERNELS_ELEMENTWISE_H_
 #define PATHWAYS_KERNELS_ELEMENTWISE_H_
 
-// Elementwise kernels: casts, unary, binary, comparisons and select, over
+// Elementwise kernels: casts and bitcasts, unary, binary, comparisons and select, over
 // the shards of a gang (numpy broadcasting and promotion, as the builder
 // typed them), and the kernels' classification of those ops.
 
@@ -32,7 +32,7 @@ bool IsUnaryKind(OpKind kind);
 // Everything RunElementwise runs.
 bool IsElementwiseKind(OpKind kind);
 
-// Runs a kConvert, unary, binary, comparison or select op (operands x, y, z
+// Runs a kConvert, kBitcastConvert, unary, binary, comparison or select op (operands x, y, z
 // as the op has them; `in_dtype` is x's) over `num_shards` shards of `n`
 // elements each into `out`. `plan` is the op's broadcast plan, or null when
 // every operand is of the result's shape or a scalar.

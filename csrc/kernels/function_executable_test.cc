@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <limits>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "csrc/base/allocation_counter.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/mutex.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/kernels/vector_math.h"
@@ -61,7 +64,7 @@ struct alignas(64) Block {
 // reading an unwritten value shows up in the results.
 std::vector<std::vector<uint8_t>> RunGang(const FunctionExecutable& exe, int num_shards,
                                           const std::vector<std::vector<uint8_t>>& inputs,
-                                          int64_t* allocations = nullptr) {
+                                          int64_t* allocations = nullptr, uint8_t garbage = 0xff) {
   EXPECT_EQ(static_cast<int>(inputs.size()), exe.ir().num_params());
   std::vector<const void*> in;
   for (int i = 0; i < exe.ir().num_params(); ++i) {
@@ -71,11 +74,11 @@ std::vector<std::vector<uint8_t>> RunGang(const FunctionExecutable& exe, int num
   std::vector<std::vector<uint8_t>> outputs;
   std::vector<void*> out;
   for (int i = 0; i < exe.ir().num_outputs(); ++i) {
-    outputs.emplace_back(exe.output_bytes(i) * num_shards, 0xff);
+    outputs.emplace_back(exe.output_bytes(i) * num_shards, garbage);
   }
   for (auto& o : outputs) out.push_back(o.data());
   std::vector<Block> scratch((exe.scratch_bytes(num_shards) + 63) / 64);
-  if (!scratch.empty()) std::memset(scratch.data(), 0xff, scratch.size() * sizeof(Block));
+  if (!scratch.empty()) std::memset(scratch.data(), garbage, scratch.size() * sizeof(Block));
 
   StartCountingAllocations();
   exe.Run(num_shards, in, out, scratch.data());
@@ -402,45 +405,52 @@ TEST(FunctionExecutableReshapeTest, AReshapeOfADyingValueSharesItsSlot) {
   }
 }
 
-// Every elementwise op of the registry has a kernel for the dtypes its type
-// rule gives it: the kernels' switches have defaults, so an op added to the
-// registry without its case would leave its output unwritten (0xff bytes:
-// NaN, or a bool that is neither 0 nor 1).
+// Every elementwise op of the registry has a kernel for every dtype its type
+// rule takes: the kernels' switches have defaults, so an op added to the
+// registry without its case would leave its output unwritten. Each is run
+// twice over outputs of different garbage (0xff and 0x00 bytes): the results
+// agree only where they were written.
 TEST(FunctionExecutableRegistryTest, EveryElementwiseOpHasAKernel) {
   for (const OpInfo& info : kOpRegistry) {
     if (!IsBinaryOp(info.kind) && !IsUnaryOp(info.kind)) continue;
-    const bool on_bools =
-        info.type_rule == TypeRule::kLogical || info.type_rule == TypeRule::kBoolean;
-    for (DType dtype : {DType::kF32, DType::kF64}) {
+    for (DType dtype : {DType::kF32, DType::kF64, DType::kI32, DType::kU32, DType::kBool}) {
       SCOPED_TRACE(absl::StrCat(info.name, " ", DTypeName(dtype)));
-      const DType in = on_bools ? DType::kBool : dtype;
       FunctionBuilder b("f", "i");
-      const int32_t x = b.Parameter(in, {3});
-      const int32_t y = b.Parameter(in, {3});
+      const int32_t x = b.Parameter(dtype, {3});
+      const int32_t y = b.Parameter(dtype, {3});
       auto r = IsBinaryOp(info.kind) ? b.Binary(info.kind, x, y) : b.Unary(info.kind, x);
-      ASSERT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) {  // a dtype the op's rule refuses
+        EXPECT_EQ(GetErrorKind(r.status()), ErrorKind::kUnsupportedType) << r.status();
+        continue;
+      }
       auto ir = b.Build({*r});
       ASSERT_TRUE(ir.ok()) << ir.status();
       auto exe = FunctionExecutable::Compile(*ir);
       ASSERT_TRUE(exe.ok()) << exe.status();
       std::vector<std::vector<uint8_t>> inputs;
       for (int p = 0; p < 2; ++p) {
-        if (on_bools) {
-          inputs.push_back({1, 0, 1, 1, 1, 0});
-        } else if (dtype == DType::kF32) {
-          inputs.push_back(Bytes(std::vector<float>{0.5f, 1.5f, 2.f, 0.75f, 1.f, 3.f}));
-        } else {
-          inputs.push_back(Bytes(std::vector<double>{0.5, 1.5, 2., 0.75, 1., 3.}));
+        switch (dtype) {
+          case DType::kBool:
+            inputs.push_back({1, 0, 1, 1, 1, 0});
+            break;
+          case DType::kF32:
+            inputs.push_back(Bytes(std::vector<float>{0.5f, 1.5f, 2.f, 0.75f, 1.f, 3.f}));
+            break;
+          case DType::kF64:
+            inputs.push_back(Bytes(std::vector<double>{0.5, 1.5, 2., 0.75, 1., 3.}));
+            break;
+          case DType::kI32:
+            inputs.push_back(Bytes(std::vector<int32_t>{1, 2, 3, 7, 1, 5}));
+            break;
+          case DType::kU32:
+            inputs.push_back(Bytes(std::vector<uint32_t>{1, 2, 3, 7, 1, 5}));
+            break;
         }
       }
       const std::vector<uint8_t> out = RunGang(**exe, 2, inputs)[0];
-      const DType result = (*ir)->output_type(0).dtype;
-      if (result == DType::kBool) {
+      EXPECT_EQ(RunGang(**exe, 2, inputs, nullptr, 0x00)[0], out);
+      if ((*ir)->output_type(0).dtype == DType::kBool) {
         for (uint8_t v : out) EXPECT_LE(v, 1);
-      } else if (result == DType::kF32) {
-        for (float v : Values<float>(out)) EXPECT_FALSE(std::isnan(v));
-      } else {
-        for (double v : Values<double>(out)) EXPECT_FALSE(std::isnan(v));
       }
     }
   }
@@ -691,6 +701,246 @@ TEST(FunctionExecutableElementwiseTest, Int32ArithmeticWrapsAndDividesInFloat) {
       EXPECT_EQ(got_neg[o + 0], -7);
     }
   }
+}
+
+TEST(FunctionExecutableElementwiseTest, Uint32ArithmeticWrapsAndConverts) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kU32, {4});
+  const int32_t y = b.Parameter(DType::kU32, {4});
+  auto sum = b.Binary(OpKind::kAdd, x, y);
+  auto diff = b.Binary(OpKind::kSub, x, y);
+  auto prod = b.Binary(OpKind::kMul, x, y);
+  auto quot = b.Binary(OpKind::kDiv, x, y);  // f64
+  auto pw = b.Binary(OpKind::kPow, x, y);
+  auto mx = b.Binary(OpKind::kMax, x, y);
+  auto lt = b.Binary(OpKind::kLt, x, y);
+  auto ng = b.Unary(OpKind::kNeg, x);
+  auto tof = b.Convert(x, DType::kF32);
+  auto toi = b.Convert(x, DType::kI32);
+  ASSERT_TRUE(sum.ok() && diff.ok() && prod.ok() && quot.ok() && pw.ok() && mx.ok() && lt.ok() &&
+              ng.ok() && tof.ok() && toi.ok());
+  auto exe = MustCompile(b.Build({*sum, *diff, *prod, *quot, *pw, *mx, *lt, *ng, *tof, *toi}));
+  ASSERT_NE(exe, nullptr);
+  const std::vector<uint32_t> xv = {7, 4294967295u, 2147483648u, 3};
+  const std::vector<uint32_t> yv = {2, 1, 2147483648u, 21};
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    std::vector<uint32_t> xs, ys;
+    for (int s = 0; s < shards; ++s) {
+      xs.insert(xs.end(), xv.begin(), xv.end());
+      ys.insert(ys.end(), yv.begin(), yv.end());
+    }
+    const auto out = RunGang(*exe, shards, {Bytes(xs), Bytes(ys)});
+    const auto got_sum = Values<uint32_t>(out[0]);
+    const auto got_diff = Values<uint32_t>(out[1]);
+    const auto got_prod = Values<uint32_t>(out[2]);
+    const auto got_quot = Values<double>(out[3]);
+    const auto got_pow = Values<uint32_t>(out[4]);
+    const auto got_max = Values<uint32_t>(out[5]);
+    const auto& got_lt = out[6];
+    const auto got_neg = Values<uint32_t>(out[7]);
+    const auto got_f = Values<float>(out[8]);
+    const auto got_i = Values<int32_t>(out[9]);
+    for (int s = 0; s < shards; ++s) {
+      const int o = 4 * s;
+      EXPECT_EQ(got_sum[o + 1], 0u);  // wraps, as numpy
+      EXPECT_EQ(got_sum[o + 2], 0u);
+      EXPECT_EQ(got_diff[o + 0], 5u);
+      EXPECT_EQ(got_diff[o + 3], 4294967278u);
+      EXPECT_EQ(got_prod[o + 1], 4294967295u);
+      EXPECT_EQ(got_prod[o + 2], 0u);
+      EXPECT_EQ(got_quot[o + 1], 4294967295.0);
+      EXPECT_EQ(got_quot[o + 0], 3.5);
+      EXPECT_EQ(got_pow[o + 0], 49u);
+      EXPECT_EQ(got_pow[o + 3], 1870418611u);  // 3**21 mod 2**32
+      EXPECT_EQ(got_max[o + 1], 4294967295u);  // compared unsigned
+      EXPECT_EQ(got_lt[o + 1], 0);
+      EXPECT_EQ(got_lt[o + 3], 1);
+      EXPECT_EQ(got_neg[o + 0], 4294967289u);
+      EXPECT_EQ(got_f[o + 1], 4294967296.0f);
+      EXPECT_EQ(got_i[o + 1], -1);
+      EXPECT_EQ(got_i[o + 2], std::numeric_limits<int32_t>::min());
+    }
+  }
+}
+
+TEST(FunctionExecutableElementwiseTest, FloatToUint32TruncatesAndSaturates) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {8});
+  const int32_t d = b.Parameter(DType::kF64, {8});
+  auto u = b.Convert(x, DType::kU32);
+  auto ud = b.Convert(d, DType::kU32);
+  ASSERT_TRUE(u.ok() && ud.ok());
+  auto exe = MustCompile(b.Build({*u, *ud}));
+  ASSERT_NE(exe, nullptr);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> xs = {3.9f, -0.5f, -7.f, 4294967296.f, inf, -inf, std::nanf(""), 0.f};
+  std::vector<double> ds(xs.begin(), xs.end());
+  ds[3] = 4294967295.5;
+  ds[7] = 4294967294.0;
+  const auto out = RunGang(*exe, 1, {Bytes(xs), Bytes(ds)});
+  EXPECT_EQ(Values<uint32_t>(out[0]),
+            (std::vector<uint32_t>{3, 0, 0, 4294967295u, 4294967295u, 0, 0, 0}));
+  EXPECT_EQ(Values<uint32_t>(out[1]),
+            (std::vector<uint32_t>{3, 0, 0, 4294967295u, 4294967295u, 0, 0, 4294967294u}));
+}
+
+// Bitwise ops on both integer types and bool, and shifts with XLA's
+// out-of-range counts, against a scalar reference.
+TEST(FunctionExecutableElementwiseTest, BitwiseOpsAndShifts) {
+  const std::vector<int32_t> xv = {-8, 0x12345678, 1, -1, std::numeric_limits<int32_t>::min(),
+                                   5, -3, 0x7fffffff, 6};
+  const std::vector<int32_t> nv = {1, 4, 31, 32, 33, -1, 0, 1000, 2};
+  for (DType dtype : {DType::kI32, DType::kU32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    FunctionBuilder b("f", "");
+    const int32_t x = b.Parameter(dtype, {9});
+    const int32_t n = b.Parameter(dtype, {9});
+    std::vector<int32_t> outs;
+    for (OpKind kind : {OpKind::kAnd, OpKind::kOr, OpKind::kXor, OpKind::kShiftLeft,
+                        OpKind::kShiftRightLogical, OpKind::kShiftRightArithmetic}) {
+      auto v = b.Binary(kind, x, n);
+      ASSERT_TRUE(v.ok()) << v.status();
+      outs.push_back(*v);
+    }
+    auto inv = b.Unary(OpKind::kNot, x);
+    ASSERT_TRUE(inv.ok()) << inv.status();
+    outs.push_back(*inv);
+    auto exe = MustCompile(b.Build(outs));
+    ASSERT_NE(exe, nullptr);
+    for (int shards : kShardCounts) {
+      SCOPED_TRACE(testing::Message() << "shards=" << shards);
+      std::vector<int32_t> xs, ns;
+      for (int s = 0; s < shards; ++s) {
+        xs.insert(xs.end(), xv.begin(), xv.end());
+        ns.insert(ns.end(), nv.begin(), nv.end());
+      }
+      const auto out = RunGang(*exe, shards, {Bytes(xs), Bytes(ns)});
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const uint32_t a = static_cast<uint32_t>(xs[i]);
+        const uint32_t c = static_cast<uint32_t>(ns[i]);
+        const bool in_range = c < 32;
+        const uint32_t sign_fill = xs[i] < 0 ? 0xffffffffu : 0u;
+        const uint32_t expected[] = {
+            a & c, a | c, a ^ c, in_range ? a << c : 0u, in_range ? a >> c : 0u,
+            in_range ? static_cast<uint32_t>(xs[i] >> c) : sign_fill, ~a};
+        for (size_t k = 0; k < 7; ++k) {
+          EXPECT_EQ(Values<uint32_t>(out[k])[i], expected[k]) << "op " << k << " element " << i;
+        }
+      }
+    }
+  }
+  FunctionBuilder b("f", "");
+  const int32_t p = b.Parameter(DType::kBool, {4});
+  const int32_t q = b.Parameter(DType::kBool, {4});
+  auto a = b.Binary(OpKind::kAnd, p, q);
+  auto o = b.Binary(OpKind::kOr, p, q);
+  auto x = b.Binary(OpKind::kXor, p, q);
+  auto n = b.Unary(OpKind::kNot, p);
+  ASSERT_TRUE(a.ok() && o.ok() && x.ok() && n.ok());
+  auto exe = MustCompile(b.Build({*a, *o, *x, *n}));
+  ASSERT_NE(exe, nullptr);
+  const auto out = RunGang(*exe, 1, {{0, 0, 1, 1}, {0, 1, 0, 1}});
+  EXPECT_EQ(out[0], (std::vector<uint8_t>{0, 0, 0, 1}));
+  EXPECT_EQ(out[1], (std::vector<uint8_t>{0, 1, 1, 1}));
+  EXPECT_EQ(out[2], (std::vector<uint8_t>{0, 1, 1, 0}));
+  EXPECT_EQ(out[3], (std::vector<uint8_t>{1, 1, 0, 0}));  // logical, not ~1 = 0xfe
+}
+
+TEST(FunctionExecutableElementwiseTest, BitcastConvertKeepsTheBits) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {4});
+  auto u = b.BitcastConvert(x, DType::kU32);
+  ASSERT_TRUE(u.ok());
+  auto i = b.BitcastConvert(*u, DType::kI32);
+  ASSERT_TRUE(i.ok());
+  // JAX's uniform floats: mantissa bits under the exponent of 1.0, minus 1.
+  auto shifted = b.Binary(OpKind::kShiftRightLogical, *u, ScalarConstant<uint32_t>(b, 9));
+  ASSERT_TRUE(shifted.ok());
+  auto one_bits = b.Binary(OpKind::kOr, *shifted, ScalarConstant<uint32_t>(b, 0x3f800000u));
+  ASSERT_TRUE(one_bits.ok());
+  auto f = b.BitcastConvert(*one_bits, DType::kF32);
+  ASSERT_TRUE(f.ok());
+  auto exe = MustCompile(b.Build({*u, *i, *f}));
+  ASSERT_NE(exe, nullptr);
+  const float nan = std::bit_cast<float>(0xffc00001u);
+  const std::vector<float> xs = {1.0f, -0.0f, nan, -2.5f};
+  for (int shards : kShardCounts) {
+    std::vector<float> all;
+    for (int s = 0; s < shards; ++s) all.insert(all.end(), xs.begin(), xs.end());
+    const auto out = RunGang(*exe, shards, {Bytes(all)});
+    const auto got_u = Values<uint32_t>(out[0]);
+    const auto got_i = Values<int32_t>(out[1]);
+    const auto got_f = Values<float>(out[2]);
+    for (size_t k = 0; k < all.size(); ++k) {
+      const uint32_t bits = std::bit_cast<uint32_t>(all[k]);
+      EXPECT_EQ(got_u[k], bits);
+      EXPECT_EQ(got_i[k], static_cast<int32_t>(bits));
+      EXPECT_EQ(std::bit_cast<uint32_t>(got_f[k]), (bits >> 9) | 0x3f800000u);
+    }
+  }
+}
+
+// uint32 through the other kernels: reductions, collectives, top_k, take,
+// matmul and data movement, compared unsigned and wrapping.
+TEST(FunctionExecutableUint32Test, ReductionsCollectivesAndDataMovement) {
+  FunctionBuilder b("f", "i");
+  ASSERT_TRUE(b.SetAxisSize(2).ok());
+  const int32_t x = b.Parameter(DType::kU32, {2, 3});
+  auto sum = b.Reduce(ReduceKind::kSum, x, nullptr, false);
+  auto mx = b.Reduce(ReduceKind::kMax, x, nullptr, false);
+  auto am = b.Reduce(ReduceKind::kArgmax, x, nullptr, false);
+  auto mean = b.Reduce(ReduceKind::kMean, x, nullptr, false);
+  auto ps = b.Psum(x, "i");
+  auto pm = b.Pcollective(OpKind::kPmax, x, "i");
+  auto pn = b.Pcollective(OpKind::kPmin, x, "i");
+  auto ag = b.AllGather(x, "i", 0);
+  auto tk = b.TopK(x, 2);
+  ASSERT_TRUE(sum.ok() && mx.ok() && am.ok() && mean.ok() && ps.ok() && pm.ok() && pn.ok() &&
+              ag.ok() && tk.ok());
+  auto rows = b.Constant(DType::kI32, {2}, Bytes<int32_t>({1, 0}));
+  ASSERT_TRUE(rows.ok());
+  auto taken = b.Take(x, *rows, 0);
+  auto tr = b.Transpose(x, {1, 0});
+  auto mm = b.Matmul(x, *tr);
+  ASSERT_TRUE(taken.ok() && tr.ok() && mm.ok());
+  auto exe = MustCompile(b.Build({*sum, *mx, *am, *mean, *ps, *pm, *pn, *ag, *tk, *taken, *mm}));
+  ASSERT_NE(exe, nullptr);
+  const std::vector<uint32_t> xs = {4294967295u, 2, 3, 1, 2147483648u, 0,   // shard 0
+                                    5, 4294967294u, 7, 8, 9, 10};           // shard 1
+  const auto out = RunGang(*exe, 2, {Bytes(xs)});
+  EXPECT_EQ(Values<uint32_t>(out[0]), (std::vector<uint32_t>{2147483653u, 37u}));
+  EXPECT_EQ(Values<uint32_t>(out[1]), (std::vector<uint32_t>{4294967295u, 4294967294u}));
+  EXPECT_EQ(Values<int32_t>(out[2]), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(Values<double>(out[3])[0], (4294967295.0 + 2 + 3 + 1 + 2147483648.0) / 6);
+  std::vector<uint32_t> sums, maxes, mins;
+  for (int j = 0; j < 6; ++j) {
+    sums.push_back(xs[j] + xs[6 + j]);
+    maxes.push_back(std::max(xs[j], xs[6 + j]));
+    mins.push_back(std::min(xs[j], xs[6 + j]));
+  }
+  for (int s = 0; s < 2; ++s) {
+    const auto shard = [&](const std::vector<uint8_t>& o) {
+      const auto v = Values<uint32_t>(o);
+      return std::vector<uint32_t>(v.begin() + s * 6, v.begin() + s * 6 + 6);
+    };
+    EXPECT_EQ(shard(out[4]), sums);
+    EXPECT_EQ(shard(out[5]), maxes);
+    EXPECT_EQ(shard(out[6]), mins);
+  }
+  EXPECT_EQ(Values<uint32_t>(out[7]),
+            (std::vector<uint32_t>{4294967295u, 2, 3, 1, 2147483648u, 0, 5, 4294967294u, 7, 8, 9,
+                                   10, 4294967295u, 2, 3, 1, 2147483648u, 0, 5, 4294967294u, 7, 8,
+                                   9, 10}));
+  EXPECT_EQ(Values<int32_t>(out[8]), (std::vector<int32_t>{0, 2, 1, 0, 1, 2, 2, 1}));
+  EXPECT_EQ(Values<uint32_t>(out[9]),
+            (std::vector<uint32_t>{1, 2147483648u, 0, 4294967295u, 2, 3, 8, 9, 10, 5,
+                                   4294967294u, 7}));
+  // x @ x.T modulo 2^32, shard 0: rows r0 = (-1, 2, 3), r1 = (1, 2^31, 0) as residues.
+  const auto got_mm = Values<uint32_t>(out[10]);
+  EXPECT_EQ(got_mm[0], 1u + 4 + 9);
+  EXPECT_EQ(got_mm[1], 4294967295u + 0u);  // -1 + 2 * 2^31 = -1 mod 2^32
+  EXPECT_EQ(got_mm[3], 1u);                // 1 + 2^62 mod 2^32
 }
 
 TEST(FunctionExecutableElementwiseTest, UnaryMathLogicAndConverts) {
@@ -1432,7 +1682,8 @@ std::vector<std::vector<uint8_t>> GangInputs(const FunctionExecutable& exe, int 
         case DType::kF64:
           std::memcpy(bytes.data() + j * 8, &v, 8);
           break;
-        case DType::kI32: {
+        case DType::kI32:
+        case DType::kU32: {
           const int32_t k = static_cast<int32_t>(static_cast<uint32_t>(j + i) * 2654435761u);
           std::memcpy(bytes.data() + j * 4, &k, 4);
           break;
@@ -1569,6 +1820,9 @@ class ThreadedGang {
         break;
       case DType::kI32:
         reduce(static_cast<int32_t*>(nullptr));
+        break;
+      case DType::kU32:
+        reduce(static_cast<uint32_t*>(nullptr));
         break;
       case DType::kBool:
         reduce(static_cast<bool*>(nullptr));

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "csrc/function_ir/function_ir.h"
@@ -53,9 +54,9 @@ class ByteReader {
   size_t pos_ = 0;
 };
 
-constexpr DType kDTypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kBool};
+constexpr DType kDTypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kBool, DType::kU32};
 
-DType PickDType(ByteReader& in) { return kDTypes[in.Byte() % 4]; }
+DType PickDType(ByteReader& in) { return kDTypes[in.Byte() % std::size(kDTypes)]; }
 
 void RunOne(const uint8_t* data, size_t size) {
   ByteReader in(data, size);
@@ -66,7 +67,9 @@ void RunOne(const uint8_t* data, size_t size) {
   for (int p = 0; p < 2; ++p) values.push_back(b.Parameter(PickDType(in), in.SmallDims()));
   auto pick = [&] { return values[in.Byte() % values.size()]; };
   const OpKind binary[] = {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow, OpKind::kMax,
-                           OpKind::kMin, OpKind::kEq,  OpKind::kLt,  OpKind::kGe,  OpKind::kAnd, OpKind::kXor};
+                           OpKind::kMin, OpKind::kEq,  OpKind::kLt,  OpKind::kGe,  OpKind::kAnd, OpKind::kXor,
+                           OpKind::kOr,  OpKind::kShiftLeft, OpKind::kShiftRightLogical,
+                           OpKind::kShiftRightArithmetic};
   const OpKind unary[] = {OpKind::kNeg, OpKind::kAbs, OpKind::kExp, OpKind::kLog, OpKind::kTanh,
                           OpKind::kSqrt, OpKind::kRsqrt, OpKind::kSin, OpKind::kNot};
   while (!in.empty() && values.size() < 64) {
@@ -83,8 +86,12 @@ void RunOne(const uint8_t* data, size_t size) {
         v = b.Constant(dtype, dims, bytes);
         break;
       }
-      case 1: v = b.Convert(pick(), PickDType(in)); break;
-      case 2: v = b.Binary(binary[in.Byte() % 12], pick(), pick()); break;
+      case 1: {
+        const int32_t x = pick();
+        v = in.Byte() % 4 ? b.Convert(x, PickDType(in)) : b.BitcastConvert(x, PickDType(in));
+        break;
+      }
+      case 2: v = b.Binary(binary[in.Byte() % std::size(binary)], pick(), pick()); break;
       case 3: v = b.Unary(unary[in.Byte() % 9], pick()); break;
       case 4: v = b.Select(pick(), pick(), pick()); break;
       case 5: v = b.Psum(pick(), in.Byte() % 8 ? "i" : "j"); break;

@@ -187,7 +187,8 @@ void BatchedMatmul(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n
     case DType::kF64:
       return BatchedProduct<double>(trans_a, trans_b, m, n, k, batch, a, a_offsets, b, b_offsets,
                                     out);
-    case DType::kI32:
+    case DType::kI32:  // wraps modulo 2^32: the same bits as uint32's products
+    case DType::kU32:
       return BatchedProduct<uint32_t>(trans_a, trans_b, m, n, k, batch, a, a_offsets, b,
                                       b_offsets, out);
     case DType::kBool:

@@ -117,7 +117,7 @@ void ExpectProduct(const Problem& p, const T* a, const T* b, const T* out) {
           want += static_cast<uint32_t>(At(a, p.trans_a, i, q, m, k)) *
                   static_cast<uint32_t>(At(b, p.trans_b, q, j, k, n));
         }
-        ASSERT_EQ(got, static_cast<int32_t>(want)) << "at (" << i << ", " << j << ")";
+        ASSERT_EQ(got, static_cast<T>(want)) << "at (" << i << ", " << j << ")";
       } else {
         bool want = false;
         for (int64_t q = 0; q < k; ++q) {
@@ -178,6 +178,7 @@ void RunAndCheck(const Problem& p, uint32_t seed) {
     case DType::kF32: return RunAndCheck<float>(p, seed);
     case DType::kF64: return RunAndCheck<double>(p, seed);
     case DType::kI32: return RunAndCheck<int32_t>(p, seed);
+    case DType::kU32: return RunAndCheck<uint32_t>(p, seed);
     case DType::kBool: return RunAndCheck<uint8_t>(p, seed);
   }
 }
@@ -199,7 +200,8 @@ TEST_P(MatmulVsNaiveTest, MatchesNaiveProductForEveryShapeAndLayout) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllDTypesAndTransposes, MatmulVsNaiveTest,
-    ::testing::Combine(::testing::Values(DType::kF32, DType::kF64, DType::kI32, DType::kBool),
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kF64, DType::kI32, DType::kBool,
+                                         DType::kU32),
                        ::testing::Bool(), ::testing::Bool()),
     // No structured binding here: its commas would split the macro's arguments.
     [](const auto& info) {

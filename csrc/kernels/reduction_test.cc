@@ -69,6 +69,7 @@ void CheckFastPathsMatchTheGeneralLoop() {
 TEST(ReductionTest, FastPathsMatchTheGeneralLoopF32) { CheckFastPathsMatchTheGeneralLoop<float>(); }
 TEST(ReductionTest, FastPathsMatchTheGeneralLoopF64) { CheckFastPathsMatchTheGeneralLoop<double>(); }
 TEST(ReductionTest, FastPathsMatchTheGeneralLoopI32) { CheckFastPathsMatchTheGeneralLoop<int32_t>(); }
+TEST(ReductionTest, FastPathsMatchTheGeneralLoopU32) { CheckFastPathsMatchTheGeneralLoop<uint32_t>(); }
 
 TEST(ReductionTest, Layouts) {
   EXPECT_EQ(MakeReducePlan({4, 8}, std::vector<int64_t>{1}).layout, ReducePlan::Layout::kRows);

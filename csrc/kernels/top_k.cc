@@ -20,6 +20,7 @@ inline int64_t OrderKey(double v) {
   return b ^ ((b >> 63) & std::numeric_limits<int64_t>::max());
 }
 inline int32_t OrderKey(int32_t v) { return v; }
+inline uint32_t OrderKey(uint32_t v) { return v; }
 inline int32_t OrderKey(uint8_t v) { return v; }  // bool
 
 // Puts `v` in place of the top of the heap `heap[0, k)` (its worst position
@@ -76,6 +77,8 @@ void TopKRows(DType dtype, int64_t rows, int64_t n, int64_t k, const void* x, in
       return TopKRowsOf(rows, n, k, static_cast<const double*>(x), out);
     case DType::kI32:
       return TopKRowsOf(rows, n, k, static_cast<const int32_t*>(x), out);
+    case DType::kU32:
+      return TopKRowsOf(rows, n, k, static_cast<const uint32_t*>(x), out);
     case DType::kBool:
       return TopKRowsOf(rows, n, k, static_cast<const uint8_t*>(x), out);
   }

@@ -136,6 +136,8 @@ void CheckAgainstStableSort() {
 TEST(TopKRowsTest, MatchesAStableSortF32) { CheckAgainstStableSort<float>(); }
 TEST(TopKRowsTest, MatchesAStableSortF64) { CheckAgainstStableSort<double>(); }
 TEST(TopKRowsTest, MatchesAStableSortI32) { CheckAgainstStableSort<int32_t>(); }
+// uint32 ranks unsigned: the negative patterns wrap to the largest values.
+TEST(TopKRowsTest, MatchesAStableSortU32) { CheckAgainstStableSort<uint32_t>(); }
 TEST(TopKRowsTest, MatchesAStableSortBool) { CheckAgainstStableSort<uint8_t>(); }
 
 }  // namespace

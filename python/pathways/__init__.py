@@ -46,10 +46,18 @@ from pathways._devices import (
     topology,
 )
 from pathways._program import Program, ProgramTracer, program
-from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_map, tree_unflatten
+from pathways._pytree import (
+    PyTreeDef,
+    tree_flatten,
+    tree_leaves,
+    tree_map,
+    tree_structure,
+    tree_unflatten,
+)
 from pathways._trace_state import TracerError, _state
 from pathways._tracer import Tracer
 from pathways._pmap import PmapFunction, _to_array, pmap
+from pathways._jit import JitFunction, jit
 from pathways._collectives import (
     all_gather,
     all_to_all,
@@ -69,10 +77,13 @@ from pathways._diagnose import Diagnosis, HangWarning, diagnose
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
 from pathways import lax  # pw.lax: top_k, scan, fori_loop, ... (like jax.lax)
+from pathways import random  # pw.random: PRNGKey, split, uniform, normal, ... (like jax.random)
+from pathways import optim  # pw.optim: optimizers and schedules (like optax)
 from pathways._control_flow import checkpoint
 
 remat = checkpoint  # jax.remat's name
 from pathways import testing  # pw.testing: fault injection
+from pathways import tree_util  # pw.tree_util: pytrees (like jax.tree_util)
 from pathways._tenancy import (
     Client,
     Timeline,
@@ -109,8 +120,8 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
     to `devices[i]`. `x` may be a pytree; every leaf is put.
 
     Args:
-      x: A pytree of numpy arrays (float32, float64, int32 or bool; other
-        integer dtypes become int32, as for `pmap` arguments) or array-likes
+      x: A pytree of numpy arrays (float32, float64, int32, uint32 or bool;
+        other integer dtypes become int32, as for `pmap` arguments) or array-likes
         (Python floats become float64, ints int32), each with leading axis
         `len(devices)`, or `ShardedBuffer`s (copied).
       devices: Virtual devices (e.g. a slice's `.tpus`), a `VirtualSlice`, or
@@ -179,6 +190,8 @@ __all__ = [
     "VirtualDevice",
     # Compiled functions and programs.
     "pmap",
+    "jit",
+    "JitFunction",
     "psum",
     "pmean",
     "pmax",
@@ -222,6 +235,8 @@ __all__ = [
     "tree_unflatten",
     "tree_leaves",
     "tree_map",
+    "tree_structure",
+    "tree_util",
     # Statistics.
     "memory_stats",
     "transfer_stats",

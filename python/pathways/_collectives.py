@@ -50,8 +50,9 @@ def _pcollective(name: str, x: Any, axis_name: str) -> Any:
 def pmean(x: Any, axis_name: str) -> Any:
     """Mean of `x` over the devices of axis `axis_name`, like `jax.lax.pmean`.
 
-    A float leaf keeps its type. An integer leaf (int32, or a Python int or
-    bool) gives float64: like JAX's `psum(x) / n`, the mean is not truncated.
+    A float leaf keeps its type. An integer leaf (int32, uint32, or a Python
+    int or bool) gives float64: like JAX's `psum(x) / n`, the mean is not
+    truncated (the sum wraps as psum's does).
 
     Raises:
       NameError: If `axis_name` is not bound by the enclosing pmap.
@@ -64,7 +65,10 @@ def pmean(x: Any, axis_name: str) -> Any:
             leaf = float(leaf)  # a Python int or bool: JAX's psum(x) / n
         dtype = leaf.dtype if isinstance(leaf, Tracer) else np.asarray(leaf).dtype
         if np.issubdtype(dtype, np.integer):
-            return _pcollective("psum", leaf, axis_name) / _pcollective("psum", 1, axis_name)
+            # The count in the leaf's dtype: uint32 / int32 would promote to int32 (JAX's
+            # rule), reading a sum above 2**31 - 1 as negative.
+            count = _pcollective("psum", np.ones((), dtype), axis_name)
+            return _pcollective("psum", leaf, axis_name) / count
         return _pcollective("pmean", leaf, axis_name)
 
     return tree_unflatten(treedef, [mean(leaf) for leaf in leaves])

@@ -52,7 +52,7 @@ from pathways._primitives import PRIMITIVES
 from pathways._pmap import _ir_name
 from pathways._pytree import tree_flatten, tree_unflatten
 from pathways._trace_state import TracerError, _state, _TracerBase, aval_str
-from pathways._tracer import Tracer, _FunctionTrace, bind
+from pathways._tracer import Tracer, WeakTracer, _FunctionTrace, bind
 from pathways._vjp import _LazyParameter, _Parameters
 
 __all__ = ["scan_core", "checkpoint", "BodyFn"]
@@ -304,6 +304,19 @@ def _as_body_value(body: _BodyTrace, leaf: Any, what: str, like: Optional[np.dty
         ) from None
 
 
+class WeakCarryPromoted(TypeError):
+    """A weakly typed carry (a Python scalar's) came out of the body with another dtype.
+
+    As JAX does, the caller converts that carry to the dtype the body gave it
+    and traces the body again (`pw.lax.scan`).
+    """
+
+    def __init__(self, message: str, index: int, dtype: np.dtype):
+        super().__init__(message)
+        self.index = index
+        self.dtype = dtype
+
+
 def scan_core(trace: _FunctionTrace, body_fn: BodyFn, name: str, what: str, carries: list,
               xs: list, consts: list, length: int, reverse: bool) -> tuple:
     """Traces `body_fn` once and binds a scan of it in `trace` (module docstring).
@@ -323,13 +336,17 @@ def scan_core(trace: _FunctionTrace, body_fn: BodyFn, name: str, what: str, carr
       `(final carries, stacked ys)`: lists of traced values of `trace`.
 
     Raises:
-      TypeError: If a next carry has another shape or dtype than its carry.
+      TypeError: If a next carry has another shape or dtype than its carry
+        (`WeakCarryPromoted` if only the dtype of a weakly typed one).
       ValueError, TypeError: From the builder (an op of the body, or the scan).
     """
     body = _BodyTrace(trace, name, what)
     bb = body.builder
     nc, nx = len(carries), len(xs)
-    params = [Tracer(body, bb.parameter(t.dtype.name, list(t.shape))) for t in carries]
+    # A weakly typed carry enters the body weakly typed, so that it takes
+    # the dtype of what it meets, as a Python scalar would.
+    params = [(WeakTracer if type(t) is WeakTracer else Tracer)(
+        body, bb.parameter(t.dtype.name, list(t.shape))) for t in carries]
     params += [Tracer(body, bb.parameter(t.dtype.name, list(t.shape[1:]))) for t in xs]
     params += [Tracer(body, bb.parameter(t.dtype.name, list(t.shape))) for t in consts]
     full = None
@@ -352,10 +369,11 @@ def scan_core(trace: _FunctionTrace, body_fn: BodyFn, name: str, what: str, carr
         for j, (leaf, c) in enumerate(zip(next_carries, carries)):
             t = _as_body_value(body, leaf, f"carry leaf {j}", c.dtype)
             if t.shape != c.shape or t.dtype != c.dtype:
-                raise TypeError(
-                    f"{body.where()}: the carry output must have the carry input's type: carry "
-                    f"leaf {j} is {c.aval} on input but {t.aval} on output"
-                )
+                message = (f"{body.where()}: the carry output must have the carry input's "
+                           f"type: carry leaf {j} is {c.aval} on input but {t.aval} on output")
+                if type(c) is WeakTracer and t.shape == c.shape:
+                    raise WeakCarryPromoted(message, j, t.dtype)
+                raise TypeError(message)
             out_ids.append(t._id)
         for i, leaf in enumerate(ys):
             out_ids.append(_as_body_value(body, leaf, f"y leaf {i}", None)._id)

@@ -100,9 +100,11 @@ class FunctionBuilder:
     """Records one shard's computation; every method checks types and raises ValueError with the op and shapes (TypeError for an operand's dtype, NameError for an unbound axis name)."""
     def __init__(self, name: str, axis_name: str) -> None: ...  # axis_name "" = none
     def parameter(self, dtype: str, shape: Sequence[int]) -> int: ...
-    def constant(self, array: np.ndarray) -> int: ...  # float32, float64, int32 or bool, any shape
+    def constant(self, array: np.ndarray) -> int: ...  # float32, float64, int32, bool or uint32, any shape
     def convert(self, x: int, dtype: str) -> int: ...
-    # op: add sub mul div pow max min eq ne lt le gt ge and or xor (numpy broadcasting)
+    def bitcast_convert_type(self, x: int, dtype: str) -> int: ...  # float32/int32/uint32 bits
+    # op: add sub mul div pow max min eq ne lt le gt ge and or xor shift_left shift_right_logical
+    # shift_right_arithmetic (numpy broadcasting)
     def binary(self, op: str, a: int, b: int) -> int: ...
     # op: neg abs exp log tanh sqrt rsqrt sin cos not
     def unary(self, op: str, x: int) -> int: ...
@@ -138,7 +140,7 @@ class FunctionBuilder:
     axis_size: int  # 0: not set
     def num_values(self) -> int: ...
     def shape(self, v: int) -> tuple[int, ...]: ...
-    def dtype(self, v: int) -> str: ...  # "float32", "float64", "int32" or "bool"
+    def dtype(self, v: int) -> str: ...  # "float32", "float64", "int32", "bool" or "uint32"
     def build(self, outputs: Sequence[int]) -> Function: ...
 
 class Function:
@@ -202,6 +204,8 @@ class ShardedBuffer:
     def block_until_ready(self) -> ShardedBuffer: ...  # GIL released; raises the producer's error
     def is_ready(self) -> bool: ...
     def is_deleted(self) -> bool: ...
+    @property
+    def is_replicated(self) -> bool: ...  # one value held whole by every device (out_axes=None)
     def delete(self) -> None: ...
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray: ...
     def __len__(self) -> int: ...
@@ -212,6 +216,7 @@ class ShardedBuffer:
     def item(self, *index: Any) -> Any: ...  # np.asarray(self).item(*index)
     def __repr__(self) -> str: ...  # numpy's repr of the value, e.g. "array([3., 5.])"
 
+def replicated_view(buffer: ShardedBuffer, client: Any = None) -> ShardedBuffer: ...  # shard 0 as the value
 def device_put(array: np.ndarray, devices: Sequence[Union[VirtualDevice, Device]]) -> ShardedBuffer:
     """Copies array onto devices, leading axis split over them (array.shape[0] == len(devices)).
 

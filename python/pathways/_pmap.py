@@ -21,7 +21,14 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from pathways import _checks, _core
-from pathways._pytree import PyTreeDef, flat_tuple_treedef, tree_flatten, tree_unflatten
+from pathways._pytree import (
+    PyTreeDef,
+    broadcast_prefix,
+    flat_tuple_treedef,
+    tree_flatten,
+    tree_leaves,
+    tree_unflatten,
+)
 from pathways._trace_state import (
     _SUPPORTED_DTYPE_NAMES,
     _SUPPORTED_DTYPES,
@@ -29,7 +36,7 @@ from pathways._trace_state import (
     _state,
     _TracerBase,
 )
-from pathways._tracer import Tracer, _escaped, _FunctionTrace
+from pathways._tracer import Tracer, WeakTracer, _escaped, _FunctionTrace
 
 __all__ = ["PmapFunction", "pmap"]
 
@@ -61,10 +68,10 @@ _ACCEPTED_LEAVES = (
 def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str = "argument") -> Any:
     """A ShardedBuffer or numpy array for a concrete argument leaf.
 
-    numpy arrays of float32, float64, int32 and bool keep their dtype (other
-    dtypes, e.g. float16, are rejected later with the supported ones named);
-    other integer arrays (numpy's default int64 included) and Python ints
-    become int32, as in JAX; Python floats become float64 and bools bool.
+    numpy arrays of float32, float64, int32, uint32 and bool keep their dtype
+    (other dtypes, e.g. float16, are rejected later with the supported ones
+    named); other integer arrays (numpy's default int64 included) and Python
+    ints become int32, as in JAX; Python floats become float64 and bools bool.
 
     Args:
       leaf: The argument leaf.
@@ -92,7 +99,7 @@ def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str
             f"{where}: {what} {'' if i is None else f'{i} '}has type {type(leaf).__name__} "
             f"({text}), not an array or number; {_ACCEPTED_LEAVES}"
         )
-    if arr.dtype.kind in "iu" and arr.dtype != np.int32:
+    if arr.dtype.kind in "iu" and arr.dtype != np.int32 and arr.dtype != np.uint32:
         info = np.iinfo(np.int32)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
             raise ValueError(
@@ -101,6 +108,23 @@ def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str
             )
         arr = arr.astype(np.int32)
     return arr
+
+
+def global_aval(x: Any) -> tuple:
+    """`(shape, dtype)` of a leaf as the compiled function's program takes it: a
+    replicated `ShardedBuffer` with its device axis (its buffer's shape)."""
+    if type(x) is _ShardedBuffer and x.is_replicated:
+        return (len(x.devices),) + tuple(x.shape), np.dtype(x.dtype)
+    return tuple(x.shape), np.dtype(x.dtype)
+
+
+def mapped_arg(x: Any) -> Any:
+    """An argument leaf for a program that maps it over its leading axis: a
+    mapped `ShardedBuffer` as it is, anything else (a replicated buffer too:
+    its value) as a C-contiguous numpy array."""
+    if type(x) is _ShardedBuffer and not x.is_replicated:
+        return x
+    return np.ascontiguousarray(x)
 
 
 def _check_devices(devices: Any) -> list:
@@ -116,6 +140,74 @@ def _check_devices(devices: Any) -> list:
     return devices
 
 
+def _check_axes_spec(name: str, spec: Any) -> Any:
+    """`spec` (in_axes or out_axes) checked: an int, None, or a pytree of them.
+
+    in_axes, as JAX's, is an int or None for every argument, or a tuple with
+    an entry (a pytree prefix of that argument) per positional argument;
+    out_axes is a pytree prefix of the output.
+
+    Raises:
+      TypeError: Naming `name`, for a leaf that is neither an int nor None
+        (bool is not an int here), or an in_axes that is neither an int,
+        None nor a tuple.
+    """
+    if name == "in_axes" and not (spec is None or type(spec) is tuple or _checks._index(spec) is not None):
+        raise TypeError(
+            f"pmap: in_axes must be an int, None, or a tuple with one entry per positional "
+            f"argument, got {spec!r}"
+        )
+    for leaf in tree_leaves(spec, is_leaf=lambda x: x is None):
+        if leaf is not None and _checks._index(leaf) is None:
+            raise TypeError(
+                f"pmap: {name} must be an int, None, or a pytree (tuple, list, dict) of them, "
+                f"got {spec!r}"
+            )
+    return spec
+
+
+def _is_zero(spec: Any) -> bool:
+    return type(spec) is int and spec == 0
+
+
+def _check_argnums(argnums: Any) -> tuple:
+    """static_broadcasted_argnums as a tuple of ints (TypeError otherwise)."""
+    return _checks.ints("pmap", "static_broadcasted_argnums", argnums)
+
+
+def normalize_argnums(
+    argnums: tuple, n: int, where: str, name: str = "static_broadcasted_argnums"
+) -> tuple:
+    """The argument positions `argnums` (parameter `name`) names in a call of `n` arguments, sorted."""
+    out = set()
+    for i in argnums:
+        if not -n <= i < n:
+            raise ValueError(
+                f"{where}: {name} {argnums!r} names argument {i}, but it was called with {n} "
+                "positional arguments"
+            )
+        out.add(i % n)
+    return tuple(sorted(out))
+
+
+def check_static(where: str, what: str, value: Any) -> None:
+    """TypeError naming `what` unless a static argument `value` is hashable (it is part of cache keys)."""
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(
+            f"{where}: static {what} ({type(value).__name__}) is not hashable; static "
+            "arguments are part of the cache key"
+        ) from None
+
+
+def _normalize_axis(axis: int, ndim: int, where: str, what: str) -> int:
+    """`axis` of a rank-`ndim` value, negative counting from the end; ValueError if out of range."""
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{where}: {what} {axis} is out of range for a value of rank {ndim}")
+    return axis % ndim
+
+
 class PmapFunction:
     """A function mapped over devices by `pw.pmap`; call it like the function.
 
@@ -126,20 +218,46 @@ class PmapFunction:
     """
 
     def __init__(
-        self, fn: Callable[..., Any], devices: Optional[Sequence[Any]], axis_name: Optional[str]
+        self,
+        fn: Callable[..., Any],
+        devices: Optional[Sequence[Any]],
+        axis_name: Optional[str],
+        in_axes: Any = 0,
+        out_axes: Any = 0,
+        static_broadcasted_argnums: Any = (),
     ):
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._name = getattr(fn, "__name__", type(fn).__name__)
         self._devices = None if devices is None else _check_devices(devices)
         if axis_name is not None:
-            _checks.string("pmap", "axis_name", axis_name)
+            if not isinstance(axis_name, str):
+                raise TypeError(
+                    f"pmap: axis_name must be a str or None, got {axis_name!r}; as in jax.pmap, "
+                    "the second positional argument is axis_name: pass devices=... by keyword"
+                )
             if not axis_name:
                 raise ValueError("pmap: axis_name must be a non-empty str (or None), got ''")
         self._axis_name = axis_name
+        self._in_axes = _check_axes_spec("in_axes", in_axes)
+        self._out_axes = _check_axes_spec("out_axes", out_axes)
+        self._static = _check_argnums(static_broadcasted_argnums)
+        # The hot path of __call__ handles the default mapping only.
+        self._default_mapping = _is_zero(in_axes) and _is_zero(out_axes) and not self._static
+        self._out_axes_of: dict = {}  # output treedef -> axis per output leaf
         self._cache: dict = {}
         self._lock = threading.RLock()
         self._slices: dict = {}  # devices=None: size -> VirtualSlice
+
+    @property
+    def default_mapping(self) -> bool:
+        """Whether every argument and output is mapped over axis 0, with no static arguments."""
+        return self._default_mapping
+
+    @property
+    def out_axes(self) -> Any:
+        """The `out_axes` given to `pw.pmap`."""
+        return self._out_axes
 
     @property
     def axis_name(self) -> Optional[str]:
@@ -184,6 +302,8 @@ class PmapFunction:
             )
         if st.program is not None:
             return st.program.stage_pmap(self, args)
+        if not self._default_mapping:
+            return self._call_mapped(args)
         # Hot path (OpByOp): arguments that are all arrays need no pytree walk,
         # then one dict lookup on the signature.
         for leaf in args:
@@ -201,7 +321,7 @@ class PmapFunction:
         if entry is None:
             return self._call_slow(leaves, treedef)
         outs = entry.lowered.execute(
-            [x if type(x) is _ShardedBuffer else np.ascontiguousarray(x) for x in leaves],
+            [mapped_arg(x) for x in leaves],
             False,
             _state.client,
         )
@@ -211,21 +331,159 @@ class PmapFunction:
         arrays = self._arrays(leaves)
         avals = [(tuple(x.shape), np.dtype(x.dtype)) for x in arrays]
         entry = self.get_compiled(treedef, avals)
+        outs = entry.lowered.execute([mapped_arg(x) for x in arrays], False, _state.client)
+        return tree_unflatten(entry.out_treedef, outs)
+
+    # --- in_axes, out_axes and static arguments -----------------------------
+
+    def map_arguments(self, args: tuple, program_value: Optional[type] = None) -> tuple:
+        """The leaves a call passes to the compiled function, by `in_axes` and the static arguments.
+
+        Every leaf comes out with the device axis leading: a leaf of axis 0 as
+        it is; of axis k by moving axis k first (on the host); of axis None
+        broadcast to every device (on the host), except a replicated
+        `ShardedBuffer` already on the function's devices, which is passed as
+        it is. A replicated buffer where an axis is mapped is read as its value.
+
+        Args:
+          args: The call's positional arguments.
+          program_value: Inside `@pw.program`, the type of program values,
+            which must be mapped over axis 0 (they are not on the host).
+
+        Returns:
+          `(treedef, leaves, statics, weak)`: the structure of the dynamic
+          arguments, their leaves, the static arguments, and the positions of
+          the leaves that were Python scalars, weakly typed in the trace (the
+          last two are part of the cache key).
+
+        Raises:
+          ValueError: For in_axes that do not fit the arguments, an axis out of
+            range, a scalar mapped over an axis, or a static argument index
+            beyond the arguments.
+          TypeError: For an unhashable static argument.
+        """
+        where = f"pmap of {self._name!r}"
+        static = normalize_argnums(self._static, len(args), where)
+        statics = tuple((i, args[i]) for i in static)
+        for i, value in statics:
+            check_static(where, f"argument {i}", value)
+        dynamic = tuple(a for i, a in enumerate(args) if i not in static)
+        in_axes = self._in_axes
+        if type(in_axes) is tuple:
+            if len(in_axes) != len(args):
+                raise ValueError(
+                    f"{where}: in_axes {in_axes!r} has {len(in_axes)} entries for "
+                    f"{len(args)} positional arguments; as in jax.pmap, a tuple in_axes has "
+                    "one entry per positional argument"
+                )
+            in_axes = tuple(a for i, a in enumerate(in_axes) if i not in static)
+        leaves, treedef = tree_flatten(dynamic)
+        axes = broadcast_prefix(in_axes, dynamic, where, "in_axes")
+        n = len(self._devices) if self._devices is not None else None
+        if n is None:
+            for leaf, axis in zip(leaves, axes):
+                if axis is not None:
+                    shape = np.shape(leaf) if not isinstance(leaf, _TracerBase) else leaf.shape
+                    if shape:
+                        n = shape[_normalize_axis(axis, len(shape), where, "in_axes")]
+                        break
+            if n is None:
+                raise ValueError(
+                    f"{where} with devices=None needs an argument mapped by in_axes over an "
+                    "axis, whose size sets the number of devices"
+                )
+        devices = self._devices_for(n) if program_value is None else self._devices
+        weak = tuple(
+            i for i, leaf in enumerate(leaves)
+            if type(leaf) in (bool, int, float) and axes[i] is None
+        )
+        out = []
+        for i, (leaf, axis) in enumerate(zip(leaves, axes)):
+            if program_value is not None and isinstance(leaf, program_value):
+                if axis != 0:
+                    raise ValueError(
+                        f"{where}: in_axes {axis!r} for argument {i}, a program value, inside "
+                        "@pw.program: program values are mapped over their leading axis "
+                        "(in_axes=0); other in_axes apply to concrete arguments"
+                    )
+                out.append(leaf)
+            elif axis is None:
+                out.append(self._replicate(leaf, n, devices, where, i))
+            else:
+                out.append(self._map_axis(leaf, axis, where, i))
+        return treedef, out, statics, weak
+
+    def _replicate(self, leaf: Any, n: int, devices: Optional[list], where: str, i: int) -> Any:
+        if (
+            isinstance(leaf, _ShardedBuffer)
+            and leaf.is_replicated
+            and devices is not None
+            and leaf.devices == [d.physical for d in devices]
+        ):
+            return leaf
+        arr = np.asarray(_to_array(leaf, where, i))
+        return np.broadcast_to(arr, (n,) + arr.shape)
+
+    def _map_axis(self, leaf: Any, axis: int, where: str, i: int) -> Any:
+        if isinstance(leaf, _ShardedBuffer) and not leaf.is_replicated and axis in (0, -leaf.ndim):
+            return leaf
+        arr = _to_array(leaf, where, i)
+        if isinstance(arr, _ShardedBuffer):
+            arr = np.asarray(arr)
+        if arr.ndim == 0:
+            raise ValueError(
+                f"{where} got a scalar for argument {i}, mapped by in_axes={axis!r}; a mapped "
+                "argument needs that axis (in_axes=None gives every device the whole value)"
+            )
+        axis = _normalize_axis(axis, arr.ndim, where, f"in_axes for argument {i}")
+        return arr if axis == 0 else np.moveaxis(arr, axis, 0)
+
+    def map_outputs(self, out_treedef: PyTreeDef, outs: list) -> Any:
+        """The call's result from the compiled function's outputs, by `out_axes`.
+
+        An output of axis 0 is the `ShardedBuffer` as it is; of axis None, a
+        replicated view of it (no copy: its value is shard 0, as JAX's
+        out_axes=None the function must make it equal on every device); of
+        axis k, a numpy array with the device axis moved to k (read back).
+        """
+        axes = self._out_axes_of.get(out_treedef)
+        if axes is None:
+            axes = broadcast_prefix(
+                self._out_axes, tree_unflatten(out_treedef, [0] * out_treedef.num_leaves),
+                f"pmap of {self._name!r}", "out_axes",
+            )
+            self._out_axes_of[out_treedef] = axes
+        client = _state.client
+        mapped = []
+        for buf, axis in zip(outs, axes):
+            if axis is None:
+                buf = _core.replicated_view(buf, client)
+            elif axis != 0:
+                value = np.asarray(buf)
+                axis = _normalize_axis(axis, value.ndim, f"pmap of {self._name!r}", "out_axes")
+                buf = np.moveaxis(value, 0, axis)
+            mapped.append(buf)
+        return tree_unflatten(out_treedef, mapped)
+
+    def _call_mapped(self, args: tuple) -> Any:
+        treedef, leaves, statics, weak = self.map_arguments(args)
+        arrays = self._arrays(leaves)
+        entry = self.get_compiled(treedef, [global_aval(x) for x in arrays], statics, weak)
         outs = entry.lowered.execute(
             [x if isinstance(x, _ShardedBuffer) else np.ascontiguousarray(x) for x in arrays],
             False,
             _state.client,
         )
-        return tree_unflatten(entry.out_treedef, outs)
+        return self.map_outputs(entry.out_treedef, outs)
 
     def _arrays(self, leaves: list) -> list:
         where = f"pmap of {self._name!r}"
         return [_to_array(x, where, i) for i, x in enumerate(leaves)]
 
     def _prepare(self, args: tuple) -> tuple:
-        leaves, treedef = tree_flatten(args)
+        treedef, leaves, statics, weak = self.map_arguments(args)
         arrays = self._arrays(leaves)
-        return treedef, [(tuple(x.shape), np.dtype(x.dtype)) for x in arrays]
+        return treedef, [global_aval(x) for x in arrays], statics, weak
 
     def as_text(self, *args: Any) -> str:
         """Returns the function IR traced for these arguments (without running it).
@@ -320,12 +578,16 @@ class PmapFunction:
                     entry = self._cache[key] = make()
         return entry
 
-    def get_compiled(self, treedef: PyTreeDef, avals: Sequence[tuple]) -> _Compiled:
+    def get_compiled(
+        self, treedef: PyTreeDef, avals: Sequence[tuple], statics: tuple = (), weak: tuple = ()
+    ) -> _Compiled:
         """Returns the cache entry for a signature, tracing and compiling on a miss.
 
         Args:
-          treedef: The structure of the arguments.
+          treedef: The structure of the (dynamic) arguments.
           avals: `(global shape, numpy dtype)` per argument leaf.
+          statics: `(position, value)` of each static argument.
+          weak: The positions of the leaves traced as weakly typed values.
 
         Returns:
           The compiled function, its one-node program and the output structure.
@@ -334,11 +596,15 @@ class PmapFunction:
           As `__call__`.
         """
         key = (treedef, tuple([(tuple(s), np.dtype(d)) for s, d in avals]))
+        if statics or weak:
+            key += (("static", tuple((i, type(v), v) for i, v in statics), weak),)
         entry = self._cache.get(key)
         if entry is not None:
             return entry
         n = self.check_avals(avals)
-        return self.cached(key, lambda: self._trace_and_compile(treedef, avals, n))
+        return self.cached(
+            key, lambda: self._trace_and_compile(treedef, avals, n, statics, weak)
+        )
 
     def new_trace(self, n: int, suffix: str = "") -> _FunctionTrace:
         """A function trace (not yet current) over `n` devices, named after the function."""
@@ -375,14 +641,24 @@ class PmapFunction:
                     ) from None
         return ids
 
-    def _trace_and_compile(self, treedef: PyTreeDef, avals: Sequence[tuple], n: int) -> _Compiled:
+    def call_traced(self, treedef: PyTreeDef, leaves: list, statics: tuple = ()) -> Any:
+        """Calls the function on traced argument leaves, the static arguments put back in place."""
+        args = list(tree_unflatten(treedef, leaves))
+        for i, value in statics:
+            args.insert(i, value)
+        return self._fn(*args)
+
+    def _trace_and_compile(
+        self, treedef: PyTreeDef, avals: Sequence[tuple], n: int, statics: tuple = (),
+        weak: tuple = (),
+    ) -> _Compiled:
         trace = self.new_trace(n)
         b = trace.builder
         st = _state
         prev = st.function
         st.function = trace
         try:
-            out = self._fn(*tree_unflatten(treedef, parameters(trace, avals)))
+            out = self.call_traced(treedef, parameters(trace, avals, weak), statics)
             out_leaves, out_treedef = tree_flatten(out)
             out_ids = self.output_ids(trace, out_leaves)
         finally:
@@ -396,10 +672,16 @@ class PmapFunction:
         return compile_one_node(b.build(out_ids), self._devices_for(n), avals, out_treedef)
 
 
-def parameters(trace: _FunctionTrace, avals: Sequence[tuple]) -> list:
-    """One parameter of `trace` per argument leaf: its shard, the leading axis removed."""
+def parameters(trace: _FunctionTrace, avals: Sequence[tuple], weak: Sequence[int] = ()) -> list:
+    """One parameter of `trace` per argument leaf: its shard, the leading axis removed.
+
+    The leaves at positions `weak` (Python scalar arguments) are weakly typed.
+    """
     b = trace.builder
-    return [Tracer(trace, b.parameter(np.dtype(d).name, list(s[1:]))) for s, d in avals]
+    return [
+        (WeakTracer if i in weak else Tracer)(trace, b.parameter(np.dtype(d).name, list(s[1:])))
+        for i, (s, d) in enumerate(avals)
+    ]
 
 
 def compile_one_node(
@@ -414,43 +696,61 @@ def compile_one_node(
 
 
 def pmap(
-    fn: Callable[..., Any],
-    devices: Optional[Sequence[Any]] = None,
+    fun: Callable[..., Any],
     axis_name: Optional[str] = None,
+    *,
+    in_axes: Any = 0,
+    out_axes: Any = 0,
+    static_broadcasted_argnums: Any = (),
+    devices: Optional[Sequence[Any]] = None,
 ) -> PmapFunction:
-    """Maps `fn` over devices, like `jax.pmap` (SPMD over a virtual slice).
+    """Maps `fun` over devices, as `jax.pmap` (SPMD over a virtual slice).
 
-    Every argument leaf has a leading axis of size `len(devices)` that is split
-    over the devices: device `i` runs `fn` on `x[i]` for every leaf `x`. The
-    outputs are stacked back along a new leading axis.
+    By default every argument leaf has a leading axis of size `len(devices)`
+    that is split over the devices: device `i` runs `fun` on `x[i]` for every
+    leaf `x`, and the outputs are stacked back along a new leading axis.
 
     Example:
       >>> tpus = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
-      >>> f = pw.pmap(lambda x: x - pw.psum(x, "i") / 2., devices=tpus, axis_name="i")
+      >>> f = pw.pmap(lambda x: x - pw.psum(x, "i") / 2., "i", devices=tpus)
       >>> f(np.array([1., 3.]))
       array([-1.,  1.])
 
     Args:
-      fn: The per-device function. Its arguments and outputs are pytrees
-        (tuples, lists, dicts, None) of arrays; it is traced once per input
-        signature, so it must not branch on array values.
+      fun: The per-device function. Its arguments and outputs are pytrees
+        of arrays; it is traced once per input signature, so it must not
+        branch on array values.
+      axis_name: The name of the mapped axis, for collectives like
+        `pw.psum`: a non-empty str, or None.
+      in_axes: Which axis of each argument is mapped over the devices: an
+        int or None for every argument, or a tuple with one entry per
+        positional argument (a pytree prefix of it). None gives every device
+        the whole value (scalars included); an axis other than 0 is moved
+        first on the host, as is a `ShardedBuffer` given with None unless it
+        is replicated (`is_replicated`) on the function's devices.
+      out_axes: Where the device axis goes in each output, a pytree prefix of
+        the outputs: 0 (a `ShardedBuffer`), None (a replicated
+        `ShardedBuffer`, its value the function's output on device 0: the
+        function must make it equal on every device, e.g. with `pw.psum`), or
+        another axis (a numpy array, read back).
+      static_broadcasted_argnums: Positions of arguments passed to `fun` as
+        they are, at trace time: hashable Python values (shapes, flags), part
+        of the cache key, so every new value traces again.
       devices: Virtual devices, e.g. `slice.tpus` from
         `pw.make_virtual_device_set().add_slice(tpu_devices=n)` (or that
         `VirtualSlice`). If None, a slice of `n` TPUs is allocated (and
-        cached) on first call, with `n` the leading axis size of the first
-        argument.
-      axis_name: The name of the mapped axis, for collectives like
-        `pw.psum`: a non-empty str, or None.
+        cached) on first call, with `n` the size of the first mapped axis.
 
     Returns:
-      A `PmapFunction` wrapping `fn`.
+      A `PmapFunction` wrapping `fun`.
 
     Raises:
-      TypeError: If `fn` is not callable, `devices` holds anything but
-        `VirtualDevice`s (e.g. physical devices from `pw.devices()`), or
-        `axis_name` is not a str.
+      TypeError: If `fun` is not callable, `devices` holds anything but
+        `VirtualDevice`s (e.g. physical devices from `pw.devices()`),
+        `axis_name` is not a str (devices go by keyword, as in JAX), or an
+        axis spec is not made of ints and None.
       ValueError: If `devices` or `axis_name` is empty.
     """
-    if not callable(fn):
-        raise TypeError(f"pmap expects a callable, got {fn!r}")
-    return PmapFunction(fn, devices, axis_name)
+    if not callable(fun):
+        raise TypeError(f"pmap expects a callable, got {fun!r}")
+    return PmapFunction(fun, devices, axis_name, in_axes, out_axes, static_broadcasted_argnums)

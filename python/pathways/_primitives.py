@@ -39,8 +39,8 @@ class RegistryOp(NamedTuple):
     arity: int  # number of operands; -1: one or more
     op_class: str  # source, elementwise, simulated, reduction, data_movement, indexing,
     # contraction or collective
-    type_rule: str  # arithmetic, comparison, logical, numeric, floating, boolean, same,
-    # indices or own
+    type_rule: str  # arithmetic, comparison, bitwise, shift, numeric, floating, invert,
+    # same, indices or own
 
 
 # The registry, in its (enum) order.
@@ -181,6 +181,9 @@ _define("ge", symbol=">=")
 _define("and", symbol="&")
 _define("or", symbol="|")
 _define("xor", symbol="^")
+_define("shift_left", symbol="<<")
+_define("shift_right_logical")  # `>>` of uint32 (Tracer._right_shift)
+_define("shift_right_arithmetic", symbol=">>")  # `>>` of int32
 # Unary (FunctionBuilder.unary).
 _define("neg", symbol="-")
 _define("abs")
@@ -193,6 +196,7 @@ _define("sin")
 _define("cos")
 _define("not", symbol="~")
 _define("select", lambda b, cond, x, y: b.select(cond, x, y))
+_define("bitcast_convert_type", lambda b, x, dtype: b.bitcast_convert_type(x, dtype))
 
 # --- Simulated, reductions --------------------------------------------------------
 

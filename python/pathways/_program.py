@@ -16,8 +16,8 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from pathways import _core
-from pathways._pytree import PyTreeDef, tree_flatten, tree_unflatten
-from pathways._pmap import PmapFunction, _ir_name, _to_array
+from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_unflatten
+from pathways._pmap import PmapFunction, _ir_name, _to_array, global_aval, mapped_arg
 from pathways._trace_state import (
     _SUPPORTED_DTYPE_NAMES,
     _SUPPORTED_DTYPES,
@@ -156,15 +156,31 @@ class _ProgramTrace:
         now at the input's bound (for its output structure), run by the
         fallback once the input exists.
         """
-        leaves, treedef = tree_flatten(args)
-        inputs = self.check_leaves(leaves, f"pmap of {fn._name!r}")
+        where = f"pmap of {fn._name!r}"
+        if fn.default_mapping:
+            leaves, treedef = tree_flatten(args)
+            statics, weak = (), ()
+        else:
+            if not _is_zero_axes(fn.out_axes):
+                raise ValueError(
+                    f"{where}: out_axes {fn.out_axes!r} inside @pw.program: the outputs of a "
+                    "program node are program values, mapped over their leading axis "
+                    "(out_axes=0)"
+                )
+            treedef, leaves, statics, weak = fn.map_arguments(args, ProgramTracer)
+        inputs = self.check_leaves(leaves, where)
         if any(isinstance(x, ProgramTracer) and x._id in self.dynamic for x in inputs):
+            if statics or weak:
+                raise TracerError(
+                    f"{where} with static or scalar arguments got a value of data-dependent shape in "
+                    f"{self.where()}: not supported yet"
+                )
             avals = [(x._bound, x.dtype) if isinstance(x, ProgramTracer) and x._id in self.dynamic
                      else (tuple(x.shape), np.dtype(x.dtype)) for x in inputs]
             entry = fn.get_compiled(treedef, avals)
             outs = self.stage_deferred(("call", fn, treedef), inputs, entry.compiled.output_types())
             return tree_unflatten(entry.out_treedef, outs)
-        entry = fn.get_compiled(treedef, [(tuple(x.shape), np.dtype(x.dtype)) for x in inputs])
+        entry = fn.get_compiled(treedef, [global_aval(x) for x in inputs], statics, weak)
         return tree_unflatten(entry.out_treedef, self.stage_call(entry.compiled, inputs))
 
     def stage_deferred(self, op: tuple, inputs: list, out_types: list) -> list:
@@ -201,11 +217,17 @@ class _ProgramTrace:
         for vid, dtype, shape in self.args:
             core_id[vid] = pb.add_arg(dtype, shape)
         for vid, array in zip(self._constant_ids, self.constants):
-            core_id[vid] = pb.add_arg(np.dtype(array.dtype).name, list(array.shape))
+            shape, dtype = global_aval(array)  # a replicated buffer with its device axis
+            core_id[vid] = pb.add_arg(dtype.name, list(shape))
         for compiled, ids, out_ids in self.calls:
             results = pb.add_call(compiled, [core_id[v] for v in ids])
             core_id.update(zip(out_ids, results))
         return pb.build([core_id[v] for v in outputs])
+
+
+def _is_zero_axes(spec: Any) -> bool:
+    """Whether every leaf of an axis spec is 0 (None is a leaf, not 0)."""
+    return all(a is not None and a == 0 for a in tree_leaves(spec, is_leaf=lambda x: x is None))
 
 
 def _untraceable_op(symbol: str) -> Callable[..., Any]:
@@ -514,7 +536,7 @@ class Program:
         if entry.num_outputs:
             st = _state
             outs = entry.lowered.execute(
-                [x if type(x) is _ShardedBuffer else np.asarray(x, order="C") for x in dynamic]
+                [mapped_arg(x) for x in dynamic]
                 + entry.constants,
                 (st.dispatch or self._dispatch) == "sequential",
                 st.client,

@@ -1,23 +1,34 @@
-"""Minimal pytrees: nested tuples, lists, dicts and None, like `jax.tree_util`.
+"""Pytrees, as `jax.tree_util`, on optree's C++ flattener.
 
 A pytree is a nest of containers whose non-container members are *leaves*.
-The containers are:
+The containers are those optree knows (the ones JAX knows):
 
-* `tuple` (and namedtuples, which keep their type),
-* `list`,
+* `tuple`, namedtuples (which keep their type) and `typing.NamedTuple`s,
+* `list`, `collections.deque`,
 * `dict`, flattened in sorted key order (so `{"b": x, "a": y}` and
-  `{"a": y, "b": x}` have the same structure),
-* `None`, a container with no children (it is never a leaf).
+  `{"a": y, "b": x}` have the same structure; keys that do not sort keep
+  their insertion order), `collections.OrderedDict` and
+  `collections.defaultdict` (in their own order),
+* `None`, a container with no children (it is never a leaf),
 
-Every other object, including numpy arrays, `ShardedBuffer`s and Python
-scalars, is a leaf. `tree_flatten` returns the leaves in order and a hashable
-`PyTreeDef` that `tree_unflatten` uses to rebuild the structure; the treedef is
-part of the cache keys of compiled functions and programs.
+and the node types registered with `register_pytree_node`,
+`register_pytree_node_class` or `register_dataclass` (in pathways'
+own optree namespace, so registrations made for other libraries do not leak
+in and ours do not leak out). Every other object, including numpy arrays,
+`ShardedBuffer`s, Python scalars and unregistered dataclasses, is a leaf.
+
+`tree_flatten` returns the leaves in order and a hashable `PyTreeDef` (optree's
+`PyTreeSpec`) that `tree_unflatten` uses to rebuild the structure; the treedef
+is part of the cache keys of compiled functions and programs. Every function
+takes `is_leaf`, a predicate that stops the walk at the subtrees it holds for.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+import dataclasses
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import optree
 
 __all__ = [
     "PyTreeDef",
@@ -26,140 +37,36 @@ __all__ = [
     "tree_leaves",
     "tree_map",
     "tree_structure",
+    "tree_reduce",
+    "tree_all",
+    "tree_flatten_with_path",
+    "tree_map_with_path",
+    "register_pytree_node",
+    "register_pytree_node_class",
+    "register_dataclass",
 ]
 
-# Node encoding (kept as plain tuples so that treedefs hash and compare fast):
-#   _LEAF                          a leaf
-#   (_NONE,)                       None
-#   (_TUPLE, children)             tuple
-#   (_LIST, children)              list
-#   (_DICT, keys, children)        dict, keys sorted
-#   (_NAMEDTUPLE, type, children)  namedtuple of that type
-_LEAF = "*"
-_NONE = 0
-_TUPLE = 1
-_LIST = 2
-_DICT = 3
-_NAMEDTUPLE = 4
+# Registrations of pathways' users live here; the built-in containers are
+# known in every namespace.
+NAMESPACE = "pathways"
 
-_NONE_NODE = (_NONE,)
+PyTreeDef = optree.PyTreeSpec
+
+IsLeaf = Optional[Callable[[Any], bool]]
 
 
-def _is_namedtuple(x: Any) -> bool:
-    return isinstance(x, tuple) and hasattr(type(x), "_fields")
-
-
-def _flatten_into(x: Any, leaves: list) -> Any:
-    t = type(x)
-    if t is tuple:
-        return (_TUPLE, tuple([_flatten_into(c, leaves) for c in x]))
-    if t is list:
-        return (_LIST, tuple([_flatten_into(c, leaves) for c in x]))
-    if t is dict:
-        try:
-            keys = tuple(sorted(x))
-        except TypeError as e:
-            raise TypeError(
-                f"pytree dict keys must be sortable, got keys {list(x)!r}: {e}"
-            ) from None
-        return (_DICT, keys, tuple([_flatten_into(x[k], leaves) for k in keys]))
-    if x is None:
-        return _NONE_NODE
-    if isinstance(x, tuple) and hasattr(t, "_fields"):
-        return (_NAMEDTUPLE, t, tuple([_flatten_into(c, leaves) for c in x]))
-    leaves.append(x)
-    return _LEAF
-
-
-def _count_leaves(node: Any) -> int:
-    if node is _LEAF:
-        return 1
-    kind = node[0]
-    if kind == _NONE:
-        return 0
-    return sum(_count_leaves(c) for c in node[-1])
-
-
-def _node_str(node: Any) -> str:
-    if node is _LEAF:
-        return "*"
-    kind = node[0]
-    if kind == _NONE:
-        return "None"
-    children = [_node_str(c) for c in node[-1]]
-    if kind == _TUPLE:
-        return "(" + ", ".join(children) + ("," if len(children) == 1 else "") + ")"
-    if kind == _LIST:
-        return "[" + ", ".join(children) + "]"
-    if kind == _DICT:
-        return "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(node[1], children)) + "}"
-    return f"{node[1].__name__}(" + ", ".join(children) + ")"
-
-
-def _build(node: Any, it: Iterator[Any]) -> Any:
-    if node is _LEAF:
-        return next(it)
-    kind = node[0]
-    if kind == _TUPLE:
-        return tuple([_build(c, it) for c in node[1]])
-    if kind == _LIST:
-        return [_build(c, it) for c in node[1]]
-    if kind == _DICT:
-        return {k: _build(c, it) for k, c in zip(node[1], node[2])}
-    if kind == _NONE:
-        return None
-    return node[1](*[_build(c, it) for c in node[2]])
-
-
-class PyTreeDef:
-    """The structure of a pytree, without its leaves.
-
-    Hashable and comparable, so it can be part of a cache key.
-
-    Attributes:
-      num_leaves: The number of leaves of trees with this structure.
-    """
-
-    __slots__ = ("_node", "num_leaves", "_hash")
-
-    def __init__(self, node: Any):
-        self._node = node
-        self.num_leaves = _count_leaves(node)
-        self._hash = hash(node)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, PyTreeDef) and (self is other or self._node == other._node)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __repr__(self) -> str:
-        return f"PyTreeDef({_node_str(self._node)})"
-
-    def unflatten(self, leaves: Iterable[Any]) -> Any:
-        """Same as `tree_unflatten(self, leaves)`."""
-        return tree_unflatten(self, leaves)
-
-
-def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
+def tree_flatten(tree: Any, is_leaf: IsLeaf = None) -> tuple[list[Any], PyTreeDef]:
     """Flattens a pytree into its leaves and its structure.
 
     Args:
-      tree: A nest of tuples, lists, dicts and None; anything else is a leaf.
+      tree: A pytree.
+      is_leaf: If given, a subtree for which it returns True is a leaf.
 
     Returns:
-      `(leaves, treedef)`: the leaves in order (dicts in sorted key order) and
-      the structure, which `tree_unflatten` inverts.
-
-    Raises:
-      TypeError: If a dict's keys cannot be sorted.
+      `(leaves, treedef)`: the leaves in order and the structure, which
+      `tree_unflatten` inverts.
     """
-    leaves: list[Any] = []
-    node = _flatten_into(tree, leaves)
-    return leaves, PyTreeDef(node)
+    return optree.tree_flatten(tree, is_leaf, namespace=NAMESPACE)
 
 
 _FLAT_TUPLES: dict = {}
@@ -169,7 +76,7 @@ def flat_tuple_treedef(n: int) -> PyTreeDef:
     """The treedef of a tuple of `n` leaves (cached; for argument tuples on hot paths)."""
     treedef = _FLAT_TUPLES.get(n)
     if treedef is None:
-        treedef = _FLAT_TUPLES.setdefault(n, PyTreeDef((_TUPLE, (_LEAF,) * n)))
+        treedef = _FLAT_TUPLES.setdefault(n, tree_structure((0,) * n))
     return treedef
 
 
@@ -192,44 +99,35 @@ def tree_unflatten(treedef: PyTreeDef, leaves: Iterable[Any]) -> Any:
         raise ValueError(
             f"tree_unflatten: {treedef} has {treedef.num_leaves} leaves, got {len(leaves)}"
         )
-    if treedef._node is _LEAF:
-        return leaves[0]
-    return _build(treedef._node, iter(leaves))
+    return treedef.unflatten(leaves)
 
 
-def tree_leaves(tree: Any) -> list[Any]:
-    """Returns the leaves of a pytree in flattening order.
+def tree_leaves(tree: Any, is_leaf: IsLeaf = None) -> list[Any]:
+    """The leaves of a pytree in flattening order."""
+    return optree.tree_leaves(tree, is_leaf, namespace=NAMESPACE)
 
-    Args:
-      tree: A pytree.
 
-    Returns:
-      The list of leaves.
-    """
-    leaves: list[Any] = []
-    _flatten_into(tree, leaves)
+def tree_structure(tree: Any, is_leaf: IsLeaf = None) -> PyTreeDef:
+    """The structure (`PyTreeDef`) of a pytree."""
+    return optree.tree_structure(tree, is_leaf, namespace=NAMESPACE)
+
+
+def _leaves_like(treedef: PyTreeDef, other: Any, where: str, is_leaf: IsLeaf) -> list:
+    """The leaves of `other` at the leaves of `treedef`; ValueError if `other` has another structure."""
+    leaves, other_def = tree_flatten(other, is_leaf)
+    if other_def != treedef:
+        raise ValueError(f"{where}: structure {other_def} does not match {treedef}")
     return leaves
 
 
-def tree_structure(tree: Any) -> PyTreeDef:
-    """Returns the structure of a pytree.
-
-    Args:
-      tree: A pytree.
-
-    Returns:
-      Its `PyTreeDef`.
-    """
-    return tree_flatten(tree)[1]
-
-
-def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
+def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any, is_leaf: IsLeaf = None) -> Any:
     """Applies `fn` to every leaf of `tree` (and the matching leaves of `rest`).
 
     Args:
       fn: A function of `1 + len(rest)` leaves.
       tree: A pytree.
       *rest: Pytrees with the same structure as `tree`.
+      is_leaf: As for `tree_flatten`, applied to `tree` and `rest`.
 
     Returns:
       A pytree with the structure of `tree` and leaves `fn(leaf, *rest_leaves)`.
@@ -237,11 +135,153 @@ def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
     Raises:
       ValueError: If a tree in `rest` has a different structure.
     """
-    leaves, treedef = tree_flatten(tree)
-    others = []
-    for r in rest:
-        r_leaves, r_def = tree_flatten(r)
-        if r_def != treedef:
-            raise ValueError(f"tree_map: structure {r_def} does not match {treedef}")
-        others.append(r_leaves)
-    return tree_unflatten(treedef, [fn(*xs) for xs in zip(leaves, *others)])
+    leaves, treedef = tree_flatten(tree, is_leaf)
+    others = [_leaves_like(treedef, r, "tree_map", is_leaf) for r in rest]
+    return treedef.unflatten([fn(*xs) for xs in zip(leaves, *others)])
+
+
+_NO_INITIALIZER = object()
+
+
+def tree_reduce(
+    fn: Callable[[Any, Any], Any], tree: Any, initializer: Any = _NO_INITIALIZER,
+    is_leaf: IsLeaf = None,
+) -> Any:
+    """`functools.reduce(fn, tree_leaves(tree)[, initializer])`, as `jax.tree_util.tree_reduce`."""
+    import functools
+
+    leaves = tree_leaves(tree, is_leaf)
+    if initializer is _NO_INITIALIZER:
+        return functools.reduce(fn, leaves)
+    return functools.reduce(fn, leaves, initializer)
+
+
+def tree_all(tree: Any, is_leaf: IsLeaf = None) -> bool:
+    """Whether every leaf is true (`all(tree_leaves(tree))`)."""
+    return all(tree_leaves(tree, is_leaf))
+
+
+def tree_flatten_with_path(tree: Any, is_leaf: IsLeaf = None) -> tuple[list, PyTreeDef]:
+    """`([(path, leaf), ...], treedef)`; a path is the tuple of keys and indices leading to the leaf."""
+    paths, leaves, treedef = optree.tree_flatten_with_path(tree, is_leaf, namespace=NAMESPACE)
+    return list(zip(paths, leaves)), treedef
+
+
+def tree_map_with_path(
+    fn: Callable[..., Any], tree: Any, *rest: Any, is_leaf: IsLeaf = None
+) -> Any:
+    """As `tree_map`, with `fn(path, leaf, *rest_leaves)` (paths as `tree_flatten_with_path`)."""
+    paths, leaves, treedef = optree.tree_flatten_with_path(tree, is_leaf, namespace=NAMESPACE)
+    others = [_leaves_like(treedef, r, "tree_map_with_path", is_leaf) for r in rest]
+    return treedef.unflatten([fn(p, *xs) for p, *xs in zip(paths, leaves, *others)])
+
+
+def broadcast_prefix(prefix: Any, tree: Any, where: str, what: str) -> list:
+    """One entry of `prefix` per leaf of `tree`, as JAX broadcasts `in_axes` over arguments.
+
+    `prefix` is a pytree whose structure is a prefix of `tree`'s: each of its
+    leaves (None included, which is a leaf here) stands for the whole subtree
+    of `tree` at its place.
+
+    Raises:
+      ValueError: Naming `where` and `what` if `prefix` is not a prefix of `tree`.
+    """
+    try:
+        return _broadcast(prefix, tree)
+    except ValueError as e:
+        raise ValueError(
+            f"{where}: {what} {prefix!r} is not a prefix of the arguments' structure "
+            f"{tree_structure(tree)}: {e}"
+        ) from None
+
+
+def _broadcast(prefix: Any, tree: Any) -> list:
+    # A prefix leaf (None counts as a leaf) covers its whole subtree; nodes of the
+    # prefix must match the tree's node for node.
+    prefix_leaves, prefix_def = optree.tree_flatten(prefix, none_is_leaf=True, namespace=NAMESPACE)
+    subtrees = prefix_def.flatten_up_to(tree)
+    out = []
+    for p, sub in zip(prefix_leaves, subtrees):
+        out.extend([p] * tree_structure(sub).num_leaves)
+    return out
+
+
+def register_pytree_node(
+    nodetype: type,
+    flatten_func: Callable[[Any], tuple[Sequence[Any], Any]],
+    unflatten_func: Callable[[Any, Sequence[Any]], Any],
+) -> type:
+    """Makes `nodetype` a pytree node, as `jax.tree_util.register_pytree_node`.
+
+    Args:
+      nodetype: The class.
+      flatten_func: `x -> (children, aux_data)`; `aux_data` must be hashable
+        and comparable (it is part of the treedef, hence of cache keys).
+      unflatten_func: `(aux_data, children) -> x`.
+
+    Returns:
+      `nodetype`.
+
+    Raises:
+      ValueError: If `nodetype` is already registered.
+    """
+    return optree.register_pytree_node(
+        nodetype, flatten_func, unflatten_func, namespace=NAMESPACE
+    )
+
+
+def register_pytree_node_class(cls: type) -> type:
+    """Class decorator: `cls.tree_flatten()` and `cls.tree_unflatten(aux, children)` make it a node."""
+    return register_pytree_node(
+        cls, lambda x: x.tree_flatten(), lambda aux, children: cls.tree_unflatten(aux, children)
+    )
+
+
+def register_dataclass(
+    nodetype: type,
+    data_fields: Optional[Sequence[str]] = None,
+    meta_fields: Optional[Sequence[str]] = None,
+) -> type:
+    """Makes a dataclass a pytree node, as `jax.tree_util.register_dataclass`.
+
+    The `data_fields` are its children; the `meta_fields` are static (part of
+    the treedef, so they must be hashable). Without both lists, they are
+    inferred from the dataclass's fields: a field declared with
+    `dataclasses.field(metadata={"static": True})` is a meta field, every
+    other field a data field. Usable as a decorator.
+
+    Raises:
+      TypeError: If `nodetype` is not a dataclass and the fields are not given.
+      ValueError: If the fields given are not exactly the class's init fields.
+    """
+    if data_fields is None and meta_fields is None:
+        if not dataclasses.is_dataclass(nodetype):
+            raise TypeError(
+                f"register_dataclass: {nodetype!r} is not a dataclass; pass data_fields "
+                "and meta_fields"
+            )
+        fields = [f for f in dataclasses.fields(nodetype) if f.init]
+        meta_fields = [f.name for f in fields if f.metadata.get("static", False)]
+        data_fields = [f.name for f in fields if not f.metadata.get("static", False)]
+    data_fields, meta_fields = list(data_fields or ()), list(meta_fields or ())
+    if dataclasses.is_dataclass(nodetype):
+        init = {f.name for f in dataclasses.fields(nodetype) if f.init}
+        given = set(data_fields) | set(meta_fields)
+        if given != init or len(given) != len(data_fields) + len(meta_fields):
+            raise ValueError(
+                f"register_dataclass: data_fields {data_fields} and meta_fields {meta_fields} "
+                f"must name each init field of {nodetype.__name__} once: {sorted(init)}"
+            )
+
+    def flatten(x: Any) -> tuple:
+        return (
+            [getattr(x, n) for n in data_fields],
+            tuple(getattr(x, n) for n in meta_fields),
+            data_fields,
+        )
+
+    def unflatten(meta: tuple, children: Sequence[Any]) -> Any:
+        return nodetype(**dict(zip(data_fields, children)), **dict(zip(meta_fields, meta)))
+
+    optree.register_pytree_node(nodetype, flatten, unflatten, namespace=NAMESPACE)
+    return nodetype

@@ -20,9 +20,10 @@ _SUPPORTED_DTYPES = (
     np.dtype(np.float64),
     np.dtype(np.int32),
     np.dtype(np.bool_),
+    np.dtype(np.uint32),
 )
-_SUPPORTED_DTYPE_NAMES = "float32, float64, int32, bool"
-_SHORT_DTYPE = {"float32": "f32", "float64": "f64", "int32": "i32", "bool": "pred"}
+_SUPPORTED_DTYPE_NAMES = "float32, float64, int32, bool, uint32"
+_SHORT_DTYPE = {"float32": "f32", "float64": "f64", "int32": "i32", "bool": "pred", "uint32": "u32"}
 
 
 class TracerError(TypeError):

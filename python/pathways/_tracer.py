@@ -120,13 +120,25 @@ class _FunctionTrace:
         `like_dtype` (int32 when `like_dtype` is bool), a Python float takes
         `like_dtype` if it is a float type and float32 otherwise; with no
         `like_dtype` (None), they get the dtype an argument would (a bool
-        bool, an int int32 as in JAX, a float float64). numpy bool, int32,
-        float32 and float64 values keep their dtype; other numpy integers take
-        `like_dtype` if it is a float type and int32 otherwise.
+        bool, an int int32 as in JAX, a float float64). numpy scalars
+        (`np.float64(2.0)`, what `np.sqrt(d)` returns) are weakly typed too
+        when there is a `like_dtype`, as a JAX user expects of a float32
+        model (JAX without x64 has no float64 to promote to): numpy's own
+        rule would make `x_f32 * np.float64(2)` float64. numpy arrays, 0-d
+        ones included, keep their dtype (bool, int32, uint32, float32,
+        float64; other numpy integers take `like_dtype` if it is a float type
+        and int32 otherwise).
+
+        Raises:
+          OverflowError: For a Python int out of the range of the dtype it
+            takes (`uint32_value + -1`), as numpy's.
         """
         b = self.builder
         like = None if like_dtype is None else np.dtype(like_dtype)
-        if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
+        if like is not None and isinstance(value, np.generic) and value.dtype.kind in "biuf":
+            value = value.item()
+        weak = isinstance(value, (bool, int, float)) and not isinstance(value, np.generic)
+        if weak:
             if like is None:
                 int_dtype = np.bool_ if isinstance(value, bool) else np.int32
                 dtype = np.float64 if isinstance(value, float) else int_dtype
@@ -139,7 +151,7 @@ class _FunctionTrace:
             arr = np.array(value, dtype=dtype)
         else:
             arr = np.asarray(value)
-            if arr.dtype.kind in "iu" and arr.dtype != np.int32:
+            if arr.dtype.kind in "iu" and arr.dtype not in (np.int32, np.uint32):
                 arr = arr.astype(like if like is not None and like.kind == "f" else np.int32)
             elif arr.dtype not in _SUPPORTED_DTYPES:
                 raise TypeError(
@@ -150,7 +162,7 @@ class _FunctionTrace:
         vid = b.constant(arr)
         if self.constant_values is not None:
             self.constant_values[vid] = arr
-        return Tracer(self, vid)
+        return WeakTracer(self, vid) if weak else Tracer(self, vid)
 
 
 def _escaped(t: "Tracer") -> TracerError:
@@ -180,6 +192,35 @@ def _concrete_error(t: "Tracer", conversion: str) -> TracerError:
 
 
 
+def _weak_operands_converted(
+    trace: "_FunctionTrace", p: Primitive, operands: Sequence["Tracer"]
+) -> Sequence["Tracer"]:
+    """`operands` with each weakly typed one (`WeakTracer`) cast as a Python scalar would be.
+
+    The dtype comes from the strongly typed operands (select's condition
+    aside): a weak float takes theirs if it is a float type and float32
+    otherwise, a weak int or bool takes theirs (int32 for bool). With no
+    strongly typed operand, nothing changes.
+    """
+    first = 1 if p.name == "select" else 0
+    strong = [t.dtype for t in operands[first:] if type(t) is not WeakTracer]
+    if len(strong) == len(operands) - first or not strong:
+        return operands
+    like = np.result_type(*strong)
+    out = list(operands)
+    for i in range(first, len(out)):
+        t = out[i]
+        if type(t) is WeakTracer:
+            if t.dtype.kind == "f":
+                dtype = like if like.kind == "f" else np.dtype(np.float32)
+            elif t.dtype.kind == "i":
+                dtype = like if like.kind != "b" else np.dtype(np.int32)
+            else:
+                dtype = like
+            out[i] = bind(trace, "convert", [t], dtype=dtype.name) if dtype != t.dtype else t
+    return out
+
+
 def bind(trace: "_FunctionTrace", prim: Union[str, Primitive], operands: Sequence["Tracer"],
          **params: Any) -> "Tracer":
     """Records primitive `prim` on `operands` (traced values of `trace`).
@@ -199,6 +240,8 @@ def bind(trace: "_FunctionTrace", prim: Union[str, Primitive], operands: Sequenc
       ValueError, TypeError: From the builder, naming the op and the shapes.
     """
     p = prim if type(prim) is Primitive else PRIMITIVES[prim]
+    if p.op_class == "elementwise" and len(operands) > 1:
+        operands = _weak_operands_converted(trace, p, operands)
     if trace.parent is not None or trace.subst or trace.recorder is not None:
         ids = [trace.resolve(t) for t in operands]
         if trace.recorder is not None:
@@ -220,6 +263,15 @@ def bind(trace: "_FunctionTrace", prim: Union[str, Primitive], operands: Sequenc
     if trace.tapes and out not in ids:
         for tape in trace.tapes:
             tape.record(p, ids, out, params)
+    # Weak in, weak out (`lr * 0.5` of a weak `lr` stays weak); a cast is strong.
+    if (
+        operands
+        and type(operands[0]) is WeakTracer
+        and p.op_class == "elementwise"
+        and p.name != "convert"
+        and all(type(t) is WeakTracer for t in operands)
+    ):
+        return WeakTracer(trace, out)
     return Tracer(trace, out)
 
 
@@ -227,15 +279,18 @@ class Tracer(_TracerBase):
     """A value inside a function traced by `pw.pmap`: one shard's array.
 
     Supports `+ - * / **` (also reflected), comparisons `< <= > >= == !=`
-    (giving bool values), `& | ^ ~` on bool values, unary `-`/`+`, `abs()`,
+    (giving bool values), `& | ^ ~` (bitwise on integers, logical on bools)
+    and the shifts `<< >>` on integers (`>>` arithmetic for int32, logical
+    for uint32), unary `-`/`+`, `abs()`,
     `.astype()` and the reductions `.sum() .mean() .max() .min() .argmax()`
     (numpy's `axis` and `keepdims`), with other traced values of the same trace, Python scalars
     and numpy scalars and arrays; more ops are in `pathways.numpy`, which
     numpy's own functions call on traced values (`np.sum(x)` is
     `pathways.numpy.sum(x)`). Shapes
-    broadcast as in numpy, and dtypes promote as in numpy (bool < int32 <
-    float32 < float64, int32 with float32 gives float64; `/` of integers is
-    float64). Python scalars are weakly typed: a Python int or bool takes the
+    broadcast as in numpy, and dtypes promote as in numpy (bool < int32,
+    uint32 < float32 < float64, an integer with float32 gives float64; `/`
+    of integers is float64), but int32 with uint32 gives int32, as JAX's
+    (numpy's int64 is no dtype here). Python scalars are weakly typed: a Python int or bool takes the
     traced value's dtype (int32 for a bool value), a Python float takes it if
     it is a float type and float32 otherwise (so int32 + 0.5 is float64, as in
     numpy). Python control flow on a traced value (`if x > 0:`) raises
@@ -243,7 +298,7 @@ class Tracer(_TracerBase):
 
     Attributes:
       shape: The per-shard shape (the pmap'd axis removed).
-      dtype: A numpy dtype: float32, float64, int32 or bool.
+      dtype: A numpy dtype: float32, float64, int32, uint32 or bool.
       ndim: `len(shape)`.
       size: The number of elements per shard.
       aval: A short type string, e.g. "f32[3]".
@@ -292,8 +347,11 @@ class Tracer(_TracerBase):
             return cur
         raise _escaped(self)
 
-    def _operand(self, other: Any, trace: _FunctionTrace) -> Optional["Tracer"]:
-        """`other` as an operand in `trace` (constants are added), or None if unsupported."""
+    def _operand(self, other: Any, trace: Optional[_FunctionTrace] = None) -> Optional["Tracer"]:
+        """`other` as an operand in `trace` (default: the current one, in which
+        this value is read; constants are added), or None if unsupported."""
+        if trace is None:
+            trace = self._check()
         if isinstance(other, Tracer):
             other._check()
             return other
@@ -374,47 +432,54 @@ class Tracer(_TracerBase):
 
     __hash__ = object.__hash__
 
-    def _logical(self, op: str, other: Any, reflected: bool) -> Any:
-        self._check()
-        others = [other] if isinstance(other, Tracer) else []
-        for t in [self, *others]:
-            if t.dtype != np.bool_:
-                raise TypeError(
-                    f"'{PRIMITIVES[op].symbol}' on traced values needs bool operands, got "
-                    f"{t.aval} in {self._trace.where()}; bitwise ops on integers are not "
-                    "supported yet"
-                )
-        return self._binary(op, other, reflected)
-
+    # Bitwise ops: on integers bitwise, on bools logical (numpy's bitwise_and
+    # ...); the builder refuses floats with a TypeError naming the op.
     def __and__(self, other: Any) -> Any:
-        return self._logical("and", other, False)
+        return self._binary("and", other, False)
 
     def __rand__(self, other: Any) -> Any:
-        return self._logical("and", other, True)
+        return self._binary("and", other, True)
 
     def __or__(self, other: Any) -> Any:
-        return self._logical("or", other, False)
+        return self._binary("or", other, False)
 
     def __ror__(self, other: Any) -> Any:
-        return self._logical("or", other, True)
+        return self._binary("or", other, True)
 
     def __xor__(self, other: Any) -> Any:
-        return self._logical("xor", other, False)
+        return self._binary("xor", other, False)
 
     def __rxor__(self, other: Any) -> Any:
-        return self._logical("xor", other, True)
+        return self._binary("xor", other, True)
+
+    def __lshift__(self, other: Any) -> Any:
+        return self._binary("shift_left", other, False)
+
+    def __rlshift__(self, other: Any) -> Any:
+        return self._binary("shift_left", other, True)
+
+    def _right_shift(self, other: Any, reflected: bool) -> Any:
+        """numpy's `>>`: logical when the operands promote to uint32, arithmetic otherwise."""
+        trace = self._check()
+        o = self._operand(other)
+        if o is None:
+            return NotImplemented
+        kinds = {self.dtype.kind, o.dtype.kind}
+        logical = "u" in kinds and kinds <= {"u", "b"}
+        return bind(trace, "shift_right_logical" if logical else "shift_right_arithmetic",
+                    (o, self) if reflected else (self, o))
+
+    def __rshift__(self, other: Any) -> Any:
+        return self._right_shift(other, False)
+
+    def __rrshift__(self, other: Any) -> Any:
+        return self._right_shift(other, True)
 
     def _unary(self, op: str) -> "Tracer":
         trace = self._check()
         return bind(trace, op, (self,))
 
     def __invert__(self) -> "Tracer":
-        self._check()
-        if self.dtype != np.bool_:
-            raise TypeError(
-                f"'~' on traced values needs a bool operand, got {self.aval} in "
-                f"{self._trace.where()}; bitwise ops on integers are not supported yet"
-            )
         return self._unary("not")
 
     def __neg__(self) -> "Tracer":
@@ -429,9 +494,11 @@ class Tracer(_TracerBase):
         return self._unary("abs")
 
     def astype(self, dtype: Any) -> "Tracer":
-        """Casts to `dtype` (float32, float64, int32 or bool), like numpy's `astype`.
+        """Casts to `dtype` (float32, float64, int32, uint32 or bool), like numpy's `astype`.
 
-        Float to int32 truncates toward zero; to bool is `x != 0`.
+        Float to an integer truncates toward zero (out of range: int32 gets
+        INT32_MIN as numpy on x86, uint32 saturates as XLA, NaN giving 0);
+        between int32 and uint32 the bits stay; to bool is `x != 0`.
 
         Raises:
           TypeError: For an unsupported dtype.
@@ -479,7 +546,7 @@ class Tracer(_TracerBase):
         self._check()
         return TracerError(
             f"{what} on traced values ({self.aval} in {self._trace.where()}) is not supported "
-            "yet; supported operations: + - * / ** @ comparisons & | ^ ~ abs() .astype(), "
+            "yet; supported operations: + - * / ** @ comparisons & | ^ ~ << >> abs() .astype(), "
             "indexing, .reshape() .transpose() .T, .sum() .mean() .max() .min() .argmax(), "
             "pathways.numpy, pathways.nn, pw.psum and the other collectives"
         )
@@ -612,3 +679,17 @@ class Tracer(_TracerBase):
         from pathways import numpy as pnp
 
         return pnp._getitem(self, index)
+
+
+class WeakTracer(Tracer):
+    """A weakly typed traced value, as JAX's weak types: a constant of a Python
+    (or numpy) scalar, a parameter of a Python scalar argument, or an
+    elementwise result of weak values only.
+
+    In an elementwise op with strongly typed operands it takes their dtype as
+    a Python scalar would (`bind`), so `pw.jit(step)(w_f32, 0.1)` keeps `w`
+    float32, and so does `w - (lr * 0.5) * g`. Casts (`astype`) and every
+    other op give strongly typed values.
+    """
+
+    __slots__ = ()

@@ -43,7 +43,14 @@ import numpy as np
 
 from pathways import _core
 from pathways._autodiff import _FLOAT_DTYPE_NAMES, _backward, _Tape, _zeros
-from pathways._pmap import PmapFunction, _Compiled, _to_array, compile_one_node, parameters
+from pathways._pmap import (
+    PmapFunction,
+    _Compiled,
+    _to_array,
+    compile_one_node,
+    mapped_arg,
+    parameters,
+)
 from pathways._pytree import PyTreeDef, tree_flatten, tree_map, tree_unflatten
 from pathways._trace_state import TracerError, _state, _TracerBase, aval_str
 from pathways._tracer import Tracer, _FunctionTrace, bind
@@ -315,7 +322,7 @@ class _Pullback:
             outs = program.stage_call(e.backward.compiled, inputs)
         else:
             outs = e.backward.lowered.execute(
-                [x if isinstance(x, _ShardedBuffer) else np.ascontiguousarray(x) for x in inputs],
+                [mapped_arg(x) for x in inputs],
                 False,
                 _state.client,
             )
@@ -375,6 +382,16 @@ def _leading_one(leaf: Any) -> np.ndarray:
 # --- vjp --------------------------------------------------------------------------
 
 
+def _check_default_mapping(pf: PmapFunction, what: str) -> None:
+    """ValueError unless `pf` maps every argument and output over axis 0 (no static arguments)."""
+    if not pf.default_mapping:
+        raise ValueError(
+            f"pw.{what} of pmap of {pf._name!r}: a pmap'd function with in_axes, out_axes or "
+            f"static arguments other than the default is not supported by pw.{what}; apply "
+            f"pw.{what} to the function inside the pmap instead"
+        )
+
+
 def _vjp_pmapped(pf: PmapFunction, primals: tuple, has_aux: bool) -> tuple:
     """`vjp` of a pmap'd function: the forward node now, the backward one in `f_vjp`."""
     where = f"pw.vjp of pmap of {pf._name!r}"
@@ -392,11 +409,13 @@ def _vjp_pmapped(pf: PmapFunction, primals: tuple, has_aux: bool) -> tuple:
         client = _state.client
         devices = entry.forward.compiled.virtual_devices
         for kind, k in entry.backward_inputs:
-            if kind == _PRIMAL and not isinstance(inputs[k], _ShardedBuffer):
+            x = inputs[k] if kind == _PRIMAL else None
+            mapped_buffer = isinstance(x, _ShardedBuffer) and not x.is_replicated
+            if kind == _PRIMAL and not mapped_buffer:
                 # Put once, for both functions: later changes to the array are not seen.
-                inputs[k] = _core.device_put(np.asarray(inputs[k], order="C"), devices, client)
+                inputs[k] = _core.device_put(np.asarray(x, order="C"), devices, client)
         outs = entry.forward.lowered.execute(
-            [x if isinstance(x, _ShardedBuffer) else np.ascontiguousarray(x) for x in inputs],
+            [mapped_arg(x) for x in inputs],
             False,
             client,
         )
@@ -564,6 +583,7 @@ def vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> tuple:
     if trace is not None:
         return _vjp_in_trace(trace, fn, primals, has_aux)
     if isinstance(fn, PmapFunction):
+        _check_default_mapping(fn, "vjp")
         return _vjp_pmapped(fn, primals, has_aux)
     if _state.program is not None:
         name = getattr(fn, "__name__", type(fn).__name__)
@@ -676,6 +696,7 @@ def jvp(fn: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = Fal
         return _jvp_in_trace(trace, fn, primals, tangents, has_aux)
     name = getattr(fn, "__name__", type(fn).__name__)
     if isinstance(fn, PmapFunction):
+        _check_default_mapping(fn, "jvp")
         pf = fn.cached(("jvp", has_aux), lambda: _jvp_function(fn._fn, name, has_aux,
                                                                 fn._devices, fn._axis_name))
         return pf(primals, tangents)

@@ -249,6 +249,14 @@ def _identity_vjp(ct, ops, out, params, needs):
     return [ct]
 
 
+@_rule("bitcast_convert_type")
+def _bitcast_vjp(ct, ops, out, params, needs):
+    # A float result comes from integer bits, which need no cotangent (and a
+    # float operand gives an integer result, which tapes do not record): no
+    # gradient flows, as in JAX.
+    return [None]
+
+
 @_rule("select")
 def _select_vjp(ct, ops, out, params, needs):
     c, x, y = ops

@@ -10,6 +10,8 @@ arrays.
   >>> values, indices = f(np.array([[[1., 4., 3.]], [[5., 2., 6.]]]))
   >>> pw.lax.top_k(np.array([1., 4., 3.]), 2)
   (array([4., 3.]), array([1, 2], dtype=int32))
+  >>> pw.lax.shift_right_logical(np.int32(-8), 28)
+  array(15, dtype=int32)
 
 Loops (`scan`, `fori_loop`) trace their body once into one `scan` op of the
 function IR, whatever the trip count (pathways._control_flow).
@@ -24,7 +26,7 @@ from typing import Any, Callable
 import numpy as _np
 
 from pathways import _checks
-from pathways._control_flow import describe, scan_core, static_int
+from pathways._control_flow import WeakCarryPromoted, describe, scan_core, static_int
 from pathways._pmap import PmapFunction, _to_array
 from pathways._pytree import tree_flatten, tree_map, tree_unflatten
 from pathways._trace_state import _SUPPORTED_DTYPE_NAMES, _SUPPORTED_DTYPES, TracerError
@@ -33,7 +35,15 @@ from pathways._tracer import Tracer, bind
 from pathways.numpy import reshape as _reshape
 from pathways.numpy._common import _trace_of
 
-__all__ = ["top_k", "scan", "fori_loop"]
+__all__ = [
+    "top_k",
+    "shift_left",
+    "shift_right_logical",
+    "shift_right_arithmetic",
+    "bitcast_convert_type",
+    "scan",
+    "fori_loop",
+]
 
 _INT32_MAX = 2**31 - 1
 
@@ -143,8 +153,8 @@ def top_k(operand: Any, k: int) -> tuple:
 
     Args:
       operand: An array of rank >= 1: a traced value, or a numpy array or
-        array-like (float32, float64, int32 or bool; other integers become
-        int32 and Python floats float64, as for `pw.pmap` arguments).
+        array-like (float32, float64, int32, uint32 or bool; other integers
+        become int32 and Python floats float64, as for `pw.pmap` arguments).
       k: How many elements to keep from each row: a static int with
         0 <= k <= operand.shape[-1].
 
@@ -168,6 +178,131 @@ def top_k(operand: Any, k: int) -> tuple:
     return _top_k_traced(x, k)
 
 
+# --- Shifts and bitcasts ----------------------------------------------------------
+
+
+def _is_python_scalar(x: Any) -> bool:
+    return isinstance(x, (bool, int, float)) and not isinstance(x, _np.generic)
+
+
+def _same_dtype_operands(name: str, x: Any, y: Any) -> tuple:
+    """`x` and `y` of one dtype, as `jax.lax` takes them: a Python scalar takes the
+    other operand's dtype (weak typing); two arrays must agree.
+
+    Raises:
+      TypeError: For arrays (traced or not) of two dtypes.
+    """
+    if _is_python_scalar(x) and not _is_python_scalar(y):
+        dt = y.dtype if isinstance(y, Tracer) else _np.asarray(_to_array(y, f"pw.lax.{name}")).dtype
+        x = _np.asarray(x, dt)
+    elif _is_python_scalar(y) and not _is_python_scalar(x):
+        dt = x.dtype if isinstance(x, Tracer) else _np.asarray(_to_array(x, f"pw.lax.{name}")).dtype
+        y = _np.asarray(y, dt)
+    dx = x.dtype if isinstance(x, Tracer) else _np.asarray(_to_array(x, f"pw.lax.{name}")).dtype
+    dy = y.dtype if isinstance(y, Tracer) else _np.asarray(_to_array(y, f"pw.lax.{name}")).dtype
+    if dx != dy:
+        raise TypeError(
+            f"{name}: operands must have the same dtype (as jax.lax.{name}), got {dx} and {dy}; "
+            "convert one with .astype"
+        )
+    return x, y
+
+
+def _shift(name: str, x: Any, y: Any) -> Any:
+    trace = _trace_of(name, (x, y), "pw.lax")
+    if trace is None:
+        trace = _state.function
+    x, y = _same_dtype_operands(name, x, y)
+    if trace is None:
+        return _run_outside(name, lambda a, b: bind(_state.function, name, (a, b)), (), (x, y))
+    a = x if isinstance(x, Tracer) else trace.constant(x, None)
+    b = y if isinstance(y, Tracer) else trace.constant(y, None)
+    return bind(trace, name, (a, b))
+
+
+def shift_left(x: Any, y: Any) -> Any:
+    """`x << y` elementwise, like `jax.lax.shift_left`.
+
+    Shift counts outside [0, 32) (negative ones included: they are taken as
+    unsigned) shift every bit out and give 0, as XLA. Inside a function
+    traced by `pw.pmap` it records an op; on concrete arrays it runs as a
+    `pw.pmap` over one device and returns numpy arrays.
+
+    Args:
+      x, y: int32 or uint32 arrays (traced or numpy) of one dtype, or Python
+        ints (which take the other operand's dtype); shapes broadcast.
+
+    Returns:
+      The shifted values, of the operands' dtype.
+
+    Raises:
+      TypeError: For operands of two dtypes, or not integers.
+      ValueError: If the shapes do not broadcast.
+    """
+    return _shift("shift_left", x, y)
+
+
+def shift_right_logical(x: Any, y: Any) -> Any:
+    """`x >> y` elementwise with zeros shifted in, like `jax.lax.shift_right_logical`.
+
+    An int32's bits shift as a uint32's would. Counts outside [0, 32) give
+    0. Arguments, result and errors as `shift_left`.
+    """
+    return _shift("shift_right_logical", x, y)
+
+
+def shift_right_arithmetic(x: Any, y: Any) -> Any:
+    """`x >> y` elementwise with the sign bit shifted in, like `jax.lax.shift_right_arithmetic`.
+
+    A uint32's top bit is taken as its sign, as XLA does. Counts outside
+    [0, 32) give 0, or -1 (all bits set) where the sign bit is set.
+    Arguments, result and errors as `shift_left`.
+    """
+    return _shift("shift_right_arithmetic", x, y)
+
+
+_BITCAST_DTYPES = (_np.dtype(_np.float32), _np.dtype(_np.int32), _np.dtype(_np.uint32))
+
+
+def bitcast_convert_type(operand: Any, new_dtype: Any) -> Any:
+    """`operand`'s bits read as `new_dtype`, like `jax.lax.bitcast_convert_type`.
+
+    Only types of one width are supported: float32, int32 and uint32 among
+    themselves (JAX's width-changing casts need 8, 16 or 64-bit types, which
+    the devices do not have). No gradient flows through it.
+
+    Args:
+      operand: A float32, int32 or uint32 array (traced or numpy).
+      new_dtype: float32, int32 or uint32.
+
+    Returns:
+      An array of `operand`'s shape and dtype `new_dtype` (numpy's
+      `operand.view(new_dtype)`).
+
+    Raises:
+      TypeError: For another dtype, of `operand` or `new_dtype`.
+    """
+    try:
+        dt = _np.dtype(new_dtype)
+    except TypeError:
+        raise TypeError(f"bitcast_convert_type: new_dtype must be a dtype, got {new_dtype!r}") from None
+    trace = _function_trace("bitcast_convert_type", operand)
+    if isinstance(operand, Tracer):
+        src = operand.dtype
+    else:
+        operand = _np.asarray(_to_array(operand, "pw.lax.bitcast_convert_type"))
+        src = operand.dtype
+    if dt not in _BITCAST_DTYPES or src not in _BITCAST_DTYPES:
+        raise TypeError(
+            f"bitcast_convert_type: {src} to {dt} is not supported: only float32, int32 and "
+            "uint32 among themselves (the same width)"
+        )
+    if trace is None:
+        return operand.view(dt)  # numpy's view is exactly the device's bitcast
+    x = operand if isinstance(operand, Tracer) else trace.constant(operand, None)
+    return bind(trace, "bitcast_convert_type", (x,), dtype=dt.name)
+
+
 # --- Loops ------------------------------------------------------------------------
 
 
@@ -181,6 +316,8 @@ def _loop_operand(trace: Any, leaf: Any, where: str, what: str) -> Tracer:
             f"{where} got a traced program value ({leaf.aval}) as {what}; pass program values "
             "to pmap'd functions as arguments"
         )
+    if isinstance(leaf, (bool, int, float)) and not isinstance(leaf, _np.generic):
+        return trace.constant(leaf, None)  # weakly typed, as in JAX
     arr = _to_array(leaf, where, None, what)
     if isinstance(arr, _np.ndarray) and arr.dtype not in _SUPPORTED_DTYPES:
         raise TypeError(
@@ -239,9 +376,17 @@ def _scan_traced(trace: Any, f: Callable[..., Any], init: Any, xs: Any, length: 
         y_tree.append(tree)
         return new_leaves, y_leaves
 
-    final, ys = scan_core(trace, body, name, "scan body", carries, x_vals, [], length,
-                          bool(reverse))
-    return tree_unflatten(carry_tree, final), tree_unflatten(y_tree[0], ys)
+    for _ in range(len(carries) + 1):
+        try:
+            final, ys = scan_core(trace, body, name, "scan body", carries, x_vals, [], length,
+                                  bool(reverse))
+            break
+        except WeakCarryPromoted as e:
+            # A weakly typed initial carry (a Python scalar) takes the dtype
+            # the body gives it, and the body is traced again, as in JAX.
+            carries[e.index] = bind(trace, "convert", (carries[e.index],), dtype=e.dtype.name)
+            y_tree.clear()
+    return tree_unflatten(carry_tree, final), tree_unflatten(y_tree[-1], ys)
 
 
 def scan(f: Callable[..., Any], init: Any, xs: Any = None, length: Any = None,
@@ -275,8 +420,10 @@ def scan(f: Callable[..., Any], init: Any, xs: Any = None, length: Any = None,
       f: `f(carry, x) -> (carry, y)`. The carry output must have the carry
         input's pytree structure and, leaf by leaf, its shape and dtype. `y`
         is any pytree of arrays (None for no ys).
-      init: The initial carry: a pytree of arrays or numbers (Python floats
-        are float64, as pmap arguments).
+      init: The initial carry: a pytree of arrays or numbers. Python
+        scalars are weakly typed, as in JAX: a carry that starts as `0.0`
+        takes the dtype the body gives it (float32 next to float32 values;
+        the body is traced a second time then), and is float64 otherwise.
       xs: A pytree of arrays with a common leading axis to scan over, or
         None.
       length: The number of iterations: a static int, required when `xs` is

@@ -1,4 +1,5 @@
-"""Neural-network functions, like `jax.nn`, built from the ops of `pathways.numpy`.
+"""Neural-network functions, like `jax.nn`, built from the ops of `pathways.numpy` (and
+`dropout`, from `pathways.random`).
 
 Each one is a composite: inside a `pw.pmap` trace it records the primitive ops
 it is made of (so `pw.grad` differentiates it through them), and called on
@@ -30,6 +31,7 @@ __all__ = [
     "logsumexp",
     "one_hot",
     "layer_norm",
+    "dropout",
 ]
 
 
@@ -158,3 +160,51 @@ def layer_norm(
     if offset is not None:
         y = y + offset
     return y
+
+
+def dropout(key: Any, rate: float, x: Any, broadcast_dims: Any = ()) -> Any:
+    """Zeroes each element of `x` with probability `rate` and scales the rest by 1 / (1 - rate).
+
+    Haiku's `hk.dropout(rng, rate, x, broadcast_dims)` (JAX itself has none;
+    flax's `nn.Dropout` module computes the same): the mask is
+    `pw.random.bernoulli(key, 1 - rate, shape)`, as JAX's, and the result
+    `where(mask, x / (1 - rate), 0)`, so the expected value is `x` and no
+    NaN of a dropped element leaks through. Inside a `pw.pmap`'d function the
+    mask is drawn on the device: give each step (and each device, if they
+    must differ) its own key, e.g. `pw.random.fold_in(key, pw.axis_index("i"))`.
+    Gradients flow to `x` through the kept elements.
+
+    Args:
+      key: A `pw.random` key.
+      rate: The probability of dropping an element: a Python float in [0, 1)
+        (0 returns `x` itself).
+      x: The values (numpy or traced).
+      broadcast_dims: Dimensions along which the mask is shared (its size 1
+        there), e.g. `(0,)` to drop the same features for the whole batch.
+
+    Returns:
+      An array of `x`'s shape and dtype (float64 for integer `x`).
+
+    Raises:
+      TypeError: If `rate` is not a real number, or `broadcast_dims` not ints.
+      ValueError: If `rate` is not in [0, 1), or a broadcast dimension is out of range.
+    """
+    from pathways import random as _random  # pathways.random imports pathways.numpy too
+
+    rate = _checks.real("dropout", "rate", rate)
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout: rate must be in [0, 1), got {rate}")
+    dims = _checks.ints("dropout", "broadcast_dims", broadcast_dims)
+    if rate == 0.0:
+        return x
+    shape = list(x.shape if isinstance(x, Tracer) else _np.shape(x))
+    for d in dims:
+        if not -len(shape) <= d < len(shape):
+            raise ValueError(f"dropout: broadcast dimension {d} is out of range for shape "
+                             f"{tuple(shape)}")
+        shape[d] = 1
+    keep_rate = 1.0 - rate
+    keep = _random.bernoulli(key, keep_rate, tuple(shape))
+    scaled = x / keep_rate
+    # A zero of scaled's dtype: a Python 0 would make int32 against a concrete `x`.
+    return _pnp.where(keep, scaled, _np.zeros((), scaled.dtype))

@@ -24,11 +24,13 @@ ROWS = _core.op_registry()
 REGISTRY = {name: (arity, op_class, type_rule) for name, arity, op_class, type_rule in ROWS}
 
 # Type rules whose result is bool whatever the operands (op_registry.h).
-BOOL_RESULT_RULES = {"comparison", "logical", "boolean"}
-# Type rules whose result is never a float: bool, or int32 positions (op_registry.h).
-NO_FLOAT_RESULT_RULES = BOOL_RESULT_RULES | {"indices"}
-# Type rules whose operands must be bool.
-BOOL_OPERAND_RULES = {"logical", "boolean"}
+BOOL_RESULT_RULES = {"comparison"}
+# Type rules whose result is never a float: bool, integers, or int32 positions (op_registry.h).
+NO_FLOAT_RESULT_RULES = BOOL_RESULT_RULES | {"bitwise", "shift", "invert", "indices"}
+# Type rules whose operands must be bool or integers (examples use bools).
+BOOL_OPERAND_RULES = {"bitwise", "invert"}
+# Type rules whose operands must be integers.
+INT_OPERAND_RULES = {"shift"}
 REDUCE_KINDS = ("sum", "mean", "max", "min", "argmax")
 
 
@@ -50,8 +52,8 @@ def test_registry_rows():
         assert arity >= -1, name
         assert op_class in ("source", "elementwise", "simulated", "reduction", "data_movement",
                             "indexing", "contraction", "collective", "control"), name
-        assert type_rule in ("arithmetic", "comparison", "logical", "numeric", "floating",
-                             "boolean", "same", "indices", "own"), name
+        assert type_rule in ("arithmetic", "comparison", "bitwise", "shift", "numeric",
+                             "floating", "invert", "same", "indices", "own"), name
 
 
 def test_every_op_has_one_primitive_with_the_registrys_arity_and_class():
@@ -113,9 +115,10 @@ def test_vjp_rules_exactly_where_the_result_can_be_a_float():
     have = {n for n, p in PRIMITIVES.items() if p.vjp is not None}
     assert sorted(needed - have) == [], "primitives without a VJP rule"
     assert sorted(have - needed) == [], "VJP rules of primitives without a float result"
-    # Those without: comparisons, logical ops, axis_index, top_k (positions), stop_gradient.
-    assert {"eq", "lt", "and", "not", "axis_index", "top_k", "stop_gradient"} <= (
-        set(PRIMITIVES) - have)
+    # Those without: comparisons, bitwise ops and shifts, axis_index, top_k (positions),
+    # stop_gradient.
+    assert {"eq", "lt", "and", "not", "shift_left", "axis_index", "top_k",
+            "stop_gradient"} <= (set(PRIMITIVES) - have)
     assert dict(_autodiff.VJP_RULES) == {n: PRIMITIVES[n].vjp for n in have}
 
 
@@ -132,6 +135,7 @@ F32 = ("float32", (3,))
 # registry's type rule does not type (collectives get axis_name="i" too).
 EXAMPLES = {
     "convert": ([F32], {"dtype": "float64"}),
+    "bitcast_convert_type": ([("uint32", (3,))], {"dtype": "float32"}),
     "select": ([("bool", (3,)), F32, F32], {}),
     "simulated_compute": ([F32], {"microseconds": 1.0}),
     "reduce": ([("float32", (2, 3))], {"axes": [1], "keepdims": False}),  # with each kind
@@ -163,7 +167,8 @@ EXAMPLES = {
 def example(p):
     """(operands, params) of a call of primitive `p`."""
     if p.op_class == "elementwise" and p.type_rule != "own":
-        dtype = "bool" if p.type_rule in BOOL_OPERAND_RULES else "float32"
+        dtype = ("bool" if p.type_rule in BOOL_OPERAND_RULES
+                 else "int32" if p.type_rule in INT_OPERAND_RULES else "float32")
         return [(dtype, (3,))] * p.arity, {}
     operands, params = EXAMPLES[p.name]
     if p.op_class == "collective":
@@ -277,14 +282,16 @@ def test_tracer_operator_symbols_bind_their_primitive(tpus2, name):
 
 def builder_with_operands():
     b = _core.FunctionBuilder("f", "")
-    return b, {"float32": b.parameter("float32", [3]), "bool": b.parameter("bool", [3])}
+    return b, {"float32": b.parameter("float32", [3]), "bool": b.parameter("bool", [3]),
+               "int32": b.parameter("int32", [3])}
 
 
 @pytest.mark.parametrize("name", list(REGISTRY) + ["atan2"])
 def test_builder_binary_and_unary_take_the_registrys_ops(name):
     b, values = builder_with_operands()
     type_rule = REGISTRY[name][2] if name in REGISTRY else "own"
-    x = values["bool" if type_rule in BOOL_OPERAND_RULES else "float32"]
+    x = values["bool" if type_rule in BOOL_OPERAND_RULES
+               else "int32" if type_rule in INT_OPERAND_RULES else "float32"]
     if name in REGISTRY and is_binary(name):
         assert b.binary(name, x, x) > x
     else:

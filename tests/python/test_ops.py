@@ -289,8 +289,9 @@ def test_where_matches_numpy(tpus, dx, dy):
         x = stacked(rng, sx, dx)
         y = stacked(rng, sy, dy)
         assert_matches(run(tpus, pnp.where, c, x, y), expected(np.where, c, x, y))
-        # Against constants: a per-shard condition, a constant branch.
-        k = random_values(rng, sy, dy)
+        # Against constants: a per-shard condition, a constant branch (an
+        # array: numpy scalars are weakly typed, test_scalar_type_rule.py).
+        k = np.asarray(random_values(rng, sy, dy))
         want = np.stack([np.where(c[i], x[i], k) for i in range(NUM_DEVICES)])
         assert_matches(run(tpus, lambda cc, xx: pnp.where(cc, xx, k), c, x), want)
 

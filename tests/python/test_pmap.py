@@ -68,8 +68,8 @@ def test_mixed_dtypes_promote_to_float64(devices_of):
     out = f(np.array([1.5, 2.0], np.float32), np.array([2.0, 3.0], np.float64))
     assert out.dtype == np.float64
     np.testing.assert_array_equal(np.asarray(out), [3.0, 6.0])
-    g = pw.pmap(lambda x: x * np.array([2.0], np.float64)[0], devices=devices_of(2))
-    assert g(np.array([1.0, 2.0], np.float32)).dtype == np.float64
+    g = pw.pmap(lambda x: x * np.array(2.0, np.float64), devices=devices_of(2))
+    assert g(np.array([1.0, 2.0], np.float32)).dtype == np.float64  # a 0-d array keeps its dtype
 
 
 def test_rank0_operand_broadcasts(devices_of):

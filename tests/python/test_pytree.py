@@ -1,6 +1,7 @@
-"""The minimal pytree utilities behind pmap and program arguments."""
+"""Pytrees (pw.tree_util, on optree) behind pmap and program arguments."""
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ def test_single_leaf():
     leaves, treedef = pw.tree_flatten(5.0)
     assert leaves == [5.0]
     assert pw.tree_unflatten(treedef, ["x"]) == "x"
-    assert repr(treedef) == "PyTreeDef(*)"
+    assert repr(treedef) == "PyTreeSpec(*)"
 
 
 def test_treedef_equality_and_hash():
@@ -48,7 +49,7 @@ def test_treedef_equality_and_hash():
     assert tree_structure((1,)) != tree_structure([1])
     assert tree_structure(Point(1, 2)) != tree_structure((1, 2))
     assert {t1: "x"}[t2] == "x"
-    assert repr(t1) == "PyTreeDef({'a': *, 'b': (*, *)})"
+    assert repr(t1) == "PyTreeSpec({'a': *, 'b': (*, *)})"
 
 
 def test_unflatten_wrong_count():
@@ -68,20 +69,138 @@ def test_tree_map_and_leaves():
         pw.tree_map(lambda x, y: x, tree, {"a": [1], "b": (3,)})
 
 
-def test_unsortable_dict_keys():
-    with pytest.raises(TypeError, match="sortable"):
-        pw.tree_flatten({1: "a", "b": 2})
+def test_unsortable_dict_keys_keep_insertion_order():
+    leaves, treedef = pw.tree_flatten({1: "a", "b": 2})
+    assert leaves == ["a", 2]
+    assert pw.tree_unflatten(treedef, [3, 4]) == {1: 3, "b": 4}
 
 
 def test_other_objects_are_leaves():
     class Box:
         pass
 
-    box = Box()
-    arr = np.arange(3)
-    leaves, _ = pw.tree_flatten([box, arr, "s", collections.OrderedDict(a=1)])
-    assert leaves[0] is box and leaves[1] is arr and leaves[2] == "s"
-    assert isinstance(leaves[3], collections.OrderedDict)
+    @dataclasses.dataclass
+    class Unregistered:
+        a: int
+
+    box, arr, dc = Box(), np.arange(3), Unregistered(1)
+    leaves, _ = pw.tree_flatten([box, arr, "s", dc])
+    assert leaves[0] is box and leaves[1] is arr and leaves[2] == "s" and leaves[3] is dc
+
+
+def test_standard_containers_are_nodes():
+    od = collections.OrderedDict([("b", 1), ("a", 2)])
+    dd = collections.defaultdict(list, {"y": 3, "x": 4})
+    dq = collections.deque([5, 6])
+    leaves, treedef = pw.tree_flatten([od, dd, dq])
+    assert leaves == [1, 2, 4, 3, 5, 6]  # OrderedDict in its order, defaultdict sorted
+    back = pw.tree_unflatten(treedef, [10 * x for x in leaves])
+    assert type(back[0]) is collections.OrderedDict and list(back[0].items()) == [("b", 10), ("a", 20)]
+    assert type(back[1]) is collections.defaultdict and back[1].default_factory is list
+    assert back[1] == {"y": 30, "x": 40}
+    assert back[2] == collections.deque([50, 60])
+    assert tree_structure(od) != tree_structure(dict(od))
+
+
+def test_is_leaf_stops_the_walk():
+    tree = {"w": (1, 2), "b": [3, (4, 5)]}
+    is_pair = lambda x: isinstance(x, tuple) and len(x) == 2  # noqa: E731
+    leaves, treedef = pw.tree_flatten(tree, is_leaf=is_pair)
+    assert leaves == [3, (4, 5), (1, 2)]  # keys sorted: "b" first
+    assert pw.tree_util.tree_leaves(tree, is_leaf=is_pair) == [3, (4, 5), (1, 2)]
+    assert pw.tree_map(lambda p: p if not is_pair(p) else sum(p), tree, is_leaf=is_pair) == {
+        "w": 3, "b": [3, 9]}
+    assert pw.tree_unflatten(treedef, leaves) == tree
+
+
+@dataclasses.dataclass
+class Layer:
+    w: object
+    b: object
+    name: str = dataclasses.field(default="dense", metadata={"static": True})
+
+
+pw.tree_util.register_dataclass(Layer)
+
+
+class Pair:
+    def __init__(self, first, second, tag):
+        self.first, self.second, self.tag = first, second, tag
+
+
+pw.tree_util.register_pytree_node(
+    Pair, lambda p: ((p.first, p.second), p.tag), lambda tag, c: Pair(c[0], c[1], tag)
+)
+
+
+@pw.tree_util.register_pytree_node_class
+class Scaled:
+    def __init__(self, value, scale):
+        self.value, self.scale = value, scale
+
+    def tree_flatten(self):
+        return (self.value,), self.scale
+
+    @classmethod
+    def tree_unflatten(cls, scale, children):
+        return cls(children[0], scale)
+
+
+def test_custom_nodes():
+    leaves, treedef = pw.tree_flatten(Layer(np.ones(2), 0.5, "out"))
+    assert len(leaves) == 2 and leaves[1] == 0.5
+    back = pw.tree_unflatten(treedef, [1, 2])
+    assert back == Layer(1, 2, "out")
+    # Static fields are part of the structure (of cache keys).
+    assert tree_structure(Layer(1, 2, "a")) != tree_structure(Layer(1, 2, "b"))
+
+    p = pw.tree_map(lambda x: x * 2, Pair(1, [2, 3], "t"))
+    assert (p.first, p.second, p.tag) == (2, [4, 6], "t")
+    s = pw.tree_map(lambda x: x + 1, Scaled(1, 10))
+    assert (s.value, s.scale) == (2, 10)
+
+    # Paths name the fields and indices leading to each leaf.
+    paths = [path for path, _ in pw.tree_util.tree_flatten_with_path({"l": Layer(5, 6)})[0]]
+    assert paths == [("l", "w"), ("l", "b")]
+
+
+def test_register_dataclass_errors():
+    class Plain:
+        pass
+
+    with pytest.raises(TypeError, match="not a dataclass"):
+        pw.tree_util.register_dataclass(Plain)
+
+    @dataclasses.dataclass
+    class Two:
+        a: int
+        b: int
+
+    with pytest.raises(ValueError, match="each init field"):
+        pw.tree_util.register_dataclass(Two, data_fields=["a"], meta_fields=[])
+    with pytest.raises(ValueError):
+        pw.tree_util.register_dataclass(Layer)  # already registered
+
+
+def test_custom_nodes_through_pmap_and_grad(devices_of):
+    f = pw.pmap(lambda layer, x: Layer(layer.w * x, layer.b + 1.0, layer.name),
+                devices=devices_of(2))
+    out = f(Layer(np.array([1.0, 2.0]), np.array([3.0, 4.0]), "h"), np.array([5.0, 6.0]))
+    assert isinstance(out, Layer) and out.name == "h"
+    np.testing.assert_array_equal(np.asarray(out.w), [5.0, 12.0])
+    np.testing.assert_array_equal(np.asarray(out.b), [4.0, 5.0])
+
+    g = pw.pmap(pw.grad(lambda layer, x: (layer.w * x + layer.b).sum()), devices=devices_of(2))
+    grads = g(Layer(np.ones((2, 3)), np.ones((2, 3))), np.full((2, 3), 2.0))
+    assert isinstance(grads, Layer)
+    np.testing.assert_array_equal(np.asarray(grads.w), np.full((2, 3), 2.0))
+    np.testing.assert_array_equal(np.asarray(grads.b), np.ones((2, 3)))
+
+    od = collections.OrderedDict([("z", np.array([1.0, 2.0])), ("a", np.array([3.0, 4.0]))])
+    out = pw.pmap(lambda d: collections.OrderedDict((k, v * 2) for k, v in d.items()),
+                  devices=devices_of(2))(od)
+    assert list(out) == ["z", "a"]
+    np.testing.assert_array_equal(np.asarray(out["z"]), [2.0, 4.0])
 
 
 def test_namedtuple_through_pmap(devices_of):

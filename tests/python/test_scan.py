@@ -648,3 +648,31 @@ def test_vjp_in_a_trace_of_a_loop(tpus2):
 
     x = np.array([[1.0, 2.0], [3.0, -4.0]])
     np.testing.assert_allclose(np.asarray(pw.pmap(f, devices=tpus2)(x)), 4 * x ** 3)
+
+
+def test_python_scalar_carries_are_weakly_typed(tpus2):
+    """As in JAX: a carry that starts as a Python scalar takes the body's dtype."""
+    def f(xs):
+        (total, count, scaled), _ = pw.lax.scan(
+            lambda c, x: ((c[0] + x.sum(), c[1] + 1, c[2] * 2), None), (0.0, 0, 1.5), xs)
+        as_int, _ = pw.lax.scan(lambda c, x: (c + x.sum(), None), 0, xs)
+        return total, count, scaled, as_int, pw.lax.fori_loop(0, 3, lambda i, v: v + x_sum(xs), 0.0)
+
+    def x_sum(xs):
+        return xs.sum()
+
+    xs = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+    total, count, scaled, as_int, looped = pw.pmap(f, devices=tpus2)(xs)
+    assert np.asarray(total).dtype == np.float32  # 0.0 met float32 values
+    assert np.asarray(count).dtype == np.int32
+    assert np.asarray(scaled).dtype == np.float64  # nothing but Python scalars: float64
+    assert np.asarray(as_int).dtype == np.float32  # 0 met float32 values
+    assert np.asarray(looped).dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(total), xs.reshape(2, -1).sum(axis=1))
+    np.testing.assert_array_equal(np.asarray(count), [2, 2])
+    np.testing.assert_array_equal(np.asarray(scaled), [6.0, 6.0])
+    np.testing.assert_array_equal(np.asarray(looped), 3 * xs.reshape(2, -1).sum(axis=1))
+    # A numpy scalar is strongly typed: its dtype must stay.
+    with pytest.raises(TypeError, match="carry leaf 0 is f64\\[\\] on input but f32\\[\\] on output"):
+        pw.pmap(lambda xs: pw.lax.scan(lambda c, x: (x.sum(), None), np.float64(0), xs),
+                devices=tpus2).as_text(xs)

@@ -6,9 +6,10 @@ Usage:
 
 Inside a pmap trace, a call with at least one traced value among its array
 arguments records an op of the compiled function. Shapes broadcast and dtypes
-promote as in numpy (bool < int32 < float32 < float64; int32 with float32
-gives float64); the transcendental functions compute int32 in float64 and
-bool in float32; Python scalars are weakly typed as for the `Tracer`
+promote as in numpy (bool < int32, uint32 < float32 < float64; an integer
+with float32 gives float64), but int32 with uint32 gives int32 as in JAX;
+the transcendental functions compute integers in float64 and bool in
+float32; Python scalars are weakly typed as for the `Tracer`
 operators. Called with no traced value (e.g. on numpy arrays outside a
 trace), each function simply calls its numpy namesake. Conversely numpy's own
 functions, called on a traced value (`np.sum(x)`, `np.exp(x)`), call their
@@ -29,6 +30,7 @@ from pathways.numpy._elementwise import (  # noqa: A004 (numpy's names)
     absolute,
     add,
     bitwise_and,
+    bitwise_not,
     bitwise_or,
     bitwise_xor,
     clip,
@@ -38,6 +40,8 @@ from pathways.numpy._elementwise import (  # noqa: A004 (numpy's names)
     exp,
     greater,
     greater_equal,
+    invert,
+    left_shift,
     less,
     less_equal,
     log,
@@ -52,6 +56,7 @@ from pathways.numpy._elementwise import (  # noqa: A004 (numpy's names)
     not_equal,
     ones_like,
     power,
+    right_shift,
     rsqrt,
     sign,
     sin,
@@ -103,6 +108,7 @@ __all__ = [
     "float32",
     "float64",
     "int32",
+    "uint32",
     "bool_",
     "exp",
     "log",
@@ -123,6 +129,10 @@ __all__ = [
     "bitwise_and",
     "bitwise_or",
     "bitwise_xor",
+    "bitwise_not",
+    "invert",
+    "left_shift",
+    "right_shift",
     "maximum",
     "minimum",
     "where",
@@ -168,4 +178,5 @@ __all__ = [
 float32 = _np.float32
 float64 = _np.float64
 int32 = _np.int32
+uint32 = _np.uint32
 bool_ = _np.bool_

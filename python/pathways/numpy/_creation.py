@@ -5,7 +5,7 @@ functions return traced values, as `jax.numpy`'s do inside `jax.jit`: `zeros`,
 `ones` and `full` broadcast one scalar constant (the IR holds no array of
 zeros), `arange`, `linspace` and `eye` are constants of the IR. Outside any
 trace they are numpy's. Dtypes follow numpy's defaults (float64 for floats),
-with integers as int32, the devices' only integer dtype.
+with integers as int32 (uint32 when asked for).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def _shape(name: str, shape: Any) -> tuple:
 
 
 def _device_dtype(name: str, dtype: Any) -> _np.dtype:
-    """numpy's dtype as the devices hold it: other integers become int32."""
+    """numpy's dtype as the devices hold it: integers but uint32 become int32."""
     dt = _np.dtype(dtype)
-    if dt.kind in "iu":
+    if dt.kind in "iu" and dt != _np.uint32:
         dt = _np.dtype(_np.int32)
     if dt not in _SUPPORTED_DTYPES:
         raise TypeError(f"{name}: dtype {dt} is not supported; supported dtypes: "

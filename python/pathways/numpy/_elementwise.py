@@ -39,19 +39,21 @@ sin = _unary("sin", "sin", _np.sin)
 cos = _unary("cos", "cos", _np.cos)
 abs = absolute = _unary("abs", "abs", _np.abs)  # noqa: A001 (numpy's name)
 negative = _unary("negative", "neg", _np.negative)
+# Bitwise not of integers, logical not of bools.
+invert = bitwise_not = _unary("invert", "not", _np.invert)
 
 
-def _binary(name: str, op: str, numpy_fn: Any, method: str = "_binary") -> Any:
-    """`numpy_fn`, or on traced values primitive `op` through the `Tracer` method `method`
-    (`_logical` for the bitwise ops, which need bool operands)."""
+def _binary(name: str, op: str, numpy_fn: Any) -> Any:
+    """`numpy_fn`, or on traced values primitive `op` (through `Tracer._binary`; `op` None:
+    `Tracer._right_shift`, which picks the shift by the dtypes)."""
 
     def fn(a: Any, b: Any) -> Any:
         if _traced(name, (a, b)):
-            if isinstance(a, Tracer):
-                a._check()
-                return getattr(a, method)(op, b, False)
-            b._check()
-            return getattr(b, method)(op, a, True)
+            t, other, reflected = (a, b, False) if isinstance(a, Tracer) else (b, a, True)
+            t._check()
+            if op is None:
+                return t._right_shift(other, reflected)
+            return t._binary(op, other, reflected)
         return numpy_fn(a, b)
 
     fn.__name__ = fn.__qualname__ = name
@@ -67,9 +69,14 @@ subtract = _binary("subtract", "sub", _np.subtract)
 multiply = _binary("multiply", "mul", _np.multiply)
 divide = true_divide = _binary("divide", "div", _np.divide)
 power = _binary("power", "pow", _np.power)
-bitwise_and = _binary("bitwise_and", "and", _np.bitwise_and, "_logical")
-bitwise_or = _binary("bitwise_or", "or", _np.bitwise_or, "_logical")
-bitwise_xor = _binary("bitwise_xor", "xor", _np.bitwise_xor, "_logical")
+# Bitwise on integers, logical on bools (the builder refuses floats).
+bitwise_and = _binary("bitwise_and", "and", _np.bitwise_and)
+bitwise_or = _binary("bitwise_or", "or", _np.bitwise_or)
+bitwise_xor = _binary("bitwise_xor", "xor", _np.bitwise_xor)
+# Shift counts outside [0, 32) shift every bit out (as numpy's and XLA's):
+# 0, or the sign for right_shift of int32.
+left_shift = _binary("left_shift", "shift_left", _np.left_shift)
+right_shift = _binary("right_shift", None, _np.right_shift)  # arithmetic for int32, logical for uint32
 maximum = _binary("maximum", "max", _np.maximum)
 minimum = _binary("minimum", "min", _np.minimum)
 equal = _binary("equal", "eq", _np.equal)

@@ -61,10 +61,12 @@ _TAKE_MODES = (None, "fill", "clip", "raise", "wrap")
 
 
 def _fill_value(dtype: Any, fill_value: Any) -> Any:
-    """`fill_value` in `dtype`, or JAX's default: NaN, the most negative int32, or True."""
+    """`fill_value` in `dtype`, or JAX's default: NaN, the most negative int32, the largest
+    uint32, or True."""
     dt = _np.dtype(dtype)
     if fill_value is None:
-        fill_value = {"f": _np.nan, "i": _np.iinfo(_np.int32).min, "b": True}[dt.kind]
+        fill_value = {"f": _np.nan, "i": _np.iinfo(_np.int32).min, "u": _np.iinfo(_np.uint32).max,
+                      "b": True}[dt.kind]
     return _np.asarray(fill_value).astype(dt)
 
 
@@ -76,7 +78,7 @@ def take(a: Any, indices: Any, axis: Any = None, mode: Optional[str] = None,
     device cannot raise):
       - None or "fill" (the default): negative indices count from the end,
         and indices still out of range give `fill_value` (default NaN for
-        floats, the most negative int32, True for bool);
+        floats, the most negative int32, the largest uint32, True for bool);
       - "clip": indices are clipped into range (negative ones to 0, as
         numpy's "clip");
       - "wrap": indices are taken modulo the axis size, as numpy's "wrap".

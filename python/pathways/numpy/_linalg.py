@@ -7,6 +7,7 @@ import builtins as _builtins
 from typing import Any
 
 import numpy as _np
+import opt_einsum
 
 from pathways._tracer import Tracer, bind
 from pathways.numpy._common import _operand, _trace_of
@@ -73,13 +74,8 @@ def _einsum_pair(trace: Any, x: Tracer, xs: str, y: Tracer, ys: str, out: str) -
     contract = [c for c in xs if c in ys and c not in out]
     x_free = [c for c in xs if c not in ys]
     y_free = [c for c in ys if c not in xs]
-    size = {c: d for c, d in zip(xs, x.shape)}
-    for c, d in zip(ys, y.shape):
-        if c in size and size[c] != d:
-            raise ValueError(
-                f"einsum: dimension '{c}' has size {size[c]} in one operand and {d} in another"
-            )
-        size[c] = d
+    size = dict(zip(xs, x.shape))
+    size.update(zip(ys, y.shape))  # equal where shared: checked by einsum
 
     def prod(letters: list) -> int:
         return int(_np.prod([size[c] for c in letters], dtype=_np.int64))
@@ -143,8 +139,8 @@ def einsum(subscripts: str, *operands: Any) -> Any:
     letters missing from the output, transposes (`ij->ji`), and diagonals of
     letters repeated within an operand (`ii->i`, `ii->`, `iij->j`). Without
     '->', the output has the letters appearing once, in alphabetical order.
-    Two or more operands are contracted left to right, each step one batched
-    matmul. The result has the operands' promoted dtype; over bool, as numpy,
+    Two or more operands are contracted in the order opt_einsum finds
+    cheapest for their shapes, each step one batched matmul. The result has the operands' promoted dtype; over bool, as numpy,
     products are logical and and sums logical or.
     """
     trace = _trace_of("einsum", operands)
@@ -176,16 +172,38 @@ def einsum(subscripts: str, *operands: Any) -> Any:
     if dtype != _np.bool_:  # bool operands count as 0 and 1 among numbers
         xs = [x.astype(dtype) if x.dtype == _np.bool_ else x for x in xs]
     xs, ins = zip(*[_einsum_diagonal(x, s) for x, s in zip(xs, ins)])
+    size: dict = {}
+    for x, s in zip(xs, ins):
+        for c, d in zip(s, x.shape):
+            if size.setdefault(c, d) != d:
+                raise ValueError(
+                    f"einsum: dimension '{c}' has size {size[c]} in one operand and {d} in another"
+                )
 
-    def needed_after(k: int) -> set:
-        return set(out).union(*[set(s) for s in ins[k + 1 :]])
-
-    # Sum out letters no one else needs, operand by operand, then contract pairwise.
-    cur, cur_s = _einsum_sum_out(xs[0], ins[0], needed_after(0))
-    for k in range(1, len(xs)):
-        keep_k = needed_after(k)
-        y, ys = _einsum_sum_out(xs[k], ins[k], keep_k | set(cur_s))
-        cur, cur_s = _einsum_pair(trace, cur, cur_s, y, ys, "".join(sorted(keep_k)))
-    cur, cur_s = _einsum_sum_out(cur, cur_s, out)
+    # opt_einsum picks the order of the contractions from the shapes (which
+    # pair first decides the sizes of the intermediates: a chain of matrix
+    # products, or a small operand met late, costs orders of magnitude more
+    # left to right). Each step sums out the letters no one else needs, then
+    # contracts its operands pairwise.
+    ops = list(zip(xs, ins))
+    if len(ops) > 1:
+        path, _ = opt_einsum.contract_path(
+            ",".join(ins) + "->" + out, *[x.shape for x in xs], shapes=True, optimize="auto"
+        )
+    else:
+        path = [(0,)]
+    for step in path:
+        picked = [ops[i] for i in step]
+        for i in sorted(step, reverse=True):
+            ops.pop(i)
+        rest = set(out).union(*[set(s) for _, s in ops])
+        cur, cur_s = picked[0]
+        for k in range(1, len(picked)):
+            keep = rest.union(*[set(s) for _, s in picked[k + 1 :]])
+            cur, cur_s = _einsum_sum_out(cur, cur_s, keep | set(picked[k][1]))
+            y, ys = _einsum_sum_out(picked[k][0], picked[k][1], keep | set(cur_s))
+            cur, cur_s = _einsum_pair(trace, cur, cur_s, y, ys, "".join(sorted(keep)))
+        ops.append(_einsum_sum_out(cur, cur_s, rest))
+    cur, cur_s = ops[0]
     return transpose(cur, [cur_s.index(c) for c in out]) if cur_s != out else cur
 
