@@ -676,3 +676,42 @@ def test_python_scalar_carries_are_weakly_typed(tpus2):
     with pytest.raises(TypeError, match="carry leaf 0 is f64\\[\\] on input but f32\\[\\] on output"):
         pw.pmap(lambda xs: pw.lax.scan(lambda c, x: (x.sum(), None), np.float64(0), xs),
                 devices=tpus2).as_text(xs)
+
+
+def test_matches_jax(tpus2):
+    """Values and gradients of jax.lax.scan / fori_loop / checkpoint (float32, both sides)."""
+    import jax
+    import jax.numpy as jnp
+
+    def make(np_, lax, remat):
+        def step(c, x):
+            h, k = c
+            h = np_.tanh(h * x[0] + x[1]) * 0.9 + 0.1 * h
+            return (h, k + 1), h.sum()
+
+        def loss(h0, xs):
+            (h, k), ys = lax.scan(remat(step), (h0, 0), xs, reverse=True)
+            h = lax.fori_loop(1, 4, lambda i, v: v * 0.5 + 1.0, h)
+            return (h ** 2).sum() + (ys ** 2).sum() + k.astype(np.float32)
+        return loss
+
+    rng = np.random.default_rng(16)
+    h0 = rng.normal(size=(2, 3)).astype(np.float32)
+    xs = rng.normal(size=(2, 5, 2, 3)).astype(np.float32)
+    for remat in (lambda f: f, "checkpoint"):
+        ours = make(pnp, pw.lax, pw.checkpoint if remat == "checkpoint" else remat)
+        theirs = make(jnp, jax.lax, jax.checkpoint if remat == "checkpoint" else remat)
+        value, grads = pw.pmap(pw.value_and_grad(ours, argnums=(0, 1)), devices=tpus2)(h0, xs)
+        for d in range(2):
+            want_value, want_grads = jax.value_and_grad(theirs, argnums=(0, 1))(h0[d], xs[d])
+            assert np.asarray(value).dtype == np.float32
+            np.testing.assert_allclose(np.asarray(value)[d], want_value, rtol=1e-5)
+            for g, w in zip(grads, want_grads):
+                np.testing.assert_allclose(np.asarray(g)[d], np.asarray(w), rtol=1e-4, atol=1e-5)
+
+
+def test_in_a_jitted_function():
+    f = pw.jit(lambda xs: pw.lax.scan(lambda c, x: (c + x, c * x), np.float32(1), xs))
+    carry, ys = f(np.arange(4, dtype=np.float32))
+    assert float(np.asarray(carry)) == 7.0
+    np.testing.assert_array_equal(np.asarray(ys), [0.0, 1.0, 4.0, 12.0])
