@@ -55,7 +55,7 @@ from pathways._trace_state import TracerError, _state, _TracerBase, aval_str
 from pathways._tracer import Tracer, WeakTracer, _FunctionTrace, bind
 from pathways._vjp import _LazyParameter, _Parameters
 
-__all__ = ["scan_core", "checkpoint", "BodyFn"]
+__all__ = ["scan_core", "checkpoint", "BodyFn", "WeakCarryPromoted", "static_int", "describe"]
 
 # body_fn(carries, x slices, consts) -> (next carries, ys): lists of leaves.
 BodyFn = Callable[[list, list, list], tuple]
