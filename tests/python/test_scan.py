@@ -715,3 +715,19 @@ def test_in_a_jitted_function():
     carry, ys = f(np.arange(4, dtype=np.float32))
     assert float(np.asarray(carry)) == 7.0
     np.testing.assert_array_equal(np.asarray(ys), [0.0, 1.0, 4.0, 12.0])
+
+
+def test_a_heavy_loop_with_a_psum_split_over_executor_threads(tpus4):
+    """Enough work per device that the gang's shards run in parts on several threads
+    (the loop closes its stage: its body's psum needs the whole gang)."""
+    def step(c, w):
+        h = pnp.tanh(c @ w)
+        return h + pw.psum(h, "i") * 0.01, h.sum()
+
+    rng = np.random.default_rng(17)
+    c = rng.normal(size=(4, 64, 64)) * 0.1
+    ws = rng.normal(size=(4, 6, 64, 64)) * 0.1
+    got = pw.pmap(lambda c, ws: pw.lax.scan(step, c, ws), devices=tpus4, axis_name="i")(c, ws)
+    want = pw.pmap(lambda c, ws: unrolled_scan(step, c, ws), devices=tpus4, axis_name="i")(c, ws)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
