@@ -57,6 +57,28 @@ def block(p, x, heads, ffn=mlp):
     return x + ffn(p, pw.nn.layer_norm(x, p["ln2_g"], p["ln2_b"]))
 
 
+def stack_blocks(blocks):
+    """The blocks' parameters as one pytree of arrays stacked along a leading layer axis."""
+    return pw.tree_map(lambda *layers: np.stack(layers), *blocks)
+
+
+def blocks_loop(blocks, x, heads, ffn=mlp):
+    """The blocks applied in a Python loop: traced (and in the IR) once per layer."""
+    for bp in blocks:
+        x = block(bp, x, heads, ffn)
+    return x
+
+
+def blocks_scan(stacked, x, heads, ffn=mlp, remat=False):
+    """The blocks applied by `pw.lax.scan` over stacked parameters: one block in the IR,
+    whatever the depth. With `remat`, each block's backward recomputes its forward
+    (`pw.checkpoint`), so only the activations between blocks are kept."""
+    def step(x, bp):
+        return block(bp, x, heads, ffn), None
+
+    return pw.lax.scan(pw.checkpoint(step) if remat else step, x, stacked)[0]
+
+
 def embed(p, tokens):
     return p["wte"][tokens] + p["wpe"]
 

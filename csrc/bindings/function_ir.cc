@@ -53,6 +53,7 @@ absl::string_view OpClassName(OpClass c) {
     case OpClass::kIndexing: return "indexing";
     case OpClass::kContraction: return "contraction";
     case OpClass::kCollective: return "collective";
+    case OpClass::kControl: return "control";
   }
   return "unknown";
 }
@@ -109,6 +110,8 @@ void RegisterFunctionIr(py::module_& m) {
       .def_property_readonly("num_outputs", &FunctionIr::num_outputs)
       .def_property_readonly("simulated_microseconds",
                              [](const FunctionIr& f) { return f.simulated_ns() / 1000.0; })
+      .def_property_readonly("nesting_depth", &FunctionIr::nesting_depth,
+                             "How deeply loops nest (0: no scan).")
       .def("as_text", &FunctionIr::ToText)
       .def("__repr__", &FunctionIr::ToText);
 
@@ -235,14 +238,37 @@ void RegisterFunctionIr(py::module_& m) {
       .def("simulated_compute", [](FunctionBuilder& b, int32_t x, double microseconds) {
         return ValueOrThrow(b.SimulatedComputeMicros(x, microseconds));
       }, py::arg("x"), py::arg("microseconds"))
+      .def("scan", [](FunctionBuilder& b, std::shared_ptr<FunctionIr> body,
+                      const std::vector<int32_t>& operands, int32_t num_carries, int32_t num_xs,
+                      int64_t length, bool reverse) {
+        ThrowIfBuilt(b, "scan");
+        return ValueOrThrow(b.ScanResults(std::move(body), operands, num_carries, num_xs, length,
+                                          reverse));
+      }, py::arg("body"), py::arg("operands"), py::arg("num_carries"), py::arg("num_xs"),
+         py::arg("length"), py::arg("reverse"),
+         "A scan of `body` (function_ir.h, \"Loops\"); returns the values of its results: "
+         "the final carries, then the stacked ys.")
+      .def("get_element", [](FunctionBuilder& b, int32_t tuple, int64_t index) {
+        return ValueOrThrow(b.GetElement(tuple, index));
+      }, py::arg("tuple"), py::arg("index"))
+      .def_property_readonly("axis_size", [](const FunctionBuilder& b) {
+        ThrowIfBuilt(b, "axis_size");
+        return b.axis_size();
+      })
+      .def("num_values", [](const FunctionBuilder& b) {
+        ThrowIfBuilt(b, "num_values");
+        return b.num_values();
+      })
       .def("shape", [](const FunctionBuilder& b, int32_t v) {
         ThrowIfBuilt(b, "shape");
         if (v < 0 || v >= b.num_values()) throw py::value_error(absl::StrCat("%", v, " is not a value"));
+        if (b.type(v).is_tuple()) throw py::value_error(absl::StrCat("%", v, " is a tuple"));
         return ShapeTuple(b.type(v).dims);
       })
       .def("dtype", [](const FunctionBuilder& b, int32_t v) {
         ThrowIfBuilt(b, "dtype");
         if (v < 0 || v >= b.num_values()) throw py::value_error(absl::StrCat("%", v, " is not a value"));
+        if (b.type(v).is_tuple()) throw py::value_error(absl::StrCat("%", v, " is a tuple"));
         return std::string(DTypeName(b.type(v).dtype));
       })
       .def("build", [](FunctionBuilder& b, const std::vector<int32_t>& outputs) {
@@ -253,6 +279,10 @@ void RegisterFunctionIr(py::module_& m) {
       m, "CompiledFunction", "A compiled function placed on virtual devices (one program node).")
       .def_property_readonly("name", &CompiledFunction::name)
       .def_property_readonly("num_shards", &CompiledFunction::num_shards)
+      .def_property_readonly("scratch_bytes_per_shard", [](const CompiledFunction& f) {
+        return f.executable().scratch_bytes(1) - f.executable().tile_bytes();
+      }, "Bytes of scratch one shard's intermediate values take at most at once (the "
+         "executable's memory plan).")
       .def_property_readonly("virtual_devices", &CompiledFunction::virtual_devices)
       .def_property_readonly("devices", [](const CompiledFunction& f) { return f.physical_devices()->devices(); },
                              py::return_value_policy::reference)

@@ -173,23 +173,32 @@ absl::string_view CombinerName(Combiner combiner) {
 }
 
 bool FunctionIr::has_collectives() const {
-  return std::any_of(ops_.begin(), ops_.end(),
-                     [](const Op& op) { return IsCollectiveOp(op.kind); });
+  return std::any_of(ops_.begin(), ops_.end(), [](const Op& op) {
+    return IsCollectiveOp(op.kind) || (op.body != nullptr && op.body->has_collectives());
+  });
 }
 
 std::string FunctionIr::ToText() const {
+  std::string text;
+  AppendText(&text, 0);
+  return text;
+}
+
+void FunctionIr::AppendText(std::string* out, int indent) const {
+  const std::string pad(static_cast<size_t>(indent), ' ');
+  std::string& text = *out;
   std::vector<std::string> params;
   for (int32_t p : params_) {
     params.push_back(absl::StrCat(ValueName(p), ": ", ops_[p].type.ToString()));
   }
-  std::string text = absl::StrCat("func @", name_, "(", absl::StrJoin(params, ", "), ")");
+  absl::StrAppend(&text, pad, "func @", name_, "(", absl::StrJoin(params, ", "), ")");
   if (!axis_name_.empty()) absl::StrAppend(&text, " axis=", axis_name_);
   if (axis_size_ > 0) absl::StrAppend(&text, " axis_size=", axis_size_);
   absl::StrAppend(&text, " {\n");
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op& op = ops_[i];
     if (op.kind == OpKind::kParameter) continue;  // listed in the signature
-    absl::StrAppend(&text, "  ", ValueName(static_cast<int32_t>(i)), " = ");
+    absl::StrAppend(&text, pad, "  ", ValueName(static_cast<int32_t>(i)), " = ");
     if (op.kind == OpKind::kConstant) {
       absl::StrAppend(&text, "const ", op.type.ToString(), " ", FormatLiteral(op), "\n");
       continue;
@@ -241,6 +250,13 @@ std::string FunctionIr::ToText() const {
                         absl::StrJoin(op.pad_hi, ","), "),interior=(",
                         absl::StrJoin(op.pad_interior, ","), ")]");
         break;
+      case OpKind::kScan:
+        absl::StrAppend(&text, "[length=", op.length, ",carries=", op.num_carries,
+                        ",xs=", op.num_xs, op.reverse ? ",reverse" : "", "]");
+        break;
+      case OpKind::kGetElement:
+        absl::StrAppend(&text, "[", op.index, "]");
+        break;
       default:
         break;
     }
@@ -249,19 +265,24 @@ std::string FunctionIr::ToText() const {
     }
     if (op.kind == OpKind::kSimulatedCompute) absl::StrAppend(&text, "[", op.duration_ns / 1000.0, "us]");
     absl::StrAppend(&text, " ",
-                    absl::StrJoin(op.operands, ", ",
-                                  [](std::string* out, int32_t v) {
-                                    absl::StrAppend(out, ValueName(v));
-                                  }),
-                    " : ", op.type.ToString(), "\n");
+                    absl::StrJoin(op.operands, ", ", [](std::string* o, int32_t v) {
+                      absl::StrAppend(o, ValueName(v));
+                    }));
+    absl::StrAppend(&text, " : ", op.type.ToString());
+    if (op.kind == OpKind::kScan) {
+      // The body once, however many times it runs.
+      absl::StrAppend(&text, " {\n");
+      op.body->AppendText(out, indent + 4);
+      absl::StrAppend(&text, pad, "  }");
+    }
+    absl::StrAppend(&text, "\n");
   }
-  absl::StrAppend(&text, "  return ",
+  absl::StrAppend(&text, pad, "  return ",
                   absl::StrJoin(outputs_, ", ",
-                                [](std::string* out, int32_t v) {
-                                  absl::StrAppend(out, ValueName(v));
+                                [](std::string* o, int32_t v) {
+                                  absl::StrAppend(o, ValueName(v));
                                 }),
-                  "\n}\n");
-  return text;
+                  "\n", pad, "}\n");
 }
 
 FunctionBuilder::FunctionBuilder(std::string name, std::string axis_name)
@@ -270,7 +291,7 @@ FunctionBuilder::FunctionBuilder(std::string name, std::string axis_name)
   ir_->axis_name_ = std::move(axis_name);
 }
 
-absl::Status FunctionBuilder::CheckValue(int32_t v, absl::string_view op) const {
+absl::Status FunctionBuilder::CheckValue(int32_t v, absl::string_view op, bool tuple_ok) const {
   if (ir_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrFormat("%s: the function builder was already built", op));
@@ -279,11 +300,23 @@ absl::Status FunctionBuilder::CheckValue(int32_t v, absl::string_view op) const 
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: operand %%%d is not a value of this function", op, v));
   }
+  if (!tuple_ok && type(v).is_tuple()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: operand %%%d is the tuple %s of a scan; take its elements with get_element", op, v,
+        type(v).ToString()));
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Add(Op op) {
-  PW_RETURN_IF_ERROR(CheckedNumBytes(OpKindName(op.kind), op.type.dtype, op.type.dims).status());
+  if (op.type.is_tuple()) {
+    for (const ValueType& e : op.type.elements) {
+      PW_RETURN_IF_ERROR(CheckedNumBytes(OpKindName(op.kind), e.dtype, e.dims).status());
+    }
+  } else {
+    PW_RETURN_IF_ERROR(
+        CheckedNumBytes(OpKindName(op.kind), op.type.dtype, op.type.dims).status());
+  }
   ir_->ops_.push_back(std::move(op));
   return static_cast<int32_t>(ir_->ops_.size() - 1);
 }
@@ -1289,6 +1322,138 @@ absl::StatusOr<int32_t> FunctionBuilder::SimulatedComputeMicros(int32_t x, doubl
         " (one hour), got ", Shortest(microseconds)));
   }
   return SimulatedCompute(x, std::llround(microseconds * 1000.0));
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Scan(std::shared_ptr<const FunctionIr> body,
+                                              absl::Span<const int32_t> operands,
+                                              int32_t num_carries, int32_t num_xs,
+                                              int64_t length, bool reverse) {
+  if (ir_ == nullptr) return absl::FailedPreconditionError("scan: builder already built");
+  if (body == nullptr) return absl::InvalidArgumentError("scan: no body function");
+  for (int32_t v : operands) PW_RETURN_IF_ERROR(CheckValue(v, "scan"));
+  const int64_t n = static_cast<int64_t>(operands.size());
+  if (num_carries < 0 || num_xs < 0 || int64_t{num_carries} + num_xs > n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "scan: %d carries and %d xs do not fit in %d operands", num_carries, num_xs, n));
+  }
+  if (length < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("scan: negative length %d", length));
+  }
+  const FunctionIr& f = *body;
+  const std::string label = absl::StrCat("scan of @", f.name());
+  if (f.nesting_depth() + 1 > kMaxNestingDepth) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: loops nest %d deep, more than the %d allowed", label, f.nesting_depth() + 1,
+        kMaxNestingDepth));
+  }
+  if (f.num_params() != n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the body takes %d parameters, the scan has %d operands (%d carries, %d xs, %d "
+        "consts)",
+        label, f.num_params(), n, num_carries, num_xs, n - num_carries - num_xs));
+  }
+  auto role = [&](int64_t i) -> std::string {
+    if (i < num_carries) return absl::StrCat("carry ", i);
+    if (i < int64_t{num_carries} + num_xs) return absl::StrCat("xs ", i - num_carries);
+    return absl::StrCat("const ", i - num_carries - num_xs);
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    const ValueType& t = type(operands[i]);
+    ValueType expected = t;
+    if (i >= num_carries && i < int64_t{num_carries} + num_xs) {
+      if (t.dims.empty() || t.dims[0] != length) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: %s is %s, which needs a leading dimension of the length, %d", label, role(i),
+            t.ToString(), length));
+      }
+      expected.dims.erase(expected.dims.begin());
+    }
+    if (!(f.param_type(static_cast<int>(i)) == expected)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: body parameter %d is %s, but %s gives %s", label, i,
+          f.param_type(static_cast<int>(i)).ToString(), role(i), expected.ToString()));
+    }
+  }
+  if (f.num_outputs() < num_carries) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the body returns %d values, fewer than its %d carries", label, f.num_outputs(),
+        num_carries));
+  }
+  ValueType result;
+  for (int i = 0; i < f.num_outputs(); ++i) {
+    ValueType t = f.output_type(i);
+    if (i < num_carries) {
+      if (!(t == type(operands[i]))) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: the body returns %s for carry %d, which is %s; a carry keeps its type", label,
+            t.ToString(), i, type(operands[i]).ToString()));
+      }
+    } else {
+      t.dims.insert(t.dims.begin(), length);
+    }
+    result.elements.push_back(std::move(t));
+  }
+  if (f.has_collectives() && f.axis_name() != ir_->axis_name_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the body has collectives over axis '%s', the function's axis is '%s'", label,
+        f.axis_name(), ir_->axis_name_));
+  }
+  if (f.axis_size() != 0 && f.axis_size() != ir_->axis_size_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the body was traced for %d shards, the function for %d", label, f.axis_size(),
+        ir_->axis_size_));
+  }
+  // Checked without forming the product, which could overflow.
+  const int64_t body_ns = f.simulated_ns();
+  if (body_ns > 0 && length > (kMaxSimulatedNs - ir_->simulated_ns_) / body_ns) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": ", length, " iterations of ", Micros(body_ns),
+        " us of simulated compute take the function beyond its most simulated time, ",
+        kMaxSimulatedUs, " us (one hour)"));
+  }
+  Op op = MakeOp(OpKind::kScan, absl::InlinedVector<int32_t, 2>(operands.begin(), operands.end()),
+                 std::move(result));
+  op.body = std::move(body);
+  op.length = length;
+  op.num_carries = num_carries;
+  op.num_xs = num_xs;
+  op.reverse = reverse;
+  const int depth = op.body->nesting_depth() + 1;
+  PW_ASSIGN_OR_RETURN(const int32_t v, Add(std::move(op)));
+  ir_->simulated_ns_ += length * body_ns;
+  ir_->nesting_depth_ = std::max(ir_->nesting_depth_, depth);
+  return v;
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::GetElement(int32_t tuple, int64_t index) {
+  PW_RETURN_IF_ERROR(CheckValue(tuple, "get_element", /*tuple_ok=*/true));
+  const ValueType& t = type(tuple);
+  if (!t.is_tuple()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "get_element: operand %%%d is %s, not the tuple of a scan", tuple, t.ToString()));
+  }
+  if (index < 0 || index >= static_cast<int64_t>(t.elements.size())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "get_element: index %d is out of range for %s", index, t.ToString()));
+  }
+  ValueType element = t.elements[static_cast<size_t>(index)];
+  Op op = MakeOp(OpKind::kGetElement, {tuple}, std::move(element));
+  op.index = static_cast<int32_t>(index);
+  return Add(std::move(op));
+}
+
+absl::StatusOr<std::vector<int32_t>> FunctionBuilder::ScanResults(
+    std::shared_ptr<const FunctionIr> body, absl::Span<const int32_t> operands,
+    int32_t num_carries, int32_t num_xs, int64_t length, bool reverse) {
+  PW_ASSIGN_OR_RETURN(const int32_t tuple,
+                      Scan(std::move(body), operands, num_carries, num_xs, length, reverse));
+  std::vector<int32_t> results;
+  const size_t n = type(tuple).elements.size();
+  for (size_t i = 0; i < n; ++i) {
+    PW_ASSIGN_OR_RETURN(const int32_t v, GetElement(tuple, static_cast<int64_t>(i)));
+    results.push_back(v);
+  }
+  return results;
 }
 
 absl::StatusOr<std::shared_ptr<const FunctionIr>> FunctionBuilder::Build(

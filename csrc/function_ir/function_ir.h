@@ -23,10 +23,32 @@
 // (data movement, concatenate, pad, take, select, all_gather, ppermute,
 // all_to_all, simulated_compute) take bfloat16; FunctionExecutable::Compile
 // refuses any other op on it.
+//
+// Loops (as jax.lax.scan; the design is XLA's While with a tuple and
+// get-tuple-element). A kScan op holds a nested function, its body, and
+// runs it `length` times. Its operands are the carries (num_carries), then
+// the xs (num_xs, each with a leading dimension of `length`), then the
+// consts (the rest: the same in every iteration, the values the body closes
+// over). The body has one parameter per operand, in that order: a carry's
+// type, an xs's type without its leading dimension (iteration i's slice), a
+// const's type. It returns the next carries (each of its carry's exact type)
+// and then any number of ys. Iteration i (0 .. length-1, or length-1 .. 0
+// with `reverse`) reads slice i of every xs and writes slice i of every
+// stacked y. The scan's value is a tuple: the final carries, then each y
+// stacked along a new leading dimension of `length` (length 0: the carries
+// are their initial values, the ys empty). get_element[k] ops name its
+// elements; they are the only ops that read a tuple, and a function never
+// returns one, so every other value is an array. One op for the whole loop
+// keeps tracing time and IR size independent of the trip count, and the
+// executable plans the body once (kernels/function_executable.h). The body
+// is an ordinary FunctionIr, built and checked by its own FunctionBuilder
+// (with the function's axis name and size when it has collectives), shared
+// rather than copied; loops nest at most kMaxNestingDepth deep.
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include "absl/strings/string_view.h"
 #include <vector>
 
@@ -37,6 +59,8 @@
 #include "csrc/function_ir/op_registry.h"
 
 namespace pw {
+
+class FunctionIr;
 
 // OpKind, OpKindName and the per-op classification: see op_registry.h.
 
@@ -59,16 +83,42 @@ absl::string_view CombinerName(Combiner combiner);
 // dimensions stretch), or false if they are incompatible.
 bool BroadcastDims(absl::Span<const int64_t> a, absl::Span<const int64_t> b, Dims* out);
 
-// The per-shard type of a value.
+// The per-shard type of a value: an array of `dtype` and `dims`, or (a
+// scan's value only) a tuple of arrays, `elements`.
 struct ValueType {
+  ValueType() = default;
+  ValueType(DType dtype, Dims dims) : dtype(dtype), dims(std::move(dims)) {}
+
   DType dtype = DType::kF32;
   Dims dims;
+  std::vector<ValueType> elements;  // a tuple's (never empty), else empty
 
-  int64_t num_elements() const { return NumElements(dims); }
-  int64_t num_bytes() const { return num_elements() * DTypeSize(dtype); }
-  std::string ToString() const { return TypeToString(dtype, dims); }
+  bool is_tuple() const { return !elements.empty(); }
+  // A tuple's: the sums over its elements.
+  int64_t num_elements() const {
+    if (!is_tuple()) return NumElements(dims);
+    int64_t n = 0;
+    for (const ValueType& e : elements) n += e.num_elements();
+    return n;
+  }
+  int64_t num_bytes() const {
+    if (!is_tuple()) return NumElements(dims) * DTypeSize(dtype);
+    int64_t n = 0;
+    for (const ValueType& e : elements) n += e.num_bytes();
+    return n;
+  }
+  // "f32[2,3]"; a tuple "(f32[], i32[4])".
+  std::string ToString() const {
+    if (!is_tuple()) return TypeToString(dtype, dims);
+    std::string text = "(";
+    for (size_t i = 0; i < elements.size(); ++i) {
+      if (i > 0) text += ", ";
+      text += elements[i].ToString();
+    }
+    return text + ")";
+  }
   friend bool operator==(const ValueType& a, const ValueType& b) {
-    return a.dtype == b.dtype && a.dims == b.dims;
+    return a.dtype == b.dtype && a.dims == b.dims && a.elements == b.elements;
   }
 };
 
@@ -87,11 +137,19 @@ struct Op {
   // the split axis. (kTopK keeps its k as the last dim of its type.)
   int64_t axis = 0;
   Combiner combiner = Combiner::kAdd;        // kCumulative, kScatter
-  bool reverse = false;                      // kCumulative: from the end; kSort: descending
+  // kCumulative and kScan: from the end; kSort: descending.
+  bool reverse = false;
   int64_t concat_axis = 0;                   // kAllToAll only
   std::vector<int64_t> slice_start, slice_limit, slice_step;  // kSlice only
   std::vector<int64_t> pad_lo, pad_hi, pad_interior;         // kPad only
   std::vector<int64_t> perm_source;          // kPpermute only: source per destination
+  // kScan only (see "Loops" above): the body, the trip count, how the
+  // operands split (carries, xs, then consts); its direction is `reverse`.
+  std::shared_ptr<const FunctionIr> body;
+  int64_t length = 0;
+  int32_t num_carries = 0;
+  int32_t num_xs = 0;
+  int32_t index = 0;  // kGetElement only: which element of the tuple
 };
 
 // An immutable, validated function. Thread-safe (read-only after Build).
@@ -112,8 +170,11 @@ class FunctionIr {
   const ValueType& output_type(int i) const { return ops_[outputs_[i]].type; }
   int num_params() const { return static_cast<int>(params_.size()); }
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
-  // True if any op is a collective (the gang must run all shards together).
+  // True if any op is a collective (the gang must run all shards together),
+  // including the ops of loop bodies.
   bool has_collectives() const;
+  // How deeply loops nest: 0 without a scan, else 1 + the deepest body's.
+  int nesting_depth() const { return nesting_depth_; }
   // Simulated device time of one run: the sum of its kSimulatedCompute ops.
   int64_t simulated_ns() const { return simulated_ns_; }
 
@@ -124,6 +185,14 @@ class FunctionIr {
   //     %4 = psum[i] %3 : f32[]
   //     return %4
   //   }
+  // A scan shows its body once, nested and indented under it, whatever its
+  // length:
+  //     %5 = scan[length=100,carries=1,xs=1] %0, %1 : (f32[], f32[100]) {
+  //       func @body(%0: f32[], %1: f32[]) {
+  //         ...
+  //       }
+  //     }
+  //     %6 = get_element[0] %5 : f32[]
   std::string ToText() const;
 
  private:
@@ -135,12 +204,19 @@ class FunctionIr {
   std::vector<int32_t> params_;
   std::vector<int32_t> outputs_;
   int64_t simulated_ns_ = 0;
+  int nesting_depth_ = 0;
+  void AppendText(std::string* text, int indent) const;
 };
 
 // The most simulated time one run of a function may take, summed over its
 // simulated_compute ops: one hour. A gang's device time (duration x devices,
 // up to 65536 devices) then stays far inside int64 nanoseconds.
 inline constexpr int64_t kMaxSimulatedNs = int64_t{3600} * 1'000'000'000;
+
+// How deeply loops may nest (a scan in a scan's body is depth 2). Bounds
+// the recursion of everything that walks bodies (compiling, running, text,
+// the wire decoder) whatever a function or a message holds.
+inline constexpr int kMaxNestingDepth = 32;
 
 // The most shards a function may be traced for: the most devices a cluster
 // has (cluster.h's kMaxDevices).
@@ -349,6 +425,37 @@ class FunctionBuilder {
   // kMaxSimulatedNs.
   absl::StatusOr<int32_t> SimulatedComputeMicros(int32_t x, double microseconds);
 
+  // --- Loops (see "Loops" above) ---
+
+  // A scan of `body` over `operands` (carries, xs, consts: num_carries and
+  // num_xs of them, the rest consts), `length` iterations, backwards when
+  // `reverse`. Returns the tuple value; GetElement takes it apart (or use
+  // ScanResults). InvalidArgument names the scan and what does not fit: a
+  // negative count or length, a body whose parameters are not the operands'
+  // types (an xs's without its leading dimension, which must be `length`),
+  // fewer outputs than carries, a next carry of another type than its carry,
+  // a body with collectives traced for another axis name or size, a body
+  // nested too deep (kMaxNestingDepth), or a total simulated time (length x
+  // the body's) beyond kMaxSimulatedNs.
+  absl::StatusOr<int32_t> Scan(std::shared_ptr<const FunctionIr> body,
+                               absl::Span<const int32_t> operands, int32_t num_carries,
+                               int32_t num_xs, int64_t length, bool reverse);
+
+  // Element `index` of tuple value `tuple`; InvalidArgument if `tuple` is no
+  // tuple or `index` is out of range.
+  absl::StatusOr<int32_t> GetElement(int32_t tuple, int64_t index);
+
+  // Scan, then one GetElement per result: the values of the final carries,
+  // then the stacked ys.
+  absl::StatusOr<std::vector<int32_t>> ScanResults(std::shared_ptr<const FunctionIr> body,
+                                                   absl::Span<const int32_t> operands,
+                                                   int32_t num_carries, int32_t num_xs,
+                                                   int64_t length, bool reverse);
+
+  // The axis size declared by SetAxisSize (0: none). The builder must not be
+  // built yet.
+  int64_t axis_size() const { return ir_->axis_size_; }
+
   // The type of value `v`. `v` must be a value of this builder, which must
   // not be built yet.
   const ValueType& type(int32_t v) const { return ir_->ops_[v].type; }
@@ -362,7 +469,9 @@ class FunctionBuilder {
   absl::StatusOr<std::shared_ptr<const FunctionIr>> Build(absl::Span<const int32_t> outputs);
 
  private:
-  absl::Status CheckValue(int32_t v, absl::string_view op) const;
+  // OK if `v` is an array value of this builder (a tuple only get_element
+  // reads, which checks with `tuple_ok`).
+  absl::Status CheckValue(int32_t v, absl::string_view op, bool tuple_ok = false) const;
   absl::Status CheckAxisName(absl::string_view op, absl::string_view axis_name) const;
   // The axis `axis` of a rank-`rank` value, negative counting from the end;
   // InvalidArgument names `op` and `type` when out of range.

@@ -878,6 +878,231 @@ TEST(FunctionIrTest, ConvertOfAConstantFolds) {
   EXPECT_EQ(floats[0], -2147483648.0f);
 }
 
+
+// --- Loops -------------------------------------------------------------------
+
+// body(c: f32[], x: f32[3], w: f32[3]) -> (c + sum(x * w), x * c): a carry,
+// an xs of rows of 3, a const.
+std::shared_ptr<const FunctionIr> DotBody(absl::string_view axis_name = "") {
+  FunctionBuilder b("body", std::string(axis_name));
+  const int32_t c = b.Parameter(DType::kF32, {});
+  const int32_t x = b.Parameter(DType::kF32, {3});
+  const int32_t w = b.Parameter(DType::kF32, {3});
+  const int32_t xw = *b.Binary(OpKind::kMul, x, w);
+  const int32_t s = *b.Reduce(ReduceKind::kSum, xw, nullptr, false);
+  const int32_t next = *b.Binary(OpKind::kAdd, c, s);
+  const int32_t y = *b.Binary(OpKind::kMul, x, c);
+  return *b.Build({next, y});
+}
+
+TEST(FunctionBuilderScanTest, TypesResultsAndText) {
+  for (int64_t length : {0, 1, 2, 200}) {
+    SCOPED_TRACE(length);
+    FunctionBuilder b("f", "");
+    const int32_t c = b.Parameter(DType::kF32, {});
+    const int32_t xs = b.Parameter(DType::kF32, {length, 3});
+    const int32_t w = b.Parameter(DType::kF32, {3});
+    auto results = b.ScanResults(DotBody(), {c, xs, w}, 1, 1, length, false);
+    ASSERT_TRUE(results.ok()) << results.status();
+    ASSERT_EQ(results->size(), 2u);
+    const int32_t tuple = (*results)[0] - 1;  // the get_elements follow the scan
+    ASSERT_EQ(tuple, 3);
+    EXPECT_EQ(b.type(tuple).ToString(), absl::StrCat("(f32[], f32[", length, ",3])"));
+    EXPECT_EQ(b.type((*results)[0]).ToString(), "f32[]");
+    EXPECT_EQ(b.type((*results)[1]).ToString(), absl::StrCat("f32[", length, ",3]"));
+    auto ir = b.Build(*results);
+    ASSERT_TRUE(ir.ok()) << ir.status();
+    EXPECT_EQ((*ir)->nesting_depth(), 1);
+    EXPECT_EQ((*ir)->ToText(),
+              absl::StrCat(
+                  "func @f(%0: f32[], %1: f32[", length, ",3], %2: f32[3]) {\n",
+                  "  %3 = scan[length=", length, ",carries=1,xs=1] %0, %1, %2 : (f32[], f32[",
+                  length, ",3]) {\n",
+                  "    func @body(%0: f32[], %1: f32[3], %2: f32[3]) {\n"
+                  "      %3 = mul %1, %2 : f32[3]\n"
+                  "      %4 = sum[axes=(0)] %3 : f32[]\n"
+                  "      %5 = add %0, %4 : f32[]\n"
+                  "      %6 = mul %1, %0 : f32[3]\n"
+                  "      return %5, %6\n"
+                  "    }\n"
+                  "  }\n"
+                  "  %4 = get_element[0] %3 : f32[]\n"
+                  "  %5 = get_element[1] %3 : f32[", length, ",3]\n"
+                  "  return %4, %5\n"
+                  "}\n"));
+  }
+}
+
+TEST(FunctionBuilderScanTest, ReverseAndNoOperandsInText) {
+  // A body of no parameters: a length-only scan that stacks a constant.
+  FunctionBuilder body("k", "");
+  auto one = body.Constant(DType::kI32, {}, Bytes<int32_t>({1}));
+  ASSERT_TRUE(one.ok());
+  auto k = body.Build({*one});
+  ASSERT_TRUE(k.ok());
+  FunctionBuilder b("f", "");
+  b.Parameter(DType::kF32, {});
+  auto results = b.ScanResults(*k, {}, 0, 0, 4, true);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(b.type((*results)[0]).ToString(), "i32[4]");
+  auto ir = b.Build(*results);
+  ASSERT_TRUE(ir.ok());
+  EXPECT_TRUE(absl::StrContains((*ir)->ToText(),
+                                "  %1 = scan[length=4,carries=0,xs=0,reverse]  : (i32[4]) {\n"))
+      << (*ir)->ToText();
+}
+
+TEST(FunctionBuilderScanTest, Errors) {
+  auto scan = [](auto&& edit) {
+    FunctionBuilder b("f", "i");
+    EXPECT_TRUE(b.SetAxisSize(2).ok());
+    const int32_t c = b.Parameter(DType::kF32, {});
+    const int32_t xs = b.Parameter(DType::kF32, {5, 3});
+    const int32_t w = b.Parameter(DType::kF32, {3});
+    return edit(b, c, xs, w);
+  };
+  ExpectInvalid(scan([](FunctionBuilder& b, int32_t c, int32_t xs, int32_t w) {
+                  return b.Scan(DotBody(), {c, xs, w}, 1, 1, 4, false).status();
+                }),
+                "scan of @body: xs 0 is f32[5,3], which needs a leading dimension of the length, 4");
+  ExpectInvalid(scan([](FunctionBuilder& b, int32_t c, int32_t xs, int32_t w) {
+                  return b.Scan(DotBody(), {c, xs}, 1, 1, 5, false).status();
+                }),
+                "scan of @body: the body takes 3 parameters, the scan has 2 operands (1 carries, "
+                "1 xs, 0 consts)");
+  ExpectInvalid(scan([](FunctionBuilder& b, int32_t c, int32_t xs, int32_t w) {
+                  return b.Scan(DotBody(), {w, xs, c}, 1, 1, 5, false).status();
+                }),
+                "scan of @body: body parameter 0 is f32[], but carry 0 gives f32[3]");
+  ExpectInvalid(scan([](FunctionBuilder& b, int32_t c, int32_t xs, int32_t w) {
+                  return b.Scan(DotBody(), {c, xs, w}, 2, 2, 5, false).status();
+                }),
+                "scan: 2 carries and 2 xs do not fit in 3 operands");
+  ExpectInvalid(scan([](FunctionBuilder& b, int32_t c, int32_t xs, int32_t w) {
+                  return b.Scan(DotBody(), {c, xs, w}, 1, 1, -1, false).status();
+                }),
+                "scan: negative length -1");
+  ExpectInvalid(scan([](FunctionBuilder& b, int32_t c, int32_t xs, int32_t w) {
+                  return b.Scan(nullptr, {c, xs, w}, 1, 1, 5, false).status();
+                }),
+                "scan: no body function");
+  // A carry that changes type.
+  {
+    FunctionBuilder body("widen", "");
+    const int32_t c = body.Parameter(DType::kF32, {});
+    auto next = body.Convert(c, DType::kF64);
+    auto fn = body.Build({*next});
+    ASSERT_TRUE(fn.ok());
+    ExpectInvalid(scan([&](FunctionBuilder& b, int32_t c, int32_t, int32_t) {
+                    return b.Scan(*fn, {c}, 1, 0, 3, false).status();
+                  }),
+                  "scan of @widen: the body returns f64[] for carry 0, which is f32[]; a carry "
+                  "keeps its type");
+    ExpectInvalid(scan([&](FunctionBuilder& b, int32_t c, int32_t, int32_t) {
+                    FunctionBuilder none("none", "");
+                    const int32_t p = none.Parameter(DType::kF32, {});
+                    return b.Scan(*none.Build({p}), {c, c}, 2, 0, 3, false).status();
+                  }),
+                  "scan of @none: the body takes 1 parameters, the scan has 2 operands (2 carries, "
+                  "0 xs, 0 consts)");
+  }
+  // Collectives over another axis, and another axis size.
+  {
+    FunctionBuilder body("sum", "j");
+    const int32_t c = body.Parameter(DType::kF32, {});
+    auto p = body.Psum(c, "j");
+    auto fn = body.Build({*p});
+    ASSERT_TRUE(fn.ok());
+    ExpectInvalid(scan([&](FunctionBuilder& b, int32_t c, int32_t, int32_t) {
+                    return b.Scan(*fn, {c}, 1, 0, 3, false).status();
+                  }),
+                  "scan of @sum: the body has collectives over axis 'j', the function's axis is 'i'");
+    FunctionBuilder sized("sized", "i");
+    ASSERT_TRUE(sized.SetAxisSize(3).ok());
+    const int32_t d = sized.Parameter(DType::kF32, {});
+    auto fs = sized.Build({d});
+    ExpectInvalid(scan([&](FunctionBuilder& b, int32_t c, int32_t, int32_t) {
+                    return b.Scan(*fs, {c}, 1, 0, 3, false).status();
+                  }),
+                  "scan of @sized: the body was traced for 3 shards, the function for 2");
+  }
+  // Simulated time: length times the body's.
+  {
+    FunctionBuilder body("slow", "");
+    const int32_t c = body.Parameter(DType::kF32, {});
+    auto s = body.SimulatedCompute(c, kMaxSimulatedNs / 10);
+    auto fn = body.Build({*s});
+    ASSERT_TRUE(fn.ok());
+    FunctionBuilder b("f", "");
+    const int32_t x = b.Parameter(DType::kF32, {});
+    ASSERT_TRUE(b.Scan(*fn, {x}, 1, 0, 10, false).ok());
+    auto again = b.Scan(*fn, {x}, 1, 0, 1, false);
+    EXPECT_EQ(again.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(again.status().message(), "scan of @slow: 1 iterations of"))
+        << again.status();
+    auto ir = b.Build({x});
+    ASSERT_TRUE(ir.ok());
+    EXPECT_EQ((*ir)->simulated_ns(), kMaxSimulatedNs);
+  }
+}
+
+TEST(FunctionBuilderScanTest, TuplesAreReadOnlyByGetElement) {
+  FunctionBuilder b("f", "");
+  const int32_t c = b.Parameter(DType::kF32, {});
+  const int32_t xs = b.Parameter(DType::kF32, {2, 3});
+  const int32_t w = b.Parameter(DType::kF32, {3});
+  auto t = b.Scan(DotBody(), {c, xs, w}, 1, 1, 2, false);
+  ASSERT_TRUE(t.ok());
+  ExpectInvalid(b.Binary(OpKind::kAdd, *t, c).status(),
+                "add: operand %3 is the tuple (f32[], f32[2,3]) of a scan; take its elements "
+                "with get_element");
+  ExpectInvalid(b.Build({*t}).status(),
+                "return: operand %3 is the tuple (f32[], f32[2,3]) of a scan; take its elements "
+                "with get_element");
+  ExpectInvalid(b.GetElement(c, 0).status(), "get_element: operand %0 is f32[], not the tuple of a scan");
+  ExpectInvalid(b.GetElement(*t, 2).status(),
+                "get_element: index 2 is out of range for (f32[], f32[2,3])");
+  ExpectInvalid(b.GetElement(*t, -1).status(),
+                "get_element: index -1 is out of range for (f32[], f32[2,3])");
+  EXPECT_TRUE(b.GetElement(*t, 1).ok());
+}
+
+TEST(FunctionBuilderScanTest, NestingIsBounded) {
+  // body_0(c) = c + 1; body_{d+1}(c) = scan(body_d, c) over 2 steps.
+  FunctionBuilder b0("body", "");
+  const int32_t c0 = b0.Parameter(DType::kF32, {});
+  auto one = b0.Constant(DType::kF32, {}, Bytes<float>({1}));
+  std::shared_ptr<const FunctionIr> body = *b0.Build({*b0.Binary(OpKind::kAdd, c0, *one)});
+  for (int depth = 1; depth <= kMaxNestingDepth; ++depth) {
+    FunctionBuilder b("body", "");
+    const int32_t c = b.Parameter(DType::kF32, {});
+    auto r = b.ScanResults(body, {c}, 1, 0, 2, false);
+    ASSERT_TRUE(r.ok()) << depth << r.status();
+    body = *b.Build(*r);
+    EXPECT_EQ(body->nesting_depth(), depth);
+  }
+  FunctionBuilder b("f", "");
+  const int32_t c = b.Parameter(DType::kF32, {});
+  ExpectInvalid(b.Scan(body, {c}, 1, 0, 2, false).status(),
+                absl::StrCat("scan of @body: loops nest ", kMaxNestingDepth + 1,
+                             " deep, more than the ", kMaxNestingDepth, " allowed"));
+}
+
+TEST(FunctionBuilderScanTest, CollectivesOfBodiesCount) {
+  FunctionBuilder body("body", "i");
+  const int32_t c = body.Parameter(DType::kF32, {});
+  auto p = body.Psum(c, "i");
+  auto fn = body.Build({*p});
+  ASSERT_TRUE(fn.ok());
+  FunctionBuilder b("f", "i");
+  const int32_t x = b.Parameter(DType::kF32, {});
+  auto r = b.ScanResults(*fn, {x}, 1, 0, 3, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto ir = b.Build(*r);
+  ASSERT_TRUE(ir.ok());
+  EXPECT_TRUE((*ir)->has_collectives());
+}
+
 // Folded converts give the kernels' answers (kernel_util.h's ToUint32):
 // float to uint32 saturates, NaN gives 0; integers keep their bits.
 TEST(FunctionIrTest, ConvertOfAConstantToAndFromUint32Folds) {

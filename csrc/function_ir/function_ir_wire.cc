@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
@@ -85,10 +86,13 @@ std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& va
   return std::vector<int64_t>(values.begin(), values.end());
 }
 
+void EncodeFunction(const FunctionIr& ir, wire::FunctionIr* out);
+
 // Writes the arguments of the builder call that makes `op` (see
-// function_ir.proto). The literal only `with_literal`: decoding compares
-// a rebuilt op with the one received, and the literal went to the builder
-// verbatim (a copy of it would only cost memory).
+// function_ir.proto). The literal and a scan's body only `with_literal`:
+// decoding compares a rebuilt op with the one received, and the literal
+// went to the builder verbatim, the body through a decoding of its own (a
+// copy of either would only cost memory and time).
 void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
   out->set_kind(ToWire(op.kind));
   out->mutable_operands()->Reserve(static_cast<int>(op.operands.size()));
@@ -177,6 +181,16 @@ void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
       out->set_axis(op.axis);
       out->set_concat_axis(op.concat_axis);
       break;
+    case OpKind::kScan:
+      if (with_literal) EncodeFunction(*op.body, out->mutable_body());
+      out->set_length(op.length);
+      out->set_num_carries(op.num_carries);
+      out->set_num_xs(op.num_xs);
+      out->set_reverse(op.reverse);
+      break;
+    case OpKind::kGetElement:
+      out->set_index(op.index);
+      break;
     default:
       break;  // operands only: the elementwise ops, copy, matmul
   }
@@ -213,7 +227,7 @@ int OperandCount(OpKind kind) {
 absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
   const int n = w.operands_size();
   const int expected = OperandCount(kind);
-  if (expected >= 0 ? n != expected : n < -expected) {
+  if (kind != OpKind::kScan && (expected >= 0 ? n != expected : n < -expected)) {
     return WireError(absl::StrFormat("%s has %d operands, takes %s%d", OpLabel(index, kind), n,
                                      expected >= 0 ? "" : "at least ", std::abs(expected)));
   }
@@ -223,10 +237,17 @@ absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
                                        OpLabel(index, kind), v));
     }
   }
-  // The comparison with the rebuilt op leaves literals out (CheckSameOp).
+  // The comparison with the rebuilt op leaves literals and bodies out
+  // (CheckSameOp).
   if (kind != OpKind::kConstant && !w.literal().empty()) {
     return WireError(absl::StrFormat("%s has a literal; only constants take one",
                                      OpLabel(index, kind)));
+  }
+  if (kind == OpKind::kScan && !w.has_body()) {
+    return WireError(absl::StrFormat("%s has no body", OpLabel(index, kind)));
+  }
+  if (kind != OpKind::kScan && w.has_body()) {
+    return WireError(absl::StrFormat("%s has a body; only scans take one", OpLabel(index, kind)));
   }
   if (w.dims_size() > kMaxWireRank) {
     return WireError(absl::StrFormat("%s: %d dims, more than the %d a value may have",
@@ -250,9 +271,14 @@ absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<const FunctionIr>> Decode(const wire::FunctionIr& proto,
+                                                          int depth);
+
 // The builder call that makes op `index` from `w` (already checked by
-// CheckOpShape); the builder's own checks apply to every argument.
-absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const wire::Op& w) {
+// CheckOpShape); the builder's own checks apply to every argument. `depth`
+// is the nesting depth of the function being decoded (0: the outermost).
+absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const wire::Op& w,
+                               int depth) {
   auto operand = [&](int i) { return w.operands(i); };
   const absl::string_view axis_name = w.axis_name();
   if (IsBinaryOp(kind)) return b.Binary(kind, operand(0), operand(1));
@@ -341,6 +367,13 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
       return b.AllToAll(operand(0), axis_name, w.axis(), w.concat_axis());
     case OpKind::kPsumScatter:
       return b.PsumScatter(operand(0), axis_name, w.axis());
+    case OpKind::kScan: {
+      PW_ASSIGN_OR_RETURN(std::shared_ptr<const FunctionIr> body, Decode(w.body(), depth + 1));
+      return b.Scan(std::move(body), w.operands(), w.num_carries(), w.num_xs(), w.length(),
+                    w.reverse());
+    }
+    case OpKind::kGetElement:
+      return b.GetElement(operand(0), w.index());
     default:
       break;  // binary and unary, above
   }
@@ -364,6 +397,7 @@ absl::Status CheckNoUnknownFields(const google::protobuf::Message& message,
 absl::Status CheckSameOp(int index, OpKind kind, const wire::Op& w, const wire::Op& rebuilt) {
   google::protobuf::util::MessageDifferencer differencer;
   differencer.IgnoreField(wire::Op::descriptor()->FindFieldByName("literal"));
+  differencer.IgnoreField(wire::Op::descriptor()->FindFieldByName("body"));
   std::string report;
   differencer.ReportDifferencesToString(&report);
   if (differencer.Compare(w, rebuilt)) return absl::OkStatus();
@@ -373,10 +407,7 @@ absl::Status CheckSameOp(int index, OpKind kind, const wire::Op& w, const wire::
       OpLabel(index, kind), report));
 }
 
-}  // namespace
-
-void ToProto(const FunctionIr& ir, wire::FunctionIr* out) {
-  out->Clear();
+void EncodeFunction(const FunctionIr& ir, wire::FunctionIr* out) {
   out->set_name(ir.name());
   out->set_axis_name(ir.axis_name());
   out->set_axis_size(ir.axis_size());
@@ -386,14 +417,28 @@ void ToProto(const FunctionIr& ir, wire::FunctionIr* out) {
   for (int32_t o : ir.outputs()) out->add_outputs(o);
 }
 
+}  // namespace
+
+void ToProto(const FunctionIr& ir, wire::FunctionIr* out) {
+  out->Clear();
+  EncodeFunction(ir, out);
+}
+
 std::string SerializeFunctionIr(const FunctionIr& ir) {
   wire::FunctionIr proto;
   ToProto(ir, &proto);
   return proto.SerializeAsString();
 }
 
-absl::StatusOr<std::shared_ptr<const FunctionIr>> FromProto(const wire::FunctionIr& proto) {
-  PW_RETURN_IF_ERROR(CheckNoUnknownFields(proto, "the function"));
+namespace {
+
+absl::StatusOr<std::shared_ptr<const FunctionIr>> Decode(const wire::FunctionIr& proto,
+                                                          int depth) {
+  if (depth > kMaxNestingDepth) {
+    return WireError(absl::StrFormat("loop bodies nest more than %d deep", kMaxNestingDepth));
+  }
+  PW_RETURN_IF_ERROR(CheckNoUnknownFields(proto, depth == 0 ? "the function"
+                                                            : absl::StrCat("a body at depth ", depth)));
   FunctionBuilder b(proto.name(), proto.axis_name());
   if (proto.axis_size() != 0) {
     // Checked before SetAxisSize, which takes any n >= 1: ppermute allocates
@@ -414,8 +459,15 @@ absl::StatusOr<std::shared_ptr<const FunctionIr>> FromProto(const wire::Function
       return WireError(absl::StrFormat("op %d: unknown kind %d", i, static_cast<int>(w.kind())));
     }
     PW_RETURN_IF_ERROR(CheckOpShape(i, *kind, w));
-    absl::StatusOr<int32_t> v = Replay(b, i, *kind, w);
-    if (!v.ok()) return BuilderError(i, v.status());
+    absl::StatusOr<int32_t> v = Replay(b, i, *kind, w, depth);
+    if (!v.ok()) {
+      // A body's own errors are already wire errors, naming its op.
+      if (*kind == OpKind::kScan && absl::StartsWith(v.status().message(), "function wire: ")) {
+        return WireError(absl::StrFormat("op %d (scan) body: %s", i,
+                                         absl::StripPrefix(v.status().message(), "function wire: ")));
+      }
+      return BuilderError(i, v.status());
+    }
     // One call, one new op: a conversion the builder inserted, or an
     // identity it elided, means the sender's op is not one it would make.
     if (*v != i || b.num_values() != i + 1) {
@@ -424,7 +476,10 @@ absl::StatusOr<std::shared_ptr<const FunctionIr>> FromProto(const wire::Function
           "or attributes are not in the form FunctionBuilder makes them",
           OpLabel(i, *kind), *v, b.num_values()));
     }
-    const int rank = static_cast<int>(b.type(i).dims.size());
+    int rank = static_cast<int>(b.type(i).dims.size());
+    for (const ValueType& e : b.type(i).elements) {
+      rank = std::max(rank, static_cast<int>(e.dims.size()));
+    }
     if (rank > kMaxWireRank) {
       return WireError(absl::StrFormat("%s: its result %s has rank %d, above %d",
                                        OpLabel(i, *kind), b.type(i).ToString(), rank,
@@ -449,6 +504,12 @@ absl::StatusOr<std::shared_ptr<const FunctionIr>> FromProto(const wire::Function
     PW_RETURN_IF_ERROR(CheckSameOp(i, op.kind, proto.ops(i), rebuilt));
   }
   return ir;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const FunctionIr>> FromProto(const wire::FunctionIr& proto) {
+  return Decode(proto, 0);
 }
 
 absl::StatusOr<std::shared_ptr<const FunctionIr>> ParseFunctionIr(absl::string_view bytes) {

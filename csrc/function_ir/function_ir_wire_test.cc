@@ -174,6 +174,55 @@ std::shared_ptr<const FunctionIr> BFloat16Function(int n) {
   return MustBuild(b, outs);
 }
 
+// Loops over `n` shards: a scan with a carry, xs and a const; a reversed
+// scan whose body holds another scan and a psum; a length-0 scan; and the
+// get_elements of their tuples.
+std::shared_ptr<const FunctionIr> ScanFunction(int n) {
+  // dot(c: f32[], x: f32[3], w: f32[3]) -> (c + sum(x * w), x * c)
+  FunctionBuilder dot("dot", "");
+  const int32_t dc = dot.Parameter(DType::kF32, {});
+  const int32_t dx = dot.Parameter(DType::kF32, {3});
+  const int32_t dw = dot.Parameter(DType::kF32, {3});
+  const int32_t dxw = Ok(dot.Binary(OpKind::kMul, dx, dw));
+  const int32_t dnext = Ok(dot.Binary(OpKind::kAdd, dc, Ok(dot.Reduce(ReduceKind::kSum, dxw, nullptr, false))));
+  auto dot_fn = MustBuild(dot, {dnext, Ok(dot.Binary(OpKind::kMul, dx, dc))});
+  // inner(acc: i32[], e: f32[]) -> (acc + 1, e * 2)
+  FunctionBuilder inner("inner", "");
+  const int32_t acc = inner.Parameter(DType::kI32, {});
+  const int32_t e = inner.Parameter(DType::kF32, {});
+  const int32_t one = Ok(inner.Constant(DType::kI32, {}, Bytes<int32_t>({1})));
+  const int32_t two = Ok(inner.Constant(DType::kF32, {}, Bytes<float>({2})));
+  auto inner_fn = MustBuild(inner, {Ok(inner.Binary(OpKind::kAdd, acc, one)),
+                                    Ok(inner.Binary(OpKind::kMul, e, two))});
+  // outer(k: i32[], x: f32[3]) -> (k', psum(inner's ys)), over axis "i"
+  FunctionBuilder outer("outer", "i");
+  EXPECT_TRUE(outer.SetAxisSize(n).ok());
+  const int32_t ok = outer.Parameter(DType::kI32, {});
+  const int32_t ox = outer.Parameter(DType::kF32, {3});
+  auto in = outer.ScanResults(inner_fn, {ok, ox}, 1, 1, 3, false);
+  EXPECT_TRUE(in.ok()) << in.status();
+  auto outer_fn = MustBuild(outer, {(*in)[0], Ok(outer.Psum((*in)[1], "i"))});
+
+  FunctionBuilder b("loops", "i");
+  EXPECT_TRUE(b.SetAxisSize(n).ok());
+  const int32_t c = b.Parameter(DType::kF32, {});
+  const int32_t xs = b.Parameter(DType::kF32, {4, 3});
+  const int32_t w = b.Parameter(DType::kF32, {3});
+  const int32_t k = b.Parameter(DType::kI32, {});
+  std::vector<int32_t> outs;
+  auto first = b.ScanResults(dot_fn, {c, xs, w}, 1, 1, 4, false);
+  EXPECT_TRUE(first.ok()) << first.status();
+  outs.insert(outs.end(), first->begin(), first->end());
+  auto second = b.ScanResults(outer_fn, {k, xs}, 1, 1, 4, true);
+  EXPECT_TRUE(second.ok()) << second.status();
+  outs.insert(outs.end(), second->begin(), second->end());
+  const int32_t none = Ok(b.Slice(xs, {0, 0}, {0, 3}, {1, 1}));  // f32[0,3]
+  auto empty = b.ScanResults(dot_fn, {c, none, w}, 1, 1, 0, false);
+  EXPECT_TRUE(empty.ok()) << empty.status();
+  outs.insert(outs.end(), empty->begin(), empty->end());
+  return MustBuild(b, outs);
+}
+
 // Shape ops and reductions, including the attributes the builder stores in
 // canonical form (slice steps, pad interiors, reduction axes).
 std::shared_ptr<const FunctionIr> ShapeFunction() {
@@ -398,7 +447,14 @@ void ExpectSameIr(const FunctionIr& a, const FunctionIr& b) {
     EXPECT_EQ(x.perm_source, y.perm_source);
     EXPECT_EQ(x.combiner, y.combiner);
     EXPECT_EQ(x.reverse, y.reverse);
+    EXPECT_EQ(x.body == nullptr, y.body == nullptr);
+    if (x.body != nullptr && y.body != nullptr) ExpectSameIr(*x.body, *y.body);
+    EXPECT_EQ(x.length, y.length);
+    EXPECT_EQ(x.num_carries, y.num_carries);
+    EXPECT_EQ(x.num_xs, y.num_xs);
+    EXPECT_EQ(x.index, y.index);
   }
+  EXPECT_EQ(a.nesting_depth(), b.nesting_depth());
 }
 
 std::shared_ptr<const FunctionIr> RoundTrip(const FunctionIr& ir) {
@@ -411,7 +467,8 @@ std::shared_ptr<const FunctionIr> RoundTrip(const FunctionIr& ir) {
 
 std::vector<std::shared_ptr<const FunctionIr>> KnownFunctions() {
   return {ElementwiseFunction(), CollectiveFunction(1), CollectiveFunction(2),
-          CollectiveFunction(3), ShapeFunction(), BFloat16Function(1), BFloat16Function(3)};
+          CollectiveFunction(3), ShapeFunction(), BFloat16Function(1), BFloat16Function(3),
+          ScanFunction(2)};
 }
 
 TEST(FunctionIrWireTest, RoundTripsEveryOpKind) {
@@ -496,7 +553,7 @@ TEST(FunctionIrWireTest, ParsedFunctionsRunLikeTheOriginal) {
   for (int shards = 1; shards <= 3; ++shards) {
     SCOPED_TRACE(testing::Message() << "shards=" << shards);
     for (const auto& ir : {ElementwiseFunction(), CollectiveFunction(shards), ShapeFunction(),
-                           BFloat16Function(shards)}) {
+                           BFloat16Function(shards), ScanFunction(shards)}) {
       ASSERT_NE(ir, nullptr);
       SCOPED_TRACE(ir->name());
       auto parsed = ParseFunctionIr(SerializeFunctionIr(*ir));
@@ -876,6 +933,101 @@ TEST(FunctionIrWireTest, BytesThatAreNotAFunction) {
   std::string op_bytes = proto.ops(2).SerializeAsString() + std::string("\xb8\x06\x01", 3);
   ASSERT_TRUE(proto.mutable_ops(2)->ParseFromString(op_bytes));
   ExpectWireError(FromProto(proto), "op 2 has a field this build does not know (number 103)");
+}
+
+
+TEST(FunctionIrWireTest, BadScans) {
+  const wire::FunctionIr good = [] {
+    wire::FunctionIr proto;
+    ToProto(*ScanFunction(2), &proto);
+    return proto;
+  }();
+  ASSERT_TRUE(FromProto(good).ok());
+  auto first_scan = [](wire::FunctionIr& proto) {
+    for (wire::Op& op : *proto.mutable_ops()) {
+      if (op.kind() == wire::OP_SCAN) return &op;
+    }
+    return static_cast<wire::Op*>(nullptr);
+  };
+  {
+    wire::FunctionIr proto = good;
+    first_scan(proto)->clear_body();
+    ExpectWireError(FromProto(proto), "op 4 (scan) has no body");
+  }
+  {
+    wire::FunctionIr proto = good;
+    *proto.mutable_ops(0)->mutable_body() = good;  // a parameter with a body
+    ExpectWireError(FromProto(proto), "op 0 (parameter) has a body; only scans take one");
+  }
+  {
+    wire::FunctionIr proto = good;
+    first_scan(proto)->set_length(5);
+    ExpectWireError(FromProto(proto),
+                    "op 4: scan of @dot: xs 0 is f32[4,3], which needs a leading dimension of the "
+                    "length, 5");
+  }
+  {
+    wire::FunctionIr proto = good;
+    first_scan(proto)->set_num_carries(-1);
+    ExpectWireError(FromProto(proto), "op 4: scan: -1 carries and 1 xs do not fit in 3 operands");
+  }
+  {
+    // An error inside a body names the scan and the body's op.
+    wire::FunctionIr proto = good;
+    first_scan(proto)->mutable_body()->mutable_ops(3)->set_kind(wire::OP_AND);
+    ExpectWireError(FromProto(proto), "op 4 (scan) body: op 3: and: operands must be bool");
+  }
+  {
+    wire::FunctionIr proto = good;
+    proto.mutable_ops(5)->set_index(2);
+    ExpectWireError(FromProto(proto), "op 5: get_element: index 2 is out of range for (f32[], f32[4,3])");
+  }
+  {
+    wire::FunctionIr proto = good;
+    proto.mutable_ops(5)->set_length(3);  // an attribute get_element does not take
+    ExpectWireError(FromProto(proto), "op 5 (get_element) is not in the form FunctionBuilder makes it");
+  }
+  {
+    // A tuple as an output.
+    wire::FunctionIr proto = good;
+    proto.set_outputs(0, 4);
+    ExpectWireError(FromProto(proto), "return: operand %4 is the tuple");
+  }
+}
+
+// Bodies nested deeper than kMaxNestingDepth are refused before they are
+// decoded, however deep the message goes (each level one byte or so).
+TEST(FunctionIrWireTest, DeepNestingIsRefused) {
+  auto nested = [](int depth) {
+    FunctionBuilder b0("b", "");
+    const int32_t c = b0.Parameter(DType::kF32, {});
+    wire::FunctionIr proto;
+    ToProto(*MustBuild(b0, {c}), &proto);
+    for (int d = 0; d < depth; ++d) {
+      wire::FunctionIr outer;
+      outer.set_name("b");
+      wire::Op* p = outer.add_ops();
+      p->set_kind(wire::OP_PARAMETER);
+      outer.add_params(0);
+      wire::Op* scan = outer.add_ops();
+      scan->set_kind(wire::OP_SCAN);
+      scan->add_operands(0);
+      scan->set_num_carries(1);
+      scan->set_length(2);
+      *scan->mutable_body() = std::move(proto);
+      wire::Op* get = outer.add_ops();
+      get->set_kind(wire::OP_GET_ELEMENT);
+      get->add_operands(1);
+      outer.add_outputs(2);
+      proto = std::move(outer);
+    }
+    return proto;
+  };
+  auto ok = FromProto(nested(kMaxNestingDepth));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)->nesting_depth(), kMaxNestingDepth);
+  ExpectWireError(FromProto(nested(kMaxNestingDepth + 1)), "loop bodies nest more than 32 deep");
+  ExpectWireError(FromProto(nested(90)), "loop bodies nest more than 32 deep");
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ enum class OpClass : uint8_t {
   kIndexing,      // take / scatter along an axis by int32 indices; top_k, sort
   kContraction,   // matmul
   kCollective,    // reads other shards of the gang, or the shard's position in it
+  kControl,       // runs a nested function (scan), or names one result of such an op
 };
 
 // How FunctionBuilder types an op's result from its operands.
@@ -45,7 +46,8 @@ enum class TypeRule : uint8_t {
   kOwn,          // computed by the op's own builder method from its parameters
 };
 
-// X(Enum, "name", WIRE, arity, OpClass, TypeRule): arity -1 is variadic.
+// X(Enum, "name", WIRE, arity, OpClass, TypeRule): arity -1 is variadic (one
+// or more operands; kScan takes zero or more).
 // WIRE is the proto's enumerator without its OP_ prefix (function_ir.proto
 // numbers them independently of this order).
 #define PW_OPS(X)                                                                      \
@@ -138,7 +140,13 @@ enum class TypeRule : uint8_t {
   /* JAX all_to_all: split along Op::axis, chunk d to shard d, join on concat_axis */  \
   X(kAllToAll, "all_to_all", ALL_TO_ALL, 1, kCollective, kOwn)                         \
   /* JAX psum_scatter (tiled=False) along Op::axis */                                  \
-  X(kPsumScatter, "psum_scatter", PSUM_SCATTER, 1, kCollective, kOwn)
+  X(kPsumScatter, "psum_scatter", PSUM_SCATTER, 1, kCollective, kOwn)                 \
+  /* --- Control flow (function_ir.h: "Loops") --- */                                  \
+  /* Runs Op::body Op::length times over carries, slices of xs and consts; its value   \
+     is a tuple (final carries, stacked ys) that get_element ops take apart */         \
+  X(kScan, "scan", SCAN, -1, kControl, kOwn)                                           \
+  /* Element Op::index of a tuple value (the only op that reads one) */                \
+  X(kGetElement, "get_element", GET_ELEMENT, 1, kControl, kOwn)
 
 enum class OpKind : uint8_t {
 #define PW_OP_ENUMERATOR(e, name, wire, arity, cls, rule) e,

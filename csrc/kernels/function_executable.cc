@@ -65,7 +65,7 @@ void FunctionExecutable::Run(int num_shards, absl::Span<const void* const> input
   // With no LocalShards every shard is here and nothing can fail.
   const ShardRange all{num_shards, 0, num_shards, 0, static_cast<int32_t>(ir_->ops().size())};
   RunShards(all, nullptr, nullptr, inputs, outputs, scratch,
-            static_cast<uint8_t*>(scratch) + scratch_per_shard_ * num_shards)
+            static_cast<uint8_t*>(scratch) + scratch_per_shard_ * num_shards, nullptr)
       .IgnoreError();
 }
 
@@ -77,7 +77,7 @@ void FunctionExecutable::RunStage(int stage, int num_shards, int begin, int end,
   // One shard at a time, each in its own region of the scratch.
   for (int s = begin; s < end; ++s) {
     RunShards({num_shards, s, s + 1, st.begin, st.end, true, true}, nullptr, nullptr, inputs,
-              outputs, scratch, tiles)
+              outputs, scratch, tiles, nullptr)
         .IgnoreError();  // no LocalShards: nothing can fail
   }
 }
@@ -91,6 +91,28 @@ void FunctionExecutable::RunStageCollective(int stage, int num_shards,
   const Op& op = ops[st.collective];
   uint8_t* const base = static_cast<uint8_t*>(scratch);
   const int64_t out_offset = scratch_offset_[st.collective];
+  if (op.kind == OpKind::kScan) {
+    // A loop whose body reads other shards, over the whole gang: its
+    // operands and results are in the shards' regions, scratch_per_shard_
+    // apart; its workspace, then the body's tiles, after them.
+    const ScanPlan& sp = scan_plans_[static_cast<size_t>(scan_index_[st.collective])];
+    uint8_t* const workspace = base + scratch_per_shard_ * num_shards;
+    auto operand = [&](int k) -> Strided {
+      const Op& in = ops[op.operands[k]];
+      if (in.kind == OpKind::kParameter) {
+        return {static_cast<const uint8_t*>(inputs[in.param_index]), in.type.num_bytes()};
+      }
+      if (in.kind == OpKind::kConstant) return {static_cast<const uint8_t*>(LiteralData(in)), 0};
+      return {base + scratch_offset_[op.operands[k]], scratch_per_shard_};
+    };
+    auto result = [&](int j) -> Strided {
+      return {base + out_offset + sp.elements[static_cast<size_t>(j)], scratch_per_shard_};
+    };
+    RunScan(st.collective, num_shards, operand, result, workspace,
+            workspace + sp.workspace_bytes * num_shards, nullptr, nullptr, nullptr)
+        .IgnoreError();  // no LocalShards: nothing can fail
+    return;
+  }
   if (op.kind == OpKind::kAxisIndex) {
     for (int s = 0; s < num_shards; ++s) {
       const int32_t position = s;
@@ -174,15 +196,15 @@ absl::Status FunctionExecutable::RunLocal(const LocalShards& local,
   }
   const int n = local.num_local();
   const ShardRange all{n, 0, n, 0, static_cast<int32_t>(ir_->ops().size())};
-  return RunShards(all, &local, collectives, inputs, outputs, scratch,
-                   static_cast<uint8_t*>(scratch) + scratch_per_shard_ * n);
+  uint8_t* const tiles = static_cast<uint8_t*>(scratch) + scratch_per_shard_ * n;
+  return RunShards(all, &local, collectives, inputs, outputs, scratch, tiles, tiles + tile_bytes_);
 }
 
 absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalShards* local,
                                            GangCollectives* collectives,
                                            absl::Span<const void* const> inputs,
                                            absl::Span<void* const> outputs, void* scratch,
-                                           void* tile_buffer) const {
+                                           void* tile_buffer, uint8_t* gang_temp) const {
   const absl::Span<const Op> ops = ir_->ops();
   uint8_t* const base = static_cast<uint8_t*>(scratch);
   // Kernels see the range's shards as a gang of their own: every value's
@@ -216,8 +238,6 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
   };
 
   uint8_t* const tiles = static_cast<uint8_t*>(tile_buffer);
-  // RunLocal on a partial gang only: after the values and the tiles.
-  uint8_t* const gang_temp = base + scratch_per_shard_ * total + tile_bytes_;
   for (size_t i = static_cast<size_t>(range.op_begin); i < static_cast<size_t>(range.op_end); ++i) {
     const Op& op = ops[i];
     if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant || skip_[i]) continue;
@@ -250,6 +270,27 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
     }
     void* out = result(static_cast<int32_t>(i));
     const int64_t n = op.type.num_elements();
+    if (op.kind == OpKind::kScan) {
+      const ScanPlan& sp = scan_plans_[static_cast<size_t>(scan_index_[i])];
+      // Value-major runs start at shard 0 (only shard-major ones run a part).
+      const int64_t scale = range.shard_major ? 1 : total;
+      uint8_t* const workspace =
+          (range.shard_major ? region : base) + sp.workspace * scale;
+      auto operand = [&](int k) -> Strided {
+        const int32_t u = op.operands[static_cast<size_t>(k)];
+        const View x = view(u);
+        return {static_cast<const uint8_t*>(x.data),
+                x.shard_stride * DTypeSize(ops[u].type.dtype)};
+      };
+      auto element = [&](int j) -> Strided {
+        const ValueType& t = op.type.elements[static_cast<size_t>(j)];
+        return {static_cast<const uint8_t*>(out) + sp.elements[static_cast<size_t>(j)] * scale,
+                t.num_bytes()};
+      };
+      PW_RETURN_IF_ERROR(RunScan(static_cast<int32_t>(i), num_shards, operand, element, workspace,
+                                 tile_buffer, gang_temp, local, collectives));
+      continue;
+    }
     if (op.kind == OpKind::kAxisIndex) {
       int32_t* o = static_cast<int32_t*>(out);
       if (local == nullptr) {
@@ -420,6 +461,95 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
     } else {  // a constant: every shard gets the literal
       for (int s = 0; s < num_shards; ++s) std::memcpy(dst + s * bytes, src.data, bytes);
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FunctionExecutable::RunScan(int32_t v, int num_shards,
+                                         absl::FunctionRef<Strided(int)> operand,
+                                         absl::FunctionRef<Strided(int)> result,
+                                         uint8_t* workspace, void* tiles, uint8_t* gang_temp,
+                                         const LocalShards* local,
+                                         GangCollectives* collectives) const {
+  const Op& op = ir_->ops()[v];
+  const ScanPlan& sp = scan_plans_[static_cast<size_t>(scan_index_[v])];
+  const FunctionExecutable& body = *sp.body;
+  const FunctionIr& f = body.ir();
+  const int n = num_shards;
+  const int nc = op.num_carries;
+  const int nx = op.num_xs;
+  const int num_params = f.num_params();
+  const int num_outputs = f.num_outputs();
+  auto at = [&](int64_t offset) { return workspace + offset * n; };
+  // The body's input and output pointers, rewritten each iteration.
+  const void** const ins = reinterpret_cast<const void**>(at(sp.pointers));
+  void** const outs =
+      reinterpret_cast<void**>(at(sp.pointers) + sizeof(void*) * static_cast<size_t>(num_params));
+  // Shard s of `src` to dst + s * bytes.
+  auto gather = [&](const Strided& src, int64_t bytes, uint8_t* dst) {
+    if (bytes == 0) return;
+    for (int s = 0; s < n; ++s) std::memcpy(dst + s * bytes, src.data + s * src.stride, bytes);
+  };
+  for (int k = nc + nx; k < num_params; ++k) {
+    const Strided src = operand(k);
+    const int64_t bytes = f.param_type(k).num_bytes();
+    if (n == 1 || src.stride == bytes) {
+      ins[k] = src.data;  // already as the body reads a parameter
+    } else {
+      uint8_t* copy = at(sp.consts[static_cast<size_t>(k - nc - nx)]);
+      gather(src, bytes, copy);
+      ins[k] = copy;
+    }
+  }
+  const std::vector<int64_t>* cur = &sp.carry_a;
+  const std::vector<int64_t>* next = &sp.carry_b;
+  for (int j = 0; j < nc; ++j) gather(operand(j), f.param_type(j).num_bytes(), at((*cur)[j]));
+  const int32_t body_ops = static_cast<int32_t>(f.ops().size());
+  const ShardRange all{n, 0, n, 0, body_ops};
+  for (int64_t it = 0; it < op.length; ++it) {
+    const int64_t i = op.reverse ? op.length - 1 - it : it;
+    for (int j = 0; j < nc; ++j) {
+      ins[j] = at((*cur)[j]);
+      outs[j] = at((*next)[j]);
+    }
+    for (int k = nc; k < nc + nx; ++k) {
+      const Strided src = operand(k);
+      const int64_t bytes = f.param_type(k).num_bytes();
+      if (n == 1) {
+        ins[k] = src.data + i * bytes;
+        continue;
+      }
+      uint8_t* slice = at(sp.slices[static_cast<size_t>(k - nc)]);
+      gather({src.data + i * bytes, src.stride}, bytes, slice);
+      ins[k] = slice;
+    }
+    for (int j = nc; j < num_outputs; ++j) {
+      const Strided r = result(j);
+      outs[j] = n == 1 ? const_cast<uint8_t*>(r.data) + i * f.output_type(j).num_bytes()
+                       : at(sp.ys[static_cast<size_t>(j - nc)]);
+    }
+    PW_RETURN_IF_ERROR(body.RunShards(all, local, collectives,
+                                      absl::MakeConstSpan(ins, static_cast<size_t>(num_params)),
+                                      absl::MakeConstSpan(outs, static_cast<size_t>(num_outputs)),
+                                      workspace, tiles, gang_temp));
+    if (n > 1) {
+      for (int j = nc; j < num_outputs; ++j) {
+        const Strided r = result(j);
+        const int64_t bytes = f.output_type(j).num_bytes();
+        if (bytes == 0) continue;
+        const uint8_t* y = at(sp.ys[static_cast<size_t>(j - nc)]);
+        uint8_t* dst = const_cast<uint8_t*>(r.data) + i * bytes;
+        for (int s = 0; s < n; ++s) std::memcpy(dst + s * r.stride, y + s * bytes, bytes);
+      }
+    }
+    std::swap(cur, next);
+  }
+  for (int j = 0; j < nc; ++j) {
+    const Strided r = result(j);
+    const int64_t bytes = f.output_type(j).num_bytes();
+    if (bytes == 0) continue;
+    const uint8_t* c = at((*cur)[j]);
+    for (int s = 0; s < n; ++s) std::memcpy(const_cast<uint8_t*>(r.data) + s * r.stride, c + s * bytes, bytes);
   }
   return absl::OkStatus();
 }

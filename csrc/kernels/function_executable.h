@@ -20,6 +20,16 @@
 // Gloo), and copies the result to its local shards. The other cross-shard
 // ops gather their operand over the whole gang, run the same kernel over all
 // shards and keep this host's rows, bit-identical to Run().
+//
+// Loops (kScan, function_ir.h): the body is compiled once, with the loop,
+// into an executable of its own, and each iteration runs it over the same
+// shards as the loop (all of the gang, or this host's), in a workspace of
+// the loop's scratch: the carries in two buffers that swap, an iteration's
+// slices of the xs and its ys copied in and out (in place with one shard).
+// No iteration plans or allocates anything. A body's cross-shard ops run as
+// any others, every iteration (so every host of a gang makes the same calls
+// in the same order); in shard-parallel runs a loop whose body has them
+// closes its stage, as a collective does, and runs over the whole gang.
 
 #include <cstdint>
 #include <memory>
@@ -27,6 +37,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -256,10 +267,26 @@ class FunctionExecutable {
   // Runs the range's ops on the range's shards; a cross-shard op in it needs
   // every shard. The outputs' shards of the range are written when the range
   // ends at the last op. `tile_buffer` holds tile_bytes_ for fused runs.
+  // `gang_temp` is RunLocal's room for cross-shard ops over the whole gang
+  // (see gang_temp_per_shard_); only a partial gang uses it.
   absl::Status RunShards(const ShardRange& range, const LocalShards* local,
                          GangCollectives* collectives, absl::Span<const void* const> inputs,
-                         absl::Span<void* const> outputs, void* scratch,
-                         void* tile_buffer) const;
+                         absl::Span<void* const> outputs, void* scratch, void* tile_buffer,
+                         uint8_t* gang_temp) const;
+  // Where a scan's operand or result is for the shards of a run: shard s's
+  // bytes at data + s * stride (stride 0: one value shared by all shards).
+  struct Strided {
+    const uint8_t* data;
+    int64_t stride;
+  };
+  // Runs scan op `v` over `num_shards` shards (see "Loops" above).
+  // `workspace` holds its ScanPlan::workspace_bytes per shard, value-major
+  // (a piece of p bytes per shard at offset o is at workspace + o *
+  // num_shards); `tiles` and `gang_temp` are passed to the body's runs.
+  absl::Status RunScan(int32_t v, int num_shards, absl::FunctionRef<Strided(int)> operand,
+                       absl::FunctionRef<Strided(int)> result, uint8_t* workspace, void* tiles,
+                       uint8_t* gang_temp, const LocalShards* local,
+                       GangCollectives* collectives) const;
   std::shared_ptr<const FunctionIr> ir_;
   // Per op: byte offset of its value in one shard's slice of scratch, or -1
   // for parameters (read in place from the inputs).
@@ -288,6 +315,28 @@ class FunctionExecutable {
   static MatmulPlan MakeMatmulPlan(const Dims& a, const Dims& b);
   std::vector<int32_t> matmul_index_;
   std::vector<MatmulPlan> matmul_plans_;
+  // One kScan op: its body compiled once, and its workspace. Offsets are
+  // per shard: the workspace's in the scratch (a slot live only at the
+  // scan), the pieces' within the workspace, the results' within the scan's
+  // slot (which holds the whole tuple; get_element ops alias their pieces).
+  struct ScanPlan {
+    std::shared_ptr<const FunctionExecutable> body;
+    int64_t workspace = 0;
+    int64_t workspace_bytes = 0;
+    // The body's scratch is at the workspace's start; then the pieces.
+    int64_t pointers = 0;  // the body's input, then output, pointer arrays
+    std::vector<int64_t> carry_a, carry_b;  // per carry: the two buffers
+    std::vector<int64_t> slices;            // per xs: this iteration's slice
+    std::vector<int64_t> ys;                // per y: this iteration's
+    std::vector<int64_t> consts;            // per const: a copy, if not in place
+    std::vector<int64_t> elements;          // per result: its piece of the slot
+    bool cross_shard = false;  // the body has cross-shard ops: it closes a stage
+  };
+  std::vector<int32_t> scan_index_;  // per op: into scan_plans_, or -1
+  // Whether an op needs the whole gang: a cross-shard op, or a loop whose
+  // body has one (at any depth).
+  bool has_cross_shard_ = false;
+  std::vector<ScanPlan> scan_plans_;
   std::vector<FusionGroup> groups_;
   // Per op: 1 if it is not run: a transpose that only matmuls read (they
   // read its operand transposed), or a reshape that shares its operand's

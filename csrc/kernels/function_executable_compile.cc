@@ -29,6 +29,15 @@ using kernels::RoundUp;
 // their rule), so only a value outside the enum has none.
 bool HasKernel(OpKind kind) { return static_cast<int>(kind) < kNumOpKinds; }
 
+// Bytes of a value's scratch slot (per shard): a tuple's holds each element
+// in a 64-byte aligned piece.
+int64_t SlotBytes(const ValueType& type) {
+  if (!type.is_tuple()) return RoundUp(type.num_bytes());
+  int64_t bytes = 0;
+  for (const ValueType& e : type.elements) bytes += RoundUp(e.num_bytes());
+  return bytes;
+}
+
 
 }  // namespace
 
@@ -60,6 +69,61 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     }
   }
   auto exe = std::shared_ptr<FunctionExecutable>(new FunctionExecutable(ir));
+
+  // Loop bodies, each compiled once (their depth is bounded by the IR's
+  // kMaxNestingDepth), and the pieces of their workspaces.
+  exe->scan_index_.assign(num_ops, -1);
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (op.kind != OpKind::kScan) continue;
+    ScanPlan plan;
+    PW_ASSIGN_OR_RETURN(plan.body, Compile(op.body));
+    const FunctionExecutable& body = *plan.body;
+    const FunctionIr& f = body.ir();
+    plan.cross_shard = body.has_cross_shard_;
+    int64_t end = body.scratch_per_shard_;
+    auto piece = [&](int64_t bytes) {
+      const int64_t offset = end;
+      end += RoundUp(bytes);
+      return offset;
+    };
+    plan.pointers = piece(static_cast<int64_t>(sizeof(void*)) * (f.num_params() + f.num_outputs()));
+    const int nc = op.num_carries;
+    const int nx = op.num_xs;
+    for (int j = 0; j < nc; ++j) {
+      plan.carry_a.push_back(piece(f.param_type(j).num_bytes()));
+      plan.carry_b.push_back(piece(f.param_type(j).num_bytes()));
+    }
+    for (int k = nc; k < nc + nx; ++k) plan.slices.push_back(piece(f.param_type(k).num_bytes()));
+    for (int j = nc; j < f.num_outputs(); ++j) plan.ys.push_back(piece(f.output_type(j).num_bytes()));
+    for (int k = nc + nx; k < f.num_params(); ++k) {
+      plan.consts.push_back(piece(f.param_type(k).num_bytes()));
+    }
+    plan.workspace_bytes = end;
+    int64_t element = 0;
+    for (const ValueType& e : op.type.elements) {
+      plan.elements.push_back(element);
+      element += RoundUp(e.num_bytes());
+    }
+    exe->tile_bytes_ = std::max(exe->tile_bytes_, body.tile_bytes_);
+    exe->gang_temp_per_shard_ = std::max(exe->gang_temp_per_shard_, body.gang_temp_per_shard_);
+    if (plan.cross_shard) {
+      // Run over the whole gang at the end of its stage, in the room after
+      // the shards' regions (RunStageCollective): the workspace, the tiles.
+      exe->gang_temp_per_shard_ =
+          std::max(exe->gang_temp_per_shard_, plan.workspace_bytes + body.tile_bytes_);
+    }
+    exe->scan_index_[v] = static_cast<int32_t>(exe->scan_plans_.size());
+    exe->scan_plans_.push_back(std::move(plan));
+  }
+  // Ops that need the whole gang: cross-shard ops, and loops whose bodies
+  // have them.
+  auto crosses_shards = [&](int32_t v) {
+    return IsCrossShardKind(ops[v].kind) ||
+           (exe->scan_index_[v] >= 0 &&
+            exe->scan_plans_[static_cast<size_t>(exe->scan_index_[v])].cross_shard);
+  };
+  for (int32_t v = 0; v < num_ops; ++v) exe->has_cross_shard_ |= crosses_shards(v);
 
   // A matmul reads a transpose of the last two dims of its operand in place
   // (BLAS's trans flags: the gradients of a matmul and q @ k^T are such
@@ -184,8 +248,36 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     int64_t size;
   };
   std::vector<Slot> live;
+  // First fit among the slots of values live at op v (and `also`).
+  auto first_fit = [&](int32_t v, int64_t size, const Slot* also) {
+    live.clear();
+    for (int32_t u = 0; u < v; ++u) {
+      if (exe->scratch_offset_[u] >= 0 && last_use[u] >= v) {
+        live.push_back({exe->scratch_offset_[u], SlotBytes(ops[u].type)});
+      }
+    }
+    if (also != nullptr) live.push_back(*also);
+    std::sort(live.begin(), live.end(),
+              [](const Slot& a, const Slot& b) { return a.offset < b.offset; });
+    int64_t offset = 0;
+    for (const Slot& s : live) {
+      if (offset + size <= s.offset) break;
+      offset = std::max(offset, s.offset + s.size);
+    }
+    exe->scratch_per_shard_ = std::max(exe->scratch_per_shard_, offset + size);
+    return offset;
+  };
   for (int32_t v = 0; v < num_ops; ++v) {
     const OpKind kind = ops[v].kind;
+    if (kind == OpKind::kGetElement) {
+      // Its piece of the tuple's slot: nothing to run. The piece stays
+      // taken while the element is live, as any value's slot.
+      const int32_t t = ops[v].operands[0];
+      const ScanPlan& sp = exe->scan_plans_[static_cast<size_t>(exe->scan_index_[t])];
+      exe->scratch_offset_[v] = exe->scratch_offset_[t] + sp.elements[static_cast<size_t>(ops[v].index)];
+      exe->skip_[v] = 1;
+      continue;
+    }
     if (kind == OpKind::kParameter || kind == OpKind::kConstant || exe->tile_offset_[v] >= 0 ||
         exe->skip_[v]) {
       continue;
@@ -200,22 +292,15 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
         continue;
       }
     }
-    const int64_t size = RoundUp(ops[v].type.num_bytes());
-    live.clear();
-    for (int32_t u = 0; u < v; ++u) {
-      if (exe->scratch_offset_[u] >= 0 && last_use[u] >= v) {
-        live.push_back({exe->scratch_offset_[u], RoundUp(ops[u].type.num_bytes())});
-      }
+    const int64_t size = SlotBytes(ops[v].type);
+    exe->scratch_offset_[v] = first_fit(v, size, nullptr);
+    if (kind == OpKind::kScan) {
+      // The workspace is needed during the loop only: a slot of its own,
+      // apart from the operands' and the results'.
+      ScanPlan& sp = exe->scan_plans_[static_cast<size_t>(exe->scan_index_[v])];
+      const Slot results{exe->scratch_offset_[v], size};
+      sp.workspace = first_fit(v, sp.workspace_bytes, &results);
     }
-    std::sort(live.begin(), live.end(),
-              [](const Slot& a, const Slot& b) { return a.offset < b.offset; });
-    int64_t offset = 0;
-    for (const Slot& s : live) {
-      if (offset + size <= s.offset) break;
-      offset = std::max(offset, s.offset + s.size);
-    }
-    exe->scratch_offset_[v] = offset;
-    exe->scratch_per_shard_ = std::max(exe->scratch_per_shard_, offset + size);
   }
 
   // RunLocal's full-gang temporaries (see gang_temp_per_shard_) and its
@@ -223,6 +308,16 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   // the local shards directly.
   for (int32_t v = 0; v < num_ops; ++v) {
     const Op& op = ops[v];
+    if (op.kind == OpKind::kScan) {
+      // A loop calls what its body calls, from the first iteration on.
+      const CollectiveCall& first =
+          exe->scan_plans_[static_cast<size_t>(exe->scan_index_[v])].body->first_collective_;
+      if (op.length > 0 && first.kind != CollectiveCall::Kind::kNone &&
+          exe->first_collective_.kind == CollectiveCall::Kind::kNone) {
+        exe->first_collective_ = first;
+      }
+      continue;
+    }
     if (!IsCrossShardKind(op.kind) || op.kind == OpKind::kAxisIndex) continue;
     const Op& in = ops[op.operands[0]];
     const int64_t in_bytes = in.kind == OpKind::kConstant ? 0 : RoundUp(in.type.num_bytes());
@@ -317,7 +412,7 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   int64_t stage_work = 0;
   for (int32_t v = 0; v < num_ops; ++v) {
     const Op& op = ops[v];
-    if (IsCrossShardKind(op.kind)) {
+    if (crosses_shards(v)) {
       exe->stages_.push_back({begin, v, v, stage_work});
       begin = v + 1;
       stage_work = 0;
@@ -331,12 +426,23 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       while ((int64_t{1} << log_n) < op.type.dims.back()) ++log_n;
       work *= log_n;
     }
+    if (op.kind == OpKind::kScan) {
+      const ScanPlan& sp = exe->scan_plans_[static_cast<size_t>(exe->scan_index_[v])];
+      // Saturated: it only decides whether to split a gang over threads, and
+      // a decoded function's length may be anything.
+      constexpr int64_t kMaxWork = int64_t{1} << 40;
+      int64_t loop = 0;
+      if (__builtin_mul_overflow(op.length, sp.body->work_per_shard_, &loop) || loop > kMaxWork) {
+        loop = kMaxWork;
+      }
+      work += loop;
+    }
     if (op.kind == OpKind::kMatmul) {
       const MatmulPlan& mp = exe->matmul_plans_[static_cast<size_t>(exe->matmul_index_[v])];
       work += mp.m * mp.n * mp.k * static_cast<int64_t>(mp.a_offsets.size()) / 8;
     }
     exe->work_per_shard_ += work;
-    if (!IsCrossShardKind(op.kind)) stage_work += work;
+    if (!crosses_shards(v)) stage_work += work;
   }
   exe->stages_.push_back({begin, num_ops, -1, stage_work});
   return std::shared_ptr<const FunctionExecutable>(std::move(exe));

@@ -1864,6 +1864,70 @@ IrOr BFloat16CollectivesFunction(int gang) {
   return b.Build({g, pp, a2a, ps, pm, mx, sc});
 }
 
+// Loops over the gang: a step whose body reads other shards (psum,
+// all_gather, axis_index), forwards and reversed, with a const given as a
+// parameter and as a constant; a loop in a loop whose inner body is local and
+// whose outer body takes a pmax; a local loop (shard-parallel runs keep it
+// inside its stage); and a length-0 loop, which calls nothing.
+IrOr ScanGangFunction(int gang) {
+  // step(c: f32[4], k: i32[], x: f32[4], w: f32[4])
+  //   -> (tanh(c * w + psum(x)), k + axis_index, c * x, all_gather(c))
+  FunctionBuilder step("step", "i");
+  PW_RETURN_IF_ERROR(step.SetAxisSize(gang));
+  const int32_t c = step.Parameter(DType::kF32, {4});
+  const int32_t k = step.Parameter(DType::kI32, {});
+  const int32_t x = step.Parameter(DType::kF32, {4});
+  const int32_t w = step.Parameter(DType::kF32, {4});
+  PW_ASSIGN_OR_RETURN(const int32_t cw, step.Binary(OpKind::kMul, c, w));
+  PW_ASSIGN_OR_RETURN(const int32_t px, step.Psum(x, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t sum, step.Binary(OpKind::kAdd, cw, px));
+  PW_ASSIGN_OR_RETURN(const int32_t t, step.Unary(OpKind::kTanh, sum));
+  PW_ASSIGN_OR_RETURN(const int32_t idx, step.AxisIndex("i"));
+  PW_ASSIGN_OR_RETURN(const int32_t k2, step.Binary(OpKind::kAdd, k, idx));
+  PW_ASSIGN_OR_RETURN(const int32_t y, step.Binary(OpKind::kMul, c, x));
+  PW_ASSIGN_OR_RETURN(const int32_t g, step.AllGather(c, "i", 0));
+  PW_ASSIGN_OR_RETURN(auto step_fn, step.Build({t, k2, y, g}));
+  // inner(a: f32[4], r: f32[4]) -> (a * 0.5 + r, a): no cross-shard op.
+  FunctionBuilder inner("inner", "");
+  const int32_t a = inner.Parameter(DType::kF32, {4});
+  const int32_t r = inner.Parameter(DType::kF32, {4});
+  PW_ASSIGN_OR_RETURN(const int32_t half, inner.Constant(DType::kF32, {}, Bytes<float>({0.5f})));
+  PW_ASSIGN_OR_RETURN(const int32_t ah, inner.Binary(OpKind::kMul, a, half));
+  PW_ASSIGN_OR_RETURN(const int32_t next, inner.Binary(OpKind::kAdd, ah, r));
+  PW_ASSIGN_OR_RETURN(auto inner_fn, inner.Build({next, a}));
+  // outer(c: f32[4], rows: f32[2,4]) -> (pmax(inner's carry), inner's ys)
+  FunctionBuilder outer("outer", "i");
+  PW_RETURN_IF_ERROR(outer.SetAxisSize(gang));
+  const int32_t oc = outer.Parameter(DType::kF32, {4});
+  const int32_t rows = outer.Parameter(DType::kF32, {2, 4});
+  PW_ASSIGN_OR_RETURN(auto in, outer.ScanResults(inner_fn, {oc, rows}, 1, 1, 2, false));
+  PW_ASSIGN_OR_RETURN(const int32_t top, outer.Pcollective(OpKind::kPmax, in[0], "i"));
+  PW_ASSIGN_OR_RETURN(auto outer_fn, outer.Build({top, in[1]}));
+
+  FunctionBuilder b("loops", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t c0 = b.Parameter(DType::kF32, {4});
+  const int32_t k0 = b.Parameter(DType::kI32, {});
+  const int32_t xs = b.Parameter(DType::kF32, {3, 4});
+  const int32_t w0 = b.Parameter(DType::kF32, {4});
+  const int32_t xs2 = b.Parameter(DType::kF32, {3, 2, 4});
+  PW_ASSIGN_OR_RETURN(const int32_t wc,
+                      b.Constant(DType::kF32, {4}, Bytes<float>({0.5f, -1, 2, 0.25f})));
+  PW_ASSIGN_OR_RETURN(const int32_t none, b.Slice(xs, {0, 0}, {0, 4}, {1, 1}));
+  std::vector<int32_t> outs;
+  auto add = [&](absl::StatusOr<std::vector<int32_t>> r) -> absl::Status {
+    PW_RETURN_IF_ERROR(r.status());
+    outs.insert(outs.end(), r->begin(), r->end());
+    return absl::OkStatus();
+  };
+  PW_RETURN_IF_ERROR(add(b.ScanResults(step_fn, {c0, k0, xs, w0}, 2, 1, 3, false)));
+  PW_RETURN_IF_ERROR(add(b.ScanResults(step_fn, {c0, k0, xs, wc}, 2, 1, 3, true)));
+  PW_RETURN_IF_ERROR(add(b.ScanResults(outer_fn, {c0, xs2}, 1, 1, 3, false)));
+  PW_RETURN_IF_ERROR(add(b.ScanResults(inner_fn, {c0, xs}, 1, 1, 3, true)));
+  PW_RETURN_IF_ERROR(add(b.ScanResults(step_fn, {c0, k0, none, w0}, 2, 1, 0, false)));
+  return b.Build(outs);
+}
+
 struct GangFunction {
   const char* name;
   IrOr (*trace)(int gang);
@@ -1880,7 +1944,38 @@ constexpr GangFunction kGangFunctions[] = {
     {"mixed", MixedFunction},
     {"constant_collectives", ConstantCollectivesFunction},
     {"bfloat16", BFloat16CollectivesFunction},
+    {"scan", ScanGangFunction},
 };
+
+// Whether `ir` (its loop bodies included) psums or pmeans a float value
+// that is not a constant of the function.
+bool HasFloatSum(const FunctionIr& ir) {
+  for (const Op& op : ir.ops()) {
+    if ((op.kind == OpKind::kPsum || op.kind == OpKind::kPmean) &&
+        ir.ops()[op.operands[0]].kind != OpKind::kConstant &&
+        (op.type.dtype == DType::kF32 || op.type.dtype == DType::kF64)) {
+      return true;
+    }
+    if (op.body != nullptr && HasFloatSum(*op.body)) return true;
+  }
+  return false;
+}
+
+// The AllReduce calls a run of `ir` on a partial gang makes: one per
+// cross-shard reduction of a non-constant, nonempty operand, each loop's
+// body's as many times as it runs.
+int64_t Reductions(const FunctionIr& ir) {
+  int64_t n = 0;
+  for (const Op& op : ir.ops()) {
+    if ((op.kind == OpKind::kPsum || op.kind == OpKind::kPmean || op.kind == OpKind::kPmax ||
+         op.kind == OpKind::kPmin) &&
+        ir.ops()[op.operands[0]].kind != OpKind::kConstant && op.type.num_elements() > 0) {
+      ++n;
+    }
+    if (op.kind == OpKind::kScan) n += op.length * Reductions(*op.body);
+  }
+  return n;
+}
 
 // Every parameter's value for the whole gang (shard-major), varied per
 // element and shard: int32 values large enough that sums wrap, floats of
@@ -2214,6 +2309,7 @@ std::vector<bool> AfterFloatSums(const FunctionIr& ir) {
         (op.type.dtype == DType::kF32 || op.type.dtype == DType::kF64)) {
       after[v] = true;
     }
+    if (op.kind == OpKind::kScan && HasFloatSum(*op.body)) after[v] = true;
   }
   std::vector<bool> outputs;
   for (int i = 0; i < ir.num_outputs(); ++i) {
@@ -2291,15 +2387,8 @@ TEST(FunctionExecutableRunLocalTest, HostsMatchTheWholeGang) {
         EXPECT_EQ(gang.calls(static_cast<int>(h)), gang.calls(0));
         EXPECT_EQ(gang.reduce_calls(static_cast<int>(h)), gang.reduce_calls(0));
       }
-      int reductions = 0;  // cross-shard reductions of a non-constant, nonempty operand
-      for (const Op& op : exe->ir().ops()) {
-        if ((op.kind == OpKind::kPsum || op.kind == OpKind::kPmean || op.kind == OpKind::kPmax ||
-             op.kind == OpKind::kPmin) &&
-            exe->ir().ops()[op.operands[0]].kind != OpKind::kConstant && op.type.num_elements() > 0) {
-          ++reductions;
-        }
-      }
-      EXPECT_EQ(gang.reduce_calls(0), reductions);  // one AllReduce per reduction, no gather
+      // One AllReduce per reduction (per iteration in a loop), no gather.
+      EXPECT_EQ(gang.reduce_calls(0), Reductions(exe->ir()));
       if (std::string(f.name) == "constant_collectives" || std::string(f.name) == "axis_index") {
         EXPECT_EQ(gang.calls(0), 0);  // constants and positions need nothing from other hosts
       } else {
@@ -2321,8 +2410,11 @@ TEST(FunctionExecutableStagesTest, PartsOnThreadsMatchRun) {
         SCOPED_TRACE(testing::Message() << f.name << " gang=" << gang_size << " parts=" << num_parts);
         auto exe = MustCompile(f.trace(gang_size));
         ASSERT_NE(exe, nullptr);
-        int collectives = 0;
-        for (const Op& op : exe->ir().ops()) collectives += IsCollectiveOp(op.kind) ? 1 : 0;
+        int collectives = 0;  // and loops whose bodies have them: they close a stage too
+        for (const Op& op : exe->ir().ops()) {
+          collectives += IsCollectiveOp(op.kind) ||
+                         (op.kind == OpKind::kScan && op.body->has_collectives());
+        }
         EXPECT_EQ(exe->num_stages(), collectives + 1);
         const auto inputs = GangInputs(*exe, gang_size);
         const auto expected = RunGang(*exe, gang_size, inputs);
@@ -2581,6 +2673,164 @@ TEST(FunctionExecutableRunLocalTest, FirstCollectiveIsRunLocalsFirstCall) {
   EXPECT_EQ(exe->first_collective().kind, Kind::kAllReduce);
   EXPECT_EQ(exe->first_collective().dtype, DType::kI32);
   EXPECT_EQ(exe->first_collective().op, ReduceOp::kSum);
+}
+
+
+// --- Loops (kScan) -------------------------------------------------------------
+
+// dot(c: f64[], x: f64[3], w: f64[3]) -> (c + sum(x * w), x * c, c)
+std::shared_ptr<const FunctionIr> DotScanBody() {
+  FunctionBuilder b("dot", "");
+  const int32_t c = b.Parameter(DType::kF64, {});
+  const int32_t x = b.Parameter(DType::kF64, {3});
+  const int32_t w = b.Parameter(DType::kF64, {3});
+  const int32_t xw = *b.Binary(OpKind::kMul, x, w);
+  const int32_t next = *b.Binary(OpKind::kAdd, c, *b.Reduce(ReduceKind::kSum, xw, nullptr, false));
+  auto ir = b.Build({next, *b.Binary(OpKind::kMul, x, c), c});
+  EXPECT_TRUE(ir.ok()) << ir.status();
+  return *ir;
+}
+
+// A scan of DotScanBody over `length` rows gives, on every shard, what a
+// loop in C++ gives (forwards and reversed), and allocates nothing.
+TEST(FunctionExecutableScanTest, MatchesALoop) {
+  for (int shards : kShardCounts) {
+    for (int64_t length : {0, 1, 5}) {
+      for (bool reverse : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "shards=" << shards << " length=" << length
+                                        << " reverse=" << reverse);
+        FunctionBuilder b("f", "");
+        const int32_t c = b.Parameter(DType::kF64, {});
+        const int32_t xs = b.Parameter(DType::kF64, {length, 3});
+        const int32_t w = b.Parameter(DType::kF64, {3});
+        auto r = b.ScanResults(DotScanBody(), {c, xs, w}, 1, 1, length, reverse);
+        ASSERT_TRUE(r.ok()) << r.status();
+        auto exe = MustCompile(b.Build(*r));
+        ASSERT_NE(exe, nullptr);
+        const auto c0 = Iota<double>(shards, 1, 0.5, 1.0);
+        const auto x = Iota<double>(shards, length * 3, -1.0, 0.25);
+        const auto wv = Iota<double>(shards, 3, 2.0, -0.5);
+        int64_t allocations = -1;
+        const auto out = RunGang(*exe, shards, {Bytes(c0), Bytes(x), Bytes(wv)}, &allocations);
+        EXPECT_EQ(allocations, 0);
+        const auto carry = Values<double>(out[0]);
+        const auto ys = Values<double>(out[1]);
+        const auto cs = Values<double>(out[2]);
+        for (int s = 0; s < shards; ++s) {
+          double acc = c0[s];
+          std::vector<double> want_ys(length * 3), want_cs(length);
+          for (int64_t it = 0; it < length; ++it) {
+            const int64_t i = reverse ? length - 1 - it : it;
+            double dot = 0;
+            for (int j = 0; j < 3; ++j) {
+              const double xj = x[(s * length + i) * 3 + j];
+              dot += xj * wv[s * 3 + j];
+              want_ys[i * 3 + j] = xj * acc;
+            }
+            want_cs[i] = acc;
+            acc += dot;
+          }
+          EXPECT_NEAR(carry[s], acc, 1e-12 * std::abs(acc));
+          for (int64_t j = 0; j < length * 3; ++j) {
+            EXPECT_NEAR(ys[s * length * 3 + j], want_ys[j], 1e-12 * std::abs(want_ys[j])) << s << " " << j;
+          }
+          for (int64_t i = 0; i < length; ++i) EXPECT_EQ(cs[s * length + i], want_cs[i]);
+        }
+      }
+    }
+  }
+}
+
+// The scratch of a loop does not grow with its length: only its stacked ys
+// do (here there are none).
+TEST(FunctionExecutableScanTest, ScratchDoesNotGrowWithTheLength) {
+  FunctionBuilder body("inc", "");
+  const int32_t c = body.Parameter(DType::kF32, {64});
+  const int32_t one = ScalarConstant(body, 1.0f);
+  auto body_fn = body.Build({*body.Binary(OpKind::kAdd, c, one)});
+  ASSERT_TRUE(body_fn.ok());
+  std::vector<int64_t> bytes;
+  for (int64_t length : {2, 200}) {
+    FunctionBuilder b("f", "");
+    const int32_t x = b.Parameter(DType::kF32, {64});
+    auto r = b.ScanResults(*body_fn, {x}, 1, 0, length, false);
+    ASSERT_TRUE(r.ok());
+    auto exe = MustCompile(b.Build(*r));
+    ASSERT_NE(exe, nullptr);
+    bytes.push_back(exe->scratch_bytes(4));
+    const auto out = RunGang(*exe, 4, {Bytes(Iota<float>(4, 64, 0, 1))});
+    EXPECT_EQ(Values<float>(out[0]), Iota<float>(4, 64, static_cast<float>(length), 1));
+  }
+  EXPECT_EQ(bytes[0], bytes[1]);
+}
+
+// A carry passed through, an x returned as the next carry, and a carry
+// returned as a y: the body's outputs that are its parameters are copied.
+TEST(FunctionExecutableScanTest, BodyOutputsThatAreParameters) {
+  FunctionBuilder body("swap", "");
+  const int32_t a = body.Parameter(DType::kI32, {2});
+  const int32_t keep = body.Parameter(DType::kBool, {});
+  const int32_t x = body.Parameter(DType::kI32, {2});
+  auto body_fn = body.Build({x, keep, a, a});
+  ASSERT_TRUE(body_fn.ok());
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(shards);
+    FunctionBuilder b("f", "");
+    const int32_t a0 = b.Parameter(DType::kI32, {2});
+    const int32_t k0 = b.Parameter(DType::kBool, {});
+    const int32_t xs = b.Parameter(DType::kI32, {3, 2});
+    auto r = b.ScanResults(*body_fn, {a0, k0, xs}, 2, 1, 3, false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto exe = MustCompile(b.Build(*r));
+    ASSERT_NE(exe, nullptr);
+    const auto av = Iota<int32_t>(shards, 2, 100, 1);
+    std::vector<uint8_t> keeps(shards);
+    for (int s = 0; s < shards; ++s) keeps[s] = s % 2;
+    const auto xv = Iota<int32_t>(shards, 6, 0, 1);
+    const auto out = RunGang(*exe, shards, {Bytes(av), keeps, Bytes(xv)});
+    const auto last = Values<int32_t>(out[0]);
+    const auto ys0 = Values<int32_t>(out[2]);
+    for (int s = 0; s < shards; ++s) {
+      // The carry after 3 steps is row 2; the ys are the carry before each
+      // step: a0, then rows 0 and 1.
+      EXPECT_EQ(last[s * 2], xv[s * 6 + 4]);
+      EXPECT_EQ(last[s * 2 + 1], xv[s * 6 + 5]);
+      EXPECT_EQ(out[1][s], keeps[s]);
+      const std::vector<int32_t> want = {av[s * 2], av[s * 2 + 1], xv[s * 6], xv[s * 6 + 1],
+                                         xv[s * 6 + 2], xv[s * 6 + 3]};
+      EXPECT_EQ(std::vector<int32_t>(ys0.begin() + s * 6, ys0.begin() + s * 6 + 6), want);
+      EXPECT_EQ(Values<int32_t>(out[3]), Values<int32_t>(out[2]));
+    }
+  }
+}
+
+// A psum in a loop's body: every iteration reduces over the whole gang.
+// c_{t+1} = c_t + psum(c_t), so the gang's total multiplies by (1 + n) each
+// step and every shard adds the same amount.
+TEST(FunctionExecutableScanTest, PsumInTheBody) {
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(shards);
+    FunctionBuilder body("step", "i");
+    ASSERT_TRUE(body.SetAxisSize(shards).ok());
+    const int32_t c = body.Parameter(DType::kF64, {});
+    auto body_fn = body.Build({*body.Binary(OpKind::kAdd, c, *body.Psum(c, "i"))});
+    ASSERT_TRUE(body_fn.ok());
+    FunctionBuilder b("f", "i");
+    ASSERT_TRUE(b.SetAxisSize(shards).ok());
+    const int32_t x = b.Parameter(DType::kF64, {});
+    auto r = b.ScanResults(*body_fn, {x}, 1, 0, 4, false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto exe = MustCompile(b.Build(*r));
+    ASSERT_NE(exe, nullptr);
+    std::vector<double> cs = Iota<double>(shards, 1, 1.0, 1.0);
+    const auto out = Values<double>(RunGang(*exe, shards, {Bytes(cs)})[0]);
+    for (int t = 0; t < 4; ++t) {
+      double total = 0;
+      for (double v : cs) total += v;
+      for (double& v : cs) v += total;
+    }
+    EXPECT_EQ(out, cs);
+  }
 }
 
 }  // namespace

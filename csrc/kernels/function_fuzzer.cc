@@ -77,7 +77,7 @@ void RunOne(const uint8_t* data, size_t size) {
                           OpKind::kErf, OpKind::kErfc};
   while (!in.empty() && values.size() < 64) {
     absl::StatusOr<int32_t> v = absl::InvalidArgumentError("no op");
-    switch (in.Byte() % 28) {
+    switch (in.Byte() % 29) {
       case 0: {
         const DType dtype = PickDType(in);
         Dims dims = in.SmallDims();
@@ -204,6 +204,37 @@ void RunOne(const uint8_t* data, size_t size) {
       case 27: {
         const int32_t x = pick();
         v = b.Sort(x, in.Byte() % 2 == 0);
+        break;
+      }
+      case 28: {
+        // A loop carrying one value over the rows of another (none if it is
+        // zero-dimensional: then a length of its own): the body applies a
+        // binary op to the carry and itself (converted back to the carry's
+        // type), maybe psums it, and stacks the carry op the row as its y.
+        const int32_t c = pick(), x = pick();
+        const ValueType tc = b.type(c), tx = b.type(x);
+        const bool over_rows = !tx.dims.empty();
+        const int64_t length = over_rows ? tx.dims[0] : in.Byte() % 4;
+        FunctionBuilder body("body", "i");
+        if (b.axis_size() > 0 && !body.SetAxisSize(b.axis_size()).ok()) break;
+        const int32_t bc = body.Parameter(tc.dtype, tc.dims);
+        int32_t bx = bc;
+        if (over_rows) bx = body.Parameter(tx.dtype, Dims(tx.dims.begin() + 1, tx.dims.end()));
+        const OpKind kind = binary[in.Byte() % std::size(binary)];
+        absl::StatusOr<int32_t> next = body.Binary(kind, bc, bc);
+        if (next.ok() && in.Byte() % 3 == 0) next = body.Psum(*next, "i");
+        if (next.ok()) next = body.Convert(*next, tc.dtype);
+        absl::StatusOr<int32_t> y = body.Binary(kind, bc, bx);
+        if (!next.ok() || !y.ok()) break;
+        auto fn = body.Build({*next, *y});
+        if (!fn.ok()) break;
+        std::vector<int32_t> operands = {c};
+        if (over_rows) operands.push_back(x);
+        auto results = b.ScanResults(*fn, operands, 1, over_rows ? 1 : 0, length, in.Byte() % 2);
+        if (!results.ok()) break;
+        if (NumElements(b.type((*results)[1]).dims) > kMaxElements) return;
+        values.push_back((*results)[0]);
+        v = (*results)[1];
         break;
       }
     }

@@ -79,9 +79,12 @@ from pathways._dynamic import compact
 from pathways._diagnose import Diagnosis, HangWarning, diagnose
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
-from pathways import lax  # pw.lax: top_k, erf, cumsum, cummax, ... (like jax.lax)
+from pathways import lax  # pw.lax: top_k, scan, fori_loop, erf, cumsum, ... (like jax.lax)
 from pathways import random  # pw.random: PRNGKey, split, uniform, normal, ... (like jax.random)
 from pathways import optim  # pw.optim: optimizers and schedules (like optax)
+from pathways._control_flow import checkpoint
+
+remat = checkpoint  # jax.remat's name
 from pathways import testing  # pw.testing: fault injection
 from pathways import tree_util  # pw.tree_util: pytrees (like jax.tree_util)
 from pathways._tenancy import (
@@ -211,6 +214,8 @@ __all__ = [
     "stop_gradient",
     "vjp",
     "jvp",
+    "checkpoint",
+    "remat",
     # Multi-tenancy and timelines.
     "Client",
     "client_stats",

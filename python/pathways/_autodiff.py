@@ -74,13 +74,15 @@ class _Tape:
         self.tracked = set(input_ids)
         self.entries: list = []
 
-    def record(self, prim: Primitive, operand_ids: Sequence[int], out_id: int,
+    def record(self, prim: Primitive, operand_ids: Sequence[int], out_id: Any,
                params: dict) -> None:
         """Keeps the op if it depends on a tracked value and has a float output.
 
         Int and bool outputs (comparisons, argmax, casts to int) carry no
         gradient, and a primitive that stops gradients ("stop_gradient") cuts
-        the dependence, so neither is tracked.
+        the dependence, so neither is tracked. A primitive with several
+        results (a scan) gives a tuple of ids: one entry for all, its float
+        results tracked.
         """
         if prim.stops_gradient:
             return
@@ -90,9 +92,16 @@ class _Tape:
                 break
         else:
             return
-        if self._builder.dtype(out_id) not in _FLOAT_DTYPE_NAMES:
-            return
-        tracked.add(out_id)
+        dtype = self._builder.dtype
+        if type(out_id) is tuple:
+            floats = [o for o in out_id if dtype(o) in _FLOAT_DTYPE_NAMES]
+            if not floats:
+                return
+            tracked.update(floats)
+        else:
+            if dtype(out_id) not in _FLOAT_DTYPE_NAMES:
+                return
+            tracked.add(out_id)
         self.entries.append((prim, list(operand_ids), out_id, params))
 
 
@@ -146,9 +155,18 @@ def _backward(tape: _Tape, cts: dict, value: Callable[[int], Tracer], where: str
     """
     tracked = tape.tracked
     for prim, ids, out_id, params in reversed(tape.entries):
-        ct = cts.pop(out_id, None)
-        if ct is None:
-            continue
+        if type(out_id) is tuple:
+            # Several results (a scan): a cotangent (or None) per result, and
+            # the results' values, for a rule of the same shape.
+            ct = [cts.pop(o, None) for o in out_id]
+            if all(c is None for c in ct):
+                continue
+            out = [value(o) for o in out_id]
+        else:
+            ct = cts.pop(out_id, None)
+            if ct is None:
+                continue
+            out = value(out_id)
         rule = prim.vjp
         if rule is None:
             raise NotImplementedError(
@@ -156,7 +174,7 @@ def _backward(tape: _Tape, cts: dict, value: Callable[[int], Tracer], where: str
             )
         operands = [value(i) for i in ids]
         needs = [i in tracked for i in ids]
-        contributions = rule(ct, operands, value(out_id), params, needs)
+        contributions = rule(ct, operands, out, params, needs)
         for i, x, c, need in zip(ids, operands, contributions, needs):
             if c is None or not need:
                 continue
@@ -297,7 +315,7 @@ def _value_and_grad_in_trace(
                 f"(output, auxiliary data), got {type(result).__name__}"
             )
         result, aux = result
-    out = _output(trace, result, name)
+    out = trace.local(_output(trace, result, name))
     ones = trace.constant(np.ones((), out.dtype), None)
     cts = _backward(tape, {out._id: ones}, functools.partial(Tracer, trace),
                     f"pw.grad of {name!r} in {trace.where()}")

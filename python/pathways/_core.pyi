@@ -139,6 +139,12 @@ class FunctionBuilder:
     # combiner: "add", "mul", "max" or "min"
     def cumulative(self, combiner: str, x: int, axis: int, reverse: bool) -> int: ...
     def matmul(self, a: int, b: int) -> int: ...  # rank >= 2, batch dims broadcast
+    # A loop over `body` (operands: carries, xs, consts); the final carries' and stacked ys' ids
+    def scan(self, body: Function, operands: Sequence[int], num_carries: int, num_xs: int,
+             length: int, reverse: bool) -> list[int]: ...
+    def get_element(self, tuple: int, index: int) -> int: ...
+    axis_size: int  # 0: not set
+    def num_values(self) -> int: ...
     def shape(self, v: int) -> tuple[int, ...]: ...
     def dtype(self, v: int) -> str: ...  # "float32", "float64", "int32", "bool" or "uint32"
     def build(self, outputs: Sequence[int]) -> Function: ...
@@ -148,6 +154,7 @@ class Function:
     axis_name: str
     num_params: int
     num_outputs: int
+    nesting_depth: int  # how deeply loops nest, 0 without a scan
     def as_text(self) -> str: ...
 
 def compile(function: Function, devices: Sequence[VirtualDevice]) -> CompiledFunction:
@@ -158,6 +165,7 @@ class CompiledFunction:
     num_shards: int
     virtual_devices: list[VirtualDevice]
     devices: list[Device]  # physical
+    scratch_bytes_per_shard: int  # the memory plan's peak for one shard's intermediates
     def param_types(self) -> list[tuple[tuple[int, ...], str]]: ...   # global (shape, dtype)
     def output_types(self) -> list[tuple[tuple[int, ...], str]]: ...
 

@@ -74,16 +74,18 @@ class Primitive:
       symbol: The `Tracer` operator that binds it ("+", "&"), or None.
       stops_gradient: Whether gradient tapes leave it out, so that its output
         is a constant to `pw.grad`.
+      multiple_results: Whether `emit` returns a list of value ids (a scan's
+        results) instead of one; `bind` then returns a list of traced values.
       vjp: Its reverse-mode rule (see pathways._vjp_rules), or None if it has
         none (`pw.grad` raises NotImplementedError on a path through it).
       jvp: Its forward-mode rule; no primitive has one yet.
     """
 
     __slots__ = ("name", "op", "arity", "op_class", "type_rule", "emit", "symbol",
-                 "stops_gradient", "vjp", "jvp")
+                 "stops_gradient", "multiple_results", "vjp", "jvp")
 
     def __init__(self, name: str, op: RegistryOp, emit: Emitter, symbol: Optional[str],
-                 stops_gradient: bool):
+                 stops_gradient: bool, multiple_results: bool = False):
         self.name = name
         self.op = op.name
         self.arity = op.arity
@@ -92,6 +94,7 @@ class Primitive:
         self.emit = emit
         self.symbol = symbol
         self.stops_gradient = stops_gradient
+        self.multiple_results = multiple_results
         self.vjp: Optional[Callable[..., list]] = None
         self.jvp: Optional[Callable[..., Any]] = None
 
@@ -124,7 +127,8 @@ def _registry_error(message: str) -> RuntimeError:
 
 
 def _define(name: str, emit: Optional[Emitter] = None, *, op: Optional[str] = None,
-            symbol: Optional[str] = None, stops_gradient: bool = False) -> Primitive:
+            symbol: Optional[str] = None, stops_gradient: bool = False,
+            multiple_results: bool = False) -> Primitive:
     """Defines primitive `name`, which records registry op `op` (default: `name`).
 
     `emit` defaults to `FunctionBuilder.binary` or `.unary` for the registry's
@@ -148,7 +152,7 @@ def _define(name: str, emit: Optional[Emitter] = None, *, op: Optional[str] = No
             emit = lambda b, x: b.unary(op, x)  # noqa: E731
         else:
             raise _registry_error(f"primitive {name!r} ({info.op_class}) needs an emitter")
-    prim = Primitive(name, info, emit, symbol, stops_gradient)
+    prim = Primitive(name, info, emit, symbol, stops_gradient, multiple_results)
     PRIMITIVES[name] = prim
     return prim
 
@@ -244,6 +248,18 @@ _define("all_to_all", lambda b, x, axis_name, split_axis, concat_axis: b.all_to_
     x, axis_name, split_axis, concat_axis))
 _define("psum_scatter", lambda b, x, axis_name, scatter_dimension: b.psum_scatter(
     x, axis_name, scatter_dimension))
+
+
+# --- Control flow (function_ir.h, "Loops") ----------------------------------------
+
+# A loop over `body` (a built `_core.Function`); the results are the final
+# carries, then the stacked ys. pw.lax.scan (pathways._control_flow) traces the
+# body and passes `lin`, how to differentiate it, when a gradient tape needs it.
+_define("scan", lambda b, *operands, body, num_carries, num_xs, length, reverse, lin=None: b.scan(
+    body, list(operands), num_carries, num_xs, length, reverse), multiple_results=True)
+# An element of a scan's tuple. `scan`'s emitter adds these itself, so
+# Python never holds a tuple value and never binds this primitive.
+_define("get_element", lambda b, t, index: b.get_element(t, index))
 
 
 def _check_every_op_has_a_primitive() -> None:

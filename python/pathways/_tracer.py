@@ -8,7 +8,7 @@ sees the computation.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -27,11 +27,28 @@ __all__ = ["Tracer", "bind"]
 
 
 class _FunctionTrace:
-    """One trace of a pmap'd function: its builder and whether it is still running."""
+    """One trace of a pmap'd function: its builder and whether it is still running.
 
-    __slots__ = ("builder", "name", "axis_name", "active", "tapes", "constant_values")
+    A trace may read traced values of other traces in two ways, both resolved
+    by `resolve` (which `bind` calls for every operand when either is in use):
 
-    def __init__(self, builder: Any, name: str, axis_name: Optional[str]):
+    * A loop body's trace (pathways._control_flow) has a `parent`, the trace
+      the loop is in. A value of the parent (or of its ancestors) that the
+      body reads becomes a parameter of the body, once: `lifted` lists those
+      values in parameter order, and the loop passes them in.
+    * `subst` maps values of other traces (or of this one) to values of this
+      trace while a function runs again in it: `pw.checkpoint`'s backward
+      recomputes the forward from copies of its inputs.
+
+    `recorder`, when set, sees the operands of every op bound (a
+    checkpointed function's inputs are those it reads from before it ran).
+    """
+
+    __slots__ = ("builder", "name", "axis_name", "active", "tapes", "constant_values", "parent",
+                 "lifted", "lifted_ids", "subst", "recorder")
+
+    def __init__(self, builder: Any, name: str, axis_name: Optional[str],
+                 parent: Optional["_FunctionTrace"] = None):
         self.builder = builder
         self.name = name
         self.axis_name = axis_name
@@ -41,9 +58,61 @@ class _FunctionTrace:
         # trace of a `pw.vjp` split (pathways._vjp) gives its constants to the
         # backward function as constants, not as residuals.
         self.constant_values: Optional[dict] = None
+        self.parent = parent
+        self.lifted: list = []  # values of enclosing traces that are parameters here
+        self.lifted_ids: dict = {}  # (trace, id) -> parameter id, of those
+        self.subst: dict = {}  # (trace, id) -> id in this trace
+        self.recorder: Optional[Callable[[Sequence["Tracer"], list], None]] = None
 
     def where(self) -> str:
         return f"pmap of {self.name!r}"
+
+    def can_read(self, t: "Tracer") -> bool:
+        """Whether traced value `t` may be an operand here (see the class docstring)."""
+        key = None
+        tr: Optional[_FunctionTrace] = self
+        while tr is not None:
+            if t._trace is tr:
+                return tr.active
+            if tr.subst or tr.lifted_ids:
+                if key is None:
+                    key = (t._trace, t._id)
+                if key in tr.subst or key in tr.lifted_ids:
+                    return True
+            tr = tr.parent
+        return False
+
+    def resolve(self, t: "Tracer") -> int:
+        """The value id of traced value `t` in this trace.
+
+        Raises:
+          TracerError: If `t` cannot be read here (an escaped tracer).
+        """
+        if self.subst:
+            v = self.subst.get((t._trace, t._id))
+            if v is not None:
+                return v
+        if t._trace is self:
+            if not self.active:
+                raise _escaped(t)
+            return t._id
+        key = (t._trace, t._id)
+        v = self.lifted_ids.get(key)
+        if v is not None:
+            return v
+        if self.parent is None or not self.parent.can_read(t):
+            raise _escaped(t)
+        v = self.builder.parameter(t.dtype.name, list(t.shape))
+        self.lifted.append(t)
+        self.lifted_ids[key] = v
+        return v
+
+    def local(self, t: "Tracer") -> "Tracer":
+        """`t` as a traced value of this trace (itself if it is one)."""
+        if t._trace is self and not self.subst:
+            return t
+        v = self.resolve(t)
+        return t if t._trace is self and v == t._id else Tracer(self, v)
 
     def constant(self, value: Any, like_dtype: Optional[np.dtype]) -> "Tracer":
         """Adds a constant operand of a value of dtype `like_dtype`.
@@ -165,7 +234,8 @@ def bind(trace: "_FunctionTrace", prim: Union[str, Primitive], operands: Sequenc
 
     Returns:
       The traced result. When the builder returns an operand itself (e.g. a
-      cast to the same dtype), no op was recorded and no tape sees one.
+      cast to the same dtype), no op was recorded and no tape sees one. A
+      primitive with multiple results (scan) gives a list of them.
 
     Raises:
       ValueError, TypeError: From the builder, naming the op and the shapes.
@@ -173,13 +243,24 @@ def bind(trace: "_FunctionTrace", prim: Union[str, Primitive], operands: Sequenc
     p = prim if type(prim) is Primitive else PRIMITIVES[prim]
     if p.op_class == "elementwise" and len(operands) > 1:
         operands = _weak_operands_converted(trace, p, operands)
-    ids = [t._id for t in operands]
-    if len(ids) != p.arity and (p.arity >= 0 or not ids):
+    if trace.parent is not None or trace.subst or trace.recorder is not None:
+        ids = [trace.resolve(t) for t in operands]
+        if trace.recorder is not None:
+            trace.recorder(operands, ids)
+    else:
+        ids = [t._id for t in operands]
+    if len(ids) != p.arity and (p.arity >= 0 or not ids) and not p.multiple_results:
         raise TypeError(
             f"primitive {p.name!r} takes {'one or more' if p.arity < 0 else p.arity} operands, "
             f"got {len(ids)}"
         )
     out = p.emit(trace.builder, *ids, **params)
+    if p.multiple_results:
+        # One tape entry for all results (pathways._autodiff), as a tuple of ids.
+        outs = tuple(out)
+        for tape in trace.tapes:
+            tape.record(p, ids, outs, params)
+        return [Tracer(trace, o) for o in outs]
     if trace.tapes and out not in ids:
         for tape in trace.tapes:
             tape.record(p, ids, out, params)
@@ -255,17 +336,29 @@ class Tracer(_TracerBase):
         return f"Tracer<{self.aval}>"
 
     def _check(self) -> _FunctionTrace:
-        trace = self._trace
-        if not trace.active or _state.function is not trace:
-            raise _escaped(self)
-        return trace
+        """The current function trace, in which this value may be an operand.
 
-    def _operand(self, other: Any) -> Optional["Tracer"]:
-        """`other` as a traced operand (constants are added), or None if unsupported."""
+        That is this value's own trace, or a trace that reads it from an
+        enclosing one (a loop body's) or through a substitution.
+
+        Raises:
+          TracerError: For an escaped tracer.
+        """
         trace = self._trace
+        cur = _state.function
+        if cur is trace and trace.active:
+            return trace
+        if cur is not None and cur.can_read(self):
+            return cur
+        raise _escaped(self)
+
+    def _operand(self, other: Any, trace: Optional[_FunctionTrace] = None) -> Optional["Tracer"]:
+        """`other` as an operand in `trace` (default: the current one, in which
+        this value is read; constants are added), or None if unsupported."""
+        if trace is None:
+            trace = self._check()
         if isinstance(other, Tracer):
-            if other._trace is not trace or not other._trace.active:
-                raise _escaped(other)
+            other._check()
             return other
         if isinstance(other, _TracerBase):
             raise TracerError(
@@ -282,7 +375,7 @@ class Tracer(_TracerBase):
 
     def _binary(self, op: str, other: Any, reflected: bool) -> Any:
         trace = self._check()
-        o = self._operand(other)
+        o = self._operand(other, trace)
         if o is None:
             return NotImplemented
         return bind(trace, op, (o, self) if reflected else (self, o))

@@ -436,7 +436,7 @@ def _traced_leaf(trace: _FunctionTrace, leaf: Any, where: str, i: int, what: str
     """A leaf given to `vjp`/`jvp` inside function trace `trace`, as one of its values."""
     if isinstance(leaf, Tracer):
         leaf._check()  # raises for a value of an ended trace
-        return leaf
+        return trace.local(leaf)  # (a loop body's parameter, for a value of an enclosing trace)
     if isinstance(leaf, _TracerBase):
         raise TracerError(
             f"{where} got a traced program value ({leaf.aval}) as {what} {i}; pass program "

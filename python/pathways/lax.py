@@ -12,6 +12,9 @@ arrays.
   (array([4., 3.]), array([1, 2], dtype=int32))
   >>> pw.lax.shift_right_logical(np.int32(-8), 28)
   array(15, dtype=int32)
+
+Loops (`scan`, `fori_loop`) trace their body once into one `scan` op of the
+function IR, whatever the trip count (pathways._control_flow).
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from typing import Any, Callable
 import numpy as _np
 
 from pathways import _checks
+from pathways._control_flow import WeakCarryPromoted, describe, scan_core, static_int
 from pathways._pmap import PmapFunction, _to_array
+from pathways._pytree import tree_flatten, tree_map, tree_unflatten
 from pathways._trace_state import _SUPPORTED_DTYPE_NAMES, _SUPPORTED_DTYPES, TracerError
-from pathways._trace_state import _state
+from pathways._trace_state import _state, _TracerBase
 from pathways._tracer import Tracer, bind
 from pathways.numpy import reshape as _reshape
 from pathways.numpy._common import _trace_of
@@ -42,6 +47,8 @@ __all__ = [
     "cumprod",
     "cummax",
     "cummin",
+    "scan",
+    "fori_loop",
 ]
 
 _INT32_MAX = 2**31 - 1
@@ -117,7 +124,7 @@ def _top_k_traced(x: Tracer, k: int) -> tuple:
     to the positions, zeros elsewhere. One selection per row; the take and
     its gradient cost O(size of x).
     """
-    trace = x._trace
+    trace = x._check()
     indices = bind(trace, "top_k", (x,), k=k)
     if x.ndim == 1:
         return bind(trace, "take", (x, indices), axis=0), indices
@@ -392,3 +399,243 @@ def cummax(operand: Any, axis: int = 0, reverse: bool = False) -> Any:
 def cummin(operand: Any, axis: int = 0, reverse: bool = False) -> Any:
     """Running minima along `axis`, like `jax.lax.cummin`. As `cummax` otherwise."""
     return _cumulative("cummin", "min", operand, axis, reverse)
+# --- Loops ------------------------------------------------------------------------
+
+
+def _loop_operand(trace: Any, leaf: Any, where: str, what: str) -> Tracer:
+    """A carry or xs leaf as a traced value `trace` can read (numbers become constants)."""
+    if isinstance(leaf, Tracer):
+        leaf._check()
+        return leaf
+    if isinstance(leaf, _TracerBase):
+        raise TracerError(
+            f"{where} got a traced program value ({leaf.aval}) as {what}; pass program values "
+            "to pmap'd functions as arguments"
+        )
+    if isinstance(leaf, (bool, int, float)) and not isinstance(leaf, _np.generic):
+        return trace.constant(leaf, None)  # weakly typed, as in JAX
+    arr = _to_array(leaf, where, None, what)
+    if isinstance(arr, _np.ndarray) and arr.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{where}: {what} has dtype {arr.dtype}; supported dtypes: {_SUPPORTED_DTYPE_NAMES}"
+        )
+    return trace.constant(arr, None)
+
+
+def _scan_traced(trace: Any, f: Callable[..., Any], init: Any, xs: Any, length: Any,
+                 reverse: bool) -> tuple:
+    name = getattr(f, "__name__", type(f).__name__)
+    where = f"pw.lax.scan of {name!r}"
+    carry_leaves, carry_tree = tree_flatten(init)
+    x_leaves, x_tree = tree_flatten(xs)
+    carries = [_loop_operand(trace, leaf, where, f"carry leaf {j}") for j, leaf in enumerate(carry_leaves)]
+    x_vals = [_loop_operand(trace, leaf, where, f"xs leaf {i}") for i, leaf in enumerate(x_leaves)]
+    for i, x in enumerate(x_vals):
+        if x.ndim == 0:
+            raise ValueError(
+                f"{where}: xs leaf {i} ({x.aval}) has no leading axis to scan over"
+            )
+    sizes = sorted({x.shape[0] for x in x_vals})
+    if length is not None:
+        length = static_int(where, "length", length)
+        if length < 0:
+            raise ValueError(f"{where}: length must be >= 0, got {length}")
+        if sizes and sizes != [length]:
+            raise ValueError(
+                f"{where}: length is {length}, which disagrees with the leading axis sizes of "
+                f"xs ({describe(x_vals)})"
+            )
+    elif not sizes:
+        raise ValueError(f"{where}: there are no xs to scan over, so length must be given")
+    elif len(sizes) > 1:
+        raise ValueError(
+            f"{where}: the xs have different leading axis sizes ({describe(x_vals)})"
+        )
+    else:
+        length = sizes[0]
+    y_tree: list = []
+
+    def body(c: list, x: list, consts: list) -> tuple:
+        out = f(tree_unflatten(carry_tree, c), tree_unflatten(x_tree, x))
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(
+                f"{where}: the body must return a pair (carry, y), got "
+                f"{type(out).__name__}"
+            )
+        new_leaves, new_tree = tree_flatten(out[0])
+        if new_tree != carry_tree:
+            raise TypeError(
+                f"{where}: the body's carry output must have the carry input's structure: "
+                f"input {carry_tree}, output {new_tree}"
+            )
+        y_leaves, tree = tree_flatten(out[1])
+        y_tree.append(tree)
+        return new_leaves, y_leaves
+
+    for _ in range(len(carries) + 1):
+        try:
+            final, ys = scan_core(trace, body, name, "scan body", carries, x_vals, [], length,
+                                  bool(reverse))
+            break
+        except WeakCarryPromoted as e:
+            # A weakly typed initial carry (a Python scalar) takes the dtype
+            # the body gives it, and the body is traced again, as in JAX.
+            carries[e.index] = bind(trace, "convert", (carries[e.index],), dtype=e.dtype.name)
+            y_tree.clear()
+    return tree_unflatten(carry_tree, final), tree_unflatten(y_tree[-1], ys)
+
+
+def scan(f: Callable[..., Any], init: Any, xs: Any = None, length: Any = None,
+         reverse: bool = False, unroll: Any = 1) -> tuple:
+    """A loop carrying state over the leading axis of `xs`, like `jax.lax.scan`.
+
+    Semantically::
+
+      def scan(f, init, xs, length=None):
+          carry, ys = init, []
+          for x in xs:            # (x is None for each of `length` steps if xs is None)
+              carry, y = f(carry, x)
+              ys.append(y)
+          return carry, np.stack(ys)
+
+    but `f` is traced once, into the body of one `scan` op: tracing time and
+    the IR do not grow with the trip count. The body may use every op of a
+    compiled function, collectives (`pw.psum` over the pmap's axis) and
+    nested loops, and read traced values of the enclosing function (they are
+    passed to every iteration). `pw.grad` differentiates it: the forward
+    keeps, stacked over the iterations, the values the backward reads, and
+    the backward is a reverse loop over them (`pw.checkpoint(f)` keeps only
+    `f`'s inputs and recomputes the rest). Int and bool carries get no
+    gradient.
+
+    Inside a function traced by `pw.pmap` it works on one shard's values;
+    called on concrete arrays it runs as a `pw.pmap` over one device and
+    returns numpy arrays.
+
+    Args:
+      f: `f(carry, x) -> (carry, y)`. The carry output must have the carry
+        input's pytree structure and, leaf by leaf, its shape and dtype. `y`
+        is any pytree of arrays (None for no ys).
+      init: The initial carry: a pytree of arrays or numbers. Python
+        scalars are weakly typed, as in JAX: a carry that starts as `0.0`
+        takes the dtype the body gives it (float32 next to float32 values;
+        the body is traced a second time then), and is float64 otherwise.
+      xs: A pytree of arrays with a common leading axis to scan over, or
+        None.
+      length: The number of iterations: a static int, required when `xs` is
+        None (then `x` is None), else equal to the leading axis of `xs`.
+      reverse: Whether to run from the last slice of `xs` to the first (the
+        ys are still stacked in the order of `xs`).
+      unroll: Accepted for compatibility with JAX (an int >= 1 or a bool);
+        it changes no result, and the loop is not unrolled.
+
+    Returns:
+      `(final carry, ys)`: the carry after the last iteration, and each leaf
+      of `y` stacked along a new leading axis of size `length`.
+
+    Raises:
+      TypeError: If `f` is not callable, does not return a pair, or its
+        carry output differs from its input in structure, shape or dtype; if
+        `length` is not an int or `unroll` not an int or bool.
+      ValueError: If the xs have different leading sizes or none (a scalar),
+        `length` disagrees with them or is negative, or there are no xs and
+        no `length`.
+      TracerError: Called on concrete arrays inside `@pw.program` outside any
+        pmap'd function.
+    """
+    if not callable(f):
+        raise TypeError(f"pw.lax.scan expects a callable, got {f!r}")
+    if isinstance(unroll, (bool, _np.bool_)):
+        pass
+    elif static_int("pw.lax.scan", "unroll", unroll) < 1:
+        raise ValueError(f"pw.lax.scan: unroll must be >= 1, got {unroll!r}")
+    if not isinstance(reverse, (bool, _np.bool_)):
+        raise TypeError(f"pw.lax.scan: reverse must be a bool, got {reverse!r}")
+    if length is not None:
+        static_int("pw.lax.scan", "length", length)
+    leaves = tree_flatten((init, xs))[0]
+    trace = _function_trace("scan", next((x for x in leaves if isinstance(x, Tracer)), None))
+    if trace is None:
+        return _scan_outside(f, init, xs, length, bool(reverse))
+    return _scan_traced(trace, f, init, xs, length, bool(reverse))
+
+
+def _scan_outside(f: Callable[..., Any], init: Any, xs: Any, length: Any, reverse: bool) -> tuple:
+    """`scan` on concrete arrays: a `pw.pmap` over one device (traced per call)."""
+    if _state.program is not None:
+        raise TracerError(
+            f"pw.lax.scan was called in {_state.program.where()} outside any pmap'd function: "
+            "call it inside the function given to pw.pmap"
+        )
+    where = "pw.lax.scan"
+
+    def stack(leaf: Any) -> Any:
+        arr = _np.asarray(_to_array(leaf, where, None, "leaf"))
+        if arr.dtype not in _SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{where}: a leaf of dtype {arr.dtype} is not supported; supported dtypes: "
+                f"{_SUPPORTED_DTYPE_NAMES}"
+            )
+        return arr[None]
+
+    def per_device(init: Any, xs: Any) -> Any:
+        return scan(f, init, xs, length, reverse)
+
+    per_device.__name__ = getattr(f, "__name__", "scan")
+    out = PmapFunction(per_device, None, None)(tree_map(stack, init), tree_map(stack, xs))
+    return tree_map(lambda o: _np.asarray(o)[0, ...], out)
+
+
+def fori_loop(lower: Any, upper: Any, body_fun: Callable[..., Any], init_val: Any) -> Any:
+    """`body_fun` applied for i in range(lower, upper), like `jax.lax.fori_loop`.
+
+    Semantically::
+
+      val = init_val
+      for i in range(lower, upper):
+          val = body_fun(i, val)
+      return val
+
+    With static bounds (Python ints) this is a `pw.lax.scan` of
+    `upper - lower` iterations (none if upper <= lower) carrying `(i, val)`:
+    the body is traced once and `pw.grad` differentiates through it. `i` is
+    an int32 traced value.
+
+    Args:
+      lower, upper: The bounds: static ints in int32's range.
+      body_fun: `body_fun(i, val) -> val`, keeping the structure, shapes and
+        dtypes of `val`.
+      init_val: The initial value: a pytree of arrays or numbers.
+
+    Returns:
+      The final value.
+
+    Raises:
+      TypeError: For bounds that are not static ints (traced bounds need a
+        while loop, which the function IR does not have), or as `scan`.
+      ValueError: For bounds outside int32's range.
+    """
+    if not callable(body_fun):
+        raise TypeError(f"pw.lax.fori_loop expects a callable body_fun, got {body_fun!r}")
+    where = "pw.lax.fori_loop"
+    for param, v in (("lower", lower), ("upper", upper)):
+        if isinstance(v, Tracer):
+            raise TypeError(
+                f"{where}: {param} is a traced value ({v.aval}); the bounds must be static "
+                "ints (a loop with traced bounds needs a while loop, which pathways does not "
+                "have yet)"
+            )
+    lo = static_int(where, "lower", lower)
+    hi = static_int(where, "upper", upper)
+    for param, v in (("lower", lo), ("upper", hi)):
+        if not -(2**31) <= v <= _INT32_MAX:
+            raise ValueError(f"{where}: {param} {v} is outside int32's range")
+    n = max(hi - lo, 0)
+
+    def step(carry: tuple, _: Any) -> tuple:
+        i, val = carry
+        return (i + 1, body_fun(i, val)), None
+
+    start = _np.int32(lo)
+    (_, val), _ = scan(step, (start, init_val), None, length=n)
+    return val

@@ -60,3 +60,24 @@ def test_moe_matches_the_dense_reference_and_drops_over_capacity():
     assert total == 2 * 64 * 4  # top-2 of every token of the 4 groups
     assert dropped > 0  # the capacity binds, so the check covers dropped tokens too
     assert "OK: the mixture of experts over all_to_all matches" in out
+
+
+def test_lm_scan_matches_the_unrolled_lm_with_a_fraction_of_the_ir():
+    def report(out):
+        lines = [int(m) for m in re.search(r"scanned IR lines: (\d+), unrolled IR lines: (\d+)",
+                                            out).groups()]
+        peaks = [int(m) for m in re.search(r"scanned peak scratch: (\d+), unrolled peak scratch: "
+                                            r"(\d+)", out).groups()]
+        diff = float(re.search(r"max relative difference of the losses: (\S+)", out).group(1))
+        assert diff < 1e-5
+        assert "OK: the scanned LM matches the unrolled one" in out
+        return lines, peaks
+
+    out = run_example("lm_scan.py", "--quick")
+    assert "24-layer LM, training step" in out
+    (scanned, unrolled), _ = report(out)
+    assert scanned * 10 < unrolled  # one block traced, not 24
+    (remat_lines, _), (remat_peak, unrolled_peak) = report(
+        run_example("lm_scan.py", "--quick", "--remat"))
+    assert remat_lines * 10 < unrolled
+    assert remat_peak < unrolled_peak  # the backward recomputes each block: less kept

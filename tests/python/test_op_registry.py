@@ -51,7 +51,7 @@ def test_registry_rows():
     for name, arity, op_class, type_rule in ROWS:
         assert arity >= -1, name
         assert op_class in ("source", "elementwise", "simulated", "reduction", "data_movement",
-                            "indexing", "contraction", "collective"), name
+                            "indexing", "contraction", "collective", "control"), name
         assert type_rule in ("arithmetic", "comparison", "bitwise", "shift", "numeric",
                              "floating", "invert", "same", "indices", "own"), name
 
@@ -101,8 +101,13 @@ def test_define_checks_against_the_registry():
 
 
 def needs_vjp(p):
-    """Whether `p`'s result can be a float that depends on its operands, by the registry."""
-    return p.arity != 0 and p.type_rule not in NO_FLOAT_RESULT_RULES and not p.stops_gradient
+    """Whether `p`'s result can be a float that depends on its operands, by the registry.
+
+    get_element is never bound (scan's emitter adds them, and the scan's tape
+    entry has them as its results), so no tape ever holds one.
+    """
+    return (p.arity != 0 and p.type_rule not in NO_FLOAT_RESULT_RULES and not p.stops_gradient
+            and p.name != "get_element")
 
 
 def test_vjp_rules_exactly_where_the_result_can_be_a_float():
@@ -189,12 +194,15 @@ def traced(tpus, fn, operands):
 
 
 def test_every_primitive_has_an_example():
+    # (The control primitives have a test of their own, below.)
     assert sorted(n for n, p in PRIMITIVES.items() if not (
-        p.op_class == "elementwise" and p.type_rule != "own") and n not in EXAMPLES) == []
+        p.op_class == "elementwise" and p.type_rule != "own") and p.op_class != "control"
+        and n not in EXAMPLES) == []
     assert sorted(set(EXAMPLES) - set(PRIMITIVES)) == []
 
 
-@pytest.mark.parametrize("name", [n for n in PRIMITIVES if n != "reduce"]
+@pytest.mark.parametrize("name", [n for n, p in PRIMITIVES.items()
+                                  if n != "reduce" and p.op_class != "control"]
                          + [f"reduce:{k}" for k in REDUCE_KINDS])
 def test_emitter_records_its_op(tpus2, name):
     name, _, kind = name.partition(":")
@@ -214,6 +222,38 @@ def test_emitter_records_its_op(tpus2, name):
                             operands)[0]) == op
     if dtype.kind == "f" and not p.stops_gradient:
         assert p.vjp is not None, f"{name} has a float result and no VJP rule"
+
+
+def test_the_control_primitives_record_a_scan_and_its_elements(tpus2):
+    """scan binds to a list of values (get_element ops of its tuple); get_element's emitter
+    takes a tuple apart, which only a builder's scan gives."""
+    b = _core.FunctionBuilder("body", "")
+    x = b.parameter("float32", [3])
+    body = b.build([b.binary("mul", x, x), b.reduce("sum", x, None, False)])
+    params = dict(body=body, num_carries=1, num_xs=0, length=2, reverse=False)
+    for prim in ("scan", PRIMITIVES["scan"]):
+        results = []
+
+        def fn(x):
+            results.append(bind(_state.function, prim, (x,), **params))
+            return results[-1][1]
+
+        text, dtype = traced(tpus2, fn, [F32])
+        assert isinstance(results[0], list) and [r.shape for r in results[0]] == [(3,), (2,)]
+        assert output_op(text) == "get_element[1]", text
+        assert "scan[length=2,carries=1,xs=0]" in text
+        assert dtype == np.float32
+    assert PRIMITIVES["scan"].vjp is not None and PRIMITIVES["get_element"].vjp is None
+    f = _core.FunctionBuilder("f", "")
+    y = f.parameter("float32", [3])
+    first, second = PRIMITIVES["scan"].emit(f, y, **params)
+    tuple_id = first - 1  # the elements follow their scan
+    again = PRIMITIVES["get_element"].emit(f, tuple_id, 1)
+    assert f.shape(again) == (2,) and again > second
+    with pytest.raises(ValueError, match="is a tuple"):
+        f.shape(tuple_id)
+    with pytest.raises(ValueError, match="get_element: operand %0 is f32\\[3\\], not the tuple"):
+        PRIMITIVES["get_element"].emit(f, y, 0)
 
 
 def test_arity_is_checked_by_bind(tpus2):
