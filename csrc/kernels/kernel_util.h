@@ -172,6 +172,9 @@ inline bool MovesBFloat16(OpKind kind) {
     case OpClass::kSource:
     case OpClass::kSimulated:
     case OpClass::kDataMovement:
+    // A loop copies its carries, slices and ys by bytes; its body is
+    // compiled (and checked) as a function of its own.
+    case OpClass::kControl:
       return true;
     default:
       return kind == OpKind::kConvert || kind == OpKind::kSelect || kind == OpKind::kTake ||

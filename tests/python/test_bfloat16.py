@@ -599,3 +599,34 @@ def test_errors(tpus2, runtime_ok):
                                                   "float64 or bfloat16), got i32[]")):
         run(tpus2, pw.grad(lambda v: v.argmax()), x)
     runtime_ok()
+
+
+def test_the_newer_ops_on_bfloat16_compute_in_float32():
+    """cumsum, sort, x.at[] and a scan on bfloat16 values: each result the float32
+    computation of the bfloat16 inputs, rounded to bfloat16 (a scan step by step)."""
+    x = (np.random.default_rng(0).normal(size=(2, 5)) * 3).astype(BF16)
+    f32 = x.astype(np.float32)
+    got = pw.jit(lambda v: (pnp.cumsum(v, axis=1), pnp.sort(v), pnp.argsort(v),
+                            v.at[0, 1].add(1.5), pw.lax.cummax(v, axis=1)))(x)
+    cumsum, srt, order, added, cmax = (np.asarray(g) for g in got)
+    assert cumsum.dtype == srt.dtype == added.dtype == cmax.dtype == BF16
+    assert_same_bits(cumsum, np.cumsum(f32, axis=1).astype(BF16))
+    assert_same_bits(srt, np.sort(x, axis=-1))
+    np.testing.assert_array_equal(order, np.argsort(f32, kind="stable"))
+    want = x.copy()
+    want[0, 1] = (f32[0, 1] + np.float32(1.5)).astype(BF16)
+    assert_same_bits(added, want)
+    assert_same_bits(cmax, np.maximum.accumulate(x, axis=1))
+
+    def step(c, row):
+        return c + row, c * 2
+
+    carry, ys = pw.jit(lambda v: pw.lax.scan(step, pnp.zeros(5, BF16), v))(x)
+    c = np.zeros(5, BF16)
+    want_ys = []
+    for row in x:
+        want_ys.append((c.astype(np.float32) * 2).astype(BF16))
+        c = (c.astype(np.float32) + row.astype(np.float32)).astype(BF16)
+    assert np.asarray(carry).dtype == BF16 and np.asarray(ys).dtype == BF16
+    assert_same_bits(np.asarray(carry), c)
+    assert_same_bits(np.asarray(ys), np.stack(want_ys))
