@@ -117,7 +117,7 @@ def p(x):
     y = f(x)
     return g(y), h(y)
 x = np.ones((2, 5000), np.float32)  # 40000 bytes: 1 ms + 4 ms each
-np.asarray(p(x)[0])
+pw.block_until_ready(p(x))  # both outputs: a transfer of this run must not end in the timeline
 with pw.timeline() as tl:
     u, v = p(x)
     u, v = np.asarray(u), np.asarray(v)
