@@ -420,3 +420,22 @@ def test_scalars_are_weakly_typed(dtype, scalar):
         np.testing.assert_allclose(got.astype(np.float64),
                                    (x.astype(np.float64) * float(py)).astype(got.dtype)
                                    .astype(np.float64), rtol=1e-6)
+
+
+# --- sorts and running reductions over every dtype and axis ------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_sorts_and_running_reductions(dtype):
+    rng = np.random.default_rng(23)
+    for shape in [(5,), (2, 3), (3, 1, 4), (0, 3)]:
+        # Integer products wrap in both (numpy's in 64 bits keeps the low 32).
+        x = _values(rng, shape, dtype)
+        for axis in list(range(-len(shape), len(shape))) + [None]:
+            kw = {"axis": axis}
+            for ours, ref in [(pnp.sort, np.sort), (pnp.argsort, np.argsort),
+                              (pnp.cumsum, np.cumsum), (pnp.cumprod, np.cumprod)]:
+                if ref is np.argsort:
+                    ref = lambda v, **k: np.argsort(v, kind="stable", **k)  # noqa: E731
+                _run_case(lambda v: ours(v, **kw), lambda v: ref(v, **kw), [x], loose=True,
+                          where=f"{ours.__name__}{shape} {kw}")
