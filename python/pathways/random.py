@@ -47,6 +47,7 @@ from pathways import lax as _lax
 from pathways._trace_state import _state
 from pathways._tracer import Tracer, bind
 from pathways.numpy._common import _trace_of
+from pathways.numpy._creation import _shape
 
 __all__ = [
     "PRNGKey",
@@ -150,18 +151,6 @@ def _check_key(name: str, key: Any, trace: Any) -> Any:
             "split a key, or pw.pmap over a batch of keys"
         )
     return _on(trace, key)
-
-
-def _shape(name: str, shape: Any) -> tuple:
-    """`shape` (an int or a sequence of ints) as a tuple of non-negative ints."""
-    try:
-        dims = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
-            operator.index(d) for d in shape)
-    except TypeError:
-        raise TypeError(f"{name}: shape must be a sequence of ints, got {shape!r}") from None
-    if any(d < 0 for d in dims):
-        raise ValueError(f"{name}: shape must have non-negative dimensions, got {dims}")
-    return dims
 
 
 def _float_dtype(name: str, dtype: Any) -> _np.dtype:
