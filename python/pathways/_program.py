@@ -536,7 +536,9 @@ class Program:
         if entry.num_outputs:
             st = _state
             outs = entry.lowered.execute(
-                [mapped_arg(x) for x in dynamic]
+                # mapped_arg, inlined on the hot path
+                [x if type(x) is _ShardedBuffer and not x.is_replicated else np.asarray(x, order="C")
+                 for x in dynamic]
                 + entry.constants,
                 (st.dispatch or self._dispatch) == "sequential",
                 st.client,

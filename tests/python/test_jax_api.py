@@ -373,3 +373,14 @@ def test_einsum_contracts_in_the_cheapest_order():
         got = pw.pmap(lambda *x: pnp.einsum(spec, *x))(*xs)
         np.testing.assert_allclose(np.asarray(got)[0], np.einsum(spec, *[x[0] for x in xs]),
                                    rtol=1e-12)
+
+
+def test_zero_dimensional_program_arguments_keep_their_shape():
+    f = pw.pmap(lambda x: x * 3.0)
+
+    @pw.program
+    def p(s, v):  # s, a dynamic 0-d argument, is passed to the program though unused
+        return f(v)
+
+    for s in (np.float64(3), np.array(4.0), pw.jit(lambda: pnp.zeros(()) + 5.0)()):
+        np.testing.assert_array_equal(np.asarray(p(s, np.ones((1, 2)))), np.full((1, 2), 3.0))
