@@ -87,3 +87,20 @@ def test_buffer_item_float_and_int(tpus2):
     with pytest.raises(TypeError, match=re.escape("float() of a ShardedBuffer of shape (2,)")):
         float(b)
     assert bool(pw.device_put(np.array([True]), tpus2[:1])) is True
+
+
+def test_full_like_and_empty_like():
+    x = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    f = pw.pmap(lambda v: (pnp.full_like(v, 2.5), pnp.full_like(v, 7, dtype=np.int32),
+                           pnp.full_like(v, v.max()), pnp.empty_like(v), pnp.full_like(v, True)))
+    a, b, c, d, e = (np.asarray(o)[0] for o in f(x))
+    np.testing.assert_array_equal(a, np.full_like(x[0], 2.5))
+    assert a.dtype == np.float32 and b.dtype == np.int32 and e.dtype == np.float32
+    np.testing.assert_array_equal(b, np.full((2, 3), 7))
+    np.testing.assert_array_equal(c, np.full((2, 3), 5.0))  # a traced fill value, as JAX
+    np.testing.assert_array_equal(d, np.zeros((2, 3)))
+    np.testing.assert_array_equal(e, np.ones((2, 3)))
+    # Outside a trace, numpy's.
+    np.testing.assert_array_equal(pnp.full_like(x, 3), np.full_like(x, 3))
+    with pytest.raises(ValueError, match="fill_value must be a scalar"):
+        pw.pmap(lambda v: pnp.full_like(v, v))(x)

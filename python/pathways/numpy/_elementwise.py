@@ -207,6 +207,30 @@ def ones_like(a: Any, dtype: Any = None) -> Any:
     return _filled_like("ones_like", a, 1, dtype)
 
 
+def full_like(a: Any, fill_value: Any, dtype: Any = None) -> Any:
+    """`numpy.full_like`: `fill_value` in `a`'s shape (and dtype unless given).
+
+    As in `jax.numpy`, `fill_value` may be a traced scalar (a value computed in
+    the function), broadcast to the shape and cast to the dtype.
+    """
+    trace = _trace_of("full_like", (a, fill_value))
+    if trace is None:
+        return _np.full_like(a, fill_value, dtype=dtype)
+    dt = _np.dtype(a.dtype if dtype is None else dtype)
+    if isinstance(fill_value, Tracer):
+        if fill_value.ndim != 0:
+            raise ValueError(
+                f"full_like: fill_value must be a scalar, got a traced value {fill_value.aval}"
+            )
+        return broadcast_to(fill_value.astype(dt), tuple(_np.shape(a)))
+    return broadcast_to(trace.constant(_np.full((), fill_value, dt), None), tuple(_np.shape(a)))
+
+
+def empty_like(a: Any, dtype: Any = None) -> Any:
+    """`numpy.empty_like`, as `jax.numpy.empty_like`: zeros (arrays are never uninitialized)."""
+    return _filled_like("empty_like", a, 0, dtype)
+
+
 def square(x: Any) -> Any:
     """`numpy.square`: x * x, elementwise; bool gives int32 (numpy: int8, not a dtype here)."""
     if _trace_of("square", (x,)) is None:
