@@ -4,7 +4,9 @@ dtypes, edge values (nan, +-inf, -0.0, tiny and large numbers, empty arrays),
 every axis with and without keepdims, broadcasting pairs, and gradients
 against central finite differences.
 
-The reference is numpy, with the project's documented dtype rules where they
+Every family of the op table has a grid here: elementwise, reductions, shape ops,
+matmul, nn, sorts and running reductions, collectives, gathers and scatters,
+and gradients. The reference is numpy, with the project's documented dtype rules where they
 differ from numpy's (int32 and uint32 are the integer types: numpy's int8 and
 int64 results are int32 here, as JAX's without x64; float16 is float32). Where numpy raises for a case
 (`np.negative` of bool, `np.max` of an empty axis), pathways must raise the
@@ -439,3 +441,81 @@ def test_sorts_and_running_reductions(dtype):
                     ref = lambda v, **k: np.argsort(v, kind="stable", **k)  # noqa: E731
                 _run_case(lambda v: ours(v, **kw), lambda v: ref(v, **kw), [x], loose=True,
                           where=f"{ours.__name__}{shape} {kw}")
+
+
+# --- collectives over the pmap axis: every dtype, shapes, 1 to 3 devices --------------------
+
+COLLECTIVES = {
+    "psum": (lambda v: pw.psum(v, "i"), lambda xs: np.sum(xs, axis=0)),
+    "pmax": (lambda v: pw.pmax(v, "i"), lambda xs: np.max(xs, axis=0)),
+    "pmin": (lambda v: pw.pmin(v, "i"), lambda xs: np.min(xs, axis=0)),
+    "pmean": (lambda v: pw.pmean(v, "i"), lambda xs: np.mean(xs, axis=0)),
+    "all_gather": (lambda v: pw.all_gather(v, "i"), lambda xs: xs),
+    "all_gather1": (lambda v: pw.all_gather(v, "i", axis=-1) if v.ndim else pw.all_gather(v, "i"),
+                    lambda xs: np.moveaxis(xs, 0, -1)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("name", list(COLLECTIVES))
+def test_collectives(name, dtype):
+    ours, ref = COLLECTIVES[name]
+    rng = np.random.default_rng(29)
+    for n in (1, 2, 3):
+        devices = pw.make_virtual_device_set().add_slice(tpu_devices=n).tpus
+        for shape in [(), (3,), (2, 2), (0,)]:
+            xs = _values(rng, (n,) + shape, dtype, edges=False)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                try:
+                    want = np.asarray(ref(xs))
+                except (TypeError, ValueError) as e:
+                    want = TypeError if isinstance(e, TypeError) else ValueError
+            f = pw.pmap(ours, "i", devices=devices)
+            if isinstance(want, type):
+                with pytest.raises(want):
+                    np.asarray(f(xs))
+                continue
+            if name == "pmean" and np.dtype(dtype) == np.bool_:
+                with pytest.raises(TypeError):  # README: pmean of bool is an error
+                    np.asarray(f(xs))
+                continue
+            got = np.asarray(f(xs))
+            # Every device gets the reduction (or the gathered value).
+            want = np.broadcast_to(want, (n,) + want.shape)
+            _check(got, want.astype(_our_dtype(want.dtype)), loose=True, where=f"{name} n={n}{shape}")
+
+
+# --- gathers and scatters: every dtype, every axis, negative and repeated indices ------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gathers_and_scatters(dtype):
+    rng = np.random.default_rng(31)
+    for shape in [(4,), (3, 4), (2, 3, 2)]:
+        x = _values(rng, shape, dtype)
+        for axis in range(-len(shape), len(shape)):
+            size = shape[axis]
+            idx = np.array([0, size - 1, -1, -size, 1 % size, 0], np.int32)  # negatives, repeats
+            _run_case(lambda v, i: pnp.take(v, i, axis=axis), lambda v, i: np.take(v, i, axis=axis),
+                      [x, idx], where=f"take{shape} axis={axis}")
+            along = rng.integers(-size, size, size=shape).astype(np.int32)
+            _run_case(lambda v, i: pnp.take_along_axis(v, i, axis=axis),
+                      lambda v, i: np.take_along_axis(v, np.where(i < 0, i + size, i), axis=axis),
+                      [x, along], where=f"take_along_axis{shape} axis={axis}")
+        # x.at[i].add / .max on the first axis with repeated and negative indices, as np.add.at.
+        idx = np.array([0, -1, 0, 1], np.int32)
+        upd = _values(rng, (4,) + shape[1:], dtype, edges=False)
+        for method, ufunc in [("add", np.add), ("max", np.maximum), ("min", np.minimum)]:
+            if method == "add" and dtype == np.bool_:
+                with pytest.raises(TypeError):  # add into bool is refused, as in JAX
+                    np.asarray(pw.jit(lambda v, i, u: v.at[i].add(u))(x, idx, upd))
+                continue
+
+            def numpy_at(v, i, u, ufunc=ufunc):
+                out = v.copy()
+                ufunc.at(out, i, u)
+                return out
+
+            _run_case(lambda v, i, u, m=method: getattr(v.at[i], m)(u), numpy_at, [x, idx, upd],
+                      where=f"at.{method}{shape}")
