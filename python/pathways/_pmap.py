@@ -245,6 +245,9 @@ class PmapFunction:
         self._static = _check_argnums(static_broadcasted_argnums)
         # The hot path of __call__ handles the default mapping only.
         self._default_mapping = _is_zero(in_axes) and _is_zero(out_axes) and not self._static
+        self._outputs_mapped = all(
+            a is not None and a == 0 for a in tree_leaves(out_axes, is_leaf=lambda x: x is None)
+        )
         self._out_axes_of: dict = {}  # output treedef -> axis per output leaf
         self._cache: dict = {}
         self._lock = threading.RLock()
@@ -259,6 +262,11 @@ class PmapFunction:
     def out_axes(self) -> Any:
         """The `out_axes` given to `pw.pmap`."""
         return self._out_axes
+
+    @property
+    def outputs_mapped(self) -> bool:
+        """Whether every output is mapped over axis 0 (as a program node's outputs are)."""
+        return self._outputs_mapped
 
     @property
     def axis_name(self) -> Optional[str]:

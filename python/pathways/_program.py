@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from pathways import _core
-from pathways._pytree import PyTreeDef, tree_flatten, tree_leaves, tree_unflatten
+from pathways._pytree import PyTreeDef, tree_flatten, tree_unflatten
 from pathways._pmap import PmapFunction, _ir_name, _to_array, global_aval, mapped_arg
 from pathways._trace_state import (
     _SUPPORTED_DTYPE_NAMES,
@@ -161,7 +161,7 @@ class _ProgramTrace:
             leaves, treedef = tree_flatten(args)
             statics, weak = (), ()
         else:
-            if not _is_zero_axes(fn.out_axes):
+            if not fn.outputs_mapped:
                 raise ValueError(
                     f"{where}: out_axes {fn.out_axes!r} inside @pw.program: the outputs of a "
                     "program node are program values, mapped over their leading axis "
@@ -223,11 +223,6 @@ class _ProgramTrace:
             results = pb.add_call(compiled, [core_id[v] for v in ids])
             core_id.update(zip(out_ids, results))
         return pb.build([core_id[v] for v in outputs])
-
-
-def _is_zero_axes(spec: Any) -> bool:
-    """Whether every leaf of an axis spec is 0 (None is a leaf, not 0)."""
-    return all(a is not None and a == 0 for a in tree_leaves(spec, is_leaf=lambda x: x is None))
 
 
 def _untraceable_op(symbol: str) -> Callable[..., Any]:

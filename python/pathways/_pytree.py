@@ -26,6 +26,7 @@ takes `is_leaf`, a predicate that stops the walk at the subtrees it holds for.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import optree
@@ -148,8 +149,6 @@ def tree_reduce(
     is_leaf: IsLeaf = None,
 ) -> Any:
     """`functools.reduce(fn, tree_leaves(tree)[, initializer])`, as `jax.tree_util.tree_reduce`."""
-    import functools
-
     leaves = tree_leaves(tree, is_leaf)
     if initializer is _NO_INITIALIZER:
         return functools.reduce(fn, leaves)

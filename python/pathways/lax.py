@@ -399,6 +399,8 @@ def cummax(operand: Any, axis: int = 0, reverse: bool = False) -> Any:
 def cummin(operand: Any, axis: int = 0, reverse: bool = False) -> Any:
     """Running minima along `axis`, like `jax.lax.cummin`. As `cummax` otherwise."""
     return _cumulative("cummin", "min", operand, axis, reverse)
+
+
 # --- Loops ------------------------------------------------------------------------
 
 
