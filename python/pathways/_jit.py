@@ -11,6 +11,7 @@ host round trip, so a training loop of jitted steps stays on the device.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Optional
 
 from pathways import _checks, _core
@@ -45,6 +46,31 @@ def _call_with(fun: Callable[..., Any]) -> Callable[..., Any]:
     return per_device
 
 
+def _by_signature(fun: Callable[..., Any], argnames: tuple, argnums: tuple) -> tuple:
+    """`(positions of argnames, {argnum: its name})` in `fun`'s signature, where it has them.
+
+    Only parameters that can be passed both ways count; a function without an
+    inspectable signature (a builtin) gives `((), {})`.
+    """
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return (), {}
+    positional = [
+        p for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    positions = tuple(i for i, p in enumerate(positional) if p.name in argnames)
+    names = {  # a negative position counts from the end of a call, not of the signature
+        i: positional[i].name
+        for i in argnums
+        if 0 <= i < len(positional)
+        and positional[i].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        and positional[i].name not in argnames
+    }
+    return positions, names
+
+
 class JitFunction:
     """A function compiled by `pw.jit`; call it like the function.
 
@@ -64,6 +90,12 @@ class JitFunction:
         self._static_argnames = tuple(
             _checks.string("jit", "static_argnames", n) for n in static_argnames
         )
+        # As jax.jit, each names the other's arguments through the signature:
+        # a static argument is static whether it is passed by position or name.
+        self._positions_of_names, self._names_of_positions = _by_signature(
+            fun, self._static_argnames, self._static_argnums
+        )
+        self._static_argnames += tuple(self._names_of_positions.values())
         if device is not None and not isinstance(device, _core.VirtualDevice):
             raise TypeError(
                 f"jit: device must be a VirtualDevice (from "
@@ -88,7 +120,14 @@ class JitFunction:
     def _split(self, args: tuple, kwargs: dict) -> tuple:
         """`(dynamic args, dynamic kwargs, statics)` of a call."""
         where = f"jit of {self._name!r}"
-        positions = normalize_argnums(self._static_argnums, len(args), where, "static_argnums")
+        argnums = tuple(  # those passed by name here are found among the kwargs
+            i for i in self._static_argnums
+            if i < len(args) or self._names_of_positions.get(i) not in kwargs
+        )
+        positions = normalize_argnums(argnums, len(args), where, "static_argnums")
+        named_here = tuple(i for i in self._positions_of_names if i < len(args))
+        if named_here:
+            positions = tuple(sorted(set(positions + named_here)))
         positional = tuple((i, args[i]) for i in positions)
         named = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_argnames))
         for i, value in positional:

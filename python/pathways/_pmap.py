@@ -202,6 +202,19 @@ def check_static(where: str, what: str, value: Any) -> None:
         ) from None
 
 
+def _static_key(value: Any) -> Any:
+    """A static argument as a cache key that tells apart equal values of other types.
+
+    `2 == 2.0 == True` and they hash alike, but a function traced with one can
+    differ from the function traced with another (`x + s` is int32 or
+    float64), so the key holds each value's type, inside tuples too (jit's
+    statics are tuples of `(position, value)`).
+    """
+    if type(value) is tuple:
+        return (type(value), tuple(_static_key(v) for v in value))
+    return (type(value), value)
+
+
 def _normalize_axis(axis: int, ndim: int, where: str, what: str) -> int:
     """`axis` of a rank-`ndim` value, negative counting from the end; ValueError if out of range."""
     if not -ndim <= axis < ndim:
@@ -608,7 +621,7 @@ class PmapFunction:
         """
         key = (treedef, tuple([(tuple(s), np.dtype(d)) for s, d in avals]))
         if statics or weak:
-            key += (("static", tuple((i, type(v), v) for i, v in statics), weak),)
+            key += (("static", tuple((i, _static_key(v)) for i, v in statics), weak),)
         entry = self._cache.get(key)
         if entry is not None:
             return entry

@@ -206,8 +206,8 @@ def _neg_vjp(ct, ops, out, params, needs):
 @_rule("abs")
 def _abs_vjp(ct, ops, out, params, needs):
     (x,) = ops
-    sign = _mask(x > 0, ct.dtype) - _mask(x < 0, ct.dtype)
-    return [ct * sign]
+    # As JAX (select(x >= 0, g, -g)): the subgradient 1 at 0 and -0.
+    return [ct * (2 * _mask(x >= 0, ct.dtype) - 1)]
 
 
 @_rule("exp")

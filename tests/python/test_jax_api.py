@@ -286,6 +286,47 @@ def test_jit_static_arguments_and_errors():
     assert h(x).devices == [dev.physical]
 
 
+def test_jit_static_arguments_of_equal_value_and_other_types_trace_apart():
+    # 2 == 2.0 == True and they hash alike, but the functions traced with
+    # them differ: each type is a signature of its own (as in pmap).
+    f = pw.jit(lambda a, s: a * len(str(s)), static_argnums=1)
+    np.testing.assert_array_equal(np.asarray(f(np.ones(2), 2)), [1.0, 1.0])
+    np.testing.assert_array_equal(np.asarray(f(np.ones(2), 2.0)), [3.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(f(np.ones(2), True)), [4.0, 4.0])
+    g = pw.jit(lambda a, s: a + s, static_argnames="s")
+    assert g(np.int32(1), s=2).dtype == np.int32
+    out = g(np.int32(1), s=2.5)
+    assert out.dtype == np.float64 and float(out) == 3.5
+    # Inside a tuple too.
+    h = pw.jit(lambda a, s: a + s[1], static_argnums=1)
+    assert h(np.int32(1), (0, 2)).dtype == np.int32
+    assert h(np.int32(1), (0, 2.0)).dtype == np.float64
+    p = pw.pmap(lambda a, s: a * len(str(s)), static_broadcasted_argnums=1)
+    np.testing.assert_array_equal(np.asarray(p(np.ones((1, 2)), 0)), [[1.0, 1.0]])
+    np.testing.assert_array_equal(np.asarray(p(np.ones((1, 2)), False)), [[5.0, 5.0]])
+
+
+def test_jit_static_arguments_by_position_or_name():
+    # As jax.jit: static_argnames covers the argument passed by position, and
+    # static_argnums the argument passed by name, through the signature.
+    traces = []
+
+    def f(x, mode, scale=1.0):
+        traces.append(mode)
+        return x * 2 * scale if mode == "double" else x * scale
+
+    by_name = pw.jit(f, static_argnames="mode")
+    np.testing.assert_array_equal(np.asarray(by_name(np.ones(2), "double")), [2.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(by_name(np.ones(2), mode="same")), [1.0, 1.0])
+    by_num = pw.jit(f, static_argnums=1)
+    np.testing.assert_array_equal(np.asarray(by_num(np.ones(2), mode="double")), [2.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(by_num(np.ones(2), "same", 3.0)), [3.0, 3.0])
+    assert traces == ["double", "same", "double", "same"]
+    # A traced scale is still traced: a new value does not trace again.
+    by_num(np.ones(2), "same", 4.0)
+    assert len(traces) == 4
+
+
 def test_jit_inside_traces():
     inner = pw.jit(lambda x: x * 3)
     # Inside a pmap'd function, as in JAX, a jitted function is inlined.

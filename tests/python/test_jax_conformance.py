@@ -97,6 +97,19 @@ def test_relu_grad_at_zero(tpus2, dtype):
     np.testing.assert_array_equal(gb[x == 0], 0.5)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_abs_grad_at_zero_is_one_as_jax(tpus2, dtype):
+    # JAX's rule is select(x >= 0, g, -g): 1 at 0 and at -0.0 (found by a probe
+    # against jax.grad(jnp.abs), after this module's first version).
+    x = np.array([[-2.0, -0.0, 0.0, 1e-30], [0.0, -1e-30, -np.inf, np.inf]], dtype)
+    g = _grad_in_pmap(tpus2, pw.numpy.abs, x)
+    assert g.dtype == dtype
+    np.testing.assert_array_equal(g, np.where(x >= 0, 1.0, -1.0).astype(dtype))
+    assert pw.grad(pw.numpy.abs)(0.0) == 1.0
+    assert pw.grad(lambda v: abs(v))(-0.0) == 1.0
+    assert pw.grad(pw.numpy.abs)(-3.0) == -1.0
+
+
 # --- 3. logsumexp of rows holding infinities ----------------------------------------
 
 
