@@ -6,7 +6,7 @@ by `pw.pmap` with the axis name it is given; `simulated_compute` too.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -27,6 +27,13 @@ __all__ = [
     "psum_scatter",
     "simulated_compute",
 ]
+
+
+def _axis_name(axis_name: Any) -> Any:
+    """`axis_name` as the one name a pmap binds: JAX's tuple of names holds one here."""
+    if isinstance(axis_name, (tuple, list)) and len(axis_name) == 1:
+        return axis_name[0]
+    return axis_name
 
 
 def _bound_trace(name: str, axis_name: str) -> "_FunctionTrace":
@@ -90,12 +97,22 @@ def axis_index(axis_name: str) -> Tracer:
     Raises:
       NameError: If `axis_name` is not bound by the enclosing pmap.
     """
+    axis_name = _axis_name(axis_name)
     trace = _bound_trace("axis_index", axis_name)
     return bind(trace, "axis_index", (), axis_name=axis_name)
 
 
-def _map_leaves(name: str, x: Any, axis_name: str, **params: Any) -> Any:
-    """Binds collective `name` over axis `axis_name` to every leaf of pytree `x`."""
+def _map_leaves(
+    name: str, x: Any, axis_name: Any, apply: Optional[Callable[..., Tracer]] = None,
+    **params: Any,
+) -> Any:
+    """Binds collective `name` over axis `axis_name` to every leaf of pytree `x`.
+
+    `apply(trace, leaf, axis_name)`, when given, binds it to one leaf (JAX's
+    untiled all_to_all and tiled all_gather and psum_scatter are reshapes
+    around the one op we have); `params` are the op's otherwise.
+    """
+    axis_name = _axis_name(axis_name)
     trace = _bound_trace(name, axis_name)
     leaves, treedef = tree_flatten(x)
     out = []
@@ -109,22 +126,57 @@ def _map_leaves(name: str, x: Any, axis_name: str, **params: Any) -> Any:
             )
         else:
             leaf = trace.constant(leaf, None)
-        out.append(bind(trace, name, (leaf,), axis_name=axis_name, **params))
+        if apply is not None:
+            out.append(apply(trace, leaf, axis_name))
+        else:
+            out.append(bind(trace, name, (leaf,), axis_name=axis_name, **params))
     return tree_unflatten(treedef, out)
 
 
-def all_gather(x: Any, axis_name: str, axis: int = 0) -> Any:
+def _tiled(where: str, tiled: Any) -> bool:
+    if not isinstance(tiled, (bool, np.bool_)):
+        raise TypeError(f"{where}: tiled must be a bool, got {tiled!r}")
+    return bool(tiled)
+
+
+def _axis_in(where: str, name: str, axis: int, leaf: Tracer, ndim: int) -> int:
+    """`axis` (negative from the end) of a value of rank `ndim`; ValueError naming it if out of range."""
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{where}: {name} {axis} is out of range for {leaf.aval}")
+    return axis % ndim
+
+
+def _devices(trace: _FunctionTrace, where: str) -> int:
+    n = trace.builder.axis_size
+    if not n:
+        raise ValueError(f"{where} in {trace.where()}: the number of devices is not known")
+    return n
+
+
+def all_gather(x: Any, axis_name: str, axis: int = 0, *, tiled: bool = False) -> Any:
     """Every device's `x` stacked along a new axis `axis`, like `jax.lax.all_gather`.
 
     The new axis has size the number of devices of the pmap; entry `i` is the
-    value of device `i`.
+    value of device `i`. With `tiled=True` (as JAX's) the values are
+    concatenated along the existing axis `axis` instead, which becomes that
+    many times longer.
 
     Raises:
       NameError: If `axis_name` is not bound by the enclosing pmap.
-      ValueError: If `axis` is out of range.
+      ValueError: If `axis` is out of range (tiled: also for a scalar).
+      TypeError: If `tiled` is not a bool.
     """
     a = _checks.index("all_gather", "axis", axis)
-    return _map_leaves("all_gather", x, axis_name, axis=a)
+    if not _tiled("all_gather", tiled):
+        return _map_leaves("all_gather", x, axis_name, axis=a)
+
+    def tiled_gather(trace: _FunctionTrace, leaf: Tracer, name: str) -> Tracer:
+        shape = tuple(leaf.shape)
+        ax = _axis_in("all_gather (tiled)", "axis", a, leaf, len(shape))
+        stacked = bind(trace, "all_gather", (leaf,), axis_name=name, axis=ax)
+        return stacked.reshape(shape[:ax] + (-1,) + shape[ax + 1:])
+
+    return _map_leaves("all_gather", x, axis_name, tiled_gather)
 
 
 def ppermute(x: Any, axis_name: str, perm: Sequence[tuple]) -> Any:
@@ -141,47 +193,92 @@ def ppermute(x: Any, axis_name: str, perm: Sequence[tuple]) -> Any:
     return _map_leaves("ppermute", x, axis_name, perm=_checks.int_pairs("ppermute", "perm", perm))
 
 
-def all_to_all(x: Any, axis_name: str, split_axis: int, concat_axis: int) -> Any:
+def all_to_all(
+    x: Any, axis_name: str, split_axis: int, concat_axis: int, *, tiled: bool = False
+) -> Any:
     """Exchanges chunks between the devices, like `jax.lax.all_to_all`.
 
     Each device splits `x` along `split_axis` into as many equal chunks as
     there are devices and sends chunk `i` to device `i`; each device joins the
-    chunks it receives along `concat_axis`, in device order. The result's
-    `split_axis` is that many times shorter and its `concat_axis` that many
-    times longer.
+    chunks it receives, in device order. As in JAX:
+
+    * `tiled=False` (the default): `x.shape[split_axis]` must be the number
+      of devices; the result drops `split_axis` and has a new axis of that
+      size at `concat_axis` (a position in the result) holding the chunks.
+    * `tiled=True`: the chunks are joined along the existing `concat_axis`:
+      the result's `split_axis` is that many times shorter and its
+      `concat_axis` that many times longer.
 
     Raises:
       NameError: If `axis_name` is not bound by the enclosing pmap.
-      ValueError: If an axis is out of range or `split_axis` does not divide
-        by the number of devices.
+      ValueError: If an axis is out of range, or `split_axis`'s size is not
+        the number of devices (tiled: does not divide by it).
+      TypeError: If `tiled` is not a bool.
     """
-    return _map_leaves(
-        "all_to_all",
-        x,
-        axis_name,
-        split_axis=_checks.index("all_to_all", "split_axis", split_axis),
-        concat_axis=_checks.index("all_to_all", "concat_axis", concat_axis),
-    )
+    split = _checks.index("all_to_all", "split_axis", split_axis)
+    concat = _checks.index("all_to_all", "concat_axis", concat_axis)
+    if _tiled("all_to_all", tiled):
+        return _map_leaves("all_to_all", x, axis_name, split_axis=split, concat_axis=concat)
+
+    def untiled(trace: _FunctionTrace, leaf: Tracer, name: str) -> Tracer:
+        shape = tuple(leaf.shape)
+        s = _axis_in("all_to_all", "split_axis", split, leaf, len(shape))
+        c = _axis_in("all_to_all", "concat_axis", concat, leaf, len(shape))
+        n = _devices(trace, "all_to_all")
+        if shape[s] != n:
+            raise ValueError(
+                f"all_to_all: split_axis {split} of {leaf.aval} has size {shape[s]}, but the "
+                f"pmap has {n} devices (untiled, as JAX's default: the sizes must be equal; "
+                "tiled=True splits it into that many chunks)"
+            )
+        if s == c:  # n chunks of one joined where they were: the shape stays
+            return bind(trace, "all_to_all", (leaf,), axis_name=name, split_axis=s, concat_axis=c)
+        # A new axis of size 1 at the result's concat_axis receives the chunks;
+        # the split axis, of size 1 after the exchange, is dropped.
+        at = c + 1 if s < c else c
+        lifted = leaf.reshape(shape[:at] + (1,) + shape[at:])
+        s1 = s if s < c else s + 1
+        out = bind(trace, "all_to_all", (lifted,), axis_name=name, split_axis=s1, concat_axis=at)
+        return out.reshape(tuple(d for i, d in enumerate(out.shape) if i != s1))
+
+    return _map_leaves("all_to_all", x, axis_name, untiled)
 
 
-def psum_scatter(x: Any, axis_name: str, scatter_dimension: int = 0) -> Any:
+def psum_scatter(
+    x: Any, axis_name: str, scatter_dimension: int = 0, *, tiled: bool = False
+) -> Any:
     """Sums `x` over the devices and leaves each device one slice, like `jax.lax.psum_scatter`.
 
     `x.shape[scatter_dimension]` must equal the number of devices; device `i`
     gets the sum over devices of `x` indexed `i` along that dimension (which
-    the result drops). It is the transpose of `all_gather`.
+    the result drops). It is the transpose of `all_gather`. With
+    `tiled=True` (as JAX's) the dimension must divide by the number of
+    devices, and device `i` gets the sum of its `i`-th block (the dimension
+    stays, that many times shorter).
 
     Raises:
       NameError: If `axis_name` is not bound by the enclosing pmap.
       ValueError: If the dimension is out of range or its size is not the
-        number of devices.
+        number of devices (tiled: does not divide by it).
+      TypeError: If `tiled` is not a bool.
     """
-    return _map_leaves(
-        "psum_scatter",
-        x,
-        axis_name,
-        scatter_dimension=_checks.index("psum_scatter", "scatter_dimension", scatter_dimension),
-    )
+    d = _checks.index("psum_scatter", "scatter_dimension", scatter_dimension)
+    if not _tiled("psum_scatter", tiled):
+        return _map_leaves("psum_scatter", x, axis_name, scatter_dimension=d)
+
+    def tiled_scatter(trace: _FunctionTrace, leaf: Tracer, name: str) -> Tracer:
+        shape = tuple(leaf.shape)
+        ax = _axis_in("psum_scatter (tiled)", "scatter_dimension", d, leaf, len(shape))
+        n = _devices(trace, "psum_scatter")
+        if shape[ax] % n:
+            raise ValueError(
+                f"psum_scatter (tiled): scatter_dimension {d} of {leaf.aval} has size "
+                f"{shape[ax]}, which does not divide by the pmap's {n} devices"
+            )
+        blocks = leaf.reshape(shape[:ax] + (n, shape[ax] // n) + shape[ax + 1:])
+        return bind(trace, "psum_scatter", (blocks,), axis_name=name, scatter_dimension=ax)
+
+    return _map_leaves("psum_scatter", x, axis_name, tiled_scatter)
 
 
 def psum(x: Any, axis_name: str) -> Any:

@@ -700,9 +700,35 @@ def test_all_to_all(tpus, split_axis, concat_axis):
         return (y * y * w).sum() + sum((y[d] * x[d].sum()).sum() for d in range(n))
 
     def f(x):
-        y = pw.all_to_all(pnp.sin(x), "i", split_axis, concat_axis)
+        y = pw.all_to_all(pnp.sin(x), "i", split_axis, concat_axis, tiled=True)
         wd = pnp.take(w, pw.axis_index("i").reshape(1), axis=0)[0]
         return (y * y * wd).sum() + (y * x.sum()).sum()
+
+    check_grads(tpus, f, [x], total=total)
+
+
+def untiled_all_to_all_np(x, split_axis, concat_axis):
+    """jax.lax.all_to_all's default: device i stacks every device's index i of the split axis."""
+    n = x.shape[0]
+    return np.stack([np.stack([np.take(x[d], i, axis=split_axis) for d in range(n)],
+                              axis=concat_axis) for i in range(n)])
+
+
+@pytest.mark.parametrize("split_axis, concat_axis", [(0, 0), (0, 1), (1, 0), (-1, 0)])
+def test_untiled_all_to_all(tpus, split_axis, concat_axis):
+    n = len(tpus)
+    rng = rng_for("untiled_all_to_all", n, split_axis, concat_axis)
+    x = stacked(rng, n, (n, n))
+    w = rng.standard_normal(x.shape)
+
+    def total(x):
+        y = untiled_all_to_all_np(np.sin(x), split_axis, concat_axis)
+        return (y * y * w).sum()
+
+    def f(x):
+        y = pw.all_to_all(pnp.sin(x), "i", split_axis, concat_axis)
+        wd = pnp.take(w, pw.axis_index("i").reshape(1), axis=0)[0]
+        return (y * y * wd).sum()
 
     check_grads(tpus, f, [x], total=total)
 

@@ -278,13 +278,53 @@ def all_to_all_ref(x, split_axis, concat_axis):
 
 @pytest.mark.parametrize("split_axis, concat_axis", [(0, 0), (0, 1), (1, 0), (-1, 1), (2, 2)])
 @pytest.mark.parametrize("ndev", [2, 4])
-def test_all_to_all(split_axis, concat_axis, ndev):
+def test_all_to_all_tiled(split_axis, concat_axis, ndev):
     rng = np.random.default_rng(12)
     x = random_input(rng, (ndev, 4, 8, 4), np.float32)
-    f = pw.pmap(lambda a: pw.all_to_all(a, "i", split_axis, concat_axis),
+    f = pw.pmap(lambda a: pw.all_to_all(a, "i", split_axis, concat_axis, tiled=True),
                 devices=get_devices(ndev), axis_name="i")
     got = np.asarray(f(x))
     np.testing.assert_array_equal(got, all_to_all_ref(x, split_axis, concat_axis))
+
+
+def untiled_all_to_all_ref(x, split_axis, concat_axis):
+    """jax.lax.all_to_all's default (tiled=False): the split axis, of the
+    device count, is dropped; a new axis at concat_axis (a position in the
+    result) holds what each device sent."""
+    n = x.shape[0]
+    return np.stack([np.stack([np.take(x[s], d, axis=split_axis) for s in range(n)],
+                              axis=concat_axis) for d in range(n)])
+
+
+@pytest.mark.parametrize("split_axis, concat_axis",
+                         [(0, 0), (0, 1), (0, 2), (2, 0), (2, 1), (2, 2), (-1, -1), (0, -3)])
+@pytest.mark.parametrize("ndev", [2, 4])
+def test_all_to_all_untiled_by_default(split_axis, concat_axis, ndev):
+    rng = np.random.default_rng(14)
+    x = random_input(rng, (ndev, ndev, 3, ndev), np.float32)
+    f = pw.pmap(lambda a: pw.all_to_all(a, "i", split_axis, concat_axis),
+                devices=get_devices(ndev), axis_name="i")
+    got = np.asarray(f(x))
+    want = untiled_all_to_all_ref(x, split_axis, concat_axis)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("ndev", [2, 4])
+def test_tiled_all_gather_and_psum_scatter(axis, ndev):
+    rng = np.random.default_rng(15)
+    x = random_input(rng, (ndev, 2 * ndev, 3), np.float64)
+    f = pw.pmap(lambda a: (pw.all_gather(a, "i", axis=axis, tiled=True),
+                           pw.psum_scatter(a, ("i",), scatter_dimension=0, tiled=True)),
+                devices=get_devices(ndev), axis_name="i")
+    gathered, scattered = (np.asarray(o) for o in f(x))
+    np.testing.assert_array_equal(
+        gathered, np.broadcast_to(np.concatenate(list(x), axis=axis), gathered.shape))
+    assert gathered.shape == (ndev,) + tuple(
+        d * ndev if i == axis % 2 else d for i, d in enumerate(x.shape[1:]))
+    blocks = x.sum(axis=0).reshape(ndev, 2, 3)
+    np.testing.assert_allclose(scattered, blocks, rtol=1e-12)
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
@@ -377,8 +417,14 @@ ERRORS = [
     (lambda a: pnp.einsum("ij,jk", a, a), ValueError, "einsum: dimension 'j' has size 4 in one operand and 3 in another"),
     (lambda a: pnp.einsum("ijk", a), ValueError, "einsum: subscripts 'ijk' do not match operand f32[3,4]"),
     (lambda a: pnp.einsum("...i", a), ValueError, "einsum: '...' is not supported yet"),
-    (lambda a: pw.all_to_all(a, "i", 0, 1), ValueError, "all_to_all: split axis 0 of f32[3,4] does not divide into 2 shards"),
-    (lambda a: pw.all_to_all(a, "i", 2, 1), ValueError, "all_to_all: axis 2 is out of range for f32[3,4]"),
+    (lambda a: pw.all_to_all(a, "i", 0, 1, tiled=True), ValueError, "all_to_all: split axis 0 of f32[3,4] does not divide into 2 shards"),
+    (lambda a: pw.all_to_all(a, "i", 1, 0), ValueError, "all_to_all: split_axis 1 of f32[3,4] has size 4, but the pmap has 2 devices"),
+    (lambda a: pw.all_to_all(a, "i", 0, 1, tiled=1), TypeError, "all_to_all: tiled must be a bool, got 1"),
+    (lambda a: pw.all_gather(a[0, 0], "i", tiled=True), ValueError, "all_gather (tiled): axis 0 is out of range for f32[]"),
+    (lambda a: pw.psum_scatter(a, "i", 0, tiled=True), ValueError, "psum_scatter (tiled): scatter_dimension 0 of f32[3,4] has size 3, which does not divide"),
+    (lambda a: pw.all_to_all(a, "i", 2, 1, tiled=True), ValueError, "all_to_all: axis 2 is out of range for f32[3,4]"),
+    (lambda a: pw.all_to_all(a, "i", 2, 1), ValueError, "all_to_all: split_axis 2 is out of range for f32[3,4]"),
+    (lambda a: pw.all_to_all(a[:2], "i", 0, -3), ValueError, "all_to_all: concat_axis -3 is out of range for f32[2,4]"),
     (lambda a: pw.all_to_all(a, "j", 1, 0), NameError, "unbound axis name: 'j'"),
     (lambda a: pw.psum_scatter(a, "i", 0), ValueError, "psum_scatter: dimension 0 of f32[3,4] must equal the number of shards, 2"),
     (lambda a: pw.psum_scatter(a, "j"), NameError, "unbound axis name: 'j'"),
