@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 # OpenBLAS (the kernels' matmul) keeps its idle worker threads spinning for
 # 2^28 cycles, about 0.1 s, after every product, which takes a core from the
@@ -60,7 +60,7 @@ from pathways._pytree import (
 from pathways._trace_state import TracerError, _state
 from pathways._tracer import Tracer
 from pathways._pmap import PmapFunction, _to_array, pmap
-from pathways._jit import JitFunction, jit
+from pathways._jit import JitFunction, jit, put_on_shared_device
 from pathways._collectives import (
     all_gather,
     all_to_all,
@@ -116,11 +116,14 @@ scheduler_stats = _core.scheduler_stats
 atexit.register(_core.shutdown)
 
 
-def device_put(x: Any, devices: Sequence[Any]) -> Any:
+def device_put(x: Any, devices: Optional[Sequence[Any]] = None) -> Any:
     """Copies arrays onto devices, splitting each leading axis over them.
 
     Like `jax.device_put_sharded` on stacked arrays: shard `i` (`x[i]`) goes
-    to `devices[i]`. `x` may be a pytree; every leaf is put.
+    to `devices[i]`. `x` may be a pytree; every leaf is put. Without
+    `devices`, like `jax.device_put(x)`: each leaf whole onto the one device
+    that `pw.jit` functions given no device share, as a replicated
+    `ShardedBuffer` that they take with no copy.
 
     Args:
       x: A pytree of numpy arrays (float32, float64, int32, uint32, bool or
@@ -128,7 +131,7 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
         (Python floats become float64, ints int32), each with leading axis
         `len(devices)`, or `ShardedBuffer`s (copied).
       devices: Virtual devices (e.g. a slice's `.tpus`), a `VirtualSlice`, or
-        physical `Device`s.
+        physical `Device`s; None: `pw.jit`'s shared device, unsplit.
 
     Returns:
       The pytree with `ShardedBuffer` leaves.
@@ -142,6 +145,8 @@ def device_put(x: Any, devices: Sequence[Any]) -> Any:
         work in flight is done (until then it waits: back-pressure).
       RuntimeError: Inside `with client:` for a closed client.
     """
+    if devices is None:
+        return put_on_shared_device(x)
     devices = _checks.devices(
         "device_put",
         devices,

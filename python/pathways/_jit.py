@@ -32,6 +32,16 @@ def _shared_device() -> Any:
     return _default_device[0]
 
 
+_identity: list = []
+
+
+def put_on_shared_device(x: Any) -> Any:
+    """`x` (a pytree) whole on the device jitted functions share, as replicated buffers."""
+    if not _identity:
+        _identity.append(JitFunction(lambda tree: tree, (), (), None))
+    return _identity[0](x)
+
+
 def _call_with(fun: Callable[..., Any]) -> Callable[..., Any]:
     """`fun` as the per-device function of the pmap: dynamic args and kwargs, then the statics."""
 

@@ -206,7 +206,7 @@ def test_axes_take_numpy_integers(runtime_ok):
 
 @pytest.mark.parametrize(
     "devices, shown",
-    [(None, "got None"), (3, "got 3"), ("tpu:0", "got 'tpu:0'"), ([None, None], "got None (NoneType) at index 0")],
+    [(3, "got 3"), ("tpu:0", "got 'tpu:0'"), ([None, None], "got None (NoneType) at index 0")],
 )
 def test_device_put_devices_must_be_devices(runtime_ok, devices, shown):
     with raises(TypeError, re.escape(
@@ -214,6 +214,21 @@ def test_device_put_devices_must_be_devices(runtime_ok, devices, shown):
         "slice's `.tpus`, or physical ones from pw.devices()), " + shown
     )):
         pw.device_put(np.zeros(2), devices)
+    runtime_ok()
+
+
+def test_device_put_without_devices_is_jaxs_one_device_put(runtime_ok):
+    # As jax.device_put(x): whole, onto the device pw.jit functions share;
+    # they take the replicated buffers with no copy.
+    tree = pw.device_put({"w": np.arange(6.0, dtype=np.float32).reshape(2, 3), "s": 2.0})
+    assert tree["w"].is_replicated and tree["w"].shape == (2, 3)
+    assert tree["w"].dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(tree["w"]), np.arange(6.0).reshape(2, 3))
+    out = pw.jit(lambda t: t["w"] * t["s"])(tree)
+    assert out.devices == tree["w"].devices
+    np.testing.assert_array_equal(np.asarray(out), 2 * np.arange(6.0).reshape(2, 3))
+    with raises(TypeError, "argument 0 has type set"):
+        pw.device_put({1, 2})
     runtime_ok()
 
 
