@@ -560,14 +560,58 @@ class Tracer(_TracerBase):
         )
 
     def __floordiv__(self, other: Any) -> Any:
-        raise self._unsupported("'//'")
+        from pathways import numpy as pnp  # Local: pathways.numpy imports this module.
 
-    __rfloordiv__ = __floordiv__
+        self._check()
+        return pnp.floor_divide(self, other)
+
+    def __rfloordiv__(self, other: Any) -> Any:
+        from pathways import numpy as pnp
+
+        self._check()
+        return pnp.floor_divide(other, self)
 
     def __mod__(self, other: Any) -> Any:
-        raise self._unsupported("'%'")
+        from pathways import numpy as pnp
 
-    __rmod__ = __mod__
+        self._check()
+        return pnp.remainder(self, other)
+
+    def __rmod__(self, other: Any) -> Any:
+        from pathways import numpy as pnp
+
+        self._check()
+        return pnp.remainder(other, self)
+
+    def prod(self, axis: Any = None, keepdims: bool = False) -> Any:
+        """Product over `axis`, as `pathways.numpy.prod`."""
+        from pathways import numpy as pnp
+
+        return pnp.prod(self, axis=axis, keepdims=keepdims)
+
+    def any(self, axis: Any = None, keepdims: bool = False) -> Any:
+        """Whether any element over `axis` is nonzero, as `pathways.numpy.any`."""
+        from pathways import numpy as pnp
+
+        return pnp.any(self, axis=axis, keepdims=keepdims)
+
+    def all(self, axis: Any = None, keepdims: bool = False) -> Any:
+        """Whether every element over `axis` is nonzero, as `pathways.numpy.all`."""
+        from pathways import numpy as pnp
+
+        return pnp.all(self, axis=axis, keepdims=keepdims)
+
+    def argmin(self, axis: Any = None, keepdims: bool = False) -> Any:
+        """Index of the first minimum along `axis` (None: flattened), as int32."""
+        from pathways import numpy as pnp
+
+        return pnp.argmin(self, axis=axis, keepdims=keepdims)
+
+    def round(self, decimals: int = 0) -> Any:
+        """Rounded to integer values, halves to even, as `pathways.numpy.round`."""
+        from pathways import numpy as pnp
+
+        return pnp.round(self, decimals)
 
     def __matmul__(self, other: Any) -> Any:
         from pathways import numpy as pnp  # Local: pathways.numpy imports this module.

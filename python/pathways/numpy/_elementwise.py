@@ -7,6 +7,7 @@ from __future__ import annotations
 import math as _math
 from typing import Any
 
+import ml_dtypes as _ml_dtypes
 import numpy as _np
 
 from pathways._tracer import Tracer, bind
@@ -265,3 +266,224 @@ def clip(a: Any, a_min: Any = None, a_max: Any = None) -> Any:
         out = minimum(out, a_max)
     return out
 
+
+
+# --- Built from the ops above: NaN tests, rounding, integer division, log1p --
+
+
+def _is_float(x: Tracer) -> bool:
+    return _np.dtype(x.dtype).kind == "f" or x.dtype == _np.dtype(_ml_dtypes.bfloat16)
+
+
+def isnan(x: Any) -> Any:
+    """`numpy.isnan`: True where `x` is NaN (False everywhere for integers and bool)."""
+    if _trace_of("isnan", (x,)) is None:
+        return _np.isnan(x)
+    return x != x
+
+
+def isinf(x: Any) -> Any:
+    """`numpy.isinf`: True where `x` is +inf or -inf (False for integers and bool)."""
+    if _trace_of("isinf", (x,)) is None:
+        return _np.isinf(x)
+    if not _is_float(x):
+        return x != x
+    return abs(x) == _np.inf
+
+
+def isfinite(x: Any) -> Any:
+    """`numpy.isfinite`: True where `x` is neither NaN nor infinite (True for integers and bool)."""
+    if _trace_of("isfinite", (x,)) is None:
+        return _np.isfinite(x)
+    if not _is_float(x):
+        return x == x
+    return (x - x) == 0  # inf - inf and NaN - NaN are NaN
+
+
+def _rounded(name: str, x: Any, direction: int) -> Any:
+    """`x` rounded to an integer value, in its own float type: half to even
+    (`direction` 0), down (-1) or up (1). Integers and bool are returned as
+    they are (as `jax.numpy`; numpy makes floats of them). No gradient flows
+    (the derivative is zero almost everywhere, as JAX's).
+
+    Exact from adds alone: below 2**(mantissa bits) in magnitude,
+    `(|x| + 2**p) - 2**p` is |x| rounded to an integer half to even (the add
+    rounds away the fraction under IEEE round-to-nearest); at or above it
+    every float is an integer already. bfloat16 rounds in float32, since its
+    ops round each result back to bfloat16.
+    """
+    from pathways._autodiff import stop_gradient  # Local: pathways._autodiff imports this package.
+
+    if not _is_float(x):
+        return x
+    dtype = _np.dtype(x.dtype)
+    v = stop_gradient(x.astype(_np.float32) if dtype.kind != "f" else x)
+    big = 2.0 ** (_np.finfo(v.dtype).nmant)
+    a = abs(v)
+    r = (a + big) - big
+    r = where(v < 0, -r, r)  # -0.4 rounds to -0.0, as numpy
+    if direction < 0:  # where, not r - (r > v): -0.0 + 0.0 would lose the sign
+        r = where(r > v, r - 1, r)
+    elif direction > 0:
+        r = where(r < v, r + 1, r)
+    # NaN, infinities, integers beyond 2**p and +-0 are their own rounding.
+    out = where(a < big, where(v == 0, v, r), v)
+    return out.astype(dtype) if dtype != out.dtype else out
+
+
+def floor(x: Any) -> Any:
+    """`numpy.floor`: the largest integer value <= x, in x's float type (-0.0 stays -0.0).
+
+    Integers and bool are returned as they are (as `jax.numpy`); the gradient is zero.
+    """
+    if _trace_of("floor", (x,)) is None:
+        return _np.floor(x)
+    return _rounded("floor", x, -1)
+
+
+def ceil(x: Any) -> Any:
+    """`numpy.ceil`: the smallest integer value >= x, in x's float type; as `floor` otherwise."""
+    if _trace_of("ceil", (x,)) is None:
+        return _np.ceil(x)
+    return _rounded("ceil", x, 1)
+
+
+def round(a: Any, decimals: int = 0) -> Any:  # noqa: A001 (numpy's name)
+    """`numpy.round` with `decimals=0`: to the nearest integer value, halves to even.
+
+    Raises:
+      TypeError: For `decimals` other than 0 on a traced value.
+    """
+    if _trace_of("round", (a,)) is None:
+        return _np.round(a, decimals)
+    if decimals != 0 or isinstance(decimals, bool):
+        raise TypeError(f"round: decimals must be 0 on traced values, got {decimals!r}")
+    return _rounded("round", a, 0)
+
+
+def rint(x: Any) -> Any:
+    """`numpy.rint`: `round(x)`."""
+    if _trace_of("rint", (x,)) is None:
+        return _np.rint(x)
+    return _rounded("rint", x, 0)
+
+
+around = round
+
+
+def _integer_operands(name: str, a: Any, b: Any) -> tuple:
+    """`(a, b)` as traced values of one integer dtype (numpy's promotion, bool as int32,
+    int32 with uint32 int32), or TypeError naming `name`."""
+    t = a if isinstance(a, Tracer) else b
+    ops = [t._operand(a), t._operand(b)]
+    if any(o is None for o in ops):
+        raise TypeError(f"{name}: unsupported operands {type(a).__name__} and {type(b).__name__}")
+    if any(_is_float(o) for o in ops):
+        raise TypeError(
+            f"{name}: operands must be integers on traced values, got {ops[0].aval} and "
+            f"{ops[1].aval} (the floor division of floats needs a remainder op the function IR "
+            "lacks: use pnp.floor(a / b) where its rounding is good enough)"
+        )
+    ops = [o.astype(_np.int32) if o.dtype == _np.bool_ else o for o in ops]
+    if ops[0].dtype != ops[1].dtype:
+        ops = [o.astype(_np.int32) for o in ops]
+    return ops[0], ops[1]
+
+
+def floor_divide(a: Any, b: Any) -> Any:
+    """`numpy.floor_divide` (`a // b`) of int32 or uint32 values: the quotient rounded down.
+
+    Exact: the float64 quotient of two 32-bit integers never rounds across an
+    integer. As numpy, a division by zero gives 0 and INT32_MIN // -1 wraps
+    to INT32_MIN. Floats are refused (TypeError) on traced values.
+    """
+    if _trace_of("floor_divide", (a, b)) is None:
+        return _np.floor_divide(a, b)
+    a, b = _integer_operands("floor_divide", a, b)
+    q = floor(a.astype(_np.float64) / b.astype(_np.float64))
+    if a.dtype == _np.int32:
+        q = where(q == 2.0**31, -(2.0**31), q)  # -2**31 // -1 wraps
+    return where(b == 0, 0, q.astype(a.dtype))
+
+
+def remainder(a: Any, b: Any) -> Any:
+    """`numpy.remainder` (`a % b`) of int32 or uint32 values: the sign of `b`, as numpy.
+
+    `a - (a // b) * b` in wrapping integer arithmetic (exact); a remainder by
+    zero is 0, as numpy. Floats are refused (TypeError) on traced values.
+    """
+    if _trace_of("remainder", (a, b)) is None:
+        return _np.remainder(a, b)
+    a, b = _integer_operands("remainder", a, b)
+    return where(b == 0, 0, a - floor_divide(a, b) * b)
+
+
+mod = remainder
+
+
+def _float_operand(x: Tracer) -> Tracer:
+    """`x` in the float type the transcendental functions compute it in."""
+    if _np.dtype(x.dtype).kind == "f":
+        return x
+    if x.dtype == _np.dtype(_ml_dtypes.bfloat16):
+        return x.astype(_np.float32)
+    return x.astype(_np.float32 if x.dtype == _np.bool_ else _np.float64)
+
+
+def log1p(x: Any) -> Any:
+    """`numpy.log1p`: log(1 + x), accurate for tiny x (a few ulp).
+
+    Goldberg's form from `log`: with u = 1 + x rounded, log(u) * x / (u - 1)
+    (x itself where u == 1). Integers compute in float64, bool and bfloat16
+    in float32 (bfloat16 is rounded back).
+    """
+    if _trace_of("log1p", (x,)) is None:
+        return _np.log1p(x)
+    v = _float_operand(x)
+    u = v + 1
+    d = u - 1
+    safe = where(d == 0, 1, d)
+    out = where(d == 0, v, where(u == _np.inf, u, log(u) * (v / safe)))
+    return out.astype(x.dtype) if x.dtype == _np.dtype(_ml_dtypes.bfloat16) else out
+
+
+def expm1(x: Any) -> Any:
+    """`numpy.expm1`: exp(x) - 1, accurate for tiny x (a few ulp).
+
+    Kahan's form from `exp` and `log`: with u = exp(x), (u - 1) * x / log(u)
+    (x itself where u == 1, -1 where u - 1 == -1, u where it is infinite).
+    dtypes as `log1p`'s.
+    """
+    if _trace_of("expm1", (x,)) is None:
+        return _np.expm1(x)
+    v = _float_operand(x)
+    u = exp(v)
+    d = u - 1
+    lu = log(u)
+    exact = (d == 0) | (d == -1) | (u == _np.inf)
+    safe = where(exact, 1, lu)
+    out = where(d == 0, v, where(exact, d, d * (v / safe)))
+    return out.astype(x.dtype) if x.dtype == _np.dtype(_ml_dtypes.bfloat16) else out
+
+
+def log2(x: Any) -> Any:
+    """`numpy.log2`: log(x) / log(2) (exact at powers of two up to rounding of the quotient)."""
+    if _trace_of("log2", (x,)) is None:
+        return _np.log2(x)
+    v = _float_operand(x)
+    return log(v) * (1 / _math.log(2))
+
+
+def log10(x: Any) -> Any:
+    """`numpy.log10`: log(x) / log(10)."""
+    if _trace_of("log10", (x,)) is None:
+        return _np.log10(x)
+    v = _float_operand(x)
+    return log(v) * (1 / _math.log(10))
+
+
+def reciprocal(x: Any) -> Any:
+    """`numpy.reciprocal`: 1 / x."""
+    if _trace_of("reciprocal", (x,)) is None:
+        return _np.reciprocal(x)
+    return 1 / x

@@ -48,3 +48,69 @@ def std(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
     axis = _checks.axes("std", "axis", axis)
     return sqrt(var(a, axis=axis, keepdims=keepdims))
 
+
+
+def _nonzero(a: Any) -> Any:
+    return a if a.dtype == _np.bool_ else a != 0
+
+
+def any(a: Any, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 (numpy's name)
+    """`numpy.any`: whether any element over `axis` is nonzero (NaN is); False if there is none."""
+    if _trace_of("any", (a,)) is None:
+        return _np.any(a, axis=axis, keepdims=keepdims)
+    return _nonzero(a).sum(axis=axis, keepdims=keepdims) > 0
+
+
+def all(a: Any, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 (numpy's name)
+    """`numpy.all`: whether every element over `axis` is nonzero; True if there is none."""
+    if _trace_of("all", (a,)) is None:
+        return _np.all(a, axis=axis, keepdims=keepdims)
+    return (~_nonzero(a)).sum(axis=axis, keepdims=keepdims) == 0
+
+
+def prod(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """`numpy.prod`: the product over `axis` (1 if there are no elements).
+
+    dtypes as `cumprod`'s (JAX's: bool and int32 multiply in int32, wrapping);
+    computed as the last running product of `cumprod`, so the gradient is
+    exact with zeros in `a` too.
+    """
+    from pathways.numpy._shapes import reshape
+    from pathways.numpy._sorting import cumprod
+
+    if _trace_of("prod", (a,)) is None:
+        return _np.prod(a, axis=axis, keepdims=keepdims)
+    axes = _checks.axes("prod", "axis", axis)
+    ndim = len(a.shape)
+    axes = tuple(range(ndim)) if axes is None else axes
+    for ax in axes:
+        if not -ndim <= ax < ndim:
+            raise ValueError(f"prod: axis {ax} is out of range for {a.aval}")
+    axes = sorted({ax % ndim for ax in axes})
+    kept = [d for i, d in enumerate(a.shape) if i not in axes]
+    n = int(_np.prod([a.shape[i] for i in axes]))
+    perm = [i for i in range(ndim) if i not in axes] + axes
+    moved = a.transpose(*perm) if perm != list(range(ndim)) else a
+    flat = reshape(moved, tuple(kept) + (n,))
+    running = cumprod(flat, axis=-1)
+    if n == 0:
+        from pathways.numpy._elementwise import ones_like
+
+        out = ones_like(reshape(running, tuple(kept) + (0,)).sum(axis=-1))
+    else:
+        out = running[..., -1]
+    if keepdims:
+        out = reshape(out, tuple(1 if i in axes else d for i, d in enumerate(a.shape)))
+    return out
+
+
+def argmin(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """`numpy.argmin`: the index of the first minimum along `axis` (None: flattened), int32.
+
+    The first NaN, as numpy. The argmax of an order-reversing bijection of
+    `a`: `-a` for floats, `~a` for integers and bool (no overflow).
+    """
+    if _trace_of("argmin", (a,)) is None:
+        return _np.argmin(a, axis=axis, keepdims=keepdims)
+    reversed_order = ~a if a.dtype in (_np.int32, _np.uint32, _np.bool_) else -a
+    return reversed_order.argmax(axis=axis, keepdims=keepdims)
