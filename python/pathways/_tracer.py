@@ -26,6 +26,11 @@ from pathways._trace_state import (
 __all__ = ["Tracer", "bind"]
 
 
+# Arrays that live on devices (ours and JAX's): an operand of one of them is a
+# capture the user should pass as an argument instead.
+_DEVICE_ARRAYS = ("ShardedBuffer", "ArrayImpl", "Array")
+
+
 class _FunctionTrace:
     """One trace of a pmap'd function: its builder and whether it is still running.
 
@@ -371,6 +376,13 @@ class Tracer(_TracerBase):
                     and not _is_float(other.dtype)):
                 return None
             return trace.constant(other, self.dtype)
+        if hasattr(other, "__array__") and type(other).__name__ in _DEVICE_ARRAYS:
+            raise TypeError(
+                f"{trace.where()} uses a {type(other).__name__} it did not get as an argument: "
+                "device arrays are not captured as constants (that would read them back to the "
+                "host at every trace); pass it as an argument (in_axes=None for one whole "
+                "value), or capture np.asarray(it)"
+            )
         return None
 
     def _binary(self, op: str, other: Any, reflected: bool) -> Any:

@@ -469,3 +469,19 @@ def test_a_built_function_builder_raises_instead_of_reading_freed_values(runtime
         with pytest.raises(RuntimeError, match="already built"):
             call()
     runtime_ok()
+
+
+def test_a_captured_device_array_names_the_fix(tpus2, runtime_ok):
+    # JAX would capture the array as a constant; here that would read it back
+    # at every trace, so the error says to pass it (found by a JAX user's probe:
+    # it was Python's "unsupported operand type(s)").
+    b = pw.device_put(np.ones((2, 3)), tpus2)
+    for body in (lambda x: x + b, lambda x: b * x, lambda x: pw.numpy.maximum(x, b)):
+        with raises(TypeError, re.escape(
+            "pmap of '<lambda>' uses a ShardedBuffer it did not get as an argument: device "
+            "arrays are not captured as constants"
+        )):
+            pw.pmap(body, devices=tpus2)(np.ones((2, 3)))
+    np.testing.assert_array_equal(
+        np.asarray(pw.pmap(lambda x, c: x + c, devices=tpus2)(np.ones((2, 3)), b)), 2.0)
+    runtime_ok()
