@@ -158,7 +158,14 @@ class _FunctionTrace:
         else:
             arr = np.asarray(value)
             if arr.dtype.kind in "iu" and arr.dtype not in (np.int32, np.uint32):
-                arr = arr.astype(like if like is not None and _is_float(like) else np.int32)
+                target = like if like is not None and _is_float(like) else np.int32
+                if target == np.int32 and arr.size and (
+                        int(arr.min()) < -(2**31) or int(arr.max()) > 2**31 - 1):
+                    raise ValueError(  # as for arguments: int32 would wrap them
+                        f"{self.where()}: constant of dtype {arr.dtype} has values outside "
+                        "the int32 range (int64 is not a dtype here)"
+                    )
+                arr = arr.astype(target)
             elif arr.dtype not in _SUPPORTED_DTYPES:
                 raise TypeError(
                     f"{self.where()}: constant of dtype {arr.dtype} is not supported; "
@@ -540,23 +547,30 @@ class Tracer(_TracerBase):
         return bind(trace, "reduce", (self,), kind=op, axes=None if axes is None else list(axes),
                     keepdims=bool(keepdims))
 
-    def sum(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
-        """Sum over `axis` (None, int or tuple), as numpy; bool/int32 sum to int32."""
-        return self._reduce("sum", axis, keepdims)
+    # numpy's positional order: (axis, dtype, out, keepdims) for sum and mean,
+    # (axis, out, keepdims) for max, min and argmax; `out` is not taken, so
+    # keepdims is keyword-only (a third positional argument is never it).
 
-    def mean(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
-        """Mean over `axis`, as numpy; bool/int32 give float64."""
-        return self._reduce("mean", axis, keepdims)
+    def sum(self, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> "Tracer":
+        """Sum over `axis` (None, int or tuple), as numpy; bool/int32 sum to int32.
+        `dtype` casts first (the sum is computed in it)."""
+        x = self if dtype is None else self.astype(dtype)
+        return x._reduce("sum", axis, keepdims)
 
-    def max(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+    def mean(self, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> "Tracer":
+        """Mean over `axis`, as numpy; bool/int32 give float64. `dtype` casts first."""
+        x = self if dtype is None else self.astype(dtype)
+        return x._reduce("mean", axis, keepdims)
+
+    def max(self, axis: Any = None, *, keepdims: bool = False) -> "Tracer":
         """Maximum over `axis`, as numpy (NaN-propagating)."""
         return self._reduce("max", axis, keepdims)
 
-    def min(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+    def min(self, axis: Any = None, *, keepdims: bool = False) -> "Tracer":
         """Minimum over `axis`, as numpy (NaN-propagating)."""
         return self._reduce("min", axis, keepdims)
 
-    def argmax(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+    def argmax(self, axis: Any = None, *, keepdims: bool = False) -> "Tracer":
         """Index of the first maximum along `axis` (None: flattened), as int32."""
         return self._reduce("argmax", _checks.optional_index("argmax", "axis", axis), keepdims)
 
@@ -595,25 +609,25 @@ class Tracer(_TracerBase):
         self._check()
         return pnp.remainder(other, self)
 
-    def prod(self, axis: Any = None, keepdims: bool = False) -> Any:
+    def prod(self, axis: Any = None, *, keepdims: bool = False) -> Any:
         """Product over `axis`, as `pathways.numpy.prod`."""
         from pathways import numpy as pnp
 
         return pnp.prod(self, axis=axis, keepdims=keepdims)
 
-    def any(self, axis: Any = None, keepdims: bool = False) -> Any:
+    def any(self, axis: Any = None, *, keepdims: bool = False) -> Any:
         """Whether any element over `axis` is nonzero, as `pathways.numpy.any`."""
         from pathways import numpy as pnp
 
         return pnp.any(self, axis=axis, keepdims=keepdims)
 
-    def all(self, axis: Any = None, keepdims: bool = False) -> Any:
+    def all(self, axis: Any = None, *, keepdims: bool = False) -> Any:
         """Whether every element over `axis` is nonzero, as `pathways.numpy.all`."""
         from pathways import numpy as pnp
 
         return pnp.all(self, axis=axis, keepdims=keepdims)
 
-    def argmin(self, axis: Any = None, keepdims: bool = False) -> Any:
+    def argmin(self, axis: Any = None, *, keepdims: bool = False) -> Any:
         """Index of the first minimum along `axis` (None: flattened), as int32."""
         from pathways import numpy as pnp
 
@@ -684,17 +698,17 @@ class Tracer(_TracerBase):
 
         return pnp.clip(self, a_min, a_max)
 
-    def var(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+    def var(self, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> "Tracer":
         """numpy's `var` (ddof=0)."""
         from pathways import numpy as pnp
 
-        return pnp.var(self, axis, keepdims)
+        return pnp.var(self, axis, dtype, keepdims=keepdims)
 
-    def std(self, axis: Any = None, keepdims: bool = False) -> "Tracer":
+    def std(self, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> "Tracer":
         """numpy's `std` (ddof=0)."""
         from pathways import numpy as pnp
 
-        return pnp.std(self, axis, keepdims)
+        return pnp.std(self, axis, dtype, keepdims=keepdims)
 
     def take(self, indices: Any, axis: Any = None, mode: Optional[str] = None,
              fill_value: Any = None) -> "Tracer":

@@ -65,6 +65,16 @@ def gelu(x: Any, approximate: bool = True) -> Any:
     return 0.5 * x * (1.0 + _pnp.tanh(c * (x + 0.044715 * (x * x * x))))
 
 
+def _float_of(x: Any) -> Any:
+    """`x` with integers in float64 and bool in float32 (as the transcendental functions
+    compute them); floats, bfloat16 included, as they are."""
+    dtype = _np.dtype(x.dtype) if isinstance(x, Tracer) else _np.asarray(x).dtype
+    if dtype.kind not in "iub":
+        return x
+    to = _np.float32 if dtype.kind == "b" else _np.float64
+    return x.astype(to) if isinstance(x, Tracer) else _np.asarray(x).astype(to)
+
+
 def sigmoid(x: Any) -> Any:
     """1 / (1 + exp(-x)), elementwise, computed stably.
 
@@ -74,6 +84,7 @@ def sigmoid(x: Any) -> Any:
     ops gives 0 * inf = NaN there), and the gradient the tape derives,
     `e / (1 + e)**2` (= s * (1 - s)), is finite and accurate everywhere.
     """
+    x = _float_of(x)  # -x of uint32 would wrap
     nonneg = x >= 0
     # -|x|, written as a select so that its gradient at 0 is that of -x.
     e = _pnp.exp(_pnp.where(nonneg, -x, x))

@@ -511,3 +511,76 @@ def test_pmean_of_int32_is_not_truncated(tpus2, tpus4, n):
     got = np.asarray(f(x))
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, np.broadcast_to(x.mean(0), x.shape))
+
+
+# --- Found by a second probe against JAX (this session's) ---------------------------
+
+
+def test_sigmoid_and_silu_of_integers_compute_in_float(tpus2):
+    # -x of uint32 wrapped, so sigmoid of uint32 was 0 everywhere.
+    for dtype in (np.uint32, np.int32):
+        x = np.array([[0, 1, 5, 100]] * 2, dtype)
+        s = 1 / (1 + np.exp(-x.astype(np.float64)))
+        got = np.asarray(pw.pmap(pnn.sigmoid, devices=tpus2)(x))
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, s, rtol=1e-15)
+        np.testing.assert_allclose(np.asarray(pw.pmap(pnn.silu, devices=tpus2)(x)), x * s,
+                                   rtol=1e-15)
+        np.testing.assert_allclose(pnn.sigmoid(x), s, rtol=1e-15)  # on numpy arrays too
+
+
+def test_int64_constants_out_of_the_int32_range_are_refused(tpus2, runtime_ok):
+    # They wrapped silently to 32 bits; as arguments they were already refused.
+    x = np.array([[1, 2]] * 2, np.int32)
+    with pytest.raises(ValueError, match=r"constant of dtype int64 has values outside the int32 "
+                                         r"range"):
+        pw.pmap(lambda v: v + np.array([2**40 + 5, 3]), devices=tpus2)(x)
+    with pytest.raises(ValueError, match="constant of dtype uint64 has values outside"):
+        pw.pmap(lambda v: v + np.array([2**32 + 3, 1], np.uint64), devices=tpus2)(x)
+    # In range they are int32, as before.
+    got = pw.pmap(lambda v: v + np.array([-(2**31) + 1, 2**31 - 3]), devices=tpus2)(x)
+    np.testing.assert_array_equal(np.asarray(got)[0], [-(2**31) + 2, 2**31 - 1])
+    runtime_ok()
+
+
+def test_at_get_with_mode_drop_fills_as_jax(tpus2):
+    x = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    i = np.array([3, -4, 1], np.int32)
+
+    def f(v, idx):
+        return (v.at[idx].get(mode="drop")[:, 0], v.at[idx, 1].get(mode="drop"),
+                v.at[idx].get(mode="drop", fill_value=-1.0)[:, 0])
+
+    rows, elems, filled = (np.asarray(o)[0] for o in pw.pmap(f, devices=tpus2)(
+        np.stack([x, x]), np.stack([i, i])))
+    np.testing.assert_array_equal(rows, [np.nan, np.nan, 4.0])
+    np.testing.assert_array_equal(elems, [np.nan, np.nan, 5.0])
+    np.testing.assert_array_equal(filled, [-1.0, -1.0, 4.0])
+
+
+def test_reductions_take_numpys_positional_arguments(tpus2, runtime_ok):
+    # The third positional argument was keepdims; in numpy and JAX it is dtype
+    # (sum, mean, var, std, prod) or out (max, min, argmax).
+    y = np.arange(6, dtype=np.int32).reshape(2, 3)
+
+    def f(v):
+        return (pw.numpy.sum(v, 0, np.float32), v.sum(1, np.float64), pw.numpy.mean(v, 0, np.float32),
+                pw.numpy.var(v, None, np.float32), v.sum(0, keepdims=True))
+
+    outs = [np.asarray(o)[0] for o in pw.pmap(f, devices=tpus2)(np.stack([y, y]))]
+    want = [y.sum(0, dtype=np.float32), y.sum(1, dtype=np.float64), y.mean(0, dtype=np.float32),
+            y.var(dtype=np.float32), y.sum(0, keepdims=True).astype(np.int32)]
+    for got, w in zip(outs, want):
+        assert got.dtype == w.dtype and got.shape == w.shape
+        np.testing.assert_allclose(got, w, rtol=1e-6)
+    with pytest.raises(TypeError, match="positional argument"):
+        pw.pmap(lambda v: pw.numpy.max(v, 0, True), devices=tpus2)(np.stack([y, y]))
+    runtime_ok()
+
+
+def test_sign_gradient_is_zero_at_nan(tpus2):
+    x = np.array([[np.nan, 0.0, -0.0, 1.0, -3.0]] * 2)
+    g = _grad_in_pmap(tpus2, pw.numpy.sign, x)
+    np.testing.assert_array_equal(g, np.zeros_like(x))
+    got = np.asarray(pw.pmap(pw.numpy.sign, devices=tpus2)(x))
+    np.testing.assert_array_equal(got, np.sign(x))

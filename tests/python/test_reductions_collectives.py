@@ -64,7 +64,7 @@ def test_reductions_match_numpy(n, dtype, seed):
             a.sum(axis=axis, keepdims=keepdims),
             pnp.mean(a, axis=axis, keepdims=keepdims),
             a.max(axis=axis, keepdims=keepdims),
-            pnp.min(a, axis, keepdims),
+            pnp.min(a, axis, keepdims=keepdims),
             a.argmax(axis=arg_axis, keepdims=keepdims),
             pnp.sum(a),
         )

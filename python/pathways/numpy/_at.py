@@ -214,20 +214,20 @@ class _IndexUpdateRef:
     def get(self, *, mode: Optional[str] = None, fill_value: Any = None,
             indices_are_sorted: bool = False, unique_indices: bool = False) -> Tracer:
         """`x[index]`, any index form; out-of-range traced indices are clipped into range
-        (as `x[index]`), or give `fill_value` with mode "fill" (default NaN, the most
-        negative int32, or True)."""
+        (as `x[index]`), or give `fill_value` with mode "fill" or "drop" (as JAX's;
+        default NaN, the most negative int32, or True)."""
         _check_mode("at[...].get", mode)
         x = self._x
         trace = x._check()
         one = _one_axis(x, self._index)
         if one is not None:
             dim, e = one
-            if mode == "fill":
+            if mode in ("fill", "drop"):  # as JAX's: a gather fills where a scatter drops
                 return take(x, e, axis=dim, mode="fill", fill_value=fill_value)
             i = self._one_axis_indices("get", e, x.shape[dim], "clip")
             return bind(trace, "take", (x, i), axis=dim)  # the kernel clips, as x[i]
         where_ = _Positions(x, self._index, "at[...].get")
-        if mode == "fill":
+        if mode in ("fill", "drop"):
             pos, valid = where_.resolve(x, "mask")
         else:
             pos, valid = where_.resolve(x, "clip"), None

@@ -248,6 +248,9 @@ def sign(x: Any) -> Any:
         return _np.sign(x)
     if x.dtype == _np.bool_:
         raise TypeError(f"sign: operand must be numeric, got {x.aval}")
+    from pathways._autodiff import stop_gradient  # Local: pathways._autodiff imports this package.
+
+    x = stop_gradient(x)  # zero everywhere, NaN too (its branch below is x itself)
     one = trace.constant(1, x.dtype)
     zero = trace.constant(0, x.dtype)
     return where(x > 0, one, where(x < 0, -one, where(x == 0, zero, x)))

@@ -13,40 +13,64 @@ from pathways.numpy._elementwise import sqrt
 
 
 def _reduction(name: str, numpy_fn: Any) -> Any:
-    def fn(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """numpy's `name(a, axis=None, *, keepdims=False)` (max, min, argmax: numpy's third
+    positional argument is `out`, which is not taken)."""
+
+    def fn(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
         if _traced(name, (a,)):
             return getattr(a, name)(axis=axis, keepdims=keepdims)
         return numpy_fn(a, axis=axis, keepdims=keepdims)
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (
-        f"`numpy.{name}(a, axis=None, keepdims=False)` of a traced value (or of a numpy array); "
-        "axis may be None, an int or (except argmax) a tuple; negative axes count from the end."
+        f"`numpy.{name}(a, axis=None, *, keepdims=False)` of a traced value (or of a numpy "
+        "array); axis may be None, an int or (except argmax) a tuple; negative axes count "
+        "from the end."
     )
     return fn
 
 
-sum = _reduction("sum", _np.sum)  # noqa: A001
-mean = _reduction("mean", _np.mean)
+def _typed_reduction(name: str, numpy_fn: Any) -> Any:
+    """numpy's `name(a, axis=None, dtype=None, *, keepdims=False)` (sum, mean)."""
+
+    def fn(a: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> Any:
+        if _traced(name, (a,)):
+            return getattr(a, name)(axis, dtype, keepdims=keepdims)
+        return numpy_fn(a, axis=axis, dtype=dtype, keepdims=keepdims)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (
+        f"`numpy.{name}(a, axis=None, dtype=None, *, keepdims=False)` of a traced value (or "
+        "of a numpy array): `dtype` casts `a` first; axis may be None, an int or a tuple; "
+        "negative axes count from the end."
+    )
+    return fn
+
+
+sum = _typed_reduction("sum", _np.sum)  # noqa: A001
+mean = _typed_reduction("mean", _np.mean)
 max = _reduction("max", _np.max)  # noqa: A001
 min = _reduction("min", _np.min)  # noqa: A001
 argmax = _reduction("argmax", _np.argmax)
 
-def var(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
-    """`numpy.var` (ddof=0): the mean squared deviation from the mean over `axis`."""
+def var(a: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> Any:
+    """`numpy.var` (ddof=0): the mean squared deviation from the mean over `axis`
+    (`dtype` casts `a` first)."""
     if _trace_of("var", (a,)) is None:
-        return _np.var(a, axis=axis, keepdims=keepdims)
+        return _np.var(a, axis=axis, dtype=dtype, keepdims=keepdims)
+    if dtype is not None:
+        a = a.astype(dtype)
     axis = _checks.axes("var", "axis", axis)
     centered = a - mean(a, axis=axis, keepdims=True)
     return mean(centered * centered, axis=axis, keepdims=keepdims)
 
 
-def std(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def std(a: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> Any:
     """`numpy.std` (ddof=0): the square root of `var`."""
     if _trace_of("std", (a,)) is None:
-        return _np.std(a, axis=axis, keepdims=keepdims)
+        return _np.std(a, axis=axis, dtype=dtype, keepdims=keepdims)
     axis = _checks.axes("std", "axis", axis)
-    return sqrt(var(a, axis=axis, keepdims=keepdims))
+    return sqrt(var(a, axis=axis, dtype=dtype, keepdims=keepdims))
 
 
 
@@ -54,21 +78,21 @@ def _nonzero(a: Any) -> Any:
     return a if a.dtype == _np.bool_ else a != 0
 
 
-def any(a: Any, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 (numpy's name)
+def any(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:  # noqa: A001 (numpy's name)
     """`numpy.any`: whether any element over `axis` is nonzero (NaN is); False if there is none."""
     if _trace_of("any", (a,)) is None:
         return _np.any(a, axis=axis, keepdims=keepdims)
     return _nonzero(a).sum(axis=axis, keepdims=keepdims) > 0
 
 
-def all(a: Any, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 (numpy's name)
+def all(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:  # noqa: A001 (numpy's name)
     """`numpy.all`: whether every element over `axis` is nonzero; True if there is none."""
     if _trace_of("all", (a,)) is None:
         return _np.all(a, axis=axis, keepdims=keepdims)
     return (~_nonzero(a)).sum(axis=axis, keepdims=keepdims) == 0
 
 
-def prod(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def prod(a: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> Any:
     """`numpy.prod`: the product over `axis` (1 if there are no elements).
 
     dtypes as `cumprod`'s (JAX's: bool and int32 multiply in int32, wrapping);
@@ -79,7 +103,9 @@ def prod(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
     from pathways.numpy._sorting import cumprod
 
     if _trace_of("prod", (a,)) is None:
-        return _np.prod(a, axis=axis, keepdims=keepdims)
+        return _np.prod(a, axis=axis, dtype=dtype, keepdims=keepdims)
+    if dtype is not None:
+        a = a.astype(dtype)
     axes = _checks.axes("prod", "axis", axis)
     ndim = len(a.shape)
     axes = tuple(range(ndim)) if axes is None else axes
@@ -104,7 +130,7 @@ def prod(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
     return out
 
 
-def argmin(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def argmin(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
     """`numpy.argmin`: the index of the first minimum along `axis` (None: flattened), int32.
 
     The first NaN, as numpy. The argmax of an order-reversing bijection of
