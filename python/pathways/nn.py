@@ -96,13 +96,25 @@ def silu(x: Any) -> Any:
     return x * sigmoid(x)
 
 
-def _max_shift(x: Any, axis: Any) -> Any:
-    """The max over `axis` (keepdims), outside gradients; 0 where it is not finite.
+def _max_shift(x: Any, axis: Any, finite: bool = True) -> Any:
+    """The max over `axis` (keepdims), outside gradients: what softmax and
+    logsumexp subtract. 0 over no elements (a max of nothing has no value,
+    and none is needed: logsumexp is -inf, softmax empty, as JAX's).
 
-    Shifting by an infinite max would give inf - inf = NaN: a row holding
-    +inf has logsumexp +inf, and a row of -inf has -inf (as JAX and scipy).
+    `finite`: 0 where the max is not finite (logsumexp: shifting by an
+    infinite max would give inf - inf = NaN, but a row holding +inf has
+    logsumexp +inf, and a row of -inf has -inf, as JAX and scipy). softmax
+    and log_softmax shift by the max itself, as JAX's, so a row holding +inf
+    or of -inf only is NaN throughout.
     """
+    shape = tuple(x.shape) if hasattr(x, "shape") else _np.shape(x)
+    n = len(shape)
+    axes = range(n) if axis is None else axis
+    if all(-n <= a < n for a in axes) and any(shape[a] == 0 for a in axes):
+        return 0.0  # (an axis out of range is the max's error)
     m = stop_gradient(_pnp.max(x, axis=axis, keepdims=True))
+    if not finite:
+        return m
     return _pnp.where((m > -_np.inf) & (m < _np.inf), m, 0.0)
 
 
@@ -121,14 +133,14 @@ def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
 def softmax(x: Any, axis: Any = -1) -> Any:
     """exp(x) / sum(exp(x), axis), computed stably."""
     axis = _checks.axes("softmax", "axis", axis)
-    e = _pnp.exp(x - _max_shift(x, axis))
+    e = _pnp.exp(x - _max_shift(x, axis, finite=False))
     return e / _pnp.sum(e, axis=axis, keepdims=True)
 
 
 def log_softmax(x: Any, axis: Any = -1) -> Any:
     """x - logsumexp(x, axis), computed stably."""
     axis = _checks.axes("log_softmax", "axis", axis)
-    shifted = x - _max_shift(x, axis)
+    shifted = x - _max_shift(x, axis, finite=False)
     return shifted - _pnp.log(_pnp.sum(_pnp.exp(shifted), axis=axis, keepdims=True))
 
 

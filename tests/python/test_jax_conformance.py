@@ -154,6 +154,37 @@ def test_logsumexp_of_infinite_rows(tpus2, dtype):
     np.testing.assert_allclose(g, e / e.sum(-1, keepdims=True), rtol=rtol, atol=1e-30)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_of_infinite_rows_as_jax(tpus2, dtype):
+    # JAX's softmax and log_softmax shift by the max itself: a row holding +inf,
+    # or of -inf only, is NaN throughout (softmax once gave [0, nan] for [1, inf]).
+    x = np.array([INF_ROWS[:4], INF_ROWS[4:]], dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shifted = x - x.max(-1, keepdims=True)
+        e = np.exp(shifted)
+        want_softmax = e / e.sum(-1, keepdims=True)
+        want_log = shifted - np.log(e.sum(-1, keepdims=True))
+    assert np.isnan(want_softmax[0]).all() and not np.isnan(want_softmax[1, 1:]).any()
+    got_softmax, got_log = (np.asarray(o) for o in pw.pmap(
+        lambda v: (pnn.softmax(v), pnn.log_softmax(v)), devices=tpus2)(x))
+    rtol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(got_softmax, want_softmax, rtol=rtol, atol=1e-30)
+    np.testing.assert_allclose(got_log, want_log, rtol=rtol)
+
+
+def test_softmax_and_logsumexp_over_no_elements(tpus2):
+    # As JAX: an empty softmax, and logsumexp -inf (the max of nothing is not taken).
+    e = np.zeros((2, 3, 0))
+    soft, log_soft, lse, lse_keep = (np.asarray(o) for o in pw.pmap(
+        lambda v: (pnn.softmax(v), pnn.log_softmax(v), pnn.logsumexp(v, axis=1),
+                   pnn.logsumexp(v, axis=(0, 1), keepdims=True)), devices=tpus2)(e))
+    assert soft.shape == log_soft.shape == (2, 3, 0)
+    np.testing.assert_array_equal(lse, np.full((2, 3), -np.inf))
+    np.testing.assert_array_equal(lse_keep, np.full((2, 1, 1), -np.inf))
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(pnn.logsumexp(np.zeros((3, 0)), axis=1), [-np.inf] * 3)
+
+
 # --- 4. where advanced indexing puts the array's dimensions -------------------------
 
 S = slice(None)
