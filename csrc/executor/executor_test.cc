@@ -86,14 +86,17 @@ TEST(DelayQueueTest, RunsJobsInDeadlineOrderNotBefore) {
   std::vector<int64_t> deadlines;
   {
     DelayQueue queue;
-    const int64_t t0 = NowNanos();
+    // Every deadline lies 50 ms ahead, so all six are queued before the first
+    // is due however slowly this thread runs (a push that came after a due
+    // deadline would rightly run later, and the order would say nothing).
+    const int64_t t0 = NowNanos() + 50'000'000;
     const int64_t offsets_us[] = {3000, 500, 2000, 500, 0, 8000};
     for (int i = 0; i < 6; ++i) {
       jobs.push_back(std::make_unique<StampJob>(i, &log));
       deadlines.push_back(t0 + offsets_us[i] * 1000);
       queue.RunAt(deadlines.back(), jobs.back().get());
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(70));
   }  // destructor joins the thread: `log` is complete
   ASSERT_EQ(log.size(), 6u);
   const std::vector<int> want_order = {4, 1, 3, 2, 0, 5};  // by deadline, FIFO among equals
