@@ -41,7 +41,13 @@ __all__ = [
     "tree_reduce",
     "tree_all",
     "tree_flatten_with_path",
+    "tree_leaves_with_path",
     "tree_map_with_path",
+    "keystr",
+    "DictKey",
+    "SequenceKey",
+    "GetAttrKey",
+    "FlattenedIndexKey",
     "register_pytree_node",
     "register_pytree_node_class",
     "register_dataclass",
@@ -160,17 +166,107 @@ def tree_all(tree: Any, is_leaf: IsLeaf = None) -> bool:
     return all(tree_leaves(tree, is_leaf))
 
 
+# --- Paths: JAX's key types -------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DictKey:
+    """The key of a dict entry on a path (`jax.tree_util.DictKey`)."""
+
+    key: Any
+
+    def __str__(self) -> str:
+        return f"[{self.key!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceKey:
+    """The index of a list, tuple or deque entry on a path (`jax.tree_util.SequenceKey`)."""
+
+    idx: int
+
+    def __str__(self) -> str:
+        return f"[{self.idx}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class GetAttrKey:
+    """The field of a namedtuple or registered dataclass on a path (`jax.tree_util.GetAttrKey`)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f".{self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FlattenedIndexKey:
+    """The position among the children of a node registered with flatten and unflatten
+    functions (`jax.tree_util.FlattenedIndexKey`)."""
+
+    key: int
+
+    def __str__(self) -> str:
+        return f"[<flat index {self.key}>]"
+
+
+def _key_of(entry: Any) -> Any:
+    """JAX's key for one of optree's path entries."""
+    if isinstance(entry, (optree.NamedTupleEntry, optree.StructSequenceEntry)):
+        return GetAttrKey(entry.field)
+    if isinstance(entry, optree.GetAttrEntry):
+        return GetAttrKey(entry.name)
+    if isinstance(entry, optree.MappingEntry):
+        return DictKey(entry.entry)
+    if isinstance(entry, optree.SequenceEntry):
+        return SequenceKey(entry.entry)
+    return FlattenedIndexKey(entry.entry)
+
+
+def _paths(tree: Any, is_leaf: IsLeaf) -> tuple:
+    accessors, leaves, treedef = optree.tree_flatten_with_accessor(
+        tree, is_leaf, namespace=NAMESPACE
+    )
+    return [tuple(_key_of(e) for e in a) for a in accessors], leaves, treedef
+
+
+def keystr(keys: Sequence[Any], *, simple: bool = False, separator: str = "") -> str:
+    """A path as text, as `jax.tree_util.keystr`: `"['a'][0].w"`; `simple=True` gives the
+    bare keys joined by `separator` (`"a/0/w"` with `separator="/"`)."""
+    if not simple:
+        return separator.join(str(k) for k in keys)
+
+    def bare(k: Any) -> str:
+        for field in ("key", "idx", "name"):
+            if hasattr(k, field):
+                return str(getattr(k, field))
+        return str(k)
+
+    return separator.join(bare(k) for k in keys)
+
+
 def tree_flatten_with_path(tree: Any, is_leaf: IsLeaf = None) -> tuple[list, PyTreeDef]:
-    """`([(path, leaf), ...], treedef)`; a path is the tuple of keys and indices leading to the leaf."""
-    paths, leaves, treedef = optree.tree_flatten_with_path(tree, is_leaf, namespace=NAMESPACE)
+    """`([(path, leaf), ...], treedef)`, as `jax.tree_util.tree_flatten_with_path`.
+
+    A path is the tuple of keys leading to the leaf, JAX's types: `DictKey`
+    (`.key`), `SequenceKey` (`.idx`), `GetAttrKey` (`.name`: namedtuple and
+    registered dataclass fields) and `FlattenedIndexKey` (`.key`: children of
+    nodes registered with flatten functions); `keystr` prints one.
+    """
+    paths, leaves, treedef = _paths(tree, is_leaf)
     return list(zip(paths, leaves)), treedef
+
+
+def tree_leaves_with_path(tree: Any, is_leaf: IsLeaf = None) -> list:
+    """`[(path, leaf), ...]`, as `jax.tree_util.tree_leaves_with_path`."""
+    return tree_flatten_with_path(tree, is_leaf)[0]
 
 
 def tree_map_with_path(
     fn: Callable[..., Any], tree: Any, *rest: Any, is_leaf: IsLeaf = None
 ) -> Any:
     """As `tree_map`, with `fn(path, leaf, *rest_leaves)` (paths as `tree_flatten_with_path`)."""
-    paths, leaves, treedef = optree.tree_flatten_with_path(tree, is_leaf, namespace=NAMESPACE)
+    paths, leaves, treedef = _paths(tree, is_leaf)
     others = [_leaves_like(treedef, r, "tree_map_with_path", is_leaf) for r in rest]
     return treedef.unflatten([fn(p, *xs) for p, *xs in zip(paths, leaves, *others)])
 
@@ -282,5 +378,7 @@ def register_dataclass(
     def unflatten(meta: tuple, children: Sequence[Any]) -> Any:
         return nodetype(**dict(zip(data_fields, children)), **dict(zip(meta_fields, meta)))
 
-    optree.register_pytree_node(nodetype, flatten, unflatten, namespace=NAMESPACE)
+    optree.register_pytree_node(
+        nodetype, flatten, unflatten, path_entry_type=optree.GetAttrEntry, namespace=NAMESPACE
+    )
     return nodetype

@@ -1,7 +1,12 @@
 """`pw.tree_util`: pytree utilities, as `jax.tree_util` (see pathways._pytree)."""
 
 from pathways._pytree import (
+    DictKey,
+    FlattenedIndexKey,
+    GetAttrKey,
     PyTreeDef,
+    SequenceKey,
+    keystr,
     register_dataclass,
     register_pytree_node,
     register_pytree_node_class,
@@ -9,6 +14,7 @@ from pathways._pytree import (
     tree_flatten,
     tree_flatten_with_path,
     tree_leaves,
+    tree_leaves_with_path,
     tree_map,
     tree_map_with_path,
     tree_reduce,
@@ -17,7 +23,13 @@ from pathways._pytree import (
 )
 
 __all__ = [
+    "DictKey",
+    "FlattenedIndexKey",
+    "GetAttrKey",
     "PyTreeDef",
+    "SequenceKey",
+    "keystr",
+    "tree_leaves_with_path",
     "register_dataclass",
     "register_pytree_node",
     "register_pytree_node_class",

@@ -159,9 +159,10 @@ def test_custom_nodes():
     s = pw.tree_map(lambda x: x + 1, Scaled(1, 10))
     assert (s.value, s.scale) == (2, 10)
 
-    # Paths name the fields and indices leading to each leaf.
-    paths = [path for path, _ in pw.tree_util.tree_flatten_with_path({"l": Layer(5, 6)})[0]]
-    assert paths == [("l", "w"), ("l", "b")]
+    # Paths name the fields and indices leading to each leaf, in JAX's key types.
+    tu = pw.tree_util
+    paths = [path for path, _ in tu.tree_flatten_with_path({"l": Layer(5, 6)})[0]]
+    assert paths == [(tu.DictKey("l"), tu.GetAttrKey("w")), (tu.DictKey("l"), tu.GetAttrKey("b"))]
 
 
 def test_register_dataclass_errors():
@@ -209,3 +210,33 @@ def test_namedtuple_through_pmap(devices_of):
     assert isinstance(out, Point)
     np.testing.assert_array_equal(np.asarray(out.x), [3.0, 4.0])
     np.testing.assert_array_equal(np.asarray(out.y), [2.0, 4.0])
+
+
+def test_paths_are_jaxs_keys():
+    # What jax.tree_util.tree_flatten_with_path and keystr give for the same tree
+    # (jax 0.10), written out: dict keys, sequence indices, namedtuple fields,
+    # registered dataclass fields and the children of flatten-function nodes.
+    tu = pw.tree_util
+    Pair = collections.namedtuple("Pair", "a b")
+
+    class Node:
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+    tu.register_pytree_node(Node, lambda n: ((n.x, n.y), None), lambda _, ch: Node(*ch))
+    tree = {"x": [1, (2, 3)], "y": Pair(4, 5), "l": Layer(6, 7), "n": Node(8, 9),
+            "o": collections.OrderedDict(z=10)}
+    flat = tu.tree_flatten_with_path(tree)[0]
+    assert [tu.keystr(p) for p, _ in flat] == [
+        "['l'].w", "['l'].b", "['n'][<flat index 0>]", "['n'][<flat index 1>]", "['o']['z']",
+        "['x'][0]", "['x'][1][0]", "['x'][1][1]", "['y'].a", "['y'].b",
+    ]
+    assert [leaf for _, leaf in flat] == [6, 7, 8, 9, 10, 1, 2, 3, 4, 5]
+    assert [tu.keystr(p, simple=True, separator="/") for p, _ in flat][:3] == ["l/w", "l/b", "n/0"]
+    path = flat[6][0]
+    assert path == (tu.DictKey("x"), tu.SequenceKey(1), tu.SequenceKey(0))
+    assert (path[0].key, path[1].idx) == ("x", 1) and flat[8][0][1].name == "a"
+    assert tu.tree_leaves_with_path(tree) == flat
+    # The idiom of optimizer masks: a function of the last key.
+    masked = tu.tree_map_with_path(lambda p, x: p[-1].name != "b", {"l": Layer(1.0, 2.0)})
+    assert (masked["l"].w, masked["l"].b) == (True, False)
