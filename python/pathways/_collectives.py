@@ -173,8 +173,9 @@ def all_gather(x: Any, axis_name: str, axis: int = 0, *, tiled: bool = False) ->
     def tiled_gather(trace: _FunctionTrace, leaf: Tracer, name: str) -> Tracer:
         shape = tuple(leaf.shape)
         ax = _axis_in("all_gather (tiled)", "axis", a, leaf, len(shape))
+        n = _devices(trace, "all_gather")
         stacked = bind(trace, "all_gather", (leaf,), axis_name=name, axis=ax)
-        return stacked.reshape(shape[:ax] + (-1,) + shape[ax + 1:])
+        return stacked.reshape(shape[:ax] + (n * shape[ax],) + shape[ax + 1:])
 
     return _map_leaves("all_gather", x, axis_name, tiled_gather)
 
