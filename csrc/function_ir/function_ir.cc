@@ -542,9 +542,12 @@ absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t 
         "sub: boolean subtract is not supported (%s and %s); use logical_xor", ta.ToString(),
         tb.ToString()));
   }
-  // True division of integers is in float64, as numpy; bool ** bool in int32.
+  // True division of integers is in float64, as numpy; bool ** bool and the
+  // remainder of bools in int32.
   if (kind == OpKind::kDiv && !IsFloat(dtype)) dtype = DType::kF64;
-  if ((kind == OpKind::kPow || IsShift(kind)) && dtype == DType::kBool) dtype = DType::kI32;
+  if ((kind == OpKind::kPow || kind == OpKind::kRem || IsShift(kind)) && dtype == DType::kBool) {
+    dtype = DType::kI32;
+  }
   // int32 with uint32 promotes to int32 (JAX's lattice without int64), which
   // wraps uint32 values above 2^31; a comparison must not, so it compares in
   // float64, exact for every 32-bit integer (numpy compares in int64).

@@ -256,13 +256,13 @@ class FunctionBuilder {
   // when it already has `dtype`.
   absl::StatusOr<int32_t> BitcastConvert(int32_t x, DType dtype);
 
-  // A binary elementwise op: kAdd, kSub, kMul, kDiv, kPow, kMax, kMin, a
+  // A binary elementwise op: kAdd, kSub, kMul, kDiv, kPow, kRem, kMax, kMin, a
   // comparison (kEq ... kGe), a bitwise op (kAnd, kOr, kXor: logical on
   // bools) or a shift (kShiftLeft, kShiftRightLogical,
   // kShiftRightArithmetic). Shapes broadcast as in numpy (aligned from the
   // right; a dimension of size 1 stretches). Mixed dtypes are promoted
   // (Converts are inserted); kDiv of integer or bool operands is true
-  // division in float64, kPow and shifts of two bools compute in int32.
+  // division in float64, kPow, kRem and shifts of two bools compute in int32.
   // Comparisons give bool. A bfloat16 result is computed in float32 and
   // rounded (see the top of this file). InvalidArgument names the op and both types for
   // incompatible shapes ("add: incompatible shapes f32[2] and f32[3]"), for

@@ -52,7 +52,7 @@ std::shared_ptr<const FunctionIr> ElementwiseFunction() {
   const int32_t cb = Ok(b.Constant(DType::kBool, {3}, std::vector<uint8_t>{1, 0, 1}));
   std::vector<int32_t> outs;
   for (OpKind kind : {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow,
-                      OpKind::kMax, OpKind::kMin}) {
+                      OpKind::kRem, OpKind::kMax, OpKind::kMin}) {
     outs.push_back(Ok(b.Binary(kind, x, c32)));
     outs.push_back(Ok(b.Binary(kind, k, ci)));  // div of int32: converts to f64
   }

@@ -59,6 +59,9 @@ enum class TypeRule : uint8_t {
   X(kMul, "mul", MUL, 2, kElementwise, kArithmetic)                                    \
   X(kDiv, "div", DIV, 2, kElementwise, kArithmetic)                                    \
   X(kPow, "pow", POW, 2, kElementwise, kArithmetic)                                    \
+  /* The remainder of truncated division, with a's sign (C's fmod and %, jax.lax.rem);  \
+     an integer remainder by 0 is a, as XLA's */                                       \
+  X(kRem, "rem", REM, 2, kElementwise, kArithmetic)                                    \
   X(kMax, "max", MAX, 2, kElementwise, kArithmetic)                                    \
   X(kMin, "min", MIN, 2, kElementwise, kArithmetic)                                    \
   X(kEq, "eq", EQ, 2, kElementwise, kComparison)                                       \

@@ -218,6 +218,15 @@ void RunArithmetic(OpKind kind, int num_shards, int64_t n, View a, View b, void*
         return map([](T x, T y) { return static_cast<T>(std::pow(x, y)); });
       }
       return;
+    case OpKind::kRem:
+      // Truncated: the sign of x. By zero, x (XLA's); INT32_MIN rem -1 is 0
+      // (C's % would trap on the quotient's overflow).
+      if constexpr (kInt) {
+        return map([](T x, T y) { return y == 0 ? x : (y == -1 ? T(0) : T(x % y)); });
+      }
+      if constexpr (kUint) return map([](T x, T y) { return y == 0 ? x : T(x % y); });
+      if constexpr (kFloat) return map([](T x, T y) { return T(std::fmod(x, y)); });
+      return;  // bool computes in int32 (the builder converts)
     case OpKind::kMax:
       return map([](T x, T y) { return Max(x, y); });
     case OpKind::kMin:

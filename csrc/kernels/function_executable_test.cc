@@ -708,6 +708,59 @@ TEST(FunctionExecutableElementwiseTest, Int32ArithmeticWrapsAndDividesInFloat) {
   }
 }
 
+// rem is C's: the sign of x, exact for floats (fmod); integers by zero give x
+// (XLA's) and INT32_MIN rem -1 is 0 (C's % would trap); bools compute in int32.
+TEST(FunctionExecutableElementwiseTest, RemIsTruncatedInEveryDtype) {
+  FunctionBuilder b("f", "");
+  const int32_t i = b.Parameter(DType::kI32, {6});
+  const int32_t j = b.Parameter(DType::kI32, {6});
+  const int32_t u = b.Parameter(DType::kU32, {3});
+  const int32_t v = b.Parameter(DType::kU32, {3});
+  const int32_t f = b.Parameter(DType::kF64, {5});
+  const int32_t g = b.Parameter(DType::kF64, {5});
+  const int32_t p = b.Parameter(DType::kBool, {2});
+  auto ri = b.Binary(OpKind::kRem, i, j);
+  auto ru = b.Binary(OpKind::kRem, u, v);
+  auto rf = b.Binary(OpKind::kRem, f, g);
+  auto rb = b.Binary(OpKind::kRem, p, p);
+  ASSERT_TRUE(ri.ok() && ru.ok() && rf.ok() && rb.ok());
+  EXPECT_EQ(b.type(*rb).dtype, DType::kI32);
+  EXPECT_EQ(b.type(*rf).dtype, DType::kF64);
+  auto exe = MustCompile(b.Build({*ri, *ru, *rf, *rb}));
+  ASSERT_NE(exe, nullptr);
+  const std::vector<int32_t> iv = {7, -7, 7, std::numeric_limits<int32_t>::min(), 5, -9};
+  const std::vector<int32_t> jv = {3, 3, -3, -1, 0, 9};
+  const std::vector<uint32_t> uv = {7, 4294967295u, 5};
+  const std::vector<uint32_t> vv = {3, 10, 0};
+  const std::vector<double> fv = {5.5, -5.5, 1.0, 1e300, 3.0};
+  const std::vector<double> gv = {2.0, 2.0, 0.1, 3.0, 0.0};
+  const std::vector<uint8_t> pv = {1, 1};
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    auto rep = [&](const auto& h) {
+      std::remove_cvref_t<decltype(h)> all;
+      for (int s = 0; s < shards; ++s) all.insert(all.end(), h.begin(), h.end());
+      return Bytes(all);
+    };
+    const auto out = RunGang(*exe, shards, {rep(iv), rep(jv), rep(uv), rep(vv), rep(fv), rep(gv),
+                                            rep(pv)});
+    const auto got_i = Values<int32_t>(out[0]);
+    const auto got_u = Values<uint32_t>(out[1]);
+    const auto got_f = Values<double>(out[2]);
+    const auto got_b = Values<int32_t>(out[3]);
+    for (int s = 0; s < shards; ++s) {
+      const int32_t want_i[] = {1, -1, 1, 0, 5, -0};
+      for (int k = 0; k < 6; ++k) EXPECT_EQ(got_i[6 * s + k], want_i[k]) << k;
+      EXPECT_EQ(got_u[3 * s + 0], 1u);
+      EXPECT_EQ(got_u[3 * s + 1], 5u);
+      EXPECT_EQ(got_u[3 * s + 2], 5u);  // by zero: x
+      for (int k = 0; k < 4; ++k) EXPECT_EQ(got_f[5 * s + k], std::fmod(fv[k], gv[k])) << k;
+      EXPECT_TRUE(std::isnan(got_f[5 * s + 4]));  // fmod(x, 0) is NaN
+      EXPECT_EQ(got_b[2 * s], 0);
+    }
+  }
+}
+
 TEST(FunctionExecutableElementwiseTest, Uint32ArithmeticWrapsAndConverts) {
   FunctionBuilder b("f", "");
   const int32_t x = b.Parameter(DType::kU32, {4});

@@ -68,8 +68,9 @@ void RunOne(const uint8_t* data, size_t size) {
   std::vector<int32_t> values;
   for (int p = 0; p < 2; ++p) values.push_back(b.Parameter(PickDType(in), in.SmallDims()));
   auto pick = [&] { return values[in.Byte() % values.size()]; };
-  const OpKind binary[] = {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow, OpKind::kMax,
-                           OpKind::kMin, OpKind::kEq,  OpKind::kLt,  OpKind::kGe,  OpKind::kAnd, OpKind::kXor,
+  const OpKind binary[] = {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow,
+                           OpKind::kRem, OpKind::kMax, OpKind::kMin, OpKind::kEq,  OpKind::kLt,
+                           OpKind::kGe,  OpKind::kAnd, OpKind::kXor,
                            OpKind::kOr,  OpKind::kShiftLeft, OpKind::kShiftRightLogical,
                            OpKind::kShiftRightArithmetic};
   const OpKind unary[] = {OpKind::kNeg, OpKind::kAbs, OpKind::kExp, OpKind::kLog, OpKind::kTanh,

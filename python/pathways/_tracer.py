@@ -609,6 +609,18 @@ class Tracer(_TracerBase):
         self._check()
         return pnp.remainder(other, self)
 
+    def __divmod__(self, other: Any) -> Any:
+        from pathways import numpy as pnp
+
+        self._check()
+        return pnp.divmod(self, other)
+
+    def __rdivmod__(self, other: Any) -> Any:
+        from pathways import numpy as pnp
+
+        self._check()
+        return pnp.divmod(other, self)
+
     def prod(self, axis: Any = None, *, keepdims: bool = False) -> Any:
         """Product over `axis`, as `pathways.numpy.prod`."""
         from pathways import numpy as pnp

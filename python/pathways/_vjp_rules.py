@@ -152,6 +152,20 @@ def _div_vjp(ct, ops, out, params, needs):
     )
 
 
+@_rule("rem")
+def _rem_vjp(ct, ops, out, params, needs):
+    a, b = ops
+
+    def divisor() -> Tracer:
+        # rem = a - trunc(a / b) * b: d/db = -trunc(a / b), the quotient
+        # (a - rem) / b snapped to its integer (it is one up to rounding).
+        from pathways.numpy import rint  # Local: pathways.numpy imports this module.
+
+        return _unbroadcast(-ct * rint((a - out) / b), b.shape)
+
+    return _lazy(needs, lambda: _unbroadcast(ct, a.shape), divisor)
+
+
 @_rule("pow")
 def _pow_vjp(ct, ops, out, params, needs):
     a, b = ops

@@ -43,6 +43,7 @@ __all__ = [
     "bitcast_convert_type",
     "erf",
     "erfc",
+    "rem",
     "cumsum",
     "cumprod",
     "cummax",
@@ -215,7 +216,8 @@ def _same_dtype_operands(name: str, x: Any, y: Any) -> tuple:
     return x, y
 
 
-def _shift(name: str, x: Any, y: Any) -> Any:
+def _same_dtype_binary(name: str, x: Any, y: Any) -> Any:
+    """Binary op `name` of jax.lax's kind (shifts, rem): operands of one dtype."""
     trace = _trace_of(name, (x, y), "pw.lax")
     if trace is None:
         trace = _state.function
@@ -246,7 +248,7 @@ def shift_left(x: Any, y: Any) -> Any:
       TypeError: For operands of two dtypes, or not integers.
       ValueError: If the shapes do not broadcast.
     """
-    return _shift("shift_left", x, y)
+    return _same_dtype_binary("shift_left", x, y)
 
 
 def shift_right_logical(x: Any, y: Any) -> Any:
@@ -255,7 +257,7 @@ def shift_right_logical(x: Any, y: Any) -> Any:
     An int32's bits shift as a uint32's would. Counts outside [0, 32) give
     0. Arguments, result and errors as `shift_left`.
     """
-    return _shift("shift_right_logical", x, y)
+    return _same_dtype_binary("shift_right_logical", x, y)
 
 
 def shift_right_arithmetic(x: Any, y: Any) -> Any:
@@ -265,7 +267,7 @@ def shift_right_arithmetic(x: Any, y: Any) -> Any:
     [0, 32) give 0, or -1 (all bits set) where the sign bit is set.
     Arguments, result and errors as `shift_left`.
     """
-    return _shift("shift_right_arithmetic", x, y)
+    return _same_dtype_binary("shift_right_arithmetic", x, y)
 
 
 _BITCAST_DTYPES = (_np.dtype(_np.float32), _np.dtype(_np.int32), _np.dtype(_np.uint32))
@@ -342,6 +344,20 @@ def erfc(x: Any) -> Any:
     if trace is None:
         return _run_outside("erfc", _erf_traced, ("erfc",), (x,))
     return _erf_traced(x if isinstance(x, Tracer) else trace.constant(x, None), "erfc")
+
+
+def rem(x: Any, y: Any) -> Any:
+    """The remainder of truncated division, with the sign of `x`, like `jax.lax.rem`
+    (C's fmod and %): exact for floats; integers by 0 give `x`, as XLA's.
+    Operands of one dtype, as `jax.lax` takes them (a Python scalar takes the
+    other's). Gradient: 1 to `x`, `-trunc(x / y)` to `y`. On concrete arrays
+    it runs as a `pw.pmap` over one device and returns numpy arrays.
+
+    Raises:
+      TypeError: For operands of two dtypes.
+      ValueError: If the shapes do not broadcast.
+    """
+    return _same_dtype_binary("rem", x, y)
 
 
 # --- cumsum, cumprod, cummax, cummin -----------------------------------------------------

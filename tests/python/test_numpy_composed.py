@@ -1,7 +1,7 @@
 """pathways.numpy functions built from the op table's ops (issue 12, found missing
 by a probe written as a JAX user would): isnan, isinf, isfinite; floor, ceil,
-round, rint; floor_divide and remainder (`//`, `%`) of integers; log1p, expm1,
-log2, log10, reciprocal; prod, any, all, argmin.
+round, rint; floor_divide, remainder, fmod and divmod (`//`, `%`; on the `rem`
+op for floats); log1p, expm1, log2, log10, reciprocal; prod, any, all, argmin.
 
 Each against numpy, bit for bit where numpy's answer is exact (signs of zero
 included), over edge values; log1p and expm1 within 1 ulp.
@@ -120,13 +120,54 @@ def test_floor_divide_and_remainder_of_uint32_and_bool(tpus2):
     assert_same(run(tpus2, lambda x: x // np.array([True, True, True]), t), t.astype(np.int32))
 
 
-def test_floor_division_of_floats_is_refused(tpus2, runtime_ok):
-    with pytest.raises(TypeError, match=r"floor_divide: operands must be integers on traced "
-                                        r"values, got f64\[3\] and f64\[\]"):
-        run(tpus2, lambda v: v // 2.0, np.ones(3))
-    with pytest.raises(TypeError, match="remainder: operands must be integers"):
-        run(tpus2, lambda v: v % np.float32(2), np.ones(3, np.float32))
-    runtime_ok()
+def float_pairs(dtype):
+    """Numerators and denominators as numpy's and JAX's divmod tests pick them: signs,
+    exact multiples, quotients just below integers (1.0 // 0.1 is 9), zeros, inf, NaN."""
+    a = [7.5, -7.5, 7.5, -7.5, 1.0, -1.0, 6.0, -6.0, 0.0, -0.0, 0.0, 5.0, -5.0, 1e30, 3.0,
+         np.inf, 2.0, np.nan, 1.0, 0.3, -0.3, 1e-30, 123456.789, -2.0, 2.0]
+    b = [2.0, 2.0, -2.0, -2.0, 0.1, 0.1, 3.0, 3.0, 5.0, 5.0, -5.0, 0.0, 0.0, 7.0, np.inf,
+         2.0, np.nan, 1.0, -np.inf, 0.1, 0.1, 3.0, 0.01, 4.0, -4.0]
+    return np.array(a, dtype), np.array(b, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_floor_divide_remainder_fmod_divmod_of_floats_match_numpy(tpus2, dtype):
+    a, b = float_pairs(dtype)
+    with np.errstate(all="ignore"):
+        want = [a // b, a % b, np.fmod(a, b), *np.divmod(a, b)]
+    outs = pw.pmap(lambda x, y: (x // y, x % y, pnp.fmod(x, y), *divmod(x, y)), devices=tpus2)(
+        np.stack([a, a]), np.stack([b, b]))
+    for got, w in zip(outs, want):
+        assert_same(np.asarray(got)[0], w)  # bit for bit, signs of zero and NaN included
+    # Python scalars take the traced value's type; ints with floats promote as numpy.
+    with np.errstate(all="ignore"):
+        assert_same(run(tpus2, lambda x: x % 0.75, a), a % dtype(0.75))
+        assert_same(run(tpus2, lambda x: 10.0 // x, b), dtype(10.0) // b)
+    i = np.array([7, -7, 3], np.int32)
+    assert_same(run(tpus2, lambda x: x // 2.5, i), i // 2.5)
+    assert_same(run(tpus2, lambda x: pnp.remainder(x, np.float32(2.5)), i),
+                np.remainder(i, np.float32(2.5)))
+
+
+def test_remainder_of_bfloat16_and_the_gradients(tpus2):
+    a, b = float_pairs(np.float32)
+    with np.errstate(all="ignore"):
+        want = (a.astype(BF16).astype(np.float32) % b.astype(BF16).astype(np.float32)).astype(BF16)
+    assert_same(run(tpus2, lambda x, y: x % y, a.astype(BF16), b.astype(BF16)), want)
+    # d(a % b)/da = 1 and d/db = -(a // b); fmod's d/db = -trunc(a / b); // has none.
+    x = np.array([7.5, -7.5, 2.25, -0.3])
+    y = np.array([2.0, 2.0, -0.5, 0.1])
+    ga, gb = (np.asarray(g)[0] for g in pw.pmap(
+        pw.grad(lambda u, v: (u % v + 2 * pnp.fmod(u, v) + u // v).sum(), argnums=(0, 1)),
+        devices=tpus2)(np.stack([x, x]), np.stack([y, y])))
+    np.testing.assert_array_equal(ga, np.full(4, 3.0))
+    np.testing.assert_array_equal(gb, -(x // y) - 2 * np.rint((x - np.fmod(x, y)) / y))
+    # pw.lax.rem is jax.lax.rem: truncated, one dtype.
+    np.testing.assert_array_equal(
+        run(tpus2, lambda u, v: pw.lax.rem(u, v), x, y), np.fmod(x, y))
+    np.testing.assert_array_equal(pw.lax.rem(np.array([7, -7], np.int32), 3), [1, -1])
+    with pytest.raises(TypeError, match="rem: operands must have the same dtype"):
+        pw.lax.rem(np.ones(2), np.ones(2, np.float32))
 
 
 def ulps(got, want, dtype):

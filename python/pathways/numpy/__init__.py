@@ -32,6 +32,8 @@ import numpy as _np
 from pathways.numpy._elementwise import (  # noqa: A004 (numpy's names)
     around,
     ceil,
+    divmod,
+    fmod,
     expm1,
     floor,
     floor_divide,
@@ -196,6 +198,8 @@ __all__ = [
     "around",
     "rint",
     "floor_divide",
+    "fmod",
+    "divmod",
     "remainder",
     "mod",
     "log1p",

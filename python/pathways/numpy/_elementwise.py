@@ -374,35 +374,67 @@ def rint(x: Any) -> Any:
 around = round
 
 
-def _integer_operands(name: str, a: Any, b: Any) -> tuple:
-    """`(a, b)` as traced values of one integer dtype (numpy's promotion, bool as int32,
-    int32 with uint32 int32), or TypeError naming `name`."""
+def _division_operands(name: str, a: Any, b: Any) -> tuple:
+    """`(a, b, is_float)`: both as traced values (a Python scalar takes the other's
+    type); for integers, of one integer dtype (bool as int32, int32 with uint32
+    int32), as numpy's promotion gives them."""
     t = a if isinstance(a, Tracer) else b
     ops = [t._operand(a), t._operand(b)]
     if any(o is None for o in ops):
         raise TypeError(f"{name}: unsupported operands {type(a).__name__} and {type(b).__name__}")
     if any(_is_float(o) for o in ops):
-        raise TypeError(
-            f"{name}: operands must be integers on traced values, got {ops[0].aval} and "
-            f"{ops[1].aval} (the floor division of floats needs a remainder op the function IR "
-            "lacks: use pnp.floor(a / b) where its rounding is good enough)"
-        )
+        return ops[0], ops[1], True  # the builder promotes each op's operands
     ops = [o.astype(_np.int32) if o.dtype == _np.bool_ else o for o in ops]
     if ops[0].dtype != ops[1].dtype:
         ops = [o.astype(_np.int32) for o in ops]
-    return ops[0], ops[1]
+    return ops[0], ops[1], False
+
+
+def _signed_zero(like: Tracer) -> Tracer:
+    """0.0 with the sign bit of `like` (numpy's copysign(0, like)); -0.0 is told
+    from 0.0 by its reciprocal, -inf."""
+    negative = (like < 0) | ((like == 0) & (1 / like < 0))
+    trace = like._check()
+    return where(negative, trace.constant(-0.0, like.dtype), trace.constant(0.0, like.dtype))
+
+
+def _float_divmod(a: Tracer, b: Tracer) -> tuple:
+    """numpy's floor division and remainder of floats (its npy_divmod, elementwise).
+
+    The remainder starts from fmod (the `rem` op, exact), which the quotient
+    `(a - fmod) / b` then matches up to rounding; both move by one step where
+    fmod's sign is not b's, and the quotient snaps to the nearest integer.
+    Zeros carry numpy's signs; by zero, `(a / b, fmod(a, 0) = NaN)`.
+    """
+    trace = a._check() if isinstance(a, Tracer) else b._check()
+    mod = fm = bind(trace, "rem", (a, b))
+    div = (a - mod) / b
+    fix = (mod != 0) & ((b < 0) != (mod < 0))
+    div = where(fix, div - 1, div)
+    mod = where(fix, mod + b, where(mod != 0, mod, _signed_zero(b)))
+    low = floor(div)
+    snapped = where(div - low > 0.5, low + 1, low)
+    quotient = where(div != 0, snapped, _signed_zero(a / b))  # NaN != 0: NaN stays
+    by_zero = b == 0
+    return where(by_zero, a / b, quotient), where(by_zero, fm, mod)
 
 
 def floor_divide(a: Any, b: Any) -> Any:
-    """`numpy.floor_divide` (`a // b`) of int32 or uint32 values: the quotient rounded down.
+    """`numpy.floor_divide` (`a // b`): the quotient rounded down.
 
-    Exact: the float64 quotient of two 32-bit integers never rounds across an
-    integer. As numpy, a division by zero gives 0 and INT32_MIN // -1 wraps
-    to INT32_MIN. Floats are refused (TypeError) on traced values.
+    Integers: exact (the float64 quotient of two 32-bit integers never rounds
+    across an integer); as numpy, a division by zero gives 0 and
+    INT32_MIN // -1 wraps to INT32_MIN. Floats: numpy's, bit for bit (from the
+    exact remainder, see `remainder`), `1.0 // 0.1` is 9.0 as in numpy and
+    JAX. No gradient flows (it is piecewise constant).
     """
     if _trace_of("floor_divide", (a, b)) is None:
         return _np.floor_divide(a, b)
-    a, b = _integer_operands("floor_divide", a, b)
+    a, b, is_float = _division_operands("floor_divide", a, b)
+    if is_float:
+        from pathways._autodiff import stop_gradient  # Local: it imports this package.
+
+        return _float_divmod(stop_gradient(a), stop_gradient(b))[0]
     q = floor(a.astype(_np.float64) / b.astype(_np.float64))
     if a.dtype == _np.int32:
         q = where(q == 2.0**31, -(2.0**31), q)  # -2**31 // -1 wraps
@@ -410,18 +442,45 @@ def floor_divide(a: Any, b: Any) -> Any:
 
 
 def remainder(a: Any, b: Any) -> Any:
-    """`numpy.remainder` (`a % b`) of int32 or uint32 values: the sign of `b`, as numpy.
+    """`numpy.remainder` (`a % b`): `a - (a // b) * b`, with the sign of `b`, as numpy.
 
-    `a - (a // b) * b` in wrapping integer arithmetic (exact); a remainder by
-    zero is 0, as numpy. Floats are refused (TypeError) on traced values.
+    Integers: from the truncated remainder (the `rem` op), exact; a remainder
+    by zero is 0, as numpy. Floats: numpy's, bit for bit (fmod moved into b's
+    sign); the gradient is 1 to `a` and `-(a // b)` to `b`.
     """
     if _trace_of("remainder", (a, b)) is None:
         return _np.remainder(a, b)
-    a, b = _integer_operands("remainder", a, b)
-    return where(b == 0, 0, a - floor_divide(a, b) * b)
+    a, b, is_float = _division_operands("remainder", a, b)
+    if is_float:
+        return _float_divmod(a, b)[1]
+    trace = a._check()
+    r = bind(trace, "rem", (a, b))
+    if a.dtype == _np.int32:
+        r = where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+    return where(b == 0, 0, r)
 
 
 mod = remainder
+
+
+def fmod(a: Any, b: Any) -> Any:
+    """`numpy.fmod`: the remainder of truncated division, with the sign of `a` (C's).
+
+    One `rem` op (`jax.lax.rem`). Integers: a remainder by zero is 0, as
+    numpy (the op gives `a`). Gradient: 1 to `a`, `-trunc(a / b)` to `b`.
+    """
+    if _trace_of("fmod", (a, b)) is None:
+        return _np.fmod(a, b)
+    a, b, is_float = _division_operands("fmod", a, b)
+    r = bind(a._check() if isinstance(a, Tracer) else b._check(), "rem", (a, b))
+    return r if is_float else where(b == 0, 0, r)
+
+
+def divmod(a: Any, b: Any) -> tuple:  # noqa: A001 (numpy's name)
+    """`numpy.divmod`: `(floor_divide(a, b), remainder(a, b))`."""
+    if _trace_of("divmod", (a, b)) is None:
+        return _np.divmod(a, b)
+    return floor_divide(a, b), remainder(a, b)
 
 
 def _float_operand(x: Tracer) -> Tracer:
