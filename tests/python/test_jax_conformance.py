@@ -615,3 +615,43 @@ def test_sign_gradient_is_zero_at_nan(tpus2):
     np.testing.assert_array_equal(g, np.zeros_like(x))
     got = np.asarray(pw.pmap(pw.numpy.sign, devices=tpus2)(x))
     np.testing.assert_array_equal(got, np.sign(x))
+
+
+CONSTANT_MASK = np.array([[True, False, True, False], [False, False, True, True],
+                          [True, True, True, False]])
+GATHER_INDEXES = [
+    (np.array([True, False, True]),),
+    (slice(None), np.array([True, False, True, False])),
+    (CONSTANT_MASK,),
+    (CONSTANT_MASK, 1),
+    (0, np.array([False, True, True, False]), slice(1, 3)),
+    (..., np.array([True, False, True, False, True])),
+    ([True, False, True],),
+    (np.array([0, 2]), np.array([1, 3])),
+    (np.array([[0], [2]]), slice(None), np.array([1, 3])),  # separated: arrays first
+    (np.array([0, 2]), 1, np.array([4, -1])),
+    (np.array([2, 0]), np.array([3, 3]), np.array([0, 4])),
+]
+
+
+@pytest.mark.parametrize("index", GATHER_INDEXES, ids=range(len(GATHER_INDEXES)))
+def test_constant_masks_and_several_integer_arrays_index_as_numpy(tpus2, index):
+    # JAX takes a concrete boolean mask (its positions are known at trace time)
+    # and several integer arrays; x[...] once refused both.
+    x = np.arange(60.0).reshape(3, 4, 5)
+    got = np.asarray(pw.pmap(lambda v: v[index], devices=tpus2)(np.stack([x, x])))[0]
+    want = x[index]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_several_traced_integer_arrays_index_and_clamp(tpus2, runtime_ok):
+    x = np.arange(60.0).reshape(3, 4, 5)
+    i, j = np.array([0, 2, 7], np.int32), np.array([-1, 1, 0], np.int32)
+    got = np.asarray(pw.pmap(lambda v, a, b: v[a, :, b], devices=tpus2)(
+        np.stack([x, x]), np.stack([i, i]), np.stack([j, j])))[0]
+    np.testing.assert_array_equal(got, x[np.clip(i, 0, 2), :, j])  # out of range: clamped
+    with pytest.raises(IndexError, match="with a boolean mask: the result's shape would depend"):
+        pw.pmap(lambda v, m: v[m], devices=tpus2)(np.stack([x, x]),
+                                                  np.stack([CONSTANT_MASK[:, 0]] * 2))
+    runtime_ok()

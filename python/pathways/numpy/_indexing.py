@@ -140,7 +140,9 @@ def take(a: Any, indices: Any, axis: Any = None, mode: Optional[str] = None,
 
 def _getitem(x: Tracer, index: Any) -> Tracer:
     """`x[index]` for static indices: ints, slices (any step), None, Ellipsis, and at
-    most one integer array or int32 traced value (a `take` along its dimension).
+    most one integer array or int32 traced value (a `take` along its dimension);
+    several integer arrays, or a constant boolean mask, go through the general
+    gather of `x.at[index].get()`.
 
     The result's shape follows numpy: with an array in the index, the ints are
     advanced indices too, and if the advanced indices are not side by side (a
@@ -158,6 +160,16 @@ def _getitem(x: Tracer, index: Any) -> Tracer:
                 f"indexing {x.aval} with a boolean scalar ({e!r}): numpy takes it as a mask "
                 "adding a dimension, which is not supported; use None or pw.numpy.where"
             )
+    arrays = [e for e in idx if is_array(e)]
+    if len(arrays) > 1 or _builtins.any(
+        not isinstance(e, Tracer) and _np.asarray(e).dtype == _np.bool_ for e in arrays
+    ):
+        # Several integer arrays (broadcast together) or a constant boolean mask
+        # (its positions known now, as JAX takes a concrete mask): the general
+        # gather of x.at[index].get(), which clamps traced indices as x[i] does.
+        from pathways.numpy._at import _IndexUpdateRef  # Local: _at imports this module.
+
+        return _IndexUpdateRef(x, index).get()
     advanced_at = [
         k for k, e in enumerate(idx)
         if is_array(e) or (e is not None and e is not Ellipsis and not isinstance(e, slice))
