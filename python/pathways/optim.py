@@ -46,6 +46,7 @@ import numpy as np
 from pathways import _core
 from pathways import numpy as pnp
 from pathways._pytree import tree_flatten, tree_unflatten
+from pathways._trace_state import _BFLOAT16 as _BF16
 from pathways._trace_state import TracerError, _TracerBase
 from pathways._tracer import Tracer
 
@@ -166,10 +167,10 @@ def _array(name: str, what: str, i: int, x: Any, floats: bool = True) -> Any:
                 raise TypeError(f"{name}: {what} leaf {i} is {_describe(x)}, not an array")
             x = np.asarray(x)
         dtype = x.dtype
-    if floats and dtype.kind != "f":
+    if floats and dtype.kind != "f" and dtype != _BF16:
         raise TypeError(
-            f"{name}: {what} leaf {i} has dtype {dtype}; optimizers update float32 and float64 "
-            "values"
+            f"{name}: {what} leaf {i} has dtype {dtype}; optimizers update float32, float64 "
+            "and bfloat16 values"
         )
     return x
 
@@ -564,9 +565,11 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_roo
         corrections: dict = {}  # one pair per dtype, not per leaf
 
         def correction(dtype: np.dtype) -> tuple:
+            # bfloat16 moments take corrections computed in float32 and cast, as
+            # optax's (1 - 0.999 ** t in bfloat16 would be 0: 0.999 rounds to 1).
             if dtype not in corrections:
-                t = _astype(count, dtype)
-                corrections[dtype] = (1 - b1 ** t, 1 - b2 ** t)
+                t = _astype(count, np.dtype(np.float32) if dtype == _BF16 else dtype)
+                corrections[dtype] = (_astype(1 - b1 ** t, dtype), _astype(1 - b2 ** t, dtype))
             return corrections[dtype]
 
         out = []

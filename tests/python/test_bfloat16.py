@@ -630,3 +630,12 @@ def test_the_newer_ops_on_bfloat16_compute_in_float32():
     assert np.asarray(carry).dtype == BF16 and np.asarray(ys).dtype == BF16
     assert_same_bits(np.asarray(carry), c)
     assert_same_bits(np.asarray(ys), np.stack(want_ys))
+
+
+def test_sum_and_mean_of_bfloat16_numpy_arrays_accumulate_in_float32():
+    # As on the devices (and XLA): numpy's own sum of bfloat16 rounds at every
+    # add, so 256 + eight ones would stay 256 (bfloat16's spacing there is 2).
+    v = np.array([256] + [1] * 8, BF16)
+    assert pnp.sum(v).dtype == BF16 and float(pnp.sum(v)) == 264.0
+    assert float(pnp.mean(np.stack([v, v]), axis=1)[0]) == np.float32(264 / 9).astype(BF16)
+    assert float(pnp.sum(v, dtype=np.float32)) == 264.0

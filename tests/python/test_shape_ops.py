@@ -444,3 +444,34 @@ def test_collectives_outside_pmap_name_the_problem():
         pw.all_to_all(np.zeros(4), "i", 0, 0)
     with pytest.raises(NameError, match=re.escape("unbound axis name: 'i' (psum_scatter must be called inside")):
         pw.psum_scatter(np.zeros(4), "i")
+
+
+@pytest.mark.parametrize("source, destination", [
+    (0, 2), ([0, 1], [2, 3]), ((0, 3), (3, 0)), ([-1, 0], [0, -1]), ([1, 2, 3], [0, 1, 2]),
+    ([0, 2], [1, 0]),
+])
+def test_moveaxis_of_several_axes(source, destination):
+    x = np.arange(120.0).reshape(2, 3, 4, 5)
+    f = pw.pmap(lambda v: pnp.moveaxis(v, source, destination), devices=get_devices(2))
+    got = np.asarray(f(np.stack([x, x])))[0]
+    np.testing.assert_array_equal(got, np.moveaxis(x, source, destination))
+
+
+def test_moveaxis_errors(runtime_ok):
+    x = np.zeros((2, 2, 3, 4))
+    for source, destination, message in [
+        ([0, 0], [1, 2], "moveaxis: repeated axis in source [0, 0]"),
+        ([0], [1, 2], "moveaxis: source [0] and destination [1, 2] must have the same number"),
+        (3, 0, "moveaxis: source 3 is out of range"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            pw.pmap(lambda v: pnp.moveaxis(v, source, destination), devices=get_devices(2))(x)
+    runtime_ok()
+
+
+def test_concatenate_with_axis_none_flattens():
+    a, b = np.arange(24.0).reshape(2, 3, 4), np.arange(10.0).reshape(2, 5)
+    f = pw.pmap(lambda u, v: pnp.concatenate([u, v, np.zeros((0, 2))], axis=None),
+                devices=get_devices(2))
+    got = np.asarray(f(a, b))
+    np.testing.assert_array_equal(got[1], np.concatenate([a[1], b[1], np.zeros((0, 2))], axis=None))

@@ -7,9 +7,10 @@ from __future__ import annotations
 import math as _math
 from typing import Any
 
-import ml_dtypes as _ml_dtypes
 import numpy as _np
 
+from pathways._trace_state import _BFLOAT16 as _BF16
+from pathways._trace_state import _is_float as _is_float_dtype
 from pathways._tracer import Tracer, bind
 from pathways.numpy._common import _trace_of, _traced
 from pathways.numpy._shapes import broadcast_to
@@ -275,7 +276,7 @@ def clip(a: Any, a_min: Any = None, a_max: Any = None) -> Any:
 
 
 def _is_float(x: Tracer) -> bool:
-    return _np.dtype(x.dtype).kind == "f" or x.dtype == _np.dtype(_ml_dtypes.bfloat16)
+    return _is_float_dtype(x.dtype)
 
 
 def isnan(x: Any) -> Any:
@@ -487,7 +488,7 @@ def _float_operand(x: Tracer) -> Tracer:
     """`x` in the float type the transcendental functions compute it in."""
     if _np.dtype(x.dtype).kind == "f":
         return x
-    if x.dtype == _np.dtype(_ml_dtypes.bfloat16):
+    if x.dtype == _BF16:
         return x.astype(_np.float32)
     return x.astype(_np.float32 if x.dtype == _np.bool_ else _np.float64)
 
@@ -506,7 +507,7 @@ def log1p(x: Any) -> Any:
     d = u - 1
     safe = where(d == 0, 1, d)
     out = where(d == 0, v, where(u == _np.inf, u, log(u) * (v / safe)))
-    return out.astype(x.dtype) if x.dtype == _np.dtype(_ml_dtypes.bfloat16) else out
+    return out.astype(x.dtype) if x.dtype == _BF16 else out
 
 
 def expm1(x: Any) -> Any:
@@ -525,7 +526,7 @@ def expm1(x: Any) -> Any:
     exact = (d == 0) | (d == -1) | (u == _np.inf)
     safe = where(exact, 1, lu)
     out = where(d == 0, v, where(exact, d, d * (v / safe)))
-    return out.astype(x.dtype) if x.dtype == _np.dtype(_ml_dtypes.bfloat16) else out
+    return out.astype(x.dtype) if x.dtype == _BF16 else out
 
 
 def log2(x: Any) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as _np
 
 from pathways import _checks
+from pathways._trace_state import _BFLOAT16 as _BF16
 from pathways.numpy._common import _trace_of, _traced
 from pathways.numpy._elementwise import sqrt
 
@@ -36,6 +37,11 @@ def _typed_reduction(name: str, numpy_fn: Any) -> Any:
     def fn(a: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> Any:
         if _traced(name, (a,)):
             return getattr(a, name)(axis, dtype, keepdims=keepdims)
+        if dtype is None and _np.asarray(a).dtype == _BF16:
+            # As on the devices (and XLA): bfloat16 accumulates in float32 and
+            # rounds once; numpy's own sum would round at every add.
+            out = numpy_fn(_np.asarray(a, _np.float32), axis=axis, keepdims=keepdims)
+            return _np.asarray(out).astype(_BF16)
         return numpy_fn(a, axis=axis, dtype=dtype, keepdims=keepdims)
 
     fn.__name__ = fn.__qualname__ = name

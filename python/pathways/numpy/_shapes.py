@@ -64,14 +64,30 @@ def swapaxes(a: Any, axis1: int, axis2: int) -> Any:
     return transpose(a, perm)
 
 
-def moveaxis(a: Any, source: int, destination: int) -> Any:
-    """`numpy.moveaxis` for one axis: dimension `source` moved to position `destination`."""
+def moveaxis(a: Any, source: Any, destination: Any) -> Any:
+    """`numpy.moveaxis`: dimensions `source` (an int or a sequence of them) moved to the
+    positions `destination` (as many), the others keeping their order.
+
+    Raises:
+      ValueError: For an axis out of range, a repeated one, or sequences of two lengths.
+    """
     if _trace_of("moveaxis", (a,)) is None:
         return _np.moveaxis(a, source, destination)
-    s = _axis("moveaxis", "source", source, a.ndim, a.shape)
-    d = _axis("moveaxis", "destination", destination, a.ndim, a.shape)
-    perm = [i for i in range(a.ndim) if i != s]
-    perm.insert(d, s)
+    sources = source if isinstance(source, (tuple, list)) else [source]
+    destinations = destination if isinstance(destination, (tuple, list)) else [destination]
+    s = [_axis("moveaxis", "source", x, a.ndim, a.shape) for x in sources]
+    d = [_axis("moveaxis", "destination", x, a.ndim, a.shape) for x in destinations]
+    if len(s) != len(d):
+        raise ValueError(
+            f"moveaxis: source {source!r} and destination {destination!r} must have the same "
+            "number of elements"
+        )
+    for name, axes in (("source", s), ("destination", d)):
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"moveaxis: repeated axis in {name} {axes}")
+    perm = [i for i in range(a.ndim) if i not in s]
+    for dest, src in sorted(zip(d, s)):
+        perm.insert(dest, src)
     return transpose(a, perm)
 
 
@@ -116,13 +132,17 @@ def squeeze(a: Any, axis: Any = None) -> Any:
     return reshape(a, [d for i, d in enumerate(a.shape) if i not in drop])
 
 
-def concatenate(arrays: Any, axis: int = 0) -> Any:
-    """`numpy.concatenate`: values joined along an existing axis (dtypes promote)."""
+def concatenate(arrays: Any, axis: Any = 0) -> Any:
+    """`numpy.concatenate`: values joined along an existing axis (dtypes promote);
+    `axis=None` joins them flattened."""
     arrays = list(arrays)
     trace = _trace_of("concatenate", tuple(arrays))
     if trace is None:
         return _np.concatenate(arrays, axis=axis)
     xs = [_operand(trace, x) for x in arrays]
+    if axis is None:
+        xs = [reshape(x, (int(_np.prod(x.shape)),)) if x.ndim != 1 else x for x in xs]
+        axis = 0
     return bind(trace, "concatenate", xs, axis=_checks.index("concatenate", "axis", axis))
 
 
