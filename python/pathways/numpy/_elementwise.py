@@ -304,7 +304,7 @@ def isfinite(x: Any) -> Any:
     return (x - x) == 0  # inf - inf and NaN - NaN are NaN
 
 
-def _rounded(name: str, x: Any, direction: int) -> Any:
+def _rounded(x: Any, direction: int) -> Any:
     """`x` rounded to an integer value, in its own float type: half to even
     (`direction` 0), down (-1) or up (1). Integers and bool are returned as
     they are (as `jax.numpy`; numpy makes floats of them). No gradient flows
@@ -342,14 +342,14 @@ def floor(x: Any) -> Any:
     """
     if _trace_of("floor", (x,)) is None:
         return _np.floor(x)
-    return _rounded("floor", x, -1)
+    return _rounded(x, -1)
 
 
 def ceil(x: Any) -> Any:
     """`numpy.ceil`: the smallest integer value >= x, in x's float type; as `floor` otherwise."""
     if _trace_of("ceil", (x,)) is None:
         return _np.ceil(x)
-    return _rounded("ceil", x, 1)
+    return _rounded(x, 1)
 
 
 def round(a: Any, decimals: int = 0) -> Any:  # noqa: A001 (numpy's name)
@@ -362,14 +362,14 @@ def round(a: Any, decimals: int = 0) -> Any:  # noqa: A001 (numpy's name)
         return _np.round(a, decimals)
     if decimals != 0 or isinstance(decimals, bool):
         raise TypeError(f"round: decimals must be 0 on traced values, got {decimals!r}")
-    return _rounded("round", a, 0)
+    return _rounded(a, 0)
 
 
 def rint(x: Any) -> Any:
     """`numpy.rint`: `round(x)`."""
     if _trace_of("rint", (x,)) is None:
         return _np.rint(x)
-    return _rounded("rint", x, 0)
+    return _rounded(x, 0)
 
 
 around = round
