@@ -265,6 +265,7 @@ class PmapFunction:
         self._cache: dict = {}
         self._lock = threading.RLock()
         self._slices: dict = {}  # devices=None: size -> VirtualSlice
+        self._keyword_variants: dict = {}  # (keyword names, positional count) -> PmapFunction
 
     @property
     def default_mapping(self) -> bool:
@@ -296,13 +297,15 @@ class PmapFunction:
 
     # --- Calling ------------------------------------------------------------
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the function on its devices.
 
         Args:
           *args: Pytrees whose leaves are `ShardedBuffer`s, numpy arrays or
             array-likes, each with a leading axis of size `len(devices)` that is
             split over the devices.
+          **kwargs: As JAX's, mapped over their leading axis whatever `in_axes`
+            says (it names the positional arguments).
 
         Returns:
           The function's outputs (same pytree structure), as `ShardedBuffer`s
@@ -316,6 +319,9 @@ class PmapFunction:
             with the wrong number of arguments, or this is a nested pmap.
           TracerError: The function uses Python that cannot be traced.
         """
+        if kwargs:
+            names = tuple(sorted(kwargs))
+            return self._with_keywords(names, len(args))(*args, {k: kwargs[k] for k in names})
         st = _state
         if st.function is not None:
             raise TypeError(
@@ -350,6 +356,41 @@ class PmapFunction:
             _state.client,
         )
         return tree_unflatten(entry.out_treedef, outs)
+
+    def _with_keywords(self, names: tuple, n: int) -> "PmapFunction":
+        """This function called with `n` positional arguments and the keyword arguments
+        `names`: a pmap of `fn(*args, **kwargs)` that takes the keywords as one more
+        positional dict, mapped over axis 0 (as JAX maps keyword arguments). One per
+        (names, n), sharing this function's devices."""
+        key = (names, n)
+        with self._lock:
+            variant = self._keyword_variants.get(key)
+            if variant is not None:
+                return variant
+            fn = self._fn
+
+            def call(*args: Any) -> Any:
+                return fn(*args[:-1], **args[-1])
+
+            functools.update_wrapper(call, fn)
+            if _is_zero(self._in_axes):
+                in_axes: Any = 0
+            elif isinstance(self._in_axes, tuple):
+                if len(self._in_axes) != n:
+                    raise ValueError(
+                        f"pmap of {self._name!r}: in_axes {self._in_axes!r} has "
+                        f"{len(self._in_axes)} entries but the call has {n} positional "
+                        "arguments (keyword arguments are mapped over axis 0 apart)"
+                    )
+                in_axes = self._in_axes + (0,)
+            else:
+                in_axes = (self._in_axes,) * n + (0,)
+            static = normalize_argnums(self._static, n, f"pmap of {self._name!r}")
+            variant = PmapFunction(call, self._devices, self._axis_name, in_axes,
+                                   self._out_axes, static)
+            variant._slices = self._slices  # devices=None: the same slice per size
+            self._keyword_variants[key] = variant
+            return variant
 
     def _call_slow(self, leaves: list, treedef: PyTreeDef) -> Any:
         arrays = self._arrays(leaves)

@@ -425,3 +425,30 @@ def test_zero_dimensional_program_arguments_keep_their_shape():
 
     for s in (np.float64(3), np.array(4.0), pw.jit(lambda: pnp.zeros(()) + 5.0)()):
         np.testing.assert_array_equal(np.asarray(p(s, np.ones((1, 2)))), np.full((1, 2), 3.0))
+
+
+def test_keyword_arguments_are_mapped_over_axis_0(tpus2):
+    # As jax.pmap: keyword arguments are mapped over their leading axis, whatever
+    # in_axes says of the positional ones (they once were a TypeError).
+    x, y, s = np.arange(6.0).reshape(2, 3), np.ones((2, 3)), np.array([2.0, 3.0])
+    f = pw.pmap(lambda a, b, *, scale=1.0: a * scale + b, devices=tpus2)
+    np.testing.assert_array_equal(np.asarray(f(x, b=y)), x + y)
+    np.testing.assert_array_equal(np.asarray(f(x, y, scale=s)), x * s[:, None] + y)
+    g = pw.pmap(lambda a, w, *, scale: a * scale + w.sum(), in_axes=(0, None), devices=tpus2)
+    np.testing.assert_array_equal(np.asarray(g(x, np.ones(4), scale=s)), x * s[:, None] + 4)
+    h = pw.pmap(lambda a, k, *, z: a + k + z, static_broadcasted_argnums=1, devices=tpus2)
+    np.testing.assert_array_equal(np.asarray(h(x, 5, z=y)), x + 6)
+    n = pw.pmap(lambda a, z=0.0: a - z)  # devices=None: the slice of the plain calls
+    np.testing.assert_array_equal(np.asarray(n(x, z=y)), x - 1)
+    assert n(x, z=y).devices == n(x).devices
+
+    @pw.program
+    def prog(a, b):
+        return f(a, b=b)
+
+    np.testing.assert_array_equal(np.asarray(prog(x, y)), x + y)
+    with pytest.raises(ValueError, match=r"in_axes \(0, None\) has 2 entries but the call has 3 "
+                                         r"positional arguments"):
+        g(x, np.ones(4), 3, scale=s)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'c'"):
+        f(x, y, c=y)
