@@ -139,8 +139,9 @@ def _tiled(where: str, tiled: Any) -> bool:
     return bool(tiled)
 
 
-def _axis_in(where: str, name: str, axis: int, leaf: Tracer, ndim: int) -> int:
-    """`axis` (negative from the end) of a value of rank `ndim`; ValueError naming it if out of range."""
+def _axis_in(where: str, name: str, axis: int, leaf: Tracer) -> int:
+    """`axis` (negative from the end) of `leaf`; ValueError naming it if out of range."""
+    ndim = len(leaf.shape)
     if not -ndim <= axis < ndim:
         raise ValueError(f"{where}: {name} {axis} is out of range for {leaf.aval}")
     return axis % ndim
@@ -172,7 +173,7 @@ def all_gather(x: Any, axis_name: str, axis: int = 0, *, tiled: bool = False) ->
 
     def tiled_gather(trace: _FunctionTrace, leaf: Tracer, name: str) -> Tracer:
         shape = tuple(leaf.shape)
-        ax = _axis_in("all_gather (tiled)", "axis", a, leaf, len(shape))
+        ax = _axis_in("all_gather (tiled)", "axis", a, leaf)
         n = _devices(trace, "all_gather")
         stacked = bind(trace, "all_gather", (leaf,), axis_name=name, axis=ax)
         return stacked.reshape(shape[:ax] + (n * shape[ax],) + shape[ax + 1:])
@@ -223,8 +224,8 @@ def all_to_all(
 
     def untiled(trace: _FunctionTrace, leaf: Tracer, name: str) -> Tracer:
         shape = tuple(leaf.shape)
-        s = _axis_in("all_to_all", "split_axis", split, leaf, len(shape))
-        c = _axis_in("all_to_all", "concat_axis", concat, leaf, len(shape))
+        s = _axis_in("all_to_all", "split_axis", split, leaf)
+        c = _axis_in("all_to_all", "concat_axis", concat, leaf)
         n = _devices(trace, "all_to_all")
         if shape[s] != n:
             raise ValueError(
@@ -269,7 +270,7 @@ def psum_scatter(
 
     def tiled_scatter(trace: _FunctionTrace, leaf: Tracer, name: str) -> Tracer:
         shape = tuple(leaf.shape)
-        ax = _axis_in("psum_scatter (tiled)", "scatter_dimension", d, leaf, len(shape))
+        ax = _axis_in("psum_scatter (tiled)", "scatter_dimension", d, leaf)
         n = _devices(trace, "psum_scatter")
         if shape[ax] % n:
             raise ValueError(

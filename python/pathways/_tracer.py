@@ -26,6 +26,36 @@ from pathways._trace_state import (
 __all__ = ["Tracer", "bind"]
 
 
+def _via_numpy(name: str, reflected: bool = False) -> Callable[..., Any]:
+    """A binary operator of Tracer that is `pathways.numpy.<name>(self, other)`
+    (`(other, self)` when reflected)."""
+
+    def method(self: "Tracer", other: Any) -> Any:
+        from pathways import numpy as pnp  # Local: pathways.numpy imports this module.
+
+        self._check()
+        fn = getattr(pnp, name)
+        return fn(other, self) if reflected else fn(self, other)
+
+    method.__name__ = f"__r{name}__" if reflected else f"__{name}__"
+    operands = "other and self" if reflected else "self and other"
+    method.__doc__ = f"`pathways.numpy.{name}` of {operands}."
+    return method
+
+
+def _reduction_via_numpy(name: str) -> Callable[..., Any]:
+    """A reduction method of Tracer that is `pathways.numpy.<name>(self, axis, keepdims=)`."""
+
+    def method(self: "Tracer", axis: Any = None, *, keepdims: bool = False) -> Any:
+        from pathways import numpy as pnp
+
+        return getattr(pnp, name)(self, axis=axis, keepdims=keepdims)
+
+    method.__name__ = name
+    method.__doc__ = f"`pathways.numpy.{name}` over `axis` (None: all), keeping them if `keepdims`."
+    return method
+
+
 # Arrays that live on devices (ours and JAX's): an operand of one of them is a
 # capture the user should pass as an argument instead.
 _DEVICE_ARRAYS = ("ShardedBuffer", "ArrayImpl", "Array")
@@ -585,65 +615,17 @@ class Tracer(_TracerBase):
             "pathways.numpy, pathways.nn, pw.psum and the other collectives"
         )
 
-    def __floordiv__(self, other: Any) -> Any:
-        from pathways import numpy as pnp  # Local: pathways.numpy imports this module.
-
-        self._check()
-        return pnp.floor_divide(self, other)
-
-    def __rfloordiv__(self, other: Any) -> Any:
-        from pathways import numpy as pnp
-
-        self._check()
-        return pnp.floor_divide(other, self)
-
-    def __mod__(self, other: Any) -> Any:
-        from pathways import numpy as pnp
-
-        self._check()
-        return pnp.remainder(self, other)
-
-    def __rmod__(self, other: Any) -> Any:
-        from pathways import numpy as pnp
-
-        self._check()
-        return pnp.remainder(other, self)
-
-    def __divmod__(self, other: Any) -> Any:
-        from pathways import numpy as pnp
-
-        self._check()
-        return pnp.divmod(self, other)
-
-    def __rdivmod__(self, other: Any) -> Any:
-        from pathways import numpy as pnp
-
-        self._check()
-        return pnp.divmod(other, self)
-
-    def prod(self, axis: Any = None, *, keepdims: bool = False) -> Any:
-        """Product over `axis`, as `pathways.numpy.prod`."""
-        from pathways import numpy as pnp
-
-        return pnp.prod(self, axis=axis, keepdims=keepdims)
-
-    def any(self, axis: Any = None, *, keepdims: bool = False) -> Any:
-        """Whether any element over `axis` is nonzero, as `pathways.numpy.any`."""
-        from pathways import numpy as pnp
-
-        return pnp.any(self, axis=axis, keepdims=keepdims)
-
-    def all(self, axis: Any = None, *, keepdims: bool = False) -> Any:
-        """Whether every element over `axis` is nonzero, as `pathways.numpy.all`."""
-        from pathways import numpy as pnp
-
-        return pnp.all(self, axis=axis, keepdims=keepdims)
-
-    def argmin(self, axis: Any = None, *, keepdims: bool = False) -> Any:
-        """Index of the first minimum along `axis` (None: flattened), as int32."""
-        from pathways import numpy as pnp
-
-        return pnp.argmin(self, axis=axis, keepdims=keepdims)
+    # Operators and methods that pathways.numpy's functions implement.
+    __floordiv__ = _via_numpy("floor_divide")
+    __rfloordiv__ = _via_numpy("floor_divide", reflected=True)
+    __mod__ = _via_numpy("remainder")
+    __rmod__ = _via_numpy("remainder", reflected=True)
+    __divmod__ = _via_numpy("divmod")
+    __rdivmod__ = _via_numpy("divmod", reflected=True)
+    prod = _reduction_via_numpy("prod")
+    any = _reduction_via_numpy("any")
+    all = _reduction_via_numpy("all")
+    argmin = _reduction_via_numpy("argmin")
 
     def round(self, decimals: int = 0) -> Any:
         """Rounded to integer values, halves to even, as `pathways.numpy.round`."""
