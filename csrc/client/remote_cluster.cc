@@ -435,6 +435,8 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
   std::vector<bool> takes_part(pool_->num_hosts(), false);
   plan->host_steps.resize(pool_->num_hosts());
   plan->slot_step.assign(program.num_slots(), -1);
+  plan->slot_is_output.assign(program.num_slots(), false);
+  for (int s : program.output_slots()) plan->slot_is_output[s] = true;
   for (size_t k = 0; k < program.steps().size(); ++k) {
     for (int s : program.steps()[k].out_slots) plan->slot_step[s] = static_cast<int>(k);
   }
@@ -581,6 +583,7 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
     MutexLock lock(&mu_);
     plan = &PlanFor(program);
     run = std::make_shared<Run>(this, plan, program.ir_ptr(), options.client);
+    run->first = first;  // its slots' buffer ids count from it
     std::vector<wire::ArgBinding> copies;
     std::vector<int> hosts = plan->hosts;
     for (const ArgPlacement& p : program.arg_placements()) {
@@ -663,6 +666,7 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
       for (int s : step.in_slots) slots[s]->Await().IgnoreError();  // errors flow to the outputs
     }
     run = std::make_shared<Run>(this, plan, program.ir_ptr(), options.client, static_cast<int>(k));
+    run->first = first;
     for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
     if (step.kind == LoweredStep::Kind::kTransfer) run->copies[first + step.out_slots[0]] = step.link;
     run->args = arg_buffers;

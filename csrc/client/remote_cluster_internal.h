@@ -4,6 +4,7 @@
 // RemoteCluster's records of programs and runs, shared by its files
 // (remote_cluster.cc: dispatch; remote_diagnosis.cc: pw.diagnose).
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <vector>
@@ -26,8 +27,10 @@ struct RemoteCluster::Plan {
   std::vector<const CompiledFunction*> step_fns;
   // Per host: the steps it loaded, in order (a reply's step index).
   std::vector<std::vector<int>> host_steps;
-  // The step that makes each slot (-1: an argument).
+  // The step that makes each slot (-1: an argument), and whether the
+  // program returns it.
   std::vector<int> slot_step;
+  std::vector<bool> slot_is_output;
   // Proportional share: each step's device time and island(s), and the
   // whole program's.
   std::vector<double> step_cost_ns;
@@ -99,7 +102,10 @@ struct RemoteCluster::Run {
     Finish(*run);
   }
 
-  // Completes the buffers the run made.
+  // Completes the buffers the run made: the program's outputs last, once
+  // the run has dropped the others, so whoever sees an output ready also
+  // sees the memory of the buffers nobody else holds returned (as a gang
+  // task drops its inputs before completing its outputs).
   static void Finish(Run& run) {
     ReadyList none;  // nothing in this process waits on a remote buffer's list
     std::vector<std::shared_ptr<ShardedBuffer>> made;
@@ -111,6 +117,10 @@ struct RemoteCluster::Run {
       whole = run.whole;
       failed.swap(run.failed);
     }
+    const std::vector<bool>& is_output = run.plan->slot_is_output;
+    std::stable_partition(made.begin(), made.end(), [&](const std::shared_ptr<ShardedBuffer>& b) {
+      return !is_output[b->remote_id() - run.first];
+    });
     for (auto& buffer : made) {
       absl::Status status = whole;
       if (status.ok()) {
@@ -128,6 +138,7 @@ struct RemoteCluster::Run {
       } else {
         buffer->SetError(std::move(status), &none);
       }
+      buffer.reset();
     }
     if (!run.admitted_islands.empty()) run.rc->Released(run.admitted_islands);
     if (run.seq >= 0) run.rc->Retire(run);
