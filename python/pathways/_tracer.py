@@ -711,6 +711,18 @@ class Tracer(_TracerBase):
 
         return pnp.take(self, indices, axis, mode, fill_value)
 
+    def repeat(self, repeats: Any, axis: Any = None) -> "Tracer":
+        """numpy's `repeat` (see `pathways.numpy.repeat`)."""
+        from pathways import numpy as pnp
+
+        return pnp.repeat(self, repeats, axis)
+
+    def dot(self, b: Any) -> "Tracer":
+        """numpy's `dot` (see `pathways.numpy.dot`)."""
+        from pathways import numpy as pnp
+
+        return pnp.dot(self, b)
+
     def cumsum(self, axis: Any = None, dtype: Any = None) -> "Tracer":
         """numpy's `cumsum` (see `pathways.numpy.cumsum`)."""
         from pathways import numpy as pnp

@@ -21,7 +21,9 @@ The functions live in submodules by job: `_elementwise` (ufuncs, `where` and
 what is built from them, `erf`), `_reductions`, `_shapes`, `_indexing` (`take`,
 `take_along_axis`, and indexing of traced values), `_at` (`x.at[index]`'s
 updates), `_sorting` (`cumsum`, `cumprod`, `sort`, `argsort`), `_linalg`
-(`matmul`, `dot`, `einsum`); `_protocol` sends numpy's own functions here.
+(`matmul`, `dot`, `tensordot`, `inner`, `outer`, `vdot`, `einsum`),
+`_rearrange` (`split`, `array_split`, `hstack`, `vstack`, `tile`, `repeat`,
+`roll`, `pad`); `_protocol` sends numpy's own functions here.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pathways.numpy._elementwise import (  # noqa: A004 (numpy's names)
     log10,
     log1p,
     log2,
+    logaddexp,
     mod,
     reciprocal,
     remainder,
@@ -122,7 +125,8 @@ from pathways.numpy._shapes import (
 )
 from pathways.numpy._indexing import _getitem, take, take_along_axis  # noqa: F401 (Tracer.__getitem__)
 from pathways.numpy._sorting import argsort, cumprod, cumsum, sort
-from pathways.numpy._linalg import dot, einsum, matmul
+from pathways.numpy._linalg import dot, einsum, inner, matmul, outer, tensordot, vdot
+from pathways.numpy._rearrange import array_split, hstack, pad, repeat, roll, split, tile, vstack
 from pathways.numpy._creation import arange, eye, full, linspace, ones, tril, triu, zeros
 # Tracer.__array_function__ and __array_ufunc__.
 from pathways.numpy._protocol import _numpy_function, _numpy_ufunc  # noqa: F401
@@ -226,7 +230,20 @@ __all__ = [
     "argsort",
     "matmul",
     "dot",
+    "tensordot",
+    "inner",
+    "outer",
+    "vdot",
     "einsum",
+    "split",
+    "array_split",
+    "hstack",
+    "vstack",
+    "tile",
+    "repeat",
+    "roll",
+    "pad",
+    "logaddexp",
     "zeros_like",
     "ones_like",
     "full_like",

@@ -550,3 +550,29 @@ def reciprocal(x: Any) -> Any:
     if _trace_of("reciprocal", (x,)) is None:
         return _np.reciprocal(x)
     return 1 / x
+
+
+def logaddexp(x1: Any, x2: Any) -> Any:
+    """`numpy.logaddexp`: log(exp(x1) + exp(x2)) without overflow.
+
+    The larger operand plus log1p(exp(-|x1 - x2|)); where the difference is
+    NaN (equal infinities, or a NaN) the sum x1 + x2, as JAX. The gradient
+    is each operand's softmax weight (1/2 each at a tie). dtypes as `log1p`'s.
+    """
+    if _trace_of("logaddexp", (x1, x2)) is None:
+        return _np.logaddexp(x1, x2)
+    t = x1 if isinstance(x1, Tracer) else x2
+    ops = [t._operand(x1), t._operand(x2)]
+    if any(o is None for o in ops):
+        raise TypeError(
+            f"logaddexp: unsupported operands {type(x1).__name__} and {type(x2).__name__}"
+        )
+    a, b = (_float_operand(o) for o in ops)
+    delta = a - b
+    # A select, not `maximum`: at a tie the gradient of the larger goes to x1
+    # whole, and the log1p term's (abs' is 1 at 0) takes back its half.
+    larger = where(delta >= 0, a, b)
+    out = where(isnan(delta), a + b, larger + log1p(exp(-abs(delta))))
+    # bfloat16 computes in float32 and is rounded back, unless a wider float came too.
+    floats = {o.dtype for o in ops if _is_float(o)}
+    return out.astype(_BF16) if floats == {_BF16} else out

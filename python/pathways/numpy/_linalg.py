@@ -1,4 +1,5 @@
-"""Linear algebra: `matmul` (the `@` operator), `dot`, `einsum`.
+"""Linear algebra: `matmul` (the `@` operator), `dot`, `tensordot`, `inner`, `outer`,
+`vdot`, `einsum`.
 """
 
 from __future__ import annotations
@@ -9,9 +10,13 @@ from typing import Any
 import numpy as _np
 import opt_einsum
 
+from pathways import _checks
 from pathways._tracer import Tracer, bind
-from pathways.numpy._common import _operand, _trace_of
+from pathways.numpy._common import _axis, _operand, _trace_of
 from pathways.numpy._shapes import reshape, squeeze, transpose
+
+# Subscripts for the contractions built on einsum, and for '...' in einsum's.
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def matmul(a: Any, b: Any) -> Any:
@@ -48,21 +53,110 @@ def matmul(a: Any, b: Any) -> Any:
     return out
 
 
-def dot(a: Any, b: Any) -> Any:
-    """`numpy.dot` for operands of rank <= 2 (the matrix product; scalars multiply)."""
-    trace = _trace_of("dot", (a, b))
-    if trace is None:
-        return _np.dot(a, b)
-    a = _operand(trace, a)
-    b = _operand(trace, b)
+def _on_pair(name: str, numpy_fn: Any, doc: str) -> Any:
+    """A function of two values: `numpy_fn` outside a trace; inside, the decorated
+    function of both as traced values."""
+
+    def wrap(traced: Any) -> Any:
+        def fn(a: Any, b: Any) -> Any:
+            trace = _trace_of(name, (a, b))
+            if trace is None:
+                return numpy_fn(a, b)
+            return traced(_operand(trace, a), _operand(trace, b))
+
+        fn.__name__ = fn.__qualname__ = name
+        fn.__doc__ = doc
+        return fn
+
+    return wrap
+
+
+@_on_pair("dot", _np.dot, """`numpy.dot`: for rank <= 2 the matrix product (1-d operands as numpy,
+    scalars multiply); for higher ranks the sum over `a`'s last axis and `b`'s second
+    to last (its only one if 1-d): shape `a.shape[:-1] + b.shape[:-2] + b.shape[-1:]`.""")
+def dot(a: Tracer, b: Tracer) -> Any:
     if a.ndim == 0 or b.ndim == 0:
         return a * b
-    if a.ndim > 2 or b.ndim > 2:
-        raise ValueError(
-            f"dot: operands of rank > 2 are not supported ({a.aval}, {b.aval}); use matmul "
-            "or einsum"
-        )
-    return matmul(a, b)
+    if a.ndim <= 2 and b.ndim <= 2:
+        return matmul(a, b)
+    return _contract("dot", a, b, [a.ndim - 1], [max(b.ndim - 2, 0)])
+
+
+def _contract(name: str, a: Tracer, b: Tracer, a_axes: list, b_axes: list) -> Tracer:
+    """Sum of products over `a_axes` of `a` paired with `b_axes` of `b` (axes in range,
+    distinct); the result has `a`'s other axes, then `b`'s, in order."""
+    for i, j in zip(a_axes, b_axes):
+        if a.shape[i] != b.shape[j]:
+            raise ValueError(
+                f"{name}: shape mismatch for sum: axis {i} of {a.aval} has size {a.shape[i]}, "
+                f"axis {j} of {b.aval} has {b.shape[j]}"
+            )
+    letters = _LETTERS[: a.ndim + b.ndim]
+    xs = list(letters[: a.ndim])
+    ys = list(letters[a.ndim :])
+    for i, j in zip(a_axes, b_axes):
+        ys[j] = xs[i]
+    out = [c for k, c in enumerate(xs) if k not in a_axes] + [c for k, c in enumerate(ys) if k not in b_axes]
+    return einsum(f"{''.join(xs)},{''.join(ys)}->{''.join(out)}", a, b)
+
+
+def _axes_list(name: str, param: str, axes: Any, ndim: int, shape: tuple) -> list:
+    return [_axis(name, param, i, ndim, shape) for i in _checks.ints(name, param, axes)]
+
+
+def tensordot(a: Any, b: Any, axes: Any = 2) -> Any:
+    """`numpy.tensordot`: sum of products over `axes`: an int N (the last N of `a`
+    with the first N of `b`), or a pair of axis sequences (or ints) to pair up.
+
+    Raises:
+      ValueError: For axes out of range, repeated, pairs of two lengths, or paired
+        axes of different sizes.
+      TypeError: For axes that are not integers.
+    """
+    trace = _trace_of("tensordot", (a, b))
+    if trace is None:
+        return _np.tensordot(a, b, axes)
+    a = _operand(trace, a)
+    b = _operand(trace, b)
+    if isinstance(axes, (tuple, list)):
+        if len(axes) != 2:
+            raise ValueError(f"tensordot: axes must be an int or a pair of axis sequences, got {axes!r}")
+        a_axes = _axes_list("tensordot", "axes", axes[0], a.ndim, a.shape)
+        b_axes = _axes_list("tensordot", "axes", axes[1], b.ndim, b.shape)
+    else:
+        n = _checks.integer("tensordot", "axes", axes)
+        if not 0 <= n <= min(a.ndim, b.ndim):
+            raise ValueError(
+                f"tensordot: axes {n} must be between 0 and the lesser rank of {a.aval} and {b.aval}"
+            )
+        a_axes = list(range(a.ndim - n, a.ndim))
+        b_axes = list(range(n))
+    if len(a_axes) != len(b_axes):
+        raise ValueError(f"tensordot: axes {axes!r} pair {len(a_axes)} axes of a with {len(b_axes)} of b")
+    if len(set(a_axes)) != len(a_axes) or len(set(b_axes)) != len(b_axes):
+        raise ValueError(f"tensordot: repeated axis in {axes!r}")
+    return _contract("tensordot", a, b, a_axes, b_axes)
+
+
+@_on_pair("inner", _np.inner, """`numpy.inner`: sum of products over the last axes (scalars
+    multiply); shape `a.shape[:-1] + b.shape[:-1]`.""")
+def inner(a: Tracer, b: Tracer) -> Any:
+    if a.ndim == 0 or b.ndim == 0:
+        return a * b
+    return _contract("inner", a, b, [a.ndim - 1], [b.ndim - 1])
+
+
+@_on_pair("outer", _np.outer, """`numpy.outer`: every product of an element of `a` with one of
+    `b`, both flattened: shape `(a.size, b.size)`.""")
+def outer(a: Tracer, b: Tracer) -> Any:
+    return reshape(a, (a.size, 1)) * reshape(b, (1, b.size))
+
+
+@_on_pair("vdot", _np.vdot, """`numpy.vdot` (real values): the dot product of `a` and `b` flattened.""")
+def vdot(a: Tracer, b: Tracer) -> Any:
+    if a.size != b.size:
+        raise ValueError(f"vdot: operands of {a.size} and {b.size} elements ({a.aval}, {b.aval})")
+    return matmul(reshape(a, (a.size,)), reshape(b, (b.size,)))
 
 
 def _einsum_pair(trace: Any, x: Tracer, xs: str, y: Tracer, ys: str, out: str) -> tuple:
@@ -131,47 +225,96 @@ def _einsum_sum_out(x: Tracer, s: str, keep: Any) -> tuple:
     return total, "".join(c for c in s if c in keep)
 
 
+def _einsum_ellipsis(subscripts: str, ins: list, out: str, xs: list) -> tuple:
+    """`ins` and `out` with each '...' replaced by letters unused elsewhere, one per
+    dimension it stands for (operands' '...' aligned at the right, as numpy
+    broadcasts). Dimensions of '...' missing from `out` are summed, as JAX.
+
+    Raises:
+      ValueError: For a '.' outside an '...', two in one term, or an operand
+        with fewer dimensions than its explicit letters.
+    """
+    terms = ins + [out]
+    if not any("." in t for t in terms):
+        return ins, out
+    for t in terms:
+        if t.count(".") not in (0, 3) or (t.count(".") == 3 and "..." not in t):
+            raise ValueError(f"einsum: invalid subscripts {t!r} in {subscripts!r} ('.' only in one '...')")
+    ranks = []
+    for t, x in zip(ins, xs):
+        rank = x.ndim - len(t.replace("...", "")) if "..." in t else 0
+        if rank < 0:
+            raise ValueError(f"einsum: subscripts {t!r} do not match operand {x.aval}")
+        ranks.append(rank)
+    fresh = [c for c in _LETTERS if c not in "".join(terms)]
+    dots = fresh[: max(ranks)]
+    if len(dots) < max(ranks):
+        raise ValueError(f"einsum: too many dimensions for '...' in {subscripts!r}")
+    ins = [t.replace("...", "".join(dots[len(dots) - r :])) for t, r in zip(ins, ranks)]
+    return ins, out.replace("...", "".join(dots))
+
+
+def _einsum_broadcast(xs: list, ins: list) -> tuple:
+    """Size-1 dimensions against a larger one of the same letter elsewhere (numpy's
+    broadcasting) summed out of their operand: the letter then comes from the others."""
+    sizes: dict = {}
+    for x, s in zip(xs, ins):
+        for c, d in zip(s, x.shape):
+            sizes.setdefault(c, set()).add(d)
+    for k, (x, s) in enumerate(zip(xs, ins)):
+        ones = [i for i, (c, d) in enumerate(zip(s, x.shape)) if d == 1 and sizes[c] - {1}]
+        if ones:
+            xs[k] = reshape(x, [d for i, d in enumerate(x.shape) if i not in ones])
+            ins[k] = "".join(c for i, c in enumerate(s) if i not in ones)
+    return xs, ins
+
+
 def einsum(subscripts: str, *operands: Any) -> Any:
-    """`numpy.einsum` for explicit letters (no '...').
+    """`numpy.einsum`.
 
     Covers the usual contractions: matrix products (`ij,jk->ik`), batched ones
-    (`bij,bjk->bik`), outer products, traces over shared letters, sums over
-    letters missing from the output, transposes (`ij->ji`), and diagonals of
-    letters repeated within an operand (`ii->i`, `ii->`, `iij->j`). Without
-    '->', the output has the letters appearing once, in alphabetical order.
-    Two or more operands are contracted in the order opt_einsum finds
-    cheapest for their shapes, each step one batched matmul. The result has the operands' promoted dtype; over bool, as numpy,
-    products are logical and and sums logical or.
+    (`bij,bjk->bik`, `...ij,...jk->...ik`), outer products, traces over shared
+    letters, sums over letters missing from the output, transposes (`ij->ji`),
+    and diagonals of letters repeated within an operand (`ii->i`, `ii->`,
+    `iij->j`). Without '->', the output has the dimensions of '...', then the
+    letters appearing once, in alphabetical order. Dimensions broadcast as
+    numpy's (size 1 against any size; those of '...' aligned at the right);
+    those of '...' missing from the output are summed, as JAX. Two or more
+    operands are contracted in the order opt_einsum finds cheapest for their
+    shapes, each step one batched matmul. The result has the operands'
+    promoted dtype; over bool, as numpy, products are logical and and sums
+    logical or.
     """
     trace = _trace_of("einsum", operands)
     if trace is None:
         return _np.einsum(subscripts, *operands)
     spec = subscripts.replace(" ", "")
-    if "." in spec:
-        raise ValueError(f"einsum: '...' is not supported yet ({subscripts!r})")
-    if "->" in spec:
-        lhs, out = spec.split("->")
-    else:
-        lhs = spec
-        letters = lhs.replace(",", "")
-        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    lhs, arrow, out = spec.partition("->")
     ins = lhs.split(",")
     if len(ins) != len(operands):
         raise ValueError(
             f"einsum: {subscripts!r} names {len(ins)} operands, got {len(operands)}"
         )
     xs = [_operand(trace, x) for x in operands]
+    if not arrow:
+        # The letters appearing once, in alphabetical order (after the
+        # dimensions of '...', if any).
+        letters = lhs.replace(",", "").replace(".", "")
+        out = ("..." if "." in lhs else "") + "".join(
+            sorted(c for c in set(letters) if letters.count(c) == 1))
+    ins, out = _einsum_ellipsis(subscripts, ins, out, xs)
     for s, x in zip(ins, xs):
         if len(s) != x.ndim:
             raise ValueError(f"einsum: subscripts {s!r} do not match operand {x.aval}")
         if not s.isalpha() and s:
             raise ValueError(f"einsum: invalid subscripts {s!r}")
-    if len(set(out)) != len(out) or any(c not in lhs for c in out):
+    if len(set(out)) != len(out) or any(c not in "".join(ins) for c in out):
         raise ValueError(f"einsum: invalid output subscripts {out!r}")
     dtype = _np.result_type(*[x.dtype for x in xs])
     if dtype != _np.bool_:  # bool operands count as 0 and 1 among numbers
         xs = [x.astype(dtype) if x.dtype == _np.bool_ else x for x in xs]
     xs, ins = zip(*[_einsum_diagonal(x, s) for x, s in zip(xs, ins)])
+    xs, ins = _einsum_broadcast(list(xs), list(ins))
     size: dict = {}
     for x, s in zip(xs, ins):
         for c, d in zip(s, x.shape):
