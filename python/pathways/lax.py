@@ -14,7 +14,8 @@ arrays.
   array(15, dtype=int32)
 
 Loops (`scan`, `fori_loop`) trace their body once into one `scan` op of the
-function IR, whatever the trip count (pathways._control_flow).
+function IR, whatever the trip count (pathways._control_flow). Conditionals
+(`cond`, `switch`) on a traced predicate run every branch and select.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from pathways._pmap import PmapFunction, _to_array
 from pathways._pytree import tree_flatten, tree_map, tree_unflatten
 from pathways._trace_state import _SUPPORTED_DTYPE_NAMES, _SUPPORTED_DTYPES, TracerError
 from pathways._trace_state import _state, _TracerBase
-from pathways._tracer import Tracer, bind
+from pathways._tracer import Tracer, WeakTracer, bind
+from pathways.numpy import clip as _clip
 from pathways.numpy import reshape as _reshape
+from pathways.numpy import where as _where
 from pathways.numpy._common import _trace_of
 
 __all__ = [
@@ -50,6 +53,8 @@ __all__ = [
     "cummin",
     "scan",
     "fori_loop",
+    "cond",
+    "switch",
 ]
 
 _INT32_MAX = 2**31 - 1
@@ -657,3 +662,136 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[..., Any], init_val: An
     start = _np.int32(lo)
     (_, val), _ = scan(step, (start, init_val), None, length=n)
     return val
+
+
+# --- Conditionals -----------------------------------------------------------------
+
+
+def _is_weak(leaf: Any) -> bool:
+    """Whether a branch output takes the other branch's dtype: a Python or numpy
+    scalar, or a weakly typed traced value (README: numpy scalars are weak)."""
+    if isinstance(leaf, Tracer):
+        return isinstance(leaf, WeakTracer)
+    return isinstance(leaf, (bool, int, float, _np.generic))
+
+
+def _branch_outputs(where: str, fns: list, operands: tuple) -> tuple:
+    """Each branch called on `operands`: their output leaves and common tree.
+
+    Raises:
+      TypeError: If the branches' outputs differ in structure, in a leaf's
+        shape, or in the dtype of a leaf typed strongly in both, as
+        `jax.lax.cond` requires.
+    """
+    outs = []
+    for k, fn in enumerate(fns):
+        leaves, tree = tree_flatten(fn(*operands))
+        for leaf in leaves:
+            if isinstance(leaf, _TracerBase) and not isinstance(leaf, Tracer):
+                raise TracerError(f"{where}: branch {k} returned a traced program value ({leaf.aval})")
+        outs.append((leaves, tree))
+    leaves0, tree0 = outs[0]
+    for k, (leaves, tree) in enumerate(outs[1:], 1):
+        if tree != tree0:
+            raise TypeError(
+                f"{where}: the branches must return the same structure: branch 0 gives "
+                f"{tree0}, branch {k} gives {tree}"
+            )
+        for j, (a, b) in enumerate(zip(leaves0, leaves)):
+            sa, sb = _np.shape(a), _np.shape(b)
+            da = getattr(a, "dtype", None) if not _is_weak(a) else None
+            db = getattr(b, "dtype", None) if not _is_weak(b) else None
+            if sa != sb or (da is not None and db is not None and _np.dtype(da) != _np.dtype(db)):
+                raise TypeError(
+                    f"{where}: the branches must return the same types: output leaf {j} is "
+                    f"{describe([a])} in branch 0 and {describe([b])} in branch {k}"
+                )
+    return [leaves for leaves, _ in outs], tree0
+
+
+def _selector(where: str, param: str, value: Any, kinds: str) -> Any:
+    """A predicate or branch index, checked to be a scalar of a dtype of `kinds`:
+    a Python int if it is concrete, else the traced value.
+
+    Raises:
+      TypeError: For any other shape or dtype.
+      TracerError: For a traced program value.
+    """
+    expected = "a scalar bool or integer" if "b" in kinds else "a scalar integer"
+    if isinstance(value, Tracer):
+        value._check()
+        if value.ndim != 0 or _np.dtype(value.dtype).kind not in kinds:
+            raise TypeError(f"{where}: {param} must be {expected}, got {value.aval}")
+        return value
+    if isinstance(value, _TracerBase):
+        raise TracerError(f"{where}: {param} is a traced program value ({value.aval}); decide it "
+                          "inside a pmap'd function")
+    v = _np.asarray(value)
+    if v.ndim != 0 or v.dtype.kind not in kinds:
+        raise TypeError(f"{where}: {param} must be {expected}, got {value!r}")
+    return int(v)
+
+
+def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any], *operands: Any) -> Any:
+    """`true_fun(*operands)` if `pred` else `false_fun(*operands)`, like `jax.lax.cond`.
+
+    A traced `pred` (a scalar bool or integer, nonzero is true) is known only
+    on the devices: both branches are traced and run, and each output leaf
+    is selected (`pnp.where`), as JAX does for a batched predicate. So both
+    branches must be safe to run (a branch guarded against a division by
+    zero still divides; the selected result is right, and its gradient too,
+    unless the other branch's gradient is NaN or infinite there). A
+    concrete `pred` (a Python or numpy value) calls only the branch it
+    picks.
+
+    Raises:
+      TypeError: For branches that are not callable, a `pred` that is not a
+        scalar bool or integer, or branches whose outputs differ in
+        structure, shapes, or strong dtypes.
+    """
+    where = "pw.lax.cond"
+    for param, fn in (("true_fun", true_fun), ("false_fun", false_fun)):
+        if not callable(fn):
+            raise TypeError(f"{where}: {param} must be callable, got {fn!r}")
+    pred = _selector(where, "pred", pred, "biu")
+    if not isinstance(pred, Tracer):
+        return (true_fun if pred else false_fun)(*operands)
+    (t, f), tree = _branch_outputs(where, [true_fun, false_fun], operands)
+    return tree_unflatten(tree, [_where(pred, a, b) for a, b in zip(t, f)])
+
+
+def switch(index: Any, branches: Any, *operands: Any) -> Any:
+    """`branches[index](*operands)`, like `jax.lax.switch`: `index` is clamped into
+    `[0, len(branches) - 1]`.
+
+    A traced `index` (a scalar integer) runs every branch and selects each
+    output leaf, as `cond` does (see there); a concrete one calls only its
+    branch.
+
+    Raises:
+      ValueError: For an empty sequence of branches.
+      TypeError: For a branch that is not callable, an `index` that is not a
+        scalar integer, or branches whose outputs differ in structure,
+        shapes, or strong dtypes.
+    """
+    where = "pw.lax.switch"
+    fns = list(branches) if isinstance(branches, (list, tuple)) else None
+    if fns is None:
+        raise TypeError(f"{where}: branches must be a sequence of callables, got {branches!r}")
+    if not fns:
+        raise ValueError(f"{where}: branches must not be empty")
+    for k, fn in enumerate(fns):
+        if not callable(fn):
+            raise TypeError(f"{where}: branch {k} must be callable, got {fn!r}")
+    n = len(fns)
+    index = _selector(where, "index", index, "iu")
+    if not isinstance(index, Tracer):
+        return fns[min(max(index, 0), n - 1)](*operands)
+    outs, tree = _branch_outputs(where, fns, operands)
+    if n == 1:
+        return tree_unflatten(tree, outs[0])
+    index = _clip(index, 0, n - 1)
+    chosen = list(outs[n - 1])
+    for k in range(n - 2, -1, -1):
+        chosen = [_where(index == k, a, c) for a, c in zip(outs[k], chosen)]
+    return tree_unflatten(tree, chosen)
