@@ -83,6 +83,7 @@ from pathways import lax  # pw.lax: top_k, scan, fori_loop, erf, cumsum, ... (li
 from pathways import random  # pw.random: PRNGKey, split, uniform, normal, ... (like jax.random)
 from pathways import optim  # pw.optim: optimizers and schedules (like optax)
 from pathways._control_flow import checkpoint
+from pathways._custom_vjp import custom_vjp
 
 remat = checkpoint  # jax.remat's name
 from pathways import testing  # pw.testing: fault injection
@@ -221,6 +222,7 @@ __all__ = [
     "jvp",
     "checkpoint",
     "remat",
+    "custom_vjp",
     # Multi-tenancy and timelines.
     "Client",
     "client_stats",

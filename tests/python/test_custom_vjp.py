@@ -1,0 +1,195 @@
+"""pw.custom_vjp: a function whose reverse-mode derivative is given, as jax.custom_vjp.
+
+The rule is what every transformation uses (grad, value_and_grad, vjp of a
+pmap'd function, jvp, inside scan and checkpoint), a second derivative
+differentiates bwd, and mistakes in fwd or bwd are clear errors.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+import pathways as pw
+import pathways.numpy as pnp
+
+
+@pw.custom_vjp
+def clip_gradient(x):
+    return x
+
+
+clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (pnp.clip(g, -1.0, 1.0),))
+
+
+@pw.custom_vjp
+def sin_times(x, y):
+    return pnp.sin(x) * y
+
+
+def _sin_times_fwd(x, y):
+    return sin_times(x, y), (pnp.cos(x), pnp.sin(x), y)
+
+
+def _sin_times_bwd(res, g):
+    cos_x, sin_x, y = res
+    return cos_x * g * y, sin_x * g
+
+
+sin_times.defvjp(_sin_times_fwd, _sin_times_bwd)
+
+
+@pw.custom_vjp
+def straight_through_round(x):
+    return pnp.round(x)
+
+
+straight_through_round.defvjp(lambda x: (pnp.round(x), None), lambda _, g: (g,))
+
+X = np.array([[0.3, -1.2, 2.5], [1.7, 0.0, -0.4]])
+
+
+def on_devices(tpus, fn, *args):
+    return pw.pmap(fn, devices=tpus)(*args)
+
+
+def test_values_are_the_functions_and_gradients_the_rules(tpus2):
+    np.testing.assert_array_equal(np.asarray(on_devices(tpus2, lambda v: clip_gradient(v * 3), X)), X * 3)
+    g = on_devices(tpus2, pw.grad(lambda v: (clip_gradient(v) * 5).sum()), X)
+    np.testing.assert_array_equal(np.asarray(g), np.ones_like(X))  # 5 clipped to 1
+    g = on_devices(tpus2, pw.grad(lambda v: (straight_through_round(v) * v).sum()), X)
+    np.testing.assert_allclose(np.asarray(g), X + np.round(X), rtol=1e-15)  # d round = 1 here
+
+
+def test_residuals_and_several_arguments(tpus2):
+    y = X + 1
+    gx, gy = on_devices(tpus2, pw.grad(lambda a, b: sin_times(a, b).sum(), argnums=(0, 1)), X, y)
+    np.testing.assert_allclose(np.asarray(gx), np.cos(X) * y, rtol=1e-15)
+    np.testing.assert_allclose(np.asarray(gy), np.sin(X), rtol=1e-15)
+    v, g = on_devices(tpus2, pw.value_and_grad(lambda a: sin_times(a, 2.0).sum()), X)
+    np.testing.assert_allclose(np.asarray(v), (np.sin(X) * 2).sum(axis=1), rtol=1e-14)
+    np.testing.assert_allclose(np.asarray(g), np.cos(X) * 2, rtol=1e-15)
+
+
+def test_matches_jax_custom_vjp():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    @jax.custom_vjp
+    def f(x, y):
+        return jnp.sin(x) * y
+
+    f.defvjp(lambda x, y: (f(x, y), (jnp.cos(x), jnp.sin(x), y)),
+             lambda res, g: (res[0] * g * res[2], res[1] * g))
+    tpus = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+    x = X.astype(np.float32)
+    got = np.asarray(on_devices(tpus, pw.grad(lambda a: (sin_times(a, a) ** 2).sum()), x))
+    for k in range(2):
+        want = jax.grad(lambda a: (f(a, a) ** 2).sum())(x[k])
+        np.testing.assert_allclose(got[k], np.asarray(want), rtol=1e-5)
+
+
+def test_pytree_arguments_none_cotangents_and_nondiff_argnums(tpus2):
+    def scaled(scale, params, x):
+        return params["w"] * x * scale + params["b"]
+
+    f = pw.custom_vjp(scaled, nondiff_argnums=(0,))
+    f.defvjp(
+        lambda scale, p, x: (scaled(scale, p, x), (p["w"], x)),
+        lambda scale, res, g: ({"w": g * res[1] * scale, "b": None}, res[0] * g * scale),
+    )
+
+    def loss(w, b, x):
+        return f(3.0, {"w": w, "b": b}, x).sum()
+
+    gw, gb, gx = on_devices(tpus2, pw.grad(loss, argnums=(0, 1, 2)), X, X + 1, X - 1)
+    np.testing.assert_allclose(np.asarray(gw), (X - 1) * 3, rtol=1e-15)
+    np.testing.assert_array_equal(np.asarray(gb), np.zeros_like(X))  # bwd said None
+    np.testing.assert_allclose(np.asarray(gx), X * 3, rtol=1e-15)
+    # Keyword arguments are bound to their positions.
+    gx = on_devices(tpus2, pw.grad(lambda x: f(3.0, x=x, params={"w": x, "b": x}).sum()), X)
+    np.testing.assert_allclose(np.asarray(gx), X * 3 + (X * 3), rtol=1e-15)
+
+
+def test_vjp_of_a_pmapped_function_and_jvp(tpus2):
+    y = X + 1
+    out, pull = pw.vjp(pw.pmap(sin_times, devices=tpus2), X, y)
+    np.testing.assert_allclose(np.asarray(out), np.sin(X) * y, rtol=1e-15)
+    ga, gb = pull(np.full_like(X, 2.0))
+    np.testing.assert_allclose(np.asarray(ga), 2 * np.cos(X) * y, rtol=1e-15)
+    np.testing.assert_allclose(np.asarray(gb), 2 * np.sin(X), rtol=1e-15)
+    _, t = on_devices(tpus2, lambda a: pw.jvp(lambda b: sin_times(b, 2.0), (a,), (pnp.ones_like(a),)), X)
+    np.testing.assert_allclose(np.asarray(t), 2 * np.cos(X), rtol=1e-15)
+
+
+def test_second_derivatives_differentiate_bwd(tpus2):
+    # d/dx [cos x * x + sin x] = -sin x * x + 2 cos x, through bwd and the residuals.
+    d2 = on_devices(tpus2, pw.grad(lambda a: pw.grad(lambda b: sin_times(b, b).sum())(a).sum()), X)
+    np.testing.assert_allclose(np.asarray(d2), -np.sin(X) * X + 2 * np.cos(X), rtol=1e-14)
+
+
+def test_inside_scan_and_checkpoint(tpus2):
+    def step(c, x):
+        return clip_gradient(c * x), None
+
+    def loss(c0, xs):
+        c, _ = pw.lax.scan(pw.checkpoint(step), c0, xs)
+        return (c * 10).sum()
+
+    xs = np.full((2, 3, 3), 0.5)  # per device, 3 steps of 0.5
+    g = np.asarray(on_devices(tpus2, pw.grad(loss), X, xs))
+    # Each step clips the carry's cotangent to [-1, 1], then scales it by 0.5:
+    # 10 -> 1 -> 0.5, 0.5 -> 0.25, 0.25 -> 0.125.
+    np.testing.assert_allclose(g, np.full_like(X, 0.125), rtol=1e-15)
+
+
+def test_not_differentiated_runs_the_function_only(tpus2):
+    calls = []
+
+    def fwd(x):
+        calls.append("fwd")
+        return x, None
+
+    f = pw.custom_vjp(lambda x: x * 2)
+    f.defvjp(fwd, lambda _, g: (g,))
+    np.testing.assert_array_equal(np.asarray(on_devices(tpus2, f, X)), X * 2)
+    assert calls == []
+    assert f(3.0) == 6.0  # outside any trace
+
+
+def test_grad_outside_any_trace():
+    g = pw.grad(lambda v: (clip_gradient(v) * 4).sum())(np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(g, [1.0, 1.0])
+
+
+def _rule(fwd, bwd):
+    f = pw.custom_vjp(lambda x: x * 2)
+    f.defvjp(fwd, bwd)
+    return f
+
+
+ERRORS = [
+    (lambda: pw.custom_vjp(lambda x: x), TypeError, "no rules; call defvjp(fwd, bwd) before differentiating it"),
+    (lambda: _rule(lambda x: x, lambda r, g: (g,)), TypeError, "fwd must return a pair (output, residuals), got Tracer"),
+    (lambda: _rule(lambda x: (x, None), lambda r, g: g), TypeError, "bwd must return a tuple with one cotangent per argument (1), got Tracer"),
+    (lambda: _rule(lambda x: (x, None), lambda r, g: (g, g)), TypeError, "bwd must return a tuple with one cotangent per argument (1), got tuple of length 2"),
+    (lambda: _rule(lambda x: (x, None), lambda r, g: (g[0],)), ValueError, "bwd's cotangent for argument leaf 0 is f64[], but the argument is f64[3]"),
+    (lambda: _rule(lambda x: (x, None), lambda r, g: ([g],)), TypeError, "bwd's cotangent 0 must have the structure of argument 0"),
+]
+
+
+@pytest.mark.parametrize("make, exc, message", ERRORS, ids=[e[2][:40] for e in ERRORS])
+def test_mistakes_are_clear_errors(tpus2, runtime_ok, make, exc, message):
+    f = make()
+    with pytest.raises(exc, match=re.escape(message)):
+        on_devices(tpus2, pw.grad(lambda v: f(v).sum()), X)
+    runtime_ok()
+
+
+def test_bad_definitions():
+    with pytest.raises(TypeError, match="custom_vjp expects a callable, got 3"):
+        pw.custom_vjp(3)
+    with pytest.raises(TypeError, match="nondiff_argnums must be ints"):
+        pw.custom_vjp(lambda x: x, nondiff_argnums=("a",))
+    with pytest.raises(TypeError, match="bwd must be callable, got None"):
+        pw.custom_vjp(lambda x: x).defvjp(lambda x: (x, None), None)
