@@ -83,7 +83,7 @@ from pathways import lax  # pw.lax: top_k, scan, fori_loop, erf, cumsum, ... (li
 from pathways import random  # pw.random: PRNGKey, split, uniform, normal, ... (like jax.random)
 from pathways import optim  # pw.optim: optimizers and schedules (like optax)
 from pathways._control_flow import checkpoint
-from pathways._custom_vjp import custom_vjp
+from pathways._custom_derivatives import custom_jvp, custom_vjp
 
 remat = checkpoint  # jax.remat's name
 from pathways import testing  # pw.testing: fault injection
@@ -223,6 +223,7 @@ __all__ = [
     "checkpoint",
     "remat",
     "custom_vjp",
+    "custom_jvp",
     # Multi-tenancy and timelines.
     "Client",
     "client_stats",

@@ -1,8 +1,8 @@
-"""pw.custom_vjp: a function whose reverse-mode derivative is given, as jax.custom_vjp.
+"""pw.custom_vjp and pw.custom_jvp: functions whose derivatives are given, as JAX's.
 
 The rule is what every transformation uses (grad, value_and_grad, vjp of a
 pmap'd function, jvp, inside scan and checkpoint), a second derivative
-differentiates bwd, and mistakes in fwd or bwd are clear errors.
+differentiates the rule, and mistakes in the rules are clear errors.
 """
 
 import re
@@ -193,3 +193,107 @@ def test_bad_definitions():
         pw.custom_vjp(lambda x: x, nondiff_argnums=("a",))
     with pytest.raises(TypeError, match="bwd must be callable, got None"):
         pw.custom_vjp(lambda x: x).defvjp(lambda x: (x, None), None)
+    with pytest.raises(TypeError, match="jvp must be callable, got 1"):
+        pw.custom_jvp(lambda x: x).defjvp(1)
+
+
+# --- custom_jvp ---------------------------------------------------------------------
+
+
+@pw.custom_jvp
+def log1pexp(x):
+    return pnp.log1p(pnp.exp(x))
+
+
+@log1pexp.defjvp
+def _log1pexp_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return log1pexp(x), t * pw.nn.sigmoid(x)
+
+
+WIDE = np.array([[0.5, 100.0, -3.0], [800.0, 1.0, -40.0]])
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def test_custom_jvp_gives_the_rules_gradient_where_autodiff_gives_nan(tpus2):
+    with np.errstate(over="ignore"):
+        plain = np.asarray(on_devices(tpus2, pw.grad(lambda v: pnp.log1p(pnp.exp(v)).sum()), WIDE))
+        assert np.isnan(plain[1, 0])  # exp(800) / (1 + exp(800)) is inf / inf
+        g = np.asarray(on_devices(tpus2, pw.grad(lambda v: log1pexp(v).sum()), WIDE))
+        np.testing.assert_allclose(g, sigmoid(WIDE), rtol=1e-15)
+        v = np.asarray(on_devices(tpus2, log1pexp, WIDE))
+        np.testing.assert_allclose(v[0], np.log1p(np.exp(WIDE[0])), rtol=1e-15)
+
+
+def test_custom_jvp_through_every_transformation(tpus2):
+    s = sigmoid(X)
+    _, t = on_devices(tpus2, lambda a: pw.jvp(log1pexp, (a,), (pnp.full_like(a, 3.0),)), X)
+    np.testing.assert_allclose(np.asarray(t), 3 * s, rtol=1e-15)
+    _, pull = pw.vjp(pw.pmap(log1pexp, devices=tpus2), X)
+    np.testing.assert_allclose(np.asarray(pull(np.ones_like(X))[0]), s, rtol=1e-15)
+    d2 = on_devices(tpus2, pw.grad(lambda a: pw.grad(lambda b: log1pexp(b).sum())(a).sum()), X)
+    np.testing.assert_allclose(np.asarray(d2), s * (1 - s), rtol=1e-14)
+
+    def loss(c0, xs):
+        c, _ = pw.lax.scan(lambda c, x: (log1pexp(c * x), None), c0, xs)
+        return c.sum()
+
+    xs = np.full((2, 2, 3), 0.5)
+    g = np.asarray(on_devices(tpus2, pw.grad(loss), X, xs))
+    c1 = np.log1p(np.exp(X * 0.5))
+    np.testing.assert_allclose(g, sigmoid(c1 * 0.5) * 0.5 * sigmoid(X * 0.5) * 0.5, rtol=1e-14)
+
+
+def test_defjvps_and_nondiff_argnums(tpus2):
+    f = pw.custom_jvp(lambda a, b: a * pnp.sin(b))
+    f.defjvps(lambda ta, ans, a, b: ta * pnp.sin(b), lambda tb, ans, a, b: tb * a * pnp.cos(b))
+    ga, gb = on_devices(tpus2, pw.grad(lambda a, b: f(a, b).sum(), argnums=(0, 1)), X, X + 1)
+    np.testing.assert_allclose(np.asarray(ga), np.sin(X + 1), rtol=1e-15)
+    np.testing.assert_allclose(np.asarray(gb), X * np.cos(X + 1), rtol=1e-15)
+
+    def power(n, x):
+        return x ** n
+
+    p = pw.custom_jvp(power, nondiff_argnums=(0,))
+    p.defjvp(lambda n, primals, tangents: (power(n, primals[0]), n * primals[0] ** (n - 1) * tangents[0]))
+    g = on_devices(tpus2, pw.grad(lambda x: p(3, x).sum()), X)
+    np.testing.assert_allclose(np.asarray(g), 3 * X ** 2, rtol=1e-14)
+
+
+def test_custom_jvp_matches_jax():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    @jax.custom_jvp
+    def f(x):
+        return jnp.log1p(jnp.exp(x))
+
+    f.defjvp(lambda p, t: (f(p[0]), t[0] * jax.nn.sigmoid(p[0])))
+    tpus = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+    x = X.astype(np.float32)
+    got = np.asarray(on_devices(tpus, pw.grad(lambda a: (log1pexp(a) * a).sum()), x))
+    for k in range(2):
+        want = jax.grad(lambda a: (f(a) * a).sum())(x[k])
+        np.testing.assert_allclose(got[k], np.asarray(want), rtol=1e-5)
+
+
+def _jvp_rule(rule):
+    f = pw.custom_jvp(lambda x: x * 2)
+    f.defjvp(rule)
+    return f
+
+
+JVP_ERRORS = [
+    (lambda: pw.custom_jvp(lambda x: x), TypeError, "no rules; call defjvp(jvp) before differentiating it"),
+    (lambda: _jvp_rule(lambda p, t: t[0]), TypeError, "the JVP rule must return a pair (output, tangent), got Tracer"),
+    (lambda: _jvp_rule(lambda p, t: (p[0] * 2, [t[0]])), TypeError, "the JVP rule's tangent must have the output's structure"),
+    (lambda: _jvp_rule(lambda p, t: (p[0] * 2, t[0][0])), ValueError, "the JVP rule's tangent for output leaf 0 is f64[], but the output is f64[3]"),
+]
+
+
+@pytest.mark.parametrize("make, exc, message", JVP_ERRORS, ids=[e[2][:40] for e in JVP_ERRORS])
+def test_custom_jvp_mistakes_are_clear_errors(tpus2, runtime_ok, make, exc, message):
+    test_mistakes_are_clear_errors(tpus2, runtime_ok, make, exc, message)
