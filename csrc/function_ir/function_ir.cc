@@ -545,6 +545,9 @@ absl::StatusOr<int32_t> FunctionBuilder::Binary(OpKind kind, int32_t a, int32_t 
   // True division of integers is in float64, as numpy; bool ** bool and the
   // remainder of bools in int32.
   if (kind == OpKind::kDiv && !IsFloat(dtype)) dtype = DType::kF64;
+  // atan2 of integers computes in float64, of bools in float32, as the
+  // unary transcendental functions.
+  if (kind == OpKind::kAtan2 && !IsFloat(dtype)) dtype = dtype == DType::kBool ? DType::kF32 : DType::kF64;
   if ((kind == OpKind::kPow || kind == OpKind::kRem || IsShift(kind)) && dtype == DType::kBool) {
     dtype = DType::kI32;
   }

@@ -36,7 +36,8 @@ TEST(OpRegistryTest, NamesAreUniqueIdentifiersAndFoundByName) {
     SCOPED_TRACE(std::string(info.name));
     EXPECT_TRUE(names.insert(std::string(info.name)).second);
     ASSERT_FALSE(info.name.empty());
-    for (char c : info.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || c == '_');
+    EXPECT_TRUE(info.name[0] >= 'a' && info.name[0] <= 'z');
+    for (char c : info.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
     EXPECT_EQ(OpKindName(info.kind), info.name);
     EXPECT_EQ(OpKindFromName(info.name), info.kind);
   }

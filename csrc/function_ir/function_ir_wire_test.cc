@@ -52,7 +52,7 @@ std::shared_ptr<const FunctionIr> ElementwiseFunction() {
   const int32_t cb = Ok(b.Constant(DType::kBool, {3}, std::vector<uint8_t>{1, 0, 1}));
   std::vector<int32_t> outs;
   for (OpKind kind : {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow,
-                      OpKind::kRem, OpKind::kMax, OpKind::kMin}) {
+                      OpKind::kRem, OpKind::kAtan2, OpKind::kMax, OpKind::kMin}) {
     outs.push_back(Ok(b.Binary(kind, x, c32)));
     outs.push_back(Ok(b.Binary(kind, k, ci)));  // div of int32: converts to f64
   }
@@ -67,7 +67,9 @@ std::shared_ptr<const FunctionIr> ElementwiseFunction() {
   }
   for (OpKind kind : {OpKind::kNeg, OpKind::kAbs, OpKind::kExp, OpKind::kLog, OpKind::kTanh,
                       OpKind::kSqrt, OpKind::kRsqrt, OpKind::kSin, OpKind::kCos, OpKind::kErf,
-                      OpKind::kErfc}) {
+                      OpKind::kErfc, OpKind::kTan, OpKind::kAsin, OpKind::kAcos, OpKind::kAtan,
+                      OpKind::kSinh, OpKind::kCosh, OpKind::kAsinh, OpKind::kAcosh,
+                      OpKind::kAtanh}) {
     outs.push_back(Ok(b.Unary(kind, x)));
   }
   outs.push_back(Ok(b.Unary(OpKind::kExp, k)));  // int32 -> f64
@@ -684,7 +686,7 @@ TEST(FunctionIrWireTest, SmallProtoIsValid) {
 }
 
 TEST(FunctionIrWireTest, BadKindsAndEnums) {
-  ExpectWireError(WithOp(3, MakeOp(static_cast<wire::OpKind>(99), {0})), "op 3: unknown kind 99");
+  ExpectWireError(WithOp(3, MakeOp(static_cast<wire::OpKind>(999), {0})), "op 3: unknown kind 999");
   ExpectWireError(WithOp(3, MakeOp(static_cast<wire::OpKind>(-1), {0})), "op 3: unknown kind -1");
   wire::Op param = MakeOp(wire::OP_PARAMETER, {});
   param.set_dtype(static_cast<wire::DType>(6));

@@ -62,6 +62,9 @@ enum class TypeRule : uint8_t {
   /* The remainder of truncated division, with a's sign (C's fmod and %, jax.lax.rem);  \
      an integer remainder by 0 is a, as XLA's */                                       \
   X(kRem, "rem", REM, 2, kElementwise, kArithmetic)                                    \
+  /* atan2(y, x): the angle of the point (x, y), C's; integers in float64, bool in     \
+     float32 (the builder converts) */                                                 \
+  X(kAtan2, "atan2", ATAN2, 2, kElementwise, kArithmetic)                              \
   X(kMax, "max", MAX, 2, kElementwise, kArithmetic)                                    \
   X(kMin, "min", MIN, 2, kElementwise, kArithmetic)                                    \
   X(kEq, "eq", EQ, 2, kElementwise, kComparison)                                       \
@@ -91,6 +94,17 @@ enum class TypeRule : uint8_t {
   X(kCos, "cos", COS, 1, kElementwise, kFloating)                                      \
   X(kErf, "erf", ERF, 1, kElementwise, kFloating)                                      \
   X(kErfc, "erfc", ERFC, 1, kElementwise, kFloating)                                   \
+  /* tan, the inverse and the hyperbolic trigonometric functions: C's, float computed   \
+     in double and rounded once */                                                     \
+  X(kTan, "tan", TAN, 1, kElementwise, kFloating)                                      \
+  X(kAsin, "asin", ASIN, 1, kElementwise, kFloating)                                   \
+  X(kAcos, "acos", ACOS, 1, kElementwise, kFloating)                                   \
+  X(kAtan, "atan", ATAN, 1, kElementwise, kFloating)                                   \
+  X(kSinh, "sinh", SINH, 1, kElementwise, kFloating)                                   \
+  X(kCosh, "cosh", COSH, 1, kElementwise, kFloating)                                   \
+  X(kAsinh, "asinh", ASINH, 1, kElementwise, kFloating)                                \
+  X(kAcosh, "acosh", ACOSH, 1, kElementwise, kFloating)                                \
+  X(kAtanh, "atanh", ATANH, 1, kElementwise, kFloating)                                \
   X(kNot, "not", NOT, 1, kElementwise, kInvert)                                        \
   /* The operand's bits as Op::type.dtype, of the same size (jax.lax's name) */        \
   X(kBitcastConvert, "bitcast_convert_type", BITCAST_CONVERT_TYPE, 1, kElementwise,    \

@@ -227,6 +227,11 @@ void RunArithmetic(OpKind kind, int num_shards, int64_t n, View a, View b, void*
       if constexpr (kUint) return map([](T x, T y) { return y == 0 ? x : T(x % y); });
       if constexpr (kFloat) return map([](T x, T y) { return T(std::fmod(x, y)); });
       return;  // bool computes in int32 (the builder converts)
+    case OpKind::kAtan2:
+      if constexpr (kFloat) {
+        return map([](T y, T x) { return static_cast<T>(std::atan2(double{y}, double{x})); });
+      }
+      return;  // integers and bool: converted by the builder
     case OpKind::kMax:
       return map([](T x, T y) { return Max(x, y); });
     case OpKind::kMin:
@@ -336,6 +341,24 @@ void RunUnary(OpKind kind, int num_shards, int64_t n, View x, void* out) {
       return map([](T v) { return v; });
     default:
       break;
+  }
+  if constexpr (kFloat) {
+    // C's functions in double (glibc's: within 1 ulp), a float result rounded
+    // once from them.
+    double (*libm)(double) = nullptr;
+    switch (kind) {
+      case OpKind::kTan: libm = [](double v) { return std::tan(v); }; break;
+      case OpKind::kAsin: libm = [](double v) { return std::asin(v); }; break;
+      case OpKind::kAcos: libm = [](double v) { return std::acos(v); }; break;
+      case OpKind::kAtan: libm = [](double v) { return std::atan(v); }; break;
+      case OpKind::kSinh: libm = [](double v) { return std::sinh(v); }; break;
+      case OpKind::kCosh: libm = [](double v) { return std::cosh(v); }; break;
+      case OpKind::kAsinh: libm = [](double v) { return std::asinh(v); }; break;
+      case OpKind::kAcosh: libm = [](double v) { return std::acosh(v); }; break;
+      case OpKind::kAtanh: libm = [](double v) { return std::atanh(v); }; break;
+      default: break;
+    }
+    if (libm != nullptr) return map([libm](T v) { return static_cast<T>(libm(double{v})); });
   }
   if constexpr (kFloat) {  // transcendental: the builder converts to float
     void (*fn)(const T*, T*, int64_t) = nullptr;

@@ -710,6 +710,14 @@ TEST(FunctionExecutableElementwiseTest, Int32ArithmeticWrapsAndDividesInFloat) {
 
 // rem is C's: the sign of x, exact for floats (fmod); integers by zero give x
 // (XLA's) and INT32_MIN rem -1 is 0 (C's % would trap); bools compute in int32.
+// The bytes of `shards` copies of `h`, one per shard.
+template <typename V>
+std::vector<uint8_t> RepeatedBytes(const V& h, int shards) {
+  V all;
+  for (int s = 0; s < shards; ++s) all.insert(all.end(), h.begin(), h.end());
+  return Bytes(all);
+}
+
 TEST(FunctionExecutableElementwiseTest, RemIsTruncatedInEveryDtype) {
   FunctionBuilder b("f", "");
   const int32_t i = b.Parameter(DType::kI32, {6});
@@ -737,11 +745,7 @@ TEST(FunctionExecutableElementwiseTest, RemIsTruncatedInEveryDtype) {
   const std::vector<uint8_t> pv = {1, 1};
   for (int shards : kShardCounts) {
     SCOPED_TRACE(testing::Message() << "shards=" << shards);
-    auto rep = [&](const auto& h) {
-      std::remove_cvref_t<decltype(h)> all;
-      for (int s = 0; s < shards; ++s) all.insert(all.end(), h.begin(), h.end());
-      return Bytes(all);
-    };
+    auto rep = [&](const auto& h) { return RepeatedBytes(h, shards); };
     const auto out = RunGang(*exe, shards, {rep(iv), rep(jv), rep(uv), rep(vv), rep(fv), rep(gv),
                                             rep(pv)});
     const auto got_i = Values<int32_t>(out[0]);
@@ -757,6 +761,86 @@ TEST(FunctionExecutableElementwiseTest, RemIsTruncatedInEveryDtype) {
       for (int k = 0; k < 4; ++k) EXPECT_EQ(got_f[5 * s + k], std::fmod(fv[k], gv[k])) << k;
       EXPECT_TRUE(std::isnan(got_f[5 * s + 4]));  // fmod(x, 0) is NaN
       EXPECT_EQ(got_b[2 * s], 0);
+    }
+  }
+}
+
+// tan, the inverse and hyperbolic functions, atan2: C's in double, a float
+// result rounded once; integers in float64, bool in float32 (as numpy).
+TEST(FunctionExecutableElementwiseTest, TrigonometricFunctionsAreCsRoundedOnce) {
+  const std::vector<double> dv = {0.0, -0.0, 0.5, -0.9, 1.0, 1.5, 10.0, 1e-30, 800.0,
+                                  INFINITY, -INFINITY, NAN};
+  const std::vector<float> fv(dv.begin(), dv.end());
+  const std::vector<int32_t> iv = {0, 1, -1, 2, 3, -4};
+  const int64_t n = static_cast<int64_t>(dv.size());
+  const std::pair<OpKind, double (*)(double)> unary[] = {
+      {OpKind::kTan, [](double v) { return std::tan(v); }},
+      {OpKind::kAsin, [](double v) { return std::asin(v); }},
+      {OpKind::kAcos, [](double v) { return std::acos(v); }},
+      {OpKind::kAtan, [](double v) { return std::atan(v); }},
+      {OpKind::kSinh, [](double v) { return std::sinh(v); }},
+      {OpKind::kCosh, [](double v) { return std::cosh(v); }},
+      {OpKind::kAsinh, [](double v) { return std::asinh(v); }},
+      {OpKind::kAcosh, [](double v) { return std::acosh(v); }},
+      {OpKind::kAtanh, [](double v) { return std::atanh(v); }},
+  };
+  FunctionBuilder b("f", "");
+  const int32_t f = b.Parameter(DType::kF32, {n});
+  const int32_t d = b.Parameter(DType::kF64, {n});
+  const int32_t i = b.Parameter(DType::kI32, {6});
+  const int32_t p = b.Parameter(DType::kBool, {2});
+  std::vector<int32_t> outs;
+  for (const auto& [kind, fn] : unary) {
+    outs.push_back(*b.Unary(kind, f));
+    outs.push_back(*b.Unary(kind, d));
+    outs.push_back(*b.Unary(kind, i));
+    EXPECT_EQ(b.type(outs.back()).dtype, DType::kF64);
+  }
+  outs.push_back(*b.Binary(OpKind::kAtan2, f, *b.Rev(f, {0})));
+  outs.push_back(*b.Binary(OpKind::kAtan2, d, *b.Rev(d, {0})));
+  outs.push_back(*b.Binary(OpKind::kAtan2, i, *b.Rev(i, {0})));
+  EXPECT_EQ(b.type(outs.back()).dtype, DType::kF64);
+  outs.push_back(*b.Binary(OpKind::kAtan2, p, p));
+  EXPECT_EQ(b.type(outs.back()).dtype, DType::kF32);
+  auto exe = MustCompile(b.Build(outs));
+  ASSERT_NE(exe, nullptr);
+  const std::vector<uint8_t> pv = {1, 0};
+  // The same bits as the reference, NaN for NaN.
+  auto same = [](double got, double want) {
+    return std::isnan(want) ? std::isnan(got) : got == want && std::signbit(got) == std::signbit(want);
+  };
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(testing::Message() << "shards=" << shards);
+    auto rep = [&](const auto& h) { return RepeatedBytes(h, shards); };
+    const auto out = RunGang(*exe, shards, {rep(fv), rep(dv), rep(iv), rep(pv)});
+    size_t o = 0;
+    for (const auto& [kind, fn] : unary) {
+      SCOPED_TRACE(OpKindName(kind));
+      const auto got_f = Values<float>(out[o++]);
+      const auto got_d = Values<double>(out[o++]);
+      const auto got_i = Values<double>(out[o++]);
+      for (int s = 0; s < shards; ++s) {
+        for (int64_t k = 0; k < n; ++k) {
+          EXPECT_TRUE(same(got_f[n * s + k], static_cast<float>(fn(fv[k])))) << k;
+          EXPECT_TRUE(same(got_d[n * s + k], fn(dv[k]))) << k;
+        }
+        for (int k = 0; k < 6; ++k) EXPECT_TRUE(same(got_i[6 * s + k], fn(iv[k]))) << k;
+      }
+    }
+    SCOPED_TRACE("atan2");
+    const auto got_f = Values<float>(out[o++]);
+    const auto got_d = Values<double>(out[o++]);
+    const auto got_i = Values<double>(out[o++]);
+    const auto got_p = Values<float>(out[o++]);
+    for (int s = 0; s < shards; ++s) {
+      for (int64_t k = 0; k < n; ++k) {
+        const double y = dv[k], x = dv[n - 1 - k];
+        EXPECT_TRUE(same(got_f[n * s + k], static_cast<float>(std::atan2(y, x)))) << k;
+        EXPECT_TRUE(same(got_d[n * s + k], std::atan2(y, x))) << k;
+      }
+      for (int k = 0; k < 6; ++k) EXPECT_TRUE(same(got_i[6 * s + k], std::atan2(iv[k], iv[5 - k]))) << k;
+      EXPECT_EQ(got_p[2 * s], static_cast<float>(std::atan2(1.0, 1.0)));
+      EXPECT_EQ(got_p[2 * s + 1], 0.0f);
     }
   }
 }

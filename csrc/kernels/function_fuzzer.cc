@@ -69,7 +69,7 @@ void RunOne(const uint8_t* data, size_t size) {
   for (int p = 0; p < 2; ++p) values.push_back(b.Parameter(PickDType(in), in.SmallDims()));
   auto pick = [&] { return values[in.Byte() % values.size()]; };
   const OpKind binary[] = {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow,
-                           OpKind::kRem, OpKind::kMax, OpKind::kMin, OpKind::kEq,  OpKind::kLt,
+                           OpKind::kRem, OpKind::kAtan2, OpKind::kMax, OpKind::kMin, OpKind::kEq,  OpKind::kLt,
                            OpKind::kGe,  OpKind::kAnd, OpKind::kXor,
                            OpKind::kOr,  OpKind::kShiftLeft, OpKind::kShiftRightLogical,
                            OpKind::kShiftRightArithmetic};

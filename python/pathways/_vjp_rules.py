@@ -260,6 +260,71 @@ def _cos_vjp(ct, ops, out, params, needs):
     return [-(ct * ops[0]._unary("sin"))]
 
 
+@_rule("tan")
+def _tan_vjp(ct, ops, out, params, needs):
+    return [ct * (1 + out * out)]
+
+
+def _float_of(x: Tracer, out: Tracer) -> Tracer:
+    """`x` in the float dtype its op computed in (integers and bool were converted)."""
+    return x if x.dtype == out.dtype else x.astype(out.dtype)
+
+
+@_rule("asin")
+def _asin_vjp(ct, ops, out, params, needs):
+    x = _float_of(ops[0], out)
+    return [ct * ((1 - x) * (1 + x))._unary("rsqrt")]
+
+
+@_rule("acos")
+def _acos_vjp(ct, ops, out, params, needs):
+    x = _float_of(ops[0], out)
+    return [-(ct * ((1 - x) * (1 + x))._unary("rsqrt"))]
+
+
+@_rule("atan")
+def _atan_vjp(ct, ops, out, params, needs):
+    x = _float_of(ops[0], out)
+    return [ct / (1 + x * x)]
+
+
+@_rule("sinh")
+def _sinh_vjp(ct, ops, out, params, needs):
+    return [ct * _float_of(ops[0], out)._unary("cosh")]
+
+
+@_rule("cosh")
+def _cosh_vjp(ct, ops, out, params, needs):
+    return [ct * _float_of(ops[0], out)._unary("sinh")]
+
+
+@_rule("asinh")
+def _asinh_vjp(ct, ops, out, params, needs):
+    x = _float_of(ops[0], out)
+    return [ct * (x * x + 1)._unary("rsqrt")]
+
+
+@_rule("acosh")
+def _acosh_vjp(ct, ops, out, params, needs):
+    x = _float_of(ops[0], out)
+    return [ct * ((x - 1) * (x + 1))._unary("rsqrt")]
+
+
+@_rule("atanh")
+def _atanh_vjp(ct, ops, out, params, needs):
+    x = _float_of(ops[0], out)
+    return [ct / ((1 - x) * (1 + x))]
+
+
+@_rule("atan2")
+def _atan2_vjp(ct, ops, out, params, needs):
+    # d atan2(y, x) = (x dy - y dx) / (x^2 + y^2).
+    y, x = (_float_of(v, out) for v in ops)
+    scale = ct / (x * x + y * y)
+    return _lazy(needs, lambda: _unbroadcast(scale * x, y.shape),
+                 lambda: _unbroadcast(-(scale * y), x.shape))
+
+
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
