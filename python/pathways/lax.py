@@ -53,6 +53,7 @@ __all__ = [
     "cummin",
     "scan",
     "fori_loop",
+    "map",
     "cond",
     "switch",
 ]
@@ -662,6 +663,38 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[..., Any], init_val: An
     start = _np.int32(lo)
     (_, val), _ = scan(step, (start, init_val), None, length=n)
     return val
+
+
+def map(f: Callable[..., Any], xs: Any, *, batch_size: Any = None) -> Any:  # noqa: A001 (JAX's name)
+    """`f` applied to each slice of `xs` along its leading axis, the results stacked, like
+    `jax.lax.map`: a `scan` with no carry, so `f` is traced once whatever the
+    length, and the slices run one after another.
+
+    Args:
+      f: A function of one slice of `xs` (a pytree of arrays), returning a
+        pytree of arrays.
+      xs: A pytree of arrays with a common leading axis.
+      batch_size: Must be None (JAX's batching of the slices needs `vmap`,
+        which pathways does not have yet).
+
+    Raises:
+      TypeError: If `f` is not callable.
+      NotImplementedError: For a `batch_size`.
+      ValueError: As `scan`.
+    """
+    if not callable(f):
+        raise TypeError(f"pw.lax.map expects a callable, got {f!r}")
+    if batch_size is not None:
+        raise NotImplementedError(
+            "pw.lax.map: batch_size is not supported (it batches slices with vmap, which "
+            "pathways does not have yet); leave it None"
+        )
+
+    def body(carry: Any, x: Any) -> tuple:
+        return carry, f(x)
+
+    body.__name__ = getattr(f, "__name__", "map")
+    return scan(body, (), xs)[1]
 
 
 # --- Conditionals -----------------------------------------------------------------

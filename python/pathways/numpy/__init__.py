@@ -63,6 +63,8 @@ from pathways.numpy._elementwise import (  # noqa: A004 (numpy's names)
     log1p,
     log2,
     logaddexp,
+    hypot,
+    nan_to_num,
     mod,
     reciprocal,
     remainder,
@@ -118,8 +120,13 @@ from pathways.numpy._reductions import (  # noqa: A004 (numpy's names)
     all,
     any,
     argmax,
+    amax,
+    amin,
     argmin,
+    average,
+    count_nonzero,
     prod,
+    ptp,
     max,
     mean,
     min,
@@ -141,9 +148,10 @@ from pathways.numpy._shapes import (
     transpose,
 )
 from pathways.numpy._indexing import _getitem, take, take_along_axis  # noqa: F401 (Tracer.__getitem__)
-from pathways.numpy._sorting import argsort, cumprod, cumsum, sort
+from pathways.numpy._sorting import argsort, cumprod, cumsum, median, percentile, quantile, sort
 from pathways.numpy._linalg import dot, einsum, inner, matmul, outer, tensordot, vdot
-from pathways.numpy._rearrange import array_split, hstack, pad, repeat, roll, split, tile, vstack
+from pathways.numpy import linalg  # pnp.linalg.norm
+from pathways.numpy._rearrange import array_split, diff, hstack, pad, repeat, roll, split, tile, vstack
 from pathways.numpy._creation import arange, eye, full, linspace, ones, tril, triu, zeros
 # Tracer.__array_function__ and __array_ufunc__.
 from pathways.numpy._protocol import _numpy_function, _numpy_ufunc  # noqa: F401
@@ -278,6 +286,17 @@ __all__ = [
     "roll",
     "pad",
     "logaddexp",
+    "hypot",
+    "nan_to_num",
+    "diff",
+    "amax",
+    "amin",
+    "count_nonzero",
+    "ptp",
+    "average",
+    "median",
+    "quantile",
+    "percentile",
     "zeros_like",
     "ones_like",
     "full_like",

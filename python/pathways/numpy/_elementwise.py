@@ -7,6 +7,7 @@ from __future__ import annotations
 import math as _math
 from typing import Any
 
+import ml_dtypes as _ml_dtypes
 import numpy as _np
 
 from pathways._trace_state import _BFLOAT16 as _BF16
@@ -585,5 +586,43 @@ def logaddexp(x1: Any, x2: Any) -> Any:
     larger = where(delta >= 0, a, b)
     out = where(isnan(delta), a + b, larger + log1p(exp(-abs(delta))))
     # bfloat16 computes in float32 and is rounded back, unless a wider float came too.
+    floats = {o.dtype for o in ops if _is_float(o)}
+    return out.astype(_BF16) if floats == {_BF16} else out
+
+
+def nan_to_num(x: Any, copy: bool = True, nan: Any = 0.0, posinf: Any = None,
+               neginf: Any = None) -> Any:
+    """`numpy.nan_to_num`: NaN replaced by `nan`, +inf by `posinf` and -inf by `neginf`
+    (by default the largest and the most negative finite value of the dtype).
+    Integers and bool come back as they are. `copy` is accepted (values are
+    never changed in place)."""
+    if _trace_of("nan_to_num", (x,)) is None:
+        return _np.nan_to_num(x, copy=copy, nan=nan, posinf=posinf, neginf=neginf)
+    if not _is_float(x):
+        return x
+    big = float(_ml_dtypes.finfo(x.dtype).max)
+    hi = big if posinf is None else posinf
+    lo = -big if neginf is None else neginf
+    return where(isnan(x), nan, where(x == _np.inf, hi, where(x == -_np.inf, lo, x)))
+
+
+def hypot(x1: Any, x2: Any) -> Any:
+    """`numpy.hypot`: sqrt(x1**2 + x2**2) without overflow or underflow, as the larger
+    magnitude times sqrt(1 + r**2) with r the ratio of the smaller to it (within 2
+    ulp of numpy's); inf if either is infinite, even with a NaN. dtypes as
+    `log1p`'s."""
+    if _trace_of("hypot", (x1, x2)) is None:
+        return _np.hypot(x1, x2)
+    t = x1 if isinstance(x1, Tracer) else x2
+    ops = [t._operand(x1), t._operand(x2)]
+    if any(o is None for o in ops):
+        raise TypeError(f"hypot: unsupported operands {type(x1).__name__} and {type(x2).__name__}")
+    a, b = (abs(_float_operand(o)) for o in ops)
+    big = maximum(a, b)
+    small = minimum(a, b)
+    safe = where(big == 0, 1, big)
+    r = small / safe
+    out = where(big == 0, 0, big * sqrt(1 + r * r))
+    out = where((a == _np.inf) | (b == _np.inf), _np.inf, out)
     floats = {o.dtype for o in ops if _is_float(o)}
     return out.astype(_BF16) if floats == {_BF16} else out

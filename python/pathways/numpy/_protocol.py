@@ -37,14 +37,15 @@ def _signature(fn: Any) -> _inspect.Signature:
     return _inspect.signature(fn)
 
 
-def _call_namesake(x: Tracer, what: str, name: str, args: tuple, kwargs: dict) -> Any:
-    """pathways.numpy's `name` on numpy's arguments; TracerError if there is none or it
-    does not take them. Keywords given as None (`out=None`, `dtype=None`) are numpy's
+def _call_namesake(x: Tracer, what: str, name: str, args: tuple, kwargs: dict,
+                   module: str = "pathways.numpy") -> Any:
+    """`module`'s `name` on numpy's arguments; TracerError if there is none or it does
+    not take them. Keywords given as None (`out=None`, `dtype=None`) are numpy's
     defaults, and dropped."""
-    pnp = _sys.modules["pathways.numpy"]
+    pnp = _sys.modules[module]
     fn = getattr(pnp, name) if name in pnp.__all__ else None
     if fn is None:
-        raise _no_numpy(x, what, f"pathways.numpy has no {name}")
+        raise _no_numpy(x, what, f"{module} has no {name}")
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     try:
         _signature(fn).bind(*args, **kwargs)
@@ -61,6 +62,8 @@ def _numpy_function(x: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     name = func.__name__
     if name in _SHAPE_FUNCTIONS:
         return _SHAPE_FUNCTIONS[name](*args, **kwargs)
+    if getattr(func, "__module__", "") == "numpy.linalg":
+        return _call_namesake(x, f"numpy.linalg.{name}", name, args, kwargs, "pathways.numpy.linalg")
     return _call_namesake(x, f"numpy.{name}", name, args, kwargs)
 
 

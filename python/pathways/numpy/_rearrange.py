@@ -1,5 +1,5 @@
 """Ops that cut values into pieces or build them from pieces of themselves: `split`,
-`array_split`, `hstack`, `vstack`, `tile`, `repeat`, `roll`, `pad`.
+`array_split`, `hstack`, `vstack`, `tile`, `repeat`, `roll`, `pad`, `diff`.
 
 All are static rearrangements (slices, concatenations, broadcasts, gathers
 at constant indices), so their gradients come from those ops' rules.
@@ -17,7 +17,7 @@ from pathways.numpy._common import _axis, _operand, _trace_of
 from pathways.numpy._indexing import take
 from pathways.numpy._shapes import broadcast_to, concatenate, ravel, reshape
 
-__all__ = ["split", "array_split", "hstack", "vstack", "tile", "repeat", "roll", "pad"]
+__all__ = ["split", "array_split", "hstack", "vstack", "tile", "repeat", "roll", "pad", "diff"]
 
 
 def _slice(x: Tracer, axis: int, start: int, stop: int) -> Tracer:
@@ -299,3 +299,40 @@ def pad(array: Any, pad_width: Any, mode: str = "constant", **kwargs: Any) -> An
         x = take(x, _np.pad(_np.arange(n), (before, after), mode=mode), axis=k)
     return x
 
+
+
+def diff(a: Any, n: int = 1, axis: int = -1, prepend: Any = None, append: Any = None) -> Any:
+    """`numpy.diff`: the `n`-th differences along `axis` (`prepend` and `append`, scalars
+    or values, joined on first); bool differences are `!=`, as numpy's."""
+    trace = _trace_of("diff", (a, prepend, append))
+    if trace is None:
+        kwargs = {k: v for k, v in (("prepend", prepend), ("append", append)) if v is not None}
+        return _np.diff(a, n=n, axis=axis, **kwargs)
+    n = _checks.integer("diff", "n", n)
+    if n < 0:
+        raise ValueError(f"diff: order must be non-negative, got {n}")
+    x = _operand(trace, a)
+    if x.ndim == 0:
+        raise ValueError("diff: requires an input of at least one dimension")
+    ax = _axis("diff", "axis", axis, x.ndim, x.shape)
+    parts = []
+    for side, v in (("prepend", prepend), ("append", append)):
+        if v is None:
+            continue
+        v = _operand(trace, v)
+        if v.ndim == 0:
+            shape = list(x.shape)
+            shape[ax] = 1
+            v = broadcast_to(v, shape)
+        parts.append((side, v))
+    if parts:
+        before = [v for side, v in parts if side == "prepend"]
+        after = [v for side, v in parts if side == "append"]
+        x = concatenate(before + [x] + after, axis=ax)
+    for _ in range(n):
+        m = x.shape[ax]
+        if m == 0:
+            break
+        hi, lo = _slice(x, ax, 1, m), _slice(x, ax, 0, m - 1)
+        x = hi != lo if x.dtype == _np.bool_ else hi - lo
+    return x

@@ -1,4 +1,5 @@
-"""Reductions: `sum`, `mean`, `max`, `min`, `argmax` (the `Tracer` methods), `var`, `std`.
+"""Reductions: `sum`, `mean`, `max`, `min`, `argmax` (the `Tracer` methods), `var`, `std`,
+`any`, `all`, `prod`, `argmin`, `count_nonzero`, `ptp`, `average`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import numpy as _np
 
 from pathways import _checks
 from pathways._trace_state import _BFLOAT16 as _BF16
+from pathways._tracer import Tracer
 from pathways.numpy._common import _trace_of, _traced
 from pathways.numpy._elementwise import sqrt
 
@@ -146,3 +148,63 @@ def argmin(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
         return _np.argmin(a, axis=axis, keepdims=keepdims)
     reversed_order = ~a if a.dtype in (_np.int32, _np.uint32, _np.bool_) else -a
     return reversed_order.argmax(axis=axis, keepdims=keepdims)
+
+
+amax = max
+amin = min
+
+
+def count_nonzero(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
+    """`numpy.count_nonzero`: the number of nonzero elements over `axis` (NaN counts),
+    int32 (numpy's is int64, which the devices do not hold)."""
+    if _trace_of("count_nonzero", (a,)) is None:
+        return _np.count_nonzero(a, axis=axis, keepdims=keepdims)
+    return _nonzero(a).sum(axis=axis, keepdims=keepdims)
+
+
+def ptp(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
+    """`numpy.ptp`: the range, max - min, over `axis`."""
+    if _trace_of("ptp", (a,)) is None:
+        return _np.ptp(a, axis=axis, keepdims=keepdims)
+    return a.max(axis=axis, keepdims=keepdims) - a.min(axis=axis, keepdims=keepdims)
+
+
+def average(a: Any, axis: Any = None, weights: Any = None, returned: bool = False, *,
+            keepdims: bool = False) -> Any:
+    """`numpy.average`: the mean over `axis`, weighted by `weights` (of `a`'s shape, or
+    1-d along a single `axis`); with `returned`, also the sum of the weights.
+
+    Raises:
+      ValueError: For weights of another shape, or summing to zero (only
+        known for constant weights: traced ones give inf or NaN, as JAX's).
+    """
+    if _trace_of("average", (a, weights)) is None:
+        return _np.average(a, axis=axis, weights=weights, returned=returned, keepdims=keepdims)
+    from pathways.numpy._common import _operand
+    from pathways.numpy._shapes import broadcast_to, reshape
+
+    trace = _trace_of("average", (a, weights))
+    a = _operand(trace, a)
+    axes = _checks.axes("average", "axis", axis)
+    if weights is None:
+        avg = mean(a, axis=axes, keepdims=keepdims)
+        if not returned:
+            return avg
+        count = a.size if axes is None else int(_np.prod([a.shape[i] for i in axes]))
+        return avg, broadcast_to(trace.constant(_np.asarray(count, avg.dtype), None), avg.shape)
+    if not isinstance(weights, Tracer) and _np.size(weights) and _np.all(_np.asarray(weights) == 0):
+        raise ValueError("average: weights sum to zero, can't be normalized")
+    w = _operand(trace, weights)
+    if w.shape != a.shape:
+        if axes is None or len(axes) != 1 or w.ndim != 1 or w.shape[0] != a.shape[axes[0]]:
+            raise ValueError(
+                f"average: weights {w.aval} must have the shape of a ({a.aval}), or be 1-d of "
+                "the length of the one axis averaged over"
+            )
+        ax = axes[0] % a.ndim
+        w = broadcast_to(reshape(w, [w.shape[0] if i == ax else 1 for i in range(a.ndim)]), a.shape)
+    total = w.sum(axis=axes, keepdims=keepdims)
+    avg = (a * w).sum(axis=axes, keepdims=keepdims) / total
+    if not returned:
+        return avg
+    return avg, broadcast_to(total, avg.shape).astype(avg.dtype)

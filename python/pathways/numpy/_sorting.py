@@ -1,4 +1,5 @@
-"""Running reductions and sorting: `cumsum`, `cumprod`, `sort`, `argsort`.
+"""Running reductions and sorting: `cumsum`, `cumprod`, `sort`, `argsort`; and what
+is read off sorted values: `median`, `quantile`, `percentile`.
 
 Each records one op of the function IR (`cumulative`, or `sort` for the
 positions, whose values are one `take`), so a call costs one pass (one sort
@@ -16,7 +17,7 @@ from pathways._trace_state import _SUPPORTED_DTYPE_NAMES, _SUPPORTED_DTYPES
 from pathways._tracer import Tracer, bind
 from pathways.numpy._common import _axis, _operand, _trace_of
 from pathways.numpy._indexing import _gather_along_axis
-from pathways.numpy._shapes import moveaxis, ravel
+from pathways.numpy._shapes import moveaxis, ravel, reshape, stack
 
 
 def _cumulative(name: str, combiner: str, a: Any, axis: Any, dtype: Any, reverse: bool) -> Tracer:
@@ -163,3 +164,109 @@ def sort(a: Any, axis: Any = -1, kind: Optional[str] = None, order: Any = None, 
     if axis is not None:
         axis = _checks.index("sort", "axis", axis)
     return _argsort_traced("sort", trace, _operand(trace, a), axis, descending)[1]
+
+
+def _sorted_along_last(name: str, a: Any, axis: Any) -> tuple:
+    """`a` (traced) with the axes of `axis` (None: all) flattened into the last and
+    sorted along it, integers and bool in float64; and the shape the reduction
+    keeps with keepdims.
+
+    Raises:
+      ValueError: For an axis out of range, or no elements to reduce over.
+    """
+    x = _operand(_trace_of(name, (a,)), a)
+    axes = _checks.axes(name, "axis", axis)
+    axes = tuple(range(x.ndim)) if axes is None else axes
+    axes = tuple(sorted({_axis(name, "axis", ax, x.ndim, x.shape) for ax in axes}))
+    kept_dims = [1 if i in axes else d for i, d in enumerate(x.shape)]
+    rest = [d for i, d in enumerate(x.shape) if i not in axes]
+    count = int(_np.prod([x.shape[i] for i in axes], dtype=_np.int64))
+    if count == 0:
+        raise ValueError(f"{name}: there are no elements to reduce over ({x.aval}, axis {axis})")
+    x = reshape(moveaxis(x, axes, tuple(range(len(rest), x.ndim))), rest + [count])
+    if x.dtype == _np.bool_ or _np.dtype(x.dtype).kind in "iu":
+        x = x.astype(_np.float64)
+    return sort(x, axis=-1), kept_dims
+
+
+def _at(s: Tracer, k: int) -> Tracer:
+    return s[..., k]
+
+
+def _nan_if_any(s: Tracer, out: Tracer) -> Tracer:
+    """NaN where the sorted row `s` holds one (sorted last), as numpy's."""
+    from pathways.numpy._elementwise import isnan, where
+
+    return where(isnan(_at(s, s.shape[-1] - 1)), _np.nan, out)
+
+
+def quantile(a: Any, q: Any, axis: Any = None, *, method: str = "linear",
+             keepdims: bool = False) -> Any:
+    """`numpy.quantile` with the "linear" method: the `q`-th quantiles (static, in
+    [0, 1]) over `axis` (None: all; an int or a tuple), numpy's interpolation
+    between the sorted elements around `q * (n - 1)`; NaN where a NaN is among
+    them. `q`'s dimensions come first. Integers and bool compute in float64.
+
+    Raises:
+      ValueError: For q outside [0, 1], another method, or an empty axis.
+      TypeError: For a traced `q`.
+    """
+    trace = _trace_of("quantile", (a,))
+    if trace is None:
+        return _np.quantile(a, q, axis=axis, method=method, keepdims=keepdims)
+    if method != "linear":
+        raise ValueError(f"quantile: only method='linear' is supported, got {method!r}")
+    if isinstance(q, Tracer):
+        raise TypeError(f"quantile: q must be known when tracing, got a traced value {q.aval}")
+    qs = _np.asarray(q, _np.float64)
+    if _np.any((qs < 0) | (qs > 1)) or _np.any(_np.isnan(qs)):
+        raise ValueError(f"quantile: q must be in the range [0, 1], got {q!r}")
+    s, kept_dims = _sorted_along_last("quantile", a, axis)
+    n = s.shape[-1]
+    outs = []
+    for qv in qs.ravel():
+        # numpy's virtual index for "linear" (alpha = beta = 1), and its lerp.
+        vi = n * qv + (1 + qv * (1 - 1 - 1)) - 1
+        prev = int(_np.clip(_np.floor(vi), 0, n - 1))
+        nxt = min(prev + 1, n - 1)
+        gamma = float(_np.clip(vi - prev, 0, 1))
+        lo, hi = _at(s, prev), _at(s, nxt)
+        d = hi - lo
+        out = hi - d * (1 - gamma) if gamma >= 0.5 else lo + d * gamma
+        out = _nan_if_any(s, out)
+        outs.append(reshape(out, kept_dims) if keepdims else out)
+    if qs.ndim == 0:
+        return outs[0]
+    return reshape(stack(outs), list(qs.shape) + list(outs[0].shape))
+
+
+def percentile(a: Any, q: Any, axis: Any = None, *, method: str = "linear",
+               keepdims: bool = False) -> Any:
+    """`numpy.percentile`: `quantile` of `q / 100`."""
+    if _trace_of("percentile", (a,)) is None:
+        return _np.percentile(a, q, axis=axis, method=method, keepdims=keepdims)
+    if isinstance(q, Tracer):
+        raise TypeError(f"percentile: q must be known when tracing, got a traced value {q.aval}")
+    qs = _np.asarray(q, _np.float64)
+    if _np.any((qs < 0) | (qs > 100)) or _np.any(_np.isnan(qs)):
+        raise ValueError(f"percentile: q must be in the range [0, 100], got {q!r}")
+    return quantile(a, qs / 100 if qs.ndim else float(qs) / 100, axis, method=method,
+                    keepdims=keepdims)
+
+
+def median(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
+    """`numpy.median`: the middle element over `axis` (None: all; an int or a tuple), the
+    mean of the two middle ones for an even count; NaN where a NaN is among
+    them. Integers and bool compute in float64.
+
+    Raises:
+      ValueError: For an empty axis.
+    """
+    if _trace_of("median", (a,)) is None:
+        return _np.median(a, axis=axis, keepdims=keepdims)
+    s, kept_dims = _sorted_along_last("median", a, axis)
+    n = s.shape[-1]
+    mid = _at(s, n // 2)
+    out = mid if n % 2 else (_at(s, n // 2 - 1) + mid) / 2
+    out = _nan_if_any(s, out)
+    return reshape(out, kept_dims) if keepdims else out
