@@ -45,10 +45,11 @@ function) the operands arrive as that function's parameters.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -60,10 +61,20 @@ from pathways.numpy import zeros_like as _zeros_like
 
 __all__ = ["custom_vjp", "custom_jvp"]
 
-# The custom functions whose own rule runs now, on this thread (traces are
-# per thread): a call of the function inside its rule (JAX's idiom: `return
-# f(x), res`) is the function's.
+# The custom_vjp functions whose fwd runs now, on this thread (traces are per
+# thread): see custom_vjp._forward.
 _in_rule = threading.local()
+
+
+@contextlib.contextmanager
+def _paused(trace: Any) -> Iterator[list]:
+    """The tapes of `trace` set aside while the block runs (it gets them)."""
+    tapes = trace.tapes
+    trace.tapes = []
+    try:
+        yield tapes
+    finally:
+        trace.tapes = tapes
 
 
 def _is_none(x: Any) -> bool:
@@ -113,7 +124,7 @@ class _Custom:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         trace = _state.function
-        if trace is None or not trace.tapes or id(self) in _in_rule.__dict__.get("ids", ()):
+        if trace is None or not trace.tapes:
             return self.fun(*args, **kwargs)
         where = f"{self.kind} of {self._name!r} in {trace.where()}"
         if not self._has_rules():
@@ -131,15 +142,13 @@ class _Custom:
         arg_positions = [k for k, leaf in enumerate(arg_leaves) if isinstance(leaf, Tracer)]
         for k in arg_positions:
             arg_leaves[k]._check()
-        params = {"nondiff": nondiff, "diff_args": diff_args, "where": where,
-                  "arg_positions": arg_positions}
+        params = {"nondiff": nondiff, "nondiff_at": sorted(nondiff_at), "diff_args": diff_args,
+                  "where": where, "arg_positions": arg_positions}
         out, extra_ids = self._forward(trace, args, params)
 
         outs, params["out_tree"] = tree_flatten(out)
         copies = []
-        tapes = trace.tapes
-        trace.tapes = []  # the outputs are the entry's, not copies on the tapes
-        try:
+        with _paused(trace) as tapes:  # the outputs are the entry's, not copies on the tapes
             for leaf in outs:
                 if isinstance(leaf, Tracer):
                     leaf._check()
@@ -149,8 +158,6 @@ class _Custom:
                 else:
                     t = trace.constant(leaf, None)
                 copies.append(bind(trace, "copy", (t,)))
-        finally:
-            trace.tapes = tapes
         ids = [trace.local(arg_leaves[k])._id for k in arg_positions] + extra_ids
         out_ids = tuple(c._id for c in copies)
         for tape in tapes:
@@ -158,10 +165,19 @@ class _Custom:
         return tree_unflatten(params["out_tree"], copies)
 
     def _positional(self, args: tuple, kwargs: dict) -> tuple:
-        if not kwargs:
+        """The arguments by position, defaults applied (as JAX binds them), so the
+        rules see the same arguments however the call was written."""
+        try:
+            signature = inspect.signature(self.fun)
+        except (TypeError, ValueError):  # no signature (a builtin): as given
+            if kwargs:
+                raise TypeError(
+                    f"{self.kind} of {self._name!r}: keyword arguments need a function with a "
+                    "signature"
+                ) from None
             return args
         try:
-            bound = inspect.signature(self.fun).bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except TypeError as e:
             raise TypeError(f"{self.kind} of {self._name!r}: {e}") from None
         bound.apply_defaults()
@@ -173,8 +189,22 @@ class _Custom:
         return bound.args
 
 
+def _all_args(params: dict, operands: list) -> tuple:
+    """A call's positional arguments, its traced argument leaves replaced by `operands`
+    (the entry's, in the trace its rule runs in)."""
+    leaves, tree = tree_flatten(params["diff_args"])
+    for pos, t in zip(params["arg_positions"], operands):
+        leaves[pos] = t
+    diff = iter(tree_unflatten(tree, leaves))
+    nondiff = iter(params["nondiff"])
+    at = set(params["nondiff_at"])
+    return tuple(next(nondiff) if i in at else next(diff)
+                 for i in range(len(params["diff_args"]) + len(params["nondiff"])))
+
+
 def _running(custom: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)`, a rule of `custom`: a call of `custom` inside is its function's."""
+    """`fn(*args)`, the fwd of `custom`: a call of `custom` inside it (JAX's idiom:
+    `return f(x), res`) is differentiated by recomputing fwd (see custom_vjp)."""
     running = _in_rule.__dict__.setdefault("ids", set())
     running.add(id(custom))
     try:
@@ -237,7 +267,18 @@ class custom_vjp(_Custom):  # noqa: N801 (JAX's name)
 
     def _forward(self, trace: Any, args: tuple, params: dict) -> tuple:
         """Runs fwd (its ops on the tapes: the module docstring); the output and the
-        residuals' ids, which the entry takes as operands after the arguments."""
+        residuals' ids, which the entry takes as operands after the arguments.
+
+        A call inside this function's own fwd (JAX's idiom: `return f(x), res`)
+        cannot run fwd again: it runs the function with the tapes paused, and
+        its entry's rule recomputes fwd for the residuals. So an enclosing
+        grad differentiates it through the rule too (the residuals' own
+        dependence on the arguments, for second derivatives, included).
+        """
+        if id(self) in _in_rule.__dict__.get("ids", ()):
+            params["recompute"] = True
+            with _paused(trace):
+                return self.fun(*args), []
         pair = _running(self, self.fwd, *args)
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise TypeError(
@@ -255,11 +296,19 @@ class custom_vjp(_Custom):  # noqa: N801 (JAX's name)
         trace = _state.function
         where = params["where"]
         n_args = len(params["arg_positions"])
-        # Residuals: their traced leaves are the entry's operands after the arguments.
-        res_leaves = list(params["res_leaves"])
-        for pos, t in zip(params["res_positions"], operands[n_args:]):
-            res_leaves[pos] = t
-        res = tree_unflatten(params["res_tree"], res_leaves)
+        if params.get("recompute"):
+            pair = _running(self, self.fwd, *_all_args(params, operands))
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise TypeError(
+                    f"{where}: fwd must return a pair (output, residuals), got {type(pair).__name__}"
+                )
+            res = pair[1]
+        else:
+            # Residuals: their traced leaves are the entry's operands after the arguments.
+            res_leaves = list(params["res_leaves"])
+            for pos, t in zip(params["res_positions"], operands[n_args:]):
+                res_leaves[pos] = t
+            res = tree_unflatten(params["res_tree"], res_leaves)
         g = tree_unflatten(params["out_tree"], [
             _zeros(trace, o.shape, o.dtype) if c is None else c for c, o in zip(cts, outs)
         ])
@@ -373,12 +422,8 @@ class custom_jvp(_Custom):  # noqa: N801 (JAX's name)
 
     def _forward(self, trace: Any, args: tuple, params: dict) -> tuple:
         """Runs the function with the tapes paused (the entry stands for it)."""
-        tapes = trace.tapes
-        trace.tapes = []
-        try:
+        with _paused(trace):
             return self.fun(*args), []
-        finally:
-            trace.tapes = tapes
 
     def vjp(self, cts: list, operands: list, outs: list, params: dict, needs: list) -> list:
         """The tape entry's rule (pathways._autodiff): the JVP rule, transposed."""
@@ -404,8 +449,10 @@ class custom_jvp(_Custom):  # noqa: N801 (JAX's name)
         tape = _Tape(trace.builder, [vid for _, vid in fresh])
         trace.tapes.append(tape)
         try:
-            pair = _running(self, self.jvp, *params["nondiff"],
-                            tree_unflatten(arg_tree, primals), tree_unflatten(arg_tree, tangents))
+            # A call of this function inside its rule is a call like any other: it
+            # puts an entry on the enclosing tapes (and runs no rule now).
+            pair = self.jvp(*params["nondiff"], tree_unflatten(arg_tree, primals),
+                            tree_unflatten(arg_tree, tangents))
         finally:
             trace.tapes.remove(tape)
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:

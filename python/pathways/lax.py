@@ -708,12 +708,41 @@ def _is_weak(leaf: Any) -> bool:
     return isinstance(leaf, (bool, int, float, _np.generic))
 
 
+def _kind(leaf: Any) -> str:
+    """'b', 'i' or 'f': bool, integer (signed or not) or float (bfloat16 included)."""
+    if isinstance(leaf, (bool, _np.bool_)):
+        return "b"
+    if isinstance(leaf, int):
+        return "i"
+    if isinstance(leaf, float):
+        return "f"
+    dt = getattr(leaf, "dtype", None)
+    dt = _np.asarray(leaf).dtype if dt is None else _np.dtype(dt)
+    return "i" if dt.kind in "iu" else "f" if dt.kind == "f" or dt.name == "bfloat16" else dt.kind
+
+
+def _same_type(a: Any, b: Any) -> bool:
+    """Whether two branch outputs have one type after JAX's weak-type promotion: equal
+    strong dtypes; a weak value (a Python or numpy scalar, a weak traced value)
+    of a kind the other's dtype holds without changing (a weak int with an
+    integer or float, a weak float with a float, a weak bool with anything);
+    two weak values of one kind."""
+    wa, wb = _is_weak(a), _is_weak(b)
+    if not wa and not wb:
+        return _np.dtype(a.dtype) == _np.dtype(b.dtype)
+    if wa and wb:
+        return _kind(a) == _kind(b)
+    weak, strong = (a, b) if wa else (b, a)
+    k, ks = _kind(weak), _kind(strong)
+    return k == "b" or (k == "i" and ks in "if") or (k == "f" and ks == "f")
+
+
 def _branch_outputs(where: str, fns: list, operands: tuple) -> tuple:
     """Each branch called on `operands`: their output leaves and common tree.
 
     Raises:
       TypeError: If the branches' outputs differ in structure, in a leaf's
-        shape, or in the dtype of a leaf typed strongly in both, as
+        shape, or in type after weak-type promotion (`_same_type`), as
         `jax.lax.cond` requires.
     """
     outs = []
@@ -731,10 +760,7 @@ def _branch_outputs(where: str, fns: list, operands: tuple) -> tuple:
                 f"{tree0}, branch {k} gives {tree}"
             )
         for j, (a, b) in enumerate(zip(leaves0, leaves)):
-            sa, sb = _np.shape(a), _np.shape(b)
-            da = getattr(a, "dtype", None) if not _is_weak(a) else None
-            db = getattr(b, "dtype", None) if not _is_weak(b) else None
-            if sa != sb or (da is not None and db is not None and _np.dtype(da) != _np.dtype(db)):
+            if _np.shape(a) != _np.shape(b) or not _same_type(a, b):
                 raise TypeError(
                     f"{where}: the branches must return the same types: output leaf {j} is "
                     f"{describe([a])} in branch 0 and {describe([b])} in branch {k}"

@@ -148,3 +148,24 @@ def test_errors_name_the_problem(tpus2, runtime_ok, body, exc, message):
     with pytest.raises(exc, match=re.escape(message)):
         per_device(tpus2, body, np.ones((2, 2)))
     runtime_ok()
+
+
+WEAK_TYPES = [
+    (lambda v: pw.lax.cond(v[0] > 0, lambda: v[0].astype(np.int32), lambda: 1.5), False),
+    (lambda v: pw.lax.cond(v[0] > 0, lambda: 1.0, lambda: 2), False),
+    (lambda v: pw.lax.cond(v[0] > 0, lambda: v[0], lambda: 2), np.float64),
+    (lambda v: pw.lax.cond(v[0] > 0, lambda: v[0].astype(np.int32), lambda: 2), np.int32),
+    (lambda v: pw.lax.cond(v[0] > 0, lambda: v[0].astype(np.float32), lambda: True), np.float32),
+    (lambda v: pw.lax.switch(v[0].astype(np.int32), [lambda: 1, lambda: 2, lambda: 3]), np.int32),
+]
+
+
+@pytest.mark.parametrize("body, dtype", WEAK_TYPES)
+def test_weak_outputs_take_the_other_branchs_type_or_are_refused_as_jax(tpus2, runtime_ok, body, dtype):
+    x = np.array([[1.0, 2.0], [-1.0, 3.0]])
+    if dtype is False:
+        with pytest.raises(TypeError, match="the branches must return the same types"):
+            per_device(tpus2, body, x)
+        runtime_ok()
+    else:
+        assert np.asarray(per_device(tpus2, body, x)).dtype == dtype

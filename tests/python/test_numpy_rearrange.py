@@ -5,6 +5,8 @@ differ), over dtypes and edge shapes, with gradients against finite
 differences.
 """
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -280,3 +282,40 @@ def test_logaddexp_gradient_at_a_tie_is_one_half_each(tpus2):
     ga, gb = pw.pmap(pw.grad(lambda a, b: pnp.logaddexp(a, b).sum(), argnums=(0, 1)), devices=tpus2)(x, x)
     np.testing.assert_array_equal(np.asarray(ga), 0.5)
     np.testing.assert_array_equal(np.asarray(gb), 0.5)
+
+
+EDGES = [
+    ("roll by an array", lambda a: pnp.roll(a, np.array([1, 2]), (0, 1))),
+    ("roll by a tuple, flattened", lambda a: pnp.roll(a, (1, 2))),
+    ("tile by an array", lambda a: pnp.tile(a, np.array([2, 1]))),
+    ("tensordot axes as an array", lambda a: pnp.tensordot(a, a, np.array([[0], [0]]))),
+    ("repeat of a scalar", lambda a: pnp.repeat(a[0, 0], 3, axis=0)),
+    ("repeat of nothing", lambda a: pnp.repeat(a[:0, 0], [])),
+    ("repeat True times", lambda a: pnp.repeat(a, True, axis=0)),
+    ("pad with a traced value", lambda a: pnp.pad(a, 1, constant_values=a[0, 1])),
+    ("np.linalg.matmul", lambda a: np.linalg.matmul(a, a.T)),
+    ("np.linalg.outer", lambda a: np.linalg.outer(a[0], a[1])),
+]
+
+
+@pytest.mark.parametrize("name, fn", EDGES, ids=[e[0] for e in EDGES])
+def test_edges_like_numpy(tpus2, name, fn):
+    x = np.stack([np.arange(12.0).reshape(3, 4)] * 2)
+    assert_matches(tpus2, fn, x)
+
+
+REFUSED = [
+    (lambda a: pnp.repeat(a, [1, a[0, 0].astype(np.int32), 1], axis=0), TypeError,
+     "repeat: repeats must be known when tracing"),
+    (lambda a: pnp.diff(a, prepend=a[0]), ValueError,
+     "diff: prepend f64[4] must be a scalar or have the shape of a (f64[3,4]) but along axis 1"),
+    (lambda a: pnp.pad(a, 1, constant_values=a[0]), TypeError,
+     "pad: a traced constant_values must be a scalar, got f64[4]"),
+]
+
+
+@pytest.mark.parametrize("body, exc, message", REFUSED, ids=[e[2][:40] for e in REFUSED])
+def test_refused_with_the_parameter_named(tpus2, runtime_ok, body, exc, message):
+    with pytest.raises(exc, match=re.escape(message)):
+        pw.pmap(body, devices=tpus2)(np.zeros((2, 3, 4)))
+    runtime_ok()

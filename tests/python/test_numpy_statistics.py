@@ -165,8 +165,16 @@ ERRORS = [
     (lambda a: pnp.median(a[:, :0], axis=1), ValueError, "median: there are no elements to reduce over"),
     (lambda a: pnp.diff(a, n=-1), ValueError, "diff: order must be non-negative, got -1"),
     (lambda a: pnp.average(a, axis=0, weights=np.ones(3)), ValueError, "average: weights f64[3] must have the shape of a"),
-    (lambda a: pnp.average(a, weights=np.zeros((4, 5))), ValueError, "average: weights sum to zero"),
+    (lambda a: pnp.average(a, weights=np.zeros((4, 5))), ZeroDivisionError, "average: weights sum to zero"),
+    (lambda a: pnp.average(a, axis=1, weights=np.array([1.0, -1.0, 2.0, 0.0, -2.0])), ZeroDivisionError,
+     "average: weights sum to zero"),
+    (lambda a: pnp.average(a, axis=-4, weights=np.ones(3)), ValueError, "average: axis -4 is out of range"),
     (lambda a: pw.lax.map(lambda r: r, a, batch_size=2), NotImplementedError, "pw.lax.map: batch_size is not supported"),
+    (lambda a: pnp.linalg.norm(a[0], "fro"), ValueError, "norm: invalid norm order 'fro' for vectors"),
+    (lambda a: pnp.linalg.norm(a, [1]), ValueError, "norm: invalid norm order [1]"),
+    (lambda a: pnp.quantile(a, "x"), TypeError, "quantile: q must be a number or an array of numbers, got 'x'"),
+    (lambda a: pnp.median(a, axis=(0, 0)), ValueError, "median: repeated axis in (0, 0)"),
+    (lambda a: pnp.nan_to_num(a, nan=None), TypeError, "nan_to_num: nan must be a number, got None"),
 ]
 
 
@@ -187,3 +195,10 @@ def test_lax_map(tpus2):
     g = per_device(tpus2, pw.grad(lambda a: pw.lax.map(lambda r: pnp.sin(r).sum(), a).sum()), X)
     np.testing.assert_allclose(g, np.cos(X), rtol=1e-15)
     np.testing.assert_allclose(pw.lax.map(lambda r: r * 2, np.arange(3.0)), [0.0, 2.0, 4.0])
+
+
+def test_empty_q_and_integer_averages(tpus2):
+    assert_like_numpy(tpus2, lambda a: pnp.quantile(a, [], axis=1), X)
+    w = np.ones((2, 4, 5), np.float32)
+    assert_like_numpy(tpus2, lambda a, b: pnp.average(a, weights=b), XI, w)
+    assert_like_numpy(tpus2, lambda a, b: pnp.average(a, axis=0, weights=b), XI > 0, w)

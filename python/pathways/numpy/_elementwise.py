@@ -10,6 +10,7 @@ from typing import Any
 import ml_dtypes as _ml_dtypes
 import numpy as _np
 
+from pathways import _checks
 from pathways._trace_state import _BFLOAT16 as _BF16
 from pathways._trace_state import _is_float as _is_float_dtype
 from pathways._tracer import Tracer, bind
@@ -598,6 +599,9 @@ def nan_to_num(x: Any, copy: bool = True, nan: Any = 0.0, posinf: Any = None,
     never changed in place)."""
     if _trace_of("nan_to_num", (x,)) is None:
         return _np.nan_to_num(x, copy=copy, nan=nan, posinf=posinf, neginf=neginf)
+    nan = _checks.real("nan_to_num", "nan", nan)
+    posinf = None if posinf is None else _checks.real("nan_to_num", "posinf", posinf)
+    neginf = None if neginf is None else _checks.real("nan_to_num", "neginf", neginf)
     if not _is_float(x):
         return x
     big = float(_ml_dtypes.finfo(x.dtype).max)

@@ -118,6 +118,8 @@ def tensordot(a: Any, b: Any, axes: Any = 2) -> Any:
         return _np.tensordot(a, b, axes)
     a = _operand(trace, a)
     b = _operand(trace, b)
+    if isinstance(axes, _np.ndarray):
+        axes = axes.tolist()
     if isinstance(axes, (tuple, list)):
         if len(axes) != 2:
             raise ValueError(f"tensordot: axes must be an int or a pair of axis sequences, got {axes!r}")

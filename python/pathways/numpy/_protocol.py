@@ -63,7 +63,9 @@ def _numpy_function(x: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if name in _SHAPE_FUNCTIONS:
         return _SHAPE_FUNCTIONS[name](*args, **kwargs)
     if getattr(func, "__module__", "") == "numpy.linalg":
-        return _call_namesake(x, f"numpy.linalg.{name}", name, args, kwargs, "pathways.numpy.linalg")
+        # numpy.linalg's own (norm), or its aliases of numpy's (matmul, outer ...).
+        where = "pathways.numpy" if name in _sys.modules["pathways.numpy"].__all__ else "pathways.numpy.linalg"
+        return _call_namesake(x, f"numpy.linalg.{name}", name, args, kwargs, where)
     return _call_namesake(x, f"numpy.{name}", name, args, kwargs)
 
 

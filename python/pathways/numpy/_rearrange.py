@@ -12,6 +12,7 @@ from typing import Any
 import numpy as _np
 
 from pathways import _checks
+from pathways._trace_state import _TracerBase
 from pathways._tracer import Tracer, bind
 from pathways.numpy._common import _axis, _operand, _trace_of
 from pathways.numpy._indexing import take
@@ -127,6 +128,8 @@ def tile(A: Any, reps: Any) -> Any:  # noqa: N803 (numpy's name)
     trace = _trace_of("tile", (A,))
     if trace is None:
         return _np.tile(A, reps)
+    if isinstance(reps, _np.ndarray) and reps.ndim <= 1:
+        reps = reps.tolist()
     counts = _checks.ints("tile", "reps", reps)
     if any(r < 0 for r in counts):
         raise ValueError(f"tile: reps must not be negative, got {tuple(counts)}")
@@ -153,15 +156,20 @@ def repeat(a: Any, repeats: Any, axis: Any = None) -> Any:
     trace = _trace_of("repeat", (a,))
     if trace is None:
         return _np.repeat(a, repeats, axis=axis)
-    if isinstance(repeats, Tracer):
+    if isinstance(repeats, Tracer) or (isinstance(repeats, (list, tuple)) and
+                                       any(isinstance(r, _TracerBase) for r in repeats)):
         raise TypeError(
-            f"repeat: repeats must be known when tracing (an int or a sequence of ints), got a "
-            f"traced value {repeats.aval}"
+            f"repeat: repeats must be known when tracing (an int or a sequence of ints), got "
+            f"traced values ({repeats!r})"
         )
     x = ravel(a) if axis is None else a
+    if x.ndim == 0:  # numpy's: a scalar repeats as a 1-d value
+        x = reshape(x, (1,))
     ax = 0 if axis is None else _axis("repeat", "axis", axis, x.ndim, x.shape)
     n = x.shape[ax]
     counts = _np.asarray(repeats)
+    if counts.size == 0 or counts.dtype.kind == "b":
+        counts = counts.astype(_np.int64)
     if counts.dtype.kind not in "iu" or counts.ndim > 1:
         raise TypeError(f"repeat: repeats must be an int or a sequence of ints, got {repeats!r}")
     if (counts < 0).any():
@@ -189,11 +197,14 @@ def roll(a: Any, shift: Any, axis: Any = None) -> Any:
         return _np.roll(a, shift, axis=axis)
     if isinstance(shift, Tracer):
         raise TypeError(f"roll: shift must be known when tracing, got a traced value {shift.aval}")
+    if isinstance(shift, _np.ndarray) and shift.ndim <= 1:
+        shift = shift.tolist()
+    if isinstance(axis, _np.ndarray) and axis.ndim <= 1:
+        axis = axis.tolist()
     shifts = _checks.ints("roll", "shift", shift)
     if axis is None:
-        if len(shifts) != 1:
-            raise ValueError(f"roll: with axis=None, shift must be one int, got {shift!r}")
-        return reshape(roll(ravel(a), shifts[0], 0), a.shape)
+        # The flattened value, rolled by every shift (numpy's: they add up).
+        return reshape(roll(ravel(a), sum(shifts), 0), a.shape)
     axes = _checks.ints("roll", "axis", axis)
     if len(shifts) != len(axes) and 1 not in (len(shifts), len(axes)):
         raise ValueError(
@@ -271,12 +282,24 @@ def pad(array: Any, pad_width: Any, mode: str = "constant", **kwargs: Any) -> An
     if (widths < 0).any():
         raise ValueError(f"pad: pad_width must not be negative, got {pad_width!r}")
     if mode == "constant":
-        values = _pairs("pad", "constant_values", kwargs.get("constant_values", 0), x.ndim)
+        given = kwargs.get("constant_values", 0)
+        if isinstance(given, Tracer):
+            # A traced value (as JAX takes): a scalar, used on every side.
+            given._check()
+            if given.ndim != 0:
+                raise TypeError(
+                    f"pad: a traced constant_values must be a scalar, got {given.aval}"
+                )
+            values = [[given.astype(x.dtype)] * 2] * x.ndim
+        else:
+            values = _pairs("pad", "constant_values", given, x.ndim)
 
         def block(k: int, width: int, value: Any) -> Tracer:
             shape = list(x.shape)
             shape[k] = width
-            return broadcast_to(trace.constant(_np.asarray(value).astype(x.dtype), None), shape)
+            if not isinstance(value, Tracer):
+                value = trace.constant(_np.asarray(value).astype(x.dtype), None)
+            return broadcast_to(value, shape)
 
         for k in range(x.ndim):
             before, after = int(widths[k][0]), int(widths[k][1])
@@ -324,6 +347,11 @@ def diff(a: Any, n: int = 1, axis: int = -1, prepend: Any = None, append: Any = 
             shape = list(x.shape)
             shape[ax] = 1
             v = broadcast_to(v, shape)
+        elif v.ndim != x.ndim or any(d != e for i, (d, e) in enumerate(zip(v.shape, x.shape)) if i != ax):
+            raise ValueError(
+                f"diff: {side} {v.aval} must be a scalar or have the shape of a ({x.aval}) but "
+                f"along axis {ax}"
+            )
         parts.append((side, v))
     if parts:
         before = [v for side, v in parts if side == "prepend"]

@@ -11,7 +11,7 @@ import numpy as _np
 from pathways import _checks
 from pathways._trace_state import _BFLOAT16 as _BF16
 from pathways._tracer import Tracer
-from pathways.numpy._common import _trace_of, _traced
+from pathways.numpy._common import _axis, _trace_of, _traced
 from pathways.numpy._elementwise import sqrt
 
 
@@ -174,9 +174,12 @@ def average(a: Any, axis: Any = None, weights: Any = None, returned: bool = Fals
     """`numpy.average`: the mean over `axis`, weighted by `weights` (of `a`'s shape, or
     1-d along a single `axis`); with `returned`, also the sum of the weights.
 
+    Integers and bool average in float64, as numpy's.
+
     Raises:
-      ValueError: For weights of another shape, or summing to zero (only
-        known for constant weights: traced ones give inf or NaN, as JAX's).
+      ValueError: For weights of another shape, or an axis out of range.
+      ZeroDivisionError: For constant weights summing to zero over an axis,
+        as numpy (traced ones give inf or NaN there, as JAX's).
     """
     if _trace_of("average", (a, weights)) is None:
         return _np.average(a, axis=axis, weights=weights, returned=returned, keepdims=keepdims)
@@ -186,14 +189,16 @@ def average(a: Any, axis: Any = None, weights: Any = None, returned: bool = Fals
     trace = _trace_of("average", (a, weights))
     a = _operand(trace, a)
     axes = _checks.axes("average", "axis", axis)
+    if axes is not None:
+        axes = tuple(_axis("average", "axis", ax, a.ndim, a.shape) for ax in axes)
+    if a.dtype == _np.bool_ or _np.dtype(a.dtype).kind in "iu":
+        a = a.astype(_np.float64)  # numpy's: integers and bool average in float64
     if weights is None:
         avg = mean(a, axis=axes, keepdims=keepdims)
         if not returned:
             return avg
         count = a.size if axes is None else int(_np.prod([a.shape[i] for i in axes]))
         return avg, broadcast_to(trace.constant(_np.asarray(count, avg.dtype), None), avg.shape)
-    if not isinstance(weights, Tracer) and _np.size(weights) and _np.all(_np.asarray(weights) == 0):
-        raise ValueError("average: weights sum to zero, can't be normalized")
     w = _operand(trace, weights)
     if w.shape != a.shape:
         if axes is None or len(axes) != 1 or w.ndim != 1 or w.shape[0] != a.shape[axes[0]]:
@@ -201,8 +206,16 @@ def average(a: Any, axis: Any = None, weights: Any = None, returned: bool = Fals
                 f"average: weights {w.aval} must have the shape of a ({a.aval}), or be 1-d of "
                 "the length of the one axis averaged over"
             )
-        ax = axes[0] % a.ndim
+        ax = axes[0]
         w = broadcast_to(reshape(w, [w.shape[0] if i == ax else 1 for i in range(a.ndim)]), a.shape)
+    if not isinstance(weights, Tracer):
+        # Constant weights are checked now, as numpy does (traced ones give
+        # inf or NaN, as JAX's).
+        wn = _np.asarray(weights, _np.float64)
+        if wn.shape != a.shape:  # 1-d along the one axis (checked above)
+            wn = wn.reshape([wn.size if i == axes[0] else 1 for i in range(a.ndim)])
+        if _np.any(_np.broadcast_to(wn, a.shape).sum(axis=axes) == 0):
+            raise ZeroDivisionError("average: weights sum to zero, can't be normalized")
     total = w.sum(axis=axes, keepdims=keepdims)
     avg = (a * w).sum(axis=axes, keepdims=keepdims) / total
     if not returned:

@@ -177,7 +177,10 @@ def _sorted_along_last(name: str, a: Any, axis: Any) -> tuple:
     x = _operand(_trace_of(name, (a,)), a)
     axes = _checks.axes(name, "axis", axis)
     axes = tuple(range(x.ndim)) if axes is None else axes
-    axes = tuple(sorted({_axis(name, "axis", ax, x.ndim, x.shape) for ax in axes}))
+    normalized = [_axis(name, "axis", ax, x.ndim, x.shape) for ax in axes]
+    if len(set(normalized)) != len(normalized):
+        raise ValueError(f"{name}: repeated axis in {axis!r}")
+    axes = tuple(sorted(normalized))
     kept_dims = [1 if i in axes else d for i, d in enumerate(x.shape)]
     rest = [d for i, d in enumerate(x.shape) if i not in axes]
     count = int(_np.prod([x.shape[i] for i in axes], dtype=_np.int64))
@@ -200,6 +203,17 @@ def _nan_if_any(s: Tracer, out: Tracer) -> Tracer:
     return where(isnan(_at(s, s.shape[-1] - 1)), _np.nan, out)
 
 
+def _static_q(name: str, q: Any) -> _np.ndarray:
+    """`q` as a float64 array; TypeError naming it unless it is numbers known now."""
+    if isinstance(q, Tracer):
+        raise TypeError(f"{name}: q must be known when tracing, got a traced value {q.aval}")
+    try:
+        qs = _np.asarray(q, _np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: q must be a number or an array of numbers, got {q!r}") from None
+    return qs
+
+
 def quantile(a: Any, q: Any, axis: Any = None, *, method: str = "linear",
              keepdims: bool = False) -> Any:
     """`numpy.quantile` with the "linear" method: the `q`-th quantiles (static, in
@@ -216,9 +230,7 @@ def quantile(a: Any, q: Any, axis: Any = None, *, method: str = "linear",
         return _np.quantile(a, q, axis=axis, method=method, keepdims=keepdims)
     if method != "linear":
         raise ValueError(f"quantile: only method='linear' is supported, got {method!r}")
-    if isinstance(q, Tracer):
-        raise TypeError(f"quantile: q must be known when tracing, got a traced value {q.aval}")
-    qs = _np.asarray(q, _np.float64)
+    qs = _static_q("quantile", q)
     if _np.any((qs < 0) | (qs > 1)) or _np.any(_np.isnan(qs)):
         raise ValueError(f"quantile: q must be in the range [0, 1], got {q!r}")
     s, kept_dims = _sorted_along_last("quantile", a, axis)
@@ -237,6 +249,10 @@ def quantile(a: Any, q: Any, axis: Any = None, *, method: str = "linear",
         outs.append(reshape(out, kept_dims) if keepdims else out)
     if qs.ndim == 0:
         return outs[0]
+    if not outs:  # no q: an empty result of q's shape, then the reduction's
+        empty = _at(s, 0)[None][:0]
+        return reshape(empty, list(qs.shape) + list(reshape(_at(s, 0), kept_dims).shape
+                                                    if keepdims else _at(s, 0).shape))
     return reshape(stack(outs), list(qs.shape) + list(outs[0].shape))
 
 
@@ -245,9 +261,7 @@ def percentile(a: Any, q: Any, axis: Any = None, *, method: str = "linear",
     """`numpy.percentile`: `quantile` of `q / 100`."""
     if _trace_of("percentile", (a,)) is None:
         return _np.percentile(a, q, axis=axis, method=method, keepdims=keepdims)
-    if isinstance(q, Tracer):
-        raise TypeError(f"percentile: q must be known when tracing, got a traced value {q.aval}")
-    qs = _np.asarray(q, _np.float64)
+    qs = _static_q("percentile", q)
     if _np.any((qs < 0) | (qs > 100)) or _np.any(_np.isnan(qs)):
         raise ValueError(f"percentile: q must be in the range [0, 100], got {q!r}")
     return quantile(a, qs / 100 if qs.ndim else float(qs) / 100, axis, method=method,

@@ -78,11 +78,16 @@ def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> A
         x = x.astype(_np.float64)
     if isinstance(ord, str) and ord not in ("fro", "nuc"):
         raise ValueError(f"norm: invalid norm order {ord!r}")
+    if ord is not None and not isinstance(ord, str) and (
+            _np.ndim(ord) != 0 or not isinstance(ord, (int, float, _np.number)) or isinstance(ord, bool)):
+        raise ValueError(f"norm: invalid norm order {ord!r}: a number, 'fro' or 'nuc'")
     if axis is None:
         if ord is None:
             out = _sqrt((x * x).sum())
             return _reshape(out, [1] * x.ndim) if keepdims else out
         if x.ndim == 1:
+            if isinstance(ord, str):
+                raise ValueError(f"norm: invalid norm order {ord!r} for vectors")
             return _vector_norm(x, ord, (0,), keepdims)
         if x.ndim == 2:
             return _matrix_norm(x, ord, 0, 1, keepdims)
