@@ -427,7 +427,7 @@ ERRORS = [
     (lambda a: pnp.repeat(a, [1, 2], axis=1), ValueError, "repeat: repeats has 2 entries for an axis of length 4 (axis 1 of f32[3,4])"),
     (lambda a: pnp.repeat(a, -1), ValueError, "repeat: repeats may not contain negative values, got -1"),
     (lambda a: pnp.repeat(a, a.astype(np.int32)), TypeError, "repeat: repeats must be known when tracing"),
-    (lambda a: pnp.roll(a, (1, 2)), ValueError, "roll: with axis=None, shift must be one int, got (1, 2)"),
+    (lambda a: pnp.roll(a, (1, 2), axis=(0, 1, 1)), ValueError, "roll: shift (1, 2) and axis (0, 1, 1) have lengths that do not broadcast"),
     (lambda a: pnp.roll(a, 1, axis=2), ValueError, "roll: axis 2 is out of range for shape (3, 4) (rank 2)"),
     (lambda a: pnp.pad(a, -1), ValueError, "pad: pad_width must not be negative, got -1"),
     (lambda a: pnp.pad(a, 1.5), TypeError, "pad: pad_width must be integers, got 1.5"),
