@@ -26,6 +26,20 @@ __all__ = [
     "gelu",
     "sigmoid",
     "silu",
+    "swish",
+    "softplus",
+    "log_sigmoid",
+    "elu",
+    "selu",
+    "celu",
+    "leaky_relu",
+    "relu6",
+    "hard_tanh",
+    "hard_sigmoid",
+    "hard_silu",
+    "hard_swish",
+    "glu",
+    "standardize",
     "softmax",
     "log_softmax",
     "logsumexp",
@@ -94,6 +108,95 @@ def sigmoid(x: Any) -> Any:
 def silu(x: Any) -> Any:
     """x * sigmoid(x) (also called swish)."""
     return x * sigmoid(x)
+
+
+swish = silu
+
+
+def softplus(x: Any) -> Any:
+    """log(1 + exp(x)), as `jax.nn.softplus`: `logaddexp(x, 0)`, with no overflow."""
+    return _pnp.logaddexp(_float_of(x), 0.0)
+
+
+def log_sigmoid(x: Any) -> Any:
+    """log(sigmoid(x)), as `jax.nn.log_sigmoid`: `-softplus(-x)`."""
+    return -softplus(-_float_of(x))
+
+
+def _elu_branch(x: Any, alpha: Any) -> Any:
+    # alpha * (exp(x) - 1) where x <= 0, its argument kept at 0 elsewhere so
+    # that neither the value nor its gradient overflows.
+    return alpha * _pnp.expm1(_pnp.where(x > 0, 0.0, x))
+
+
+def elu(x: Any, alpha: Any = 1.0) -> Any:
+    """x where x > 0, else alpha * (exp(x) - 1), as `jax.nn.elu` (gradient alpha at 0)."""
+    x = _float_of(x)
+    return _pnp.where(x > 0, x, _elu_branch(x, alpha))
+
+
+def selu(x: Any) -> Any:
+    """scale * elu(x, alpha) with the self-normalizing constants, as `jax.nn.selu`."""
+    alpha = 1.6732632423543772848170429916717
+    scale = 1.0507009873554804934193349852946
+    return scale * elu(x, alpha)
+
+
+def celu(x: Any, alpha: Any = 1.0) -> Any:
+    """max(x, 0) + alpha * expm1(min(x, 0) / alpha), as `jax.nn.celu`."""
+    x = _float_of(x)
+    return _pnp.maximum(x, 0.0) + alpha * _pnp.expm1(_pnp.minimum(x, 0.0) / alpha)
+
+
+def leaky_relu(x: Any, negative_slope: Any = 1e-2) -> Any:
+    """x where x >= 0, else negative_slope * x, as `jax.nn.leaky_relu` (gradient 1 at 0)."""
+    return _pnp.where(x >= 0, x, negative_slope * x)
+
+
+def relu6(x: Any) -> Any:
+    """min(max(x, 0), 6), as `jax.nn.relu6`: gradient 1 where 0 < x < 6, else 0."""
+    inside = (x > 0) & (x < 6)
+    return _pnp.where(inside, x, stop_gradient(_pnp.minimum(_pnp.maximum(x, 0), 6)))
+
+
+def hard_tanh(x: Any) -> Any:
+    """x clipped to [-1, 1], as `jax.nn.hard_tanh` (gradient 1 on the closed interval)."""
+    return _pnp.where(x > 1, 1, _pnp.where(x < -1, -1, x))
+
+
+def hard_sigmoid(x: Any) -> Any:
+    """relu6(x + 3) / 6, as `jax.nn.hard_sigmoid`."""
+    return relu6(x + 3.0) / 6.0
+
+
+def hard_silu(x: Any) -> Any:
+    """x * hard_sigmoid(x) (also called hard_swish), as `jax.nn.hard_silu`."""
+    return x * hard_sigmoid(x)
+
+
+hard_swish = hard_silu
+
+
+def glu(x: Any, axis: int = -1) -> Any:
+    """Gated linear unit, as `jax.nn.glu`: the first half of `x` along `axis` times
+    the sigmoid of the second.
+
+    Raises:
+      ValueError: If that axis has an odd size.
+    """
+    a, b = _pnp.split(x, 2, axis=axis)
+    return a * sigmoid(b)
+
+
+def standardize(x: Any, axis: Any = -1, mean: Any = None, variance: Any = None,
+                epsilon: float = 1e-5) -> Any:
+    """(x - mean) / sqrt(variance + epsilon) over `axis`, as `jax.nn.standardize` (the
+    variance is mean(x**2) - mean**2, as JAX's)."""
+    if mean is None:
+        mean = _pnp.mean(x, axis=axis, keepdims=True)
+    if variance is None:
+        variance = _pnp.mean(_pnp.square(x), axis=axis, keepdims=True) - _pnp.square(mean)
+    return (x - mean) * _pnp.rsqrt(variance + epsilon)
 
 
 def _max_shift(x: Any, axis: Any, finite: bool = True) -> Any:

@@ -153,3 +153,42 @@ def test_composite_gradients_against_finite_differences(tpus2, name):
     got = np.asarray(pw.pmap(pw.grad(fn), devices=tpus2)(x))
     want = np.stack([finite_difference_grad(ref, x[i]) for i in range(2)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+# --- The rest of jax.nn's activations, against jax.nn itself ---------------------------
+
+ACTIVATIONS = ["softplus", "log_sigmoid", "elu", "selu", "celu", "leaky_relu", "relu6", "hard_tanh",
+               "hard_sigmoid", "hard_silu", "swish", "hard_swish"]
+# Ties and kinks included: JAX's gradients there are part of what is compared.
+POINTS = np.array([[-90.0, -7.0, -3.0, -1.0, -0.5, 0.0], [0.5, 1.0, 3.0, 6.0, 8.0, 90.0]], np.float32)
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_activations_and_gradients_match_jax_nn(tpus2, name):
+    jax = pytest.importorskip("jax")
+    ours = getattr(pnn, name)
+    theirs = getattr(jax.nn, name)
+    got = np.asarray(pw.pmap(ours, devices=tpus2)(POINTS))
+    grad = np.asarray(pw.pmap(pw.grad(lambda v: ours(v).sum()), devices=tpus2)(POINTS))
+    for k in range(2):
+        np.testing.assert_allclose(got[k], np.asarray(theirs(POINTS[k])), rtol=2e-6, atol=1e-7)
+        want = jax.vmap(jax.grad(theirs))(POINTS[k])
+        np.testing.assert_allclose(grad[k], np.asarray(want), rtol=2e-6, atol=1e-7)
+    assert got.dtype == np.float32
+
+
+def test_glu_and_standardize_match_jax_nn(tpus2):
+    jax = pytest.importorskip("jax")
+    x = np.random.default_rng(3).standard_normal((2, 3, 8)).astype(np.float32)
+    for axis in (-1, 0):
+        got = np.asarray(pw.pmap(lambda v: pnn.glu(v, axis=axis) if axis else pnn.glu(v[:2], 0),
+                                 devices=tpus2)(x))
+        for k in range(2):
+            want = jax.nn.glu(x[k], axis=-1) if axis else jax.nn.glu(x[k][:2], 0)
+            np.testing.assert_allclose(got[k], np.asarray(want), rtol=1e-6)
+    got = np.asarray(pw.pmap(lambda v: pnn.standardize(v, axis=-1), devices=tpus2)(x))
+    for k in range(2):
+        np.testing.assert_allclose(got[k], np.asarray(jax.nn.standardize(x[k], axis=-1)), rtol=2e-5,
+                                   atol=2e-6)
+    with pytest.raises(ValueError, match="split: array split does not result in an equal division"):
+        pw.pmap(lambda v: pnn.glu(v, axis=0), devices=tpus2)(x)  # 3 rows: no halves
