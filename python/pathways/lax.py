@@ -674,21 +674,19 @@ def map(f: Callable[..., Any], xs: Any, *, batch_size: Any = None) -> Any:  # no
       f: A function of one slice of `xs` (a pytree of arrays), returning a
         pytree of arrays.
       xs: A pytree of arrays with a common leading axis.
-      batch_size: Must be None (JAX's batching of the slices needs `vmap`,
-        which pathways does not have yet).
+      batch_size: As JAX's, a positive int or None: JAX maps `vmap(f)` over
+        chunks of that many slices, which gives the same results as slice by
+        slice; here the slices always run one at a time (pathways has no
+        vmap), so it changes no result, as `scan`'s `unroll`.
 
     Raises:
-      TypeError: If `f` is not callable.
-      NotImplementedError: For a `batch_size`.
-      ValueError: As `scan`.
+      TypeError: If `f` is not callable, or `batch_size` is not an int.
+      ValueError: For a `batch_size` below 1, or as `scan`.
     """
     if not callable(f):
         raise TypeError(f"pw.lax.map expects a callable, got {f!r}")
-    if batch_size is not None:
-        raise NotImplementedError(
-            "pw.lax.map: batch_size is not supported (it batches slices with vmap, which "
-            "pathways does not have yet); leave it None"
-        )
+    if batch_size is not None and static_int("pw.lax.map", "batch_size", batch_size) < 1:
+        raise ValueError(f"pw.lax.map: batch_size must be >= 1, got {batch_size!r}")
 
     def body(carry: Any, x: Any) -> tuple:
         return carry, f(x)

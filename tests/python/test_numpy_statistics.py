@@ -169,7 +169,8 @@ ERRORS = [
     (lambda a: pnp.average(a, axis=1, weights=np.array([1.0, -1.0, 2.0, 0.0, -2.0])), ZeroDivisionError,
      "average: weights sum to zero"),
     (lambda a: pnp.average(a, axis=-4, weights=np.ones(3)), ValueError, "average: axis -4 is out of range"),
-    (lambda a: pw.lax.map(lambda r: r, a, batch_size=2), NotImplementedError, "pw.lax.map: batch_size is not supported"),
+    (lambda a: pw.lax.map(lambda r: r, a, batch_size=0), ValueError, "pw.lax.map: batch_size must be >= 1, got 0"),
+    (lambda a: pw.lax.map(lambda r: r, a, batch_size=1.5), TypeError, "pw.lax.map: batch_size must be a static int"),
     (lambda a: pnp.linalg.norm(a[0], "fro"), ValueError, "norm: invalid norm order 'fro' for vectors"),
     (lambda a: pnp.linalg.norm(a, [1]), ValueError, "norm: invalid norm order [1]"),
     (lambda a: pnp.quantile(a, "x"), TypeError, "quantile: q must be a number or an array of numbers, got 'x'"),
@@ -195,6 +196,14 @@ def test_lax_map(tpus2):
     g = per_device(tpus2, pw.grad(lambda a: pw.lax.map(lambda r: pnp.sin(r).sum(), a).sum()), X)
     np.testing.assert_allclose(g, np.cos(X), rtol=1e-15)
     np.testing.assert_allclose(pw.lax.map(lambda r: r * 2, np.arange(3.0)), [0.0, 2.0, 4.0])
+    # batch_size gives the same results, as JAX's (here and in JAX).
+    jax = pytest.importorskip("jax")
+    unbatched = per_device(tpus2, lambda a: pw.lax.map(lambda r: (r * r).sum(), a), X)
+    for b in (1, 2, 3, 7):
+        got = per_device(tpus2, lambda a: pw.lax.map(lambda r: (r * r).sum(), a, batch_size=b), X)
+        np.testing.assert_array_equal(got, unbatched)
+        want = jax.lax.map(lambda r: (r * r).sum(), X[0].astype(np.float32), batch_size=b)
+        np.testing.assert_allclose(got[0], np.asarray(want), rtol=1e-6)
 
 
 def test_empty_q_and_integer_averages(tpus2):
