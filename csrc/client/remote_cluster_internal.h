@@ -4,7 +4,6 @@
 // RemoteCluster's records of programs and runs, shared by its files
 // (remote_cluster.cc: dispatch; remote_diagnosis.cc: pw.diagnose).
 
-#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <vector>
@@ -118,30 +117,38 @@ struct RemoteCluster::Run {
       failed.swap(run.failed);
     }
     const std::vector<bool>& is_output = run.plan->slot_is_output;
-    std::stable_partition(made.begin(), made.end(), [&](const std::shared_ptr<ShardedBuffer>& b) {
-      return !is_output[b->remote_id() - run.first];
-    });
-    for (auto& buffer : made) {
-      absl::Status status = whole;
-      if (status.ok()) {
-        auto it = failed.find(buffer->remote_id());
-        if (it != failed.end()) status = it->second;
+    // Two passes, no reordering: the others first, then the outputs.
+    for (const bool outputs : {false, true}) {
+      for (auto& buffer : made) {
+        if (buffer == nullptr || is_output[buffer->remote_id() - run.first] != outputs) continue;
+        Complete(run, buffer, whole, failed, &none);
+        buffer.reset();
       }
-      if (status.ok()) {
-        TransferStats* stats = run.rc->services_.stats;
-        if (auto c = run.copies.find(buffer->remote_id()); c != run.copies.end() && stats != nullptr) {
-          const bool dcn = c->second == LinkKind::kDcn;
-          (dcn ? stats->dcn_bytes : stats->ici_bytes).fetch_add(buffer->total_bytes(), std::memory_order_relaxed);
-          (dcn ? stats->dcn_transfers : stats->ici_transfers).fetch_add(1, std::memory_order_relaxed);
-        }
-        buffer->SetReady(&none);
-      } else {
-        buffer->SetError(std::move(status), &none);
-      }
-      buffer.reset();
     }
     if (!run.admitted_islands.empty()) run.rc->Released(run.admitted_islands);
     if (run.seq >= 0) run.rc->Retire(run);
+  }
+
+  // Completes one buffer the run made: ready (counted in the transfer
+  // statistics if a transfer made it), or failed with the run's error.
+  static void Complete(Run& run, const std::shared_ptr<ShardedBuffer>& buffer, const absl::Status& whole,
+                       const absl::flat_hash_map<uint64_t, absl::Status>& failed, ReadyList* none) {
+    absl::Status status = whole;
+    if (status.ok()) {
+      auto it = failed.find(buffer->remote_id());
+      if (it != failed.end()) status = it->second;
+    }
+    if (!status.ok()) {
+      buffer->SetError(std::move(status), none);
+      return;
+    }
+    TransferStats* stats = run.rc->services_.stats;
+    if (auto c = run.copies.find(buffer->remote_id()); c != run.copies.end() && stats != nullptr) {
+      const bool dcn = c->second == LinkKind::kDcn;
+      (dcn ? stats->dcn_bytes : stats->ici_bytes).fetch_add(buffer->total_bytes(), std::memory_order_relaxed);
+      (dcn ? stats->dcn_transfers : stats->ici_transfers).fetch_add(1, std::memory_order_relaxed);
+    }
+    buffer->SetReady(none);
   }
 };
 
