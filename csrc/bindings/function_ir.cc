@@ -54,6 +54,7 @@ absl::string_view OpClassName(OpClass c) {
     case OpClass::kContraction: return "contraction";
     case OpClass::kCollective: return "collective";
     case OpClass::kControl: return "control";
+    case OpClass::kLinalg: return "linalg";
   }
   return "unknown";
 }
@@ -248,6 +249,12 @@ void RegisterFunctionIr(py::module_& m) {
          py::arg("length"), py::arg("reverse"),
          "A scan of `body` (function_ir.h, \"Loops\"); returns the values of its results: "
          "the final carries, then the stacked ys.")
+      .def("svd", [](FunctionBuilder& b, int32_t x, bool full_matrices) {
+        ThrowIfBuilt(b, "svd");
+        return ValueOrThrow(b.SvdResults(x, full_matrices));
+      }, py::arg("x"), py::arg("full_matrices"),
+         "The singular value decomposition of each matrix of x's last two dims; returns "
+         "the values of u, s and vt.")
       .def("get_element", [](FunctionBuilder& b, int32_t tuple, int64_t index) {
         return ValueOrThrow(b.GetElement(tuple, index));
       }, py::arg("tuple"), py::arg("index"))

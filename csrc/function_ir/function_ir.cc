@@ -257,6 +257,9 @@ void FunctionIr::AppendText(std::string* out, int indent) const {
       case OpKind::kGetElement:
         absl::StrAppend(&text, "[", op.index, "]");
         break;
+      case OpKind::kSvd:
+        if (op.full_matrices) absl::StrAppend(&text, "[full_matrices]");
+        break;
       default:
         break;
     }
@@ -302,8 +305,8 @@ absl::Status FunctionBuilder::CheckValue(int32_t v, absl::string_view op, bool t
   }
   if (!tuple_ok && type(v).is_tuple()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: operand %%%d is the tuple %s of a scan; take its elements with get_element", op, v,
-        type(v).ToString()));
+        "%s: operand %%%d is the %s tuple %s; take its elements with get_element", op, v,
+        OpKindName(ir_->ops_[v].kind), type(v).ToString()));
   }
   return absl::OkStatus();
 }
@@ -1436,7 +1439,7 @@ absl::StatusOr<int32_t> FunctionBuilder::GetElement(int32_t tuple, int64_t index
   const ValueType& t = type(tuple);
   if (!t.is_tuple()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "get_element: operand %%%d is %s, not the tuple of a scan", tuple, t.ToString()));
+        "get_element: operand %%%d is %s, not the tuple of a scan or svd", tuple, t.ToString()));
   }
   if (index < 0 || index >= static_cast<int64_t>(t.elements.size())) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -1457,6 +1460,59 @@ absl::StatusOr<std::vector<int32_t>> FunctionBuilder::ScanResults(
   const size_t n = type(tuple).elements.size();
   for (size_t i = 0; i < n; ++i) {
     PW_ASSIGN_OR_RETURN(const int32_t v, GetElement(tuple, static_cast<int64_t>(i)));
+    results.push_back(v);
+  }
+  return results;
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Svd(int32_t x, bool full_matrices) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "svd"));
+  const ValueType tx = type(x);
+  if (tx.dtype != DType::kF32 && tx.dtype != DType::kF64) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "svd: operand must be float32 or float64, got %s", tx.ToString()));
+  }
+  const size_t rank = tx.dims.size();
+  if (rank < 2) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "svd: operand must have at least two dimensions (a matrix), got %s", tx.ToString()));
+  }
+  const int64_t m = tx.dims[rank - 2];
+  const int64_t n = tx.dims[rank - 1];
+  if (m > std::numeric_limits<int32_t>::max() || n > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "svd: the matrices of %s are beyond int32 dimensions", tx.ToString()));
+  }
+  const int64_t k = std::min(m, n);
+  // LAPACK's work array (3k^2 + max(max(m, n), 4k^2 + 4k) elements) is
+  // indexed by int32.
+  if (3 * k * k + std::max(std::max(m, n), 4 * k * k + 4 * k) >
+      std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "svd: the matrices of %s are too large for LAPACK's workspace (min(m, n) beyond "
+        "about 17500)", tx.ToString()));
+  }
+  Dims batch(tx.dims.begin(), tx.dims.end() - 2);
+  auto with = [&](int64_t a, int64_t b) {
+    Dims d = batch;
+    d.push_back(a);
+    if (b >= 0) d.push_back(b);
+    return ValueType{tx.dtype, std::move(d)};
+  };
+  ValueType result;
+  result.elements.push_back(with(m, full_matrices ? m : k));
+  result.elements.push_back(with(k, -1));
+  result.elements.push_back(with(full_matrices ? n : k, n));
+  Op op = MakeOp(OpKind::kSvd, {x}, std::move(result));
+  op.full_matrices = full_matrices;
+  return Add(std::move(op));
+}
+
+absl::StatusOr<std::vector<int32_t>> FunctionBuilder::SvdResults(int32_t x, bool full_matrices) {
+  PW_ASSIGN_OR_RETURN(const int32_t tuple, Svd(x, full_matrices));
+  std::vector<int32_t> results;
+  for (int64_t i = 0; i < 3; ++i) {
+    PW_ASSIGN_OR_RETURN(const int32_t v, GetElement(tuple, i));
     results.push_back(v);
   }
   return results;

@@ -150,6 +150,7 @@ struct Op {
   int32_t num_carries = 0;
   int32_t num_xs = 0;
   int32_t index = 0;  // kGetElement only: which element of the tuple
+  bool full_matrices = false;  // kSvd only: square u and vt
 };
 
 // An immutable, validated function. Thread-safe (read-only after Build).
@@ -451,6 +452,19 @@ class FunctionBuilder {
                                                    absl::Span<const int32_t> operands,
                                                    int32_t num_carries, int32_t num_xs,
                                                    int64_t length, bool reverse);
+
+  // --- Linear algebra ---
+
+  // The singular value decomposition of each matrix of the last two dims of
+  // `x` (float32 or float64, rank >= 2, [..., m, n]): the tuple (u, s, vt)
+  // with x = u diag(s) vt, s descending and k = min(m, n): u [..., m, k], s
+  // [..., k], vt [..., k, n]; u [..., m, m] and vt [..., n, n] when
+  // `full_matrices`. A matrix with a NaN or inf gets NaN in all three.
+  // InvalidArgument for another dtype, a rank below 2 or a dimension beyond
+  // int32.
+  absl::StatusOr<int32_t> Svd(int32_t x, bool full_matrices);
+  // Svd, then its three elements' values (u, s, vt).
+  absl::StatusOr<std::vector<int32_t>> SvdResults(int32_t x, bool full_matrices);
 
   // The axis size declared by SetAxisSize (0: none). The builder must not be
   // built yet.

@@ -1047,6 +1047,42 @@ TEST(FunctionBuilderScanTest, Errors) {
   }
 }
 
+TEST(FunctionBuilderSvdTest, TypesTheTupleAndRefusesWhatLapackCannotTake) {
+  FunctionBuilder b("f", "");
+  const int32_t x = b.Parameter(DType::kF32, {2, 5, 3});
+  const int32_t y = b.Parameter(DType::kF64, {3, 4});
+  const int32_t k = b.Parameter(DType::kI32, {3, 3});
+  const int32_t h = b.Parameter(DType::kBF16, {3, 3});
+  const int32_t v = b.Parameter(DType::kF32, {3});
+  const int32_t e = b.Parameter(DType::kF64, {0, 4});
+  auto thin = b.Svd(x, false);
+  ASSERT_TRUE(thin.ok()) << thin.status();
+  EXPECT_EQ(b.type(*thin).ToString(), "(f32[2,5,3], f32[2,3], f32[2,3,3])");
+  auto full = b.Svd(y, true);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(b.type(*full).ToString(), "(f64[3,3], f64[3], f64[4,4])");
+  auto empty = b.SvdResults(e, true);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(b.type((*empty)[0]).ToString(), "f64[0,0]");
+  EXPECT_EQ(b.type((*empty)[1]).ToString(), "f64[0]");
+  EXPECT_EQ(b.type((*empty)[2]).ToString(), "f64[4,4]");
+  ExpectInvalid(b.Binary(OpKind::kAdd, *thin, *thin).status(),
+                "add: operand %6 is the svd tuple (f32[2,5,3], f32[2,3], f32[2,3,3]); take its "
+                "elements with get_element");
+  ExpectInvalid(b.Svd(k, false).status(), "svd: operand must be float32 or float64, got i32[3,3]");
+  ExpectInvalid(b.Svd(h, false).status(), "svd: operand must be float32 or float64, got bf16[3,3]");
+  ExpectInvalid(b.Svd(v, false).status(),
+                "svd: operand must have at least two dimensions (a matrix), got f32[3]");
+  const int32_t big = b.Parameter(DType::kF32, {20000, 20000});
+  ExpectInvalid(b.Svd(big, false).status(),
+                "svd: the matrices of f32[20000,20000] are too large for LAPACK's workspace "
+                "(min(m, n) beyond about 17500)");
+  auto ir = b.Build({(*empty)[2]});
+  ASSERT_TRUE(ir.ok()) << ir.status();
+  EXPECT_TRUE(absl::StrContains((*ir)->ToText(), "svd[full_matrices] %1 : (f64[3,3], f64[3], f64[4,4])"))
+      << (*ir)->ToText();
+}
+
 TEST(FunctionBuilderScanTest, TuplesAreReadOnlyByGetElement) {
   FunctionBuilder b("f", "");
   const int32_t c = b.Parameter(DType::kF32, {});
@@ -1055,12 +1091,12 @@ TEST(FunctionBuilderScanTest, TuplesAreReadOnlyByGetElement) {
   auto t = b.Scan(DotBody(), {c, xs, w}, 1, 1, 2, false);
   ASSERT_TRUE(t.ok());
   ExpectInvalid(b.Binary(OpKind::kAdd, *t, c).status(),
-                "add: operand %3 is the tuple (f32[], f32[2,3]) of a scan; take its elements "
+                "add: operand %3 is the scan tuple (f32[], f32[2,3]); take its elements "
                 "with get_element");
   ExpectInvalid(b.Build({*t}).status(),
-                "return: operand %3 is the tuple (f32[], f32[2,3]) of a scan; take its elements "
+                "return: operand %3 is the scan tuple (f32[], f32[2,3]); take its elements "
                 "with get_element");
-  ExpectInvalid(b.GetElement(c, 0).status(), "get_element: operand %0 is f32[], not the tuple of a scan");
+  ExpectInvalid(b.GetElement(c, 0).status(), "get_element: operand %0 is f32[], not the tuple of a scan or svd");
   ExpectInvalid(b.GetElement(*t, 2).status(),
                 "get_element: index 2 is out of range for (f32[], f32[2,3])");
   ExpectInvalid(b.GetElement(*t, -1).status(),

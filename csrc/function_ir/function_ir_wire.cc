@@ -191,6 +191,9 @@ void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
     case OpKind::kGetElement:
       out->set_index(op.index);
       break;
+    case OpKind::kSvd:
+      out->set_full_matrices(op.full_matrices);
+      break;
     default:
       break;  // operands only: the elementwise ops, copy, matmul
   }
@@ -374,6 +377,8 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
     }
     case OpKind::kGetElement:
       return b.GetElement(operand(0), w.index());
+    case OpKind::kSvd:
+      return b.Svd(operand(0), w.full_matrices());
     default:
       break;  // binary and unary, above
   }

@@ -285,6 +285,12 @@ std::shared_ptr<const FunctionIr> ShapeFunction() {
   outs.push_back(Ok(b.Reduce(ReduceKind::kArgmax, x, nullptr, false)));  // all axes of rank 2
   outs.push_back(Ok(b.Reduce(ReduceKind::kArgmax, x, &last, true)));
   outs.push_back(Ok(b.Reduce(ReduceKind::kArgmax, k, &last, false)));  // rank 1: one axis is all
+  // Decompositions: the thin svd of a float32 matrix, the full one of a batch.
+  auto thin = b.SvdResults(x, false);
+  auto full = b.SvdResults(y, true);
+  EXPECT_TRUE(thin.ok() && full.ok());
+  outs.insert(outs.end(), thin->begin(), thin->end());
+  outs.insert(outs.end(), full->begin(), full->end());
   return MustBuild(b, outs);
 }
 
@@ -455,6 +461,7 @@ void ExpectSameIr(const FunctionIr& a, const FunctionIr& b) {
     EXPECT_EQ(x.num_carries, y.num_carries);
     EXPECT_EQ(x.num_xs, y.num_xs);
     EXPECT_EQ(x.index, y.index);
+    EXPECT_EQ(x.full_matrices, y.full_matrices);
   }
   EXPECT_EQ(a.nesting_depth(), b.nesting_depth());
 }
@@ -993,7 +1000,7 @@ TEST(FunctionIrWireTest, BadScans) {
     // A tuple as an output.
     wire::FunctionIr proto = good;
     proto.set_outputs(0, 4);
-    ExpectWireError(FromProto(proto), "return: operand %4 is the tuple");
+    ExpectWireError(FromProto(proto), "return: operand %4 is the scan tuple");
   }
 }
 

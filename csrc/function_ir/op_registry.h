@@ -30,6 +30,7 @@ enum class OpClass : uint8_t {
   kContraction,   // matmul
   kCollective,    // reads other shards of the gang, or the shard's position in it
   kControl,       // runs a nested function (scan), or names one result of such an op
+  kLinalg,        // a decomposition of each matrix of the last two dims (LAPACK)
 };
 
 // How FunctionBuilder types an op's result from its operands.
@@ -163,7 +164,13 @@ enum class TypeRule : uint8_t {
      is a tuple (final carries, stacked ys) that get_element ops take apart */         \
   X(kScan, "scan", SCAN, -1, kControl, kOwn)                                           \
   /* Element Op::index of a tuple value (the only op that reads one) */                \
-  X(kGetElement, "get_element", GET_ELEMENT, 1, kControl, kOwn)
+  X(kGetElement, "get_element", GET_ELEMENT, 1, kControl, kOwn)                       \
+  /* --- Linear algebra, per matrix of the last two dims --- */                        \
+  /* Singular value decomposition x = u diag(s) vt of float32/float64 [..., m, n]:     \
+     the tuple (u [..., m, m or k], s [..., k] descending, vt [..., n or k, n]),       \
+     k = min(m, n), square u and vt when Op::full_matrices (LAPACK's gesdd); NaN       \
+     everywhere for a matrix with a NaN or inf */                                      \
+  X(kSvd, "svd", SVD, 1, kLinalg, kOwn)
 
 enum class OpKind : uint8_t {
 #define PW_OP_ENUMERATOR(e, name, wire, arity, cls, rule) e,

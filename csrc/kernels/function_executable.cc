@@ -15,6 +15,7 @@
 #include "csrc/kernels/collectives.h"
 #include "csrc/kernels/cumulative.h"
 #include "csrc/kernels/elementwise.h"
+#include "csrc/kernels/linalg.h"
 #include "csrc/kernels/matmul.h"
 #include "csrc/kernels/reduction.h"
 #include "csrc/kernels/sort.h"
@@ -416,6 +417,25 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
         kernels::SortRows(in_dtype, row == 0 ? 0 : n / row, row, op.reverse,
                           static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize,
                           static_cast<int32_t*>(out) + s * n);
+      }
+    } else if (op.kind == OpKind::kSvd) {
+      const SvdPlan& sp = svd_plans_[static_cast<size_t>(svd_index_[i])];
+      // Value-major runs start at shard 0 (only shard-major ones run a part).
+      const int64_t scale = range.shard_major ? 1 : total;
+      uint8_t* const workspace = (range.shard_major ? region : base) + sp.workspace * scale;
+      const DType dtype = ops[op.operands[0]].type.dtype;
+      const int64_t esize = DTypeSize(dtype);
+      uint8_t* element[3];
+      int64_t element_bytes[3];
+      for (int j = 0; j < 3; ++j) {
+        element[j] = static_cast<uint8_t*>(out) + sp.elements[j] * scale;
+        element_bytes[j] = op.type.elements[static_cast<size_t>(j)].num_bytes();
+      }
+      for (int s = 0; s < num_shards; ++s) {
+        kernels::SvdMatrices(dtype, sp.batch, sp.m, sp.n, op.full_matrices,
+                             static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize,
+                             element[0] + s * element_bytes[0], element[1] + s * element_bytes[1],
+                             element[2] + s * element_bytes[2], workspace, sp.workspace_bytes);
       }
     } else if (op.kind == OpKind::kCumulative) {
       const Dims& dims = op.type.dims;

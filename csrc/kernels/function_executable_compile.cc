@@ -9,6 +9,7 @@
 #include "csrc/kernels/collectives.h"
 #include "csrc/kernels/elementwise.h"
 #include "csrc/kernels/function_executable.h"
+#include "csrc/kernels/linalg.h"
 
 // FunctionExecutable::Compile: liveness, elementwise fusion, buffer
 // assignment (scratch slots and tiles) and the per-op plans Run() reads.
@@ -36,6 +37,15 @@ int64_t SlotBytes(const ValueType& type) {
   int64_t bytes = 0;
   for (const ValueType& e : type.elements) bytes += RoundUp(e.num_bytes());
   return bytes;
+}
+
+// Where element `index` of a tuple starts in the tuple's slot (per shard).
+int64_t ElementOffset(const ValueType& tuple, int64_t index) {
+  int64_t offset = 0;
+  for (int64_t j = 0; j < index; ++j) {
+    offset += RoundUp(tuple.elements[static_cast<size_t>(j)].num_bytes());
+  }
+  return offset;
 }
 
 
@@ -100,10 +110,8 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       plan.consts.push_back(piece(f.param_type(k).num_bytes()));
     }
     plan.workspace_bytes = end;
-    int64_t element = 0;
-    for (const ValueType& e : op.type.elements) {
-      plan.elements.push_back(element);
-      element += RoundUp(e.num_bytes());
+    for (size_t j = 0; j < op.type.elements.size(); ++j) {
+      plan.elements.push_back(ElementOffset(op.type, static_cast<int64_t>(j)));
     }
     exe->tile_bytes_ = std::max(exe->tile_bytes_, body.tile_bytes_);
     exe->gang_temp_per_shard_ = std::max(exe->gang_temp_per_shard_, body.gang_temp_per_shard_);
@@ -115,6 +123,22 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     }
     exe->scan_index_[v] = static_cast<int32_t>(exe->scan_plans_.size());
     exe->scan_plans_.push_back(std::move(plan));
+  }
+  // Decompositions: their matrices and workspaces.
+  exe->svd_index_.assign(num_ops, -1);
+  for (int32_t v = 0; v < num_ops; ++v) {
+    const Op& op = ops[v];
+    if (op.kind != OpKind::kSvd) continue;
+    const ValueType& in = ops[op.operands[0]].type;
+    const size_t r = in.dims.size();
+    SvdPlan plan;
+    plan.batch = kernels::DimProduct(in.dims, 0, r - 2);
+    plan.m = in.dims[r - 2];
+    plan.n = in.dims[r - 1];
+    plan.workspace_bytes = kernels::SvdWorkspaceBytes(in.dtype, plan.m, plan.n, op.full_matrices);
+    for (int64_t j = 0; j < 3; ++j) plan.elements[j] = ElementOffset(op.type, j);
+    exe->svd_index_[v] = static_cast<int32_t>(exe->svd_plans_.size());
+    exe->svd_plans_.push_back(plan);
   }
   // Ops that need the whole gang: cross-shard ops, and loops whose bodies
   // have them.
@@ -273,8 +297,7 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       // Its piece of the tuple's slot: nothing to run. The piece stays
       // taken while the element is live, as any value's slot.
       const int32_t t = ops[v].operands[0];
-      const ScanPlan& sp = exe->scan_plans_[static_cast<size_t>(exe->scan_index_[t])];
-      exe->scratch_offset_[v] = exe->scratch_offset_[t] + sp.elements[static_cast<size_t>(ops[v].index)];
+      exe->scratch_offset_[v] = exe->scratch_offset_[t] + ElementOffset(ops[t].type, ops[v].index);
       exe->skip_[v] = 1;
       continue;
     }
@@ -298,6 +321,11 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       // The workspace is needed during the loop only: a slot of its own,
       // apart from the operands' and the results'.
       ScanPlan& sp = exe->scan_plans_[static_cast<size_t>(exe->scan_index_[v])];
+      const Slot results{exe->scratch_offset_[v], size};
+      sp.workspace = first_fit(v, sp.workspace_bytes, &results);
+    }
+    if (kind == OpKind::kSvd) {  // the same for LAPACK's workspace
+      SvdPlan& sp = exe->svd_plans_[static_cast<size_t>(exe->svd_index_[v])];
       const Slot results{exe->scratch_offset_[v], size};
       sp.workspace = first_fit(v, sp.workspace_bytes, &results);
     }
@@ -436,6 +464,10 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
         loop = kMaxWork;
       }
       work += loop;
+    }
+    if (op.kind == OpKind::kSvd) {  // O(m n k) flops per matrix
+      const SvdPlan& sp = exe->svd_plans_[static_cast<size_t>(exe->svd_index_[v])];
+      work += sp.batch * sp.m * sp.n * std::min(sp.m, sp.n);
     }
     if (op.kind == OpKind::kMatmul) {
       const MatmulPlan& mp = exe->matmul_plans_[static_cast<size_t>(exe->matmul_index_[v])];

@@ -24,6 +24,7 @@
 #include "csrc/base/error_kind.h"
 #include "csrc/base/mutex.h"
 #include "csrc/base/status_macros.h"
+#include "csrc/kernels/linalg.h"
 #include "csrc/kernels/vector_math.h"
 #include "gtest/gtest.h"
 
@@ -1577,6 +1578,48 @@ TEST(FunctionExecutableTopKTest, PositionsOfEachRowOfEachShard) {
 // middle axis and a reversed cummax, a scatter (set, with an out-of-range
 // and a duplicate index) into a parameter and a scatter (add) into a zero
 // scalar; erf of a parameter. No allocation while it runs.
+// Each shard's matrices decompose as the kernel decomposes them alone, into
+// the tuple's pieces; nothing is allocated.
+TEST(FunctionExecutableTest, SvdPerShardIntoItsTuple) {
+  for (int shards : kShardCounts) {
+    for (bool full : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "shards=" << shards << " full=" << full);
+      FunctionBuilder b("f", "");
+      const int32_t x = b.Parameter(DType::kF64, {2, 4, 3});
+      auto results = b.SvdResults(x, full);
+      ASSERT_TRUE(results.ok()) << results.status();
+      // Something after it that reads an element, so slots are reused.
+      auto twice = b.Binary(OpKind::kMul, (*results)[1], (*results)[1]);
+      ASSERT_TRUE(twice.ok());
+      auto exe = MustCompile(b.Build({(*results)[0], (*results)[1], (*results)[2], *twice}));
+      ASSERT_NE(exe, nullptr);
+      std::vector<double> xs(shards * 24);
+      for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.7 * static_cast<double>(i * i + 1));
+      int64_t allocations = -1;
+      const auto out = RunGang(*exe, shards, {Bytes(xs)}, &allocations);
+      EXPECT_EQ(allocations, 0);
+      const int64_t uc = full ? 4 : 3;
+      std::vector<double> u(shards * 2 * 4 * uc), sv(shards * 2 * 3), vt(shards * 2 * 3 * 3);
+      const int64_t bytes = kernels::SvdWorkspaceBytes(DType::kF64, 4, 3, full);
+      std::vector<Block> workspace(static_cast<size_t>(bytes / 64 + 1));
+      kernels::SvdMatrices(DType::kF64, shards * 2, 4, 3, full, xs.data(), u.data(), sv.data(),
+                           vt.data(), workspace.data(), bytes);
+      EXPECT_EQ(Values<double>(out[0]), u);
+      EXPECT_EQ(Values<double>(out[1]), sv);
+      EXPECT_EQ(Values<double>(out[2]), vt);
+      const auto sq = Values<double>(out[3]);
+      for (size_t i = 0; i < sv.size(); ++i) EXPECT_EQ(sq[i], sv[i] * sv[i]);
+      // Singular values of the matrices are those of x^T x's square roots:
+      // their squares sum to the squared Frobenius norm.
+      for (int64_t mtx = 0; mtx < shards * 2; ++mtx) {
+        double fro = 0;
+        for (int64_t i = 0; i < 12; ++i) fro += xs[mtx * 12 + i] * xs[mtx * 12 + i];
+        EXPECT_NEAR(sq[mtx * 3] + sq[mtx * 3 + 1] + sq[mtx * 3 + 2], fro, 1e-12);
+      }
+    }
+  }
+}
+
 TEST(FunctionExecutableTest, SortCumulativeScatterAndErfPerShard) {
   for (int shards : kShardCounts) {
     SCOPED_TRACE(testing::Message() << "shards=" << shards);
@@ -2065,6 +2108,23 @@ IrOr ScanGangFunction(int gang) {
   return b.Build(outs);
 }
 
+// Decompositions around a collective: the thin svd of a batch of float64
+// matrices, a psum of its singular values (which closes a stage), then the
+// full svd of a float32 matrix scaled by it.
+IrOr SvdGangFunction(int gang) {
+  FunctionBuilder b("svd", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t x = b.Parameter(DType::kF64, {2, 5, 3});
+  const int32_t y = b.Parameter(DType::kF32, {3, 4});
+  PW_ASSIGN_OR_RETURN(std::vector<int32_t> thin, b.SvdResults(x, false));
+  PW_ASSIGN_OR_RETURN(const int32_t total, b.Psum(thin[1], "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t first, b.Reduce(ReduceKind::kMax, total, nullptr, false));
+  PW_ASSIGN_OR_RETURN(const int32_t scale, b.Convert(first, DType::kF32));
+  PW_ASSIGN_OR_RETURN(const int32_t ys, b.Binary(OpKind::kMul, y, scale));
+  PW_ASSIGN_OR_RETURN(std::vector<int32_t> full, b.SvdResults(ys, true));
+  return b.Build({thin[0], thin[1], thin[2], total, full[0], full[1], full[2]});
+}
+
 struct GangFunction {
   const char* name;
   IrOr (*trace)(int gang);
@@ -2082,6 +2142,7 @@ constexpr GangFunction kGangFunctions[] = {
     {"constant_collectives", ConstantCollectivesFunction},
     {"bfloat16", BFloat16CollectivesFunction},
     {"scan", ScanGangFunction},
+    {"svd", SvdGangFunction},
 };
 
 // Whether `ir` (its loop bodies included) psums or pmeans a float value

@@ -38,7 +38,7 @@ class RegistryOp(NamedTuple):
     name: str  # as in IR text and error messages
     arity: int  # number of operands; -1: one or more
     op_class: str  # source, elementwise, simulated, reduction, data_movement, indexing,
-    # contraction or collective
+    # contraction, collective, control or linalg
     type_rule: str  # arithmetic, comparison, bitwise, shift, numeric, floating, invert,
     # same, indices or own
 
@@ -261,9 +261,15 @@ _define("psum_scatter", lambda b, x, axis_name, scatter_dimension: b.psum_scatte
 # body and passes `lin`, how to differentiate it, when a gradient tape needs it.
 _define("scan", lambda b, *operands, body, num_carries, num_xs, length, reverse, lin=None: b.scan(
     body, list(operands), num_carries, num_xs, length, reverse), multiple_results=True)
-# An element of a scan's tuple. `scan`'s emitter adds these itself, so
+# An element of a tuple (a scan's, an svd's). Their emitters add these themselves, so
 # Python never holds a tuple value and never binds this primitive.
 _define("get_element", lambda b, t, index: b.get_element(t, index))
+
+# --- Linear algebra ------------------------------------------------------------------
+
+# The singular value decomposition of each matrix of x's last two dims: u, s, vt
+# (LAPACK's gesdd; square u and vt when full_matrices). Its elements, as a scan's.
+_define("svd", lambda b, x, full_matrices: b.svd(x, full_matrices), multiple_results=True)
 
 
 def _check_every_op_has_a_primitive() -> None:

@@ -675,6 +675,62 @@ def _swap_last(x: Tracer) -> Tracer:
     return _transpose(x, perm)
 
 
+@_rule("svd")
+def _svd_vjp(cts, ops, out, params, needs):
+    """The reverse mode of x = u diag(s) vt (thin; k = min(m, n)), JAX's rule transposed.
+
+    With F[i, j] = 1 / (s_j^2 - s_i^2) off the diagonal (0 on it) and v = vt^T:
+      dx = u (diag(ds) + (F o (u^T du - du^T u)) diag(s) + diag(s) (F o (v^T dv - dv^T v))) vt
+           + (I - u u^T) du diag(1/s) vt + u diag(1/s) dv^T (I - v v^T)
+    (1/s taken as 0 where s is 0; the projections only where m > k, n > k).
+    Equal nonzero singular values make the du, dv terms infinite, as in JAX.
+    """
+    (x,) = ops
+    if not needs[0]:
+        return [None]
+    ct_u, ct_s, ct_vt = cts
+    u, s, vt = out
+    m, n = x.shape[-2:]
+    k = min(m, n)
+    if params["full_matrices"] and m != n:
+        if ct_u is not None or ct_vt is not None:
+            raise NotImplementedError(
+                "pw.grad through u or vt of pathways.numpy.linalg.svd(full_matrices=True) of a "
+                f"non-square matrix {x.aval}: their extra columns are not unique; use "
+                "full_matrices=False (JAX has the same limit)"
+            )
+        u, vt = u[..., :k], vt[..., :k, :]
+    if ct_u is None and ct_vt is None:
+        return [(u * ct_s[..., None, :]) @ vt]
+    trace = x._trace
+    eye = trace.constant(np.eye(k, dtype=x.dtype), None)
+    s_col, s_row = s[..., None, :], s[..., :, None]
+    s2 = s * s
+    f = 1 / (s2[..., None, :] - s2[..., :, None] + eye) - eye
+    zero = (s == 0).astype(x.dtype)
+    s_inv = (1 / (s + zero) - zero)[..., None, :]
+    inner = eye * ct_s[..., None, :] if ct_s is not None else None
+
+    def plus(a, b):
+        return b if a is None else a + b
+
+    dx = None
+    if ct_u is not None:
+        utu = _swap_last(u) @ ct_u
+        inner = plus(inner, f * (utu - _swap_last(utu)) * s_col)
+        if m > k:
+            proj = ct_u - u @ (_swap_last(u) @ ct_u)
+            dx = plus(dx, (proj * s_inv) @ vt)
+    if ct_vt is not None:
+        ct_v = _swap_last(ct_vt)
+        vtv = vt @ ct_v
+        inner = plus(inner, s_row * (f * (vtv - _swap_last(vtv))))
+        if n > k:
+            proj = ct_v - _swap_last(vt) @ (vt @ ct_v)
+            dx = plus(dx, (u * s_inv) @ _swap_last(proj))
+    return [plus(dx, u @ inner @ vt)]
+
+
 @_rule("matmul")
 def _matmul_vjp(ct, ops, out, params, needs):
     a, b = ops

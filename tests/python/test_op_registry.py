@@ -51,7 +51,7 @@ def test_registry_rows():
     for name, arity, op_class, type_rule in ROWS:
         assert arity >= -1, name
         assert op_class in ("source", "elementwise", "simulated", "reduction", "data_movement",
-                            "indexing", "contraction", "collective", "control"), name
+                            "indexing", "contraction", "collective", "control", "linalg"), name
         assert type_rule in ("arithmetic", "comparison", "bitwise", "shift", "numeric",
                              "floating", "invert", "same", "indices", "own"), name
 
@@ -194,15 +194,16 @@ def traced(tpus, fn, operands):
 
 
 def test_every_primitive_has_an_example():
-    # (The control primitives have a test of their own, below.)
+    # (The primitives with several results have tests of their own, below.)
     assert sorted(n for n, p in PRIMITIVES.items() if not (
         p.op_class == "elementwise" and p.type_rule != "own") and p.op_class != "control"
-        and n not in EXAMPLES) == []
+        and not p.multiple_results and n not in EXAMPLES) == []
     assert sorted(set(EXAMPLES) - set(PRIMITIVES)) == []
 
 
 @pytest.mark.parametrize("name", [n for n, p in PRIMITIVES.items()
-                                  if n != "reduce" and p.op_class != "control"]
+                                  if n != "reduce" and p.op_class != "control"
+                                  and not p.multiple_results]
                          + [f"reduce:{k}" for k in REDUCE_KINDS])
 def test_emitter_records_its_op(tpus2, name):
     name, _, kind = name.partition(":")
@@ -254,6 +255,27 @@ def test_the_control_primitives_record_a_scan_and_its_elements(tpus2):
         f.shape(tuple_id)
     with pytest.raises(ValueError, match="get_element: operand %0 is f32\\[3\\], not the tuple"):
         PRIMITIVES["get_element"].emit(f, y, 0)
+
+
+def test_svd_binds_to_its_three_elements(tpus2):
+    """svd records one op, whose tuple get_element ops take apart, and binds to u, s, vt."""
+    for full, shapes in ((False, [(4, 3), (3,), (3, 3)]), (True, [(4, 4), (3,), (3, 3)])):
+        results = []
+
+        def fn(x):
+            results.append(bind(_state.function, "svd", (x,), full_matrices=full))
+            return results[-1][1]
+
+        text, dtype = traced(tpus2, fn, [("float64", (4, 3))])
+        assert [r.shape for r in results[0]] == shapes
+        assert output_op(text) == "get_element[1]", text
+        assert re.search(r"= svd(\[full_matrices\])? %\d+ : \(f64\[", text), text
+        assert ("svd[full_matrices]" in text) == full
+        assert dtype == np.float64
+    assert PRIMITIVES["svd"].vjp is not None and PRIMITIVES["svd"].multiple_results
+    f = _core.FunctionBuilder("f", "")
+    with pytest.raises(ValueError, match="svd: operand must be float32 or float64, got i32"):
+        PRIMITIVES["svd"].emit(f, f.parameter("int32", [3, 3]), full_matrices=False)
 
 
 def test_arity_is_checked_by_bind(tpus2):

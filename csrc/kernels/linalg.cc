@@ -1,0 +1,153 @@
+#include "csrc/kernels/linalg.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+
+// blasint: the integer OpenBLAS's BLAS and LAPACK take (32 or 64 bits).
+#include <cblas.h>
+
+#include "csrc/base/check.h"
+#include "csrc/kernels/kernel_util.h"
+
+// LAPACK's gesdd (Fortran symbols; the trailing length is gfortran's hidden
+// argument for the CHARACTER jobz).
+extern "C" {
+void sgesdd_(const char* jobz, const blasint* m, const blasint* n, float* a, const blasint* lda,
+             float* s, float* u, const blasint* ldu, float* vt, const blasint* ldvt, float* work,
+             const blasint* lwork, blasint* iwork, blasint* info, size_t jobz_len);
+void dgesdd_(const char* jobz, const blasint* m, const blasint* n, double* a, const blasint* lda,
+             double* s, double* u, const blasint* ldu, double* vt, const blasint* ldvt,
+             double* work, const blasint* lwork, blasint* iwork, blasint* info, size_t jobz_len);
+}
+
+namespace pw::kernels {
+namespace {
+
+void Gesdd(const char* jobz, blasint m, blasint n, float* a, float* s, float* u, blasint ldu,
+           float* vt, blasint ldvt, float* work, blasint lwork, blasint* iwork, blasint* info) {
+  const blasint lda = std::max<blasint>(1, m);
+  sgesdd_(jobz, &m, &n, a, &lda, s, u, &ldu, vt, &ldvt, work, &lwork, iwork, info, 1);
+}
+void Gesdd(const char* jobz, blasint m, blasint n, double* a, double* s, double* u, blasint ldu,
+           double* vt, blasint ldvt, double* work, blasint lwork, blasint* iwork, blasint* info) {
+  const blasint lda = std::max<blasint>(1, m);
+  dgesdd_(jobz, &m, &n, a, &lda, s, u, &ldu, vt, &ldvt, work, &lwork, iwork, info, 1);
+}
+
+// LAPACK's view of one of our m x n matrices: its transpose, lm x ln
+// column-major (lm = n, ln = m). LAPACK's u (lm x ucols) is our vt, its vt
+// (vrows x ln) our u.
+struct Shape {
+  blasint lm, ln, k, ucols, vrows;
+  const char* jobz;
+};
+
+Shape LapackShape(int64_t m, int64_t n, bool full) {
+  Shape sh;
+  sh.lm = static_cast<blasint>(n);
+  sh.ln = static_cast<blasint>(m);
+  sh.k = std::min(sh.lm, sh.ln);
+  sh.ucols = full ? sh.lm : sh.k;
+  sh.vrows = full ? sh.ln : sh.k;
+  sh.jobz = full ? "A" : "S";
+  return sh;
+}
+
+// gesdd's work array length (elements): its own answer to a workspace query,
+// rounded up (a float32 answer may round a large length down), and at least
+// the documented minimum for jobz 'S' and 'A'.
+template <typename T>
+int64_t WorkLength(const Shape& sh) {
+  if (sh.k == 0) return 0;
+  T query = 0;
+  blasint info = 0;
+  blasint iwork = 0;
+  Gesdd(sh.jobz, sh.lm, sh.ln, static_cast<T*>(nullptr), static_cast<T*>(nullptr),
+        static_cast<T*>(nullptr), std::max<blasint>(1, sh.lm), static_cast<T*>(nullptr),
+        std::max<blasint>(1, sh.vrows), &query, -1, &iwork, &info);
+  const int64_t mn = sh.k;
+  const int64_t mx = std::max(sh.lm, sh.ln);
+  const int64_t minimum = 3 * mn * mn + std::max(mx, 4 * mn * mn + 4 * mn);
+  const int64_t asked = info == 0 ? static_cast<int64_t>(std::ceil(static_cast<double>(query) * (1 + 1e-6))) + 1 : 0;
+  return std::max(minimum, asked);
+}
+
+// The workspace: the matrix LAPACK overwrites, then its iwork, then its
+// work array (the rest).
+int64_t IworkBytes(const Shape& sh) {
+  return RoundUp(8 * int64_t{sh.k} * static_cast<int64_t>(sizeof(blasint)));
+}
+
+template <typename T>
+void SvdTyped(int64_t batch, int64_t m, int64_t n, bool full, const T* x, T* u, T* s, T* vt,
+              uint8_t* workspace, int64_t workspace_bytes) {
+  const Shape sh = LapackShape(m, n, full);
+  const int64_t k = sh.k;
+  const int64_t u_size = m * (full ? m : k);
+  const int64_t vt_size = (full ? n : k) * n;
+  const int64_t a_bytes = RoundUp(m * n * static_cast<int64_t>(sizeof(T)));
+  T* a = reinterpret_cast<T*>(workspace);
+  blasint* iwork = reinterpret_cast<blasint*>(workspace + a_bytes);
+  T* work = reinterpret_cast<T*>(workspace + a_bytes + IworkBytes(sh));
+  const int64_t work_length = std::min<int64_t>(
+      (workspace_bytes - a_bytes - IworkBytes(sh)) / static_cast<int64_t>(sizeof(T)),
+      std::numeric_limits<blasint>::max());
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* xb = x + b * m * n;
+    T* ub = u + b * u_size;
+    T* sb = s + b * k;
+    T* vtb = vt + b * vt_size;
+    if (k == 0) {
+      // No singular values; a full u or vt is the identity (numpy's).
+      std::fill(ub, ub + u_size, T(0));
+      std::fill(vtb, vtb + vt_size, T(0));
+      if (full) {
+        for (int64_t i = 0; i < m; ++i) ub[i * m + i] = T(1);
+        for (int64_t i = 0; i < n; ++i) vtb[i * n + i] = T(1);
+      }
+      continue;
+    }
+    bool finite = true;
+    for (int64_t i = 0; i < m * n && finite; ++i) finite = std::isfinite(xb[i]);
+    blasint info = 0;
+    if (finite) {
+      std::memcpy(a, xb, static_cast<size_t>(m * n) * sizeof(T));
+      Gesdd(sh.jobz, sh.lm, sh.ln, a, sb, vtb, std::max<blasint>(1, sh.lm), ub,
+            std::max<blasint>(1, sh.vrows), work, static_cast<blasint>(work_length), iwork, &info);
+    }
+    if (!finite || info != 0) {
+      const T nan = std::numeric_limits<T>::quiet_NaN();
+      std::fill(ub, ub + u_size, nan);
+      std::fill(sb, sb + k, nan);
+      std::fill(vtb, vtb + vt_size, nan);
+    }
+  }
+}
+
+}  // namespace
+
+int64_t SvdWorkspaceBytes(DType dtype, int64_t m, int64_t n, bool full_matrices) {
+  const Shape sh = LapackShape(m, n, full_matrices);
+  const int64_t esize = DTypeSize(dtype);
+  const int64_t work = dtype == DType::kF32 ? WorkLength<float>(sh) : WorkLength<double>(sh);
+  return RoundUp(m * n * esize) + IworkBytes(sh) + RoundUp(work * esize);
+}
+
+void SvdMatrices(DType dtype, int64_t batch, int64_t m, int64_t n, bool full_matrices,
+                 const void* x, void* u, void* s, void* vt, void* workspace,
+                 int64_t workspace_bytes) {
+  uint8_t* w = static_cast<uint8_t*>(workspace);
+  if (dtype == DType::kF32) {
+    SvdTyped(batch, m, n, full_matrices, static_cast<const float*>(x), static_cast<float*>(u),
+             static_cast<float*>(s), static_cast<float*>(vt), w, workspace_bytes);
+  } else {
+    PW_DCHECK(dtype == DType::kF64, "svd of float32 or float64 only");
+    SvdTyped(batch, m, n, full_matrices, static_cast<const double*>(x), static_cast<double*>(u),
+             static_cast<double*>(s), static_cast<double*>(vt), w, workspace_bytes);
+  }
+}
+
+}  // namespace pw::kernels
