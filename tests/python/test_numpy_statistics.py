@@ -130,6 +130,7 @@ def test_diff_like_numpy(tpus2, n, axis, prepend, append):
 NORMS = [
     (None, None), (2, 0), (1, -1), (np.inf, 1), (-np.inf, 0), (0, 1), (3, -1), (0.5, 0),
     ("fro", (0, 1)), (1, (0, 1)), (-1, (1, 0)), (np.inf, (0, 1)), (-np.inf, (0, 1)), (None, (1, 0)),
+    (2, (0, 1)), (-2, (1, 0)), ("nuc", (0, 1)), (2, (1, 0)), ("nuc", (-1, 0)),
 ]
 
 
@@ -147,14 +148,15 @@ def test_norm_of_vectors_and_matrices_by_rank(tpus2):
     m = X[:, :, :3]
     for ord in (None, 1, 2, np.inf, -np.inf, 0, 3):
         assert_like_numpy(tpus2, lambda a: pnp.linalg.norm(a, ord), v)
-    for ord in (None, "fro", 1, -1, np.inf, -np.inf):
-        assert_like_numpy(tpus2, lambda a: pnp.linalg.norm(a, ord), m)
+    for ord in (None, "fro", 1, -1, np.inf, -np.inf, 2, -2, "nuc"):
+        assert_like_numpy(tpus2, lambda a: pnp.linalg.norm(a, ord), m, rtol=1e-13)
     g = per_device(tpus2, pw.grad(lambda a: pnp.linalg.norm(a)), v)
     np.testing.assert_allclose(g, v / np.linalg.norm(v, axis=1, keepdims=True), rtol=1e-15)
 
 
 ERRORS = [
-    (lambda a: pnp.linalg.norm(a, 2, (0, 1)), NotImplementedError, "norm: the matrix norm ord=2 needs singular values"),
+    (lambda a: pnp.linalg.norm(a, "nuc", 0), ValueError, "norm: invalid norm order 'nuc' for vectors"),
+    (lambda a: pnp.linalg.norm(a[:, :0], -2, (0, 1)), ValueError, "norm: ord=-2 of empty matrices"),
     (lambda a: pnp.linalg.norm(a, "fro", 0), ValueError, "norm: invalid norm order 'fro' for vectors"),
     (lambda a: pnp.linalg.norm(a[None], 1), ValueError, "norm: improper number of dimensions to norm (f64[1,4,5]) with ord=1"),
     (lambda a: pnp.linalg.norm(a, None, (0, 0)), ValueError, "norm: duplicate axes given"),

@@ -2,11 +2,11 @@
 
 The singular value decomposition (`svd`, one op of the function IR that runs
 LAPACK's gesdd per matrix, as numpy's and JAX's on CPU) and what is built
-from it: `svdvals`, the matrix 2-norm, -2-norm and nuclear norm, `cond`,
+from it: `svdvals`, the matrix 2-norm, -2-norm and nuclear norm,
 `matrix_rank`; the norms built from reductions (`norm`, `vector_norm`,
 `matrix_norm`). `pw.grad` differentiates through all of them (the svd by
 JAX's rule). The other decompositions and solves (eigh, qr, cholesky, solve,
-inv, det) are not here yet.
+inv, det, and cond, which needs inv) are not here yet.
 
 Integer and bool matrices compute in float64, bfloat16 ones in float32 with
 the results rounded back (LAPACK has no bfloat16). A matrix with a NaN or an
@@ -29,7 +29,7 @@ from pathways.numpy._elementwise import sqrt as _sqrt
 from pathways.numpy._shapes import reshape as _reshape
 from pathways.numpy._shapes import transpose as _transpose
 
-__all__ = ["SVDResult", "cond", "matrix_norm", "matrix_rank", "norm", "svd", "svdvals",
+__all__ = ["SVDResult", "matrix_norm", "matrix_rank", "norm", "svd", "svdvals",
            "vector_norm"]
 
 _INF = float("inf")
@@ -238,28 +238,6 @@ def matrix_norm(x: Any, /, *, keepdims: bool = False, ord: Any = "fro") -> Any: 
     if trace is None:
         return _np.linalg.matrix_norm(x, keepdims=keepdims, ord=ord)
     return norm(m, ord=ord, axis=(-2, -1), keepdims=keepdims)
-
-
-def cond(x: Any, p: Any = None) -> Any:
-    """`numpy.linalg.cond`: `norm(x, p) * norm(inv(x), p)`, for p None, 2 or -2 only.
-
-    None and 2 give the largest singular value over the smallest, -2 its
-    inverse (inf where the smallest is 0, as numpy). The orders that need the
-    inverse ("fro", "nuc", 1, inf ...) raise NotImplementedError: pathways has
-    no inv yet.
-    """
-    trace, m = _matrices("cond", x)
-    if trace is None:
-        return _np.linalg.cond(x, p)
-    if p not in (None, 2, -2):
-        raise NotImplementedError(
-            f"cond: p={p!r} needs the inverse, which pathways.numpy.linalg lacks; p may be None, "
-            "2 or -2")
-    s = _svd(m, False)[1]
-    if s.shape[-1] == 0:
-        raise ValueError(f"cond: x holds empty matrices ({m.aval})")
-    big, small = s[..., 0], s[..., -1]
-    return big / small if p != -2 else small / big
 
 
 def matrix_rank(A: Any, tol: Any = None, hermitian: bool = False, *, rtol: Any = None) -> Any:  # noqa: N803

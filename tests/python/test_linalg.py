@@ -1,0 +1,291 @@
+"""pathways.numpy.linalg's svd and what is built from it (svdvals, the matrix 2-norm, -2-norm
+and nuclear norm, matrix_rank; vector_norm and matrix_norm): against numpy per device
+over shapes, batches, dtypes, empty and non-finite matrices, and gradients against JAX's.
+"""
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pathways as pw
+import pathways.numpy as pnp
+
+RNG = np.random.default_rng(7)
+SHAPES = [(1, 1), (3, 3), (5, 3), (3, 5), (1, 4), (4, 1), (2, 4, 3), (2, 1, 3, 6)]
+
+
+def per_device(tpus, fn, *args):
+    out = pw.pmap(fn, devices=tpus)(*args)
+    if isinstance(out, tuple):
+        return tuple(np.asarray(o) for o in out)
+    return np.asarray(out)
+
+
+def batch(shape, dtype=np.float64, n=2):
+    return RNG.standard_normal((n,) + shape).astype(dtype)
+
+
+def check_decomposition(x, u, s, vt, full, tol):
+    m, n = x.shape[-2:]
+    k = min(m, n)
+    assert s.shape == x.shape[:-2] + (k,)
+    assert u.shape == x.shape[:-2] + ((m, m) if full else (m, k))
+    assert vt.shape == x.shape[:-2] + ((n, n) if full else (k, n))
+    np.testing.assert_allclose(s, np.linalg.svd(x, compute_uv=False), rtol=tol, atol=tol)
+    assert np.all(np.diff(s, axis=-1) <= 0) and np.all(s >= 0)
+    rebuilt = (u[..., :, :k] * s[..., None, :]) @ vt[..., :k, :]
+    np.testing.assert_allclose(rebuilt, x, rtol=tol, atol=tol * 10)
+    eye_u = np.broadcast_to(np.eye(u.shape[-1]), u.shape[:-2] + (u.shape[-1],) * 2)
+    eye_v = np.broadcast_to(np.eye(vt.shape[-2]), vt.shape[:-2] + (vt.shape[-2],) * 2)
+    np.testing.assert_allclose(np.swapaxes(u, -1, -2) @ u, eye_u, atol=tol * 10)
+    np.testing.assert_allclose(vt @ np.swapaxes(vt, -1, -2), eye_v, atol=tol * 10)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_svd_decomposes_like_numpy(tpus2, shape, full, dtype):
+    x = batch(shape, dtype)
+    u, s, vt = per_device(tpus2, lambda a: tuple(pnp.linalg.svd(a, full_matrices=full)), x)
+    assert u.dtype == s.dtype == vt.dtype == dtype
+    check_decomposition(x, u, s, vt, full, 1e-12 if dtype == np.float64 else 3e-5)
+    # The singular vectors are LAPACK's, as numpy's: the same up to sign.
+    nu, ns, nvt = np.linalg.svd(x, full_matrices=full)
+    if shape[-1] > 1 and shape[-2] > 1 and not full:
+        np.testing.assert_allclose(np.abs(u), np.abs(nu), atol=1e-10 if dtype == np.float64 else 1e-4)
+    only_s = per_device(tpus2, lambda a: pnp.linalg.svd(a, compute_uv=False), x)
+    np.testing.assert_array_equal(only_s, s)
+    np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.svdvals, x), s)
+
+
+def test_svd_result_unpacks_and_names_its_fields(tpus2):
+    def fn(a):
+        r = pnp.linalg.svd(a, full_matrices=False)
+        assert isinstance(r, pnp.linalg.SVDResult) and r._fields == ("U", "S", "Vh")
+        u, s, vh = r
+        assert u is r.U and s is r.S and vh is r.Vh
+        return r.S
+
+    per_device(tpus2, fn, batch((3, 2)))
+    # Concrete arrays get numpy's own.
+    r = pnp.linalg.svd(np.eye(2) * 3)
+    np.testing.assert_array_equal(r.S, [3, 3])
+
+
+def test_numpy_svd_on_a_traced_value_is_routed_here(tpus2):
+    x = batch((4, 3))
+    s = per_device(tpus2, lambda a: np.linalg.svd(a, compute_uv=False), x)
+    np.testing.assert_allclose(s, np.linalg.svd(x, compute_uv=False), rtol=1e-13)
+    n = per_device(tpus2, lambda a: np.linalg.norm(a, "nuc"), x)
+    np.testing.assert_allclose(n, np.linalg.norm(x, "nuc", axis=(1, 2)), rtol=1e-13)
+    r = per_device(tpus2, lambda a: np.linalg.matrix_rank(a), x)
+    np.testing.assert_array_equal(r, np.linalg.matrix_rank(x))
+
+
+def test_rank_deficient_zero_and_known_matrices(tpus2):
+    outer = np.stack([np.outer([1.0, 2, -1], [0.5, 1, 2, 3]), np.zeros((3, 4))])
+    u, s, vt = per_device(tpus2, lambda a: tuple(pnp.linalg.svd(a)), outer)
+    check_decomposition(outer, u, s, vt, True, 1e-12)
+    np.testing.assert_allclose(s[0], [np.sqrt(6 * 14.25), 0, 0], atol=1e-12)
+    np.testing.assert_array_equal(s[1], 0)
+    diag = np.stack([np.diag([3.0, -4.0]), np.diag([0.0, 2.0])])
+    np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.svdvals, diag), [[4, 3], [2, 0]])
+
+
+def test_empty_matrices_as_numpy(tpus2):
+    for shape in [(0, 3), (3, 0), (0, 0), (2, 0, 4)]:
+        x = np.zeros((2,) + shape)
+        u, s, vt = per_device(tpus2, lambda a: tuple(pnp.linalg.svd(a)), x)
+        nu, ns, nvt = np.linalg.svd(x)
+        assert (u.shape, s.shape, vt.shape) == (nu.shape, ns.shape, nvt.shape)
+        np.testing.assert_array_equal(u, nu)
+        np.testing.assert_array_equal(vt, nvt)
+        thin = per_device(tpus2, lambda a: tuple(pnp.linalg.svd(a, full_matrices=False)), x)
+        assert [t.shape for t in thin] == [t.shape for t in np.linalg.svd(x, full_matrices=False)]
+        for ord in (2, "nuc"):
+            np.testing.assert_array_equal(
+                per_device(tpus2, lambda a: pnp.linalg.norm(a, ord, axis=(-2, -1)), x),
+                np.linalg.norm(x, ord, axis=(-2, -1)))
+        np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.matrix_rank, x),
+                                      np.linalg.matrix_rank(x))
+
+
+def test_non_finite_matrices_give_nan_and_leave_the_others_alone(tpus2):
+    x = batch((3, 4, 2))
+    x[0, 1, 2, 1] = np.nan
+    x[1, 0, 0, 0] = np.inf
+    u, s, vt = per_device(tpus2, lambda a: tuple(pnp.linalg.svd(a, full_matrices=False)), x)
+    for d, bad in ((0, 1), (1, 0)):
+        for r in (u, s, vt):
+            assert np.isnan(r[d, bad]).all()
+            good = [i for i in range(3) if i != bad]
+            assert np.isfinite(r[d, good]).all()
+    np.testing.assert_allclose(s[0, 0], np.linalg.svd(x[0, 0], compute_uv=False), rtol=1e-13)
+    # The norms follow: NaN (JAX's answer; numpy raises LinAlgError).
+    n = per_device(tpus2, lambda a: pnp.linalg.norm(a, 2, axis=(1, 2)), x)
+    assert np.isnan(n[0, 1]) and np.isnan(n[1, 0]) and np.isfinite(n[0, 0])
+
+
+def test_dtypes_integers_in_float64_bfloat16_rounded_back(tpus2):
+    xi = RNG.integers(-5, 5, size=(2, 3, 4)).astype(np.int32)
+    s = per_device(tpus2, pnp.linalg.svdvals, xi)
+    assert s.dtype == np.float64
+    np.testing.assert_allclose(s, np.linalg.svd(xi.astype(np.float64), compute_uv=False),
+                               rtol=1e-13, atol=1e-13)
+    sb = per_device(tpus2, pnp.linalg.svdvals, xi > 0)
+    np.testing.assert_allclose(sb, np.linalg.svd((xi > 0).astype(np.float64), compute_uv=False),
+                               atol=1e-13)
+    xb = batch((3, 4)).astype(ml_dtypes.bfloat16)
+    u, s, vt = per_device(tpus2, lambda a: tuple(pnp.linalg.svd(a, full_matrices=False)), xb)
+    assert u.dtype == s.dtype == vt.dtype == ml_dtypes.bfloat16
+    want = np.linalg.svd(xb.astype(np.float32), compute_uv=False)
+    np.testing.assert_array_equal(s, want.astype(ml_dtypes.bfloat16))
+
+
+@pytest.mark.parametrize("ord", [2, -2, "nuc", None, "fro", 1, -1, np.inf, -np.inf])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_matrix_norm_like_numpy(tpus2, ord, keepdims):
+    x = batch((3, 4, 5))
+    got = per_device(tpus2, lambda a: pnp.linalg.matrix_norm(a, ord="fro" if ord is None else ord,
+                                                             keepdims=keepdims), x)
+    want = np.linalg.matrix_norm(x, ord="fro" if ord is None else ord, keepdims=keepdims)
+    np.testing.assert_allclose(got, want, rtol=1e-13)
+    # Any pair of axes, batch axes before, between and after them.
+    y = batch((3, 2, 4, 5))
+    got = per_device(tpus2, lambda a: pnp.linalg.norm(a, ord, axis=(2, 0), keepdims=keepdims), y)
+    want = np.linalg.norm(y, ord, axis=(3, 1), keepdims=keepdims)
+    np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
+@pytest.mark.parametrize("axis", [None, 0, -1, (0, 2), (2, 0, 1)])
+@pytest.mark.parametrize("ord", [2, 1, np.inf, -np.inf, 0, 3.5])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_vector_norm_like_numpy(tpus2, axis, ord, keepdims):
+    x = batch((3, 4, 5))
+    got = per_device(tpus2, lambda a: pnp.linalg.vector_norm(a, axis=axis, ord=ord, keepdims=keepdims), x)
+    shifted = None if axis is None else (tuple(a + 1 if a >= 0 else a for a in axis)
+                                         if isinstance(axis, tuple) else (axis + 1 if axis >= 0 else axis))
+    if axis is None:
+        want = np.stack([np.linalg.vector_norm(d, ord=ord, keepdims=keepdims) for d in x])
+    else:
+        want = np.linalg.vector_norm(x, axis=shifted, ord=ord, keepdims=keepdims)
+    np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
+def test_matrix_rank_like_numpy(tpus2):
+    low = RNG.standard_normal((2, 3, 6, 2)) @ RNG.standard_normal((2, 3, 2, 5))
+    low[:, 1] = RNG.standard_normal((2, 6, 5))
+    low[:, 2] = 0
+    for kwargs in ({}, {"tol": 0.5}, {"rtol": 1e-3}, {"tol": np.array([1e-9, 1e3, 1.0])}):
+        got = per_device(tpus2, lambda a: pnp.linalg.matrix_rank(a, **kwargs), low)
+        want = np.stack([np.linalg.matrix_rank(d, **kwargs) for d in low])
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, want)
+    v = np.array([[0.0, 0, 0], [0, 1, 0]])
+    np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.matrix_rank, v), [0, 1])
+    f32 = low.astype(np.float32)
+    np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.matrix_rank, f32),
+                                  np.stack([np.linalg.matrix_rank(d) for d in f32]))
+
+
+# --- Gradients, against JAX's -----------------------------------------------------------
+
+
+@pytest.fixture
+def jax():
+    """JAX with float64 for the test, as it was after (other modules compare float32 bits)."""
+    jax = pytest.importorskip("jax")
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield jax
+    jax.config.update("jax_enable_x64", before)
+
+
+def loss(lib, u, s, vt, w):
+    """A function of the svd that does not depend on the singular vectors' signs."""
+    k = s.shape[-1]
+    return (lib.sum((u * u) * w[: u.shape[-2], : u.shape[-1]])
+            + lib.sum((vt * vt) * w[: vt.shape[-2], : vt.shape[-1]])
+            + lib.sum(lib.sin(s) * w[0, :k])
+            + lib.sum(u[..., :, :1] @ vt[..., :1, :]))
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4), (2, 4, 3)], ids=str)
+def test_svd_gradients_equal_jax(tpus2, jax, shape):
+    jnp = jax.numpy
+    x = batch(shape)
+    w = RNG.standard_normal((6, 6))
+
+    def ours(a):
+        u, s, vt = pnp.linalg.svd(a, full_matrices=False)
+        return loss(pnp, u, s, vt, w)
+
+    def theirs(a):
+        u, s, vt = jnp.linalg.svd(a, full_matrices=False)
+        return loss(jnp, u, s, vt, w)
+
+    got = per_device(tpus2, pw.grad(ours), x)
+    want = np.asarray(jax.vmap(jax.grad(theirs))(x))
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    if shape[0] == shape[1]:  # square: full_matrices is the same decomposition
+        got = per_device(tpus2, pw.grad(lambda a: loss(pnp, *pnp.linalg.svd(a), w)), x)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("ord", [2, -2, "nuc"])
+def test_norm_gradients_equal_jax(tpus2, jax, ord):
+    jnp = jax.numpy
+    x = batch((2, 4, 3, 5)).astype(np.float32)
+    got = per_device(tpus2, pw.grad(lambda a: pnp.linalg.norm(a, ord, axis=(0, 2)).sum()), x)
+    want = np.asarray(jax.vmap(jax.grad(lambda a: jnp.linalg.norm(a, ord, axis=(0, 2)).sum()))(x))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    # The singular values alone of full_matrices=True (only s is needed, any shape).
+    x = batch((3, 5))
+    got = per_device(tpus2, pw.grad(lambda a: (pnp.linalg.svd(a)[1] ** 2).sum()), x)
+    np.testing.assert_allclose(got, 2 * x, rtol=1e-12)  # d(sum s^2) = d|x|_F^2
+    # A second derivative (through the rule's own ops).
+    x2 = batch((3, 3))
+    hv = per_device(tpus2, pw.grad(lambda a: pw.grad(lambda b: pnp.linalg.norm(b, "nuc"))(a)[0, 0]), x2)
+    jhv = jax.vmap(jax.grad(lambda a: jax.grad(lambda b: jnp.linalg.norm(b, "nuc"))(a)[0, 0]))(x2)
+    np.testing.assert_allclose(hv, np.asarray(jhv), rtol=1e-8, atol=1e-10)
+
+
+def test_jvp_of_svd_equals_jax(tpus2, jax):
+    jnp = jax.numpy
+    x, t = batch((4, 3)), batch((4, 3))
+    w = RNG.standard_normal((6, 6))
+
+    def ours(a):
+        return loss(pnp, *pnp.linalg.svd(a, full_matrices=False), w)
+
+    got = pw.pmap(lambda a, da: pw.jvp(ours, (a,), (da,))[1], devices=tpus2)(x, t)
+    want = jax.vmap(lambda a, da: jax.jvp(lambda b: loss(jnp, *jnp.linalg.svd(b, full_matrices=False), w),
+                                          (a,), (da,))[1])(x, t)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10)
+
+
+ERRORS = [
+    (lambda a: pnp.linalg.svd(a[0]), ValueError,
+     "svd: a must have at least two dimensions (a stack of matrices), got f64[4]"),
+    (lambda a: pnp.linalg.svd(a, full_matrices=1), TypeError, "svd: full_matrices must be a bool, got 1"),
+    (lambda a: pnp.linalg.svd(a, compute_uv="no"), TypeError, "svd: compute_uv must be a bool"),
+    (lambda a: pnp.linalg.svdvals(a[0, 0]), ValueError, "svdvals: a must have at least two dimensions"),
+    (lambda a: np.linalg.cond(a), pw.TracerError, "pathways.numpy.linalg has no cond"),
+    (lambda a: pnp.linalg.vector_norm(a, ord="fro"), ValueError, "vector_norm: invalid norm order 'fro'"),
+    (lambda a: pnp.linalg.vector_norm(a, axis=(0, 0)), ValueError, "vector_norm: duplicate axes"),
+    (lambda a: pnp.linalg.vector_norm(a, axis=(0, 5)), ValueError, "vector_norm: axis 5 is out of range"),
+    (lambda a: pnp.linalg.matrix_norm(a, ord=3), ValueError, "norm: invalid norm order 3 for matrices"),
+    (lambda a: pw.grad(lambda b: pnp.linalg.svd(b)[0].sum())(a), NotImplementedError,
+     "pw.grad through u or vt of pathways.numpy.linalg.svd(full_matrices=True) of a non-square matrix"),
+]
+
+
+@pytest.mark.parametrize("fn, exc, message", ERRORS, ids=[m[:40] for _, _, m in ERRORS])
+def test_bad_input_raises_a_clear_error_and_the_runtime_stays_usable(tpus2, fn, exc, message):
+    x = batch((3, 4))
+    with pytest.raises(exc, match=re.escape(message)):
+        pw.pmap(fn, devices=tpus2)(x)
+    np.testing.assert_allclose(per_device(tpus2, pnp.linalg.svdvals, x),
+                               np.linalg.svd(x, compute_uv=False), rtol=1e-13)
