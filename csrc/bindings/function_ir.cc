@@ -255,6 +255,17 @@ void RegisterFunctionIr(py::module_& m) {
       }, py::arg("x"), py::arg("full_matrices"),
          "The singular value decomposition of each matrix of x's last two dims; returns "
          "the values of u, s and vt.")
+      .def("lu", [](FunctionBuilder& b, int32_t x) {
+        ThrowIfBuilt(b, "lu");
+        return ValueOrThrow(b.LuResults(x));
+      }, py::arg("x"),
+         "The LU decomposition of each square matrix of x's last two dims; returns the "
+         "values of lu, pivots and permutation.")
+      .def("triangular_solve", [](FunctionBuilder& b, int32_t a, int32_t rhs, bool lower,
+                                  bool unit_diagonal, bool transpose_a) {
+        return ValueOrThrow(b.TriangularSolve(a, rhs, lower, unit_diagonal, transpose_a));
+      }, py::arg("a"), py::arg("b"), py::arg("lower"), py::arg("unit_diagonal"),
+         py::arg("transpose_a"))
       .def("get_element", [](FunctionBuilder& b, int32_t tuple, int64_t index) {
         return ValueOrThrow(b.GetElement(tuple, index));
       }, py::arg("tuple"), py::arg("index"))

@@ -260,6 +260,11 @@ void FunctionIr::AppendText(std::string* out, int indent) const {
       case OpKind::kSvd:
         if (op.full_matrices) absl::StrAppend(&text, "[full_matrices]");
         break;
+      case OpKind::kTriangularSolve:
+        absl::StrAppend(&text, "[", op.lower ? "lower" : "upper",
+                        op.unit_diagonal ? ",unit_diagonal" : "",
+                        op.transpose_a ? ",transpose_a" : "", "]");
+        break;
       default:
         break;
     }
@@ -1439,7 +1444,7 @@ absl::StatusOr<int32_t> FunctionBuilder::GetElement(int32_t tuple, int64_t index
   const ValueType& t = type(tuple);
   if (!t.is_tuple()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "get_element: operand %%%d is %s, not the tuple of a scan or svd", tuple, t.ToString()));
+        "get_element: operand %%%d is %s, not a tuple (of a scan, svd or lu)", tuple, t.ToString()));
   }
   if (index < 0 || index >= static_cast<int64_t>(t.elements.size())) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -1516,6 +1521,71 @@ absl::StatusOr<std::vector<int32_t>> FunctionBuilder::SvdResults(int32_t x, bool
     results.push_back(v);
   }
   return results;
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Lu(int32_t x) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "lu"));
+  const ValueType tx = type(x);
+  if (tx.dtype != DType::kF32 && tx.dtype != DType::kF64) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "lu: operand must be float32 or float64, got %s", tx.ToString()));
+  }
+  const size_t rank = tx.dims.size();
+  if (rank < 2 || tx.dims[rank - 2] != tx.dims[rank - 1]) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "lu: operand must be square matrices [..., n, n], got %s", tx.ToString()));
+  }
+  if (tx.dims[rank - 1] > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "lu: the matrices of %s are beyond int32 dimensions", tx.ToString()));
+  }
+  Dims rows(tx.dims.begin(), tx.dims.end() - 1);
+  ValueType result;
+  result.elements.push_back(tx);
+  result.elements.push_back(ValueType{DType::kI32, rows});
+  result.elements.push_back(ValueType{DType::kI32, rows});
+  return AddOp(OpKind::kLu, {x}, std::move(result));
+}
+
+absl::StatusOr<std::vector<int32_t>> FunctionBuilder::LuResults(int32_t x) {
+  PW_ASSIGN_OR_RETURN(const int32_t tuple, Lu(x));
+  std::vector<int32_t> results;
+  for (int64_t i = 0; i < 3; ++i) {
+    PW_ASSIGN_OR_RETURN(const int32_t v, GetElement(tuple, i));
+    results.push_back(v);
+  }
+  return results;
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::TriangularSolve(int32_t a, int32_t b, bool lower,
+                                                         bool unit_diagonal, bool transpose_a) {
+  PW_RETURN_IF_ERROR(CheckValue(a, "triangular_solve"));
+  PW_RETURN_IF_ERROR(CheckValue(b, "triangular_solve"));
+  const ValueType ta = type(a);
+  const ValueType tb = type(b);
+  if ((ta.dtype != DType::kF32 && ta.dtype != DType::kF64) || tb.dtype != ta.dtype) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "triangular_solve: a and b must both be float32 or both float64, got %s and %s",
+        ta.ToString(), tb.ToString()));
+  }
+  const size_t rank = ta.dims.size();
+  if (rank < 2 || ta.dims[rank - 2] != ta.dims[rank - 1] || tb.dims.size() != rank ||
+      !std::equal(ta.dims.begin(), ta.dims.end() - 1, tb.dims.begin())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "triangular_solve: a must be square matrices [..., n, n] and b [..., n, k] with the "
+        "same batch dims, got %s and %s", ta.ToString(), tb.ToString()));
+  }
+  if (ta.dims[rank - 1] > std::numeric_limits<int32_t>::max() ||
+      tb.dims[rank - 1] > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "triangular_solve: the matrices of %s and %s are beyond int32 dimensions", ta.ToString(),
+        tb.ToString()));
+  }
+  Op op = MakeOp(OpKind::kTriangularSolve, {a, b}, tb);
+  op.lower = lower;
+  op.unit_diagonal = unit_diagonal;
+  op.transpose_a = transpose_a;
+  return Add(std::move(op));
 }
 
 absl::StatusOr<std::shared_ptr<const FunctionIr>> FunctionBuilder::Build(

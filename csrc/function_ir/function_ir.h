@@ -151,6 +151,10 @@ struct Op {
   int32_t num_xs = 0;
   int32_t index = 0;  // kGetElement only: which element of the tuple
   bool full_matrices = false;  // kSvd only: square u and vt
+  // kTriangularSolve only: a's triangle, unit diagonal, solve with a^T.
+  bool lower = false;
+  bool unit_diagonal = false;
+  bool transpose_a = false;
 };
 
 // An immutable, validated function. Thread-safe (read-only after Build).
@@ -465,6 +469,27 @@ class FunctionBuilder {
   absl::StatusOr<int32_t> Svd(int32_t x, bool full_matrices);
   // Svd, then its three elements' values (u, s, vt).
   absl::StatusOr<std::vector<int32_t>> SvdResults(int32_t x, bool full_matrices);
+
+  // The LU decomposition with partial pivoting of each square matrix of the
+  // last two dims of `x` (float32 or float64): the tuple (lu, pivots,
+  // permutation) with x[..., permutation, :] = L U, L unit lower triangular
+  // (below lu's diagonal), U upper (on and above it); pivots [..., n] and
+  // permutation [..., n] int32 (pivots as LAPACK's ipiv, from 0). A singular
+  // matrix factors (U has a zero on its diagonal). InvalidArgument for
+  // another dtype, a rank below 2, matrices that are not square or beyond
+  // int32 dimensions.
+  absl::StatusOr<int32_t> Lu(int32_t x);
+  // Lu, then its three elements' values.
+  absl::StatusOr<std::vector<int32_t>> LuResults(int32_t x);
+
+  // x with op(a) x = b for each matrix of the last two dims: a [..., n, n]
+  // triangular (`lower`, or upper; ones taken for its diagonal when
+  // `unit_diagonal`; the other triangle is not read), b [..., n, k] with a's
+  // batch dims and dtype (float32 or float64), op(a) a^T when `transpose_a`.
+  // A zero on a's diagonal gives infinities or NaN, as BLAS's trsm.
+  // InvalidArgument for other dtypes or shapes.
+  absl::StatusOr<int32_t> TriangularSolve(int32_t a, int32_t b, bool lower, bool unit_diagonal,
+                                          bool transpose_a);
 
   // The axis size declared by SetAxisSize (0: none). The builder must not be
   // built yet.

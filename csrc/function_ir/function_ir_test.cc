@@ -1083,6 +1083,38 @@ TEST(FunctionBuilderSvdTest, TypesTheTupleAndRefusesWhatLapackCannotTake) {
       << (*ir)->ToText();
 }
 
+TEST(FunctionBuilderLuTest, TypesItsTupleAndTheSolvesTheirResult) {
+  FunctionBuilder b("f", "");
+  const int32_t a = b.Parameter(DType::kF64, {2, 3, 3});
+  const int32_t r = b.Parameter(DType::kF64, {2, 3, 4});
+  const int32_t f = b.Parameter(DType::kF32, {2, 3, 4});
+  const int32_t v = b.Parameter(DType::kF64, {3});
+  auto lu = b.Lu(a);
+  ASSERT_TRUE(lu.ok()) << lu.status();
+  EXPECT_EQ(b.type(*lu).ToString(), "(f64[2,3,3], i32[2,3], i32[2,3])");
+  auto x = b.TriangularSolve(a, r, true, false, true);
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_EQ(b.type(*x).ToString(), "f64[2,3,4]");
+  ExpectInvalid(b.Lu(r).status(), "lu: operand must be square matrices [..., n, n], got f64[2,3,4]");
+  ExpectInvalid(b.Lu(v).status(), "lu: operand must be square matrices [..., n, n], got f64[3]");
+  ExpectInvalid(b.Lu(b.Parameter(DType::kI32, {2, 2})).status(),
+                "lu: operand must be float32 or float64, got i32[2,2]");
+  ExpectInvalid(b.TriangularSolve(a, f, true, false, false).status(),
+                "triangular_solve: a and b must both be float32 or both float64, got f64[2,3,3] "
+                "and f32[2,3,4]");
+  ExpectInvalid(b.TriangularSolve(r, r, true, false, false).status(),
+                "triangular_solve: a must be square matrices [..., n, n] and b [..., n, k] with "
+                "the same batch dims, got f64[2,3,4] and f64[2,3,4]");
+  ExpectInvalid(b.TriangularSolve(a, b.Parameter(DType::kF64, {3, 3, 4}), true, false, false)
+                    .status(),
+                "triangular_solve: a must be square matrices [..., n, n] and b [..., n, k] with "
+                "the same batch dims, got f64[2,3,3] and f64[3,3,4]");
+  auto ir = b.Build({*x});
+  ASSERT_TRUE(ir.ok()) << ir.status();
+  EXPECT_TRUE(absl::StrContains((*ir)->ToText(), "triangular_solve[lower,transpose_a] %0, %1"))
+      << (*ir)->ToText();
+}
+
 TEST(FunctionBuilderScanTest, TuplesAreReadOnlyByGetElement) {
   FunctionBuilder b("f", "");
   const int32_t c = b.Parameter(DType::kF32, {});
@@ -1096,7 +1128,7 @@ TEST(FunctionBuilderScanTest, TuplesAreReadOnlyByGetElement) {
   ExpectInvalid(b.Build({*t}).status(),
                 "return: operand %3 is the scan tuple (f32[], f32[2,3]); take its elements "
                 "with get_element");
-  ExpectInvalid(b.GetElement(c, 0).status(), "get_element: operand %0 is f32[], not the tuple of a scan or svd");
+  ExpectInvalid(b.GetElement(c, 0).status(), "get_element: operand %0 is f32[], not a tuple (of a scan, svd or lu)");
   ExpectInvalid(b.GetElement(*t, 2).status(),
                 "get_element: index 2 is out of range for (f32[], f32[2,3])");
   ExpectInvalid(b.GetElement(*t, -1).status(),

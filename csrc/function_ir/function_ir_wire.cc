@@ -194,6 +194,11 @@ void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
     case OpKind::kSvd:
       out->set_full_matrices(op.full_matrices);
       break;
+    case OpKind::kTriangularSolve:
+      out->set_lower(op.lower);
+      out->set_unit_diagonal(op.unit_diagonal);
+      out->set_transpose_a(op.transpose_a);
+      break;
     default:
       break;  // operands only: the elementwise ops, copy, matmul
   }
@@ -379,6 +384,11 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
       return b.GetElement(operand(0), w.index());
     case OpKind::kSvd:
       return b.Svd(operand(0), w.full_matrices());
+    case OpKind::kLu:
+      return b.Lu(operand(0));
+    case OpKind::kTriangularSolve:
+      return b.TriangularSolve(operand(0), operand(1), w.lower(), w.unit_diagonal(),
+                               w.transpose_a());
     default:
       break;  // binary and unary, above
   }

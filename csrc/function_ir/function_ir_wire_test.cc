@@ -291,6 +291,15 @@ std::shared_ptr<const FunctionIr> ShapeFunction() {
   EXPECT_TRUE(thin.ok() && full.ok());
   outs.insert(outs.end(), thin->begin(), thin->end());
   outs.insert(outs.end(), full->begin(), full->end());
+  // An LU decomposition and triangular solves with its factors, every flag.
+  const int32_t square = Ok(b.Reshape(Ok(b.Slice(y, {0, 0, 0}, {2, 1, 4}, {1, 1, 1})), {2, 2, 2}));
+  auto lu = b.LuResults(square);
+  EXPECT_TRUE(lu.ok());
+  outs.insert(outs.end(), lu->begin(), lu->end());
+  const int32_t rhs = Ok(b.Slice(y, {0, 0, 0}, {2, 1, 2}, {1, 1, 1}));  // f64[2,1,2]
+  const int32_t cols = Ok(b.Transpose(rhs, {0, 2, 1}));                  // f64[2,2,1]
+  outs.push_back(Ok(b.TriangularSolve((*lu)[0], cols, true, true, false)));
+  outs.push_back(Ok(b.TriangularSolve((*lu)[0], cols, false, false, true)));
   return MustBuild(b, outs);
 }
 
@@ -462,6 +471,9 @@ void ExpectSameIr(const FunctionIr& a, const FunctionIr& b) {
     EXPECT_EQ(x.num_xs, y.num_xs);
     EXPECT_EQ(x.index, y.index);
     EXPECT_EQ(x.full_matrices, y.full_matrices);
+    EXPECT_EQ(x.lower, y.lower);
+    EXPECT_EQ(x.unit_diagonal, y.unit_diagonal);
+    EXPECT_EQ(x.transpose_a, y.transpose_a);
   }
   EXPECT_EQ(a.nesting_depth(), b.nesting_depth());
 }

@@ -170,7 +170,17 @@ enum class TypeRule : uint8_t {
      the tuple (u [..., m, m or k], s [..., k] descending, vt [..., n or k, n]),       \
      k = min(m, n), square u and vt when Op::full_matrices (LAPACK's gesdd); NaN       \
      everywhere for a matrix with a NaN or inf */                                      \
-  X(kSvd, "svd", SVD, 1, kLinalg, kOwn)
+  X(kSvd, "svd", SVD, 1, kLinalg, kOwn)                                                \
+  /* LU decomposition with partial pivoting of float32/float64 square [..., n, n]      \
+     (LAPACK's getrf): the tuple (lu [..., n, n]: L below the diagonal, its unit       \
+     diagonal implied, U on and above it; pivots i32 [..., n]: row i was swapped with  \
+     row pivots[i], in turn; permutation i32 [..., n]: x[permutation] = L U) */        \
+  X(kLu, "lu", LU, 1, kLinalg, kOwn)                                                   \
+  /* x with op(a) x = b, a [..., n, n] triangular (Op::lower; its diagonal taken as    \
+     ones when Op::unit_diagonal; the other triangle never read), b [..., n, k] of     \
+     the same batch dims and dtype (float32/float64), op(a) = a^T when                 \
+     Op::transpose_a (BLAS's trsm) */                                                  \
+  X(kTriangularSolve, "triangular_solve", TRIANGULAR_SOLVE, 2, kLinalg, kOwn)
 
 enum class OpKind : uint8_t {
 #define PW_OP_ENUMERATOR(e, name, wire, arity, cls, rule) e,

@@ -418,24 +418,44 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
                           static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize,
                           static_cast<int32_t*>(out) + s * n);
       }
-    } else if (op.kind == OpKind::kSvd) {
-      const SvdPlan& sp = svd_plans_[static_cast<size_t>(svd_index_[i])];
+    } else if (GetOpClass(op.kind) == OpClass::kLinalg) {
+      const LinalgPlan& lp = linalg_plans_[static_cast<size_t>(linalg_index_[i])];
       // Value-major runs start at shard 0 (only shard-major ones run a part).
       const int64_t scale = range.shard_major ? 1 : total;
-      uint8_t* const workspace = (range.shard_major ? region : base) + sp.workspace * scale;
+      uint8_t* const workspace = (range.shard_major ? region : base) + lp.workspace * scale;
       const DType dtype = ops[op.operands[0]].type.dtype;
       const int64_t esize = DTypeSize(dtype);
+      const uint8_t* const in = static_cast<const uint8_t*>(x.data);
+      if (op.kind == OpKind::kTriangularSolve) {
+        const View b = view(op.operands[1]);
+        for (int s = 0; s < num_shards; ++s) {
+          kernels::TriangularSolveMatrices(
+              dtype, lp.batch, lp.m, lp.n, op.lower, op.unit_diagonal, op.transpose_a,
+              in + s * x.shard_stride * esize,
+              static_cast<const uint8_t*>(b.data) + s * b.shard_stride * esize,
+              static_cast<uint8_t*>(out) + s * n * esize);
+        }
+        continue;
+      }
+      // A tuple: element j of shard s at its piece, then s of its size in.
       uint8_t* element[3];
       int64_t element_bytes[3];
       for (int j = 0; j < 3; ++j) {
-        element[j] = static_cast<uint8_t*>(out) + sp.elements[j] * scale;
+        element[j] = static_cast<uint8_t*>(out) + lp.elements[j] * scale;
         element_bytes[j] = op.type.elements[static_cast<size_t>(j)].num_bytes();
       }
       for (int s = 0; s < num_shards; ++s) {
-        kernels::SvdMatrices(dtype, sp.batch, sp.m, sp.n, op.full_matrices,
-                             static_cast<const uint8_t*>(x.data) + s * x.shard_stride * esize,
-                             element[0] + s * element_bytes[0], element[1] + s * element_bytes[1],
-                             element[2] + s * element_bytes[2], workspace, sp.workspace_bytes);
+        const uint8_t* xs = in + s * x.shard_stride * esize;
+        uint8_t* e0 = element[0] + s * element_bytes[0];
+        uint8_t* e1 = element[1] + s * element_bytes[1];
+        uint8_t* e2 = element[2] + s * element_bytes[2];
+        if (op.kind == OpKind::kSvd) {
+          kernels::SvdMatrices(dtype, lp.batch, lp.m, lp.n, op.full_matrices, xs, e0, e1, e2,
+                               workspace, lp.workspace_bytes);
+        } else {
+          kernels::LuMatrices(dtype, lp.batch, lp.n, xs, e0, reinterpret_cast<int32_t*>(e1),
+                              reinterpret_cast<int32_t*>(e2), workspace);
+        }
       }
     } else if (op.kind == OpKind::kCumulative) {
       const Dims& dims = op.type.dims;

@@ -333,17 +333,18 @@ class FunctionExecutable {
     bool cross_shard = false;  // the body has cross-shard ops: it closes a stage
   };
   std::vector<int32_t> scan_index_;  // per op: into scan_plans_, or -1
-  // One kSvd op: its matrices, and its workspace (a slot live only at the
-  // op; per shard, as a scan's). `elements`: u, s and vt's pieces of the
-  // op's slot.
-  struct SvdPlan {
+  // One linear algebra op (kSvd, kLu, kTriangularSolve): its batch of
+  // matrices (m x n; a triangular solve's a is m x m and its b m x n), and
+  // its workspace (a slot live only at the op; per shard, as a scan's).
+  // `elements`: a tuple's pieces of the op's slot.
+  struct LinalgPlan {
     int64_t batch = 0, m = 0, n = 0;
     int64_t workspace = 0;
     int64_t workspace_bytes = 0;
     int64_t elements[3] = {0, 0, 0};
   };
-  std::vector<int32_t> svd_index_;  // per op: into svd_plans_, or -1
-  std::vector<SvdPlan> svd_plans_;
+  std::vector<int32_t> linalg_index_;  // per op: into linalg_plans_, or -1
+  std::vector<LinalgPlan> linalg_plans_;
   // Whether an op needs the whole gang: a cross-shard op, or a loop whose
   // body has one (at any depth).
   bool has_cross_shard_ = false;

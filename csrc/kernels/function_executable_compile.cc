@@ -124,21 +124,29 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     exe->scan_index_[v] = static_cast<int32_t>(exe->scan_plans_.size());
     exe->scan_plans_.push_back(std::move(plan));
   }
-  // Decompositions: their matrices and workspaces.
-  exe->svd_index_.assign(num_ops, -1);
+  // Linear algebra: the matrices, workspaces and tuple pieces.
+  exe->linalg_index_.assign(num_ops, -1);
   for (int32_t v = 0; v < num_ops; ++v) {
     const Op& op = ops[v];
-    if (op.kind != OpKind::kSvd) continue;
+    if (GetOpClass(op.kind) != OpClass::kLinalg) continue;
     const ValueType& in = ops[op.operands[0]].type;
     const size_t r = in.dims.size();
-    SvdPlan plan;
+    LinalgPlan plan;
     plan.batch = kernels::DimProduct(in.dims, 0, r - 2);
     plan.m = in.dims[r - 2];
     plan.n = in.dims[r - 1];
-    plan.workspace_bytes = kernels::SvdWorkspaceBytes(in.dtype, plan.m, plan.n, op.full_matrices);
-    for (int64_t j = 0; j < 3; ++j) plan.elements[j] = ElementOffset(op.type, j);
-    exe->svd_index_[v] = static_cast<int32_t>(exe->svd_plans_.size());
-    exe->svd_plans_.push_back(plan);
+    if (op.kind == OpKind::kSvd) {
+      plan.workspace_bytes = kernels::SvdWorkspaceBytes(in.dtype, plan.m, plan.n, op.full_matrices);
+    } else if (op.kind == OpKind::kLu) {
+      plan.workspace_bytes = kernels::LuWorkspaceBytes(in.dtype, plan.n);
+    } else {  // kTriangularSolve: b's columns
+      plan.n = op.type.dims.back();
+    }
+    if (op.type.is_tuple()) {
+      for (int64_t j = 0; j < 3; ++j) plan.elements[j] = ElementOffset(op.type, j);
+    }
+    exe->linalg_index_[v] = static_cast<int32_t>(exe->linalg_plans_.size());
+    exe->linalg_plans_.push_back(plan);
   }
   // Ops that need the whole gang: cross-shard ops, and loops whose bodies
   // have them.
@@ -324,10 +332,12 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       const Slot results{exe->scratch_offset_[v], size};
       sp.workspace = first_fit(v, sp.workspace_bytes, &results);
     }
-    if (kind == OpKind::kSvd) {  // the same for LAPACK's workspace
-      SvdPlan& sp = exe->svd_plans_[static_cast<size_t>(exe->svd_index_[v])];
-      const Slot results{exe->scratch_offset_[v], size};
-      sp.workspace = first_fit(v, sp.workspace_bytes, &results);
+    if (exe->linalg_index_[v] >= 0) {  // the same for LAPACK's workspace
+      LinalgPlan& lp = exe->linalg_plans_[static_cast<size_t>(exe->linalg_index_[v])];
+      if (lp.workspace_bytes > 0) {
+        const Slot results{exe->scratch_offset_[v], size};
+        lp.workspace = first_fit(v, lp.workspace_bytes, &results);
+      }
     }
   }
 
@@ -465,9 +475,9 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       }
       work += loop;
     }
-    if (op.kind == OpKind::kSvd) {  // O(m n k) flops per matrix
-      const SvdPlan& sp = exe->svd_plans_[static_cast<size_t>(exe->svd_index_[v])];
-      work += sp.batch * sp.m * sp.n * std::min(sp.m, sp.n);
+    if (exe->linalg_index_[v] >= 0) {  // O(m n min(m, n)) flops per matrix (trsm: m m n)
+      const LinalgPlan& lp = exe->linalg_plans_[static_cast<size_t>(exe->linalg_index_[v])];
+      work += lp.batch * lp.m * lp.n * (op.kind == OpKind::kTriangularSolve ? lp.m : std::min(lp.m, lp.n));
     }
     if (op.kind == OpKind::kMatmul) {
       const MatmulPlan& mp = exe->matmul_plans_[static_cast<size_t>(exe->matmul_index_[v])];

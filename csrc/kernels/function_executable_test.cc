@@ -2122,7 +2122,14 @@ IrOr SvdGangFunction(int gang) {
   PW_ASSIGN_OR_RETURN(const int32_t scale, b.Convert(first, DType::kF32));
   PW_ASSIGN_OR_RETURN(const int32_t ys, b.Binary(OpKind::kMul, y, scale));
   PW_ASSIGN_OR_RETURN(std::vector<int32_t> full, b.SvdResults(ys, true));
-  return b.Build({thin[0], thin[1], thin[2], total, full[0], full[1], full[2]});
+  // A solve through an LU decomposition: vt x = u[:3], both stages' values.
+  PW_ASSIGN_OR_RETURN(std::vector<int32_t> lu, b.LuResults(full[2]));
+  PW_ASSIGN_OR_RETURN(const int32_t rows, b.Slice(full[0], {0, 0}, {3, 3}, {1, 1}));
+  PW_ASSIGN_OR_RETURN(const int32_t permuted, b.Take(rows, lu[2], 0));
+  PW_ASSIGN_OR_RETURN(const int32_t lower, b.TriangularSolve(lu[0], permuted, true, true, false));
+  PW_ASSIGN_OR_RETURN(const int32_t solved, b.TriangularSolve(lu[0], lower, false, false, false));
+  return b.Build({thin[0], thin[1], thin[2], total, full[0], full[1], full[2], lu[0], lu[1], lu[2],
+                  solved});
 }
 
 struct GangFunction {

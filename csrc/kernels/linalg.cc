@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 // blasint: the integer OpenBLAS's BLAS and LAPACK take (32 or 64 bits).
 #include <cblas.h>
@@ -21,6 +22,10 @@ void sgesdd_(const char* jobz, const blasint* m, const blasint* n, float* a, con
 void dgesdd_(const char* jobz, const blasint* m, const blasint* n, double* a, const blasint* lda,
              double* s, double* u, const blasint* ldu, double* vt, const blasint* ldvt,
              double* work, const blasint* lwork, blasint* iwork, blasint* info, size_t jobz_len);
+void sgetrf_(const blasint* m, const blasint* n, float* a, const blasint* lda, blasint* ipiv,
+             blasint* info);
+void dgetrf_(const blasint* m, const blasint* n, double* a, const blasint* lda, blasint* ipiv,
+             blasint* info);
 }
 
 namespace pw::kernels {
@@ -127,7 +132,93 @@ void SvdTyped(int64_t batch, int64_t m, int64_t n, bool full, const T* x, T* u, 
   }
 }
 
+void Getrf(blasint n, float* a, blasint* ipiv, blasint* info) {
+  const blasint lda = std::max<blasint>(1, n);
+  sgetrf_(&n, &n, a, &lda, ipiv, info);
+}
+void Getrf(blasint n, double* a, blasint* ipiv, blasint* info) {
+  const blasint lda = std::max<blasint>(1, n);
+  dgetrf_(&n, &n, a, &lda, ipiv, info);
+}
+
+template <typename T>
+void LuTyped(int64_t batch, int64_t n, const T* x, T* lu, int32_t* pivots, int32_t* permutation,
+             uint8_t* workspace) {
+  T* a = reinterpret_cast<T*>(workspace);
+  blasint* ipiv = reinterpret_cast<blasint*>(workspace + RoundUp(n * n * static_cast<int64_t>(sizeof(T))));
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* xb = x + b * n * n;
+    T* lub = lu + b * n * n;
+    int32_t* pb = pivots + b * n;
+    int32_t* perm = permutation + b * n;
+    for (int64_t i = 0; i < n; ++i) {  // column-major: element (i, j) at i + j * n
+      for (int64_t j = 0; j < n; ++j) a[i + j * n] = xb[i * n + j];
+    }
+    blasint info = 0;  // > 0: U is singular, which is an answer too
+    if (n > 0) Getrf(static_cast<blasint>(n), a, ipiv, &info);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) lub[i * n + j] = a[i + j * n];
+    }
+    for (int64_t i = 0; i < n; ++i) perm[i] = static_cast<int32_t>(i);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t p = static_cast<int32_t>(ipiv[i] - 1);  // LAPACK's are from 1
+      pb[i] = p;
+      std::swap(perm[i], perm[p]);
+    }
+  }
+}
+
+template <typename T>
+void TrsmTyped(int64_t batch, int64_t n, int64_t k, bool lower, bool unit, bool trans, const T* a,
+               const T* b, T* out) {
+  std::memcpy(out, b, static_cast<size_t>(batch * n * k) * sizeof(T));
+  if (n == 0 || k == 0) return;
+  const blasint bn = static_cast<blasint>(n);
+  const blasint bk = static_cast<blasint>(k);
+  for (int64_t i = 0; i < batch; ++i) {
+    const T* ai = a + i * n * n;
+    T* xi = out + i * n * k;
+    const CBLAS_UPLO uplo = lower ? CblasLower : CblasUpper;
+    const CBLAS_TRANSPOSE t = trans ? CblasTrans : CblasNoTrans;
+    const CBLAS_DIAG diag = unit ? CblasUnit : CblasNonUnit;
+    if constexpr (sizeof(T) == 4) {
+      cblas_strsm(CblasRowMajor, CblasLeft, uplo, t, diag, bn, bk, 1.0f, ai, bn, xi, bk);
+    } else {
+      cblas_dtrsm(CblasRowMajor, CblasLeft, uplo, t, diag, bn, bk, 1.0, ai, bn, xi, bk);
+    }
+  }
+}
+
 }  // namespace
+
+int64_t LuWorkspaceBytes(DType dtype, int64_t n) {
+  return RoundUp(n * n * DTypeSize(dtype)) + RoundUp(n * static_cast<int64_t>(sizeof(blasint)));
+}
+
+void LuMatrices(DType dtype, int64_t batch, int64_t n, const void* x, void* lu, int32_t* pivots,
+                int32_t* permutation, void* workspace) {
+  uint8_t* w = static_cast<uint8_t*>(workspace);
+  if (dtype == DType::kF32) {
+    LuTyped(batch, n, static_cast<const float*>(x), static_cast<float*>(lu), pivots, permutation, w);
+  } else {
+    PW_DCHECK(dtype == DType::kF64, "lu of float32 or float64 only");
+    LuTyped(batch, n, static_cast<const double*>(x), static_cast<double*>(lu), pivots, permutation,
+            w);
+  }
+}
+
+void TriangularSolveMatrices(DType dtype, int64_t batch, int64_t n, int64_t k, bool lower,
+                             bool unit_diagonal, bool transpose_a, const void* a, const void* b,
+                             void* out) {
+  if (dtype == DType::kF32) {
+    TrsmTyped(batch, n, k, lower, unit_diagonal, transpose_a, static_cast<const float*>(a),
+              static_cast<const float*>(b), static_cast<float*>(out));
+  } else {
+    PW_DCHECK(dtype == DType::kF64, "triangular_solve of float32 or float64 only");
+    TrsmTyped(batch, n, k, lower, unit_diagonal, transpose_a, static_cast<const double*>(a),
+              static_cast<const double*>(b), static_cast<double*>(out));
+  }
+}
 
 int64_t SvdWorkspaceBytes(DType dtype, int64_t m, int64_t n, bool full_matrices) {
   const Shape sh = LapackShape(m, n, full_matrices);

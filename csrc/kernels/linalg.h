@@ -1,9 +1,12 @@
 #ifndef PATHWAYS_KERNELS_LINALG_H_
 #define PATHWAYS_KERNELS_LINALG_H_
 
-// The kSvd op's kernel: the singular value decomposition of each matrix of a
-// batch, by LAPACK's divide-and-conquer gesdd (OpenBLAS ships LAPACK), as
-// numpy's and JAX's on CPU.
+// The kernels of the linear algebra ops (kLinalg), each over a batch of
+// row-major matrices, through OpenBLAS's LAPACK and BLAS as numpy's and
+// JAX's on CPU: kSvd (gesdd), kLu (getrf) and kTriangularSolve (trsm).
+//
+// kSvd: the singular value decomposition of each matrix, by LAPACK's
+// divide-and-conquer gesdd.
 //
 // LAPACK is column-major, and a row-major m x n matrix is its transpose
 // column-major, so the kernel decomposes that transpose, x^T = vt^T s u^T:
@@ -33,6 +36,27 @@ int64_t SvdWorkspaceBytes(DType dtype, int64_t m, int64_t n, bool full_matrices)
 void SvdMatrices(DType dtype, int64_t batch, int64_t m, int64_t n, bool full_matrices,
                  const void* x, void* u, void* s, void* vt, void* workspace,
                  int64_t workspace_bytes);
+
+// kLu: LAPACK's getrf works on column-major matrices and pivots rows, so
+// each matrix is transposed into the workspace, factored there, and
+// transposed back: x[permutation] = L U as JAX's lax.linalg.lu.
+int64_t LuWorkspaceBytes(DType dtype, int64_t n);
+
+// For each of `batch` row-major n x n matrices of `dtype` (float32 or
+// float64) at `x` (n <= INT32_MAX): writes lu (n x n, L strictly below the
+// diagonal, U on and above), pivots (n int32: row i swapped with row
+// pivots[i], for i in turn) and permutation (n int32), each contiguous over
+// the batch. A singular matrix factors too (a zero on U's diagonal).
+// `workspace` holds LuWorkspaceBytes(dtype, n) bytes, 64-byte aligned.
+void LuMatrices(DType dtype, int64_t batch, int64_t n, const void* x, void* lu, int32_t* pivots,
+                int32_t* permutation, void* workspace);
+
+// kTriangularSolve: for each of `batch` pairs of a row-major n x n `a` and
+// n x k `b` of `dtype` (float32 or float64), writes x (n x k) with op(a) x =
+// b into `out` (which may not overlap them): BLAS's trsm on a copy of b.
+void TriangularSolveMatrices(DType dtype, int64_t batch, int64_t n, int64_t k, bool lower,
+                             bool unit_diagonal, bool transpose_a, const void* a, const void* b,
+                             void* out);
 
 }  // namespace pw::kernels
 

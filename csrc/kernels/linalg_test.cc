@@ -159,3 +159,121 @@ TEST(SvdTest, NonFiniteMatricesGiveNaNAndLeaveTheOthersAlone) {
 
 }  // namespace
 }  // namespace pw::kernels
+
+namespace pw::kernels {
+namespace {
+
+template <typename T>
+void ExpectLuFactors(const std::vector<T>& x, int64_t batch, int64_t n, double tol) {
+  SCOPED_TRACE(testing::Message() << "batch=" << batch << " n=" << n << " bytes=" << sizeof(T));
+  const DType dtype = sizeof(T) == 4 ? DType::kF32 : DType::kF64;
+  std::vector<T> lu(static_cast<size_t>(batch * n * n), T(-7));
+  std::vector<int32_t> pivots(static_cast<size_t>(batch * n), -7);
+  std::vector<int32_t> perm(static_cast<size_t>(batch * n), -7);
+  std::vector<Block> workspace(static_cast<size_t>(LuWorkspaceBytes(dtype, n) / 64 + 1));
+  LuMatrices(dtype, batch, n, x.data(), lu.data(), pivots.data(), perm.data(), workspace.data());
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* xb = x.data() + b * n * n;
+    const T* f = lu.data() + b * n * n;
+    const int32_t* p = perm.data() + b * n;
+    const int32_t* piv = pivots.data() + b * n;
+    // The pivots, applied in turn to 0..n-1, give the permutation; partial
+    // pivoting keeps |L| <= 1.
+    std::vector<int32_t> from_pivots(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) from_pivots[i] = static_cast<int32_t>(i);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_GE(piv[i], i);
+      ASSERT_LT(piv[i], n);
+      std::swap(from_pivots[i], from_pivots[piv[i]]);
+    }
+    EXPECT_EQ(from_pivots, std::vector<int32_t>(p, p + n));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < i; ++j) EXPECT_LE(std::abs(f[i * n + j]), 1.0 + tol);
+    }
+    // x[perm] = L U
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (int64_t q = 0; q <= std::min(i, j); ++q) {
+          sum += (q == i ? 1.0 : double{f[i * n + q]}) * f[q * n + j];
+        }
+        EXPECT_NEAR(sum, xb[p[i] * n + j], tol * 4) << i << "," << j;
+      }
+    }
+  }
+}
+
+TEST(LuTest, FactorsWithRowPivotingAsJax) {
+  uint32_t seed = 3;
+  for (int64_t n : {1, 2, 3, 7, 16}) {
+    for (int64_t batch : {1, 3}) {
+      ExpectLuFactors(Random<double>(batch * n * n, seed), batch, n, 1e-13);
+      ExpectLuFactors(Random<float>(batch * n * n, seed), batch, n, 1e-5);
+      ++seed;
+    }
+  }
+  // Pivoting: a zero leading element; a singular matrix factors too.
+  ExpectLuFactors(std::vector<double>{0, 1, 2, 3}, 1, 2, 0);
+  ExpectLuFactors(std::vector<double>{1, 2, 2, 4}, 1, 2, 0);
+  ExpectLuFactors(std::vector<double>{}, 2, 0, 0);
+}
+
+template <typename T>
+void ExpectSolves(int64_t batch, int64_t n, int64_t k, bool lower, bool unit, bool trans,
+                  double tol) {
+  SCOPED_TRACE(testing::Message() << "n=" << n << " k=" << k << " lower=" << lower
+                                  << " unit=" << unit << " trans=" << trans);
+  const DType dtype = sizeof(T) == 4 ? DType::kF32 : DType::kF64;
+  // A well-conditioned triangle (diagonal 2..3) with garbage in the other
+  // triangle (never read), and, when unit, on the diagonal too.
+  std::vector<T> a = Random<T>(batch * n * n, static_cast<uint32_t>(n * 10 + k));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      T& d = a[b * n * n + i * n + i];
+      d = unit ? T(1e6) : T(2.5) + T(0.5) * std::abs(d);
+      for (int64_t j = 0; j < n; ++j) {
+        if (j != i) a[b * n * n + i * n + j] *= T(0.3);
+      }
+    }
+  }
+  const std::vector<T> rhs = Random<T>(batch * n * k, 77);
+  std::vector<T> x(rhs.size(), T(-7));
+  TriangularSolveMatrices(dtype, batch, n, k, lower, unit, trans, a.data(), rhs.data(), x.data());
+  auto at = [&](int64_t b, int64_t i, int64_t j) -> double {  // op(a) as read
+    if (trans) std::swap(i, j);
+    if (i == j) return unit ? 1.0 : a[b * n * n + i * n + j];
+    if (lower ? j > i : j < i) return 0.0;
+    return a[b * n * n + i * n + j];
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t c = 0; c < k; ++c) {
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += at(b, i, j) * x[b * n * k + j * k + c];
+        EXPECT_NEAR(sum, rhs[b * n * k + i * k + c], tol) << b << ":" << i << "," << c;
+      }
+    }
+  }
+}
+
+TEST(TriangularSolveTest, SolvesEveryTriangleDiagonalAndTranspose) {
+  for (bool lower : {false, true}) {
+    for (bool unit : {false, true}) {
+      for (bool trans : {false, true}) {
+        for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {4, 1}, {5, 3}, {3, 6}}) {
+          ExpectSolves<double>(2, n, k, lower, unit, trans, 1e-12);
+          ExpectSolves<float>(2, n, k, lower, unit, trans, 1e-4);
+        }
+      }
+    }
+  }
+  // Empty: nothing to solve, nothing read.
+  std::vector<double> none;
+  TriangularSolveMatrices(DType::kF64, 3, 0, 4, true, false, false, none.data(), none.data(),
+                          none.data());
+  TriangularSolveMatrices(DType::kF64, 3, 4, 0, true, false, false, none.data(), none.data(),
+                          none.data());
+}
+
+}  // namespace
+}  // namespace pw::kernels

@@ -270,6 +270,12 @@ _define("get_element", lambda b, t, index: b.get_element(t, index))
 # The singular value decomposition of each matrix of x's last two dims: u, s, vt
 # (LAPACK's gesdd; square u and vt when full_matrices). Its elements, as a scan's.
 _define("svd", lambda b, x, full_matrices: b.svd(x, full_matrices), multiple_results=True)
+# The LU decomposition with partial pivoting of each square matrix: lu, pivots,
+# permutation (x[..., permutation, :] = L U; LAPACK's getrf).
+_define("lu", lambda b, x: b.lu(x), multiple_results=True)
+# x with op(a) x = b, a triangular (BLAS's trsm).
+_define("triangular_solve", lambda b, a, rhs, lower, unit_diagonal, transpose_a: b.triangular_solve(
+    a, rhs, lower, unit_diagonal, transpose_a))
 
 
 def _check_every_op_has_a_primitive() -> None:

@@ -21,8 +21,10 @@ import numpy as np
 from pathways._primitives import PRIMITIVES
 from pathways._trace_state import _is_float
 from pathways._tracer import Tracer, bind
+from pathways.numpy import argsort as _argsort
 from pathways.numpy import broadcast_to as _broadcast_to
 from pathways.numpy import reshape as _reshape
+from pathways.numpy import take_along_axis as _take_along_axis
 from pathways.numpy import transpose as _transpose
 from pathways.numpy._indexing import _scatter_add_along_axis
 
@@ -729,6 +731,55 @@ def _svd_vjp(cts, ops, out, params, needs):
             proj = ct_v - _swap_last(vt) @ (vt @ ct_v)
             dx = plus(dx, (u * s_inv) @ _swap_last(proj))
     return [plus(dx, u @ inner @ vt)]
+
+
+def _triangle(x: Tracer, lower: bool, strict: bool) -> Tracer:
+    """x's lower (or upper) triangle of its last two dims, the diagonal left out when `strict`; 0 elsewhere."""
+    n, m = x.shape[-2:]
+    keep = np.tril(np.ones((n, m), bool), -1 if strict else 0) if lower else \
+        np.triu(np.ones((n, m), bool), 1 if strict else 0)
+    return _where(x._trace.constant(keep, None), x, 0.0)
+
+
+def _trsm(a: Tracer, b: Tracer, lower: bool, unit_diagonal: bool, transpose_a: bool) -> Tracer:
+    return bind(a._trace, "triangular_solve", (a, b), lower=lower, unit_diagonal=unit_diagonal,
+                transpose_a=transpose_a)
+
+
+@_rule("triangular_solve")
+def _triangular_solve_vjp(ct, ops, out, params, needs):
+    """x = op(A)^-1 b for the triangle A of a: db = op(A)^-T ct, and dA = -db x^T (op(A) = A)
+    or -x db^T (op(A) = A^T), in the triangle that is read."""
+    a, _ = ops
+    lower, unit, trans = params["lower"], params["unit_diagonal"], params["transpose_a"]
+    db = _trsm(a, ct, lower, unit, not trans)
+    if not needs[0]:
+        return [None, db]
+    da = -(out @ _swap_last(db)) if trans else -(db @ _swap_last(out))
+    return [_triangle(da, lower, unit), db if needs[1] else None]
+
+
+@_rule("lu")
+def _lu_vjp(cts, ops, out, params, needs):
+    """x[perm] = L U: JAX's rule (X = L^-1 x[perm] U^-1, dL = L tril(X, -1), dU = triu(X) U)
+    transposed: dX = tril(L^T tril(c, -1), -1) + triu(triu(c) U^T), dx[perm] = L^-T dX U^-T.
+    Only lu's cotangent counts (pivots and permutation are int). A singular U gives infinities."""
+    ct = cts[0]
+    if ct is None or not needs[0]:
+        return [None]
+    lu, _, perm = out
+    n = lu.shape[-1]
+    trace = lu._trace
+    eye = trace.constant(np.eye(n, dtype=lu.dtype), None)
+    l_mat = _triangle(lu, True, True) + eye
+    u_mat = _triangle(lu, False, False)
+    dx = (_triangle(_swap_last(l_mat) @ _triangle(ct, True, True), True, True)
+          + _triangle(_triangle(ct, False, False) @ _swap_last(u_mat), False, False))
+    y = _trsm(lu, dx, True, True, True)                           # L^-T dX
+    dperm = _swap_last(_trsm(lu, _swap_last(y), False, False, False))  # (U^-1 Y^T)^T = Y U^-T
+    # Row i of dperm is row perm[i] of the operand's cotangent.
+    inverse = _argsort(perm, axis=-1)
+    return [_take_along_axis(dperm, _broadcast_to(inverse[..., :, None], dperm.shape), axis=-2)]
 
 
 @_rule("matmul")

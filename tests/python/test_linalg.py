@@ -1,6 +1,7 @@
-"""pathways.numpy.linalg's svd and what is built from it (svdvals, the matrix 2-norm, -2-norm
-and nuclear norm, matrix_rank; vector_norm and matrix_norm): against numpy per device
-over shapes, batches, dtypes, empty and non-finite matrices, and gradients against JAX's.
+"""pathways.numpy.linalg: svd and what is built from it (svdvals, the matrix 2-norm, -2-norm
+and nuclear norm, matrix_rank), the LU decomposition and what is built from it (solve, inv,
+det, slogdet), cond, vector_norm and matrix_norm: against numpy per device over shapes,
+batches, dtypes, empty, singular and non-finite matrices, and gradients against JAX's.
 """
 
 import re
@@ -82,6 +83,11 @@ def test_numpy_svd_on_a_traced_value_is_routed_here(tpus2):
     np.testing.assert_allclose(n, np.linalg.norm(x, "nuc", axis=(1, 2)), rtol=1e-13)
     r = per_device(tpus2, lambda a: np.linalg.matrix_rank(a), x)
     np.testing.assert_array_equal(r, np.linalg.matrix_rank(x))
+    c = per_device(tpus2, lambda a: np.linalg.cond(a), x)
+    np.testing.assert_allclose(c, np.linalg.cond(x), rtol=1e-12)
+    sq = well_conditioned((3, 3))
+    np.testing.assert_allclose(per_device(tpus2, lambda a: np.linalg.inv(a), sq), np.linalg.inv(sq),
+                               rtol=1e-12)
 
 
 def test_rank_deficient_zero_and_known_matrices(tpus2):
@@ -190,6 +196,99 @@ def test_matrix_rank_like_numpy(tpus2):
                                   np.stack([np.linalg.matrix_rank(d) for d in f32]))
 
 
+def well_conditioned(shape, dtype=np.float64):
+    """Random square matrices with a strong diagonal (condition numbers around 10)."""
+    x = batch(shape, dtype)
+    return (x + 3 * np.eye(shape[-1], dtype=dtype)).astype(dtype)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((3, 3), (3,)), ((3, 3), (3, 2)), ((2, 4, 4), (2, 4, 3)), ((2, 4, 4), (4, 1)),
+    ((1, 3, 3), (2, 3, 5)), ((1, 1), (1, 1)), ((3, 3), (3, 0)), ((2, 0, 0), (2, 0, 2)),
+], ids=str)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_solve_like_numpy(tpus2, a_shape, b_shape, dtype):
+    a, b = batch(a_shape, dtype) + 2 * np.eye(a_shape[-1], dtype=dtype), batch(b_shape, dtype)
+    got = per_device(tpus2, pnp.linalg.solve, a.astype(dtype), b)
+    want = np.stack([np.linalg.solve(a[i].astype(dtype), b[i]) for i in range(2)])
+    assert got.dtype == dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-10 if dtype == np.float64 else 1e-4,
+                               atol=1e-12 if dtype == np.float64 else 1e-5)
+
+
+def test_solve_inv_det_promote_and_round_like_numpy(tpus2):
+    a = well_conditioned((3, 3))
+    bi = RNG.integers(-4, 4, size=(2, 3, 2)).astype(np.int32)
+    got = per_device(tpus2, pnp.linalg.solve, a.astype(np.float32), bi)
+    assert got.dtype == np.float64  # int32 computes in float64, and float32 with it promotes
+    np.testing.assert_allclose(got, np.linalg.solve(a.astype(np.float32), bi), rtol=1e-6)
+    ai = RNG.integers(-4, 4, size=(2, 3, 3)).astype(np.int32) + 9 * np.eye(3, dtype=np.int32)
+    np.testing.assert_allclose(per_device(tpus2, pnp.linalg.det, ai), np.linalg.det(ai), rtol=1e-13)
+    np.testing.assert_allclose(per_device(tpus2, pnp.linalg.inv, ai), np.linalg.inv(ai), rtol=1e-13)
+    ab = a.astype(ml_dtypes.bfloat16)
+    inv = per_device(tpus2, pnp.linalg.inv, ab)
+    assert inv.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(inv, np.linalg.inv(ab.astype(np.float32)).astype(ml_dtypes.bfloat16))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 3), (2, 5, 5), (2, 1, 4, 4), (0, 0), (2, 0, 0)], ids=str)
+def test_inv_det_slogdet_like_numpy(tpus2, shape):
+    a = well_conditioned(shape) if shape[-1] else np.zeros((2,) + shape)
+    np.testing.assert_allclose(per_device(tpus2, pnp.linalg.inv, a), np.linalg.inv(a), rtol=1e-12,
+                               atol=1e-14)
+    np.testing.assert_allclose(per_device(tpus2, pnp.linalg.det, a), np.linalg.det(a), rtol=1e-12)
+    sign, logabsdet = per_device(tpus2, lambda m: tuple(pnp.linalg.slogdet(m)), a)
+    want = np.linalg.slogdet(a)
+    np.testing.assert_array_equal(sign, want.sign)
+    np.testing.assert_allclose(logabsdet, want.logabsdet, rtol=1e-12, atol=1e-14)
+
+
+def test_permutation_sign_singular_and_huge_matrices(tpus2):
+    # Row swaps flip det's sign; a zero leading element needs a pivot.
+    p = np.stack([np.eye(4)[[1, 0, 2, 3]], np.eye(4)[[1, 2, 3, 0]]])
+    np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.det, p), [-1, -1])
+    np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.det, np.stack([np.eye(4)[[1, 0, 3, 2]]] * 2)),
+                                  [1, 1])
+    singular = np.stack([np.outer([1.0, 2, 3], [1.0, 1, 2]), np.zeros((3, 3))])
+    np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.det, singular), [0, 0])
+    sign, logabsdet = per_device(tpus2, lambda m: tuple(pnp.linalg.slogdet(m)), singular)
+    np.testing.assert_array_equal(sign, [0, 0])
+    np.testing.assert_array_equal(logabsdet, [-np.inf, -np.inf])
+    assert not np.isfinite(per_device(tpus2, pnp.linalg.inv, singular)).all()  # JAX's; numpy raises
+    # slogdet where det overflows.
+    big = np.stack([np.eye(400) * 10.0, -np.eye(400) * 0.1])
+    sign, logabsdet = per_device(tpus2, lambda m: tuple(pnp.linalg.slogdet(m)), big)
+    np.testing.assert_array_equal(sign, [1, 1])
+    np.testing.assert_allclose(logabsdet, [400 * np.log(10), 400 * np.log(0.1)], rtol=1e-13)
+    np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.det, big), [np.inf, 0])
+
+
+@pytest.mark.parametrize("p", [None, 2, -2, "fro", "nuc", 1, -1, np.inf, -np.inf])
+def test_cond_like_numpy(tpus2, p):
+    x = batch((3, 4, 4))
+    if p != "nuc":  # (numpy's cond "nuc" of a singular matrix raises LinAlgError; ours: inf)
+        x[1, 1] = np.outer([1.0, 2, 3, 4], [1.0, 0, 1, 0])  # singular: inf (0 for p=-2)
+    if p not in (None, 2, -2, "nuc"):  # (numpy's svd raises on NaN; ours gives NaN, below)
+        x[0, 2, 1, 1] = np.nan  # NaN stays NaN
+    with np.errstate(all="ignore"):
+        want = np.linalg.cond(x, p)
+    got = per_device(tpus2, lambda a: pnp.linalg.cond(a, p), x)
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-8)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    if p in (None, 2):
+        assert got[1, 1] == np.inf
+    if p in ("fro", "nuc"):  # through inv's infinities or NaN, as numpy's inf
+        singular = np.outer([1.0, 2, 3, 4], [1.0, 0, 1, 0])[None]
+        assert per_device(tpus2, lambda a: pnp.linalg.cond(a, p), np.stack([singular] * 2))[0, 0] == np.inf
+    if p in (None, 2, -2):  # any shape; NaN where a NaN is
+        x[0, 2, 1, 1] = np.nan
+        assert np.isnan(per_device(tpus2, lambda a: pnp.linalg.cond(a, p), x)[0, 2])
+        r = batch((3, 5))
+        np.testing.assert_allclose(per_device(tpus2, lambda a: pnp.linalg.cond(a, p), r),
+                                   np.linalg.cond(r, p), rtol=1e-12)
+
+
 # --- Gradients, against JAX's -----------------------------------------------------------
 
 
@@ -266,13 +365,53 @@ def test_jvp_of_svd_equals_jax(tpus2, jax):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10)
 
 
+@pytest.mark.parametrize("name", ["solve", "inv", "det", "slogdet", "cond_fro"])
+def test_lu_gradients_equal_jax(tpus2, jax, name):
+    jnp = jax.numpy
+    a, b = well_conditioned((2, 4, 4)), batch((2, 4, 3))
+    w = RNG.standard_normal((4, 4))
+    fns = {
+        "solve": lambda lib, m: (lib.linalg.solve(m, b[0, 0]) * w[:, :3]).sum(),
+        "inv": lambda lib, m: (lib.linalg.inv(m) * w).sum(),
+        "det": lambda lib, m: lib.linalg.det(m).sum(),
+        "slogdet": lambda lib, m: lib.linalg.slogdet(m)[1].sum(),
+        "cond_fro": lambda lib, m: lib.linalg.cond(m, "fro").sum(),
+    }
+    f = fns[name]
+    got = per_device(tpus2, pw.grad(lambda m: f(pnp, m)), a)
+    want = np.asarray(jax.vmap(jax.vmap(jax.grad(lambda m: f(jnp, m))))(a))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    # Second derivatives, through the rules' own ops (lu, triangular_solve, take).
+    got2 = per_device(tpus2, pw.grad(lambda m: pw.grad(lambda q: f(pnp, q))(m)[..., 0, 1].sum()), a)
+    want2 = np.asarray(jax.vmap(jax.vmap(jax.grad(lambda m: jax.grad(lambda q: f(jnp, q))(m)[0, 1])))(a))
+    np.testing.assert_allclose(got2, want2, rtol=1e-8, atol=1e-10)
+    if name == "solve":  # and b's gradient
+        got_b = per_device(tpus2, pw.grad(lambda m, r: (pnp.linalg.solve(m, r) * w[:, :3]).sum(),
+                                          argnums=1), a, b)
+        want_b = jax.vmap(jax.grad(lambda m, r: (jnp.linalg.solve(m, r) * w[:, :3]).sum(), argnums=1))(a, b)
+        np.testing.assert_allclose(got_b, np.asarray(want_b), rtol=1e-10)
+
+
 ERRORS = [
     (lambda a: pnp.linalg.svd(a[0]), ValueError,
      "svd: a must have at least two dimensions (a stack of matrices), got f64[4]"),
     (lambda a: pnp.linalg.svd(a, full_matrices=1), TypeError, "svd: full_matrices must be a bool, got 1"),
     (lambda a: pnp.linalg.svd(a, compute_uv="no"), TypeError, "svd: compute_uv must be a bool"),
     (lambda a: pnp.linalg.svdvals(a[0, 0]), ValueError, "svdvals: a must have at least two dimensions"),
-    (lambda a: np.linalg.cond(a), pw.TracerError, "pathways.numpy.linalg has no cond"),
+    (lambda a: pnp.linalg.cond(a, 3), ValueError, "cond: invalid norm order 3"),
+    (lambda a: pnp.linalg.cond(a, "fro"), ValueError, "cond: x must be square matrices [..., n, n], got f64[3,4]"),
+    (lambda a: pnp.linalg.cond(a[:, :0]), ValueError, "cond: x holds empty matrices (f64[3,0])"),
+    (lambda a: pnp.linalg.solve(a, a), ValueError, "solve: a must be square matrices [..., n, n], got f64[3,4]"),
+    (lambda a: pnp.linalg.solve(a[:, :3], a[0]), ValueError,
+     "solve: b f64[4] does not fit a f64[3,3]: a vector needs 3 elements"),
+    (lambda a: pnp.linalg.solve(a[:, :3], a[None, :2, :3]), ValueError,
+     "solve: b f64[1,2,3] does not fit a f64[3,3]: b must be (n,) or (..., n, k) with n = 3"),
+    (lambda a: pnp.linalg.solve(pnp.broadcast_to(a[:, :3], (2, 3, 3)), pnp.broadcast_to(a[:, :2], (3, 3, 2))),
+     ValueError, "solve: the batch dims of a f64[2,3,3] and b f64[3,3,2] do not broadcast"),
+    (lambda a: pnp.linalg.inv(a), ValueError, "inv: a must be square matrices"),
+    (lambda a: pnp.linalg.det(a[0]), ValueError, "det: a must have at least two dimensions"),
+    (lambda a: pnp.linalg.slogdet(a), ValueError, "slogdet: a must be square matrices"),
+    (lambda a: np.linalg.eigh(a), pw.TracerError, "pathways.numpy.linalg has no eigh"),
     (lambda a: pnp.linalg.vector_norm(a, ord="fro"), ValueError, "vector_norm: invalid norm order 'fro'"),
     (lambda a: pnp.linalg.vector_norm(a, axis=(0, 0)), ValueError, "vector_norm: duplicate axes"),
     (lambda a: pnp.linalg.vector_norm(a, axis=(0, 5)), ValueError, "vector_norm: axis 5 is out of range"),

@@ -155,6 +155,8 @@ EXAMPLES = {
     "sort": ([("float32", (2, 4))], {"descending": False}),
     "cumulative": ([("float32", (2, 4))], {"combiner": "mul", "axis": 1, "reverse": True}),
     "matmul": ([("float32", (2, 3)), ("float32", (3, 2))], {}),
+    "triangular_solve": ([("float32", (3, 3)), ("float32", (3, 2))],
+                         {"lower": True, "unit_diagonal": False, "transpose_a": True}),
     "psum": ([F32], {}),
     "pmean": ([F32], {}),
     "pmax": ([F32], {}),
@@ -253,12 +255,13 @@ def test_the_control_primitives_record_a_scan_and_its_elements(tpus2):
     assert f.shape(again) == (2,) and again > second
     with pytest.raises(ValueError, match="is a tuple"):
         f.shape(tuple_id)
-    with pytest.raises(ValueError, match="get_element: operand %0 is f32\\[3\\], not the tuple"):
+    with pytest.raises(ValueError, match="get_element: operand %0 is f32\\[3\\], not a tuple"):
         PRIMITIVES["get_element"].emit(f, y, 0)
 
 
-def test_svd_binds_to_its_three_elements(tpus2):
-    """svd records one op, whose tuple get_element ops take apart, and binds to u, s, vt."""
+def test_svd_and_lu_bind_to_their_three_elements(tpus2):
+    """svd and lu record one op each, whose tuple get_element ops take apart, and bind to
+    their three elements (u, s, vt; lu, pivots, permutation)."""
     for full, shapes in ((False, [(4, 3), (3,), (3, 3)]), (True, [(4, 4), (3,), (3, 3)])):
         results = []
 
@@ -273,6 +276,18 @@ def test_svd_binds_to_its_three_elements(tpus2):
         assert ("svd[full_matrices]" in text) == full
         assert dtype == np.float64
     assert PRIMITIVES["svd"].vjp is not None and PRIMITIVES["svd"].multiple_results
+    results = []
+
+    def lu(x):
+        results.append(bind(_state.function, "lu", (x,)))
+        return results[-1][0]
+
+    text, dtype = traced(tpus2, lu, [("float32", (3, 3))])
+    assert [(r.shape, r.dtype) for r in results[0]] == [
+        ((3, 3), np.float32), ((3,), np.int32), ((3,), np.int32)]
+    assert output_op(text) == "get_element[0]" and re.search(r"= lu %\d+ : \(f32\[3,3\], i32\[3\], "
+                                                             r"i32\[3\]\)", text), text
+    assert PRIMITIVES["lu"].vjp is not None and PRIMITIVES["lu"].multiple_results
     f = _core.FunctionBuilder("f", "")
     with pytest.raises(ValueError, match="svd: operand must be float32 or float64, got i32"):
         PRIMITIVES["svd"].emit(f, f.parameter("int32", [3, 3]), full_matrices=False)

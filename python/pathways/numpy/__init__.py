@@ -150,7 +150,7 @@ from pathways.numpy._shapes import (
 from pathways.numpy._indexing import _getitem, take, take_along_axis  # noqa: F401 (Tracer.__getitem__)
 from pathways.numpy._sorting import argsort, cumprod, cumsum, median, percentile, quantile, sort
 from pathways.numpy._linalg import dot, einsum, inner, matmul, outer, tensordot, vdot
-from pathways.numpy import linalg  # pnp.linalg.norm
+from pathways.numpy import linalg  # pnp.linalg: norms, svd, solve, inv, det ...
 from pathways.numpy._rearrange import array_split, diff, hstack, pad, repeat, roll, split, tile, vstack
 from pathways.numpy._creation import arange, eye, full, linspace, ones, tril, triu, zeros
 # Tracer.__array_function__ and __array_ufunc__.

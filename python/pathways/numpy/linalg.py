@@ -1,17 +1,20 @@
 """`pathways.numpy.linalg` (`pnp.linalg`): numpy.linalg on traced values.
 
-The singular value decomposition (`svd`, one op of the function IR that runs
-LAPACK's gesdd per matrix, as numpy's and JAX's on CPU) and what is built
-from it: `svdvals`, the matrix 2-norm, -2-norm and nuclear norm,
-`matrix_rank`; the norms built from reductions (`norm`, `vector_norm`,
-`matrix_norm`). `pw.grad` differentiates through all of them (the svd by
-JAX's rule). The other decompositions and solves (eigh, qr, cholesky, solve,
-inv, det, and cond, which needs inv) are not here yet.
+Two decompositions, each one op of the function IR that runs LAPACK per
+matrix of the last two dims (as numpy's and JAX's on CPU), and what is built
+from them: the singular value decomposition (`svd`: `svdvals`, the matrix
+2-norm, -2-norm and nuclear norm, `matrix_rank`, `cond` for p None, 2, -2)
+and the LU decomposition with partial pivoting (with triangular solves:
+`solve`, `inv`, `det`, `slogdet`, `cond` for the other orders); and the norms
+built from reductions (`norm`, `vector_norm`, `matrix_norm`). `pw.grad`
+differentiates through all of them (the svd and LU by JAX's rules). eigh,
+eigvals, qr, cholesky, lstsq and pinv are not here yet.
 
 Integer and bool matrices compute in float64, bfloat16 ones in float32 with
-the results rounded back (LAPACK has no bfloat16). A matrix with a NaN or an
-infinity gets NaN singular values and vectors, as in JAX (numpy raises
-LinAlgError).
+the results rounded back (LAPACK has no bfloat16). Where numpy raises
+LinAlgError, the answer is JAX's: NaN singular values and vectors for a
+matrix with a NaN or an infinity, infinities or NaN for the inverse of a
+singular matrix.
 """
 
 from __future__ import annotations
@@ -25,12 +28,18 @@ from pathways import _checks
 from pathways._tracer import bind as _bind
 from pathways.numpy._common import _axis, _operand, _trace_of
 from pathways.numpy._elementwise import abs as _abs
+from pathways.numpy._elementwise import isnan as _isnan
+from pathways.numpy._elementwise import log as _log
+from pathways.numpy._elementwise import sign as _sign
+from pathways.numpy._elementwise import where as _where
 from pathways.numpy._elementwise import sqrt as _sqrt
+from pathways.numpy._indexing import take_along_axis as _take_along_axis
+from pathways.numpy._shapes import broadcast_to as _broadcast_to
 from pathways.numpy._shapes import reshape as _reshape
 from pathways.numpy._shapes import transpose as _transpose
 
-__all__ = ["SVDResult", "matrix_norm", "matrix_rank", "norm", "svd", "svdvals",
-           "vector_norm"]
+__all__ = ["SVDResult", "SlogdetResult", "cond", "det", "inv", "matrix_norm", "matrix_rank",
+           "norm", "slogdet", "solve", "svd", "svdvals", "vector_norm"]
 
 _INF = float("inf")
 
@@ -270,3 +279,176 @@ def matrix_rank(A: Any, tol: Any = None, hermitian: bool = False, *, rtol: Any =
     else:
         tol = per_matrix(tol)
     return (s > tol).sum(axis=-1).astype(_np.int32)
+
+
+# --- LU: solve, inv, det, slogdet, cond -------------------------------------------------
+
+
+class SlogdetResult(NamedTuple):
+    """`slogdet`'s result, as numpy's and JAX's: unpacks as `sign, logabsdet`."""
+
+    sign: Any
+    logabsdet: Any
+
+
+def _square(name: str, param: str, x: Any) -> None:
+    if x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"{name}: {param} must be square matrices [..., n, n], got {x.aval}")
+
+
+def _lu(x: Any) -> list:
+    """lu, pivots, permutation of square float matrices `x` (bfloat16 in float32)."""
+    return _bind(x._trace, "lu", (x,))
+
+
+def _trsm(a: Any, b: Any, lower: bool, unit_diagonal: bool) -> Any:
+    return _bind(a._trace, "triangular_solve", (a, b), lower=lower, unit_diagonal=unit_diagonal,
+                 transpose_a=False)
+
+
+def _diagonal(x: Any) -> Any:
+    """The diagonals of square matrices x[..., n, n]: a strided slice of them flattened."""
+    n = x.shape[-1]
+    return _reshape(x, x.shape[:-2] + (n * n,))[..., :: n + 1]
+
+
+_FLOATS = (_np.dtype(_ml_dtypes.bfloat16), _np.dtype(_np.float32), _np.dtype(_np.float64))
+
+
+def _common_float(x: Any, y: Any) -> tuple:
+    """float matrices `x` and `y` (integers and bool in float64) converted to the wider dtype."""
+    if y.dtype == _np.bool_ or _np.dtype(y.dtype).kind in "iu":
+        y = y.astype(_np.float64)
+    if x.dtype != y.dtype:
+        wide = max(_np.dtype(x.dtype), _np.dtype(y.dtype), key=_FLOATS.index)
+        x, y = x.astype(wide), y.astype(wide)
+    return x, y
+
+
+def solve(a: Any, b: Any) -> Any:
+    """`numpy.linalg.solve`: x with a @ x = b, through the LU decomposition of a.
+
+    `a` is (..., n, n); `b` is (n,) (one vector for every matrix, as numpy 2)
+    or (..., n, k), the batch dims broadcasting with a's. Integers and bool
+    compute in float64, bfloat16 in float32 (the result rounded back). A
+    singular `a` gives infinities or NaN, as JAX (numpy raises LinAlgError).
+    `pw.grad` differentiates it through the decomposition's and the
+    triangular solves' rules.
+
+    Raises:
+      ValueError: For a that is not square matrices, or b whose shape does not fit.
+    """
+    trace = _trace_of("solve", (a, b), "pathways.numpy.linalg")
+    if trace is None:
+        return _np.linalg.solve(a, b)
+    _, x = _matrices("solve", a)
+    _square("solve", "a", x)
+    rhs = _operand(trace, b)
+    n = x.shape[-1]
+    vector = rhs.ndim == 1
+    if vector:
+        if rhs.shape != (n,):
+            raise ValueError(f"solve: b {rhs.aval} does not fit a {x.aval}: a vector needs {n} elements")
+        rhs = rhs[:, None]
+    elif rhs.ndim < 2 or rhs.shape[-2] != n:
+        raise ValueError(f"solve: b {rhs.aval} does not fit a {x.aval}: b must be (n,) or "
+                         f"(..., n, k) with n = {n}")
+    x, rhs = _common_float(x, rhs)
+    try:
+        batch = _np.broadcast_shapes(x.shape[:-2], rhs.shape[:-2])
+    except ValueError:
+        raise ValueError(f"solve: the batch dims of a {x.aval} and b {rhs.aval} do not broadcast") from None
+    low = x.dtype == _ml_dtypes.bfloat16
+    if low:
+        x, rhs = x.astype(_np.float32), rhs.astype(_np.float32)
+    lu, _, perm = _lu(x)
+    lu = _broadcast_to(lu, batch + (n, n))
+    rhs = _broadcast_to(rhs, batch + rhs.shape[-2:])
+    perm = _broadcast_to(perm[..., :, None], batch + (n, rhs.shape[-1]))
+    out = _trsm(lu, _trsm(lu, _take_along_axis(rhs, perm, axis=-2), True, True), False, False)
+    if vector:
+        out = out[..., 0]
+    return out.astype(_ml_dtypes.bfloat16) if low else out
+
+
+def inv(a: Any) -> Any:
+    """`numpy.linalg.inv`: `solve(a, identity)` per matrix; infinities or NaN where singular (JAX's)."""
+    trace = _trace_of("inv", (a,), "pathways.numpy.linalg")
+    if trace is None:
+        return _np.linalg.inv(a)
+    _, x = _matrices("inv", a)
+    _square("inv", "a", x)
+    n = x.shape[-1]
+    eye = trace.constant(_np.eye(n, dtype=_np.float32 if x.dtype == _ml_dtypes.bfloat16 else x.dtype), None)
+    return solve(x, _broadcast_to(eye.astype(x.dtype), x.shape))
+
+
+def _lu_parts(name: str, a: Any) -> tuple:
+    """The diagonal of U and the sign of the permutation, of a's LU decomposition."""
+    _, x = _matrices(name, a)
+    _square(name, "a", x)
+    low = x.dtype == _ml_dtypes.bfloat16
+    lu, pivots, _ = _lu(x.astype(_np.float32) if low else x)
+    n = x.shape[-1]
+    swaps = (pivots != x._trace.constant(_np.arange(n, dtype=_np.int32), None)).astype(_np.int32).sum(axis=-1)
+    sign = (1 - 2 * (swaps % 2)).astype(lu.dtype)
+    return _diagonal(lu), sign, low
+
+
+def det(a: Any) -> Any:
+    """`numpy.linalg.det`: the product of U's diagonal, signed by the row permutation.
+
+    Its gradient (through the LU decomposition) is NaN at a singular matrix,
+    where JAX's is the adjugate.
+    """
+    trace = _trace_of("det", (a,), "pathways.numpy.linalg")
+    if trace is None:
+        return _np.linalg.det(a)
+    diag, sign, low = _lu_parts("det", a)
+    out = sign * diag.prod(axis=-1)
+    return out.astype(_ml_dtypes.bfloat16) if low else out
+
+
+def slogdet(a: Any) -> Any:
+    """`numpy.linalg.slogdet`: `SlogdetResult(sign, logabsdet)` of det without its overflow.
+
+    A singular matrix gives sign 0 and logabsdet -inf, as numpy's.
+    """
+    trace = _trace_of("slogdet", (a,), "pathways.numpy.linalg")
+    if trace is None:
+        return _np.linalg.slogdet(a)
+    diag, sign, low = _lu_parts("slogdet", a)
+    sign = sign * _sign(diag).prod(axis=-1)
+    logabsdet = _log(_abs(diag)).sum(axis=-1)
+    if low:
+        sign, logabsdet = sign.astype(_ml_dtypes.bfloat16), logabsdet.astype(_ml_dtypes.bfloat16)
+    return SlogdetResult(sign, logabsdet)
+
+
+def cond(x: Any, p: Any = None) -> Any:
+    """`numpy.linalg.cond`: `norm(x, p) * norm(inv(x), p)` per matrix.
+
+    p None, 2 and -2 come from the singular values (the largest over the
+    smallest, or its inverse), any shape; the other orders ("fro", "nuc", 1,
+    -1, inf, -inf) from `inv`, square matrices only. As numpy: inf for a
+    singular matrix (NaN only where x has a NaN).
+
+    Raises:
+      ValueError: For an invalid p, empty or (for the orders through inv)
+        non-square matrices.
+    """
+    trace, m = _matrices("cond", x)
+    if trace is None:
+        return _np.linalg.cond(x, p)
+    if m.shape[-1] == 0 or m.shape[-2] == 0:
+        raise ValueError(f"cond: x holds empty matrices ({m.aval})")
+    if p is None or (not isinstance(p, str) and p in (2, -2)):
+        s = _svd(m, False)[1]
+        big, small = s[..., 0], s[..., -1]
+        return big / small if p != -2 else small / big
+    if p not in ("fro", "nuc", 1, -1, _INF, -_INF):
+        raise ValueError(f"cond: invalid norm order {p!r}")
+    _square("cond", "x", m)
+    out = norm(m, p, axis=(-2, -1)) * norm(inv(m), p, axis=(-2, -1))
+    finite_input = ~_isnan(m).any(axis=(-2, -1))
+    return _where(_isnan(out) & finite_input, _INF, out)
