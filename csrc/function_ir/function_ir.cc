@@ -1461,6 +1461,10 @@ absl::StatusOr<std::vector<int32_t>> FunctionBuilder::ScanResults(
     int32_t num_carries, int32_t num_xs, int64_t length, bool reverse) {
   PW_ASSIGN_OR_RETURN(const int32_t tuple,
                       Scan(std::move(body), operands, num_carries, num_xs, length, reverse));
+  return Elements(tuple);
+}
+
+absl::StatusOr<std::vector<int32_t>> FunctionBuilder::Elements(int32_t tuple) {
   std::vector<int32_t> results;
   const size_t n = type(tuple).elements.size();
   for (size_t i = 0; i < n; ++i) {
@@ -1515,12 +1519,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Svd(int32_t x, bool full_matrices) {
 
 absl::StatusOr<std::vector<int32_t>> FunctionBuilder::SvdResults(int32_t x, bool full_matrices) {
   PW_ASSIGN_OR_RETURN(const int32_t tuple, Svd(x, full_matrices));
-  std::vector<int32_t> results;
-  for (int64_t i = 0; i < 3; ++i) {
-    PW_ASSIGN_OR_RETURN(const int32_t v, GetElement(tuple, i));
-    results.push_back(v);
-  }
-  return results;
+  return Elements(tuple);
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::Lu(int32_t x) {
@@ -1549,12 +1548,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Lu(int32_t x) {
 
 absl::StatusOr<std::vector<int32_t>> FunctionBuilder::LuResults(int32_t x) {
   PW_ASSIGN_OR_RETURN(const int32_t tuple, Lu(x));
-  std::vector<int32_t> results;
-  for (int64_t i = 0; i < 3; ++i) {
-    PW_ASSIGN_OR_RETURN(const int32_t v, GetElement(tuple, i));
-    results.push_back(v);
-  }
-  return results;
+  return Elements(tuple);
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::TriangularSolve(int32_t a, int32_t b, bool lower,

@@ -450,6 +450,9 @@ class FunctionBuilder {
   // tuple or `index` is out of range.
   absl::StatusOr<int32_t> GetElement(int32_t tuple, int64_t index);
 
+  // One GetElement per element of tuple value `tuple`, in order.
+  absl::StatusOr<std::vector<int32_t>> Elements(int32_t tuple);
+
   // Scan, then one GetElement per result: the values of the final carries,
   // then the stacked ys.
   absl::StatusOr<std::vector<int32_t>> ScanResults(std::shared_ptr<const FunctionIr> body,

@@ -136,6 +136,17 @@ def _quiesce_after_module():
     pw._core.await_quiescence()
 
 
+@pytest.fixture
+def jax64():
+    """JAX (skipped if absent) with float64 on for the test, and as it was after: other
+    modules compare JAX's float32 bits."""
+    jax = pytest.importorskip("jax")
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield jax
+    jax.config.update("jax_enable_x64", before)
+
+
 @pytest.fixture(scope="module")
 def tpus2():
     """A 2-TPU slice shared by the tests of one module."""

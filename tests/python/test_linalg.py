@@ -292,16 +292,6 @@ def test_cond_like_numpy(tpus2, p):
 # --- Gradients, against JAX's -----------------------------------------------------------
 
 
-@pytest.fixture
-def jax():
-    """JAX with float64 for the test, as it was after (other modules compare float32 bits)."""
-    jax = pytest.importorskip("jax")
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield jax
-    jax.config.update("jax_enable_x64", before)
-
-
 def loss(lib, u, s, vt, w):
     """A function of the svd that does not depend on the singular vectors' signs."""
     k = s.shape[-1]
@@ -312,7 +302,8 @@ def loss(lib, u, s, vt, w):
 
 
 @pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4), (2, 4, 3)], ids=str)
-def test_svd_gradients_equal_jax(tpus2, jax, shape):
+def test_svd_gradients_equal_jax(tpus2, jax64, shape):
+    jax = jax64
     jnp = jax.numpy
     x = batch(shape)
     w = RNG.standard_normal((6, 6))
@@ -334,7 +325,8 @@ def test_svd_gradients_equal_jax(tpus2, jax, shape):
 
 
 @pytest.mark.parametrize("ord", [2, -2, "nuc"])
-def test_norm_gradients_equal_jax(tpus2, jax, ord):
+def test_norm_gradients_equal_jax(tpus2, jax64, ord):
+    jax = jax64
     jnp = jax.numpy
     x = batch((2, 4, 3, 5)).astype(np.float32)
     got = per_device(tpus2, pw.grad(lambda a: pnp.linalg.norm(a, ord, axis=(0, 2)).sum()), x)
@@ -351,7 +343,8 @@ def test_norm_gradients_equal_jax(tpus2, jax, ord):
     np.testing.assert_allclose(hv, np.asarray(jhv), rtol=1e-8, atol=1e-10)
 
 
-def test_jvp_of_svd_equals_jax(tpus2, jax):
+def test_jvp_of_svd_equals_jax(tpus2, jax64):
+    jax = jax64
     jnp = jax.numpy
     x, t = batch((4, 3)), batch((4, 3))
     w = RNG.standard_normal((6, 6))
@@ -366,7 +359,8 @@ def test_jvp_of_svd_equals_jax(tpus2, jax):
 
 
 @pytest.mark.parametrize("name", ["solve", "inv", "det", "slogdet", "cond_fro"])
-def test_lu_gradients_equal_jax(tpus2, jax, name):
+def test_lu_gradients_equal_jax(tpus2, jax64, name):
+    jax = jax64
     jnp = jax.numpy
     a, b = well_conditioned((2, 4, 4)), batch((2, 4, 3))
     w = RNG.standard_normal((4, 4))

@@ -297,16 +297,6 @@ def test_jvp_in_trace_pmapped_in_a_program_and_outside(tpus2):
         pw.jvp(f, (x,), t)
 
 
-@pytest.fixture
-def jax64():
-    """JAX with float64 for the test, as it was after (other modules compare float32 bits)."""
-    jax = pytest.importorskip("jax")
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield jax
-    jax.config.update("jax_enable_x64", before)
-
-
 def test_matches_jax_vjp(jax64):
     jax = jax64
     jnp = jax.numpy
