@@ -697,7 +697,7 @@ def _svd_vjp(cts, ops, out, params, needs):
     if params["full_matrices"] and m != n:
         if ct_u is not None or ct_vt is not None:
             raise NotImplementedError(
-                "pw.grad through u or vt of pathways.numpy.linalg.svd(full_matrices=True) of a "
+                "differentiation through u or vt of pathways.numpy.linalg.svd(full_matrices=True) of a "
                 f"non-square matrix {x.aval}: their extra columns are not unique; use "
                 "full_matrices=False (JAX has the same limit)"
             )

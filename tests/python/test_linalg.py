@@ -289,6 +289,44 @@ def test_cond_like_numpy(tpus2, p):
                                    np.linalg.cond(r, p), rtol=1e-12)
 
 
+def test_review_cases(tpus2, jax64):
+    """Cases a review found: a constant a with a traced b, cond of zero and infinite
+    matrices, max-based norms of nothing, bfloat16 ranks, numpy scalar orders, and
+    gradients at tied singular values."""
+    jax, jnp = jax64, jax64.numpy
+    a = np.array([[3.0, 1], [1, 2]])
+    for const in (a, a.astype(np.int32)):
+        got = per_device(tpus2, lambda b: pnp.linalg.solve(const, b), np.ones((2, 2)))
+        np.testing.assert_allclose(got, [[0.2, 0.4]] * 2, rtol=1e-15)
+        g = per_device(tpus2, pw.grad(lambda b: (pnp.linalg.solve(const, b) * np.array([1.0, 2])).sum()),
+                       np.ones((2, 2)))
+        np.testing.assert_allclose(g, [np.linalg.solve(a.T, [1.0, 2])] * 2, rtol=1e-15)
+    bad = np.stack([np.zeros((2, 2)), np.array([[np.inf, 1], [0, 1]])])
+    for p in (None, 2, -2, "fro", 1, np.inf):
+        with np.errstate(all="ignore"):
+            want = np.linalg.cond(bad, p)
+        np.testing.assert_array_equal(per_device(tpus2, lambda m: pnp.linalg.cond(m, p), bad), want)
+    for shape, ord, axis in (((3, 0), 1, None), ((0, 3), np.inf, None), ((0,), np.inf, None),
+                             ((2, 0), np.inf, 1), ((3, 0), 2, None), ((4, 0, 3), np.inf, (0, 1))):
+        x = np.zeros((2,) + shape)
+        got = per_device(tpus2, lambda m: pnp.linalg.norm(m, ord, axis), x)
+        want = np.stack([np.linalg.norm(m, ord, axis) for m in x])
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(
+        per_device(tpus2, lambda m: pnp.linalg.vector_norm(m, ord=np.inf, axis=-1), np.zeros((2, 3, 0))),
+        np.zeros((2, 3)))
+    eye = np.stack([np.eye(3, dtype=ml_dtypes.bfloat16)] * 2)
+    np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.matrix_rank, eye), [3, 3])
+    v = np.array([[1.5, -0.3, 2, 0.7]] * 2)
+    np.testing.assert_array_equal(per_device(tpus2, lambda m: pnp.linalg.norm(m, np.float32(3)), v),
+                                  [np.linalg.norm(v[0], 3)] * 2)
+    for m in (np.eye(3), np.diag([2.0, -2, 1])):
+        for ord in (2, -2, "nuc"):
+            got = per_device(tpus2, pw.grad(lambda q: pnp.linalg.norm(q, ord)), np.stack([m, m]))
+            want = np.asarray(jax.grad(lambda q: jnp.linalg.norm(q, ord))(m))
+            np.testing.assert_allclose(got, np.stack([want, want]), atol=1e-15)
+
+
 # --- Gradients, against JAX's -----------------------------------------------------------
 
 
@@ -391,7 +429,7 @@ ERRORS = [
      "svd: a must have at least two dimensions (a stack of matrices), got f64[4]"),
     (lambda a: pnp.linalg.svd(a, full_matrices=1), TypeError, "svd: full_matrices must be a bool, got 1"),
     (lambda a: pnp.linalg.svd(a, compute_uv="no"), TypeError, "svd: compute_uv must be a bool"),
-    (lambda a: pnp.linalg.svdvals(a[0, 0]), ValueError, "svdvals: a must have at least two dimensions"),
+    (lambda a: pnp.linalg.svdvals(a[0, 0]), ValueError, "svdvals: x must have at least two dimensions"),
     (lambda a: pnp.linalg.cond(a, 3), ValueError, "cond: invalid norm order 3"),
     (lambda a: pnp.linalg.cond(a, "fro"), ValueError, "cond: x must be square matrices [..., n, n], got f64[3,4]"),
     (lambda a: pnp.linalg.cond(a[:, :0]), ValueError, "cond: x holds empty matrices (f64[3,0])"),
@@ -409,9 +447,15 @@ ERRORS = [
     (lambda a: pnp.linalg.vector_norm(a, ord="fro"), ValueError, "vector_norm: invalid norm order 'fro'"),
     (lambda a: pnp.linalg.vector_norm(a, axis=(0, 0)), ValueError, "vector_norm: duplicate axes"),
     (lambda a: pnp.linalg.vector_norm(a, axis=(0, 5)), ValueError, "vector_norm: axis 5 is out of range"),
-    (lambda a: pnp.linalg.matrix_norm(a, ord=3), ValueError, "norm: invalid norm order 3 for matrices"),
+    (lambda a: pnp.linalg.matrix_norm(a, ord=3), ValueError, "matrix_norm: invalid norm order 3 for matrices"),
+    (lambda a: pnp.linalg.matrix_rank(a, tol=0.1, rtol=0.1), ValueError,
+     "matrix_rank: tol and rtol cannot both be given"),
+    (lambda a: pnp.linalg.matrix_rank(pnp.broadcast_to(a, (2, 3, 4)), tol=np.ones(5)), ValueError,
+     "matrix_rank: tol f64[5] does not broadcast against the matrices' batch dims (2,)"),
+    (lambda a: pnp.linalg.cond(a[0]), ValueError, "cond: x must have at least two dimensions"),
     (lambda a: pw.grad(lambda b: pnp.linalg.svd(b)[0].sum())(a), NotImplementedError,
-     "pw.grad through u or vt of pathways.numpy.linalg.svd(full_matrices=True) of a non-square matrix"),
+     "differentiation through u or vt of pathways.numpy.linalg.svd(full_matrices=True) of a "
+     "non-square matrix"),
 ]
 
 

@@ -42,6 +42,7 @@ __all__ = ["SVDResult", "SlogdetResult", "cond", "det", "inv", "matrix_norm", "m
            "norm", "slogdet", "solve", "svd", "svdvals", "vector_norm"]
 
 _INF = float("inf")
+_MATRIX_ORDERS = (1, -1, 2, -2, _INF, -_INF)
 
 
 class SVDResult(NamedTuple):
@@ -58,15 +59,17 @@ def _flag(name: str, param: str, value: Any) -> bool:
     return bool(value)
 
 
-def _matrices(name: str, a: Any) -> tuple:
-    """The trace of `a` and `a` as float32/float64 matrices (or None, a if none is traced)."""
-    trace = _trace_of(name, (a,), "pathways.numpy.linalg")
+def _matrices(name: str, a: Any, param: str = "a", trace: Any = None) -> tuple:
+    """The trace of `a` (or `trace`, when another argument has it) and `a` as float
+    matrices, integers and bool in float64; (None, a) when nothing is traced."""
     if trace is None:
-        return None, a
+        trace = _trace_of(name, (a,), "pathways.numpy.linalg")
+        if trace is None:
+            return None, a
     x = _operand(trace, a)
     if x.ndim < 2:
         raise ValueError(
-            f"{name}: a must have at least two dimensions (a stack of matrices), got {x.aval}")
+            f"{name}: {param} must have at least two dimensions (a stack of matrices), got {x.aval}")
     if x.dtype == _np.bool_ or _np.dtype(x.dtype).kind in "iu":
         x = x.astype(_np.float64)
     return trace, x
@@ -114,16 +117,23 @@ def svd(a: Any, full_matrices: bool = True, compute_uv: bool = True,
 
 def svdvals(x: Any, /) -> Any:
     """`numpy.linalg.svdvals`: the singular values of each matrix, descending (`svd`'s s)."""
-    trace, m = _matrices("svdvals", x)
+    trace, m = _matrices("svdvals", x, "x")
     if trace is None:
         return _np.linalg.svdvals(x)
     return _svd(m, False)[1]
 
 
+def _largest(a: Any, axes: Any, keepdims: bool) -> Any:
+    """The max of |x| values `a` over `axes`; 0 over no elements (numpy's norms start at 0)."""
+    if any(a.shape[d] == 0 for d in axes):
+        return a.sum(axis=axes, keepdims=keepdims)
+    return a.max(axis=axes, keepdims=keepdims)
+
+
 def _vector_norm(x: Any, ord: Any, axes: tuple, keepdims: bool) -> Any:  # noqa: A002
     a = _abs(x)
     if ord == _INF:
-        return a.max(axis=axes, keepdims=keepdims)
+        return _largest(a, axes, keepdims)
     if ord == -_INF:
         return a.min(axis=axes, keepdims=keepdims)
     if ord == 0:
@@ -142,19 +152,21 @@ def _matrix_norm(x: Any, ord: Any, rows: int, cols: int, keepdims: bool) -> Any:
         # 1: the largest column sum of |x|; inf: the largest row sum.
         over, then = (rows, cols) if ord in (1, -1) else (cols, rows)
         sums = _abs(x).sum(axis=over, keepdims=True)
-        out = sums.max(axis=then, keepdims=True) if ord > 0 else sums.min(axis=then, keepdims=True)
+        out = _largest(sums, (then,), True) if ord > 0 else sums.min(axis=then, keepdims=True)
         return out if keepdims else _reshape(out, [d for i, d in enumerate(out.shape) if i not in (rows, cols)])
     if ord in (2, -2, "nuc"):
         # Over the singular values of the matrices (rows, cols) moved last.
         rest = [d for d in range(x.ndim) if d not in (rows, cols)]
         s = _svd(_transpose(x, rest + [rows, cols]), False)[1]
+        # max and min, not s[..., 0] and s[..., -1]: their gradients split between equal
+        # singular values, as JAX's.
         if ord == 2:
-            out = s.sum(axis=-1) if s.shape[-1] == 0 else s[..., 0]  # empty: 0, as numpy
+            out = _largest(s, (s.ndim - 1,), False)
         elif ord == -2:
             if s.shape[-1] == 0:
                 raise ValueError("norm: ord=-2 of empty matrices: the smallest singular value "
                                  "of no singular values")
-            out = s[..., -1]
+            out = s.min(axis=-1)
         else:
             out = s.sum(axis=-1)
         if keepdims:
@@ -191,6 +203,8 @@ def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> A
     if ord is not None and not isinstance(ord, str) and (
             _np.ndim(ord) != 0 or not isinstance(ord, (int, float, _np.number)) or isinstance(ord, bool)):
         raise ValueError(f"norm: invalid norm order {ord!r}: a number, 'fro' or 'nuc'")
+    if isinstance(ord, _np.number):  # np.float32(3): its reciprocal in float64, as numpy's
+        ord = ord.item()
     if axis is None:
         if ord is None:
             out = _sqrt((x * x).sum())
@@ -243,9 +257,15 @@ def vector_norm(x: Any, /, *, axis: Any = None, keepdims: bool = False, ord: Any
 
 def matrix_norm(x: Any, /, *, keepdims: bool = False, ord: Any = "fro") -> Any:  # noqa: A002
     """`numpy.linalg.matrix_norm`: `norm`'s matrix norms over the last two dims."""
-    trace, m = _matrices("matrix_norm", x)
+    trace, m = _matrices("matrix_norm", x, "x")
     if trace is None:
         return _np.linalg.matrix_norm(x, keepdims=keepdims, ord=ord)
+    if ord is not None and not (
+            (isinstance(ord, str) and ord in ("fro", "nuc"))
+            or (isinstance(ord, (int, float, _np.integer, _np.floating)) and not isinstance(ord, bool)
+                and ord in _MATRIX_ORDERS)):
+        raise ValueError(f"matrix_norm: invalid norm order {ord!r} for matrices: 'fro', 'nuc', "
+                         "1, -1, 2, -2, inf or -inf")
     return norm(m, ord=ord, axis=(-2, -1), keepdims=keepdims)
 
 
@@ -263,21 +283,28 @@ def matrix_rank(A: Any, tol: Any = None, hermitian: bool = False, *, rtol: Any =
     _flag("matrix_rank", "hermitian", hermitian)
     if a.ndim < 2:
         return (a != 0).any().astype(_np.int32)
-    _, m = _matrices("matrix_rank", a)
+    if tol is not None and rtol is not None:
+        raise ValueError("matrix_rank: tol and rtol cannot both be given")
+    _, m = _matrices("matrix_rank", a, "A")
     s = _svd(m, False)[1]
     if s.shape[-1] == 0:
         return (s > 0).sum(axis=-1).astype(_np.int32)
 
-    def per_matrix(t: Any) -> Any:  # a tolerance per matrix, against its row of s
+    def per_matrix(param: str, t: Any) -> Any:  # a tolerance per matrix, against its row of s
         t = _operand(trace, t)
+        try:
+            _np.broadcast_shapes(t.shape, s.shape[:-1])
+        except ValueError:
+            raise ValueError(f"matrix_rank: {param} {t.aval} does not broadcast against the "
+                             f"matrices' batch dims {s.shape[:-1]}") from None
         return t[..., None] if t.ndim else t
 
     if tol is None:
         if rtol is None:
-            rtol = max(a.shape[-2:]) * _np.finfo(s.dtype).eps
-        tol = s.max(axis=-1, keepdims=True) * per_matrix(rtol)
+            rtol = max(a.shape[-2:]) * _ml_dtypes.finfo(s.dtype).eps
+        tol = s.max(axis=-1, keepdims=True) * per_matrix("rtol", rtol)
     else:
-        tol = per_matrix(tol)
+        tol = per_matrix("tol", tol)
     return (s > tol).sum(axis=-1).astype(_np.int32)
 
 
@@ -341,7 +368,7 @@ def solve(a: Any, b: Any) -> Any:
     trace = _trace_of("solve", (a, b), "pathways.numpy.linalg")
     if trace is None:
         return _np.linalg.solve(a, b)
-    _, x = _matrices("solve", a)
+    _, x = _matrices("solve", a, "a", trace)
     _square("solve", "a", x)
     rhs = _operand(trace, b)
     n = x.shape[-1]
@@ -430,14 +457,15 @@ def cond(x: Any, p: Any = None) -> Any:
 
     p None, 2 and -2 come from the singular values (the largest over the
     smallest, or its inverse), any shape; the other orders ("fro", "nuc", 1,
-    -1, inf, -inf) from `inv`, square matrices only. As numpy: inf for a
-    singular matrix (NaN only where x has a NaN).
+    -1, inf, -inf) from `inv`, square matrices only. As numpy: inf where the
+    answer is not a number (a singular or zero matrix, an infinity in x) unless
+    x has a NaN.
 
     Raises:
       ValueError: For an invalid p, empty or (for the orders through inv)
         non-square matrices.
     """
-    trace, m = _matrices("cond", x)
+    trace, m = _matrices("cond", x, "x")
     if trace is None:
         return _np.linalg.cond(x, p)
     if m.shape[-1] == 0 or m.shape[-2] == 0:
@@ -445,10 +473,11 @@ def cond(x: Any, p: Any = None) -> Any:
     if p is None or (not isinstance(p, str) and p in (2, -2)):
         s = _svd(m, False)[1]
         big, small = s[..., 0], s[..., -1]
-        return big / small if p != -2 else small / big
-    if p not in ("fro", "nuc", 1, -1, _INF, -_INF):
-        raise ValueError(f"cond: invalid norm order {p!r}")
-    _square("cond", "x", m)
-    out = norm(m, p, axis=(-2, -1)) * norm(inv(m), p, axis=(-2, -1))
+        out = big / small if p != -2 else small / big
+    else:
+        if p not in ("fro", "nuc", 1, -1, _INF, -_INF):
+            raise ValueError(f"cond: invalid norm order {p!r}")
+        _square("cond", "x", m)
+        out = norm(m, p, axis=(-2, -1)) * norm(inv(m), p, axis=(-2, -1))
     finite_input = ~_isnan(m).any(axis=(-2, -1))
     return _where(_isnan(out) & finite_input, _INF, out)
