@@ -261,6 +261,15 @@ void RegisterFunctionIr(py::module_& m) {
       }, py::arg("x"),
          "The LU decomposition of each square matrix of x's last two dims; returns the "
          "values of lu, pivots and permutation.")
+      .def("eigh", [](FunctionBuilder& b, int32_t x) {
+        ThrowIfBuilt(b, "eigh");
+        return ValueOrThrow(b.EighResults(x));
+      }, py::arg("x"),
+         "The eigendecomposition of the symmetric matrices of x's lower triangles; returns "
+         "the values of w and v.")
+      .def("cholesky", [](FunctionBuilder& b, int32_t x) {
+        return ValueOrThrow(b.Cholesky(x));
+      }, py::arg("x"))
       .def("triangular_solve", [](FunctionBuilder& b, int32_t a, int32_t rhs, bool lower,
                                   bool unit_diagonal, bool transpose_a) {
         return ValueOrThrow(b.TriangularSolve(a, rhs, lower, unit_diagonal, transpose_a));

@@ -1444,7 +1444,7 @@ absl::StatusOr<int32_t> FunctionBuilder::GetElement(int32_t tuple, int64_t index
   const ValueType& t = type(tuple);
   if (!t.is_tuple()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "get_element: operand %%%d is %s, not a tuple (of a scan, svd or lu)", tuple, t.ToString()));
+        "get_element: operand %%%d is %s, not a tuple (as scan, svd, lu and eigh give)", tuple, t.ToString()));
   }
   if (index < 0 || index >= static_cast<int64_t>(t.elements.size())) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -1474,24 +1474,41 @@ absl::StatusOr<std::vector<int32_t>> FunctionBuilder::Elements(int32_t tuple) {
   return results;
 }
 
+namespace {
+
+// OK if `t`, the operand of linear algebra op `op`, is float32 or float64
+// matrices (square ones if `square`) of dimensions LAPACK's int32 can index.
+absl::Status CheckLapackMatrices(absl::string_view op, const ValueType& t, bool square) {
+  if (t.dtype != DType::kF32 && t.dtype != DType::kF64) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: operand must be float32 or float64, got %s", op, t.ToString()));
+  }
+  const size_t rank = t.dims.size();
+  if (square && (rank < 2 || t.dims[rank - 2] != t.dims[rank - 1])) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: operand must be square matrices [..., n, n], got %s", op, t.ToString()));
+  }
+  if (rank < 2) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: operand must have at least two dimensions (a matrix), got %s", op, t.ToString()));
+  }
+  if (t.dims[rank - 2] > std::numeric_limits<int32_t>::max() ||
+      t.dims[rank - 1] > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the matrices of %s are beyond int32 dimensions", op, t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<int32_t> FunctionBuilder::Svd(int32_t x, bool full_matrices) {
   PW_RETURN_IF_ERROR(CheckValue(x, "svd"));
   const ValueType tx = type(x);
-  if (tx.dtype != DType::kF32 && tx.dtype != DType::kF64) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "svd: operand must be float32 or float64, got %s", tx.ToString()));
-  }
+  PW_RETURN_IF_ERROR(CheckLapackMatrices("svd", tx, /*square=*/false));
   const size_t rank = tx.dims.size();
-  if (rank < 2) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "svd: operand must have at least two dimensions (a matrix), got %s", tx.ToString()));
-  }
   const int64_t m = tx.dims[rank - 2];
   const int64_t n = tx.dims[rank - 1];
-  if (m > std::numeric_limits<int32_t>::max() || n > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "svd: the matrices of %s are beyond int32 dimensions", tx.ToString()));
-  }
   const int64_t k = std::min(m, n);
   // LAPACK's work array (3k^2 + max(max(m, n), 4k^2 + 4k) elements) is
   // indexed by int32.
@@ -1525,19 +1542,7 @@ absl::StatusOr<std::vector<int32_t>> FunctionBuilder::SvdResults(int32_t x, bool
 absl::StatusOr<int32_t> FunctionBuilder::Lu(int32_t x) {
   PW_RETURN_IF_ERROR(CheckValue(x, "lu"));
   const ValueType tx = type(x);
-  if (tx.dtype != DType::kF32 && tx.dtype != DType::kF64) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "lu: operand must be float32 or float64, got %s", tx.ToString()));
-  }
-  const size_t rank = tx.dims.size();
-  if (rank < 2 || tx.dims[rank - 2] != tx.dims[rank - 1]) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "lu: operand must be square matrices [..., n, n], got %s", tx.ToString()));
-  }
-  if (tx.dims[rank - 1] > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "lu: the matrices of %s are beyond int32 dimensions", tx.ToString()));
-  }
+  PW_RETURN_IF_ERROR(CheckLapackMatrices("lu", tx, /*square=*/true));
   Dims rows(tx.dims.begin(), tx.dims.end() - 1);
   ValueType result;
   result.elements.push_back(tx);
@@ -1549,6 +1554,28 @@ absl::StatusOr<int32_t> FunctionBuilder::Lu(int32_t x) {
 absl::StatusOr<std::vector<int32_t>> FunctionBuilder::LuResults(int32_t x) {
   PW_ASSIGN_OR_RETURN(const int32_t tuple, Lu(x));
   return Elements(tuple);
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Eigh(int32_t x) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "eigh"));
+  const ValueType tx = type(x);
+  PW_RETURN_IF_ERROR(CheckLapackMatrices("eigh", tx, /*square=*/true));
+  ValueType result;
+  result.elements.push_back(ValueType{tx.dtype, Dims(tx.dims.begin(), tx.dims.end() - 1)});
+  result.elements.push_back(tx);
+  return AddOp(OpKind::kEigh, {x}, std::move(result));
+}
+
+absl::StatusOr<std::vector<int32_t>> FunctionBuilder::EighResults(int32_t x) {
+  PW_ASSIGN_OR_RETURN(const int32_t tuple, Eigh(x));
+  return Elements(tuple);
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Cholesky(int32_t x) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "cholesky"));
+  const ValueType tx = type(x);
+  PW_RETURN_IF_ERROR(CheckLapackMatrices("cholesky", tx, /*square=*/true));
+  return AddOp(OpKind::kCholesky, {x}, tx);
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::TriangularSolve(int32_t a, int32_t b, bool lower,

@@ -494,6 +494,21 @@ class FunctionBuilder {
   absl::StatusOr<int32_t> TriangularSolve(int32_t a, int32_t b, bool lower, bool unit_diagonal,
                                           bool transpose_a);
 
+  // The eigendecomposition of the symmetric matrices whose lower triangles
+  // are those of `x` (float32 or float64, square [..., n, n]; the upper
+  // triangle is not read): the tuple (w [..., n], ascending; v [..., n, n],
+  // the eigenvectors as columns), NaN for a matrix with a NaN or inf.
+  // InvalidArgument as Lu.
+  absl::StatusOr<int32_t> Eigh(int32_t x);
+  // Eigh, then its two elements' values (w, v).
+  absl::StatusOr<std::vector<int32_t>> EighResults(int32_t x);
+
+  // The Cholesky factors L (lower triangular, L L^T = x, zeros above the
+  // diagonal) of the symmetric matrices whose lower triangles are those of
+  // `x` (float32 or float64, square [..., n, n]); NaN for a matrix that is
+  // not positive definite. InvalidArgument as Lu.
+  absl::StatusOr<int32_t> Cholesky(int32_t x);
+
   // The axis size declared by SetAxisSize (0: none). The builder must not be
   // built yet.
   int64_t axis_size() const { return ir_->axis_size_; }

@@ -1109,6 +1109,15 @@ TEST(FunctionBuilderLuTest, TypesItsTupleAndTheSolvesTheirResult) {
                     .status(),
                 "triangular_solve: a must be square matrices [..., n, n] and b [..., n, k] with "
                 "the same batch dims, got f64[2,3,3] and f64[3,3,4]");
+  auto eigh = b.Eigh(a);
+  ASSERT_TRUE(eigh.ok()) << eigh.status();
+  EXPECT_EQ(b.type(*eigh).ToString(), "(f64[2,3], f64[2,3,3])");
+  auto chol = b.Cholesky(a);
+  ASSERT_TRUE(chol.ok()) << chol.status();
+  EXPECT_EQ(b.type(*chol).ToString(), "f64[2,3,3]");
+  ExpectInvalid(b.Eigh(r).status(), "eigh: operand must be square matrices [..., n, n], got f64[2,3,4]");
+  ExpectInvalid(b.Cholesky(f).status(),
+                "cholesky: operand must be square matrices [..., n, n], got f32[2,3,4]");
   auto ir = b.Build({*x});
   ASSERT_TRUE(ir.ok()) << ir.status();
   EXPECT_TRUE(absl::StrContains((*ir)->ToText(), "triangular_solve[lower,transpose_a] %0, %1"))
@@ -1128,7 +1137,7 @@ TEST(FunctionBuilderScanTest, TuplesAreReadOnlyByGetElement) {
   ExpectInvalid(b.Build({*t}).status(),
                 "return: operand %3 is the scan tuple (f32[], f32[2,3]); take its elements "
                 "with get_element");
-  ExpectInvalid(b.GetElement(c, 0).status(), "get_element: operand %0 is f32[], not a tuple (of a scan, svd or lu)");
+  ExpectInvalid(b.GetElement(c, 0).status(), "get_element: operand %0 is f32[], not a tuple (as scan, svd, lu and eigh give)");
   ExpectInvalid(b.GetElement(*t, 2).status(),
                 "get_element: index 2 is out of range for (f32[], f32[2,3])");
   ExpectInvalid(b.GetElement(*t, -1).status(),

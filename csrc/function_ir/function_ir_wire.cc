@@ -386,6 +386,10 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
       return b.Svd(operand(0), w.full_matrices());
     case OpKind::kLu:
       return b.Lu(operand(0));
+    case OpKind::kEigh:
+      return b.Eigh(operand(0));
+    case OpKind::kCholesky:
+      return b.Cholesky(operand(0));
     case OpKind::kTriangularSolve:
       return b.TriangularSolve(operand(0), operand(1), w.lower(), w.unit_diagonal(),
                                w.transpose_a());

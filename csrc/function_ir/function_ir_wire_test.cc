@@ -300,6 +300,10 @@ std::shared_ptr<const FunctionIr> ShapeFunction() {
   const int32_t cols = Ok(b.Transpose(rhs, {0, 2, 1}));                  // f64[2,2,1]
   outs.push_back(Ok(b.TriangularSolve((*lu)[0], cols, true, true, false)));
   outs.push_back(Ok(b.TriangularSolve((*lu)[0], cols, false, false, true)));
+  auto eigh = b.EighResults(square);
+  EXPECT_TRUE(eigh.ok());
+  outs.insert(outs.end(), eigh->begin(), eigh->end());
+  outs.push_back(Ok(b.Cholesky(square)));
   return MustBuild(b, outs);
 }
 

@@ -180,7 +180,16 @@ enum class TypeRule : uint8_t {
      ones when Op::unit_diagonal; the other triangle never read), b [..., n, k] of     \
      the same batch dims and dtype (float32/float64), op(a) = a^T when                 \
      Op::transpose_a (BLAS's trsm) */                                                  \
-  X(kTriangularSolve, "triangular_solve", TRIANGULAR_SOLVE, 2, kLinalg, kOwn)
+  X(kTriangularSolve, "triangular_solve", TRIANGULAR_SOLVE, 2, kLinalg, kOwn)           \
+  /* Eigendecomposition of the symmetric matrices whose lower triangles are those of   \
+     float32/float64 square [..., n, n] (the upper never read; LAPACK's syevd): the    \
+     tuple (w [..., n] ascending, v [..., n, n] with the eigenvectors as columns);     \
+     NaN in both for a matrix with a NaN or inf */                                     \
+  X(kEigh, "eigh", EIGH, 1, kLinalg, kOwn)                                             \
+  /* Cholesky factor L (lower, L L^T = x) of the symmetric matrices whose lower        \
+     triangles are those of float32/float64 square [..., n, n] (LAPACK's potrf); NaN   \
+     where a matrix is not positive definite, as JAX */                                \
+  X(kCholesky, "cholesky", CHOLESKY, 1, kLinalg, kSame)
 
 enum class OpKind : uint8_t {
 #define PW_OP_ENUMERATOR(e, name, wire, arity, cls, rule) e,

@@ -426,6 +426,13 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
       const DType dtype = ops[op.operands[0]].type.dtype;
       const int64_t esize = DTypeSize(dtype);
       const uint8_t* const in = static_cast<const uint8_t*>(x.data);
+      if (op.kind == OpKind::kCholesky) {
+        for (int s = 0; s < num_shards; ++s) {
+          kernels::CholeskyMatrices(dtype, lp.batch, lp.n, in + s * x.shard_stride * esize,
+                                    static_cast<uint8_t*>(out) + s * n * esize);
+        }
+        continue;
+      }
       if (op.kind == OpKind::kTriangularSolve) {
         const View b = view(op.operands[1]);
         for (int s = 0; s < num_shards; ++s) {
@@ -438,11 +445,11 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
         continue;
       }
       // A tuple: element j of shard s at its piece, then s of its size in.
-      uint8_t* element[3];
-      int64_t element_bytes[3];
-      for (int j = 0; j < 3; ++j) {
+      uint8_t* element[3] = {nullptr, nullptr, nullptr};
+      int64_t element_bytes[3] = {0, 0, 0};
+      for (size_t j = 0; j < op.type.elements.size(); ++j) {
         element[j] = static_cast<uint8_t*>(out) + lp.elements[j] * scale;
-        element_bytes[j] = op.type.elements[static_cast<size_t>(j)].num_bytes();
+        element_bytes[j] = op.type.elements[j].num_bytes();
       }
       for (int s = 0; s < num_shards; ++s) {
         const uint8_t* xs = in + s * x.shard_stride * esize;
@@ -452,6 +459,8 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
         if (op.kind == OpKind::kSvd) {
           kernels::SvdMatrices(dtype, lp.batch, lp.m, lp.n, op.full_matrices, xs, e0, e1, e2,
                                workspace, lp.workspace_bytes);
+        } else if (op.kind == OpKind::kEigh) {
+          kernels::EighMatrices(dtype, lp.batch, lp.n, xs, e0, e1, workspace, lp.workspace_bytes);
         } else {
           kernels::LuMatrices(dtype, lp.batch, lp.n, xs, e0, reinterpret_cast<int32_t*>(e1),
                               reinterpret_cast<int32_t*>(e2), workspace);

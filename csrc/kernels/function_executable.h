@@ -333,10 +333,10 @@ class FunctionExecutable {
     bool cross_shard = false;  // the body has cross-shard ops: it closes a stage
   };
   std::vector<int32_t> scan_index_;  // per op: into scan_plans_, or -1
-  // One linear algebra op (kSvd, kLu, kTriangularSolve): its batch of
-  // matrices (m x n; a triangular solve's a is m x m and its b m x n), and
-  // its workspace (a slot live only at the op; per shard, as a scan's).
-  // `elements`: a tuple's pieces of the op's slot.
+  // One linear algebra op (OpClass::kLinalg): its batch of matrices (m x n;
+  // a triangular solve's a is m x m and its b m x n), and its workspace (a
+  // slot live only at the op; per shard, as a scan's). `elements`: a
+  // tuple's pieces of the op's slot (up to three).
   struct LinalgPlan {
     int64_t batch = 0, m = 0, n = 0;
     int64_t workspace = 0;

@@ -139,11 +139,13 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       plan.workspace_bytes = kernels::SvdWorkspaceBytes(in.dtype, plan.m, plan.n, op.full_matrices);
     } else if (op.kind == OpKind::kLu) {
       plan.workspace_bytes = kernels::LuWorkspaceBytes(in.dtype, plan.n);
-    } else {  // kTriangularSolve: b's columns
+    } else if (op.kind == OpKind::kEigh) {
+      plan.workspace_bytes = kernels::EighWorkspaceBytes(in.dtype, plan.n);
+    } else if (op.kind == OpKind::kTriangularSolve) {  // b's columns
       plan.n = op.type.dims.back();
     }
-    if (op.type.is_tuple()) {
-      for (int64_t j = 0; j < 3; ++j) plan.elements[j] = ElementOffset(op.type, j);
+    for (size_t j = 0; j < op.type.elements.size(); ++j) {
+      plan.elements[j] = ElementOffset(op.type, static_cast<int64_t>(j));
     }
     exe->linalg_index_[v] = static_cast<int32_t>(exe->linalg_plans_.size());
     exe->linalg_plans_.push_back(plan);

@@ -2128,8 +2128,15 @@ IrOr SvdGangFunction(int gang) {
   PW_ASSIGN_OR_RETURN(const int32_t permuted, b.Take(rows, lu[2], 0));
   PW_ASSIGN_OR_RETURN(const int32_t lower, b.TriangularSolve(lu[0], permuted, true, true, false));
   PW_ASSIGN_OR_RETURN(const int32_t solved, b.TriangularSolve(lu[0], lower, false, false, false));
+  // The eigendecomposition of u u^T + I (symmetric), and its Cholesky factor.
+  PW_ASSIGN_OR_RETURN(const int32_t ut, b.Transpose(full[0], {1, 0}));
+  PW_ASSIGN_OR_RETURN(const int32_t uut, b.Matmul(full[0], ut));
+  PW_ASSIGN_OR_RETURN(const int32_t one, b.Constant(DType::kF32, {}, Bytes<float>({1.0f})));
+  PW_ASSIGN_OR_RETURN(const int32_t spd, b.Binary(OpKind::kAdd, uut, one));
+  PW_ASSIGN_OR_RETURN(std::vector<int32_t> eigh, b.EighResults(spd));
+  PW_ASSIGN_OR_RETURN(const int32_t chol, b.Cholesky(spd));
   return b.Build({thin[0], thin[1], thin[2], total, full[0], full[1], full[2], lu[0], lu[1], lu[2],
-                  solved});
+                  solved, eigh[0], eigh[1], chol});
 }
 
 struct GangFunction {

@@ -22,6 +22,16 @@ void sgesdd_(const char* jobz, const blasint* m, const blasint* n, float* a, con
 void dgesdd_(const char* jobz, const blasint* m, const blasint* n, double* a, const blasint* lda,
              double* s, double* u, const blasint* ldu, double* vt, const blasint* ldvt,
              double* work, const blasint* lwork, blasint* iwork, blasint* info, size_t jobz_len);
+void ssyevd_(const char* jobz, const char* uplo, const blasint* n, float* a, const blasint* lda,
+             float* w, float* work, const blasint* lwork, blasint* iwork, const blasint* liwork,
+             blasint* info, size_t jobz_len, size_t uplo_len);
+void dsyevd_(const char* jobz, const char* uplo, const blasint* n, double* a, const blasint* lda,
+             double* w, double* work, const blasint* lwork, blasint* iwork, const blasint* liwork,
+             blasint* info, size_t jobz_len, size_t uplo_len);
+void spotrf_(const char* uplo, const blasint* n, float* a, const blasint* lda, blasint* info,
+             size_t uplo_len);
+void dpotrf_(const char* uplo, const blasint* n, double* a, const blasint* lda, blasint* info,
+             size_t uplo_len);
 void sgetrf_(const blasint* m, const blasint* n, float* a, const blasint* lda, blasint* ipiv,
              blasint* info);
 void dgetrf_(const blasint* m, const blasint* n, double* a, const blasint* lda, blasint* ipiv,
@@ -189,7 +199,112 @@ void TrsmTyped(int64_t batch, int64_t n, int64_t k, bool lower, bool unit, bool 
   }
 }
 
+void Syevd(blasint n, float* a, float* w, float* work, blasint lwork, blasint* iwork,
+           blasint liwork, blasint* info) {
+  const blasint lda = std::max<blasint>(1, n);
+  ssyevd_("V", "U", &n, a, &lda, w, work, &lwork, iwork, &liwork, info, 1, 1);
+}
+void Syevd(blasint n, double* a, double* w, double* work, blasint lwork, blasint* iwork,
+           blasint liwork, blasint* info) {
+  const blasint lda = std::max<blasint>(1, n);
+  dsyevd_("V", "U", &n, a, &lda, w, work, &lwork, iwork, &liwork, info, 1, 1);
+}
+void Potrf(blasint n, float* a, blasint* info) {
+  const blasint lda = std::max<blasint>(1, n);
+  spotrf_("U", &n, a, &lda, info, 1);
+}
+void Potrf(blasint n, double* a, blasint* info) {
+  const blasint lda = std::max<blasint>(1, n);
+  dpotrf_("U", &n, a, &lda, info, 1);
+}
+
+// syevd's work and iwork lengths: its documented minimums for jobz 'V'
+// (1 + 6n + 2n^2 and 3 + 5n), which are also what it asks for.
+int64_t EighWork(int64_t n) { return 1 + 6 * n + 2 * n * n; }
+int64_t EighIwork(int64_t n) { return 3 + 5 * n; }
+
+template <typename T>
+void EighTyped(int64_t batch, int64_t n, const T* x, T* w, T* v, uint8_t* workspace) {
+  const int64_t a_bytes = RoundUp(n * n * static_cast<int64_t>(sizeof(T)));
+  T* a = reinterpret_cast<T*>(workspace);
+  blasint* iwork = reinterpret_cast<blasint*>(workspace + a_bytes);
+  T* work = reinterpret_cast<T*>(workspace + a_bytes +
+                                 RoundUp(EighIwork(n) * static_cast<int64_t>(sizeof(blasint))));
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* xb = x + b * n * n;
+    T* wb = w + b * n;
+    T* vb = v + b * n * n;
+    bool finite = true;  // of the lower triangle, the part that is read
+    for (int64_t i = 0; i < n && finite; ++i) {
+      for (int64_t j = 0; j <= i; ++j) finite = finite && std::isfinite(xb[i * n + j]);
+    }
+    blasint info = 0;
+    if (finite && n > 0) {
+      std::memcpy(a, xb, static_cast<size_t>(n * n) * sizeof(T));
+      Syevd(static_cast<blasint>(n), a, wb, work, static_cast<blasint>(EighWork(n)), iwork,
+            static_cast<blasint>(EighIwork(n)), &info);
+    }
+    if (!finite || info != 0) {
+      std::fill(wb, wb + n, std::numeric_limits<T>::quiet_NaN());
+      std::fill(vb, vb + n * n, std::numeric_limits<T>::quiet_NaN());
+      continue;
+    }
+    for (int64_t i = 0; i < n; ++i) {  // column-major eigenvectors to row-major columns
+      for (int64_t j = 0; j < n; ++j) vb[i * n + j] = a[i + j * n];
+    }
+  }
+}
+
+template <typename T>
+void CholeskyTyped(int64_t batch, int64_t n, const T* x, T* out) {
+  std::memcpy(out, x, static_cast<size_t>(batch * n * n) * sizeof(T));
+  for (int64_t b = 0; b < batch; ++b) {
+    T* l = out + b * n * n;
+    blasint info = 0;
+    if (n > 0) Potrf(static_cast<blasint>(n), l, &info);
+    if (info != 0) {
+      std::fill(l, l + n * n, std::numeric_limits<T>::quiet_NaN());
+      continue;
+    }
+    bool finite = true;  // potrf passes a NaN through without reporting it
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = i + 1; j < n; ++j) l[i * n + j] = T(0);
+      for (int64_t j = 0; j <= i; ++j) finite = finite && std::isfinite(l[i * n + j]);
+    }
+    if (!finite) std::fill(l, l + n * n, std::numeric_limits<T>::quiet_NaN());
+  }
+}
+
 }  // namespace
+
+int64_t EighWorkspaceBytes(DType dtype, int64_t n) {
+  const int64_t esize = DTypeSize(dtype);
+  return RoundUp(n * n * esize) + RoundUp(EighIwork(n) * static_cast<int64_t>(sizeof(blasint))) +
+         RoundUp(EighWork(n) * esize);
+}
+
+void EighMatrices(DType dtype, int64_t batch, int64_t n, const void* x, void* w, void* v,
+                  void* workspace, int64_t workspace_bytes) {
+  PW_DCHECK(workspace_bytes >= EighWorkspaceBytes(dtype, n), "eigh: workspace too small");
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  if (dtype == DType::kF32) {
+    EighTyped(batch, n, static_cast<const float*>(x), static_cast<float*>(w),
+              static_cast<float*>(v), ws);
+  } else {
+    PW_DCHECK(dtype == DType::kF64, "eigh of float32 or float64 only");
+    EighTyped(batch, n, static_cast<const double*>(x), static_cast<double*>(w),
+              static_cast<double*>(v), ws);
+  }
+}
+
+void CholeskyMatrices(DType dtype, int64_t batch, int64_t n, const void* x, void* out) {
+  if (dtype == DType::kF32) {
+    CholeskyTyped(batch, n, static_cast<const float*>(x), static_cast<float*>(out));
+  } else {
+    PW_DCHECK(dtype == DType::kF64, "cholesky of float32 or float64 only");
+    CholeskyTyped(batch, n, static_cast<const double*>(x), static_cast<double*>(out));
+  }
+}
 
 int64_t LuWorkspaceBytes(DType dtype, int64_t n) {
   return RoundUp(n * n * DTypeSize(dtype)) + RoundUp(n * static_cast<int64_t>(sizeof(blasint)));

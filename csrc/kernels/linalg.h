@@ -3,7 +3,8 @@
 
 // The kernels of the linear algebra ops (kLinalg), each over a batch of
 // row-major matrices, through OpenBLAS's LAPACK and BLAS as numpy's and
-// JAX's on CPU: kSvd (gesdd), kLu (getrf) and kTriangularSolve (trsm).
+// JAX's on CPU: kSvd (gesdd), kLu (getrf), kTriangularSolve (trsm), kEigh
+// (syevd) and kCholesky (potrf).
 //
 // kSvd: the singular value decomposition of each matrix, by LAPACK's
 // divide-and-conquer gesdd.
@@ -57,6 +58,26 @@ void LuMatrices(DType dtype, int64_t batch, int64_t n, const void* x, void* lu, 
 void TriangularSolveMatrices(DType dtype, int64_t batch, int64_t n, int64_t k, bool lower,
                              bool unit_diagonal, bool transpose_a, const void* a, const void* b,
                              void* out);
+
+// kEigh: LAPACK's syevd on a copy of each matrix in the workspace (its
+// upper triangle, column-major, is the row-major lower one), the
+// eigenvectors transposed out. A matrix with a NaN or inf, or one syevd
+// does not converge on, gets NaN.
+int64_t EighWorkspaceBytes(DType dtype, int64_t n);
+
+// For each of `batch` row-major n x n matrices of `dtype` (float32 or
+// float64) at `x`, of which only the lower triangles are read: writes w (n,
+// ascending) and v (n x n, the eigenvectors as columns), each contiguous
+// over the batch. `workspace` holds `workspace_bytes` =
+// EighWorkspaceBytes(dtype, n) bytes, 64-byte aligned.
+void EighMatrices(DType dtype, int64_t batch, int64_t n, const void* x, void* w, void* v,
+                  void* workspace, int64_t workspace_bytes);
+
+// kCholesky: for each of `batch` row-major n x n matrices (lower triangles
+// read), writes L (lower, zeros above the diagonal) with L L^T = x into
+// `out` (not overlapping x); a matrix that is not positive definite (or has
+// a NaN) gets NaN. LAPACK's potrf in place on out.
+void CholeskyMatrices(DType dtype, int64_t batch, int64_t n, const void* x, void* out);
 
 }  // namespace pw::kernels
 

@@ -277,3 +277,125 @@ TEST(TriangularSolveTest, SolvesEveryTriangleDiagonalAndTranspose) {
 
 }  // namespace
 }  // namespace pw::kernels
+
+namespace pw::kernels {
+namespace {
+
+// A random symmetric matrix's lower triangle, with garbage above it (never read).
+template <typename T>
+std::vector<T> LowerOfSymmetric(int64_t batch, int64_t n, uint32_t seed, std::vector<T>* sym) {
+  std::vector<T> x = Random<T>(batch * n * n, seed);
+  sym->assign(x.size(), T(0));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j <= i; ++j) {
+        (*sym)[b * n * n + i * n + j] = (*sym)[b * n * n + j * n + i] = x[b * n * n + i * n + j];
+      }
+      for (int64_t j = i + 1; j < n; ++j) x[b * n * n + i * n + j] = T(1e3);
+    }
+  }
+  return x;
+}
+
+template <typename T>
+void ExpectEigh(int64_t batch, int64_t n, double tol) {
+  SCOPED_TRACE(testing::Message() << "batch=" << batch << " n=" << n << " bytes=" << sizeof(T));
+  const DType dtype = sizeof(T) == 4 ? DType::kF32 : DType::kF64;
+  std::vector<T> sym;
+  const std::vector<T> x = LowerOfSymmetric<T>(batch, n, static_cast<uint32_t>(n + 5), &sym);
+  std::vector<T> w(static_cast<size_t>(batch * n), T(-7)), v(static_cast<size_t>(batch * n * n), T(-7));
+  const int64_t bytes = EighWorkspaceBytes(dtype, n);
+  std::vector<Block> workspace(static_cast<size_t>(bytes / 64 + 1));
+  EighMatrices(dtype, batch, n, x.data(), w.data(), v.data(), workspace.data(), bytes);
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* s = sym.data() + b * n * n;
+    const T* wb = w.data() + b * n;
+    const T* vb = v.data() + b * n * n;
+    for (int64_t j = 1; j < n; ++j) EXPECT_LE(wb[j - 1], wb[j]);
+    for (int64_t j = 0; j < n; ++j) {  // s v_j = w_j v_j, |v_j| = 1
+      double norm = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        double sv = 0;
+        for (int64_t q = 0; q < n; ++q) sv += double{s[i * n + q]} * vb[q * n + j];
+        EXPECT_NEAR(sv, double{wb[j]} * vb[i * n + j], tol) << i << "," << j;
+        norm += double{vb[i * n + j]} * vb[i * n + j];
+      }
+      EXPECT_NEAR(norm, 1.0, tol);
+    }
+  }
+}
+
+TEST(EighTest, DecomposesTheSymmetricMatrixOfTheLowerTriangle) {
+  for (int64_t n : {1, 2, 5, 16}) {
+    ExpectEigh<double>(3, n, 1e-12);
+    ExpectEigh<float>(3, n, 2e-5);
+  }
+  // diag(3, 1): eigenvalues ascending; a NaN in the lower triangle gives NaN, one
+  // above it (never read) does not.
+  std::vector<double> x = {3, 0, 0, 1, 1, std::nan(""), 2, 1, std::nan(""), 0, 0, 0};
+  std::vector<double> w(6), v(12);
+  const int64_t bytes = EighWorkspaceBytes(DType::kF64, 2);
+  std::vector<Block> workspace(static_cast<size_t>(bytes / 64 + 1));
+  EighMatrices(DType::kF64, 3, 2, x.data(), w.data(), v.data(), workspace.data(), bytes);
+  EXPECT_EQ(w[0], 1);
+  EXPECT_EQ(w[1], 3);
+  EXPECT_NEAR(std::abs(v[2]), 1, 1e-15);  // the eigenvector of 1 is (0, 1): column 0
+  EXPECT_NEAR(w[2], -1, 1e-15);           // [[1, .], [2, 1]]: eigenvalues -1, 3
+  EXPECT_NEAR(w[3], 3, 1e-15);
+  EXPECT_TRUE(std::isnan(w[4]) && std::isnan(w[5]) && std::isnan(v[8]));
+  EighMatrices(DType::kF64, 0, 2, x.data(), w.data(), v.data(), workspace.data(), bytes);
+}
+
+TEST(CholeskyTest, FactorsPositiveDefiniteMatricesAndGivesNaNOtherwise) {
+  for (int64_t n : {1, 3, 8}) {
+    for (bool f32 : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "n=" << n << " f32=" << f32);
+      // s = g g^T + n I: positive definite; above its diagonal, garbage.
+      const std::vector<double> g = Random<double>(2 * n * n, static_cast<uint32_t>(n));
+      std::vector<double> s(2 * n * n);
+      for (int64_t b = 0; b < 2; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double sum = i == j ? static_cast<double>(n) : 0;
+            for (int64_t q = 0; q < n; ++q) sum += g[b * n * n + i * n + q] * g[b * n * n + j * n + q];
+            s[b * n * n + i * n + j] = j > i ? -1e3 : sum;
+          }
+        }
+      }
+      std::vector<double> l(s.size(), -7);
+      if (f32) {
+        std::vector<float> sf(s.begin(), s.end()), lf(s.size(), -7);
+        CholeskyMatrices(DType::kF32, 2, n, sf.data(), lf.data());
+        l.assign(lf.begin(), lf.end());
+      } else {
+        CholeskyMatrices(DType::kF64, 2, n, s.data(), l.data());
+      }
+      for (int64_t b = 0; b < 2; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            if (j > i) {
+              EXPECT_EQ(l[b * n * n + i * n + j], 0);
+              continue;
+            }
+            double sum = 0;
+            for (int64_t q = 0; q <= j; ++q) sum += l[b * n * n + i * n + q] * l[b * n * n + j * n + q];
+            EXPECT_NEAR(sum, s[b * n * n + i * n + j], f32 ? 1e-3 * n : 1e-12 * n);
+          }
+        }
+      }
+    }
+  }
+  // Not positive definite, a NaN: NaN everywhere; the other matrix is factored.
+  std::vector<double> x = {1, 0, 2, 1, 4, 0, 0, 9, std::nan(""), 0, 0, 1};
+  std::vector<double> l(12);
+  CholeskyMatrices(DType::kF64, 3, 2, x.data(), l.data());
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(std::isnan(l[i])) << i;
+  EXPECT_EQ(l[4], 2);
+  EXPECT_EQ(l[5], 0);
+  EXPECT_EQ(l[6], 0);
+  EXPECT_EQ(l[7], 3);
+  for (int i = 8; i < 12; ++i) EXPECT_TRUE(std::isnan(l[i])) << i;
+}
+
+}  // namespace
+}  // namespace pw::kernels

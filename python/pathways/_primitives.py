@@ -273,6 +273,11 @@ _define("svd", lambda b, x, full_matrices: b.svd(x, full_matrices), multiple_res
 # The LU decomposition with partial pivoting of each square matrix: lu, pivots,
 # permutation (x[..., permutation, :] = L U; LAPACK's getrf).
 _define("lu", lambda b, x: b.lu(x), multiple_results=True)
+# The eigendecomposition of the symmetric matrices of x's lower triangles: w
+# ascending, v (LAPACK's syevd).
+_define("eigh", lambda b, x: b.eigh(x), multiple_results=True)
+# The Cholesky factor L (L L^T = x) of the symmetric matrices of x's lower triangles.
+_define("cholesky", lambda b, x: b.cholesky(x))
 # x with op(a) x = b, a triangular (BLAS's trsm).
 _define("triangular_solve", lambda b, a, rhs, lower, unit_diagonal, transpose_a: b.triangular_solve(
     a, rhs, lower, unit_diagonal, transpose_a))

@@ -759,6 +759,48 @@ def _triangular_solve_vjp(ct, ops, out, params, needs):
     return [_triangle(da, lower, unit), db if needs[1] else None]
 
 
+def _lower_read(g: Tracer) -> Tracer:
+    """The cotangent of an op that reads only its operand's lower triangle, as the symmetric
+    matrix it stands for, from `g`, a cotangent of that symmetric matrix: tril(g) + tril(g^T, -1)."""
+    return _triangle(g, True, False) + _triangle(_swap_last(g), True, True)
+
+
+@_rule("eigh")
+def _eigh_vjp(cts, ops, out, params, needs):
+    """a = v diag(w) v^T: JAX's rule (dw = diag(v^T da v), dv = v (F o (v^T da v)),
+    F[i, j] = 1 / (w_j - w_i) off the diagonal) transposed: v (diag(dw) + F o (v^T dv)) v^T,
+    then onto the lower triangle the op reads. Equal eigenvalues make dv's part infinite."""
+    if not needs[0]:
+        return [None]
+    ct_w, ct_v = cts
+    w, v = out
+    trace = w._trace
+    n = w.shape[-1]
+    eye = trace.constant(np.eye(n, dtype=w.dtype), None)
+    inner = None
+    if ct_w is not None:
+        inner = eye * ct_w[..., None, :]
+    if ct_v is not None:
+        f = 1 / (w[..., None, :] - w[..., :, None] + eye) - eye
+        term = f * (_swap_last(v) @ ct_v)
+        inner = term if inner is None else inner + term
+    return [_lower_read(v @ inner @ _swap_last(v))]
+
+
+@_rule("cholesky")
+def _cholesky_vjp(ct, ops, out, params, needs):
+    """L = chol(a): JAX's rule (dL = L phi(L^-1 da L^-T), phi: the lower triangle with its
+    diagonal halved) transposed: L^-T phi(L^T dL) L^-1, onto the lower triangle read."""
+    if not needs[0]:
+        return [None]
+    n = out.shape[-1]
+    half = out._trace.constant(np.tril(np.ones((n, n)), -1) + 0.5 * np.eye(n), None).astype(out.dtype)
+    p = (_swap_last(out) @ ct) * half
+    left = _trsm(out, p, True, False, True)                       # L^-T P
+    g = _swap_last(_trsm(out, _swap_last(left), True, False, True))  # (L^-T (L^-T P)^T)^T = L^-T P L^-1
+    return [_lower_read(g)]
+
+
 @_rule("lu")
 def _lu_vjp(cts, ops, out, params, needs):
     """x[perm] = L U: JAX's rule (X = L^-1 x[perm] U^-1, dL = L tril(X, -1), dU = triu(X) U)

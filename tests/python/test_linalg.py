@@ -1,6 +1,6 @@
 """pathways.numpy.linalg: svd and what is built from it (svdvals, the matrix 2-norm, -2-norm
 and nuclear norm, matrix_rank), the LU decomposition and what is built from it (solve, inv,
-det, slogdet), cond, vector_norm and matrix_norm: against numpy per device over shapes,
+det, slogdet), eigh, eigvalsh, cholesky, cond, vector_norm and matrix_norm: against numpy per device over shapes,
 batches, dtypes, empty, singular and non-finite matrices, and gradients against JAX's.
 """
 
@@ -327,6 +327,123 @@ def test_review_cases(tpus2, jax64):
             np.testing.assert_allclose(got, np.stack([want, want]), atol=1e-15)
 
 
+def symmetric(shape, dtype=np.float64):
+    x = batch(shape, dtype)
+    return ((x + np.swapaxes(x, -1, -2)) / 2).astype(dtype)
+
+
+def spd(shape, dtype=np.float64):
+    """Symmetric positive definite matrices."""
+    x = batch(shape)
+    return (x @ np.swapaxes(x, -1, -2) + shape[-1] * np.eye(shape[-1])).astype(dtype)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 3), (2, 5, 5), (2, 1, 4, 4), (0, 0)], ids=str)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_eigh_and_eigvalsh_like_numpy(tpus2, shape, dtype):
+    a = symmetric(shape, dtype)
+    w, v = per_device(tpus2, lambda m: tuple(pnp.linalg.eigh(m)), a)
+    nw, nv = np.linalg.eigh(a)
+    tol = 1e-12 if dtype == np.float64 else 2e-5
+    assert w.dtype == v.dtype == dtype and w.shape == nw.shape and v.shape == nv.shape
+    np.testing.assert_allclose(w, nw, rtol=tol, atol=tol)
+    np.testing.assert_allclose((v * w[..., None, :]) @ np.swapaxes(v, -1, -2), a, atol=tol * 10)
+    np.testing.assert_allclose(np.abs(v), np.abs(nv), atol=tol * 100)  # distinct eigenvalues: up to sign
+    np.testing.assert_array_equal(per_device(tpus2, pnp.linalg.eigvalsh, a), w)
+
+
+def test_eigh_symmetrizes_or_reads_one_triangle(tpus2):
+    a = batch((3, 3))  # not symmetric
+    sym = (a + np.swapaxes(a, -1, -2)) / 2
+    w = per_device(tpus2, lambda m: pnp.linalg.eigh(m).eigenvalues, a)
+    np.testing.assert_allclose(w, np.linalg.eigvalsh(sym), rtol=1e-12)
+    for uplo in ("L", "U"):
+        got = per_device(tpus2, lambda m: pnp.linalg.eigvalsh(m, uplo, symmetrize_input=False), a)
+        np.testing.assert_allclose(got, np.linalg.eigvalsh(a, UPLO=uplo), rtol=1e-12)
+        got = per_device(tpus2, lambda m: pnp.linalg.eigh(m, UPLO=uplo, symmetrize_input=False)[0], a)
+        np.testing.assert_allclose(got, np.linalg.eigh(a, UPLO=uplo)[0], rtol=1e-12)
+    r = pnp.linalg.eigh(np.diag([2.0, 1.0]))  # concrete: numpy's
+    np.testing.assert_array_equal(r.eigenvalues, [1, 2])
+    x = symmetric((3, 3))
+    x[1, 2, 0] = x[1, 0, 2] = np.nan
+    w, v = per_device(tpus2, lambda m: tuple(pnp.linalg.eigh(m)), x)
+    assert np.isnan(w[1]).all() and np.isnan(v[1]).all() and np.isfinite(w[0]).all()
+    np.testing.assert_array_equal(per_device(tpus2, lambda m: np.linalg.eigvalsh(m), symmetric((3, 3))).shape,
+                                  (2, 3))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 3), (2, 6, 6), (0, 0)], ids=str)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_cholesky_like_numpy(tpus2, shape, dtype):
+    a = spd(shape, dtype)
+    got = per_device(tpus2, pnp.linalg.cholesky, a)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, np.linalg.cholesky(a), rtol=1e-12 if dtype == np.float64 else 2e-5,
+                               atol=1e-12 if dtype == np.float64 else 1e-5)
+    up = per_device(tpus2, lambda m: pnp.linalg.cholesky(m, upper=True), a)
+    np.testing.assert_allclose(up, np.linalg.cholesky(a, upper=True), rtol=1e-4, atol=1e-5)
+
+
+def test_cholesky_of_non_positive_definite_and_one_triangle(tpus2):
+    a = spd((3, 3))
+    a[1] = -a[1]  # negative definite: NaN, as JAX (numpy raises)
+    got = per_device(tpus2, pnp.linalg.cholesky, a)
+    assert np.isnan(got[1]).all()
+    np.testing.assert_allclose(got[0], np.linalg.cholesky(a[0]), rtol=1e-12)
+    lower_only = np.tril(spd((3, 3))) + np.triu(np.full((3, 3), 50.0), 1)
+    np.testing.assert_allclose(
+        per_device(tpus2, lambda m: pnp.linalg.cholesky(m, symmetrize_input=False), lower_only),
+        np.linalg.cholesky(lower_only), rtol=1e-12)
+    xb = spd((3, 3)).astype(ml_dtypes.bfloat16)
+    got = per_device(tpus2, pnp.linalg.cholesky, xb)
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got, np.linalg.cholesky(
+        ((xb.astype(np.float32) + np.swapaxes(xb.astype(np.float32), -1, -2)) / 2)).astype(ml_dtypes.bfloat16))
+
+
+def test_gradients_of_one_triangle_are_the_functions_as_read(tpus2):
+    """With symmetrize_input=False only the lower triangle is read, so the gradient is 0 above
+    it (JAX gives the symmetric matrix's instead): central differences of numpy's own."""
+    a = spd((4, 4))[0]
+    w = RNG.standard_normal((4, 4))
+
+    def f_np(m):
+        return (np.linalg.cholesky(m) * w).sum() + (np.linalg.eigvalsh(m) * w[0]).sum()
+
+    got = per_device(tpus2, pw.grad(lambda m: (pnp.linalg.cholesky(m, symmetrize_input=False) * w).sum()
+                                    + (pnp.linalg.eigvalsh(m, symmetrize_input=False) * w[0]).sum()),
+                     np.stack([a, a]))[0]
+    eps = 1e-6
+    want = np.zeros((4, 4))
+    for i in range(4):
+        for j in range(4):
+            d = np.zeros((4, 4))
+            d[i, j] = eps
+            want[i, j] = (f_np(a + d) - f_np(a - d)) / (2 * eps)
+    assert np.all(np.triu(got, 1) == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", ["eigh", "eigvalsh", "cholesky"])
+def test_symmetric_gradients_equal_jax(tpus2, jax64, name):
+    jax = jax64
+    jnp = jax.numpy
+    a = spd((2, 4, 4)) + batch((2, 4, 4)) * 0.1  # not quite symmetric: the symmetrization counts
+    w = RNG.standard_normal((4, 4))
+    fns = {
+        "eigh": lambda lib, m: ((lib.linalg.eigh(m)[1] ** 2) * w).sum() + (lib.linalg.eigh(m)[0] * w[0]).sum(),
+        "eigvalsh": lambda lib, m: (lib.linalg.eigvalsh(m) ** 2 * w[0]).sum(),
+        "cholesky": lambda lib, m: (lib.linalg.cholesky(m) * w).sum(),
+    }
+    f = fns[name]
+    got = per_device(tpus2, pw.grad(lambda m: f(pnp, m)), a)
+    want = np.asarray(jax.vmap(jax.vmap(jax.grad(lambda m: f(jnp, m))))(a))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
+    got2 = per_device(tpus2, pw.grad(lambda m: pw.grad(lambda q: f(pnp, q))(m)[..., 1, 0].sum()), a)
+    want2 = np.asarray(jax.vmap(jax.vmap(jax.grad(lambda m: jax.grad(lambda q: f(jnp, q))(m)[1, 0])))(a))
+    np.testing.assert_allclose(got2, want2, rtol=1e-8, atol=1e-10)
+
+
 # --- Gradients, against JAX's -----------------------------------------------------------
 
 
@@ -443,7 +560,11 @@ ERRORS = [
     (lambda a: pnp.linalg.inv(a), ValueError, "inv: a must be square matrices"),
     (lambda a: pnp.linalg.det(a[0]), ValueError, "det: a must have at least two dimensions"),
     (lambda a: pnp.linalg.slogdet(a), ValueError, "slogdet: a must be square matrices"),
-    (lambda a: np.linalg.eigh(a), pw.TracerError, "pathways.numpy.linalg has no eigh"),
+    (lambda a: np.linalg.qr(a), pw.TracerError, "pathways.numpy.linalg has no qr"),
+    (lambda a: pnp.linalg.eigh(a), ValueError, "eigh: a must be square matrices [..., n, n], got f64[3,4]"),
+    (lambda a: pnp.linalg.eigh(a[:, :3], UPLO="X"), ValueError, "eigh: UPLO must be 'L' or 'U', got 'X'"),
+    (lambda a: pnp.linalg.cholesky(a[:, :3], upper=None), TypeError, "cholesky: upper must be a bool"),
+    (lambda a: pnp.linalg.eigvalsh(a[0]), ValueError, "eigvalsh: a must have at least two dimensions"),
     (lambda a: pnp.linalg.vector_norm(a, ord="fro"), ValueError, "vector_norm: invalid norm order 'fro'"),
     (lambda a: pnp.linalg.vector_norm(a, axis=(0, 0)), ValueError, "vector_norm: duplicate axes"),
     (lambda a: pnp.linalg.vector_norm(a, axis=(0, 5)), ValueError, "vector_norm: axis 5 is out of range"),

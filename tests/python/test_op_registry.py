@@ -155,6 +155,7 @@ EXAMPLES = {
     "sort": ([("float32", (2, 4))], {"descending": False}),
     "cumulative": ([("float32", (2, 4))], {"combiner": "mul", "axis": 1, "reverse": True}),
     "matmul": ([("float32", (2, 3)), ("float32", (3, 2))], {}),
+    "cholesky": ([("float32", (3, 3))], {}),
     "triangular_solve": ([("float32", (3, 3)), ("float32", (3, 2))],
                          {"lower": True, "unit_diagonal": False, "transpose_a": True}),
     "psum": ([F32], {}),
@@ -259,9 +260,9 @@ def test_the_control_primitives_record_a_scan_and_its_elements(tpus2):
         PRIMITIVES["get_element"].emit(f, y, 0)
 
 
-def test_svd_and_lu_bind_to_their_three_elements(tpus2):
-    """svd and lu record one op each, whose tuple get_element ops take apart, and bind to
-    their three elements (u, s, vt; lu, pivots, permutation)."""
+def test_svd_lu_and_eigh_bind_to_their_elements(tpus2):
+    """svd, lu and eigh record one op each, whose tuple get_element ops take apart, and bind
+    to its elements (u, s, vt; lu, pivots, permutation; w, v)."""
     for full, shapes in ((False, [(4, 3), (3,), (3, 3)]), (True, [(4, 4), (3,), (3, 3)])):
         results = []
 
@@ -288,6 +289,16 @@ def test_svd_and_lu_bind_to_their_three_elements(tpus2):
     assert output_op(text) == "get_element[0]" and re.search(r"= lu %\d+ : \(f32\[3,3\], i32\[3\], "
                                                              r"i32\[3\]\)", text), text
     assert PRIMITIVES["lu"].vjp is not None and PRIMITIVES["lu"].multiple_results
+    results = []
+
+    def eigh(x):
+        results.append(bind(_state.function, "eigh", (x,)))
+        return results[-1][1]
+
+    text, dtype = traced(tpus2, eigh, [("float64", (3, 3))])
+    assert [r.shape for r in results[0]] == [(3,), (3, 3)]
+    assert output_op(text) == "get_element[1]" and "= eigh %" in text, text
+    assert PRIMITIVES["eigh"].vjp is not None and PRIMITIVES["eigh"].multiple_results
     f = _core.FunctionBuilder("f", "")
     with pytest.raises(ValueError, match="svd: operand must be float32 or float64, got i32"):
         PRIMITIVES["svd"].emit(f, f.parameter("int32", [3, 3]), full_matrices=False)

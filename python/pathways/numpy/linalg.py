@@ -1,14 +1,15 @@
 """`pathways.numpy.linalg` (`pnp.linalg`): numpy.linalg on traced values.
 
-Two decompositions, each one op of the function IR that runs LAPACK per
+Decompositions, each one op of the function IR that runs LAPACK per
 matrix of the last two dims (as numpy's and JAX's on CPU), and what is built
 from them: the singular value decomposition (`svd`: `svdvals`, the matrix
 2-norm, -2-norm and nuclear norm, `matrix_rank`, `cond` for p None, 2, -2)
 and the LU decomposition with partial pivoting (with triangular solves:
 `solve`, `inv`, `det`, `slogdet`, `cond` for the other orders); and the norms
-built from reductions (`norm`, `vector_norm`, `matrix_norm`). `pw.grad`
-differentiates through all of them (the svd and LU by JAX's rules). eigh,
-eigvals, qr, cholesky, lstsq and pinv are not here yet.
+built from reductions (`norm`, `vector_norm`, `matrix_norm`); and for
+symmetric matrices `eigh`, `eigvalsh` (LAPACK's syevd) and `cholesky`
+(potrf). `pw.grad` differentiates through all of them (by JAX's rules).
+eig, eigvals, qr, lstsq and pinv are not here yet.
 
 Integer and bool matrices compute in float64, bfloat16 ones in float32 with
 the results rounded back (LAPACK has no bfloat16). Where numpy raises
@@ -38,8 +39,9 @@ from pathways.numpy._shapes import broadcast_to as _broadcast_to
 from pathways.numpy._shapes import reshape as _reshape
 from pathways.numpy._shapes import transpose as _transpose
 
-__all__ = ["SVDResult", "SlogdetResult", "cond", "det", "inv", "matrix_norm", "matrix_rank",
-           "norm", "slogdet", "solve", "svd", "svdvals", "vector_norm"]
+__all__ = ["EighResult", "SVDResult", "SlogdetResult", "cholesky", "cond", "det", "eigh", "eigvalsh",
+           "inv", "matrix_norm", "matrix_rank", "norm", "slogdet", "solve", "svd", "svdvals",
+           "vector_norm"]
 
 _INF = float("inf")
 _MATRIX_ORDERS = (1, -1, 2, -2, _INF, -_INF)
@@ -481,3 +483,85 @@ def cond(x: Any, p: Any = None) -> Any:
         out = norm(m, p, axis=(-2, -1)) * norm(inv(m), p, axis=(-2, -1))
     finite_input = ~_isnan(m).any(axis=(-2, -1))
     return _where(_isnan(out) & finite_input, _INF, out)
+
+
+# --- Symmetric matrices: eigh, eigvalsh, cholesky -----------------------------------------
+
+
+class EighResult(NamedTuple):
+    """`eigh`'s result, as numpy's and JAX's: unpacks as `w, v`."""
+
+    eigenvalues: Any
+    eigenvectors: Any
+
+
+def _symmetric(name: str, a: Any, uplo: Any, symmetrize_input: Any) -> Any:
+    """a's matrices as the op reads them (lower triangles): (a + a^T) / 2 when
+    `symmetrize_input` (JAX's default), else a's lower ("L") or upper ("U") triangle."""
+    _, x = _matrices(name, a)
+    _square(name, "a", x)
+    if uplo not in (None, "L", "U"):
+        raise ValueError(f"{name}: UPLO must be 'L' or 'U', got {uplo!r}")
+    if _flag(name, "symmetrize_input", symmetrize_input):
+        return (x + _swap(x)) / 2
+    return _swap(x) if uplo == "U" else x
+
+
+def _swap(x: Any) -> Any:
+    return _transpose(x, list(range(x.ndim - 2)) + [x.ndim - 1, x.ndim - 2])
+
+
+def _low(name: str, x: Any, results: list) -> list:
+    """Results of a float32 computation rounded back to bfloat16 when `x` was bfloat16."""
+    if x.dtype == _ml_dtypes.bfloat16:
+        return [r.astype(_ml_dtypes.bfloat16) for r in results]
+    return results
+
+
+def eigh(a: Any, UPLO: Any = None, symmetrize_input: bool = True) -> Any:  # noqa: N803 (numpy's)
+    """`numpy.linalg.eigh`: eigenvalues (ascending) and eigenvectors (columns) of symmetric matrices.
+
+    As JAX's: the matrices are symmetrized, (a + a^T) / 2, unless
+    `symmetrize_input` is False; then only the lower triangle (`UPLO` "L",
+    numpy's default) or the upper ("U") is read. One `eigh` op (LAPACK's
+    syevd). `pw.grad` differentiates it by JAX's rule (infinite through the
+    eigenvectors where two eigenvalues are equal). NaN for a matrix with a
+    NaN or inf (numpy raises).
+
+    Returns:
+      `EighResult(eigenvalues, eigenvectors)` (unpacks as `w, v`).
+    """
+    trace = _trace_of("eigh", (a,), "pathways.numpy.linalg")
+    if trace is None:
+        return _np.linalg.eigh(a, UPLO="L" if UPLO is None else UPLO)
+    x = _symmetric("eigh", a, UPLO, symmetrize_input)
+    w, v = _bind(trace, "eigh", (x.astype(_np.float32) if x.dtype == _ml_dtypes.bfloat16 else x,))
+    return EighResult(*_low("eigh", x, [w, v]))
+
+
+def eigvalsh(a: Any, UPLO: Any = "L", *, symmetrize_input: bool = True) -> Any:  # noqa: N803
+    """`numpy.linalg.eigvalsh`: `eigh`'s eigenvalues, ascending."""
+    trace = _trace_of("eigvalsh", (a,), "pathways.numpy.linalg")
+    if trace is None:
+        return _np.linalg.eigvalsh(a, UPLO=UPLO)
+    x = _symmetric("eigvalsh", a, UPLO, symmetrize_input)
+    w, _ = _bind(trace, "eigh", (x.astype(_np.float32) if x.dtype == _ml_dtypes.bfloat16 else x,))
+    return _low("eigvalsh", x, [w])[0]
+
+
+def cholesky(a: Any, /, *, upper: bool = False, symmetrize_input: bool = True) -> Any:
+    """`numpy.linalg.cholesky`: L lower triangular with L @ L^T = a (U = L^T when `upper`).
+
+    As JAX's: a is symmetrized first unless `symmetrize_input` is False (then
+    its lower triangle is read, as numpy). One `cholesky` op (LAPACK's potrf).
+    NaN for a matrix that is not positive definite, as JAX (numpy raises).
+    `pw.grad` differentiates it by JAX's rule.
+    """
+    trace = _trace_of("cholesky", (a,), "pathways.numpy.linalg")
+    if trace is None:
+        return _np.linalg.cholesky(a, upper=upper)
+    upper = _flag("cholesky", "upper", upper)
+    x = _symmetric("cholesky", a, None, symmetrize_input)
+    low = _bind(trace, "cholesky", (x.astype(_np.float32) if x.dtype == _ml_dtypes.bfloat16 else x,))
+    out = _low("cholesky", x, [low])[0]
+    return _swap(out) if upper else out
