@@ -435,13 +435,7 @@ def test_symmetric_gradients_equal_jax(tpus2, jax64, name):
         "eigvalsh": lambda lib, m: (lib.linalg.eigvalsh(m) ** 2 * w[0]).sum(),
         "cholesky": lambda lib, m: (lib.linalg.cholesky(m) * w).sum(),
     }
-    f = fns[name]
-    got = per_device(tpus2, pw.grad(lambda m: f(pnp, m)), a)
-    want = np.asarray(jax.vmap(jax.vmap(jax.grad(lambda m: f(jnp, m))))(a))
-    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
-    got2 = per_device(tpus2, pw.grad(lambda m: pw.grad(lambda q: f(pnp, q))(m)[..., 1, 0].sum()), a)
-    want2 = np.asarray(jax.vmap(jax.vmap(jax.grad(lambda m: jax.grad(lambda q: f(jnp, q))(m)[1, 0])))(a))
-    np.testing.assert_allclose(got2, want2, rtol=1e-8, atol=1e-10)
+    assert_gradients_equal_jax(tpus2, jax, fns[name], a, (1, 0))
 
 
 # --- Gradients, against JAX's -----------------------------------------------------------
@@ -513,6 +507,19 @@ def test_jvp_of_svd_equals_jax(tpus2, jax64):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10)
 
 
+def assert_gradients_equal_jax(tpus, jax, f, a, entry):
+    """pw.grad of `f(pnp, m)` per matrix of a's (devices, batch) equals jax.grad of
+    `f(jax.numpy, m)`; and the second derivative of the gradient's `entry`, through the
+    rules' own ops."""
+    jnp = jax.numpy
+    got = per_device(tpus, pw.grad(lambda m: f(pnp, m)), a)
+    want = np.asarray(jax.vmap(jax.vmap(jax.grad(lambda m: f(jnp, m))))(a))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
+    got2 = per_device(tpus, pw.grad(lambda m: pw.grad(lambda q: f(pnp, q))(m)[(..., *entry)].sum()), a)
+    want2 = np.asarray(jax.vmap(jax.vmap(jax.grad(lambda m: jax.grad(lambda q: f(jnp, q))(m)[entry])))(a))
+    np.testing.assert_allclose(got2, want2, rtol=1e-8, atol=1e-10)
+
+
 @pytest.mark.parametrize("name", ["solve", "inv", "det", "slogdet", "cond_fro"])
 def test_lu_gradients_equal_jax(tpus2, jax64, name):
     jax = jax64
@@ -526,14 +533,7 @@ def test_lu_gradients_equal_jax(tpus2, jax64, name):
         "slogdet": lambda lib, m: lib.linalg.slogdet(m)[1].sum(),
         "cond_fro": lambda lib, m: lib.linalg.cond(m, "fro").sum(),
     }
-    f = fns[name]
-    got = per_device(tpus2, pw.grad(lambda m: f(pnp, m)), a)
-    want = np.asarray(jax.vmap(jax.vmap(jax.grad(lambda m: f(jnp, m))))(a))
-    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
-    # Second derivatives, through the rules' own ops (lu, triangular_solve, take).
-    got2 = per_device(tpus2, pw.grad(lambda m: pw.grad(lambda q: f(pnp, q))(m)[..., 0, 1].sum()), a)
-    want2 = np.asarray(jax.vmap(jax.vmap(jax.grad(lambda m: jax.grad(lambda q: f(jnp, q))(m)[0, 1])))(a))
-    np.testing.assert_allclose(got2, want2, rtol=1e-8, atol=1e-10)
+    assert_gradients_equal_jax(tpus2, jax, fns[name], a, (0, 1))
     if name == "solve":  # and b's gradient
         got_b = per_device(tpus2, pw.grad(lambda m, r: (pnp.linalg.solve(m, r) * w[:, :3]).sum(),
                                           argnums=1), a, b)
