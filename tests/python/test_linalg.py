@@ -438,6 +438,32 @@ def test_symmetric_gradients_equal_jax(tpus2, jax64, name):
     assert_gradients_equal_jax(tpus2, jax, fns[name], a, (1, 0))
 
 
+def test_second_review_cases(tpus2):
+    """slogdet's sign with a NaN (numpy's 1), lowercase UPLO, the 'f' alias of 'fro', integer
+    flags and a keyword a, as numpy and JAX take them."""
+    m = np.stack([np.array([[4.0, 1, np.nan], [1, 3, 0.2], [0.5, 0.2, 2]]), np.eye(3)])
+    sign, logabsdet = per_device(tpus2, lambda q: tuple(pnp.linalg.slogdet(q)), m)
+    np.testing.assert_array_equal(sign, [1, 1])
+    assert np.isnan(logabsdet[0]) and logabsdet[1] == 0
+    a = batch((3, 3))
+    for uplo in ("l", "u"):
+        np.testing.assert_allclose(
+            per_device(tpus2, lambda q: np.linalg.eigvalsh(q, uplo), a),  # numpy's own call, routed
+            np.linalg.eigvalsh((a + np.swapaxes(a, -1, -2)) / 2), rtol=1e-12)
+        np.testing.assert_allclose(
+            per_device(tpus2, lambda q: pnp.linalg.eigh(q, uplo, symmetrize_input=0).eigenvalues, a),
+            np.linalg.eigh(a, UPLO=uplo.upper()).eigenvalues, rtol=1e-12)
+    np.testing.assert_allclose(per_device(tpus2, lambda q: pnp.linalg.cond(q, "f"), a),
+                               np.linalg.cond(a, "fro"), rtol=1e-12)
+    np.testing.assert_allclose(per_device(tpus2, lambda q: pnp.linalg.norm(q, "f"), a),
+                               np.linalg.norm(a, "fro", axis=(1, 2)), rtol=1e-14)
+    s = spd((3, 3))
+    np.testing.assert_allclose(per_device(tpus2, lambda q: pnp.linalg.cholesky(a=q, upper=1), s),
+                               np.linalg.cholesky(s, upper=True), rtol=1e-12)
+    u, sv, vt = per_device(tpus2, lambda q: tuple(pnp.linalg.svd(q, full_matrices=np.int64(0))), batch((4, 3)))
+    assert u.shape == (2, 4, 3)
+
+
 # --- Gradients, against JAX's -----------------------------------------------------------
 
 
@@ -544,7 +570,7 @@ def test_lu_gradients_equal_jax(tpus2, jax64, name):
 ERRORS = [
     (lambda a: pnp.linalg.svd(a[0]), ValueError,
      "svd: a must have at least two dimensions (a stack of matrices), got f64[4]"),
-    (lambda a: pnp.linalg.svd(a, full_matrices=1), TypeError, "svd: full_matrices must be a bool, got 1"),
+    (lambda a: pnp.linalg.svd(a, full_matrices=None), TypeError, "svd: full_matrices must be a bool, got None"),
     (lambda a: pnp.linalg.svd(a, compute_uv="no"), TypeError, "svd: compute_uv must be a bool"),
     (lambda a: pnp.linalg.svdvals(a[0, 0]), ValueError, "svdvals: x must have at least two dimensions"),
     (lambda a: pnp.linalg.cond(a, 3), ValueError, "cond: invalid norm order 3"),

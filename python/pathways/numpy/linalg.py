@@ -56,7 +56,8 @@ class SVDResult(NamedTuple):
 
 
 def _flag(name: str, param: str, value: Any) -> bool:
-    if not isinstance(value, (bool, _np.bool_)):
+    """A flag as numpy and JAX take it: a bool, or an int (0 or 1 in practice)."""
+    if not isinstance(value, (bool, _np.bool_, int, _np.integer)):
         raise TypeError(f"{name}: {param} must be a bool, got {value!r}")
     return bool(value)
 
@@ -197,6 +198,8 @@ def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> A
     trace = _trace_of("norm", (x,), "pathways.numpy.linalg")
     if trace is None:
         return _np.linalg.norm(x, ord=ord, axis=axis, keepdims=keepdims)
+    if isinstance(ord, str) and ord == "f":  # numpy's alias
+        ord = "fro"
     x = _operand(trace, x)
     if x.dtype == _np.bool_ or _np.dtype(x.dtype).kind in "iu":
         x = x.astype(_np.float64)
@@ -447,7 +450,9 @@ def slogdet(a: Any) -> Any:
     if trace is None:
         return _np.linalg.slogdet(a)
     diag, sign, low = _lu_parts("slogdet", a)
-    sign = sign * _sign(diag).prod(axis=-1)
+    # Each diagonal element's sign, 0 for 0, and + for NaN (numpy's: the sign stays 1 and
+    # logabsdet is NaN).
+    sign = sign * _where(diag < 0, -1.0, _where(diag == 0, 0.0, 1.0)).astype(diag.dtype).prod(axis=-1)
     logabsdet = _log(_abs(diag)).sum(axis=-1)
     if low:
         sign, logabsdet = sign.astype(_ml_dtypes.bfloat16), logabsdet.astype(_ml_dtypes.bfloat16)
@@ -472,6 +477,8 @@ def cond(x: Any, p: Any = None) -> Any:
         return _np.linalg.cond(x, p)
     if m.shape[-1] == 0 or m.shape[-2] == 0:
         raise ValueError(f"cond: x holds empty matrices ({m.aval})")
+    if isinstance(p, str) and p == "f":  # numpy's alias
+        p = "fro"
     if p is None or (not isinstance(p, str) and p in (2, -2)):
         s = _svd(m, False)[1]
         big, small = s[..., 0], s[..., -1]
@@ -500,6 +507,8 @@ def _symmetric(name: str, a: Any, uplo: Any, symmetrize_input: Any) -> Any:
     `symmetrize_input` (JAX's default), else a's lower ("L") or upper ("U") triangle."""
     _, x = _matrices(name, a)
     _square(name, "a", x)
+    if isinstance(uplo, str):
+        uplo = uplo.upper()  # numpy's
     if uplo not in (None, "L", "U"):
         raise ValueError(f"{name}: UPLO must be 'L' or 'U', got {uplo!r}")
     if _flag(name, "symmetrize_input", symmetrize_input):
@@ -526,7 +535,8 @@ def eigh(a: Any, UPLO: Any = None, symmetrize_input: bool = True) -> Any:  # noq
     numpy's default) or the upper ("U") is read. One `eigh` op (LAPACK's
     syevd). `pw.grad` differentiates it by JAX's rule (infinite through the
     eigenvectors where two eigenvalues are equal). NaN for a matrix with a
-    NaN or inf (numpy raises).
+    NaN or inf (numpy raises). Called on concrete arrays only, numpy's own
+    runs (which reads the `UPLO` triangle, "L" by default).
 
     Returns:
       `EighResult(eigenvalues, eigenvectors)` (unpacks as `w, v`).
@@ -549,13 +559,15 @@ def eigvalsh(a: Any, UPLO: Any = "L", *, symmetrize_input: bool = True) -> Any: 
     return _low("eigvalsh", x, [w])[0]
 
 
-def cholesky(a: Any, /, *, upper: bool = False, symmetrize_input: bool = True) -> Any:
+def cholesky(a: Any, *, upper: bool = False, symmetrize_input: bool = True) -> Any:
     """`numpy.linalg.cholesky`: L lower triangular with L @ L^T = a (U = L^T when `upper`).
 
-    As JAX's: a is symmetrized first unless `symmetrize_input` is False (then
-    its lower triangle is read, as numpy). One `cholesky` op (LAPACK's potrf).
-    NaN for a matrix that is not positive definite, as JAX (numpy raises).
-    `pw.grad` differentiates it by JAX's rule.
+    As JAX's: a is symmetrized first unless `symmetrize_input` is False; then
+    its lower triangle is read, whatever `upper` (numpy's upper=True reads the
+    upper one). One `cholesky` op (LAPACK's potrf). NaN for a matrix that is
+    not positive definite, as JAX (numpy raises). `pw.grad` differentiates it
+    by JAX's rule. Called on concrete arrays only, numpy's own runs (which
+    reads one triangle and raises LinAlgError).
     """
     trace = _trace_of("cholesky", (a,), "pathways.numpy.linalg")
     if trace is None:
