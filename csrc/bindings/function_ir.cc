@@ -267,6 +267,12 @@ void RegisterFunctionIr(py::module_& m) {
       }, py::arg("x"),
          "The eigendecomposition of the symmetric matrices of x's lower triangles; returns "
          "the values of w and v.")
+      .def("qr", [](FunctionBuilder& b, int32_t x, bool full_matrices) {
+        ThrowIfBuilt(b, "qr");
+        return ValueOrThrow(b.QrResults(x, full_matrices));
+      }, py::arg("x"), py::arg("full_matrices"),
+         "The QR decomposition of each matrix of x's last two dims; returns the values of q "
+         "and r.")
       .def("cholesky", [](FunctionBuilder& b, int32_t x) {
         return ValueOrThrow(b.Cholesky(x));
       }, py::arg("x"))

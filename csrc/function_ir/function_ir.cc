@@ -258,6 +258,7 @@ void FunctionIr::AppendText(std::string* out, int indent) const {
         absl::StrAppend(&text, "[", op.index, "]");
         break;
       case OpKind::kSvd:
+      case OpKind::kQr:
         if (op.full_matrices) absl::StrAppend(&text, "[full_matrices]");
         break;
       case OpKind::kTriangularSolve:
@@ -1576,6 +1577,32 @@ absl::StatusOr<int32_t> FunctionBuilder::Cholesky(int32_t x) {
   const ValueType tx = type(x);
   PW_RETURN_IF_ERROR(CheckLapackMatrices("cholesky", tx, /*square=*/true));
   return AddOp(OpKind::kCholesky, {x}, tx);
+}
+
+absl::StatusOr<int32_t> FunctionBuilder::Qr(int32_t x, bool full_matrices) {
+  PW_RETURN_IF_ERROR(CheckValue(x, "qr"));
+  const ValueType tx = type(x);
+  PW_RETURN_IF_ERROR(CheckLapackMatrices("qr", tx, /*square=*/false));
+  const size_t rank = tx.dims.size();
+  const int64_t m = tx.dims[rank - 2];
+  const int64_t n = tx.dims[rank - 1];
+  const int64_t cols = full_matrices ? m : std::min(m, n);  // q's
+  Dims q(tx.dims.begin(), tx.dims.end() - 1);
+  q.push_back(cols);
+  Dims r(tx.dims.begin(), tx.dims.end() - 2);
+  r.push_back(cols);
+  r.push_back(n);
+  ValueType result;
+  result.elements.push_back(ValueType{tx.dtype, std::move(q)});
+  result.elements.push_back(ValueType{tx.dtype, std::move(r)});
+  Op op = MakeOp(OpKind::kQr, {x}, std::move(result));
+  op.full_matrices = full_matrices;
+  return Add(std::move(op));
+}
+
+absl::StatusOr<std::vector<int32_t>> FunctionBuilder::QrResults(int32_t x, bool full_matrices) {
+  PW_ASSIGN_OR_RETURN(const int32_t tuple, Qr(x, full_matrices));
+  return Elements(tuple);
 }
 
 absl::StatusOr<int32_t> FunctionBuilder::TriangularSolve(int32_t a, int32_t b, bool lower,

@@ -150,7 +150,7 @@ struct Op {
   int32_t num_carries = 0;
   int32_t num_xs = 0;
   int32_t index = 0;  // kGetElement only: which element of the tuple
-  bool full_matrices = false;  // kSvd only: square u and vt
+  bool full_matrices = false;  // kSvd: square u and vt; kQr: square q
   // kTriangularSolve only: a's triangle, unit diagonal, solve with a^T.
   bool lower = false;
   bool unit_diagonal = false;
@@ -508,6 +508,16 @@ class FunctionBuilder {
   // `x` (float32 or float64, square [..., n, n]); NaN for a matrix that is
   // not positive definite. InvalidArgument as Lu.
   absl::StatusOr<int32_t> Cholesky(int32_t x);
+
+  // The QR decomposition of each matrix of the last two dims of `x`
+  // (float32 or float64, [..., m, n]): the tuple (q, r) with x = q r, q's
+  // columns orthonormal, r upper triangular; q [..., m, k] and r [..., k, n]
+  // for k = min(m, n), or q [..., m, m] and r [..., m, n] when
+  // `full_matrices` (numpy's mode "complete"). NaN for a matrix with a NaN
+  // or inf. InvalidArgument as Svd.
+  absl::StatusOr<int32_t> Qr(int32_t x, bool full_matrices);
+  // Qr, then its two elements' values (q, r).
+  absl::StatusOr<std::vector<int32_t>> QrResults(int32_t x, bool full_matrices);
 
   // The axis size declared by SetAxisSize (0: none). The builder must not be
   // built yet.

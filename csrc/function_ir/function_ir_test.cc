@@ -1112,6 +1112,14 @@ TEST(FunctionBuilderLuTest, TypesItsTupleAndTheSolvesTheirResult) {
   auto eigh = b.Eigh(a);
   ASSERT_TRUE(eigh.ok()) << eigh.status();
   EXPECT_EQ(b.type(*eigh).ToString(), "(f64[2,3], f64[2,3,3])");
+  auto qr = b.Qr(r, false);
+  ASSERT_TRUE(qr.ok()) << qr.status();
+  EXPECT_EQ(b.type(*qr).ToString(), "(f64[2,3,3], f64[2,3,4])");
+  auto qr_full = b.Qr(b.Parameter(DType::kF32, {5, 2}), true);
+  ASSERT_TRUE(qr_full.ok()) << qr_full.status();
+  EXPECT_EQ(b.type(*qr_full).ToString(), "(f32[5,5], f32[5,2])");
+  ExpectInvalid(b.Qr(v, false).status(),
+                "qr: operand must have at least two dimensions (a matrix), got f64[3]");
   auto chol = b.Cholesky(a);
   ASSERT_TRUE(chol.ok()) << chol.status();
   EXPECT_EQ(b.type(*chol).ToString(), "f64[2,3,3]");

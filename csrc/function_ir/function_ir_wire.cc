@@ -192,6 +192,7 @@ void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
       out->set_index(op.index);
       break;
     case OpKind::kSvd:
+    case OpKind::kQr:
       out->set_full_matrices(op.full_matrices);
       break;
     case OpKind::kTriangularSolve:
@@ -390,6 +391,8 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
       return b.Eigh(operand(0));
     case OpKind::kCholesky:
       return b.Cholesky(operand(0));
+    case OpKind::kQr:
+      return b.Qr(operand(0), w.full_matrices());
     case OpKind::kTriangularSolve:
       return b.TriangularSolve(operand(0), operand(1), w.lower(), w.unit_diagonal(),
                                w.transpose_a());

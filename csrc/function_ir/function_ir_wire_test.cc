@@ -304,6 +304,11 @@ std::shared_ptr<const FunctionIr> ShapeFunction() {
   EXPECT_TRUE(eigh.ok());
   outs.insert(outs.end(), eigh->begin(), eigh->end());
   outs.push_back(Ok(b.Cholesky(square)));
+  for (bool complete : {false, true}) {
+    auto qr = b.QrResults(y, complete);  // f64[3,1,4]: wide matrices
+    EXPECT_TRUE(qr.ok());
+    outs.insert(outs.end(), qr->begin(), qr->end());
+  }
   return MustBuild(b, outs);
 }
 

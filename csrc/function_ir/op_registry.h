@@ -189,7 +189,12 @@ enum class TypeRule : uint8_t {
   /* Cholesky factor L (lower, L L^T = x) of the symmetric matrices whose lower        \
      triangles are those of float32/float64 square [..., n, n] (LAPACK's potrf); NaN   \
      where a matrix is not positive definite, as JAX */                                \
-  X(kCholesky, "cholesky", CHOLESKY, 1, kLinalg, kSame)
+  X(kCholesky, "cholesky", CHOLESKY, 1, kLinalg, kSame)                                \
+  /* QR decomposition of float32/float64 [..., m, n] (LAPACK's geqrf and orgqr): the   \
+     tuple (q [..., m, k] orthonormal columns, r [..., k, n] upper triangular),        \
+     k = min(m, n), or q [..., m, m] and r [..., m, n] when Op::full_matrices; NaN in  \
+     both for a matrix with a NaN or inf */                                            \
+  X(kQr, "qr", QR, 1, kLinalg, kOwn)
 
 enum class OpKind : uint8_t {
 #define PW_OP_ENUMERATOR(e, name, wire, arity, cls, rule) e,

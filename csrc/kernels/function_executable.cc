@@ -459,6 +459,9 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
         if (op.kind == OpKind::kSvd) {
           kernels::SvdMatrices(dtype, lp.batch, lp.m, lp.n, op.full_matrices, xs, e0, e1, e2,
                                workspace, lp.workspace_bytes);
+        } else if (op.kind == OpKind::kQr) {
+          kernels::QrMatrices(dtype, lp.batch, lp.m, lp.n, op.full_matrices, xs, e0, e1, workspace,
+                              lp.workspace_bytes);
         } else if (op.kind == OpKind::kEigh) {
           kernels::EighMatrices(dtype, lp.batch, lp.n, xs, e0, e1, workspace, lp.workspace_bytes);
         } else {

@@ -139,6 +139,8 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       plan.workspace_bytes = kernels::SvdWorkspaceBytes(in.dtype, plan.m, plan.n, op.full_matrices);
     } else if (op.kind == OpKind::kLu) {
       plan.workspace_bytes = kernels::LuWorkspaceBytes(in.dtype, plan.n);
+    } else if (op.kind == OpKind::kQr) {
+      plan.workspace_bytes = kernels::QrWorkspaceBytes(in.dtype, plan.m, plan.n, op.full_matrices);
     } else if (op.kind == OpKind::kEigh) {
       plan.workspace_bytes = kernels::EighWorkspaceBytes(in.dtype, plan.n);
     } else if (op.kind == OpKind::kTriangularSolve) {  // b's columns

@@ -32,6 +32,14 @@ void spotrf_(const char* uplo, const blasint* n, float* a, const blasint* lda, b
              size_t uplo_len);
 void dpotrf_(const char* uplo, const blasint* n, double* a, const blasint* lda, blasint* info,
              size_t uplo_len);
+void sgeqrf_(const blasint* m, const blasint* n, float* a, const blasint* lda, float* tau,
+             float* work, const blasint* lwork, blasint* info);
+void dgeqrf_(const blasint* m, const blasint* n, double* a, const blasint* lda, double* tau,
+             double* work, const blasint* lwork, blasint* info);
+void sorgqr_(const blasint* m, const blasint* n, const blasint* k, float* a, const blasint* lda,
+             const float* tau, float* work, const blasint* lwork, blasint* info);
+void dorgqr_(const blasint* m, const blasint* n, const blasint* k, double* a, const blasint* lda,
+             const double* tau, double* work, const blasint* lwork, blasint* info);
 void sgetrf_(const blasint* m, const blasint* n, float* a, const blasint* lda, blasint* ipiv,
              blasint* info);
 void dgetrf_(const blasint* m, const blasint* n, double* a, const blasint* lda, blasint* ipiv,
@@ -275,7 +283,121 @@ void CholeskyTyped(int64_t batch, int64_t n, const T* x, T* out) {
   }
 }
 
+void Geqrf(blasint m, blasint n, float* a, float* tau, float* work, blasint lwork, blasint* info) {
+  const blasint lda = std::max<blasint>(1, m);
+  sgeqrf_(&m, &n, a, &lda, tau, work, &lwork, info);
+}
+void Geqrf(blasint m, blasint n, double* a, double* tau, double* work, blasint lwork,
+           blasint* info) {
+  const blasint lda = std::max<blasint>(1, m);
+  dgeqrf_(&m, &n, a, &lda, tau, work, &lwork, info);
+}
+void Orgqr(blasint m, blasint n, blasint k, float* a, const float* tau, float* work,
+           blasint lwork, blasint* info) {
+  const blasint lda = std::max<blasint>(1, m);
+  sorgqr_(&m, &n, &k, a, &lda, tau, work, &lwork, info);
+}
+void Orgqr(blasint m, blasint n, blasint k, double* a, const double* tau, double* work,
+           blasint lwork, blasint* info) {
+  const blasint lda = std::max<blasint>(1, m);
+  dorgqr_(&m, &n, &k, a, &lda, tau, work, &lwork, info);
+}
+
+// The QR workspace, in elements: the column-major matrix (m x max(n, c)),
+// tau (k), then the work array (the larger of geqrf's and orgqr's answers to
+// a workspace query, and at least their documented minimums).
+struct QrLayout {
+  int64_t a, tau, work;
+};
+
+template <typename T>
+QrLayout QrSizes(int64_t m, int64_t n, bool full) {
+  const int64_t k = std::min(m, n);
+  const int64_t c = full ? m : k;
+  QrLayout sizes{m * std::max(n, c), k, std::max<int64_t>({1, n, c})};
+  if (k > 0) {
+    T query = 0;
+    blasint info = 0;
+    Geqrf(static_cast<blasint>(m), static_cast<blasint>(n), static_cast<T*>(nullptr),
+          static_cast<T*>(nullptr), &query, -1, &info);
+    if (info == 0) sizes.work = std::max(sizes.work, static_cast<int64_t>(query) + 1);
+    Orgqr(static_cast<blasint>(m), static_cast<blasint>(c), static_cast<blasint>(k),
+          static_cast<T*>(nullptr), static_cast<T*>(nullptr), &query, -1, &info);
+    if (info == 0) sizes.work = std::max(sizes.work, static_cast<int64_t>(query) + 1);
+  }
+  return sizes;
+}
+
+template <typename T>
+void QrTyped(int64_t batch, int64_t m, int64_t n, bool full, const T* x, T* q, T* r,
+             uint8_t* workspace, int64_t workspace_bytes) {
+  const int64_t k = std::min(m, n);
+  const int64_t c = full ? m : k;
+  const QrLayout sizes = QrSizes<T>(m, n, full);
+  const int64_t esize = static_cast<int64_t>(sizeof(T));
+  T* a = reinterpret_cast<T*>(workspace);
+  T* tau = reinterpret_cast<T*>(workspace + RoundUp(sizes.a * esize));
+  T* work = reinterpret_cast<T*>(workspace + RoundUp(sizes.a * esize) + RoundUp(sizes.tau * esize));
+  const int64_t work_length =
+      (workspace_bytes - RoundUp(sizes.a * esize) - RoundUp(sizes.tau * esize)) / esize;
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* xb = x + b * m * n;
+    T* qb = q + b * m * c;
+    T* rb = r + b * c * n;
+    bool finite = true;
+    for (int64_t i = 0; i < m * n && finite; ++i) finite = std::isfinite(xb[i]);
+    if (!finite) {
+      std::fill(qb, qb + m * c, std::numeric_limits<T>::quiet_NaN());
+      std::fill(rb, rb + c * n, std::numeric_limits<T>::quiet_NaN());
+      continue;
+    }
+    for (int64_t i = 0; i < m; ++i) {  // column-major, m rows
+      for (int64_t j = 0; j < n; ++j) a[i + j * m] = xb[i * n + j];
+    }
+    blasint info = 0;
+    if (k > 0) {
+      Geqrf(static_cast<blasint>(m), static_cast<blasint>(n), a, tau, work,
+            static_cast<blasint>(work_length), &info);
+    }
+    for (int64_t i = 0; i < c; ++i) {  // r: on and above the diagonal of the factored a
+      for (int64_t j = 0; j < n; ++j) rb[i * n + j] = i <= j && i < k ? a[i + j * m] : T(0);
+    }
+    if (c > 0 && m > 0) {
+      if (k > 0) {
+        Orgqr(static_cast<blasint>(m), static_cast<blasint>(c), static_cast<blasint>(k), a, tau,
+              work, static_cast<blasint>(work_length), &info);
+      } else {  // no reflectors: the identity
+        std::fill(a, a + m * c, T(0));
+        for (int64_t i = 0; i < std::min(m, c); ++i) a[i + i * m] = T(1);
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < c; ++j) qb[i * c + j] = a[i + j * m];
+    }
+  }
+}
+
 }  // namespace
+
+int64_t QrWorkspaceBytes(DType dtype, int64_t m, int64_t n, bool full_matrices) {
+  const QrLayout sizes = dtype == DType::kF32 ? QrSizes<float>(m, n, full_matrices)
+                                              : QrSizes<double>(m, n, full_matrices);
+  const int64_t esize = DTypeSize(dtype);
+  return RoundUp(sizes.a * esize) + RoundUp(sizes.tau * esize) + RoundUp(sizes.work * esize);
+}
+
+void QrMatrices(DType dtype, int64_t batch, int64_t m, int64_t n, bool full_matrices,
+                const void* x, void* q, void* r, void* workspace, int64_t workspace_bytes) {
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  if (dtype == DType::kF32) {
+    QrTyped(batch, m, n, full_matrices, static_cast<const float*>(x), static_cast<float*>(q),
+            static_cast<float*>(r), ws, workspace_bytes);
+  } else {
+    PW_DCHECK(dtype == DType::kF64, "qr of float32 or float64 only");
+    QrTyped(batch, m, n, full_matrices, static_cast<const double*>(x), static_cast<double*>(q),
+            static_cast<double*>(r), ws, workspace_bytes);
+  }
+}
 
 int64_t EighWorkspaceBytes(DType dtype, int64_t n) {
   const int64_t esize = DTypeSize(dtype);

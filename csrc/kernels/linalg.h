@@ -4,7 +4,7 @@
 // The kernels of the linear algebra ops (kLinalg), each over a batch of
 // row-major matrices, through OpenBLAS's LAPACK and BLAS as numpy's and
 // JAX's on CPU: kSvd (gesdd), kLu (getrf), kTriangularSolve (trsm), kEigh
-// (syevd) and kCholesky (potrf).
+// (syevd), kCholesky (potrf) and kQr (geqrf, orgqr).
 //
 // kSvd: the singular value decomposition of each matrix, by LAPACK's
 // divide-and-conquer gesdd.
@@ -78,6 +78,19 @@ void EighMatrices(DType dtype, int64_t batch, int64_t n, const void* x, void* w,
 // `out` (not overlapping x); a matrix that is not positive definite (or has
 // a NaN) gets NaN. LAPACK's potrf in place on out.
 void CholeskyMatrices(DType dtype, int64_t batch, int64_t n, const void* x, void* out);
+
+// kQr: each matrix transposed into the workspace (column-major), geqrf,
+// r copied out, orgqr to form q there, q transposed out.
+int64_t QrWorkspaceBytes(DType dtype, int64_t m, int64_t n, bool full_matrices);
+
+// For each of `batch` row-major m x n matrices of `dtype` (float32 or
+// float64) at `x`, with k = min(m, n) and c = m if `full_matrices` else k:
+// writes q (m x c, orthonormal columns) and r (c x n, upper triangular),
+// each contiguous over the batch; NaN in both for a matrix with a NaN or inf.
+// `workspace` holds `workspace_bytes` = QrWorkspaceBytes(...) bytes, 64-byte
+// aligned.
+void QrMatrices(DType dtype, int64_t batch, int64_t m, int64_t n, bool full_matrices,
+                const void* x, void* q, void* r, void* workspace, int64_t workspace_bytes);
 
 }  // namespace pw::kernels
 

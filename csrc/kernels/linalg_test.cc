@@ -399,3 +399,62 @@ TEST(CholeskyTest, FactorsPositiveDefiniteMatricesAndGivesNaNOtherwise) {
 
 }  // namespace
 }  // namespace pw::kernels
+
+namespace pw::kernels {
+namespace {
+
+template <typename T>
+void ExpectQr(int64_t batch, int64_t m, int64_t n, bool full, double tol) {
+  SCOPED_TRACE(testing::Message() << "m=" << m << " n=" << n << " full=" << full
+                                  << " bytes=" << sizeof(T));
+  const DType dtype = sizeof(T) == 4 ? DType::kF32 : DType::kF64;
+  const int64_t k = std::min(m, n);
+  const int64_t c = full ? m : k;
+  const std::vector<T> x = Random<T>(batch * m * n, static_cast<uint32_t>(m * 7 + n));
+  std::vector<T> q(static_cast<size_t>(batch * m * c), T(-7)), r(static_cast<size_t>(batch * c * n), T(-7));
+  const int64_t bytes = QrWorkspaceBytes(dtype, m, n, full);
+  std::vector<Block> workspace(static_cast<size_t>(bytes / 64 + 1));
+  QrMatrices(dtype, batch, m, n, full, x.data(), q.data(), r.data(), workspace.data(), bytes);
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* qb = q.data() + b * m * c;
+    const T* rb = r.data() + b * c * n;
+    for (int64_t i = 0; i < c; ++i) {
+      for (int64_t j = 0; j < std::min(i, n); ++j) EXPECT_EQ(rb[i * n + j], 0) << i << "," << j;
+    }
+    for (int64_t i = 0; i < m; ++i) {  // q r = x
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (int64_t p = 0; p < c; ++p) sum += double{qb[i * c + p]} * rb[p * n + j];
+        EXPECT_NEAR(sum, x[b * m * n + i * n + j], tol) << i << "," << j;
+      }
+    }
+    for (int64_t p = 0; p < c; ++p) {  // q^T q = I
+      for (int64_t s = 0; s < c; ++s) {
+        double dot = 0;
+        for (int64_t i = 0; i < m; ++i) dot += double{qb[i * c + p]} * qb[i * c + s];
+        EXPECT_NEAR(dot, p == s ? 1.0 : 0.0, tol) << p << "," << s;
+      }
+    }
+  }
+}
+
+TEST(QrTest, FactorsEveryShapeReducedAndComplete) {
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{1, 1}, {4, 4}, {6, 3}, {3, 6}, {5, 1}, {1, 5},
+                      {0, 3}, {3, 0}, {0, 0}}) {
+    for (bool full : {false, true}) {
+      ExpectQr<double>(2, m, n, full, 1e-12);
+      ExpectQr<float>(2, m, n, full, 2e-5);
+    }
+  }
+  // A NaN: NaN in both, for that matrix only.
+  std::vector<double> x = {1, 2, 3, 4, std::nan(""), 1, 1, 1};
+  std::vector<double> q(8), r(8);
+  const int64_t bytes = QrWorkspaceBytes(DType::kF64, 2, 2, false);
+  std::vector<Block> workspace(static_cast<size_t>(bytes / 64 + 1));
+  QrMatrices(DType::kF64, 2, 2, 2, false, x.data(), q.data(), r.data(), workspace.data(), bytes);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(std::isfinite(q[i]) && std::isfinite(r[i])) << i;
+  for (int i = 4; i < 8; ++i) EXPECT_TRUE(std::isnan(q[i]) && std::isnan(r[i])) << i;
+}
+
+}  // namespace
+}  // namespace pw::kernels

@@ -278,6 +278,8 @@ _define("lu", lambda b, x: b.lu(x), multiple_results=True)
 _define("eigh", lambda b, x: b.eigh(x), multiple_results=True)
 # The Cholesky factor L (L L^T = x) of the symmetric matrices of x's lower triangles.
 _define("cholesky", lambda b, x: b.cholesky(x))
+# The QR decomposition: q, r (square q when full_matrices; LAPACK's geqrf, orgqr).
+_define("qr", lambda b, x, full_matrices: b.qr(x, full_matrices), multiple_results=True)
 # x with op(a) x = b, a triangular (BLAS's trsm).
 _define("triangular_solve", lambda b, a, rhs, lower, unit_diagonal, transpose_a: b.triangular_solve(
     a, rhs, lower, unit_diagonal, transpose_a))

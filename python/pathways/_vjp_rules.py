@@ -801,6 +801,34 @@ def _cholesky_vjp(ct, ops, out, params, needs):
     return [_lower_read(g)]
 
 
+@_rule("qr")
+def _qr_vjp(cts, ops, out, params, needs):
+    """x = q r (m >= n, q m x n, r n x n upper): JAX's rule (X = q^T dx r^-1, L = tril(X, -1),
+    W = L - L^T, dq = q (W - X) + dx r^-1, dr = (X - W) r) transposed:
+    dx = (dq + q C) r^-T with M = q^T dq - dr r^T and C = tril(M - M^T, -1) - M.
+    As JAX, wide matrices and square q of tall ones have no rule. A singular r gives infinities."""
+    (x,) = ops
+    if not needs[0]:
+        return [None]
+    m, n = x.shape[-2:]
+    if m < n or (params["full_matrices"] and m != n):
+        raise NotImplementedError(
+            f"differentiation of pathways.numpy.linalg.qr of {x.aval}: only matrices with at "
+            "least as many rows as columns, and mode='reduced' unless square (JAX has the same "
+            "limits)")
+    ct_q, ct_r = cts
+    q, r = out
+    trace = x._trace
+    if ct_q is None:
+        ct_q = trace.constant(np.zeros(q.shape, q.dtype), None)
+    mm = _swap_last(q) @ ct_q
+    if ct_r is not None:
+        mm = mm - ct_r @ _swap_last(r)
+    c = _triangle(mm - _swap_last(mm), True, True) - mm
+    y = ct_q + q @ c
+    return [_swap_last(_trsm(r, _swap_last(y), False, False, False))]  # y r^-T = (r^-1 y^T)^T
+
+
 @_rule("lu")
 def _lu_vjp(cts, ops, out, params, needs):
     """x[perm] = L U: JAX's rule (X = L^-1 x[perm] U^-1, dL = L tril(X, -1), dU = triu(X) U)

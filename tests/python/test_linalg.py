@@ -1,6 +1,6 @@
 """pathways.numpy.linalg: svd and what is built from it (svdvals, the matrix 2-norm, -2-norm
 and nuclear norm, matrix_rank), the LU decomposition and what is built from it (solve, inv,
-det, slogdet), eigh, eigvalsh, cholesky, cond, vector_norm and matrix_norm: against numpy per device over shapes,
+det, slogdet), eigh, eigvalsh, cholesky, qr, cond, vector_norm and matrix_norm: against numpy per device over shapes,
 batches, dtypes, empty, singular and non-finite matrices, and gradients against JAX's.
 """
 
@@ -464,6 +464,63 @@ def test_second_review_cases(tpus2):
     assert u.shape == (2, 4, 3)
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (4, 4), (6, 3), (3, 6), (2, 5, 2), (0, 3), (3, 0)], ids=str)
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_qr_like_numpy(tpus2, shape, mode, dtype):
+    a = batch(shape, dtype)
+    got = per_device(tpus2, lambda m: tuple(pnp.linalg.qr(m, mode)) if mode != "r" else pnp.linalg.qr(m, mode), a)
+    want = np.linalg.qr(a, mode)
+    tol = 1e-12 if dtype == np.float64 else 3e-5
+    if mode == "r":
+        assert got.dtype == dtype
+        np.testing.assert_allclose(np.abs(got), np.abs(want), rtol=tol, atol=tol)  # signs: LAPACK's
+        return
+    q, r = got
+    assert q.dtype == r.dtype == dtype and q.shape == want.Q.shape and r.shape == want.R.shape
+    np.testing.assert_allclose(q @ r, a, atol=tol * 10)
+    np.testing.assert_allclose(np.swapaxes(q, -1, -2) @ q, np.broadcast_to(np.eye(q.shape[-1]), q.shape[:-2] + (q.shape[-1],) * 2),
+                               atol=tol * 10)
+    assert np.all(np.tril(r, -1) == 0)
+    np.testing.assert_allclose(np.abs(r), np.abs(want.R), rtol=tol, atol=tol * 10)
+
+
+def test_qr_result_dtypes_and_non_finite(tpus2):
+    r = per_device(tpus2, lambda m: pnp.linalg.qr(m), batch((3, 2)))
+    assert isinstance(pnp.linalg.qr(np.eye(2)), tuple)  # concrete: numpy's QRResult
+    xi = RNG.integers(-3, 3, size=(2, 3, 2)).astype(np.int32)
+    q, r = per_device(tpus2, lambda m: tuple(pnp.linalg.qr(m)), xi)
+    assert q.dtype == np.float64
+    np.testing.assert_allclose(q @ r, xi, atol=1e-12)
+    xb = batch((3, 2)).astype(ml_dtypes.bfloat16)
+    q, r = per_device(tpus2, lambda m: tuple(pnp.linalg.qr(m)), xb)
+    assert q.dtype == r.dtype == ml_dtypes.bfloat16
+    x = batch((2, 3, 2))
+    x[1, 0, 2, 1] = np.inf
+    q, r = per_device(tpus2, lambda m: tuple(pnp.linalg.qr(m)), x)
+    assert np.isnan(q[1, 0]).all() and np.isnan(r[1, 0]).all() and np.isfinite(q[1, 1]).all()
+
+
+@pytest.mark.parametrize("shape, mode", [((5, 3), "reduced"), ((4, 4), "reduced"), ((4, 4), "complete"),
+                                         ((2, 6, 2), "reduced"), ((5, 3), "r")], ids=str)
+def test_qr_gradients_equal_jax(tpus2, jax64, shape, mode):
+    jax = jax64
+    a = batch(shape)
+    w = RNG.standard_normal((6, 6))
+
+    def f(lib, m):
+        out = lib.linalg.qr(m, mode)
+        if mode == "r":  # r's signs are LAPACK's in both, and the same
+            return (out * w[: out.shape[-2], : out.shape[-1]]).sum()
+        q, r = out
+        # A function of the signs' pairs q[:, i] r[i, :] only: the same whatever the signs.
+        return ((q[..., :, :1] @ r[..., :1, :]) * w[: q.shape[-2], : r.shape[-1]]).sum() + ((q * q) * w[: q.shape[-2], : q.shape[-1]]).sum() + ((r * r) * w[: r.shape[-2], : r.shape[-1]]).sum()
+
+    got = per_device(tpus2, pw.grad(lambda m: f(pnp, m)), a)
+    want = np.asarray(jax.vmap(jax.grad(lambda m: f(jax.numpy, m)))(a))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
+
+
 # --- Gradients, against JAX's -----------------------------------------------------------
 
 
@@ -586,7 +643,10 @@ ERRORS = [
     (lambda a: pnp.linalg.inv(a), ValueError, "inv: a must be square matrices"),
     (lambda a: pnp.linalg.det(a[0]), ValueError, "det: a must have at least two dimensions"),
     (lambda a: pnp.linalg.slogdet(a), ValueError, "slogdet: a must be square matrices"),
-    (lambda a: np.linalg.qr(a), pw.TracerError, "pathways.numpy.linalg has no qr"),
+    (lambda a: np.linalg.pinv(a), pw.TracerError, "pathways.numpy.linalg has no pinv"),
+    (lambda a: pnp.linalg.qr(a, "raw"), ValueError, "qr: mode must be 'reduced', 'complete' or 'r', got 'raw'"),
+    (lambda a: pw.grad(lambda b: pnp.linalg.qr(b)[1].sum())(a), NotImplementedError,
+     "differentiation of pathways.numpy.linalg.qr of f64[3,4]: only matrices with at least as many rows"),
     (lambda a: pnp.linalg.eigh(a), ValueError, "eigh: a must be square matrices [..., n, n], got f64[3,4]"),
     (lambda a: pnp.linalg.eigh(a[:, :3], UPLO="X"), ValueError, "eigh: UPLO must be 'L' or 'U', got 'X'"),
     (lambda a: pnp.linalg.cholesky(a[:, :3], upper=None), TypeError, "cholesky: upper must be a bool"),

@@ -260,9 +260,9 @@ def test_the_control_primitives_record_a_scan_and_its_elements(tpus2):
         PRIMITIVES["get_element"].emit(f, y, 0)
 
 
-def test_svd_lu_and_eigh_bind_to_their_elements(tpus2):
-    """svd, lu and eigh record one op each, whose tuple get_element ops take apart, and bind
-    to its elements (u, s, vt; lu, pivots, permutation; w, v)."""
+def test_svd_lu_eigh_and_qr_bind_to_their_elements(tpus2):
+    """svd, lu, eigh and qr record one op each, whose tuple get_element ops take apart, and
+    bind to its elements (u, s, vt; lu, pivots, permutation; w, v; q, r)."""
     for full, shapes in ((False, [(4, 3), (3,), (3, 3)]), (True, [(4, 4), (3,), (3, 3)])):
         results = []
 
@@ -299,6 +299,16 @@ def test_svd_lu_and_eigh_bind_to_their_elements(tpus2):
     assert [r.shape for r in results[0]] == [(3,), (3, 3)]
     assert output_op(text) == "get_element[1]" and "= eigh %" in text, text
     assert PRIMITIVES["eigh"].vjp is not None and PRIMITIVES["eigh"].multiple_results
+    results = []
+
+    def qr(x):
+        results.append(bind(_state.function, "qr", (x,), full_matrices=True))
+        return results[-1][0]
+
+    text, dtype = traced(tpus2, qr, [("float64", (4, 3))])
+    assert [r.shape for r in results[0]] == [(4, 4), (4, 3)]
+    assert output_op(text) == "get_element[0]" and "= qr[full_matrices] %" in text, text
+    assert PRIMITIVES["qr"].vjp is not None and PRIMITIVES["qr"].multiple_results
     f = _core.FunctionBuilder("f", "")
     with pytest.raises(ValueError, match="svd: operand must be float32 or float64, got i32"):
         PRIMITIVES["svd"].emit(f, f.parameter("int32", [3, 3]), full_matrices=False)

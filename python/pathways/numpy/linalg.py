@@ -8,8 +8,8 @@ and the LU decomposition with partial pivoting (with triangular solves:
 `solve`, `inv`, `det`, `slogdet`, `cond` for the other orders); and the norms
 built from reductions (`norm`, `vector_norm`, `matrix_norm`); and for
 symmetric matrices `eigh`, `eigvalsh` (LAPACK's syevd) and `cholesky`
-(potrf). `pw.grad` differentiates through all of them (by JAX's rules).
-eig, eigvals, qr, lstsq and pinv are not here yet.
+(potrf); `qr` (geqrf, orgqr). `pw.grad` differentiates through all of them
+(by JAX's rules). eig, eigvals, lstsq and pinv are not here yet.
 
 Integer and bool matrices compute in float64, bfloat16 ones in float32 with
 the results rounded back (LAPACK has no bfloat16). Where numpy raises
@@ -39,9 +39,9 @@ from pathways.numpy._shapes import broadcast_to as _broadcast_to
 from pathways.numpy._shapes import reshape as _reshape
 from pathways.numpy._shapes import transpose as _transpose
 
-__all__ = ["EighResult", "SVDResult", "SlogdetResult", "cholesky", "cond", "det", "eigh", "eigvalsh",
-           "inv", "matrix_norm", "matrix_rank", "norm", "slogdet", "solve", "svd", "svdvals",
-           "vector_norm"]
+__all__ = ["EighResult", "QRResult", "SVDResult", "SlogdetResult", "cholesky", "cond", "det", "eigh",
+           "eigvalsh", "inv", "matrix_norm", "matrix_rank", "norm", "qr", "slogdet", "solve", "svd",
+           "svdvals", "vector_norm"]
 
 _INF = float("inf")
 _MATRIX_ORDERS = (1, -1, 2, -2, _INF, -_INF)
@@ -577,3 +577,39 @@ def cholesky(a: Any, *, upper: bool = False, symmetrize_input: bool = True) -> A
     low = _bind(trace, "cholesky", (x.astype(_np.float32) if x.dtype == _ml_dtypes.bfloat16 else x,))
     out = _low("cholesky", x, [low])[0]
     return _swap(out) if upper else out
+
+
+# --- QR -------------------------------------------------------------------------------------
+
+
+class QRResult(NamedTuple):
+    """`qr`'s result, as numpy's and JAX's: unpacks as `q, r`."""
+
+    Q: Any
+    R: Any
+
+
+def qr(a: Any, mode: str = "reduced") -> Any:
+    """`numpy.linalg.qr`: a = q @ r per matrix, q's columns orthonormal, r upper triangular.
+
+    `mode` "reduced" (q (..., m, k), r (..., k, n), k = min(m, n)), "complete"
+    (q (..., m, m), r (..., m, n)) or "r" (r alone, as "reduced"'s); numpy's
+    "raw" (Householder reflectors) is refused, as JAX refuses it. One `qr` op
+    (LAPACK's geqrf and orgqr; the signs are LAPACK's, as numpy's). `pw.grad`
+    differentiates it by JAX's rule, which covers matrices with at least as
+    many rows as columns, and "complete" only when square. NaN for a matrix
+    with a NaN or inf.
+
+    Returns:
+      `QRResult(Q, R)` (unpacks as `q, r`), or r alone for mode "r".
+    """
+    trace, x = _matrices("qr", a)
+    if trace is None:
+        return _np.linalg.qr(a, mode=mode)
+    if mode not in ("reduced", "complete", "r"):
+        raise ValueError(f"qr: mode must be 'reduced', 'complete' or 'r', got {mode!r}")
+    low = x.dtype == _ml_dtypes.bfloat16
+    q, r = _bind(trace, "qr", (x.astype(_np.float32) if low else x,),
+                 full_matrices=mode == "complete")
+    q, r = _low("qr", x, [q, r])
+    return r if mode == "r" else QRResult(q, r)
