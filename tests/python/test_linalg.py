@@ -1,6 +1,6 @@
 """pathways.numpy.linalg: svd and what is built from it (svdvals, the matrix 2-norm, -2-norm
 and nuclear norm, matrix_rank), the LU decomposition and what is built from it (solve, inv,
-det, slogdet), eigh, eigvalsh, cholesky, qr, cond, vector_norm and matrix_norm: against numpy per device over shapes,
+det, slogdet), eigh, eigvalsh, cholesky, qr, pinv, lstsq, cond, vector_norm and matrix_norm: against numpy per device over shapes,
 batches, dtypes, empty, singular and non-finite matrices, and gradients against JAX's.
 """
 
@@ -521,6 +521,65 @@ def test_qr_gradients_equal_jax(tpus2, jax64, shape, mode):
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4), (2, 3, 3), (1, 1), (0, 3), (3, 0)], ids=str)
+def test_pinv_like_numpy(tpus2, shape):
+    a = batch(shape)
+    np.testing.assert_allclose(per_device(tpus2, pnp.linalg.pinv, a), np.linalg.pinv(a), rtol=1e-10,
+                               atol=1e-12)
+    # Rank-deficient, with tolerances per matrix; hermitian symmetrizes.
+    low = batch((4, 1)) @ batch((1, 3))
+    np.testing.assert_allclose(per_device(tpus2, pnp.linalg.pinv, low), np.linalg.pinv(low), rtol=1e-10,
+                               atol=1e-12)
+    got = per_device(tpus2, lambda m: pnp.linalg.pinv(m, rcond=np.array([0.5, 1e-9])), batch((2, 4, 3)))
+    assert got.shape == (2, 2, 3, 4)
+    sym = symmetric((3, 3))
+    np.testing.assert_allclose(per_device(tpus2, lambda m: pnp.linalg.pinv(m, hermitian=True), sym),
+                               np.linalg.pinv(sym, hermitian=True), rtol=1e-10, atol=1e-12)
+
+
+def test_lstsq_like_numpy(tpus2):
+    a, b, v = batch((6, 3)), batch((6, 2)), batch((6,))
+    x, resid, rank, s = per_device(tpus2, lambda m, r: pnp.linalg.lstsq(m, r), a, b)
+    for i in range(2):
+        want = np.linalg.lstsq(a[i], b[i])
+        np.testing.assert_allclose(x[i], want[0], rtol=1e-10)
+        np.testing.assert_allclose(resid[i], want[1], rtol=1e-10)
+        assert rank[i] == want[2] and rank.dtype == np.int32
+        np.testing.assert_allclose(s[i], want[3], rtol=1e-12)
+    x, resid, rank, s = per_device(tpus2, lambda m, r: pnp.linalg.lstsq(m, r), a, v)
+    want = np.linalg.lstsq(a[0], v[0])
+    np.testing.assert_allclose(x[0], want[0], rtol=1e-10)
+    np.testing.assert_allclose(resid[0], want[1], rtol=1e-10)
+    # Wide and rank-deficient: the minimum-norm solution; residuals as JAX's, always given.
+    wide = batch((2, 1)) @ batch((1, 4))
+    rhs = batch((2,))
+    x, resid, rank, s = per_device(tpus2, lambda m, r: pnp.linalg.lstsq(m, r), wide, rhs)
+    for i in range(2):
+        np.testing.assert_allclose(x[i], np.linalg.lstsq(wide[i], rhs[i])[0], rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(resid[i], [np.sum((rhs[i] - wide[i] @ x[i]) ** 2)], rtol=1e-8, atol=1e-12)
+    np.testing.assert_array_equal(rank, [1, 1])
+    assert resid.shape == (2, 1)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (3, 3)], ids=str)
+def test_pinv_and_lstsq_gradients_equal_jax(tpus2, jax64, shape):
+    jax = jax64
+    jnp = jax.numpy
+    a = batch(shape)
+    w = RNG.standard_normal(shape[::-1])
+    got = per_device(tpus2, pw.grad(lambda m: (pnp.linalg.pinv(m) * w).sum()), a)
+    want = np.asarray(jax.vmap(jax.grad(lambda m: (jnp.linalg.pinv(m) * w).sum()))(a))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    eye = np.stack([np.eye(3)] * 2)  # repeated singular values: finite, as JAX's
+    got = per_device(tpus2, pw.grad(lambda m: (pnp.linalg.pinv(m) * w[:3, :3]).sum()), eye)
+    want = np.asarray(jax.vmap(jax.grad(lambda m: (jnp.linalg.pinv(m) * w[:3, :3]).sum()))(eye))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    b = batch((shape[0], 2))
+    got = per_device(tpus2, pw.grad(lambda m, r: (pnp.linalg.lstsq(m, r)[0] * w[:, :2]).sum()), a, b)
+    want = np.asarray(jax.vmap(jax.grad(lambda m, r: (jnp.linalg.lstsq(m, r)[0] * w[:, :2]).sum()))(a, b))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
 # --- Gradients, against JAX's -----------------------------------------------------------
 
 
@@ -643,7 +702,11 @@ ERRORS = [
     (lambda a: pnp.linalg.inv(a), ValueError, "inv: a must be square matrices"),
     (lambda a: pnp.linalg.det(a[0]), ValueError, "det: a must have at least two dimensions"),
     (lambda a: pnp.linalg.slogdet(a), ValueError, "slogdet: a must be square matrices"),
-    (lambda a: np.linalg.pinv(a), pw.TracerError, "pathways.numpy.linalg has no pinv"),
+    (lambda a: np.linalg.matrix_power(a, 2), pw.TracerError, "pathways.numpy.linalg has no matrix_power"),
+    (lambda a: pnp.linalg.pinv(a, rtol=0.1, rcond=0.1), ValueError, "pinv: only one of rtol and rcond may be given"),
+    (lambda a: pnp.linalg.pinv(a, rtol=np.ones(3)), ValueError, "pinv: rtol f64[3] does not broadcast"),
+    (lambda a: pnp.linalg.lstsq(a[None], a), ValueError, "lstsq: a must be a matrix (2-d), got f64[1,3,4]"),
+    (lambda a: pnp.linalg.lstsq(a, a[:2]), ValueError, "lstsq: b must be (m,) or (m, k) with a's m = 3 rows"),
     (lambda a: pnp.linalg.qr(a, "raw"), ValueError, "qr: mode must be 'reduced', 'complete' or 'r', got 'raw'"),
     (lambda a: pw.grad(lambda b: pnp.linalg.qr(b)[1].sum())(a), NotImplementedError,
      "differentiation of pathways.numpy.linalg.qr of f64[3,4]: only matrices with at least as many rows"),
@@ -659,6 +722,8 @@ ERRORS = [
      "matrix_rank: tol and rtol cannot both be given"),
     (lambda a: pnp.linalg.matrix_rank(pnp.broadcast_to(a, (2, 3, 4)), tol=np.ones(5)), ValueError,
      "matrix_rank: tol f64[5] does not broadcast against the matrices' batch dims (2,)"),
+    (lambda a: pnp.linalg.matrix_rank(a, rtol=np.ones(2)), ValueError,
+     "matrix_rank: rtol f64[2] does not broadcast against the matrices' batch dims ()"),
     (lambda a: pnp.linalg.cond(a[0]), ValueError, "cond: x must have at least two dimensions"),
     (lambda a: pw.grad(lambda b: pnp.linalg.svd(b)[0].sum())(a), NotImplementedError,
      "differentiation through u or vt of pathways.numpy.linalg.svd(full_matrices=True) of a "

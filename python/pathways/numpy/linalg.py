@@ -9,7 +9,8 @@ and the LU decomposition with partial pivoting (with triangular solves:
 built from reductions (`norm`, `vector_norm`, `matrix_norm`); and for
 symmetric matrices `eigh`, `eigvalsh` (LAPACK's syevd) and `cholesky`
 (potrf); `qr` (geqrf, orgqr). `pw.grad` differentiates through all of them
-(by JAX's rules). eig, eigvals, lstsq and pinv are not here yet.
+(by JAX's rules); from the svd also `pinv` and `lstsq`. eig and eigvals
+(complex results) are not here.
 
 Integer and bool matrices compute in float64, bfloat16 ones in float32 with
 the results rounded back (LAPACK has no bfloat16). Where numpy raises
@@ -40,8 +41,8 @@ from pathways.numpy._shapes import reshape as _reshape
 from pathways.numpy._shapes import transpose as _transpose
 
 __all__ = ["EighResult", "QRResult", "SVDResult", "SlogdetResult", "cholesky", "cond", "det", "eigh",
-           "eigvalsh", "inv", "matrix_norm", "matrix_rank", "norm", "qr", "slogdet", "solve", "svd",
-           "svdvals", "vector_norm"]
+           "eigvalsh", "inv", "lstsq", "matrix_norm", "matrix_rank", "norm", "pinv", "qr", "slogdet",
+           "solve", "svd", "svdvals", "vector_norm"]
 
 _INF = float("inf")
 _MATRIX_ORDERS = (1, -1, 2, -2, _INF, -_INF)
@@ -295,21 +296,12 @@ def matrix_rank(A: Any, tol: Any = None, hermitian: bool = False, *, rtol: Any =
     if s.shape[-1] == 0:
         return (s > 0).sum(axis=-1).astype(_np.int32)
 
-    def per_matrix(param: str, t: Any) -> Any:  # a tolerance per matrix, against its row of s
-        t = _operand(trace, t)
-        try:
-            _np.broadcast_shapes(t.shape, s.shape[:-1])
-        except ValueError:
-            raise ValueError(f"matrix_rank: {param} {t.aval} does not broadcast against the "
-                             f"matrices' batch dims {s.shape[:-1]}") from None
-        return t[..., None] if t.ndim else t
-
     if tol is None:
         if rtol is None:
             rtol = max(a.shape[-2:]) * _ml_dtypes.finfo(s.dtype).eps
-        tol = s.max(axis=-1, keepdims=True) * per_matrix("rtol", rtol)
+        tol = s.max(axis=-1, keepdims=True) * _per_matrix(trace, "matrix_rank", "rtol", rtol, s.shape[:-1])
     else:
-        tol = per_matrix("tol", tol)
+        tol = _per_matrix(trace, "matrix_rank", "tol", tol, s.shape[:-1])
     return (s > tol).sum(axis=-1).astype(_np.int32)
 
 
@@ -613,3 +605,135 @@ def qr(a: Any, mode: str = "reduced") -> Any:
                  full_matrices=mode == "complete")
     q, r = _low("qr", x, [q, r])
     return r if mode == "r" else QRResult(q, r)
+
+
+# --- From the singular values: pinv, lstsq -------------------------------------------------
+
+
+def _per_matrix(trace: Any, name: str, param: str, value: Any, batch: tuple) -> Any:
+    """A tolerance given per matrix (a scalar, or an array of the batch dims), as a traced
+    value that broadcasts against the rows of singular values (batch + (1,))."""
+    t = _operand(trace, value)
+    try:
+        fits = _np.broadcast_shapes(t.shape, batch) == tuple(batch)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{name}: {param} {t.aval} does not broadcast against the matrices' "
+                         f"batch dims {batch}")
+    return t[..., None] if t.ndim else t
+
+
+def pinv(a: Any, rtol: Any = None, hermitian: bool = False, *, rcond: Any = None) -> Any:
+    """`numpy.linalg.pinv`: the Moore-Penrose pseudo-inverse (..., n, m) of a (..., m, n).
+
+    From the svd: singular values at most `rtol` (or its alias `rcond`) times
+    the largest count as zero. The default `rtol` is JAX's, 10 * max(m, n) *
+    the dtype's eps (numpy's is 1e-15). `hermitian` symmetrizes a first, as
+    JAX. `pw.grad` differentiates it by JAX's rule (Golub and Pereyra's
+    derivative of the pseudo-inverse, a custom JVP), not through the svd:
+    finite at repeated singular values.
+
+    Raises:
+      ValueError: For both rtol and rcond, or a tolerance that does not
+        broadcast against the matrices.
+    """
+    trace, x = _matrices("pinv", a)
+    if trace is None:
+        if rcond is not None or rtol is not None:
+            return _np.linalg.pinv(a, rtol=rcond if rtol is None else rtol, hermitian=hermitian)
+        return _np.linalg.pinv(a, rtol=None, hermitian=hermitian)
+    if rcond is not None:
+        if rtol is not None:
+            raise ValueError("pinv: only one of rtol and rcond may be given")
+        rtol = rcond
+    if _flag("pinv", "hermitian", hermitian):
+        _square("pinv", "a", x)
+        x = (x + _swap(x)) / 2
+    low = x.dtype == _ml_dtypes.bfloat16
+    if low:
+        x = x.astype(_np.float32)
+    m, n = x.shape[-2:]
+    if m == 0 or n == 0:
+        out = _broadcast_to(trace.constant(_np.zeros((), x.dtype), None), x.shape[:-2] + (n, m))
+        return out.astype(_ml_dtypes.bfloat16) if low else out
+    if rtol is None:
+        rtol = 10.0 * max(m, n) * _np.finfo(x.dtype).eps
+    tol = _per_matrix(trace, "pinv", "rtol", rtol, x.shape[:-2])
+    # (Imported here: pathways._custom_derivatives imports the autodiff, which imports
+    # pathways.numpy.)
+    from pathways._custom_derivatives import custom_jvp  # noqa: PLC0415
+
+    @custom_jvp
+    def core(q: Any) -> Any:
+        u, s, vt = _svd(q, False)
+        keep = s > tol * s[..., :1]
+        s_inv = _where(keep, 1 / _where(keep, s, 1.0), 0.0).astype(s.dtype)
+        return _swap(vt) @ (_swap(u) * s_inv[..., :, None])
+
+    @core.defjvp
+    def core_jvp(primals: tuple, tangents: tuple) -> tuple:
+        (q,), (dq,) = primals, tangents
+        p = core(q)
+        ph, dqh = _swap(p), _swap(dq)
+        if m >= n:
+            s_ = (p @ ph) @ dqh
+            t = (dqh @ ph) @ p
+            dp = -(p @ dq) @ p + s_ - (s_ @ q) @ p + t - (p @ q) @ t
+        else:
+            s_ = p @ (ph @ dqh)
+            t = dqh @ (ph @ p)
+            dp = -p @ (dq @ p) + s_ - s_ @ (q @ p) + t - p @ (q @ t)
+        return p, dp
+
+    out = core(x)
+    return out.astype(_ml_dtypes.bfloat16) if low else out
+
+
+def lstsq(a: Any, b: Any, rcond: Any = None) -> tuple:
+    """`numpy.linalg.lstsq`: the x minimizing |b - a x| for a (m, n), b (m,) or (m, k).
+
+    Returns `(x, residuals, rank, s)` as JAX's: residuals are always the
+    squared norms of b - a x per column ((k,) or (1,)), where numpy leaves
+    them empty when the rank is below n or m <= n; rank is int32. Singular
+    values at most `rcond` (default max(m, n) * eps) times the largest count
+    as zero. `pw.grad` differentiates it through the svd.
+
+    Raises:
+      ValueError: For a that is not 2-d, b not 1-d or 2-d, or rows that differ.
+    """
+    trace = _trace_of("lstsq", (a, b), "pathways.numpy.linalg")
+    if trace is None:
+        return _np.linalg.lstsq(a, b, rcond=rcond)
+    _, x = _matrices("lstsq", a, "a", trace)
+    rhs = _operand(trace, b)
+    if x.ndim != 2:
+        raise ValueError(f"lstsq: a must be a matrix (2-d), got {x.aval}")
+    if rhs.ndim not in (1, 2) or rhs.shape[0] != x.shape[0]:
+        raise ValueError(f"lstsq: b must be (m,) or (m, k) with a's m = {x.shape[0]} rows, got {rhs.aval}")
+    x, rhs = _common_float(x, rhs)
+    low = x.dtype == _ml_dtypes.bfloat16
+    if low:
+        x, rhs = x.astype(_np.float32), rhs.astype(_np.float32)
+    vector = rhs.ndim == 1
+    if vector:
+        rhs = rhs[:, None]
+    m, n = x.shape
+    if m == 0 or n == 0:
+        s = _svd(x, False)[1]
+        sol = _broadcast_to(trace.constant(_np.zeros((), x.dtype), None), (n, rhs.shape[1]))
+        rank = trace.constant(_np.int32(0), None)
+    else:
+        if rcond is None:
+            rcond = _np.finfo(x.dtype).eps * max(m, n)
+        u, s, vt = _svd(x, False)
+        keep = (s > 0) & (s >= _operand(trace, rcond).astype(s.dtype) * s[:1])
+        rank = keep.astype(_np.int32).sum()
+        s_inv = _where(keep, 1 / _where(keep, s, 1.0), 0.0).astype(s.dtype)
+        sol = _swap(vt) @ (s_inv[:, None] * (_swap(u) @ rhs))
+    resid = norm(rhs - x @ sol, axis=0) ** 2
+    if vector:
+        sol = sol[:, 0]
+    if low:
+        sol, resid, s = (t.astype(_ml_dtypes.bfloat16) for t in (sol, resid, s))
+    return sol, resid, rank, s
