@@ -23,6 +23,8 @@ from pathways._trace_state import _is_float
 from pathways._tracer import Tracer, bind
 from pathways.numpy import argsort as _argsort
 from pathways.numpy import broadcast_to as _broadcast_to
+from pathways.numpy import concatenate as _concatenate
+from pathways.numpy.linalg import solve as _solve
 from pathways.numpy import reshape as _reshape
 from pathways.numpy import take_along_axis as _take_along_axis
 from pathways.numpy import transpose as _transpose
@@ -801,32 +803,61 @@ def _cholesky_vjp(ct, ops, out, params, needs):
     return [_lower_read(g)]
 
 
-@_rule("qr")
-def _qr_vjp(cts, ops, out, params, needs):
-    """x = q r (m >= n, q m x n, r n x n upper): JAX's rule (X = q^T dx r^-1, L = tril(X, -1),
-    W = L - L^T, dq = q (W - X) + dx r^-1, dr = (X - W) r) transposed:
-    dx = (dq + q C) r^-T with M = q^T dq - dr r^T and C = tril(M - M^T, -1) - M.
-    As JAX, wide matrices and square q of tall ones have no rule. A singular r gives infinities."""
-    (x,) = ops
-    if not needs[0]:
-        return [None]
-    m, n = x.shape[-2:]
-    if m < n or (params["full_matrices"] and m != n):
-        raise NotImplementedError(
-            f"differentiation of pathways.numpy.linalg.qr of {x.aval}: only matrices with at "
-            "least as many rows as columns, and mode='reduced' unless square (JAX has the same "
-            "limits)")
-    ct_q, ct_r = cts
-    q, r = out
-    trace = x._trace
+def _thin_qr_vjp(q: Tracer, r: Tracer, ct_q: Optional[Tracer], ct_r: Optional[Tracer]) -> Tracer:
+    """x = q r with m >= n (q m x n, r n x n upper): JAX's thin rule (X = q^T dx r^-1,
+    L = tril(X, -1), W = L - L^T, dq = q (W - X) + dx r^-1, dr = (X - W) r) transposed:
+    dx = (dq + q C) r^-T with M = q^T dq - dr r^T and C = tril(M - M^T, -1) - M."""
     if ct_q is None:
-        ct_q = trace.constant(np.zeros(q.shape, q.dtype), None)
+        ct_q = q._trace.constant(np.zeros(q.shape, q.dtype), None)
     mm = _swap_last(q) @ ct_q
     if ct_r is not None:
         mm = mm - ct_r @ _swap_last(r)
     c = _triangle(mm - _swap_last(mm), True, True) - mm
     y = ct_q + q @ c
-    return [_swap_last(_trsm(r, _swap_last(y), False, False, False))]  # y r^-T = (r^-1 y^T)^T
+    return _swap_last(_trsm(r, _swap_last(y), False, False, False))  # y r^-T = (r^-1 y^T)^T
+
+
+@_rule("qr")
+def _qr_vjp(cts, ops, out, params, needs):
+    """JAX's QR rules transposed (a singular r gives infinities).
+
+    m >= n, thin (or square): `_thin_qr_vjp`. Wide (m < n): x = [x1 x2], r = [r1 r2] with
+    x1 = q r1 square and r2 = q^T x2, so dq and dr1 come from x1's thin rule and
+    dr2 = dq^T x2 + q^T dx2: the transpose adds x2 dr2^T to q's cotangent and gives
+    dx2 = q dr2. Complete of tall (m > n): q = [q_mn q_mp], whose last columns follow
+    LAPACK's Householder convention: dq_mp = dq_mn Z^T - (q_mn + q_mp Z)(dq_pn - Z dq_nn)^T
+    with Z = q_pn (q_nn - I)^-1 (JAX's, from arXiv:2409.13374), transposed onto dq_mn.
+    """
+    (x,) = ops
+    if not needs[0]:
+        return [None]
+    ct_q, ct_r = cts
+    q, r = out
+    m, n = x.shape[-2:]
+    if m < n:
+        if ct_r is not None:
+            ct_r1, ct_r2 = ct_r[..., :, :m], ct_r[..., :, m:]
+            extra = x[..., :, m:] @ _swap_last(ct_r2)
+            ct_q = extra if ct_q is None else ct_q + extra
+            dx2 = q @ ct_r2
+        else:
+            ct_r1 = None
+            dx2 = x._trace.constant(np.zeros(x.shape[:-1] + (n - m,), x.dtype), None)
+        dx1 = _thin_qr_vjp(q, r[..., :, :m], ct_q, ct_r1)
+        return [_concatenate([dx1, dx2], axis=-1)]
+    if not params["full_matrices"] or m == n:
+        return [_thin_qr_vjp(q, r, ct_q, ct_r)]
+    q_mn, q_mp = q[..., :, :n], q[..., :, n:]
+    ct_r_nn = None if ct_r is None else ct_r[..., :n, :]
+    if ct_q is None:
+        return [_thin_qr_vjp(q_mn, r[..., :n, :], None, ct_r_nn)]
+    q_nn, q_pn = q_mn[..., :n, :], q_mn[..., n:, :]
+    eye = x._trace.constant(np.eye(n, dtype=x.dtype), None)
+    z = _swap_last(_solve(_swap_last(q_nn - eye), _swap_last(q_pn)))  # q_pn (q_nn - I)^-1
+    ct_mn, ct_mp = ct_q[..., :, :n], ct_q[..., :, n:]
+    g = _swap_last(ct_mp) @ (q_mn + q_mp @ z)
+    ct_mn = ct_mn + ct_mp @ z + _concatenate([_swap_last(z) @ g, -g], axis=-2)
+    return [_thin_qr_vjp(q_mn, r[..., :n, :], ct_mn, ct_r_nn)]
 
 
 @_rule("lu")

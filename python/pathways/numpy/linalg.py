@@ -588,9 +588,9 @@ def qr(a: Any, mode: str = "reduced") -> Any:
     (q (..., m, m), r (..., m, n)) or "r" (r alone, as "reduced"'s); numpy's
     "raw" (Householder reflectors) is refused, as JAX refuses it. One `qr` op
     (LAPACK's geqrf and orgqr; the signs are LAPACK's, as numpy's). `pw.grad`
-    differentiates it by JAX's rule, which covers matrices with at least as
-    many rows as columns, and "complete" only when square. NaN for a matrix
-    with a NaN or inf.
+    differentiates it by JAX's rules, for every shape and mode (a complete q's
+    extra columns as LAPACK's Householder convention makes them). NaN for a
+    matrix with a NaN or inf.
 
     Returns:
       `QRResult(Q, R)` (unpacks as `q, r`), or r alone for mode "r".
@@ -638,15 +638,13 @@ def pinv(a: Any, rtol: Any = None, hermitian: bool = False, *, rcond: Any = None
       ValueError: For both rtol and rcond, or a tolerance that does not
         broadcast against the matrices.
     """
-    trace, x = _matrices("pinv", a)
-    if trace is None:
-        if rcond is not None or rtol is not None:
-            return _np.linalg.pinv(a, rtol=rcond if rtol is None else rtol, hermitian=hermitian)
-        return _np.linalg.pinv(a, rtol=None, hermitian=hermitian)
     if rcond is not None:
         if rtol is not None:
             raise ValueError("pinv: only one of rtol and rcond may be given")
         rtol = rcond
+    trace, x = _matrices("pinv", a)
+    if trace is None:
+        return _np.linalg.pinv(a, rtol=rtol, hermitian=hermitian)
     if _flag("pinv", "hermitian", hermitian):
         _square("pinv", "a", x)
         x = (x + _swap(x)) / 2
@@ -697,10 +695,12 @@ def lstsq(a: Any, b: Any, rcond: Any = None) -> tuple:
     squared norms of b - a x per column ((k,) or (1,)), where numpy leaves
     them empty when the rank is below n or m <= n; rank is int32. Singular
     values at most `rcond` (default max(m, n) * eps) times the largest count
-    as zero. `pw.grad` differentiates it through the svd.
+    as zero (a negative rcond: the dtype's eps, as numpy and JAX). `pw.grad`
+    differentiates it through the svd.
 
     Raises:
-      ValueError: For a that is not 2-d, b not 1-d or 2-d, or rows that differ.
+      ValueError: For a that is not 2-d, b not 1-d or 2-d, rows that differ, or
+        an rcond that is not a scalar.
     """
     trace = _trace_of("lstsq", (a, b), "pathways.numpy.linalg")
     if trace is None:
@@ -724,10 +724,15 @@ def lstsq(a: Any, b: Any, rcond: Any = None) -> tuple:
         sol = _broadcast_to(trace.constant(_np.zeros((), x.dtype), None), (n, rhs.shape[1]))
         rank = trace.constant(_np.int32(0), None)
     else:
+        eps = _np.finfo(x.dtype).eps
         if rcond is None:
-            rcond = _np.finfo(x.dtype).eps * max(m, n)
+            rcond = eps * max(m, n)
+        cut = _operand(trace, rcond)
+        if cut.ndim:
+            raise ValueError(f"lstsq: rcond must be a scalar, got {cut.aval}")
+        cut = _where(cut < 0, eps, cut).astype(x.dtype)  # negative: the dtype's eps, as numpy
         u, s, vt = _svd(x, False)
-        keep = (s > 0) & (s >= _operand(trace, rcond).astype(s.dtype) * s[:1])
+        keep = (s > 0) & (s >= cut * s[:1])
         rank = keep.astype(_np.int32).sum()
         s_inv = _where(keep, 1 / _where(keep, s, 1.0), 0.0).astype(s.dtype)
         sol = _swap(vt) @ (s_inv[:, None] * (_swap(u) @ rhs))
