@@ -26,6 +26,7 @@ import numpy as _np
 
 from pathways._trace_state import TracerError, _TracerBase
 from pathways._tracer import Tracer, bind
+from pathways.numpy._common import _broadcasts_to
 from pathways.numpy._elementwise import where
 from pathways.numpy._indexing import _INT32_MAX, _checked_indices, _fill_value, take
 from pathways.numpy._shapes import broadcast_to, reshape
@@ -277,11 +278,7 @@ class _IndexUpdateRef:
 
     def _broadcast(self, name: str, v: Tracer, shape: tuple) -> Tracer:
         """`v` broadcast to the indexed `shape`; ValueError if it does not broadcast."""
-        try:
-            fits = _np.broadcast_shapes(v.shape, shape) == tuple(shape)
-        except ValueError:
-            fits = False
-        if not fits:
+        if not _broadcasts_to(v.shape, shape):
             raise ValueError(f"at[...].{name}: values of shape {v.shape} do not broadcast to the "
                              f"indexed shape {tuple(shape)} of {self._x.aval}")
         return broadcast_to(v, shape)

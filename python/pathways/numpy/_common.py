@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as _np
+
 from pathways import _checks
 from pathways._trace_state import TracerError, _TracerBase
 from pathways._tracer import Tracer
@@ -33,6 +35,14 @@ def _trace_of(name: str, args: tuple, module: str = "pathways.numpy") -> Any:
 def _traced(name: str, args: tuple) -> bool:
     """True if any argument is a traced value of a pmap'd function."""
     return _trace_of(name, args) is not None
+
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    """Whether an array of `shape` broadcasts to `target` (numpy's rule, `target` unchanged)."""
+    try:
+        return _np.broadcast_shapes(tuple(shape), tuple(target)) == tuple(target)
+    except ValueError:
+        return False
+
 
 def _operand(trace: Any, x: Any) -> Tracer:
     """`x` as a traced value of `trace` (numpy values become constants)."""

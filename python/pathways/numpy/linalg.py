@@ -28,7 +28,7 @@ import numpy as _np
 
 from pathways import _checks
 from pathways._tracer import bind as _bind
-from pathways.numpy._common import _axis, _operand, _trace_of
+from pathways.numpy._common import _axis, _broadcasts_to, _operand, _trace_of
 from pathways.numpy._elementwise import abs as _abs
 from pathways.numpy._elementwise import isnan as _isnan
 from pathways.numpy._elementwise import log as _log
@@ -614,11 +614,7 @@ def _per_matrix(trace: Any, name: str, param: str, value: Any, batch: tuple) -> 
     """A tolerance given per matrix (a scalar, or an array of the batch dims), as a traced
     value that broadcasts against the rows of singular values (batch + (1,))."""
     t = _operand(trace, value)
-    try:
-        fits = _np.broadcast_shapes(t.shape, batch) == tuple(batch)
-    except ValueError:
-        fits = False
-    if not fits:
+    if not _broadcasts_to(t.shape, batch):
         raise ValueError(f"{name}: {param} {t.aval} does not broadcast against the matrices' "
                          f"batch dims {batch}")
     return t[..., None] if t.ndim else t
