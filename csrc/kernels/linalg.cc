@@ -310,11 +310,19 @@ struct QrLayout {
   int64_t a, tau, work;
 };
 
+// The matrix's and tau's lengths; the work array's is the rest of the
+// workspace (QrSizes), so a run makes no workspace query.
+QrLayout QrFixedSizes(int64_t m, int64_t n, bool full) {
+  const int64_t k = std::min(m, n);
+  const int64_t c = full ? m : k;
+  return QrLayout{m * std::max(n, c), k, std::max<int64_t>({1, n, c})};
+}
+
 template <typename T>
 QrLayout QrSizes(int64_t m, int64_t n, bool full) {
   const int64_t k = std::min(m, n);
   const int64_t c = full ? m : k;
-  QrLayout sizes{m * std::max(n, c), k, std::max<int64_t>({1, n, c})};
+  QrLayout sizes = QrFixedSizes(m, n, full);
   if (k > 0) {
     T query = 0;
     blasint info = 0;
@@ -333,7 +341,7 @@ void QrTyped(int64_t batch, int64_t m, int64_t n, bool full, const T* x, T* q, T
              uint8_t* workspace, int64_t workspace_bytes) {
   const int64_t k = std::min(m, n);
   const int64_t c = full ? m : k;
-  const QrLayout sizes = QrSizes<T>(m, n, full);
+  const QrLayout sizes = QrFixedSizes(m, n, full);
   const int64_t esize = static_cast<int64_t>(sizeof(T));
   T* a = reinterpret_cast<T*>(workspace);
   T* tau = reinterpret_cast<T*>(workspace + RoundUp(sizes.a * esize));

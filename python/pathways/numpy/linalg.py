@@ -512,7 +512,7 @@ def _swap(x: Any) -> Any:
     return _transpose(x, list(range(x.ndim - 2)) + [x.ndim - 1, x.ndim - 2])
 
 
-def _low(name: str, x: Any, results: list) -> list:
+def _low(x: Any, results: list) -> list:
     """Results of a float32 computation rounded back to bfloat16 when `x` was bfloat16."""
     if x.dtype == _ml_dtypes.bfloat16:
         return [r.astype(_ml_dtypes.bfloat16) for r in results]
@@ -538,7 +538,7 @@ def eigh(a: Any, UPLO: Any = None, symmetrize_input: bool = True) -> Any:  # noq
         return _np.linalg.eigh(a, UPLO="L" if UPLO is None else UPLO)
     x = _symmetric("eigh", a, UPLO, symmetrize_input)
     w, v = _bind(trace, "eigh", (x.astype(_np.float32) if x.dtype == _ml_dtypes.bfloat16 else x,))
-    return EighResult(*_low("eigh", x, [w, v]))
+    return EighResult(*_low(x, [w, v]))
 
 
 def eigvalsh(a: Any, UPLO: Any = "L", *, symmetrize_input: bool = True) -> Any:  # noqa: N803
@@ -548,7 +548,7 @@ def eigvalsh(a: Any, UPLO: Any = "L", *, symmetrize_input: bool = True) -> Any: 
         return _np.linalg.eigvalsh(a, UPLO=UPLO)
     x = _symmetric("eigvalsh", a, UPLO, symmetrize_input)
     w, _ = _bind(trace, "eigh", (x.astype(_np.float32) if x.dtype == _ml_dtypes.bfloat16 else x,))
-    return _low("eigvalsh", x, [w])[0]
+    return _low(x, [w])[0]
 
 
 def cholesky(a: Any, *, upper: bool = False, symmetrize_input: bool = True) -> Any:
@@ -567,7 +567,7 @@ def cholesky(a: Any, *, upper: bool = False, symmetrize_input: bool = True) -> A
     upper = _flag("cholesky", "upper", upper)
     x = _symmetric("cholesky", a, None, symmetrize_input)
     low = _bind(trace, "cholesky", (x.astype(_np.float32) if x.dtype == _ml_dtypes.bfloat16 else x,))
-    out = _low("cholesky", x, [low])[0]
+    out = _low(x, [low])[0]
     return _swap(out) if upper else out
 
 
@@ -603,7 +603,7 @@ def qr(a: Any, mode: str = "reduced") -> Any:
     low = x.dtype == _ml_dtypes.bfloat16
     q, r = _bind(trace, "qr", (x.astype(_np.float32) if low else x,),
                  full_matrices=mode == "complete")
-    q, r = _low("qr", x, [q, r])
+    q, r = _low(x, [q, r])
     return r if mode == "r" else QRResult(q, r)
 
 
