@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from pathways import _checks, _core
+from pathways import _checks, _core, _jax_frontend
 from pathways._pytree import (
     PyTreeDef,
     broadcast_prefix,
@@ -266,6 +266,7 @@ class PmapFunction:
         self._lock = threading.RLock()
         self._slices: dict = {}  # devices=None: size -> VirtualSlice
         self._keyword_variants: dict = {}  # (keyword names, positional count) -> PmapFunction
+        self._front_end: Optional[str] = None  # "pathways" or "jax" once traced (see `traced`)
 
     @property
     def default_mapping(self) -> bool:
@@ -706,35 +707,72 @@ class PmapFunction:
                     ) from None
         return ids
 
-    def call_traced(self, treedef: PyTreeDef, leaves: list, statics: tuple = ()) -> Any:
-        """Calls the function on traced argument leaves, the static arguments put back in place."""
+    def call_traced(self, fn: Callable[..., Any], treedef: PyTreeDef, leaves: list,
+                    statics: tuple = ()) -> Any:
+        """Calls `fn` (the function, as `traced` gives it) on traced argument leaves, the
+        static arguments put back in place."""
         args = list(tree_unflatten(treedef, leaves))
         for i, value in statics:
             args.insert(i, value)
-        return self._fn(*args)
+        return fn(*args)
+
+    def traced(self, n: int, avals: Sequence[tuple], call: Callable[..., Any], weak: tuple = (),
+               suffix: str = "") -> tuple:
+        """Traces the function by the front end it is written for: `call(trace, params, fn)`.
+
+        `call` runs with a new trace of the function current, its parameters
+        (one per aval) and `fn`, which calls the function so that it traces
+        there: pathways' own tracer first; if JAX's code rejects a traced value
+        (pathways._jax_frontend), the function is JAX's, and `call` runs again
+        in a fresh trace with `fn` tracing it by JAX and lowering its jaxpr. The
+        front end found is kept for later signatures.
+
+        Returns:
+          `(trace, what call returned)`; the trace is no longer current.
+        """
+        st = _state
+        front_ends = ("jax",) if self._front_end == "jax" else ("pathways", "jax")
+        for front_end in front_ends:
+            trace = self.new_trace(n, suffix)
+            prev = st.function
+            st.function = trace
+            try:
+                params = parameters(trace, avals, weak)
+                if front_end == "pathways":
+                    with _jax_frontend.unfiltered_jax_errors():
+                        result = call(trace, params, self._fn)
+                else:
+                    result = call(trace, params, self._through_jax(trace, n))
+                self._front_end = front_end
+                return trace, result
+            except Exception as e:
+                if front_end == "jax" or not _jax_frontend.is_jax_function_error(e):
+                    raise
+            finally:
+                trace.active = False
+                st.function = prev
+        raise AssertionError("unreachable")
+
+    def _through_jax(self, trace: _FunctionTrace, n: int) -> Callable[..., Any]:
+        where = f"pmap of {self._name!r}"
+        return lambda *args: _jax_frontend.trace_with_jax(self._fn, trace, n, args, where)
 
     def _trace_and_compile(
         self, treedef: PyTreeDef, avals: Sequence[tuple], n: int, statics: tuple = (),
         weak: tuple = (),
     ) -> _Compiled:
-        trace = self.new_trace(n)
-        b = trace.builder
-        st = _state
-        prev = st.function
-        st.function = trace
-        try:
-            out = self.call_traced(treedef, parameters(trace, avals, weak), statics)
-            out_leaves, out_treedef = tree_flatten(out)
-            out_ids = self.output_ids(trace, out_leaves)
-        finally:
-            trace.active = False
-            st.function = prev
+        def call(trace: _FunctionTrace, params: list, fn: Callable[..., Any]) -> tuple:
+            out_leaves, out_treedef = tree_flatten(self.call_traced(fn, treedef, params, statics))
+            return self.output_ids(trace, out_leaves), out_treedef
+
+        trace, (out_ids, out_treedef) = self.traced(n, avals, call, weak)
         if not out_ids:
             raise ValueError(
                 f"pmap of {self._name!r} returns no values (output structure {out_treedef}); "
                 "a compiled function needs at least one output"
             )
-        return compile_one_node(b.build(out_ids), self._devices_for(n), avals, out_treedef)
+        return compile_one_node(trace.builder.build(out_ids), self._devices_for(n), avals,
+                                out_treedef)
 
 
 def parameters(trace: _FunctionTrace, avals: Sequence[tuple], weak: Sequence[int] = ()) -> list:

@@ -27,9 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+import numpy as np
 import optree
+
+from pathways._trace_state import _TracerBase
 
 __all__ = [
     "PyTreeDef",
@@ -62,6 +66,96 @@ PyTreeDef = optree.PyTreeSpec
 IsLeaf = Optional[Callable[[Any], bool]]
 
 
+# Leaf types that are never JAX pytree nodes (the check below skips them).
+_PLAIN_LEAVES = {int, float, bool, complex, str, bytes, type(None), np.ndarray, np.float32,
+                 np.float64, np.int32, np.int64, np.uint32, np.bool_}
+# Types seen as leaves: whether JAX's registry (jax.tree_util) flattens them.
+_jax_node_types: dict = {}
+
+
+def _register_jax_nodes(leaves: Iterable[Any]) -> bool:
+    """Registers here, once per type, the node types of JAX's registry among `leaves`.
+
+    Types that flax, equinox, haiku or the user registered with
+    `jax.tree_util` (flax structs, equinox Modules ...) are nodes of JAX's
+    registry, not of optree's: each flattens here as JAX flattens it one
+    level down (its children, and JAX's treedef of that level as the
+    metadata). Returns whether any type was registered (the tree is then
+    flattened again).
+    """
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    added = False
+    for leaf in leaves:
+        t = type(leaf)
+        if t in _PLAIN_LEAVES:
+            continue
+        known = _jax_node_types.get(t)
+        if known is None and _is_key_array(jax, leaf):
+            known = _jax_node_types[t] = True
+            optree.register_pytree_node(t, _key_data, _keys_from_data, namespace=NAMESPACE)
+            added = True
+        elif known is None:
+            children = jax.tree_util.tree_leaves(leaf, is_leaf=lambda y, x=leaf: y is not x)
+            known = _jax_node_types[t] = not (len(children) == 1 and children[0] is leaf)
+            if known:
+                optree.register_pytree_node(t, _jax_one_level, _jax_unflatten, namespace=NAMESPACE)
+                added = True
+    return added
+
+
+class TracedKeys:
+    """JAX PRNG keys (`jax.random.key`) inside a traced function: their key data, a traced
+    value, and the PRNG implementation (pathways._jax_frontend gives JAX key-typed values
+    for them). A pytree node whose one leaf is the key data."""
+
+    __slots__ = ("data", "impl")
+
+    def __init__(self, data: Any, impl: Any):
+        self.data = data
+        self.impl = impl
+
+    def __repr__(self) -> str:
+        return f"TracedKeys({self.data!r}, impl={self.impl})"
+
+
+def _is_key_array(jax: Any, x: Any) -> bool:
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _key_data(keys: Any) -> tuple:
+    if type(keys) is TracedKeys:
+        return [keys.data], keys.impl
+    import jax
+
+    return [jax.random.key_data(keys)], jax.random.key_impl(keys)
+
+
+def _keys_from_data(impl: Any, children: Any) -> Any:
+    """Key arrays again: of a traced value, `TracedKeys`; of an array or buffer, JAX's."""
+    (data,) = children
+    if isinstance(data, _TracerBase):
+        return TracedKeys(data, impl)
+    import jax
+
+    return jax.random.wrap_key_data(jax.numpy.asarray(data), impl=impl)
+
+
+optree.register_pytree_node(TracedKeys, _key_data, _keys_from_data, namespace=NAMESPACE)
+
+
+def _jax_one_level(x: Any) -> tuple:
+    import jax
+
+    children, treedef = jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)
+    return children, treedef
+
+
+def _jax_unflatten(treedef: Any, children: Any) -> Any:
+    return treedef.unflatten(list(children))
+
+
 def tree_flatten(tree: Any, is_leaf: IsLeaf = None) -> tuple[list[Any], PyTreeDef]:
     """Flattens a pytree into its leaves and its structure.
 
@@ -73,7 +167,10 @@ def tree_flatten(tree: Any, is_leaf: IsLeaf = None) -> tuple[list[Any], PyTreeDe
       `(leaves, treedef)`: the leaves in order and the structure, which
       `tree_unflatten` inverts.
     """
-    return optree.tree_flatten(tree, is_leaf, namespace=NAMESPACE)
+    leaves, treedef = optree.tree_flatten(tree, is_leaf, namespace=NAMESPACE)
+    if _register_jax_nodes(leaves):
+        return optree.tree_flatten(tree, is_leaf, namespace=NAMESPACE)
+    return leaves, treedef
 
 
 _FLAT_TUPLES: dict = {}
@@ -111,12 +208,15 @@ def tree_unflatten(treedef: PyTreeDef, leaves: Iterable[Any]) -> Any:
 
 def tree_leaves(tree: Any, is_leaf: IsLeaf = None) -> list[Any]:
     """The leaves of a pytree in flattening order."""
-    return optree.tree_leaves(tree, is_leaf, namespace=NAMESPACE)
+    leaves = optree.tree_leaves(tree, is_leaf, namespace=NAMESPACE)
+    if _register_jax_nodes(leaves):
+        return optree.tree_leaves(tree, is_leaf, namespace=NAMESPACE)
+    return leaves
 
 
 def tree_structure(tree: Any, is_leaf: IsLeaf = None) -> PyTreeDef:
     """The structure (`PyTreeDef`) of a pytree."""
-    return optree.tree_structure(tree, is_leaf, namespace=NAMESPACE)
+    return tree_flatten(tree, is_leaf)[1]
 
 
 def _leaves_like(treedef: PyTreeDef, other: Any, where: str, is_leaf: IsLeaf) -> list:

@@ -48,6 +48,11 @@ class TracerError(TypeError):
     """
 
 
+class JaxValueInPathwaysTrace(TypeError):
+    """pathways' tracer met a JAX array: the function is written for JAX, whose tracer
+    takes it over (pathways._jax_frontend)."""
+
+
 class _TraceState(threading.local):
     """Per-thread state: the traces under way, and how this thread's calls execute.
 

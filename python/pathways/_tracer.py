@@ -15,6 +15,7 @@ import numpy as np
 from pathways import _checks
 from pathways._primitives import PRIMITIVES, Primitive
 from pathways._trace_state import (
+    JaxValueInPathwaysTrace,
     _SUPPORTED_DTYPE_NAMES,
     _SUPPORTED_DTYPES,
     TracerError,
@@ -414,7 +415,8 @@ class Tracer(_TracerBase):
                 return None
             return trace.constant(other, self.dtype)
         if hasattr(other, "__array__") and type(other).__name__ in _DEVICE_ARRAYS:
-            raise TypeError(
+            error = TypeError if type(other).__name__ == "ShardedBuffer" else JaxValueInPathwaysTrace
+            raise error(
                 f"{trace.where()} uses a {type(other).__name__} it did not get as an argument: "
                 "device arrays are not captured as constants (that would read them back to the "
                 "host at every trace); pass it as an argument (in_axes=None for one whole "

@@ -149,17 +149,13 @@ def _split(pf: PmapFunction, treedef: PyTreeDef, avals: list, n: int, has_aux: b
     name = pf._name
     where = f"pw.vjp of pmap of {name!r}"
     st = _state
-    prev = st.function
-    fwd = pf.new_trace(n, "_fwd")
-    fwd.constant_values = {}
-    fb = fwd.builder
-    st.function = fwd
-    try:
-        params = parameters(fwd, avals)
-        tape = _Tape(fb, [p._id for p in params if _is_float(p.dtype)])
+
+    def forward_call(fwd: Any, params: list, fn: Callable[..., Any]) -> tuple:
+        fwd.constant_values = {}
+        tape = _Tape(fwd.builder, [p._id for p in params if _is_float(p.dtype)])
         fwd.tapes.append(tape)
         try:
-            result = pf._fn(*tree_unflatten(treedef, params))
+            result = fn(*tree_unflatten(treedef, params))
         finally:
             fwd.tapes.remove(tape)
         aux_treedef = None
@@ -169,10 +165,12 @@ def _split(pf: PmapFunction, treedef: PyTreeDef, avals: list, n: int, has_aux: b
             aux_leaves, aux_treedef = tree_flatten(aux)
             aux_ids = pf.output_ids(fwd, aux_leaves, "aux output")
         out_leaves, out_treedef = tree_flatten(result)
-        out_ids = pf.output_ids(fwd, out_leaves)
-    finally:
-        fwd.active = False
-        st.function = prev
+        return params, tape, aux_treedef, aux_ids, out_treedef, pf.output_ids(fwd, out_leaves)
+
+    fwd, (params, tape, aux_treedef, aux_ids, out_treedef, out_ids) = pf.traced(
+        n, avals, forward_call, suffix="_fwd")
+    fb = fwd.builder
+    prev = st.function
     if not out_ids:
         raise ValueError(
             f"{where}: the function returns no values (output structure {out_treedef})"

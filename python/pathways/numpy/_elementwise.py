@@ -343,6 +343,7 @@ def _rounded(x: Any, direction: int) -> Any:
         r = where(r > v, r - 1, r)
     elif direction > 0:
         r = where(r < v, r + 1, r)
+        r = where(v < 0, -abs(r), r)  # ceil of (-1, 0) is -0.0, as numpy (r + 1 gave 0.0)
     # NaN, infinities, integers beyond 2**p and +-0 are their own rounding.
     out = where(a < big, where(v == 0, v, r), v)
     return out.astype(dtype) if dtype != out.dtype else out
