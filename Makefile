@@ -45,11 +45,14 @@ test-cpp: deps $(VENV)/.created
 	$(CMAKE) --build build/cpp
 	$(CTEST) --test-dir build/cpp --output-on-failure -j2
 
-# What only some tests need: Ray (hosts="ray" on a local Ray cluster) and JAX
-# (pathways works in a process that imported jax and ray, with their own
-# copies of gRPC and abseil).
+# What only some tests need: Ray (hosts="ray" on a local Ray cluster), JAX
+# (the front end, pinned to the minor version whose jaxprs the lowering
+# knows; pathways also works in a process that imported jax and ray, with
+# their own copies of gRPC and abseil) and the JAX libraries whose models
+# the front-end tests run (flax, optax, equinox, haiku).
+JAX_REQUIREMENT := "jax>=0.10.2,<0.11"
 $(VENV)/.test-deps: $(VENV)/.created
-	$(VPY) -m pip install -q ray jax
+	$(VPY) -m pip install -q ray $(JAX_REQUIREMENT) flax optax equinox dm-haiku
 	touch $@
 
 # The Python suite twice: hosts in process (the default), then each host a
@@ -61,7 +64,7 @@ test-python: $(VENV)/.installed $(VENV)/.test-deps
 # The paper's experiments (§5), pathways and its peers side by side: tables
 # and plots in benchmarks/results/. Peers come from the [bench] extra.
 $(VENV)/.bench: $(VENV)/.created
-	$(VPY) -m pip install -q jax ray "dask[distributed]" matplotlib
+	$(VPY) -m pip install -q $(JAX_REQUIREMENT) flax optax ray "dask[distributed]" matplotlib
 	touch $@
 
 bench: $(VENV)/.installed $(VENV)/.bench

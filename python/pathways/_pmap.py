@@ -61,8 +61,10 @@ def _ir_name(name: str) -> str:
 
 
 _ACCEPTED_LEAVES = (
-    "accepted: ShardedBuffers, numpy arrays, Python and numpy scalars (bool, int, float), "
-    "and pytrees of them (tuples, lists, dicts, None)"
+    "accepted: ShardedBuffers, numpy arrays, jax.Arrays, Python and numpy scalars (bool, int, "
+    "float), and pytrees of them (tuples, lists, dicts, None, and JAX's registered nodes); pass "
+    "other leaves as static arguments, or split them off a JAX pytree first (an equinox "
+    "Module's functions: eqx.partition(model, eqx.is_array), then eqx.combine inside)"
 )
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from pathways import _core
-from pathways._pytree import PyTreeDef, tree_flatten, tree_unflatten
+from pathways._pytree import PyTreeDef, is_jax_array, tree_flatten, tree_unflatten
 from pathways._pmap import PmapFunction, _ir_name, _to_array, global_aval, mapped_arg
 from pathways._trace_state import (
     _SUPPORTED_DTYPE_NAMES,
@@ -454,6 +454,8 @@ class Program:
         key = [treedef]
         dynamic = []
         for i, leaf in enumerate(leaves):
+            if is_jax_array(leaf):  # on the host, as a numpy array's
+                leaf = leaves[i] = np.asarray(leaf)
             t = type(leaf)
             if (
                 t is _ShardedBuffer

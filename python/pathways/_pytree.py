@@ -25,6 +25,7 @@ takes `is_leaf`, a predicate that stops the walk at the subtrees it holds for.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import sys
@@ -69,6 +70,7 @@ IsLeaf = Optional[Callable[[Any], bool]]
 # Leaf types that are never JAX pytree nodes (the check below skips them).
 _PLAIN_LEAVES = {int, float, bool, complex, str, bytes, type(None), np.ndarray, np.float32,
                  np.float64, np.int32, np.int64, np.uint32, np.bool_}
+_OPTREE_NODES = (tuple, list, dict, collections.deque, type(None))
 # Types seen as leaves: whether JAX's registry (jax.tree_util) flattens them.
 _jax_node_types: dict = {}
 
@@ -89,8 +91,8 @@ def _register_jax_nodes(leaves: Iterable[Any]) -> bool:
     added = False
     for leaf in leaves:
         t = type(leaf)
-        if t in _PLAIN_LEAVES:
-            continue
+        if t in _PLAIN_LEAVES or isinstance(leaf, _OPTREE_NODES):
+            continue  # (an is_leaf stopped the walk at one of optree's own nodes)
         known = _jax_node_types.get(t)
         if known is None and _is_key_array(jax, leaf):
             known = _jax_node_types[t] = True
@@ -100,9 +102,20 @@ def _register_jax_nodes(leaves: Iterable[Any]) -> bool:
             children = jax.tree_util.tree_leaves(leaf, is_leaf=lambda y, x=leaf: y is not x)
             known = _jax_node_types[t] = not (len(children) == 1 and children[0] is leaf)
             if known:
-                optree.register_pytree_node(t, _jax_one_level, _jax_unflatten, namespace=NAMESPACE)
+                try:
+                    optree.register_pytree_node(t, _jax_one_level, _jax_unflatten,
+                                                namespace=NAMESPACE)
+                except ValueError:  # registered here already (an is_leaf stopped the walk at it)
+                    continue
                 added = True
     return added
+
+
+def is_jax_array(x: Any) -> bool:
+    """Whether `x` is a `jax.Array` of numbers (not keys), without importing JAX."""
+    jax = sys.modules.get("jax")
+    return (jax is not None and type(x) not in _PLAIN_LEAVES and isinstance(x, jax.Array)
+            and not _is_key_array(jax, x))
 
 
 class TracedKeys:
@@ -135,8 +148,8 @@ def _key_data(keys: Any) -> tuple:
 def _keys_from_data(impl: Any, children: Any) -> Any:
     """Key arrays again: of a traced value, `TracedKeys`; of an array or buffer, JAX's."""
     (data,) = children
-    if isinstance(data, _TracerBase):
-        return TracedKeys(data, impl)
+    if isinstance(data, _TracerBase) or not (hasattr(data, "__array__") and getattr(data, "ndim", 0)):
+        return TracedKeys(data, impl)  # (or a placeholder leaf: a structure's, not keys)
     import jax
 
     return jax.random.wrap_key_data(jax.numpy.asarray(data), impl=impl)
@@ -168,8 +181,8 @@ def tree_flatten(tree: Any, is_leaf: IsLeaf = None) -> tuple[list[Any], PyTreeDe
       `tree_unflatten` inverts.
     """
     leaves, treedef = optree.tree_flatten(tree, is_leaf, namespace=NAMESPACE)
-    if _register_jax_nodes(leaves):
-        return optree.tree_flatten(tree, is_leaf, namespace=NAMESPACE)
+    while _register_jax_nodes(leaves):  # again: the new nodes' children may be JAX nodes too
+        leaves, treedef = optree.tree_flatten(tree, is_leaf, namespace=NAMESPACE)
     return leaves, treedef
 
 
@@ -209,8 +222,8 @@ def tree_unflatten(treedef: PyTreeDef, leaves: Iterable[Any]) -> Any:
 def tree_leaves(tree: Any, is_leaf: IsLeaf = None) -> list[Any]:
     """The leaves of a pytree in flattening order."""
     leaves = optree.tree_leaves(tree, is_leaf, namespace=NAMESPACE)
-    if _register_jax_nodes(leaves):
-        return optree.tree_leaves(tree, is_leaf, namespace=NAMESPACE)
+    while _register_jax_nodes(leaves):
+        leaves = optree.tree_leaves(tree, is_leaf, namespace=NAMESPACE)
     return leaves
 
 

@@ -252,8 +252,9 @@ def _generator():
 
 
 ACCEPTED = re.escape(
-    "not an array or number; accepted: ShardedBuffers, numpy arrays, Python and numpy scalars "
-    "(bool, int, float), and pytrees of them (tuples, lists, dicts, None)"
+    "not an array or number; accepted: ShardedBuffers, numpy arrays, jax.Arrays, Python and numpy "
+    "scalars (bool, int, float), and pytrees of them (tuples, lists, dicts, None, and JAX's "
+    "registered nodes)"
 )
 NOT_ARRAYS = [
     (Params(np.zeros(2)), "Params"),

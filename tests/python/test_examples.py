@@ -81,3 +81,11 @@ def test_lm_scan_matches_the_unrolled_lm_with_a_fraction_of_the_ir():
         run_example("lm_scan.py", "--quick", "--remat"))
     assert remat_lines * 10 < unrolled
     assert remat_peak < unrolled_peak  # the backward recomputes each block: less kept
+
+
+def test_flax_lm_matches_jax_jit_data_parallel_and_pipelined():
+    out = run_example("flax_lm.py", "--quick")
+    diffs = [float(d) for d in re.findall(r"max relative difference of the losses: (\S+)", out)]
+    assert len(diffs) == 2 and max(diffs) < 1e-5
+    assert "one program per step: 11 nodes" in out
+    assert "OK: data parallel and the 2-stage pipeline match jax.jit" in out
