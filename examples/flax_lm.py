@@ -192,49 +192,42 @@ def adam_step(p, opt_state, grads):
     return optax.apply_updates(p, updates), opt_state
 
 
-fwd1 = pw.pmap(stage1_forward, devices=stage1_devices)
-fwdbwd2 = pw.pmap(stage2_forward_backward, devices=stage2_devices)
-bwd1 = pw.pmap(stage1_backward, devices=stage1_devices)
-acc1 = pw.pmap(accumulate, devices=stage1_devices)
-acc2 = pw.pmap(accumulate, devices=stage2_devices)
-opt1 = pw.pmap(adam_step, axis_name="d", devices=stage1_devices)
-opt2 = pw.pmap(adam_step, axis_name="d", devices=stage2_devices)
-mean_loss = pw.pmap(lambda *losses: jax.lax.pmean(sum(losses) / len(losses), "d"), axis_name="d",
-                    devices=stage2_devices)
+def pipeline(fwd1, fwdbwd2, bwd1, acc1, acc2, opt1, opt2, mean_loss):
+    """The train step, given each stage's functions: pmaps on the stages' slices for
+    pathways, the plain functions for the JAX reference."""
+
+    def step(p1, p2, o1, o2, micro_tokens, micro_keys):
+        g1 = g2 = None
+        losses = []
+        for tokens, key in zip(micro_tokens, micro_keys):
+            x, pullback = fwd1(p1, tokens, key)
+            loss, grads2, dx = fwdbwd2(p2, x, tokens, key)
+            grads1 = bwd1(pullback, dx)
+            g1 = grads1 if g1 is None else acc1(g1, grads1)
+            g2 = grads2 if g2 is None else acc2(g2, grads2)
+            losses.append(loss)
+        p1, o1 = opt1(p1, o1, g1)
+        p2, o2 = opt2(p2, o2, g2)
+        return p1, p2, o1, o2, mean_loss(*losses)
+
+    return step
 
 
-@pw.program
-def pipeline_step(p1, p2, o1, o2, micro_tokens, micro_keys):
-    g1 = g2 = None
-    losses = []
-    for tokens, key in zip(micro_tokens, micro_keys):
-        x, pullback = fwd1(p1, tokens, key)
-        loss, grads2, dx = fwdbwd2(p2, x, tokens, key)
-        grads1 = bwd1(pullback, dx)
-        g1 = grads1 if g1 is None else acc1(g1, grads1)
-        g2 = grads2 if g2 is None else acc2(g2, grads2)
-        losses.append(loss)
-    p1, o1 = opt1(p1, o1, g1)
-    p2, o2 = opt2(p2, o2, g2)
-    return p1, p2, o1, o2, mean_loss(*losses)
+def mean_of(*losses):
+    return jax.lax.pmean(sum(losses) / len(losses), "d")
 
 
-def reference_step(p1, p2, o1, o2, micro_tokens, micro_keys):
-    """The same step in JAX (vmapped over the data-parallel axis "d")."""
-    g1 = g2 = None
-    losses = []
-    for tokens, key in zip(micro_tokens, micro_keys):
-        x, pullback = stage1_forward(p1, tokens, key)
-        loss, grads2, dx = stage2_forward_backward(p2, x, tokens, key)
-        grads1 = stage1_backward(pullback, dx)
-        g1 = grads1 if g1 is None else accumulate(g1, grads1)
-        g2 = grads2 if g2 is None else accumulate(g2, grads2)
-        losses.append(loss)
-    p1, o1 = adam_step(p1, o1, g1)
-    p2, o2 = adam_step(p2, o2, g2)
-    return p1, p2, o1, o2, jax.lax.pmean(sum(losses) / len(losses), "d")
+def on(devices, fn, axis_name=None):
+    return pw.pmap(fn, axis_name=axis_name, devices=devices)
 
 
+s1, s2 = stage1_devices, stage2_devices
+pipeline_step = pw.program(pipeline(
+    on(s1, stage1_forward), on(s2, stage2_forward_backward), on(s1, stage1_backward),
+    on(s1, accumulate), on(s2, accumulate), on(s1, adam_step, "d"), on(s2, adam_step, "d"),
+    on(s2, mean_of, "d")))
+reference_step = pipeline(stage1_forward, stage2_forward_backward, stage1_backward, accumulate,
+                          accumulate, adam_step, adam_step, mean_of)
 jax_pipeline = jax.jit(jax.vmap(reference_step, axis_name="d"))
 
 
