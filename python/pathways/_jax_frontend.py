@@ -720,8 +720,8 @@ def _identity(ctx: _Ctx, *xs: Tracer, **_: Any) -> Any:
     return list(xs)
 
 
-for _n in ("copy", "copy_p", "pvary", "sharding_constraint", "optimization_barrier", "random_wrap",
-           "random_unwrap", "random_clone", "mesh_cast", "reshard", "device_put"):
+for _n in ("copy", "sharding_constraint", "optimization_barrier", "random_wrap", "random_unwrap",
+           "random_clone", "device_put"):
     RULES[_n] = _identity
 
 
@@ -763,11 +763,6 @@ def _reshape(ctx: _Ctx, x: Tracer, *dyn: Tracer, new_sizes: Sequence[int], dimen
 
 @_rule("squeeze")
 def _squeeze(ctx: _Ctx, x: Tracer, *, dimensions: Sequence[int]) -> Tracer:
-    return _b(ctx, "reshape", x, shape=list(_out_aval(ctx)[0]))
-
-
-@_rule("expand_dims")
-def _expand_dims(ctx: _Ctx, x: Tracer, **_: Any) -> Tracer:
     return _b(ctx, "reshape", x, shape=list(_out_aval(ctx)[0]))
 
 
@@ -836,11 +831,6 @@ def _tile(ctx: _Ctx, x: Tracer, *, reps: Sequence[int]) -> Tracer:
         if r != 1:
             out = _b(ctx, "concatenate", *([out] * r), axis=d) if r > 0 else out
     return out if tuple(out.shape) == _out_aval(ctx)[0] else _full(ctx, 0, *_out_aval(ctx))
-
-
-@_rule("zeros_like")
-def _zeros_like(ctx: _Ctx, x: Tracer) -> Tracer:
-    return _full(ctx, 0, x.shape, x.dtype)
 
 
 @_rule("pad")
@@ -1323,17 +1313,13 @@ def _scatter(combiner: str) -> Callable[..., Tracer]:
 
 
 RULES["scatter-add"] = _scatter("add")
-RULES["scatter_add"] = _scatter("add")
 RULES["scatter-mul"] = _scatter("mul")
-RULES["scatter_mul"] = _scatter("mul")
 RULES["scatter-min"] = _scatter("min")
-RULES["scatter_min"] = _scatter("min")
 RULES["scatter-max"] = _scatter("max")
-RULES["scatter_max"] = _scatter("max")
 RULES["scatter"] = _scatter("set")
 
 
-@_rule("scatter-sub", "scatter_sub")
+@_rule("scatter-sub")
 def _scatter_sub(ctx: _Ctx, operand: Tracer, indices: Tracer, updates: Tracer, **params: Any) -> Tracer:
     return RULES["scatter-add"](ctx, operand, indices, _b(ctx, "neg", updates), **params)
 
@@ -1440,7 +1426,6 @@ def _pcoll(op: str) -> Callable[..., list]:
     return rule
 
 
-RULES["psum_invariant"] = _psum
 RULES["pmax"] = _pcoll("pmax")
 RULES["pmin"] = _pcoll("pmin")
 
@@ -1499,16 +1484,10 @@ def _inline(param: str) -> Callable[..., list]:
     return rule
 
 
-RULES["pjit"] = _inline("jaxpr")
 RULES["jit"] = _inline("jaxpr")
-RULES["closed_call"] = _inline("call_jaxpr")
-RULES["core_call"] = _inline("call_jaxpr")
-RULES["remat"] = _inline("jaxpr")
-RULES["checkpoint"] = _inline("jaxpr")
-RULES["remat2"] = _inline("jaxpr")
+RULES["remat2"] = _inline("jaxpr")  # jax.checkpoint
 RULES["custom_jvp_call"] = _inline("call_jaxpr")
 RULES["custom_vjp_call"] = _inline("call_jaxpr")
-RULES["custom_vjp_call_jaxpr"] = _inline("fun_jaxpr")
 
 
 @_rule("cond")

@@ -47,8 +47,24 @@ def assert_same(got, want, rtol=2e-6, atol=1e-6):
             np.testing.assert_array_equal(g, w)
 
 
+def _through_jax(fn):
+    """`fn` with its array arguments made JAX arrays first (jnp.asarray), so that pathways hands
+    it to JAX's tracer even where `fn` is all operators, which pathways' own tracer takes."""
+
+    def wrapped(*args):
+        def as_jax(x):
+            keys = not hasattr(x, "dtype") or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+            return x if keys else jnp.asarray(x)
+
+        return fn(*jax.tree_util.tree_map(as_jax, args))
+
+    return wrapped
+
+
 def check(fn, *args, rtol=2e-6, atol=1e-6):
-    assert_same(pw.jit(fn)(*args), jax.jit(fn)(*args), rtol, atol)
+    jitted = pw.jit(_through_jax(fn))
+    assert_same(jitted(*args), jax.jit(fn)(*args), rtol, atol)
+    assert jitted._mapped()._front_end == "jax"
 
 
 UNARY = {
@@ -59,7 +75,8 @@ UNARY = {
     "is_finite": jnp.isfinite, "log1p": jnp.log1p, "expm1": jnp.expm1, "logistic": jax.nn.sigmoid,
     "erf": jax.scipy.special.erf, "erfc": jax.scipy.special.erfc, "square": jnp.square,
     "integer_pow3": lambda x: x ** 3, "integer_pow_m2": lambda x: lax.integer_pow(x, -2),
-    "arcsin": jnp.arcsin, "arctan": jnp.arctan, "sinh": jnp.sinh, "arcsinh": jnp.arcsinh,
+    "arcsin": jnp.arcsin, "arccos": jnp.arccos, "arctan": jnp.arctan, "sinh": jnp.sinh,
+    "cosh": jnp.cosh, "arcsinh": jnp.arcsinh, "arccosh": jnp.arccosh, "arctanh": jnp.arctanh,
     "exp2": jnp.exp2, "cbrt": jnp.cbrt, "relu": jax.nn.relu, "gelu": jax.nn.gelu,
     "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False), "silu": jax.nn.silu,
     "softplus": jax.nn.softplus, "stop_gradient": lax.stop_gradient,
@@ -99,7 +116,7 @@ def test_integer_ops_against_jax():
     b = np.array([2, 2, 3, -1, -1, 0, 0, -4], np.int32)
     check(lambda a, b: (lax.div(a, b), lax.rem(a, b)), a, b)
     check(lambda a, b: (a // jnp.where(b == 0, 1, b), a % jnp.where(b == 0, 1, b)), a, b)
-    check(lambda a, b: (a & b, a | b, a ^ b, ~a, a << (b & 7), a >> (b & 7)), a, b)
+    check(lambda a, b: (a & b, a | b, a ^ b, ~a, a << (b & 7), a >> (b & 7), ~(a > b)), a, b)
     check(lambda a: (jnp.abs(a), jnp.sign(a), -a, a.astype(jnp.float32)), a)
     u = np.array([0, 1, 2**32 - 1, 12345, 7], np.uint32)
     check(lambda u: (lax.shift_right_logical(u, jnp.uint32(3)), u * jnp.uint32(3), u + u,
@@ -123,6 +140,10 @@ def test_shapes_against_jax():
     check(lambda x: (jnp.pad(x, ((1, 2), (0, 1), (2, 0)), constant_values=3.0),
                      lax.pad(x, 1.5, ((1, -1, 1), (-1, 2, 0), (0, 0, 2)))), x)
     check(lambda x: jnp.split(x, [1, 3], axis=2), x)
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    check(lambda x: (lax.reduce_precision(x, 8, 7), lax.reduce_precision(x, 8, 23),
+                     lax.optimization_barrier(x), jax.device_put(x) * 2,
+                     lax.with_sharding_constraint(x, one_device)), x)
     check(lambda x: jnp.unstack(x, axis=1), x)
 
 
@@ -162,6 +183,9 @@ def test_indexing_against_jax():
                         x.at[i].max(0.5), x.at[i].min(0.0), x.at[2].get()), x, idx)
     check(lambda x, i: (x.at[i + 10].get(mode="fill", fill_value=-7.0), x.at[i + 10].add(1.0, mode="drop"),
                         x.at[i + 10].get(mode="clip")), x, idx)
+    u = jnp.asarray(idx[:3])  # unique indices: set, mul, min, max and sub have one answer
+    check(lambda x, i: (x.at[i].set(-2.0), x.at[i].multiply(3.0), x.at[i].min(-0.5),
+                        x.at[i, 1].max(0.5), x.at[i].subtract(1.0)), x, np.asarray(u))
     check(lambda x, i: jnp.take_along_axis(x, jnp.argsort(x, axis=1), axis=1), x, idx)
     check(lambda x, s: (lax.dynamic_slice(x, (s, s + 1), (2, 3)), lax.dynamic_update_slice(x, jnp.ones((2, 2)), (s, 5)),
                         lax.dynamic_slice_in_dim(x, s * 9, 2, 0)), x, np.int32(3))
@@ -191,6 +215,7 @@ def test_random_bits_against_jax():
           rtol=1e-5)
     new_style = jax.random.key(7)
     check(lambda k: jax.random.key_data(jax.random.split(k, 2)), new_style)
+    check(lambda k: jax.random.normal(jax.random.clone(k), (3,)), new_style)
     check(lambda s: jax.random.key_data(jax.random.PRNGKey(s)), np.int32(123))
     check(lambda k: jax.random.truncated_normal(k, -1.0, 2.0, (5,)), key, rtol=1e-5)
 
@@ -269,8 +294,9 @@ def test_float64_arguments_without_x64_are_float32_as_in_jax():
 
 
 def check_pmap(fn, devices, *args, rtol=2e-6, atol=1e-6):
-    assert_same(pw.pmap(fn, axis_name="i", devices=devices)(*args), jax.vmap(fn, axis_name="i")(*args),
-                rtol, atol)
+    mapped = pw.pmap(_through_jax(fn), axis_name="i", devices=devices)
+    assert_same(mapped(*args), jax.vmap(fn, axis_name="i")(*args), rtol, atol)
+    assert mapped._front_end == "jax"
 
 
 def test_collectives_against_jax(tpus4):
@@ -287,6 +313,7 @@ def test_collectives_against_jax(tpus4):
                           lax.all_to_all(x.reshape(2, 4), "i", 1, 0, tiled=True),
                           lax.all_to_all(x, "i", 0, 0, tiled=True)), tpus4, x)
     check_pmap(lambda x: lax.ppermute(x, "i", [(0, 1), (1, 2), (2, 3), (3, 0)]), tpus4, x)
+    check_pmap(lambda x: lax.pbroadcast(x, "i", 2), tpus4, x)
     check_pmap(lambda x: jax.grad(lambda v: jnp.sum(lax.pmean(v, "i") ** 2))(x), tpus4, x)
 
 
