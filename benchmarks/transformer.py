@@ -645,20 +645,27 @@ def summarize(data: dict) -> dict:
     return s
 
 
+def _throughput_targets(size: str, what: str, one: dict, peer: dict, two: dict) -> list:
+    """The tokens/s targets of one model: 1 device vs its JAX peer, and DP 2 vs 1 device."""
+    lines = []
+    if "tokens_s" in one and "tokens_s" in peer:
+        r = one["tokens_s"] / peer["tokens_s"]
+        lines.append((f"{size}: {what}pathways 1 device / {what}jax.jit tokens/s = {r:.2f} "
+                      f"({h.fmt_rate(one['tokens_s'])} vs {h.fmt_rate(peer['tokens_s'])}; "
+                      f"target >= {TARGET_JIT_RATIO:.1f})", r >= TARGET_JIT_RATIO))
+    if "tokens_s" in one and "tokens_s" in two:
+        r = two["tokens_s"] / one["tokens_s"]
+        lines.append((f"{size}: {what}pathways DP 2 devices / 1 device tokens/s = {r:.2f} "
+                      f"(target >= {TARGET_DP2_SPEEDUP})", r >= TARGET_DP2_SPEEDUP))
+    return lines
+
+
 def targets(summary: dict) -> list:
     """[(line, met or None)]."""
     lines = []
     for size in SIZES:
         pw1, jit, pw2 = (summary.get(f"{k}_{size}", {}) for k in ("pw1", "jit", "pw2"))
-        if "tokens_s" in pw1 and "tokens_s" in jit:
-            r = pw1["tokens_s"] / jit["tokens_s"]
-            lines.append((f"{size}: pathways 1 device / jax.jit tokens/s = {r:.2f} "
-                          f"({h.fmt_rate(pw1['tokens_s'])} vs {h.fmt_rate(jit['tokens_s'])}; "
-                          f"target >= {TARGET_JIT_RATIO:.1f})", r >= TARGET_JIT_RATIO))
-        if "tokens_s" in pw1 and "tokens_s" in pw2:
-            r = pw2["tokens_s"] / pw1["tokens_s"]
-            lines.append((f"{size}: pathways DP 2 devices / 1 device tokens/s = {r:.2f} "
-                          f"(target >= {TARGET_DP2_SPEEDUP})", r >= TARGET_DP2_SPEEDUP))
+        lines += _throughput_targets(size, "", pw1, jit, pw2)
         if "trace_compile_s" in pw1 and "trace_compile_s" in jit:
             r = jit["trace_compile_s"] / pw1["trace_compile_s"]
             lines.append((f"{size}: trace+compile jax.jit {jit['trace_compile_s'] * 1e3:.0f} ms / "
@@ -670,15 +677,7 @@ def targets(summary: dict) -> list:
             lines.append((f"{size}: flax first call, pathways {fpw1['first_call_s'] * 1e3:.0f} ms / "
                           f"jax.jit {fjit['first_call_s'] * 1e3:.0f} ms = {r:.2f} "
                           f"(target <= {TARGET_FLAX_FIRST_CALL})", r <= TARGET_FLAX_FIRST_CALL))
-        if "tokens_s" in fpw1 and "tokens_s" in fjit:
-            r = fpw1["tokens_s"] / fjit["tokens_s"]
-            lines.append((f"{size}: flax pathways 1 device / flax jax.jit tokens/s = {r:.2f} "
-                          f"({h.fmt_rate(fpw1['tokens_s'])} vs {h.fmt_rate(fjit['tokens_s'])}; "
-                          f"target >= {TARGET_JIT_RATIO:.1f})", r >= TARGET_JIT_RATIO))
-        if "tokens_s" in fpw1 and "tokens_s" in fpw2:
-            r = fpw2["tokens_s"] / fpw1["tokens_s"]
-            lines.append((f"{size}: flax pathways DP 2 devices / 1 device tokens/s = {r:.2f} "
-                          f"(target >= {TARGET_DP2_SPEEDUP})", r >= TARGET_DP2_SPEEDUP))
+        lines += _throughput_targets(size, "flax ", fpw1, fjit, fpw2)
     return lines
 
 
