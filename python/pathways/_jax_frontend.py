@@ -1532,6 +1532,71 @@ def _scan(ctx: _Ctx, *ops: Tracer, jaxpr: Any, length: int, reverse: bool, num_c
     return list(finals) + list(ys)
 
 
+# --- Linear algebra --------------------------------------------------------------------------
+
+
+def _swap_last(ctx: _Ctx, x: Tracer) -> Tracer:
+    perm = list(range(x.ndim - 2)) + [x.ndim - 1, x.ndim - 2]
+    return _b(ctx, "transpose", x, perm=perm)
+
+
+@_rule("cholesky")
+def _cholesky(ctx: _Ctx, x: Tracer, **_: Any) -> Tracer:
+    return _b(ctx, "cholesky", x)
+
+
+@_rule("lu")
+def _lu(ctx: _Ctx, x: Tracer) -> list:
+    return _b(ctx, "lu", x)
+
+
+@_rule("eigh")
+def _eigh(ctx: _Ctx, x: Tracer, *, lower: bool, sort_eigenvalues: bool, subset_by_index: Any,
+          **_: Any) -> list:
+    if subset_by_index is not None and tuple(subset_by_index) != (0, x.shape[-1]):
+        raise ctx.fail(f"eigh with subset_by_index={subset_by_index}")
+    w, v = _b(ctx, "eigh", x if lower else _swap_last(ctx, x))  # ascending, as sort_eigenvalues
+    return [v, w]
+
+
+@_rule("qr")
+def _qr(ctx: _Ctx, x: Tracer, *, full_matrices: bool, pivoting: bool = False, **_: Any) -> list:
+    if pivoting:
+        raise ctx.fail("qr with pivoting")
+    return _b(ctx, "qr", x, full_matrices=full_matrices)
+
+
+@_rule("svd")
+def _svd(ctx: _Ctx, x: Tracer, *, full_matrices: bool, compute_uv: bool, subset_by_index: Any,
+         **_: Any) -> list:
+    if subset_by_index is not None and tuple(subset_by_index) != (0, min(x.shape[-2:])):
+        raise ctx.fail(f"svd with subset_by_index={subset_by_index}")
+    u, sv, vt = _b(ctx, "svd", x, full_matrices=full_matrices)
+    return [sv, u, vt] if compute_uv else [sv]
+
+
+@_rule("triangular_solve")
+def _triangular_solve(ctx: _Ctx, a: Tracer, b: Tracer, *, left_side: bool, lower: bool,
+                      transpose_a: bool, unit_diagonal: bool, **_: Any) -> Tracer:
+    if left_side:
+        return _b(ctx, "triangular_solve", a, b, lower=lower, unit_diagonal=unit_diagonal,
+                  transpose_a=transpose_a)
+    # x op(a) = b is op(a)^T x^T = b^T
+    xt = _b(ctx, "triangular_solve", a, _swap_last(ctx, b), lower=lower, unit_diagonal=unit_diagonal,
+            transpose_a=not transpose_a)
+    return _swap_last(ctx, xt)
+
+
+@_rule("custom_linear_solve")
+def _custom_linear_solve(ctx: _Ctx, *args: Tracer, const_lengths: Any, jaxprs: Any) -> list:
+    # The solve itself (its transpose and matvecs are for JAX's differentiation, done by now).
+    groups, k = [], 0
+    for n in const_lengths:
+        groups.append(list(args[k:k + n]))
+        k += n
+    return ctx.lower(jaxprs.solve, [*groups[2], *args[k:]])
+
+
 # --- Random numbers --------------------------------------------------------------------------
 
 

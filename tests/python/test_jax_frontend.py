@@ -517,3 +517,29 @@ def test_readme_primitive_table_lists_every_rule():
     rows = re.findall(r"^\| `([^`]+)` \|", section, re.M)
     assert sorted(rows) == sorted(_jax_frontend.RULES)
     assert "NOT TESTED" not in section
+
+
+def test_linalg_against_jax():
+    a = _f32(3, 4, 4)
+    spd = np.einsum("bij,bkj->bik", a, a) + 4 * np.eye(4, dtype=np.float32)
+    b = _f32(3, 4, 2)
+    tol = dict(rtol=2e-4, atol=2e-5)
+    check(lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.inv(a), jnp.linalg.det(a),
+                        jnp.linalg.slogdet(a)), a, b, **tol)
+    check(lambda s: (jnp.linalg.cholesky(s), jnp.linalg.eigvalsh(s), jnp.linalg.svd(s, compute_uv=False),
+                     jnp.linalg.eigh(s, UPLO="U")[0]), spd, **tol)
+    check(lambda a, b: (jax.scipy.linalg.solve_triangular(a, b, lower=True),
+                        jax.scipy.linalg.solve_triangular(a, b, lower=False, trans=1, unit_diagonal=True),
+                        lax.linalg.triangular_solve(a, jnp.swapaxes(b, 1, 2), left_side=False, lower=True)),
+          a, b, **tol)
+
+    # Decompositions whose vectors have a free sign: compared by what they reconstruct.
+    def rebuilt(a, s):
+        q, r = jnp.linalg.qr(a)
+        u, sv, vt = jnp.linalg.svd(a, full_matrices=False)
+        w, v = jnp.linalg.eigh(s)
+        return (q @ r, jnp.abs(jnp.diagonal(r, axis1=1, axis2=2)), (u * sv[:, None, :]) @ vt,
+                (v * w[:, None, :]) @ jnp.swapaxes(v, 1, 2))
+
+    check(rebuilt, a, spd, **tol)
+    check(jax.grad(lambda a, b: jnp.sum(jnp.linalg.solve(a, b) ** 2)), a, b, rtol=1e-3, atol=1e-4)
