@@ -138,6 +138,13 @@ def _raised_in_pathways(exc: BaseException) -> Optional[str]:
     return name
 
 
+def traced_by_jax(tree: Any) -> bool:
+    """Whether a leaf of `tree` is a value of JAX's tracer: the function it was given to is
+    being traced by JAX (a transformation given them does JAX's transformation)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
 # --- Tracing with JAX --------------------------------------------------------------------
 
 

@@ -41,7 +41,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
-from pathways import _core
+from pathways import _core, _jax_frontend
 from pathways._autodiff import _FLOAT_DTYPE_NAMES, _backward, _Tape, _zeros
 from pathways._pmap import (
     PmapFunction,
@@ -715,6 +715,10 @@ def _jvp_function(fn: Callable[..., Any], name: str, has_aux: bool, devices: Any
     """A pmap'd function of `(primals, tangents)` giving `fn`'s jvp."""
 
     def jvp_of(primals: tuple, tangents: tuple) -> tuple:
+        if _jax_frontend.traced_by_jax((primals, tangents)):  # fn is JAX's: JAX's jvp
+            import jax
+
+            return jax.jvp(fn, primals, tangents, has_aux=has_aux)
         return _jvp_in_trace(_state.function, fn, primals, tangents, has_aux)
 
     jvp_of.__name__ = f"jvp_of_{name}"

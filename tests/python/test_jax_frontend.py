@@ -543,3 +543,18 @@ def test_linalg_against_jax():
 
     check(rebuilt, a, spd, **tol)
     check(jax.grad(lambda a, b: jnp.sum(jnp.linalg.solve(a, b) ** 2)), a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_pw_vjp_and_jvp_of_a_pmapped_jax_function(tpus2):
+    def fn(x):
+        return jnp.sin(x) * jnp.sum(x ** 2)
+
+    f = pw.pmap(fn, devices=tpus2)
+    x = _f32(2, 3)
+    ct = _f32(2, 3)
+    out, pullback = pw.vjp(f, x)
+    assert_same(out, jax.vmap(fn)(x))
+    assert_same(pullback(ct), jax.vmap(lambda v, c: jax.vjp(fn, v)[1](c))(x, ct), rtol=1e-5)
+    y, t = pw.jvp(f, (x,), (ct,))
+    wy, wt = jax.vmap(lambda v, c: jax.jvp(fn, (v,), (c,)))(x, ct)
+    assert_same((y, t), (wy, wt), rtol=1e-5)
