@@ -1240,12 +1240,48 @@ def _mode(mode: Any) -> str:
             "ONE_HOT": "clip"}.get(name, "clip")
 
 
+def _along_one_axis(operand_shape: Sequence[int], index_map: Sequence[int], collapsed: Sequence[int],
+                    batching: Sequence[int], sizes: Sequence[int], window_positions: Sequence[int],
+                    rank: int, nb: int) -> Optional[int]:
+    """The operand axis d when a gather or scatter is numpy's take along d (whole slices of
+    every other axis, one index per batch element, the batch dims in d's place), else None."""
+    if len(index_map) != 1 or batching:
+        return None
+    d = index_map[0]
+    if set(collapsed) != {d} or sizes[d] != 1:
+        return None
+    if any(sizes[k] != operand_shape[k] for k in range(len(operand_shape)) if k != d):
+        return None
+    batch_positions = [p for p in range(rank) if p not in window_positions]
+    return d if batch_positions == list(range(d, d + nb)) else None
+
+
+def _index_column(ctx: _Ctx, indices: Tracer) -> Tracer:
+    """The indices' one index vector element: int32 of the batch shape."""
+    return _convert(ctx, _b(ctx, "reshape", indices, shape=list(indices.shape[:-1])), np.int32)
+
+
 @_rule("gather")
 def _gather(ctx: _Ctx, operand: Tracer, indices: Tracer, *, dimension_numbers: Any,
             slice_sizes: Sequence[int], mode: Any, fill_value: Any = None, **_: Any) -> Tracer:
     dn = dimension_numbers
     out_shape, _dtype = _out_aval(ctx)
     offset_dims = list(dn.offset_dims)
+    d = _along_one_axis(operand.shape, dn.start_index_map, dn.collapsed_slice_dims,
+                        getattr(dn, "operand_batching_dims", ()), slice_sizes, offset_dims,
+                        len(out_shape), indices.ndim - 1)
+    if d is not None and operand.size and math.prod(out_shape):
+        # Rows (embeddings, x[idx], x[:, idx]): one take, its indices clipped as JAX clamps.
+        idx = _index_column(ctx, indices)
+        out = _b(ctx, "take", operand, idx, axis=d)
+        if _mode(mode) == "clip":
+            return out
+        ok = _b(ctx, "and", _b(ctx, "ge", idx, ctx.const(0, np.int32)),
+                _b(ctx, "lt", idx, ctx.const(operand.shape[d], np.int32)))
+        view = [1] * d + list(idx.shape) + [1] * (len(out_shape) - d - idx.ndim)
+        ok = _b(ctx, "broadcast_to", _b(ctx, "reshape", ok, shape=view), shape=list(out_shape))
+        fill = _full(ctx, _fill_value(operand.dtype, fill_value), out_shape, operand.dtype)
+        return _b(ctx, "select", ok, out, fill)
     collapsed = set(dn.collapsed_slice_dims) | set(getattr(dn, "operand_batching_dims", ()))
     window_dims = [d for d in range(operand.ndim) if d not in collapsed]
     starts, batch_shape = _index_starts(ctx, indices, dn.start_index_map,
@@ -1288,11 +1324,23 @@ def _scatter(combiner: str) -> Callable[..., Tracer]:
         sizes = [1] * operand.ndim
         for u, d in zip(window_update_dims, window_dims):
             sizes[d] = updates.shape[u]
+        if updates.size == 0 or operand.size == 0:
+            return operand
+        d = _along_one_axis(operand.shape, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
+                            getattr(dn, "operand_batching_dims", ()), sizes, window_update_dims,
+                            updates.ndim, indices.ndim - 1)
+        if d is not None:
+            # Rows (an embedding's gradient): one scatter along d; out-of-range indices are
+            # dropped by the op (FILL_OR_DROP), or clamped first (CLIP).
+            idx = _index_column(ctx, indices)
+            if _mode(mode) == "clip":
+                idx = _b(ctx, "min", _b(ctx, "max", idx, ctx.const(0, np.int32)),
+                         ctx.const(operand.shape[d] - 1, np.int32))
+            return _b(ctx, "scatter", operand, idx, updates, combiner=combiner, axis=d,
+                      size=operand.shape[d])
         starts, batch_shape = _index_starts(ctx, indices, dn.scatter_dims_to_operand_dims,
                                             getattr(dn, "operand_batching_dims", ()),
                                             getattr(dn, "scatter_indices_batching_dims", ()))
-        if updates.size == 0 or operand.size == 0:
-            return operand
         clip = _mode(mode) == "clip"
         linear, ok = _flat_starts(ctx, operand.shape, starts, batch_shape, sizes, clip)
         if ok is not None:  # a window out of bounds is dropped whole: send it out of range
