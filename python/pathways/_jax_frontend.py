@@ -14,8 +14,9 @@ any other, and gradient tapes see its ops as their own.
 Every value a rule makes is checked against the shape and dtype JAX gave the
 equation's output, so a rule that disagrees with JAX is an error naming the
 primitive and the user's line, never a wrong answer. A primitive without a
-rule, or a dtype the devices do not have (complex64, float16, int64 ...),
-raises `UnsupportedJaxFeature` naming it and the line that made it.
+rule raises `UnsupportedJaxFeature` (a `NotImplementedError`), a dtype the
+devices do not have (complex64, float16, int64 ...) a `TypeError` as
+pathways' own tracer does; both name it and the user's line that made it.
 
 PRNG keys are their uint32 key data (shape + (2,) for threefry). The random
 primitives (`random_bits`, `random_split`, `random_fold_in`, `random_seed`)
@@ -40,7 +41,7 @@ from pathways._trace_state import (
     _state,
 )
 from pathways._pytree import TracedKeys
-from pathways._tracer import Tracer, _FunctionTrace, bind
+from pathways._tracer import Tracer, WeakTracer, _FunctionTrace, bind
 
 __all__ = ["UnsupportedJaxFeature", "MixedFrontEndsError", "RULES", "lower_jaxpr", "trace_with_jax",
            "is_jax_function_error"]
@@ -65,15 +66,6 @@ def _package_dir(name: str) -> Optional[str]:
     mod = sys.modules.get(name)
     f = getattr(mod, "__file__", None)
     return None if f is None else os.path.dirname(os.path.abspath(f)) + os.sep
-
-
-def _innermost_file(exc: BaseException) -> str:
-    tb = exc.__traceback__
-    last = None
-    while tb is not None:
-        last = tb
-        tb = tb.tb_next
-    return "" if last is None else os.path.abspath(last.tb_frame.f_code.co_filename)
 
 
 def unfiltered_jax_errors() -> Any:
@@ -192,8 +184,8 @@ def trace_with_jax(fn: Callable[..., Any], trace: _FunctionTrace, axis_size: int
             shape = x.data.shape[:len(x.data.shape) - len(impl.key_shape)]
             avals.append(jax.ShapeDtypeStruct(shape, prng.KeyTy(impl)))
             data.append(x.data)
-        else:
-            avals.append(jax.ShapeDtypeStruct(x.shape, x.dtype))
+        else:  # a Python scalar argument is weakly typed, as jax.jit makes it
+            avals.append(jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=type(x) is WeakTracer))
             data.append(x)
 
     def flat_fn(*xs: Any) -> Any:

@@ -558,3 +558,11 @@ def test_pw_vjp_and_jvp_of_a_pmapped_jax_function(tpus2):
     y, t = pw.jvp(f, (x,), (ct,))
     wy, wt = jax.vmap(lambda v, c: jax.jvp(fn, (v,), (c,)))(x, ct)
     assert_same((y, t), (wy, wt), rtol=1e-5)
+
+
+def test_python_scalar_arguments_are_weakly_typed_as_in_jax(jax64):
+    x = _f32(3)
+    got = pw.jit(lambda x, lr: jnp.sin(x) * lr)(x, 0.5)
+    want = jax.jit(lambda x, lr: jnp.sin(x) * lr)(x, 0.5)
+    assert got.dtype == want.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
