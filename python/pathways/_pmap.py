@@ -21,6 +21,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from pathways import _checks, _core, _jax_frontend
+from pathways._devices import checked_devices, make_virtual_device_set
 from pathways._pytree import (
     PyTreeDef,
     broadcast_prefix,
@@ -131,7 +132,7 @@ def mapped_arg(x: Any) -> Any:
 
 
 def _check_devices(devices: Any) -> list:
-    devices = _checks.devices(
+    devices = checked_devices(
         "pmap",
         devices,
         (_VirtualDevice,),
@@ -625,8 +626,6 @@ class PmapFunction:
             return self._devices
         vslice = self._slices.get(n)
         if vslice is None:
-            from pathways._devices import make_virtual_device_set
-
             vslice = make_virtual_device_set().add_slice(tpu_devices=n)
             self._slices[n] = vslice
         return vslice.devices
