@@ -57,7 +57,7 @@ from pathways._pytree import (
     tree_unflatten,
 )
 from pathways._trace_state import TracerError
-from pathways._tracer import Tracer
+from pathways._tracer import Tracer, stop_gradient
 from pathways._pmap import PmapFunction, pmap
 from pathways._jit import JitFunction, device_put, jit
 from pathways._collectives import (
@@ -72,7 +72,8 @@ from pathways._collectives import (
     psum_scatter,
     simulated_compute,
 )
-from pathways._autodiff import grad, stop_gradient, value_and_grad
+from pathways._autodiff import grad, value_and_grad
+from pathways import _vjp_rules  # noqa: F401 (sets the primitives' VJP rules)
 from pathways._vjp import jvp, vjp
 from pathways._dynamic import compact
 from pathways._diagnose import Diagnosis, HangWarning, diagnose

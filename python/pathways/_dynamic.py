@@ -32,8 +32,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from pathways import _core
+from pathways._checks import _to_array
 from pathways._jit import device_put
-from pathways._pmap import PmapFunction, _check_devices, _to_array
+from pathways._pmap import PmapFunction, _check_devices
 from pathways._trace_state import TracerError, _state, _TracerBase
 
 __all__ = ["compact"]

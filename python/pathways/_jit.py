@@ -17,8 +17,9 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from pathways import _checks, _core
+from pathways._checks import _to_array
 from pathways._devices import checked_devices, make_virtual_device_set
-from pathways._pmap import PmapFunction, _to_array, check_static, normalize_argnums
+from pathways._pmap import PmapFunction, check_static, normalize_argnums
 from pathways._pytree import tree_flatten, tree_unflatten
 from pathways._trace_state import TracerError, _state
 
