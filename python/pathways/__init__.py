@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Any, Optional, Sequence
+from typing import Any
 
 # OpenBLAS (the kernels' matmul) keeps its idle worker threads spinning for
 # 2^28 cycles, about 0.1 s, after every product, which takes a core from the
@@ -32,12 +32,11 @@ from typing import Any, Optional, Sequence
 # loads, so before _core; a value the user set is kept.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-import numpy as np  # noqa: E402
 # Registers bfloat16 with numpy, which _core names when it makes or reads
 # bfloat16 arrays (np.dtype("bfloat16")).
 import ml_dtypes  # noqa: E402, F401
 
-from pathways import _checks, _core  # noqa: E402
+from pathways import _core  # noqa: E402
 from pathways._devices import (
     HostInfo,
     VirtualDeviceSet,
@@ -57,10 +56,10 @@ from pathways._pytree import (
     tree_structure,
     tree_unflatten,
 )
-from pathways._trace_state import TracerError, _state
-from pathways._tracer import Tracer
-from pathways._pmap import PmapFunction, _to_array, pmap
-from pathways._jit import JitFunction, jit, put_on_shared_device
+from pathways._trace_state import TracerError
+from pathways._tracer import Tracer, stop_gradient
+from pathways._pmap import PmapFunction, pmap
+from pathways._jit import JitFunction, device_put, jit
 from pathways._collectives import (
     all_gather,
     all_to_all,
@@ -73,10 +72,12 @@ from pathways._collectives import (
     psum_scatter,
     simulated_compute,
 )
-from pathways._autodiff import grad, stop_gradient, value_and_grad
+from pathways._autodiff import grad, value_and_grad
+from pathways import _vjp_rules  # noqa: F401 (sets the primitives' VJP rules)
 from pathways._vjp import jvp, vjp
 from pathways._dynamic import compact
 from pathways._diagnose import Diagnosis, HangWarning, diagnose
+from pathways import _ray_hosts  # noqa: F401 (hosts="ray": its launcher, in pathways._hosts.LAUNCHERS)
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
 from pathways import lax  # pw.lax: top_k, scan, fori_loop, erf, cumsum, ... (like jax.lax)
@@ -115,53 +116,6 @@ transfer_stats = _core.transfer_stats
 scheduler_stats = _core.scheduler_stats
 
 atexit.register(_core.shutdown)
-
-
-def device_put(x: Any, devices: Optional[Sequence[Any]] = None) -> Any:
-    """Copies arrays onto devices, splitting each leading axis over them.
-
-    Like `jax.device_put_sharded` on stacked arrays: shard `i` (`x[i]`) goes
-    to `devices[i]`. `x` may be a pytree; every leaf is put. Without
-    `devices`, like `jax.device_put(x)`: each leaf whole onto the one device
-    that `pw.jit` functions given no device share, as a replicated
-    `ShardedBuffer` that they take with no copy.
-
-    Args:
-      x: A pytree of numpy arrays (float32, float64, int32, uint32, bool or
-        bfloat16; other integer dtypes become int32, as for `pmap` arguments) or array-likes
-        (Python floats become float64, ints int32), each with leading axis
-        `len(devices)`, or `ShardedBuffer`s (copied).
-      devices: Virtual devices (e.g. a slice's `.tpus`), a `VirtualSlice`, or
-        physical `Device`s; None: `pw.jit`'s shared device, unsplit.
-
-    Returns:
-      The pytree with `ShardedBuffer` leaves.
-
-    Raises:
-      ValueError: If a leading axis does not match the number of devices.
-      TypeError: For an unsupported dtype or leaf, or `devices` that are no
-        devices.
-      NotFoundError: For an unknown device.
-      ResourceExhaustedError: If the devices cannot hold it even after the
-        work in flight is done (until then it waits: back-pressure).
-      RuntimeError: Inside `with client:` for a closed client.
-    """
-    if devices is None:
-        return put_on_shared_device(x)
-    devices = _checks.devices(
-        "device_put",
-        devices,
-        (_core.VirtualDevice, _core.Device),
-        "a VirtualSlice or a sequence of devices (virtual ones such as a slice's `.tpus`, "
-        "or physical ones from pw.devices())",
-    )
-
-    leaves, treedef = tree_flatten(x)
-    client = _state.client  # inside `with client:` the buffers are the client's
-    return tree_unflatten(treedef, [
-        _core.device_put(np.asarray(_to_array(leaf, "device_put", i, "leaf"), order="C"), devices, client)
-        for i, leaf in enumerate(leaves)
-    ])
 
 
 def block_until_ready(tree: Any) -> Any:

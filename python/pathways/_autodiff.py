@@ -36,15 +36,13 @@ from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
-from pathways import _vjp_rules  # noqa: F401 (sets the primitives' VJP rules)
-from pathways._pmap import PmapFunction, _to_array
+from pathways._checks import _to_array
 from pathways._primitives import PRIMITIVES, Primitive
 from pathways._pytree import tree_flatten, tree_map, tree_unflatten
-from pathways._trace_state import TracerError, _state, _TracerBase
+from pathways._trace_state import TracerError, _state, _TracerBase, one_device_pmap
 from pathways._tracer import Tracer, _FunctionTrace, bind
-from pathways.numpy import broadcast_to as _broadcast_to
 
-__all__ = ["grad", "value_and_grad", "stop_gradient", "VJP_RULES"]
+__all__ = ["grad", "value_and_grad", "VJP_RULES"]
 
 # bfloat16 values get bfloat16 cotangents, as in JAX.
 _FLOAT_DTYPE_NAMES = ("float32", "float64", "bfloat16")
@@ -108,7 +106,64 @@ class _Tape:
 def _zeros(trace: _FunctionTrace, shape: Sequence[int], dtype: Any) -> Tracer:
     """Zeros of `shape` and `dtype`: a scalar constant broadcast (no array constant)."""
     z = trace.constant(np.zeros((), np.dtype(dtype)), None)
-    return _broadcast_to(z, shape)
+    return bind(trace, "broadcast_to", (z,), shape=list(shape))
+
+
+# --- The parameters of a backward function -----------------------------------------
+
+
+class _Parameters:
+    """The backward function's parameters, each added when an op first reads it.
+
+    Keys are forward value ids (residuals) and the caller's own keys (pathways._vjp's
+    `(_COTANGENT, j)` for output leaf `j`'s cotangent). A forward constant is emitted
+    again as a constant. pathways._vjp and pathways._control_flow split functions with it.
+    """
+
+    __slots__ = ("trace", "keys", "_ids", "_constants")
+
+    def __init__(self, trace: _FunctionTrace, constants: dict):
+        self.trace = trace
+        self.keys: list = []  # in parameter order
+        self._ids: dict = {}
+        self._constants = constants
+
+    def id_of(self, key: Any, shape: tuple, dtype: np.dtype) -> int:
+        vid = self._ids.get(key)
+        if vid is None:
+            b = self.trace.builder
+            const = self._constants.get(key) if type(key) is int else None
+            if const is not None:
+                vid = b.constant(const)
+            else:
+                vid = b.parameter(dtype.name, list(shape))
+                self.keys.append(key)
+            self._ids[key] = vid
+        return vid
+
+
+class _LazyParameter(Tracer):
+    """A traced value of the backward function that is a parameter once read.
+
+    `bind` reads `_id` of every operand it emits an op on, so a value the
+    backward ops never read never becomes a parameter (nor, thus, a residual).
+    """
+
+    __slots__ = ("_key", "_params")
+
+    def __init__(self, params: _Parameters, key: Any, shape: tuple, dtype: np.dtype):
+        self._trace = params.trace
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self._key = key
+        self._params = params
+
+    @property  # type: ignore[override]
+    def _id(self) -> int:  # noqa: D401 (overrides Tracer's slot)
+        return self._params.id_of(self._key, self.shape, self.dtype)
+
+
+# --- The rules -----------------------------------------------------------------------
 
 
 class _VjpRules(Mapping):
@@ -343,7 +398,7 @@ def _differentiate(
     nums = _normalize_argnums(argnums)
     single = not isinstance(argnums, (tuple, list))
     has_aux = bool(has_aux)
-    pmapped: list = []  # The cached PmapFunction, once created.
+    pmapped: list = []  # The cached pmap, once created.
     lock = threading.Lock()
 
     @functools.wraps(fn)
@@ -380,11 +435,11 @@ def _differentiate(
                     _check_concrete_leaf(leaf, p)
         if kwargs:
             # Keyword arguments are closed over: a fresh pmap (and trace) per call.
-            fn_1 = PmapFunction(per_device(kwargs), None, None)
+            fn_1 = one_device_pmap(per_device(kwargs))
         else:
             with lock:
                 if not pmapped:
-                    pmapped.append(PmapFunction(per_device({}), None, None))
+                    pmapped.append(one_device_pmap(per_device({})))
             fn_1 = pmapped[0]
         stacked = tree_map(lambda leaf: np.asarray(_to_array(leaf))[None], args)
         return tree_map(lambda o: np.asarray(o)[0, ...], fn_1(*stacked))
@@ -460,32 +515,3 @@ def value_and_grad(fn: Callable[..., Any], argnums: Union[int, Sequence[int]] = 
     if not callable(fn):
         raise TypeError(f"value_and_grad expects a callable, got {fn!r}")
     return _differentiate(fn, argnums, has_aux, with_value=True)
-
-
-def stop_gradient(x: Any) -> Any:
-    """`x`, with no gradient flowing back through it, like `jax.lax.stop_gradient`.
-
-    Args:
-      x: A pytree. Inside a function traced by `pw.pmap`, each float traced
-        leaf goes through a "stop_gradient" op (an identity that `grad`
-        treats as a constant); other leaves are returned as they are.
-        Outside a trace, `x` is returned unchanged.
-
-    Returns:
-      A pytree like `x`.
-
-    Raises:
-      TracerError: For a traced value used after its trace ended.
-    """
-    trace = _state.function
-    if trace is None:
-        return x
-
-    def stop(leaf: Any) -> Any:
-        if isinstance(leaf, Tracer):
-            leaf._check()
-            if leaf.dtype.name in _FLOAT_DTYPE_NAMES:
-                return bind(trace, "stop_gradient", (leaf,))
-        return leaf
-
-    return tree_map(stop, x)

@@ -5,6 +5,9 @@ ranges are checked by the C++ core, which knows the limits, so that every
 entry point (for instance `pw.configure` and `PATHWAYS_TOPOLOGY`) gives the
 same ValueError. The one range checked here is int64's: an integer beyond it
 cannot reach the core at all.
+
+`_to_array` converts a concrete argument leaf (of pmap, jit, device_put, grad
+called outside a trace ...) to the array the devices take, or raises.
 """
 
 from __future__ import annotations
@@ -14,6 +17,11 @@ import numbers
 import operator
 from collections.abc import Iterable
 from typing import Any, Optional
+
+import numpy as np
+
+from pathways import _core
+from pathways._trace_state import TracerError, _is_float, _TracerBase
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -142,36 +150,6 @@ def int_pairs(where: str, name: str, value: Any) -> list:
     return pairs
 
 
-def devices(where: str, value: Any, kinds: tuple, expected: str) -> list:
-    """`value` as a list of devices: a `VirtualSlice`'s, one device of `kinds`, or an iterable of them.
-
-    Args:
-      where: The function, for the message.
-      value: The `devices` argument.
-      kinds: The device classes accepted.
-      expected: What is accepted, in words, for the message.
-
-    Raises:
-      TypeError: For anything else (None, a str, a device of another kind),
-        naming `where` and `devices`.
-    """
-    from pathways._devices import VirtualSlice  # Local: _devices imports this module.
-
-    if isinstance(value, VirtualSlice):
-        return value.devices
-    if isinstance(value, kinds):
-        return [value]
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{where}: devices must be {expected}, got {value!r}")
-    out = list(value)
-    for k, d in enumerate(out):
-        if not isinstance(d, kinds):
-            raise TypeError(
-                f"{where}: devices must be {expected}, got {d!r} ({type(d).__name__}) at index {k}"
-            )
-    return out
-
-
 def device_ids(where: str, name: str, devices: Any) -> set:
     """`devices` (device ids, `pw.Device`s or virtual devices) as a set of physical device ids.
 
@@ -194,3 +172,60 @@ def device_ids(where: str, name: str, devices: Any) -> set:
             raise ValueError(f"{where}: {name} has unknown device id {d}; the devices are 0..{num_devices - 1}")
         ids.add(int(d))
     return ids
+
+
+# --- Argument leaves as arrays ---------------------------------------------------
+
+_ShardedBuffer = _core.ShardedBuffer
+
+_ACCEPTED_LEAVES = (
+    "accepted: ShardedBuffers, numpy arrays, jax.Arrays, Python and numpy scalars (bool, int, "
+    "float), and pytrees of them (tuples, lists, dicts, None, and JAX's registered nodes); pass "
+    "other leaves as static arguments, or split them off a JAX pytree first (an equinox "
+    "Module's functions: eqx.partition(model, eqx.is_array), then eqx.combine inside)"
+)
+
+
+def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str = "argument") -> Any:
+    """A ShardedBuffer or numpy array for a concrete argument leaf.
+
+    numpy arrays of float32, float64, int32, uint32, bool and bfloat16 keep their dtype
+    (other dtypes, e.g. float16, are rejected later with the supported ones
+    named); other integer arrays (numpy's default int64 included) and Python
+    ints become int32, as in JAX; Python floats become float64 and bools bool.
+
+    Args:
+      leaf: The argument leaf.
+      where, i, what: For messages: the function, the leaf's index and what
+        leaves are called ("pmap of 'f'", 2, "argument").
+
+    Raises:
+      TypeError: For a leaf that is no array or number (a set, a generator,
+        a dataclass, a str ...); it is not iterated.
+      ValueError: For integers outside int32's range.
+    """
+    if type(leaf) is _ShardedBuffer:
+        return leaf
+    if isinstance(leaf, _ShardedBuffer):
+        return leaf
+    if isinstance(leaf, _TracerBase):
+        raise TracerError(
+            f"escaped tracer: a traced value ({leaf.aval}) was used after its trace ended"
+        )
+    arr = np.asarray(leaf)
+    if arr.dtype.kind not in "biufc" and not _is_float(arr.dtype) and not isinstance(leaf, np.ndarray):
+        text = repr(leaf)
+        text = text if len(text) <= 60 else text[:57] + "..."
+        raise TypeError(
+            f"{where}: {what} {'' if i is None else f'{i} '}has type {type(leaf).__name__} "
+            f"({text}), not an array or number; {_ACCEPTED_LEAVES}"
+        )
+    if arr.dtype.kind in "iu" and arr.dtype != np.int32 and arr.dtype != np.uint32:
+        info = np.iinfo(np.int32)
+        if arr.size and (arr.min() < info.min or arr.max() > info.max):
+            raise ValueError(
+                f"an argument of dtype {arr.dtype} has values outside the int32 range, the "
+                "only integer dtype on the devices"
+            )
+        arr = arr.astype(np.int32)
+    return arr

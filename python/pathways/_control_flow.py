@@ -47,13 +47,11 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from pathways import _core
-from pathways._autodiff import _FLOAT_DTYPE_NAMES, _backward, _Tape, _zeros
+from pathways._autodiff import _FLOAT_DTYPE_NAMES, _backward, _LazyParameter, _Parameters, _Tape, _zeros
 from pathways._primitives import PRIMITIVES
-from pathways._pmap import _ir_name
 from pathways._pytree import tree_flatten, tree_unflatten
 from pathways._trace_state import TracerError, _state, _TracerBase, aval_str
-from pathways._tracer import Tracer, WeakTracer, _FunctionTrace, bind
-from pathways._vjp import _LazyParameter, _Parameters
+from pathways._tracer import Tracer, WeakTracer, _FunctionTrace, _ir_name, bind
 
 __all__ = ["scan_core", "checkpoint", "BodyFn", "WeakCarryPromoted", "static_int", "describe"]
 

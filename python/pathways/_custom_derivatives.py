@@ -57,9 +57,16 @@ from pathways._autodiff import _FLOAT_DTYPE_NAMES, _backward, _Tape, _zeros
 from pathways._pytree import tree_flatten, tree_map, tree_unflatten
 from pathways._trace_state import TracerError, _state, _TracerBase
 from pathways._tracer import Tracer, bind
-from pathways.numpy import zeros_like as _zeros_like
 
 __all__ = ["custom_vjp", "custom_jvp"]
+
+
+def _zeros_like(x: Any) -> Any:
+    """Zeros like `x`: a traced value's in its trace, numpy's otherwise."""
+    if isinstance(x, Tracer):
+        return _zeros(x._check(), x.shape, x.dtype)
+    return np.zeros_like(x)
+
 
 # The custom_vjp functions whose fwd runs now, on this thread (traces are per
 # thread): see custom_vjp._forward.

@@ -334,8 +334,29 @@ def make_virtual_device_set() -> VirtualDeviceSet:
     return VirtualDeviceSet()
 
 
-def as_device_list(devices: Any) -> list:
-    """Normalizes a `VirtualSlice` or a sequence of devices to a list."""
-    if isinstance(devices, VirtualSlice):
-        return list(devices.devices)
-    return list(devices)
+def checked_devices(where: str, value: Any, kinds: tuple, expected: str) -> list:
+    """`value` as a list of devices: a `VirtualSlice`'s, one device of `kinds`, or an iterable of them.
+
+    Args:
+      where: The function, for the message.
+      value: The `devices` argument.
+      kinds: The device classes accepted.
+      expected: What is accepted, in words, for the message.
+
+    Raises:
+      TypeError: For anything else (None, a str, a device of another kind),
+        naming `where` and `devices`.
+    """
+    if isinstance(value, VirtualSlice):
+        return value.devices
+    if isinstance(value, kinds):
+        return [value]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{where}: devices must be {expected}, got {value!r}")
+    out = list(value)
+    for k, d in enumerate(out):
+        if not isinstance(d, kinds):
+            raise TypeError(
+                f"{where}: devices must be {expected}, got {d!r} ({type(d).__name__}) at index {k}"
+            )
+    return out

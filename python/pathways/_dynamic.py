@@ -32,7 +32,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from pathways import _core
-from pathways._pmap import PmapFunction, _check_devices, _to_array
+from pathways._checks import _to_array
+from pathways._jit import device_put
+from pathways._pmap import PmapFunction, _check_devices
 from pathways._trace_state import TracerError, _state, _TracerBase
 
 __all__ = ["compact"]
@@ -88,8 +90,6 @@ def compact_now(x: Any, mask: Any, devices: Optional[list]) -> tuple:
         idx[i, : kept.size] = kept
         valid[i, : kept.size] = True
     values = _gather_on(devices)(x, idx, valid)
-    from pathways import device_put
-
     return values, device_put(counts, values.devices if devices is None else devices)
 
 

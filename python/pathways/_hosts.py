@@ -144,16 +144,21 @@ def connect(hosts: List[HostProcess], secret: str, islands: int, hosts_per_islan
 _launched: List[HostProcess] = []
 
 
+# Launchers of hosts elsewhere than on this machine, by mode: `launch(count, secret)`
+# gives the hosts' addresses. pathways._ray_hosts, which builds on this module,
+# adds "ray" (one host per Ray node) at its import.
+LAUNCHERS: dict = {}
+
+
 def launch_for_runtime(count: int, mode: str = "local_processes"):
     """The runtime's host launcher: starts `count` hosts; (addresses, secret).
 
-    `mode` is "local_processes" (this machine) or "ray" (one per Ray node).
+    `mode` is "local_processes" (this machine) or one of `LAUNCHERS` ("ray": one per Ray node).
     """
     secret = make_secret()
-    if mode == "ray":
-        from pathways import _ray_hosts
-
-        return _ray_hosts.launch(count, secret), secret
+    launch = LAUNCHERS.get(mode)
+    if launch is not None:
+        return launch(count, secret), secret
     if mode != "local_processes":
         raise ValueError(f"hosts={mode!r} is not started by the client")
     hosts = start_local_hosts(count, secret)

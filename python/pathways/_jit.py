@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
 
 from pathways import _checks, _core
+from pathways._checks import _to_array
+from pathways._devices import checked_devices, make_virtual_device_set
 from pathways._pmap import PmapFunction, check_static, normalize_argnums
+from pathways._pytree import tree_flatten, tree_unflatten
 from pathways._trace_state import TracerError, _state
 
-__all__ = ["JitFunction", "jit"]
+__all__ = ["JitFunction", "jit", "device_put"]
 
 _default_device: list = []  # the one device of jitted functions given no device
 
@@ -26,8 +31,6 @@ _default_device: list = []  # the one device of jitted functions given no device
 def _shared_device() -> Any:
     """The device every jitted function without `device` runs on (allocated once)."""
     if not _default_device:
-        from pathways._devices import make_virtual_device_set
-
         _default_device.append(make_virtual_device_set().add_slice(tpu_devices=1).tpus[0])
     return _default_device[0]
 
@@ -40,6 +43,53 @@ def put_on_shared_device(x: Any) -> Any:
     if not _identity:
         _identity.append(JitFunction(lambda tree: tree, (), (), None))
     return _identity[0](x)
+
+
+def device_put(x: Any, devices: Optional[Sequence[Any]] = None) -> Any:
+    """Copies arrays onto devices, splitting each leading axis over them.
+
+    Like `jax.device_put_sharded` on stacked arrays: shard `i` (`x[i]`) goes
+    to `devices[i]`. `x` may be a pytree; every leaf is put. Without
+    `devices`, like `jax.device_put(x)`: each leaf whole onto the one device
+    that `pw.jit` functions given no device share, as a replicated
+    `ShardedBuffer` that they take with no copy.
+
+    Args:
+      x: A pytree of numpy arrays (float32, float64, int32, uint32, bool or
+        bfloat16; other integer dtypes become int32, as for `pmap` arguments) or array-likes
+        (Python floats become float64, ints int32), each with leading axis
+        `len(devices)`, or `ShardedBuffer`s (copied).
+      devices: Virtual devices (e.g. a slice's `.tpus`), a `VirtualSlice`, or
+        physical `Device`s; None: `pw.jit`'s shared device, unsplit.
+
+    Returns:
+      The pytree with `ShardedBuffer` leaves.
+
+    Raises:
+      ValueError: If a leading axis does not match the number of devices.
+      TypeError: For an unsupported dtype or leaf, or `devices` that are no
+        devices.
+      NotFoundError: For an unknown device.
+      ResourceExhaustedError: If the devices cannot hold it even after the
+        work in flight is done (until then it waits: back-pressure).
+      RuntimeError: Inside `with client:` for a closed client.
+    """
+    if devices is None:
+        return put_on_shared_device(x)
+    devices = checked_devices(
+        "device_put",
+        devices,
+        (_core.VirtualDevice, _core.Device),
+        "a VirtualSlice or a sequence of devices (virtual ones such as a slice's `.tpus`, "
+        "or physical ones from pw.devices())",
+    )
+
+    leaves, treedef = tree_flatten(x)
+    client = _state.client  # inside `with client:` the buffers are the client's
+    return tree_unflatten(treedef, [
+        _core.device_put(np.asarray(_to_array(leaf, "device_put", i, "leaf"), order="C"), devices, client)
+        for i, leaf in enumerate(leaves)
+    ])
 
 
 def _call_with(fun: Callable[..., Any]) -> Callable[..., Any]:

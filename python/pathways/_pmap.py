@@ -14,13 +14,14 @@ at once.
 from __future__ import annotations
 
 import functools
-import re
 import threading
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from pathways import _checks, _core, _jax_frontend
+from pathways._checks import _to_array
+from pathways._devices import checked_devices, make_virtual_device_set
 from pathways._pytree import (
     PyTreeDef,
     broadcast_prefix,
@@ -33,11 +34,11 @@ from pathways._trace_state import (
     _SUPPORTED_DTYPE_NAMES,
     _SUPPORTED_DTYPES,
     TracerError,
-    _is_float,
     _state,
     _TracerBase,
+    set_front_end_pmap,
 )
-from pathways._tracer import Tracer, WeakTracer, _escaped, _FunctionTrace
+from pathways._tracer import Tracer, WeakTracer, _escaped, _FunctionTrace, _ir_name
 
 __all__ = ["PmapFunction", "pmap"]
 
@@ -52,65 +53,6 @@ class _Compiled(NamedTuple):
     program: Any  # _core.Program with one call node
     lowered: Any  # _core.LoweredProgram
     out_treedef: PyTreeDef
-
-
-def _ir_name(name: str) -> str:
-    """A name usable in IR text: "<lambda>" -> "lambda"."""
-    cleaned = re.sub(r"\W+", "_", name).strip("_")
-    return cleaned or "fn"
-
-
-_ACCEPTED_LEAVES = (
-    "accepted: ShardedBuffers, numpy arrays, jax.Arrays, Python and numpy scalars (bool, int, "
-    "float), and pytrees of them (tuples, lists, dicts, None, and JAX's registered nodes); pass "
-    "other leaves as static arguments, or split them off a JAX pytree first (an equinox "
-    "Module's functions: eqx.partition(model, eqx.is_array), then eqx.combine inside)"
-)
-
-
-def _to_array(leaf: Any, where: str = "pmap", i: Optional[int] = None, what: str = "argument") -> Any:
-    """A ShardedBuffer or numpy array for a concrete argument leaf.
-
-    numpy arrays of float32, float64, int32, uint32, bool and bfloat16 keep their dtype
-    (other dtypes, e.g. float16, are rejected later with the supported ones
-    named); other integer arrays (numpy's default int64 included) and Python
-    ints become int32, as in JAX; Python floats become float64 and bools bool.
-
-    Args:
-      leaf: The argument leaf.
-      where, i, what: For messages: the function, the leaf's index and what
-        leaves are called ("pmap of 'f'", 2, "argument").
-
-    Raises:
-      TypeError: For a leaf that is no array or number (a set, a generator,
-        a dataclass, a str ...); it is not iterated.
-      ValueError: For integers outside int32's range.
-    """
-    if type(leaf) is _ShardedBuffer:
-        return leaf
-    if isinstance(leaf, _ShardedBuffer):
-        return leaf
-    if isinstance(leaf, _TracerBase):
-        raise TracerError(
-            f"escaped tracer: a traced value ({leaf.aval}) was used after its trace ended"
-        )
-    arr = np.asarray(leaf)
-    if arr.dtype.kind not in "biufc" and not _is_float(arr.dtype) and not isinstance(leaf, np.ndarray):
-        text = repr(leaf)
-        text = text if len(text) <= 60 else text[:57] + "..."
-        raise TypeError(
-            f"{where}: {what} {'' if i is None else f'{i} '}has type {type(leaf).__name__} "
-            f"({text}), not an array or number; {_ACCEPTED_LEAVES}"
-        )
-    if arr.dtype.kind in "iu" and arr.dtype != np.int32 and arr.dtype != np.uint32:
-        info = np.iinfo(np.int32)
-        if arr.size and (arr.min() < info.min or arr.max() > info.max):
-            raise ValueError(
-                f"an argument of dtype {arr.dtype} has values outside the int32 range, the "
-                "only integer dtype on the devices"
-            )
-        arr = arr.astype(np.int32)
-    return arr
 
 
 def global_aval(x: Any) -> tuple:
@@ -131,7 +73,7 @@ def mapped_arg(x: Any) -> Any:
 
 
 def _check_devices(devices: Any) -> list:
-    devices = _checks.devices(
+    devices = checked_devices(
         "pmap",
         devices,
         (_VirtualDevice,),
@@ -625,8 +567,6 @@ class PmapFunction:
             return self._devices
         vslice = self._slices.get(n)
         if vslice is None:
-            from pathways._devices import make_virtual_device_set
-
             vslice = make_virtual_device_set().add_slice(tpu_devices=n)
             self._slices[n] = vslice
         return vslice.devices
@@ -775,6 +715,9 @@ class PmapFunction:
             )
         return compile_one_node(trace.builder.build(out_ids), self._devices_for(n), avals,
                                 out_treedef)
+
+
+set_front_end_pmap(PmapFunction)  # for pw.grad and pw.lax, below this layer
 
 
 def parameters(trace: _FunctionTrace, avals: Sequence[tuple], weak: Sequence[int] = ()) -> list:

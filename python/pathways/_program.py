@@ -16,8 +16,9 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from pathways import _core
+from pathways._checks import _to_array
+from pathways._pmap import PmapFunction, global_aval, mapped_arg
 from pathways._pytree import PyTreeDef, is_jax_array, tree_flatten, tree_unflatten
-from pathways._pmap import PmapFunction, _ir_name, _to_array, global_aval, mapped_arg
 from pathways._trace_state import (
     _SUPPORTED_DTYPE_NAMES,
     _SUPPORTED_DTYPES,
@@ -26,7 +27,7 @@ from pathways._trace_state import (
     _TracerBase,
     aval_str,
 )
-from pathways._tracer import Tracer
+from pathways._tracer import Tracer, _ir_name
 
 __all__ = ["Program", "ProgramTracer", "program"]
 

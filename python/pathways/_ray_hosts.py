@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any, List
 
+from pathways import _hosts
+
 # The placement group and actors of the runtime's hosts: they must live as
 # long as this process.
 _kept: List[Any] = []
@@ -36,15 +38,12 @@ class _HostActor:
 
     def start(self, secret: str, listen_ip: str | None) -> str:
         import ray
-        from pathways import _hosts
 
         ip = listen_ip or ray.util.get_node_ip_address()
         self.hosts = _hosts.start_local_hosts(1, secret, listen=f"{ip}:0")
         return self.hosts[0].address
 
     def stop(self) -> None:
-        from pathways import _hosts
-
         _hosts.stop_local_hosts(self.hosts)
 
 
@@ -81,3 +80,6 @@ def launch(count: int, secret: str) -> List[str]:
     _kept.extend([group] + actors)
     listen_ip = os.environ.get("PATHWAYS_RAY_LISTEN_IP") or None
     return ray.get([a.start.remote(secret, listen_ip) for a in actors], timeout=_PLACEMENT_TIMEOUT + 60)
+
+
+_hosts.LAUNCHERS["ray"] = launch

@@ -6,7 +6,7 @@ Tracing state is thread-local, so several threads may trace and run at once.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -69,6 +69,23 @@ class _TraceState(threading.local):
 
 
 _state = _TraceState()
+
+
+# The front end's pmap (pathways._pmap's PmapFunction), which that module sets at
+# its import: the layers below the front end run through it.
+_front_end_pmap: Any = None
+
+
+def set_front_end_pmap(pmap: Any) -> None:
+    """Sets the front end's pmap, `pmap(fn, devices, axis_name)`: called by pathways._pmap."""
+    global _front_end_pmap
+    _front_end_pmap = pmap
+
+
+def one_device_pmap(fn: Callable[..., Any]) -> Any:
+    """`fn` as a `pw.pmap` over one device: how `pw.grad` and `pw.lax`'s functions run
+    when called outside any trace (their arguments get a leading axis of 1)."""
+    return _front_end_pmap(fn, None, None)
 
 
 def aval_str(shape: Sequence[int], dtype: Any) -> str:

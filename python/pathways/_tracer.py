@@ -1,19 +1,25 @@
-"""The values of a function trace: `Tracer` and its operators, the trace, and `bind`.
+"""The values of a function trace: `Tracer` and its operators, the trace, `bind`, `stop_gradient`.
 
 Every op a function trace records goes through `bind`: it emits the op of a
 primitive (pathways._primitives) into the trace's builder and shows it to the
 trace's active gradient tapes (pathways._autodiff), which is how `pw.grad`
 sees the computation.
+
+This is the core layer: it imports no transformation, op library or front
+end. `Tracer`'s methods and operators that pathways.numpy implements are
+installed on the class by pathways.numpy._methods.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from pathways import _checks
 from pathways._primitives import PRIMITIVES, Primitive
+from pathways._pytree import tree_map
 from pathways._trace_state import (
     JaxValueInPathwaysTrace,
     _SUPPORTED_DTYPE_NAMES,
@@ -24,37 +30,13 @@ from pathways._trace_state import (
     _TracerBase,
 )
 
-__all__ = ["Tracer", "bind"]
+__all__ = ["Tracer", "bind", "stop_gradient"]
 
 
-def _via_numpy(name: str, reflected: bool = False) -> Callable[..., Any]:
-    """A binary operator of Tracer that is `pathways.numpy.<name>(self, other)`
-    (`(other, self)` when reflected)."""
-
-    def method(self: "Tracer", other: Any) -> Any:
-        from pathways import numpy as pnp  # Local: pathways.numpy imports this module.
-
-        self._check()
-        fn = getattr(pnp, name)
-        return fn(other, self) if reflected else fn(self, other)
-
-    method.__name__ = f"__r{name}__" if reflected else f"__{name}__"
-    operands = "other and self" if reflected else "self and other"
-    method.__doc__ = f"`pathways.numpy.{name}` of {operands}."
-    return method
-
-
-def _reduction_via_numpy(name: str) -> Callable[..., Any]:
-    """A reduction method of Tracer that is `pathways.numpy.<name>(self, axis, keepdims=)`."""
-
-    def method(self: "Tracer", axis: Any = None, *, keepdims: bool = False) -> Any:
-        from pathways import numpy as pnp
-
-        return getattr(pnp, name)(self, axis=axis, keepdims=keepdims)
-
-    method.__name__ = name
-    method.__doc__ = f"`pathways.numpy.{name}` over `axis` (None: all), keeping them if `keepdims`."
-    return method
+def _ir_name(name: str) -> str:
+    """A name usable in IR text: "<lambda>" -> "lambda"."""
+    cleaned = re.sub(r"\W+", "_", name).strip("_")
+    return cleaned or "fn"
 
 
 # Arrays that live on devices (ours and JAX's): an operand of one of them is a
@@ -356,19 +338,6 @@ class Tracer(_TracerBase):
 
     __array_priority__ = 1000
 
-    # numpy functions and ufuncs of a traced value (`np.sum(x)`, `np.exp(x)`, and
-    # `np_array * x`, which numpy computes with the ufunc `np.multiply`) call their
-    # `pathways.numpy` namesakes, or raise TracerError naming the function.
-    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        from pathways import numpy as pnp
-
-        return pnp._numpy_ufunc(self, ufunc, method, inputs, kwargs)
-
-    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        from pathways import numpy as pnp
-
-        return pnp._numpy_function(self, func, args, kwargs)
-
     def __init__(self, trace: _FunctionTrace, value_id: int):
         self._trace = trace
         self._id = value_id
@@ -617,153 +586,17 @@ class Tracer(_TracerBase):
             "pathways.numpy, pathways.nn, pw.psum and the other collectives"
         )
 
-    # Operators and methods that pathways.numpy's functions implement.
-    __floordiv__ = _via_numpy("floor_divide")
-    __rfloordiv__ = _via_numpy("floor_divide", reflected=True)
-    __mod__ = _via_numpy("remainder")
-    __rmod__ = _via_numpy("remainder", reflected=True)
-    __divmod__ = _via_numpy("divmod")
-    __rdivmod__ = _via_numpy("divmod", reflected=True)
-    prod = _reduction_via_numpy("prod")
-    any = _reduction_via_numpy("any")
-    all = _reduction_via_numpy("all")
-    argmin = _reduction_via_numpy("argmin")
-
-    def round(self, decimals: int = 0) -> Any:
-        """Rounded to integer values, halves to even, as `pathways.numpy.round`."""
-        from pathways import numpy as pnp
-
-        return pnp.round(self, decimals)
-
-    def __matmul__(self, other: Any) -> Any:
-        from pathways import numpy as pnp  # Local: pathways.numpy imports this module.
-
-        self._check()
-        return pnp.matmul(self, other)
-
-    def __rmatmul__(self, other: Any) -> Any:
-        from pathways import numpy as pnp
-
-        self._check()
-        return pnp.matmul(other, self)
-
-    # --- Shapes (numpy semantics; see pathways.numpy) -------------------------
-
-    def reshape(self, *shape: Any) -> "Tracer":
-        """numpy's `reshape`: `x.reshape(2, 3)` or `x.reshape((2, -1))`."""
-        from pathways import numpy as pnp
-
-        return pnp.reshape(self, shape[0] if len(shape) == 1 else shape)
-
-    def transpose(self, *axes: Any) -> "Tracer":
-        """numpy's `transpose`: reversed dims, or `x.transpose(1, 0, 2)`."""
-        from pathways import numpy as pnp
-
-        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-            axes = tuple(axes[0])
-        return pnp.transpose(self, axes or None)
-
     @property
     def T(self) -> "Tracer":  # noqa: N802 (numpy's name)
         """The transpose (dimensions reversed)."""
         return self.transpose()
 
-    def swapaxes(self, axis1: int, axis2: int) -> "Tracer":
-        """numpy's `swapaxes`."""
-        from pathways import numpy as pnp
-
-        return pnp.swapaxes(self, axis1, axis2)
-
-    def squeeze(self, axis: Any = None) -> "Tracer":
-        """numpy's `squeeze`."""
-        from pathways import numpy as pnp
-
-        return pnp.squeeze(self, axis)
-
-    def ravel(self) -> "Tracer":
-        """numpy's `ravel`: a 1-d value, row-major."""
-        from pathways import numpy as pnp
-
-        return pnp.ravel(self)
-
-    flatten = ravel
-
-    def clip(self, a_min: Any = None, a_max: Any = None) -> "Tracer":
-        """numpy's `clip`."""
-        from pathways import numpy as pnp
-
-        return pnp.clip(self, a_min, a_max)
-
-    def var(self, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> "Tracer":
-        """numpy's `var` (ddof=0)."""
-        from pathways import numpy as pnp
-
-        return pnp.var(self, axis, dtype, keepdims=keepdims)
-
-    def std(self, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> "Tracer":
-        """numpy's `std` (ddof=0)."""
-        from pathways import numpy as pnp
-
-        return pnp.std(self, axis, dtype, keepdims=keepdims)
-
-    def take(self, indices: Any, axis: Any = None, mode: Optional[str] = None,
-             fill_value: Any = None) -> "Tracer":
-        """numpy's `take`, with JAX's modes (see `pathways.numpy.take`)."""
-        from pathways import numpy as pnp
-
-        return pnp.take(self, indices, axis, mode, fill_value)
-
-    def repeat(self, repeats: Any, axis: Any = None) -> "Tracer":
-        """numpy's `repeat` (see `pathways.numpy.repeat`)."""
-        from pathways import numpy as pnp
-
-        return pnp.repeat(self, repeats, axis)
-
-    def dot(self, b: Any) -> "Tracer":
-        """numpy's `dot` (see `pathways.numpy.dot`)."""
-        from pathways import numpy as pnp
-
-        return pnp.dot(self, b)
-
-    def cumsum(self, axis: Any = None, dtype: Any = None) -> "Tracer":
-        """numpy's `cumsum` (see `pathways.numpy.cumsum`)."""
-        from pathways import numpy as pnp
-
-        return pnp.cumsum(self, axis, dtype)
-
-    def cumprod(self, axis: Any = None, dtype: Any = None) -> "Tracer":
-        """numpy's `cumprod` (see `pathways.numpy.cumprod`)."""
-        from pathways import numpy as pnp
-
-        return pnp.cumprod(self, axis, dtype)
-
-    def sort(self, axis: Any = -1, kind: Optional[str] = None, order: Any = None, *,
-             stable: bool = True, descending: bool = False) -> "Tracer":
-        """The sorted values, as `jax.Array.sort` (a new value; see `pathways.numpy.sort`)."""
-        from pathways import numpy as pnp
-
-        return pnp.sort(self, axis, kind, order, stable=stable, descending=descending)
-
-    def argsort(self, axis: Any = -1, kind: Optional[str] = None, order: Any = None, *,
-                stable: bool = True, descending: bool = False) -> "Tracer":
-        """numpy's `argsort`, int32 (see `pathways.numpy.argsort`)."""
-        from pathways import numpy as pnp
-
-        return pnp.argsort(self, axis, kind, order, stable=stable, descending=descending)
-
-    @property
-    def at(self) -> Any:
-        """JAX's indexed updates, out of place: `x.at[idx].set(v)`, `.add(v)`,
-        `.subtract(v)`, `.multiply(v)` (`.mul`), `.min(v)`, `.max(v)`, `.get()`. The index
-        is any index `x[idx]` takes (ints, slices, None, Ellipsis, integer arrays, int32
-        traced values) and constant boolean masks; `v` broadcasts to the shape of
-        `x[idx]` and is cast to x's dtype; repeated indices accumulate for add, multiply,
-        min and max, and the last update wins for set; out-of-range traced indices are
-        dropped (see `pathways.numpy._at`)."""
-        from pathways.numpy._at import _IndexUpdateHelper
-
-        self._check()
-        return _IndexUpdateHelper(self)
+    # The methods and operators that pathways.numpy's functions implement (`//`, `%`,
+    # divmod, `@`, .prod() .any() .all() .argmin() .round(), shapes: .reshape()
+    # .transpose() .swapaxes() .squeeze() .ravel() .flatten(), .clip() .var() .std()
+    # .take() .repeat() .dot() .cumsum() .cumprod() .sort() .argsort(), `.at`,
+    # indexing, and numpy's __array_ufunc__ and __array_function__ protocols) are
+    # installed on this class by pathways.numpy (pathways.numpy._methods) at its import.
 
     def __bool__(self) -> bool:
         raise _control_flow_error(self, "bool()")
@@ -799,13 +632,6 @@ class Tracer(_TracerBase):
             raise TypeError(f"len() of unsized traced value ({self.aval})")
         return self.shape[0]
 
-    def __getitem__(self, index: Any) -> Any:
-        """numpy basic indexing with static indices (ints, slices, None, '...'), plus one
-        integer array or int32 traced value (a `take`)."""
-        from pathways import numpy as pnp
-
-        return pnp._getitem(self, index)
-
 
 class WeakTracer(Tracer):
     """A weakly typed traced value, as JAX's weak types: a constant of a Python
@@ -819,3 +645,32 @@ class WeakTracer(Tracer):
     """
 
     __slots__ = ()
+
+
+def stop_gradient(x: Any) -> Any:
+    """`x`, with no gradient flowing back through it, like `jax.lax.stop_gradient`.
+
+    Args:
+      x: A pytree. Inside a function traced by `pw.pmap`, each float traced
+        leaf goes through a "stop_gradient" op (an identity that `grad`
+        treats as a constant); other leaves are returned as they are.
+        Outside a trace, `x` is returned unchanged.
+
+    Returns:
+      A pytree like `x`.
+
+    Raises:
+      TracerError: For a traced value used after its trace ended.
+    """
+    trace = _state.function
+    if trace is None:
+        return x
+
+    def stop(leaf: Any) -> Any:
+        if isinstance(leaf, Tracer):
+            leaf._check()
+            if _is_float(leaf.dtype):
+                return bind(trace, "stop_gradient", (leaf,))
+        return leaf
+
+    return tree_map(stop, x)

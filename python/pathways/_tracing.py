@@ -4,7 +4,8 @@
   of traced values (program tracers share them);
 - pathways._primitives: the `Primitive` of every op;
 - pathways._tracer: `Tracer` and its operators, the function trace, `bind`;
-- pathways._pmap: `pmap`, `PmapFunction`, argument conversion;
+- pathways._checks: argument conversion (`_to_array`);
+- pathways._pmap: `pmap`, `PmapFunction`;
 - pathways._collectives: `psum`, `pmean`, `all_gather`, ... and `simulated_compute`.
 """
 
@@ -25,13 +26,11 @@ from pathways._collectives import (  # noqa: F401
     psum_scatter,
     simulated_compute,
 )
+from pathways._checks import _ACCEPTED_LEAVES, _to_array  # noqa: F401
 from pathways._pmap import (  # noqa: F401
-    _ACCEPTED_LEAVES,
     _check_devices,
     _Compiled,
-    _ir_name,
     _ShardedBuffer,
-    _to_array,
     _VirtualDevice,
     PmapFunction,
     pmap,
@@ -53,6 +52,7 @@ from pathways._tracer import (  # noqa: F401
     _control_flow_error,
     _escaped,
     _FunctionTrace,
+    _ir_name,
     bind,
 )
 

@@ -42,11 +42,11 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from pathways import _core, _jax_frontend
-from pathways._autodiff import _FLOAT_DTYPE_NAMES, _backward, _Tape, _zeros
+from pathways._autodiff import _FLOAT_DTYPE_NAMES, _backward, _LazyParameter, _Parameters, _Tape, _zeros
+from pathways._checks import _to_array
 from pathways._pmap import (
     PmapFunction,
     _Compiled,
-    _to_array,
     compile_one_node,
     mapped_arg,
     parameters,
@@ -70,56 +70,6 @@ def _is_float(dtype: Any) -> bool:
 
 
 # --- The split into a forward and a backward function ---------------------------
-
-
-class _Parameters:
-    """The backward function's parameters, each added when an op first reads it.
-
-    Keys are forward value ids (residuals) and `(_COTANGENT, j)` for output
-    leaf `j`'s cotangent. A forward constant is emitted again as a constant.
-    """
-
-    __slots__ = ("trace", "keys", "_ids", "_constants")
-
-    def __init__(self, trace: _FunctionTrace, constants: dict):
-        self.trace = trace
-        self.keys: list = []  # in parameter order
-        self._ids: dict = {}
-        self._constants = constants
-
-    def id_of(self, key: Any, shape: tuple, dtype: np.dtype) -> int:
-        vid = self._ids.get(key)
-        if vid is None:
-            b = self.trace.builder
-            const = self._constants.get(key) if type(key) is int else None
-            if const is not None:
-                vid = b.constant(const)
-            else:
-                vid = b.parameter(dtype.name, list(shape))
-                self.keys.append(key)
-            self._ids[key] = vid
-        return vid
-
-
-class _LazyParameter(Tracer):
-    """A traced value of the backward function that is a parameter once read.
-
-    `bind` reads `_id` of every operand it emits an op on, so a value the
-    backward ops never read never becomes a parameter (nor, thus, a residual).
-    """
-
-    __slots__ = ("_key", "_params")
-
-    def __init__(self, params: _Parameters, key: Any, shape: tuple, dtype: np.dtype):
-        self._trace = params.trace
-        self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
-        self._key = key
-        self._params = params
-
-    @property  # type: ignore[override]
-    def _id(self) -> int:  # noqa: D401 (overrides Tracer's slot)
-        return self._params.id_of(self._key, self.shape, self.dtype)
 
 
 class _VjpEntry(NamedTuple):

@@ -1,8 +1,10 @@
 """The VJP rules of the primitives: how `pw.grad` differentiates each op.
 
 Each rule is registered onto its `Primitive` (pathways._primitives) with
-`@_rule(name, ...)`, which sets the primitive's `vjp`; pathways._autodiff
-imports this module, and its backward pass calls `prim.vjp`.
+`@_rule(name, ...)`, which sets the primitive's `vjp`; the package imports
+this module, and pathways._autodiff's backward pass calls `prim.vjp`. The
+rules are written with pathways.numpy, a layer above pathways._autodiff, which
+imports neither.
 
 The rules emit their ops through `bind` (Tracer operators included), so a
 tape of an enclosing `grad` records the backward ops too: nested `grad` gives
@@ -26,6 +28,7 @@ from pathways.numpy import broadcast_to as _broadcast_to
 from pathways.numpy import concatenate as _concatenate
 from pathways.numpy.linalg import solve as _solve
 from pathways.numpy import reshape as _reshape
+from pathways.numpy import rint as _rint
 from pathways.numpy import take_along_axis as _take_along_axis
 from pathways.numpy import transpose as _transpose
 from pathways.numpy._indexing import _scatter_add_along_axis
@@ -163,9 +166,7 @@ def _rem_vjp(ct, ops, out, params, needs):
     def divisor() -> Tracer:
         # rem = a - trunc(a / b) * b: d/db = -trunc(a / b), the quotient
         # (a - rem) / b snapped to its integer (it is one up to rounding).
-        from pathways.numpy import rint  # Local: pathways.numpy imports this module.
-
-        return _unbroadcast(-ct * rint((a - out) / b), b.shape)
+        return _unbroadcast(-ct * _rint((a - out) / b), b.shape)
 
     return _lazy(needs, lambda: _unbroadcast(ct, a.shape), divisor)
 

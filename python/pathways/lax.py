@@ -27,11 +27,11 @@ from typing import Any, Callable
 import numpy as _np
 
 from pathways import _checks
+from pathways._checks import _to_array
 from pathways._control_flow import WeakCarryPromoted, describe, scan_core, static_int
-from pathways._pmap import PmapFunction, _to_array
 from pathways._pytree import tree_flatten, tree_map, tree_unflatten
 from pathways._trace_state import _SUPPORTED_DTYPE_NAMES, _SUPPORTED_DTYPES, TracerError
-from pathways._trace_state import _state, _TracerBase
+from pathways._trace_state import _state, _TracerBase, one_device_pmap
 from pathways._tracer import Tracer, WeakTracer, bind
 from pathways.numpy import clip as _clip
 from pathways.numpy import reshape as _reshape
@@ -102,7 +102,7 @@ def _run_outside(name: str, traced: Callable[..., Any], static: tuple, operands:
                 return traced(*xs, *static)
 
             per_device.__name__ = name
-            fn = _outside[key] = PmapFunction(per_device, None, None)
+            fn = _outside[key] = one_device_pmap(per_device)
     outs = fn(*arrays)
     if isinstance(outs, tuple):
         return tuple(_np.asarray(o)[0, ...] for o in outs)
@@ -606,7 +606,7 @@ def _scan_outside(f: Callable[..., Any], init: Any, xs: Any, length: Any, revers
         return scan(f, init, xs, length, reverse)
 
     per_device.__name__ = getattr(f, "__name__", "scan")
-    out = PmapFunction(per_device, None, None)(tree_map(stack, init), tree_map(stack, xs))
+    out = one_device_pmap(per_device)(tree_map(stack, init), tree_map(stack, xs))
     return tree_map(lambda o: _np.asarray(o)[0, ...], out)
 
 

@@ -18,8 +18,7 @@ import numpy as _np
 
 import pathways.numpy as _pnp
 from pathways import _checks
-from pathways._autodiff import stop_gradient
-from pathways._tracer import Tracer
+from pathways._tracer import Tracer, stop_gradient
 
 __all__ = [
     "relu",

@@ -19,11 +19,12 @@ namesakes here, and raise TracerError for those this module lacks.
 
 The functions live in submodules by job: `_elementwise` (ufuncs, `where` and
 what is built from them, `erf`), `_reductions`, `_shapes`, `_indexing` (`take`,
-`take_along_axis`, and indexing of traced values), `_at` (`x.at[index]`'s
-updates), `_sorting` (`cumsum`, `cumprod`, `sort`, `argsort`), `_linalg`
+`take_along_axis`), `_at` (`x.at[index]`'s updates, and `x[index]` of traced
+values), `_sorting` (`cumsum`, `cumprod`, `sort`, `argsort`), `_linalg`
 (`matmul`, `dot`, `tensordot`, `inner`, `outer`, `vdot`, `einsum`),
 `_rearrange` (`split`, `array_split`, `hstack`, `vstack`, `tile`, `repeat`,
-`roll`, `pad`); `_protocol` sends numpy's own functions here.
+`roll`, `pad`); `_protocol` sends numpy's own functions here, and `_methods`
+installs the methods of `Tracer` that these functions implement on the class.
 """
 
 from __future__ import annotations
@@ -147,14 +148,14 @@ from pathways.numpy._shapes import (
     swapaxes,
     transpose,
 )
-from pathways.numpy._indexing import _getitem, take, take_along_axis  # noqa: F401 (Tracer.__getitem__)
+from pathways.numpy._indexing import take, take_along_axis
 from pathways.numpy._sorting import argsort, cumprod, cumsum, median, percentile, quantile, sort
 from pathways.numpy._linalg import dot, einsum, inner, matmul, outer, tensordot, vdot
 from pathways.numpy import linalg  # pnp.linalg: norms, svd, solve, inv, det ...
 from pathways.numpy._rearrange import array_split, diff, hstack, pad, repeat, roll, split, tile, vstack
 from pathways.numpy._creation import arange, eye, full, linspace, ones, tril, triu, zeros
-# Tracer.__array_function__ and __array_ufunc__.
-from pathways.numpy._protocol import _numpy_function, _numpy_ufunc  # noqa: F401
+# Tracer's methods and operators that these functions implement, numpy's protocols among them.
+from pathways.numpy import _methods  # noqa: F401
 
 __all__ = [
     "zeros",

@@ -1,4 +1,4 @@
-"""`x.at[index]`: JAX's out-of-place indexed updates of a traced value.
+"""`x.at[index]`: JAX's out-of-place indexed updates of a traced value; and `x[index]`.
 
 `x.at[index].set(v)` (and `.add .subtract .multiply .mul .min .max .get`)
 returns a new value: `x` with `v`, broadcast to the shape of `x[index]`,
@@ -16,10 +16,15 @@ coordinates (broadcast views: no array of x's size is made), so numpy's own
 indexing rules place every dimension. A traced index adds its coordinate
 times its dimension's stride, gathered to the result's shape by constant
 positions found the same way.
+
+`x[index]` (`Tracer.__getitem__`, `_getitem`) is a slice and at most one `take`;
+the other indices (several integer arrays, boolean masks) are `x.at[index].get()`.
 """
 
 from __future__ import annotations
 
+import builtins as _builtins
+import operator as _operator
 from typing import Any, Optional
 
 import numpy as _np
@@ -28,8 +33,15 @@ from pathways._trace_state import TracerError, _TracerBase
 from pathways._tracer import Tracer, bind
 from pathways.numpy._common import _broadcasts_to
 from pathways.numpy._elementwise import where
-from pathways.numpy._indexing import _INT32_MAX, _checked_indices, _fill_value, take
-from pathways.numpy._shapes import broadcast_to, reshape
+from pathways.numpy._indexing import (
+    _INT32_MAX,
+    _checked_indices,
+    _fill_value,
+    _from_end,
+    _int_indices,
+    take,
+)
+from pathways.numpy._shapes import broadcast_to, reshape, transpose
 
 _UPDATE_MODES = (None, "drop", "fill", "clip", "promise_in_bounds")
 
@@ -342,3 +354,128 @@ class _IndexUpdateHelper:
 
     def __repr__(self) -> str:
         return f"_IndexUpdateHelper({self._x!r})"
+
+
+def _getitem(x: Tracer, index: Any) -> Tracer:
+    """`x[index]` for static indices: ints, slices (any step), None, Ellipsis, and at
+    most one integer array or int32 traced value (a `take` along its dimension);
+    several integer arrays, or a constant boolean mask, go through the general
+    gather of `x.at[index].get()`.
+
+    The result's shape follows numpy: with an array in the index, the ints are
+    advanced indices too, and if the advanced indices are not side by side (a
+    slice, None or '...' between them) the array's dimensions come first;
+    otherwise they stand where the array is.
+    """
+    trace = x._check()
+    idx = index if isinstance(index, tuple) else (index,)
+    is_array = lambda e: isinstance(e, (Tracer, _np.ndarray, list))  # noqa: E731
+    if _builtins.sum(1 for e in idx if e is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    for e in idx:
+        if isinstance(e, (bool, _np.bool_)):
+            raise IndexError(
+                f"indexing {x.aval} with a boolean scalar ({e!r}): numpy takes it as a mask "
+                "adding a dimension, which is not supported; use None or pw.numpy.where"
+            )
+    arrays = [e for e in idx if is_array(e)]
+    if len(arrays) > 1 or _builtins.any(
+        not isinstance(e, Tracer) and _np.asarray(e).dtype == _np.bool_ for e in arrays
+    ):
+        # Several integer arrays (broadcast together) or a constant boolean mask
+        # (its positions known now, as JAX takes a concrete mask): the general
+        # gather of x.at[index].get(), which clamps traced indices as x[i] does.
+        return _IndexUpdateRef(x, index).get()
+    advanced_at = [
+        k for k, e in enumerate(idx)
+        if is_array(e) or (e is not None and e is not Ellipsis and not isinstance(e, slice))
+    ]
+    arrays_first = (
+        _builtins.any(is_array(e) for e in idx)
+        and advanced_at[-1] - advanced_at[0] + 1 != len(advanced_at)
+    )
+    consumed = _builtins.sum(1 for e in idx if e is not None and e is not Ellipsis)
+    if consumed > x.ndim:
+        raise IndexError(
+            f"too many indices for traced value {x.aval}: {consumed} indices for {x.ndim} "
+            "dimensions"
+        )
+    if Ellipsis in [e for e in idx if not is_array(e)]:
+        k = next(i for i, e in enumerate(idx) if not is_array(e) and e is Ellipsis)
+        idx = idx[:k] + (slice(None),) * (x.ndim - consumed) + idx[k + 1 :]
+    else:
+        idx = idx + (slice(None),) * (x.ndim - consumed)
+    start, limit, step, rev = [], [], [], []
+    final: list = []  # the result shape, built entry by entry
+    advanced = None  # (dim, indices)
+    d = 0
+    for e in idx:
+        if e is None:
+            final.append(1)
+            continue
+        n = x.shape[d]
+        if is_array(e):
+            if advanced is not None:
+                raise IndexError(
+                    f"indexing {x.aval}: at most one integer array index is supported"
+                )
+            mask_dtype = e.dtype if isinstance(e, Tracer) else _np.asarray(e).dtype
+            if mask_dtype == _np.bool_:
+                raise IndexError(
+                    f"indexing {x.aval} with a boolean mask: the result's shape would depend "
+                    "on the data; use pw.numpy.where instead"
+                )
+            advanced = (d, e)
+            start.append(0), limit.append(n), step.append(1)
+            final.append(("take", d))
+        elif isinstance(e, slice):
+            b, s_end, st = e.indices(n)
+            count = len(range(b, s_end, st))
+            if count == 0:
+                start.append(0), limit.append(0), step.append(1)
+            elif st > 0:
+                start.append(b), limit.append(b + (count - 1) * st + 1), step.append(st)
+            else:
+                low = b + (count - 1) * st
+                start.append(low), limit.append(b + 1), step.append(-st)
+                rev.append(d)
+            final.append(count)
+        else:
+            try:
+                i = _operator.index(e)
+            except TypeError:
+                raise IndexError(
+                    f"indexing {x.aval}: only integers, slices, None, '...' and integer "
+                    f"arrays are valid indices, got {e!r}"
+                ) from None
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis {d} with size {n}")
+            i = i + n if i < 0 else i
+            start.append(i), limit.append(i + 1), step.append(1)
+        d += 1
+    y = bind(trace, "slice", (x,), start=start, limit=limit, step=step)
+    if rev:
+        y = bind(trace, "rev", (y,), axes=rev)
+    shape: list = []
+    if advanced is not None:
+        dim, e = advanced
+        # Constant indices are checked; traced ones count from the end when negative and
+        # are clipped into range by the kernel (as JAX's indexing clamps).
+        ind = _int_indices("indexing", e)
+        if isinstance(ind, Tracer):
+            ind = _from_end(ind, x.shape[dim])
+        else:
+            ind = _checked_indices("indexing", ind, x.shape[dim])
+            ind = trace.constant(ind.astype(_np.int32), None)
+        y = bind(trace, "take", (y, ind), axis=dim)
+        if arrays_first:
+            k = ind.ndim
+            if dim and k:
+                y = transpose(y, [*range(dim, dim + k), *range(dim), *range(dim + k, y.ndim)])
+            shape = list(ind.shape) + [f for f in final if not isinstance(f, tuple)]
+        else:
+            for f in final:
+                shape.extend(ind.shape if isinstance(f, tuple) else [f])
+    else:
+        shape = final
+    return reshape(y, shape)

@@ -13,7 +13,7 @@ import numpy as _np
 from pathways import _checks
 from pathways._trace_state import _BFLOAT16 as _BF16
 from pathways._trace_state import _is_float as _is_float_dtype
-from pathways._tracer import Tracer, bind
+from pathways._tracer import Tracer, bind, stop_gradient
 from pathways.numpy._common import _trace_of, _traced
 from pathways.numpy._shapes import broadcast_to
 
@@ -262,8 +262,6 @@ def sign(x: Any) -> Any:
         return _np.sign(x)
     if x.dtype == _np.bool_:
         raise TypeError(f"sign: operand must be numeric, got {x.aval}")
-    from pathways._autodiff import stop_gradient  # Local: pathways._autodiff imports this package.
-
     x = stop_gradient(x)  # zero everywhere, NaN too (its branch below is x itself)
     one = trace.constant(1, x.dtype)
     zero = trace.constant(0, x.dtype)
@@ -329,8 +327,6 @@ def _rounded(x: Any, direction: int) -> Any:
     every float is an integer already. bfloat16 rounds in float32, since its
     ops round each result back to bfloat16.
     """
-    from pathways._autodiff import stop_gradient  # Local: pathways._autodiff imports this package.
-
     if not _is_float(x):
         return x
     dtype = _np.dtype(x.dtype)
@@ -447,8 +443,6 @@ def floor_divide(a: Any, b: Any) -> Any:
         return _np.floor_divide(a, b)
     a, b, is_float = _division_operands("floor_divide", a, b)
     if is_float:
-        from pathways._autodiff import stop_gradient  # Local: it imports this package.
-
         return _float_divmod(stop_gradient(a), stop_gradient(b))[0]
     q = floor(a.astype(_np.float64) / b.astype(_np.float64))
     if a.dtype == _np.int32:

@@ -1,10 +1,8 @@
-"""Indexing: `take`, and `x[index]` of a traced value (`Tracer.__getitem__`).
+"""Indexing: `take` and `take_along_axis` (`x[index]` of a traced value is in pathways.numpy._at).
 """
 
 from __future__ import annotations
 
-import builtins as _builtins
-import operator as _operator
 from typing import Any, Optional
 
 import numpy as _np
@@ -13,7 +11,7 @@ from pathways._trace_state import _is_float
 from pathways._tracer import Tracer, bind
 from pathways.numpy._common import _axis, _operand, _trace_of
 from pathways.numpy._elementwise import where
-from pathways.numpy._shapes import ravel, reshape, transpose
+from pathways.numpy._shapes import ravel, reshape
 
 
 def _int_indices(name: str, indices: Any) -> Any:
@@ -136,134 +134,6 @@ def take(a: Any, indices: Any, axis: Any = None, mode: Optional[str] = None,
     idx = _from_end(idx, n)
     inside = reshape((idx >= 0) & (idx < n), [1] * ax + list(idx.shape) + [1] * (a.ndim - ax - 1))
     return where(inside, gather(idx), _fill_value(a.dtype, fill_value))
-
-
-def _getitem(x: Tracer, index: Any) -> Tracer:
-    """`x[index]` for static indices: ints, slices (any step), None, Ellipsis, and at
-    most one integer array or int32 traced value (a `take` along its dimension);
-    several integer arrays, or a constant boolean mask, go through the general
-    gather of `x.at[index].get()`.
-
-    The result's shape follows numpy: with an array in the index, the ints are
-    advanced indices too, and if the advanced indices are not side by side (a
-    slice, None or '...' between them) the array's dimensions come first;
-    otherwise they stand where the array is.
-    """
-    trace = x._check()
-    idx = index if isinstance(index, tuple) else (index,)
-    is_array = lambda e: isinstance(e, (Tracer, _np.ndarray, list))  # noqa: E731
-    if _builtins.sum(1 for e in idx if e is Ellipsis) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    for e in idx:
-        if isinstance(e, (bool, _np.bool_)):
-            raise IndexError(
-                f"indexing {x.aval} with a boolean scalar ({e!r}): numpy takes it as a mask "
-                "adding a dimension, which is not supported; use None or pw.numpy.where"
-            )
-    arrays = [e for e in idx if is_array(e)]
-    if len(arrays) > 1 or _builtins.any(
-        not isinstance(e, Tracer) and _np.asarray(e).dtype == _np.bool_ for e in arrays
-    ):
-        # Several integer arrays (broadcast together) or a constant boolean mask
-        # (its positions known now, as JAX takes a concrete mask): the general
-        # gather of x.at[index].get(), which clamps traced indices as x[i] does.
-        from pathways.numpy._at import _IndexUpdateRef  # Local: _at imports this module.
-
-        return _IndexUpdateRef(x, index).get()
-    advanced_at = [
-        k for k, e in enumerate(idx)
-        if is_array(e) or (e is not None and e is not Ellipsis and not isinstance(e, slice))
-    ]
-    arrays_first = (
-        _builtins.any(is_array(e) for e in idx)
-        and advanced_at[-1] - advanced_at[0] + 1 != len(advanced_at)
-    )
-    consumed = _builtins.sum(1 for e in idx if e is not None and e is not Ellipsis)
-    if consumed > x.ndim:
-        raise IndexError(
-            f"too many indices for traced value {x.aval}: {consumed} indices for {x.ndim} "
-            "dimensions"
-        )
-    if Ellipsis in [e for e in idx if not is_array(e)]:
-        k = next(i for i, e in enumerate(idx) if not is_array(e) and e is Ellipsis)
-        idx = idx[:k] + (slice(None),) * (x.ndim - consumed) + idx[k + 1 :]
-    else:
-        idx = idx + (slice(None),) * (x.ndim - consumed)
-    start, limit, step, rev = [], [], [], []
-    final: list = []  # the result shape, built entry by entry
-    advanced = None  # (dim, indices)
-    d = 0
-    for e in idx:
-        if e is None:
-            final.append(1)
-            continue
-        n = x.shape[d]
-        if is_array(e):
-            if advanced is not None:
-                raise IndexError(
-                    f"indexing {x.aval}: at most one integer array index is supported"
-                )
-            mask_dtype = e.dtype if isinstance(e, Tracer) else _np.asarray(e).dtype
-            if mask_dtype == _np.bool_:
-                raise IndexError(
-                    f"indexing {x.aval} with a boolean mask: the result's shape would depend "
-                    "on the data; use pw.numpy.where instead"
-                )
-            advanced = (d, e)
-            start.append(0), limit.append(n), step.append(1)
-            final.append(("take", d))
-        elif isinstance(e, slice):
-            b, s_end, st = e.indices(n)
-            count = len(range(b, s_end, st))
-            if count == 0:
-                start.append(0), limit.append(0), step.append(1)
-            elif st > 0:
-                start.append(b), limit.append(b + (count - 1) * st + 1), step.append(st)
-            else:
-                low = b + (count - 1) * st
-                start.append(low), limit.append(b + 1), step.append(-st)
-                rev.append(d)
-            final.append(count)
-        else:
-            try:
-                i = _operator.index(e)
-            except TypeError:
-                raise IndexError(
-                    f"indexing {x.aval}: only integers, slices, None, '...' and integer "
-                    f"arrays are valid indices, got {e!r}"
-                ) from None
-            if not -n <= i < n:
-                raise IndexError(f"index {i} is out of bounds for axis {d} with size {n}")
-            i = i + n if i < 0 else i
-            start.append(i), limit.append(i + 1), step.append(1)
-        d += 1
-    y = bind(trace, "slice", (x,), start=start, limit=limit, step=step)
-    if rev:
-        y = bind(trace, "rev", (y,), axes=rev)
-    shape: list = []
-    if advanced is not None:
-        dim, e = advanced
-        # Constant indices are checked; traced ones count from the end when negative and
-        # are clipped into range by the kernel (as JAX's indexing clamps).
-        ind = _int_indices("indexing", e)
-        if isinstance(ind, Tracer):
-            ind = _from_end(ind, x.shape[dim])
-        else:
-            ind = _checked_indices("indexing", ind, x.shape[dim])
-            ind = trace.constant(ind.astype(_np.int32), None)
-        y = bind(trace, "take", (y, ind), axis=dim)
-        if arrays_first:
-            k = ind.ndim
-            if dim and k:
-                y = transpose(y, [*range(dim, dim + k), *range(dim), *range(dim + k, y.ndim)])
-            shape = list(ind.shape) + [f for f in final if not isinstance(f, tuple)]
-        else:
-            for f in final:
-                shape.extend(ind.shape if isinstance(f, tuple) else [f])
-    else:
-        shape = final
-    return reshape(y, shape)
-
 
 
 # --- Along an axis: take_along_axis, and sort's values ------------------------------
