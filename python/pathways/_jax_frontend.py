@@ -34,6 +34,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from pathways import _collectives, _control_flow
+from pathways import numpy as pnp
 from pathways._trace_state import (
     _SUPPORTED_DTYPE_NAMES,
     _SUPPORTED_DTYPES,
@@ -583,15 +585,9 @@ def _exp2(ctx: _Ctx, x: Tracer, **_: Any) -> Tracer:
     return _b(ctx, "pow", ctx.const(2, x.dtype), x)
 
 
-def _pnp() -> Any:
-    from pathways import numpy as pnp  # Local: pathways.numpy is a layer above the tracer.
-
-    return pnp
-
-
 def _via_pnp(name: str) -> Callable[..., Tracer]:
     def rule(ctx: _Ctx, x: Tracer, **_: Any) -> Tracer:
-        return getattr(_pnp(), name)(x)
+        return getattr(pnp, name)(x)
 
     return rule
 
@@ -610,7 +606,6 @@ def _cbrt(ctx: _Ctx, x: Tracer, **_: Any) -> Tracer:
 
 @_rule("round")
 def _round(ctx: _Ctx, x: Tracer, *, rounding_method: Any) -> Tracer:
-    pnp = _pnp()
     if int(rounding_method) == 1:  # TO_NEAREST_EVEN
         return pnp.round(x)
     # AWAY_FROM_ZERO: trunc(x + copysign(0.5, x)) computed without the rounding of x + 0.5
@@ -907,7 +902,6 @@ def _reduce_prod(ctx: _Ctx, x: Tracer, *, axes: Sequence[int], **_: Any) -> Trac
 
 @_rule("argmax", "argmin")
 def _argmax(ctx: _Ctx, x: Tracer, *, axes: Sequence[int], index_dtype: Any) -> Tracer:
-    pnp = _pnp()
     fn = pnp.argmax if ctx.eqn.primitive.name == "argmax" else pnp.argmin
     return _convert(ctx, fn(x, axis=axes[0]), _device_dtype(ctx, np.dtype(index_dtype)))
 
@@ -933,9 +927,6 @@ RULES["cummin"] = _cumulative("min")
 def _cumlogsumexp(ctx: _Ctx, x: Tracer, *, axis: int, reverse: bool) -> Tracer:
     # A scan along the axis carrying the running logaddexp (exact at every step, as JAX's
     # associative scan of logaddexp).
-    from pathways import _control_flow
-
-    pnp = _pnp()
     perm = [axis] + [d for d in range(x.ndim) if d != axis]
     moved = _b(ctx, "transpose", x, perm=perm) if axis != 0 else x
     init = _full(ctx, -np.inf, moved.shape[1:], x.dtype)
@@ -1398,7 +1389,6 @@ def _dynamic_update_slice(ctx: _Ctx, x: Tracer, update: Tracer, *starts: Tracer)
 
 @_rule("sort")
 def _sort(ctx: _Ctx, *xs: Tracer, dimension: int, is_stable: bool, num_keys: int) -> list:
-    pnp = _pnp()
     nd = xs[0].ndim
     perm = [d for d in range(nd) if d != dimension] + [dimension]
     moved = [_b(ctx, "transpose", x, perm=perm) if dimension != nd - 1 else x for x in xs]
@@ -1422,7 +1412,6 @@ def _key_argsort(ctx: _Ctx, k: Tracer) -> Tracer:
 
 @_rule("top_k")
 def _top_k(ctx: _Ctx, x: Tracer, *, k: int, axis: int = -1, **_: Any) -> list:
-    pnp = _pnp()
     nd = x.ndim
     axis = axis % nd if nd else 0
     perm = [d for d in range(nd) if d != axis] + [axis]
@@ -1446,12 +1435,6 @@ def _one_axis(ctx: _Ctx, names: Any, groups: Any = None) -> str:
     if len(names) != 1:
         raise ctx.fail(f"{ctx.eqn.primitive.name} over axes {names}: a pmap binds one axis")
     return names[0]
-
-
-def _collectives() -> Any:
-    from pathways import _collectives
-
-    return _collectives
 
 
 @_rule("psum")
@@ -1486,7 +1469,7 @@ def _axis_index(ctx: _Ctx, *, axis_name: Any) -> Tracer:
 def _all_gather(ctx: _Ctx, x: Tracer, *, all_gather_dimension: int, axis_name: Any,
                 axis_index_groups: Any = None, tiled: bool = False, **_: Any) -> Tracer:
     name = _one_axis(ctx, axis_name, axis_index_groups)
-    return _collectives().all_gather(x, name, all_gather_dimension, tiled=tiled)
+    return _collectives.all_gather(x, name, all_gather_dimension, tiled=tiled)
 
 
 @_rule("all_to_all")
@@ -1495,14 +1478,14 @@ def _all_to_all(ctx: _Ctx, x: Tracer, *, split_axis: int, concat_axis: int, axis
     name = _one_axis(ctx, axis_name, axis_index_groups)
     # The primitive is the tiled exchange whatever `tiled` says: for an untiled
     # lax.all_to_all, JAX inserts and removes the size-1 axes around it.
-    return _collectives().all_to_all(x, name, split_axis, concat_axis, tiled=True)
+    return _collectives.all_to_all(x, name, split_axis, concat_axis, tiled=True)
 
 
 @_rule("reduce_scatter")
 def _reduce_scatter(ctx: _Ctx, x: Tracer, *, scatter_dimension: int, axis_name: Any,
                     axis_index_groups: Any = None, tiled: bool = False, **_: Any) -> Tracer:
     name = _one_axis(ctx, axis_name, axis_index_groups)
-    return _collectives().psum_scatter(x, name, scatter_dimension=scatter_dimension, tiled=tiled)
+    return _collectives.psum_scatter(x, name, scatter_dimension=scatter_dimension, tiled=tiled)
 
 
 @_rule("pbroadcast")
@@ -1560,8 +1543,6 @@ def _cond(ctx: _Ctx, index: Tracer, *ops: Tracer, branches: Sequence[Any], **_: 
 @_rule("scan")
 def _scan(ctx: _Ctx, *ops: Tracer, jaxpr: Any, length: int, reverse: bool, num_consts: int,
           num_carry: int, **_: Any) -> list:
-    from pathways import _control_flow
-
     consts = list(ops[:num_consts])
     carries = list(ops[num_consts:num_consts + num_carry])
     xs = list(ops[num_consts + num_carry:])
@@ -1741,7 +1722,7 @@ def _erf_inv(ctx: _Ctx, x: Tracer) -> Tracer:
     f32 = np.dtype(np.float32)
     xf = _convert(ctx, x, f32) if dt != f32 else x
     one = ctx.const(1.0, f32)
-    w = _b(ctx, "neg", _pnp().log1p(_b(ctx, "neg", _b(ctx, "mul", xf, xf))))
+    w = _b(ctx, "neg", pnp.log1p(_b(ctx, "neg", _b(ctx, "mul", xf, xf))))
     small = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
              -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
     large = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773,
