@@ -24,7 +24,18 @@ std::atomic<Runtime*> started_runtime{nullptr};
 Runtime& GetRuntime() {
   Runtime* rt = started_runtime.load(std::memory_order_acquire);
   if (rt == nullptr || InForkedChild()) {  // Default() says why a child may not
-    rt = ValueOrThrow(Runtime::Default());
+    absl::StatusOr<Runtime*> started;
+    if (PyGILState_Check()) {
+      // Without the GIL: the first call starts the runtime under Default()'s
+      // lock, and starting host processes takes the GIL back (pathways._hosts).
+      // Another thread's first call, blocked on that lock with the GIL held,
+      // would deadlock the two.
+      py::gil_scoped_release release;
+      started = Runtime::Default();
+    } else {
+      started = Runtime::Default();
+    }
+    rt = ValueOrThrow(std::move(started));
     started_runtime.store(rt, std::memory_order_release);
   }
   return *rt;

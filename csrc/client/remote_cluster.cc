@@ -669,7 +669,11 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
     run->first = first;
     for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));
     if (step.kind == LoweredStep::Kind::kTransfer) run->copies[first + step.out_slots[0]] = step.link;
+    // The step reads earlier steps' outputs too: held until it is sent, as
+    // the arguments are, since it may wait for admission after this call
+    // has returned and dropped them.
     run->args = arg_buffers;
+    for (int s : step.in_slots) run->args.push_back(slots[s]);
     MutexLock lock(&mu_);
     SubmitRun(plan->step_hosts[k], plan->sequential_base + k, first, bindings, std::move(run), plan->step_cost_ns[k],
               plan->step_islands[k]);

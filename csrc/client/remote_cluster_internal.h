@@ -69,8 +69,9 @@ struct RemoteCluster::Run {
   int64_t first_gang = 0;  // its steps' gang numbers count from it (pw.diagnose)
   std::vector<int> admitted_islands;  // counted in their admission windows
   std::vector<std::shared_ptr<ShardedBuffer>> made;
-  // Its argument buffers, held until it is sent: the free of one must not
-  // reach a host before the run that reads it.
+  // The buffers it reads and does not make (the program's arguments; a
+  // sequential step's inputs), held until it is sent: the free of one must
+  // not reach a host before the run that reads it.
   std::vector<std::shared_ptr<ShardedBuffer>> args;
   // The buffers made by transfers (ICI or DCN), counted in the transfer
   // statistics once they are ready, as in process.

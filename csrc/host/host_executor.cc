@@ -1084,6 +1084,7 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scra
   // (an input's error, which came first, stays the one reported).
   status.Update(CheckHealthy(gang.local_devices));
   const int num_local = static_cast<int>(gang.local_positions.size());
+  // local_scratch_bytes is scratch_bytes(gang_size) for a gang all on this host.
   auto local_scratch = [&] { return scratch.Get(exe.local_scratch_bytes(num_local, gang_size)); };
   auto scratch_error = [&] {
     return absl::ResourceExhaustedError(
@@ -1099,7 +1100,9 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scra
   };
   if (gang.all_local()) {
     run([&](const std::vector<const void*>& ins, const std::vector<void*>& outs) {
-      exe.Run(gang_size, ins, outs, scratch.Get(exe.scratch_bytes(gang_size)));
+      uint8_t* all = local_scratch();
+      if (all == nullptr) return scratch_error();
+      exe.Run(gang_size, ins, outs, all);
       return absl::OkStatus();
     });
   } else if (exe.first_collective().kind == FunctionExecutable::CollectiveCall::Kind::kNone) {

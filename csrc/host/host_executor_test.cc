@@ -6,17 +6,20 @@
 
 #include "csrc/host/host_executor.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -127,6 +130,17 @@ IrOr MeanPlusIndexFunction(int gang, int64_t n) {
   PW_ASSIGN_OR_RETURN(const int32_t fi, b.Convert(idx, DType::kF32));
   PW_ASSIGN_OR_RETURN(const int32_t y, b.Binary(OpKind::kAdd, m, fi));
   return b.Build({y});
+}
+
+// sum(cumsum(broadcast(x))) over f32[1]: small buffers, but intermediates of
+// 2^39 bytes per shard (512 GiB; values may have up to 2^40).
+IrOr HugeScratchFunction() {
+  FunctionBuilder b("huge_scratch", "i");
+  const int32_t x = b.Parameter(DType::kF32, {1});
+  PW_ASSIGN_OR_RETURN(const int32_t wide, b.BroadcastTo(x, {int64_t{1} << 18, int64_t{1} << 19}));
+  PW_ASSIGN_OR_RETURN(const int32_t running, b.Cumulative(Combiner::kAdd, wide, 0, /*reverse=*/false));
+  PW_ASSIGN_OR_RETURN(const int32_t total, b.Reduce(ReduceKind::kSum, running, nullptr, /*keepdims=*/false));
+  return b.Build({total});
 }
 
 // all_gather(x) then psum(x) over f32[n]: a function whose first collective
@@ -836,6 +850,83 @@ TEST(HostExecutorTest, AMissingInputFailsTheStepsOutputs) {
   ASSERT_OK(cluster->Put(300, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
   ASSERT_OK_AND_ASSIGN(replies, cluster->Run(RunOf(20, 300)));
   EXPECT_TRUE(Failed(replies).empty());
+}
+
+// The sanitizers' allocators abort on a request they cannot meet (their
+// allocator_may_return_null is off) instead of returning null.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerAllocator = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+constexpr bool kSanitizerAllocator = true;
+#else
+constexpr bool kSanitizerAllocator = false;
+#endif
+#else
+constexpr bool kSanitizerAllocator = false;
+#endif
+
+// While it lives, the process may map at most `extra` bytes beyond what it
+// maps now (RLIMIT_AS), so that a larger request fails at once whatever the
+// kernel's overcommit policy, without touching any memory.
+class AddressSpaceLimit {
+ public:
+  explicit AddressSpaceLimit(int64_t extra) {
+    getrlimit(RLIMIT_AS, &saved_);
+    int64_t pages = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r"); f != nullptr) {
+      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    if (pages <= 0) return;
+    rlimit limit = saved_;
+    limit.rlim_cur = static_cast<rlim_t>(pages * sysconf(_SC_PAGESIZE) + extra);
+    if (saved_.rlim_cur != RLIM_INFINITY && saved_.rlim_cur < limit.rlim_cur) return;
+    set_ = setrlimit(RLIMIT_AS, &limit) == 0;
+  }
+  ~AddressSpaceLimit() {
+    if (set_) setrlimit(RLIMIT_AS, &saved_);
+  }
+  bool set() const { return set_; }
+
+ private:
+  rlimit saved_{};
+  bool set_ = false;
+};
+
+// A part whose scratch cannot be allocated fails its outputs with
+// ResourceExhausted, on a gang all on one host (RunPart's all-local path)
+// as on a gang split over hosts; the host stays up and runs the next work.
+TEST(HostExecutorTest, ScratchThatCannotBeAllocatedFailsThePartNotTheHost) {
+  if (kSanitizerAllocator) GTEST_SKIP() << "a sanitizer's allocator aborts instead of returning null";
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0 only
+  ASSERT_OK(cluster->DefineList(2, {1, 2}));  // hosts 0 and 1
+  auto huge = cluster->Load(10, HugeScratchFunction());
+  ASSERT_NE(huge, nullptr);
+  auto affine = cluster->Load(11, AffineFunction(4));
+  ASSERT_NE(affine, nullptr);
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)})));
+  ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Compute(10, 2, {0}, {1}, 2)})));
+  ASSERT_OK(cluster->LoadProgram(Program(22, 2, {Compute(11, 1, {0}, {1}, 3)})));
+  {
+    // The scratch (at least 512 GiB) cannot be had; nothing else needs much.
+    AddressSpaceLimit limit(int64_t{64} << 30);
+    ASSERT_TRUE(limit.set());
+    for (const auto& [program, list, first] : {std::tuple{20, 1, 100}, std::tuple{21, 2, 200}}) {
+      ASSERT_OK(cluster->Put(first, list, ToBytes(std::vector<float>{1.f, 2.f})));
+      ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(program, first)));
+      auto failed = Failed(replies);
+      ASSERT_TRUE(failed.contains(first + 1)) << "program " << program;
+      EXPECT_EQ(failed[first + 1].code(), absl::StatusCode::kResourceExhausted) << failed[first + 1];
+      EXPECT_TRUE(absl::StrContains(failed[first + 1].message(), "scratch")) << failed[first + 1];
+    }
+  }
+  ASSERT_OK(cluster->Put(300, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+  ASSERT_OK_AND_ASSIGN(std::vector<wire::RunReply> replies, cluster->Run(RunOf(22, 300)));
+  EXPECT_TRUE(Failed(replies).empty());
+  ASSERT_OK_AND_ASSIGN(Bytes y, cluster->Fetch(301, 1));
+  EXPECT_EQ(FromBytes<float>(y), Iota<float>(8, 1.f, 2.f));
 }
 
 // A missing source of a transfer fails its destination, on both hosts'

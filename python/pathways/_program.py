@@ -440,7 +440,7 @@ class Program:
         self._dispatch = _check_dispatch(dispatch)
         self._name = getattr(fn, "__name__", type(fn).__name__)
         self._cache: dict = {}
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # the cache's inserts; never held while tracing
 
     def __repr__(self) -> str:
         return f"<pw.program {self._name!r}>"
@@ -590,12 +590,14 @@ class Program:
         return entry
 
     def _fill(self, key: tuple, leaves: list, treedef: PyTreeDef, dynamic: list) -> _Traced:
+        # Traced without a lock, as functools.lru_cache calls its function: a
+        # thread calling the program while another thread's trace of the same
+        # signature is under way traces it too rather than wait, since that
+        # trace may itself be waiting for the thread (a deadlock). The first
+        # trace to finish is kept, so every later call runs the same program.
+        entry = self._trace(leaves, treedef)
         with self._lock:
-            entry = self._cache.get(key)
-            if entry is None:
-                entry = self._trace(leaves, treedef)
-                self._cache[key] = entry
-        return entry
+            return self._cache.setdefault(key, entry)
 
     def _trace(self, leaves: list, treedef: PyTreeDef) -> _Traced:
         trace = _ProgramTrace(self._name)
@@ -714,7 +716,9 @@ def program(fn: Optional[Callable[..., Any]] = None, *, dispatch: str = "paralle
     scalars are dynamic program arguments; every other leaf (Python numbers,
     strings, None, ...) is static, part of the cache key, and passed to `fn`
     as is. The program is traced once per signature (pytree structure, shapes
-    and dtypes of the dynamic leaves, values of the static leaves).
+    and dtypes of the dynamic leaves, values of the static leaves); threads
+    that call it for the first time at once may each trace it, and the first
+    trace to finish is the one kept.
 
     Example:
       >>> @pw.program

@@ -1,5 +1,7 @@
 """@pw.program: tracing, static and dynamic arguments, outputs, captured constants."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -303,3 +305,34 @@ def test_program_on_sharded_buffers_from_another_slice(fns, devices_of):
 
     np.testing.assert_array_equal(np.asarray(f(x)), [3.0, 5.0])
     np.testing.assert_array_equal(np.asarray(f(f(x))), [7.0, 11.0])
+
+
+def test_another_thread_calls_the_program_while_its_first_trace_waits_for_it(devices_of):
+    # The first trace starts a thread that calls the same program with the
+    # same signature, and waits for it (issue 25). Waiting for the trace
+    # under way would deadlock the two; the other thread traces it too, and
+    # both calls give the right values.
+    double = pw.pmap(lambda x: x * 2.0, devices=devices_of(2))
+    started, other = [], {}
+
+    def call_from_another_thread():
+        try:
+            other["out"] = np.asarray(prog(np.array([3.0, 4.0])))
+        except Exception as e:  # noqa: BLE001 - checked below
+            other["error"] = e
+
+    @pw.program
+    def prog(x):
+        if not started:
+            started.append(1)
+            th = threading.Thread(target=call_from_another_thread, daemon=True)
+            th.start()
+            th.join(30)
+            other["finished during the trace"] = not th.is_alive()
+        return double(x)
+
+    np.testing.assert_array_equal(np.asarray(prog(np.array([1.0, 2.0]))), [2.0, 4.0])
+    assert other.get("finished during the trace"), other
+    assert "error" not in other, other
+    np.testing.assert_array_equal(other["out"], [6.0, 8.0])
+    np.testing.assert_array_equal(np.asarray(prog(np.array([5.0, 6.0]))), [10.0, 12.0])

@@ -135,6 +135,33 @@ def test_dispatch_modes_give_the_same_results():
             pass
 
 
+def test_a_sequential_step_waiting_for_admission_keeps_its_inputs(policy):
+    # Sequential dispatch sends a step once its inputs are ready; under
+    # proportional share the step may then wait for admission after the call
+    # has returned and dropped the intermediate values. The step must still
+    # find its input on the hosts (issue 25: "buffer N is not on host 0").
+    # A backlog of another client keeps the island's admission window full,
+    # and the sequential client's tiny weight puts its second step behind all
+    # of it, while the backlog's runs carry the frees of dropped buffers to
+    # the same host.
+    policy("proportional_share")
+    tpus = get_devices(2)
+    busy = pw.pmap(lambda x: pw.simulated_compute(x + 1.0, 10_000), devices=tpus)
+    first = pw.pmap(lambda x: x * 3.0, devices=tpus)
+    second = pw.pmap(lambda x: x + 5.0, devices=tpus)
+    prog = pw.program(lambda x: second(first(x)), dispatch="sequential")
+    backlog, patient = pw.Client("backlog"), pw.Client("patient", weight=1e-6)
+    with backlog:
+        x = np.zeros(2)
+        for _ in range(40):
+            x = busy(x)
+    with patient:
+        outs = [prog(np.full(2, float(k))) for k in range(3)]
+    for k, out in enumerate(outs):
+        np.testing.assert_array_equal(np.asarray(out), np.full(2, 3.0 * k + 5.0))
+    np.testing.assert_array_equal(np.asarray(x), np.full(2, 40.0))
+
+
 def test_client_and_policy_errors():
     with pytest.raises(ValueError, match="weight must be positive"):
         pw.Client("bad", weight=0)

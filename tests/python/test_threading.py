@@ -183,3 +183,37 @@ def test_gil_released_in_await_quiescence(devices_of):
     assert out.is_ready()
     if waited > 0.02:
         assert advanced > 10_000, f"counter advanced only {advanced} in {waited:.3f} s"
+
+
+def test_first_use_from_many_threads_at_once(request):
+    # The runtime starts on the first call, whichever thread makes it. With
+    # host processes, starting them takes the GIL back while the runtime's
+    # start lock is held; another thread's first call used to wait for that
+    # lock holding the GIL: both hung. A fresh process, so that the calls
+    # below are the first.
+    from conftest import run_python
+
+    hosts = request.config.getoption("--hosts")
+    out = run_python(
+        f"""
+import threading
+import numpy as np
+import pathways as pw
+pw.configure(hosts={hosts!r})
+results = []
+
+def first_call(t):
+    with pw.Client(f"client{{t}}"):
+        tpus = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+        results.append(np.asarray(pw.pmap(lambda x: x + t, devices=tpus)(np.zeros(2))).tolist())
+
+threads = [threading.Thread(target=first_call, args=(t,), daemon=True) for t in range(12)]
+for th in threads:
+    th.start()
+for th in threads:
+    th.join(60)
+print(sum(th.is_alive() for th in threads), sorted(results) == [[float(t)] * 2 for t in range(12)])
+""",
+        timeout=120,
+    )
+    assert out.split() == ["0", "True"]
