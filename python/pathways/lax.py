@@ -659,7 +659,8 @@ def while_loop(cond_fun: Callable[..., Any], body_fun: Callable[..., Any], init_
     counts that differ across devices (a user error in JAX too), the
     devices that are done take part with their final values. There is no
     reverse-mode gradient, as in JAX: `pw.grad` through it raises
-    ValueError (use `scan`, or `fori_loop` with static bounds).
+    ValueError (use `scan`, or `fori_loop` with static bounds); so does
+    `pw.jvp`, which transposes the pullback (JAX's forward mode works).
 
     Called on concrete arrays it runs as a `pw.pmap` over one device and
     returns numpy arrays.

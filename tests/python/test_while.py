@@ -382,6 +382,10 @@ def test_reverse_mode_differentiation_raises_as_in_jax(tpus2, runtime_ok):
     with pytest.raises(ValueError, match=message):
         pw.pmap(pw.grad(loss), devices=tpus2)(x)
     runtime_ok()
+    # pw.jvp transposes the pullback (JAX's forward mode goes through the loop).
+    with pytest.raises(ValueError, match=message):
+        pw.pmap(lambda x: pw.jvp(loss, (x,), (x,)), devices=tpus2)(x)
+    runtime_ok()
 
     def fori_loss(x, n):
         return pw.lax.fori_loop(0, n, lambda i, v: v * v, x).sum()
