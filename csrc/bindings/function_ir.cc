@@ -112,7 +112,7 @@ void RegisterFunctionIr(py::module_& m) {
       .def_property_readonly("simulated_microseconds",
                              [](const FunctionIr& f) { return f.simulated_ns() / 1000.0; })
       .def_property_readonly("nesting_depth", &FunctionIr::nesting_depth,
-                             "How deeply loops nest (0: no scan).")
+                             "How deeply loops nest (0: no scan or while).")
       .def("as_text", &FunctionIr::ToText)
       .def("__repr__", &FunctionIr::ToText);
 
@@ -249,6 +249,16 @@ void RegisterFunctionIr(py::module_& m) {
          py::arg("length"), py::arg("reverse"),
          "A scan of `body` (function_ir.h, \"Loops\"); returns the values of its results: "
          "the final carries, then the stacked ys.")
+      .def("while_loop", [](FunctionBuilder& b, std::shared_ptr<FunctionIr> cond,
+                            std::shared_ptr<FunctionIr> body, const std::vector<int32_t>& operands,
+                            int32_t num_carries) {
+        ThrowIfBuilt(b, "while");
+        return ValueOrThrow(b.WhileResults(std::move(cond), std::move(body), operands,
+                                           num_carries));
+      }, py::arg("cond"), py::arg("body"), py::arg("operands"), py::arg("num_carries"),
+         "A while loop (function_ir.h, \"Loops\"): runs `body` on `operands` (the first "
+         "`num_carries` carries, the rest consts) while `cond` of them is true; returns the "
+         "values of the final carries.")
       .def("svd", [](FunctionBuilder& b, int32_t x, bool full_matrices) {
         ThrowIfBuilt(b, "svd");
         return ValueOrThrow(b.SvdResults(x, full_matrices));

@@ -174,7 +174,8 @@ absl::string_view CombinerName(Combiner combiner) {
 
 bool FunctionIr::has_collectives() const {
   return std::any_of(ops_.begin(), ops_.end(), [](const Op& op) {
-    return IsCollectiveOp(op.kind) || (op.body != nullptr && op.body->has_collectives());
+    return IsCollectiveOp(op.kind) || (op.body != nullptr && op.body->has_collectives()) ||
+           (op.cond != nullptr && op.cond->has_collectives());
   });
 }
 
@@ -254,6 +255,9 @@ void FunctionIr::AppendText(std::string* out, int indent) const {
         absl::StrAppend(&text, "[length=", op.length, ",carries=", op.num_carries,
                         ",xs=", op.num_xs, op.reverse ? ",reverse" : "", "]");
         break;
+      case OpKind::kWhile:
+        absl::StrAppend(&text, "[carries=", op.num_carries, "]");
+        break;
       case OpKind::kGetElement:
         absl::StrAppend(&text, "[", op.index, "]");
         break;
@@ -278,9 +282,10 @@ void FunctionIr::AppendText(std::string* out, int indent) const {
                       absl::StrAppend(o, ValueName(v));
                     }));
     absl::StrAppend(&text, " : ", op.type.ToString());
-    if (op.kind == OpKind::kScan) {
-      // The body once, however many times it runs.
+    if (IsLoopOp(op.kind)) {
+      // The nested functions once, however many times they run.
       absl::StrAppend(&text, " {\n");
+      if (op.cond != nullptr) op.cond->AppendText(out, indent + 4);
       op.body->AppendText(out, indent + 4);
       absl::StrAppend(&text, pad, "  }");
     }
@@ -1339,6 +1344,40 @@ absl::StatusOr<int32_t> FunctionBuilder::SimulatedComputeMicros(int32_t x, doubl
   return SimulatedCompute(x, std::llround(microseconds * 1000.0));
 }
 
+absl::Status FunctionBuilder::CheckNested(const std::string& label, absl::string_view role,
+                                          const FunctionIr& f) const {
+  if (f.nesting_depth() + 1 > kMaxNestingDepth) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: loops nest %d deep, more than the %d allowed", label, f.nesting_depth() + 1,
+        kMaxNestingDepth));
+  }
+  if (f.has_collectives() && f.axis_name() != ir_->axis_name_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the %s has collectives over axis '%s', the function's axis is '%s'", label, role,
+        f.axis_name(), ir_->axis_name_));
+  }
+  if (f.axis_size() != 0 && f.axis_size() != ir_->axis_size_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the %s was traced for %d shards, the function for %d", label, role, f.axis_size(),
+        ir_->axis_size_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FunctionBuilder::CheckNestedParams(
+    const std::string& label, absl::string_view what, const FunctionIr& f,
+    absl::Span<const ValueType> expected, absl::FunctionRef<std::string(int64_t)> role) const {
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (!(f.param_type(static_cast<int>(i)) == expected[i])) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: %s parameter %d is %s, but %s gives %s", label, what, i,
+          f.param_type(static_cast<int>(i)).ToString(), role(static_cast<int64_t>(i)),
+          expected[i].ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int32_t> FunctionBuilder::Scan(std::shared_ptr<const FunctionIr> body,
                                               absl::Span<const int32_t> operands,
                                               int32_t num_carries, int32_t num_xs,
@@ -1356,11 +1395,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Scan(std::shared_ptr<const FunctionIr> 
   }
   const FunctionIr& f = *body;
   const std::string label = absl::StrCat("scan of @", f.name());
-  if (f.nesting_depth() + 1 > kMaxNestingDepth) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: loops nest %d deep, more than the %d allowed", label, f.nesting_depth() + 1,
-        kMaxNestingDepth));
-  }
+  if (f.nesting_depth() + 1 > kMaxNestingDepth) return CheckNested(label, "body", f);
   if (f.num_params() != n) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: the body takes %d parameters, the scan has %d operands (%d carries, %d xs, %d "
@@ -1372,23 +1407,20 @@ absl::StatusOr<int32_t> FunctionBuilder::Scan(std::shared_ptr<const FunctionIr> 
     if (i < int64_t{num_carries} + num_xs) return absl::StrCat("xs ", i - num_carries);
     return absl::StrCat("const ", i - num_carries - num_xs);
   };
+  std::vector<ValueType> expected;
   for (int64_t i = 0; i < n; ++i) {
     const ValueType& t = type(operands[i]);
-    ValueType expected = t;
+    expected.push_back(t);
     if (i >= num_carries && i < int64_t{num_carries} + num_xs) {
       if (t.dims.empty() || t.dims[0] != length) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "%s: %s is %s, which needs a leading dimension of the length, %d", label, role(i),
             t.ToString(), length));
       }
-      expected.dims.erase(expected.dims.begin());
-    }
-    if (!(f.param_type(static_cast<int>(i)) == expected)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: body parameter %d is %s, but %s gives %s", label, i,
-          f.param_type(static_cast<int>(i)).ToString(), role(i), expected.ToString()));
+      expected.back().dims.erase(expected.back().dims.begin());
     }
   }
+  PW_RETURN_IF_ERROR(CheckNestedParams(label, "body", f, expected, role));
   if (f.num_outputs() < num_carries) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: the body returns %d values, fewer than its %d carries", label, f.num_outputs(),
@@ -1408,16 +1440,7 @@ absl::StatusOr<int32_t> FunctionBuilder::Scan(std::shared_ptr<const FunctionIr> 
     }
     result.elements.push_back(std::move(t));
   }
-  if (f.has_collectives() && f.axis_name() != ir_->axis_name_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: the body has collectives over axis '%s', the function's axis is '%s'", label,
-        f.axis_name(), ir_->axis_name_));
-  }
-  if (f.axis_size() != 0 && f.axis_size() != ir_->axis_size_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: the body was traced for %d shards, the function for %d", label, f.axis_size(),
-        ir_->axis_size_));
-  }
+  PW_RETURN_IF_ERROR(CheckNested(label, "body", f));
   // Checked without forming the product, which could overflow.
   const int64_t body_ns = f.simulated_ns();
   if (body_ns > 0 && length > (kMaxSimulatedNs - ir_->simulated_ns_) / body_ns) {
@@ -1440,12 +1463,93 @@ absl::StatusOr<int32_t> FunctionBuilder::Scan(std::shared_ptr<const FunctionIr> 
   return v;
 }
 
+absl::StatusOr<int32_t> FunctionBuilder::While(std::shared_ptr<const FunctionIr> cond,
+                                               std::shared_ptr<const FunctionIr> body,
+                                               absl::Span<const int32_t> operands,
+                                               int32_t num_carries) {
+  if (ir_ == nullptr) return absl::FailedPreconditionError("while: builder already built");
+  if (cond == nullptr) return absl::InvalidArgumentError("while: no cond function");
+  if (body == nullptr) return absl::InvalidArgumentError("while: no body function");
+  for (int32_t v : operands) PW_RETURN_IF_ERROR(CheckValue(v, "while"));
+  const int64_t n = static_cast<int64_t>(operands.size());
+  if (num_carries < 1 || num_carries > n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "while: %d carries do not fit in %d operands (a while carries at least one value)",
+        num_carries, n));
+  }
+  const std::string label =
+      absl::StrCat("while of @", cond->name(), " and @", body->name());
+  auto role = [&](int64_t i) -> std::string {
+    return i < num_carries ? absl::StrCat("carry ", i)
+                           : absl::StrCat("const ", i - num_carries);
+  };
+  std::vector<ValueType> expected;
+  for (int32_t v : operands) expected.push_back(type(v));
+  for (const auto& [what, f] : {std::pair<const char*, const FunctionIr*>{"cond", cond.get()},
+                                {"body", body.get()}}) {
+    PW_RETURN_IF_ERROR(CheckNested(label, what, *f));
+    if (f->num_params() != n) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: the %s takes %d parameters, the loop has %d operands (%d carries, %d consts)",
+          label, what, f->num_params(), n, num_carries, n - num_carries));
+    }
+    PW_RETURN_IF_ERROR(CheckNestedParams(label, what, *f, expected, role));
+    if (f->simulated_ns() > 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: the %s has simulated compute, which a loop whose trip count is known only on "
+          "the device cannot count (a scan's body may have it)",
+          label, what));
+    }
+  }
+  const ValueType bool_scalar(DType::kBool, {});
+  if (cond->num_outputs() != 1 || !(cond->output_type(0) == bool_scalar)) {
+    std::string outputs;
+    for (int i = 0; i < cond->num_outputs(); ++i) {
+      absl::StrAppend(&outputs, i > 0 ? ", " : "", cond->output_type(i).ToString());
+    }
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the cond must return one bool scalar (pred[]), it returns (%s)", label, outputs));
+  }
+  if (body->num_outputs() != num_carries) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the body returns %d values for %d carries", label, body->num_outputs(),
+        num_carries));
+  }
+  ValueType result;
+  for (int i = 0; i < num_carries; ++i) {
+    const ValueType& t = body->output_type(i);
+    if (!(t == type(operands[i]))) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: the body returns %s for carry %d, which is %s; a carry keeps its type", label,
+          t.ToString(), i, type(operands[i]).ToString()));
+    }
+    result.elements.push_back(t);
+  }
+  Op op = MakeOp(OpKind::kWhile, absl::InlinedVector<int32_t, 2>(operands.begin(), operands.end()),
+                 std::move(result));
+  const int depth = std::max(cond->nesting_depth(), body->nesting_depth()) + 1;
+  op.cond = std::move(cond);
+  op.body = std::move(body);
+  op.num_carries = num_carries;
+  PW_ASSIGN_OR_RETURN(const int32_t v, Add(std::move(op)));
+  ir_->nesting_depth_ = std::max(ir_->nesting_depth_, depth);
+  return v;
+}
+
+absl::StatusOr<std::vector<int32_t>> FunctionBuilder::WhileResults(
+    std::shared_ptr<const FunctionIr> cond, std::shared_ptr<const FunctionIr> body,
+    absl::Span<const int32_t> operands, int32_t num_carries) {
+  PW_ASSIGN_OR_RETURN(const int32_t tuple,
+                      While(std::move(cond), std::move(body), operands, num_carries));
+  return Elements(tuple);
+}
+
 absl::StatusOr<int32_t> FunctionBuilder::GetElement(int32_t tuple, int64_t index) {
   PW_RETURN_IF_ERROR(CheckValue(tuple, "get_element", /*tuple_ok=*/true));
   const ValueType& t = type(tuple);
   if (!t.is_tuple()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "get_element: operand %%%d is %s, not a tuple (as scan, svd, lu and eigh give)", tuple, t.ToString()));
+        "get_element: operand %%%d is %s, not a tuple (as scan, while, svd, lu and eigh give)", tuple, t.ToString()));
   }
   if (index < 0 || index >= static_cast<int64_t>(t.elements.size())) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -44,6 +44,22 @@
 // is an ordinary FunctionIr, built and checked by its own FunctionBuilder
 // (with the function's axis name and size when it has collectives), shared
 // rather than copied; loops nest at most kMaxNestingDepth deep.
+//
+// A kWhile op (as jax.lax.while_loop; XLA's While) holds two nested
+// functions, its cond and its body, and a trip count that only the device
+// knows: while cond(carries, consts) is true, carries = body(carries,
+// consts). Its operands are the carries (num_carries, at least one), then
+// the consts. Both functions take one parameter per operand, of its type;
+// the cond returns one bool scalar (pred[]) and the body the next carries, each of
+// its carry's exact type. Its value is the tuple of the final carries
+// (the initial ones if the cond is false at once), taken apart by
+// get_element as a scan's. Each shard of a gang runs its own trip count:
+// with several shards in one run, the loop goes on while any shard's cond
+// is true, and a shard whose cond is false keeps its carries (a batched
+// while, as XLA's under vmap); a collective in a body therefore sees every
+// shard each iteration (JAX calls a collective in a loop whose trip counts
+// differ across devices a user error). Since its trip count is unknown, a
+// while's cond and body may not have simulated compute.
 
 #include <cstdint>
 #include <memory>
@@ -53,6 +69,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "csrc/base/dtype.h"
@@ -143,9 +160,11 @@ struct Op {
   std::vector<int64_t> slice_start, slice_limit, slice_step;  // kSlice only
   std::vector<int64_t> pad_lo, pad_hi, pad_interior;         // kPad only
   std::vector<int64_t> perm_source;          // kPpermute only: source per destination
-  // kScan only (see "Loops" above): the body, the trip count, how the
-  // operands split (carries, xs, then consts); its direction is `reverse`.
+  // kScan (see "Loops" above): the body, the trip count, how the operands
+  // split (carries, xs, then consts); its direction is `reverse`. kWhile:
+  // the body, the cond, and how many operands are carries (the rest consts).
   std::shared_ptr<const FunctionIr> body;
+  std::shared_ptr<const FunctionIr> cond;  // kWhile only
   int64_t length = 0;
   int32_t num_carries = 0;
   int32_t num_xs = 0;
@@ -178,7 +197,8 @@ class FunctionIr {
   // True if any op is a collective (the gang must run all shards together),
   // including the ops of loop bodies.
   bool has_collectives() const;
-  // How deeply loops nest: 0 without a scan, else 1 + the deepest body's.
+  // How deeply loops nest: 0 without a loop, else 1 + the deepest nested
+  // function's (a body's or a while's cond's).
   int nesting_depth() const { return nesting_depth_; }
   // Simulated device time of one run: the sum of its kSimulatedCompute ops.
   int64_t simulated_ns() const { return simulated_ns_; }
@@ -198,6 +218,15 @@ class FunctionIr {
   //       }
   //     }
   //     %6 = get_element[0] %5 : f32[]
+  // A while shows its cond, then its body:
+  //     %7 = while[carries=1] %0, %1 : (f32[]) {
+  //       func @cond(%0: f32[], %1: f32[]) {
+  //         ...
+  //       }
+  //       func @body(%0: f32[], %1: f32[]) {
+  //         ...
+  //       }
+  //     }
   std::string ToText() const;
 
  private:
@@ -446,6 +475,26 @@ class FunctionBuilder {
                                absl::Span<const int32_t> operands, int32_t num_carries,
                                int32_t num_xs, int64_t length, bool reverse);
 
+  // A while loop (see "Loops" above): runs `body` on `operands` (the first
+  // `num_carries` of them carries, the rest consts) while `cond` of them is
+  // true. Returns the tuple value of the final carries; GetElement takes it
+  // apart (or use WhileResults). InvalidArgument names the loop and what does
+  // not fit: no carry or more carries than operands, a cond or body whose
+  // parameters are not the operands' types, a cond that does not return one
+  // bool scalar, a body that does not return one value per carry of the
+  // carry's exact type, collectives traced for another axis name or size,
+  // nesting deeper than kMaxNestingDepth, or simulated compute in either
+  // function.
+  absl::StatusOr<int32_t> While(std::shared_ptr<const FunctionIr> cond,
+                                std::shared_ptr<const FunctionIr> body,
+                                absl::Span<const int32_t> operands, int32_t num_carries);
+
+  // While, then one GetElement per carry: the values of the final carries.
+  absl::StatusOr<std::vector<int32_t>> WhileResults(std::shared_ptr<const FunctionIr> cond,
+                                                    std::shared_ptr<const FunctionIr> body,
+                                                    absl::Span<const int32_t> operands,
+                                                    int32_t num_carries);
+
   // Element `index` of tuple value `tuple`; InvalidArgument if `tuple` is no
   // tuple or `index` is out of range.
   absl::StatusOr<int32_t> GetElement(int32_t tuple, int64_t index);
@@ -551,6 +600,16 @@ class FunctionBuilder {
   // A float32 value computed for a bfloat16 op, rounded back to bfloat16 (a
   // bool value, from a comparison, as it is); errors pass through.
   absl::StatusOr<int32_t> RoundToBF16(absl::StatusOr<int32_t> computed);
+  // OK if nested function `f`, the `role` ("body", "cond") of loop `label`,
+  // fits in this function: not nested too deep, and its collectives (if
+  // any) over this function's axis name and size.
+  absl::Status CheckNested(const std::string& label, absl::string_view role,
+                           const FunctionIr& f) const;
+  // OK if nested function `f` takes exactly the types in `expected`, whose
+  // operand `i` `role(i)` names ("carry 0", "const 1").
+  absl::Status CheckNestedParams(const std::string& label, absl::string_view what,
+                                 const FunctionIr& f, absl::Span<const ValueType> expected,
+                                 absl::FunctionRef<std::string(int64_t)> role) const;
   // Appends `op`; InvalidArgument naming the op if its result's size is
   // invalid (CheckedNumBytes): every op's result is checked here.
   absl::StatusOr<int32_t> Add(Op op);

@@ -1145,7 +1145,7 @@ TEST(FunctionBuilderScanTest, TuplesAreReadOnlyByGetElement) {
   ExpectInvalid(b.Build({*t}).status(),
                 "return: operand %3 is the scan tuple (f32[], f32[2,3]); take its elements "
                 "with get_element");
-  ExpectInvalid(b.GetElement(c, 0).status(), "get_element: operand %0 is f32[], not a tuple (as scan, svd, lu and eigh give)");
+  ExpectInvalid(b.GetElement(c, 0).status(), "get_element: operand %0 is f32[], not a tuple (as scan, while, svd, lu and eigh give)");
   ExpectInvalid(b.GetElement(*t, 2).status(),
                 "get_element: index 2 is out of range for (f32[], f32[2,3])");
   ExpectInvalid(b.GetElement(*t, -1).status(),
@@ -1187,6 +1187,260 @@ TEST(FunctionBuilderScanTest, CollectivesOfBodiesCount) {
   auto ir = b.Build(*r);
   ASSERT_TRUE(ir.ok());
   EXPECT_TRUE((*ir)->has_collectives());
+}
+
+// --- While loops ---------------------------------------------------------------
+
+// cond(c: f32[], k: i32[], limit: f32[]) -> c < limit
+std::shared_ptr<const FunctionIr> LessCond(absl::string_view axis_name = "") {
+  FunctionBuilder b("less", std::string(axis_name));
+  const int32_t c = b.Parameter(DType::kF32, {});
+  b.Parameter(DType::kI32, {});
+  const int32_t limit = b.Parameter(DType::kF32, {});
+  return *b.Build({*b.Binary(OpKind::kLt, c, limit)});
+}
+
+// body(c: f32[], k: i32[], limit: f32[]) -> (c * 2, k + 1)
+std::shared_ptr<const FunctionIr> DoubleBody() {
+  FunctionBuilder b("double", "");
+  const int32_t c = b.Parameter(DType::kF32, {});
+  const int32_t k = b.Parameter(DType::kI32, {});
+  b.Parameter(DType::kF32, {});
+  auto two = b.Constant(DType::kF32, {}, Bytes<float>({2}));
+  auto one = b.Constant(DType::kI32, {}, Bytes<int32_t>({1}));
+  return *b.Build({*b.Binary(OpKind::kMul, c, *two), *b.Binary(OpKind::kAdd, k, *one)});
+}
+
+TEST(FunctionBuilderWhileTest, TypesResultsAndText) {
+  FunctionBuilder b("f", "");
+  const int32_t c = b.Parameter(DType::kF32, {});
+  const int32_t k = b.Parameter(DType::kI32, {});
+  const int32_t limit = b.Parameter(DType::kF32, {});
+  auto results = b.WhileResults(LessCond(), DoubleBody(), {c, k, limit}, 2);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 2u);
+  const int32_t tuple = (*results)[0] - 1;
+  EXPECT_EQ(b.type(tuple).ToString(), "(f32[], i32[])");
+  EXPECT_EQ(b.type((*results)[1]).ToString(), "i32[]");
+  auto ir = b.Build(*results);
+  ASSERT_TRUE(ir.ok()) << ir.status();
+  EXPECT_EQ((*ir)->nesting_depth(), 1);
+  EXPECT_EQ((*ir)->simulated_ns(), 0);
+  EXPECT_EQ((*ir)->ToText(),
+            "func @f(%0: f32[], %1: i32[], %2: f32[]) {\n"
+            "  %3 = while[carries=2] %0, %1, %2 : (f32[], i32[]) {\n"
+            "    func @less(%0: f32[], %1: i32[], %2: f32[]) {\n"
+            "      %3 = lt %0, %2 : pred[]\n"
+            "      return %3\n"
+            "    }\n"
+            "    func @double(%0: f32[], %1: i32[], %2: f32[]) {\n"
+            "      %3 = const f32[] 2\n"
+            "      %4 = const i32[] 1\n"
+            "      %5 = mul %0, %3 : f32[]\n"
+            "      %6 = add %1, %4 : i32[]\n"
+            "      return %5, %6\n"
+            "    }\n"
+            "  }\n"
+            "  %4 = get_element[0] %3 : f32[]\n"
+            "  %5 = get_element[1] %3 : i32[]\n"
+            "  return %4, %5\n"
+            "}\n");
+}
+
+TEST(FunctionBuilderWhileTest, Errors) {
+  auto loop = [](auto&& edit) {
+    FunctionBuilder b("f", "i");
+    EXPECT_TRUE(b.SetAxisSize(2).ok());
+    const int32_t c = b.Parameter(DType::kF32, {});
+    const int32_t k = b.Parameter(DType::kI32, {});
+    const int32_t limit = b.Parameter(DType::kF32, {});
+    return edit(b, c, k, limit);
+  };
+  const std::string label = "while of @less and @double";
+  ExpectInvalid(loop([](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                  return b.While(LessCond(), DoubleBody(), {c, k, limit}, 0).status();
+                }),
+                "while: 0 carries do not fit in 3 operands (a while carries at least one value)");
+  ExpectInvalid(loop([](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                  return b.While(LessCond(), DoubleBody(), {c, k, limit}, 4).status();
+                }),
+                "while: 4 carries do not fit in 3 operands (a while carries at least one value)");
+  ExpectInvalid(loop([](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                  return b.While(nullptr, DoubleBody(), {c, k, limit}, 2).status();
+                }),
+                "while: no cond function");
+  ExpectInvalid(loop([](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                  return b.While(LessCond(), nullptr, {c, k, limit}, 2).status();
+                }),
+                "while: no body function");
+  ExpectInvalid(loop([](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                  return b.While(LessCond(), DoubleBody(), {c, k}, 2).status();
+                }),
+                label + ": the cond takes 3 parameters, the loop has 2 operands (2 carries, 0 "
+                        "consts)");
+  ExpectInvalid(loop([](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                  return b.While(LessCond(), DoubleBody(), {k, c, limit}, 2).status();
+                }),
+                label + ": cond parameter 0 is f32[], but carry 0 gives i32[]");
+  ExpectInvalid(loop([](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                  return b.While(LessCond(), DoubleBody(), {c, k, k}, 2).status();
+                }),
+                label + ": cond parameter 2 is f32[], but const 0 gives i32[]");
+  // The body's parameters are checked as the cond's.
+  {
+    FunctionBuilder body("double", "");
+    const int32_t c = body.Parameter(DType::kF32, {});
+    const int32_t k = body.Parameter(DType::kI32, {});
+    body.Parameter(DType::kI32, {});
+    auto fn = body.Build({c, k});
+    ASSERT_TRUE(fn.ok());
+    ExpectInvalid(loop([&](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                    return b.While(LessCond(), *fn, {c, k, limit}, 2).status();
+                  }),
+                  label + ": body parameter 2 is i32[], but const 0 gives f32[]");
+  }
+  // A cond that is not one bool scalar.
+  for (int variant = 0; variant < 3; ++variant) {
+    FunctionBuilder cond("less", "");
+    const int32_t c = cond.Parameter(DType::kF32, {});
+    const int32_t k = cond.Parameter(DType::kI32, {});
+    cond.Parameter(DType::kF32, {});
+    std::vector<int32_t> outs;
+    std::string want;
+    if (variant == 0) {
+      outs = {k};
+      want = "(i32[])";
+    } else if (variant == 1) {
+      const int32_t lt = *cond.Binary(OpKind::kLt, c, c);
+      outs = {lt, lt};
+      want = "(pred[], pred[])";
+    } else {
+      outs = {*cond.BroadcastTo(*cond.Binary(OpKind::kLt, c, c), {2})};
+      want = "(pred[2])";
+    }
+    auto fn = cond.Build(outs);
+    ASSERT_TRUE(fn.ok());
+    ExpectInvalid(loop([&](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                    return b.While(*fn, DoubleBody(), {c, k, limit}, 2).status();
+                  }),
+                  label + ": the cond must return one bool scalar (pred[]), it returns " + want);
+  }
+  // A body that returns too few values, or a carry of another type.
+  {
+    FunctionBuilder body("double", "");
+    const int32_t c = body.Parameter(DType::kF32, {});
+    body.Parameter(DType::kI32, {});
+    body.Parameter(DType::kF32, {});
+    auto fn = body.Build({c});
+    ASSERT_TRUE(fn.ok());
+    ExpectInvalid(loop([&](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                    return b.While(LessCond(), *fn, {c, k, limit}, 2).status();
+                  }),
+                  label + ": the body returns 1 values for 2 carries");
+  }
+  {
+    FunctionBuilder body("double", "");
+    const int32_t c = body.Parameter(DType::kF32, {});
+    const int32_t k = body.Parameter(DType::kI32, {});
+    body.Parameter(DType::kF32, {});
+    auto fn = body.Build({c, *body.Convert(k, DType::kF32)});
+    ASSERT_TRUE(fn.ok());
+    ExpectInvalid(loop([&](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                    return b.While(LessCond(), *fn, {c, k, limit}, 2).status();
+                  }),
+                  label + ": the body returns f32[] for carry 1, which is i32[]; a carry keeps "
+                          "its type");
+  }
+  // Collectives over another axis, or traced for another size: a cond
+  // psum(c) < limit over `axis` of `size` shards (0: not given).
+  auto psum_cond = [](const std::string& axis, int64_t size) {
+    FunctionBuilder cond("less", axis);
+    if (size > 0) EXPECT_TRUE(cond.SetAxisSize(size).ok());
+    const int32_t x = cond.Parameter(DType::kF32, {});
+    cond.Parameter(DType::kI32, {});
+    const int32_t l = cond.Parameter(DType::kF32, {});
+    return *cond.Build({*cond.Binary(OpKind::kLt, *cond.Psum(x, axis), l)});
+  };
+  ExpectInvalid(loop([&](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                  return b.While(psum_cond("j", 0), DoubleBody(), {c, k, limit}, 2).status();
+                }),
+                label + ": the cond has collectives over axis 'j', the function's axis is 'i'");
+  ExpectInvalid(loop([&](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                  return b.While(psum_cond("i", 3), DoubleBody(), {c, k, limit}, 2).status();
+                }),
+                label + ": the cond was traced for 3 shards, the function for 2");
+  EXPECT_TRUE(loop([&](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                return b.While(psum_cond("i", 2), DoubleBody(), {c, k, limit}, 2).status();
+              }).ok());
+  // Simulated compute: a while's trip count is unknown.
+  {
+    FunctionBuilder body("double", "");
+    const int32_t c = body.Parameter(DType::kF32, {});
+    const int32_t k = body.Parameter(DType::kI32, {});
+    body.Parameter(DType::kF32, {});
+    auto fn = body.Build({*body.SimulatedCompute(c, 1000), k});
+    ASSERT_TRUE(fn.ok());
+    ExpectInvalid(loop([&](FunctionBuilder& b, int32_t c, int32_t k, int32_t limit) {
+                    return b.While(LessCond(), *fn, {c, k, limit}, 2).status();
+                  }),
+                  label + ": the body has simulated compute, which a loop whose trip count is "
+                          "known only on the device cannot count (a scan's body may have it)");
+  }
+}
+
+TEST(FunctionBuilderWhileTest, NestingAndCollectivesOfConds) {
+  // A while whose cond has a scan inside nests as deep as the scan's body + 2.
+  FunctionBuilder inc("inc", "");
+  const int32_t x = inc.Parameter(DType::kF32, {});
+  auto one = inc.Constant(DType::kF32, {}, Bytes<float>({1}));
+  auto inc_fn = inc.Build({*inc.Binary(OpKind::kAdd, x, *one)});
+  ASSERT_TRUE(inc_fn.ok());
+  FunctionBuilder cond("less", "i");
+  const int32_t c = cond.Parameter(DType::kF32, {});
+  cond.Parameter(DType::kI32, {});
+  const int32_t limit = cond.Parameter(DType::kF32, {});
+  auto scanned = cond.ScanResults(*inc_fn, {c}, 1, 0, 2, false);
+  ASSERT_TRUE(scanned.ok()) << scanned.status();
+  auto total = cond.Psum((*scanned)[0], "i");
+  ASSERT_TRUE(total.ok());
+  auto cond_fn = cond.Build({*cond.Binary(OpKind::kLt, *total, limit)});
+  ASSERT_TRUE(cond_fn.ok()) << cond_fn.status();
+  FunctionBuilder b("f", "i");
+  const int32_t c0 = b.Parameter(DType::kF32, {});
+  const int32_t k0 = b.Parameter(DType::kI32, {});
+  const int32_t l0 = b.Parameter(DType::kF32, {});
+  auto r = b.WhileResults(*cond_fn, DoubleBody(), {c0, k0, l0}, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto ir = b.Build(*r);
+  ASSERT_TRUE(ir.ok()) << ir.status();
+  EXPECT_EQ((*ir)->nesting_depth(), 2);
+  EXPECT_TRUE((*ir)->has_collectives());  // the cond's psum counts
+  // Too deep: a scan over a body that nests kMaxNestingDepth - 1 loops.
+  std::shared_ptr<const FunctionIr> body = *inc_fn;
+  for (int depth = 1; depth < kMaxNestingDepth; ++depth) {
+    FunctionBuilder wrap("inc", "");
+    const int32_t wv = wrap.Parameter(DType::kF32, {});
+    auto wr = wrap.ScanResults(body, {wv}, 1, 0, 1, false);
+    ASSERT_TRUE(wr.ok());
+    body = *wrap.Build(*wr);
+  }
+  ASSERT_EQ(body->nesting_depth(), kMaxNestingDepth - 1);
+  FunctionBuilder deep("double", "");
+  const int32_t dc = deep.Parameter(DType::kF32, {});
+  const int32_t dk = deep.Parameter(DType::kI32, {});
+  deep.Parameter(DType::kF32, {});
+  auto dr = deep.ScanResults(body, {dc}, 1, 0, 1, false);
+  ASSERT_TRUE(dr.ok()) << dr.status();
+  auto deep_fn = deep.Build({(*dr)[0], dk});
+  ASSERT_TRUE(deep_fn.ok());
+  ASSERT_EQ((*deep_fn)->nesting_depth(), kMaxNestingDepth);
+  FunctionBuilder f("f", "");
+  const int32_t a = f.Parameter(DType::kF32, {});
+  const int32_t bk = f.Parameter(DType::kI32, {});
+  const int32_t bl = f.Parameter(DType::kF32, {});
+  ExpectInvalid(f.While(LessCond(), *deep_fn, {a, bk, bl}, 2).status(),
+                absl::StrCat("while of @less and @double: loops nest ", kMaxNestingDepth + 1,
+                             " deep, more than the ", kMaxNestingDepth, " allowed"));
 }
 
 // Folded converts give the kernels' answers (kernel_util.h's ToUint32):

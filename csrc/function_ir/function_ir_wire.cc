@@ -89,10 +89,10 @@ std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& va
 void EncodeFunction(const FunctionIr& ir, wire::FunctionIr* out);
 
 // Writes the arguments of the builder call that makes `op` (see
-// function_ir.proto). The literal and a scan's body only `with_literal`:
-// decoding compares a rebuilt op with the one received, and the literal
-// went to the builder verbatim, the body through a decoding of its own (a
-// copy of either would only cost memory and time).
+// function_ir.proto). The literal and a loop's nested functions only
+// `with_literal`: decoding compares a rebuilt op with the one received, and
+// the literal went to the builder verbatim, the functions through decodings
+// of their own (a copy of either would only cost memory and time).
 void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
   out->set_kind(ToWire(op.kind));
   out->mutable_operands()->Reserve(static_cast<int>(op.operands.size()));
@@ -188,6 +188,13 @@ void EncodeOp(const Op& op, bool with_literal, wire::Op* out) {
       out->set_num_xs(op.num_xs);
       out->set_reverse(op.reverse);
       break;
+    case OpKind::kWhile:
+      if (with_literal) {
+        EncodeFunction(*op.cond, out->mutable_cond());
+        EncodeFunction(*op.body, out->mutable_body());
+      }
+      out->set_num_carries(op.num_carries);
+      break;
     case OpKind::kGetElement:
       out->set_index(op.index);
       break;
@@ -236,7 +243,7 @@ int OperandCount(OpKind kind) {
 absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
   const int n = w.operands_size();
   const int expected = OperandCount(kind);
-  if (kind != OpKind::kScan && (expected >= 0 ? n != expected : n < -expected)) {
+  if (!IsLoopOp(kind) && (expected >= 0 ? n != expected : n < -expected)) {
     return WireError(absl::StrFormat("%s has %d operands, takes %s%d", OpLabel(index, kind), n,
                                      expected >= 0 ? "" : "at least ", std::abs(expected)));
   }
@@ -252,11 +259,19 @@ absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
     return WireError(absl::StrFormat("%s has a literal; only constants take one",
                                      OpLabel(index, kind)));
   }
-  if (kind == OpKind::kScan && !w.has_body()) {
+  if (IsLoopOp(kind) && !w.has_body()) {
     return WireError(absl::StrFormat("%s has no body", OpLabel(index, kind)));
   }
-  if (kind != OpKind::kScan && w.has_body()) {
-    return WireError(absl::StrFormat("%s has a body; only scans take one", OpLabel(index, kind)));
+  if (!IsLoopOp(kind) && w.has_body()) {
+    return WireError(
+        absl::StrFormat("%s has a body; only loops take one", OpLabel(index, kind)));
+  }
+  if (kind == OpKind::kWhile && !w.has_cond()) {
+    return WireError(absl::StrFormat("%s has no cond", OpLabel(index, kind)));
+  }
+  if (kind != OpKind::kWhile && w.has_cond()) {
+    return WireError(
+        absl::StrFormat("%s has a cond; only while loops take one", OpLabel(index, kind)));
   }
   if (w.dims_size() > kMaxWireRank) {
     return WireError(absl::StrFormat("%s: %d dims, more than the %d a value may have",
@@ -282,6 +297,20 @@ absl::Status CheckOpShape(int index, OpKind kind, const wire::Op& w) {
 
 absl::StatusOr<std::shared_ptr<const FunctionIr>> Decode(const wire::FunctionIr& proto,
                                                           int depth);
+
+// Nested function `role` ("body", "cond") of loop op `index`, decoded at
+// `depth`; its errors name the op and the role.
+absl::StatusOr<std::shared_ptr<const FunctionIr>> DecodeNested(const wire::FunctionIr& proto,
+                                                                int depth, int index,
+                                                                OpKind kind,
+                                                                absl::string_view role) {
+  absl::StatusOr<std::shared_ptr<const FunctionIr>> f = Decode(proto, depth);
+  if (!f.ok()) {
+    return WireError(absl::StrFormat("%s %s: %s", OpLabel(index, kind), role,
+                                     absl::StripPrefix(f.status().message(), "function wire: ")));
+  }
+  return f;
+}
 
 // The builder call that makes op `index` from `w` (already checked by
 // CheckOpShape); the builder's own checks apply to every argument. `depth`
@@ -377,9 +406,17 @@ absl::StatusOr<int32_t> Replay(FunctionBuilder& b, int index, OpKind kind, const
     case OpKind::kPsumScatter:
       return b.PsumScatter(operand(0), axis_name, w.axis());
     case OpKind::kScan: {
-      PW_ASSIGN_OR_RETURN(std::shared_ptr<const FunctionIr> body, Decode(w.body(), depth + 1));
+      PW_ASSIGN_OR_RETURN(std::shared_ptr<const FunctionIr> body,
+                          DecodeNested(w.body(), depth + 1, index, kind, "body"));
       return b.Scan(std::move(body), w.operands(), w.num_carries(), w.num_xs(), w.length(),
                     w.reverse());
+    }
+    case OpKind::kWhile: {
+      PW_ASSIGN_OR_RETURN(std::shared_ptr<const FunctionIr> cond,
+                          DecodeNested(w.cond(), depth + 1, index, kind, "cond"));
+      PW_ASSIGN_OR_RETURN(std::shared_ptr<const FunctionIr> body,
+                          DecodeNested(w.body(), depth + 1, index, kind, "body"));
+      return b.While(std::move(cond), std::move(body), w.operands(), w.num_carries());
     }
     case OpKind::kGetElement:
       return b.GetElement(operand(0), w.index());
@@ -420,6 +457,7 @@ absl::Status CheckSameOp(int index, OpKind kind, const wire::Op& w, const wire::
   google::protobuf::util::MessageDifferencer differencer;
   differencer.IgnoreField(wire::Op::descriptor()->FindFieldByName("literal"));
   differencer.IgnoreField(wire::Op::descriptor()->FindFieldByName("body"));
+  differencer.IgnoreField(wire::Op::descriptor()->FindFieldByName("cond"));
   std::string report;
   differencer.ReportDifferencesToString(&report);
   if (differencer.Compare(w, rebuilt)) return absl::OkStatus();
@@ -483,10 +521,10 @@ absl::StatusOr<std::shared_ptr<const FunctionIr>> Decode(const wire::FunctionIr&
     PW_RETURN_IF_ERROR(CheckOpShape(i, *kind, w));
     absl::StatusOr<int32_t> v = Replay(b, i, *kind, w, depth);
     if (!v.ok()) {
-      // A body's own errors are already wire errors, naming its op.
-      if (*kind == OpKind::kScan && absl::StartsWith(v.status().message(), "function wire: ")) {
-        return WireError(absl::StrFormat("op %d (scan) body: %s", i,
-                                         absl::StripPrefix(v.status().message(), "function wire: ")));
+      // A nested function's own errors are already wire errors, naming
+      // the op (DecodeNested).
+      if (IsLoopOp(*kind) && absl::StartsWith(v.status().message(), "function wire: ")) {
+        return v.status();
       }
       return BuilderError(i, v.status());
     }

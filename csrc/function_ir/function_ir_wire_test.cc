@@ -225,6 +225,47 @@ std::shared_ptr<const FunctionIr> ScanFunction(int n) {
   return MustBuild(b, outs);
 }
 
+// A while loop over `n` shards whose trip count the data decides, bounded
+// whatever the inputs (at most 6 iterations): its cond psums a carry (a
+// collective in a cond), its body runs a scan, and a carry starts as a
+// constant.
+std::shared_ptr<const FunctionIr> WhileFunction(int n) {
+  // less(c: f32[], k: i32[], x: f32[3]) -> k < 6 & psum(c) < sum(x)
+  FunctionBuilder cond("less", "i");
+  EXPECT_TRUE(cond.SetAxisSize(n).ok());
+  const int32_t cc = cond.Parameter(DType::kF32, {});
+  const int32_t ck = cond.Parameter(DType::kI32, {});
+  const int32_t cx = cond.Parameter(DType::kF32, {3});
+  const int32_t six = Ok(cond.Constant(DType::kI32, {}, Bytes<int32_t>({6})));
+  const int32_t bounded = Ok(cond.Binary(OpKind::kLt, ck, six));
+  const int32_t below = Ok(cond.Binary(OpKind::kLt, Ok(cond.Psum(cc, "i")),
+                                       Ok(cond.Reduce(ReduceKind::kSum, cx, nullptr, false))));
+  auto cond_fn = MustBuild(cond, {Ok(cond.Binary(OpKind::kAnd, bounded, below))});
+  // step(a: f32[], e: f32[]) -> (a + e)
+  FunctionBuilder step("step", "");
+  const int32_t sa = step.Parameter(DType::kF32, {});
+  const int32_t se = step.Parameter(DType::kF32, {});
+  auto step_fn = MustBuild(step, {Ok(step.Binary(OpKind::kAdd, sa, se))});
+  // grow(c: f32[], k: i32[], x: f32[3]) -> (scan(step, c, x), k + 1)
+  FunctionBuilder body("grow", "");
+  const int32_t bc = body.Parameter(DType::kF32, {});
+  const int32_t bk = body.Parameter(DType::kI32, {});
+  const int32_t bx = body.Parameter(DType::kF32, {3});
+  auto scanned = body.ScanResults(step_fn, {bc, bx}, 1, 1, 3, false);
+  EXPECT_TRUE(scanned.ok()) << scanned.status();
+  const int32_t one = Ok(body.Constant(DType::kI32, {}, Bytes<int32_t>({1})));
+  auto body_fn = MustBuild(body, {(*scanned)[0], Ok(body.Binary(OpKind::kAdd, bk, one))});
+
+  FunctionBuilder b("while", "i");
+  EXPECT_TRUE(b.SetAxisSize(n).ok());
+  const int32_t c = b.Parameter(DType::kF32, {});
+  const int32_t x = b.Parameter(DType::kF32, {3});
+  const int32_t zero = Ok(b.Constant(DType::kI32, {}, Bytes<int32_t>({0})));
+  auto results = b.WhileResults(cond_fn, body_fn, {c, zero, x}, 2);
+  EXPECT_TRUE(results.ok()) << results.status();
+  return MustBuild(b, *results);
+}
+
 // Shape ops and reductions, including the attributes the builder stores in
 // canonical form (slice steps, pad interiors, reduction axes).
 std::shared_ptr<const FunctionIr> ShapeFunction() {
@@ -475,6 +516,8 @@ void ExpectSameIr(const FunctionIr& a, const FunctionIr& b) {
     EXPECT_EQ(x.reverse, y.reverse);
     EXPECT_EQ(x.body == nullptr, y.body == nullptr);
     if (x.body != nullptr && y.body != nullptr) ExpectSameIr(*x.body, *y.body);
+    EXPECT_EQ(x.cond == nullptr, y.cond == nullptr);
+    if (x.cond != nullptr && y.cond != nullptr) ExpectSameIr(*x.cond, *y.cond);
     EXPECT_EQ(x.length, y.length);
     EXPECT_EQ(x.num_carries, y.num_carries);
     EXPECT_EQ(x.num_xs, y.num_xs);
@@ -498,7 +541,7 @@ std::shared_ptr<const FunctionIr> RoundTrip(const FunctionIr& ir) {
 std::vector<std::shared_ptr<const FunctionIr>> KnownFunctions() {
   return {ElementwiseFunction(), CollectiveFunction(1), CollectiveFunction(2),
           CollectiveFunction(3), ShapeFunction(), BFloat16Function(1), BFloat16Function(3),
-          ScanFunction(2)};
+          ScanFunction(2), WhileFunction(2)};
 }
 
 TEST(FunctionIrWireTest, RoundTripsEveryOpKind) {
@@ -583,7 +626,8 @@ TEST(FunctionIrWireTest, ParsedFunctionsRunLikeTheOriginal) {
   for (int shards = 1; shards <= 3; ++shards) {
     SCOPED_TRACE(testing::Message() << "shards=" << shards);
     for (const auto& ir : {ElementwiseFunction(), CollectiveFunction(shards), ShapeFunction(),
-                           BFloat16Function(shards), ScanFunction(shards)}) {
+                           BFloat16Function(shards), ScanFunction(shards),
+                           WhileFunction(shards)}) {
       ASSERT_NE(ir, nullptr);
       SCOPED_TRACE(ir->name());
       auto parsed = ParseFunctionIr(SerializeFunctionIr(*ir));
@@ -966,12 +1010,14 @@ TEST(FunctionIrWireTest, BytesThatAreNotAFunction) {
 }
 
 
+wire::FunctionIr ProtoOf(const FunctionIr& ir) {
+  wire::FunctionIr proto;
+  ToProto(ir, &proto);
+  return proto;
+}
+
 TEST(FunctionIrWireTest, BadScans) {
-  const wire::FunctionIr good = [] {
-    wire::FunctionIr proto;
-    ToProto(*ScanFunction(2), &proto);
-    return proto;
-  }();
+  const wire::FunctionIr good = ProtoOf(*ScanFunction(2));
   ASSERT_TRUE(FromProto(good).ok());
   auto first_scan = [](wire::FunctionIr& proto) {
     for (wire::Op& op : *proto.mutable_ops()) {
@@ -987,7 +1033,7 @@ TEST(FunctionIrWireTest, BadScans) {
   {
     wire::FunctionIr proto = good;
     *proto.mutable_ops(0)->mutable_body() = good;  // a parameter with a body
-    ExpectWireError(FromProto(proto), "op 0 (parameter) has a body; only scans take one");
+    ExpectWireError(FromProto(proto), "op 0 (parameter) has a body; only loops take one");
   }
   {
     wire::FunctionIr proto = good;
@@ -1022,6 +1068,55 @@ TEST(FunctionIrWireTest, BadScans) {
     wire::FunctionIr proto = good;
     proto.set_outputs(0, 4);
     ExpectWireError(FromProto(proto), "return: operand %4 is the scan tuple");
+  }
+}
+
+TEST(FunctionIrWireTest, BadWhiles) {
+  const wire::FunctionIr good = ProtoOf(*WhileFunction(2));
+  ASSERT_TRUE(FromProto(good).ok());
+  const int loop = 3;  // after the two parameters and the constant
+  ASSERT_EQ(good.ops(loop).kind(), wire::OP_WHILE);
+  {
+    wire::FunctionIr proto = good;
+    proto.mutable_ops(loop)->clear_cond();
+    ExpectWireError(FromProto(proto), "op 3 (while) has no cond");
+  }
+  {
+    wire::FunctionIr proto = good;
+    proto.mutable_ops(loop)->clear_body();
+    ExpectWireError(FromProto(proto), "op 3 (while) has no body");
+  }
+  {
+    wire::FunctionIr proto = good;
+    *proto.mutable_ops(0)->mutable_cond() = good;  // a parameter with a cond
+    ExpectWireError(FromProto(proto), "op 0 (parameter) has a cond; only while loops take one");
+  }
+  {
+    // The cond and the body swapped: the body returns no bool.
+    wire::FunctionIr proto = good;
+    std::swap(*proto.mutable_ops(loop)->mutable_cond(), *proto.mutable_ops(loop)->mutable_body());
+    ExpectWireError(FromProto(proto),
+                    "op 3: while of @grow and @less: the cond must return one bool scalar "
+                    "(pred[]), it returns (f32[], i32[])");
+  }
+  {
+    wire::FunctionIr proto = good;
+    proto.mutable_ops(loop)->set_num_carries(0);
+    ExpectWireError(FromProto(proto), "op 3: while: 0 carries do not fit in 3 operands");
+  }
+  {
+    wire::FunctionIr proto = good;
+    proto.mutable_ops(loop)->set_length(2);  // an attribute a while does not take
+    ExpectWireError(FromProto(proto), "op 3 (while) is not in the form FunctionBuilder makes it");
+  }
+  {
+    // Errors inside the cond and the body name the loop and which.
+    wire::FunctionIr proto = good;
+    proto.mutable_ops(loop)->mutable_cond()->mutable_ops(4)->set_kind(wire::OP_MATMUL);
+    ExpectWireError(FromProto(proto), "op 3 (while) cond: op 4: matmul");
+    proto = good;
+    proto.mutable_ops(loop)->mutable_body()->mutable_ops(0)->set_kind(wire::OP_WHILE);
+    ExpectWireError(FromProto(proto), "op 3 (while) body: op 0 (while) has no body");
   }
 }
 

@@ -29,7 +29,7 @@ enum class OpClass : uint8_t {
   kIndexing,      // take / scatter along an axis by int32 indices; top_k, sort
   kContraction,   // matmul
   kCollective,    // reads other shards of the gang, or the shard's position in it
-  kControl,       // runs a nested function (scan), or names one result of such an op
+  kControl,       // runs nested functions (scan, while), or names one result of such an op
   kLinalg,        // a decomposition of each matrix of the last two dims (LAPACK)
 };
 
@@ -163,6 +163,10 @@ enum class TypeRule : uint8_t {
   /* Runs Op::body Op::length times over carries, slices of xs and consts; its value   \
      is a tuple (final carries, stacked ys) that get_element ops take apart */         \
   X(kScan, "scan", SCAN, -1, kControl, kOwn)                                           \
+  /* Runs Op::body over the carries (the first Op::num_carries operands) and consts    \
+     while Op::cond of them is true (a trip count known only on the device, as XLA's   \
+     While); its value is the tuple of final carries */                                \
+  X(kWhile, "while", WHILE, -1, kControl, kOwn)                                        \
   /* Element Op::index of a tuple value (the only op that reads one) */                \
   X(kGetElement, "get_element", GET_ELEMENT, 1, kControl, kOwn)                       \
   /* --- Linear algebra, per matrix of the last two dims --- */                        \
@@ -245,6 +249,10 @@ inline constexpr bool IsBinaryOp(OpKind kind) {
 inline constexpr bool IsUnaryOp(OpKind kind) {
   return GetOpClass(kind) == OpClass::kElementwise && GetOpInfo(kind).arity == 1 &&
          GetTypeRule(kind) != TypeRule::kOwn;
+}
+// A loop: an op that runs nested functions (function_ir.h, "Loops").
+inline constexpr bool IsLoopOp(OpKind kind) {
+  return kind == OpKind::kScan || kind == OpKind::kWhile;
 }
 // An op whose result on one shard depends on other shards or on the shard's
 // position in the gang.

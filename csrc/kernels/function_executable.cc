@@ -92,11 +92,11 @@ void FunctionExecutable::RunStageCollective(int stage, int num_shards,
   const Op& op = ops[st.collective];
   uint8_t* const base = static_cast<uint8_t*>(scratch);
   const int64_t out_offset = scratch_offset_[st.collective];
-  if (op.kind == OpKind::kScan) {
-    // A loop whose body reads other shards, over the whole gang: its
-    // operands and results are in the shards' regions, scratch_per_shard_
-    // apart; its workspace, then the body's tiles, after them.
-    const ScanPlan& sp = scan_plans_[static_cast<size_t>(scan_index_[st.collective])];
+  if (loop_index_[st.collective] >= 0) {
+    // A loop whose body or cond reads other shards, over the whole gang:
+    // its operands and results are in the shards' regions,
+    // scratch_per_shard_ apart; its workspace, then the tiles, after them.
+    const LoopPlan& sp = loop_plans_[static_cast<size_t>(loop_index_[st.collective])];
     uint8_t* const workspace = base + scratch_per_shard_ * num_shards;
     auto operand = [&](int k) -> Strided {
       const Op& in = ops[op.operands[k]];
@@ -109,7 +109,7 @@ void FunctionExecutable::RunStageCollective(int stage, int num_shards,
     auto result = [&](int j) -> Strided {
       return {base + out_offset + sp.elements[static_cast<size_t>(j)], scratch_per_shard_};
     };
-    RunScan(st.collective, num_shards, operand, result, workspace,
+    RunLoop(st.collective, num_shards, operand, result, workspace,
             workspace + sp.workspace_bytes * num_shards, nullptr, nullptr, nullptr)
         .IgnoreError();  // no LocalShards: nothing can fail
     return;
@@ -271,8 +271,8 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
     }
     void* out = result(static_cast<int32_t>(i));
     const int64_t n = op.type.num_elements();
-    if (op.kind == OpKind::kScan) {
-      const ScanPlan& sp = scan_plans_[static_cast<size_t>(scan_index_[i])];
+    if (loop_index_[i] >= 0) {
+      const LoopPlan& sp = loop_plans_[static_cast<size_t>(loop_index_[i])];
       // Value-major runs start at shard 0 (only shard-major ones run a part).
       const int64_t scale = range.shard_major ? 1 : total;
       uint8_t* const workspace =
@@ -288,7 +288,7 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
         return {static_cast<const uint8_t*>(out) + sp.elements[static_cast<size_t>(j)] * scale,
                 t.num_bytes()};
       };
-      PW_RETURN_IF_ERROR(RunScan(static_cast<int32_t>(i), num_shards, operand, element, workspace,
+      PW_RETURN_IF_ERROR(RunLoop(static_cast<int32_t>(i), num_shards, operand, element, workspace,
                                  tile_buffer, gang_temp, local, collectives));
       continue;
     }
@@ -517,15 +517,16 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
   return absl::OkStatus();
 }
 
-absl::Status FunctionExecutable::RunScan(int32_t v, int num_shards,
+absl::Status FunctionExecutable::RunLoop(int32_t v, int num_shards,
                                          absl::FunctionRef<Strided(int)> operand,
                                          absl::FunctionRef<Strided(int)> result,
                                          uint8_t* workspace, void* tiles, uint8_t* gang_temp,
                                          const LocalShards* local,
                                          GangCollectives* collectives) const {
   const Op& op = ir_->ops()[v];
-  const ScanPlan& sp = scan_plans_[static_cast<size_t>(scan_index_[v])];
+  const LoopPlan& sp = loop_plans_[static_cast<size_t>(loop_index_[v])];
   const FunctionExecutable& body = *sp.body;
+  const FunctionExecutable* const cond = sp.cond.get();  // a while's
   const FunctionIr& f = body.ir();
   const int n = num_shards;
   const int nc = op.num_carries;
@@ -533,10 +534,11 @@ absl::Status FunctionExecutable::RunScan(int32_t v, int num_shards,
   const int num_params = f.num_params();
   const int num_outputs = f.num_outputs();
   auto at = [&](int64_t offset) { return workspace + offset * n; };
-  // The body's input and output pointers, rewritten each iteration.
+  // The input pointers (the body's and the cond's: the same parameters),
+  // the body's output pointers and the cond's, rewritten each iteration.
   const void** const ins = reinterpret_cast<const void**>(at(sp.pointers));
-  void** const outs =
-      reinterpret_cast<void**>(at(sp.pointers) + sizeof(void*) * static_cast<size_t>(num_params));
+  void** const outs = const_cast<void**>(ins) + num_params;
+  void** const cond_out = outs + num_outputs;
   // Shard s of `src` to dst + s * bytes.
   auto gather = [&](const Strided& src, int64_t bytes, uint8_t* dst) {
     if (bytes == 0) return;
@@ -556,14 +558,32 @@ absl::Status FunctionExecutable::RunScan(int32_t v, int num_shards,
   const std::vector<int64_t>* cur = &sp.carry_a;
   const std::vector<int64_t>* next = &sp.carry_b;
   for (int j = 0; j < nc; ++j) gather(operand(j), f.param_type(j).num_bytes(), at((*cur)[j]));
-  const int32_t body_ops = static_cast<int32_t>(f.ops().size());
-  const ShardRange all{n, 0, n, 0, body_ops};
-  for (int64_t it = 0; it < op.length; ++it) {
-    const int64_t i = op.reverse ? op.length - 1 - it : it;
-    for (int j = 0; j < nc; ++j) {
-      ins[j] = at((*cur)[j]);
-      outs[j] = at((*next)[j]);
+  const ShardRange all{n, 0, n, 0, static_cast<int32_t>(f.ops().size())};
+  uint8_t* const flags = cond != nullptr ? at(sp.flags) : nullptr;
+  // A while's agreement with the gang's other hosts (see "Loops").
+  const bool agree = sp.agree && local != nullptr && !local->whole_gang();
+  for (int64_t it = 0;; ++it) {
+    for (int j = 0; j < nc; ++j) ins[j] = at((*cur)[j]);
+    if (cond == nullptr) {
+      if (it == op.length) break;
+    } else {
+      // Each shard's cond; the loop goes on while any shard's is true.
+      cond_out[0] = flags;
+      const ShardRange cond_range{n, 0, n, 0, static_cast<int32_t>(cond->ir().ops().size())};
+      PW_RETURN_IF_ERROR(cond->RunShards(
+          cond_range, local, collectives, absl::MakeConstSpan(ins, static_cast<size_t>(num_params)),
+          absl::MakeConstSpan(cond_out, 1), workspace, tiles, gang_temp));
+      bool any = false;
+      for (int s = 0; s < n; ++s) any = any || flags[s] != 0;
+      if (agree) {
+        bool gang_any = any;
+        PW_RETURN_IF_ERROR(collectives->AllReduce(DType::kBool, ReduceOp::kMax, &gang_any, 1));
+        any = gang_any;
+      }
+      if (!any) break;
     }
+    const int64_t i = op.reverse ? op.length - 1 - it : it;
+    for (int j = 0; j < nc; ++j) outs[j] = at((*next)[j]);
     for (int k = nc; k < nc + nx; ++k) {
       const Strided src = operand(k);
       const int64_t bytes = f.param_type(k).num_bytes();
@@ -592,6 +612,16 @@ absl::Status FunctionExecutable::RunScan(int32_t v, int num_shards,
         const uint8_t* y = at(sp.ys[static_cast<size_t>(j - nc)]);
         uint8_t* dst = const_cast<uint8_t*>(r.data) + i * bytes;
         for (int s = 0; s < n; ++s) std::memcpy(dst + s * r.stride, y + s * bytes, bytes);
+      }
+    }
+    if (cond != nullptr) {
+      // A shard whose cond is false keeps its carries.
+      for (int s = 0; s < n; ++s) {
+        if (flags[s] != 0) continue;
+        for (int j = 0; j < nc; ++j) {
+          const int64_t bytes = f.param_type(j).num_bytes();
+          std::memcpy(at((*next)[j]) + s * bytes, at((*cur)[j]) + s * bytes, bytes);
+        }
       }
     }
     std::swap(cur, next);

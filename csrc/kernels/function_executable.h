@@ -21,15 +21,23 @@
 // ops gather their operand over the whole gang, run the same kernel over all
 // shards and keep this host's rows, bit-identical to Run().
 //
-// Loops (kScan, function_ir.h): the body is compiled once, with the loop,
-// into an executable of its own, and each iteration runs it over the same
-// shards as the loop (all of the gang, or this host's), in a workspace of
-// the loop's scratch: the carries in two buffers that swap, an iteration's
-// slices of the xs and its ys copied in and out (in place with one shard).
-// No iteration plans or allocates anything. A body's cross-shard ops run as
-// any others, every iteration (so every host of a gang makes the same calls
-// in the same order); in shard-parallel runs a loop whose body has them
-// closes its stage, as a collective does, and runs over the whole gang.
+// Loops (kScan, kWhile, function_ir.h): the body (and a while's cond) is
+// compiled once, with the loop, into an executable of its own, and each
+// iteration runs it over the same shards as the loop (all of the gang, or
+// this host's), in a workspace of the loop's scratch: the carries in two
+// buffers that swap, an iteration's slices of the xs and its ys copied in
+// and out (in place with one shard), a while's per-shard conditions. No
+// iteration plans or allocates anything. A while runs its cond before each
+// iteration and stops when no shard's is true; a shard whose cond is false
+// keeps its carries while the others go on (function_ir.h). Cross-shard ops
+// of a body or cond run as any others, every iteration (so every host of a
+// gang makes the same calls in the same order): on a partial gang, a while
+// whose cond or body calls the gang's collectives decides whether to go on
+// with one more call, an AllReduce (kMax) of one bool, whether any of the
+// host's shards goes on, so every host runs the gang's most iterations, as
+// Run() over the whole gang does. In shard-parallel runs a loop whose body
+// or cond has cross-shard ops closes its stage, as a collective does, and
+// runs over the whole gang.
 
 #include <cstdint>
 #include <memory>
@@ -165,6 +173,9 @@ class FunctionExecutable {
   // divides by the gang size); all_gather, ppermute, all_to_all and
   // psum_scatter gather their operand from the whole gang with
   // collectives->AllGather. axis_index gives each shard its gang position.
+  // A while loop whose cond or body makes such calls also makes one
+  // AllReduce (kMax of one bool) before each iteration and after the last
+  // (see "Loops" above).
   // Results equal the local shards' rows of Run() over the whole gang bit
   // for bit, except that floating-point psum and pmean add in another order
   // (local shards, then hosts): their last bits may differ. When
@@ -273,17 +284,18 @@ class FunctionExecutable {
                          GangCollectives* collectives, absl::Span<const void* const> inputs,
                          absl::Span<void* const> outputs, void* scratch, void* tile_buffer,
                          uint8_t* gang_temp) const;
-  // Where a scan's operand or result is for the shards of a run: shard s's
+  // Where a loop's operand or result is for the shards of a run: shard s's
   // bytes at data + s * stride (stride 0: one value shared by all shards).
   struct Strided {
     const uint8_t* data;
     int64_t stride;
   };
-  // Runs scan op `v` over `num_shards` shards (see "Loops" above).
-  // `workspace` holds its ScanPlan::workspace_bytes per shard, value-major
-  // (a piece of p bytes per shard at offset o is at workspace + o *
-  // num_shards); `tiles` and `gang_temp` are passed to the body's runs.
-  absl::Status RunScan(int32_t v, int num_shards, absl::FunctionRef<Strided(int)> operand,
+  // Runs loop op `v` (a scan or a while) over `num_shards` shards (see
+  // "Loops" above). `workspace` holds its LoopPlan::workspace_bytes per
+  // shard, value-major (a piece of p bytes per shard at offset o is at
+  // workspace + o * num_shards); `tiles` and `gang_temp` are passed to the
+  // body's and cond's runs.
+  absl::Status RunLoop(int32_t v, int num_shards, absl::FunctionRef<Strided(int)> operand,
                        absl::FunctionRef<Strided(int)> result, uint8_t* workspace, void* tiles,
                        uint8_t* gang_temp, const LocalShards* local,
                        GangCollectives* collectives) const;
@@ -315,27 +327,35 @@ class FunctionExecutable {
   static MatmulPlan MakeMatmulPlan(const Dims& a, const Dims& b);
   std::vector<int32_t> matmul_index_;
   std::vector<MatmulPlan> matmul_plans_;
-  // One kScan op: its body compiled once, and its workspace. Offsets are
-  // per shard: the workspace's in the scratch (a slot live only at the
-  // scan), the pieces' within the workspace, the results' within the scan's
-  // slot (which holds the whole tuple; get_element ops alias their pieces).
-  struct ScanPlan {
+  // One loop op (kScan, kWhile): its body (and cond) compiled once, and its
+  // workspace. Offsets are per shard: the workspace's in the scratch (a slot
+  // live only at the loop), the pieces' within the workspace, the results'
+  // within the loop's slot (which holds the whole tuple; get_element ops
+  // alias their pieces).
+  struct LoopPlan {
     std::shared_ptr<const FunctionExecutable> body;
+    std::shared_ptr<const FunctionExecutable> cond;  // a while's, else null
     int64_t workspace = 0;
     int64_t workspace_bytes = 0;
-    // The body's scratch is at the workspace's start; then the pieces.
-    int64_t pointers = 0;  // the body's input, then output, pointer arrays
+    // The body's and the cond's scratch (they run in turn) is at the
+    // workspace's start; then the pieces.
+    int64_t pointers = 0;  // the input pointers, the body's outputs', the cond's output's
     std::vector<int64_t> carry_a, carry_b;  // per carry: the two buffers
     std::vector<int64_t> slices;            // per xs: this iteration's slice
     std::vector<int64_t> ys;                // per y: this iteration's
     std::vector<int64_t> consts;            // per const: a copy, if not in place
     std::vector<int64_t> elements;          // per result: its piece of the slot
-    bool cross_shard = false;  // the body has cross-shard ops: it closes a stage
+    int64_t flags = 0;                      // a while's: each shard's cond (a bool)
+    // The body or cond has cross-shard ops: the loop closes a stage.
+    bool cross_shard = false;
+    // A while whose body or cond calls the gang's collectives: on a partial
+    // gang, the hosts agree on each iteration (see "Loops" above).
+    bool agree = false;
   };
-  std::vector<int32_t> scan_index_;  // per op: into scan_plans_, or -1
+  std::vector<int32_t> loop_index_;  // per op: into loop_plans_, or -1
   // One linear algebra op (OpClass::kLinalg): its batch of matrices (m x n;
   // a triangular solve's a is m x m and its b m x n), and its workspace (a
-  // slot live only at the op; per shard, as a scan's). `elements`: a
+  // slot live only at the op; per shard, as a loop's). `elements`: a
   // tuple's pieces of the op's slot (up to three).
   struct LinalgPlan {
     int64_t batch = 0, m = 0, n = 0;
@@ -348,7 +368,7 @@ class FunctionExecutable {
   // Whether an op needs the whole gang: a cross-shard op, or a loop whose
   // body has one (at any depth).
   bool has_cross_shard_ = false;
-  std::vector<ScanPlan> scan_plans_;
+  std::vector<LoopPlan> loop_plans_;
   std::vector<FusionGroup> groups_;
   // Per op: 1 if it is not run: a transpose that only matmuls read (they
   // read its operand transposed), or a reshape that shares its operand's

@@ -80,24 +80,44 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   }
   auto exe = std::shared_ptr<FunctionExecutable>(new FunctionExecutable(ir));
 
-  // Loop bodies, each compiled once (their depth is bounded by the IR's
-  // kMaxNestingDepth), and the pieces of their workspaces.
-  exe->scan_index_.assign(num_ops, -1);
+  // Loop bodies (and while conds), each compiled once (their depth is
+  // bounded by the IR's kMaxNestingDepth), and the pieces of their
+  // workspaces.
+  exe->loop_index_.assign(num_ops, -1);
   for (int32_t v = 0; v < num_ops; ++v) {
     const Op& op = ops[v];
-    if (op.kind != OpKind::kScan) continue;
-    ScanPlan plan;
+    if (!IsLoopOp(op.kind)) continue;
+    LoopPlan plan;
     PW_ASSIGN_OR_RETURN(plan.body, Compile(op.body));
+    if (op.cond != nullptr) {
+      PW_ASSIGN_OR_RETURN(plan.cond, Compile(op.cond));
+    }
     const FunctionExecutable& body = *plan.body;
     const FunctionIr& f = body.ir();
+    // What the loop's nested functions need: the most scratch, tiles and
+    // gang temporaries of either (they run in turn), and whether one reads
+    // other shards.
+    int64_t nested_scratch = body.scratch_per_shard_;
+    int64_t nested_tiles = body.tile_bytes_;
+    int64_t nested_gang_temp = body.gang_temp_per_shard_;
     plan.cross_shard = body.has_cross_shard_;
-    int64_t end = body.scratch_per_shard_;
+    if (plan.cond != nullptr) {
+      const FunctionExecutable& cond = *plan.cond;
+      nested_scratch = std::max(nested_scratch, cond.scratch_per_shard_);
+      nested_tiles = std::max(nested_tiles, cond.tile_bytes_);
+      nested_gang_temp = std::max(nested_gang_temp, cond.gang_temp_per_shard_);
+      plan.cross_shard = plan.cross_shard || cond.has_cross_shard_;
+      plan.agree = body.first_collective_.kind != CollectiveCall::Kind::kNone ||
+                   cond.first_collective_.kind != CollectiveCall::Kind::kNone;
+    }
+    int64_t end = nested_scratch;
     auto piece = [&](int64_t bytes) {
       const int64_t offset = end;
       end += RoundUp(bytes);
       return offset;
     };
-    plan.pointers = piece(static_cast<int64_t>(sizeof(void*)) * (f.num_params() + f.num_outputs()));
+    plan.pointers =
+        piece(static_cast<int64_t>(sizeof(void*)) * (f.num_params() + f.num_outputs() + 1));
     const int nc = op.num_carries;
     const int nx = op.num_xs;
     for (int j = 0; j < nc; ++j) {
@@ -109,20 +129,21 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     for (int k = nc + nx; k < f.num_params(); ++k) {
       plan.consts.push_back(piece(f.param_type(k).num_bytes()));
     }
+    if (plan.cond != nullptr) plan.flags = piece(1);
     plan.workspace_bytes = end;
     for (size_t j = 0; j < op.type.elements.size(); ++j) {
       plan.elements.push_back(ElementOffset(op.type, static_cast<int64_t>(j)));
     }
-    exe->tile_bytes_ = std::max(exe->tile_bytes_, body.tile_bytes_);
-    exe->gang_temp_per_shard_ = std::max(exe->gang_temp_per_shard_, body.gang_temp_per_shard_);
+    exe->tile_bytes_ = std::max(exe->tile_bytes_, nested_tiles);
+    exe->gang_temp_per_shard_ = std::max(exe->gang_temp_per_shard_, nested_gang_temp);
     if (plan.cross_shard) {
       // Run over the whole gang at the end of its stage, in the room after
       // the shards' regions (RunStageCollective): the workspace, the tiles.
       exe->gang_temp_per_shard_ =
-          std::max(exe->gang_temp_per_shard_, plan.workspace_bytes + body.tile_bytes_);
+          std::max(exe->gang_temp_per_shard_, plan.workspace_bytes + nested_tiles);
     }
-    exe->scan_index_[v] = static_cast<int32_t>(exe->scan_plans_.size());
-    exe->scan_plans_.push_back(std::move(plan));
+    exe->loop_index_[v] = static_cast<int32_t>(exe->loop_plans_.size());
+    exe->loop_plans_.push_back(std::move(plan));
   }
   // Linear algebra: the matrices, workspaces and tuple pieces.
   exe->linalg_index_.assign(num_ops, -1);
@@ -153,11 +174,11 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     exe->linalg_plans_.push_back(plan);
   }
   // Ops that need the whole gang: cross-shard ops, and loops whose bodies
-  // have them.
+  // or conds have them.
   auto crosses_shards = [&](int32_t v) {
     return IsCrossShardKind(ops[v].kind) ||
-           (exe->scan_index_[v] >= 0 &&
-            exe->scan_plans_[static_cast<size_t>(exe->scan_index_[v])].cross_shard);
+           (exe->loop_index_[v] >= 0 &&
+            exe->loop_plans_[static_cast<size_t>(exe->loop_index_[v])].cross_shard);
   };
   for (int32_t v = 0; v < num_ops; ++v) exe->has_cross_shard_ |= crosses_shards(v);
 
@@ -329,10 +350,10 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     }
     const int64_t size = SlotBytes(ops[v].type);
     exe->scratch_offset_[v] = first_fit(v, size, nullptr);
-    if (kind == OpKind::kScan) {
+    if (exe->loop_index_[v] >= 0) {
       // The workspace is needed during the loop only: a slot of its own,
       // apart from the operands' and the results'.
-      ScanPlan& sp = exe->scan_plans_[static_cast<size_t>(exe->scan_index_[v])];
+      LoopPlan& sp = exe->loop_plans_[static_cast<size_t>(exe->loop_index_[v])];
       const Slot results{exe->scratch_offset_[v], size};
       sp.workspace = first_fit(v, sp.workspace_bytes, &results);
     }
@@ -350,11 +371,23 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
   // the local shards directly.
   for (int32_t v = 0; v < num_ops; ++v) {
     const Op& op = ops[v];
-    if (op.kind == OpKind::kScan) {
-      // A loop calls what its body calls, from the first iteration on.
-      const CollectiveCall& first =
-          exe->scan_plans_[static_cast<size_t>(exe->scan_index_[v])].body->first_collective_;
-      if (op.length > 0 && first.kind != CollectiveCall::Kind::kNone &&
+    if (exe->loop_index_[v] >= 0) {
+      const LoopPlan& lp = exe->loop_plans_[static_cast<size_t>(exe->loop_index_[v])];
+      // A scan calls what its body calls, from the first iteration on; a
+      // while what its cond calls, which runs first, then (when it calls
+      // nothing) its agreement whether to go on (see "Loops").
+      CollectiveCall first;
+      if (op.kind == OpKind::kScan) {
+        if (op.length > 0) first = lp.body->first_collective_;
+      } else if (lp.cond->first_collective_.kind != CollectiveCall::Kind::kNone) {
+        first = lp.cond->first_collective_;
+      } else if (lp.agree) {
+        first.kind = CollectiveCall::Kind::kAllReduce;
+        first.dtype = DType::kBool;
+        first.op = ReduceOp::kMax;
+        first.count = 1;
+      }
+      if (first.kind != CollectiveCall::Kind::kNone &&
           exe->first_collective_.kind == CollectiveCall::Kind::kNone) {
         exe->first_collective_ = first;
       }
@@ -468,13 +501,17 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       while ((int64_t{1} << log_n) < op.type.dims.back()) ++log_n;
       work *= log_n;
     }
-    if (op.kind == OpKind::kScan) {
-      const ScanPlan& sp = exe->scan_plans_[static_cast<size_t>(exe->scan_index_[v])];
+    if (exe->loop_index_[v] >= 0) {
+      const LoopPlan& sp = exe->loop_plans_[static_cast<size_t>(exe->loop_index_[v])];
       // Saturated: it only decides whether to split a gang over threads, and
-      // a decoded function's length may be anything.
+      // a decoded function's length may be anything. A while's trip count
+      // is unknown: counted as one iteration.
       constexpr int64_t kMaxWork = int64_t{1} << 40;
       int64_t loop = 0;
-      if (__builtin_mul_overflow(op.length, sp.body->work_per_shard_, &loop) || loop > kMaxWork) {
+      const int64_t trips = op.kind == OpKind::kScan ? op.length : 1;
+      int64_t iteration = sp.body->work_per_shard_;
+      if (sp.cond != nullptr) iteration += sp.cond->work_per_shard_;
+      if (__builtin_mul_overflow(trips, iteration, &loop) || loop > kMaxWork) {
         loop = kMaxWork;
       }
       work += loop;

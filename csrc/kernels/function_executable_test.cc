@@ -2108,6 +2108,81 @@ IrOr ScanGangFunction(int gang) {
   return b.Build(outs);
 }
 
+// While loops over the gang. Every while here runs at most the gang's size
+// iterations on any shard (WhileTrips): one whose trip count is each shard's
+// position + 1 (so shards stop at different iterations) with a psum of the
+// carries in its body; one whose cond takes a pmax (uniform count); and a
+// local one whose trip count the inputs decide (shard-parallel runs keep it
+// inside its stage).
+IrOr WhileGangFunction(int gang) {
+  // upto(c: f32[2], k: i32[]) -> k < axis_index + 1
+  FunctionBuilder upto("upto", "i");
+  PW_RETURN_IF_ERROR(upto.SetAxisSize(gang));
+  upto.Parameter(DType::kF32, {2});
+  const int32_t uk = upto.Parameter(DType::kI32, {});
+  PW_ASSIGN_OR_RETURN(const int32_t idx, upto.AxisIndex("i"));
+  PW_ASSIGN_OR_RETURN(const int32_t one, upto.Constant(DType::kI32, {}, Bytes<int32_t>({1})));
+  PW_ASSIGN_OR_RETURN(const int32_t limit, upto.Binary(OpKind::kAdd, idx, one));
+  PW_ASSIGN_OR_RETURN(const int32_t more, upto.Binary(OpKind::kLt, uk, limit));
+  PW_ASSIGN_OR_RETURN(auto upto_fn, upto.Build({more}));
+  // mix(c: f32[2], k: i32[]) -> (tanh(c + psum(c)), k + 1)
+  FunctionBuilder mix("mix", "i");
+  PW_RETURN_IF_ERROR(mix.SetAxisSize(gang));
+  const int32_t mc = mix.Parameter(DType::kF32, {2});
+  const int32_t mk = mix.Parameter(DType::kI32, {});
+  PW_ASSIGN_OR_RETURN(const int32_t total, mix.Psum(mc, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t sum, mix.Binary(OpKind::kAdd, mc, total));
+  PW_ASSIGN_OR_RETURN(const int32_t t, mix.Unary(OpKind::kTanh, sum));
+  PW_ASSIGN_OR_RETURN(const int32_t mone, mix.Constant(DType::kI32, {}, Bytes<int32_t>({1})));
+  PW_ASSIGN_OR_RETURN(const int32_t mk1, mix.Binary(OpKind::kAdd, mk, mone));
+  PW_ASSIGN_OR_RETURN(auto mix_fn, mix.Build({t, mk1}));
+  // below(c: f32[2], k: i32[]) -> pmax(k) < gang
+  FunctionBuilder below("below", "i");
+  PW_RETURN_IF_ERROR(below.SetAxisSize(gang));
+  below.Parameter(DType::kF32, {2});
+  const int32_t bk = below.Parameter(DType::kI32, {});
+  PW_ASSIGN_OR_RETURN(const int32_t top, below.Pcollective(OpKind::kPmax, bk, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t n, below.Constant(DType::kI32, {}, Bytes<int32_t>({gang})));
+  PW_ASSIGN_OR_RETURN(auto below_fn, below.Build({*below.Binary(OpKind::kLt, top, n)}));
+  // big(h: f64[], k: i32[]) -> k < 40 & |h| > 1;  halve(h, k) -> (h * 0.5, k + 1)
+  FunctionBuilder big("big", "");
+  const int32_t gh = big.Parameter(DType::kF64, {});
+  const int32_t gk = big.Parameter(DType::kI32, {});
+  PW_ASSIGN_OR_RETURN(const int32_t forty, big.Constant(DType::kI32, {}, Bytes<int32_t>({40})));
+  PW_ASSIGN_OR_RETURN(const int32_t bound, big.Binary(OpKind::kLt, gk, forty));
+  PW_ASSIGN_OR_RETURN(const int32_t unit, big.Constant(DType::kF64, {}, Bytes<double>({1.0})));
+  PW_ASSIGN_OR_RETURN(const int32_t large,
+                      big.Binary(OpKind::kGt, *big.Unary(OpKind::kAbs, gh), unit));
+  PW_ASSIGN_OR_RETURN(auto big_fn, big.Build({*big.Binary(OpKind::kAnd, bound, large)}));
+  FunctionBuilder halve("halve", "");
+  const int32_t hh = halve.Parameter(DType::kF64, {});
+  const int32_t hk = halve.Parameter(DType::kI32, {});
+  PW_ASSIGN_OR_RETURN(const int32_t half, halve.Constant(DType::kF64, {}, Bytes<double>({0.5})));
+  PW_ASSIGN_OR_RETURN(const int32_t hone, halve.Constant(DType::kI32, {}, Bytes<int32_t>({1})));
+  PW_ASSIGN_OR_RETURN(auto halve_fn, halve.Build({*halve.Binary(OpKind::kMul, hh, half),
+                                                  *halve.Binary(OpKind::kAdd, hk, hone)}));
+
+  FunctionBuilder b("whiles", "i");
+  PW_RETURN_IF_ERROR(b.SetAxisSize(gang));
+  const int32_t c0 = b.Parameter(DType::kF32, {2});
+  const int32_t h0 = b.Parameter(DType::kF64, {});
+  PW_ASSIGN_OR_RETURN(const int32_t zero, b.Constant(DType::kI32, {}, Bytes<int32_t>({0})));
+  std::vector<int32_t> outs;
+  auto add = [&](absl::StatusOr<std::vector<int32_t>> r) -> absl::Status {
+    PW_RETURN_IF_ERROR(r.status());
+    outs.insert(outs.end(), r->begin(), r->end());
+    return absl::OkStatus();
+  };
+  PW_RETURN_IF_ERROR(add(b.WhileResults(upto_fn, mix_fn, {c0, zero}, 2)));
+  PW_RETURN_IF_ERROR(add(b.WhileResults(below_fn, mix_fn, {c0, zero}, 2)));
+  PW_RETURN_IF_ERROR(add(b.WhileResults(big_fn, halve_fn, {h0, zero}, 2)));
+  return b.Build(outs);
+}
+
+// The most iterations a while of kGangFunctions runs on any shard: the
+// gang's size (WhileGangFunction).
+int64_t WhileTrips(const FunctionIr& ir) { return ir.axis_size(); }
+
 // Decompositions around a collective: the thin svd of a batch of float64
 // matrices, a psum of its singular values (which closes a stage), then the
 // full svd of a float32 matrix scaled by it.
@@ -2156,6 +2231,7 @@ constexpr GangFunction kGangFunctions[] = {
     {"constant_collectives", ConstantCollectivesFunction},
     {"bfloat16", BFloat16CollectivesFunction},
     {"scan", ScanGangFunction},
+    {"while", WhileGangFunction},
     {"svd", SvdGangFunction},
 };
 
@@ -2169,6 +2245,7 @@ bool HasFloatSum(const FunctionIr& ir) {
       return true;
     }
     if (op.body != nullptr && HasFloatSum(*op.body)) return true;
+    if (op.cond != nullptr && HasFloatSum(*op.cond)) return true;
   }
   return false;
 }
@@ -2185,6 +2262,15 @@ int64_t Reductions(const FunctionIr& ir) {
       ++n;
     }
     if (op.kind == OpKind::kScan) n += op.length * Reductions(*op.body);
+    if (op.kind == OpKind::kWhile) {
+      // The cond before each iteration and after the last; the hosts'
+      // agreement with it when the loop calls the gang's collectives.
+      const int64_t trips = WhileTrips(ir);
+      const int64_t per_cond = Reductions(*op.cond);
+      const int64_t per_body = Reductions(*op.body);
+      const bool agree = per_cond + per_body > 0;
+      n += trips * per_body + (trips + 1) * (per_cond + (agree ? 1 : 0));
+    }
   }
   return n;
 }
@@ -2521,7 +2607,10 @@ std::vector<bool> AfterFloatSums(const FunctionIr& ir) {
         (op.type.dtype == DType::kF32 || op.type.dtype == DType::kF64)) {
       after[v] = true;
     }
-    if (op.kind == OpKind::kScan && HasFloatSum(*op.body)) after[v] = true;
+    if (IsLoopOp(op.kind) &&
+        (HasFloatSum(*op.body) || (op.cond != nullptr && HasFloatSum(*op.cond)))) {
+      after[v] = true;
+    }
   }
   std::vector<bool> outputs;
   for (int i = 0; i < ir.num_outputs(); ++i) {
@@ -2625,7 +2714,8 @@ TEST(FunctionExecutableStagesTest, PartsOnThreadsMatchRun) {
         int collectives = 0;  // and loops whose bodies have them: they close a stage too
         for (const Op& op : exe->ir().ops()) {
           collectives += IsCollectiveOp(op.kind) ||
-                         (op.kind == OpKind::kScan && op.body->has_collectives());
+                         (IsLoopOp(op.kind) && (op.body->has_collectives() ||
+                                                (op.cond != nullptr && op.cond->has_collectives())));
         }
         EXPECT_EQ(exe->num_stages(), collectives + 1);
         const auto inputs = GangInputs(*exe, gang_size);
@@ -2839,6 +2929,8 @@ TEST(FunctionExecutableRunLocalTest, FirstCollectiveIsRunLocalsFirstCall) {
       {MixedFunction, Kind::kAllReduce, DType::kF32, ReduceOp::kSum, 40 * 8},
       {AxisIndexFunction, Kind::kNone, DType::kF32, ReduceOp::kSum, 0},
       {ConstantCollectivesFunction, Kind::kNone, DType::kF32, ReduceOp::kSum, 0},
+      // Its first loop's cond calls nothing; the hosts agree to go on.
+      {WhileGangFunction, Kind::kAllReduce, DType::kBool, ReduceOp::kMax, 1},
   };
   for (const Case& c : cases) {
     auto exe = MustCompile(c.trace(4));
@@ -3019,14 +3111,21 @@ TEST(FunctionExecutableScanTest, BodyOutputsThatAreParameters) {
 // A psum in a loop's body: every iteration reduces over the whole gang.
 // c_{t+1} = c_t + psum(c_t), so the gang's total multiplies by (1 + n) each
 // step and every shard adds the same amount.
+// step(c: f64[]) -> c + psum(c), over axis "i" of `shards`.
+absl::StatusOr<std::shared_ptr<const FunctionIr>> PsumStepBody(int shards) {
+  FunctionBuilder body("step", "i");
+  PW_RETURN_IF_ERROR(body.SetAxisSize(shards));
+  const int32_t c = body.Parameter(DType::kF64, {});
+  PW_ASSIGN_OR_RETURN(const int32_t total, body.Psum(c, "i"));
+  PW_ASSIGN_OR_RETURN(const int32_t next, body.Binary(OpKind::kAdd, c, total));
+  return body.Build({next});
+}
+
 TEST(FunctionExecutableScanTest, PsumInTheBody) {
   for (int shards : kShardCounts) {
     SCOPED_TRACE(shards);
-    FunctionBuilder body("step", "i");
-    ASSERT_TRUE(body.SetAxisSize(shards).ok());
-    const int32_t c = body.Parameter(DType::kF64, {});
-    auto body_fn = body.Build({*body.Binary(OpKind::kAdd, c, *body.Psum(c, "i"))});
-    ASSERT_TRUE(body_fn.ok());
+    auto body_fn = PsumStepBody(shards);
+    ASSERT_TRUE(body_fn.ok()) << body_fn.status();
     FunctionBuilder b("f", "i");
     ASSERT_TRUE(b.SetAxisSize(shards).ok());
     const int32_t x = b.Parameter(DType::kF64, {});
@@ -3041,6 +3140,148 @@ TEST(FunctionExecutableScanTest, PsumInTheBody) {
       for (double v : cs) total += v;
       for (double& v : cs) v += total;
     }
+    EXPECT_EQ(out, cs);
+  }
+}
+
+// --- While loops (kWhile) --------------------------------------------------------
+
+// collatz(n: i32[], steps: i32[], cap: i32[]) -> (n even ? n / 2 : 3n + 1,
+// steps + 1) while n != 1 and steps < cap: each shard its own trip count.
+absl::StatusOr<std::shared_ptr<const FunctionIr>> CollatzFunction() {
+  FunctionBuilder cond("not_one", "");
+  const int32_t cn = cond.Parameter(DType::kI32, {});
+  const int32_t cs = cond.Parameter(DType::kI32, {});
+  const int32_t cap = cond.Parameter(DType::kI32, {});
+  const int32_t one = ScalarConstant(cond, int32_t{1});
+  PW_ASSIGN_OR_RETURN(const int32_t ne, cond.Binary(OpKind::kNe, cn, one));
+  PW_ASSIGN_OR_RETURN(const int32_t lt, cond.Binary(OpKind::kLt, cs, cap));
+  PW_ASSIGN_OR_RETURN(auto cond_fn, cond.Build({*cond.Binary(OpKind::kAnd, ne, lt)}));
+  FunctionBuilder body("step", "");
+  const int32_t bn = body.Parameter(DType::kI32, {});
+  const int32_t bs = body.Parameter(DType::kI32, {});
+  body.Parameter(DType::kI32, {});
+  const int32_t two = ScalarConstant(body, int32_t{2});
+  const int32_t three = ScalarConstant(body, int32_t{3});
+  const int32_t bone = ScalarConstant(body, int32_t{1});
+  PW_ASSIGN_OR_RETURN(const int32_t odd, body.Binary(OpKind::kRem, bn, two));
+  PW_ASSIGN_OR_RETURN(const int32_t is_odd, body.Binary(OpKind::kEq, odd, bone));
+  PW_ASSIGN_OR_RETURN(const int32_t halved, body.Binary(OpKind::kShiftRightArithmetic, bn, bone));
+  PW_ASSIGN_OR_RETURN(const int32_t tripled,
+                      body.Binary(OpKind::kAdd, *body.Binary(OpKind::kMul, bn, three), bone));
+  PW_ASSIGN_OR_RETURN(const int32_t next, body.Select(is_odd, tripled, halved));
+  PW_ASSIGN_OR_RETURN(auto body_fn, body.Build({next, *body.Binary(OpKind::kAdd, bs, bone)}));
+  FunctionBuilder b("collatz", "");
+  const int32_t n0 = b.Parameter(DType::kI32, {});
+  const int32_t cap0 = b.Parameter(DType::kI32, {});
+  const int32_t zero = ScalarConstant(b, int32_t{0});
+  PW_ASSIGN_OR_RETURN(auto r, b.WhileResults(cond_fn, body_fn, {n0, zero, cap0}, 2));
+  return b.Build(r);
+}
+
+// Each shard runs its own, data-dependent trip count (zero for n = 1 or a
+// cap of 0), as a loop in C++ does; nothing allocates.
+TEST(FunctionExecutableWhileTest, MatchesALoopPerShard) {
+  auto exe = MustCompile(CollatzFunction());
+  ASSERT_NE(exe, nullptr);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(shards);
+    std::vector<int32_t> n(shards), cap(shards);
+    for (int s = 0; s < shards; ++s) {
+      n[s] = std::vector<int32_t>{1, 27, 6, 7, 97, 2, 1000, 871}[s % 8];
+      cap[s] = s == 2 ? 0 : (s == 5 ? 3 : 1000);
+    }
+    int64_t allocations = -1;
+    const auto out = RunGang(*exe, shards, {Bytes(n), Bytes(cap)}, &allocations);
+    EXPECT_EQ(allocations, 0);
+    const auto got_n = Values<int32_t>(out[0]);
+    const auto got_steps = Values<int32_t>(out[1]);
+    for (int s = 0; s < shards; ++s) {
+      int32_t v = n[s];
+      int32_t steps = 0;
+      while (v != 1 && steps < cap[s]) {
+        v = v % 2 == 1 ? 3 * v + 1 : v / 2;
+        ++steps;
+      }
+      EXPECT_EQ(got_n[s], v) << s;
+      EXPECT_EQ(got_steps[s], steps) << s;
+    }
+  }
+}
+
+// A carry the body passes through, a const returned as a carry, and a cond
+// that is a carry itself: outputs that are parameters are copied.
+TEST(FunctionExecutableWhileTest, OutputsThatAreParameters) {
+  FunctionBuilder cond("go", "");
+  const int32_t go = cond.Parameter(DType::kBool, {});
+  cond.Parameter(DType::kF32, {3});
+  cond.Parameter(DType::kF32, {3});
+  auto cond_fn = cond.Build({go});
+  ASSERT_TRUE(cond_fn.ok());
+  FunctionBuilder body("once", "");
+  body.Parameter(DType::kBool, {});
+  body.Parameter(DType::kF32, {3});
+  const int32_t w = body.Parameter(DType::kF32, {3});
+  const int32_t no = *body.Constant(DType::kBool, {}, {0});
+  auto body_fn = body.Build({no, w});
+  ASSERT_TRUE(body_fn.ok());
+  FunctionBuilder b("f", "");
+  const int32_t go0 = b.Parameter(DType::kBool, {});
+  const int32_t x0 = b.Parameter(DType::kF32, {3});
+  const int32_t w0 = b.Parameter(DType::kF32, {3});
+  auto r = b.WhileResults(*cond_fn, *body_fn, {go0, x0, w0}, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto exe = MustCompile(b.Build(*r));
+  ASSERT_NE(exe, nullptr);
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(shards);
+    std::vector<uint8_t> gos(shards);
+    for (int s = 0; s < shards; ++s) gos[s] = s % 2;
+    const auto x = Iota<float>(shards, 3, 0, 1);
+    const auto wv = Iota<float>(shards, 3, 100, -1);
+    const auto out = RunGang(*exe, shards, {gos, Bytes(x), Bytes(wv)});
+    const auto got = Values<float>(out[1]);
+    for (int s = 0; s < shards; ++s) {
+      EXPECT_EQ(out[0][s], 0);
+      for (int j = 0; j < 3; ++j) EXPECT_EQ(got[s * 3 + j], (s % 2 ? wv : x)[s * 3 + j]);
+    }
+  }
+}
+
+// A psum in a while's body: every iteration reduces over the whole gang.
+// c_{t+1} = c_t + psum(c_t) while the gang's total (a psum in the cond) is
+// below a bound: the count is the gang's, the same on every shard.
+TEST(FunctionExecutableWhileTest, PsumInTheBodyAndCond) {
+  for (int shards : kShardCounts) {
+    SCOPED_TRACE(shards);
+    FunctionBuilder cond("small", "i");
+    ASSERT_TRUE(cond.SetAxisSize(shards).ok());
+    const int32_t cc = cond.Parameter(DType::kF64, {});
+    const int32_t bound = ScalarConstant(cond, 1000.0);
+    auto cond_fn = cond.Build({*cond.Binary(OpKind::kLt, *cond.Psum(cc, "i"), bound)});
+    ASSERT_TRUE(cond_fn.ok());
+    auto body_fn = PsumStepBody(shards);
+    ASSERT_TRUE(body_fn.ok()) << body_fn.status();
+    FunctionBuilder b("f", "i");
+    ASSERT_TRUE(b.SetAxisSize(shards).ok());
+    const int32_t x = b.Parameter(DType::kF64, {});
+    auto r = b.WhileResults(*cond_fn, *body_fn, {x}, 1);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto exe = MustCompile(b.Build(*r));
+    ASSERT_NE(exe, nullptr);
+    std::vector<double> cs = Iota<double>(shards, 1, 1.0, 1.0);
+    int64_t allocations = -1;
+    const auto out = Values<double>(RunGang(*exe, shards, {Bytes(cs)}, &allocations)[0]);
+    EXPECT_EQ(allocations, 0);
+    int trips = 0;
+    for (;;) {
+      double total = 0;
+      for (double v : cs) total += v;
+      if (!(total < 1000.0)) break;
+      for (double& v : cs) v += total;
+      ++trips;
+    }
+    EXPECT_GT(trips, 1);
     EXPECT_EQ(out, cs);
   }
 }

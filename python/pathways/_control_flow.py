@@ -1,9 +1,12 @@
-"""Loops and rematerialization in traced functions: the scan core, its gradient, and `checkpoint`.
+"""Loops and rematerialization in traced functions: the scan and while cores, the scan's gradient, and `checkpoint`.
 
 `pw.lax.scan` and `pw.lax.fori_loop` (pathways.lax) trace their body once,
 into a function of its own (a *body*, `_core.Function`), and bind one `scan`
 op (function_ir.h, "Loops") that runs it `length` times: tracing time and IR
-size do not grow with the trip count.
+size do not grow with the trip count. `pw.lax.while_loop` (and `fori_loop`
+with traced bounds) traces its cond and body once each and binds one `while`
+op (`while_core`), whose trip count the device decides; as in JAX it has no
+reverse-mode gradient (`_while_vjp` says so).
 
 **Bodies.** A body is traced in a `_BodyTrace` whose parent is the trace the
 loop is in. Values of enclosing traces that the body reads (weights a Python
@@ -40,9 +43,10 @@ residuals the body's inputs alone.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -53,7 +57,8 @@ from pathways._pytree import tree_flatten, tree_unflatten
 from pathways._trace_state import TracerError, _state, _TracerBase, aval_str
 from pathways._tracer import Tracer, WeakTracer, _FunctionTrace, _ir_name, bind
 
-__all__ = ["scan_core", "checkpoint", "BodyFn", "WeakCarryPromoted", "static_int", "describe"]
+__all__ = ["scan_core", "while_core", "checkpoint", "BodyFn", "CondFn", "WhileBodyFn",
+           "WeakCarryPromoted", "static_int", "describe"]
 
 # body_fn(carries, x slices, consts) -> (next carries, ys): lists of leaves.
 BodyFn = Callable[[list, list, list], tuple]
@@ -315,6 +320,57 @@ class WeakCarryPromoted(TypeError):
         self.dtype = dtype
 
 
+def _loop_params(body: _BodyTrace, carries: list, xs: list, consts: list) -> list:
+    """The parameters of a loop's nested function, one per operand: a carry's type,
+    an xs's without its leading axis (an iteration's slice), a const's type.
+
+    A weakly typed carry enters weakly typed, so that it takes the dtype of
+    what it meets, as a Python scalar would.
+    """
+    bb = body.builder
+    params = [(WeakTracer if type(t) is WeakTracer else Tracer)(
+        body, bb.parameter(t.dtype.name, list(t.shape))) for t in carries]
+    params += [Tracer(body, bb.parameter(t.dtype.name, list(t.shape[1:]))) for t in xs]
+    params += [Tracer(body, bb.parameter(t.dtype.name, list(t.shape))) for t in consts]
+    return params
+
+
+@contextlib.contextmanager
+def _tracing(body: _BodyTrace) -> Iterator[None]:
+    """Makes `body` the current trace while a loop's function is traced, and ends it."""
+    st = _state
+    prev = st.function
+    st.function = body
+    try:
+        yield
+    finally:
+        body.active = False
+        st.function = prev
+
+
+def _carry_ids(body: _BodyTrace, next_carries: list, carries: list) -> list:
+    """The value ids in `body` of the next carries a loop's body returned.
+
+    Raises:
+      TypeError: If a next carry has another shape or dtype than its carry
+        (`WeakCarryPromoted` if only the dtype of a weakly typed one).
+    """
+    if len(next_carries) != len(carries):
+        raise AssertionError(
+            f"{body.where()}: {len(next_carries)} next carries for {len(carries)}")
+    out_ids = []
+    for j, (leaf, c) in enumerate(zip(next_carries, carries)):
+        t = _as_body_value(body, leaf, f"carry leaf {j}", c.dtype)
+        if t.shape != c.shape or t.dtype != c.dtype:
+            message = (f"{body.where()}: the carry output must have the carry input's "
+                       f"type: carry leaf {j} is {c.aval} on input but {t.aval} on output")
+            if type(c) is WeakTracer and t.shape == c.shape:
+                raise WeakCarryPromoted(message, j, t.dtype)
+            raise TypeError(message)
+        out_ids.append(t._id)
+    return out_ids
+
+
 def scan_core(trace: _FunctionTrace, body_fn: BodyFn, name: str, what: str, carries: list,
               xs: list, consts: list, length: int, reverse: bool) -> tuple:
     """Traces `body_fn` once and binds a scan of it in `trace` (module docstring).
@@ -341,12 +397,7 @@ def scan_core(trace: _FunctionTrace, body_fn: BodyFn, name: str, what: str, carr
     body = _BodyTrace(trace, name, what)
     bb = body.builder
     nc, nx = len(carries), len(xs)
-    # A weakly typed carry enters the body weakly typed, so that it takes
-    # the dtype of what it meets, as a Python scalar would.
-    params = [(WeakTracer if type(t) is WeakTracer else Tracer)(
-        body, bb.parameter(t.dtype.name, list(t.shape))) for t in carries]
-    params += [Tracer(body, bb.parameter(t.dtype.name, list(t.shape[1:]))) for t in xs]
-    params += [Tracer(body, bb.parameter(t.dtype.name, list(t.shape))) for t in consts]
+    params = _loop_params(body, carries, xs, consts)
     full = None
     if trace.tapes:
         # Whether a tape will need this loop's gradient is known once the body
@@ -355,31 +406,15 @@ def scan_core(trace: _FunctionTrace, body_fn: BodyFn, name: str, what: str, carr
         body.constant_values = {}
         full = body.full_tape = _Tape(bb, [p._id for p in params if _is_float(p.dtype)])
         body.tapes.append(full)
-    st = _state
-    prev = st.function
-    st.function = body
-    try:
-        next_carries, ys = body_fn(params[:nc], params[nc:nc + nx], params[nc + nx:])
-        next_carries, ys = list(next_carries), list(ys)
-        if len(next_carries) != nc:
-            raise AssertionError(f"{body.where()}: {len(next_carries)} next carries for {nc}")
-        out_ids = []
-        for j, (leaf, c) in enumerate(zip(next_carries, carries)):
-            t = _as_body_value(body, leaf, f"carry leaf {j}", c.dtype)
-            if t.shape != c.shape or t.dtype != c.dtype:
-                message = (f"{body.where()}: the carry output must have the carry input's "
-                           f"type: carry leaf {j} is {c.aval} on input but {t.aval} on output")
-                if type(c) is WeakTracer and t.shape == c.shape:
-                    raise WeakCarryPromoted(message, j, t.dtype)
-                raise TypeError(message)
-            out_ids.append(t._id)
-        for i, leaf in enumerate(ys):
-            out_ids.append(_as_body_value(body, leaf, f"y leaf {i}", None)._id)
-    finally:
-        if full is not None:
-            body.tapes.remove(full)
-        body.active = False
-        st.function = prev
+    with _tracing(body):
+        try:
+            next_carries, ys = body_fn(params[:nc], params[nc:nc + nx], params[nc + nx:])
+            out_ids = _carry_ids(body, list(next_carries), carries)
+            for i, leaf in enumerate(ys):
+                out_ids.append(_as_body_value(body, leaf, f"y leaf {i}", None)._id)
+        finally:
+            if full is not None:
+                body.tapes.remove(full)
     operands = [*carries, *xs, *consts, *body.lifted]
     param_ids = [p._id for p in params] + [body.lifted_ids[(t._trace, t._id)] for t in body.lifted]
     outputs = list(out_ids)
@@ -469,6 +504,83 @@ def _scan_vjp(cts: list, operands: list, outs: list, params: dict, needs: list) 
 
 
 PRIMITIVES["scan"].def_vjp(_scan_vjp)
+
+
+# --- while ----------------------------------------------------------------------------
+
+# cond_fn(carries, consts) -> the predicate (one leaf); body_fn(carries, consts) -> the
+# next carries (a list of leaves).
+CondFn = Callable[[list, list], Any]
+WhileBodyFn = Callable[[list, list], list]
+
+
+def while_core(trace: _FunctionTrace, cond_fn: CondFn, body_fn: WhileBodyFn, cond_name: str,
+               body_name: str, carries: list, consts: list) -> list:
+    """Traces `cond_fn` and `body_fn` once each and binds a while loop of them in `trace`.
+
+    Both functions take every operand of the loop (function_ir.h, "Loops"):
+    the carries, the explicit consts, then the values of enclosing traces
+    that either reads (lifted as the scan body's are), so those are lifted
+    into both: the body's trace starts with the cond's lifted values, and
+    the cond gets a parameter for each value only the body reads.
+
+    Args:
+      trace: The current function trace.
+      cond_fn: `cond_fn(carries, consts)` returns the predicate: a bool
+        scalar (a traced value, a value of an enclosing trace, or a
+        constant).
+      body_fn: `body_fn(carries, consts)` returns the next carries, a list
+        of leaves as `scan_core`'s.
+      cond_name, body_name: The functions' names, for the IR and messages.
+      carries, consts: The loop's operands, traced values `trace` can read;
+        at least one carry.
+
+    Returns:
+      The final carries: a list of traced values of `trace`.
+
+    Raises:
+      TypeError: If the predicate is not a bool scalar, or a next carry has
+        another shape or dtype than its carry (`WeakCarryPromoted` if only
+        the dtype of a weakly typed one).
+      ValueError, TypeError: From the builder (an op of either function).
+    """
+    nc = len(carries)
+    cond = _BodyTrace(trace, cond_name, "while_loop cond")
+    cond_params = _loop_params(cond, carries, [], consts)
+    with _tracing(cond):
+        out = cond_fn(cond_params[:nc], cond_params[nc:])
+        if isinstance(out, (tuple, list, dict)) or out is None:
+            raise TypeError(
+                f"{cond.where()} must return a boolean scalar, but got {type(out).__name__} "
+                f"{out!r}")
+        pred = _as_body_value(cond, out, "the predicate", None)
+        if pred.shape != () or pred.dtype != np.bool_:
+            raise TypeError(
+                f"{cond.where()} must return a boolean scalar, but got {pred.aval}")
+    body = _BodyTrace(trace, body_name, "while_loop body")
+    body_params = _loop_params(body, carries, [], consts)
+    for t in cond.lifted:  # the cond's lifted values first, in its order
+        body.resolve(t)
+    with _tracing(body):
+        out_ids = _carry_ids(body, list(body_fn(body_params[:nc], body_params[nc:])), carries)
+    for t in body.lifted[len(cond.lifted):]:  # then those only the body reads
+        cond.resolve(t)
+    operands = [*carries, *consts, *cond.lifted]
+    return bind(trace, "while", operands, cond=cond.builder.build([pred._id]),
+                body=body.builder.build(out_ids), num_carries=nc)
+
+
+def _while_vjp(cts: list, operands: list, outs: list, params: dict, needs: list) -> list:
+    """The while primitive's VJP rule: there is none, as in JAX."""
+    raise ValueError(
+        f"Reverse-mode differentiation does not work for lax.while_loop or lax.fori_loop "
+        f"with dynamic start/stop values (pw.lax.while_loop of {params['body'].name!r}): its "
+        f"trip count is known only on the device, so no iteration's values are kept for a "
+        f"backward pass. Try using lax.scan, or using fori_loop with static start/stop."
+    )
+
+
+PRIMITIVES["while"].def_vjp(_while_vjp)
 
 
 # --- checkpoint -----------------------------------------------------------------------

@@ -142,6 +142,10 @@ class FunctionBuilder:
     # A loop over `body` (operands: carries, xs, consts); the final carries' and stacked ys' ids
     def scan(self, body: Function, operands: Sequence[int], num_carries: int, num_xs: int,
              length: int, reverse: bool) -> list[int]: ...
+    # A while loop: `body` runs on `operands` (the first `num_carries` carries, the rest
+    # consts) while `cond` of them (one bool scalar) is true; the final carries' ids
+    def while_loop(self, cond: Function, body: Function, operands: Sequence[int],
+                   num_carries: int) -> list[int]: ...
     def get_element(self, tuple: int, index: int) -> int: ...
     def svd(self, x: int, full_matrices: bool) -> list[int]: ...
     def lu(self, x: int) -> list[int]: ...
@@ -161,7 +165,7 @@ class Function:
     axis_name: str
     num_params: int
     num_outputs: int
-    nesting_depth: int  # how deeply loops nest, 0 without a scan
+    nesting_depth: int  # how deeply loops nest, 0 without a scan or while
     def as_text(self) -> str: ...
 
 def compile(function: Function, devices: Sequence[VirtualDevice]) -> CompiledFunction:

@@ -1625,6 +1625,27 @@ def _custom_linear_solve(ctx: _Ctx, *args: Tracer, const_lengths: Any, jaxprs: A
     return ctx.lower(jaxprs.solve, [*groups[2], *args[k:]])
 
 
+@_rule("while")
+def _while(ctx: _Ctx, *ops: Tracer, cond_jaxpr: Any, body_jaxpr: Any, cond_nconsts: int,
+           body_nconsts: int) -> list:
+    # A while op of the IR: its condition computed on the device, every iteration.
+    cond_consts = list(ops[:cond_nconsts])
+    body_consts = list(ops[cond_nconsts:cond_nconsts + body_nconsts])
+    carries = list(ops[cond_nconsts + body_nconsts:])
+    if not carries:  # nothing carried: nothing to compute
+        return []
+    src = ctx.source()
+
+    def cond(c: list, k: list) -> Tracer:
+        return lower_jaxpr(_state.function, cond_jaxpr, [*k[:cond_nconsts], *c], ctx.where, src)[0]
+
+    def body(c: list, k: list) -> list:
+        return lower_jaxpr(_state.function, body_jaxpr, [*k[cond_nconsts:], *c], ctx.where, src)
+
+    return _control_flow.while_core(ctx.trace, cond, body, "while_cond", "while_body", carries,
+                                    cond_consts + body_consts)
+
+
 # --- Random numbers --------------------------------------------------------------------------
 
 

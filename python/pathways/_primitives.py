@@ -74,8 +74,9 @@ class Primitive:
       symbol: The `Tracer` operator that binds it ("+", "&"), or None.
       stops_gradient: Whether gradient tapes leave it out, so that its output
         is a constant to `pw.grad`.
-      multiple_results: Whether `emit` returns a list of value ids (a scan's
-        results) instead of one; `bind` then returns a list of traced values.
+      multiple_results: Whether `emit` returns a list of value ids (a scan's or
+        a while's results) instead of one; `bind` then returns a list of traced
+        values.
       vjp: Its reverse-mode rule (see pathways._vjp_rules), or None if it has
         none (`pw.grad` raises NotImplementedError on a path through it).
       jvp: Its forward-mode rule; no primitive has one yet.
@@ -261,6 +262,12 @@ _define("psum_scatter", lambda b, x, axis_name, scatter_dimension: b.psum_scatte
 # body and passes `lin`, how to differentiate it, when a gradient tape needs it.
 _define("scan", lambda b, *operands, body, num_carries, num_xs, length, reverse, lin=None: b.scan(
     body, list(operands), num_carries, num_xs, length, reverse), multiple_results=True)
+# A while loop: `body` runs on the operands (the first `num_carries` carries, the rest
+# consts) while `cond` of them is true; both are built `_core.Function`s taking every
+# operand, `cond` returning one bool scalar and `body` the next carries. The results are
+# the final carries. pw.lax.while_loop (pathways._control_flow) traces cond and body.
+_define("while", lambda b, *operands, cond, body, num_carries: b.while_loop(
+    cond, body, list(operands), num_carries), multiple_results=True)
 # An element of a tuple (a scan's, an svd's). Their emitters add these themselves, so
 # Python never holds a tuple value and never binds this primitive.
 _define("get_element", lambda b, t, index: b.get_element(t, index))

@@ -14,7 +14,9 @@ arrays.
   array(15, dtype=int32)
 
 Loops (`scan`, `fori_loop`) trace their body once into one `scan` op of the
-function IR, whatever the trip count (pathways._control_flow). Conditionals
+function IR, whatever the trip count (pathways._control_flow); `while_loop`
+(and `fori_loop` with traced bounds) traces its cond and body once into one
+`while` op, whose trip count the device decides. Conditionals
 (`cond`, `switch`) on a traced predicate run every branch and select.
 """
 
@@ -28,7 +30,7 @@ import numpy as _np
 
 from pathways import _checks
 from pathways._checks import _to_array
-from pathways._control_flow import WeakCarryPromoted, describe, scan_core, static_int
+from pathways._control_flow import WeakCarryPromoted, describe, scan_core, static_int, while_core
 from pathways._pytree import tree_flatten, tree_map, tree_unflatten
 from pathways._trace_state import _SUPPORTED_DTYPE_NAMES, _SUPPORTED_DTYPES, TracerError
 from pathways._trace_state import _state, _TracerBase, one_device_pmap
@@ -53,6 +55,7 @@ __all__ = [
     "cummin",
     "scan",
     "fori_loop",
+    "while_loop",
     "map",
     "cond",
     "switch",
@@ -496,17 +499,27 @@ def _scan_traced(trace: Any, f: Callable[..., Any], init: Any, xs: Any, length: 
         y_tree.append(tree)
         return new_leaves, y_leaves
 
-    for _ in range(len(carries) + 1):
-        try:
-            final, ys = scan_core(trace, body, name, "scan body", carries, x_vals, [], length,
-                                  bool(reverse))
-            break
-        except WeakCarryPromoted as e:
-            # A weakly typed initial carry (a Python scalar) takes the dtype
-            # the body gives it, and the body is traced again, as in JAX.
-            carries[e.index] = bind(trace, "convert", (carries[e.index],), dtype=e.dtype.name)
-            y_tree.clear()
+    final, ys = _promoting_weak_carries(
+        trace, carries, y_tree.clear,
+        lambda: scan_core(trace, body, name, "scan body", carries, x_vals, [], length,
+                          bool(reverse)))
     return tree_unflatten(carry_tree, final), tree_unflatten(y_tree[-1], ys)
+
+
+def _promoting_weak_carries(trace: Any, carries: list, retrace: Callable[[], None],
+                            core: Callable[[], Any]) -> Any:
+    """`core()`, which traces a loop over `carries`, again while a weakly typed initial
+    carry (a Python scalar) comes out of the body with another dtype: that carry
+    takes the dtype the body gives it, as in JAX. `retrace()` runs before each
+    new attempt.
+    """
+    for _ in range(len(carries)):
+        try:
+            return core()
+        except WeakCarryPromoted as e:
+            carries[e.index] = bind(trace, "convert", (carries[e.index],), dtype=e.dtype.name)
+            retrace()
+    return core()
 
 
 def scan(f: Callable[..., Any], init: Any, xs: Any = None, length: Any = None,
@@ -586,12 +599,31 @@ def scan(f: Callable[..., Any], init: Any, xs: Any = None, length: Any = None,
 
 def _scan_outside(f: Callable[..., Any], init: Any, xs: Any, length: Any, reverse: bool) -> tuple:
     """`scan` on concrete arrays: a `pw.pmap` over one device (traced per call)."""
+
+    def per_device(init: Any, xs: Any) -> Any:
+        return scan(f, init, xs, length, reverse)
+
+    per_device.__name__ = getattr(f, "__name__", "scan")
+    return _loop_outside("scan", per_device, init, xs)
+
+
+def _loop_outside(name: str, per_device: Callable[..., Any], *trees: Any) -> Any:
+    """`per_device(*trees)` on pytrees of concrete arrays, as a `pw.pmap` over one
+    device (traced per call): a loop called outside any pmap'd function.
+
+    Returns:
+      The outputs' pytree, of numpy arrays.
+
+    Raises:
+      TracerError: Inside `@pw.program` outside any pmap'd function.
+      TypeError: For a leaf of a dtype the devices do not hold.
+    """
+    where = f"pw.lax.{name}"
     if _state.program is not None:
         raise TracerError(
-            f"pw.lax.scan was called in {_state.program.where()} outside any pmap'd function: "
+            f"{where} was called in {_state.program.where()} outside any pmap'd function: "
             "call it inside the function given to pw.pmap"
         )
-    where = "pw.lax.scan"
 
     def stack(leaf: Any) -> Any:
         arr = _np.asarray(_to_array(leaf, where, None, "leaf"))
@@ -602,12 +634,90 @@ def _scan_outside(f: Callable[..., Any], init: Any, xs: Any, length: Any, revers
             )
         return arr[None]
 
-    def per_device(init: Any, xs: Any) -> Any:
-        return scan(f, init, xs, length, reverse)
-
-    per_device.__name__ = getattr(f, "__name__", "scan")
-    out = one_device_pmap(per_device)(tree_map(stack, init), tree_map(stack, xs))
+    out = one_device_pmap(per_device)(*[tree_map(stack, t) for t in trees])
     return tree_map(lambda o: _np.asarray(o)[0, ...], out)
+
+
+def while_loop(cond_fun: Callable[..., Any], body_fun: Callable[..., Any], init_val: Any) -> Any:
+    """`body_fun` applied while `cond_fun` holds, like `jax.lax.while_loop`.
+
+    Semantically::
+
+      def while_loop(cond_fun, body_fun, init_val):
+          val = init_val
+          while cond_fun(val):
+              val = body_fun(val)
+          return val
+
+    but the trip count is decided on the device: `cond_fun` and `body_fun`
+    are traced once each, into one `while` op of the function IR, whose
+    condition the device computes before each iteration. Both may use
+    every op of a compiled function, collectives over the pmap's axis,
+    nested loops (scans, whiles), and traced values of the enclosing
+    function. Inside `pw.pmap` each device runs its own trip count. A
+    collective in the loop runs every iteration across the gang: with trip
+    counts that differ across devices (a user error in JAX too), the
+    devices that are done take part with their final values. There is no
+    reverse-mode gradient, as in JAX: `pw.grad` through it raises
+    ValueError (use `scan`, or `fori_loop` with static bounds); so does
+    `pw.jvp`, which transposes the pullback (JAX's forward mode works).
+
+    Called on concrete arrays it runs as a `pw.pmap` over one device and
+    returns numpy arrays.
+
+    Args:
+      cond_fun: `cond_fun(val) -> bool scalar`.
+      body_fun: `body_fun(val) -> val`, keeping the pytree structure and,
+        leaf by leaf, the shape and dtype of `val`.
+      init_val: The initial value: a pytree of arrays or numbers. Python
+        scalars are weakly typed, as in JAX (as `scan`'s carries: one the
+        body makes float32 is float32, and both functions are traced again).
+
+    Returns:
+      The value when `cond_fun` first fails (`init_val`'s if it fails at
+      once). With an empty pytree, `init_val` itself: nothing is carried.
+
+    Raises:
+      TypeError: If `cond_fun` or `body_fun` is not callable, `cond_fun`
+        does not return a bool scalar, or `body_fun`'s output differs from
+        its input in structure, shape or dtype.
+      TracerError: Called on concrete arrays inside `@pw.program` outside
+        any pmap'd function.
+    """
+    for param, fn in (("cond_fun", cond_fun), ("body_fun", body_fun)):
+        if not callable(fn):
+            raise TypeError(f"pw.lax.while_loop: {param} must be callable, got {fn!r}")
+    leaves, carry_tree = tree_flatten(init_val)
+    if not leaves:
+        return init_val
+    trace = _function_trace("while_loop", next((x for x in leaves if isinstance(x, Tracer)), None))
+    if trace is None:
+        def per_device(init: Any) -> Any:
+            return while_loop(cond_fun, body_fun, init)
+
+        per_device.__name__ = getattr(body_fun, "__name__", "while_loop")
+        return _loop_outside("while_loop", per_device, init_val)
+    cond_name = getattr(cond_fun, "__name__", type(cond_fun).__name__)
+    body_name = getattr(body_fun, "__name__", type(body_fun).__name__)
+    where = f"pw.lax.while_loop of {body_name!r}"
+    carries = [_loop_operand(trace, leaf, where, f"carry leaf {j}") for j, leaf in enumerate(leaves)]
+
+    def cond(c: list, consts: list) -> Any:
+        return cond_fun(tree_unflatten(carry_tree, c))
+
+    def body(c: list, consts: list) -> list:
+        new_leaves, new_tree = tree_flatten(body_fun(tree_unflatten(carry_tree, c)))
+        if new_tree != carry_tree:
+            raise TypeError(
+                f"{where}: body_fun's output must have the structure of its input: input "
+                f"{carry_tree}, output {new_tree}"
+            )
+        return new_leaves
+
+    final = _promoting_weak_carries(
+        trace, carries, lambda: None,
+        lambda: while_core(trace, cond, body, cond_name, body_name, carries, []))
+    return tree_unflatten(carry_tree, final)
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Callable[..., Any], init_val: Any) -> Any:
@@ -623,10 +733,16 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[..., Any], init_val: An
     With static bounds (Python ints) this is a `pw.lax.scan` of
     `upper - lower` iterations (none if upper <= lower) carrying `(i, val)`:
     the body is traced once and `pw.grad` differentiates through it. `i` is
-    an int32 traced value.
+    an int32 traced value. With a traced bound (a value of the pmap'd
+    function) it is a `pw.lax.while_loop` carrying `(i, val)` while `i <
+    upper`, as in JAX: each device runs its own trip count, and there is no
+    reverse-mode gradient. `i` then has the traced bounds' dtype (two
+    traced bounds must have one, as in JAX; a static bound takes the
+    traced one's).
 
     Args:
-      lower, upper: The bounds: static ints in int32's range.
+      lower, upper: The bounds: static ints in int32's range, or traced
+        integer scalars.
       body_fun: `body_fun(i, val) -> val`, keeping the structure, shapes and
         dtypes of `val`.
       init_val: The initial value: a pytree of arrays or numbers.
@@ -635,20 +751,15 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[..., Any], init_val: An
       The final value.
 
     Raises:
-      TypeError: For bounds that are not static ints (traced bounds need a
-        while loop, which the function IR does not have), or as `scan`.
+      TypeError: For bounds that are neither static ints nor traced integer
+        scalars, or as `scan` (static bounds) and `while_loop` (traced).
       ValueError: For bounds outside int32's range.
     """
     if not callable(body_fun):
         raise TypeError(f"pw.lax.fori_loop expects a callable body_fun, got {body_fun!r}")
     where = "pw.lax.fori_loop"
-    for param, v in (("lower", lower), ("upper", upper)):
-        if isinstance(v, Tracer):
-            raise TypeError(
-                f"{where}: {param} is a traced value ({v.aval}); the bounds must be static "
-                "ints (a loop with traced bounds needs a while loop, which pathways does not "
-                "have yet)"
-            )
+    if isinstance(lower, Tracer) or isinstance(upper, Tracer):
+        return _fori_while(lower, upper, body_fun, init_val)
     lo = static_int(where, "lower", lower)
     hi = static_int(where, "upper", upper)
     for param, v in (("lower", lo), ("upper", hi)):
@@ -663,6 +774,36 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[..., Any], init_val: An
     start = _np.int32(lo)
     (_, val), _ = scan(step, (start, init_val), None, length=n)
     return val
+
+
+def _fori_while(lower: Any, upper: Any, body_fun: Callable[..., Any], init_val: Any) -> Any:
+    """`fori_loop` with a traced bound: a `while_loop` over `(i, val)` while `i < upper`."""
+    where = "pw.lax.fori_loop"
+    lo = _selector(where, "lower", lower, "iu")
+    hi = _selector(where, "upper", upper, "iu")
+    dtypes = [_np.dtype(b.dtype) for b in (lo, hi) if isinstance(b, Tracer)]
+    if len(set(dtypes)) > 1:
+        raise TypeError(
+            f"{where}: lower and upper arguments to fori_loop must have equal types, got "
+            f"{dtypes[0]} and {dtypes[1]}"
+        )
+    dtype = dtypes[0]
+    for param, v in (("lower", lo), ("upper", hi)):
+        if not isinstance(v, Tracer) and not -(2**31) <= v <= _INT32_MAX:
+            raise ValueError(f"{where}: {param} {v} is outside int32's range")
+    start = lo.astype(dtype) if isinstance(lo, Tracer) else _np.asarray(lo).astype(dtype)
+    stop = hi.astype(dtype) if isinstance(hi, Tracer) else _np.asarray(hi).astype(dtype)
+
+    def cond(carry: tuple) -> Any:
+        return carry[0] < stop
+
+    def step(carry: tuple) -> tuple:
+        i, val = carry
+        return i + 1, body_fun(i, val)
+
+    cond.__name__ = "fori_cond"
+    step.__name__ = getattr(body_fun, "__name__", "fori_body")
+    return while_loop(cond, step, (start, init_val))[1]
 
 
 def map(f: Callable[..., Any], xs: Any, *, batch_size: Any = None) -> Any:  # noqa: A001 (JAX's name)

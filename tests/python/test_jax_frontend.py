@@ -566,3 +566,22 @@ def test_python_scalar_arguments_are_weakly_typed_as_in_jax(jax64):
     want = jax.jit(lambda x, lr: jnp.sin(x) * lr)(x, 0.5)
     assert got.dtype == want.dtype == np.float32
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+def test_while_loop_against_jax(tpus4):
+    x = np.abs(_f32(4)) + 0.5
+
+    def halve_until_small(x):
+        return lax.while_loop(lambda c: jnp.max(c[0]) > 0.01, lambda c: (c[0] / 2, c[1] + 1),
+                              (x, jnp.int32(0)))
+
+    check(halve_until_small, x)
+    check(lambda x: lax.while_loop(lambda v: jnp.sum(v) < 0, jnp.sin, x), x)  # zero iterations
+    check(lambda n, x: lax.fori_loop(0, n, lambda i, c: c * 2 + i, x), np.int32(5), x)  # traced bound
+    k = np.array([1.0, 2.0, 3.0], np.float32)
+    check(lambda x: lax.while_loop(lambda c: c[0] < 10.0, lambda c: (c[0] + jnp.sum(k * c[1]), c[1] * 0.5),
+                                   (x[0], x[1:])), x)  # a captured constant in the body
+    # Per device, a data-dependent trip count; a collective in the cond keeps the counts equal.
+    check_pmap(lambda v: lax.while_loop(lambda c: lax.psum(c[0], "i") < 100.0,
+                                        lambda c: (c[0] * 2 + 1, c[1] + 1), (v, 0)), tpus4, x)
+    check_pmap(halve_until_small, tpus4, x)
