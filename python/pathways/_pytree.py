@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 import optree
 
+from pathways import _core
 from pathways._trace_state import _TracerBase
 
 __all__ = [
@@ -71,8 +72,9 @@ IsLeaf = Optional[Callable[[Any], bool]]
 _PLAIN_LEAVES = {int, float, bool, complex, str, bytes, type(None), np.ndarray, np.float32,
                  np.float64, np.int32, np.int64, np.uint32, np.bool_}
 _OPTREE_NODES = (tuple, list, dict, collections.deque, type(None))
-# Types seen as leaves: whether JAX's registry (jax.tree_util) flattens them.
-_jax_node_types: dict = {}
+# Types looked at as leaves (JAX's registry does not flatten them, or they are registered
+# here by now); the plain leaves from the start.
+_settled: set = set(_PLAIN_LEAVES) | {_core.ShardedBuffer}
 
 
 def _register_jax_nodes(leaves: Iterable[Any]) -> bool:
@@ -82,32 +84,37 @@ def _register_jax_nodes(leaves: Iterable[Any]) -> bool:
     `jax.tree_util` (flax structs, equinox Modules ...) are nodes of JAX's
     registry, not of optree's: each flattens here as JAX flattens it one
     level down (its children, and JAX's treedef of that level as the
-    metadata). Returns whether any type was registered (the tree is then
-    flattened again).
+    metadata). Typed PRNG keys flatten to their key data. Each type is looked
+    at once (`_settled`), so a tree of arrays costs one set difference.
+    Returns whether any type was registered (the tree is then flattened again).
     """
     jax = sys.modules.get("jax")
     if jax is None:
         return False
+    new = set(map(type, leaves)).difference(_settled)
+    if not new:
+        return False
     added = False
     for leaf in leaves:
         t = type(leaf)
-        if t in _PLAIN_LEAVES or isinstance(leaf, _OPTREE_NODES):
+        if t not in new:
+            continue
+        new.discard(t)
+        _settled.add(t)
+        if isinstance(leaf, _OPTREE_NODES):
             continue  # (an is_leaf stopped the walk at one of optree's own nodes)
-        known = _jax_node_types.get(t)
-        if known is None and _is_key_array(jax, leaf):
-            known = _jax_node_types[t] = True
-            optree.register_pytree_node(t, _key_data, _keys_from_data, namespace=NAMESPACE)
-            added = True
-        elif known is None:
+        if _is_key_array(jax, leaf):
+            flatten, unflatten = _key_data, _keys_from_data
+        else:
             children = jax.tree_util.tree_leaves(leaf, is_leaf=lambda y, x=leaf: y is not x)
-            known = _jax_node_types[t] = not (len(children) == 1 and children[0] is leaf)
-            if known:
-                try:
-                    optree.register_pytree_node(t, _jax_one_level, _jax_unflatten,
-                                                namespace=NAMESPACE)
-                except ValueError:  # registered here already (an is_leaf stopped the walk at it)
-                    continue
-                added = True
+            if len(children) == 1 and children[0] is leaf:
+                continue  # a leaf to JAX too
+            flatten, unflatten = _jax_one_level, _jax_unflatten
+        try:
+            optree.register_pytree_node(t, flatten, unflatten, namespace=NAMESPACE)
+        except ValueError:  # registered here already (an is_leaf stopped the walk at it)
+            continue
+        added = True
     return added
 
 
