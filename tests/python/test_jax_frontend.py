@@ -585,3 +585,28 @@ def test_while_loop_against_jax(tpus4):
     check_pmap(lambda v: lax.while_loop(lambda c: lax.psum(c[0], "i") < 100.0,
                                         lambda c: (c[0] * 2 + 1, c[1] + 1), (v, 0)), tpus4, x)
     check_pmap(halve_until_small, tpus4, x)
+
+
+# Gradients: JAX differentiates before pathways sees the jaxpr, so these check the lowering of
+# the transposed and linearized primitives each derivative is made of.
+GRADIENT_FREE = {"sign", "floor", "ceil", "round", "round_away", "is_finite", "stop_gradient"}
+
+
+@pytest.mark.parametrize("name", sorted(set(UNARY) - GRADIENT_FREE))
+def test_unary_gradient_against_jax(name):
+    fn = UNARY[name]
+    x = np.concatenate([_f32(12), np.float32([0.5, -0.5, 2.0])])
+    if name in ("log", "sqrt", "rsqrt", "log1p", "arccosh", "cbrt"):
+        x = np.abs(x) + 1.5
+    if name in ("arcsin", "arccos", "arctanh"):
+        x = np.tanh(x) * 0.9
+    check(jax.grad(lambda v: jnp.sum(fn(v) * jnp.arange(v.size))), x, rtol=2e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(set(BINARY) - {"eq", "ne", "lt", "ge", "rem", "nextafter"}))
+def test_binary_gradient_against_jax(name):
+    fn = BINARY[name]
+    a = np.abs(_f32(10)) + 0.5
+    b = _f32(10)
+    check(jax.grad(lambda a, b: jnp.sum(fn(a, b) * jnp.arange(a.size)), argnums=(0, 1)), a, b,
+          rtol=2e-5, atol=1e-5)
