@@ -44,11 +44,13 @@ DEVICES = 2
 PER_DEVICE = 4  # sequences per device per step
 MICRO_BATCHES = 2  # in the pipeline
 LOSS_RTOL = 1e-5
+PARAM_ATOL = 1e-5
 # Adam divides by the gradient's RMS, so where a gradient is exactly zero
 # (attention's key bias: softmax does not see it) float32 round-off of 1e-9
-# moves that parameter by up to the learning rate, in JAX as in pathways.
+# moves that parameter by up to the learning rate per step, in JAX as in
+# pathways: those parameters are held to that bound, the others to PARAM_ATOL.
 LR = 1e-3
-PARAM_ATOL_PER_STEP = 2.5 * LR
+KEY_BIAS_ATOL_PER_STEP = 2.5 * LR
 
 
 # %% [markdown]
@@ -116,9 +118,20 @@ def step_keys(step):
     return jax.random.split(jax.random.PRNGKey(100 + step), DEVICES)
 
 
-def max_abs_diff(a, b):
-    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+def max_abs_diffs(a, b):
+    """(attention key biases, every other parameter): the largest absolute difference."""
+    out = [0.0, 0.0]
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)):
+        key_bias = "'key'" in jax.tree_util.keystr(path) and "'bias'" in jax.tree_util.keystr(path)
+        d = float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        out[0 if key_bias else 1] = max(out[0 if key_bias else 1], d)
+    return out
+
+
+def params_agree(a, b, step):
+    key_bias, rest = max_abs_diffs(a, b)
+    print(f"  {rest:.1e} / {key_bias:.1e}")
+    return rest <= PARAM_ATOL and key_bias <= KEY_BIAS_ATOL_PER_STEP * (step + 1)
 
 
 ok = True
@@ -132,17 +145,16 @@ pw_step = pw.pmap(train_step, axis_name="d", devices=devices)
 jax_step = jax.jit(jax.vmap(train_step, axis_name="d"))
 
 state_pw = state_jax = (replicate(params), replicate(opt_state))
-print("data parallel over 2 devices: step, loss (pathways), loss (jax.jit), max |param diff|")
+print("data parallel over 2 devices: step, loss (pathways), loss (jax.jit), max |param diff| "
+      "(others / attention key biases)")
 worst = 0.0
 for step in range(STEPS):
     *state_pw, loss_pw = pw_step(*state_pw, data[step], step_keys(step))
     *state_jax, loss_jax = jax_step(*state_jax, data[step], step_keys(step))
     lp, lj = float(np.asarray(loss_pw)[0]), float(np.asarray(loss_jax)[0])
-    diff = max_abs_diff(state_pw[0], state_jax[0])
     worst = max(worst, abs(lp - lj) / abs(lj))
-    print(f"  {step:3d}  {lp:.6f}  {lj:.6f}  {diff:.2e}")
-    if diff > PARAM_ATOL_PER_STEP * (step + 1):
-        ok = False
+    print(f"  {step:3d}  {lp:.6f}  {lj:.6f}", end="")
+    ok = params_agree(state_pw[0], state_jax[0], step) and ok
 print(f"max relative difference of the losses: {worst:.2e}")
 ok = ok and worst < LOSS_RTOL
 
@@ -243,7 +255,7 @@ prog = pipeline_step.trace(*state_pw, *micro(0))
 print(f"one program per step: {prog.num_nodes} nodes ({MICRO_BATCHES} x 3 stage calls, "
       f"{2 * (MICRO_BATCHES - 1)} accumulations, 2 optimizer steps, 1 mean of the losses)")
 print(f"\n2-stage pipeline, {MICRO_BATCHES} micro-batches, one program per step: step, loss (pathways), "
-      "loss (jax.jit), max |param diff|")
+      "loss (jax.jit), max |param diff| (others / attention key biases)")
 worst = 0.0
 times = []
 for step in range(STEPS):
@@ -253,11 +265,9 @@ for step in range(STEPS):
     times.append(time.perf_counter() - t0)
     *state_jax, loss_jax = jax_pipeline(*state_jax, *micro(step))
     lp, lj = float(loss_value[0]), float(np.asarray(loss_jax)[0])
-    diff = max_abs_diff(state_pw[:2], state_jax[:2])
     worst = max(worst, abs(lp - lj) / abs(lj))
-    print(f"  {step:3d}  {lp:.6f}  {lj:.6f}  {diff:.2e}")
-    if diff > PARAM_ATOL_PER_STEP * (step + 1):
-        ok = False
+    print(f"  {step:3d}  {lp:.6f}  {lj:.6f}", end="")
+    ok = params_agree(state_pw[:2], state_jax[:2], step) and ok
 print(f"max relative difference of the losses: {worst:.2e}")
 ok = ok and worst < LOSS_RTOL
 print(f"pipeline step time after the first: {np.median(times[1:]) * 1e3:.1f} ms (median)"

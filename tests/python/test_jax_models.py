@@ -87,8 +87,11 @@ def test_flax_transformer_lm_data_parallel_with_dropout_adamw_and_pmean(tpus2):
         np.testing.assert_allclose(np.asarray(loss1), np.asarray(loss2), rtol=2e-6)
         assert_same(g1, g2, rtol=1e-4, atol=2e-7)
         # Adam divides by the gradient's RMS: where the exact gradient is 0 (attention's key
-        # bias) round-off of 1e-9 moves a parameter by up to the learning rate.
-        assert_same(p1, p2, rtol=0, atol=2.5e-3 * (i + 1))
+        # bias, which softmax does not see) round-off of 1e-9 moves a parameter by up to the
+        # learning rate per step. Every other parameter agrees to float32 round-off.
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(p1), jax.tree_util.tree_leaves(p2)):
+            key_bias = "'key'" in jax.tree_util.keystr(path) and "'bias'" in jax.tree_util.keystr(path)
+            assert_same(a, b, rtol=0, atol=2.5e-3 * (i + 1) if key_bias else 1e-6)
         state_pw, state_jax = (p1, o1), (p2, o2)
     assert pstep._front_end == "jax"
 
