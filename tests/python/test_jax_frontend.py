@@ -610,3 +610,19 @@ def test_binary_gradient_against_jax(name):
     b = _f32(10)
     check(jax.grad(lambda a, b: jnp.sum(fn(a, b) * jnp.arange(a.size)), argnums=(0, 1)), a, b,
           rtol=2e-5, atol=1e-5)
+
+
+def test_structural_ops_on_key_arrays_against_jax():
+    key = jax.random.key(3)
+
+    def f(k, i):
+        keys = jax.random.split(k, (2, 3))
+        picked = keys[1, i]  # dynamic index: gather or dynamic_slice on keys
+        swapped = keys.T[2]  # transpose, then a slice
+        chosen = jnp.where(i > 0, keys[0, 0], keys[1, 2])  # select_n on keys
+        many = jnp.broadcast_to(keys[0, 1], (2,))  # broadcast_in_dim on keys
+        row = lax.dynamic_slice(keys, (1, i), (1, 1))
+        return [jax.random.key_data(x) for x in (picked, swapped, chosen, many, row, keys.reshape(6))]
+
+    check(f, key, np.int32(2))
+    check(f, key, np.int32(0))
