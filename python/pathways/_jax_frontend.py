@@ -525,7 +525,6 @@ def _int_div_rem(ctx: _Ctx, x: Tracer, y: Tracer) -> tuple:
     y = _b(ctx, "broadcast_to", y, shape=list(shape)) if y.shape != shape else y
     zero = ctx.const(0, y.dtype)
     by_zero = _b(ctx, "eq", y, zero)
-    one = ctx.const(1, y.dtype)
     safe_y = _b(ctx, "select", by_zero, _full(ctx, 1, shape, y.dtype), y)
     xf, yf = _convert(ctx, x, np.float64), _convert(ctx, safe_y, np.float64)
     qf = _b(ctx, "div", xf, yf)
@@ -543,7 +542,6 @@ def _int_div_rem(ctx: _Ctx, x: Tracer, y: Tracer) -> tuple:
     minus_one = _full(ctx, -1 if x.dtype == np.int32 else 2**32 - 1, shape, x.dtype)
     q = _b(ctx, "select", by_zero, minus_one, q)
     r = _b(ctx, "select", by_zero, x, r)
-    del one
     return q, r
 
 
@@ -864,13 +862,8 @@ def _reduce(kind: str) -> Callable[..., Tracer]:
             r = _b(ctx, "reduce", _convert(ctx, x, np.int32), kind=kind, axes=list(axes), keepdims=False)
             return _b(ctx, "ne", r, ctx.const(0, np.int32))
         if x.size == 0 and kind in ("max", "min"):
-            shape = _out_aval(ctx)[0]
-            if x.dtype.kind == "f" or x.dtype == np.dtype("bfloat16"):
-                ident = -np.inf if kind == "max" else np.inf
-            else:
-                info = np.iinfo(x.dtype)
-                ident = info.min if kind == "max" else info.max
-            return _full(ctx, ident, shape, x.dtype)
+            ident = _lowest(x.dtype) if kind == "max" else _highest(x.dtype)
+            return _full(ctx, ident, _out_aval(ctx)[0], x.dtype)
         return _b(ctx, "reduce", x, kind=kind, axes=list(axes), keepdims=False)
 
     return rule

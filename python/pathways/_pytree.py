@@ -156,7 +156,7 @@ def _keys_from_data(impl: Any, children: Any) -> Any:
     """Key arrays again: of a traced value, `TracedKeys`; of an array or buffer, JAX's."""
     (data,) = children
     if isinstance(data, _TracerBase) or not (hasattr(data, "__array__") and getattr(data, "ndim", 0)):
-        return TracedKeys(data, impl)  # (or a placeholder leaf: a structure's, not keys)
+        return TracedKeys(data, impl)  # (or a dummy leaf of a structure being walked, not keys)
     import jax
 
     return jax.random.wrap_key_data(jax.numpy.asarray(data), impl=impl)
