@@ -144,6 +144,13 @@ void HostBuffer::Complete(const absl::Status& status) {
     status_ = status;
     waiters.swap(waiters_);
     cv_.SignalAll();
+    // A failed buffer is never read or written again (its producer is done,
+    // readers look at the status first): its bytes go back now, while the
+    // buffer stays, as its error, until the client frees it.
+    if (!status.ok() && data_ != nullptr) {
+      HostMemoryPool::Get().Free(data_, PoolBytes(bytes_));
+      data_ = nullptr;
+    }
   }
   for (auto& w : waiters) std::move(w)(status);
 }

@@ -63,7 +63,8 @@ class HostBuffer {
   uint64_t id() const { return id_; }
   uint8_t* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
-  // False if its memory could not be allocated (then it is never written).
+  // False if its memory could not be allocated (then it is never written),
+  // and once it has failed (its memory is given back then).
   bool allocated() const { return data_ != nullptr; }
   absl::Status AllocationError() const;
 
