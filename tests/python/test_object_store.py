@@ -8,6 +8,7 @@ device: five fit, the sixth does not.
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -333,3 +334,28 @@ print(pw.memory_stats()["dispatches_waiting_for_memory"])
 """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["interrupted True", "0"]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_scratch_that_cannot_be_allocated_fails_the_gang_not_the_process(request, python_subprocess, devices):
+    # With devices of 1 TiB the compiler lets through a function whose
+    # intermediate values (a 300000 x 300000 outer product: 360 GB) no
+    # allocation on this machine can hold; the gang that runs it fails with
+    # ResourceExhaustedError, on one thread or split across threads (2
+    # devices), and the runtime goes on (before: bad_alloc ended the process).
+    hosts = request.config.getoption("--hosts")
+    out = python_subprocess(f"""
+import numpy as np
+import pathways as pw
+pw.configure(device_memory="1TiB", hosts={hosts!r})
+t = pw.make_virtual_device_set().add_slice(tpu_devices={devices}).tpus
+outer = pw.pmap(lambda x: (x[:, None] * x[None, :]).sum(0), devices=t)
+try:
+    np.asarray(outer(np.ones(({devices}, 300_000), np.float32)))
+except pw.ResourceExhaustedError as e:
+    print(str(e))
+print(np.asarray(pw.pmap(lambda x: x + 1., devices=t)(np.ones(({devices}, 2), np.float32))).tolist())
+""")
+    lines = out.splitlines()
+    assert re.search(r"cannot allocate \d+ bytes of scratch", lines[0]), out
+    assert lines[1] == str([[2.0, 2.0]] * devices), out
