@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <random>
 
@@ -56,6 +57,8 @@ class Replies {
 // Buffer data goes to and from hosts in chunks of this many bytes: each a
 // message of its own, far below protobuf's 2 GiB limit per message.
 constexpr int64_t kDataChunkBytes = int64_t{16} << 20;
+// A read asks each host for at most this many chunks at a time.
+constexpr int kReadChunksPerHost = 4;
 
 // Calls fn(position, offset in its shard, offset in the range, length) for
 // each piece of the bytes [offset, offset + n) of a host's shards: its
@@ -350,11 +353,10 @@ void RemoteCluster::RecordPart(const Run& run, int host, int step, int64_t start
   if (fn == nullptr) return;  // a transfer
   const DeviceList* gang = plan.step_devices[step];
   const DeviceList* part = PartOn(gang, host);
-  // The host's clock to ours.
-  const int64_t offset = pool_->channel(host).clock_offset_ns();
-  start_ns -= offset;
-  end_ns -= offset;
-  const int64_t busy_ns = std::max<int64_t>(end_ns - start_ns, 0);
+  const PartInterval ours = OnClientClock(start_ns, end_ns, pool_->channel(host).clock_offset_ns(),
+                                          run.submitted_ns, NowNanos());
+  start_ns = ours.start_ns;
+  const int64_t busy_ns = ours.end_ns - ours.start_ns;
   // The gang counts once: on its first host.
   const bool first = plan.step_hosts[step].front() == host;
   if (run.client != nullptr) run.client->AddUsage(busy_ns * part->size(), first ? 1 : 0);
@@ -720,48 +722,94 @@ absl::Status RemoteCluster::Read(const ShardedBuffer& buffer, void* dst) {
   const std::vector<int> hosts = HostsOf(list);
   const int64_t shard = buffer.shard_bytes();
   auto* to = static_cast<uint8_t*>(dst);
-  // Every chunk of every host asked at once; each reply lands in place.
+  // The hosts' chunks are asked for a few at a time per host (a window), so
+  // neither a host nor this process queues a whole large buffer's replies
+  // at once; each reply lands in place.
   struct Chunk {
     int host;
     const std::vector<int>* positions;
     int64_t offset, bytes;
   };
   std::vector<std::vector<int>> positions(hosts.size());
-  std::vector<Chunk> chunks;
+  std::vector<std::deque<Chunk>> chunks(hosts.size());  // per host, in order
+  size_t num_chunks = 0;
   for (size_t k = 0; k < hosts.size(); ++k) {
     positions[k] = PositionsOn(list, hosts[k]);
     const int64_t total = shard * static_cast<int64_t>(positions[k].size());
     for (int64_t offset = 0; offset == 0 || offset < total; offset += kDataChunkBytes) {
-      chunks.push_back(Chunk{hosts[k], &positions[k], offset, std::min(kDataChunkBytes, total - offset)});
+      chunks[k].push_back(Chunk{hosts[k], &positions[k], offset, std::min(kDataChunkBytes, total - offset)});
+      ++num_chunks;
     }
   }
-  Replies replies(static_cast<int>(chunks.size()));
-  for (const Chunk& c : chunks) {
-    wire::Request request;
-    wire::FetchBuffer* fetch = request.mutable_fetch();
-    fetch->set_buffer_id(buffer.remote_id());
-    fetch->set_offset(c.offset);
-    fetch->set_max_bytes(std::max<int64_t>(c.bytes, 1));  // 0 would mean "to the end"
-    Send(c.host, std::move(request), [&replies, &c, shard, to, id = buffer.remote_id()](absl::StatusOr<wire::Reply> reply) {
-      absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
-      if (status.ok()) {
-        const std::string& bytes = reply->fetch().data();
-        if (static_cast<int64_t>(bytes.size()) != c.bytes) {
-          status = absl::InternalError(absl::StrCat("host ", c.host, " sent ", bytes.size(), " bytes of buffer ", id,
-                                                    " at offset ", c.offset, ", expected ", c.bytes));
-        } else {
-          ForEachPiece(*c.positions, shard, c.offset, c.bytes,
-                       [&](int position, int64_t in_shard, int64_t at, int64_t len) {
-                         std::memcpy(to + position * shard + in_shard, bytes.data() + at, static_cast<size_t>(len));
-                       });
-        }
-      }
-      replies.Done(std::move(status));
-    });
+  // Shared with the callbacks: the last one may still hold its lock as
+  // this call returns. Each callback is done with `to` and the chunk before
+  // it counts itself done, and this call waits for every one of them.
+  struct Window {
+    Mutex mu;
+    CondVar cv;
+    std::vector<int> in_flight ABSL_GUARDED_BY(mu);  // per host
+    size_t done ABSL_GUARDED_BY(mu) = 0;
+    absl::Status first_error ABSL_GUARDED_BY(mu);
+  };
+  auto window = std::make_shared<Window>();
+  {
+    MutexLock lock(&window->mu);
+    window->in_flight.assign(hosts.size(), 0);
   }
-  for (int h : hosts) Flush(h);
-  // A lost host fails its fetches (HostChannel), so this wait ends.
-  return replies.Wait(std::numeric_limits<int64_t>::max() / 2, "reading a buffer");
+  size_t sent = 0;
+  while (true) {
+    std::vector<size_t> ready;  // hosts with room in their window and chunks left
+    {
+      MutexLock lock(&window->mu);
+      while (true) {
+        // A failed chunk ends the read: the rest are not asked for.
+        if (window->done == sent && (sent == num_chunks || !window->first_error.ok())) return window->first_error;
+        ready.clear();
+        if (window->first_error.ok()) {
+          for (size_t k = 0; k < hosts.size(); ++k) {
+            if (!chunks[k].empty() && window->in_flight[k] < kReadChunksPerHost) ready.push_back(k);
+          }
+        }
+        if (!ready.empty()) break;
+        // A lost host fails its fetches (HostChannel), so this wait ends.
+        window->cv.Wait(&window->mu);
+      }
+      for (size_t k : ready) ++window->in_flight[k];
+    }
+    for (size_t k : ready) {
+      const Chunk c = chunks[k].front();
+      chunks[k].pop_front();
+      ++sent;
+      wire::Request request;
+      wire::FetchBuffer* fetch = request.mutable_fetch();
+      fetch->set_buffer_id(buffer.remote_id());
+      fetch->set_offset(c.offset);
+      fetch->set_max_bytes(std::max<int64_t>(c.bytes, 1));  // 0 would mean "to the end"
+      Send(c.host, std::move(request),
+           [window, k, c, shard, to, id = buffer.remote_id()](absl::StatusOr<wire::Reply> reply) {
+             absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+             if (status.ok()) {
+               const std::string& bytes = reply->fetch().data();
+               if (static_cast<int64_t>(bytes.size()) != c.bytes) {
+                 status = absl::InternalError(absl::StrCat("host ", c.host, " sent ", bytes.size(), " bytes of buffer ",
+                                                           id, " at offset ", c.offset, ", expected ", c.bytes));
+               } else {
+                 ForEachPiece(*c.positions, shard, c.offset, c.bytes,
+                              [&](int position, int64_t in_shard, int64_t at, int64_t len) {
+                                std::memcpy(to + position * shard + in_shard, bytes.data() + at,
+                                            static_cast<size_t>(len));
+                              });
+               }
+             }
+             MutexLock lock(&window->mu);
+             if (window->first_error.ok() && !status.ok()) window->first_error = std::move(status);
+             --window->in_flight[k];
+             ++window->done;
+             window->cv.SignalAll();
+           });
+      Flush(c.host);
+    }
+  }
 }
 
 void RemoteCluster::FailDevices(absl::Span<Device* const> devices) {

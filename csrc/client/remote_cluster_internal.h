@@ -4,7 +4,9 @@
 // RemoteCluster's records of programs and runs, shared by its files
 // (remote_cluster.cc: dispatch; remote_diagnosis.cc: pw.diagnose).
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -13,6 +15,30 @@
 #include "csrc/client/remote_cluster.h"
 
 namespace pw {
+
+// When a host's part of a step ran, on the client's clock.
+struct PartInterval {
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;  // >= start_ns
+};
+
+// A host's report of when a part ran (on its clock) moved to the client's
+// clock by the host's `offset_ns`. The times are only the host's word: a
+// part ran inside its run's life here, from its submission to `now_ns`, so
+// they are clamped to that (no overflow, whatever the host sent), which also
+// bounds what the accounts multiply by a gang's size.
+inline PartInterval OnClientClock(int64_t start_ns, int64_t end_ns, int64_t offset_ns, int64_t submitted_ns,
+                                  int64_t now_ns) {
+  const int64_t hi = std::max(now_ns, submitted_ns);
+  auto ours = [&](int64_t t) {
+    int64_t local;
+    if (__builtin_sub_overflow(t, offset_ns, &local)) return t < 0 ? submitted_ns : hi;
+    return std::clamp(local, submitted_ns, hi);
+  };
+  PartInterval interval{ours(start_ns), ours(end_ns)};
+  interval.end_ns = std::max(interval.end_ns, interval.start_ns);
+  return interval;
+}
 
 // What the hosts know of one lowered program.
 struct RemoteCluster::Plan {

@@ -460,14 +460,16 @@ def test_large_transfers_between_host_processes_are_exact():
 def test_buffers_larger_than_a_chunk_go_to_and_from_hosts_exact():
     # Buffer data moves between the client and its hosts in 16 MiB chunks,
     # so no message nears protobuf's 2 GiB limit (a 2.25 GiB device_put
-    # aborted the client before). Shards of 13 MiB + 12 bytes straddle the
-    # chunk boundaries; a program's host-data argument takes the same path.
+    # aborted the client before). Shards of 29 MiB + 12 bytes straddle the
+    # chunk boundaries, and each host's 116 MiB is more chunks than a read
+    # asks a host for at once; a program's host-data argument takes the
+    # same path.
     out = _run_local_processes("""
         import numpy as np
         tpus = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
         print(len({d.physical.host for d in tpus}))
         rng = np.random.default_rng(1)
-        x = rng.integers(-2**31, 2**31 - 1, size=(8, (13 * 2**20 + 12) // 4), dtype=np.int32)
+        x = rng.integers(-2**31, 2**31 - 1, size=(8, (29 * 2**20 + 12) // 4), dtype=np.int32)
         b = pw.device_put(x, tpus)
         print(np.array_equal(np.asarray(b), x))
         f = pw.pmap(lambda v: v + 1, devices=tpus)
