@@ -577,6 +577,14 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
     run->made.push_back(slots[slot]);
     return absl::OkStatus();
   };
+  // Host data for the arguments, in put requests built before the lock is
+  // taken: copying a large array must not hold up other dispatches.
+  absl::flat_hash_map<int, std::vector<HostPuts>> host_data_puts;  // by slot
+  for (const ArgPlacement& p : program.arg_placements()) {
+    const ProgramArg& arg = args[p.arg];
+    if (arg.buffer != nullptr || arg.dims.empty() || arg.dims[0] != p.devices->size()) continue;  // (Allocate says why)
+    host_data_puts[p.slot] = MakePuts(p.devices, ShardBytes(arg.dtype, arg.dims), first + p.slot, arg.host_data);
+  }
   std::vector<wire::ArgBinding> bindings;  // in place (sequential: every run needs them)
   std::vector<std::shared_ptr<ShardedBuffer>> arg_buffers;  // every run holds them until sent
   const auto& types = program.slot_types();
@@ -592,7 +600,7 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
       const ProgramArg& arg = args[p.arg];
       if (arg.buffer == nullptr) {
         PW_RETURN_IF_ERROR(allocate(p.slot, arg.dtype, arg.dims, p.devices));
-        WriteLocked(*slots[p.slot], arg.host_data, /*flush=*/false);  // leaves with the run
+        SendPutsLocked(p.devices, std::move(host_data_puts[p.slot]), /*flush=*/false);  // leaves with the run
         continue;
       }
       if (!arg.buffer->is_remote()) {
@@ -684,25 +692,26 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
 }
 
 absl::Status RemoteCluster::Write(const ShardedBuffer& buffer, const void* data) {
+  std::vector<HostPuts> puts = MakePuts(buffer.devices(), buffer.shard_bytes(), buffer.remote_id(), data);
   MutexLock lock(&mu_);
-  WriteLocked(buffer, data, /*flush=*/true);
+  SendPutsLocked(buffer.devices(), std::move(puts), /*flush=*/true);
   return absl::OkStatus();
 }
 
-void RemoteCluster::WriteLocked(const ShardedBuffer& buffer, const void* data, bool flush) {
-  const DeviceList* list = buffer.devices();
-  const int64_t shard = buffer.shard_bytes();
+std::vector<RemoteCluster::HostPuts> RemoteCluster::MakePuts(const DeviceList* list, int64_t shard, uint64_t id,
+                                                             const void* data) const {
+  std::vector<HostPuts> puts;
   const auto* from = static_cast<const uint8_t*>(data);
   for (int h : HostsOf(list)) {
-    EnsureList(h, list);
+    HostPuts& host = puts.emplace_back();
+    host.host = h;
     const std::vector<int> positions = PositionsOn(list, h);
     const int64_t total = shard * static_cast<int64_t>(positions.size());
     // In chunks, in order; an empty buffer still gets its one (empty) put.
     for (int64_t offset = 0; offset == 0 || offset < total; offset += kDataChunkBytes) {
       const int64_t n = std::min(kDataChunkBytes, total - offset);
-      wire::Request request;
-      wire::PutBuffer* put = request.mutable_put();
-      put->set_buffer_id(buffer.remote_id());
+      wire::PutBuffer* put = host.requests.emplace_back().mutable_put();
+      put->set_buffer_id(id);
       put->set_devices(list->id());
       put->set_shard_bytes(shard);
       put->set_offset(offset);
@@ -711,9 +720,16 @@ void RemoteCluster::WriteLocked(const ShardedBuffer& buffer, const void* data, b
       ForEachPiece(positions, shard, offset, n, [&](int position, int64_t in_shard, int64_t at, int64_t len) {
         std::memcpy(bytes->data() + at, from + position * shard + in_shard, static_cast<size_t>(len));
       });
-      Send(h, std::move(request));
     }
-    if (flush) Flush(h);
+  }
+  return puts;
+}
+
+void RemoteCluster::SendPutsLocked(const DeviceList* list, std::vector<HostPuts> puts, bool flush) {
+  for (HostPuts& host : puts) {
+    EnsureList(host.host, list);
+    for (wire::Request& request : host.requests) Send(host.host, std::move(request));
+    if (flush) Flush(host.host);
   }
 }
 

@@ -137,8 +137,17 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   void RecordPart(const Run& run, int host, int step, int64_t start_ns, int64_t end_ns) const;
   // The run leaves the runs in flight.
   void Retire(const Run& run);
-  // Queues the puts of `buffer`'s shards; sends them at once if `flush`.
-  void WriteLocked(const ShardedBuffer& buffer, const void* data, bool flush) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One host's put requests for a buffer's data (its shards, in chunks).
+  struct HostPuts {
+    int host = 0;
+    std::vector<wire::Request> requests;
+  };
+  // The puts that carry `data` (every shard of a buffer `id` on `list`,
+  // shard-major) to its hosts. Copies the data: called without mu_.
+  std::vector<HostPuts> MakePuts(const DeviceList* list, int64_t shard, uint64_t id, const void* data) const;
+  // Sends them in order (after the list, to a host that does not know it).
+  void SendPutsLocked(const DeviceList* list, std::vector<HostPuts> puts, bool flush)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends what is queued for `host` as one message.
   void Flush(int host);
   // Moves the frees waiting for `host` into `run`.
