@@ -5,6 +5,7 @@
 #include "csrc/client/remote_cluster.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -87,7 +88,7 @@ std::shared_ptr<const CompiledFunction> Slow(Runtime& rt, const std::shared_ptr<
 std::shared_ptr<const LoweredProgram> Chain(const std::shared_ptr<const CompiledFunction>& fn, int steps,
                                       const std::string& name = "chain") {
   ProgramBuilder pb(name);
-  int v = *pb.AddArg(DType::kF64, {2});
+  int v = *pb.AddArg(DType::kF64, {static_cast<int64_t>(fn->virtual_devices().size())});
   for (int i = 0; i < steps; ++i) v = (*pb.AddCall(fn, {v}))[0];
   return *Lower(*pb.Build({v}));
 }
@@ -201,6 +202,42 @@ TEST_P(LifecycleTest, CloseCancelsTheClientsQueuedWork) {
   EXPECT_EQ(rt->Execute(*fast, {ProgramArg{nullptr, in, DType::kF64, {2}}}, options).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(rt->AwaitQuiescenceFor(5'000'000'000));
+}
+
+// Item 2 of issue 25: with the hosts' collective timeouts short (0.3 s,
+// from the environment), a gang across both hosts queued behind 1.5 s of
+// work on one of its devices times out, which breaks (or never makes) the
+// group of the two hosts. The client sees the gang's part fail and renews
+// the group ahead of its next run, so the next gangs across them run
+// instead of failing for good.
+TEST_F(RemoteRuntimeTest, AGangThatTimedOutDoesNotBreakTheHostsForGood) {
+  setenv("PATHWAYS_COLLECTIVE_TIMEOUT", "0.3", 1);
+  setenv("PATHWAYS_COLLECTIVE_ARRIVAL_TIMEOUT", "0.3", 1);
+  auto rt = MakeRuntime();
+  unsetenv("PATHWAYS_COLLECTIVE_TIMEOUT");
+  unsetenv("PATHWAYS_COLLECTIVE_ARRIVAL_TIMEOUT");
+  ASSERT_NE(rt, nullptr);
+  auto all = *rt->resource_manager().AddSlice(4, "tpu");  // both hosts
+  auto one = *rt->resource_manager().AddSlice(1, "tpu");
+  auto busy = Chain(Slow(*rt, one, 1'500'000'000), 1, "busy");
+  auto sum = testing::ScalarOpFunction("sum", OpKind::kAdd, 1.0, all, &rt->registry(), DType::kF64, {},
+                                       /*with_psum=*/true);
+  ProgramBuilder pb("gang");
+  const int v = *pb.AddArg(DType::kF64, {4});
+  auto gang = *Lower(*pb.Build({(*pb.AddCall(sum, {v}))[0]}));
+  const double one_in[] = {1.0};
+  const double in[] = {1.0, 2.0, 3.0, 4.0};
+  auto held = *rt->Execute(*busy, {ProgramArg{nullptr, one_in, DType::kF64, {1}}});
+  auto timed_out = *rt->Execute(*gang, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+  ASSERT_FALSE(timed_out[0]->Await().ok());
+  EXPECT_TRUE(absl::IsUnavailable(timed_out[0]->status()) || absl::IsDeadlineExceeded(timed_out[0]->status()))
+      << timed_out[0]->status();
+  ASSERT_TRUE(held[0]->Await().ok());
+  for (int i = 0; i < 2; ++i) {
+    auto outs = *rt->Execute(*gang, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+    ASSERT_TRUE(outs[0]->Await().ok()) << outs[0]->status();
+    EXPECT_EQ(Read(*outs[0]), (std::vector<double>{14.0, 14.0, 14.0, 14.0}));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Hosts, LifecycleTest, ::testing::Bool(),
