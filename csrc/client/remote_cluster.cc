@@ -151,15 +151,7 @@ RemoteCluster::~RemoteCluster() {
   }
   if (admission_thread_.joinable()) admission_thread_.join();
   // Runs never sent (the runtime shuts down without waiting for them).
-  for (auto& w : left) {
-    {
-      MutexLock lock(&w->run->mu);
-      w->run->whole = absl::CancelledError(absl::StrCat("program '", w->run->program->name(),
-                                                        "' was cancelled before it was sent: the pathways runtime "
-                                                        "shut down"));
-    }
-    Run::Finish(*w->run);
-  }
+  for (auto& w : left) Run::FinishUnsent(*w->run, "the pathways runtime shut down");
   // The sessions end first: replies still awaited fail now, and finishing
   // their runs uses this object's members.
   pool_.reset();
@@ -249,12 +241,7 @@ bool RemoteCluster::CancelledBeforeSending(Run& run) {
   } else {
     return false;
   }
-  {
-    MutexLock lock(&run.mu);
-    run.whole = absl::CancelledError(
-        absl::StrCat("program '", run.program->name(), "' was cancelled before it was sent: ", reason));
-  }
-  Run::Finish(run);
+  Run::FinishUnsent(run, reason);
   return true;
 }
 
@@ -306,14 +293,7 @@ void RemoteCluster::Cancel(const SchedulingClient* client, const std::string& re
       }
     }
   }
-  for (auto& w : unsent) {
-    {
-      MutexLock lock(&w->run->mu);
-      w->run->whole = absl::CancelledError(
-          absl::StrCat("program '", w->run->program->name(), "' was cancelled before it was sent: ", reason));
-    }
-    Run::Finish(*w->run);
-  }
+  for (auto& w : unsent) Run::FinishUnsent(*w->run, reason);
 }
 
 void RemoteCluster::Abandon(const absl::Status& why) {

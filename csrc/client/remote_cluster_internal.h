@@ -10,6 +10,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "csrc/client/remote_cluster.h"
 
 namespace pw {
@@ -144,6 +146,16 @@ struct RemoteCluster::Run {
     }
     if (!run.admitted_islands.empty()) run.rc->Released(run.admitted_islands);
     if (run.seq >= 0) run.rc->Retire(run);
+  }
+
+  // Fails a run that was never sent to its hosts (cancelled: `reason`).
+  static void FinishUnsent(Run& run, absl::string_view reason) {
+    {
+      MutexLock lock(&run.mu);
+      run.whole = absl::CancelledError(
+          absl::StrCat("program '", run.program->name(), "' was cancelled before it was sent: ", reason));
+    }
+    Finish(run);
   }
 
   // The step that makes buffer `id` of this run (-1: none).

@@ -240,6 +240,43 @@ TEST_F(RemoteRuntimeTest, AGangThatTimedOutDoesNotBreakTheHostsForGood) {
   }
 }
 
+// The same under proportional share, with many runs: with hosts as
+// processes most of them still wait for admission in the client when the
+// client closes; those fail at once, and the hosts cancel the admitted ones.
+TEST_P(LifecycleTest, CloseCancelsTheClientsRunsWaitingForAdmission) {
+  auto rt = MakeRuntime(remote());
+  ASSERT_NE(rt, nullptr);
+  rt->SetSchedulingPolicy(SchedulingPolicy::kProportionalShare);
+  auto slice = *rt->resource_manager().AddSlice(2, "tpu");
+  auto slow = Chain(Slow(*rt, slice, 100'000'000), 1);
+  auto fast = Chain(Slow(*rt, slice, 0, "fast"), 1, "fast");
+  SchedulingClient* tenant = *rt->CreateClient("tenant", 1.0);
+  const double in[] = {1.0, 2.0};
+  ExecuteOptions options;
+  options.client = tenant;
+  std::vector<std::shared_ptr<ShardedBuffer>> outs;
+  for (int i = 0; i < 40; ++i) {
+    outs.push_back((*rt->Execute(*slow, {ProgramArg{nullptr, in, DType::kF64, {2}}}, options))[0]);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const int64_t start = NowNanos();
+  rt->CloseClient(tenant);
+  auto other = *rt->Execute(*fast, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ASSERT_TRUE(other[0]->AwaitFor(5'000'000'000)) << "the closed client's queued work still ran";
+  EXPECT_TRUE(other[0]->status().ok()) << other[0]->status();
+  int cancelled = 0;
+  for (auto& out : outs) {
+    ASSERT_TRUE(out->AwaitFor(2'000'000'000));
+    if (out->status().ok()) continue;  // it had started
+    EXPECT_EQ(out->status().code(), absl::StatusCode::kCancelled) << out->status();
+    EXPECT_TRUE(absl::StrContains(out->status().message(), "its client 'tenant' was closed")) << out->status();
+    ++cancelled;
+  }
+  EXPECT_LT(NowNanos() - start, 2'000'000'000);
+  EXPECT_GE(cancelled, 35);
+  EXPECT_TRUE(rt->AwaitQuiescenceFor(5'000'000'000));
+}
+
 INSTANTIATE_TEST_SUITE_P(Hosts, LifecycleTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "AsProcesses" : "InProcess";
