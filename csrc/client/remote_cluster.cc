@@ -154,13 +154,7 @@ RemoteCluster::~RemoteCluster() {
   }
   if (admission_thread_.joinable()) admission_thread_.join();
   // Runs never sent (the runtime shuts down without waiting for them).
-  for (auto& w : left) {
-    {
-      MutexLock lock(&w->run->mu);
-      w->run->whole = absl::CancelledError("the run was never sent: the pathways runtime shut down");
-    }
-    Run::Finish(*w->run);
-  }
+  for (auto& w : left) Run::FinishUnsent(*w->run, "the pathways runtime shut down");
   // The sessions end first: replies still awaited fail now, and finishing
   // their runs uses this object's members.
   pool_.reset();
@@ -236,7 +230,123 @@ void RemoteCluster::SubmitRun(std::vector<int> hosts, uint64_t program_id, uint6
     AdmitLocked();
     return;
   }
+  if (CancelledBeforeSending(*run)) return;
+  if (renew_pending_.load(std::memory_order_acquire)) SendRenewalsLocked();
   SendRun(hosts, program_id, first, bindings, std::move(run));
+}
+
+bool RemoteCluster::CancelledBeforeSending(Run& run) {
+  std::string reason;
+  if (cancel_all_.load(std::memory_order_acquire)) {
+    reason = cancel_all_reason_;
+  } else if (run.client != nullptr && run.client->closed()) {
+    reason = absl::StrCat("its client '", run.client->name(), "' was closed");
+  } else {
+    return false;
+  }
+  Run::FinishUnsent(run, reason);
+  return true;
+}
+
+void RemoteCluster::Cancel(const SchedulingClient* client, const std::string& reason, bool end_simulated_time) {
+  std::vector<std::unique_ptr<Waiting>> unsent;
+  std::vector<std::shared_ptr<Run>> sent;  // held until the lock is released
+  {
+    // No run is sent meanwhile: every run sent before is ahead of the
+    // cancel on its hosts' streams, and every run after it sees the client
+    // closed (or cancel_all_) in CancelledBeforeSending.
+    MutexLock lock(&mu_);
+    if (client == nullptr) {
+      cancel_all_reason_ = reason;
+      cancel_all_.store(true, std::memory_order_release);
+    }
+    {
+      MutexLock admission(&admission_mu_);
+      for (auto& [c, q] : queues_) {
+        if (client != nullptr && c != client) continue;
+        for (auto& w : q.waiting) {
+          for (const auto& made : w->run->made) unsent_buffers_.erase(made->remote_id());
+          unsent.push_back(std::move(w));
+        }
+        num_waiting_ -= static_cast<int64_t>(q.waiting.size());
+        q.waiting.clear();
+      }
+    }
+    wire::CancelRuns cancel;
+    cancel.set_all(client == nullptr);
+    cancel.set_reason(reason);
+    cancel.set_end_simulated_time(end_simulated_time);
+    if (client != nullptr) {
+      MutexLock runs(&runs_mu_);
+      for (const auto& [key, weak] : runs_by_id_) {
+        std::shared_ptr<Run> run = weak.lock();
+        if (run == nullptr || run->client != client) continue;
+        cancel.add_program_ids(key.first);
+        cancel.add_first_buffer_ids(key.second);
+        sent.push_back(std::move(run));
+      }
+    }
+    if (cancel.all() || cancel.program_ids_size() > 0) {
+      for (int h = 0; h < pool_->num_hosts(); ++h) {
+        if (!pool_->channel(h).alive()) continue;
+        wire::Request request;
+        *request.mutable_cancel_runs() = cancel;
+        Send(h, std::move(request));
+        Flush(h);
+      }
+    }
+  }
+  for (auto& w : unsent) Run::FinishUnsent(*w->run, reason);
+}
+
+void RemoteCluster::Abandon(const absl::Status& why) {
+  std::vector<std::shared_ptr<Run>> left;
+  {
+    MutexLock lock(&runs_mu_);
+    for (const auto& [key, weak] : runs_by_id_) {
+      if (std::shared_ptr<Run> run = weak.lock()) left.push_back(std::move(run));
+    }
+  }
+  for (auto& run : left) {
+    {
+      MutexLock lock(&run->mu);
+      if (run->whole.ok()) run->whole = why;
+    }
+    Run::Finish(*run);  // once: a host's reply after this finds it finished
+  }
+}
+
+void RemoteCluster::GroupMayHaveBroken(const Run& run, int step) {
+  const Plan& plan = *run.plan;
+  if (step < 0 || step >= static_cast<int>(plan.step_fns.size()) || plan.step_fns[step] == nullptr) return;
+  if (plan.step_hosts[step].size() < 2 ||
+      plan.step_fns[step]->executable().first_collective().kind == FunctionExecutable::CollectiveCall::Kind::kNone) {
+    return;
+  }
+  MutexLock lock(&renew_mu_);
+  renew_.insert(plan.step_hosts[step]);
+  renew_pending_.store(true, std::memory_order_release);
+}
+
+void RemoteCluster::SendRenewalsLocked() {
+  std::set<std::vector<int>> sets;
+  {
+    MutexLock lock(&renew_mu_);
+    sets.swap(renew_);
+    renew_pending_.store(false, std::memory_order_release);
+  }
+  // Under mu_, as every run is sent: each host of a set sees the renewal at
+  // the same place among the runs (they leave with the next flush).
+  for (const std::vector<int>& hosts : sets) {
+    // A set with a lost host has no next incarnation (its live hosts would
+    // wait to make it with the lost one); its gangs fail with the loss.
+    if (!std::all_of(hosts.begin(), hosts.end(), [&](int h) { return pool_->channel(h).alive(); })) continue;
+    for (int h : hosts) {
+      wire::Request request;
+      for (int k : hosts) request.mutable_renew_group()->add_hosts(k);
+      Send(h, std::move(request));
+    }
+  }
 }
 
 void RemoteCluster::AdmitLocked() {
@@ -282,15 +392,8 @@ void RemoteCluster::AdmitLocked() {
       }
       for (const auto& made : w->run->made) unsent_buffers_.erase(made->remote_id());
     }
-    if (w->run->client != nullptr && w->run->client->closed()) {
-      {
-        MutexLock lock(&w->run->mu);
-        w->run->whole = absl::CancelledError(absl::StrCat("a run of client '", w->run->client->name(),
-                                                          "' was cancelled: the client was closed"));
-      }
-      Run::Finish(*w->run);
-      continue;
-    }
+    if (CancelledBeforeSending(*w->run)) continue;
+    if (renew_pending_.load(std::memory_order_acquire)) SendRenewalsLocked();
     SendRun(w->hosts, w->program_id, w->first, w->bindings, std::move(w->run));
   }
 }

@@ -12,6 +12,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "csrc/client/remote_cluster.h"
 
 namespace pw {
@@ -94,6 +96,11 @@ struct RemoteCluster::Run {
   int64_t submitted_ns = 0;
   int64_t first_gang = 0;  // its steps' gang numbers count from it (pw.diagnose)
   std::vector<int> admitted_islands;  // counted in their admission windows
+  // The buffers it makes. Filled before the run is registered (SubmitRun);
+  // from then on read under `mu` only by a thread other than the
+  // dispatching one (Describe), since Finish empties it under `mu` on
+  // whichever thread completes the run. Not annotated: the dispatch path
+  // fills it without the lock, before anyone else can see the run.
   std::vector<std::shared_ptr<ShardedBuffer>> made;
   // The buffers it reads and does not make (the program's arguments; a
   // sequential step's inputs), held until it is sent: the free of one must
@@ -103,12 +110,14 @@ struct RemoteCluster::Run {
   // statistics once they are ready, as in process.
   absl::flat_hash_map<uint64_t, LinkKind> copies;
   std::atomic<int> pending{0};
+  std::atomic<bool> finished{false};  // Finish ran (Abandon may come first)
   Mutex mu;
   absl::Status whole ABSL_GUARDED_BY(mu);  // a host's part failed as a whole
   absl::flat_hash_map<uint64_t, absl::Status> failed ABSL_GUARDED_BY(mu);
 
   static void HostDone(const std::shared_ptr<Run>& run, int host, absl::StatusOr<wire::Reply> reply) {
     absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+    const bool replied = status.ok();
     // Before the buffers complete: whoever sees them ready sees the gangs
     // in the timeline and the accounts, as in process.
     if (status.ok()) {
@@ -124,6 +133,14 @@ struct RemoteCluster::Run {
         for (const wire::FailedBuffer& f : reply->run().failed()) run->failed[f.buffer_id()] = FromWire(f.status());
       }
     }
+    // A gang's collectives that failed may have broken its hosts' group.
+    if (replied) {
+      for (const wire::FailedBuffer& f : reply->run().failed()) {
+        const auto code = static_cast<absl::StatusCode>(f.status().code());
+        if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded) continue;
+        run->rc->GroupMayHaveBroken(*run, run->StepOf(f.buffer_id()));
+      }
+    }
     if (run->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     Finish(*run);
   }
@@ -133,6 +150,7 @@ struct RemoteCluster::Run {
   // sees the memory of the buffers nobody else holds returned (as a gang
   // task drops its inputs before completing its outputs).
   static void Finish(Run& run) {
+    if (run.finished.exchange(true, std::memory_order_acq_rel)) return;
     ReadyList none;  // nothing in this process waits on a remote buffer's list
     std::vector<std::shared_ptr<ShardedBuffer>> made;
     absl::Status whole;
@@ -154,6 +172,23 @@ struct RemoteCluster::Run {
     }
     if (!run.admitted_islands.empty()) run.rc->Released(run.admitted_islands);
     if (run.seq >= 0) run.rc->Retire(run);
+  }
+
+  // Fails a run that was never sent to its hosts (cancelled: `reason`).
+  static void FinishUnsent(Run& run, absl::string_view reason) {
+    {
+      MutexLock lock(&run.mu);
+      run.whole = absl::CancelledError(
+          absl::StrCat("program '", run.program->name(), "' was cancelled before it was sent: ", reason));
+    }
+    Finish(run);
+  }
+
+  // The step that makes buffer `id` of this run (-1: none).
+  int StepOf(uint64_t id) const {
+    if (single_step >= 0) return single_step;
+    if (id < first || id - first >= plan->slot_step.size()) return -1;
+    return plan->slot_step[id - first];
   }
 
   // Completes one buffer the run made: ready (counted in the transfer

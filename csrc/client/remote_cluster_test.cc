@@ -1,13 +1,289 @@
-// The client's side of host processes, in the parts that need no host.
+// The runtime with hosts as processes (RemoteCluster), against host runtimes
+// served in this process: pw.diagnose while runs finish, a client's close()
+// and the runtime's shutdown, compared with what they do in process; and
+// host-reported part times on the client's clock.
 
-#include <cstdint>
+#include "csrc/client/remote_cluster.h"
+
+#include <atomic>
+#include <cstdlib>
 #include <limits>
+#include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "csrc/base/spin.h"
 #include "csrc/client/remote_cluster_internal.h"
+#include "csrc/client/runtime.h"
+#include "csrc/host/host_runtime.h"
+#include "csrc/program_ir/lowering.h"
+#include "csrc/program_ir/testing_programs.h"
 #include "gtest/gtest.h"
 
 namespace pw {
 namespace {
+
+constexpr char kSecret[] = "remote-cluster-test";
+
+// Host runtimes served on loopback in this process, and runtimes that
+// connect to them. Each runtime gets hosts of its own.
+class RemoteRuntimeTest : public ::testing::Test {
+ protected:
+  // A runtime of one island of `num_hosts` hosts of 2 devices: with host
+  // runtimes of its own when `remote`, else all in process.
+  std::unique_ptr<Runtime> MakeRuntime(bool remote = true, int num_hosts = 2) {
+    TopologyOptions options;
+    options.num_islands = 1;
+    options.hosts_per_island = num_hosts;
+    options.devices_per_host = 2;
+    options.num_executor_threads = 2;
+    if (remote) {
+      std::vector<std::string> addresses;
+      for (int h = 0; h < num_hosts; ++h) {
+        runtimes_.push_back(std::make_unique<HostRuntime>(kSecret));
+        auto server = HostServer::Start("127.0.0.1:0", kSecret, runtimes_.back().get());
+        EXPECT_TRUE(server.ok()) << server.status();
+        if (!server.ok()) return nullptr;
+        addresses.push_back((*server)->address());
+        servers_.push_back(*std::move(server));
+      }
+      Runtime::SetHostLauncher([addresses](const TopologyOptions&, int n) -> absl::StatusOr<LaunchedHosts> {
+        if (n != static_cast<int>(addresses.size())) return absl::InternalError("wrong number of hosts");
+        return LaunchedHosts{addresses, kSecret, nullptr};
+      });
+      options.hosts = HostsMode::kLocalProcesses;
+    }
+    auto rt = Runtime::Create(options);
+    EXPECT_TRUE(rt.ok()) << rt.status();
+    return rt.ok() ? *std::move(rt) : nullptr;
+  }
+
+  void TearDown() override {
+    servers_.clear();
+    runtimes_.clear();
+  }
+
+ private:
+  std::vector<std::unique_ptr<HostRuntime>> runtimes_;
+  std::vector<std::unique_ptr<HostServer>> servers_;
+};
+
+// The same cases with hosts in process and as host runtimes: they must agree.
+class LifecycleTest : public RemoteRuntimeTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  bool remote() const { return GetParam(); }
+};
+
+// f(x) = simulated_compute(x + 1, ns) over `slice`.
+std::shared_ptr<const CompiledFunction> Slow(Runtime& rt, const std::shared_ptr<VirtualSlice>& slice, int64_t ns,
+                                             const std::string& name = "slow") {
+  FunctionBuilder b(name, "i");
+  const int32_t x = b.Parameter(DType::kF64, {});
+  const double one = 1.0;
+  std::vector<uint8_t> bytes(8);
+  std::memcpy(bytes.data(), &one, 8);
+  const int32_t y = *b.Binary(OpKind::kAdd, x, *b.Constant(DType::kF64, {}, bytes));
+  auto ir = *b.Build({*b.SimulatedCompute(y, ns)});
+  return *CompiledFunction::Create(*FunctionExecutable::Compile(ir), testing::AllOf(slice), &rt.registry());
+}
+
+// `steps` calls of `fn` in a chain, each on the last one's output.
+std::shared_ptr<const LoweredProgram> Chain(const std::shared_ptr<const CompiledFunction>& fn, int steps,
+                                      const std::string& name = "chain") {
+  ProgramBuilder pb(name);
+  int v = *pb.AddArg(DType::kF64, {static_cast<int64_t>(fn->virtual_devices().size())});
+  for (int i = 0; i < steps; ++i) v = (*pb.AddCall(fn, {v}))[0];
+  return *Lower(*pb.Build({v}));
+}
+
+std::vector<double> Read(const ShardedBuffer& b) {
+  std::vector<double> out(static_cast<size_t>(b.total_bytes() / 8));
+  absl::Status s = b.ReadInto(out.data());
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+// Item 5 of issue 25: pw.diagnose (Describe) names the producer of a pending
+// input by walking the producing run's buffers, which the run drops (on a
+// gRPC thread) as it finishes. Describe in a loop while runs of a chain
+// finish: a use after free (a crash here, a report under ASan or TSan)
+// unless Describe reads them under the run's lock.
+TEST_F(RemoteRuntimeTest, DiagnoseWhileRunsFinish) {
+  auto rt = MakeRuntime();
+  ASSERT_NE(rt, nullptr);
+  auto slice = *rt->resource_manager().AddSlice(2, "tpu");
+  // Every step waits in its devices' queues behind the one before it,
+  // with that one's output as its pending input.
+  auto chain = Chain(Slow(*rt, slice, 20'000), 48);
+  const double in[] = {1.0, 2.0};
+  std::atomic<bool> done{false};
+  std::thread dispatch([&] {
+    std::vector<std::shared_ptr<ShardedBuffer>> last;
+    for (int i = 0; i < 300; ++i) {
+      auto outs = rt->Execute(*chain, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+      ASSERT_TRUE(outs.ok()) << outs.status();
+      last.push_back((*outs)[0]);
+      if (last.size() >= 3) {  // a few runs in flight at a time
+        ASSERT_TRUE(last.front()->Await().ok());
+        last.erase(last.begin());
+      }
+    }
+    for (auto& b : last) ASSERT_TRUE(b->Await().ok());
+    done = true;
+  });
+  int diagnoses = 0, named = 0;
+  while (!done.load()) {
+    Diagnosis d = rt->Diagnose();
+    ++diagnoses;
+    for (const WaitingGang& w : d.waiting) {
+      for (const PendingInput& input : w.inputs) named += input.producer.has_value() ? 1 : 0;
+    }
+  }
+  dispatch.join();
+  EXPECT_GT(diagnoses, 10);
+  EXPECT_GT(named, 0) << "no diagnosis named a producer: the race was not exercised";
+}
+
+// Item 7 of issue 25: Runtime::Shutdown() with 10 s of simulated work
+// queued returns at once whether the hosts are in process or processes: the
+// gangs that have not started are cancelled (on the hosts too), the running
+// one's simulated time ends, and finished results stay readable. With hosts
+// as processes, shutdown used to wait for every run on the hosts.
+TEST_P(LifecycleTest, ShutdownCancelsQueuedWorkPromptly) {
+  auto rt = MakeRuntime(remote());
+  ASSERT_NE(rt, nullptr);
+  auto slice = *rt->resource_manager().AddSlice(2, "tpu");
+  auto chain = Chain(Slow(*rt, slice, 100'000'000), 100);
+  auto fast = Chain(Slow(*rt, slice, 0, "fast"), 1, "fast");
+  const double in[] = {1.0, 2.0};
+  auto done = *rt->Execute(*fast, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ASSERT_TRUE(done[0]->Await().ok());
+  auto outs = *rt->Execute(*chain, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the first gang is running
+
+  const int64_t start = NowNanos();
+  rt->Shutdown();
+  EXPECT_LT(NowNanos() - start, 2'000'000'000);  // not the 10 s queued
+  ASSERT_TRUE(outs[0]->IsDone());
+  EXPECT_EQ(outs[0]->status().code(), absl::StatusCode::kCancelled) << outs[0]->status();
+  EXPECT_TRUE(absl::StrContains(outs[0]->status().message(), "the pathways runtime shut down")) << outs[0]->status();
+  EXPECT_EQ(Read(*done[0]), (std::vector<double>{2.0, 3.0}));
+  EXPECT_EQ(rt->Execute(*fast, {ProgramArg{nullptr, in, DType::kF64, {2}}}).status().code(),
+            absl::StatusCode::kCancelled);
+  rt->Shutdown();  // idempotent
+}
+
+// Item 7 of issue 25: closing a client cancels its gangs that have not
+// started, on the hosts too: their outputs fail with Cancelled naming the
+// client, and another client's work on the same devices runs at once
+// instead of after the closed client's 10 s of queued gangs. The running
+// gang may finish.
+TEST_P(LifecycleTest, CloseCancelsTheClientsQueuedWork) {
+  auto rt = MakeRuntime(remote());
+  ASSERT_NE(rt, nullptr);
+  auto slice = *rt->resource_manager().AddSlice(2, "tpu");
+  auto chain = Chain(Slow(*rt, slice, 100'000'000), 100);
+  auto fast = Chain(Slow(*rt, slice, 0, "fast"), 1, "fast");
+  SchedulingClient* tenant = *rt->CreateClient("tenant", 1.0);
+  const double in[] = {1.0, 2.0};
+  ExecuteOptions options;
+  options.client = tenant;
+  auto outs = *rt->Execute(*chain, {ProgramArg{nullptr, in, DType::kF64, {2}}}, options);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the first gang is running
+
+  const int64_t start = NowNanos();
+  rt->CloseClient(tenant);
+  auto other = *rt->Execute(*fast, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ASSERT_TRUE(other[0]->AwaitFor(5'000'000'000)) << "the closed client's queued work still ran";
+  EXPECT_LT(NowNanos() - start, 2'000'000'000);
+  ASSERT_TRUE(other[0]->status().ok()) << other[0]->status();
+  EXPECT_EQ(Read(*other[0]), (std::vector<double>{2.0, 3.0}));
+  ASSERT_TRUE(outs[0]->AwaitFor(2'000'000'000));
+  EXPECT_EQ(outs[0]->status().code(), absl::StatusCode::kCancelled) << outs[0]->status();
+  EXPECT_TRUE(absl::StrContains(outs[0]->status().message(), "its client 'tenant' was closed")) << outs[0]->status();
+  EXPECT_TRUE(absl::StrContains(outs[0]->status().message(), "in program 'chain' was cancelled")) << outs[0]->status();
+  EXPECT_EQ(rt->Execute(*fast, {ProgramArg{nullptr, in, DType::kF64, {2}}}, options).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(rt->AwaitQuiescenceFor(5'000'000'000));
+}
+
+// Item 2 of issue 25: with the hosts' collective timeouts short (0.3 s,
+// from the environment), a gang across both hosts queued behind 1.5 s of
+// work on one of its devices times out, which breaks (or never makes) the
+// group of the two hosts. The client sees the gang's part fail and renews
+// the group ahead of its next run, so the next gangs across them run
+// instead of failing for good.
+TEST_F(RemoteRuntimeTest, AGangThatTimedOutDoesNotBreakTheHostsForGood) {
+  setenv("PATHWAYS_COLLECTIVE_TIMEOUT", "0.3", 1);
+  setenv("PATHWAYS_COLLECTIVE_ARRIVAL_TIMEOUT", "0.3", 1);
+  auto rt = MakeRuntime();
+  unsetenv("PATHWAYS_COLLECTIVE_TIMEOUT");
+  unsetenv("PATHWAYS_COLLECTIVE_ARRIVAL_TIMEOUT");
+  ASSERT_NE(rt, nullptr);
+  auto all = *rt->resource_manager().AddSlice(4, "tpu");  // both hosts
+  auto one = *rt->resource_manager().AddSlice(1, "tpu");
+  auto busy = Chain(Slow(*rt, one, 1'500'000'000), 1, "busy");
+  auto sum = testing::ScalarOpFunction("sum", OpKind::kAdd, 1.0, all, &rt->registry(), DType::kF64, {},
+                                       /*with_psum=*/true);
+  ProgramBuilder pb("gang");
+  const int v = *pb.AddArg(DType::kF64, {4});
+  auto gang = *Lower(*pb.Build({(*pb.AddCall(sum, {v}))[0]}));
+  const double one_in[] = {1.0};
+  const double in[] = {1.0, 2.0, 3.0, 4.0};
+  auto held = *rt->Execute(*busy, {ProgramArg{nullptr, one_in, DType::kF64, {1}}});
+  auto timed_out = *rt->Execute(*gang, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+  ASSERT_FALSE(timed_out[0]->Await().ok());
+  EXPECT_TRUE(absl::IsUnavailable(timed_out[0]->status()) || absl::IsDeadlineExceeded(timed_out[0]->status()))
+      << timed_out[0]->status();
+  ASSERT_TRUE(held[0]->Await().ok());
+  for (int i = 0; i < 2; ++i) {
+    auto outs = *rt->Execute(*gang, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+    ASSERT_TRUE(outs[0]->Await().ok()) << outs[0]->status();
+    EXPECT_EQ(Read(*outs[0]), (std::vector<double>{14.0, 14.0, 14.0, 14.0}));
+  }
+}
+
+// The same under proportional share, with many runs: with hosts as
+// processes most of them still wait for admission in the client when the
+// client closes; those fail at once, and the hosts cancel the admitted ones.
+TEST_P(LifecycleTest, CloseCancelsTheClientsRunsWaitingForAdmission) {
+  auto rt = MakeRuntime(remote());
+  ASSERT_NE(rt, nullptr);
+  rt->SetSchedulingPolicy(SchedulingPolicy::kProportionalShare);
+  auto slice = *rt->resource_manager().AddSlice(2, "tpu");
+  auto slow = Chain(Slow(*rt, slice, 100'000'000), 1);
+  auto fast = Chain(Slow(*rt, slice, 0, "fast"), 1, "fast");
+  SchedulingClient* tenant = *rt->CreateClient("tenant", 1.0);
+  const double in[] = {1.0, 2.0};
+  ExecuteOptions options;
+  options.client = tenant;
+  std::vector<std::shared_ptr<ShardedBuffer>> outs;
+  for (int i = 0; i < 40; ++i) {
+    outs.push_back((*rt->Execute(*slow, {ProgramArg{nullptr, in, DType::kF64, {2}}}, options))[0]);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const int64_t start = NowNanos();
+  rt->CloseClient(tenant);
+  auto other = *rt->Execute(*fast, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ASSERT_TRUE(other[0]->AwaitFor(5'000'000'000)) << "the closed client's queued work still ran";
+  EXPECT_TRUE(other[0]->status().ok()) << other[0]->status();
+  int cancelled = 0;
+  for (auto& out : outs) {
+    ASSERT_TRUE(out->AwaitFor(2'000'000'000));
+    if (out->status().ok()) continue;  // it had started
+    EXPECT_EQ(out->status().code(), absl::StatusCode::kCancelled) << out->status();
+    EXPECT_TRUE(absl::StrContains(out->status().message(), "its client 'tenant' was closed")) << out->status();
+    ++cancelled;
+  }
+  EXPECT_LT(NowNanos() - start, 2'000'000'000);
+  EXPECT_GE(cancelled, 35);
+  EXPECT_TRUE(rt->AwaitQuiescenceFor(5'000'000'000));
+}
+
+INSTANTIATE_TEST_SUITE_P(Hosts, LifecycleTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "AsProcesses" : "InProcess";
+                         });
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 constexpr int64_t kMin = std::numeric_limits<int64_t>::min();

@@ -297,6 +297,35 @@ print(a.close())
     assert lines[7] == "0"
 
 
+@pytest.mark.parametrize("hosts", ["in_process", "local_processes"])
+def test_close_cancels_the_clients_queued_work_on_its_devices(hosts):
+    # Issue 25, item 7: a's 20 s of gangs queued on the devices; after
+    # a.close(), b's gang on the same devices runs at once (a's running gang
+    # may finish), with hosts in process or as processes alike.
+    proc = run_python_process("""
+import time, numpy as np
+import pathways as pw
+t = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+slow = pw.pmap(lambda x: pw.simulated_compute(x + 1., 500_000), devices=t)   # 0.5 s each
+fast = pw.pmap(lambda x: x * 2., devices=t)
+np.asarray(fast(np.ones(2)))  # both compiled and loaded
+a, b = pw.Client("a"), pw.Client("b")
+with a:
+    x = pw.device_put(np.zeros(2), t)
+    for _ in range(40):
+        x = slow(x)
+time.sleep(0.2)
+start = time.monotonic()
+a.close()
+with b:
+    y = fast(np.ones(2))
+    print(np.asarray(y), flush=True)
+print(time.monotonic() - start < 2.5, a.live_buffers, flush=True)
+""", env={"PATHWAYS_TOPOLOGY": f"hosts={hosts}"} if hosts != "in_process" else None, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[2. 2.]", "True 0"], proc.stdout
+
+
 def test_a_closed_client_cannot_dispatch_even_outside_its_scope(tpus2):
     c = pw.Client("soon-closed")
     f = pw.pmap(lambda x: x + 1.0, devices=tpus2)
