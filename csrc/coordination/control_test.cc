@@ -16,6 +16,7 @@
 #include "csrc/coordination/frame_queue.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/host_server.h"
+#include "csrc/coordination/tap_proxy_test_util.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -318,6 +319,105 @@ TEST_F(ControlTest, NoHostAtTheAddress) {
   options.connect_timeout_ns = 300'000'000;
   auto channel = HostChannel::Connect(address, wire::Hello(), options);
   EXPECT_EQ(channel.status().code(), absl::StatusCode::kUnavailable) << channel.status();
+}
+
+// ---- Security: what someone on the network path sees and can do ----
+
+using testing_util::DialLoopback;
+using testing_util::ReadUntilQuiet;
+using testing_util::TapProxy;
+
+// A session through a relay that records every byte: the secret is in none
+// of them, either way.
+TEST_F(ControlTest, APassiveObserverNeverSeesTheSecret) {
+  auto tap = TapProxy::Start(server_->address());
+  ASSERT_NE(tap, nullptr);
+  ChannelOptions options = Options();
+  options.heartbeat_period_ns = 20'000'000;
+  auto channel = HostChannel::Connect(tap->address(), wire::Hello(), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto reply = (*channel)->Call(EchoRequest("through the tap"), 5'000'000'000);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a few heartbeats
+  channel->reset();
+  const std::string seen = tap->AllBytes();
+  ASSERT_NE(seen.find("through the tap"), std::string::npos);  // the tap did see the session
+  EXPECT_EQ(seen.find(kSecret), std::string::npos) << "the secret crossed the wire in the clear";
+}
+
+// Every byte a client sent, replayed on a new connection: the host must not
+// take it for a session (it asks a fresh question every time).
+TEST_F(ControlTest, AReplayedHandshakeDoesNotAuthenticate) {
+  auto tap = TapProxy::Start(server_->address());
+  ASSERT_NE(tap, nullptr);
+  std::vector<TapProxy::Recording> recorded;
+  {
+    auto channel = HostChannel::Connect(tap->address(), wire::Hello(), Options());
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    ASSERT_TRUE((*channel)->Call(EchoRequest("once"), 5'000'000'000).ok());
+    recorded = tap->recordings();  // while the session is open: no goodbye in it
+  }
+  ASSERT_TRUE(Eventually([&] { return server_->open_sessions() == 0; }));
+  ASSERT_EQ(recorded.size(), 1u);
+  const int handled_before = handler_.handled.load();
+  const int fd = DialLoopback(server_->address());
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(send(fd, recorded[0].from_dialer.data(), recorded[0].from_dialer.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(recorded[0].from_dialer.size()));
+  ReadUntilQuiet(fd, std::chrono::milliseconds(500), std::chrono::seconds(3));
+  close(fd);
+  EXPECT_EQ(handler_.handled.load(), handled_before) << "a replayed session's requests reached the handler";
+  auto good = Connect();
+  ASSERT_NE(good, nullptr);
+  EXPECT_TRUE(good->Call(EchoRequest("still here"), 5'000'000'000).ok());
+}
+
+// HTTP/2 frames by hand: 9-byte header (length, type, flags, stream id).
+std::string Http2Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  std::string frame;
+  const uint32_t n = static_cast<uint32_t>(payload.size());
+  frame.push_back(static_cast<char>(n >> 16));
+  frame.push_back(static_cast<char>(n >> 8));
+  frame.push_back(static_cast<char>(n));
+  frame.push_back(static_cast<char>(type));
+  frame.push_back(static_cast<char>(flags));
+  for (int i = 3; i >= 0; --i) frame.push_back(static_cast<char>(stream >> (8 * i)));
+  return frame + payload;
+}
+constexpr uint8_t kHttp2Settings = 4, kHttp2Ping = 6, kHttp2GoAway = 7;
+const std::string kHttp2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+// Counts the frames of `type` (with ACK, for PING) in what a server sent.
+int CountFrames(const std::string& bytes, uint8_t type, bool ack_only) {
+  int count = 0;
+  for (size_t at = 0; at + 9 <= bytes.size();) {
+    const size_t n = (static_cast<uint8_t>(bytes[at]) << 16) | (static_cast<uint8_t>(bytes[at + 1]) << 8) |
+                     static_cast<uint8_t>(bytes[at + 2]);
+    if (static_cast<uint8_t>(bytes[at + 3]) == type && (!ack_only || (bytes[at + 4] & 1))) ++count;
+    at += 9 + n;
+  }
+  return count;
+}
+
+// A connection that never authenticates and only pings, as fast as it can:
+// the host stops answering after a few pings and drops it, and keeps
+// serving real clients.
+TEST_F(ControlTest, AFloodOfPingsBeforeAuthenticationIsCutOff) {
+  const int fd = DialLoopback(server_->address());
+  ASSERT_GE(fd, 0);
+  std::string out = kHttp2Preface + Http2Frame(kHttp2Settings, 0, 0, "");
+  constexpr int kPings = 200;
+  for (int i = 0; i < kPings; ++i) out += Http2Frame(kHttp2Ping, 0, 0, std::string(8, static_cast<char>(i)));
+  ASSERT_EQ(send(fd, out.data(), out.size(), MSG_NOSIGNAL), static_cast<ssize_t>(out.size()));
+  bool closed = false;
+  const std::string in = ReadUntilQuiet(fd, std::chrono::seconds(2), std::chrono::seconds(5), &closed);
+  close(fd);
+  const int acks = CountFrames(in, kHttp2Ping, /*ack_only=*/true);
+  EXPECT_LT(acks, 10) << "the host answered " << acks << " of " << kPings << " pings before authentication";
+  EXPECT_TRUE(closed || CountFrames(in, kHttp2GoAway, false) > 0) << "the flooding connection stayed open";
+  auto good = Connect();
+  ASSERT_NE(good, nullptr);
+  EXPECT_TRUE(good->Call(EchoRequest("still here"), 5'000'000'000).ok());
 }
 
 TEST(HostServer, RefusesAnEmptySecretAndABadAddress) {

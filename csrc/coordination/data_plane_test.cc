@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "csrc/coordination/tap_proxy_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -692,6 +693,67 @@ TEST(DataPlaneTest, ADifferentSecretIsPermissionDenied) {
   EXPECT_THAT(s1.message(), HasSubstr("host 0 at " + c[0].address()));
   std::string got;
   EXPECT_TRUE(absl::IsFailedPrecondition(SendString(c[0], 1, "x")));
+}
+
+// Host 0 reaches host 1 through a relay that records every byte: neither
+// the handshake nor the data shows the secret.
+TEST(DataPlaneTest, APassiveObserverNeverSeesTheSecret) {
+  Cluster c;
+  ASSERT_OK(c.Listen(2));
+  auto tap = testing_util::TapProxy::Start(c[1].address());
+  ASSERT_NE(tap, nullptr);
+  std::vector<std::string> via_tap = c.Addresses();
+  via_tap[1] = tap->address();
+  auto connect0 = c.Async([&] { return c[0].Connect(via_tap); });
+  ASSERT_OK(c[1].Connect(c.Addresses()));
+  ASSERT_OK(Get(connect0));
+  ASSERT_OK(SendString(c[0], 1, "seen by the tap"));
+  std::string got;
+  ASSERT_TRUE(RecvString(c[1], 0, 15, &got).ok());
+  const std::string seen = tap->AllBytes();
+  ASSERT_NE(seen.find("seen by the tap"), std::string::npos);  // the tap is on the path
+  EXPECT_EQ(seen.find(TestOptions().secret), std::string::npos) << "the secret crossed the wire in the clear";
+}
+
+// What host 0 sent to host 1, replayed to a fresh host 1 of the same
+// cluster: the replay must not pass for host 0 (nor take its place).
+TEST(DataPlaneTest, AReplayedHandshakeDoesNotAuthenticate) {
+  std::string recorded;
+  {
+    Cluster c;
+    ASSERT_OK(c.Listen(2));
+    auto tap = testing_util::TapProxy::Start(c[1].address());
+    ASSERT_NE(tap, nullptr);
+    std::vector<std::string> via_tap = c.Addresses();
+    via_tap[1] = tap->address();
+    auto connect0 = c.Async([&] { return c[0].Connect(via_tap); });
+    ASSERT_OK(c[1].Connect(c.Addresses()));
+    ASSERT_OK(Get(connect0));
+    ASSERT_OK(SendString(c[0], 1, "x"));
+    std::string got;
+    ASSERT_TRUE(RecvString(c[1], 0, 1, &got).ok());
+    ASSERT_EQ(tap->recordings().size(), 1u);
+    recorded = tap->recordings()[0].from_dialer;
+  }
+  Cluster fresh;
+  ASSERT_OK(fresh.Listen(2));
+  const int fd = DialRaw(fresh[1].address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(WriteRaw(fd, recorded));
+  const std::string answer = testing_util::ReadUntilQuiet(fd, std::chrono::milliseconds(500), kWait);
+  // No ack that accepts it (status 0 at byte 16 of an ack).
+  const size_t ack = answer.find("pwdp-ak\n");
+  if (ack != std::string::npos) {
+    ASSERT_GE(answer.size(), ack + 20);
+    EXPECT_NE(answer.substr(ack + 16, 4), std::string(4, '\0')) << "the replay was accepted";
+  }
+  close(fd);
+  // The real host 0 of the fresh cluster still gets its place.
+  ASSERT_OK(fresh.Connect());
+  ASSERT_OK(SendString(fresh[0], 1, "real"));
+  std::string got;
+  ASSERT_TRUE(RecvString(fresh[1], 0, 4, &got).ok());
+  EXPECT_EQ(got, "real");
 }
 
 TEST(DataPlaneTest, AnAddressOfTheWrongHostIsFailedPrecondition) {

@@ -4,11 +4,14 @@
 #include "csrc/host/host_runtime.h"
 
 #include <cstdlib>
+#include <thread>
+#include <vector>
 
 #include "csrc/base/spin.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/host/host_main.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -120,6 +123,78 @@ TEST_F(HostRuntimeTest, HeartbeatsCarryTheIncarnation) {
   EXPECT_EQ(pong->pong().sent_ns(), 123u);
   EXPECT_EQ(pong->pong().incarnation(), runtime_.incarnation());
   EXPECT_NE(HostRuntime().incarnation(), runtime_.incarnation());
+}
+
+// Two host runtimes of one cluster, configured and joined by their owner.
+class RendezvousScopeTest : public ::testing::Test {
+ protected:
+  static constexpr int kHosts = 2;
+  void SetUp() override {
+    prefix_ = absl::StrCat("cluster-scope-test-", getpid());
+    for (int h = 0; h < kHosts; ++h) {
+      runtimes_.push_back(std::make_unique<HostRuntime>(kSecret));
+      auto server = HostServer::Start("127.0.0.1:0", kSecret, runtimes_.back().get());
+      ASSERT_TRUE(server.ok()) << server.status();
+      servers_.push_back(*std::move(server));
+    }
+    for (int h = 0; h < kHosts; ++h) {
+      auto owner = HostChannel::Connect(servers_[h]->address(), HelloWith(h, 0, {h}), Options());
+      ASSERT_TRUE(owner.ok()) << owner.status();
+      owners_.push_back(*std::move(owner));
+    }
+    std::vector<std::thread> joins;
+    std::vector<absl::Status> joined(kHosts);
+    for (int h = 0; h < kHosts; ++h) {
+      joins.emplace_back([this, h, &joined] {
+        wire::Request request;
+        wire::JoinCluster* join = request.mutable_join();
+        for (int d = 0; d < kHosts; ++d) join->add_device_host(d);
+        for (int g = 0; g < kHosts; ++g) join->add_host_addresses(servers_[g]->address());
+        join->set_group_prefix(prefix_);
+        joined[h] = owners_[h]->Call(std::move(request), int64_t{30} * 1'000'000'000).status();
+      });
+    }
+    for (auto& t : joins) t.join();
+    for (int h = 0; h < kHosts; ++h) ASSERT_TRUE(joined[h].ok()) << "host " << h << ": " << joined[h];
+  }
+  void TearDown() override {
+    owners_.clear();
+    servers_.clear();
+    runtimes_.clear();
+  }
+  static wire::Request KvSet(std::string key, std::string value) {
+    wire::Request request;
+    request.mutable_kv_set()->set_key(std::move(key));
+    request.mutable_kv_set()->set_value(std::move(value));
+    return request;
+  }
+  static wire::Request KvGet(std::string key) {
+    wire::Request request;
+    request.mutable_kv_get()->set_key(std::move(key));
+    return request;
+  }
+  std::string prefix_;
+  std::vector<std::unique_ptr<HostRuntime>> runtimes_;
+  std::vector<std::unique_ptr<HostServer>> servers_;
+  std::vector<std::unique_ptr<HostChannel>> owners_;
+};
+
+// A session with only the cluster's secret (a client, or a host that claims
+// no host identity) may neither move a host's rendezvous entry elsewhere nor
+// read one, nor use the store for keys of no group of this cluster.
+TEST_F(RendezvousScopeTest, ASessionWithTheClustersSecretCannotTouchTheHostsEntries) {
+  auto session = HostChannel::Connect(servers_[0]->address(), wire::Hello(), Options());
+  ASSERT_TRUE(session.ok()) << session.status();
+  const int64_t timeout = int64_t{5} * 1'000'000'000;
+  const std::string entry = absl::StrCat(prefix_, "/data/1");
+  absl::Status set = (*session)->Call(KvSet(entry, "10.6.6.6:666"), timeout).status();
+  EXPECT_EQ(set.code(), absl::StatusCode::kPermissionDenied) << set;
+  absl::Status get = (*session)->Call(KvGet(entry), timeout).status();
+  EXPECT_EQ(get.code(), absl::StatusCode::kPermissionDenied) << get;
+  absl::Status gloo = (*session)->Call(KvSet(absl::StrCat(prefix_, "/hosts/0,1/rank_1"), "x"), timeout).status();
+  EXPECT_EQ(gloo.code(), absl::StatusCode::kPermissionDenied) << gloo;
+  absl::Status elsewhere = (*session)->Call(KvSet("some-other-cluster/data/0", "x"), timeout).status();
+  EXPECT_EQ(elsewhere.code(), absl::StatusCode::kPermissionDenied) << elsewhere;
 }
 
 TEST(ParseHostArgs, FlagsAndErrors) {

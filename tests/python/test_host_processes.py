@@ -371,6 +371,101 @@ def test_hosts_on_a_local_ray_cluster():
     assert lines[2] == "ray", out
 
 
+class _FakeRay:
+    """Just enough of Ray for pathways._ray_hosts, in this process: every
+    argument of a remote call and every result goes through pickle, as with
+    Ray, and is kept, so a test can see what Ray would have stored."""
+
+    def __init__(self):
+        import pickle
+        import types
+        self.carried = []  # pickled arguments and results, in order
+        fake = self
+
+        class Ref:
+            def __init__(self, value):
+                self.data = pickle.dumps(value)
+                fake.carried.append(self.data)
+
+        class Method:
+            def __init__(self, instance, name):
+                self.instance, self.name = instance, name
+
+            def remote(self, *args, **kwargs):
+                fake.carried.append(pickle.dumps((args, kwargs)))
+                args, kwargs = pickle.loads(fake.carried[-1])
+                return Ref(getattr(self.instance, self.name)(*args, **kwargs))
+
+        class Actor:
+            def __init__(self, instance):
+                self.instance = instance
+
+            def __getattr__(self, name):
+                return Method(self.instance, name)
+
+        class ActorClass:
+            def __init__(self, cls):
+                self.cls = cls
+                self.actors = []
+
+            def options(self, **_):
+                return self
+
+            def remote(self, *args):
+                actor = Actor(self.cls(*args))
+                fake.actors.append(actor)
+                return actor
+
+        class Group:
+            def wait(self, timeout_seconds):
+                return True
+
+        self.actors = []
+        ray = types.ModuleType("ray")
+        ray.is_initialized = lambda: True
+        ray.nodes = lambda: [{"Alive": True}]
+        ray.remote = lambda **_: ActorClass
+        ray.get = lambda refs, timeout=None: (
+            [pickle.loads(r.data) for r in refs] if isinstance(refs, list) else pickle.loads(refs.data))
+        util = types.ModuleType("ray.util")
+        util.get_node_ip_address = lambda: "127.0.0.1"
+        pg = types.ModuleType("ray.util.placement_group")
+        pg.placement_group = lambda bundles, strategy: Group()
+        pg.remove_placement_group = lambda group: None
+        strategies = types.ModuleType("ray.util.scheduling_strategies")
+        strategies.PlacementGroupSchedulingStrategy = lambda **_: None
+        ray.util = util
+        util.placement_group = pg
+        util.scheduling_strategies = strategies
+        self.modules = {"ray": ray, "ray.util": util, "ray.util.placement_group": pg,
+                        "ray.util.scheduling_strategies": strategies}
+
+
+def test_ray_never_carries_the_secret(monkeypatch):
+    # Under Ray, what a task gets or returns is pickled and kept by Ray (its
+    # object store, its dashboard, spilled objects on disk): the secret must
+    # never be among it, and the hosts must know it all the same.
+    fake = _FakeRay()
+    for name, module in fake.modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    from pathways import _ray_hosts
+    monkeypatch.setattr(_ray_hosts, "_kept", [])
+    secret = _hosts.make_secret()
+    addresses = _ray_hosts.launch(2, secret)
+    try:
+        assert len(addresses) == 2
+        for blob in fake.carried:
+            assert secret.encode() not in blob, "the secret went through Ray"
+            assert bytes.fromhex(secret) not in blob, "the secret went through Ray"
+        topology = [("islands", "1"), ("hosts_per_island", "2"), ("devices_per_host", "1")]
+        pool = _core._HostPool(addresses, secret, topology)
+        assert all(h["alive"] for h in pool.hosts())
+        pool.close()
+    finally:
+        for actor in fake.actors:
+            actor.instance.stop()
+
+
 def test_hosts_started_by_hand_register_with_the_client(tmp_path):
     import socket
     with socket.socket() as s:  # a free port for the client to listen on
