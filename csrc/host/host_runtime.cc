@@ -132,11 +132,12 @@ absl::Status CheckRendezvousScope(absl::string_view prefix, int num_hosts, int s
       return denied(absl::StrCat("host ", peer, " is not in the group"));
     }
     if (!write) return absl::OkStatus();
-    const absl::string_view last = parts.back();
-    const int rank = absl::StartsWith(last, "rank_")
-                         ? ParseHostId(last.substr(5), static_cast<int>(members.size()))
-                         : -1;
-    if (rank < 0) return denied("a group's keys are written only as 'rank_<r>' (r a rank of the group)");
+    // Gloo writes each rank's addresses under the rank ("<r>"; other Gloo
+    // versions "rank_<r>").
+    absl::string_view last = parts.back();
+    absl::ConsumePrefix(&last, "rank_");
+    const int rank = ParseHostId(last, static_cast<int>(members.size()));
+    if (rank < 0) return denied("a group's keys are written only as '<r>' or 'rank_<r>' (r a rank of the group)");
     if (members[rank] != peer) {
       return denied(absl::StrCat("rank ", rank, " of the group is host ", members[rank]));
     }

@@ -22,7 +22,8 @@
 //                        lowest: a group meets in its lowest host's store)
 //                        and whatever follows (a generation): read by the
 //                        members of g only; written only under a last part
-//                        "rank_<r>" (Gloo's addresses), by host g[r] only.
+//                        "<r>" or "rank_<r>" (Gloo's addresses of rank r),
+//                        by host g[r] only.
 // Anything else is PermissionDenied naming the key and why, and so is a
 // value over 1 MiB or a host's 65536th key: a host that is taken over can
 // neither point others' connections elsewhere nor fill this host's memory.

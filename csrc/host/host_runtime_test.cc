@@ -238,12 +238,13 @@ TEST_F(RendezvousScopeTest, AHostWritesOnlyItsOwnEntriesAndReadsOnlyItsGroups) {
   auto call = [&](wire::Request r) { return (*host1)->Call(std::move(r), timeout).status(); };
   // Its own entries: its data plane address, its rank in a group with host 0.
   EXPECT_TRUE(call(KvSet(absl::StrCat(prefix_, "/data/1"), "127.0.0.1:1")).ok());
-  EXPECT_TRUE(call(KvSet(absl::StrCat(prefix_, "/hosts/0,1/rank_1"), "addr")).ok());
-  EXPECT_TRUE(call(KvSet(absl::StrCat(prefix_, "/hosts/0,1/g2/rank_1"), "addr")).ok());
+  EXPECT_TRUE(call(KvSet(absl::StrCat(prefix_, "/hosts/0,1/1"), "addr")).ok());
+  EXPECT_TRUE(call(KvSet(absl::StrCat(prefix_, "/hosts/0,1/g2/1"), "addr")).ok());
   EXPECT_TRUE(call(KvGet(absl::StrCat(prefix_, "/data/0"))).ok());
-  EXPECT_TRUE(call(KvGet(absl::StrCat(prefix_, "/hosts/0,1/rank_1"))).ok());
+  EXPECT_TRUE(call(KvGet(absl::StrCat(prefix_, "/hosts/0,1/1"))).ok());
   // Not host 0's, nor keys outside its scopes.
-  for (const std::string& key : {absl::StrCat(prefix_, "/data/0"), absl::StrCat(prefix_, "/hosts/0,1/rank_0"),
+  for (const std::string& key : {absl::StrCat(prefix_, "/data/0"), absl::StrCat(prefix_, "/hosts/0,1/0"),
+                                 absl::StrCat(prefix_, "/hosts/0,1/rank_0"),
                                  absl::StrCat(prefix_, "/hosts/0,1/other"), absl::StrCat(prefix_, "/elsewhere"),
                                  std::string("another-cluster/data/1")}) {
     const absl::Status set = call(KvSet(key, "10.6.6.6:666"));
@@ -284,8 +285,10 @@ TEST(RendezvousScope, KeysByWhoAsks) {
   EXPECT_FALSE(ok(0, 2, "cluster-x/data/02", true));   // one spelling per host
   EXPECT_FALSE(ok(0, 2, "cluster-x/data/2/x", true));
   // Groups: members only, each writes its own rank, in the lowest's store.
+  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/1", true));  // Gloo's key of rank 1
   EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/rank_1", true));
-  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/g7/rank_1", true));
+  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/g7/1", true));
+  EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/1,3/0", true));
   EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/1,3/rank_0", true));
   EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/1,3/rank_2", true));
   EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/1,3/anything", true));
