@@ -316,6 +316,12 @@ TEST(ParseHostArgs, FlagsAndErrors) {
   EXPECT_TRUE(options->secret_from_stdin);
   EXPECT_TRUE(options->stay);
   EXPECT_EQ(options->configure_timeout_ns, 2'500'000'000);
+  EXPECT_FALSE(options->sealed_secret_from_stdin);
+  auto sealed = ParseHostArgs({"--sealed-secret-stdin"});
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  EXPECT_TRUE(sealed->sealed_secret_from_stdin);
+  EXPECT_EQ(ParseHostArgs({"--secret-stdin", "--sealed-secret-stdin"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseHostArgs({"--port=3"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseHostArgs({"--configure-timeout=-1"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseHostArgs({"--configure-timeout=nan"}).status().code(), absl::StatusCode::kInvalidArgument);

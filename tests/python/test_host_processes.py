@@ -466,6 +466,27 @@ def test_ray_never_carries_the_secret(monkeypatch):
             actor.instance.stop()
 
 
+def test_a_sealed_secret_opens_only_in_the_host_it_was_sealed_to():
+    other = _hosts.start_sealed_host()
+    start = _hosts.start_sealed_host()
+    try:
+        assert other.sealing_key != start.sealing_key
+        secret = _hosts.make_secret()
+        with pytest.raises(RuntimeError, match="does not open with this host's key"):
+            _hosts.finish_sealed_host(other, _core._seal_secret(start.sealing_key, secret))
+        host = _hosts.finish_sealed_host(start, _core._seal_secret(start.sealing_key, secret))
+        pool = _core._HostPool([host.address], secret,
+                               [("islands", "1"), ("hosts_per_island", "1"), ("devices_per_host", "1")])
+        assert pool.hosts()[0]["alive"]
+        pool.close()
+        assert host.process.wait(10) == 0
+    finally:
+        for s in (other, start):
+            _hosts._stop(s.proc, 5.0)
+    with pytest.raises(ValueError, match="hex"):
+        _core._seal_secret("not hex", "x")
+
+
 def test_hosts_started_by_hand_register_with_the_client(tmp_path):
     import socket
     with socket.socket() as s:  # a free port for the client to listen on
