@@ -542,6 +542,78 @@ def test_hosts_started_by_hand_register_with_the_client(tmp_path):
                 p.wait()
 
 
+def _non_loopback_ip():
+    """This machine's IPv4 address on its default route (a UDP socket's
+    connect picks it and sends nothing), or None."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+        except OSError:
+            return None
+        ip = s.getsockname()[0]
+    return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+
+
+def test_hosts_beyond_loopback_speak_tls():
+    # Client and hosts on this machine's own (non-loopback) IP: the control
+    # plane is TLS there, and a gang across hosts and a transfer between
+    # islands run as on loopback.
+    ip = _non_loopback_ip()
+    if ip is None:
+        pytest.skip("this machine has no IP address besides loopback")
+    import socket
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        port = s.getsockname()[1]
+    secret = _hosts.make_secret()
+    env = {k: v for k, v in os.environ.items() if k != "PATHWAYS_TOPOLOGY"}
+    env["PATHWAYS_SECRET"] = secret
+    from conftest import PYTHON_DIR
+    env["PYTHONPATH"] = str(PYTHON_DIR)
+    client = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import socket
+            import numpy as np, pathways as pw
+            pw.configure(hosts="external")
+            s = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i",
+                        devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
+            t = pw.pmap(lambda x: x * 2., devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
+            print(np.asarray(t(s(np.arange(8.)))).tolist())
+            # What a plaintext HTTP/2 client gets from a host: no HTTP/2.
+            host, port = pw.hosts()[0].address.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5) as c:
+                c.sendall(b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n" + bytes(9))
+                try:
+                    answer = c.recv(64)
+                except OSError:
+                    answer = b""
+            print("http2" if len(answer) >= 9 and answer[3] == 4 else "not http2")
+        """)],
+        env={**env, "PATHWAYS_CLIENT_ADDRESS": f"{ip}:{port}", "PATHWAYS_HOSTS_TIMEOUT": "60"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hosts = []
+    try:
+        time.sleep(0.5)
+        for _ in range(4):
+            hosts.append(subprocess.Popen(
+                [sys.executable, "-m", "pathways.host", f"--client={ip}:{port}", f"--listen={ip}:0"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        out, err = client.communicate(timeout=120)
+        if client.returncode != 0:
+            for p in hosts:
+                if p.poll() is None:
+                    p.kill()
+            err += "".join(f"\n--- host {p.pid} (exit {p.wait()}):\n{p.stderr.read()}" for p in hosts)
+        assert client.returncode == 0, err
+        assert out.strip().split("\n") == [str([56.0] * 8), "not http2"], out
+    finally:
+        for p in [client] + hosts:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_works_after_importing_jax_and_ray():
     # jaxlib and ray bring their own gRPC and abseil; pathways' must not clash.
     pytest.importorskip("jax")
