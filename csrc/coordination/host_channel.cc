@@ -120,7 +120,9 @@ absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::str
   if (!grpc_channel->WaitForConnected(deadline)) {
     return absl::UnavailableError(absl::StrCat("cannot reach ", channel->options_.host_name, " within ",
                                                options.connect_timeout_ns / 1e9, " s",
-                                               tls ? " (over TLS: the address is not on loopback)" : ""));
+                                               tls ? " (over TLS: the address is not on loopback)"
+                                                   : " (in plaintext: the address is on loopback; a host that listens "
+                                                     "beyond it, on 0.0.0.0 say, speaks TLS there)"));
   }
   absl::StatusOr<std::string> nonce = RandomBytes(kNonceBytes);
   if (!nonce.ok()) return nonce.status();

@@ -175,11 +175,15 @@ class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::Cl
       Refuse(handshake_.refused_text);
       return false;
     }
-    authenticated_ = true;
     {
+      // Atomically with a refusal that only ends unauthenticated sessions
+      // (the reaper's): either it came first, and the stream is ending, or
+      // it will leave this session alone.
       MutexLock lock(&state_->mu_);
+      if (state_->refused_) return false;
       state_->authenticated_ = true;
     }
+    authenticated_ = true;
     wire::Reply reply;
     reply.set_id(request.id());
     reply.mutable_host_proof()->set_proof(HandshakeProof(handshake_.key, ProofBy::kListener, handshake_.transcript));
