@@ -40,7 +40,9 @@ absl::StatusOr<std::string> RequestHandler::PeerKey(int host) {
 // Internal to this file: its reactor reads and writes the fields directly.
 class SessionState final : public HostSession {
  public:
-  SessionState(uint64_t id, int peer_host) : HostSession(id, peer_host) {}
+  // `refused` counts the sessions refused (HostServer::refused_sessions).
+  SessionState(uint64_t id, int peer_host, std::atomic<int64_t>* refused)
+      : HostSession(id, peer_host), refused_count_(refused) {}
 
   void Reply(wire::Reply reply) override;
   bool open() const override {
@@ -48,7 +50,8 @@ class SessionState final : public HostSession {
     return reactor_ != nullptr && !read_done_ && !refused_;
   }
   // Ends the stream with `why` unless it ended already (or, with
-  // `only_unauthenticated`, once it has proved itself). True if it did.
+  // `only_unauthenticated`, once it has proved itself), and counts it
+  // refused before the dialer can hear of it. True if it did.
   bool Refuse(grpc::Status why, bool only_unauthenticated);
   bool authenticated() const {
     MutexLock lock(&mu_);
@@ -70,6 +73,7 @@ class SessionState final : public HostSession {
   grpc::Status refusal_ ABSL_GUARDED_BY(mu_);
   bool authenticated_ ABSL_GUARDED_BY(mu_) = false;
   wire::HostFrame out_;  // the frame on the wire: touched only by whoever set writing_
+  std::atomic<int64_t>* const refused_count_;
 };
 
 class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::ClientFrame, wire::HostFrame> {
@@ -84,7 +88,7 @@ class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::Cl
   SessionReactor(HostServer* server, RequestHandler* handler, uint64_t id, int peer_host, Handshake handshake)
       : server_(server),
         handler_(handler),
-        state_(std::make_shared<SessionState>(id, peer_host)),
+        state_(std::make_shared<SessionState>(id, peer_host, &server->refused_sessions_)),
         handshake_(std::move(handshake)) {
     {
       MutexLock lock(&state_->mu_);
@@ -192,9 +196,7 @@ class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::Cl
   }
 
   void Refuse(const std::string& why) {
-    if (state_->Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why), /*only_unauthenticated=*/false)) {
-      server_->refused_sessions_.fetch_add(1, std::memory_order_relaxed);
-    }
+    state_->Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why), /*only_unauthenticated=*/false);
   }
 
   HostServer* server_;
@@ -229,6 +231,7 @@ bool SessionState::Refuse(grpc::Status why, bool only_unauthenticated) {
     refused_ = true;
     refusal_ = why;
     pending_.Clear();
+    refused_count_->fetch_add(1, std::memory_order_relaxed);
     if (writing_) return true;  // the write's OnWriteDone finishes the stream
     finished_ = true;
     reactor = reactor_;
@@ -315,11 +318,10 @@ void HostServer::AddPendingHandshake(const std::shared_ptr<SessionState>& sessio
     pending_.emplace_back(NowNanos() + options_.handshake_timeout_ns, session);
     pending_cv_.SignalAll();
   }
-  if (evicted != nullptr &&
-      evicted->Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                                   "too many sessions waiting for their handshake: the oldest was ended"),
-                      /*only_unauthenticated=*/true)) {
-    refused_sessions_.fetch_add(1, std::memory_order_relaxed);
+  if (evicted != nullptr) {
+    evicted->Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                 "too many sessions waiting for their handshake: the oldest was ended"),
+                    /*only_unauthenticated=*/true);
   }
 }
 
@@ -343,12 +345,10 @@ void HostServer::ReapLoop() {
       }
       if (stopping_) return;
     }
-    const bool refused = late->Refuse(
-        grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                     absl::StrCat("the session did not finish its handshake within ",
-                                  options_.handshake_timeout_ns / 1e9, " s")),
-        /*only_unauthenticated=*/true);
-    if (refused) refused_sessions_.fetch_add(1, std::memory_order_relaxed);
+    late->Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                              absl::StrCat("the session did not finish its handshake within ",
+                                           options_.handshake_timeout_ns / 1e9, " s")),
+                 /*only_unauthenticated=*/true);
   }
 }
 
