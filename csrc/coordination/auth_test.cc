@@ -61,10 +61,10 @@ TEST(Auth, AProofHoldsForItsOwnKeyRoleAndTranscriptOnly) {
   with([](HandshakeTranscript& u) { u.listener = 0; });
   with([](HandshakeTranscript& u) { u.dialer_nonce[0] ^= 1; });
   with([](HandshakeTranscript& u) { u.listener_nonce[31] ^= 1; });
-  with([](HandshakeTranscript& u) { u.binding = "x"; });
+  with([](HandshakeTranscript& u) { u.binding.assign(1, 'x'); });
   // Fields are length-prefixed: moving a byte across a boundary changes it.
   with([](HandshakeTranscript& u) {
-    u.dialer_nonce += "l";
+    u.dialer_nonce.push_back('l');
     u.listener_nonce.pop_back();
   });
   EXPECT_EQ(others.size(), 10u);

@@ -485,12 +485,8 @@ std::string Nonce() { return *RandomBytes(kNonceBytes); }
 
 wire::Request ProofRequest(const std::string& key, const std::string& nonce, const std::string& challenge,
                            int64_t claim = -1, const std::string& binding = "") {
-  HandshakeTranscript t;
-  t.plane = "control";
-  t.claim = claim;
-  t.dialer_nonce = nonce;
-  t.listener_nonce = challenge;
-  t.binding = binding;
+  const HandshakeTranscript t = {
+      .plane = "control", .claim = claim, .dialer_nonce = nonce, .listener_nonce = challenge, .binding = binding};
   wire::Request request;
   request.set_id(1);
   request.mutable_auth_proof()->set_proof(HandshakeProof(key, ProofBy::kDialer, t));

@@ -288,13 +288,8 @@ bool SendAnswer(int fd, const char (&magic)[8], int host_id, AckStatus status, a
 // What the proofs between `dialer` and `listener` cover (auth.h).
 HandshakeTranscript DataTranscript(uint32_t dialer, uint32_t listener, std::string dialer_nonce,
                                    std::string listener_nonce) {
-  HandshakeTranscript t;
-  t.plane = "data";
-  t.claim = dialer;
-  t.listener = listener;
-  t.dialer_nonce = std::move(dialer_nonce);
-  t.listener_nonce = std::move(listener_nonce);
-  return t;
+  return {.plane = "data", .claim = dialer, .listener = listener, .dialer_nonce = std::move(dialer_nonce),
+          .listener_nonce = std::move(listener_nonce), .binding = {}};
 }
 
 }  // namespace

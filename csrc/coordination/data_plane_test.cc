@@ -191,13 +191,8 @@ std::string Challenge(uint32_t host_id, uint32_t status, const std::string& nonc
 
 HandshakeTranscript DataTranscript(uint32_t dialer, uint32_t listener, const std::string& dialer_nonce,
                                    const std::string& listener_nonce) {
-  HandshakeTranscript t;
-  t.plane = "data";
-  t.claim = dialer;
-  t.listener = listener;
-  t.dialer_nonce = dialer_nonce;
-  t.listener_nonce = listener_nonce;
-  return t;
+  return {.plane = "data", .claim = dialer, .listener = listener, .dialer_nonce = dialer_nonce,
+          .listener_nonce = listener_nonce, .binding = {}};
 }
 std::string ProofMessage(const std::string& key, ProofBy by, const HandshakeTranscript& t) {
   return "pwdp-pf\n" + HandshakeProof(key, by, t);
@@ -223,20 +218,7 @@ std::string MessageHeader(uint64_t length, uint8_t flag = 0) {
 }
 
 // A blocking TCP socket connected to "127.0.0.1:port", or -1.
-int DialRaw(const std::string& address) {
-  const std::vector<std::string> parts = absl::StrSplit(address, ':');
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(std::stoi(parts.at(1))));
-  inet_pton(AF_INET, parts.at(0).c_str(), &to.sin_addr);
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) < 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+int DialRaw(const std::string& address) { return testing_util::DialLoopback(address); }
 
 // A listening socket on 127.0.0.1:0; *address receives "127.0.0.1:port".
 int ListenRaw(std::string* address) {
@@ -681,7 +663,9 @@ TEST(DataPlaneTest, BadPeersAreRefusedAndGoodPeersStillConnectAndTransfer) {
     ASSERT_EQ(got.challenge.size(), 52u);
     EXPECT_EQ(got.challenge.substr(0, 8), "pwdp-ch\n");
     EXPECT_EQ(AnswerStatus(got.challenge), static_cast<uint32_t>(bad.challenge_status));
-    if (bad.challenge_status != 0) EXPECT_EQ(AnswerBytes(got.challenge), std::string(32, '\0'));
+    if (bad.challenge_status != 0) {
+      EXPECT_EQ(AnswerBytes(got.challenge), std::string(32, '\0'));
+    }
     if (bad.ack_status < 0) {
       EXPECT_EQ(got.rest, "");
     } else {
@@ -879,46 +863,46 @@ TEST(DataPlaneTest, ADifferentSecretIsPermissionDenied) {
   EXPECT_TRUE(absl::IsFailedPrecondition(SendString(c[0], 1, "x")));
 }
 
-// Host 0 reaches host 1 through a relay that records every byte: neither
-// the handshake nor the data shows the secret.
-TEST(DataPlaneTest, APassiveObserverNeverSeesTheSecret) {
+// Two planes; host 0 dials host 1 through a relay that records every byte,
+// and sends it `message`. What the relay saw.
+testing_util::TapProxy::Recording ConnectThroughATapAndSend(const std::string& message) {
   Cluster c;
-  ASSERT_OK(c.Listen(2));
+  if (absl::Status s = c.Listen(2); !s.ok()) {
+    ADD_FAILURE() << s;
+    return {};
+  }
   auto tap = testing_util::TapProxy::Start(c[1].address());
-  ASSERT_NE(tap, nullptr);
+  if (tap == nullptr) {
+    ADD_FAILURE() << "no tap";
+    return {};
+  }
   std::vector<std::string> via_tap = c.Addresses();
   via_tap[1] = tap->address();
   auto connect0 = c.Async([&] { return c[0].Connect(via_tap); });
-  ASSERT_OK(c[1].Connect(c.Addresses()));
-  ASSERT_OK(Get(connect0));
-  ASSERT_OK(SendString(c[0], 1, "seen by the tap"));
+  const absl::Status connected1 = c[1].Connect(c.Addresses());
+  const absl::Status connected0 = Get(connect0);
   std::string got;
-  ASSERT_TRUE(RecvString(c[1], 0, 15, &got).ok());
-  const std::string seen = tap->AllBytes();
-  ASSERT_NE(seen.find("seen by the tap"), std::string::npos);  // the tap is on the path
-  EXPECT_EQ(seen.find(TestOptions().secret), std::string::npos) << "the secret crossed the wire in the clear";
+  if (!connected0.ok() || !connected1.ok() || !SendString(c[0], 1, message).ok() ||
+      !RecvString(c[1], 0, message.size(), &got).ok() || tap->recordings().size() != 1) {
+    ADD_FAILURE() << "no transfer through the tap: " << connected0 << "; " << connected1;
+    return {};
+  }
+  return tap->recordings()[0];
+}
+
+// Neither the handshake nor the data shows the secret.
+TEST(DataPlaneTest, APassiveObserverNeverSeesTheSecret) {
+  const testing_util::TapProxy::Recording seen = ConnectThroughATapAndSend("seen by the tap");
+  const std::string all = seen.from_dialer + seen.from_listener;
+  ASSERT_NE(all.find("seen by the tap"), std::string::npos);  // the tap is on the path
+  EXPECT_EQ(all.find(TestOptions().secret), std::string::npos) << "the secret crossed the wire in the clear";
 }
 
 // What host 0 sent to host 1, replayed to a fresh host 1 of the same
 // cluster: the replay must not pass for host 0 (nor take its place).
 TEST(DataPlaneTest, AReplayedHandshakeDoesNotAuthenticate) {
-  std::string recorded;
-  {
-    Cluster c;
-    ASSERT_OK(c.Listen(2));
-    auto tap = testing_util::TapProxy::Start(c[1].address());
-    ASSERT_NE(tap, nullptr);
-    std::vector<std::string> via_tap = c.Addresses();
-    via_tap[1] = tap->address();
-    auto connect0 = c.Async([&] { return c[0].Connect(via_tap); });
-    ASSERT_OK(c[1].Connect(c.Addresses()));
-    ASSERT_OK(Get(connect0));
-    ASSERT_OK(SendString(c[0], 1, "x"));
-    std::string got;
-    ASSERT_TRUE(RecvString(c[1], 0, 1, &got).ok());
-    ASSERT_EQ(tap->recordings().size(), 1u);
-    recorded = tap->recordings()[0].from_dialer;
-  }
+  const std::string recorded = ConnectThroughATapAndSend("x").from_dialer;
+  ASSERT_FALSE(recorded.empty());
   Cluster fresh;
   ASSERT_OK(fresh.Listen(2));
   const int fd = DialRaw(fresh[1].address());

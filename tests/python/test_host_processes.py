@@ -6,6 +6,7 @@ the runtime's hosts as processes (`pytest --hosts=local_processes`, part of
 `make test`); the tests here check what only process mode has.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -487,18 +488,52 @@ def test_a_sealed_secret_opens_only_in_the_host_it_was_sealed_to():
         _core._seal_secret("not hex", "x")
 
 
-def test_hosts_started_by_hand_register_with_the_client(tmp_path):
+@contextlib.contextmanager
+def _external_hosts(ip: str, code: str, host_args):
+    """Runs `code` in a client that waits for its hosts (hosts="external",
+    PATHWAYS_CLIENT_ADDRESS on `ip`) and one `python -m pathways.host
+    --client=...` per entry of `host_args` (its further arguments), as Slurm
+    would start them; yields (the client's stdout, its stderr, the host
+    processes) once the client is done. The client must succeed (else the
+    assertion holds every host's output); every process is gone after."""
     import socket
     with socket.socket() as s:  # a free port for the client to listen on
-        s.bind(("127.0.0.1", 0))
+        s.bind((ip, 0))
         port = s.getsockname()[1]
-    secret = _hosts.make_secret()
     env = {k: v for k, v in os.environ.items() if k != "PATHWAYS_TOPOLOGY"}
-    env["PATHWAYS_SECRET"] = secret
+    env["PATHWAYS_SECRET"] = _hosts.make_secret()
     from conftest import PYTHON_DIR
     env["PYTHONPATH"] = str(PYTHON_DIR)
     client = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent("""
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**env, "PATHWAYS_CLIENT_ADDRESS": f"{ip}:{port}", "PATHWAYS_HOSTS_TIMEOUT": "60"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hosts = []
+    try:
+        time.sleep(0.5)
+        for args in host_args:
+            hosts.append(subprocess.Popen(
+                [sys.executable, "-m", "pathways.host", f"--client={ip}:{port}"] + list(args),
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        out, err = client.communicate(timeout=120)
+        if client.returncode != 0:  # what the hosts said, for the failure's message
+            for p in hosts:
+                if p.poll() is None:
+                    p.kill()
+            err += "".join(f"\n--- host {p.pid} (exit {p.wait()}):\n{p.stderr.read()}" for p in hosts)
+        assert client.returncode == 0, err
+        yield out, err, hosts
+    finally:
+        for p in [client] + hosts:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_hosts_started_by_hand_register_with_the_client(tmp_path):
+    # The default topology's 4 hosts, some of which listen on every
+    # interface: each advertises the IP that reaches the client.
+    code = """
             import numpy as np, pathways as pw
             pw.configure(hosts="external")
             a = pw.pmap(lambda x: x + 1., devices=pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus)
@@ -510,24 +545,9 @@ def test_hosts_started_by_hand_register_with_the_client(tmp_path):
                         devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
             t = pw.pmap(lambda x: x * 2., devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
             print(np.asarray(t(s(np.arange(8.)))).tolist(), sorted(h.address.split(":")[0] for h in pw.hosts()))
-        """)],
-        env={**env, "PATHWAYS_CLIENT_ADDRESS": f"127.0.0.1:{port}", "PATHWAYS_HOSTS_TIMEOUT": "60"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    hosts = []
-    try:
-        time.sleep(0.5)
-        for k in range(4):  # the default topology's 4 hosts, as Slurm would start them
-            listen = ["--listen=0.0.0.0:0"] if k % 2 else []
-            hosts.append(subprocess.Popen(
-                [sys.executable, "-m", "pathways.host", f"--client=127.0.0.1:{port}"] + listen,
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        out, err = client.communicate(timeout=120)
-        if client.returncode != 0:  # what the hosts said, for the failure's message
-            for p in hosts:
-                if p.poll() is None:
-                    p.kill()
-            err += "".join(f"\n--- host {p.pid} (exit {p.wait()}):\n{p.stderr.read()}" for p in hosts)
-        assert client.returncode == 0, err
+        """
+    with _external_hosts("127.0.0.1", code, [["--listen=0.0.0.0:0"] if k % 2 else [] for k in range(4)]) as (
+            out, err, hosts):
         assert "waiting for 4 hosts to register" in err
         assert out.strip().split("\n") == [
             f"[2.0, 3.0] {sorted(h.pid for h in hosts)}",
@@ -535,11 +555,6 @@ def test_hosts_started_by_hand_register_with_the_client(tmp_path):
         ], out
         for h in hosts:  # each host stops when its client's session ends
             assert h.wait(timeout=10) == 0
-    finally:
-        for p in [client] + hosts:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 def _non_loopback_ip():
@@ -562,17 +577,7 @@ def test_hosts_beyond_loopback_speak_tls():
     ip = _non_loopback_ip()
     if ip is None:
         pytest.skip("this machine has no IP address besides loopback")
-    import socket
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        port = s.getsockname()[1]
-    secret = _hosts.make_secret()
-    env = {k: v for k, v in os.environ.items() if k != "PATHWAYS_TOPOLOGY"}
-    env["PATHWAYS_SECRET"] = secret
-    from conftest import PYTHON_DIR
-    env["PYTHONPATH"] = str(PYTHON_DIR)
-    client = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent("""
+    code = """
             import socket
             import numpy as np, pathways as pw
             pw.configure(hosts="external")
@@ -589,29 +594,9 @@ def test_hosts_beyond_loopback_speak_tls():
                 except OSError:
                     answer = b""
             print("http2" if len(answer) >= 9 and answer[3] == 4 else "not http2")
-        """)],
-        env={**env, "PATHWAYS_CLIENT_ADDRESS": f"{ip}:{port}", "PATHWAYS_HOSTS_TIMEOUT": "60"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    hosts = []
-    try:
-        time.sleep(0.5)
-        for _ in range(4):
-            hosts.append(subprocess.Popen(
-                [sys.executable, "-m", "pathways.host", f"--client={ip}:{port}", f"--listen={ip}:0"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        out, err = client.communicate(timeout=120)
-        if client.returncode != 0:
-            for p in hosts:
-                if p.poll() is None:
-                    p.kill()
-            err += "".join(f"\n--- host {p.pid} (exit {p.wait()}):\n{p.stderr.read()}" for p in hosts)
-        assert client.returncode == 0, err
+        """
+    with _external_hosts(ip, code, [[f"--listen={ip}:0"]] * 4) as (out, _, _):
         assert out.strip().split("\n") == [str([56.0] * 8), "not http2"], out
-    finally:
-        for p in [client] + hosts:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 def test_works_after_importing_jax_and_ray():
