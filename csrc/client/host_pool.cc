@@ -29,16 +29,37 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& clust
     host_options.on_lost = [p = pool.get(), id = host->id()](const absl::Status& why) { p->OnLost(id, why); };
     auto channel = HostChannel::Connect(addresses[host->id()], std::move(hello), host_options);
     if (!channel.ok()) return channel.status();
+    MutexLock lock(&pool->mu_);
     pool->channels_.push_back(*std::move(channel));
   }
   return pool;
 }
 
 HostPool::~HostPool() {
+  {
+    MutexLock lock(&mu_);
+    closing_ = true;
+  }
   channels_.clear();  // each closes its session; no loss is reported for that
 }
 
 void HostPool::OnLost(int host, const absl::Status& why) {
+  {
+    // Only queued and flushed here (nothing waits for a reply): this runs on
+    // the lost channel's gRPC or heartbeat thread.
+    MutexLock lock(&mu_);
+    if (closing_) return;
+    for (int h = 0; h < static_cast<int>(channels_.size()); ++h) {
+      HostChannel& survivor = *channels_[h];
+      if (h == host || !survivor.alive()) continue;
+      wire::Request request;
+      request.mutable_peers_lost()->add_host_ids(host);
+      request.mutable_peers_lost()->set_why(std::string(why.message()));
+      survivor.Send(std::move(request), nullptr);
+      survivor.Flush();
+      survivors_told_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   if (on_lost_) on_lost_(host, why);
 }
 

@@ -88,6 +88,17 @@ class HostChannel::Stream final : public grpc::ClientBidiReactor<wire::ClientFra
   wire::HostFrame in_;
 };
 
+// The heartbeats' connection: a gRPC channel of its own (ClientChannelArguments
+// gives every channel its own subchannel, so its own TCP connection), which
+// no frame of the session ever queues in front of.
+struct HostChannel::HeartbeatPath {
+  explicit HeartbeatPath(const std::string& address)
+      : channel(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), ClientChannelArguments())),
+        stub(wire::Host::NewStub(channel)) {}
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<wire::Host::Stub> stub;
+};
+
 HostChannel::HostChannel(std::string address, ChannelOptions options)
     : address_(std::move(address)), options_(std::move(options)) {
   if (options_.host_name.empty()) options_.host_name = absl::StrCat("host at ", address_);
@@ -99,9 +110,18 @@ absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::str
   std::unique_ptr<HostChannel> channel(new HostChannel(address, options));
   auto grpc_channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), ClientChannelArguments());
   const auto deadline = std::chrono::system_clock::now() + std::chrono::nanoseconds(options.connect_timeout_ns);
-  if (!grpc_channel->WaitForConnected(deadline)) {
-    return absl::UnavailableError(absl::StrCat("cannot reach ", channel->options_.host_name, " within ",
-                                               options.connect_timeout_ns / 1e9, " s"));
+  // In short waits, so that a host known to be lost is given up at once.
+  constexpr auto kAbandonPoll = std::chrono::milliseconds(10);
+  while (!grpc_channel->WaitForConnected(
+      options.abandon ? std::min(deadline, std::chrono::system_clock::now() + kAbandonPoll) : deadline)) {
+    if (options.abandon && options.abandon()) {
+      return absl::UnavailableError(absl::StrCat("gave up connecting to ", channel->options_.host_name,
+                                                 ": it was lost"));
+    }
+    if (std::chrono::system_clock::now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("cannot reach ", channel->options_.host_name, " within ",
+                                                 options.connect_timeout_ns / 1e9, " s"));
+    }
   }
   channel->last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
   channel->stream_ = std::make_unique<Stream>(channel.get(), std::move(grpc_channel), options.secret);
@@ -130,7 +150,11 @@ absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::str
       }
     }
   }
-  if (options.heartbeat_period_ns > 0) channel->heartbeat_ = std::thread([c = channel.get()] { c->HeartbeatLoop(); });
+  if (options.heartbeat_period_ns > 0) {
+    channel->heartbeat_path_ = std::make_unique<HeartbeatPath>(address);
+    channel->last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
+    channel->heartbeat_ = std::thread([c = channel.get()] { c->HeartbeatLoop(); });
+  }
   return channel;
 }
 
@@ -138,6 +162,7 @@ HostChannel::~HostChannel() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
+    if (heartbeat_call_ != nullptr) heartbeat_call_->TryCancel();
     cv_.SignalAll();
   }
   if (heartbeat_.joinable()) heartbeat_.join();
@@ -181,6 +206,9 @@ bool HostChannel::OnReadEnded() {
 }
 
 void HostChannel::OnWriteDone(bool ok) {
+  // A frame the host's end took whole (flow control lets a large one go
+  // only as fast as the host reads it): the host is making progress.
+  if (ok) last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
   bool release = false, write = false;
   {
     MutexLock lock(&mu_);
@@ -287,27 +315,52 @@ void HostChannel::OnStreamDone(absl::Status why) {
   cv_.SignalAll();
 }
 
+bool HostChannel::Heartbeat(int64_t deadline_ns) {
+  grpc::ClientContext context;
+  context.AddMetadata(kSecretMetadataKey, options_.secret);
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::nanoseconds(std::max<int64_t>(deadline_ns - NowNanos(), 1'000'000)));
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) return false;
+    heartbeat_call_ = &context;
+  }
+  wire::Ping ping;
+  ping.set_sent_ns(NowNanos());
+  wire::Pong pong;
+  const grpc::Status status = heartbeat_path_->stub->Heartbeat(&context, ping, &pong);
+  {
+    MutexLock lock(&mu_);
+    heartbeat_call_ = nullptr;
+  }
+  // Another process at the same address (the host restarted) is no answer.
+  return status.ok() && pong.incarnation() == hello_reply_.incarnation();
+}
+
 void HostChannel::HeartbeatLoop() {
   const auto period = std::chrono::nanoseconds(options_.heartbeat_period_ns);
-  auto next = std::chrono::steady_clock::now() + period;
+  auto next = std::chrono::steady_clock::now();
   while (true) {
     {
       MutexLock lock(&mu_);
       while (!stopping_ && std::chrono::steady_clock::now() < next) cv_.WaitUntil(&mu_, next);
       if (stopping_) return;
     }
-    next += period;
+    next = std::chrono::steady_clock::now() + period;
     if (!alive()) return;
     const int64_t silent_ns = NowNanos() - last_heard_ns_.load(std::memory_order_relaxed);
     if (silent_ns > options_.heartbeat_timeout_ns) {
-      Lose(HostLostError(absl::StrCat(options_.host_name, " was lost: it did not answer heartbeats for ",
+      Lose(HostLostError(absl::StrCat(options_.host_name, " was lost: no sign of life (heartbeat, reply or write) for ",
                                       silent_ns / 1e9, " s")));
       return;
     }
-    wire::Request ping;
-    ping.mutable_ping()->set_sent_ns(NowNanos());
-    Send(std::move(ping), [](absl::StatusOr<wire::Reply>) {});
-    Flush();
+    // Waits at most until the host would be lost without an answer.
+    const int64_t deadline_ns =
+        last_heard_ns_.load(std::memory_order_relaxed) + options_.heartbeat_timeout_ns + options_.heartbeat_period_ns;
+    if (Heartbeat(deadline_ns)) {
+      last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
+      heartbeats_answered_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/spin.h"
 #include "csrc/coordination/control.grpc.pb.h"
 #include "csrc/coordination/frame_queue.h"
 #include "csrc/coordination/grpc_options.h"
@@ -135,7 +136,16 @@ void SessionState::Reply(wire::Reply reply) {
   reactor->Write(&out_);
 }
 
-class HostServer::Service final : public wire::Host::CallbackService {
+void RequestHandler::Heartbeat(const wire::Ping& ping, wire::Pong* pong) {
+  pong->set_sent_ns(ping.sent_ns());
+  pong->set_host_ns(NowNanos());
+}
+
+// Sessions through the callback API (reactions on gRPC's threads, where the
+// handler's requests run); heartbeats through the async API, served by
+// HeartbeatLoop on a thread of their own.
+class HostServer::Service final
+    : public wire::Host::WithAsyncMethod_Heartbeat<wire::Host::WithCallbackMethod_Session<wire::Host::Service>> {
  public:
   Service(HostServer* server, std::string secret, RequestHandler* handler)
       : server_(server), secret_(std::move(secret)), handler_(handler) {}
@@ -152,12 +162,56 @@ class HostServer::Service final : public wire::Host::CallbackService {
     return new SessionReactor(server_, handler_, next_id_.fetch_add(1, std::memory_order_relaxed));
   }
 
+  bool Authorized(const grpc::ServerContext& context) const {
+    const auto& metadata = context.client_metadata();
+    auto it = metadata.find(kSecretMetadataKey);
+    return it != metadata.end() && SecretMatches(it->second, secret_);
+  }
+  RequestHandler* handler() const { return handler_; }
+
  private:
   HostServer* server_;
   const std::string secret_;
   RequestHandler* handler_;
   std::atomic<uint64_t> next_id_{1};
 };
+
+// One heartbeat call: asked for, then answered, then done.
+struct HostServer::HeartbeatCall {
+  grpc::ServerContext context;
+  wire::Ping ping;
+  grpc::ServerAsyncResponseWriter<wire::Pong> responder{&context};
+  bool answered = false;
+};
+
+void HostServer::HeartbeatLoop() {
+  auto request = [this] {
+    auto* call = new HeartbeatCall();
+    service_->RequestHeartbeat(&call->context, &call->ping, &call->responder, heartbeat_cq_.get(),
+                               heartbeat_cq_.get(), call);
+  };
+  request();
+  void* tag;
+  bool ok;
+  while (heartbeat_cq_->Next(&tag, &ok)) {
+    auto* call = static_cast<HeartbeatCall*>(tag);
+    if (call->answered || !ok) {  // finished, or the server is shutting down
+      delete call;
+      continue;
+    }
+    request();  // the next one may come while this one is answered
+    call->answered = true;
+    if (!service_->Authorized(call->context)) {
+      call->responder.FinishWithError(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the cluster's secret is wrong"),
+                                      call);
+      continue;
+    }
+    wire::Pong pong;
+    service_->handler()->Heartbeat(call->ping, &pong);
+    heartbeats_.fetch_add(1, std::memory_order_relaxed);
+    call->responder.Finish(pong, grpc::Status::OK, call);
+  }
+}
 
 absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(const std::string& listen_address, std::string secret,
                                                               RequestHandler* handler) {
@@ -173,10 +227,20 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(const std::string&
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &server->port_);
   ApplyServerArguments(builder);
   builder.RegisterService(server->service_.get());
+  server->heartbeat_cq_ = builder.AddCompletionQueue();
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
+    server->server_.reset();
+    if (server->heartbeat_cq_ != nullptr) {
+      server->heartbeat_cq_->Shutdown();
+      void* tag;
+      bool ok;
+      while (server->heartbeat_cq_->Next(&tag, &ok)) {
+      }
+    }
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
   }
+  server->heartbeat_thread_ = std::thread([s = server.get()] { s->HeartbeatLoop(); });
   server->address_ = absl::StrCat(listen_address.substr(0, colon), ":", server->port_);
   return server;
 }
@@ -186,6 +250,9 @@ HostServer::~HostServer() {
   // Cancels the open streams at once; returns when every session is done.
   server_->Shutdown(std::chrono::system_clock::now());
   server_->Wait();
+  // Then the heartbeats' queue: the loop ends once it is drained.
+  heartbeat_cq_->Shutdown();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
 }
 
 }  // namespace pw

@@ -2,7 +2,10 @@
 #define PATHWAYS_COORDINATION_HOST_SERVER_H_
 
 // The host's end of the control plane: a gRPC server with one session per
-// client stream (see host_channel.h for the client's end). It checks the
+// client stream (see host_channel.h for the client's end), and heartbeats
+// answered on a thread of their own (never behind a session's requests, nor
+// on a thread busy with one: a host that takes seconds over a put or a
+// compile still answers them at once). It checks the
 // cluster's secret when a stream opens and refuses the stream otherwise;
 // anything that is not gRPC is dropped by gRPC itself; either way the host
 // keeps serving. What the requests mean is the RequestHandler's business.
@@ -13,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
@@ -20,6 +24,7 @@
 
 namespace grpc {
 class Server;
+class ServerCompletionQueue;
 }  // namespace grpc
 
 namespace pw {
@@ -58,6 +63,10 @@ class RequestHandler {
   // Called once when `session`'s stream has ended, for whatever reason (the
   // client closed it, died, or lost its connection): free what it held.
   virtual void OnSessionEnd(const std::shared_ptr<HostSession>& session) {}
+  // Answers a heartbeat (the Heartbeat rpc), on the server's heartbeat
+  // thread: must answer at once, without a lock that request handling may
+  // hold for long. The default echoes sent_ns and reads the clock.
+  virtual void Heartbeat(const wire::Ping& ping, wire::Pong* pong);
 };
 
 class HostServer {
@@ -79,19 +88,27 @@ class HostServer {
   // Sessions open now, and refused so far (a wrong or missing secret).
   int open_sessions() const { return open_sessions_.load(std::memory_order_acquire); }
   int64_t refused_sessions() const { return refused_sessions_.load(std::memory_order_relaxed); }
+  // Heartbeats answered so far (tests).
+  int64_t heartbeats() const { return heartbeats_.load(std::memory_order_relaxed); }
 
  private:
   class Service;
   class SessionReactor;
+  struct HeartbeatCall;
   friend class SessionState;
   HostServer() = default;
+  // Answers heartbeats until the server shuts down (on heartbeat_thread_).
+  void HeartbeatLoop();
 
   std::string address_;
   int port_ = 0;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::ServerCompletionQueue> heartbeat_cq_;
+  std::thread heartbeat_thread_;
   std::atomic<int> open_sessions_{0};
   std::atomic<int64_t> refused_sessions_{0};
+  std::atomic<int64_t> heartbeats_{0};
 };
 
 }  // namespace pw

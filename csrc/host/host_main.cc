@@ -115,7 +115,16 @@ int RunHost(const HostMainOptions& options) {
   std::string bind_ip = options.listen.substr(0, options.listen.rfind(':'));
   if (bind_ip.size() >= 2 && bind_ip.front() == '[') bind_ip = bind_ip.substr(1, bind_ip.size() - 2);
   if (bind_ip.empty() || bind_ip == "0.0.0.0" || bind_ip == "::") bind_ip = "127.0.0.1";
-  HostRuntime runtime(secret, bind_ip);
+  HostRuntime::TestDelays delays;
+  if (const char* env = std::getenv("PATHWAYS_HOST_TEST_DELAYS"); env != nullptr && *env != '\0') {
+    auto parsed = HostRuntime::ParseTestDelays(env);
+    if (!parsed.ok()) {
+      std::cerr << "pathways-host: " << parsed.status().message() << "\n";
+      return 2;
+    }
+    delays = *parsed;
+  }
+  HostRuntime runtime(secret, bind_ip, delays);
   auto server = HostServer::Start(options.listen, secret, &runtime);
   if (!server.ok()) {
     std::cerr << "pathways-host: " << server.status().message() << "\n";
