@@ -185,7 +185,11 @@ struct HostServer::HeartbeatCall {
 };
 
 void HostServer::HeartbeatLoop() {
+  // gRPC must not be asked for a call once it is shutting down: the
+  // destructor flags that, under the same lock, before it shuts down.
   auto request = [this] {
+    MutexLock lock(&heartbeat_mu_);
+    if (heartbeat_stopping_) return;
     auto* call = new HeartbeatCall();
     service_->RequestHeartbeat(&call->context, &call->ping, &call->responder, heartbeat_cq_.get(),
                                heartbeat_cq_.get(), call);
@@ -247,6 +251,10 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(const std::string&
 
 HostServer::~HostServer() {
   if (server_ == nullptr) return;
+  {
+    MutexLock lock(&heartbeat_mu_);
+    heartbeat_stopping_ = true;
+  }
   // Cancels the open streams at once; returns when every session is done.
   server_->Shutdown(std::chrono::system_clock::now());
   server_->Wait();

@@ -106,6 +106,8 @@ class HostServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::ServerCompletionQueue> heartbeat_cq_;
   std::thread heartbeat_thread_;
+  Mutex heartbeat_mu_;  // no heartbeat call is asked for once the server stops
+  bool heartbeat_stopping_ ABSL_GUARDED_BY(heartbeat_mu_) = false;
   std::atomic<int> open_sessions_{0};
   std::atomic<int64_t> refused_sessions_{0};
   std::atomic<int64_t> heartbeats_{0};

@@ -2,19 +2,14 @@
 
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <functional>
 #include <random>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
-#include "csrc/base/status_macros.h"
 #include "csrc/coordination/host_channel.h"
 
 namespace pw {
@@ -48,199 +43,6 @@ bool SameConfig(const wire::HostConfig& a, const wire::HostConfig& b) {
 
 }  // namespace
 
-// Another host's rendezvous store, seen through a session with that host,
-// opened at first use (a host meets only the hosts it shares gangs with).
-// A session that broke while the host is not known to be lost (a
-// connection reset, a heartbeat missed on a loaded machine) is opened anew
-// at the next use; once the host is known to be lost (Lose), every use
-// fails at once, a connection attempt in progress gives up, and a call in
-// flight fails. A Get asks again every few milliseconds until the key is
-// there: a rendezvous happens once per group, so this costs nothing that
-// matters.
-class HostRuntime::PeerStore final : public KeyValueStore {
- public:
-  PeerStore(std::string address, ChannelOptions options) : address_(std::move(address)), options_(std::move(options)) {
-    options_.abandon = [this] { return lost(); };
-  }
-
-  absl::Status Set(absl::string_view key, absl::string_view value) override {
-    PW_ASSIGN_OR_RETURN(std::shared_ptr<HostChannel> channel, Session());
-    wire::Request request;
-    request.mutable_kv_set()->set_key(std::string(key));
-    request.mutable_kv_set()->set_value(std::string(value));
-    return channel->Call(std::move(request), kCallTimeoutNs).status();
-  }
-
-  absl::StatusOr<std::string> Get(absl::string_view key, absl::Time deadline) override {
-    while (true) {
-      PW_ASSIGN_OR_RETURN(std::shared_ptr<HostChannel> channel, Session());
-      wire::Request request;
-      request.mutable_kv_get()->set_key(std::string(key));
-      auto reply = channel->Call(std::move(request), kCallTimeoutNs);
-      if (reply.ok()) return std::move(*reply->mutable_kv_value()->mutable_value());
-      if (!absl::IsNotFound(reply.status()) && (lost() || channel->alive())) return reply.status();
-      // (A session that broke under the call is opened anew, in time.)
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("rendezvous: key '", key, "' was not set in time"));
-      }
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-  }
-
-  // The host is lost for good: its session ends (a call in flight fails at
-  // once) and every later use fails with `why`. Does not block (the session
-  // is freed with this store, never on the caller's thread, which may be a
-  // gRPC thread its end would need).
-  void Lose(const absl::Status& why) {
-    std::shared_ptr<HostChannel> channel;
-    {
-      MutexLock lock(&mu_);
-      if (!lost_.ok()) return;
-      lost_ = why;
-      channel = channel_;
-    }
-    if (channel != nullptr) channel->Lose(why);
-  }
-  bool lost() const {
-    MutexLock lock(&mu_);
-    return !lost_.ok();
-  }
-  // Sessions opened so far (tests: a broken one is opened anew).
-  int sessions_opened() const {
-    MutexLock lock(&mu_);
-    return sessions_opened_;
-  }
-
- private:
-  static constexpr int64_t kCallTimeoutNs = int64_t{10} * 1'000'000'000;
-
-  // The session, opened now if there is none or it broke.
-  absl::StatusOr<std::shared_ptr<HostChannel>> Session() {
-    MutexLock connecting(&connect_mu_);  // one connection attempt at a time
-    std::shared_ptr<HostChannel> broken;  // closed outside mu_
-    {
-      MutexLock lock(&mu_);
-      if (!lost_.ok()) return lost_;
-      if (channel_ != nullptr && channel_->alive()) return channel_;
-      broken = std::move(channel_);
-    }
-    broken.reset();
-    auto channel = HostChannel::Connect(address_, wire::Hello(), options_);
-    MutexLock lock(&mu_);
-    if (!lost_.ok()) return lost_;
-    if (!channel.ok()) return channel.status();
-    channel_ = *std::move(channel);
-    ++sessions_opened_;
-    return channel_;
-  }
-
-  const std::string address_;
-  ChannelOptions options_;
-  Mutex connect_mu_;
-  mutable Mutex mu_;  // the session, the loss and the count below
-  std::shared_ptr<HostChannel> channel_ ABSL_GUARDED_BY(mu_);
-  absl::Status lost_ ABSL_GUARDED_BY(mu_);
-  int sessions_opened_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
-namespace {
-
-// One group's rendezvous in the store of its lowest member: waits in short
-// slices, and gives up (HostLost) as soon as a member is known to be lost,
-// instead of waiting out the collective timeout for its address.
-class GroupRendezvous final : public KeyValueStore {
- public:
-  GroupRendezvous(KeyValueStore* store, std::vector<int> members, std::function<absl::Status(int)> lost)
-      : store_(store), members_(std::move(members)), lost_(std::move(lost)) {}
-
-  absl::Status Set(absl::string_view key, absl::string_view value) override {
-    PW_RETURN_IF_ERROR(MembersAlive());
-    return store_->Set(key, value);
-  }
-
-  absl::StatusOr<std::string> Get(absl::string_view key, absl::Time deadline) override {
-    while (true) {
-      PW_RETURN_IF_ERROR(MembersAlive());
-      const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(20));
-      absl::StatusOr<std::string> value = store_->Get(key, slice);
-      if (value.ok() || !absl::IsDeadlineExceeded(value.status()) || slice >= deadline) return value;
-    }
-  }
-
- private:
-  absl::Status MembersAlive() const {
-    for (int h : members_) PW_RETURN_IF_ERROR(lost_(h));
-    return absl::OkStatus();
-  }
-  KeyValueStore* const store_;
-  const std::vector<int> members_;
-  const std::function<absl::Status(int)> lost_;
-};
-
-}  // namespace
-
-// Every host's rendezvous store as this host sees it: its own in memory, the
-// others' through a session with each (PeerStore), and which hosts the
-// client said were lost.
-class HostRuntime::PeerStores final : public RendezvousStores {
- public:
-  PeerStores(int self, KeyValueStore* own, const std::vector<std::string>& addresses, const std::string& secret)
-      : self_(self), own_(own) {
-    for (size_t h = 0; h < addresses.size(); ++h) {
-      ChannelOptions options;
-      options.secret = secret;
-      options.host_name = absl::StrCat("host ", h, " (", addresses[h], ")");
-      options.client_name = absl::StrCat("host ", self_);
-      peers_.push_back(std::make_unique<PeerStore>(addresses[h], std::move(options)));
-      lost_.push_back(std::make_unique<std::atomic<bool>>(false));
-    }
-  }
-
-  absl::StatusOr<KeyValueStore*> StoreOf(int host) override {
-    if (host == self_) return own_;
-    PW_RETURN_IF_ERROR(CheckHost(host));
-    return peers_[host].get();
-  }
-
-  absl::StatusOr<std::unique_ptr<KeyValueStore>> GroupStore(absl::Span<const int> members) override {
-    if (members.empty()) return absl::InvalidArgumentError("rendezvous: a group of no hosts");
-    for (int h : members) PW_RETURN_IF_ERROR(CheckHost(h));
-    PW_ASSIGN_OR_RETURN(KeyValueStore * store, StoreOf(members.front()));
-    return std::make_unique<GroupRendezvous>(store, std::vector<int>(members.begin(), members.end()),
-                                             [this](int h) { return Lost(h); });
-  }
-
-  // The client says `host` was lost: its session ends and every wait for
-  // it gives up.
-  void Lose(int host, const std::string& why) {
-    if (CheckHost(host).ok() == false || host == self_) return;
-    if (lost_[host]->exchange(true)) return;
-    peers_[host]->Lose(HostLostError(absl::StrCat("host ", host, " was lost: ", why)));
-  }
-
-  // HostLost if the client said `host` was lost, else OK.
-  absl::Status Lost(int host) const {
-    if (host < 0 || host >= static_cast<int>(lost_.size()) || !lost_[host]->load()) return absl::OkStatus();
-    return HostLostError(absl::StrCat("rendezvous: host ", host, " of the group was lost"));
-  }
-
-  PeerStore* peer(int host) const { return peers_[host].get(); }
-
- private:
-  absl::Status CheckHost(int host) const {
-    if (host < 0 || host >= static_cast<int>(peers_.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("rendezvous: no host ", host, " in this cluster"));
-    }
-    return absl::OkStatus();
-  }
-
-  const int self_;
-  KeyValueStore* const own_;
-  // By host id (this host's entries unused); neither vector ever changes.
-  std::vector<std::unique_ptr<PeerStore>> peers_;
-  std::vector<std::unique_ptr<std::atomic<bool>>> lost_;
-};
-
 HostRuntime::HostRuntime(std::string secret, std::string bind_ip, TestDelays delays)
     : incarnation_(RandomIncarnation()), secret_(std::move(secret)), bind_ip_(std::move(bind_ip)), delays_(delays) {}
 
@@ -267,10 +69,7 @@ void HostRuntime::Heartbeat(const wire::Ping& ping, wire::Pong* pong) {
 }
 
 int HostRuntime::store_sessions_opened(int host) const {
-  if (!stores_ready_.load(std::memory_order_acquire)) return 0;
-  auto store = stores_->StoreOf(host);
-  if (!store.ok() || *store == &kv_) return 0;
-  return static_cast<PeerStore*>(*store)->sessions_opened();
+  return stores_ready_.load(std::memory_order_acquire) ? stores_->sessions_opened(host) : 0;
 }
 
 absl::Status HostRuntime::HandlePeersLost(const wire::PeersLost& request) {

@@ -29,6 +29,7 @@
 #include "csrc/coordination/collective_group.h"
 #include "csrc/coordination/host_server.h"
 #include "csrc/host/host_executor.h"
+#include "csrc/host/peer_stores.h"
 
 namespace pw {
 
@@ -82,8 +83,6 @@ class HostRuntime final : public RequestHandler {
   // The client says these hosts were lost (see PeersLost in control.proto).
   absl::Status HandlePeersLost(const wire::PeersLost& request);
 
-  class PeerStore;
-  class PeerStores;
 
   const uint64_t incarnation_;
   const std::string secret_;

@@ -1,0 +1,128 @@
+// A host's rendezvous stores: sessions with other hosts' stores (served by
+// their HostRuntime over loopback), opened anew when they break, and given
+// up at once when the client says a host was lost.
+
+#include "csrc/host/peer_stores.h"
+
+#include <future>
+#include <thread>
+
+#include "csrc/base/error_kind.h"
+#include "csrc/base/spin.h"
+#include "csrc/coordination/host_server.h"
+#include "csrc/host/host_runtime.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kSecret[] = "peer-stores-test";
+
+// An address where nothing listens (a port bound a moment ago, closed).
+std::string DeadAddress() {
+  HostRuntime runtime;
+  auto server = HostServer::Start("127.0.0.1:0", kSecret, &runtime);
+  return server.ok() ? (*server)->address() : "127.0.0.1:1";
+}
+
+class PeerStoresTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = HostServer::Start("127.0.0.1:0", kSecret, &host0_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server0_ = *std::move(server);
+  }
+  // Host 0 serves its store; this is host `self` of three.
+  std::unique_ptr<PeerStores> Stores(int self) {
+    return std::make_unique<PeerStores>(self, &own_, std::vector<std::string>{server0_->address(), dead_, dead_},
+                                        kSecret);
+  }
+  HostRuntime host0_;
+  std::unique_ptr<HostServer> server0_;
+  InMemoryKeyValueStore own_;
+  const std::string dead_ = DeadAddress();
+};
+
+TEST_F(PeerStoresTest, ASessionThatBrokeIsOpenedAnewAtTheNextUse) {
+  auto stores = Stores(1);
+  KeyValueStore* store0 = *stores->StoreOf(0);
+  EXPECT_EQ(*stores->StoreOf(1), &own_);
+  EXPECT_EQ(stores->sessions_opened(0), 0);  // none before its first use
+  ASSERT_TRUE(store0->Set("k", "v").ok());
+  EXPECT_EQ(stores->sessions_opened(0), 1);
+  // Host 0's server restarts at the same address (its store, in its
+  // runtime, stays): the session broke, but host 0 is not lost.
+  const std::string address = server0_->address();
+  server0_.reset();
+  auto server = HostServer::Start(address, kSecret, &host0_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  server0_ = *std::move(server);
+  auto value = store0->Get("k", absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "v");
+  EXPECT_EQ(stores->sessions_opened(0), 2);
+}
+
+TEST_F(PeerStoresTest, ARendezvousWithALostMemberGivesUpAtOnce) {
+  for (int self : {0, 1}) {  // the group's store: this host's own, or host 0's through a session
+    SCOPED_TRACE(self);
+    auto stores = Stores(self);
+    auto store = stores->GroupStore({0, 1, 2});
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Set("here", "1").ok());
+    const int64_t start = NowNanos();
+    auto waiting = std::async(std::launch::async, [&] {
+      return (*store)->Get("host 2's address", absl::Now() + absl::Seconds(30)).status();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    stores->Lose(2, "it stopped answering");
+    const absl::Status status = waiting.get();
+    EXPECT_LT(NowNanos() - start, 5'000'000'000);
+    EXPECT_EQ(GetErrorKind(status), ErrorKind::kHostLost) << status;
+    EXPECT_THAT(status.message(), HasSubstr("host 2"));
+    EXPECT_EQ(GetErrorKind(stores->Lost(2)), ErrorKind::kHostLost);
+    EXPECT_TRUE(stores->Lost(0).ok());
+    // A new rendezvous with it fails at once; one without it still works.
+    auto again = stores->GroupStore({0, 2});
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(GetErrorKind((*again)->Set("x", "y")), ErrorKind::kHostLost);
+    auto without = stores->GroupStore({0, 1});
+    ASSERT_TRUE(without.ok());
+    EXPECT_TRUE((*without)->Get("here", absl::Now() + absl::Seconds(5)).ok());
+  }
+}
+
+TEST_F(PeerStoresTest, ALostHostsSessionEndsAndAConnectionAttemptGivesUp) {
+  auto stores = Stores(1);
+  // Host 2 is not there: connecting to it would take its 10 s timeout.
+  const int64_t start = NowNanos();
+  auto connecting = std::async(std::launch::async, [&] { return (*stores->StoreOf(2))->Set("k", "v"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  stores->Lose(2, "it died");
+  absl::Status status = connecting.get();
+  EXPECT_LT(NowNanos() - start, 5'000'000'000);
+  EXPECT_EQ(GetErrorKind(status), ErrorKind::kHostLost) << status;
+  EXPECT_THAT(status.message(), HasSubstr("host 2 was lost: it died"));
+  // A Get polling host 0's store for a key that never comes ends at once.
+  KeyValueStore* store0 = *stores->StoreOf(0);
+  auto polling = std::async(std::launch::async, [&] {
+    return store0->Get("never", absl::Now() + absl::Seconds(30)).status();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  stores->Lose(0, "its stream ended");
+  status = polling.get();
+  EXPECT_EQ(GetErrorKind(status), ErrorKind::kHostLost) << status;
+  // Every later use fails at once, and no session is opened again.
+  EXPECT_EQ(GetErrorKind(store0->Set("k", "v")), ErrorKind::kHostLost);
+  EXPECT_EQ(stores->sessions_opened(0), 1);
+  stores->Lose(0, "again");  // idempotent; this host and unknown hosts are ignored
+  stores->Lose(1, "self");
+  stores->Lose(9, "unknown");
+  EXPECT_TRUE(stores->Lost(1).ok());
+}
+
+}  // namespace
+}  // namespace pw
