@@ -13,9 +13,12 @@
 #include "absl/strings/str_cat.h"
 #include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
+#include "csrc/coordination/control.grpc.pb.h"
 #include "csrc/coordination/frame_queue.h"
+#include "csrc/coordination/grpc_options.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/host_server.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -307,6 +310,20 @@ TEST_F(ControlTest, AHostThatStopsAnsweringHeartbeatsIsLost) {
   // The host hears that the session ended.
   ASSERT_TRUE(Eventually([&] { return handler_.ended.load() == 1; }));
   handler_.stalled = false;
+}
+
+TEST_F(ControlTest, HeartbeatsWithoutTheSecretAreRefused) {
+  auto grpc_channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  auto stub = wire::Host::NewStub(grpc_channel);
+  for (const char* secret : {"", "not-the-secret"}) {
+    grpc::ClientContext context;
+    if (*secret != '\0') context.AddMetadata(kSecretMetadataKey, secret);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    wire::Pong pong;
+    const grpc::Status status = stub->Heartbeat(&context, wire::Ping(), &pong);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << secret;
+  }
+  EXPECT_EQ(server_->heartbeats(), 0);
 }
 
 TEST_F(ControlTest, HeartbeatsGoOnTheirOwnPathAndAnswerWhileTheHostIsBusy) {

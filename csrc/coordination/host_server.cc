@@ -234,14 +234,6 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(const std::string&
   server->heartbeat_cq_ = builder.AddCompletionQueue();
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    server->server_.reset();
-    if (server->heartbeat_cq_ != nullptr) {
-      server->heartbeat_cq_->Shutdown();
-      void* tag;
-      bool ok;
-      while (server->heartbeat_cq_->Next(&tag, &ok)) {
-      }
-    }
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
   }
   server->heartbeat_thread_ = std::thread([s = server.get()] { s->HeartbeatLoop(); });
@@ -250,17 +242,26 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(const std::string&
 }
 
 HostServer::~HostServer() {
-  if (server_ == nullptr) return;
-  {
-    MutexLock lock(&heartbeat_mu_);
-    heartbeat_stopping_ = true;
+  if (server_ != nullptr) {
+    {
+      MutexLock lock(&heartbeat_mu_);
+      heartbeat_stopping_ = true;
+    }
+    // Cancels the open streams at once; returns when every session is done.
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
   }
-  // Cancels the open streams at once; returns when every session is done.
-  server_->Shutdown(std::chrono::system_clock::now());
-  server_->Wait();
-  // Then the heartbeats' queue: the loop ends once it is drained.
+  // Then the heartbeats' queue, which must be drained before it goes: by
+  // the loop, or here if it never started.
+  if (heartbeat_cq_ == nullptr) return;
   heartbeat_cq_->Shutdown();
-  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (heartbeat_thread_.joinable()) {
+    heartbeat_thread_.join();
+    return;
+  }
+  void* tag;
+  bool ok;
+  while (heartbeat_cq_->Next(&tag, &ok)) delete static_cast<HeartbeatCall*>(tag);
 }
 
 }  // namespace pw

@@ -21,7 +21,10 @@
 // PATHWAYS_SECRET (hosts started by hand, by Slurm or Kubernetes). With
 // --client=ADDRESS the host registers with a client waiting there
 // (hosts=external) once it listens. The host's data plane (Gloo) binds the
-// IP address it listens on.
+// IP address it listens on. For tests only, PATHWAYS_HOST_TEST_DELAYS
+// ("load_function=SECONDS,put=SECONDS") makes the host slow at its work
+// (see HostTestDelays in host_runtime.h); a value it cannot read stops it
+// with exit code 2.
 
 #include <cstdint>
 #include <cstdio>

@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -49,6 +50,7 @@ HostRuntime::HostRuntime(std::string secret, std::string bind_ip, TestDelays del
 absl::StatusOr<HostRuntime::TestDelays> HostRuntime::ParseTestDelays(absl::string_view text) {
   TestDelays delays;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    part = absl::StripAsciiWhitespace(part);
     const size_t eq = part.find('=');
     double seconds = 0;
     const absl::string_view name = eq == absl::string_view::npos ? part : part.substr(0, eq);

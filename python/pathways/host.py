@@ -22,6 +22,11 @@ its hosts (`pw.configure(hosts="external")`, PATHWAYS_CLIENT_ADDRESS on the
 client): this is how Slurm, Kubernetes or a person start hosts. On a
 machine other than the client's, pass --listen=THIS_MACHINES_IP:0; the host's
 data plane (Gloo) uses the same IP address.
+
+For tests only, PATHWAYS_HOST_TEST_DELAYS="load_function=SECONDS,put=SECONDS"
+makes the host slow at compiling each function and at taking each chunk of
+a put, as a loaded or throttled machine is (its heartbeats are still
+answered at once).
 """
 
 from __future__ import annotations
