@@ -326,21 +326,22 @@ def test_a_host_killed_under_a_run_in_flight_does_not_keep_the_survivor_waiting(
 
 
 def test_a_slow_put_does_not_lose_a_healthy_host():
-    # Each host takes 0.25 s over every 16 MiB chunk of a put (a throttled
-    # host, PATHWAYS_HOST_TEST_DELAYS): 256 MiB per host keeps each busy on
-    # its session's thread for 4 s, past the 3 s heartbeat timeout.
-    # Heartbeats go on their own connection and are answered on a thread of
-    # their own, so both hosts stay alive and the data arrives whole.
+    # Each host takes 1 s over every 16 MiB chunk of a put (a throttled host,
+    # PATHWAYS_HOST_TEST_DELAYS): 128 MiB per host keeps each busy on its
+    # session's thread for 8 s, and each 64 MiB frame takes 4 s to go, so
+    # neither replies nor write progress come within the 3 s heartbeat
+    # timeout. Heartbeats go on their own connection and are answered on a
+    # thread of their own: both hosts stay alive and the data arrives whole.
     out = _run_local_processes("""
         import time, numpy as np
         t = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
-        x = np.arange(8 * 4 * 2**20, dtype=np.float64).reshape(8, 4 * 2**20)  # 256 MiB per host
+        x = np.arange(8 * 4 * 2**20, dtype=np.float64).reshape(8, 4 * 2**20)  # 128 MiB per host
         t0 = time.monotonic()
         y = pw.device_put(x, t)
         back = np.asarray(y)
-        print(time.monotonic() - t0 > 3.0, np.array_equal(back, x))
+        print(time.monotonic() - t0 > 6.0, np.array_equal(back, x))
         print(all(h.alive for h in pw.hosts()))
-    """, env={"PATHWAYS_HOST_TEST_DELAYS": "put=0.25"}, timeout=180)
+    """, env={"PATHWAYS_HOST_TEST_DELAYS": "put=1"}, timeout=180)
     assert out.split("\n")[:2] == ["True True", "True"], out
 
 
