@@ -1,6 +1,7 @@
 #include "csrc/client/host_pool.h"
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/error_kind.h"
 
 namespace pw {
 
@@ -15,6 +16,8 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& clust
   std::unique_ptr<HostPool> pool(new HostPool());
   pool->cluster_ = &cluster;
   pool->on_lost_ = std::move(on_lost);
+  pool->loss_handled_.reset(new std::atomic<bool>[hosts.size()]);
+  for (size_t h = 0; h < hosts.size(); ++h) pool->loss_handled_[h].store(false, std::memory_order_relaxed);
   const TopologyOptions& topology = cluster.options();
   for (const Host* host : hosts) {
     wire::Hello hello;
@@ -61,6 +64,7 @@ void HostPool::OnLost(int host, const absl::Status& why) {
     }
   }
   if (on_lost_) on_lost_(host, why);
+  loss_handled_[host].store(true, std::memory_order_release);
 }
 
 std::vector<RemoteHostInfo> HostPool::hosts() const {
@@ -73,7 +77,11 @@ std::vector<RemoteHostInfo> HostPool::hosts() const {
     info.address = c.address();
     info.pid = c.hello_reply().pid();
     info.incarnation = c.hello_reply().incarnation();
-    info.status = c.status();
+    // (A channel closed by its owner is never reported: it shows as it is.)
+    absl::Status status = c.status();
+    const bool loss_pending = GetErrorKind(status) == ErrorKind::kHostLost &&
+                              !loss_handled_[host->id()].load(std::memory_order_acquire);
+    info.status = loss_pending ? absl::OkStatus() : std::move(status);
     out.push_back(std::move(info));
   }
   return out;

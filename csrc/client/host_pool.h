@@ -53,6 +53,10 @@ class HostPool {
   // Surviving hosts told of a loss so far (PeersLost requests sent; tests).
   int64_t survivors_told() const { return survivors_told_.load(std::memory_order_relaxed); }
   HostChannel& channel(int host) { return *channels_[host]; }
+  // Every host, by id. A host is listed lost once its loss has been dealt
+  // with (the survivors told, the LostCallback returned: its devices are
+  // failed by then in a RemoteCluster), so whoever sees it lost also sees
+  // what follows from that.
   std::vector<RemoteHostInfo> hosts() const;
 
  private:
@@ -62,6 +66,8 @@ class HostPool {
   const Cluster* cluster_ = nullptr;
   LostCallback on_lost_;
   std::atomic<int64_t> survivors_told_{0};
+  // By host id: whether its loss has been dealt with (see hosts()).
+  std::unique_ptr<std::atomic<bool>[]> loss_handled_;
   // Protects the list of channels while it grows (Connect) and while a loss
   // is told to the others, and whether the pool is closing (then no loss is
   // told: the channels are going).
