@@ -1,5 +1,7 @@
 #include "csrc/client/host_pool.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "csrc/base/error_kind.h"
 
@@ -64,7 +66,9 @@ void HostPool::OnLost(int host, const absl::Status& why) {
     }
   }
   if (on_lost_) on_lost_(host, why);
+  MutexLock lock(&mu_);
   loss_handled_[host].store(true, std::memory_order_release);
+  handled_cv_.SignalAll();
 }
 
 std::vector<RemoteHostInfo> HostPool::hosts() const {
@@ -77,11 +81,18 @@ std::vector<RemoteHostInfo> HostPool::hosts() const {
     info.address = c.address();
     info.pid = c.hello_reply().pid();
     info.incarnation = c.hello_reply().incarnation();
-    // (A channel closed by its owner is never reported: it shows as it is.)
     absl::Status status = c.status();
-    const bool loss_pending = GetErrorKind(status) == ErrorKind::kHostLost &&
-                              !loss_handled_[host->id()].load(std::memory_order_acquire);
-    info.status = loss_pending ? absl::OkStatus() : std::move(status);
+    if (GetErrorKind(status) == ErrorKind::kHostLost && !loss_handled_[host->id()].load(std::memory_order_acquire)) {
+      // Being dealt with on another thread (OnLost blocks on nothing), or
+      // never, if the pool is closing: then it shows as alive a while.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      MutexLock lock(&mu_);
+      while (!loss_handled_[host->id()].load(std::memory_order_acquire) && !closing_) {
+        if (!handled_cv_.WaitUntil(&mu_, deadline)) break;
+      }
+      if (!loss_handled_[host->id()].load(std::memory_order_acquire)) status = absl::OkStatus();
+    }
+    info.status = std::move(status);
     out.push_back(std::move(info));
   }
   return out;

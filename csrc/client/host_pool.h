@@ -56,7 +56,9 @@ class HostPool {
   // Every host, by id. A host is listed lost once its loss has been dealt
   // with (the survivors told, the LostCallback returned: its devices are
   // failed by then in a RemoteCluster), so whoever sees it lost also sees
-  // what follows from that.
+  // what follows from that; a host whose loss is being dealt with now is
+  // waited for (microseconds: that never blocks), so whoever saw its loss
+  // elsewhere (a request's HostLostError) sees it lost here too.
   std::vector<RemoteHostInfo> hosts() const;
 
  private:
@@ -70,8 +72,9 @@ class HostPool {
   std::unique_ptr<std::atomic<bool>[]> loss_handled_;
   // Protects the list of channels while it grows (Connect) and while a loss
   // is told to the others, and whether the pool is closing (then no loss is
-  // told: the channels are going).
-  Mutex mu_;
+  // told: the channels are going); loss_handled_ is set under it.
+  mutable Mutex mu_;
+  mutable CondVar handled_cv_;  // a loss was dealt with (loss_handled_)
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   // Complete once Connect returns; never shrinks before the destructor.
   std::vector<std::unique_ptr<HostChannel>> channels_;

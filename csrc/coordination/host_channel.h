@@ -18,10 +18,10 @@
 // which the host answers on a thread that never runs requests
 // (host_server.h): a heartbeat never waits behind a large frame, and a host
 // busy for seconds with a put or a compile still answers it at once. So the
-// timeout only has to cover scheduling delays, not the host's work. Then
-// every callback still waiting gets Unavailable naming the host, and so does
-// every later request (Unavailable of kind kHostLost: pw.HostLostError). A
-// lost channel stays lost.
+// timeout only has to cover scheduling delays, not the host's work. Once
+// the host is lost, every callback still waiting gets Unavailable naming
+// the host, and so does every later request (Unavailable of kind kHostLost:
+// pw.HostLostError). A lost channel stays lost.
 //
 // Thread-safe.
 
