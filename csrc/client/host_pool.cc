@@ -1,6 +1,9 @@
 #include "csrc/client/host_pool.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
+#include "csrc/base/error_kind.h"
 
 namespace pw {
 
@@ -15,6 +18,8 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& clust
   std::unique_ptr<HostPool> pool(new HostPool());
   pool->cluster_ = &cluster;
   pool->on_lost_ = std::move(on_lost);
+  pool->loss_handled_.reset(new std::atomic<bool>[hosts.size()]);
+  for (size_t h = 0; h < hosts.size(); ++h) pool->loss_handled_[h].store(false, std::memory_order_relaxed);
   const TopologyOptions& topology = cluster.options();
   for (const Host* host : hosts) {
     wire::Hello hello;
@@ -29,17 +34,41 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& clust
     host_options.on_lost = [p = pool.get(), id = host->id()](const absl::Status& why) { p->OnLost(id, why); };
     auto channel = HostChannel::Connect(addresses[host->id()], std::move(hello), host_options);
     if (!channel.ok()) return channel.status();
+    MutexLock lock(&pool->mu_);
     pool->channels_.push_back(*std::move(channel));
   }
   return pool;
 }
 
 HostPool::~HostPool() {
+  {
+    MutexLock lock(&mu_);
+    closing_ = true;
+  }
   channels_.clear();  // each closes its session; no loss is reported for that
 }
 
 void HostPool::OnLost(int host, const absl::Status& why) {
+  {
+    // Only queued and flushed here (nothing waits for a reply): this runs on
+    // the lost channel's gRPC or heartbeat thread.
+    MutexLock lock(&mu_);
+    if (closing_) return;
+    for (int h = 0; h < static_cast<int>(channels_.size()); ++h) {
+      HostChannel& survivor = *channels_[h];
+      if (h == host || !survivor.alive()) continue;
+      wire::Request request;
+      request.mutable_peers_lost()->add_host_ids(host);
+      request.mutable_peers_lost()->set_why(std::string(why.message()));
+      survivor.Send(std::move(request), nullptr);
+      survivor.Flush();
+      survivors_told_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   if (on_lost_) on_lost_(host, why);
+  MutexLock lock(&mu_);
+  loss_handled_[host].store(true, std::memory_order_release);
+  handled_cv_.SignalAll();
 }
 
 std::vector<RemoteHostInfo> HostPool::hosts() const {
@@ -52,7 +81,18 @@ std::vector<RemoteHostInfo> HostPool::hosts() const {
     info.address = c.address();
     info.pid = c.hello_reply().pid();
     info.incarnation = c.hello_reply().incarnation();
-    info.status = c.status();
+    absl::Status status = c.status();
+    if (GetErrorKind(status) == ErrorKind::kHostLost && !loss_handled_[host->id()].load(std::memory_order_acquire)) {
+      // Being dealt with on another thread (OnLost blocks on nothing), or
+      // never, if the pool is closing: then it shows as alive a while.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      MutexLock lock(&mu_);
+      while (!loss_handled_[host->id()].load(std::memory_order_acquire) && !closing_) {
+        if (!handled_cv_.WaitUntil(&mu_, deadline)) break;
+      }
+      if (!loss_handled_[host->id()].load(std::memory_order_acquire)) status = absl::OkStatus();
+    }
+    info.status = std::move(status);
     out.push_back(std::move(info));
   }
   return out;

@@ -3,16 +3,21 @@
 
 // The client's sessions with its host processes (paper §4, Figure 3): one
 // control channel per host of the cluster, each host told which devices it
-// serves. The pool watches every channel and records a lost host once.
+// serves. The pool watches every channel and records a lost host once, and
+// tells every surviving host of it at once (PeersLost), so that none waits
+// for the lost one: not for its transfers, its rendezvous store, nor the
+// collective groups it belonged to.
 //
 // Thread-safe. The cluster must outlive the pool.
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "csrc/base/mutex.h"
 #include "csrc/cluster/cluster.h"
 #include "csrc/coordination/host_channel.h"
 
@@ -30,7 +35,8 @@ struct RemoteHostInfo {
 
 class HostPool {
  public:
-  // Called once per lost host, on a gRPC or heartbeat thread; must not block.
+  // Called once per lost host, on a gRPC or heartbeat thread, after the
+  // surviving hosts were told; must not block.
   using LostCallback = std::function<void(int host, const absl::Status& why)>;
 
   // Connects to `addresses[h]` for host h of `cluster` (one address per
@@ -44,7 +50,15 @@ class HostPool {
   ~HostPool();
 
   int num_hosts() const { return static_cast<int>(channels_.size()); }
+  // Surviving hosts told of a loss so far (PeersLost requests sent; tests).
+  int64_t survivors_told() const { return survivors_told_.load(std::memory_order_relaxed); }
   HostChannel& channel(int host) { return *channels_[host]; }
+  // Every host, by id. A host is listed lost once its loss has been dealt
+  // with (the survivors told, the LostCallback returned: its devices are
+  // failed by then in a RemoteCluster), so whoever sees it lost also sees
+  // what follows from that; a host whose loss is being dealt with now is
+  // waited for (microseconds: that never blocks), so whoever saw its loss
+  // elsewhere (a request's HostLostError) sees it lost here too.
   std::vector<RemoteHostInfo> hosts() const;
 
  private:
@@ -53,6 +67,16 @@ class HostPool {
 
   const Cluster* cluster_ = nullptr;
   LostCallback on_lost_;
+  std::atomic<int64_t> survivors_told_{0};
+  // By host id: whether its loss has been dealt with (see hosts()).
+  std::unique_ptr<std::atomic<bool>[]> loss_handled_;
+  // Protects the list of channels while it grows (Connect) and while a loss
+  // is told to the others, and whether the pool is closing (then no loss is
+  // told: the channels are going); loss_handled_ is set under it.
+  mutable Mutex mu_;
+  mutable CondVar handled_cv_;  // a loss was dealt with (loss_handled_)
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  // Complete once Connect returns; never shrinks before the destructor.
   std::vector<std::unique_ptr<HostChannel>> channels_;
 };
 

@@ -86,6 +86,9 @@ TEST_F(HostPoolTest, ALostHostIsReportedOnceAndTheOthersStay) {
   EXPECT_NE(hosts[2].status.message().find("host 2 (" + addresses_[2] + ") was lost"), std::string::npos)
       << hosts[2].status;
   EXPECT_TRUE(hosts[0].alive() && hosts[1].alive() && hosts[3].alive());
+  // Each survivor was told, before the report (so nothing of theirs waits
+  // for the lost host).
+  EXPECT_EQ((*pool)->survivors_told(), 3);
 }
 
 TEST_F(HostPoolTest, WrongCountsAndWrongSecretsAreRefused) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/client/remote_cluster_internal.h"
@@ -19,6 +20,8 @@ namespace {
 
 // How long the hosts may take to connect their data plane to each other.
 constexpr int64_t kJoinTimeoutNs = int64_t{60} * 1'000'000'000;
+// A host that shows no sign of life this long is lost (README: "Failure").
+constexpr int64_t kHeartbeatTimeoutNs = int64_t{3} * 1'000'000'000;
 // How long FailDevices waits for the hosts to take it.
 constexpr int64_t kFailTimeoutNs = int64_t{5} * 1'000'000'000;
 
@@ -87,10 +90,12 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   options.secret = secret;
   options.clock_samples = 8;  // hosts on other machines: their parts' times on our clock
   // A host process that dies ends its stream at once; the heartbeat only
-  // catches a host that hangs. Its timeout is generous: on a loaded
-  // machine, or behind a large frame on the same stream, a live host's
-  // answer can take over a second.
-  options.heartbeat_timeout_ns = int64_t{10} * 1'000'000'000;
+  // catches a host that hangs, stops or is cut off. Heartbeats travel on a
+  // connection of their own and the host answers them on a thread that runs
+  // no requests (host_channel.h), so a host busy with a long put or compile
+  // still answers within milliseconds: the timeout only has to cover a
+  // loaded machine's scheduling delays.
+  options.heartbeat_timeout_ns = kHeartbeatTimeoutNs;
   // A lost host's devices are gone with it: new slices avoid them, and
   // work or buffers on them fail with the host's loss (HostLostError).
   auto pool = HostPool::Connect(cluster, addresses, options, [&cluster](int host, const absl::Status& why) {
@@ -652,6 +657,24 @@ void RemoteCluster::LoadOn(int host, uint64_t program_id, const LoweredProgram& 
 void RemoteCluster::SendRun(const std::vector<int>& hosts, uint64_t program_id, uint64_t first,
                             const std::vector<wire::ArgBinding>& bindings, std::shared_ptr<Run> run) {
   if (hosts.empty()) {  // nothing to run anywhere
+    Run::Finish(*run);
+    return;
+  }
+  // A run that needs a lost host fails here, whole, with the host's loss,
+  // and nothing of it is sent: the surviving hosts would only wait for the
+  // lost one (its rendezvous store, its collectives, its transfers). One
+  // atomic load per host. (A host lost after this check is told to the
+  // survivors, which then fail its part at once: HostPool.)
+  for (int h : hosts) {
+    if (pool_->channel(h).alive()) continue;
+    absl::Status lost = pool_->channel(h).status();
+    const std::string what = absl::StrCat("program '", run->program->name(), "' was not run: ", lost.message());
+    {
+      MutexLock lock(&run->mu);
+      run->whole = GetErrorKind(lost) == ErrorKind::kHostLost ? HostLostError(what)
+                                                               : absl::Status(lost.code(), what);
+    }
+    run->args.clear();
     Run::Finish(*run);
     return;
   }

@@ -193,6 +193,39 @@ std::string HandshakeProof(absl::string_view key, ProofBy by, const HandshakeTra
   return HmacSha256(key, message);
 }
 
+std::string HeartbeatKey(absl::string_view key, const HandshakeTranscript& t) {
+  std::string message;
+  AppendField(&message, "pathways-heartbeat-v1");
+  AppendField(&message, t.plane);
+  AppendInt(&message, t.claim);
+  AppendInt(&message, t.listener);
+  AppendField(&message, t.dialer_nonce);
+  AppendField(&message, t.listener_nonce);
+  AppendField(&message, t.binding);
+  return HmacSha256(key, message);
+}
+
+std::string HeartbeatPingMac(absl::string_view heartbeat_key, uint64_t session, uint64_t counter, uint64_t sent_ns) {
+  std::string message;
+  AppendField(&message, "ping");
+  AppendField(&message, absl::StrCat(session));
+  AppendField(&message, absl::StrCat(counter));
+  AppendField(&message, absl::StrCat(sent_ns));
+  return HmacSha256(heartbeat_key, message);
+}
+
+std::string HeartbeatPongMac(absl::string_view heartbeat_key, uint64_t session, uint64_t counter, uint64_t sent_ns,
+                             uint64_t incarnation, int64_t host_ns) {
+  std::string message;
+  AppendField(&message, "pong");
+  AppendField(&message, absl::StrCat(session));
+  AppendField(&message, absl::StrCat(counter));
+  AppendField(&message, absl::StrCat(sent_ns));
+  AppendField(&message, absl::StrCat(incarnation));
+  AppendInt(&message, host_ns);
+  return HmacSha256(heartbeat_key, message);
+}
+
 absl::StatusOr<TlsIdentity> MakeSelfSignedTlsIdentity() {
   Pkey key(EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256"));
   if (key == nullptr) return Failed("making an EC P-256 key");

@@ -88,6 +88,24 @@ enum class ProofBy { kDialer, kListener };
 // HMAC-SHA256(key, "pathways-auth-v1" | plane | role | transcript), 32 bytes.
 std::string HandshakeProof(absl::string_view key, ProofBy by, const HandshakeTranscript& transcript);
 
+// Heartbeats (the control plane's Heartbeat rpc, on a connection of its
+// own, host_channel.h): they carry no secret either. After a session's
+// handshake both ends derive its heartbeat key
+//   S = HMAC-SHA256(K, "pathways-heartbeat-v1" | transcript)
+// (K and the transcript as for the proofs, so S is fresh per session and
+// never crosses the wire). Each heartbeat names the session (the id the
+// host gave in its proof), a counter that increases with every heartbeat,
+// and the time it was sent, under
+//   HMAC-SHA256(S, "ping" | session | counter | sent_ns);
+// the host answers only a MAC that holds and a counter above the last one
+// it answered for that session (so a recorded heartbeat is worthless), and
+// MACs its answer, so no one else can keep a dead host looking alive:
+//   HMAC-SHA256(S, "pong" | session | counter | sent_ns | incarnation | host_ns).
+std::string HeartbeatKey(absl::string_view key, const HandshakeTranscript& transcript);
+std::string HeartbeatPingMac(absl::string_view heartbeat_key, uint64_t session, uint64_t counter, uint64_t sent_ns);
+std::string HeartbeatPongMac(absl::string_view heartbeat_key, uint64_t session, uint64_t counter, uint64_t sent_ns,
+                             uint64_t incarnation, int64_t host_ns);
+
 // A TLS identity made at start: an EC P-256 key and a self-signed
 // certificate for it (CN "pathways-host", valid from an hour ago for ten
 // years). Nobody needs to trust it beforehand: the handshake binds its

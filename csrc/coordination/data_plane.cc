@@ -377,6 +377,15 @@ DataPlane::~DataPlane() {
   }
 }
 
+void DataPlane::ShutdownPeer(int peer) {
+  if (peer < 0 || peer >= num_hosts_ || peer == host_id_) return;
+  // As Shutdown: shut down, not closed (another thread may be inside a
+  // syscall on the descriptor).
+  MutexLock lock(&mu_);
+  if (out_fds_[peer] >= 0) shutdown(out_fds_[peer], SHUT_RDWR);
+  if (in_fds_[peer] >= 0) shutdown(in_fds_[peer], SHUT_RDWR);
+}
+
 std::string DataPlane::Name() const { return absl::StrCat("data plane host ", host_id_); }
 
 void DataPlane::Shutdown() {

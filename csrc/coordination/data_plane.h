@@ -195,6 +195,13 @@ class DataPlane {
   // Idempotent; does not wait for the accept thread (the destructor does).
   void Shutdown();
 
+  // Shuts both connections with `peer` down (a host known to be lost, which
+  // may never close them itself: stopped, hung or cut off), so that a Send
+  // or Recv with it blocked now, and every later one, fails (Unavailable
+  // naming the peer) at once. The other peers keep working. Idempotent; an
+  // unknown peer or an unconnected plane is ignored.
+  void ShutdownPeer(int peer);
+
  private:
   // One other host: the connection this host dialed to it (our Sends) and
   // the one it dialed to us (our Recvs).

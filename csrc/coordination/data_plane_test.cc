@@ -1105,6 +1105,37 @@ TEST(DataPlaneTest, AShutDownPeerFailsOnlyItsOwnTransfers) {
   EXPECT_EQ(got, "fine");
 }
 
+TEST(DataPlaneTest, ShutdownPeerFailsOnlyTransfersWithThatPeerAtOnce) {
+  // Host 1 is alive but answers nothing (a stopped process): host 0 is
+  // blocked sending it 64 MiB and receiving from it. ShutdownPeer(1) ends
+  // both at once; later transfers with host 1 fail at once; host 2 carries
+  // on with host 0 both ways.
+  Cluster c;
+  ASSERT_OK(c.Start(3));
+  const std::string big = Pattern(size_t{64} << 20, 4);
+  std::string got;
+  auto send = c.Async([&] { return SendString(c[0], 1, big); });
+  auto recv = c.Async([&] { return RecvString(c[0], 1, 5, &got).status(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  c[0].ShutdownPeer(1);
+  c[0].ShutdownPeer(1);  // idempotent
+  c[0].ShutdownPeer(0);  // itself, and an unknown peer: ignored
+  c[0].ShutdownPeer(7);
+  absl::Status s = Get(send), r = Get(recv);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("host 1"));
+  EXPECT_TRUE(absl::IsUnavailable(r)) << r;
+  EXPECT_THAT(r.message(), HasSubstr("host 1"));
+  EXPECT_TRUE(absl::IsUnavailable(SendString(c[0], 1, "x")));
+  EXPECT_TRUE(absl::IsUnavailable(RecvString(c[0], 1, 1, &got).status()));
+  ASSERT_OK(SendString(c[2], 0, "fine"));
+  ASSERT_TRUE(RecvString(c[0], 2, 4, &got).ok());
+  EXPECT_EQ(got, "fine");
+  ASSERT_OK(SendString(c[0], 2, "back"));
+  ASSERT_TRUE(RecvString(c[2], 0, 4, &got).ok());
+  EXPECT_EQ(got, "back");
+}
+
 TEST(DataPlaneTest, ASenderShutDownMidMessageLeavesTheReceiverUnavailable) {
   Cluster c;
   ASSERT_OK(c.Start(2));

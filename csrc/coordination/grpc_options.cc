@@ -12,10 +12,11 @@ namespace pw {
 namespace {
 constexpr int kKeepaliveMs = 1000;
 // How long a keepalive ping may go unanswered before the connection is
-// dropped: the heartbeats' own limit (10 s, see RemoteCluster::Connect). A
-// host whose process dies ends its stream at once anyway; on 2 cores loaded
-// by a client and several hosts, a live host's answer can take over a
-// second, and a 1 s limit here lost it spuriously.
+// dropped. A host whose process dies ends its stream at once anyway, and one
+// that stops answering is lost by its heartbeats first (3 s, see
+// RemoteCluster::Connect); this only ends connections nobody watches. On 2
+// cores loaded by a client and several hosts, a live host's transport can
+// take over a second to answer, and a 1 s limit here lost it spuriously.
 constexpr int kKeepaliveTimeoutMs = 10'000;
 // Reconnect backoff while a channel connects: gRPC's default (1 s, growing
 // by 1.6x) let one refused or dropped first attempt under load use up a

@@ -102,6 +102,18 @@ class HostChannel::Stream final : public grpc::ClientBidiReactor<wire::ClientFra
   wire::HostFrame in_;
 };
 
+// The heartbeats' connection: a gRPC channel of its own (ClientChannelArguments
+// gives every channel its own subchannel, so its own TCP connection), which
+// no frame of the session ever queues in front of.
+// It speaks TLS wherever the session does.
+struct HostChannel::HeartbeatPath {
+  HeartbeatPath(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials)
+      : channel(grpc::CreateCustomChannel(address, std::move(credentials), ClientChannelArguments())),
+        stub(wire::Host::NewStub(channel)) {}
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<wire::Host::Stub> stub;
+};
+
 HostChannel::HostChannel(std::string address, ChannelOptions options)
     : address_(std::move(address)), options_(std::move(options)) {
   if (options_.host_name.empty()) options_.host_name = absl::StrCat("host at ", address_);
@@ -117,12 +129,21 @@ absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::str
   if (credentials == nullptr) return absl::InternalError(absl::StrCat("TLS to ", address, ": ", error));
   auto grpc_channel = grpc::CreateCustomChannel(address, credentials, ClientChannelArguments());
   const auto deadline = std::chrono::system_clock::now() + std::chrono::nanoseconds(options.connect_timeout_ns);
-  if (!grpc_channel->WaitForConnected(deadline)) {
-    return absl::UnavailableError(absl::StrCat("cannot reach ", channel->options_.host_name, " within ",
-                                               options.connect_timeout_ns / 1e9, " s",
-                                               tls ? " (over TLS: the address is not on loopback)"
-                                                   : " (in plaintext: the address is on loopback; a host that listens "
-                                                     "beyond it, on 0.0.0.0 say, speaks TLS there)"));
+  // In short waits, so that a host known to be lost is given up at once.
+  constexpr auto kAbandonPoll = std::chrono::milliseconds(10);
+  while (!grpc_channel->WaitForConnected(
+      options.abandon ? std::min(deadline, std::chrono::system_clock::now() + kAbandonPoll) : deadline)) {
+    if (options.abandon && options.abandon()) {
+      return absl::UnavailableError(absl::StrCat("gave up connecting to ", channel->options_.host_name,
+                                                 ": it was lost"));
+    }
+    if (std::chrono::system_clock::now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("cannot reach ", channel->options_.host_name, " within ",
+                                                 options.connect_timeout_ns / 1e9, " s",
+                                                 tls ? " (over TLS: the address is not on loopback)"
+                                                     : " (in plaintext: the address is on loopback; a host that "
+                                                       "listens beyond it, on 0.0.0.0 say, speaks TLS there)"));
+    }
   }
   absl::StatusOr<std::string> nonce = RandomBytes(kNonceBytes);
   if (!nonce.ok()) return nonce.status();
@@ -156,7 +177,11 @@ absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::str
       }
     }
   }
-  if (options.heartbeat_period_ns > 0) channel->heartbeat_ = std::thread([c = channel.get()] { c->HeartbeatLoop(); });
+  if (options.heartbeat_period_ns > 0) {
+    channel->heartbeat_path_ = std::make_unique<HeartbeatPath>(address, credentials);
+    channel->last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
+    channel->heartbeat_ = std::thread([c = channel.get()] { c->HeartbeatLoop(); });
+  }
   return channel;
 }
 
@@ -200,6 +225,10 @@ absl::Status HostChannel::Authenticate(const std::string& nonce, bool tls, int64
                       "in between)"
                     : "it could not prove it knows our peer key");
   }
+  // The heartbeats' key and session (auth.h): the heartbeat thread starts
+  // after this.
+  heartbeat_key_ = HeartbeatKey(options_.secret, transcript);
+  heartbeat_session_ = reply->host_proof().heartbeat_session();
   return absl::OkStatus();
 }
 
@@ -207,6 +236,7 @@ HostChannel::~HostChannel() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
+    if (heartbeat_call_ != nullptr) heartbeat_call_->TryCancel();
     cv_.SignalAll();
   }
   if (heartbeat_.joinable()) heartbeat_.join();
@@ -250,6 +280,9 @@ bool HostChannel::OnReadEnded() {
 }
 
 void HostChannel::OnWriteDone(bool ok) {
+  // A frame the host's end took whole (flow control lets a large one go
+  // only as fast as the host reads it): the host is making progress.
+  if (ok) last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
   bool release = false, write = false;
   {
     MutexLock lock(&mu_);
@@ -364,27 +397,59 @@ void HostChannel::OnStreamDone(absl::Status why) {
   cv_.SignalAll();
 }
 
+bool HostChannel::Heartbeat(int64_t deadline_ns) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::nanoseconds(std::max<int64_t>(deadline_ns - NowNanos(), 1'000'000)));
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) return false;
+    heartbeat_call_ = &context;
+  }
+  wire::Ping ping;
+  ping.set_sent_ns(NowNanos());
+  ping.set_session(heartbeat_session_);
+  ping.set_counter(++heartbeat_counter_);
+  ping.set_mac(HeartbeatPingMac(heartbeat_key_, ping.session(), ping.counter(), ping.sent_ns()));
+  wire::Pong pong;
+  const grpc::Status status = heartbeat_path_->stub->Heartbeat(&context, ping, &pong);
+  {
+    MutexLock lock(&mu_);
+    heartbeat_call_ = nullptr;
+  }
+  if (!status.ok()) return false;
+  // Only the host that holds the session's key can answer; another process
+  // at the same address (the host restarted) is no answer either.
+  return pong.counter() == ping.counter() &&
+         ConstantTimeEquals(pong.mac(), HeartbeatPongMac(heartbeat_key_, ping.session(), ping.counter(),
+                                                         ping.sent_ns(), pong.incarnation(), pong.host_ns())) &&
+         pong.incarnation() == hello_reply_.incarnation();
+}
+
 void HostChannel::HeartbeatLoop() {
   const auto period = std::chrono::nanoseconds(options_.heartbeat_period_ns);
-  auto next = std::chrono::steady_clock::now() + period;
+  auto next = std::chrono::steady_clock::now();
   while (true) {
     {
       MutexLock lock(&mu_);
       while (!stopping_ && std::chrono::steady_clock::now() < next) cv_.WaitUntil(&mu_, next);
       if (stopping_) return;
     }
-    next += period;
+    next = std::chrono::steady_clock::now() + period;
     if (!alive()) return;
     const int64_t silent_ns = NowNanos() - last_heard_ns_.load(std::memory_order_relaxed);
     if (silent_ns > options_.heartbeat_timeout_ns) {
-      Lose(HostLostError(absl::StrCat(options_.host_name, " was lost: it did not answer heartbeats for ",
+      Lose(HostLostError(absl::StrCat(options_.host_name, " was lost: no sign of life (heartbeat, reply or write) for ",
                                       silent_ns / 1e9, " s")));
       return;
     }
-    wire::Request ping;
-    ping.mutable_ping()->set_sent_ns(NowNanos());
-    Send(std::move(ping), [](absl::StatusOr<wire::Reply>) {});
-    Flush();
+    // Waits at most until the host would be lost without an answer.
+    const int64_t deadline_ns =
+        last_heard_ns_.load(std::memory_order_relaxed) + options_.heartbeat_timeout_ns + options_.heartbeat_period_ns;
+    if (Heartbeat(deadline_ns)) {
+      last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
+      heartbeats_answered_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 

@@ -19,12 +19,21 @@
 // the handshake binds the certificate the host presented.
 //
 // Liveness: the host is lost when its stream ends (its process died, or the
-// connection broke) or when no reply, heartbeat or other, came for
-// `heartbeat_timeout_ns` (the host answers heartbeats on its gRPC threads,
-// whatever its executors are doing). Then every
-// callback still waiting gets Unavailable naming the host, and so does
-// every later request (Unavailable of kind kHostLost: pw.HostLostError). A
-// lost channel stays lost.
+// connection broke) or when it showed no sign of life for
+// `heartbeat_timeout_ns`. Signs of life are heartbeat answers, replies, and
+// frames the stream finished writing (a long put in progress counts).
+// Heartbeats travel on a connection of their own, as the Heartbeat rpc,
+// which the host answers on a thread that never runs requests
+// (host_server.h): a heartbeat never waits behind a large frame, and a host
+// busy for seconds with a put or a compile still answers it at once. The
+// secret does not go with them: each names the session and carries a
+// counter that only grows and a MAC under the session's heartbeat key, which
+// both ends derived from the handshake (auth.h); the host's answer carries
+// a MAC too, so only the host can keep the channel alive. So the
+// timeout only has to cover scheduling delays, not the host's work. Once
+// the host is lost, every callback still waiting gets Unavailable naming
+// the host, and so does every later request (Unavailable of kind kHostLost:
+// pw.HostLostError). A lost channel stays lost.
 //
 // Thread-safe.
 
@@ -45,6 +54,10 @@
 #include "csrc/coordination/frame_queue.h"
 #include "csrc/coordination/grpc_options.h"
 
+namespace grpc {
+class ClientContext;
+}  // namespace grpc
+
 namespace pw {
 
 struct ChannelOptions {
@@ -63,10 +76,15 @@ struct ChannelOptions {
   std::string client_name = "pathways";
   // How long Connect() may take, the Hello round trip included.
   int64_t connect_timeout_ns = int64_t{10} * 1'000'000'000;
+  // Polled while Connect() waits for the host (every few ms): once it
+  // returns true, Connect() gives up with Unavailable (the host is known to
+  // be lost). Null: never.
+  std::function<bool()> abandon;
   // A heartbeat goes out every period; the host is lost after the timeout
-  // without any reply. 0: no heartbeats (the stream's end still counts).
+  // without a sign of life (see above). 0: no heartbeats (the stream's end
+  // still counts).
   int64_t heartbeat_period_ns = 250'000'000;
-  int64_t heartbeat_timeout_ns = 1'500'000'000;
+  int64_t heartbeat_timeout_ns = 3'000'000'000;
   // Called once, on a gRPC or heartbeat thread, when the host is lost (not
   // when the channel is closed by its owner): with the loss. Must not block.
   std::function<void(const absl::Status&)> on_lost;
@@ -131,6 +149,8 @@ class HostChannel {
   bool alive() const { return !lost_.load(std::memory_order_acquire); }
   // Frames written so far (for tests and stats: batching).
   int64_t frames_sent() const { return frames_sent_.load(std::memory_order_relaxed); }
+  // Heartbeats the host answered so far (tests).
+  int64_t heartbeats_answered() const { return heartbeats_answered_.load(std::memory_order_relaxed); }
 
   // Marks the host lost with `why` (idempotent) and cancels the stream.
   void Lose(absl::Status why);
@@ -148,6 +168,9 @@ class HostChannel {
   bool OnReadEnded();
   void OnStreamDone(absl::Status status);
   void HeartbeatLoop();
+  // One heartbeat on the heartbeat connection, waiting at most until
+  // `deadline_ns`; true if the host answered (as the same incarnation).
+  bool Heartbeat(int64_t deadline_ns);
 
   const std::string address_;
   ChannelOptions options_;  // set before the channel is shared
@@ -157,6 +180,7 @@ class HostChannel {
   std::atomic<bool> lost_{false};
   std::atomic<int64_t> last_heard_ns_{0};
   std::atomic<int64_t> frames_sent_{0};
+  std::atomic<int64_t> heartbeats_answered_{0};
   std::atomic<uint64_t> next_id_{1};
 
   mutable Mutex mu_;
@@ -175,7 +199,17 @@ class HostChannel {
   std::optional<std::string> challenge_ ABSL_GUARDED_BY(mu_);
   // The frame on the wire: touched only by whoever set writing_.
   wire::ClientFrame out_;
+  // The heartbeat call in flight (cancelled when the channel closes).
+  grpc::ClientContext* heartbeat_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   CondVar cv_;  // stream_done_, stopping_, challenge_
+  // The heartbeats' own connection and stub, the session's heartbeat key and
+  // id (from the handshake, auth.h) and the last counter sent: used by the
+  // heartbeat thread only (set before it starts).
+  struct HeartbeatPath;
+  std::unique_ptr<HeartbeatPath> heartbeat_path_;
+  std::string heartbeat_key_;
+  uint64_t heartbeat_session_ = 0;
+  uint64_t heartbeat_counter_ = 0;
   std::thread heartbeat_;
 };
 

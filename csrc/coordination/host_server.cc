@@ -154,7 +154,10 @@ class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::Cl
       authenticated = state_->authenticated_;
     }
     // The handler hears only of the sessions it was handed.
-    if (authenticated) handler_->OnSessionEnd(state_);
+    if (authenticated) {
+      server_->RemoveHeartbeatSession(state_->id());
+      handler_->OnSessionEnd(state_);
+    }
     server_->open_sessions_.fetch_sub(1, std::memory_order_acq_rel);
     delete this;
   }
@@ -188,9 +191,12 @@ class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::Cl
       state_->authenticated_ = true;
     }
     authenticated_ = true;
+    // Its heartbeats count from now (until OnDone).
+    server_->AddHeartbeatSession(state_->id(), HeartbeatKey(handshake_.key, handshake_.transcript));
     wire::Reply reply;
     reply.set_id(request.id());
     reply.mutable_host_proof()->set_proof(HandshakeProof(handshake_.key, ProofBy::kListener, handshake_.transcript));
+    reply.mutable_host_proof()->set_heartbeat_session(state_->id());
     state_->Reply(std::move(reply));
     return true;
   }
@@ -241,7 +247,16 @@ bool SessionState::Refuse(grpc::Status why, bool only_unauthenticated) {
   return true;
 }
 
-class HostServer::Service final : public wire::Host::CallbackService {
+void RequestHandler::Heartbeat(const wire::Ping& ping, wire::Pong* pong) {
+  pong->set_sent_ns(ping.sent_ns());
+  pong->set_host_ns(NowNanos());
+}
+
+// Sessions through the callback API (reactions on gRPC's threads, where the
+// handler's requests run); heartbeats through the async API, served by
+// HeartbeatLoop on a thread of their own.
+class HostServer::Service final
+    : public wire::Host::WithAsyncMethod_Heartbeat<wire::Host::WithCallbackMethod_Session<wire::Host::Service>> {
  public:
   Service(HostServer* server, std::string secret, RequestHandler* handler)
       : server_(server), secret_(std::move(secret)), handler_(handler) {}
@@ -294,6 +309,8 @@ class HostServer::Service final : public wire::Host::CallbackService {
     return new SessionReactor(server_, handler_, next_id_.fetch_add(1, std::memory_order_relaxed), peer_host,
                               std::move(handshake));
   }
+
+  RequestHandler* handler() const { return handler_; }
 
  private:
   HostServer* server_;
@@ -352,6 +369,83 @@ void HostServer::ReapLoop() {
   }
 }
 
+void HostServer::AddHeartbeatSession(uint64_t session, std::string key) {
+  MutexLock lock(&heartbeat_sessions_mu_);
+  heartbeat_sessions_[session] = HeartbeatSession{std::move(key), 0};
+}
+
+void HostServer::RemoveHeartbeatSession(uint64_t session) {
+  MutexLock lock(&heartbeat_sessions_mu_);
+  heartbeat_sessions_.erase(session);
+}
+
+absl::Status HostServer::CheckHeartbeat(const wire::Ping& ping, std::string* key) {
+  MutexLock lock(&heartbeat_sessions_mu_);
+  auto it = heartbeat_sessions_.find(ping.session());
+  if (it == heartbeat_sessions_.end()) {
+    return absl::UnauthenticatedError("the heartbeat names no authenticated session open on this host");
+  }
+  HeartbeatSession& session = it->second;
+  if (!ConstantTimeEquals(ping.mac(), HeartbeatPingMac(session.key, ping.session(), ping.counter(), ping.sent_ns()))) {
+    return absl::UnauthenticatedError("the heartbeat's MAC does not hold for its session");
+  }
+  // Checked after the MAC, so only the session's client can move it on.
+  if (ping.counter() <= session.last_counter) {
+    return absl::UnauthenticatedError(absl::StrCat("the heartbeat's counter (", ping.counter(),
+                                                   ") is not above the session's last (", session.last_counter,
+                                                   "): a replay"));
+  }
+  session.last_counter = ping.counter();
+  *key = session.key;
+  return absl::OkStatus();
+}
+
+// One heartbeat call: asked for, then answered, then done.
+struct HostServer::HeartbeatCall {
+  grpc::ServerContext context;
+  wire::Ping ping;
+  grpc::ServerAsyncResponseWriter<wire::Pong> responder{&context};
+  bool answered = false;
+};
+
+void HostServer::HeartbeatLoop() {
+  // gRPC must not be asked for a call once it is shutting down: the
+  // destructor flags that, under the same lock, before it shuts down.
+  auto request = [this] {
+    MutexLock lock(&heartbeat_mu_);
+    if (heartbeat_stopping_) return;
+    auto* call = new HeartbeatCall();
+    service_->RequestHeartbeat(&call->context, &call->ping, &call->responder, heartbeat_cq_.get(),
+                               heartbeat_cq_.get(), call);
+  };
+  request();
+  void* tag;
+  bool ok;
+  while (heartbeat_cq_->Next(&tag, &ok)) {
+    auto* call = static_cast<HeartbeatCall*>(tag);
+    if (call->answered || !ok) {  // finished, or the server is shutting down
+      delete call;
+      continue;
+    }
+    request();  // the next one may come while this one is answered
+    call->answered = true;
+    std::string key;
+    if (absl::Status checked = CheckHeartbeat(call->ping, &key); !checked.ok()) {
+      refused_heartbeats_.fetch_add(1, std::memory_order_relaxed);
+      call->responder.FinishWithError(
+          grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(checked.message())), call);
+      continue;
+    }
+    wire::Pong pong;
+    service_->handler()->Heartbeat(call->ping, &pong);
+    pong.set_counter(call->ping.counter());
+    pong.set_mac(HeartbeatPongMac(key, call->ping.session(), call->ping.counter(), call->ping.sent_ns(),
+                                  pong.incarnation(), pong.host_ns()));
+    heartbeats_.fetch_add(1, std::memory_order_relaxed);
+    call->responder.Finish(pong, grpc::Status::OK, call);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(const std::string& listen_address, std::string secret,
                                                               RequestHandler* handler, ServerOptions options) {
   if (secret.empty()) return absl::InvalidArgumentError("a host needs the cluster's secret; got an empty one");
@@ -389,10 +483,12 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(const std::string&
                                static_cast<int>(std::max<int64_t>(options.idle_connection_timeout_ns / 1'000'000, 1)));
   }
   builder.RegisterService(server->service_.get());
+  server->heartbeat_cq_ = builder.AddCompletionQueue();
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
   }
+  server->heartbeat_thread_ = std::thread([s = server.get()] { s->HeartbeatLoop(); });
   server->address_ = absl::StrCat(listen_address.substr(0, colon), ":", server->port_);
   server->reaper_ = std::thread([s = server.get()] { s->ReapLoop(); });
   return server;
@@ -405,10 +501,26 @@ HostServer::~HostServer() {
     pending_cv_.SignalAll();
   }
   if (reaper_.joinable()) reaper_.join();
-  if (server_ == nullptr) return;
-  // Cancels the open streams at once; returns when every session is done.
-  server_->Shutdown(std::chrono::system_clock::now());
-  server_->Wait();
+  if (server_ != nullptr) {
+    {
+      MutexLock lock(&heartbeat_mu_);
+      heartbeat_stopping_ = true;
+    }
+    // Cancels the open streams at once; returns when every session is done.
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+  }
+  // Then the heartbeats' queue, which must be drained before it goes: by
+  // the loop, or here if it never started.
+  if (heartbeat_cq_ == nullptr) return;
+  heartbeat_cq_->Shutdown();
+  if (heartbeat_thread_.joinable()) {
+    heartbeat_thread_.join();
+    return;
+  }
+  void* tag;
+  bool ok;
+  while (heartbeat_cq_->Next(&tag, &ok)) delete static_cast<HeartbeatCall*>(tag);
 }
 
 }  // namespace pw

@@ -2,9 +2,12 @@
 #define PATHWAYS_COORDINATION_HOST_SERVER_H_
 
 // The host's end of the control plane: a gRPC server with one session per
-// client stream (see host_channel.h for the client's end). What the requests
-// mean is the RequestHandler's business; the server only lets authenticated
-// sessions reach it.
+// client stream (see host_channel.h for the client's end), and heartbeats
+// answered on a thread of their own (never behind a session's requests, nor
+// on a thread busy with one: a host that takes seconds over a put or a
+// compile still answers them at once). What the requests mean is the
+// RequestHandler's business; the server only lets authenticated sessions
+// reach it.
 //
 // Authentication (auth.h's challenge-response, on the stream itself):
 //   - the stream opens with the dialer's nonce and claim in its metadata
@@ -15,13 +18,20 @@
 //     `challenge`, its nonce);
 //   - the dialer's first frame must hold exactly one request, its
 //     `auth_proof`; the host checks it in constant time, answers with its
-//     own proof (a Reply with the request's id and `auth_proof`), and from
-//     then on hands the session's requests to the handler.
+//     own proof (a Reply with the request's id and `auth_proof`, with the
+//     session's heartbeat_session), and from then on hands the session's
+//     requests to the handler.
 // Anything else is refused with UNAUTHENTICATED and never reaches the
 // handler: a stream without the metadata, a wrong proof, a request before
 // the proof, or no proof within ServerOptions::handshake_timeout_ns. A
 // claim whose key is not there yet (a host that has not joined its cluster)
 // is refused with FAILED_PRECONDITION: the dialer may try again.
+//
+// Heartbeats (the Heartbeat rpc) carry no secret: each names an
+// authenticated session that is still open, carries a counter above the
+// last one answered for it and a MAC under the session's heartbeat key
+// (auth.h), checked in constant time; otherwise it is refused with
+// UNAUTHENTICATED. The answer carries a MAC too.
 //
 // Bounds before authentication: at most max_pending_handshakes streams wait
 // for their proof at once (a new one beyond that ends the oldest: a real
@@ -45,6 +55,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -54,6 +65,7 @@
 
 namespace grpc {
 class Server;
+class ServerCompletionQueue;
 }  // namespace grpc
 
 namespace pw {
@@ -103,6 +115,11 @@ class RequestHandler {
   // not known yet (the session is refused, and the dialer may retry); any
   // other error refuses the claim. The default takes no host claims.
   virtual absl::StatusOr<std::string> PeerKey(int host);
+  // Answers a heartbeat (the Heartbeat rpc) the server has authenticated,
+  // on the server's heartbeat thread: must answer at once, without a lock
+  // that request handling may hold for long. The default echoes sent_ns and
+  // reads the clock. (The server sets the Pong's counter and MAC.)
+  virtual void Heartbeat(const wire::Ping& ping, wire::Pong* pong);
 };
 
 struct ServerOptions {
@@ -141,10 +158,16 @@ class HostServer {
   // handshake, a wrong proof, a request before the proof, too slow).
   int open_sessions() const { return open_sessions_.load(std::memory_order_acquire); }
   int64_t refused_sessions() const { return refused_sessions_.load(std::memory_order_relaxed); }
+  // Heartbeats answered so far (tests).
+  int64_t heartbeats() const { return heartbeats_.load(std::memory_order_relaxed); }
+  // Heartbeats refused so far (no valid MAC, a replayed counter, no such
+  // session) (tests).
+  int64_t refused_heartbeats() const { return refused_heartbeats_.load(std::memory_order_relaxed); }
 
  private:
   class Service;
   class SessionReactor;
+  struct HeartbeatCall;
   friend class SessionState;
   HostServer() = default;
   // A stream opened and waits for its proof: it is ended if it has not
@@ -153,6 +176,16 @@ class HostServer {
   void AddPendingHandshake(const std::shared_ptr<SessionState>& session);
   // Ends the handshakes that ran out of time, until the server stops.
   void ReapLoop();
+  // Answers heartbeats until the server shuts down (on heartbeat_thread_).
+  void HeartbeatLoop();
+  // A session proved itself: its heartbeats are checked with `key` (auth.h's
+  // heartbeat key) from now until it ends.
+  void AddHeartbeatSession(uint64_t session, std::string key);
+  void RemoveHeartbeatSession(uint64_t session);
+  // Whether `ping` is a valid heartbeat (see above): an authenticated open
+  // session's, with a MAC that holds and a counter above its last one; then
+  // its key is put in `key`. Otherwise the refusal.
+  absl::Status CheckHeartbeat(const wire::Ping& ping, std::string* key);
 
   std::string address_;
   int port_ = 0;
@@ -161,6 +194,10 @@ class HostServer {
   std::string certificate_sha256_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::ServerCompletionQueue> heartbeat_cq_;
+  std::thread heartbeat_thread_;
+  Mutex heartbeat_mu_;  // no heartbeat call is asked for once the server stops
+  bool heartbeat_stopping_ ABSL_GUARDED_BY(heartbeat_mu_) = false;
   std::atomic<int> open_sessions_{0};
   std::atomic<int64_t> refused_sessions_{0};
 
@@ -172,6 +209,17 @@ class HostServer {
   bool stopping_ ABSL_GUARDED_BY(pending_mu_) = false;
   CondVar pending_cv_;
   std::thread reaper_;
+  std::atomic<int64_t> heartbeats_{0};
+  std::atomic<int64_t> refused_heartbeats_{0};
+
+  // The authenticated sessions' heartbeat keys and the last counter each
+  // answered (held briefly, never while a request is handled).
+  struct HeartbeatSession {
+    std::string key;
+    uint64_t last_counter = 0;
+  };
+  Mutex heartbeat_sessions_mu_;
+  std::unordered_map<uint64_t, HeartbeatSession> heartbeat_sessions_ ABSL_GUARDED_BY(heartbeat_sessions_mu_);
 };
 
 }  // namespace pw

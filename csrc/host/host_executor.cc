@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/coordination/host_channel.h"
@@ -85,6 +86,31 @@ class HostExecutor::Scratch {
   uint8_t* data_ = nullptr;
   int64_t capacity_ = 0;
 };
+
+// ---- RendezvousStores ----
+
+namespace {
+
+// Another store as it is, for one rendezvous.
+class ForwardingStore final : public KeyValueStore {
+ public:
+  explicit ForwardingStore(KeyValueStore* store) : store_(store) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override { return store_->Set(key, value); }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Time deadline) override {
+    return store_->Get(key, deadline);
+  }
+
+ private:
+  KeyValueStore* const store_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KeyValueStore>> RendezvousStores::GroupStore(absl::Span<const int> members) {
+  if (members.empty()) return absl::InvalidArgumentError("rendezvous: a group of no hosts");
+  PW_ASSIGN_OR_RETURN(KeyValueStore * store, StoreOf(members.front()));
+  return std::make_unique<ForwardingStore>(store);
+}
 
 // ---- HostBuffer ----
 
@@ -491,6 +517,9 @@ HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinClust
       island_id_(config.island_id()),
       failed_(new std::atomic<bool>[config.device_ids_size()]) {
   for (int d = 0; d < config.device_ids_size(); ++d) failed_[d].store(false, std::memory_order_relaxed);
+  num_hosts_ = device_host_.empty() ? 1 : *std::max_element(device_host_.begin(), device_host_.end()) + 1;
+  lost_peers_.reset(new std::atomic<bool>[num_hosts_]);
+  for (int h = 0; h < num_hosts_; ++h) lost_peers_[h].store(false, std::memory_order_relaxed);
   collective_options_.bind_address = std::move(bind_ip);
   for (int i = 0; i < config.device_ids_size(); ++i) {
     const int d = config.device_ids(i);
@@ -1192,6 +1221,8 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scra
       if (local == nullptr) return scratch_error();
       return exe.RunLocal(*gang.local, ins, outs, local, nullptr);
     });
+  } else if (absl::Status lost = CheckPeers(gang); !lost.ok()) {
+    status.Update(lost);  // its collectives would wait for a host that is gone
   } else if (auto group = GroupFor(gang, part.generation); !group.ok()) {
     status.Update(group.status());
   } else if (absl::Status arrived = (*group)->Arrive(part.tag, arrival_timeout_); !arrived.ok()) {
@@ -1259,10 +1290,11 @@ absl::StatusOr<std::shared_ptr<CollectiveGroup>> HostExecutor::GroupFor(const Ho
     options.join_cancelled = [this, e = entry.get()] {
       return stopping_.load(std::memory_order_acquire) || e->abort_join.load(std::memory_order_acquire);
     };
-    // The group meets in the store of its lowest host (RendezvousStores).
-    absl::StatusOr<KeyValueStore*> store = stores_->StoreOf(groups.hosts.front());
+    // The group meets in the store of its lowest host (RendezvousStores),
+    // which gives up at once if a member is lost.
+    absl::StatusOr<std::unique_ptr<KeyValueStore>> store = stores_->GroupStore(groups.hosts);
     absl::StatusOr<std::unique_ptr<CollectiveGroup>> group =
-        store.ok() ? CollectiveGroup::Create(*store, key, rank, static_cast<int>(groups.hosts.size()), options)
+        store.ok() ? CollectiveGroup::Create(store->get(), key, rank, static_cast<int>(groups.hosts.size()), options)
                    : store.status();
     if (group.ok()) {
       entry->group = *std::move(group);
@@ -1379,6 +1411,51 @@ wire::CancelRunsReply HostExecutor::CancelRuns(const wire::CancelRuns& request) 
       [&](uint64_t program_id, uint64_t first) { return request.all() || runs.contains({program_id, first}); },
       request.reason(), request.end_simulated_time()));
   return reply;
+}
+
+absl::Status HostExecutor::PeersLost(const wire::PeersLost& request) {
+  for (int h : request.host_ids()) {
+    if (h < 0 || h >= num_hosts_ || h == host_id_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peers_lost: no other host ", h, " in this cluster of ", num_hosts_, " hosts"));
+    }
+  }
+  for (int h : request.host_ids()) {
+    if (lost_peers_[h].exchange(true, std::memory_order_acq_rel)) continue;
+    any_peer_lost_.store(true, std::memory_order_release);
+    // Transfers: the peer threads' Send or Recv with it (in flight, or the
+    // next ones) fail at once, each failing its destination as a broken
+    // connection does; none waits for a host that may never answer.
+    if (data_ != nullptr) data_->ShutdownPeer(h);
+    // Its groups break: a part waiting in Arrive for it, or making a group
+    // with it, stops now, and no group with it is made again.
+    AbortGroupsWith(h, HostLostError(request.why().empty()
+                                         ? absl::StrCat("host ", h, " was lost")
+                                         : absl::StrCat("host ", h, " was lost (", request.why(), ")")));
+  }
+  // Besides: a part of a gang with it that starts from now on fails
+  // without joining their collectives (CheckPeers); one still forming gives
+  // up at once (its rendezvous store ends its waits: GroupStore, and the
+  // abort above); a part already inside a collective with it fails as soon
+  // as its connections close (at once for a process that died; for a
+  // stopped one, after the collective timeout: Gloo wakes no waiter for a
+  // close on this side).
+  return absl::OkStatus();
+}
+
+bool HostExecutor::PeerLost(int host) const {
+  return host >= 0 && host < num_hosts_ && lost_peers_[host].load(std::memory_order_acquire);
+}
+
+absl::Status HostExecutor::CheckPeers(const HostDeviceList& gang) const {
+  if (!any_peer_lost_.load(std::memory_order_acquire)) return absl::OkStatus();
+  for (int h : gang.host_set) {
+    if (h != host_id_ && PeerLost(h)) {
+      return HostLostError(absl::StrCat("host ", h, " of the gang (", absl::StrJoin(gang.host_set, ","),
+                                        ") was lost"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status HostExecutor::FailDevices(const wire::FailDevices& request) {

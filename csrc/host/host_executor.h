@@ -118,6 +118,13 @@ class RendezvousStores {
   // if that host cannot be reached. Thread-safe; may block while it
   // connects (bounded).
   virtual absl::StatusOr<KeyValueStore*> StoreOf(int host) = 0;
+  // The store where the group of `members` (host ids, increasing) meets,
+  // for one rendezvous (it must outlive only that): the one kept by its
+  // lowest member. An implementation that learns of lost hosts ends its
+  // waits at once (Unavailable) when a member is lost, so a group with a
+  // lost member fails to form at once instead of after its timeout. The
+  // default: StoreOf(members.front()) as it is.
+  virtual absl::StatusOr<std::unique_ptr<KeyValueStore>> GroupStore(absl::Span<const int> members);
 };
 
 // One store for every host: hosts as threads of one process (tests).
@@ -165,6 +172,18 @@ class HostExecutor {
   // time stop and fail, and transfers from or to them fail, all with
   // Unavailable naming the device.
   absl::Status FailDevices(const wire::FailDevices& request);
+
+  // These other hosts were lost (the client told this host): transfers
+  // with them, in flight or queued, fail at once (their data plane
+  // connections are shut down), and a group with one of them never forms
+  // (its rendezvous gives up at once: RendezvousStores::GroupStore), and
+  // their collective groups break (AbortGroupsWith): a part waiting for one
+  // of them to arrive stops at once. Parts of gangs with them fail through
+  // those. InvalidArgument for a host that
+  // is not another host of the cluster (nothing is done then).
+  absl::Status PeersLost(const wire::PeersLost& request);
+  // Whether this host was told that `host` was lost.
+  bool PeerLost(int host) const;
 
   // What the device queues hold now (pw.diagnose).
   wire::QueuesReply DescribeQueues();
@@ -236,6 +255,9 @@ class HostExecutor {
   // (indices in this host's devices), else OK. One atomic load while no
   // device has failed.
   absl::Status CheckHealthy(absl::Span<const int> local_devices) const;
+  // HostLost naming a host of `gang` this host was told was lost, else OK.
+  // One atomic load while no peer was lost.
+  absl::Status CheckPeers(const HostDeviceList& gang) const;
   void Enqueue(Part* part);
   void CountDown(Part* part);
   void DeviceLoop(int device);
@@ -283,6 +305,10 @@ class HostExecutor {
   std::atomic<bool> any_failed_{false};
   Mutex fail_mu_;
   CondVar fail_cv_;
+  // Hosts this host was told were lost (PeersLost), by host id.
+  std::unique_ptr<std::atomic<bool>[]> lost_peers_;
+  std::atomic<bool> any_peer_lost_{false};
+  int num_hosts_ = 0;
 
   mutable Mutex mu_;  // the tables below
   absl::flat_hash_map<int, std::unique_ptr<HostDeviceList>> lists_ ABSL_GUARDED_BY(mu_);

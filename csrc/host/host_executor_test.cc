@@ -1466,6 +1466,54 @@ TEST(HostExecutorTest, ALostHostFailsOnlyTheTransfersWithIt) {
   EXPECT_TRUE(back == std::string(reinterpret_cast<const char*>(a.data()), a.size()));
 }
 
+// Host 1 lives but answers nothing (a stopped process): host 0 waits to
+// receive a transfer from it. Told that host 1 was lost, host 0 fails that
+// transfer at once (its data plane connections with host 1 shut down), and
+// a gang with host 1 that starts afterwards fails without joining a
+// collective that would wait for it.
+TEST(HostExecutorTest, APeerToldLostFailsTransfersAndGangsWithItAtOnce) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 2}));
+  ASSERT_OK(cluster->DefineList(2, {0}));
+  ASSERT_OK(cluster->DefineList(3, {2}));
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(2, 4));
+  ASSERT_NE(mean, nullptr);
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)})));
+  ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Transfer(0, 3, 1, 2, 64)})));  // host 1 -> host 0
+  auto receiving = cluster->RunOn(0, RunOf(21, 300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(receiving.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  wire::PeersLost lost;
+  lost.add_host_ids(1);
+  lost.set_why("it stopped answering");
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_OK(cluster->host(0).PeersLost(lost));
+  ASSERT_OK_AND_ASSIGN(wire::RunReply received, Await(receiving, std::chrono::seconds(5)));
+  EXPECT_TRUE(Failed({received}).contains(301));
+  EXPECT_TRUE(cluster->host(0).PeerLost(1));
+  EXPECT_FALSE(cluster->host(0).PeerLost(0));
+  // The gang over both hosts: host 0's part fails at once, naming host 1.
+  wire::PutBuffer put;
+  put.set_buffer_id(100);
+  put.set_devices(1);
+  put.set_shard_bytes(16);
+  put.set_data(std::string(16, '\0'));
+  ASSERT_OK(cluster->host(0).Put(put));
+  auto gang = cluster->RunOn(0, RunOf(20, 100));
+  ASSERT_OK_AND_ASSIGN(wire::RunReply reply, Await(gang, std::chrono::seconds(5)));
+  const auto failed = Failed({reply});
+  ASSERT_TRUE(failed.contains(101));
+  EXPECT_NE(failed.at(101).message().find("host 1 of the gang (0,1) was lost"), std::string::npos) << failed.at(101);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5);
+  // Idempotent; a host that is not another host of the cluster is refused.
+  EXPECT_TRUE(cluster->host(0).PeersLost(lost).ok());
+  wire::PeersLost bad;
+  bad.add_host_ids(0);
+  EXPECT_EQ(cluster->host(0).PeersLost(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.set_host_ids(0, 7);
+  EXPECT_EQ(cluster->host(0).PeersLost(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(HostExecutorTest, AnOverflowingShardBytesIsRefused) {
   auto cluster = MakeCluster(2, 4);
   ASSERT_OK(cluster->DefineList(1, {0, 1, 2, 3}));  // all on host 0

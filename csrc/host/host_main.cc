@@ -211,7 +211,16 @@ int RunHost(const HostMainOptions& options) {
     std::cerr << "pathways-host: " << bind_ip.status().message() << "\n";
     return 2;
   }
-  HostRuntime runtime(secret, *bind_ip);
+  HostRuntime::TestDelays delays;
+  if (const char* env = std::getenv("PATHWAYS_HOST_TEST_DELAYS"); env != nullptr && *env != '\0') {
+    auto parsed = HostRuntime::ParseTestDelays(env);
+    if (!parsed.ok()) {
+      std::cerr << "pathways-host: " << parsed.status().message() << "\n";
+      return 2;
+    }
+    delays = *parsed;
+  }
+  HostRuntime runtime(secret, *bind_ip, delays);
   // Plaintext only where the others reach this host on loopback.
   ServerOptions server_options;
   server_options.transport = IsLoopbackAddress(absl::StrCat(*bind_ip, ":0")) ? Transport::kPlaintext : Transport::kTls;

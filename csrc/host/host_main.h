@@ -33,6 +33,10 @@
 // (hosts=external) once it listens. The host's data plane and Gloo bind the
 // IP address it listens on; a wildcard listen (0.0.0.0, ::) needs the IP to
 // advertise: --advertise=IP, or with --client the IP that reaches the client.
+// For tests only, PATHWAYS_HOST_TEST_DELAYS
+// ("load_function=SECONDS,put=SECONDS") makes the host slow at its work
+// (see HostTestDelays in host_runtime.h); a value it cannot read stops it
+// with exit code 2.
 
 #include <cstdint>
 #include <cstdio>

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -45,37 +46,6 @@ absl::Status CheckConfig(const wire::HostConfig& c) {
 bool SameConfig(const wire::HostConfig& a, const wire::HostConfig& b) {
   return a.SerializeAsString() == b.SerializeAsString();
 }
-
-// Host 0's rendezvous store, seen from another host through a session with
-// host 0. A Get asks again every few milliseconds until the key is there:
-// a rendezvous happens once per group, so this costs nothing that matters.
-class ChannelKeyValueStore final : public KeyValueStore {
- public:
-  explicit ChannelKeyValueStore(std::unique_ptr<HostChannel> channel) : channel_(std::move(channel)) {}
-  absl::Status Set(absl::string_view key, absl::string_view value) override {
-    wire::Request request;
-    request.mutable_kv_set()->set_key(std::string(key));
-    request.mutable_kv_set()->set_value(std::string(value));
-    return channel_->Call(std::move(request), kCallTimeoutNs).status();
-  }
-  absl::StatusOr<std::string> Get(absl::string_view key, absl::Time deadline) override {
-    while (true) {
-      wire::Request request;
-      request.mutable_kv_get()->set_key(std::string(key));
-      auto reply = channel_->Call(std::move(request), kCallTimeoutNs);
-      if (reply.ok()) return std::move(*reply->mutable_kv_value()->mutable_value());
-      if (!absl::IsNotFound(reply.status())) return reply.status();
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("rendezvous: key '", key, "' was not set in time"));
-      }
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-  }
-
- private:
-  static constexpr int64_t kCallTimeoutNs = int64_t{10} * 1'000'000'000;
-  std::unique_ptr<HostChannel> channel_;
-};
 
 // The collective timeouts from the environment, if set there (tests make
 // them short): PATHWAYS_COLLECTIVE_TIMEOUT and
@@ -170,61 +140,43 @@ absl::Status CheckRendezvousScope(absl::string_view prefix, int num_hosts, int s
   return denied("it is no rendezvous key ('data/<host>' or 'hosts/<group>/...') of this cluster");
 }
 
-// Every host's rendezvous store as this host sees it: its own in memory, the
-// others' through a session with them, opened at first use (a host meets
-// only the hosts it shares gangs with) and kept.
-// A session with another host's store proves this host's identity with the
-// key the two share (auth.h's peer keys).
-class HostRuntime::PeerStores final : public RendezvousStores {
- public:
-  PeerStores(int self, KeyValueStore* own, std::vector<std::string> addresses, std::vector<std::string> peer_keys)
-      : self_(self), own_(own), addresses_(std::move(addresses)), peer_keys_(std::move(peer_keys)) {
-    for (size_t h = 0; h < addresses_.size(); ++h) peers_.push_back(std::make_unique<Peer>());
-  }
+HostRuntime::HostRuntime(std::string secret, std::string bind_ip, TestDelays delays)
+    : incarnation_(RandomIncarnation()), secret_(std::move(secret)), bind_ip_(std::move(bind_ip)), delays_(delays) {}
 
-  absl::StatusOr<KeyValueStore*> StoreOf(int host) override {
-    if (host == self_) return own_;
-    if (host < 0 || host >= static_cast<int>(addresses_.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("rendezvous: no host ", host, " in this cluster"));
+absl::StatusOr<HostRuntime::TestDelays> HostRuntime::ParseTestDelays(absl::string_view text) {
+  TestDelays delays;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    part = absl::StripAsciiWhitespace(part);
+    const size_t eq = part.find('=');
+    double seconds = 0;
+    const absl::string_view name = eq == absl::string_view::npos ? part : part.substr(0, eq);
+    if (eq == absl::string_view::npos || !absl::SimpleAtod(part.substr(eq + 1), &seconds) || seconds < 0 ||
+        seconds > 3600 || (name != "load_function" && name != "put")) {
+      return absl::InvalidArgumentError(absl::StrCat("PATHWAYS_HOST_TEST_DELAYS: cannot use '", part,
+                                                     "' (want load_function=SECONDS and/or put=SECONDS)"));
     }
-    Peer& peer = *peers_[host];
-    MutexLock lock(&peer.mu);  // one connection attempt at a time per host
-    if (peer.store == nullptr) {
-      ChannelOptions options;
-      options.secret = peer_keys_[host];
-      options.claim_host = self_;
-      options.host_name = absl::StrCat("host ", host, " (", addresses_[host], ")");
-      options.client_name = absl::StrCat("host ", self_);
-      // The other host may not have its JoinCluster (and so our key) yet:
-      // it refuses with FailedPrecondition until it has.
-      const int64_t deadline = NowNanos() + kPeerJoinWaitNs;
-      absl::StatusOr<std::unique_ptr<HostChannel>> channel;
-      for (int64_t pause_ms = 1;; pause_ms = std::min<int64_t>(pause_ms * 2, 50)) {
-        channel = HostChannel::Connect(addresses_[host], wire::Hello(), options);
-        if (channel.ok() || !absl::IsFailedPrecondition(channel.status()) || NowNanos() >= deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
-      }
-      if (!channel.ok()) return channel.status();
-      peer.store = std::make_unique<ChannelKeyValueStore>(*std::move(channel));
-    }
-    return peer.store.get();
+    (name == "put" ? delays.put_ns : delays.load_function_ns) = static_cast<int64_t>(seconds * 1e9);
   }
+  return delays;
+}
 
- private:
-  struct Peer {
-    Mutex mu;
-    std::unique_ptr<KeyValueStore> store ABSL_GUARDED_BY(mu);
-  };
-  static constexpr int64_t kPeerJoinWaitNs = int64_t{30} * 1'000'000'000;
-  const int self_;
-  KeyValueStore* const own_;
-  const std::vector<std::string> addresses_;
-  const std::vector<std::string> peer_keys_;  // by host id
-  std::vector<std::unique_ptr<Peer>> peers_;  // by host id; the vector never changes
-};
+void HostRuntime::Heartbeat(const wire::Ping& ping, wire::Pong* pong) {
+  pong->set_sent_ns(ping.sent_ns());
+  pong->set_incarnation(incarnation_);
+  pong->set_host_ns(NowNanos());
+}
 
-HostRuntime::HostRuntime(std::string secret, std::string bind_ip)
-    : incarnation_(RandomIncarnation()), secret_(std::move(secret)), bind_ip_(std::move(bind_ip)) {}
+int HostRuntime::store_sessions_opened(int host) const {
+  return stores_ready_.load(std::memory_order_acquire) ? stores_->sessions_opened(host) : 0;
+}
+
+absl::Status HostRuntime::HandlePeersLost(const wire::PeersLost& request) {
+  if (stores_ready_.load(std::memory_order_acquire)) {
+    for (int h : request.host_ids()) stores_->Lose(h, request.why());
+  }
+  std::shared_ptr<HostExecutor> executor = this->executor();
+  return executor != nullptr ? executor->PeersLost(request) : absl::OkStatus();
+}
 
 HostRuntime::~HostRuntime() {
   if (join_thread_.joinable()) join_thread_.join();
@@ -349,6 +301,7 @@ void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Reques
     stores_ = std::make_unique<PeerStores>(
         config.host_id(), &kv_, std::vector<std::string>(join.host_addresses().begin(), join.host_addresses().end()),
         std::vector<std::string>(join.peer_keys().begin(), join.peer_keys().end()));
+    stores_ready_.store(true, std::memory_order_release);
     auto executor = std::make_shared<HostExecutor>(config, join, stores_.get(), bind_ip_, secret_);
     if (absl::Status timeouts = ConfigureCollectiveTimeouts(*executor); !timeouts.ok()) {
       reply_with(timeouts);
@@ -428,6 +381,7 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kFailDevices:
     case wire::Request::kCancelRuns:
     case wire::Request::kRenewGroup:
+    case wire::Request::kPeersLost:
       break;
     default:
       return false;
@@ -441,6 +395,10 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     }
     executor = executor_;
   }
+  if (request.kind_case() == wire::Request::kPeersLost) {  // also while joining: nothing waits for them
+    reply_with(HandlePeersLost(request.peers_lost()));
+    return true;
+  }
   if (executor == nullptr) {
     reply_with(absl::FailedPreconditionError("this host has not joined its cluster yet"));
     return true;
@@ -450,12 +408,14 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
       reply_with(executor->DefineDevices(request.define_devices()));
       break;
     case wire::Request::kLoadFunction:
+      if (delays_.load_function_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(delays_.load_function_ns));
       reply_with(executor->LoadFunction(request.load_function()));
       break;
     case wire::Request::kLoadProgram:
       reply_with(executor->LoadProgram(request.load_program()));
       break;
     case wire::Request::kPut:
+      if (delays_.put_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(delays_.put_ns));
       reply_with(executor->Put(*request.mutable_put()));
       break;
     case wire::Request::kRun:

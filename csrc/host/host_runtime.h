@@ -4,12 +4,15 @@
 // A host process (paper §4, Figure 3): it serves one host's devices to the
 // client that configured it. This is its end of the control plane: it takes
 // its configuration from the first Hello that carries one, answers
-// heartbeats with its incarnation, and knows which session owns it, so the
+// heartbeats with its incarnation (on the server's heartbeat thread, never
+// behind a request), and knows which session owns it, so the
 // process can exit when that client goes (see host_main.h). Once the client
 // has configured every host, JoinCluster connects the hosts to each other
 // (every host keeps a rendezvous store for the collective groups whose
 // lowest host it is) and the owner's requests run programs on its
-// HostExecutor.
+// HostExecutor. When the client tells it that other hosts were lost
+// (PeersLost), it stops waiting for them: its sessions with their stores
+// end, rendezvous with them give up, and its transfers with them fail.
 //
 // The rendezvous store and its scopes. JoinCluster gives this host its row
 // of peer keys (auth.h): a session that proves host h's key is host h (the
@@ -30,9 +33,9 @@
 //
 // Thread-safe.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
-
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,11 +43,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-
 #include "csrc/base/mutex.h"
 #include "csrc/coordination/collective_group.h"
 #include "csrc/coordination/host_server.h"
 #include "csrc/host/host_executor.h"
+#include "csrc/host/peer_stores.h"
 
 namespace pw {
 
@@ -54,13 +57,25 @@ namespace pw {
 // PermissionDenied saying why.
 absl::Status CheckRendezvousScope(absl::string_view prefix, int num_hosts, int self, int peer, absl::string_view key,
                                   bool write);
+// Test hooks: a host slow at its work, as a loaded or throttled machine is
+// (its heartbeats must still be answered at once). Set from the environment
+// variable PATHWAYS_HOST_TEST_DELAYS by the host's main:
+// "load_function=SECONDS,put=SECONDS" (either may be left out).
+struct HostTestDelays {
+  int64_t load_function_ns = 0;  // slept before compiling each function
+  int64_t put_ns = 0;            // slept before taking each chunk of a put
+};
 
 class HostRuntime final : public RequestHandler {
  public:
+  using TestDelays = HostTestDelays;
+  // InvalidArgument naming the part it does not understand.
+  static absl::StatusOr<TestDelays> ParseTestDelays(absl::string_view text);
+
   // `secret` is the cluster's: the host presents it to the other hosts at
   // the rendezvous.
   // `bind_ip`: the address its data plane (Gloo) binds and advertises.
-  explicit HostRuntime(std::string secret = "", std::string bind_ip = "127.0.0.1");
+  explicit HostRuntime(std::string secret = "", std::string bind_ip = "127.0.0.1", TestDelays delays = {});
   ~HostRuntime() override;
 
   // Random, fixed for the life of this process (see wire::HelloReply).
@@ -71,6 +86,11 @@ class HostRuntime final : public RequestHandler {
   // Host `host`'s peer key, once this host has joined its cluster
   // (FailedPrecondition before: the other host may try again).
   absl::StatusOr<std::string> PeerKey(int host) override;
+  void Heartbeat(const wire::Ping& ping, wire::Pong* pong) override;
+
+  // Sessions this host opened with `host`'s rendezvous store so far, 0
+  // before it joined its cluster (tests: a broken one is opened anew).
+  int store_sessions_opened(int host) const;
 
   // Whether a session configured this host, and whether that session has
   // ended since (the host's client is gone).
@@ -90,17 +110,21 @@ class HostRuntime final : public RequestHandler {
   absl::Status KvSet(const HostSession& session, const wire::KvSet& request);
   absl::StatusOr<std::string> KvGet(const HostSession& session, const wire::KvGet& request);
   std::shared_ptr<HostExecutor> executor() const;
+  // The client says these hosts were lost (see PeersLost in control.proto).
+  absl::Status HandlePeersLost(const wire::PeersLost& request);
 
-  class PeerStores;
 
   const uint64_t incarnation_;
   const std::string secret_;
   const std::string bind_ip_;
+  const TestDelays delays_;
   // The rendezvous stores: this host's (kept for the groups whose lowest
   // host it is) and the other hosts', each through a session with its host
   // made at first use (see RendezvousStores).
   InMemoryKeyValueStore kv_;
+  // Set once, by the join thread, before executor_ is.
   std::unique_ptr<PeerStores> stores_;
+  std::atomic<bool> stores_ready_{false};
   std::thread join_thread_;
   mutable Mutex mu_;
   mutable CondVar cv_;

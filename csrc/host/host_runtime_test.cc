@@ -309,6 +309,34 @@ TEST(RendezvousScope, KeysByWhoAsks) {
   EXPECT_TRUE(absl::StrContains(why.message(), "host 3's entry")) << why;
 }
 
+TEST_F(HostRuntimeTest, HeartbeatsOnTheirOwnPathCarryTheIncarnation) {
+  ChannelOptions options = Options();
+  options.heartbeat_period_ns = 10'000'000;
+  auto channel = HostChannel::Connect(server_->address(), wire::Hello(), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  // Answered (an answer with another incarnation would not count).
+  const int64_t deadline = NowNanos() + 10'000'000'000;
+  while ((*channel)->heartbeats_answered() < 3 && NowNanos() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GE((*channel)->heartbeats_answered(), 3);
+  EXPECT_GE(server_->heartbeats(), 3);
+}
+
+TEST(HostTestDelays, ParsedFromTheEnvironmentsText) {
+  auto delays = HostRuntime::ParseTestDelays("load_function=2.5, put=0.25");
+  ASSERT_TRUE(delays.ok()) << delays.status();
+  EXPECT_EQ(delays->load_function_ns, 2'500'000'000);
+  EXPECT_EQ(delays->put_ns, 250'000'000);
+  delays = HostRuntime::ParseTestDelays("put=1");
+  ASSERT_TRUE(delays.ok());
+  EXPECT_EQ(delays->load_function_ns, 0);
+  EXPECT_TRUE(HostRuntime::ParseTestDelays("").ok());
+  for (const char* bad : {"compile=1", "put", "put=-1", "put=x", "put=7200"}) {
+    EXPECT_EQ(HostRuntime::ParseTestDelays(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 TEST(ParseHostArgs, FlagsAndErrors) {
   auto options = ParseHostArgs({"--listen=0.0.0.0:7000", "--secret-stdin", "--stay", "--configure-timeout=2.5"});
   ASSERT_TRUE(options.ok()) << options.status();

@@ -35,6 +35,11 @@ data plane and Gloo use the same IP address. A wildcard listen
 (--listen=0.0.0.0:PORT or [::]:PORT) has no address to give the others: the
 host advertises --advertise=IP, or with --client the IP that reaches the
 client, and refuses to start with neither.
+
+For tests only, PATHWAYS_HOST_TEST_DELAYS="load_function=SECONDS,put=SECONDS"
+makes the host slow at compiling each function and at taking each chunk of
+a put, as a loaded or throttled machine is (its heartbeats are still
+answered at once).
 """
 
 from __future__ import annotations

@@ -152,10 +152,10 @@ def test_the_wrong_secret_is_refused_and_the_hosts_keep_serving():
         _hosts.stop_local_hosts(hosts)
 
 
-def _run_local_processes(code: str, timeout: float = 120) -> str:
+def _run_local_processes(code: str, timeout: float = 120, env: dict | None = None) -> str:
     from conftest import run_python
     return run_python("import pathways as pw\npw.configure(hosts='local_processes')\n" + textwrap.dedent(code),
-                      timeout=timeout)
+                      timeout=timeout, env=env)
 
 
 def test_figure2_runs_on_four_host_processes():
@@ -246,6 +246,158 @@ def test_killed_host_fails_its_programs_with_host_lost_error():
     assert lines[0] == "HostLostError True True", out
     assert lines[1] == "True", out
     assert lines[2] == "[6.0, 6.0, 6.0, 6.0]", out
+
+
+@pytest.mark.parametrize("victim", ["lower", "upper"])
+def test_a_host_killed_while_idle_fails_new_programs_on_its_island_at_once(victim):
+    # Island 1's two hosts (2 and 3); a program ran on both before the kill.
+    # A new program on the slice then needs the lost host: it fails at
+    # dispatch, and nothing of it goes to the survivor, which used to wait
+    # out its connect to the lost host's rendezvous store (lower: 10 s) or
+    # the Gloo rendezvous (upper: 30 s) before the run could fail.
+    out = _run_local_processes(f"""
+        import os, signal, time, numpy as np
+        hosts = pw.hosts()
+        island0 = pw.make_virtual_device_set().add_slice(tpu_devices=8)  # held: the next slice is island 1
+        t = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
+        pair = sorted({{d.physical.host for d in t}})
+        print(pair)
+        print(np.asarray(pw.pmap(lambda x: x + 1., devices=t)(np.zeros(8))).tolist() == [1.0] * 8)
+        victim = hosts[pair[0] if "{victim}" == "lower" else pair[1]]
+        os.kill(victim.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pw.hosts()[victim.id].alive and time.monotonic() < deadline:
+            time.sleep(0.001)
+        g = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=t)
+        t0 = time.monotonic()
+        try:
+            np.asarray(g(np.arange(8.)))
+            print("no error")
+        except pw.HostLostError as e:
+            took = time.monotonic() - t0
+            print("HostLostError", f"host {{victim.id}}" in str(e), took < 2.0 or took)
+        # The surviving host of the island and the other island keep working.
+        survivor = [d for d in t if d.physical.host != victim.id][:2]
+        print(np.asarray(pw.pmap(lambda x: x * 3., devices=survivor)(np.ones(2))).tolist())
+        other = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
+        print(np.asarray(pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=other)(np.arange(8.))).tolist())
+    """)
+    lines = out.split("\n")
+    assert lines[0] == "[2, 3]", out
+    assert lines[1] == "True", out
+    assert lines[2] == "HostLostError True True", out
+    assert lines[3] == "[3.0, 3.0]", out
+    assert lines[4] == str([28.0] * 8), out
+
+
+@pytest.mark.parametrize("victim", ["lower", "upper"])
+def test_a_host_killed_under_a_run_in_flight_does_not_keep_the_survivor_waiting(victim):
+    # The run was sent before the kill: the survivor's part of the psum
+    # meets the lost host only after its 1.5 s producer. The client tells it
+    # of the loss, so it fails that part at once instead of waiting for the
+    # lost host's store (10 s) or its Gloo rendezvous (30 s); the run's
+    # error comes once the survivor replies.
+    out = _run_local_processes(f"""
+        import os, signal, time, numpy as np
+        hosts = pw.hosts()
+        island0 = pw.make_virtual_device_set().add_slice(tpu_devices=8)  # held: the next slice is island 1
+        t = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
+        pair = sorted({{d.physical.host for d in t}})
+        slow = pw.pmap(lambda x: pw.simulated_compute(x + 1., 1_500_000), devices=t)
+        total = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=t)
+        @pw.program
+        def f(x):
+            return total(slow(x))
+        y = f(np.zeros(8))
+        victim = hosts[pair[0] if "{victim}" == "lower" else pair[1]]
+        os.kill(victim.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            np.asarray(y)
+            print("no error")
+        except pw.HostLostError as e:
+            took = time.monotonic() - t0
+            print("HostLostError", f"host {{victim.id}}" in str(e), took < 6.0 or took)
+        survivor = [d for d in t if d.physical.host != victim.id][:2]
+        print(np.asarray(pw.pmap(lambda x: x * 3., devices=survivor)(np.ones(2))).tolist())
+    """)
+    lines = out.split("\n")
+    assert lines[0] == "HostLostError True True", out
+    assert lines[1] == "[3.0, 3.0]", out
+
+
+def test_a_slow_put_does_not_lose_a_healthy_host():
+    # Each host takes 1 s over every 16 MiB chunk of a put (a throttled host,
+    # PATHWAYS_HOST_TEST_DELAYS): 128 MiB per host keeps each busy on its
+    # session's thread for 8 s, and each 64 MiB frame takes 4 s to go, so
+    # neither replies nor write progress come within the 3 s heartbeat
+    # timeout. Heartbeats go on their own connection and are answered on a
+    # thread of their own: both hosts stay alive and the data arrives whole.
+    out = _run_local_processes("""
+        import time, numpy as np
+        t = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
+        x = np.arange(8 * 4 * 2**20, dtype=np.float64).reshape(8, 4 * 2**20)  # 128 MiB per host
+        t0 = time.monotonic()
+        y = pw.device_put(x, t)
+        back = np.asarray(y)
+        print(time.monotonic() - t0 > 6.0, np.array_equal(back, x))
+        print(all(h.alive for h in pw.hosts()))
+    """, env={"PATHWAYS_HOST_TEST_DELAYS": "put=1"}, timeout=180)
+    assert out.split("\n")[:2] == ["True True", "True"], out
+
+
+def test_a_slow_compile_does_not_lose_a_healthy_host():
+    # Each host takes 4 s before compiling a function (PATHWAYS_HOST_TEST_DELAYS),
+    # on its session's thread: longer than the 3 s heartbeat timeout.
+    out = _run_local_processes("""
+        import time, numpy as np
+        t = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
+        t0 = time.monotonic()
+        y = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=t)(np.arange(8.))
+        print(np.asarray(y).tolist() == [28.0] * 8, time.monotonic() - t0 > 4.0)
+        print(all(h.alive for h in pw.hosts()))
+    """, env={"PATHWAYS_HOST_TEST_DELAYS": "load_function=4"})
+    assert out.split("\n")[:2] == ["True True", "True"], out
+
+
+def test_a_stopped_host_is_lost_within_the_heartbeat_timeout():
+    # SIGSTOP: the process lives and its connections stay open, but it
+    # answers nothing. Lost after the 3 s heartbeat timeout (not the old
+    # 10 s), then programs that need it fail at once and the rest works.
+    out = _run_local_processes("""
+        import os, signal, time, numpy as np
+        hosts = pw.hosts()
+        t = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus  # island 0: hosts 0 and 1
+        print(np.asarray(pw.pmap(lambda x: x + 1., devices=t)(np.zeros(8))).tolist() == [1.0] * 8)
+        victim = hosts[1]
+        os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            while pw.hosts()[1].alive and time.monotonic() - t0 < 20:
+                time.sleep(0.01)
+            took = time.monotonic() - t0
+            print(pw.hosts()[1].alive, 2.0 < took < 6.0 or took)
+            print("host 1" in pw.hosts()[1].status and "no sign of life" in pw.hosts()[1].status)
+            t0 = time.monotonic()
+            try:
+                np.asarray(pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=t)(np.arange(8.)))
+                print("no error")
+            except pw.HostLostError as e:
+                print("HostLostError", time.monotonic() - t0 < 2.0)
+            survivor = [d for d in t if d.physical.host == 0][:2]
+            print(np.asarray(pw.pmap(lambda x: x * 3., devices=survivor)(np.ones(2))).tolist())
+            other = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
+            print(np.asarray(pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=other)(np.arange(8.))).tolist())
+        finally:
+            os.kill(victim.pid, signal.SIGKILL)
+    """)
+    lines = out.split("\n")
+    assert lines[0] == "True", out
+    assert lines[1] == "False True", out
+    assert lines[2] == "True", out
+    assert lines[3] == "HostLostError True", out
+    assert lines[4] == "[3.0, 3.0]", out
+    assert lines[5] == str([28.0] * 8), out
 
 
 def test_with_host_0_lost_the_other_island_makes_new_cross_host_gangs():
