@@ -68,6 +68,15 @@ void AppendField(std::string* out, absl::string_view field) {
 
 void AppendInt(std::string* out, int64_t v) { AppendField(out, absl::StrCat(v)); }
 
+// What a handshake's proofs cover (the plane goes first, on its own).
+void AppendTranscript(std::string* out, const HandshakeTranscript& t) {
+  AppendInt(out, t.claim);
+  AppendInt(out, t.listener);
+  AppendField(out, t.dialer_nonce);
+  AppendField(out, t.listener_nonce);
+  AppendField(out, t.binding);
+}
+
 constexpr absl::string_view kSealInfo = "pathways sealed secret v1";
 constexpr size_t kGcmKeyBytes = 32, kGcmNonceBytes = 12, kGcmTagBytes = 16;
 
@@ -185,11 +194,7 @@ std::string HandshakeProof(absl::string_view key, ProofBy by, const HandshakeTra
   AppendField(&message, "pathways-auth-v1");
   AppendField(&message, t.plane);
   AppendField(&message, by == ProofBy::kDialer ? "dialer" : "listener");
-  AppendInt(&message, t.claim);
-  AppendInt(&message, t.listener);
-  AppendField(&message, t.dialer_nonce);
-  AppendField(&message, t.listener_nonce);
-  AppendField(&message, t.binding);
+  AppendTranscript(&message, t);
   return HmacSha256(key, message);
 }
 
@@ -197,11 +202,7 @@ std::string HeartbeatKey(absl::string_view key, const HandshakeTranscript& t) {
   std::string message;
   AppendField(&message, "pathways-heartbeat-v1");
   AppendField(&message, t.plane);
-  AppendInt(&message, t.claim);
-  AppendInt(&message, t.listener);
-  AppendField(&message, t.dialer_nonce);
-  AppendField(&message, t.listener_nonce);
-  AppendField(&message, t.binding);
+  AppendTranscript(&message, t);
   return HmacSha256(key, message);
 }
 
