@@ -1599,5 +1599,90 @@ TEST(HostExecutorTest, ManyOverlappingGangsOnThreeHosts) { ManyOverlappingGangs(
 
 TEST(HostExecutorTest, ManyOverlappingGangsOnTwoHostsOfFourDevices) { ManyOverlappingGangs(2, 4, 40, 3); }
 
+
+// ---- 8. Refused runs: transfers pair by id, not by order ----
+//
+// A host refuses a run it cannot start (here: it never got the program, as
+// when its LoadProgram failed) while its peer queues its side of the run's
+// transfer. Each message names its run and its destination buffer, so the
+// peers' later transfers of the same size still land where they belong.
+
+constexpr std::chrono::seconds kPrompt(10);  // nothing here may wait for Gloo's 30 s
+
+// Host 1 refuses run 100 of program 20; host 0 runs its side and sends its
+// message. Host 1's next receive from host 0, of the same size, is run 200's:
+// it must take run 200's message, not the refused run's.
+TEST(HostExecutorTest, AMessageOfARunTheReceiverRefusedIsDroppedNotTakenByTheNextTransfer) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+  ASSERT_OK(cluster->DefineList(2, {2, 3}));  // host 1
+  constexpr int64_t kShard = 16;
+  ASSERT_OK(cluster->host(0).LoadProgram(Program(20, 2, {Transfer(0, 1, 1, 2, kShard)})));  // host 0 only
+  ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Transfer(0, 1, 1, 2, kShard)})));
+  const Bytes a = ToBytes(Iota<float>(8, 1.f, 1.f));
+  const Bytes b = ToBytes(Iota<float>(8, -100.f, 3.f));
+  ASSERT_OK(cluster->Put(5, 1, a));
+  ASSERT_OK(cluster->Put(6, 1, b));
+
+  wire::RunProgram refused = RunOf(20, 100);
+  Bind(refused, 0, 5, 1);
+  auto sender = cluster->RunOn(0, refused);
+  auto receiver = cluster->RunOn(1, refused);
+  auto refusal = Await(receiver, kPrompt);
+  EXPECT_EQ(refusal.status().code(), absl::StatusCode::kInvalidArgument) << refusal.status();
+  EXPECT_TRUE(absl::StrContains(refusal.status().message(), "program 20")) << refusal.status();
+  ASSERT_OK(Await(sender, kPrompt).status());  // host 0 makes nothing in it: its part is done once sent
+
+  for (auto [first, id, x] : {std::tuple<uint64_t, uint64_t, Bytes>{200, 6, b}, {300, 5, a}}) {
+    SCOPED_TRACE(first);
+    wire::RunProgram run = RunOf(21, first);
+    Bind(run, 0, id, 1);
+    auto futures = cluster->RunAsync(run);
+    for (auto& f : futures) {
+      auto reply = Await(f, kPrompt);
+      ASSERT_TRUE(reply.ok()) << reply.status();
+      EXPECT_TRUE(Failed({*reply}).empty());
+    }
+    ASSERT_OK_AND_ASSIGN(std::string got, cluster->FetchFrom(1, first + 1, kPrompt));
+    EXPECT_TRUE(got == std::string(reinterpret_cast<const char*>(x.data()), x.size())) << "run " << first
+                                                                                        << " got another run's data";
+  }
+}
+
+// Host 0 (the sender) refuses run 100 of program 20; host 1 posted its
+// receive. Run 200 of program 21 then sends host 1 a message of the same
+// size: it must land in run 200's buffer, not in run 100's.
+TEST(HostExecutorTest, AMessageAfterARunTheSenderRefusedLandsInItsOwnRun) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+  ASSERT_OK(cluster->DefineList(2, {2, 3}));  // host 1
+  constexpr int64_t kShard = 16;
+  ASSERT_OK(cluster->host(1).LoadProgram(Program(20, 2, {Transfer(0, 1, 1, 2, kShard)})));  // host 1 only
+  ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Transfer(0, 1, 1, 2, kShard)})));
+  const Bytes b = ToBytes(Iota<float>(8, -100.f, 3.f));
+  ASSERT_OK(cluster->Put(6, 1, b));
+
+  wire::RunProgram refused = RunOf(20, 100);
+  Bind(refused, 0, 6, 1);
+  auto sender = cluster->RunOn(0, refused);
+  auto receiver = cluster->RunOn(1, refused);
+  auto refusal = Await(sender, kPrompt);
+  EXPECT_EQ(refusal.status().code(), absl::StatusCode::kInvalidArgument) << refusal.status();
+
+  wire::RunProgram run = RunOf(21, 200);
+  Bind(run, 0, 6, 1);
+  auto futures = cluster->RunAsync(run);
+  for (auto& f : futures) {
+    auto reply = Await(f, kPrompt);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_TRUE(Failed({*reply}).empty());
+  }
+  ASSERT_OK_AND_ASSIGN(std::string got, cluster->FetchFrom(1, 201, kPrompt));
+  EXPECT_TRUE(got == std::string(reinterpret_cast<const char*>(b.data()), b.size()));
+  // Run 100's receive took nothing of run 200's.
+  auto early = cluster->FetchFrom(1, 101, std::chrono::seconds(1));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+}
+
 }  // namespace
 }  // namespace pw
