@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <random>
@@ -1022,35 +1023,91 @@ TEST(HostExecutorTest, MalformedProgramsAreInvalidArgument) {
   EXPECT_EQ(host.LoadFunction(fn).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(HostExecutorTest, PutWithTheWrongBytesIsInvalidArgument) {
+// A chunk a host refuses fails its buffer there: nobody hears a put's
+// error (no reply), so the buffer keeps it for its readers, and the
+// buffer's later chunks are dropped.
+TEST(HostExecutorTest, PutWithTheWrongBytesIsInvalidArgumentAndFailsTheBuffer) {
   auto cluster = MakeCluster(2, 2);
   ASSERT_OK(cluster->DefineList(1, {0, 2, 1}));  // 2 shards on host 0
   HostExecutor& host = cluster->host(0);
+  struct Case {
+    const char* name;
+    std::function<void(wire::PutBuffer&)> change;
+    const char* expected;
+  };
+  // First chunks (offset 0): the buffer is made, failed.
+  const std::vector<Case> cases = {
+      {"3 shards' worth: the whole buffer, not host 0's part", [](wire::PutBuffer& p) { p.set_data(std::string(24, 'x')); },
+       "has 16 bytes here; got 24"},
+      {"negative shard bytes", [](wire::PutBuffer& p) { p.set_shard_bytes(-8); }, "bad shard_bytes -8"},
+      {"an unknown list", [](wire::PutBuffer& p) { p.set_devices(77); }, "no device list 77"},
+  };
+  uint64_t id = 10;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    wire::PutBuffer put;
+    put.set_buffer_id(++id);
+    put.set_devices(1);
+    put.set_shard_bytes(8);
+    put.set_data(std::string(4, 'x'));
+    c.change(put);
+    const absl::Status refused = host.Put(put);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_TRUE(absl::StrContains(refused.message(), c.expected)) << refused;
+    // Its readers get the error, from this host.
+    auto read = cluster->FetchFrom(0, id, std::chrono::seconds(5));
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << read.status();
+    EXPECT_TRUE(absl::StrContains(read.status().message(), c.expected)) << read.status();
+    EXPECT_TRUE(absl::StrContains(read.status().message(), "on host 0")) << read.status();
+  }
+  EXPECT_EQ(host.num_buffers(), static_cast<int>(cases.size()));  // failed, until the client frees them
+  // Later chunks of a put that never started (the client always sends the
+  // first one first): refused, and they make no buffer (nobody would free it).
+  for (int64_t offset : {-1, 4, 13}) {
+    wire::PutBuffer put;
+    put.set_buffer_id(20);
+    put.set_devices(1);
+    put.set_shard_bytes(8);
+    put.set_offset(offset);
+    put.set_data(std::string(4, 'x'));
+    EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument) << offset;
+  }
+  EXPECT_EQ(host.num_buffers(), static_cast<int>(cases.size()));
+
+  // A buffer failed at its first chunk drops its later chunks, and stays failed.
   wire::PutBuffer put;
   put.set_buffer_id(5);
   put.set_devices(1);
   put.set_shard_bytes(8);
-  put.set_data(std::string(24, 'x'));  // 3 shards' worth: the whole buffer, not host 0's part
+  put.set_data(std::string(24, 'x'));
   EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_data(std::string(4, 'x'));
-  put.set_offset(-1);
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_offset(13);  // past the 16 bytes
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_offset(4);  // a chunk of a put that never started
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_offset(8);
+  put.set_data(std::string(8, 'x'));
+  EXPECT_TRUE(host.Put(put).ok());  // dropped
+  EXPECT_EQ(cluster->FetchFrom(0, 5, std::chrono::seconds(5)).status().code(), absl::StatusCode::kInvalidArgument);
+  // A new put of the id starts over.
   put.set_offset(0);
-  put.set_shard_bytes(-8);
-  put.set_data("");
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_shard_bytes(8);
-  put.set_devices(77);
-  put.set_data(std::string(16, 'x'));
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);  // unknown list
-  EXPECT_EQ(host.num_buffers(), 0);
-  put.set_devices(1);
+  put.set_data(std::string(16, 'y'));
   EXPECT_TRUE(host.Put(put).ok());
-  EXPECT_EQ(host.num_buffers(), 1);
+  ASSERT_OK_AND_ASSIGN(std::string back, cluster->FetchFrom(0, 5, std::chrono::seconds(5)));
+  EXPECT_EQ(back, std::string(16, 'y'));
+
+  // A run that reads a failed buffer fails with its error.
+  auto affine = cluster->Load(10, AffineFunction(4));
+  ASSERT_NE(affine, nullptr);
+  ASSERT_OK(cluster->DefineList(2, {0, 1}));  // host 0 only
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 2, {0}, {1}, 1)})));
+  wire::PutBuffer bad;
+  bad.set_buffer_id(100);
+  bad.set_devices(2);
+  bad.set_shard_bytes(-16);
+  EXPECT_FALSE(host.Put(bad).ok());
+  auto future = cluster->RunOn(0, RunOf(20, 100));  // slot 0 is buffer 100
+  auto reply = Await(future, std::chrono::seconds(5));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  auto failed = Failed({*reply});
+  ASSERT_TRUE(failed.contains(101));
+  EXPECT_TRUE(absl::StrContains(failed[101].message(), "bad shard_bytes -16")) << failed[101];
 }
 
 TEST(HostExecutorTest, DescribeQueuesNamesQueuedPartsAndTheirPendingInputs) {
@@ -1113,14 +1170,22 @@ TEST(HostExecutorTest, PutInChunksAndFetchRanges) {
   put.set_shard_bytes(8);
   put.set_data(data.substr(0, 10));
   ASSERT_OK(host.Put(put));
-  put.set_offset(12);  // leaves a gap
-  put.set_data(data.substr(12));
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_offset(10);  // runs past the end
-  put.set_data(std::string(7, 'x'));
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_offset(10);
   put.set_data(data.substr(10));
   ASSERT_OK(host.Put(put));
+  // Chunks that leave a gap or run past the end fail their buffer (see
+  // PutWithTheWrongBytesIsInvalidArgumentAndFailsTheBuffer).
+  for (auto [id, offset, bytes] : {std::tuple<uint64_t, int64_t, size_t>{16, 12, 4}, {17, 10, 7}}) {
+    wire::PutBuffer bad = put;
+    bad.set_buffer_id(id);
+    bad.set_offset(0);
+    bad.set_data(data.substr(0, 10));
+    ASSERT_OK(host.Put(bad));
+    bad.set_offset(offset);
+    bad.set_data(std::string(bytes, 'x'));
+    EXPECT_EQ(host.Put(bad).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(cluster->FetchFrom(0, id).status().code(), absl::StatusCode::kInvalidArgument);
+  }
   ASSERT_OK_AND_ASSIGN(std::string whole, cluster->FetchFrom(0, 5));
   EXPECT_EQ(whole, data);
 
@@ -1161,7 +1226,7 @@ TEST(HostExecutorTest, PutInChunksAndFetchRanges) {
   put.set_offset(8);
   put.set_data(data.substr(8));
   EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(host.num_buffers(), 1);
+  EXPECT_EQ(host.num_buffers(), 3);  // 5, and the failed 16 and 17: a late chunk makes no buffer
 }
 
 // A transfer whose shard_bytes disagrees with its source buffer fails the
