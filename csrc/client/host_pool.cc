@@ -35,7 +35,8 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& clust
     if (!channel.ok()) return channel.status();
     // A host that checks no versions (older) answers none: refused here.
     const wire::HelloReply& reply = (*channel)->hello_reply();
-    PW_RETURN_IF_ERROR(CheckPeerVersions(host_options.host_name, reply.protocol_version(), reply.op_registry_version()));
+    PW_RETURN_IF_ERROR(
+        CheckPeerVersions(host_options.host_name, reply.protocol_version(), reply.op_registry_version()));
     pool->channels_.push_back(*std::move(channel));
   }
   return pool;

@@ -160,6 +160,10 @@ RemoteCluster::~RemoteCluster() {
   }
   // The sessions end first: replies still awaited fail now, and finishing
   // their runs uses this object's members.
+  {
+    MutexLock lock(&closing_mu_);
+    closing_ = true;
+  }
   pool_.reset();
 }
 
@@ -463,12 +467,14 @@ absl::Status RemoteCluster::AwaitLoads(Plan& plan) {
   return absl::OkStatus();
 }
 
-void RemoteCluster::CancelRunOn(Run& run, const absl::Status& why) {
+void RemoteCluster::CancelRunOn(Run& run, int refuser, const absl::Status& why) {
   {
     MutexLock lock(&run.mu);
-    if (run.cancelled) return;
-    run.cancelled = true;
+    if (std::find(run.refusers.begin(), run.refusers.end(), refuser) != run.refusers.end()) return;
+    run.refusers.push_back(refuser);
   }
+  MutexLock lock(&closing_mu_);
+  if (closing_) return;
   // The refuser too: its executor knows already if it refused the run, but
   // the refusal may have come from before it (the host's runtime), and then
   // the messages its peers send for the run must still be dropped there.
@@ -477,6 +483,7 @@ void RemoteCluster::CancelRunOn(Run& run, const absl::Status& why) {
     wire::CancelRun* cancel = request.mutable_cancel_run();
     cancel->set_program_id(run.program_id);
     cancel->set_first_buffer_id(run.first);
+    cancel->set_refused_by(refuser);
     ToWire(why, cancel->mutable_status());
     Send(h, std::move(request));
     Flush(h);
@@ -690,7 +697,8 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
         if (step.kind == LoweredStep::Kind::kTransfer) run->copies[first + step.out_slots[0]] = step.link;
       }
       for (int h : hosts) {
-        if (plan->loaded.insert(h).second) LoadOn(h, program.id(), program, nullptr, *plan);  // it only sends an argument
+        // A host that only sends an argument.
+        if (plan->loaded.insert(h).second) LoadOn(h, program.id(), program, nullptr, *plan);
       }
       bindings.insert(bindings.end(), copies.begin(), copies.end());
       run->args = std::move(arg_buffers);

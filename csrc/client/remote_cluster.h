@@ -147,9 +147,9 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // Waits (outside mu_) until every load `plan` needs is answered, once;
   // at once after that. The first refusal, as the program's error.
   absl::Status AwaitLoads(Plan& plan);
-  // A host refused `run` with `why`: every host of the run cancels it (once
-  // per run). Any thread; does not block.
-  void CancelRunOn(Run& run, const absl::Status& why);
+  // Host `refuser` refused `run` with `why`: every host of the run cancels
+  // it (told once per refuser). Any thread; does not block.
+  void CancelRunOn(Run& run, int refuser, const absl::Status& why);
   Plan& PlanFor(const LoweredProgram& program) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every host with a shard of `list`, increasing (computed once per list;
   // the reference stays valid: entries are never removed).
@@ -253,6 +253,10 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   bool stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
   std::thread admission_thread_;
   uint32_t next_gang_tag_ ABSL_GUARDED_BY(mu_) = 1;
+  // Set before the sessions end: no cancel is sent from then on (CancelRunOn
+  // runs on gRPC threads, and sends while holding it).
+  Mutex closing_mu_;
+  bool closing_ ABSL_GUARDED_BY(closing_mu_) = false;
   // Ids of the per-step programs of sequential dispatch: apart from
   // LoweredProgram ids (which count from 1).
   uint64_t next_sequential_id_ ABSL_GUARDED_BY(mu_) = uint64_t{1} << 62;

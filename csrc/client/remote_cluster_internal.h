@@ -126,7 +126,7 @@ struct RemoteCluster::Run {
   std::atomic<int> pending{0};
   Mutex mu;
   absl::Status whole ABSL_GUARDED_BY(mu);  // a host's part failed as a whole
-  bool cancelled ABSL_GUARDED_BY(mu) = false;  // its other hosts were told (CancelRunOn)
+  std::vector<int> refusers ABSL_GUARDED_BY(mu);  // hosts that refused it, whose refusal its hosts were told
   absl::flat_hash_map<uint64_t, absl::Status> failed ABSL_GUARDED_BY(mu);
 
   static void HostDone(const std::shared_ptr<Run>& run, int host, absl::StatusOr<wire::Reply> reply) {
@@ -134,7 +134,7 @@ struct RemoteCluster::Run {
     // The host refused the run (its reply is the error): its other hosts
     // started their parts, which wait for it (a transfer it never sends, a
     // collective it never joins). They let go of the run now.
-    if (reply.ok() && !status.ok()) run->rc->CancelRunOn(*run, status);
+    if (reply.ok() && !status.ok()) run->rc->CancelRunOn(*run, host, status);
     // Before the buffers complete: whoever sees them ready sees the gangs
     // in the timeline and the accounts, as in process.
     if (status.ok()) {

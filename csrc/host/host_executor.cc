@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "csrc/base/spin.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/coordination/host_channel.h"
@@ -24,6 +25,10 @@ constexpr int kMaxSlots = 1 << 22;
 constexpr int64_t kMaxShardBytes = int64_t{1} << 40;
 
 bool ShardBytesOk(int64_t bytes) { return bytes >= 0 && bytes <= kMaxShardBytes; }
+
+// A message whose receive is not posted this long after it came is said on
+// stderr (see RecvLoop).
+constexpr std::chrono::seconds kLongRecvWait(10);
 
 // A transfer's message on the data plane: its shards (flag kShards), or,
 // when they cannot be had, an error report (kErrorReport: a wire::Status)
@@ -769,7 +774,9 @@ absl::Status HostExecutor::PutLocked(wire::PutBuffer& request) {
     if (it != buffers_.end() && !puts_in_progress_.contains(id) && it->second->failed()) return absl::OkStatus();
   }
   auto list = List(request.devices());
-  if (!list.ok()) return absl::Status(list.status().code(), absl::StrCat("put: buffer ", id, ": ", list.status().message()));
+  if (!list.ok()) {
+    return absl::Status(list.status().code(), absl::StrCat("put: buffer ", id, ": ", list.status().message()));
+  }
   if (!ShardBytesOk(request.shard_bytes())) {
     return absl::InvalidArgumentError(absl::StrCat("put: buffer ", id, ": bad shard_bytes ", request.shard_bytes()));
   }
@@ -818,7 +825,7 @@ void HostExecutor::Run(const wire::RunProgram& request,
     std::shared_ptr<HostBuffer> dst;
     int64_t shard_bytes;
   };
-  const RunKey key{0, request.program_id(), request.first_buffer_id()};
+  const RunKey key{kOneSession, request.program_id(), request.first_buffer_id()};
   std::vector<Transfer> transfers;
   std::vector<Part*> parts;
   auto* run = new RunState(std::move(done));
@@ -862,7 +869,7 @@ void HostExecutor::Run(const wire::RunProgram& request,
   if (!early.ok()) {
     // Dead here: whatever the other hosts send for it is dropped (they may
     // have queued their side before the client cancels the run on them).
-    MarkDead(key, early);
+    MarkDead(key, early, host_id_);
     EnsureReceivers();
     std::move(run->done)(early);
     delete run;
@@ -1103,6 +1110,11 @@ void HostExecutor::RecvLoop(Peer* peer) {
     std::optional<Peer::Recv> item;
     {
       MutexLock lock(&peer->mu);
+      // A run reaches every host at about the same time (the client sends
+      // it to all at once): a long wait means this host's control plane is
+      // far behind, or the hosts disagree on the program. Said once.
+      const auto warn_at = std::chrono::steady_clock::now() + kLongRecvWait;
+      bool warned = false;
       while (!stopping_.load(std::memory_order_acquire)) {
         auto it = peer->recvs.find(RecvKey{ids.session, ids.buffer_id});
         if (it != peer->recvs.end()) {
@@ -1111,7 +1123,15 @@ void HostExecutor::RecvLoop(Peer* peer) {
           break;
         }
         if (!DeadStatus(run).ok()) break;
-        peer->cv.Wait(&peer->mu);
+        if (warned) {
+          peer->cv.Wait(&peer->mu);
+        } else if (!peer->cv.WaitUntil(&peer->mu, warn_at)) {
+          warned = true;
+          std::cerr << "pathways-host " << host_id_ << ": a message from host " << peer->host << " for buffer "
+                    << ids.buffer_id << " of the run of program " << ids.program_id << " from buffer "
+                    << ids.first_buffer_id << " has waited " << absl::FormatDuration(absl::FromChrono(kLongRecvWait))
+                    << " for its run to reach this host\n";
+        }
       }
     }
     if (stopping_.load(std::memory_order_acquire)) return broken(absl::CancelledError("the host is stopping"));
@@ -1177,13 +1197,28 @@ absl::Status HostExecutor::DeadStatus(const RunKey& run) const {
   if (!any_dead_.load(std::memory_order_acquire)) return absl::OkStatus();
   MutexLock lock(&dead_mu_);
   auto it = dead_runs_.find(run);
-  return it == dead_runs_.end() ? absl::OkStatus() : it->second;
+  return it == dead_runs_.end() ? absl::OkStatus() : it->second.why;
 }
 
-bool HostExecutor::MarkDead(const RunKey& run, const absl::Status& why) {
+bool HostExecutor::RefusedByAnyOf(const RunKey& run, absl::Span<const int> hosts) const {
+  MutexLock lock(&dead_mu_);
+  auto it = dead_runs_.find(run);
+  if (it == dead_runs_.end()) return false;
+  for (int h : it->second.refusers) {
+    if (std::find(hosts.begin(), hosts.end(), h) != hosts.end()) return true;
+  }
+  return false;
+}
+
+bool HostExecutor::MarkDead(const RunKey& run, const absl::Status& why, int refuser) {
   {
     MutexLock lock(&dead_mu_);
-    if (!dead_runs_.try_emplace(run, why).second) return false;
+    auto [it, fresh] = dead_runs_.try_emplace(run, DeadRun{why, {}});
+    std::vector<int>& refusers = it->second.refusers;
+    if (refuser >= 0 && std::find(refusers.begin(), refusers.end(), refuser) == refusers.end()) {
+      refusers.push_back(refuser);
+    }
+    if (!fresh) return false;
     dead_order_.push_back(run);
     if (dead_order_.size() > kMaxDeadRuns) {
       dead_runs_.erase(dead_order_.front());
@@ -1213,13 +1248,13 @@ void HostExecutor::EnsureReceivers() {
 }
 
 void HostExecutor::CancelRun(const wire::CancelRun& request) {
-  const RunKey run{0, request.program_id(), request.first_buffer_id()};
+  const RunKey run{kOneSession, request.program_id(), request.first_buffer_id()};
   absl::Status why = FromWire(request.status());
   if (why.ok()) {
     why = absl::CancelledError(absl::StrCat("the client cancelled the run of program ", run.program_id,
                                             " from buffer ", run.first_buffer_id));
   }
-  if (!MarkDead(run, why)) return;
+  if (!MarkDead(run, why, request.has_refused_by() ? request.refused_by() : -1)) return;
   // Its parts not started fail when their turn comes (DeviceLoop asks);
   // its receives posted fail now; its sends go as the error (SendLoop asks).
   std::vector<Peer*> peers;
@@ -1284,7 +1319,8 @@ void HostExecutor::DeviceLoop(int device) {
     absl::Status status = part->error;
     // A cancelled run's part fails without running: a host of the run
     // refused it (its error, which comes first, is the part's).
-    const absl::Status dead = DeadStatus(RunKey{0, part->program_id, part->first_buffer_id});
+    const RunKey key{kOneSession, part->program_id, part->first_buffer_id};
+    const absl::Status dead = DeadStatus(key);
     status.Update(dead);
     for (const auto& in : part->inputs) {
       if (!status.ok()) break;
@@ -1293,7 +1329,8 @@ void HostExecutor::DeviceLoop(int device) {
     }
     status.Update(CheckSizes(*part));
     const int64_t start_ns = NowNanos();
-    RunPart(*part, status, /*cancelled=*/!dead.ok(), scratch);
+    const bool refused_in_gang = !dead.ok() && RefusedByAnyOf(key, part->gang->host_set);
+    RunPart(*part, status, refused_in_gang, scratch);
     part->run->AddTime(part->step, start_ns, NowNanos());
     // Free the devices first, so the next gang in order can start.
     std::vector<Part*> heads;
@@ -1312,7 +1349,7 @@ void HostExecutor::DeviceLoop(int device) {
   }
 }
 
-void HostExecutor::RunPart(const Part& part, absl::Status& status, bool cancelled, Scratch& scratch) {
+void HostExecutor::RunPart(const Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch) {
   const FunctionExecutable& exe = *part.fn->exe;
   const HostDeviceList& gang = *part.gang;
   const int gang_size = static_cast<int>(gang.device_ids.size());
@@ -1345,11 +1382,11 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, bool cancelle
       exe.Run(gang_size, ins, outs, all);
       return absl::OkStatus();
     });
-  } else if (cancelled) {
+  } else if (refused_in_gang) {
     // Its gang would wait in the first collective for the host that refused
-    // the run, until Gloo's timeout, and leave the group broken: every host
-    // of the gang fails the part without joining (the client cancels the
-    // run on each of them).
+    // the run, until Gloo's timeout, and leave the group broken: the part
+    // fails without joining. (A cancelled part whose gang the refuser is not
+    // in joins without running, below, so that its hosts agree to stop.)
   } else if (exe.first_collective().kind == FunctionExecutable::CollectiveCall::Kind::kNone) {
     // The parts need nothing from each other (elementwise, or cross-shard
     // ops on constants and positions only): each runs or fails alone.

@@ -40,12 +40,15 @@
 // other hosts of the run started their parts, which can then never complete
 // as they should: a receive waits for a message the refuser never sends, a
 // cross-host gang for a host that never joins. The client, on the refusal's
-// reply, cancels the run on those hosts (CancelRun): parts not started fail
-// with the refusal's error without running (and without entering their
-// collectives), receives pending for it fail, its later messages are
-// dropped, and its sends carry the error instead of the data. A part that
-// already entered a collective with the refuser stays there until Gloo's
-// timeout.
+// reply, cancels the run on its hosts (CancelRun, naming the refuser):
+// parts not started fail with the refusal's error without running, receives
+// pending for it fail, its later messages are dropped, and its sends carry
+// the error instead of the data. A cancelled cross-host gang whose hosts
+// include the refuser enters none of its collectives (the refuser never
+// would); one whose hosts do not joins its first collective without running
+// (RunPart), so that a host of it whose part started before the cancel came
+// is told to stop there rather than wait. A part that already entered a
+// collective with the refuser stays there until Gloo's timeout.
 //
 // Loads. A failed DefineDevices, LoadFunction or LoadProgram replies with its
 // error and leaves the error here under its id: a later load or run that
@@ -224,15 +227,24 @@ class HostExecutor {
       return H::combine(std::move(h), k.session, k.program_id, k.first_buffer_id);
     }
   };
+  // The session of every run today: the one client that configured this
+  // host. Several clients on one set of hosts would each get theirs (from
+  // their control session), and the ids they choose would count per session.
+  static constexpr uint64_t kOneSession = 0;
   // Where a receive is posted: the session and the destination buffer.
   using RecvKey = std::pair<uint64_t, uint64_t>;
 
   // OK unless the run is dead here (refused or cancelled): then why. One
   // atomic load while no run ever was.
   absl::Status DeadStatus(const RunKey& run) const;
-  // Marks the run dead with `why` (false if it was already) and wakes the
-  // receiving threads, which drop its messages from now on.
-  bool MarkDead(const RunKey& run, const absl::Status& why);
+  // Whether one of `hosts` refused the dead run (it will join none of the
+  // run's collectives).
+  bool RefusedByAnyOf(const RunKey& run, absl::Span<const int> hosts) const;
+  // Marks the run dead with `why` (the first reason stays) and `refuser`
+  // (-1: none known) among the hosts that refused it; false if it was dead
+  // already. Wakes the receiving threads, which drop its messages from now
+  // on.
+  bool MarkDead(const RunKey& run, const absl::Status& why, int refuser);
   // A receiving thread for every other host, so that whatever a peer sends
   // for a run this host refused is read and dropped, not left on the wire.
   void EnsureReceivers();
@@ -272,9 +284,9 @@ class HostExecutor {
   // as the part's result. A cross-host gang whose function calls collectives
   // agrees in its first collective whether every host's part runs (see
   // GroupCollectives); one that calls none runs or fails on each host alone.
-  // A part of a cancelled run (`cancelled`) joins no collective: a host of
-  // its gang refused the run and will never join it.
-  void RunPart(const Part& part, absl::Status& status, bool cancelled, Scratch& scratch);
+  // A part of a cancelled run whose gang includes a host that refused it
+  // (`refused_in_gang`) joins no collective: that host never would.
+  void RunPart(const Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch);
   absl::StatusOr<CollectiveGroup*> GroupFor(const HostDeviceList& list);
   Peer& PeerFor(int host);
   void SendLoop(Peer* peer);
@@ -315,8 +327,12 @@ class HostExecutor {
   // its receive: the set is large enough that none is still on its way).
   // Locked after a peer's mu.
   static constexpr size_t kMaxDeadRuns = size_t{1} << 16;
+  struct DeadRun {
+    absl::Status why;
+    std::vector<int> refusers;  // hosts that refused it, as the client said
+  };
   mutable Mutex dead_mu_;
-  absl::flat_hash_map<RunKey, absl::Status> dead_runs_ ABSL_GUARDED_BY(dead_mu_);
+  absl::flat_hash_map<RunKey, DeadRun> dead_runs_ ABSL_GUARDED_BY(dead_mu_);
   std::deque<RunKey> dead_order_ ABSL_GUARDED_BY(dead_mu_);  // oldest first
   std::atomic<bool> any_dead_{false};
 

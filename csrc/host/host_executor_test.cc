@@ -83,6 +83,10 @@ absl::StatusOr<T> Await(std::future<absl::StatusOr<T>>& f, std::chrono::seconds 
   }
   return f.get();
 }
+template <typename T>
+absl::StatusOr<T> Await(std::future<absl::StatusOr<T>>&& f, std::chrono::seconds timeout = kWait) {
+  return Await(f, timeout);
+}
 
 // ---- Functions ----
 
@@ -211,6 +215,16 @@ wire::LoadProgram Program(uint64_t id, int num_slots, std::vector<wire::ProgramS
   p.set_num_slots(num_slots);
   for (auto& s : steps) *p.add_steps() = std::move(s);
   return p;
+}
+
+// What the client sends every host of a run another host refused.
+wire::CancelRun CancelOf(uint64_t program, uint64_t first, const absl::Status& why, int refused_by = -1) {
+  wire::CancelRun c;
+  c.set_program_id(program);
+  c.set_first_buffer_id(first);
+  ToWire(why, c.mutable_status());
+  if (refused_by >= 0) c.set_refused_by(refused_by);
+  return c;
 }
 
 wire::RunProgram RunOf(uint64_t program, uint64_t first) {
@@ -1037,8 +1051,8 @@ TEST(HostExecutorTest, PutWithTheWrongBytesIsInvalidArgumentAndFailsTheBuffer) {
   };
   // First chunks (offset 0): the buffer is made, failed.
   const std::vector<Case> cases = {
-      {"3 shards' worth: the whole buffer, not host 0's part", [](wire::PutBuffer& p) { p.set_data(std::string(24, 'x')); },
-       "has 16 bytes here; got 24"},
+      {"3 shards' worth: the whole buffer, not host 0's part",
+       [](wire::PutBuffer& p) { p.set_data(std::string(24, 'x')); }, "has 16 bytes here; got 24"},
       {"negative shard bytes", [](wire::PutBuffer& p) { p.set_shard_bytes(-8); }, "bad shard_bytes -8"},
       {"an unknown list", [](wire::PutBuffer& p) { p.set_devices(77); }, "no device list 77"},
   };
@@ -1744,9 +1758,169 @@ TEST(HostExecutorTest, AMessageAfterARunTheSenderRefusedLandsInItsOwnRun) {
   }
   ASSERT_OK_AND_ASSIGN(std::string got, cluster->FetchFrom(1, 201, kPrompt));
   EXPECT_TRUE(got == std::string(reinterpret_cast<const char*>(b.data()), b.size()));
-  // Run 100's receive took nothing of run 200's.
+  // Run 100's receive took nothing of run 200's: it still waits.
   auto early = cluster->FetchFrom(1, 101, std::chrono::seconds(1));
   EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+
+  // What the client does on host 0's refusal: every host of the run cancels
+  // it. Host 1's receive fails with the refusal, and its part replies.
+  for (int h : {0, 1}) cluster->host(h).CancelRun(CancelOf(20, 100, refusal.status(), /*refused_by=*/0));
+  auto cancelled = Await(receiver, kPrompt);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  auto failed = Failed({*cancelled});
+  ASSERT_TRUE(failed.contains(101));
+  EXPECT_EQ(failed[101], refusal.status());
+  EXPECT_EQ(cluster->FetchFrom(1, 101, kPrompt).status(), refusal.status());
+  // Idempotent; and a run cancelled before it comes is refused with the
+  // cancel's error.
+  cluster->host(1).CancelRun(CancelOf(20, 100, refusal.status()));
+  auto again = Await(cluster->RunOn(1, refused), kPrompt);
+  EXPECT_EQ(again.status(), refusal.status());
+  cluster->host(1).CancelRun(CancelOf(21, 300, absl::AbortedError("gone before it came")));
+  wire::RunProgram late = RunOf(21, 300);
+  Bind(late, 0, 6, 1);
+  auto refused_late = Await(cluster->RunOn(1, late), kPrompt);
+  EXPECT_EQ(refused_late.status(), absl::AbortedError("gone before it came"));
+}
+
+// A cross-host gang of a run that one of its hosts refused: the other
+// host's part waits for its input (a transfer the refuser never sends);
+// once the run is cancelled there it fails without entering its first
+// collective, where it would wait for the refuser until Gloo's timeout
+// (30 s) and leave the group broken. The same gang then runs as usual.
+TEST(HostExecutorTest, ACancelledCrossHostGangFailsWithoutWaitingInItsCollectives) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+  ASSERT_OK(cluster->DefineList(2, {0, 2}));  // the gang: hosts 0 and 1
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(2, 4));
+  ASSERT_NE(mean, nullptr);
+  constexpr int64_t kShard = 16;
+  const std::vector<wire::ProgramStep> steps = {Transfer(0, 1, 1, 2, kShard), Compute(10, 2, {1}, {2}, 5)};
+  ASSERT_OK(cluster->host(1).LoadProgram(Program(20, 3, steps)));  // host 1 only
+  ASSERT_OK(cluster->LoadProgram(Program(21, 3, steps)));
+  const Bytes x = ToBytes(Iota<float>(8, 0.5f, 1.5f));
+  ASSERT_OK(cluster->Put(5, 1, x));
+
+  const auto start = std::chrono::steady_clock::now();
+  wire::RunProgram refused = RunOf(20, 100);
+  Bind(refused, 0, 5, 1);
+  auto on_host1 = cluster->RunOn(1, refused);
+  auto refusal = Await(cluster->RunOn(0, refused), kPrompt);
+  ASSERT_FALSE(refusal.ok());
+  EXPECT_TRUE(absl::StrContains(refusal.status().message(), "no program 20 on host 0")) << refusal.status();
+  for (int h : {0, 1}) cluster->host(h).CancelRun(CancelOf(20, 100, refusal.status(), /*refused_by=*/0));
+  auto reply = Await(on_host1, kPrompt);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  auto failed = Failed({*reply});
+  ASSERT_TRUE(failed.contains(102));
+  EXPECT_EQ(failed[102], refusal.status());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kPrompt);
+
+  // The gang's hosts still meet in its collectives.
+  wire::RunProgram good = RunOf(21, 200);
+  Bind(good, 0, 5, 1);
+  auto futures = cluster->RunAsync(good);
+  for (auto& f : futures) {
+    auto r = Await(f, std::chrono::seconds(40));
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const auto& [id, status] : Failed({*r})) ADD_FAILURE() << id << ": " << status;
+  }
+  ASSERT_OK_AND_ASSIGN(Bytes got, cluster->Fetch(202, 2));
+  EXPECT_EQ(got, RunWhole(*mean, 2, {x})[0]);
+}
+
+// A cancelled cross-host gang whose hosts do not include the refuser: on
+// host 2 its part started before the cancel came (its input is a local
+// copy) and waits in its first collective for host 1; on host 1 it waits
+// for a transfer from host 0, which refused the run. Once host 1 cancels,
+// its part joins that collective without running, so host 2's is told to
+// stop there (not after Gloo's 30 s), and the group stays usable.
+TEST(HostExecutorTest, ACancelledGangWithoutTheRefuserStopsItsStartedPartsInTheFirstCollective) {
+  auto cluster = MakeCluster(3, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 5}));  // hosts 0 and 2: where the argument is
+  ASSERT_OK(cluster->DefineList(2, {2, 4}));  // the gang: hosts 1 and 2
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(2, 4));
+  ASSERT_NE(mean, nullptr);
+  const std::vector<wire::ProgramStep> steps = {Transfer(0, 1, 1, 2, 16), Compute(10, 2, {1}, {2}, 6)};
+  for (int h : {1, 2}) ASSERT_OK(cluster->host(h).LoadProgram(Program(20, 3, steps)));  // not host 0
+  ASSERT_OK(cluster->LoadProgram(Program(21, 3, steps)));
+  const Bytes x = ToBytes(Iota<float>(8, -2.f, 0.75f));
+  ASSERT_OK(cluster->Put(5, 1, x));
+
+  const auto start = std::chrono::steady_clock::now();
+  wire::RunProgram refused = RunOf(20, 100);
+  Bind(refused, 0, 5, 1);
+  auto on_host1 = cluster->RunOn(1, refused);
+  auto on_host2 = cluster->RunOn(2, refused);
+  auto refusal = Await(cluster->RunOn(0, refused), kPrompt);
+  ASSERT_FALSE(refusal.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // host 2's part is in its collective by now
+  cluster->host(1).CancelRun(CancelOf(20, 100, refusal.status(), /*refused_by=*/0));
+  auto reply1 = Await(on_host1, kPrompt);
+  auto reply2 = Await(on_host2, kPrompt);
+  ASSERT_TRUE(reply1.ok()) << reply1.status();
+  ASSERT_TRUE(reply2.ok()) << reply2.status();
+  auto failed1 = Failed({*reply1});
+  auto failed2 = Failed({*reply2});
+  ASSERT_TRUE(failed1.contains(102) && failed2.contains(102));
+  EXPECT_EQ(failed1[102], refusal.status());
+  EXPECT_EQ(failed2[102].code(), absl::StatusCode::kAborted) << failed2[102];
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kPrompt);
+  for (int h : {0, 2}) cluster->host(h).CancelRun(CancelOf(20, 100, refusal.status(), /*refused_by=*/0));
+
+  wire::RunProgram good = RunOf(21, 200);
+  Bind(good, 0, 5, 1);
+  auto futures = cluster->RunAsync(good);
+  for (auto& f : futures) {
+    auto r = Await(f, std::chrono::seconds(40));
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const auto& [id, status] : Failed({*r})) ADD_FAILURE() << id << ": " << status;
+  }
+  ASSERT_OK_AND_ASSIGN(Bytes got, cluster->Fetch(202, 2));
+  EXPECT_EQ(got, RunWhole(*mean, 2, {x})[0]);
+}
+
+// A load a host refused is kept there under its id: what names the id later
+// fails with that error, not with "no such id".
+TEST(HostExecutorTest, WhatNamesALoadThatFailedFailsWithItsError) {
+  auto cluster = MakeCluster(2, 2);
+  HostExecutor& host = cluster->host(0);
+  wire::LoadFunction corrupt;
+  corrupt.set_function_id(10);
+  corrupt.set_ir("not a function");
+  const absl::Status not_loaded = host.LoadFunction(corrupt);
+  ASSERT_FALSE(not_loaded.ok());
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));
+  const absl::Status program = host.LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)}));
+  EXPECT_EQ(program.code(), not_loaded.code()) << program;
+  EXPECT_TRUE(absl::StrContains(program.message(), "function 10 could not be loaded on host 0")) << program;
+  EXPECT_TRUE(absl::StrContains(program.message(), not_loaded.message())) << program;
+  auto run = Await(cluster->RunOn(0, RunOf(20, 100)), kPrompt);
+  EXPECT_TRUE(absl::StrContains(run.status().message(), "program 20 could not be loaded on host 0")) << run.status();
+  EXPECT_TRUE(absl::StrContains(run.status().message(), not_loaded.message())) << run.status();
+
+  wire::DefineDevices bad;
+  bad.set_list_id(7);
+  bad.add_device_ids(99);
+  const absl::Status not_defined = host.DefineDevices(bad);
+  ASSERT_FALSE(not_defined.ok());
+  wire::PutBuffer put;
+  put.set_buffer_id(50);
+  put.set_devices(7);
+  put.set_shard_bytes(4);
+  put.set_data("abcd");
+  const absl::Status refused = host.Put(put);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "device list 7 could not be defined on host 0")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "no device 99")) << refused;
+
+  // A later load of the id that works replaces the error.
+  auto affine = MustCompile(AffineFunction(4));
+  ASSERT_NE(affine, nullptr);
+  wire::LoadFunction good;
+  good.set_function_id(10);
+  good.set_ir(SerializeFunctionIr(affine->ir()));
+  ASSERT_OK(host.LoadFunction(good));
+  ASSERT_OK(host.LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)})));
 }
 
 }  // namespace
