@@ -456,8 +456,7 @@ absl::Status RemoteCluster::AwaitLoads(Plan& plan) {
   MutexLock lock(&plan.loads_mu);
   if (!error.ok()) {
     if (plan.load_error.ok()) {
-      plan.load_error =
-          absl::Status(error.code(), absl::StrCat("program '", plan.name, "' cannot run: ", error.message()));
+      plan.load_error = Prefixed(absl::StrCat("program '", plan.name, "' cannot run: "), error);
     }
     return plan.load_error;
   }

@@ -12,10 +12,20 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "csrc/client/remote_cluster.h"
 
 namespace pw {
+
+// `status` with `prefix` before its message, its payloads kept (its
+// ErrorKind: a lost host stays pw.HostLostError).
+inline absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
+  absl::Status out(status.code(), absl::StrCat(prefix, status.message()));
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
 
 // A host's answer to one load (DefineDevices, LoadFunction or LoadProgram),
 // shared by every plan that needs what it loaded. Answered once, on a gRPC
@@ -25,7 +35,7 @@ struct RemoteCluster::LoadReply {
   // Takes the host's reply: its error is kept as "<what>: <the host's error>".
   void Answer(const absl::StatusOr<wire::Reply>& reply) {
     absl::Status s = reply.ok() ? ReplyStatus(*reply) : reply.status();
-    if (!s.ok()) s = absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    if (!s.ok()) s = Prefixed(absl::StrCat(what, ": "), s);
     MutexLock lock(&mu);
     answered = true;
     status = std::move(s);

@@ -17,6 +17,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
 #include "csrc/client/runtime.h"
 #include "csrc/coordination/host_channel.h"
@@ -306,6 +308,24 @@ TEST_F(RemoteClusterTest, APutAHostRefusesFailsTheBufferWithItsError) {
   auto outs = rt_->dispatcher().Execute(*program, {arg});
   absl::Status status = outs.ok() ? Values(*(*outs)[0]).status() : outs.status();
   EXPECT_TRUE(absl::StrContains(status.message(), "shard_bytes")) << status;
+}
+
+// A host lost before a program's first dispatch: its loads are answered
+// with its loss, so the dispatch fails at once, as pw.HostLostError naming
+// the host (not a wait for answers that never come).
+TEST_F(RemoteClusterTest, AHostLostBeforeTheFirstDispatchFailsItAsHostLost) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  servers_[1].reset();  // host 1's process is gone
+  const int64_t deadline = NowNanos() + kPromptNs;
+  while (rt_->remote()->hosts()[1].alive() && NowNanos() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_FALSE(rt_->remote()->hosts()[1].alive());
+  auto program = Across(0, 1);
+  const int64_t start = NowNanos();
+  auto out = RunAndRead(*program, 1, 2);
+  ASSERT_FALSE(out.ok());
+  EXPECT_LT(NowNanos() - start, kPromptNs);
+  EXPECT_EQ(GetErrorKind(out.status()), ErrorKind::kHostLost) << out.status();
+  EXPECT_TRUE(absl::StrContains(out.status().message(), "host 1")) << out.status();
 }
 
 }  // namespace

@@ -27,15 +27,17 @@
 //   ack (listener -> dialer, 20 bytes): "pwdp-ak\n", u32 version,
 //       u32 listener host id, u32 status (0 accepted; else why refused).
 //   message (dialer -> listener, repeated): a 48-byte header, then the
-//       payload. Header: u32 0x4d445750 ("PWDM"), u8 flag, 3 zero bytes,
-//       then the message's ids (MessageIds: u64 session, u64 program id,
-//       u64 first buffer id, u64 buffer id), then u64 payload length.
+//       payload. Header, by byte offset: 0 u32 0x4d445750 ("PWDM"), 4 u8
+//       flag, 5 three zero bytes, then the message's ids (DataMessageIds):
+//       8 u64 session, 16 u64 program id, 24 u64 first buffer id, 32 u64
+//       buffer id; then 40 u64 payload length.
 //   Version 1 had a 16-byte header (marker, flag, length): no ids.
 // Who a message is for travels in its header, so a receiver never has to
 // know it from the order of the messages alone: it reads the header first
 // (RecvHeader), then takes the payload where the ids say (RecvPayload) or
 // drops it (Discard). A receiver that refused the work a message belongs to
 // drops it; a later message of the same size still finds its own receive.
+//
 // Security: the secret keeps out processes that do not know it (a stray or
 // hostile connection to the port, a host of another cluster). It travels in
 // the clear and the data is not encrypted, so the network itself must be
