@@ -173,15 +173,21 @@ class RemoteClusterTest : public ::testing::Test {
   std::vector<std::shared_ptr<VirtualSlice>> slices_;
 };
 
-// Host `refuser` refuses the second RunProgram of program `name` it gets.
+// Host `refuser` refuses the second RunProgram it gets. The refusal comes
+// from its handler, before its executor sees the run: the client's cancel,
+// sent to every host of the run (the refuser too), is what tells the
+// refuser's executor to drop the run's messages.
 TestHost::Tamper RefuseSecondRun(int refuser, std::shared_ptr<std::atomic<int>> runs) {
   return [refuser, runs](const std::shared_ptr<HostSession>& session, wire::Request& request) {
     if (request.kind_case() != wire::Request::kRun || runs->fetch_add(1) != 1) return false;
-    Refuse(session, request, absl::FailedPreconditionError(absl::StrCat("host ", refuser, " refuses this run (test)")));
+    Refuse(session, request,
+           absl::FailedPreconditionError(absl::StrCat("host ", refuser, " refuses this run (test)")));
     return true;
   };
 }
 
+// Host 1 refuses a run whose transfer host 0 sends anyway: the next run of
+// the same size between them must take its own data.
 TEST_F(RemoteClusterTest, ARunTheReceivingHostRefusesFailsPromptlyAndTheNextRunIsExact) {
   hosts_[1]->set_tamper(RefuseSecondRun(1, std::make_shared<std::atomic<int>>(0)));
   ASSERT_NO_FATAL_FAILURE(Start());
@@ -202,6 +208,8 @@ TEST_F(RemoteClusterTest, ARunTheReceivingHostRefusesFailsPromptlyAndTheNextRunI
   EXPECT_EQ(*after, (std::vector<double>{201, 401})) << "a run took the refused run's transfer";
 }
 
+// Host 0 refuses a run whose transfer host 1 waits for: the run fails
+// promptly (host 1 lets go of it), and the next run takes its own data.
 TEST_F(RemoteClusterTest, ARunTheSendingHostRefusesFailsPromptlyAndTheNextRunIsExact) {
   hosts_[0]->set_tamper(RefuseSecondRun(0, std::make_shared<std::atomic<int>>(0)));
   ASSERT_NO_FATAL_FAILURE(Start());
@@ -225,7 +233,6 @@ TEST_F(RemoteClusterTest, ARunTheSendingHostRefusesFailsPromptlyAndTheNextRunIsE
   // Nothing of the refused run stays in flight on either host.
   EXPECT_TRUE(rt_->AwaitQuiescenceFor(kPromptNs));
 }
-
 
 // What a host that cannot do a load answers, and what the client makes of
 // it: the run that needs the load fails with the host's error naming what
