@@ -82,6 +82,8 @@ bench: $(VENV)/.installed $(VENV)/.bench
 # `race:libopenblas` suppression would hide those as well; `called_from_lib`
 # does not work (TSan ignores only the first of libopenblas's two executable
 # segments). `make test` and `make sanitize-asan` run the threaded path.
+# tests/tsan_suppressions.txt names the races TSan reports inside other
+# uninstrumented libraries (gRPC's poller, abseil's deadlock detector).
 sanitize: sanitize-asan sanitize-tsan sanitize-threads fuzz
 
 sanitize-asan: deps $(VENV)/.created
@@ -93,7 +95,7 @@ sanitize-asan: deps $(VENV)/.created
 sanitize-tsan: deps $(VENV)/.created
 	$(CMAKE) -S . -B build/tsan $(CPP_CONFIG) -DCMAKE_BUILD_TYPE=Debug -DPATHWAYS_SANITIZE=thread >/dev/null
 	$(CMAKE) --build build/tsan
-	OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 setarch $$(uname -m) -R \
+	OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(abspath tests/tsan_suppressions.txt) setarch $$(uname -m) -R \
 	  $(CTEST) --test-dir build/tsan --output-on-failure -j2
 
 # Clang's tools, only for `make sanitize`: its thread-safety analysis and

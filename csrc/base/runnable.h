@@ -7,6 +7,7 @@
 // write; whoever collected the list hands it to the Executor in one go.
 
 #include <cstdint>
+#include <exception>
 #include <vector>
 
 namespace pw {
@@ -21,10 +22,17 @@ struct RunContext {
   // Grows as needed; reused across runs on the same thread.
   std::vector<uint8_t, std::allocator<uint8_t>>* scratch = nullptr;
 
-  // 64-byte aligned scratch of at least `bytes`.
+  // 64-byte aligned scratch of at least `bytes`; null if it cannot be
+  // allocated (the caller fails its work: an executor thread must not throw).
   void* Scratch(int64_t bytes) {
     const size_t need = static_cast<size_t>(bytes) + 64;
-    if (scratch->size() < need) scratch->resize(need);
+    if (scratch->size() < need) {
+      try {
+        scratch->resize(need);
+      } catch (const std::exception&) {  // bad_alloc, length_error
+        return nullptr;
+      }
+    }
     const uintptr_t p = reinterpret_cast<uintptr_t>(scratch->data());
     return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});
   }

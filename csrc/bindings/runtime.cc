@@ -211,7 +211,8 @@ void RegisterRuntime(py::module_& m) {
     return ValueOrThrow(GetRuntime().CreateClient(name, weight));
   }, py::arg("name"), py::arg("weight"), py::return_value_policy::reference);
   m.def("close_client", [](SchedulingClient* client) {
-    GetRuntime().CloseClient(client);
+    Runtime& rt = GetRuntime();
+    WithoutGil([&] { rt.CloseClient(client); });  // it takes the dispatch lock
     return DeleteClientHandles(client);
   }, py::arg("client"));
   m.def("clients", [] { return GetRuntime().clients(); }, py::return_value_policy::reference);

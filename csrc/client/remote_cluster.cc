@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <random>
 
@@ -56,6 +57,8 @@ class Replies {
 // Buffer data goes to and from hosts in chunks of this many bytes: each a
 // message of its own, far below protobuf's 2 GiB limit per message.
 constexpr int64_t kDataChunkBytes = int64_t{16} << 20;
+// A read asks each host for at most this many chunks at a time.
+constexpr int kReadChunksPerHost = 4;
 
 // Calls fn(position, offset in its shard, offset in the range, length) for
 // each piece of the bytes [offset, offset + n) of a host's shards: its
@@ -151,13 +154,7 @@ RemoteCluster::~RemoteCluster() {
   }
   if (admission_thread_.joinable()) admission_thread_.join();
   // Runs never sent (the runtime shuts down without waiting for them).
-  for (auto& w : left) {
-    {
-      MutexLock lock(&w->run->mu);
-      w->run->whole = absl::CancelledError("the run was never sent: the pathways runtime shut down");
-    }
-    Run::Finish(*w->run);
-  }
+  for (auto& w : left) Run::FinishUnsent(*w->run, "the pathways runtime shut down");
   // The sessions end first: replies still awaited fail now, and finishing
   // their runs uses this object's members.
   {
@@ -237,7 +234,123 @@ void RemoteCluster::SubmitRun(std::vector<int> hosts, uint64_t program_id, uint6
     AdmitLocked();
     return;
   }
+  if (CancelledBeforeSending(*run)) return;
+  if (renew_pending_.load(std::memory_order_acquire)) SendRenewalsLocked();
   SendRun(program_id, first, bindings, std::move(run));
+}
+
+bool RemoteCluster::CancelledBeforeSending(Run& run) {
+  std::string reason;
+  if (cancel_all_.load(std::memory_order_acquire)) {
+    reason = cancel_all_reason_;
+  } else if (run.client != nullptr && run.client->closed()) {
+    reason = absl::StrCat("its client '", run.client->name(), "' was closed");
+  } else {
+    return false;
+  }
+  Run::FinishUnsent(run, reason);
+  return true;
+}
+
+void RemoteCluster::Cancel(const SchedulingClient* client, const std::string& reason, bool end_simulated_time) {
+  std::vector<std::unique_ptr<Waiting>> unsent;
+  std::vector<std::shared_ptr<Run>> sent;  // held until the lock is released
+  {
+    // No run is sent meanwhile: every run sent before is ahead of the
+    // cancel on its hosts' streams, and every run after it sees the client
+    // closed (or cancel_all_) in CancelledBeforeSending.
+    MutexLock lock(&mu_);
+    if (client == nullptr) {
+      cancel_all_reason_ = reason;
+      cancel_all_.store(true, std::memory_order_release);
+    }
+    {
+      MutexLock admission(&admission_mu_);
+      for (auto& [c, q] : queues_) {
+        if (client != nullptr && c != client) continue;
+        for (auto& w : q.waiting) {
+          for (const auto& made : w->run->made) unsent_buffers_.erase(made->remote_id());
+          unsent.push_back(std::move(w));
+        }
+        num_waiting_ -= static_cast<int64_t>(q.waiting.size());
+        q.waiting.clear();
+      }
+    }
+    wire::CancelRuns cancel;
+    cancel.set_all(client == nullptr);
+    cancel.set_reason(reason);
+    cancel.set_end_simulated_time(end_simulated_time);
+    if (client != nullptr) {
+      MutexLock runs(&runs_mu_);
+      for (const auto& [key, weak] : runs_by_id_) {
+        std::shared_ptr<Run> run = weak.lock();
+        if (run == nullptr || run->client != client) continue;
+        cancel.add_program_ids(key.first);
+        cancel.add_first_buffer_ids(key.second);
+        sent.push_back(std::move(run));
+      }
+    }
+    if (cancel.all() || cancel.program_ids_size() > 0) {
+      for (int h = 0; h < pool_->num_hosts(); ++h) {
+        if (!pool_->channel(h).alive()) continue;
+        wire::Request request;
+        *request.mutable_cancel_runs() = cancel;
+        Send(h, std::move(request));
+        Flush(h);
+      }
+    }
+  }
+  for (auto& w : unsent) Run::FinishUnsent(*w->run, reason);
+}
+
+void RemoteCluster::Abandon(const absl::Status& why) {
+  std::vector<std::shared_ptr<Run>> left;
+  {
+    MutexLock lock(&runs_mu_);
+    for (const auto& [key, weak] : runs_by_id_) {
+      if (std::shared_ptr<Run> run = weak.lock()) left.push_back(std::move(run));
+    }
+  }
+  for (auto& run : left) {
+    {
+      MutexLock lock(&run->mu);
+      if (run->whole.ok()) run->whole = why;
+    }
+    Run::Finish(*run);  // once: a host's reply after this finds it finished
+  }
+}
+
+void RemoteCluster::GroupMayHaveBroken(const Run& run, int step) {
+  const Plan& plan = *run.plan;
+  if (step < 0 || step >= static_cast<int>(plan.step_fns.size()) || plan.step_fns[step] == nullptr) return;
+  if (plan.step_hosts[step].size() < 2 ||
+      plan.step_fns[step]->executable().first_collective().kind == FunctionExecutable::CollectiveCall::Kind::kNone) {
+    return;
+  }
+  MutexLock lock(&renew_mu_);
+  renew_.insert(plan.step_hosts[step]);
+  renew_pending_.store(true, std::memory_order_release);
+}
+
+void RemoteCluster::SendRenewalsLocked() {
+  std::set<std::vector<int>> sets;
+  {
+    MutexLock lock(&renew_mu_);
+    sets.swap(renew_);
+    renew_pending_.store(false, std::memory_order_release);
+  }
+  // Under mu_, as every run is sent: each host of a set sees the renewal at
+  // the same place among the runs (they leave with the next flush).
+  for (const std::vector<int>& hosts : sets) {
+    // A set with a lost host has no next incarnation (its live hosts would
+    // wait to make it with the lost one); its gangs fail with the loss.
+    if (!std::all_of(hosts.begin(), hosts.end(), [&](int h) { return pool_->channel(h).alive(); })) continue;
+    for (int h : hosts) {
+      wire::Request request;
+      for (int k : hosts) request.mutable_renew_group()->add_hosts(k);
+      Send(h, std::move(request));
+    }
+  }
 }
 
 void RemoteCluster::AdmitLocked() {
@@ -283,15 +396,8 @@ void RemoteCluster::AdmitLocked() {
       }
       for (const auto& made : w->run->made) unsent_buffers_.erase(made->remote_id());
     }
-    if (w->run->client != nullptr && w->run->client->closed()) {
-      {
-        MutexLock lock(&w->run->mu);
-        w->run->whole = absl::CancelledError(absl::StrCat("a run of client '", w->run->client->name(),
-                                                          "' was cancelled: the client was closed"));
-      }
-      Run::Finish(*w->run);
-      continue;
-    }
+    if (CancelledBeforeSending(*w->run)) continue;
+    if (renew_pending_.load(std::memory_order_acquire)) SendRenewalsLocked();
     SendRun(w->program_id, w->first, w->bindings, std::move(w->run));
   }
 }
@@ -354,11 +460,10 @@ void RemoteCluster::RecordPart(const Run& run, int host, int step, int64_t start
   if (fn == nullptr) return;  // a transfer
   const DeviceList* gang = plan.step_devices[step];
   const DeviceList* part = PartOn(gang, host);
-  // The host's clock to ours.
-  const int64_t offset = pool_->channel(host).clock_offset_ns();
-  start_ns -= offset;
-  end_ns -= offset;
-  const int64_t busy_ns = std::max<int64_t>(end_ns - start_ns, 0);
+  const PartInterval ours = OnClientClock(start_ns, end_ns, pool_->channel(host).clock_offset_ns(),
+                                          run.submitted_ns, NowNanos());
+  start_ns = ours.start_ns;
+  const int64_t busy_ns = ours.end_ns - ours.start_ns;
   // The gang counts once: on its first host.
   const bool first = plan.step_hosts[step].front() == host;
   if (run.client != nullptr) run.client->AddUsage(busy_ns * part->size(), first ? 1 : 0);
@@ -648,6 +753,14 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
     run->made.push_back(slots[slot]);
     return absl::OkStatus();
   };
+  // Host data for the arguments, in put requests built before the lock is
+  // taken: copying a large array must not hold up other dispatches.
+  absl::flat_hash_map<int, std::vector<HostPuts>> host_data_puts;  // by slot
+  for (const ArgPlacement& p : program.arg_placements()) {
+    const ProgramArg& arg = args[p.arg];
+    if (arg.buffer != nullptr || arg.dims.empty() || arg.dims[0] != p.devices->size()) continue;  // (Allocate says why)
+    host_data_puts[p.slot] = MakePuts(p.devices, ShardBytes(arg.dtype, arg.dims), first + p.slot, arg.host_data);
+  }
   std::vector<wire::ArgBinding> bindings;  // in place (sequential: every run needs them)
   std::vector<std::shared_ptr<ShardedBuffer>> arg_buffers;  // every run holds them until sent
   const auto& types = program.slot_types();
@@ -663,7 +776,7 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
       const ProgramArg& arg = args[p.arg];
       if (arg.buffer == nullptr) {
         PW_RETURN_IF_ERROR(allocate(p.slot, arg.dtype, arg.dims, p.devices));
-        WriteLocked(*slots[p.slot], arg.host_data, /*flush=*/false);  // leaves with the run
+        SendPutsLocked(p.devices, std::move(host_data_puts[p.slot]), /*flush=*/false);  // leaves with the run
         continue;
       }
       if (!arg.buffer->is_remote()) {
@@ -777,25 +890,26 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
 }
 
 absl::Status RemoteCluster::Write(const ShardedBuffer& buffer, const void* data) {
+  std::vector<HostPuts> puts = MakePuts(buffer.devices(), buffer.shard_bytes(), buffer.remote_id(), data);
   MutexLock lock(&mu_);
-  WriteLocked(buffer, data, /*flush=*/true);
+  SendPutsLocked(buffer.devices(), std::move(puts), /*flush=*/true);
   return absl::OkStatus();
 }
 
-void RemoteCluster::WriteLocked(const ShardedBuffer& buffer, const void* data, bool flush) {
-  const DeviceList* list = buffer.devices();
-  const int64_t shard = buffer.shard_bytes();
+std::vector<RemoteCluster::HostPuts> RemoteCluster::MakePuts(const DeviceList* list, int64_t shard, uint64_t id,
+                                                             const void* data) const {
+  std::vector<HostPuts> puts;
   const auto* from = static_cast<const uint8_t*>(data);
   for (int h : HostsOf(list)) {
-    EnsureList(h, list);
+    HostPuts& host = puts.emplace_back();
+    host.host = h;
     const std::vector<int> positions = PositionsOn(list, h);
     const int64_t total = shard * static_cast<int64_t>(positions.size());
     // In chunks, in order; an empty buffer still gets its one (empty) put.
     for (int64_t offset = 0; offset == 0 || offset < total; offset += kDataChunkBytes) {
       const int64_t n = std::min(kDataChunkBytes, total - offset);
-      wire::Request request;
-      wire::PutBuffer* put = request.mutable_put();
-      put->set_buffer_id(buffer.remote_id());
+      wire::PutBuffer* put = host.requests.emplace_back().mutable_put();
+      put->set_buffer_id(id);
       put->set_devices(list->id());
       put->set_shard_bytes(shard);
       put->set_offset(offset);
@@ -804,9 +918,16 @@ void RemoteCluster::WriteLocked(const ShardedBuffer& buffer, const void* data, b
       ForEachPiece(positions, shard, offset, n, [&](int position, int64_t in_shard, int64_t at, int64_t len) {
         std::memcpy(bytes->data() + at, from + position * shard + in_shard, static_cast<size_t>(len));
       });
-      Send(h, std::move(request));
     }
-    if (flush) Flush(h);
+  }
+  return puts;
+}
+
+void RemoteCluster::SendPutsLocked(const DeviceList* list, std::vector<HostPuts> puts, bool flush) {
+  for (HostPuts& host : puts) {
+    EnsureList(host.host, list);
+    for (wire::Request& request : host.requests) Send(host.host, std::move(request));
+    if (flush) Flush(host.host);
   }
 }
 
@@ -815,48 +936,94 @@ absl::Status RemoteCluster::Read(const ShardedBuffer& buffer, void* dst) {
   const std::vector<int> hosts = HostsOf(list);
   const int64_t shard = buffer.shard_bytes();
   auto* to = static_cast<uint8_t*>(dst);
-  // Every chunk of every host asked at once; each reply lands in place.
+  // The hosts' chunks are asked for a few at a time per host (a window), so
+  // neither a host nor this process queues a whole large buffer's replies
+  // at once; each reply lands in place.
   struct Chunk {
     int host;
     const std::vector<int>* positions;
     int64_t offset, bytes;
   };
   std::vector<std::vector<int>> positions(hosts.size());
-  std::vector<Chunk> chunks;
+  std::vector<std::deque<Chunk>> chunks(hosts.size());  // per host, in order
+  size_t num_chunks = 0;
   for (size_t k = 0; k < hosts.size(); ++k) {
     positions[k] = PositionsOn(list, hosts[k]);
     const int64_t total = shard * static_cast<int64_t>(positions[k].size());
     for (int64_t offset = 0; offset == 0 || offset < total; offset += kDataChunkBytes) {
-      chunks.push_back(Chunk{hosts[k], &positions[k], offset, std::min(kDataChunkBytes, total - offset)});
+      chunks[k].push_back(Chunk{hosts[k], &positions[k], offset, std::min(kDataChunkBytes, total - offset)});
+      ++num_chunks;
     }
   }
-  Replies replies(static_cast<int>(chunks.size()));
-  for (const Chunk& c : chunks) {
-    wire::Request request;
-    wire::FetchBuffer* fetch = request.mutable_fetch();
-    fetch->set_buffer_id(buffer.remote_id());
-    fetch->set_offset(c.offset);
-    fetch->set_max_bytes(std::max<int64_t>(c.bytes, 1));  // 0 would mean "to the end"
-    Send(c.host, std::move(request), [&replies, &c, shard, to, id = buffer.remote_id()](absl::StatusOr<wire::Reply> reply) {
-      absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
-      if (status.ok()) {
-        const std::string& bytes = reply->fetch().data();
-        if (static_cast<int64_t>(bytes.size()) != c.bytes) {
-          status = absl::InternalError(absl::StrCat("host ", c.host, " sent ", bytes.size(), " bytes of buffer ", id,
-                                                    " at offset ", c.offset, ", expected ", c.bytes));
-        } else {
-          ForEachPiece(*c.positions, shard, c.offset, c.bytes,
-                       [&](int position, int64_t in_shard, int64_t at, int64_t len) {
-                         std::memcpy(to + position * shard + in_shard, bytes.data() + at, static_cast<size_t>(len));
-                       });
-        }
-      }
-      replies.Done(std::move(status));
-    });
+  // Shared with the callbacks: the last one may still hold its lock as
+  // this call returns. Each callback is done with `to` and the chunk before
+  // it counts itself done, and this call waits for every one of them.
+  struct Window {
+    Mutex mu;
+    CondVar cv;
+    std::vector<int> in_flight ABSL_GUARDED_BY(mu);  // per host
+    size_t done ABSL_GUARDED_BY(mu) = 0;
+    absl::Status first_error ABSL_GUARDED_BY(mu);
+  };
+  auto window = std::make_shared<Window>();
+  {
+    MutexLock lock(&window->mu);
+    window->in_flight.assign(hosts.size(), 0);
   }
-  for (int h : hosts) Flush(h);
-  // A lost host fails its fetches (HostChannel), so this wait ends.
-  return replies.Wait(std::numeric_limits<int64_t>::max() / 2, "reading a buffer");
+  size_t sent = 0;
+  while (true) {
+    std::vector<size_t> ready;  // hosts with room in their window and chunks left
+    {
+      MutexLock lock(&window->mu);
+      while (true) {
+        // A failed chunk ends the read: the rest are not asked for.
+        if (window->done == sent && (sent == num_chunks || !window->first_error.ok())) return window->first_error;
+        ready.clear();
+        if (window->first_error.ok()) {
+          for (size_t k = 0; k < hosts.size(); ++k) {
+            if (!chunks[k].empty() && window->in_flight[k] < kReadChunksPerHost) ready.push_back(k);
+          }
+        }
+        if (!ready.empty()) break;
+        // A lost host fails its fetches (HostChannel), so this wait ends.
+        window->cv.Wait(&window->mu);
+      }
+      for (size_t k : ready) ++window->in_flight[k];
+    }
+    for (size_t k : ready) {
+      const Chunk c = chunks[k].front();
+      chunks[k].pop_front();
+      ++sent;
+      wire::Request request;
+      wire::FetchBuffer* fetch = request.mutable_fetch();
+      fetch->set_buffer_id(buffer.remote_id());
+      fetch->set_offset(c.offset);
+      fetch->set_max_bytes(std::max<int64_t>(c.bytes, 1));  // 0 would mean "to the end"
+      Send(c.host, std::move(request),
+           [window, k, c, shard, to, id = buffer.remote_id()](absl::StatusOr<wire::Reply> reply) {
+             absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+             if (status.ok()) {
+               const std::string& bytes = reply->fetch().data();
+               if (static_cast<int64_t>(bytes.size()) != c.bytes) {
+                 status = absl::InternalError(absl::StrCat("host ", c.host, " sent ", bytes.size(), " bytes of buffer ",
+                                                           id, " at offset ", c.offset, ", expected ", c.bytes));
+               } else {
+                 ForEachPiece(*c.positions, shard, c.offset, c.bytes,
+                              [&](int position, int64_t in_shard, int64_t at, int64_t len) {
+                                std::memcpy(to + position * shard + in_shard, bytes.data() + at,
+                                            static_cast<size_t>(len));
+                              });
+               }
+             }
+             MutexLock lock(&window->mu);
+             if (window->first_error.ok() && !status.ok()) window->first_error = std::move(status);
+             --window->in_flight[k];
+             ++window->done;
+             window->cv.SignalAll();
+           });
+      Flush(c.host);
+    }
+  }
 }
 
 void RemoteCluster::FailDevices(absl::Span<Device* const> devices) {

@@ -110,6 +110,22 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // skipped (its devices are gone anyway).
   void FailDevices(absl::Span<Device* const> devices);
 
+  // Cancels the runs that have not started, as the in-process runtime's
+  // gangs are cancelled (Runtime::CloseClient, Runtime::Shutdown): those of
+  // `client`, or with null those of every client. Runs still waiting for
+  // admission here finish at once, failed with Cancelled; every live host is
+  // told to cancel its parts of the others that have not started
+  // (HostExecutor::CancelParts), which fail with Cancelled ("'f' in program
+  // 'p' was cancelled: <reason>"), and so do their outputs. Parts running
+  // finish; with `end_simulated_time`, their simulated time ends now. From
+  // then on a run of a closed client (or, after a cancel of every client,
+  // any run) is cancelled here instead of sent. Does not wait for the hosts.
+  void Cancel(const SchedulingClient* client, const std::string& reason, bool end_simulated_time);
+  // Fails the runs still in flight with `why` without waiting for their
+  // hosts, whose replies are then ignored: the end of a shutdown's bounded
+  // wait. Their parts may still run on the hosts.
+  void Abandon(const absl::Status& why);
+
   // Runs in flight, in dispatch order: a mark now, and whether every run
   // dispatched before `mark` has finished (its buffers complete).
   int64_t SubmissionMark() const;
@@ -163,8 +179,26 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   void RecordPart(const Run& run, int host, int step, int64_t start_ns, int64_t end_ns) const;
   // The run leaves the runs in flight.
   void Retire(const Run& run);
-  // Queues the puts of `buffer`'s shards; sends them at once if `flush`.
-  void WriteLocked(const ShardedBuffer& buffer, const void* data, bool flush) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // If `run` must not be sent (its client closed, or every run cancelled),
+  // finishes it failed with Cancelled; true then.
+  bool CancelledBeforeSending(Run& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A part of step `step` of `run` failed on a host: if the step is a gang
+  // that meets several hosts in collectives, its group may have broken, and
+  // the gangs sent from now on meet in a fresh incarnation (RenewGroup).
+  void GroupMayHaveBroken(const Run& run, int step);
+  // Sends the renewals GroupMayHaveBroken asked for, ahead of the next run.
+  void SendRenewalsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One host's put requests for a buffer's data (its shards, in chunks).
+  struct HostPuts {
+    int host = 0;
+    std::vector<wire::Request> requests;
+  };
+  // The puts that carry `data` (every shard of a buffer `id` on `list`,
+  // shard-major) to its hosts. Copies the data: called without mu_.
+  std::vector<HostPuts> MakePuts(const DeviceList* list, int64_t shard, uint64_t id, const void* data) const;
+  // Sends them in order (after the list, to a host that does not know it).
+  void SendPutsLocked(const DeviceList* list, std::vector<HostPuts> puts, bool flush)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends what is queued for `host` as one message.
   void Flush(int host);
   // Moves the frees waiting for `host` into `run`.
@@ -250,6 +284,14 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // Buffers that runs still queued will make: a run using one waits.
   absl::flat_hash_set<uint64_t> unsent_buffers_ ABSL_GUARDED_BY(admission_mu_);
   bool admission_wanted_ ABSL_GUARDED_BY(admission_mu_) = false;
+  // Set by a Cancel of every client: no run is sent any more.
+  std::atomic<bool> cancel_all_{false};
+  std::string cancel_all_reason_ ABSL_GUARDED_BY(mu_);
+  // Sets of hosts whose group the next dispatch renews (GroupMayHaveBroken:
+  // on gRPC threads, which must not wait for mu_).
+  Mutex renew_mu_;
+  std::set<std::vector<int>> renew_ ABSL_GUARDED_BY(renew_mu_);
+  std::atomic<bool> renew_pending_{false};
   bool stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
   std::thread admission_thread_;
   uint32_t next_gang_tag_ ABSL_GUARDED_BY(mu_) = 1;

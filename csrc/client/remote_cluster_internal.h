@@ -4,7 +4,9 @@
 // RemoteCluster's records of programs and runs, shared by its files
 // (remote_cluster.cc: dispatch; remote_diagnosis.cc: pw.diagnose).
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -53,6 +55,30 @@ struct RemoteCluster::LoadReply {
   bool answered ABSL_GUARDED_BY(mu) = false;
   absl::Status status ABSL_GUARDED_BY(mu);
 };
+
+// When a host's part of a step ran, on the client's clock.
+struct PartInterval {
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;  // >= start_ns
+};
+
+// A host's report of when a part ran (on its clock) moved to the client's
+// clock by the host's `offset_ns`. The times are only the host's word: a
+// part ran inside its run's life here, from its submission to `now_ns`, so
+// they are clamped to that (no overflow, whatever the host sent), which also
+// bounds what the accounts multiply by a gang's size.
+inline PartInterval OnClientClock(int64_t start_ns, int64_t end_ns, int64_t offset_ns, int64_t submitted_ns,
+                                  int64_t now_ns) {
+  const int64_t hi = std::max(now_ns, submitted_ns);
+  auto ours = [&](int64_t t) {
+    int64_t local;
+    if (__builtin_sub_overflow(t, offset_ns, &local)) return t < 0 ? submitted_ns : hi;
+    return std::clamp(local, submitted_ns, hi);
+  };
+  PartInterval interval{ours(start_ns), ours(end_ns)};
+  interval.end_ns = std::max(interval.end_ns, interval.start_ns);
+  return interval;
+}
 
 // What the hosts know of one lowered program.
 struct RemoteCluster::Plan {
@@ -125,6 +151,11 @@ struct RemoteCluster::Run {
   int64_t submitted_ns = 0;
   int64_t first_gang = 0;  // its steps' gang numbers count from it (pw.diagnose)
   std::vector<int> admitted_islands;  // counted in their admission windows
+  // The buffers it makes. Filled before the run is registered (SubmitRun);
+  // from then on read under `mu` only by a thread other than the
+  // dispatching one (Describe), since Finish empties it under `mu` on
+  // whichever thread completes the run. Not annotated: the dispatch path
+  // fills it without the lock, before anyone else can see the run.
   std::vector<std::shared_ptr<ShardedBuffer>> made;
   // The buffers it reads and does not make (the program's arguments; a
   // sequential step's inputs), held until it is sent: the free of one must
@@ -134,6 +165,7 @@ struct RemoteCluster::Run {
   // statistics once they are ready, as in process.
   absl::flat_hash_map<uint64_t, LinkKind> copies;
   std::atomic<int> pending{0};
+  std::atomic<bool> finished{false};  // Finish ran (Abandon may come first)
   Mutex mu;
   absl::Status whole ABSL_GUARDED_BY(mu);  // a host's part failed as a whole
   std::vector<int> refusers ABSL_GUARDED_BY(mu);  // hosts that refused it, whose refusal its hosts were told
@@ -145,6 +177,7 @@ struct RemoteCluster::Run {
     // started their parts, which wait for it (a transfer it never sends, a
     // collective it never joins). They let go of the run now.
     if (reply.ok() && !status.ok()) run->rc->CancelRunOn(*run, host, status);
+    const bool replied = status.ok();
     // Before the buffers complete: whoever sees them ready sees the gangs
     // in the timeline and the accounts, as in process.
     if (status.ok()) {
@@ -160,6 +193,14 @@ struct RemoteCluster::Run {
         for (const wire::FailedBuffer& f : reply->run().failed()) run->failed[f.buffer_id()] = FromWire(f.status());
       }
     }
+    // A gang's collectives that failed may have broken its hosts' group.
+    if (replied) {
+      for (const wire::FailedBuffer& f : reply->run().failed()) {
+        const auto code = static_cast<absl::StatusCode>(f.status().code());
+        if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded) continue;
+        run->rc->GroupMayHaveBroken(*run, run->StepOf(f.buffer_id()));
+      }
+    }
     if (run->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     Finish(*run);
   }
@@ -169,6 +210,7 @@ struct RemoteCluster::Run {
   // sees the memory of the buffers nobody else holds returned (as a gang
   // task drops its inputs before completing its outputs).
   static void Finish(Run& run) {
+    if (run.finished.exchange(true, std::memory_order_acq_rel)) return;
     ReadyList none;  // nothing in this process waits on a remote buffer's list
     std::vector<std::shared_ptr<ShardedBuffer>> made;
     absl::Status whole;
@@ -190,6 +232,23 @@ struct RemoteCluster::Run {
     }
     if (!run.admitted_islands.empty()) run.rc->Released(run.admitted_islands);
     if (run.seq >= 0) run.rc->Retire(run);
+  }
+
+  // Fails a run that was never sent to its hosts (cancelled: `reason`).
+  static void FinishUnsent(Run& run, absl::string_view reason) {
+    {
+      MutexLock lock(&run.mu);
+      run.whole = absl::CancelledError(
+          absl::StrCat("program '", run.program->name(), "' was cancelled before it was sent: ", reason));
+    }
+    Finish(run);
+  }
+
+  // The step that makes buffer `id` of this run (-1: none).
+  int StepOf(uint64_t id) const {
+    if (single_step >= 0) return single_step;
+    if (id < first || id - first >= plan->slot_step.size()) return -1;
+    return plan->slot_step[id - first];
   }
 
   // Completes one buffer the run made: ready (counted in the transfer

@@ -173,10 +173,15 @@ void RemoteCluster::Describe(Diagnosis& diagnosis, int64_t timeout_ns, int64_t m
       int step = slot_step[id - run->first];
       if (step < 0) continue;
       if (run->single_step >= 0 && run->single_step != step) continue;  // another step's run
-      for (const auto& made : run->made) {
-        if (made->remote_id() != id) continue;
-        in.type = TypeToString(made->dtype(), made->dims());
-        in.devices = made->devices();
+      {
+        // Under the run's lock: Run::Finish drops the buffers, on a gRPC
+        // thread, as the run's last host replies.
+        MutexLock lock(&run->mu);
+        for (const auto& made : run->made) {
+          if (made == nullptr || made->remote_id() != id) continue;
+          in.type = TypeToString(made->dtype(), made->dims());
+          in.devices = made->devices();
+        }
       }
       if (run->plan->step_fns[step] == nullptr) {  // a transfer: its source's maker
         in.copy = true;

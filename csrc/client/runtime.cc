@@ -25,6 +25,23 @@
 namespace pw {
 namespace {
 
+// Polls `done` every 100 us until it holds or `timeout_ns` passes.
+template <typename Pred>
+bool PollFor(Pred done, int64_t timeout_ns) {
+  const int64_t deadline = NowNanos() + timeout_ns;
+  while (!done()) {
+    if (NowNanos() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return true;
+}
+constexpr int64_t kForever = std::numeric_limits<int64_t>::max() / 2;
+
+// How long Shutdown() waits for the runs on host processes once it has
+// cancelled what had not started: parts running real kernels may take that
+// long to finish and report.
+constexpr int64_t kRemoteShutdownWaitNs = int64_t{5} * 1'000'000'000;
+
 absl::Status ClosedClientError(const SchedulingClient& client) {
   return absl::FailedPreconditionError(absl::StrCat("client '", client.name(), "' is closed"));
 }
@@ -290,6 +307,20 @@ void Runtime::Shutdown() {
   delays_->Hurry();  // simulated time of running gangs and modeled messages ends now
   stores_->NotifyMemoryWaiters();  // dispatches waiting for memory give up
   while (active_calls_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+#if PATHWAYS_WITH_HOSTS
+  if (remote_ != nullptr) {
+    // The same on the hosts: their parts that have not started are
+    // cancelled, the running ones' simulated time ends. Parts running real
+    // kernels get a bounded time to finish; runs whose hosts have not
+    // answered by then fail here, so that nothing waits on them.
+    remote_->Cancel(nullptr, "the pathways runtime shut down", /*end_simulated_time=*/true);
+    if (!PollFor([this] { return remote_->Quiescent(); }, kRemoteShutdownWaitNs)) {
+      remote_->Abandon(absl::CancelledError(absl::StrCat(
+          "the pathways runtime shut down before the hosts finished this run (waited ",
+          kRemoteShutdownWaitNs / 1'000'000'000, " s)")));
+    }
+  }
+#endif
   // Gangs still queued now run cancelled (microseconds each), in order.
   AwaitQuiescence();
   executor_->Stop();
@@ -338,6 +369,13 @@ void Runtime::CloseClient(SchedulingClient* client) {
   // Its gangs waiting in the queues run cancelled; wake whoever waits for
   // memory on its behalf so the wait sees it.
   stores_->NotifyMemoryWaiters();
+#if PATHWAYS_WITH_HOSTS
+  // Its runs on the hosts too (their parts that have not started).
+  if (remote_ != nullptr) {
+    remote_->Cancel(client, absl::StrCat("its client '", client->name(), "' was closed"),
+                    /*end_simulated_time=*/false);
+  }
+#endif
 }
 
 void Runtime::FailDevices(absl::Span<Device* const> devices) {
@@ -361,19 +399,6 @@ std::vector<int64_t> Runtime::SubmissionMarks() {
   return marks;
 }
 
-namespace {
-// Polls `done` every 100 us until it holds or `timeout_ns` passes.
-template <typename Pred>
-bool PollFor(Pred done, int64_t timeout_ns) {
-  const int64_t deadline = NowNanos() + timeout_ns;
-  while (!done()) {
-    if (NowNanos() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  return true;
-}
-constexpr int64_t kForever = std::numeric_limits<int64_t>::max() / 2;
-}  // namespace
 
 bool Runtime::AwaitSubmittedBefore(const std::vector<int64_t>& marks, int64_t timeout_ns) {
   return PollFor(

@@ -76,9 +76,13 @@ class Runtime {
   // Stops the runtime promptly, whatever is queued: from now on Execute()
   // and DevicePut() fail with Cancelled; the hang watchdog stops; gangs that
   // have not started are cancelled (their outputs fail with Cancelled,
-  // without running kernels or simulated time); running kernels and
-  // transfers finish; then the executor and delay threads stop. Blocks until all that is done. Idempotent. The
-  // object may still be queried and destroyed afterwards.
+  // without running kernels or simulated time); running gangs' simulated
+  // time ends; running kernels and transfers finish; then the executor and
+  // delay threads stop. Blocks until all that is done. With host processes
+  // the same happens on the hosts (RemoteCluster::Cancel), and the wait for
+  // them is bounded (5 s): runs they have not finished by then fail with
+  // Cancelled here. Idempotent. The object may still be queried and
+  // destroyed afterwards.
   void Shutdown();
   bool is_shut_down() const { return shut_down_.load(std::memory_order_acquire); }
 
@@ -103,7 +107,8 @@ class Runtime {
   std::vector<SchedulingClient*> clients();
   // Closes `client` (SchedulingClient::Close): it dispatches nothing more,
   // and its gangs that have not started run cancelled, so the memory they
-  // hold comes back. Its buffers are freed when their handles go (the
+  // hold comes back; with host processes, on the hosts too. Its running
+  // gangs finish. Does not wait. Its buffers are freed when their handles go (the
   // bindings drop the Python handles a client owns).
   void CloseClient(SchedulingClient* client);
   // The memory accounts of the default client (work outside any client)

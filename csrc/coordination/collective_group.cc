@@ -60,8 +60,8 @@ namespace {
 // with its code (DeadlineExceeded stays DeadlineExceeded).
 class GlooStore final : public gloo::rendezvous::Store {
  public:
-  GlooStore(KeyValueStore* store, std::string prefix, absl::Duration timeout)
-      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+  GlooStore(KeyValueStore* store, std::string prefix, absl::Duration timeout, std::function<bool()> cancelled)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout), cancelled_(std::move(cancelled)) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     Check(store_->Set(prefix_ + key, absl::string_view(data.data(), data.size())));
@@ -70,7 +70,7 @@ class GlooStore final : public gloo::rendezvous::Store {
   // Gloo calls get() also for keys it has not waited for (connectFullMesh's
   // "rank_<i>"), so get waits too.
   std::vector<char> get(const std::string& key) override {
-    absl::StatusOr<std::string> value = store_->Get(prefix_ + key, absl::Now() + timeout_);
+    absl::StatusOr<std::string> value = Get(key, absl::Now() + timeout_);
     Check(value.status());
     return std::vector<char>(value->begin(), value->end());
   }
@@ -86,7 +86,18 @@ class GlooStore final : public gloo::rendezvous::Store {
 
  private:
   void WaitUntil(const std::vector<std::string>& keys, absl::Time deadline) {
-    for (const std::string& key : keys) Check(store_->Get(prefix_ + key, deadline).status());
+    for (const std::string& key : keys) Check(Get(key, deadline).status());
+  }
+
+  // The store's Get, in slices while `cancelled_` may end the wait.
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Time deadline) {
+    if (!cancelled_) return store_->Get(prefix_ + key, deadline);
+    while (true) {
+      if (cancelled_()) return absl::CancelledError(absl::StrCat("the wait for key '", prefix_, key, "' was cancelled"));
+      const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(50));
+      absl::StatusOr<std::string> value = store_->Get(prefix_ + key, slice);
+      if (value.ok() || !absl::IsDeadlineExceeded(value.status()) || slice >= deadline) return value;
+    }
   }
 
   void Check(const absl::Status& status) {
@@ -98,12 +109,15 @@ class GlooStore final : public gloo::rendezvous::Store {
   KeyValueStore* const store_;
   const std::string prefix_;
   const absl::Duration timeout_;
+  const std::function<bool()> cancelled_;
   absl::Status failure_;  // only touched by the thread in Create
 };
 
 // Gloo's collectives use slot prefixes 0x01..0x08 (gloo/types.h); point to
-// point messages take one of their own so a Send never meets a collective.
+// point messages take one of their own so a Send never meets a collective, and
+// so do Arrive's.
 constexpr uint8_t kPointToPointSlotPrefix = 0x40;
+constexpr uint8_t kArrivalSlotPrefix = 0x41;
 
 std::chrono::milliseconds ToMillis(absl::Duration d) { return absl::ToChronoMilliseconds(d); }
 
@@ -450,10 +464,12 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Create(KeyValu
         absl::StrCat(name, ": cannot listen on address '", options.bind_address, "': ", e.what()));
   }
 
-  GlooStore gloo_store(store, absl::StrCat(group_key, "/"), options.timeout);
+  const absl::Duration join_timeout =
+      options.join_timeout > absl::ZeroDuration() ? options.join_timeout : options.timeout;
+  GlooStore gloo_store(store, absl::StrCat(group_key, "/"), join_timeout, options.join_cancelled);
   try {
     gloo->context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    gloo->context->setTimeout(ToMillis(options.timeout));
+    gloo->context->setTimeout(ToMillis(join_timeout));
     gloo->context->connectFullMesh(gloo_store, gloo->device);
   } catch (const std::exception& e) {
     const absl::Status& store_failure = gloo_store.failure();
@@ -485,11 +501,22 @@ std::string CollectiveGroup::Name() const {
   return absl::StrCat("collective group '", group_key_, "' rank ", rank_, " of ", size_);
 }
 
+absl::Status CollectiveGroup::broken() const {
+  MutexLock lock(&mu_);
+  return broken_;
+}
+
 void CollectiveGroup::Break(const absl::Status& error) {
   {
     MutexLock lock(&mu_);
     if (!broken_.ok()) return;
     broken_ = error;
+    for (auto* buffers : arrivals_) {
+      for (auto& b : *buffers) {
+        b->abortWaitRecv();
+        b->abortWaitSend();
+      }
+    }
   }
   // Close every connection so the peers see the failure now (their pending
   // receives end with "connection closed") rather than at their timeout.
@@ -667,6 +694,52 @@ absl::Status CollectiveGroup::SendRecv(int send_peer, const void* send_data, int
     if (recv_agreed) in->waitRecv(ToMillis(timeout_));
     if (send_agreed) out->waitSend(ToMillis(timeout_));
     return agreement;
+  });
+}
+
+absl::Status CollectiveGroup::Arrive(uint32_t tag, absl::Duration timeout) {
+  if (size_ == 1) return absl::OkStatus();
+  return Run("Arrive", tag, [&]() -> absl::Status {
+    const std::chrono::milliseconds millis = ToMillis(timeout);
+    const uint64_t slot = gloo::Slot::build(kArrivalSlotPrefix, tag);
+    // Each member tells every other one it is here, and waits to hear the
+    // same from each: the last to come ends the others' waits.
+    char here = 1;
+    std::vector<char> heard(static_cast<size_t>(size_), 0);
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs, sends;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      recvs.push_back(gloo_->context->createUnboundBuffer(&heard[p], 1));
+      recvs.back()->recv(p, slot);
+    }
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      sends.push_back(gloo_->context->createUnboundBuffer(&here, 1));
+      sends.back()->send(p, slot);
+    }
+    // Registered while they wait, for Break; unregistered however this
+    // ends (a timeout throws).
+    struct Registration {
+      CollectiveGroup* group;
+      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>* buffers[2];
+      ~Registration() {
+        MutexLock lock(&group->mu_);
+        auto& a = group->arrivals_;
+        for (auto* b : buffers) a.erase(std::remove(a.begin(), a.end(), b), a.end());
+      }
+    };
+    {
+      MutexLock lock(&mu_);
+      if (!broken_.ok()) return absl::UnavailableError(absl::StrCat("the group broke: ", broken_.message()));
+      arrivals_.push_back(&recvs);
+      arrivals_.push_back(&sends);
+    }
+    Registration registration{this, {&recvs, &sends}};
+    bool arrived = true;  // each wait is false if Break aborted it
+    for (auto& r : recvs) arrived = r->waitRecv(millis) && arrived;
+    for (auto& s : sends) arrived = s->waitSend(millis) && arrived;
+    if (arrived) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat("the wait was aborted: ", broken().message()));
   });
 }
 

@@ -12,8 +12,10 @@
 // exception becomes an absl::Status.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -24,6 +26,10 @@
 #include "csrc/base/dtype.h"
 #include "csrc/base/mutex.h"
 #include "csrc/base/reduce_op.h"
+
+namespace gloo::transport {
+class UnboundBuffer;
+}  // namespace gloo::transport
 
 namespace pw {
 
@@ -66,6 +72,13 @@ struct CollectiveOptions {
   // Bound on the rendezvous plus connection in Create, and on every operation
   // (end to end). A peer that died or never arrives gives an error by then.
   absl::Duration timeout = absl::Seconds(30);
+  // Create's bound instead, if not zero: how long a member waits for the
+  // others to join (they may be busy elsewhere before they come).
+  absl::Duration join_timeout = absl::ZeroDuration();
+  // If set, Create gives up (Cancelled) once it returns true while it waits
+  // for the others' addresses (it is asked every 50 ms or so): a process
+  // that stops, a member known to be lost.
+  std::function<bool()> join_cancelled;
   // Before each operation, the members exchange what they are about to do
   // (kind and sizes) and return InvalidArgument on every member if they
   // disagree, leaving the group usable. Without it a size disagreement aborts
@@ -164,6 +177,24 @@ class CollectiveGroup {
   // Returns once every member has entered the barrier with this tag.
   absl::Status Barrier(uint32_t tag);
 
+  // Returns once every member has arrived at the Arrive with this tag,
+  // waiting up to `timeout` (not the group's): members that come late (busy
+  // elsewhere) are waited for, and the operations after it, which find
+  // everyone there, keep the group's own timeout. Unlike those, an Arrive
+  // that waits ends at once, with Unavailable, when the group is aborted.
+  // One small message to each other member.
+  absl::Status Arrive(uint32_t tag, absl::Duration timeout);
+
+  // Breaks the group with `why` (if it is not broken already): Arrives
+  // waiting here end, its connections close (so the peers' operations in
+  // flight fail promptly), and later operations fail at once. For a member
+  // known to be lost, or a process that stops. Thread-safe, also while
+  // operations run; an operation other than Arrive in flight here still
+  // runs until its own timeout or its peers' failure.
+  void Abort(const absl::Status& why) { Break(why); }
+  // OK, or what broke the group.
+  absl::Status broken() const;
+
  private:
   struct Gloo;  // Gloo's context and device, defined in the .cc
 
@@ -191,8 +222,10 @@ class CollectiveGroup {
   const bool check_agreement_;
   std::unique_ptr<Gloo> gloo_;
 
-  Mutex mu_;  // guards broken_: OK until the first failure, then that failure
+  mutable Mutex mu_;  // guards broken_: OK until the first failure, then that failure
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  // The waits of the Arrives under way, which Break ends.
+  std::vector<std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>*> arrivals_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw

@@ -1,5 +1,6 @@
 // Prints the latency of CollectiveGroup::AllReduce (f32 sum) and AllGatherV
-// (`count` floats from every rank) over loopback TCP with the ranks as
+// (`count` floats from every rank), and of Arrive (which a cross-host gang
+// makes before its first collective), over loopback TCP with the ranks as
 // threads of this process: one row per (operation, ranks, count).
 // Not a test; numbers depend on the machine (run on an idle one).
 //
@@ -19,7 +20,7 @@
 namespace pw {
 namespace {
 
-enum class Op { kAllReduce, kAllGatherV };
+enum class Op { kAllReduce, kAllGatherV, kArrive };
 
 // Median and minimum microseconds per operation on `count` floats (per rank)
 // over `n` ranks, measured on rank 0 after a barrier per iteration.
@@ -44,9 +45,10 @@ void Measure(Op op, int n, int64_t count, bool check_agreement, int iterations) 
         if (!(*group)->Barrier(1).ok()) std::abort();
         const auto start = std::chrono::steady_clock::now();
         absl::Status s =
-            op == Op::kAllReduce
-                ? (*group)->AllReduce(DType::kF32, ReduceOp::kSum, data.data(), count, 0)
-                : (*group)->AllGatherV(data.data(), bytes_per_rank[r], gathered.data(), bytes_per_rank, 0);
+            op == Op::kAllReduce   ? (*group)->AllReduce(DType::kF32, ReduceOp::kSum, data.data(), count, 0)
+            : op == Op::kAllGatherV ? (*group)->AllGatherV(data.data(), bytes_per_rank[r], gathered.data(),
+                                                            bytes_per_rank, 0)
+                                    : (*group)->Arrive(0, absl::Seconds(30));
         const auto end = std::chrono::steady_clock::now();
         if (!s.ok()) {
           std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -58,7 +60,8 @@ void Measure(Op op, int n, int64_t count, bool check_agreement, int iterations) 
   }
   for (auto& t : threads) t.join();
   std::sort(micros.begin(), micros.end());
-  std::printf("%-10s  %5d  %9lld  %7s  %12.1f  %12.1f\n", op == Op::kAllReduce ? "AllReduce" : "AllGatherV", n, static_cast<long long>(count), check_agreement ? "yes" : "no",
+  const char* name = op == Op::kAllReduce ? "AllReduce" : op == Op::kAllGatherV ? "AllGatherV" : "Arrive";
+  std::printf("%-10s  %5d  %9lld  %7s  %12.1f  %12.1f\n", name, n, static_cast<long long>(count), check_agreement ? "yes" : "no",
               micros[micros.size() / 2], micros.front());
 }
 
@@ -69,6 +72,7 @@ int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::atoi(argv[1]) : 50;
   std::printf("f32, loopback TCP, ranks as threads, %d iterations\n", iterations);
   std::printf("operation   ranks      count  checked   median (us)      min (us)\n");
+  for (int n : {2, 4}) pw::Measure(pw::Op::kArrive, n, 0, false, iterations);
   for (pw::Op op : {pw::Op::kAllReduce, pw::Op::kAllGatherV}) {
     for (int n : {2, 4}) {
       for (int64_t count : {int64_t{1}, int64_t{1} << 20}) {

@@ -537,6 +537,50 @@ TEST_P(CollectiveGroupSizeTest, RecvWithNoSenderTimesOut) {
   EXPECT_THAT(s.message(), HasSubstr("Recv of 1 bytes from rank 1"));
 }
 
+// Arrive waits for a member that comes late (busy elsewhere) past the
+// group's own timeout, with a timeout of its own; the group is usable after.
+TEST_P(CollectiveGroupSizeTest, ArriveWaitsForALateMemberPastTheGroupsTimeout) {
+  auto groups = CreateGroups(&store_, "late", n(), absl::Milliseconds(200));
+  const auto start = std::chrono::steady_clock::now();
+  RunRanks(n(), [&](int r) {
+    if (r == n() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    absl::Status s = groups[r]->Arrive(7, absl::Seconds(30));
+    ASSERT_TRUE(s.ok()) << s;
+    float x = 1;
+    s = groups[r]->AllReduce(DType::kF32, ReduceOp::kSum, &x, 1, 7);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(x, static_cast<float>(n()));
+  });
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.75);
+}
+
+// An Arrive that waits for a member that does not come ends at once when
+// the group is aborted (a member known to be lost), or at its own timeout;
+// either breaks the group for good.
+TEST_P(CollectiveGroupSizeTest, AbortEndsAnArriveThatWaits) {
+  for (bool abort : {true, false}) {
+    SCOPED_TRACE(abort ? "aborted" : "timed out");
+    auto groups = CreateGroups(&store_, abort ? "abandoned" : "abandoned-timeout", n(), absl::Seconds(10));
+    const auto start = std::chrono::steady_clock::now();
+    std::thread aborter;
+    if (abort) {
+      aborter = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        groups[0]->Abort(absl::UnavailableError("rank lost"));
+      });
+    }
+    // Every rank but the last arrives.
+    absl::Status s = groups[0]->Arrive(3, abort ? absl::Seconds(30) : absl::Milliseconds(300));
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    if (abort) EXPECT_THAT(s.message(), HasSubstr("rank lost"));
+    if (aborter.joinable()) aborter.join();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5);
+    EXPECT_FALSE(groups[0]->broken().ok());
+    float x = 1;
+    EXPECT_FALSE(groups[0]->AllReduce(DType::kF32, ReduceOp::kSum, &x, 1, 4).ok());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Members, CollectiveGroupSizeTest, ::testing::Values(2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) { return absl::StrCat(info.param); });
 

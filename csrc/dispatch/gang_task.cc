@@ -70,10 +70,20 @@ void GangTask::Run(RunContext& ctx) {
     }
     const FunctionExecutable& exe = fn_->executable();
     const int n = gang_devices()->size();
-    const BufferPointers p = Pointers();
-    exe.Run(n, p.inputs, p.outputs, ctx.Scratch(exe.scratch_bytes(n)));
+    if (void* scratch = ctx.Scratch(exe.scratch_bytes(n)); scratch == nullptr) {
+      failed_ = ScratchError(exe.scratch_bytes(n));
+    } else {
+      const BufferPointers p = Pointers();
+      exe.Run(n, p.inputs, p.outputs, scratch);
+    }
   }
   KernelsDone(ctx);
+}
+
+absl::Status GangTask::ScratchError(int64_t bytes) const {
+  return absl::ResourceExhaustedError(absl::StrCat("'", fn_->name(), "' in program '", program_->name(),
+                                                   "' failed: cannot allocate ", bytes,
+                                                   " bytes of scratch for its intermediate values"));
 }
 
 GangTask::BufferPointers GangTask::Pointers() const {
@@ -107,6 +117,11 @@ void GangTask::StartParts(RunContext& ctx, int num_parts) {
   const FunctionExecutable& exe = fn_->executable();
   const int n = gang_devices()->size();
   shared_scratch_ = exe.AcquireSharedScratch(exe.shared_scratch_bytes(n));
+  if (shared_scratch_ == nullptr) {
+    failed_ = ScratchError(exe.shared_scratch_bytes(n));
+    KernelsDone(ctx);
+    return;
+  }
   EnterParallelShards();
   parts_.resize(static_cast<size_t>(num_parts));
   for (int i = 0; i < num_parts; ++i) {
@@ -130,11 +145,18 @@ void GangTask::AdvanceStages(RunContext& ctx) {
       return;
     }
     // A small stage: every shard on this thread, no hand-off.
+    void* tiles = ctx.Scratch(exe.tile_bytes());
+    if (tiles == nullptr) {
+      scratch_failed_.store(true, std::memory_order_relaxed);
+      break;
+    }
     const BufferPointers p = Pointers();
-    exe.RunStage(stage_, n, 0, n, p.inputs, p.outputs, shared_scratch_,
-                 ctx.Scratch(exe.tile_bytes()));
+    exe.RunStage(stage_, n, 0, n, p.inputs, p.outputs, shared_scratch_, tiles);
     exe.RunStageCollective(stage_, n, p.inputs, shared_scratch_);
   }
+  // A part whose thread had no memory for its tiles skipped its shards:
+  // the gang fails, and the stages after that one never run.
+  if (scratch_failed_.load(std::memory_order_relaxed)) failed_ = ScratchError(exe.tile_bytes());
   exe.ReleaseSharedScratch(shared_scratch_, exe.shared_scratch_bytes(n));
   shared_scratch_ = nullptr;
   ExitParallelShards();
@@ -145,12 +167,19 @@ void GangTask::RunPart(RunContext& ctx, const Part& part) {
   const FunctionExecutable& exe = fn_->executable();
   const int n = gang_devices()->size();
   const BufferPointers p = Pointers();
-  exe.RunStage(stage_, n, part.begin, part.end, p.inputs, p.outputs, shared_scratch_,
-               ctx.Scratch(exe.tile_bytes()));
+  if (void* tiles = ctx.Scratch(exe.tile_bytes()); tiles == nullptr) {
+    scratch_failed_.store(true, std::memory_order_relaxed);
+  } else {
+    exe.RunStage(stage_, n, part.begin, part.end, p.inputs, p.outputs, shared_scratch_, tiles);
+  }
   // The last part of the stage to finish closes it; its acquire sees every
   // other part's writes.
   if (parts_left_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  exe.RunStageCollective(stage_, n, p.inputs, shared_scratch_);
+  if (scratch_failed_.load(std::memory_order_relaxed)) {
+    stage_ = exe.num_stages() - 1;  // AdvanceStages ends the run
+  } else {
+    exe.RunStageCollective(stage_, n, p.inputs, shared_scratch_);
+  }
   AdvanceStages(ctx);
 }
 

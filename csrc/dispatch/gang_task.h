@@ -120,6 +120,8 @@ class GangTask final : public Gang {
   // scratch back to its pool and KernelsDone.
   void AdvanceStages(RunContext& ctx);
   void RunPart(RunContext& ctx, const Part& part);
+  // ResourceExhausted: `bytes` of scratch could not be allocated.
+  absl::Status ScratchError(int64_t bytes) const;
 
   ObjectStores::WorkInFlight in_flight_;  // first: ends after the buffers go
   std::shared_ptr<const ProgramIr> program_;
@@ -133,6 +135,7 @@ class GangTask final : public Gang {
   bool kernels_done_ = false;  // Run() is called again after a simulated delay
   absl::InlinedVector<Part, 2> parts_;
   std::atomic<int> parts_left_{0};
+  std::atomic<bool> scratch_failed_{false};  // a part had no tile scratch
   int stage_ = 0;                    // the stage the parts run
   void* shared_scratch_ = nullptr;   // from the executable's pool, during a parallel run
   int64_t start_ns_ = 0;

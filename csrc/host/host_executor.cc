@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -154,11 +155,44 @@ void HostBuffer::Complete(const absl::Status& status) {
     status_ = status;
     waiters.swap(waiters_);
     cv_.SignalAll();
+    // A failed buffer is never read or written again (its producer is done,
+    // readers look at the status first): its bytes go back now, while the
+    // buffer stays, as its error, until the client frees it.
+    if (!status.ok() && data_ != nullptr) {
+      HostMemoryPool::Get().Free(data_, PoolBytes(bytes_));
+      data_ = nullptr;
+    }
   }
   for (auto& w : waiters) std::move(w)(status);
 }
 
 // ---- The executor's records ----
+
+// The collective groups of one set of hosts: one incarnation per generation
+// (RenewGroup), each made at its first use under its entry's lock (not the
+// set's: making one waits for the other hosts).
+struct HostSetGroups {
+  struct Entry {
+    Mutex mu;
+    bool created ABSL_GUARDED_BY(mu) = false;
+    std::shared_ptr<CollectiveGroup> group ABSL_GUARDED_BY(mu);
+    absl::Status error ABSL_GUARDED_BY(mu);
+    std::atomic<bool> abort_join{false};  // making the group gives up (AbortGroupsWith)
+  };
+  std::string key;         // of generation 0; generation g > 0 adds "/g<g>"
+  std::vector<int> hosts;  // increasing
+  Mutex mu;
+  // The generation of parts enqueued now; changed only by RenewGroup, on
+  // the thread that takes the client's requests in order.
+  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Entry>> entries ABSL_GUARDED_BY(mu);
+  // Parts enqueued and not yet run, by generation: an older generation's
+  // entry goes once none of its parts is left.
+  absl::flat_hash_map<uint64_t, int> parts ABSL_GUARDED_BY(mu);
+  // Why the set's groups can never be made again (a host of it is lost:
+  // AbortGroupsWith); OK while they can.
+  absl::Status lost ABSL_GUARDED_BY(mu);
+};
 
 struct HostExecutor::Function {
   std::shared_ptr<const FunctionExecutable> exe;
@@ -193,10 +227,19 @@ struct HostExecutor::Part {
   uint64_t first_buffer_id = 0;
   std::vector<std::shared_ptr<HostBuffer>> inputs, outputs;
   absl::Status error;  // set before enqueueing: fail without running
+  uint64_t generation = 0;  // of its collective group, when it meets other hosts
+  // Its start (DeviceLoop) against CancelParts, one atomic step each, so
+  // that exactly one of them wins: kStarted, kCancelled, kEndSimulatedTime.
+  std::atomic<int> state{0};
+  std::string cancel_reason;  // written before kCancelled is set, once
   // Inputs not done, devices whose queue head it is not yet, and the
   // enqueuer's hold.
   std::atomic<int> pending{0};
 };
+
+constexpr int kStarted = 1;
+constexpr int kCancelled = 2;
+constexpr int kEndSimulatedTime = 4;
 
 // One run on this host: replies once every buffer it makes here is done.
 struct HostExecutor::RunState {
@@ -487,6 +530,8 @@ HostExecutor::~HostExecutor() {
     MutexLock lock(&fail_mu_);  // parts in their simulated time stop
     fail_cv_.SignalAll();
   }
+  // Parts waiting in a collective for other hosts stop too.
+  AbortGroupsWith(-1, absl::CancelledError(absl::StrCat("host ", host_id_, " is stopping")));
   for (auto& w : workers_) {
     {
       MutexLock lock(&w->mu);
@@ -592,6 +637,17 @@ absl::Status HostExecutor::DefineDevicesChecked(const wire::DefineDevices& reque
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
     return absl::InvalidArgumentError("define_devices: a device appears twice in the list");
+  }
+  if (!list->local_positions.empty() && list->host_set.size() > 1) {
+    const std::string set = absl::StrJoin(list->host_set, ",");
+    MutexLock lock(&groups_mu_);
+    std::unique_ptr<HostSetGroups>& groups = groups_[set];
+    if (groups == nullptr) {
+      groups = std::make_unique<HostSetGroups>();
+      groups->key = absl::StrCat(group_prefix_, "/hosts/", set);
+      groups->hosts = list->host_set;
+    }
+    list->groups = groups.get();
   }
   MutexLock lock(&mu_);
   if (lists_.contains(request.list_id())) {
@@ -1278,7 +1334,20 @@ void HostExecutor::CancelRun(const wire::CancelRun& request) {
   for (auto& parts : failed) parts->Done(why);
 }
 
+bool HostExecutor::MeetsOtherHosts(const Part& part) {
+  return part.gang->groups != nullptr &&
+         part.fn->exe->first_collective().kind != FunctionExecutable::CollectiveCall::Kind::kNone;
+}
+
 void HostExecutor::Enqueue(Part* part) {
+  // Its gang's group incarnation: the one of the runs at this place in the
+  // client's order (RenewGroup), the same on every host of the gang.
+  if (MeetsOtherHosts(*part)) {
+    HostSetGroups& groups = *part->gang->groups;
+    MutexLock lock(&groups.mu);
+    part->generation = groups.generation;
+    ++groups.parts[groups.generation];
+  }
   const int devices = static_cast<int>(part->gang->local_devices.size());
   part->pending.store(static_cast<int>(part->inputs.size()) + devices + 1, std::memory_order_relaxed);
   for (const auto& in : part->inputs) {
@@ -1322,6 +1391,12 @@ void HostExecutor::DeviceLoop(int device) {
     const RunKey key{kOneSession, part->program_id, part->first_buffer_id};
     const absl::Status dead = DeadStatus(key);
     status.Update(dead);
+    // It starts now, unless CancelParts came first.
+    if (part->state.fetch_or(kStarted, std::memory_order_acq_rel) & kCancelled) {
+      status.Update(absl::CancelledError(absl::StrCat("'", part->fn->exe->ir().name(), "' in program '",
+                                                      part->program->name, "' was cancelled: ",
+                                                      part->cancel_reason)));
+    }
     for (const auto& in : part->inputs) {
       if (!status.ok()) break;
       absl::Status s = in->Await(stopping_);
@@ -1332,6 +1407,7 @@ void HostExecutor::DeviceLoop(int device) {
     const bool refused_in_gang = !dead.ok() && RefusedByAnyOf(key, part->gang->host_set);
     RunPart(*part, status, refused_in_gang, scratch);
     part->run->AddTime(part->step, start_ns, NowNanos());
+    if (MeetsOtherHosts(*part)) LeaveGeneration(*part);
     // Free the devices first, so the next gang in order can start.
     std::vector<Part*> heads;
     {
@@ -1383,10 +1459,11 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, bool refused_
       return absl::OkStatus();
     });
   } else if (refused_in_gang) {
-    // Its gang would wait in the first collective for the host that refused
-    // the run, until Gloo's timeout, and leave the group broken: the part
-    // fails without joining. (A cancelled part whose gang the refuser is not
-    // in joins without running, below, so that its hosts agree to stop.)
+    // Its gang would wait for the host that refused the run, which never
+    // arrives (Arrive: up to the arrival timeout), and leave the group
+    // broken: the part fails without meeting. (A cancelled part whose gang
+    // the refuser is not in meets and joins without running, below, so that
+    // its hosts agree to stop.)
   } else if (exe.first_collective().kind == FunctionExecutable::CollectiveCall::Kind::kNone) {
     // The parts need nothing from each other (elementwise, or cross-shard
     // ops on constants and positions only): each runs or fails alone.
@@ -1395,8 +1472,13 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, bool refused_
       if (local == nullptr) return scratch_error();
       return exe.RunLocal(*gang.local, ins, outs, local, nullptr);
     });
-  } else if (auto group = GroupFor(gang); !group.ok()) {
+  } else if (auto group = GroupFor(gang, part.generation); !group.ok()) {
     status.Update(group.status());
+  } else if (absl::Status arrived = (*group)->Arrive(part.tag, arrival_timeout_); !arrived.ok()) {
+    // The gang's parts meet here first: a host still busy with earlier
+    // gangs comes late, and only once all are here do the collectives'
+    // own timeouts start. A failed wait broke the group on every host.
+    status.Update(arrived);
   } else {
     // A part that cannot run (a failed input, no scratch) must not leave
     // the others waiting in a collective it never joins, which would break
@@ -1404,7 +1486,7 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, bool refused_
     // (see GroupCollectives), with no round of their own.
     uint8_t* local = status.ok() ? local_scratch() : nullptr;
     if (status.ok() && local == nullptr) status = scratch_error();
-    GroupCollectives collectives(*group, &gang, part.tag, /*cannot_run=*/!status.ok());
+    GroupCollectives collectives(group->get(), &gang, part.tag, /*cannot_run=*/!status.ok());
     if (!status.ok()) {
       status.Update(collectives.JoinWithoutRunning(exe.first_collective()));
     } else {
@@ -1420,6 +1502,7 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, bool refused_
     const auto deadline = start + std::chrono::nanoseconds(simulated);
     MutexLock lock(&fail_mu_);
     while (CheckHealthy(gang.local_devices).ok() && !stopping_.load(std::memory_order_acquire) &&
+           (part.state.load(std::memory_order_acquire) & kEndSimulatedTime) == 0 &&
            fail_cv_.WaitUntil(&fail_mu_, deadline)) {
     }
     status.Update(CheckHealthy(gang.local_devices));
@@ -1431,25 +1514,35 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, bool refused_
   }
 }
 
-absl::StatusOr<CollectiveGroup*> HostExecutor::GroupFor(const HostDeviceList& list) {
-  const std::string key = absl::StrCat(group_prefix_, "/hosts/", absl::StrJoin(list.host_set, ","));
-  std::shared_ptr<GroupEntry> entry;
+absl::StatusOr<std::shared_ptr<CollectiveGroup>> HostExecutor::GroupFor(const HostDeviceList& list,
+                                                                        uint64_t generation) {
+  HostSetGroups& groups = *list.groups;
+  std::shared_ptr<HostSetGroups::Entry> entry;
   {
-    MutexLock lock(&groups_mu_);
-    std::shared_ptr<GroupEntry>& e = groups_[key];
-    if (e == nullptr) e = std::make_shared<GroupEntry>();
+    MutexLock lock(&groups.mu);
+    if (!groups.lost.ok()) return groups.lost;
+    std::shared_ptr<HostSetGroups::Entry>& e = groups.entries[generation];
+    if (e == nullptr) e = std::make_shared<HostSetGroups::Entry>();
     entry = e;
   }
   MutexLock lock(&entry->mu);
   if (!entry->created) {
     entry->created = true;
-    const int rank = static_cast<int>(std::lower_bound(list.host_set.begin(), list.host_set.end(), host_id_) -
-                                      list.host_set.begin());
+    const int rank = static_cast<int>(std::lower_bound(groups.hosts.begin(), groups.hosts.end(), host_id_) -
+                                      groups.hosts.begin());
+    // A fresh key per incarnation: an earlier one's addresses are stale.
+    const std::string key = generation == 0 ? groups.key : absl::StrCat(groups.key, "/g", generation);
+    // The others may come late (busy devices): the join waits as a part's
+    // first collective does.
+    CollectiveOptions options = collective_options_;
+    options.join_timeout = arrival_timeout_;
+    options.join_cancelled = [this, e = entry.get()] {
+      return stopping_.load(std::memory_order_acquire) || e->abort_join.load(std::memory_order_acquire);
+    };
     // The group meets in the store of its lowest host (RendezvousStores).
-    absl::StatusOr<KeyValueStore*> store = stores_->StoreOf(list.host_set.front());
+    absl::StatusOr<KeyValueStore*> store = stores_->StoreOf(groups.hosts.front());
     absl::StatusOr<std::unique_ptr<CollectiveGroup>> group =
-        store.ok() ? CollectiveGroup::Create(*store, key, rank, static_cast<int>(list.host_set.size()),
-                                             collective_options_)
+        store.ok() ? CollectiveGroup::Create(*store, key, rank, static_cast<int>(groups.hosts.size()), options)
                    : store.status();
     if (group.ok()) {
       entry->group = *std::move(group);
@@ -1458,7 +1551,114 @@ absl::StatusOr<CollectiveGroup*> HostExecutor::GroupFor(const HostDeviceList& li
     }
   }
   if (!entry->error.ok()) return entry->error;
-  return entry->group.get();
+  return entry->group;
+}
+
+void HostExecutor::LeaveGeneration(const Part& part) {
+  HostSetGroups& groups = *part.gang->groups;
+  std::shared_ptr<HostSetGroups::Entry> dropped;  // destroyed unlocked
+  MutexLock lock(&groups.mu);
+  auto it = groups.parts.find(part.generation);
+  if (it == groups.parts.end() || --it->second > 0) return;
+  groups.parts.erase(it);
+  if (part.generation == groups.generation) return;  // the incarnation later runs use
+  if (auto e = groups.entries.find(part.generation); e != groups.entries.end()) {
+    dropped = std::move(e->second);
+    groups.entries.erase(e);
+  }
+}
+
+absl::Status HostExecutor::RenewGroup(absl::Span<const int> hosts) {
+  HostSetGroups* groups = nullptr;
+  {
+    MutexLock lock(&groups_mu_);
+    auto it = groups_.find(absl::StrJoin(hosts, ","));
+    if (it != groups_.end()) groups = it->second.get();
+  }
+  if (groups == nullptr) {
+    // No list of this host spans that set: no gang here uses its group.
+    if (hosts.size() < 2 || std::find(hosts.begin(), hosts.end(), host_id_) == hosts.end() ||
+        !std::is_sorted(hosts.begin(), hosts.end())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("renew_group: [", absl::StrJoin(hosts, ","), "] is no set of hosts with host ", host_id_));
+    }
+    return absl::OkStatus();
+  }
+  std::shared_ptr<HostSetGroups::Entry> dropped;  // destroyed unlocked
+  MutexLock lock(&groups->mu);
+  const uint64_t old = groups->generation++;
+  if (!groups->parts.contains(old)) {  // none of its parts is left: it goes now
+    if (auto e = groups->entries.find(old); e != groups->entries.end()) {
+      dropped = std::move(e->second);
+      groups->entries.erase(e);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void HostExecutor::AbortGroupsWith(int host, const absl::Status& why) {
+  std::vector<std::shared_ptr<HostSetGroups::Entry>> entries;
+  {
+    MutexLock lock(&groups_mu_);
+    for (auto& [set, groups] : groups_) {
+      if (host >= 0 && !std::binary_search(groups->hosts.begin(), groups->hosts.end(), host)) continue;
+      MutexLock set_lock(&groups->mu);
+      if (groups->lost.ok()) groups->lost = why;  // no group of this set is made again
+      for (auto& [generation, entry] : groups->entries) entries.push_back(entry);
+    }
+  }
+  // A part making a group holds its entry's lock: it gives up first.
+  for (auto& entry : entries) entry->abort_join.store(true, std::memory_order_release);
+  for (auto& entry : entries) {
+    std::shared_ptr<CollectiveGroup> group;
+    {
+      MutexLock lock(&entry->mu);
+      group = entry->group;
+    }
+    if (group != nullptr) group->Abort(why);
+  }
+}
+
+void HostExecutor::SetCollectiveTimeouts(absl::Duration timeout, absl::Duration arrival_timeout) {
+  if (timeout > absl::ZeroDuration()) collective_options_.timeout = timeout;
+  if (arrival_timeout > absl::ZeroDuration()) arrival_timeout_ = arrival_timeout;
+}
+
+int HostExecutor::CancelParts(absl::FunctionRef<bool(uint64_t program_id, uint64_t first_buffer_id)> which,
+                              absl::string_view reason, bool end_simulated_time) {
+  int cancelled = 0;
+  {
+    MutexLock lock(&queue_mu_);
+    absl::flat_hash_set<Part*> seen;  // a part is in the queue of each of its devices
+    for (const std::deque<Part*>& queue : queues_) {
+      for (Part* part : queue) {
+        if (!seen.insert(part).second || !which(part->program_id, part->first_buffer_id)) continue;
+        // The reason first, once (only this function, under queue_mu_, sets
+        // kCancelled); DeviceLoop reads it only if it sees kCancelled.
+        if ((part->state.load(std::memory_order_acquire) & kCancelled) == 0) part->cancel_reason = std::string(reason);
+        const int before =
+            part->state.fetch_or(kCancelled | (end_simulated_time ? kEndSimulatedTime : 0), std::memory_order_acq_rel);
+        if ((before & (kStarted | kCancelled)) == 0) ++cancelled;
+      }
+    }
+  }
+  if (end_simulated_time) {
+    MutexLock lock(&fail_mu_);  // parts in their simulated time look again
+    fail_cv_.SignalAll();
+  }
+  return cancelled;
+}
+
+wire::CancelRunsReply HostExecutor::CancelRuns(const wire::CancelRuns& request) {
+  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> runs;
+  for (int i = 0; i < request.program_ids_size() && i < request.first_buffer_ids_size(); ++i) {
+    runs.insert({request.program_ids(i), request.first_buffer_ids(i)});
+  }
+  wire::CancelRunsReply reply;
+  reply.set_parts_cancelled(CancelParts(
+      [&](uint64_t program_id, uint64_t first) { return request.all() || runs.contains({program_id, first}); },
+      request.reason(), request.end_simulated_time()));
+  return reply;
 }
 
 absl::Status HostExecutor::FailDevices(const wire::FailDevices& request) {

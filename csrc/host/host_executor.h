@@ -47,8 +47,9 @@
 // include the refuser enters none of its collectives (the refuser never
 // would); one whose hosts do not joins its first collective without running
 // (RunPart), so that a host of it whose part started before the cancel came
-// is told to stop there rather than wait. A part that already entered a
-// collective with the refuser stays there until Gloo's timeout.
+// is told to stop there rather than wait. A part that had already started
+// (met its gang, Arrive) when the cancel came waits for the refuser until
+// the arrival timeout.
 //
 // Loads. A failed DefineDevices, LoadFunction or LoadProgram replies with its
 // error and leaves the error here under its id: a later load or run that
@@ -70,6 +71,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
@@ -92,7 +94,8 @@ class HostBuffer {
   uint64_t id() const { return id_; }
   uint8_t* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
-  // False if its memory could not be allocated (then it is never written).
+  // False if its memory could not be allocated (then it is never written),
+  // and once it has failed (its memory is given back then).
   bool allocated() const { return data_ != nullptr; }
   absl::Status AllocationError() const;
 
@@ -118,6 +121,8 @@ class HostBuffer {
   std::vector<absl::AnyInvocable<void(const absl::Status&) &&>> waiters_ ABSL_GUARDED_BY(mu_);
 };
 
+struct HostSetGroups;  // host_executor.cc
+
 // A device list as this host sees it.
 struct HostDeviceList {
   std::vector<int> device_ids;      // global ids, in list order
@@ -128,6 +133,9 @@ struct HostDeviceList {
   std::vector<int> host_set;
   std::vector<std::vector<int>> positions_by_host;  // parallel to host_set
   std::optional<LocalShards> local;  // when this host holds some positions
+  // The collective groups of its host set, when it has positions here and
+  // on other hosts (owned by the executor).
+  HostSetGroups* groups = nullptr;
   bool all_local() const { return local_positions.size() == device_ids.size(); }
 };
 
@@ -202,6 +210,45 @@ class HostExecutor {
 
   // What the device queues hold now (pw.diagnose).
   wire::QueuesReply DescribeQueues();
+
+  // Cancels parts that have not started (a client closed, or shutting
+  // down): those of the runs `which` matches, by (program id, first buffer
+  // id), fail with Cancelled ("'f' in program 'p' was cancelled: <reason>")
+  // when their turn comes, without running kernels or simulated time, and
+  // so do their outputs; a part of a gang that meets other hosts still makes
+  // the gang's first collective (RunPart), so its other hosts stop too.
+  // Parts running finish; with `end_simulated_time`, those of them in their
+  // simulated time end it now (their results stand). Returns how many parts
+  // it cancelled. `which` is called under the queues' lock: it must not
+  // block.
+  int CancelParts(absl::FunctionRef<bool(uint64_t program_id, uint64_t first_buffer_id)> which,
+                  absl::string_view reason, bool end_simulated_time);
+  // wire::CancelRuns, through CancelParts.
+  wire::CancelRunsReply CancelRuns(const wire::CancelRuns& request);
+
+  // The gangs across exactly `hosts` (increasing, this host among them) of
+  // runs started after this call meet in a fresh incarnation of their
+  // collective group; those started before keep theirs (wire::RenewGroup).
+  // Every host of the set must get it at the same place among the runs.
+  // An incarnation is dropped once a newer one exists and no part of its
+  // own is left. InvalidArgument for a set that is not one.
+  absl::Status RenewGroup(absl::Span<const int> hosts);
+
+  // `host` is lost for good (-1: every host; this one is stopping): every
+  // collective group it belongs to breaks, so parts waiting for it to
+  // arrive, or making a group with it, fail now with `why`, and so does
+  // every later gang across it. Parts inside a collective proper end at
+  // their timeout, or at once if the host's process died (its connections
+  // close). Whoever learns of a lost host tells the others through this.
+  void AbortGroupsWith(int host, const absl::Status& why);
+
+  // The collective timeouts (before any run; the defaults suit
+  // production): `timeout` bounds every collective operation once the
+  // gang's hosts have all arrived; `arrival_timeout` bounds how long a part
+  // waits for the other hosts' parts of its gang to arrive (in its first
+  // collective, and in making its group), however busy their devices are.
+  // A zero duration keeps that timeout as it is.
+  void SetCollectiveTimeouts(absl::Duration timeout, absl::Duration arrival_timeout);
 
   // Buffers held now (tests).
   int num_buffers() const;
@@ -287,7 +334,14 @@ class HostExecutor {
   // A part of a cancelled run whose gang includes a host that refused it
   // (`refused_in_gang`) joins no collective: that host never would.
   void RunPart(const Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch);
-  absl::StatusOr<CollectiveGroup*> GroupFor(const HostDeviceList& list);
+  // The incarnation `generation` of the collective group of `list`'s hosts
+  // (made at its first use).
+  absl::StatusOr<std::shared_ptr<CollectiveGroup>> GroupFor(const HostDeviceList& list, uint64_t generation);
+  // Whether `part` meets other hosts in collectives (then it counts in its
+  // group generation's parts from Enqueue until it has run).
+  static bool MeetsOtherHosts(const Part& part);
+  // `part` (which MeetsOtherHosts) has run: its generation counts it no more.
+  void LeaveGeneration(const Part& part);
   Peer& PeerFor(int host);
   void SendLoop(Peer* peer);
   void RecvLoop(Peer* peer);
@@ -301,6 +355,12 @@ class HostExecutor {
   RendezvousStores* const stores_;
   const std::string secret_;
   CollectiveOptions collective_options_;
+  // How long a gang's part waits for its other hosts' parts to arrive
+  // (CollectiveGroup::Arrive, and making its group): long, since a peer may
+  // be busy with earlier gangs on its devices. A peer that dies closes its
+  // connections, which ends the wait at once; one known to be lost ends it
+  // through AbortGroupsWith.
+  absl::Duration arrival_timeout_ = absl::Hours(1);
   std::atomic<bool> stopping_{false};
   const int island_id_;
   // Failed local devices (FailDevices), by index in this host; fail_cv_
@@ -349,16 +409,11 @@ class HostExecutor {
   };
   std::vector<std::unique_ptr<Worker>> workers_;
 
-  // The collective group of each set of hosts that shares a gang, made at
-  // its first use (under its entry's lock, not the map's).
-  struct GroupEntry {
-    Mutex mu;
-    bool created = false;
-    std::unique_ptr<CollectiveGroup> group;
-    absl::Status error;
-  };
+  // The collective groups of each set of hosts that shares a gang, by the
+  // set ("0,1"): entries are made by DefineDevices and never removed, so
+  // lists point to them.
   Mutex groups_mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<GroupEntry>> groups_ ABSL_GUARDED_BY(groups_mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<HostSetGroups>> groups_ ABSL_GUARDED_BY(groups_mu_);
   std::unique_ptr<DataPlane> data_;  // set by ConnectDataPlane, before any transfer
 
   Mutex peers_mu_;

@@ -1672,6 +1672,202 @@ void ManyOverlappingGangs(int num_hosts, int devices_per_host, int num_gangs, ui
   }
 }
 
+// ---- Cancelling a client's parts (issue 25, item 7) ----
+
+// Parts of a run that have not started fail with Cancelled naming the
+// reason, without their simulated time; the running part finishes, or with
+// end_simulated_time ends its simulated time now (its result stands). Other
+// runs are untouched.
+TEST(HostExecutorTest, CancelPartsFailsThePartsThatHaveNotStarted) {
+  for (bool end_simulated_time : {false, true}) {
+    SCOPED_TRACE(end_simulated_time ? "ending simulated time" : "letting the running part finish");
+    auto cluster = MakeCluster(2, 2);
+    ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+    auto slow = cluster->Load(10, SlowFunction(4, 300'000'000));  // 0.3 s
+    auto affine = cluster->Load(11, AffineFunction(4));
+    ASSERT_TRUE(slow != nullptr && affine != nullptr);
+    ASSERT_OK(cluster->LoadProgram(
+        Program(20, 4, {Compute(10, 1, {0}, {1}, 1), Compute(10, 1, {1}, {2}, 2), Compute(10, 1, {2}, {3}, 3)})));
+    ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Compute(11, 1, {0}, {1}, 4)})));
+    ASSERT_OK(cluster->Put(100, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+    ASSERT_OK(cluster->Put(200, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+    const auto start = std::chrono::steady_clock::now();
+    auto cancelled = cluster->RunOn(0, RunOf(20, 100));
+    auto other = cluster->RunOn(0, RunOf(21, 200));  // another client's run, queued behind
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the first part is in its simulated time
+    EXPECT_EQ(cluster->host(0).CancelParts(
+                  [](uint64_t program, uint64_t first) { return program == 20 && first == 100; },
+                  "its client 'tenant' was closed", end_simulated_time),
+              2);
+    ASSERT_OK_AND_ASSIGN(wire::RunReply reply, Await(cancelled));
+    const auto failed = Failed({reply});
+    EXPECT_FALSE(failed.contains(101)) << failed.at(101);  // it had started
+    for (uint64_t id : {102, 103}) {
+      ASSERT_TRUE(failed.contains(id)) << id;
+      EXPECT_EQ(failed.at(id).code(), absl::StatusCode::kCancelled) << failed.at(id);
+      EXPECT_EQ(failed.at(id).message(), "'slow' in program 'program20' was cancelled: its client 'tenant' was closed");
+    }
+    ASSERT_OK_AND_ASSIGN(reply, Await(other));
+    EXPECT_TRUE(Failed({reply}).empty());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, end_simulated_time ? 0.25 : 0.55) << "a cancelled part used its simulated time";
+    ASSERT_OK_AND_ASSIGN(Bytes out, cluster->Fetch(101, 1));
+    EXPECT_EQ(FromBytes<float>(out), Iota<float>(8, 0.f, 1.f));
+    // A run no part of which is queued any more: nothing to cancel.
+    EXPECT_EQ(cluster->host(0).CancelParts([](uint64_t, uint64_t) { return true; }, "again", false), 0);
+  }
+}
+
+// A gang across hosts cancelled on one host only (the cancel reached it
+// first) still meets the other host in its first collective, so the other
+// host's part stops there (Aborted) instead of waiting for its timeout.
+TEST(HostExecutorTest, AGangCancelledOnOneHostStopsOnBoth) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 2}));
+  ASSERT_OK(cluster->DefineList(2, {0}));  // host 0
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(2, 4));
+  auto slow = cluster->Load(11, SlowFunction(4, 300'000'000));
+  ASSERT_TRUE(mean != nullptr && slow != nullptr);
+  // The slow part holds device 0, so the gang waits behind it on host 0.
+  ASSERT_OK(cluster->LoadProgram(Program(20, 4, {Compute(11, 2, {0}, {1}, 1), Compute(10, 1, {2}, {3}, 2)})));
+  ASSERT_OK(cluster->Put(100, 2, ToBytes(Iota<float>(4, 0.f, 1.f))));
+  ASSERT_OK(cluster->Put(102, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+  wire::RunProgram run = RunOf(20, 100);
+  Bind(run, 2, 102, 1);
+  const auto start = std::chrono::steady_clock::now();
+  auto futures = cluster->RunAsync(run);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  wire::CancelRuns cancel;
+  cancel.add_program_ids(20);
+  cancel.add_first_buffer_ids(100);
+  cancel.set_reason("the pathways runtime shut down");
+  EXPECT_EQ(cluster->host(0).CancelRuns(cancel).parts_cancelled(), 1);
+  ASSERT_OK_AND_ASSIGN(auto replies, Cluster::AwaitAll(futures));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5);
+  // Host 0's part was cancelled; host 1's stopped in the gang's first
+  // collective (Aborted), where host 0's told it.
+  const auto on0 = Failed({replies[0]});
+  const auto on1 = Failed({replies[1]});
+  ASSERT_TRUE(on0.contains(103) && on1.contains(103));
+  EXPECT_EQ(on0.at(103).code(), absl::StatusCode::kCancelled) << on0.at(103);
+  EXPECT_EQ(on1.at(103).code(), absl::StatusCode::kAborted) << on1.at(103);
+  // The group still works.
+  ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Compute(10, 1, {0}, {1}, 3)})));
+  ASSERT_OK(cluster->Put(200, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));
+  ASSERT_OK_AND_ASSIGN(replies, cluster->Run(RunOf(21, 200)));
+  EXPECT_TRUE(Failed(replies).empty());
+}
+
+// ---- Collective groups that break, and peers that are busy (issue 25, item 2) ----
+
+// Host 1's device 2 is busy with a local gang for 1.5 s when a gang across
+// devices 0 (host 0) and 2 meets in a psum: host 0's part arrives at once,
+// host 1's 1.5 s later. `timeout` bounds the collectives; `arrival`, how long
+// a part waits for the others to arrive. Returns the gang's run's replies.
+absl::StatusOr<std::vector<wire::RunReply>> RunBehindABusyPeer(Cluster& cluster, uint64_t first,
+                                                               bool busy = true) {
+  wire::RunProgram run = RunOf(21, first);
+  Bind(run, 0, first + 20, 1);
+  std::future<absl::StatusOr<wire::RunReply>> slow;
+  if (busy) slow = cluster.RunOn(1, RunOf(20, first + 10));
+  auto futures = cluster.RunAsync(run);
+  if (busy) {
+    auto reply = Await(slow);
+    if (!reply.ok()) return reply.status();
+  }
+  return Cluster::AwaitAll(futures);
+}
+
+void LoadBusyPeerPrograms(Cluster& cluster, absl::Duration timeout, absl::Duration arrival) {
+  for (int h = 0; h < 2; ++h) cluster.host(h).SetCollectiveTimeouts(timeout, arrival);
+  ASSERT_OK(cluster.DefineList(1, {0, 2}));
+  ASSERT_OK(cluster.DefineList(2, {2}));  // host 1
+  ASSERT_NE(cluster.Load(10, MeanPlusIndexFunction(2, 4)), nullptr);
+  ASSERT_NE(cluster.Load(11, SlowFunction(4, 1'500'000'000)), nullptr);
+  ASSERT_OK(cluster.LoadProgram(Program(20, 2, {Compute(11, 2, {0}, {1}, 1)})));
+  ASSERT_OK(cluster.LoadProgram(Program(21, 2, {Compute(10, 1, {0}, {1}, 2)})));
+  for (uint64_t first : {100, 200, 300, 400}) {
+    ASSERT_OK(cluster.Put(first + 10, 2, ToBytes(Iota<float>(4, 0.f, 1.f))));  // the busy gang's input
+    ASSERT_OK(cluster.Put(first + 20, 1, ToBytes(Iota<float>(8, 0.f, 1.f))));  // the gang's
+  }
+}
+
+// The gang's collective timeout (300 ms here, 30 s by default) used to
+// start when a host entered the collective, so a peer still busy with
+// earlier gangs made it time out and broke the group. Now a part waits for
+// the others to arrive as long as they live (arrival timeout, 1 h), and
+// the timeout bounds only the collectives once all are there.
+TEST(HostExecutorTest, ABusyPeerDoesNotTimeAGangOut) {
+  auto cluster = MakeCluster(2, 2);
+  LoadBusyPeerPrograms(*cluster, absl::Milliseconds(300), absl::ZeroDuration());
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_OK_AND_ASSIGN(auto replies, RunBehindABusyPeer(*cluster, 100));
+  for (auto& [id, status] : Failed(replies)) ADD_FAILURE() << id << ": " << status;
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.4);
+  auto mean = MustCompile(MeanPlusIndexFunction(2, 4));
+  ASSERT_OK_AND_ASSIGN(Bytes out, cluster->Fetch(101, 1));
+  EXPECT_EQ(out, RunWhole(*mean, 2, {ToBytes(Iota<float>(8, 0.f, 1.f))})[0]);
+}
+
+// With arrival as short as the collectives' timeout (as every host had it
+// before), the gang behind the busy peer times out: in making the group if
+// this is the set's first gang (the error is kept), else in its first
+// collective (which breaks the group). Either way every later gang across
+// hosts {0, 1} fails at once, for good. RenewGroup, at the same place
+// among the runs on both hosts (the client sends it once a gang's part
+// failed so), gives the gangs after it a fresh incarnation, and they run.
+TEST(HostExecutorTest, AGangThatTimedOutBreaksItsGroupUntilItIsRenewed) {
+  for (bool group_exists : {false, true}) {
+    SCOPED_TRACE(group_exists ? "group exists" : "first gang of the group");
+    auto cluster = MakeCluster(2, 2);
+    LoadBusyPeerPrograms(*cluster, absl::Milliseconds(300), absl::Milliseconds(300));
+    if (group_exists) {
+      ASSERT_OK_AND_ASSIGN(auto replies, RunBehindABusyPeer(*cluster, 400, /*busy=*/false));
+      EXPECT_TRUE(Failed(replies).empty());
+    }
+    ASSERT_OK_AND_ASSIGN(auto replies, RunBehindABusyPeer(*cluster, 100));
+    auto failed = Failed(replies);
+    ASSERT_TRUE(failed.contains(101));
+    EXPECT_TRUE(absl::IsUnavailable(failed.at(101)) || absl::IsDeadlineExceeded(failed.at(101))) << failed.at(101);
+    // No peer is busy now, yet the gang fails, at once.
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_OK_AND_ASSIGN(replies, RunBehindABusyPeer(*cluster, 200, /*busy=*/false));
+    EXPECT_TRUE(Failed(replies).contains(201));
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.25);
+    EXPECT_EQ(cluster->host(0).RenewGroup({1, 0}).code(), absl::StatusCode::kInvalidArgument);
+    for (int h = 0; h < 2; ++h) ASSERT_OK(cluster->host(h).RenewGroup({0, 1}));
+    ASSERT_OK_AND_ASSIGN(replies, RunBehindABusyPeer(*cluster, 300, /*busy=*/false));
+    for (auto& [id, status] : Failed(replies)) ADD_FAILURE() << id << ": " << status;
+    auto mean = MustCompile(MeanPlusIndexFunction(2, 4));
+    ASSERT_OK_AND_ASSIGN(Bytes out, cluster->Fetch(301, 1));
+    EXPECT_EQ(out, RunWhole(*mean, 2, {ToBytes(Iota<float>(8, 0.f, 1.f))})[0]);
+  }
+}
+
+// A part waiting for a peer that is known to be lost stops at once
+// (AbortGroupsWith), whether the group is made already or not.
+TEST(HostExecutorTest, AbortingTheGroupsWithAHostEndsTheWaitForIt) {
+  for (bool group_exists : {false, true}) {
+    SCOPED_TRACE(group_exists ? "group exists" : "first gang of the group");
+    auto cluster = MakeCluster(2, 2);
+    LoadBusyPeerPrograms(*cluster, absl::Milliseconds(300), absl::ZeroDuration());
+    if (group_exists) {
+      ASSERT_OK_AND_ASSIGN(auto replies, RunBehindABusyPeer(*cluster, 300, /*busy=*/false));
+      EXPECT_TRUE(Failed(replies).empty());
+    }
+    // Host 1 never runs it: host 0's part waits for it.
+    wire::RunProgram run = RunOf(21, 100);
+    Bind(run, 0, 120, 1);
+    auto waiting = cluster->RunOn(0, run);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto start = std::chrono::steady_clock::now();
+    cluster->host(0).AbortGroupsWith(1, absl::UnavailableError("host 1 was lost"));
+    ASSERT_OK_AND_ASSIGN(wire::RunReply reply, Await(waiting, std::chrono::seconds(10)));
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2);
+    EXPECT_TRUE(Failed({reply}).contains(101));
+  }
+}
+
 TEST(HostExecutorTest, ManyOverlappingGangsOnTwoHosts) { ManyOverlappingGangs(2, 2, 20, 1); }
 
 TEST(HostExecutorTest, ManyOverlappingGangsOnThreeHosts) { ManyOverlappingGangs(3, 2, 30, 2); }

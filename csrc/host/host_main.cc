@@ -1,5 +1,8 @@
 #include "csrc/host/host_main.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -63,7 +66,64 @@ absl::Status Register(const std::string& client, const std::string& secret, cons
   return (*channel)->Call(std::move(request), int64_t{10} * 1'000'000'000).status();
 }
 
+// "ip" of "ip:port" or "[ip]:port" (brackets dropped).
+std::string HostPart(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+bool IsWildcard(const std::string& ip) { return ip.empty() || ip == "0.0.0.0" || ip == "::"; }
+
+// The local IP this machine would send from to reach `address` (a UDP
+// socket's connect picks the route and sends nothing).
+absl::StatusOr<std::string> LocalIpToward(const std::string& address) {
+  const std::string host = HostPart(address);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", host, "'"));
+  }
+  absl::StatusOr<std::string> ip = absl::UnavailableError(absl::StrCat("no route to '", host, "'"));
+  const int fd = socket(found->ai_family, SOCK_DGRAM, 0);
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+    const void* raw = local.ss_family == AF_INET6
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+    if (inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) ip = std::string(text);
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return ip;
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> AdvertisedIp(const HostMainOptions& options) {
+  const std::string listen_ip = HostPart(options.listen);
+  if (!IsWildcard(listen_ip)) {
+    if (!options.advertise.empty() && options.advertise != listen_ip) {
+      return absl::InvalidArgumentError(absl::StrCat("--advertise=", options.advertise, " differs from the IP of --listen=",
+                                                     options.listen, " (give --advertise only with a wildcard listen)"));
+    }
+    return listen_ip;
+  }
+  if (!options.advertise.empty()) {
+    if (IsWildcard(options.advertise)) {
+      return absl::InvalidArgumentError(absl::StrCat("--advertise=", options.advertise, " is not an address others can reach"));
+    }
+    return options.advertise;
+  }
+  if (!options.client.empty()) return LocalIpToward(options.client);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--listen=", options.listen, " listens on every interface: give --advertise=IP (the address the client and ",
+      "the other hosts reach this host at), or --client=ADDRESS to advertise the IP that reaches the client"));
+}
 
 absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& args) {
   HostMainOptions options;
@@ -72,6 +132,8 @@ absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& ar
       options.listen = arg.substr(9);
     } else if (arg == "--secret-stdin") {
       options.secret_from_stdin = true;
+    } else if (absl::StartsWith(arg, "--advertise=") && arg.size() > 12) {
+      options.advertise = arg.substr(12);
     } else if (absl::StartsWith(arg, "--client=") && arg.size() > 9) {
       options.client = arg.substr(9);
     } else if (arg == "--stay") {
@@ -86,8 +148,8 @@ absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& ar
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown argument '", arg,
-          "' (usage: pathways-host [--listen=ADDRESS:PORT] [--secret-stdin] [--stay] [--configure-timeout=SECONDS] "
-          "[--client=ADDRESS])"));
+          "' (usage: pathways-host [--listen=ADDRESS:PORT] [--advertise=IP] [--secret-stdin] [--stay] "
+          "[--configure-timeout=SECONDS] [--client=ADDRESS])"));
     }
   }
   return options;
@@ -111,22 +173,30 @@ int RunHost(const HostMainOptions& options) {
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
 
-  // The data plane binds the IP the host listens on (loopback by default).
-  std::string bind_ip = options.listen.substr(0, options.listen.rfind(':'));
-  if (bind_ip.size() >= 2 && bind_ip.front() == '[') bind_ip = bind_ip.substr(1, bind_ip.size() - 2);
-  if (bind_ip.empty() || bind_ip == "0.0.0.0" || bind_ip == "::") bind_ip = "127.0.0.1";
-  HostRuntime runtime(secret, bind_ip);
+  // The data plane and Gloo bind the IP the host is reached at: the one
+  // it listens on, or with a wildcard listen the advertised one.
+  const absl::StatusOr<std::string> bind_ip = AdvertisedIp(options);
+  if (!bind_ip.ok()) {
+    std::cerr << "pathways-host: " << bind_ip.status().message() << "\n";
+    return 2;
+  }
+  HostRuntime runtime(secret, *bind_ip);
   auto server = HostServer::Start(options.listen, secret, &runtime);
   if (!server.ok()) {
     std::cerr << "pathways-host: " << server.status().message() << "\n";
     return 1;
   }
-  std::cout << absl::StrFormat("pathways-host ready address=%s pid=%d incarnation=%016x", (*server)->address(),
-                               getpid(), runtime.incarnation())
+  // What the client dials: the advertised IP, with the port listened on.
+  const std::string& listening = (*server)->address();
+  const std::string port = listening.substr(listening.rfind(':') + 1);
+  const std::string address = absl::StrContains(*bind_ip, ':') ? absl::StrCat("[", *bind_ip, "]:", port)
+                                                                 : absl::StrCat(*bind_ip, ":", port);
+  std::cout << absl::StrFormat("pathways-host ready address=%s pid=%d incarnation=%016x", address, getpid(),
+                               runtime.incarnation())
             << std::endl;
   if (!options.client.empty()) {
     bool sent = false;
-    if (absl::Status registered = Register(options.client, secret, (*server)->address(),
+    if (absl::Status registered = Register(options.client, secret, address,
                                            NowNanos() + options.configure_timeout_ns, &sent);
         !registered.ok()) {
       std::cerr << "pathways-host: registering with the client at " << options.client

@@ -4,8 +4,8 @@
 // The entry point of a host process: `pathways-host` and
 // `python -m pathways.host` both run RunHost().
 //
-//   pathways-host [--listen=127.0.0.1:0] [--secret-stdin] [--stay]
-//                 [--configure-timeout=SECONDS] [--client=ADDRESS]
+//   pathways-host [--listen=127.0.0.1:0] [--advertise=IP] [--secret-stdin]
+//                 [--stay] [--configure-timeout=SECONDS] [--client=ADDRESS]
 //
 // The host listens (port 0: a free port), prints one line to stdout,
 //   pathways-host ready address=127.0.0.1:40123 pid=4242 incarnation=9f3c...
@@ -20,8 +20,9 @@
 // Without --secret-stdin the secret comes from the environment variable
 // PATHWAYS_SECRET (hosts started by hand, by Slurm or Kubernetes). With
 // --client=ADDRESS the host registers with a client waiting there
-// (hosts=external) once it listens. The host's data plane (Gloo) binds the
-// IP address it listens on.
+// (hosts=external) once it listens. The host's data plane and Gloo bind the
+// IP address it listens on; a wildcard listen (0.0.0.0, ::) needs the IP to
+// advertise: --advertise=IP, or with --client the IP that reaches the client.
 
 #include <cstdint>
 #include <cstdio>
@@ -38,7 +39,17 @@ struct HostMainOptions {
   bool stay = false;
   int64_t configure_timeout_ns = int64_t{60} * 1'000'000'000;
   std::string client;  // --client: register with the client there
+  // --advertise: the IP the client and the other hosts reach this host at,
+  // for a wildcard --listen (0.0.0.0 or ::), which has none to give.
+  std::string advertise;
 };
+
+// The IP this host gives the client and the other hosts (and binds its data
+// plane and collectives to): the IP of --listen; with a wildcard listen,
+// --advertise, else (with --client) the local IP that reaches the client.
+// InvalidArgument if there is none (a wildcard listen with neither flag), or
+// --advertise contradicts --listen.
+absl::StatusOr<std::string> AdvertisedIp(const HostMainOptions& options);
 
 // InvalidArgument naming the flag for anything it does not understand.
 absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& args);

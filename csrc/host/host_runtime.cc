@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/spin.h"
 #include "csrc/coordination/host_channel.h"
@@ -69,6 +71,29 @@ class ChannelKeyValueStore final : public KeyValueStore {
   static constexpr int64_t kCallTimeoutNs = int64_t{10} * 1'000'000'000;
   std::unique_ptr<HostChannel> channel_;
 };
+
+// The collective timeouts from the environment, if set there (tests make
+// them short): PATHWAYS_COLLECTIVE_TIMEOUT and
+// PATHWAYS_COLLECTIVE_ARRIVAL_TIMEOUT, in seconds (HostExecutor::
+// SetCollectiveTimeouts). InvalidArgument for a bad value.
+absl::Status ConfigureCollectiveTimeouts(HostExecutor& executor) {
+  absl::Duration timeouts[2] = {absl::ZeroDuration(), absl::ZeroDuration()};  // zero: the default
+  const char* names[2] = {"PATHWAYS_COLLECTIVE_TIMEOUT", "PATHWAYS_COLLECTIVE_ARRIVAL_TIMEOUT"};
+  bool any = false;
+  for (int i = 0; i < 2; ++i) {
+    const char* value = std::getenv(names[i]);
+    if (value == nullptr || *value == '\0') continue;
+    double seconds = 0;
+    if (!absl::SimpleAtod(value, &seconds) || !(seconds >= 0.001) || seconds > 7 * 86400) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(names[i], " must be a number of seconds in [0.001, 604800], got '", value, "'"));
+    }
+    timeouts[i] = absl::Seconds(seconds);
+    any = true;
+  }
+  if (any) executor.SetCollectiveTimeouts(timeouts[0], timeouts[1]);
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -209,6 +234,10 @@ void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Reques
         config.host_id(), &kv_, std::vector<std::string>(join.host_addresses().begin(), join.host_addresses().end()),
         secret_);
     auto executor = std::make_shared<HostExecutor>(config, join, stores_.get(), bind_ip_, secret_);
+    if (absl::Status timeouts = ConfigureCollectiveTimeouts(*executor); !timeouts.ok()) {
+      reply_with(timeouts);
+      return;
+    }
     absl::Status connected = executor->ConnectDataPlane();
     if (connected.ok()) {
       MutexLock lock(&mu_);
@@ -238,6 +267,8 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kDescribeQueues:
     case wire::Request::kFailDevices:
     case wire::Request::kCancelRun:
+    case wire::Request::kCancelRuns:
+    case wire::Request::kRenewGroup:
       break;
     default:
       return false;
@@ -302,6 +333,16 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kCancelRun:
       executor->CancelRun(request.cancel_run());
       reply_with(absl::OkStatus());
+      break;
+    case wire::Request::kCancelRuns: {
+      wire::Reply reply;
+      reply.set_id(id);
+      *reply.mutable_cancelled() = executor->CancelRuns(request.cancel_runs());
+      if (id != 0) session->Reply(std::move(reply));
+      break;
+    }
+    case wire::Request::kRenewGroup:
+      reply_with(executor->RenewGroup(request.renew_group().hosts()));
       break;
     case wire::Request::kDescribeQueues: {
       wire::Reply reply;

@@ -11,6 +11,7 @@
 #include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/protocol_version.h"
 #include "csrc/host/host_main.h"
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -176,6 +177,26 @@ TEST(ParseHostArgs, FlagsAndErrors) {
   EXPECT_EQ(ParseHostArgs({"--port=3"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseHostArgs({"--configure-timeout=-1"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseHostArgs({"--configure-timeout=nan"}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AdvertisedIp, AWildcardListenAdvertisesAnAddressOthersCanReach) {
+  auto ip = [](std::vector<std::string> args) { return AdvertisedIp(*ParseHostArgs(args)); };
+  EXPECT_EQ(*ip({}), "127.0.0.1");
+  EXPECT_EQ(*ip({"--listen=10.1.2.3:7000"}), "10.1.2.3");
+  EXPECT_EQ(*ip({"--listen=[::1]:7000"}), "::1");
+  EXPECT_EQ(*ip({"--listen=0.0.0.0:7000", "--advertise=10.1.2.3"}), "10.1.2.3");
+  // With a client to register with: the local IP that reaches it.
+  EXPECT_EQ(*ip({"--listen=0.0.0.0:0", "--client=127.0.0.1:5000"}), "127.0.0.1");
+  EXPECT_EQ(*ip({"--listen=[::]:0", "--client=[::1]:5000"}), "::1");
+  // Before, a wildcard listen advertised 0.0.0.0 to the client and bound
+  // the data plane to loopback: unreachable from any other machine.
+  absl::StatusOr<std::string> none = ip({"--listen=0.0.0.0:7000"});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "--advertise=IP")) << none.status();
+  EXPECT_EQ(ip({"--listen=0.0.0.0:7000", "--advertise=0.0.0.0"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ip({"--listen=10.1.2.3:7000", "--advertise=10.9.9.9"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

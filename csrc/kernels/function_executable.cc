@@ -158,7 +158,7 @@ void* FunctionExecutable::AcquireSharedScratch(int64_t bytes) const {
       }
     }
   }
-  return ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), std::align_val_t{64});
+  return ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), std::align_val_t{64}, std::nothrow);
 }
 
 void FunctionExecutable::ReleaseSharedScratch(void* scratch, int64_t bytes) const {

@@ -234,6 +234,7 @@ class FunctionExecutable {
 
   // Shared scratch for parallel runs, reused across runs so a run does not
   // allocate (nor fault in fresh pages) in the steady state. Thread-safe.
+  // Null if `bytes` cannot be allocated.
   void* AcquireSharedScratch(int64_t bytes) const;
   void ReleaseSharedScratch(void* scratch, int64_t bytes) const;
 

@@ -61,6 +61,10 @@ ShardedBuffer::~ShardedBuffer() {
   // survive the fork; the memory goes with the child's exit.
   if (InForkedChild()) return;
   ReleaseMemory();
+  // The hosts keep a remote buffer, failed or not, until the client drops
+  // it: a failed one as its error, so a program that takes it later fails
+  // with that error (the hosts free a failed buffer's bytes themselves).
+  if (remote_ != nullptr) remote_->Free(*this);
 }
 
 void ShardedBuffer::ReleaseMemory() {
@@ -69,11 +73,7 @@ void ShardedBuffer::ReleaseMemory() {
   const int64_t total = shard_bytes_ * devices_->size();
   if (client_ != nullptr) client_->Discharge(total);
   if (program_ != nullptr) program_->Discharge(total);
-  if (remote_ != nullptr) {
-    remote_->Free(*this);
-  } else {
-    HostMemoryPool::Get().Free(data_, static_cast<size_t>(std::max<int64_t>(total, 1)));
-  }
+  if (remote_ == nullptr) HostMemoryPool::Get().Free(data_, static_cast<size_t>(std::max<int64_t>(total, 1)));
   data_ = nullptr;
   stores_->Free(devices_, shard_bytes_);  // last: wakes memory waiters
 }

@@ -163,7 +163,7 @@ class ShardedBuffer {
   enum State : int { kPending = 0, kReady = 1, kFailed = 2 };
   ShardedBuffer() = default;
   void Complete(absl::Status status, ReadyList* ready);
-  // Gives back the device and host memory (once).
+  // Gives back the device memory and, in process, the host memory (once).
   void ReleaseMemory();
 
   ObjectStores* stores_ = nullptr;

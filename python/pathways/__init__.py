@@ -78,6 +78,7 @@ from pathways._vjp import jvp, vjp
 from pathways._dynamic import compact
 from pathways._diagnose import Diagnosis, HangWarning, diagnose
 from pathways import _ray_hosts  # noqa: F401 (hosts="ray": its launcher, in pathways._hosts.LAUNCHERS)
+from pathways import _hosts  # its host processes stop at exit, after the runtime
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
 from pathways import lax  # pw.lax: top_k, scan, fori_loop, erf, cumsum, ... (like jax.lax)
@@ -115,7 +116,17 @@ memory_stats = _core.memory_stats
 transfer_stats = _core.transfer_stats
 scheduler_stats = _core.scheduler_stats
 
-atexit.register(_core.shutdown)
+
+
+def _shutdown_at_exit() -> None:
+    # The runtime first: it cancels its work that has not started, on the
+    # host processes too, and waits for them (bounded); then the host
+    # processes it started stop.
+    _core.shutdown()
+    _hosts._stop_launched()
+
+
+atexit.register(_shutdown_at_exit)
 
 
 def block_until_ready(tree: Any) -> Any:

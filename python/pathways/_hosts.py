@@ -10,7 +10,6 @@ output.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
 import re
@@ -162,9 +161,7 @@ def launch_for_runtime(count: int, mode: str = "local_processes"):
     if mode != "local_processes":
         raise ValueError(f"hosts={mode!r} is not started by the client")
     hosts = start_local_hosts(count, secret)
-    if not _launched:
-        atexit.register(_stop_launched)
-    _launched.extend(hosts)
+    _launched.extend(hosts)  # stopped at exit, after the runtime (pathways/__init__.py)
     return [h.address for h in hosts], secret
 
 

@@ -1,8 +1,8 @@
 """A pathways host process: serves one host's devices to its client.
 
 Usage:
-    python -m pathways.host [--listen=ADDRESS:PORT] [--secret-stdin] [--stay]
-                            [--configure-timeout=SECONDS] [--client=ADDRESS]
+    python -m pathways.host [--listen=ADDRESS:PORT] [--advertise=IP] [--secret-stdin]
+                            [--stay] [--configure-timeout=SECONDS] [--client=ADDRESS]
 
 The host listens on ADDRESS:PORT (default 127.0.0.1:0, a free port on
 loopback), prints one line
@@ -21,7 +21,10 @@ With --client=ADDRESS the host registers with a client that waits there for
 its hosts (`pw.configure(hosts="external")`, PATHWAYS_CLIENT_ADDRESS on the
 client): this is how Slurm, Kubernetes or a person start hosts. On a
 machine other than the client's, pass --listen=THIS_MACHINES_IP:0; the host's
-data plane (Gloo) uses the same IP address.
+data plane and Gloo use the same IP address. A wildcard listen
+(--listen=0.0.0.0:PORT or [::]:PORT) has no address to give the others: the
+host advertises --advertise=IP, or with --client the IP that reaches the
+client, and refuses to start with neither.
 """
 
 from __future__ import annotations

@@ -75,6 +75,30 @@ print(pw.memory_stats()["bytes_in_use"] == baseline)
     assert lines[1:] == ["True True", "[2. 2.]", "True"]
 
 
+def test_a_failed_buffer_passed_to_later_programs_keeps_its_error(run_faults):
+    # The error a buffer failed with is the one every program that takes it
+    # gets, however long after it failed, on its own slice or after a
+    # transfer (with host processes the hosts keep the failed buffer until
+    # the client drops it, rather than forgetting it and saying "not on host").
+    out = run_faults("""
+a = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+b = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus  # the other island
+y = pw.pmap(slow, devices=a)(np.zeros(2))
+victim = a[1].physical
+pw.testing.fail_device(a[1])
+first = expect_failure(y, victim.id)
+gc.collect()
+pw._core.await_quiescence()
+double = pw.pmap(lambda x: x * 2., devices=b)
+@pw.program
+def later(x):
+    return double(x)
+for out in (double(y), later(y), later(y)):
+    print(expect_failure(out, victim.id) == first)
+""")
+    assert out.splitlines() == ["True", "True", "True"], out
+
+
 def test_failed_host_loses_its_buffers_and_new_slices_avoid_it(run_faults):
     out = run_faults("""
 tpus = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus   # all of island 0: hosts 0 and 1

@@ -387,15 +387,23 @@ def test_hosts_started_by_hand_register_with_the_client(tmp_path):
             pw.configure(hosts="external")
             a = pw.pmap(lambda x: x + 1., devices=pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus)
             print(np.asarray(a(np.array([1., 2.]))).tolist(), sorted(h.pid for h in pw.hosts()))
+            # A gang over two hosts (their collectives), then a transfer to the
+            # other island (the data plane), among hosts some of which listen on
+            # every interface: each advertises the IP that reaches the client.
+            s = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i",
+                        devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
+            t = pw.pmap(lambda x: x * 2., devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
+            print(np.asarray(t(s(np.arange(8.)))).tolist(), sorted(h.address.split(":")[0] for h in pw.hosts()))
         """)],
         env={**env, "PATHWAYS_CLIENT_ADDRESS": f"127.0.0.1:{port}", "PATHWAYS_HOSTS_TIMEOUT": "60"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     hosts = []
     try:
         time.sleep(0.5)
-        for _ in range(4):  # the default topology's 4 hosts, as Slurm would start them
+        for k in range(4):  # the default topology's 4 hosts, as Slurm would start them
+            listen = ["--listen=0.0.0.0:0"] if k % 2 else []
             hosts.append(subprocess.Popen(
-                [sys.executable, "-m", "pathways.host", f"--client=127.0.0.1:{port}"],
+                [sys.executable, "-m", "pathways.host", f"--client=127.0.0.1:{port}"] + listen,
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         out, err = client.communicate(timeout=120)
         if client.returncode != 0:  # what the hosts said, for the failure's message
@@ -405,7 +413,10 @@ def test_hosts_started_by_hand_register_with_the_client(tmp_path):
             err += "".join(f"\n--- host {p.pid} (exit {p.wait()}):\n{p.stderr.read()}" for p in hosts)
         assert client.returncode == 0, err
         assert "waiting for 4 hosts to register" in err
-        assert out.strip() == f"[2.0, 3.0] {sorted(h.pid for h in hosts)}", out
+        assert out.strip().split("\n") == [
+            f"[2.0, 3.0] {sorted(h.pid for h in hosts)}",
+            f"{[56.0] * 8} {['127.0.0.1'] * 4}",
+        ], out
         for h in hosts:  # each host stops when its client's session ends
             assert h.wait(timeout=10) == 0
     finally:
@@ -460,14 +471,16 @@ def test_large_transfers_between_host_processes_are_exact():
 def test_buffers_larger_than_a_chunk_go_to_and_from_hosts_exact():
     # Buffer data moves between the client and its hosts in 16 MiB chunks,
     # so no message nears protobuf's 2 GiB limit (a 2.25 GiB device_put
-    # aborted the client before). Shards of 13 MiB + 12 bytes straddle the
-    # chunk boundaries; a program's host-data argument takes the same path.
+    # aborted the client before). Shards of 29 MiB + 12 bytes straddle the
+    # chunk boundaries, and each host's 116 MiB is more chunks than a read
+    # asks a host for at once; a program's host-data argument takes the
+    # same path.
     out = _run_local_processes("""
         import numpy as np
         tpus = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
         print(len({d.physical.host for d in tpus}))
         rng = np.random.default_rng(1)
-        x = rng.integers(-2**31, 2**31 - 1, size=(8, (13 * 2**20 + 12) // 4), dtype=np.int32)
+        x = rng.integers(-2**31, 2**31 - 1, size=(8, (29 * 2**20 + 12) // 4), dtype=np.int32)
         b = pw.device_put(x, tpus)
         print(np.array_equal(np.asarray(b), x))
         f = pw.pmap(lambda v: v + 1, devices=tpus)

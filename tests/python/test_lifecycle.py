@@ -20,8 +20,9 @@ import pathways as pw
 from conftest import run_python_process
 
 
-def _run(code: str) -> subprocess.CompletedProcess:
-    return run_python_process(code, timeout=60)
+def _run(code: str, hosts: str = "in_process") -> subprocess.CompletedProcess:
+    env = {"PATHWAYS_TOPOLOGY": f"hosts={hosts}"} if hosts != "in_process" else None
+    return run_python_process(code, env=env, timeout=60)
 
 
 _SLOW = """
@@ -322,10 +323,12 @@ print([e["node"] for e in tl.events()].count("double"), flush=True)
 # --- Hang 6: exit cancels queued work --------------------------------------
 
 
+@pytest.mark.parametrize("hosts", ["in_process", "local_processes"])
 @pytest.mark.parametrize("ending", ["return", "uncaught exception", "a daemon thread waiting"])
-def test_exit_cancels_queued_work(ending):
+def test_exit_cancels_queued_work(ending, hosts):
     # 100 gangs of 10 s: 1000 s of queued device time. Exit must not wait for
-    # it (the subprocess timeout is 60 s).
+    # it (the subprocess timeout is 60 s), with hosts in process or as
+    # processes (issue 25, item 7).
     body = _SLOW.format(us=10_000_000) + """
 x = np.zeros(2)
 for _ in range(100):
@@ -336,9 +339,45 @@ print("queued", flush=True)
         body += "raise ValueError('boom')\n"
     elif ending == "a daemon thread waiting":
         body += "threading.Thread(target=lambda: x.block_until_ready(), daemon=True).start()\n"
-    proc = _run(body)
-    assert proc.stdout == "queued\n"
+    start = time.monotonic()
+    proc = _run(body, hosts)
+    assert proc.stdout == "queued\n", proc.stderr
     if ending == "uncaught exception":
         assert proc.returncode == 1 and "ValueError: boom" in proc.stderr
     else:
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert time.monotonic() - start < 30
+
+
+# --- Issue 25, item 7: shutdown with the hosts' runs in flight ------------
+
+
+@pytest.mark.parametrize("hosts", ["in_process", "local_processes"])
+def test_exit_with_work_running_on_the_hosts_is_prompt_and_cancels_it(hosts):
+    # pw's shutdown (as at exit) with a 10 s gang running and 100 queued:
+    # the running gang's simulated time ends, the queued ones are cancelled,
+    # and a thread waiting for the last output hears why.
+    proc = _run(_SLOW.format(us=10_000_000) + """
+x = np.zeros(2)
+for _ in range(100):
+    x = slow(x)
+got = []
+def wait():
+    try:
+        x.block_until_ready()
+        got.append("ready")
+    except pw.PathwaysError as e:
+        got.append(str(e))
+t = threading.Thread(target=wait)
+t.start()
+time.sleep(0.5)
+start = time.monotonic()
+pw._core.shutdown()
+t.join(30)
+print(time.monotonic() - start < 5, flush=True)
+print("cancelled" in got[0] and "shut down" in got[0], got[0][:200], flush=True)
+""", hosts)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "True"
+    assert lines[1].startswith("True"), lines[1]

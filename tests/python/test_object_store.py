@@ -8,6 +8,7 @@ device: five fit, the sixth does not.
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -296,6 +297,35 @@ print(a.close())
     assert lines[7] == "0"
 
 
+@pytest.mark.parametrize("hosts", ["in_process", "local_processes"])
+def test_close_cancels_the_clients_queued_work_on_its_devices(hosts):
+    # Issue 25, item 7: a's 20 s of gangs queued on the devices; after
+    # a.close(), b's gang on the same devices runs at once (a's running gang
+    # may finish), with hosts in process or as processes alike.
+    proc = run_python_process("""
+import time, numpy as np
+import pathways as pw
+t = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+slow = pw.pmap(lambda x: pw.simulated_compute(x + 1., 500_000), devices=t)   # 0.5 s each
+fast = pw.pmap(lambda x: x * 2., devices=t)
+np.asarray(fast(np.ones(2)))  # both compiled and loaded
+a, b = pw.Client("a"), pw.Client("b")
+with a:
+    x = pw.device_put(np.zeros(2), t)
+    for _ in range(40):
+        x = slow(x)
+time.sleep(0.2)
+start = time.monotonic()
+a.close()
+with b:
+    y = fast(np.ones(2))
+    print(np.asarray(y), flush=True)
+print(time.monotonic() - start < 2.5, a.live_buffers, flush=True)
+""", env={"PATHWAYS_TOPOLOGY": f"hosts={hosts}"} if hosts != "in_process" else None, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[2. 2.]", "True 0"], proc.stdout
+
+
 def test_a_closed_client_cannot_dispatch_even_outside_its_scope(tpus2):
     c = pw.Client("soon-closed")
     f = pw.pmap(lambda x: x + 1.0, devices=tpus2)
@@ -333,3 +363,28 @@ print(pw.memory_stats()["dispatches_waiting_for_memory"])
 """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["interrupted True", "0"]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_scratch_that_cannot_be_allocated_fails_the_gang_not_the_process(request, python_subprocess, devices):
+    # With devices of 1 TiB the compiler lets through a function whose
+    # intermediate values (a 300000 x 300000 outer product: 360 GB) no
+    # allocation on this machine can hold; the gang that runs it fails with
+    # ResourceExhaustedError, on one thread or split across threads (2
+    # devices), and the runtime goes on (before: bad_alloc ended the process).
+    hosts = request.config.getoption("--hosts")
+    out = python_subprocess(f"""
+import numpy as np
+import pathways as pw
+pw.configure(device_memory="1TiB", hosts={hosts!r})
+t = pw.make_virtual_device_set().add_slice(tpu_devices={devices}).tpus
+outer = pw.pmap(lambda x: (x[:, None] * x[None, :]).sum(0), devices=t)
+try:
+    np.asarray(outer(np.ones(({devices}, 300_000), np.float32)))
+except pw.ResourceExhaustedError as e:
+    print(str(e))
+print(np.asarray(pw.pmap(lambda x: x + 1., devices=t)(np.ones(({devices}, 2), np.float32))).tolist())
+""")
+    lines = out.splitlines()
+    assert re.search(r"cannot allocate \d+ bytes of scratch", lines[0]), out
+    assert lines[1] == str([[2.0, 2.0]] * devices), out
