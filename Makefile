@@ -9,7 +9,7 @@ VPY := $(VENV)/bin/python
 CMAKE := $(VENV)/bin/cmake
 CTEST := $(VENV)/bin/ctest
 APT_PACKAGES := build-essential libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libeigen3-dev python3-venv python3-dev \
-                libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev libgloo-dev
+                libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev libgloo-dev libssl-dev
 PY_BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.24" ninja numpy ml_dtypes optree opt_einsum pytest hypothesis
 SOURCES := CMakeLists.txt pyproject.toml $(shell find csrc python -type f \( -name '*.cc' -o -name '*.h' \
              -o -name '*.py' -o -name '*.pyi' -o -name '*.proto' -o -name 'CMakeLists.txt' \) 2>/dev/null)

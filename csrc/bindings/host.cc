@@ -18,6 +18,7 @@
 #if PATHWAYS_WITH_HOSTS
 #include "csrc/client/host_pool.h"
 #include "csrc/client/remote_cluster.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/host/host_main.h"
 #endif
 
@@ -110,6 +111,15 @@ void RegisterHost(py::module_& m) {
       py::arg("args"),
       "Runs a host process until it is told to stop (see `python -m pathways.host --help`); returns its exit code.");
 #if PATHWAYS_WITH_HOSTS
+  m.def(
+      "_seal_secret",
+      [](const std::string& public_key_hex, const std::string& secret) {
+        const std::string key = ValueOrThrow(FromHex(public_key_hex));
+        return ToHex(ValueOrThrow(SealSecret(key, secret)));
+      },
+      py::arg("public_key_hex"), py::arg("secret"),
+      "`secret` sealed to a host's public key (hex, from `pathways-host --sealed-secret-stdin`), in hex: only "
+      "that host process can open it (internal; see pathways._ray_hosts).");
   py::class_<PyHostPool>(m, "_HostPool", "Sessions with host processes (internal; see pathways._hosts).")
       .def(py::init([](const std::vector<std::string>& addresses, const std::string& secret,
                        const std::vector<std::pair<std::string, std::string>>& topology) {

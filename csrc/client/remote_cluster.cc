@@ -11,6 +11,7 @@
 #include "csrc/base/spin.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/client/remote_cluster_internal.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/function_ir/function_ir_wire.h"
 
 namespace pw {
@@ -121,12 +122,24 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   for (const Device* d : cluster.devices()) join.add_device_host(d->host()->id());
   for (const std::string& address : addresses) join.add_host_addresses(address);
   join.set_group_prefix(FreshGroupPrefix());
+  // A key for every pair of hosts, which only those two get (auth.h): with
+  // it each proves which host it is to the other's rendezvous store and
+  // data plane.
+  const int num_hosts = rc->pool_->num_hosts();
+  std::vector<std::vector<std::string>> peer_keys(num_hosts, std::vector<std::string>(num_hosts));
+  for (int a = 0; a < num_hosts; ++a) {
+    for (int b = a + 1; b < num_hosts; ++b) {
+      PW_ASSIGN_OR_RETURN(peer_keys[a][b], RandomBytes(kPeerKeyBytes));
+      peer_keys[b][a] = peer_keys[a][b];
+    }
+  }
   // Every host at once: each one's join waits for all the others.
   // Shared with the callbacks: a reply may come after a timed-out wait.
   auto replies = std::make_shared<Replies>(rc->pool_->num_hosts());
   for (int h = 0; h < rc->pool_->num_hosts(); ++h) {
     wire::Request request;
     *request.mutable_join() = join;
+    for (std::string& key : peer_keys[h]) request.mutable_join()->add_peer_keys(std::move(key));
     rc->pool_->channel(h).Send(std::move(request), [replies, h](absl::StatusOr<wire::Reply> reply) {
       absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
       if (!status.ok()) status = absl::Status(status.code(), absl::StrCat("host ", h, ": ", status.message()));

@@ -58,6 +58,7 @@ class TestHost final : public RequestHandler {
     runtime_.Handle(session, std::move(request));
   }
   void OnSessionEnd(const std::shared_ptr<HostSession>& session) override { runtime_.OnSessionEnd(session); }
+  absl::StatusOr<std::string> PeerKey(int host) override { return runtime_.PeerKey(host); }
 
  private:
   HostRuntime runtime_{kSecret};

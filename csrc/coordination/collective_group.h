@@ -10,6 +10,23 @@
 //
 // Gloo stays behind this header: no gloo type appears here, and every Gloo
 // exception becomes an absl::Status.
+//
+// Security: Gloo's connections are neither authenticated nor encrypted. A
+// member listens on a port of the bind address and takes the first
+// connection that names the pair it expects; whoever reaches the port first
+// with the right pair number (small, guessable) gets that pair's traffic
+// and can inject into it. Gloo has a TLS transport (gloo/transport/tcp/tls,
+// mutual TLS from PEM files), but Debian 12's libgloo-dev (0.0~git20220518)
+// is built without it: its gloo/config.h says GLOO_HAVE_TRANSPORT_TCP_TLS 0,
+// the tls headers are not installed and the library does not link OpenSSL
+// (collective_group_test checks this, so a Gloo that has it is noticed).
+// Building Gloo ourselves is outside what `make` installs. What limits the
+// exposure: the addresses are published only in rendezvous stores that the
+// group's own members may read (host_runtime.h), members bind the host's
+// advertised IP (loopback on one machine), and bulk transfers between hosts
+// go over the data plane (data_plane.h), whose connections prove themselves.
+// Across machines, run the hosts on a network that only they can reach, or
+// move the collectives onto the data plane.
 
 #include <cstdint>
 #include <functional>

@@ -14,10 +14,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "gloo/config.h"
 #include "gtest/gtest.h"
 
 namespace pw {
 namespace {
+
+// collective_group.h explains why Gloo's connections go without TLS: the
+// installed Gloo is built without its TLS transport. A Gloo that has it
+// fails this, and should then be used (gloo::transport::tcp::tls).
+TEST(GlooBuild, HasNoTlsTransport) { EXPECT_EQ(GLOO_HAVE_TRANSPORT_TCP_TLS, 0); }
 
 using ::testing::AnyOf;
 using ::testing::HasSubstr;

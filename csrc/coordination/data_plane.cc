@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "csrc/base/status_macros.h"
+#include "csrc/coordination/auth.h"
 
 namespace pw {
 namespace {
@@ -32,22 +33,27 @@ namespace {
 // --- Wire format (see data_plane.h) -----------------------------------------
 
 constexpr char kHelloMagic[8] = {'p', 'w', 'd', 'p', '-', 'h', 'i', '\n'};
+constexpr char kChallengeMagic[8] = {'p', 'w', 'd', 'p', '-', 'c', 'h', '\n'};
+constexpr char kProofMagic[8] = {'p', 'w', 'd', 'p', '-', 'p', 'f', '\n'};
 constexpr char kAckMagic[8] = {'p', 'w', 'd', 'p', '-', 'a', 'k', '\n'};
-constexpr size_t kHelloBytes = 8 + 4 + 4 + 4 + DataPlane::kMaxSecretBytes;
-constexpr size_t kAckBytes = 8 + 4 + 4 + 4;
+constexpr size_t kHelloBytes = 8 + 4 + 4 + kNonceBytes;
+constexpr size_t kProofMessageBytes = 8 + kProofBytes;
+// The listener's two answers (challenge, ack) have one size.
+constexpr size_t kAnswerBytes = 8 + 4 + 4 + 4 + 32;
+static_assert(kNonceBytes == 32 && kProofBytes == 32);
 constexpr uint32_t kMessageMarker = 0x4d445750;  // "PWDM" read little-endian
 constexpr size_t kHeaderBytes = DataPlane::kHeaderBytes;
 // Where the header's fields are.
 constexpr size_t kFlagAt = 4, kSessionAt = 8, kProgramAt = 16, kFirstAt = 24, kBufferAt = 32, kLengthAt = 40;
 static_assert(kLengthAt + 8 == kHeaderBytes);
 
-// Why a listener refused a hello (the ack's status).
+// Why a listener refused (the status of its challenge or ack).
 enum AckStatus : uint32_t {
   kAccepted = 0,
-  kWrongSecret = 1,
-  kBadHostId = 2,        // out of range, or the listener's own
-  kAlreadyConnected = 3, // that host id has a connection already
-  kVersionMismatch = 4,  // the ack's version field says the listener's
+  kWrongSecret = 1,      // ack: the proof does not hold (another key)
+  kBadHostId = 2,        // challenge: out of range, or the listener's own
+  kAlreadyConnected = 3, // ack: that host id has a connection already
+  kVersionMismatch = 4,  // challenge: its version field says the listener's
 };
 
 void Put32(uint8_t* p, uint32_t v) {
@@ -267,19 +273,26 @@ absl::Status ReadAll(int fd, iovec* iov, size_t count, uint64_t* read) {
   return absl::OkStatus();
 }
 
-void MakeAck(uint8_t* ack, int host_id, AckStatus status) {
-  std::memcpy(ack, kAckMagic, 8);
-  Put32(ack + 8, DataPlane::kVersion);
-  Put32(ack + 12, static_cast<uint32_t>(host_id));
-  Put32(ack + 16, status);
+// Sends the listener's challenge (magic kChallengeMagic, with its nonce) or
+// ack (kAckMagic, with its proof) on a connection still in its handshake:
+// `bytes` is the nonce or proof, empty for a refusal. 52 bytes always fit
+// in a fresh socket's buffer (the dialer sent at most 88 bytes and waits),
+// so a short write means the peer is gone.
+bool SendAnswer(int fd, const char (&magic)[8], int host_id, AckStatus status, absl::string_view bytes) {
+  uint8_t answer[kAnswerBytes] = {};
+  std::memcpy(answer, magic, 8);
+  Put32(answer + 8, DataPlane::kVersion);
+  Put32(answer + 12, static_cast<uint32_t>(host_id));
+  Put32(answer + 16, status);
+  std::memcpy(answer + 20, bytes.data(), std::min<size_t>(bytes.size(), 32));
+  return send(fd, answer, sizeof(answer), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(answer));
 }
 
-// Sends an ack on a connection still in its handshake. 20 bytes always fit in
-// a fresh socket's buffer, so a short write means the peer is gone.
-bool SendAck(int fd, int host_id, AckStatus status) {
-  uint8_t ack[kAckBytes];
-  MakeAck(ack, host_id, status);
-  return send(fd, ack, sizeof(ack), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(ack));
+// What the proofs between `dialer` and `listener` cover (auth.h).
+HandshakeTranscript DataTranscript(uint32_t dialer, uint32_t listener, std::string dialer_nonce,
+                                   std::string listener_nonce) {
+  return {.plane = "data", .claim = dialer, .listener = listener, .dialer_nonce = std::move(dialer_nonce),
+          .listener_nonce = std::move(listener_nonce), .binding = {}};
 }
 
 }  // namespace
@@ -292,9 +305,21 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Listen(int host_id, int nu
     return absl::InvalidArgumentError(
         absl::StrCat("data plane: host id ", host_id, " is not in a cluster of ", num_hosts, " hosts"));
   }
-  if (options.secret.empty() || options.secret.size() > kMaxSecretBytes) {
+  if (options.peer_keys.empty() && (options.secret.empty() || options.secret.size() > kMaxSecretBytes)) {
     return absl::InvalidArgumentError(absl::StrCat("data plane host ", host_id, ": the secret has ",
                                                    options.secret.size(), " bytes, not 1 to ", kMaxSecretBytes));
+  }
+  if (!options.peer_keys.empty()) {
+    if (options.peer_keys.size() != static_cast<size_t>(num_hosts)) {
+      return absl::InvalidArgumentError(absl::StrCat("data plane host ", host_id, ": ", options.peer_keys.size(),
+                                                     " peer keys for ", num_hosts, " hosts"));
+    }
+    for (int h = 0; h < num_hosts; ++h) {
+      if (h != host_id && options.peer_keys[h].empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data plane host ", host_id, ": the peer key for host ", h, " is empty"));
+      }
+    }
   }
   absl::StatusOr<SocketAddress> bind_address = ParseIp(options.bind_ip, 0);
   if (!bind_address.ok()) {
@@ -385,57 +410,70 @@ void DataPlane::Shutdown() {
 // The accept thread
 
 void DataPlane::AcceptLoop() {
-  // The hello we expect to carry, padded as on the wire.
-  std::array<uint8_t, kMaxSecretBytes> secret{};
-  std::memcpy(secret.data(), options_.secret.data(), options_.secret.size());
-
   struct Pending {
-    int fd;
+    int fd = -1;
     absl::Time deadline;
+    enum Stage { kHello, kProof } stage = kHello;
     size_t got = 0;
-    uint8_t hello[kHelloBytes] = {};
+    uint8_t in[kHelloBytes] = {};  // the hello, then the proof message
+    uint32_t dialer = 0;
+    std::string dialer_nonce, nonce;
   };
+  static_assert(kProofMessageBytes <= kHelloBytes);
   std::vector<Pending> pending;  // oldest first
   std::vector<pollfd> fds;
   absl::Time accept_paused_until = absl::InfinitePast();
 
-  // Reads what has arrived of p's hello; returns true while it is
-  // still incomplete and may complete. Closes the connection, or hands it to
-  // the peer table, and returns false otherwise.
+  // Reads what has arrived of p's hello or proof and answers it; returns
+  // true while the handshake is still under way. Closes the connection, or
+  // hands it to the peer table, and returns false otherwise.
   auto advance = [&](Pending& p) -> bool {
-    const ssize_t n = recv(p.fd, p.hello + p.got, kHelloBytes - p.got, MSG_DONTWAIT);
+    const size_t want = p.stage == Pending::kHello ? kHelloBytes : kProofMessageBytes;
+    const ssize_t n = recv(p.fd, p.in + p.got, want - p.got, MSG_DONTWAIT);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
     bool keep_fd = false;
     if (n > 0) {
       p.got += static_cast<size_t>(n);
       // Refuse as early as the bytes allow: garbage or another protocol at
-      // once, without waiting for 276 bytes that may never come.
-      if (std::memcmp(p.hello, kHelloMagic, std::min<size_t>(p.got, 8)) != 0) {
+      // once, without waiting for bytes that may never come.
+      const char* magic = p.stage == Pending::kHello ? kHelloMagic : kProofMagic;
+      if (std::memcmp(p.in, magic, std::min<size_t>(p.got, 8)) != 0) {
         // not ours: close without an answer
-      } else if (p.got >= 12 && Get32(p.hello + 8) != kVersion) {
-        SendAck(p.fd, host_id_, kVersionMismatch);
-      } else if (p.got < kHelloBytes) {
+      } else if (p.stage == Pending::kHello && p.got >= 12 && Get32(p.in + 8) != kVersion) {
+        SendAnswer(p.fd, kChallengeMagic, host_id_, kVersionMismatch, "");
+      } else if (p.got < want) {
         return true;
+      } else if (p.stage == Pending::kHello) {
+        // The dialer's claim and nonce: ask our own question.
+        p.dialer = Get32(p.in + 12);
+        absl::StatusOr<std::string> nonce = RandomBytes(kNonceBytes);
+        if (p.dialer >= static_cast<uint32_t>(num_hosts_) || p.dialer == static_cast<uint32_t>(host_id_)) {
+          SendAnswer(p.fd, kChallengeMagic, host_id_, kBadHostId, "");
+        } else if (nonce.ok() && SendAnswer(p.fd, kChallengeMagic, host_id_, kAccepted, *nonce)) {
+          p.dialer_nonce.assign(reinterpret_cast<const char*>(p.in + 16), kNonceBytes);
+          p.nonce = *std::move(nonce);
+          p.stage = Pending::kProof;
+          p.got = 0;
+          return true;
+        }
       } else {
-        // Constant time over the whole padded field and the length, so the
-        // time taken tells nothing about how much of a guess was right.
-        uint32_t diff = Get32(p.hello + 16) ^ static_cast<uint32_t>(options_.secret.size());
-        for (size_t i = 0; i < kMaxSecretBytes; ++i) diff |= p.hello[20 + i] ^ secret[i];
-        const uint32_t id = Get32(p.hello + 12);
-        if (diff != 0) {
-          SendAck(p.fd, host_id_, kWrongSecret);
-        } else if (id >= static_cast<uint32_t>(num_hosts_) || id == static_cast<uint32_t>(host_id_)) {
-          SendAck(p.fd, host_id_, kBadHostId);
+        const HandshakeTranscript transcript =
+            DataTranscript(p.dialer, static_cast<uint32_t>(host_id_), p.dialer_nonce, p.nonce);
+        const std::string& key = KeyFor(static_cast<int>(p.dialer));
+        const absl::string_view proof(reinterpret_cast<const char*>(p.in + 8), kProofBytes);
+        if (!ConstantTimeEquals(proof, HandshakeProof(key, ProofBy::kDialer, transcript))) {
+          SendAnswer(p.fd, kAckMagic, host_id_, kWrongSecret, "");
         } else if (absl::Status configured = ConfigureConnection(p.fd); configured.ok()) {
           MutexLock lock(&mu_);
           if (shutting_down_.load()) {
             // closed below
-          } else if (in_fds_[id] >= 0) {
-            SendAck(p.fd, host_id_, kAlreadyConnected);
-          } else if (SendAck(p.fd, host_id_, kAccepted)) {
+          } else if (in_fds_[p.dialer] >= 0) {
+            SendAnswer(p.fd, kAckMagic, host_id_, kAlreadyConnected, "");
+          } else if (SendAnswer(p.fd, kAckMagic, host_id_, kAccepted,
+                                HandshakeProof(key, ProofBy::kListener, transcript))) {
             // Registered only once acked (a dialer that got no ack retries),
             // and atomically with the duplicate check.
-            in_fds_[id] = p.fd;
+            in_fds_[p.dialer] = p.fd;
             keep_fd = true;
             changed_.SignalAll();
           }
@@ -495,8 +533,10 @@ void DataPlane::AcceptLoop() {
           close(pending.front().fd);
           pending.erase(pending.begin());
         }
-        Pending p{fd, now + options_.handshake_timeout};
-        pending.push_back(p);
+        Pending p;
+        p.fd = fd;
+        p.deadline = now + options_.handshake_timeout;
+        pending.push_back(std::move(p));
       }
     }
   }
@@ -511,15 +551,17 @@ void DataPlane::AcceptLoop() {
 // yet; dropped before the ack: its hello queue overflowed) wait `backoff`
 // and start over.
 struct DataPlane::Dial {
-  int peer;
+  int peer = -1;
   std::string address;  // as given, for messages
   SocketAddress socket_address;
-  enum State { kWaiting, kConnecting, kAwaitingAck, kDone } state = kWaiting;
+  enum State { kWaiting, kConnecting, kAwaitingChallenge, kAwaitingAck, kDone } state = kWaiting;
   int fd = -1;
   absl::Time retry_at = absl::InfinitePast();
   absl::Duration backoff = kFirstBackoff;
-  size_t got = 0;  // bytes of `ack`
-  uint8_t ack[kAckBytes] = {};
+  size_t got = 0;  // bytes of `answer`
+  uint8_t answer[kAnswerBytes] = {};  // the listener's challenge, then its ack
+  std::string nonce;           // ours, in the hello
+  std::string listener_nonce;  // its, in the challenge
   std::string last_error = "not dialed";
 
   std::string Text() const { return absl::StrCat("host ", peer, " at ", address); }
@@ -548,7 +590,11 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
       return absl::InvalidArgumentError(absl::StrCat(Name(), ": address of host ", h, " '", addresses[h],
                                                      "': ", address.status().message()));
     }
-    dials.push_back(Dial{h, addresses[h], *address});
+    Dial dial;
+    dial.peer = h;
+    dial.address = addresses[h];
+    dial.socket_address = *address;
+    dials.push_back(std::move(dial));
   }
   {
     MutexLock lock(&mu_);
@@ -564,19 +610,25 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
 }
 
 absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
-  uint8_t hello[kHelloBytes] = {};
-  std::memcpy(hello, kHelloMagic, 8);
-  Put32(hello + 8, kVersion);
-  Put32(hello + 12, static_cast<uint32_t>(host_id_));
-  Put32(hello + 16, static_cast<uint32_t>(options_.secret.size()));
-  std::memcpy(hello + 20, options_.secret.data(), options_.secret.size());
   // A fresh socket's buffer takes the whole hello at once, so it is sent
   // without waiting (a short write just means another try).
   auto send_hello = [&](Dial& d, absl::Time now) {
+    absl::StatusOr<std::string> nonce = RandomBytes(kNonceBytes);
+    if (!nonce.ok()) {
+      d.RetryLater(now, std::string(nonce.status().message()));
+      return;
+    }
+    d.nonce = *std::move(nonce);
+    uint8_t hello[kHelloBytes] = {};
+    std::memcpy(hello, kHelloMagic, 8);
+    Put32(hello + 8, kVersion);
+    Put32(hello + 12, static_cast<uint32_t>(host_id_));
+    std::memcpy(hello + 16, d.nonce.data(), kNonceBytes);
     if (send(d.fd, hello, sizeof(hello), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
       d.RetryLater(now, absl::StrCat("sending the hello: ", ErrnoText(errno)));
     } else {
-      d.state = Dial::kAwaitingAck;
+      d.state = Dial::kAwaitingChallenge;
+      d.got = 0;
     }
   };
 
@@ -618,7 +670,7 @@ absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
     polled.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
     for (Dial& d : dials) {
-      if (d.state == Dial::kConnecting || d.state == Dial::kAwaitingAck) {
+      if (d.state == Dial::kConnecting || d.state == Dial::kAwaitingChallenge || d.state == Dial::kAwaitingAck) {
         fds.push_back({d.fd, static_cast<short>(d.state == Dial::kConnecting ? POLLOUT : POLLIN), 0});
         polled.push_back(&d);
       }
@@ -641,40 +693,75 @@ absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
         }
         continue;
       }
-      const ssize_t n = recv(d.fd, d.ack + d.got, kAckBytes - d.got, MSG_DONTWAIT);
+      const ssize_t n = recv(d.fd, d.answer + d.got, kAnswerBytes - d.got, MSG_DONTWAIT);
       if (n < 0) {
         if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) d.RetryLater(now, ErrnoText(errno));
       } else if (n == 0) {
         d.RetryLater(now, "connection closed during the handshake");
-      } else if ((d.got += static_cast<size_t>(n)) == kAckBytes) {
-        PW_RETURN_IF_ERROR(TakeAck(d));
+      } else if ((d.got += static_cast<size_t>(n)) == kAnswerBytes) {
+        PW_RETURN_IF_ERROR(d.state == Dial::kAwaitingChallenge ? TakeChallenge(d, now) : TakeAck(d));
       }
     }
   }
 }
 
-absl::Status DataPlane::TakeAck(Dial& d) {
+absl::Status DataPlane::CheckAnswer(const Dial& d, const char (&magic)[8]) {
   auto refused = [&](absl::string_view why) {
     return absl::FailedPreconditionError(absl::StrCat(Name(), ": ", d.Text(), " ", why));
   };
-  if (std::memcmp(d.ack, kAckMagic, 8) != 0) return refused("answered the hello with something not a data plane's");
-  const uint32_t version = Get32(d.ack + 8), id = Get32(d.ack + 12), status = Get32(d.ack + 16);
+  if (std::memcmp(d.answer, magic, 8) != 0) {
+    return refused("answered the hello with something not a data plane's (or of another version)");
+  }
+  const uint32_t version = Get32(d.answer + 8), id = Get32(d.answer + 12), status = Get32(d.answer + 16);
   if (status == kVersionMismatch || version != kVersion) {
     return refused(absl::StrCat("runs data plane version ", version, ", this host version ", kVersion));
   }
   if (id != static_cast<uint32_t>(d.peer)) return refused(absl::StrCat("is the data plane of host ", id));
   switch (status) {
     case kAccepted:
-      break;
+      return absl::OkStatus();
     case kWrongSecret:
-      return absl::PermissionDeniedError(
-          absl::StrCat(Name(), ": ", d.Text(), " refused the hello: different secret"));
+      return absl::PermissionDeniedError(absl::StrCat(
+          Name(), ": ", d.Text(), " refused our proof: different secret (or peer key), or another cluster"));
     case kBadHostId:
       return refused(absl::StrCat("refused host id ", host_id_, " (a different cluster size?)"));
     case kAlreadyConnected:
       return refused(absl::StrCat("already has a connection from host ", host_id_));
     default:
       return refused(absl::StrCat("refused the hello (status ", status, ")"));
+  }
+}
+
+absl::Status DataPlane::TakeChallenge(Dial& d, absl::Time now) {
+  PW_RETURN_IF_ERROR(CheckAnswer(d, kChallengeMagic));
+  d.listener_nonce.assign(reinterpret_cast<const char*>(d.answer + 20), kNonceBytes);
+  const HandshakeTranscript transcript =
+      DataTranscript(static_cast<uint32_t>(host_id_), static_cast<uint32_t>(d.peer), d.nonce, d.listener_nonce);
+  uint8_t proof[kProofMessageBytes];
+  std::memcpy(proof, kProofMagic, 8);
+  const std::string mac = HandshakeProof(KeyFor(d.peer), ProofBy::kDialer, transcript);
+  std::memcpy(proof + 8, mac.data(), kProofBytes);
+  // The socket's buffer is as empty as it was for the hello.
+  if (send(d.fd, proof, sizeof(proof), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(proof))) {
+    d.RetryLater(now, absl::StrCat("sending the proof: ", ErrnoText(errno)));
+    return absl::OkStatus();
+  }
+  d.state = Dial::kAwaitingAck;
+  d.got = 0;
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::TakeAck(Dial& d) {
+  PW_RETURN_IF_ERROR(CheckAnswer(d, kAckMagic));
+  // The listener's proof: only a peer that knows the key could answer our
+  // nonce with it.
+  const HandshakeTranscript transcript =
+      DataTranscript(static_cast<uint32_t>(host_id_), static_cast<uint32_t>(d.peer), d.nonce, d.listener_nonce);
+  const absl::string_view proof(reinterpret_cast<const char*>(d.answer + 20), kProofBytes);
+  if (!ConstantTimeEquals(proof, HandshakeProof(KeyFor(d.peer), ProofBy::kListener, transcript))) {
+    return absl::PermissionDeniedError(absl::StrCat(Name(), ": ", d.Text(),
+                                                    " could not prove it knows the cluster's secret (or our peer "
+                                                    "key): not a host of this cluster"));
   }
   if (absl::Status configured = ConfigureConnection(d.fd); !configured.ok()) {
     return absl::InternalError(absl::StrCat(Name(), ": ", d.Text(), ": ", configured.message()));
@@ -685,6 +772,10 @@ absl::Status DataPlane::TakeAck(Dial& d) {
   d.fd = -1;
   d.state = Dial::kDone;
   return absl::OkStatus();
+}
+
+const std::string& DataPlane::KeyFor(int peer) const {
+  return options_.peer_keys.empty() ? options_.secret : options_.peer_keys[peer];
 }
 
 absl::Status DataPlane::AwaitDialIns(absl::Status dialed, absl::Time deadline) {

@@ -7,8 +7,8 @@
 // byte-message stream to and from every other host of the cluster.
 //
 // Why not Gloo (collective_group.h) for transfers:
-//  - Gloo's listening ports accept anyone; here every connection must present
-//    the cluster's secret before it carries a byte of data.
+//  - Gloo's listening ports accept anyone; here every connection must prove
+//    it knows the cluster's secret before it carries a byte of data.
 //  - One failed Gloo pair breaks the whole group; here each peer has its own
 //    connections, so a host that dies fails only the transfers with it.
 //  - Gloo's send/recv reached ~22% of raw loopback TCP on 64 MiB; here a
@@ -21,27 +21,41 @@
 // answers only the handshake and never writes on that connection again.
 //
 // Wire format (integers little-endian; a dialer and its listener must run
-// the same version, which the hello and its ack check):
-//   hello (dialer -> listener, 276 bytes): "pwdp-hi\n", u32 version,
-//       u32 dialer host id, u32 secret length, the secret zero-padded to 256.
-//   ack (listener -> dialer, 20 bytes): "pwdp-ak\n", u32 version,
-//       u32 listener host id, u32 status (0 accepted; else why refused).
+// the same version). The handshake is auth.h's challenge-response, mutual:
+//   hello (dialer -> listener, 48 bytes): "pwdp-hi\n", u32 version,
+//       u32 dialer host id, the dialer's 32-byte nonce.
+//   challenge (listener -> dialer, 52 bytes): "pwdp-ch\n", u32 version,
+//       u32 listener host id, u32 status, the listener's 32-byte nonce
+//       (zeros if the status refuses: wrong version, bad host id).
+//   proof (dialer -> listener, 40 bytes): "pwdp-pf\n", the dialer's proof
+//       (HMAC-SHA256, auth.h, plane "data", claim the dialer's id, listener
+//       the listener's id).
+//   ack (listener -> dialer, 52 bytes): "pwdp-ak\n", u32 version,
+//       u32 listener host id, u32 status (0 accepted; else why refused),
+//       the listener's proof (zeros if refused). The dialer checks it before
+//       it sends a byte of data.
 //   message (dialer -> listener, repeated): a 48-byte header, then the
 //       payload. Header, by byte offset: 0 u32 0x4d445750 ("PWDM"), 4 u8
 //       flag, 5 three zero bytes, then the message's ids (DataMessageIds):
 //       8 u64 session, 16 u64 program id, 24 u64 first buffer id, 32 u64
 //       buffer id; then 40 u64 payload length.
-//   Version 1 had a 16-byte header (marker, flag, length): no ids.
+//   Versions: 1 sent the secret in the clear and 16-byte message headers
+//   (marker, flag, length); 2 had this handshake and those headers; 3 adds
+//   the ids.
 // Who a message is for travels in its header, so a receiver never has to
 // know it from the order of the messages alone: it reads the header first
 // (RecvHeader), then takes the payload where the ids say (RecvPayload) or
 // drops it (Discard). A receiver that refused the work a message belongs to
 // drops it; a later message of the same size still finds its own receive.
 //
-// Security: the secret keeps out processes that do not know it (a stray or
-// hostile connection to the port, a host of another cluster). It travels in
-// the clear and the data is not encrypted, so the network itself must be
-// trusted against eavesdroppers; the listener compares it in constant time.
+// Security: the handshake keeps out processes that do not know the key (a
+// stray or hostile connection to the port, a host of another cluster), and
+// the dialer knows it reached a peer that does; the key never crosses the
+// wire, and a recorded handshake is worthless later (fresh nonces). With
+// peer keys (Options::peer_keys) a dialer proves which host it is: a host
+// that is taken over cannot pose as another. The data itself is not
+// encrypted (bulk transfers at full speed), so the network must be trusted
+// against eavesdroppers on the data, not on the key.
 //
 // Linux only (eventfd, POLLRDHUP, MSG_NOSIGNAL). Never raises SIGPIPE and
 // leaves the process's signal dispositions alone.
@@ -128,8 +142,14 @@ class DataPlane {
     // kernel. address() reports it, so it must be one the peers can reach.
     std::string bind_ip = "127.0.0.1";
     // The cluster's secret, 1 to 256 bytes (any bytes): every connection
-    // must present it. Hand it to the hosts over an authenticated channel.
+    // must prove it knows it. Hand it to the hosts over an authenticated
+    // channel.
     std::string secret;
+    // Or, by host id, the key this host shares with host h alone (auth.h's
+    // peer keys; this host's own entry unused): the connections with h prove
+    // knowledge of it instead, so they prove they are host h. Empty: every
+    // peer uses `secret`.
+    std::vector<std::string> peer_keys;
     // Bound on Connect: dialing every peer and being dialed by every peer.
     absl::Duration connect_timeout = absl::Seconds(30);
     // A connection that has not completed its hello this long after being
@@ -138,16 +158,17 @@ class DataPlane {
     absl::Duration handshake_timeout = absl::Seconds(5);
   };
 
-  // Hello/ack constants (see the wire format above), for tests that speak it.
-  static constexpr uint32_t kVersion = 2;
+  // Handshake constants (see the wire format above), for tests that speak it.
+  static constexpr uint32_t kVersion = 3;
   static constexpr size_t kMaxSecretBytes = 256;
 
   // Binds options.bind_ip:0, listens, and starts the accept thread, which
   // from now on takes the hellos of the peers (they may dial before this
   // host calls Connect). InvalidArgument for host_id outside [0, num_hosts),
-  // num_hosts < 1, a secret that is empty or longer than kMaxSecretBytes, or
-  // a bind_ip that is not a numeric IP; Unavailable if the socket cannot be
-  // bound or listened on.
+  // num_hosts < 1, a secret that is empty or longer than kMaxSecretBytes
+  // (without peer keys), peer keys that are not one per host (each other
+  // host's nonempty), or a bind_ip that is not a numeric IP; Unavailable if
+  // the socket cannot be bound or listened on.
   static absl::StatusOr<std::unique_ptr<DataPlane>> Listen(int host_id, int num_hosts, Options options);
 
   // Shutdown(), joins the accept thread and closes every socket.
@@ -169,7 +190,8 @@ class DataPlane {
   // Errors: InvalidArgument (wrong number of addresses, or one that does
   // not parse); FailedPrecondition (called twice, or an address answers
   // that is not the expected host's data plane); PermissionDenied (a peer
-  // refused our hello: different secret; the message says which peer);
+  // refused our proof, or could not prove itself: a different secret or
+  // peer key; the message says which peer);
   // DeadlineExceeded naming the hosts not reached (with their last error)
   // and the hosts that have not dialed in; Cancelled after Shutdown. After
   // an error the plane is unusable (Send/Recv: FailedPrecondition): shut
@@ -263,7 +285,15 @@ class DataPlane {
   // error that ends Connect); waits until every peer has dialed in.
   struct Dial;  // one outgoing connection in the making, defined in the .cc
   absl::Status DialAll(std::vector<Dial>& dials, absl::Time deadline);
+  // The listener's answer in dial.answer: OK if it is `magic` from the
+  // expected host with status accepted, else the error that ends Connect.
+  absl::Status CheckAnswer(const Dial& dial, const char (&magic)[8]);
+  // Its challenge: sends our proof (or, if that fails, retries later).
+  absl::Status TakeChallenge(Dial& dial, absl::Time now);
+  // Its ack: checks its proof and registers the connection.
   absl::Status TakeAck(Dial& dial);
+  // The key of the handshakes with `peer`: its peer key, or the secret.
+  const std::string& KeyFor(int peer) const;
   absl::Status AwaitDialIns(absl::Status dialed, absl::Time deadline);
 
   // The socket of `peer`'s connection in one direction, or an error status

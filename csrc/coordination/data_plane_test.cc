@@ -24,6 +24,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "csrc/coordination/auth.h"
+#include "csrc/coordination/tap_proxy_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -161,23 +163,50 @@ void Put64(std::string* out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
 
-std::string Hello(uint32_t host_id, const std::string& secret, uint32_t version = DataPlane::kVersion) {
+std::string Hello(uint32_t host_id, const std::string& nonce, uint32_t version = DataPlane::kVersion) {
   std::string hello = "pwdp-hi\n";
   Put32(&hello, version);
   Put32(&hello, host_id);
-  Put32(&hello, static_cast<uint32_t>(secret.size()));
-  hello += secret;
-  hello.resize(20 + DataPlane::kMaxSecretBytes, '\0');
+  hello += nonce;
+  hello.resize(16 + kNonceBytes, '\0');
   return hello;
 }
 
-std::string Ack(uint32_t host_id, uint32_t status) {
-  std::string ack = "pwdp-ak\n";
-  Put32(&ack, DataPlane::kVersion);
-  Put32(&ack, host_id);
-  Put32(&ack, status);
-  return ack;
+// The listener's challenge or ack: 52 bytes.
+std::string Answer(const std::string& magic, uint32_t host_id, uint32_t status, const std::string& bytes) {
+  std::string answer = magic;
+  Put32(&answer, DataPlane::kVersion);
+  Put32(&answer, host_id);
+  Put32(&answer, status);
+  answer += bytes;
+  answer.resize(20 + 32, '\0');
+  return answer;
 }
+std::string Ack(uint32_t host_id, uint32_t status, const std::string& proof = "") {
+  return Answer("pwdp-ak\n", host_id, status, proof);
+}
+std::string Challenge(uint32_t host_id, uint32_t status, const std::string& nonce = "") {
+  return Answer("pwdp-ch\n", host_id, status, nonce);
+}
+
+HandshakeTranscript DataTranscript(uint32_t dialer, uint32_t listener, const std::string& dialer_nonce,
+                                   const std::string& listener_nonce) {
+  return {.plane = "data", .claim = dialer, .listener = listener, .dialer_nonce = dialer_nonce,
+          .listener_nonce = listener_nonce, .binding = {}};
+}
+std::string ProofMessage(const std::string& key, ProofBy by, const HandshakeTranscript& t) {
+  return "pwdp-pf\n" + HandshakeProof(key, by, t);
+}
+
+std::string FreshNonce() { return *RandomBytes(kNonceBytes); }
+
+// Fields of a 52-byte answer.
+uint32_t AnswerStatus(const std::string& answer) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(answer[16 + i])) << (8 * i);
+  return v;
+}
+std::string AnswerBytes(const std::string& answer) { return answer.substr(20, 32); }
 
 std::string MessageHeader(uint64_t length, uint8_t flag = 0, const DataMessageIds& ids = {}) {
   std::string header;
@@ -193,20 +222,7 @@ std::string MessageHeader(uint64_t length, uint8_t flag = 0, const DataMessageId
 }
 
 // A blocking TCP socket connected to "127.0.0.1:port", or -1.
-int DialRaw(const std::string& address) {
-  const std::vector<std::string> parts = absl::StrSplit(address, ':');
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(std::stoi(parts.at(1))));
-  inet_pton(AF_INET, parts.at(0).c_str(), &to.sin_addr);
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) < 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+int DialRaw(const std::string& address) { return testing_util::DialLoopback(address); }
 
 // A listening socket on 127.0.0.1:0; *address receives "127.0.0.1:port".
 int ListenRaw(std::string* address) {
@@ -628,6 +644,36 @@ TEST(DataPlaneTest, ConcurrentSendsToOnePeerStayWhole) {
 // ---------------------------------------------------------------------------
 // Authentication: connections that are not a cluster's peers
 
+// A dialer by hand: sends the hello (claiming `claim`, with `version`), and
+// if the listener challenges it (status 0), what `respond` makes of the
+// listener's nonce and ours. What the listener sent until it closed.
+struct ByHand {
+  std::string challenge;  // 52 bytes, or what came before the close
+  std::string rest;       // after the challenge: the ack, if any
+  bool closed = false;
+};
+ByHand DialByHand(const std::string& target, uint32_t claim,
+                  const std::function<std::string(const std::string& ours, const std::string& theirs)>& respond,
+                  uint32_t version = DataPlane::kVersion) {
+  ByHand out;
+  const int fd = DialRaw(target);
+  if (fd < 0) return out;
+  const std::string nonce = FreshNonce();
+  if (!WriteRaw(fd, Hello(claim, nonce, version))) {
+    close(fd);
+    return out;
+  }
+  out.challenge = ReadRaw(fd, 52);
+  if (out.challenge.size() == 52 && out.challenge.substr(0, 8) == "pwdp-ch\n" && AnswerStatus(out.challenge) == 0 &&
+      respond != nullptr) {
+    const std::string response = respond(nonce, AnswerBytes(out.challenge));
+    if (!response.empty()) WriteRaw(fd, response);
+  }
+  out.closed = ClosedWithin(fd, std::chrono::milliseconds(5000), &out.rest);
+  close(fd);
+  return out;
+}
+
 TEST(DataPlaneTest, BadPeersAreRefusedAndGoodPeersStillConnectAndTransfer) {
   // A handshake timeout far beyond the waits below: every refusal here is
   // for what the connection sent, not for being slow.
@@ -638,43 +684,79 @@ TEST(DataPlaneTest, BadPeersAreRefusedAndGoodPeersStillConnectAndTransfer) {
   const std::string target = c[0].address();
   const auto kPrompt = std::chrono::milliseconds(5000);
 
-  // Two that stall, opened first: they must not hold up anyone after them.
+  // Three that stall, opened first: they must not hold up anyone after them.
   const int silent = DialRaw(target);
   ASSERT_GE(silent, 0);
   const int truncated = DialRaw(target);
   ASSERT_GE(truncated, 0);
-  ASSERT_TRUE(WriteRaw(truncated, Hello(1, options.secret).substr(0, 100)));
+  ASSERT_TRUE(WriteRaw(truncated, Hello(1, FreshNonce()).substr(0, 30)));
+  const int unproven = DialRaw(target);  // challenged, never answers
+  ASSERT_GE(unproven, 0);
+  ASSERT_TRUE(WriteRaw(unproven, Hello(1, FreshNonce())));
+  ASSERT_EQ(ReadRaw(unproven, 52).substr(0, 8), "pwdp-ch\n");
 
+  auto proof_with = [&](const std::string& key, uint32_t as) {
+    return [key, as](const std::string& ours, const std::string& theirs) {
+      return ProofMessage(key, ProofBy::kDialer, DataTranscript(as, 0, ours, theirs));
+    };
+  };
   struct Case {
     std::string name;
-    std::string bytes;
-    std::string answer;  // the ack expected before the close, or "" for none
+    uint32_t claim;
+    std::function<std::string(const std::string&, const std::string&)> respond;
+    uint32_t version;
+    int challenge_status;  // -1: no challenge at all (closed without an answer)
+    int ack_status;        // -1: no ack
   };
   const std::vector<Case> cases = {
-      {"wrong secret", Hello(1, "not the secret"), Ack(0, 1)},
-      {"secret with a wrong length", Hello(1, options.secret + "x"), Ack(0, 1)},
-      {"right secret but wrong padding", Hello(1, options.secret).replace(20 + options.secret.size(), 1, "x"),
-       Ack(0, 1)},
-      {"host id out of range", Hello(3, options.secret), Ack(0, 2)},
-      {"the listener's own host id", Hello(0, options.secret), Ack(0, 2)},
-      {"another version", Hello(1, options.secret, DataPlane::kVersion + 1), Ack(0, 4)},
-      {"version 1 (messages without ids)", Hello(1, options.secret, 1), Ack(0, 4)},
-      {"HTTP", "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", ""},
-      {"garbage", Pattern(1000, 5), ""},
-      {"nothing, then closed", "", ""},
+      {"a proof with another key", 1, proof_with("not the secret", 1), DataPlane::kVersion, 0, 1},
+      {"a proof for another claim", 1, proof_with(options.secret, 2), DataPlane::kVersion, 0, 1},
+      {"a proof for another nonce", 1,
+       [&](const std::string&, const std::string& theirs) {
+         return ProofMessage(options.secret, ProofBy::kDialer, DataTranscript(1, 0, FreshNonce(), theirs));
+       },
+       DataPlane::kVersion, 0, 1},
+      {"the listener's proof reflected back", 1,
+       [&](const std::string& ours, const std::string& theirs) {
+         return ProofMessage(options.secret, ProofBy::kListener, DataTranscript(1, 0, ours, theirs));
+       },
+       DataPlane::kVersion, 0, 1},
+      {"something else than a proof", 1,
+       [](const std::string&, const std::string&) { return std::string("GET / HTTP/1.1\r\n\r\n") + std::string(30, 'x'); },
+       DataPlane::kVersion, 0, -1},
+      {"host id out of range", 3, nullptr, DataPlane::kVersion, 2, -1},
+      {"the listener's own host id", 0, nullptr, DataPlane::kVersion, 2, -1},
+      {"another version", 1, nullptr, DataPlane::kVersion + 1, 4, -1},
+      {"version 2 (messages without ids)", 1, nullptr, 2, 4, -1},
   };
   for (const Case& bad : cases) {
     SCOPED_TRACE(bad.name);
+    const ByHand got = DialByHand(target, bad.claim, bad.respond, bad.version);
+    EXPECT_TRUE(got.closed);
+    ASSERT_EQ(got.challenge.size(), 52u);
+    EXPECT_EQ(got.challenge.substr(0, 8), "pwdp-ch\n");
+    EXPECT_EQ(AnswerStatus(got.challenge), static_cast<uint32_t>(bad.challenge_status));
+    if (bad.challenge_status != 0) {
+      EXPECT_EQ(AnswerBytes(got.challenge), std::string(32, '\0'));
+    }
+    if (bad.ack_status < 0) {
+      EXPECT_EQ(got.rest, "");
+    } else {
+      EXPECT_EQ(got.rest, Ack(0, bad.ack_status));  // no proof of the listener's for a refused dialer
+    }
+  }
+  for (const std::string& bytes : {std::string("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"), Pattern(1000, 5),
+                                   std::string()}) {
     const int fd = DialRaw(target);
     ASSERT_GE(fd, 0);
-    if (bad.bytes.empty()) {
+    if (bytes.empty()) {
       shutdown(fd, SHUT_WR);
     } else {
-      ASSERT_TRUE(WriteRaw(fd, bad.bytes));
+      ASSERT_TRUE(WriteRaw(fd, bytes));
     }
     std::string received;
     EXPECT_TRUE(ClosedWithin(fd, kPrompt, &received));
-    EXPECT_EQ(received, bad.answer);
+    EXPECT_EQ(received, "");
     close(fd);
   }
 
@@ -685,20 +767,101 @@ TEST(DataPlaneTest, BadPeersAreRefusedAndGoodPeersStillConnectAndTransfer) {
   ASSERT_TRUE(RecvString(c[0], 1, 18, &got).ok());
   EXPECT_EQ(got, "after the bad ones");
 
-  // A second connection claiming a connected host (with the right secret)
-  // is refused; the real one is untouched.
-  const int impostor = DialRaw(target);
-  ASSERT_GE(impostor, 0);
-  ASSERT_TRUE(WriteRaw(impostor, Hello(2, options.secret)));
-  std::string received;
-  EXPECT_TRUE(ClosedWithin(impostor, kPrompt, &received));
-  EXPECT_EQ(received, Ack(0, 3));
-  close(impostor);
+  // A second connection proving itself as a connected host (with the right
+  // key) is refused; the real one is untouched.
+  const ByHand impostor = DialByHand(target, 2, proof_with(options.secret, 2));
+  EXPECT_TRUE(impostor.closed);
+  EXPECT_EQ(impostor.rest, Ack(0, 3));
   ASSERT_OK(SendString(c[2], 0, "still here"));
   ASSERT_TRUE(RecvString(c[0], 2, 10, &got).ok());
   EXPECT_EQ(got, "still here");
   close(silent);
   close(truncated);
+  close(unproven);
+}
+
+TEST(DataPlaneTest, TheListenerProvesItselfAndTheDialerChecksIt) {
+  // A real dialer, a listener by hand.
+  std::string fake_address;
+  const int listen_fd = ListenRaw(&fake_address);
+  ASSERT_GE(listen_fd, 0);
+  for (const std::string& key : {std::string("not the secret"), TestOptions().secret}) {
+    SCOPED_TRACE(key);
+    DataPlane::Options options = TestOptions();
+    options.connect_timeout = absl::Seconds(5);
+    absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Listen(0, 2, options);
+    ASSERT_TRUE(plane.ok()) << plane.status();
+    Cluster c;
+    c.planes.push_back(*std::move(plane));
+    auto connected = c.Async([&] { return c[0].Connect({c[0].address(), fake_address}); });
+    const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    const std::string hello = ReadRaw(fd, 48);
+    ASSERT_EQ(hello.substr(0, 8), "pwdp-hi\n");
+    EXPECT_EQ(hello.find(options.secret), std::string::npos);
+    const std::string theirs = hello.substr(16, 32), ours = FreshNonce();
+    ASSERT_TRUE(WriteRaw(fd, Challenge(1, 0, ours)));
+    const std::string proof = ReadRaw(fd, 40);
+    const HandshakeTranscript t = DataTranscript(0, 1, theirs, ours);
+    EXPECT_EQ(proof, ProofMessage(options.secret, ProofBy::kDialer, t));
+    // We accept, with a proof of `key`.
+    ASSERT_TRUE(WriteRaw(fd, Ack(1, 0, HandshakeProof(key, ProofBy::kListener, t))));
+    if (key != options.secret) {
+      const absl::Status status = Get(connected);
+      EXPECT_TRUE(absl::IsPermissionDenied(status)) << status;
+      EXPECT_THAT(status.message(), HasSubstr("could not prove it knows the cluster's secret"));
+    } else {
+      // Host 1 (us) still has to dial in; the plane waits for it.
+      const int in = DialRaw(c[0].address());
+      ASSERT_TRUE(WriteRaw(in, Hello(1, ours)));
+      const std::string challenge = ReadRaw(in, 52);
+      ASSERT_EQ(AnswerStatus(challenge), 0u);
+      const HandshakeTranscript back = DataTranscript(1, 0, ours, AnswerBytes(challenge));
+      ASSERT_TRUE(WriteRaw(in, ProofMessage(options.secret, ProofBy::kDialer, back)));
+      EXPECT_EQ(ReadRaw(in, 52), Ack(0, 0, HandshakeProof(options.secret, ProofBy::kListener, back)));
+      ASSERT_OK(Get(connected));
+      close(in);
+    }
+    close(fd);
+  }
+  close(listen_fd);
+}
+
+TEST(DataPlaneTest, PeerKeysProveWhichHostDials) {
+  // Keys by pair: host a's key for b is host b's key for a.
+  constexpr int kHosts = 3;
+  std::vector<std::vector<std::string>> keys(kHosts, std::vector<std::string>(kHosts));
+  for (int a = 0; a < kHosts; ++a) {
+    for (int b = a + 1; b < kHosts; ++b) keys[a][b] = keys[b][a] = FreshNonce();
+  }
+  Cluster c;
+  for (int h = 0; h < kHosts; ++h) {
+    DataPlane::Options options = TestOptions();
+    options.secret = "";
+    options.peer_keys = keys[h];
+    absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Listen(h, kHosts, options);
+    ASSERT_TRUE(plane.ok()) << plane.status();
+    c.planes.push_back(*std::move(plane));
+  }
+  // Host 2 claims to be host 1 to host 0: its own key for host 0 does not
+  // prove that, nor does the cluster's secret.
+  for (const std::string& key : {keys[2][0], TestOptions().secret}) {
+    const ByHand impostor = DialByHand(c[0].address(), 1, [&](const std::string& ours, const std::string& theirs) {
+      return ProofMessage(key, ProofBy::kDialer, DataTranscript(1, 0, ours, theirs));
+    });
+    EXPECT_EQ(impostor.rest, Ack(0, 1));
+  }
+  ASSERT_OK(c.Connect());
+  ASSERT_OK(SendString(c[1], 0, "from 1"));
+  std::string got;
+  ASSERT_TRUE(RecvString(c[0], 1, 6, &got).ok());
+  EXPECT_EQ(got, "from 1");
+  // Peer keys must be one per host, each other host's nonempty.
+  DataPlane::Options bad = TestOptions();
+  bad.peer_keys = {"", "k"};
+  EXPECT_TRUE(absl::IsInvalidArgument(DataPlane::Listen(0, 3, bad).status()));
+  bad.peer_keys = {"", "", "k"};
+  EXPECT_TRUE(absl::IsInvalidArgument(DataPlane::Listen(0, 3, bad).status()));
 }
 
 TEST(DataPlaneTest, StalledHellosAreClosedAtTheHandshakeTimeout) {
@@ -711,13 +874,19 @@ TEST(DataPlaneTest, StalledHellosAreClosedAtTheHandshakeTimeout) {
   ASSERT_GE(silent, 0);
   const int truncated = DialRaw(c[0].address());
   ASSERT_GE(truncated, 0);
-  ASSERT_TRUE(WriteRaw(truncated, Hello(1, options.secret).substr(0, 275)));  // one byte short
+  ASSERT_TRUE(WriteRaw(truncated, Hello(1, FreshNonce()).substr(0, 47)));  // one byte short
+  const int unproven = DialRaw(c[0].address());
+  ASSERT_GE(unproven, 0);
+  ASSERT_TRUE(WriteRaw(unproven, Hello(1, FreshNonce())));
+  ASSERT_EQ(ReadRaw(unproven, 52).substr(0, 8), "pwdp-ch\n");
   EXPECT_TRUE(ClosedWithin(silent, std::chrono::milliseconds(5000)));
   EXPECT_TRUE(ClosedWithin(truncated, std::chrono::milliseconds(5000)));
+  EXPECT_TRUE(ClosedWithin(unproven, std::chrono::milliseconds(5000)));
   // Not before the timeout (a little slack: absl::Now and steady_clock differ).
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(290));
   close(silent);
   close(truncated);
+  close(unproven);
   // Those did not use up host 1's place.
   ASSERT_OK(c.Connect());
   ASSERT_OK(SendString(c[1], 0, "late but fine"));
@@ -767,6 +936,67 @@ TEST(DataPlaneTest, ADifferentSecretIsPermissionDenied) {
   EXPECT_TRUE(absl::IsFailedPrecondition(SendString(c[0], 1, "x")));
 }
 
+// Two planes; host 0 dials host 1 through a relay that records every byte,
+// and sends it `message`. What the relay saw.
+testing_util::TapProxy::Recording ConnectThroughATapAndSend(const std::string& message) {
+  Cluster c;
+  if (absl::Status s = c.Listen(2); !s.ok()) {
+    ADD_FAILURE() << s;
+    return {};
+  }
+  auto tap = testing_util::TapProxy::Start(c[1].address());
+  if (tap == nullptr) {
+    ADD_FAILURE() << "no tap";
+    return {};
+  }
+  std::vector<std::string> via_tap = c.Addresses();
+  via_tap[1] = tap->address();
+  auto connect0 = c.Async([&] { return c[0].Connect(via_tap); });
+  const absl::Status connected1 = c[1].Connect(c.Addresses());
+  const absl::Status connected0 = Get(connect0);
+  std::string got;
+  if (!connected0.ok() || !connected1.ok() || !SendString(c[0], 1, message).ok() ||
+      !RecvString(c[1], 0, message.size(), &got).ok() || tap->recordings().size() != 1) {
+    ADD_FAILURE() << "no transfer through the tap: " << connected0 << "; " << connected1;
+    return {};
+  }
+  return tap->recordings()[0];
+}
+
+// Neither the handshake nor the data shows the secret.
+TEST(DataPlaneTest, APassiveObserverNeverSeesTheSecret) {
+  const testing_util::TapProxy::Recording seen = ConnectThroughATapAndSend("seen by the tap");
+  const std::string all = seen.from_dialer + seen.from_listener;
+  ASSERT_NE(all.find("seen by the tap"), std::string::npos);  // the tap is on the path
+  EXPECT_EQ(all.find(TestOptions().secret), std::string::npos) << "the secret crossed the wire in the clear";
+}
+
+// What host 0 sent to host 1, replayed to a fresh host 1 of the same
+// cluster: the replay must not pass for host 0 (nor take its place).
+TEST(DataPlaneTest, AReplayedHandshakeDoesNotAuthenticate) {
+  const std::string recorded = ConnectThroughATapAndSend("x").from_dialer;
+  ASSERT_FALSE(recorded.empty());
+  Cluster fresh;
+  ASSERT_OK(fresh.Listen(2));
+  const int fd = DialRaw(fresh[1].address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(WriteRaw(fd, recorded));
+  const std::string answer = testing_util::ReadUntilQuiet(fd, std::chrono::milliseconds(500), kWait);
+  // No ack that accepts it (status 0 at byte 16 of an ack).
+  const size_t ack = answer.find("pwdp-ak\n");
+  if (ack != std::string::npos) {
+    ASSERT_GE(answer.size(), ack + 20);
+    EXPECT_NE(answer.substr(ack + 16, 4), std::string(4, '\0')) << "the replay was accepted";
+  }
+  close(fd);
+  // The real host 0 of the fresh cluster still gets its place.
+  ASSERT_OK(fresh.Connect());
+  ASSERT_OK(SendString(fresh[0], 1, "real"));
+  std::string got;
+  ASSERT_TRUE(RecvString(fresh[1], 0, 4, &got).ok());
+  EXPECT_EQ(got, "real");
+}
+
 TEST(DataPlaneTest, AnAddressOfTheWrongHostIsFailedPrecondition) {
   DataPlane::Options options = TestOptions();
   options.connect_timeout = absl::Seconds(2);
@@ -794,16 +1024,26 @@ class FakePeerTest : public ::testing::Test {
     ASSERT_TRUE(plane.ok()) << plane.status();
     c_.planes.push_back(*std::move(plane));
     auto connected = c_.Async([&, fake_address] { return c_[0].Connect({c_[0].address(), fake_address}); });
-    // The plane dials us: its hello, our ack.
+    const std::string secret = TestOptions().secret;
+    // The plane dials us: its hello, our challenge, its proof, our ack.
     from_plane_ = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     ASSERT_GE(from_plane_, 0);
-    EXPECT_EQ(ReadRaw(from_plane_, 276), Hello(0, TestOptions().secret));
-    ASSERT_TRUE(WriteRaw(from_plane_, Ack(1, 0)));
-    // We dial the plane: our hello, its ack.
+    const std::string hello = ReadRaw(from_plane_, 48);
+    ASSERT_EQ(hello.substr(0, 16), Hello(0, "").substr(0, 16));
+    const std::string ours = FreshNonce();
+    ASSERT_TRUE(WriteRaw(from_plane_, Challenge(1, 0, ours)));
+    const HandshakeTranscript out = DataTranscript(0, 1, hello.substr(16), ours);
+    ASSERT_EQ(ReadRaw(from_plane_, 40), ProofMessage(secret, ProofBy::kDialer, out));
+    ASSERT_TRUE(WriteRaw(from_plane_, Ack(1, 0, HandshakeProof(secret, ProofBy::kListener, out))));
+    // We dial the plane: the same the other way.
     to_plane_ = DialRaw(c_[0].address());
     ASSERT_GE(to_plane_, 0);
-    ASSERT_TRUE(WriteRaw(to_plane_, Hello(1, TestOptions().secret)));
-    EXPECT_EQ(ReadRaw(to_plane_, 20), Ack(0, 0));
+    ASSERT_TRUE(WriteRaw(to_plane_, Hello(1, ours)));
+    const std::string challenge = ReadRaw(to_plane_, 52);
+    ASSERT_EQ(AnswerStatus(challenge), 0u);
+    const HandshakeTranscript in = DataTranscript(1, 0, ours, AnswerBytes(challenge));
+    ASSERT_TRUE(WriteRaw(to_plane_, ProofMessage(secret, ProofBy::kDialer, in)));
+    EXPECT_EQ(ReadRaw(to_plane_, 52), Ack(0, 0, HandshakeProof(secret, ProofBy::kListener, in)));
     ASSERT_OK(Get(connected));
   }
   void TearDown() override {

@@ -1,5 +1,11 @@
 #include "csrc/coordination/grpc_options.h"
 
+#include "absl/strings/match.h"
+#include "csrc/coordination/auth.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_certificate_verifier.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/server_builder.h"
 
 namespace pw {
@@ -17,7 +23,43 @@ constexpr int kKeepaliveTimeoutMs = 10'000;
 // listening, so retry soon.
 constexpr int kMinReconnectMs = 100;
 constexpr int kMaxReconnectMs = 1000;
+// Pings too soon (see ApplyServerArguments) a connection may send before it
+// is dropped: gRPC's default. 0 (which this was) means unlimited.
+constexpr int kMaxPingStrikes = 2;
 }  // namespace
+
+bool IsLoopbackAddress(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+bool UsesTls(Transport transport, const std::string& address) {
+  return transport == Transport::kTls || (transport == Transport::kAuto && !IsLoopbackAddress(address));
+}
+
+std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(bool tls, std::string* error) {
+  if (!tls) return grpc::InsecureChannelCredentials();
+  // gRPC's TLS wants root certificates even when it verifies nothing; a
+  // certificate of our own stands in, so the system's store (which a fresh
+  // machine may lack) is never read.
+  static const absl::StatusOr<TlsIdentity>* const placeholder_root =
+      new absl::StatusOr<TlsIdentity>(MakeSelfSignedTlsIdentity());
+  if (!placeholder_root->ok()) {
+    *error = std::string(placeholder_root->status().message());
+    return nullptr;
+  }
+  grpc::experimental::TlsChannelCredentialsOptions options;
+  options.set_certificate_provider(std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
+      (*placeholder_root)->certificate_pem));
+  options.watch_root_certs();
+  options.set_verify_server_certs(false);
+  options.set_check_call_host(false);
+  options.set_certificate_verifier(std::make_shared<grpc::experimental::NoOpCertificateVerifier>());
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::experimental::TlsCredentials(options);
+  if (credentials == nullptr) *error = "gRPC could not make TLS credentials";
+  return credentials;
+}
 
 grpc::ChannelArguments ClientChannelArguments() {
   grpc::ChannelArguments args;
@@ -39,7 +81,7 @@ void ApplyServerArguments(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveMs / 2);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, kMaxPingStrikes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);

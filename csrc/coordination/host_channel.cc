@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/coordination/control.grpc.pb.h"
 #include "csrc/coordination/grpc_options.h"
 #include "grpcpp/grpcpp.h"
@@ -44,9 +45,11 @@ const std::string& KernelBootId() {
 // outlives the stream (its destructor waits for OnDone).
 class HostChannel::Stream final : public grpc::ClientBidiReactor<wire::ClientFrame, wire::HostFrame> {
  public:
-  Stream(HostChannel* owner, std::shared_ptr<grpc::Channel> channel, const std::string& secret)
+  // Opens the stream with the handshake's first step: our nonce and claim.
+  Stream(HostChannel* owner, std::shared_ptr<grpc::Channel> channel, const std::string& nonce, int claim_host)
       : owner_(owner), channel_(std::move(channel)), stub_(wire::Host::NewStub(channel_)) {
-    context_.AddMetadata(kSecretMetadataKey, secret);
+    context_.AddMetadata(kAuthNonceMetadataKey, ToHex(nonce));
+    context_.AddMetadata(kAuthClaimMetadataKey, claim_host < 0 ? "cluster" : absl::StrCat(claim_host));
     stub_->async()->Session(&context_, this);
     StartRead(&in_);
     // Writes start outside the reactions (Flush), so the write flow holds the
@@ -57,6 +60,15 @@ class HostChannel::Stream final : public grpc::ClientBidiReactor<wire::ClientFra
   }
 
   void Write(const wire::ClientFrame* frame) { StartWrite(frame); }
+  // The SHA-256 of the TLS certificate the host presented (once a message
+  // of the host's came, the connection's TLS handshake is done).
+  absl::StatusOr<std::string> PeerCertificateSha256() const {
+    const std::shared_ptr<const grpc::AuthContext> auth = context_.auth_context();
+    const std::vector<grpc::string_ref> pems =
+        auth == nullptr ? std::vector<grpc::string_ref>() : auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
+    if (pems.empty()) return absl::UnauthenticatedError("the host presented no TLS certificate");
+    return CertificateSha256(absl::string_view(pems.front().data(), pems.front().size()));
+  }
   void Cancel() { context_.TryCancel(); }
   void ReleaseWriteHold() { RemoveHold(); }
 
@@ -74,6 +86,8 @@ class HostChannel::Stream final : public grpc::ClientBidiReactor<wire::ClientFra
     absl::Status why;
     if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       why = absl::UnauthenticatedError(status.error_message());
+    } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      why = absl::FailedPreconditionError(status.error_message());
     } else {
       why = absl::UnavailableError(absl::StrCat("its stream ended (", status.error_message(), ")"));
     }
@@ -97,14 +111,26 @@ absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::str
                                                                   const ChannelOptions& options) {
   const int64_t deadline_ns = NowNanos() + options.connect_timeout_ns;
   std::unique_ptr<HostChannel> channel(new HostChannel(address, options));
-  auto grpc_channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), ClientChannelArguments());
+  const bool tls = UsesTls(options.transport, address);
+  std::string error;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = ClientCredentials(tls, &error);
+  if (credentials == nullptr) return absl::InternalError(absl::StrCat("TLS to ", address, ": ", error));
+  auto grpc_channel = grpc::CreateCustomChannel(address, credentials, ClientChannelArguments());
   const auto deadline = std::chrono::system_clock::now() + std::chrono::nanoseconds(options.connect_timeout_ns);
   if (!grpc_channel->WaitForConnected(deadline)) {
     return absl::UnavailableError(absl::StrCat("cannot reach ", channel->options_.host_name, " within ",
-                                               options.connect_timeout_ns / 1e9, " s"));
+                                               options.connect_timeout_ns / 1e9, " s",
+                                               tls ? " (over TLS: the address is not on loopback)"
+                                                   : " (in plaintext: the address is on loopback; a host that listens "
+                                                     "beyond it, on 0.0.0.0 say, speaks TLS there)"));
   }
+  absl::StatusOr<std::string> nonce = RandomBytes(kNonceBytes);
+  if (!nonce.ok()) return nonce.status();
   channel->last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
-  channel->stream_ = std::make_unique<Stream>(channel.get(), std::move(grpc_channel), options.secret);
+  channel->stream_ = std::make_unique<Stream>(channel.get(), std::move(grpc_channel), *nonce, options.claim_host);
+  if (absl::Status authenticated = channel->Authenticate(*nonce, tls, deadline_ns); !authenticated.ok()) {
+    return authenticated;
+  }
   wire::Request request;
   hello.set_client_name(options.client_name);
   *request.mutable_hello() = std::move(hello);
@@ -132,6 +158,49 @@ absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::str
   }
   if (options.heartbeat_period_ns > 0) channel->heartbeat_ = std::thread([c = channel.get()] { c->HeartbeatLoop(); });
   return channel;
+}
+
+absl::Status HostChannel::Authenticate(const std::string& nonce, bool tls, int64_t deadline_ns) {
+  HandshakeTranscript transcript;
+  transcript.plane = "control";
+  transcript.claim = options_.claim_host;
+  transcript.dialer_nonce = nonce;
+  {
+    MutexLock lock(&mu_);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::nanoseconds(std::max<int64_t>(deadline_ns - NowNanos(), 0));
+    while (!challenge_.has_value() && !stream_done_) {
+      if (!cv_.WaitUntil(&mu_, deadline) && !challenge_.has_value() && !stream_done_) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(options_.host_name, " did not open the session's handshake in time"));
+      }
+    }
+    if (!challenge_.has_value()) return lost_status_;  // refused at once
+    transcript.listener_nonce = *challenge_;
+  }
+  auto fail = [&](std::string why) {
+    absl::Status status = absl::UnauthenticatedError(absl::StrCat(options_.host_name, ": ", why));
+    Lose(status);
+    return status;
+  };
+  if (transcript.listener_nonce.size() != kNonceBytes) return fail("its challenge is not a nonce of 32 bytes");
+  if (tls) {
+    absl::StatusOr<std::string> binding = stream_->PeerCertificateSha256();
+    if (!binding.ok()) return fail(std::string(binding.status().message()));
+    transcript.binding = *std::move(binding);
+  }
+  wire::Request request;
+  request.mutable_auth_proof()->set_proof(HandshakeProof(options_.secret, ProofBy::kDialer, transcript));
+  absl::StatusOr<wire::Reply> reply = Call(std::move(request), std::max<int64_t>(deadline_ns - NowNanos(), 0));
+  if (!reply.ok()) return reply.status();
+  if (!ConstantTimeEquals(reply->host_proof().proof(),
+                          HandshakeProof(options_.secret, ProofBy::kListener, transcript))) {
+    return fail(options_.claim_host < 0
+                    ? "it could not prove it knows the cluster's secret (a host of another cluster, or someone "
+                      "in between)"
+                    : "it could not prove it knows our peer key");
+  }
+  return absl::OkStatus();
 }
 
 HostChannel::~HostChannel() {
@@ -248,7 +317,14 @@ void HostChannel::Lose(absl::Status why) {
 
 void HostChannel::OnReply(wire::Reply reply) {
   last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
-  if (reply.id() == 0) return;
+  if (reply.id() == 0) {
+    if (reply.kind_case() == wire::Reply::kChallenge) {
+      MutexLock lock(&mu_);
+      if (!challenge_.has_value()) challenge_ = std::move(*reply.mutable_challenge()->mutable_nonce());
+      cv_.SignalAll();
+    }
+    return;
+  }
   ReplyCallback done;
   {
     MutexLock lock(&mu_);
@@ -267,10 +343,11 @@ void HostChannel::OnStreamDone(absl::Status why) {
   {
     MutexLock lock(&mu_);
     if (!lost_.load(std::memory_order_relaxed)) {
-      lost_status_ = why.code() == absl::StatusCode::kUnauthenticated
-                         ? absl::UnauthenticatedError(
-                               absl::StrCat(options_.host_name, " refused the session: ", why.message()))
-                         : HostLostError(absl::StrCat(options_.host_name, " was lost: ", why.message()));
+      const bool refused =
+          why.code() == absl::StatusCode::kUnauthenticated || why.code() == absl::StatusCode::kFailedPrecondition;
+      lost_status_ = refused ? absl::Status(why.code(), absl::StrCat(options_.host_name, " refused the session: ",
+                                                                      why.message()))
+                             : HostLostError(absl::StrCat(options_.host_name, " was lost: ", why.message()));
       lost_.store(true, std::memory_order_release);
       report = !stopping_;
     }

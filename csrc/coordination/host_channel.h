@@ -10,6 +10,14 @@
 // Replies are matched to requests by id and handed to the request's callback
 // on a gRPC thread.
 //
+// Authentication: Connect() runs the session's handshake (host_server.h,
+// auth.h) before anything else: the host asks with a fresh nonce, the
+// client proves it knows the secret (or, with `claim_host`, that host's peer
+// key) and the host proves the same back; the secret itself never crosses
+// the wire. A host that cannot prove it is refused (Unauthenticated).
+// Transport: plaintext to a loopback address, TLS otherwise (grpc_options.h);
+// the handshake binds the certificate the host presented.
+//
 // Liveness: the host is lost when its stream ends (its process died, or the
 // connection broke) or when no reply, heartbeat or other, came for
 // `heartbeat_timeout_ns` (the host answers heartbeats on its gRPC threads,
@@ -24,6 +32,7 @@
 #include <functional>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -34,12 +43,20 @@
 #include "csrc/base/mutex.h"
 #include "csrc/coordination/control.pb.h"
 #include "csrc/coordination/frame_queue.h"
+#include "csrc/coordination/grpc_options.h"
 
 namespace pw {
 
 struct ChannelOptions {
-  // The cluster's secret, presented when the stream opens.
+  // The key the session proves it knows: the cluster's secret, or with
+  // claim_host the peer key this host shares with the host it connects to.
   std::string secret;
+  // -1: the session proves it knows the cluster's secret. A host id: the
+  // session proves it is that host (with its peer key for the host at the
+  // address), which the other host's rendezvous store asks for.
+  int claim_host = -1;
+  // Plaintext or TLS (kAuto: by the address; the host decides the same way).
+  Transport transport = Transport::kAuto;
   // Names the host in errors ("host 3 (127.0.0.1:4567)").
   std::string host_name;
   // The client's name, sent in the Hello.
@@ -79,10 +96,12 @@ class HostChannel {
   // the channel is lost already): it must not block.
   using ReplyCallback = absl::AnyInvocable<void(absl::StatusOr<wire::Reply>) &&>;
 
-  // Opens a session with the host at `address` ("127.0.0.1:4567") and
-  // exchanges `hello` (its reply is in hello_reply()). Unavailable if the
-  // host cannot be reached in time, Unauthenticated if it refused the
-  // secret, or the host's own error for the Hello.
+  // Opens a session with the host at `address` ("127.0.0.1:4567"), runs the
+  // handshake and exchanges `hello` (its reply is in hello_reply()).
+  // Unavailable if the host cannot be reached in time; Unauthenticated if
+  // it refused our proof, or could not prove itself; FailedPrecondition if
+  // it does not know the key of our claim yet (a host that has not joined
+  // its cluster: try again); or the host's own error for the Hello.
   static absl::StatusOr<std::unique_ptr<HostChannel>> Connect(const std::string& address, wire::Hello hello,
                                                               const ChannelOptions& options);
   // Ends the session (the host frees what it held for it) and waits for the
@@ -119,6 +138,9 @@ class HostChannel {
  private:
   class Stream;
   HostChannel(std::string address, ChannelOptions options);
+  // The handshake's part of Connect: waits for the host's challenge,
+  // proves, and checks the host's proof.
+  absl::Status Authenticate(const std::string& nonce, bool tls, int64_t deadline_ns);
   void OnReply(wire::Reply reply);
   void OnWriteDone(bool ok);
   // The stream's reading side ended: no write starts from now on. True if
@@ -149,9 +171,11 @@ class HostChannel {
   bool read_ended_ ABSL_GUARDED_BY(mu_) = false;
   bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The host's challenge (its nonce), once it came.
+  std::optional<std::string> challenge_ ABSL_GUARDED_BY(mu_);
   // The frame on the wire: touched only by whoever set writing_.
   wire::ClientFrame out_;
-  CondVar cv_;  // stream_done_, stopping_
+  CondVar cv_;  // stream_done_, stopping_, challenge_
   std::thread heartbeat_;
 };
 

@@ -3,7 +3,10 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "csrc/base/spin.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/coordination/control.grpc.pb.h"
 #include "csrc/coordination/frame_queue.h"
 #include "csrc/coordination/grpc_options.h"
@@ -12,62 +15,95 @@
 namespace pw {
 namespace {
 
-// Compares in time independent of where the strings differ.
-bool SecretMatches(grpc::string_ref given, const std::string& secret) {
-  unsigned char diff = given.size() == secret.size() ? 0 : 1;
-  for (size_t i = 0; i < secret.size(); ++i) {
-    diff |= static_cast<unsigned char>(secret[i]) ^ static_cast<unsigned char>(i < given.size() ? given.data()[i] : 0);
-  }
-  return diff == 0;
-}
-
-// A stream without the secret: finished at once.
+// A stream refused before it had a session: finished at once.
 class RefusedSession final : public grpc::ServerBidiReactor<wire::ClientFrame, wire::HostFrame> {
  public:
-  explicit RefusedSession(const char* why) { Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why)); }
+  explicit RefusedSession(grpc::Status why) { Finish(std::move(why)); }
   void OnDone() override { delete this; }
 };
 
+// The handshake's metadata value, or an empty view.
+grpc::string_ref Metadata(const grpc::CallbackServerContext& context, const char* key) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(key);
+  return it == metadata.end() ? grpc::string_ref() : it->second;
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> RequestHandler::PeerKey(int host) {
+  return absl::PermissionDeniedError("this server takes sessions of the cluster's secret only, not of a host");
+}
 
 // A session's state shared with the handler; the reactor, which gRPC owns,
 // is reachable from it until the stream is done.
 // Internal to this file: its reactor reads and writes the fields directly.
 class SessionState final : public HostSession {
  public:
-  explicit SessionState(uint64_t id) : HostSession(id) {}
+  // `refused` counts the sessions refused (HostServer::refused_sessions).
+  SessionState(uint64_t id, int peer_host, std::atomic<int64_t>* refused)
+      : HostSession(id, peer_host), refused_count_(refused) {}
 
   void Reply(wire::Reply reply) override;
   bool open() const override {
     MutexLock lock(&mu_);
-    return reactor_ != nullptr && !read_done_;
+    return reactor_ != nullptr && !read_done_ && !refused_;
+  }
+  // Ends the stream with `why` unless it ended already (or, with
+  // `only_unauthenticated`, once it has proved itself), and counts it
+  // refused before the dialer can hear of it. True if it did.
+  bool Refuse(grpc::Status why, bool only_unauthenticated);
+  bool authenticated() const {
+    MutexLock lock(&mu_);
+    return authenticated_;
   }
 
   mutable Mutex mu_;
   // Protects the reactor pointer (null once the stream is done), the frame
-  // being assembled, the writing flag (one write at a time), and whether
-  // the client's side has ended.
+  // being assembled, the writing flag (one write at a time), whether the
+  // client's side has ended, whether the stream was finished or refused
+  // (then with the status it finishes with once no write is in flight),
+  // and whether the session proved itself.
   HostServer::SessionReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
   FrameQueue<wire::HostFrame, wire::Reply, &wire::HostFrame::add_replies> pending_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool refused_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status refusal_ ABSL_GUARDED_BY(mu_);
+  bool authenticated_ ABSL_GUARDED_BY(mu_) = false;
   wire::HostFrame out_;  // the frame on the wire: touched only by whoever set writing_
+  std::atomic<int64_t>* const refused_count_;
 };
 
 class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::ClientFrame, wire::HostFrame> {
  public:
-  SessionReactor(HostServer* server, RequestHandler* handler, uint64_t id)
-      : server_(server), handler_(handler), state_(std::make_shared<SessionState>(id)) {
+  // What the session must prove, and how.
+  struct Handshake {
+    std::string key;
+    HandshakeTranscript transcript;
+    std::string refused_text;  // the refusal for a wrong proof
+  };
+
+  SessionReactor(HostServer* server, RequestHandler* handler, uint64_t id, int peer_host, Handshake handshake)
+      : server_(server),
+        handler_(handler),
+        state_(std::make_shared<SessionState>(id, peer_host, &server->refused_sessions_)),
+        handshake_(std::move(handshake)) {
     {
       MutexLock lock(&state_->mu_);
       state_->reactor_ = this;
     }
     server_->open_sessions_.fetch_add(1, std::memory_order_acq_rel);
+    server_->AddPendingHandshake(state_);
+    wire::Reply challenge;
+    challenge.mutable_challenge()->set_nonce(handshake_.transcript.listener_nonce);
+    state_->Reply(std::move(challenge));
     StartRead(&in_);
   }
 
   void Write(const wire::HostFrame* frame) { StartWrite(frame); }
+  void FinishWith(grpc::Status status) { Finish(std::move(status)); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -78,7 +114,13 @@ class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::Cl
         state_->pending_.Clear();
         if (!state_->writing_ && !state_->finished_) finish = state_->finished_ = true;
       }
-      if (finish) Finish(grpc::Status::OK);
+      if (finish) Finish(state_refusal_or_ok());
+      return;
+    }
+    if (!authenticated_) {
+      if (!TakeProof()) return;  // refused: no more reads
+      in_.Clear();
+      StartRead(&in_);
       return;
     }
     const std::shared_ptr<HostSession> session = state_;
@@ -89,33 +131,79 @@ class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::Cl
 
   void OnWriteDone(bool ok) override {
     bool write = false, finish = false;
+    grpc::Status status;
     {
       MutexLock lock(&state_->mu_);
       state_->writing_ = false;
-      if (ok && !state_->read_done_ && state_->pending_.Pop(&state_->out_)) {
+      if (ok && !state_->read_done_ && !state_->refused_ && state_->pending_.Pop(&state_->out_)) {
         write = state_->writing_ = true;
-      } else if ((state_->read_done_ || !ok) && !state_->finished_) {
+      } else if ((state_->read_done_ || state_->refused_ || !ok) && !state_->finished_) {
         finish = state_->finished_ = true;
+        status = state_->refused_ ? state_->refusal_ : grpc::Status::OK;
       }
     }
     if (write) Write(&state_->out_);
-    if (finish) Finish(grpc::Status::OK);
+    if (finish) Finish(std::move(status));
   }
 
   void OnDone() override {
+    bool authenticated;
     {
       MutexLock lock(&state_->mu_);
       state_->reactor_ = nullptr;
+      authenticated = state_->authenticated_;
     }
-    handler_->OnSessionEnd(state_);
+    // The handler hears only of the sessions it was handed.
+    if (authenticated) handler_->OnSessionEnd(state_);
     server_->open_sessions_.fetch_sub(1, std::memory_order_acq_rel);
     delete this;
   }
 
  private:
+  grpc::Status state_refusal_or_ok() {
+    MutexLock lock(&state_->mu_);
+    return state_->refused_ ? state_->refusal_ : grpc::Status::OK;
+  }
+
+  // The first frame: exactly the dialer's proof. True if it holds, and the
+  // session is open; false if the stream was refused.
+  bool TakeProof() {
+    if (in_.requests_size() != 1 || in_.requests(0).kind_case() != wire::Request::kAuthProof) {
+      Refuse("a request came before the session's handshake finished (the first frame must hold only the "
+             "client's proof)");
+      return false;
+    }
+    const wire::Request& request = in_.requests(0);
+    const std::string expected = HandshakeProof(handshake_.key, ProofBy::kDialer, handshake_.transcript);
+    if (!ConstantTimeEquals(request.auth_proof().proof(), expected)) {
+      Refuse(handshake_.refused_text);
+      return false;
+    }
+    {
+      // Atomically with a refusal that only ends unauthenticated sessions
+      // (the reaper's): either it came first, and the stream is ending, or
+      // it will leave this session alone.
+      MutexLock lock(&state_->mu_);
+      if (state_->refused_) return false;
+      state_->authenticated_ = true;
+    }
+    authenticated_ = true;
+    wire::Reply reply;
+    reply.set_id(request.id());
+    reply.mutable_host_proof()->set_proof(HandshakeProof(handshake_.key, ProofBy::kListener, handshake_.transcript));
+    state_->Reply(std::move(reply));
+    return true;
+  }
+
+  void Refuse(const std::string& why) {
+    state_->Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why), /*only_unauthenticated=*/false);
+  }
+
   HostServer* server_;
   RequestHandler* handler_;
   std::shared_ptr<SessionState> state_;
+  const Handshake handshake_;
+  bool authenticated_ = false;  // read and written by the reading reactions only
   wire::ClientFrame in_;
 };
 
@@ -123,7 +211,7 @@ void SessionState::Reply(wire::Reply reply) {
   HostServer::SessionReactor* reactor;
   {
     MutexLock lock(&mu_);
-    if (reactor_ == nullptr || read_done_ || finished_) return;  // the session ended: dropped
+    if (reactor_ == nullptr || read_done_ || finished_ || refused_) return;  // the session ended: dropped
     pending_.Push(std::move(reply));
     if (writing_) return;  // goes with the next frame
     pending_.Pop(&out_);
@@ -135,6 +223,24 @@ void SessionState::Reply(wire::Reply reply) {
   reactor->Write(&out_);
 }
 
+bool SessionState::Refuse(grpc::Status why, bool only_unauthenticated) {
+  HostServer::SessionReactor* reactor = nullptr;
+  {
+    MutexLock lock(&mu_);
+    if (reactor_ == nullptr || finished_ || refused_ || (only_unauthenticated && authenticated_)) return false;
+    refused_ = true;
+    refusal_ = why;
+    pending_.Clear();
+    refused_count_->fetch_add(1, std::memory_order_relaxed);
+    if (writing_) return true;  // the write's OnWriteDone finishes the stream
+    finished_ = true;
+    reactor = reactor_;
+  }
+  // OnDone (which deletes the reactor) cannot come before this Finish.
+  reactor->FinishWith(std::move(why));
+  return true;
+}
+
 class HostServer::Service final : public wire::Host::CallbackService {
  public:
   Service(HostServer* server, std::string secret, RequestHandler* handler)
@@ -142,14 +248,51 @@ class HostServer::Service final : public wire::Host::CallbackService {
 
   grpc::ServerBidiReactor<wire::ClientFrame, wire::HostFrame>* Session(
       grpc::CallbackServerContext* context) override {
-    const auto& metadata = context->client_metadata();
-    auto it = metadata.find(kSecretMetadataKey);
-    if (it == metadata.end() || !SecretMatches(it->second, secret_)) {
+    auto refuse = [&](grpc::StatusCode code, std::string why) {
       server_->refused_sessions_.fetch_add(1, std::memory_order_relaxed);
-      return new RefusedSession(it == metadata.end() ? "the cluster's secret is missing"
-                                                     : "the cluster's secret does not match");
+      return new RefusedSession(grpc::Status(code, std::move(why)));
+    };
+    const grpc::string_ref nonce_hex = Metadata(*context, kAuthNonceMetadataKey);
+    const grpc::string_ref claim = Metadata(*context, kAuthClaimMetadataKey);
+    if (nonce_hex.empty() || claim.empty()) {
+      return refuse(grpc::StatusCode::UNAUTHENTICATED,
+                    "the session has no handshake (pw-auth-nonce and pw-auth-claim metadata): a client of another "
+                    "version, or not a pathways client");
     }
-    return new SessionReactor(server_, handler_, next_id_.fetch_add(1, std::memory_order_relaxed));
+    absl::StatusOr<std::string> nonce = FromHex(absl::string_view(nonce_hex.data(), nonce_hex.size()));
+    if (!nonce.ok() || nonce->size() != kNonceBytes) {
+      return refuse(grpc::StatusCode::UNAUTHENTICATED,
+                    absl::StrCat("the session's nonce is not ", 2 * kNonceBytes, " hex digits"));
+    }
+    SessionReactor::Handshake handshake;
+    int peer_host = -1;
+    const absl::string_view claim_text(claim.data(), claim.size());
+    if (claim_text == "cluster") {
+      handshake.key = secret_;
+      handshake.refused_text = "the cluster's secret does not match";
+    } else if (absl::SimpleAtoi(claim_text, &peer_host) && peer_host >= 0) {
+      absl::StatusOr<std::string> key = handler_->PeerKey(peer_host);
+      if (!key.ok()) {
+        // Not yet known: the dialer may try again. Anything else: refused.
+        return refuse(absl::IsFailedPrecondition(key.status()) ? grpc::StatusCode::FAILED_PRECONDITION
+                                                               : grpc::StatusCode::UNAUTHENTICATED,
+                      std::string(key.status().message()));
+      }
+      handshake.key = *std::move(key);
+      handshake.refused_text = absl::StrCat("the session did not prove it is host ", peer_host);
+    } else {
+      return refuse(grpc::StatusCode::UNAUTHENTICATED,
+                    absl::StrCat("the session claims to be '", claim_text, "', neither 'cluster' nor a host id"));
+    }
+    absl::StatusOr<std::string> own_nonce = RandomBytes(kNonceBytes);
+    if (!own_nonce.ok()) return refuse(grpc::StatusCode::INTERNAL, std::string(own_nonce.status().message()));
+    handshake.transcript.plane = "control";
+    handshake.transcript.claim = peer_host;
+    handshake.transcript.dialer_nonce = *std::move(nonce);
+    handshake.transcript.listener_nonce = *std::move(own_nonce);
+    handshake.transcript.binding = server_->certificate_sha256_;
+    return new SessionReactor(server_, handler_, next_id_.fetch_add(1, std::memory_order_relaxed), peer_host,
+                              std::move(handshake));
   }
 
  private:
@@ -159,29 +302,109 @@ class HostServer::Service final : public wire::Host::CallbackService {
   std::atomic<uint64_t> next_id_{1};
 };
 
+void HostServer::AddPendingHandshake(const std::shared_ptr<SessionState>& session) {
+  std::shared_ptr<SessionState> evicted;
+  {
+    MutexLock lock(&pending_mu_);
+    // Drop the ones that proved themselves or ended.
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      std::shared_ptr<SessionState> s = it->second.lock();
+      it = (s == nullptr || s->authenticated()) ? pending_.erase(it) : it + 1;
+    }
+    if (static_cast<int>(pending_.size()) >= options_.max_pending_handshakes) {
+      evicted = pending_.front().second.lock();
+      pending_.pop_front();
+    }
+    pending_.emplace_back(NowNanos() + options_.handshake_timeout_ns, session);
+    pending_cv_.SignalAll();
+  }
+  if (evicted != nullptr) {
+    evicted->Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                 "too many sessions waiting for their handshake: the oldest was ended"),
+                    /*only_unauthenticated=*/true);
+  }
+}
+
+void HostServer::ReapLoop() {
+  for (;;) {
+    std::shared_ptr<SessionState> late;
+    {
+      MutexLock lock(&pending_mu_);
+      while (!stopping_ && late == nullptr) {
+        if (pending_.empty()) {
+          pending_cv_.Wait(&pending_mu_);
+          continue;
+        }
+        const int64_t wait_ns = pending_.front().first - NowNanos();
+        if (wait_ns > 0) {
+          pending_cv_.WaitUntil(&pending_mu_, std::chrono::steady_clock::now() + std::chrono::nanoseconds(wait_ns));
+          continue;
+        }
+        late = pending_.front().second.lock();
+        pending_.pop_front();
+      }
+      if (stopping_) return;
+    }
+    late->Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                              absl::StrCat("the session did not finish its handshake within ",
+                                           options_.handshake_timeout_ns / 1e9, " s")),
+                 /*only_unauthenticated=*/true);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(const std::string& listen_address, std::string secret,
-                                                              RequestHandler* handler) {
+                                                              RequestHandler* handler, ServerOptions options) {
   if (secret.empty()) return absl::InvalidArgumentError("a host needs the cluster's secret; got an empty one");
   const size_t colon = listen_address.rfind(':');
   if (colon == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("listen address '", listen_address, "' has no port (use e.g. 127.0.0.1:0)"));
   }
+  if (options.handshake_timeout_ns <= 0 || options.max_pending_handshakes < 1 ||
+      options.idle_connection_timeout_ns < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("server options: handshake_timeout_ns (", options.handshake_timeout_ns,
+                     ") and max_pending_handshakes (", options.max_pending_handshakes,
+                     ") must be positive, idle_connection_timeout_ns (", options.idle_connection_timeout_ns,
+                     ") not negative"));
+  }
   std::unique_ptr<HostServer> server(new HostServer());
+  server->options_ = options;
+  server->tls_ = UsesTls(options.transport, listen_address);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (server->tls_) {
+    absl::StatusOr<TlsIdentity> identity = MakeSelfSignedTlsIdentity();
+    if (!identity.ok()) return identity.status();
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({identity->private_key_pem, identity->certificate_pem});
+    credentials = grpc::SslServerCredentials(ssl);
+    server->certificate_sha256_ = identity->certificate_sha256;
+  }
   server->service_ = std::make_unique<Service>(server.get(), std::move(secret), handler);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(listen_address, credentials, &server->port_);
   ApplyServerArguments(builder);
+  if (options.idle_connection_timeout_ns > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               static_cast<int>(std::max<int64_t>(options.idle_connection_timeout_ns / 1'000'000, 1)));
+  }
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
   }
   server->address_ = absl::StrCat(listen_address.substr(0, colon), ":", server->port_);
+  server->reaper_ = std::thread([s = server.get()] { s->ReapLoop(); });
   return server;
 }
 
 HostServer::~HostServer() {
+  {
+    MutexLock lock(&pending_mu_);
+    stopping_ = true;
+    pending_cv_.SignalAll();
+  }
+  if (reaper_.joinable()) reaper_.join();
   if (server_ == nullptr) return;
   // Cancels the open streams at once; returns when every session is done.
   server_->Shutdown(std::chrono::system_clock::now());

@@ -504,6 +504,7 @@ HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinClust
       group_prefix_(join.group_prefix()),
       stores_(stores),
       secret_(std::move(secret)),
+      peer_keys_(join.peer_keys().begin(), join.peer_keys().end()),
       island_id_(config.island_id()),
       failed_(new std::atomic<bool>[config.device_ids_size()]) {
   for (int d = 0; d < config.device_ids_size(); ++d) failed_[d].store(false, std::memory_order_relaxed);
@@ -571,6 +572,8 @@ absl::Status HostExecutor::ConnectDataPlane() {
   // Hosts configured without a secret (tests) still name their cluster.
   options.secret = secret_.empty() ? group_prefix_ : secret_;
   if (options.secret.size() > DataPlane::kMaxSecretBytes) options.secret.resize(DataPlane::kMaxSecretBytes);
+  // With the client's peer keys, each connection proves which host it is.
+  if (peer_keys_.size() == static_cast<size_t>(num_hosts)) options.peer_keys = peer_keys_;
   options.connect_timeout = collective_options_.timeout;
   PW_ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> plane, DataPlane::Listen(host_id_, num_hosts, options));
   // The hosts learn each other's data plane addresses through host 0's

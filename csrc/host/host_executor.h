@@ -167,8 +167,9 @@ class HostExecutor {
   // `stores` are where this host meets the others to connect its collective
   // groups; they must outlive the executor. `bind_ip`: the address the data
   // plane (and Gloo) binds and advertises to the other hosts. `secret`: the
-  // cluster's, which every data plane connection must present (empty: the
-  // cluster's group prefix stands in, for tests).
+  // cluster's, which every data plane connection must prove it knows
+  // (empty: the cluster's group prefix stands in, for tests), or with the
+  // join's peer keys, the key of the pair of hosts.
   HostExecutor(const wire::HostConfig& config, const wire::JoinCluster& join, RendezvousStores* stores,
                std::string bind_ip = "127.0.0.1", std::string secret = "");
   // Stops the threads. Work still queued is dropped.
@@ -354,6 +355,9 @@ class HostExecutor {
   const std::string group_prefix_;
   RendezvousStores* const stores_;
   const std::string secret_;
+  // This host's row of peer keys from the join (auth.h), by host id; empty
+  // if the client gave none (tests): the data plane then uses the secret.
+  const std::vector<std::string> peer_keys_;
   CollectiveOptions collective_options_;
   // How long a gang's part waits for its other hosts' parts to arrive
   // (CollectiveGroup::Arrive, and making its group): long, since a peer may

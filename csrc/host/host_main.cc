@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "csrc/base/spin.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/host_server.h"
 #include "csrc/host/host_runtime.h"
@@ -37,6 +38,23 @@ void WatchStdin() {
     }
     g_stdin_closed.store(true);
   }).detach();
+}
+
+// --sealed-secret-stdin: prints a fresh public key, reads the secret sealed
+// to it (hex, one line) from stdin, and opens it.
+absl::StatusOr<std::string> ReadSealedSecret() {
+  absl::StatusOr<std::unique_ptr<SecretUnsealer>> unsealer = SecretUnsealer::Create();
+  if (!unsealer.ok()) return unsealer.status();
+  std::cout << "pathways-host sealing-key=" << ToHex((*unsealer)->public_key()) << std::endl;
+  std::string line;
+  if (!std::getline(std::cin, line)) return absl::InvalidArgumentError("stdin ended before the sealed secret");
+  absl::StatusOr<std::string> sealed = FromHex(line);
+  if (!sealed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("the sealed secret is not hex: ", sealed.status().message()));
+  }
+  absl::StatusOr<std::string> secret = (*unsealer)->Open(*sealed);
+  if (secret.ok() && secret->empty()) return absl::InvalidArgumentError("the sealed secret is empty");
+  return secret;
 }
 
 // hosts=external: tells the client at `client` where this host listens.
@@ -132,6 +150,8 @@ absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& ar
       options.listen = arg.substr(9);
     } else if (arg == "--secret-stdin") {
       options.secret_from_stdin = true;
+    } else if (arg == "--sealed-secret-stdin") {
+      options.sealed_secret_from_stdin = true;
     } else if (absl::StartsWith(arg, "--advertise=") && arg.size() > 12) {
       options.advertise = arg.substr(12);
     } else if (absl::StartsWith(arg, "--client=") && arg.size() > 9) {
@@ -148,9 +168,12 @@ absl::StatusOr<HostMainOptions> ParseHostArgs(const std::vector<std::string>& ar
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown argument '", arg,
-          "' (usage: pathways-host [--listen=ADDRESS:PORT] [--advertise=IP] [--secret-stdin] [--stay] "
-          "[--configure-timeout=SECONDS] [--client=ADDRESS])"));
+          "' (usage: pathways-host [--listen=ADDRESS:PORT] [--advertise=IP] [--secret-stdin | "
+          "--sealed-secret-stdin] [--stay] [--configure-timeout=SECONDS] [--client=ADDRESS])"));
     }
+  }
+  if (options.secret_from_stdin && options.sealed_secret_from_stdin) {
+    return absl::InvalidArgumentError("--secret-stdin and --sealed-secret-stdin exclude each other");
   }
   return options;
 }
@@ -162,6 +185,14 @@ int RunHost(const HostMainOptions& options) {
       std::cerr << "pathways-host: --secret-stdin: stdin ended before the secret\n";
       return 2;
     }
+    WatchStdin();
+  } else if (options.sealed_secret_from_stdin) {
+    absl::StatusOr<std::string> opened = ReadSealedSecret();
+    if (!opened.ok()) {
+      std::cerr << "pathways-host: --sealed-secret-stdin: " << opened.status().message() << "\n";
+      return 2;
+    }
+    secret = *std::move(opened);
     WatchStdin();
   } else if (const char* env = std::getenv("PATHWAYS_SECRET"); env != nullptr) {
     secret = env;
@@ -181,7 +212,10 @@ int RunHost(const HostMainOptions& options) {
     return 2;
   }
   HostRuntime runtime(secret, *bind_ip);
-  auto server = HostServer::Start(options.listen, secret, &runtime);
+  // Plaintext only where the others reach this host on loopback.
+  ServerOptions server_options;
+  server_options.transport = IsLoopbackAddress(absl::StrCat(*bind_ip, ":0")) ? Transport::kPlaintext : Transport::kTls;
+  auto server = HostServer::Start(options.listen, secret, &runtime, server_options);
   if (!server.ok()) {
     std::cerr << "pathways-host: " << server.status().message() << "\n";
     return 1;

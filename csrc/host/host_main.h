@@ -4,7 +4,8 @@
 // The entry point of a host process: `pathways-host` and
 // `python -m pathways.host` both run RunHost().
 //
-//   pathways-host [--listen=127.0.0.1:0] [--advertise=IP] [--secret-stdin]
+//   pathways-host [--listen=127.0.0.1:0] [--advertise=IP]
+//                 [--secret-stdin | --sealed-secret-stdin]
 //                 [--stay] [--configure-timeout=SECONDS] [--client=ADDRESS]
 //
 // The host listens (port 0: a free port), prints one line to stdout,
@@ -17,8 +18,17 @@
 //     started it, however that client ended;
 //   - unless --stay, the end of the session of the client that configured
 //     it, or no client configuring it within --configure-timeout (60 s).
-// Without --secret-stdin the secret comes from the environment variable
-// PATHWAYS_SECRET (hosts started by hand, by Slurm or Kubernetes). With
+// With --sealed-secret-stdin (hosts="ray": the secret must not pass through
+// Ray) the host first prints
+//   pathways-host sealing-key=<64 hex digits>
+// (a fresh X25519 public key, auth.h) and reads the secret sealed to that
+// key, in hex, as the first line of stdin; only this process can open it.
+// Then it goes on as with --secret-stdin.
+// Without either the secret comes from the environment variable
+// PATHWAYS_SECRET (hosts started by hand, by Slurm or Kubernetes).
+// The control plane is plaintext if the advertised IP is on loopback, TLS
+// otherwise (host_server.h); either way a session proves it knows the
+// secret without sending it. With
 // --client=ADDRESS the host registers with a client waiting there
 // (hosts=external) once it listens. The host's data plane and Gloo bind the
 // IP address it listens on; a wildcard listen (0.0.0.0, ::) needs the IP to
@@ -36,6 +46,7 @@ namespace pw {
 struct HostMainOptions {
   std::string listen = "127.0.0.1:0";
   bool secret_from_stdin = false;
+  bool sealed_secret_from_stdin = false;
   bool stay = false;
   int64_t configure_timeout_ns = int64_t{60} * 1'000'000'000;
   std::string client;  // --client: register with the client there

@@ -2,13 +2,19 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <random>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "csrc/base/spin.h"
+#include "csrc/base/status_macros.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/protocol_version.h"
 
@@ -95,15 +101,85 @@ absl::Status ConfigureCollectiveTimeouts(HostExecutor& executor) {
   return absl::OkStatus();
 }
 
+constexpr size_t kMaxRendezvousValueBytes = size_t{1} << 20;
+constexpr int64_t kMaxRendezvousKeysPerHost = 65535;
+
+// A host id in [0, num_hosts) written in decimal, or -1.
+int ParseHostId(absl::string_view text, int num_hosts) {
+  int id = -1;
+  if (text.empty() || text.size() > 9 || !absl::SimpleAtoi(text, &id) || absl::StrCat(id) != text || id < 0 ||
+      id >= num_hosts) {
+    return -1;
+  }
+  return id;
+}
+
 }  // namespace
+
+absl::Status CheckRendezvousScope(absl::string_view prefix, int num_hosts, int self, int peer, absl::string_view key,
+                                  bool write) {
+  const absl::string_view what = write ? "write" : "read";
+  auto denied = [&](absl::string_view why) {
+    return absl::PermissionDeniedError(absl::StrCat("rendezvous: ", peer < 0 ? std::string("this session") :
+                                                                               absl::StrCat("host ", peer),
+                                                    " may not ", what, " key '", key, "': ", why));
+  };
+  if (peer < 0) {
+    return denied("the store serves the cluster's hosts only, and this session proved no host's identity (only "
+                  "the cluster's secret)");
+  }
+  if (prefix.empty() || num_hosts <= 0) return denied("this host has not joined its cluster");
+  if (!absl::StartsWith(key, prefix) || key.size() <= prefix.size() || key[prefix.size()] != '/') {
+    return denied(absl::StrCat("it is not under this cluster's prefix '", prefix, "/'"));
+  }
+  const std::vector<absl::string_view> parts = absl::StrSplit(key.substr(prefix.size() + 1), '/');
+  if (parts.size() == 2 && parts[0] == "data") {
+    const int owner = ParseHostId(parts[1], num_hosts);
+    if (owner < 0) return denied(absl::StrCat("'", parts[1], "' is no host of this cluster"));
+    if (write && owner != peer) return denied(absl::StrCat("it is host ", owner, "'s entry"));
+    return absl::OkStatus();
+  }
+  if (parts.size() >= 3 && parts[0] == "hosts") {
+    std::vector<int> members;
+    for (absl::string_view m : absl::StrSplit(parts[1], ',')) {
+      const int id = ParseHostId(m, num_hosts);
+      if (id < 0 || (!members.empty() && id <= members.back())) {
+        return denied(absl::StrCat("'", parts[1], "' is no ascending list of this cluster's hosts"));
+      }
+      members.push_back(id);
+    }
+    if (members.size() < 2) return denied("a group has at least two hosts");
+    if (members.front() != self) {
+      return denied(absl::StrCat("the group meets in host ", members.front(), "'s store, not this one (host ", self,
+                                 ")"));
+    }
+    if (std::find(members.begin(), members.end(), peer) == members.end()) {
+      return denied(absl::StrCat("host ", peer, " is not in the group"));
+    }
+    if (!write) return absl::OkStatus();
+    // Gloo writes each rank's addresses under the rank ("<r>"; other Gloo
+    // versions "rank_<r>").
+    absl::string_view last = parts.back();
+    absl::ConsumePrefix(&last, "rank_");
+    const int rank = ParseHostId(last, static_cast<int>(members.size()));
+    if (rank < 0) return denied("a group's keys are written only as '<r>' or 'rank_<r>' (r a rank of the group)");
+    if (members[rank] != peer) {
+      return denied(absl::StrCat("rank ", rank, " of the group is host ", members[rank]));
+    }
+    return absl::OkStatus();
+  }
+  return denied("it is no rendezvous key ('data/<host>' or 'hosts/<group>/...') of this cluster");
+}
 
 // Every host's rendezvous store as this host sees it: its own in memory, the
 // others' through a session with them, opened at first use (a host meets
 // only the hosts it shares gangs with) and kept.
+// A session with another host's store proves this host's identity with the
+// key the two share (auth.h's peer keys).
 class HostRuntime::PeerStores final : public RendezvousStores {
  public:
-  PeerStores(int self, KeyValueStore* own, std::vector<std::string> addresses, std::string secret)
-      : self_(self), own_(own), addresses_(std::move(addresses)), secret_(std::move(secret)) {
+  PeerStores(int self, KeyValueStore* own, std::vector<std::string> addresses, std::vector<std::string> peer_keys)
+      : self_(self), own_(own), addresses_(std::move(addresses)), peer_keys_(std::move(peer_keys)) {
     for (size_t h = 0; h < addresses_.size(); ++h) peers_.push_back(std::make_unique<Peer>());
   }
 
@@ -116,10 +192,19 @@ class HostRuntime::PeerStores final : public RendezvousStores {
     MutexLock lock(&peer.mu);  // one connection attempt at a time per host
     if (peer.store == nullptr) {
       ChannelOptions options;
-      options.secret = secret_;
+      options.secret = peer_keys_[host];
+      options.claim_host = self_;
       options.host_name = absl::StrCat("host ", host, " (", addresses_[host], ")");
       options.client_name = absl::StrCat("host ", self_);
-      auto channel = HostChannel::Connect(addresses_[host], wire::Hello(), options);
+      // The other host may not have its JoinCluster (and so our key) yet:
+      // it refuses with FailedPrecondition until it has.
+      const int64_t deadline = NowNanos() + kPeerJoinWaitNs;
+      absl::StatusOr<std::unique_ptr<HostChannel>> channel;
+      for (int64_t pause_ms = 1;; pause_ms = std::min<int64_t>(pause_ms * 2, 50)) {
+        channel = HostChannel::Connect(addresses_[host], wire::Hello(), options);
+        if (channel.ok() || !absl::IsFailedPrecondition(channel.status()) || NowNanos() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+      }
       if (!channel.ok()) return channel.status();
       peer.store = std::make_unique<ChannelKeyValueStore>(*std::move(channel));
     }
@@ -131,10 +216,11 @@ class HostRuntime::PeerStores final : public RendezvousStores {
     Mutex mu;
     std::unique_ptr<KeyValueStore> store ABSL_GUARDED_BY(mu);
   };
+  static constexpr int64_t kPeerJoinWaitNs = int64_t{30} * 1'000'000'000;
   const int self_;
   KeyValueStore* const own_;
   const std::vector<std::string> addresses_;
-  const std::string secret_;
+  const std::vector<std::string> peer_keys_;  // by host id
   std::vector<std::unique_ptr<Peer>> peers_;  // by host id; the vector never changes
 };
 
@@ -171,15 +257,14 @@ void HostRuntime::Handle(const std::shared_ptr<HostSession>& session, wire::Requ
       *reply.mutable_echo() = std::move(*request.mutable_echo());
       break;
     case wire::Request::kKvSet:
-      ToWireIfError(kv_.Set(request.kv_set().key(), request.kv_set().value()), &reply);
+      ToWireIfError(KvSet(*session, request.kv_set()), &reply);
       break;
     case wire::Request::kKvGet: {
-      auto value = kv_.Get(request.kv_get().key(), absl::Now());
+      absl::StatusOr<std::string> value = KvGet(*session, request.kv_get());
       if (value.ok()) {
         reply.mutable_kv_value()->set_value(*std::move(value));
       } else {
-        ToWire(absl::NotFoundError(absl::StrCat("no key '", request.kv_get().key(), "' yet")),
-               reply.mutable_status());
+        ToWire(value.status(), reply.mutable_status());
       }
       break;
     }
@@ -220,6 +305,30 @@ void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Reques
     config = config_;
   }
   const wire::JoinCluster& join = request.join();
+  // One key per host, 32 bytes each, none for this host (auth.h).
+  const int num_hosts = join.host_addresses_size();
+  absl::Status keys_ok;
+  if (config.host_id() >= num_hosts) {
+    keys_ok = absl::InvalidArgumentError(
+        absl::StrCat("join: host ", config.host_id(), " is not among the cluster's ", num_hosts, " hosts"));
+  } else if (join.peer_keys_size() != num_hosts) {
+    keys_ok = absl::InvalidArgumentError(absl::StrCat("join: ", join.peer_keys_size(), " peer keys for ", num_hosts,
+                                                      " hosts (a client of another version?)"));
+  } else {
+    for (int h = 0; h < num_hosts && keys_ok.ok(); ++h) {
+      const size_t want = h == config.host_id() ? 0 : kPeerKeyBytes;
+      if (join.peer_keys(h).size() != want) {
+        keys_ok = absl::InvalidArgumentError(absl::StrCat("join: the peer key for host ", h, " has ",
+                                                          join.peer_keys(h).size(), " bytes, not ", want));
+      }
+    }
+  }
+  if (!keys_ok.ok()) {
+    MutexLock lock(&mu_);
+    joining_ = false;
+    reply_with(keys_ok);
+    return;
+  }
   for (int d : config.device_ids()) {
     if (d < 0 || d >= join.device_host_size() || join.device_host(d) != config.host_id()) {
       reply_with(absl::InvalidArgumentError(
@@ -227,12 +336,20 @@ void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Reques
       return;
     }
   }
+  // From now on the other hosts' sessions can prove who they are.
+  {
+    MutexLock lock(&mu_);
+    group_prefix_ = join.group_prefix();
+    num_hosts_ = num_hosts;
+    peer_keys_.assign(join.peer_keys().begin(), join.peer_keys().end());
+    keys_written_.assign(num_hosts, 0);
+  }
   // Connecting blocks until every host has joined: not on a gRPC thread.
   join_thread_ = std::thread([this, config, request = std::move(request), reply_with]() {
     const wire::JoinCluster& join = request.join();
     stores_ = std::make_unique<PeerStores>(
         config.host_id(), &kv_, std::vector<std::string>(join.host_addresses().begin(), join.host_addresses().end()),
-        secret_);
+        std::vector<std::string>(join.peer_keys().begin(), join.peer_keys().end()));
     auto executor = std::make_shared<HostExecutor>(config, join, stores_.get(), bind_ip_, secret_);
     if (absl::Status timeouts = ConfigureCollectiveTimeouts(*executor); !timeouts.ok()) {
       reply_with(timeouts);
@@ -245,6 +362,50 @@ void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Reques
     }
     reply_with(connected);
   });
+}
+
+absl::StatusOr<std::string> HostRuntime::PeerKey(int host) {
+  MutexLock lock(&mu_);
+  if (peer_keys_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this host has not joined its cluster yet, so host ", host, "'s key is not known yet"));
+  }
+  if (host < 0 || host >= num_hosts_ || peer_keys_[host].empty()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("no host ", host, " of this cluster (of ", num_hosts_, " hosts) may open a host session here"));
+  }
+  return peer_keys_[host];
+}
+
+absl::Status HostRuntime::KvSet(const HostSession& session, const wire::KvSet& request) {
+  {
+    MutexLock lock(&mu_);
+    PW_RETURN_IF_ERROR(CheckRendezvousScope(group_prefix_, num_hosts_, config_.host_id(), session.peer_host(),
+                                            request.key(), /*write=*/true));
+    if (request.value().size() > kMaxRendezvousValueBytes) {
+      return absl::PermissionDeniedError(absl::StrCat("rendezvous: the value for '", request.key(), "' has ",
+                                                      request.value().size(), " bytes, more than ",
+                                                      kMaxRendezvousValueBytes));
+    }
+    int64_t& written = keys_written_[session.peer_host()];
+    if (written >= kMaxRendezvousKeysPerHost) {
+      return absl::PermissionDeniedError(absl::StrCat("rendezvous: host ", session.peer_host(), " wrote ",
+                                                      kMaxRendezvousKeysPerHost, " keys here already"));
+    }
+    ++written;
+  }
+  return kv_.Set(request.key(), request.value());
+}
+
+absl::StatusOr<std::string> HostRuntime::KvGet(const HostSession& session, const wire::KvGet& request) {
+  {
+    MutexLock lock(&mu_);
+    PW_RETURN_IF_ERROR(CheckRendezvousScope(group_prefix_, num_hosts_, config_.host_id(), session.peer_host(),
+                                            request.key(), /*write=*/false));
+  }
+  absl::StatusOr<std::string> value = kv_.Get(request.key(), absl::Now());
+  if (!value.ok()) return absl::NotFoundError(absl::StrCat("no key '", request.key(), "' yet"));
+  return value;
 }
 
 bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& session, wire::Request& request) {

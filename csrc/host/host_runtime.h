@@ -13,6 +13,23 @@
 // lowest host it is) and the owner's requests run programs on its
 // HostExecutor.
 //
+// The rendezvous store and its scopes. JoinCluster gives this host its row
+// of peer keys (auth.h): a session that proves host h's key is host h (the
+// cluster's secret alone proves no host; such a session may not use the
+// store at all). Every key lies under the cluster's group prefix P:
+//   P/data/<h>           host h's data plane address: written by host h
+//                        only, read by any host of the cluster;
+//   P/hosts/<g>/.../<k>  a collective group of the hosts g (ascending ids,
+//                        comma-separated, at least two, this host the
+//                        lowest: a group meets in its lowest host's store)
+//                        and whatever follows (a generation): read by the
+//                        members of g only; written only under a last part
+//                        "<r>" or "rank_<r>" (Gloo's addresses of rank r),
+//                        by host g[r] only.
+// Anything else is PermissionDenied naming the key and why, and so is a
+// value over 1 MiB or a host's 65536th key: a host that is taken over can
+// neither point others' connections elsewhere nor fill this host's memory.
+//
 // Thread-safe.
 
 #include <cstdint>
@@ -20,6 +37,11 @@
 
 #include <string>
 #include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 #include "csrc/base/mutex.h"
 #include "csrc/coordination/collective_group.h"
@@ -27,6 +49,13 @@
 #include "csrc/host/host_executor.h"
 
 namespace pw {
+
+// Whether host `peer` may write (or read) rendezvous key `key` in the store
+// of host `self`, of a cluster of `num_hosts` with group prefix `prefix`
+// (the scopes above; `peer` -1: a session of the cluster's secret). OK or
+// PermissionDenied saying why.
+absl::Status CheckRendezvousScope(absl::string_view prefix, int num_hosts, int self, int peer, absl::string_view key,
+                                  bool write);
 
 class HostRuntime final : public RequestHandler {
  public:
@@ -41,6 +70,9 @@ class HostRuntime final : public RequestHandler {
 
   void Handle(const std::shared_ptr<HostSession>& session, wire::Request request) override;
   void OnSessionEnd(const std::shared_ptr<HostSession>& session) override;
+  // Host `host`'s peer key, once this host has joined its cluster
+  // (FailedPrecondition before: the other host may try again).
+  absl::StatusOr<std::string> PeerKey(int host) override;
 
   // Whether a session configured this host, and whether that session has
   // ended since (the host's client is gone).
@@ -56,6 +88,9 @@ class HostRuntime final : public RequestHandler {
   void Join(const std::shared_ptr<HostSession>& session, wire::Request request);
   // The owner's requests for its programs; false if `request` is not one.
   bool HandleProgramRequest(const std::shared_ptr<HostSession>& session, wire::Request& request);
+  // The rendezvous store's requests, within the session's scopes.
+  absl::Status KvSet(const HostSession& session, const wire::KvSet& request);
+  absl::StatusOr<std::string> KvGet(const HostSession& session, const wire::KvGet& request);
   std::shared_ptr<HostExecutor> executor() const;
 
   class PeerStores;
@@ -77,6 +112,12 @@ class HostRuntime final : public RequestHandler {
   uint64_t owner_ ABSL_GUARDED_BY(mu_) = 0;
   bool owner_gone_ ABSL_GUARDED_BY(mu_) = false;
   bool joining_ ABSL_GUARDED_BY(mu_) = false;
+  // Set by Join: the cluster's group prefix and size, this host's row of
+  // peer keys (empty before), and how many rendezvous keys each host wrote.
+  std::string group_prefix_ ABSL_GUARDED_BY(mu_);
+  int num_hosts_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> peer_keys_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> keys_written_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<HostExecutor> executor_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -4,14 +4,18 @@
 #include "csrc/host/host_runtime.h"
 
 #include <cstdlib>
+#include <thread>
+#include <vector>
 
 #include "csrc/base/spin.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/protocol_version.h"
 #include "csrc/host/host_main.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -155,6 +159,26 @@ TEST(ProtocolVersion, TheOpRegistryVersionIsAHashOfItsTable) {
   EXPECT_EQ(DescribeVersions(2, 0x0123456789abcdef), "control protocol 2, op registry 0123456789abcdef");
 }
 
+TEST_F(HostRuntimeTest, AJoinWithoutPeerKeysIsRefused) {
+  auto owner = Connect(HelloWith(0, 0, {0}));
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  wire::Request request;
+  wire::JoinCluster* join = request.mutable_join();
+  join->add_device_host(0);
+  join->add_device_host(1);
+  join->add_host_addresses(server_->address());
+  join->add_host_addresses("127.0.0.1:1");
+  join->set_group_prefix("no-keys");
+  absl::Status status = (*owner)->Call(request, 5'000'000'000).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "peer keys")) << status;
+  join->add_peer_keys("");
+  join->add_peer_keys("short");
+  status = (*owner)->Call(request, 5'000'000'000).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "the peer key for host 1 has 5 bytes")) << status;
+}
+
 TEST_F(HostRuntimeTest, HeartbeatsCarryTheIncarnation) {
   auto channel = Connect(wire::Hello());
   ASSERT_TRUE(channel.ok());
@@ -167,6 +191,169 @@ TEST_F(HostRuntimeTest, HeartbeatsCarryTheIncarnation) {
   EXPECT_NE(HostRuntime().incarnation(), runtime_.incarnation());
 }
 
+// Two host runtimes of one cluster, configured and joined by their owner.
+class RendezvousScopeTest : public ::testing::Test {
+ protected:
+  static constexpr int kHosts = 2;
+  void SetUp() override {
+    prefix_ = absl::StrCat("cluster-scope-test-", getpid());
+    keys_.assign(kHosts, std::vector<std::string>(kHosts));
+    for (int a = 0; a < kHosts; ++a) {
+      for (int b = a + 1; b < kHosts; ++b) keys_[a][b] = keys_[b][a] = *RandomBytes(kPeerKeyBytes);
+    }
+    for (int h = 0; h < kHosts; ++h) {
+      runtimes_.push_back(std::make_unique<HostRuntime>(kSecret));
+      auto server = HostServer::Start("127.0.0.1:0", kSecret, runtimes_.back().get());
+      ASSERT_TRUE(server.ok()) << server.status();
+      servers_.push_back(*std::move(server));
+    }
+    for (int h = 0; h < kHosts; ++h) {
+      auto owner = HostChannel::Connect(servers_[h]->address(), HelloWith(h, 0, {h}), Options());
+      ASSERT_TRUE(owner.ok()) << owner.status();
+      owners_.push_back(*std::move(owner));
+    }
+    std::vector<std::thread> joins;
+    std::vector<absl::Status> joined(kHosts);
+    for (int h = 0; h < kHosts; ++h) {
+      joins.emplace_back([this, h, &joined] {
+        wire::Request request;
+        wire::JoinCluster* join = request.mutable_join();
+        for (int d = 0; d < kHosts; ++d) join->add_device_host(d);
+        for (int g = 0; g < kHosts; ++g) join->add_host_addresses(servers_[g]->address());
+        join->set_group_prefix(prefix_);
+        for (const std::string& key : keys_[h]) join->add_peer_keys(key);
+        joined[h] = owners_[h]->Call(std::move(request), int64_t{30} * 1'000'000'000).status();
+      });
+    }
+    for (auto& t : joins) t.join();
+    for (int h = 0; h < kHosts; ++h) ASSERT_TRUE(joined[h].ok()) << "host " << h << ": " << joined[h];
+  }
+  void TearDown() override {
+    owners_.clear();
+    servers_.clear();
+    runtimes_.clear();
+  }
+  static wire::Request KvSet(std::string key, std::string value) {
+    wire::Request request;
+    request.mutable_kv_set()->set_key(std::move(key));
+    request.mutable_kv_set()->set_value(std::move(value));
+    return request;
+  }
+  static wire::Request KvGet(std::string key) {
+    wire::Request request;
+    request.mutable_kv_get()->set_key(std::move(key));
+    return request;
+  }
+  // A session with host `at`'s store that proves it is host `as`, with `key`.
+  absl::StatusOr<std::unique_ptr<HostChannel>> AsHost(int at, int as, std::string key) {
+    ChannelOptions options = Options();
+    options.secret = std::move(key);
+    options.claim_host = as;
+    return HostChannel::Connect(servers_[at]->address(), wire::Hello(), options);
+  }
+  std::string prefix_;
+  std::vector<std::vector<std::string>> keys_;  // keys_[a][b]: the key of hosts a and b
+  std::vector<std::unique_ptr<HostRuntime>> runtimes_;
+  std::vector<std::unique_ptr<HostServer>> servers_;
+  std::vector<std::unique_ptr<HostChannel>> owners_;
+};
+
+// A session with only the cluster's secret (a client, or a host that claims
+// no host identity) may neither move a host's rendezvous entry elsewhere nor
+// read one, nor use the store for keys of no group of this cluster.
+TEST_F(RendezvousScopeTest, ASessionWithTheClustersSecretCannotTouchTheHostsEntries) {
+  auto session = HostChannel::Connect(servers_[0]->address(), wire::Hello(), Options());
+  ASSERT_TRUE(session.ok()) << session.status();
+  const int64_t timeout = int64_t{5} * 1'000'000'000;
+  const std::string entry = absl::StrCat(prefix_, "/data/1");
+  absl::Status set = (*session)->Call(KvSet(entry, "10.6.6.6:666"), timeout).status();
+  EXPECT_EQ(set.code(), absl::StatusCode::kPermissionDenied) << set;
+  absl::Status get = (*session)->Call(KvGet(entry), timeout).status();
+  EXPECT_EQ(get.code(), absl::StatusCode::kPermissionDenied) << get;
+  absl::Status gloo = (*session)->Call(KvSet(absl::StrCat(prefix_, "/hosts/0,1/rank_1"), "x"), timeout).status();
+  EXPECT_EQ(gloo.code(), absl::StatusCode::kPermissionDenied) << gloo;
+  absl::Status elsewhere = (*session)->Call(KvSet("some-other-cluster/data/0", "x"), timeout).status();
+  EXPECT_EQ(elsewhere.code(), absl::StatusCode::kPermissionDenied) << elsewhere;
+}
+
+TEST_F(RendezvousScopeTest, AHostWritesOnlyItsOwnEntriesAndReadsOnlyItsGroups) {
+  const int64_t timeout = int64_t{5} * 1'000'000'000;
+  auto host1 = AsHost(0, 1, keys_[1][0]);
+  ASSERT_TRUE(host1.ok()) << host1.status();
+  auto call = [&](wire::Request r) { return (*host1)->Call(std::move(r), timeout).status(); };
+  // Its own entries: its data plane address, its rank in a group with host 0.
+  EXPECT_TRUE(call(KvSet(absl::StrCat(prefix_, "/data/1"), "127.0.0.1:1")).ok());
+  EXPECT_TRUE(call(KvSet(absl::StrCat(prefix_, "/hosts/0,1/1"), "addr")).ok());
+  EXPECT_TRUE(call(KvSet(absl::StrCat(prefix_, "/hosts/0,1/g2/1"), "addr")).ok());
+  EXPECT_TRUE(call(KvGet(absl::StrCat(prefix_, "/data/0"))).ok());
+  EXPECT_TRUE(call(KvGet(absl::StrCat(prefix_, "/hosts/0,1/1"))).ok());
+  // Not host 0's, nor keys outside its scopes.
+  for (const std::string& key : {absl::StrCat(prefix_, "/data/0"), absl::StrCat(prefix_, "/hosts/0,1/0"),
+                                 absl::StrCat(prefix_, "/hosts/0,1/rank_0"),
+                                 absl::StrCat(prefix_, "/hosts/0,1/other"), absl::StrCat(prefix_, "/elsewhere"),
+                                 std::string("another-cluster/data/1")}) {
+    const absl::Status set = call(KvSet(key, "10.6.6.6:666"));
+    EXPECT_EQ(set.code(), absl::StatusCode::kPermissionDenied) << key << ": " << set;
+  }
+  EXPECT_EQ(call(KvSet(absl::StrCat(prefix_, "/data/1"), std::string((1 << 20) + 1, 'x'))).code(),
+            absl::StatusCode::kPermissionDenied);
+  // Host 0's entry is still its own.
+  auto entry = (*host1)->Call(KvGet(absl::StrCat(prefix_, "/data/0")), timeout);
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  EXPECT_NE(entry->kv_value().value(), "10.6.6.6:666");
+  EXPECT_TRUE(absl::StartsWith(entry->kv_value().value(), "127.0.0.1:")) << entry->kv_value().value();
+}
+
+TEST_F(RendezvousScopeTest, AHostCannotProveItIsAnotherHost) {
+  // Host 1's key for host 0 proves host 1 only; the cluster's secret proves
+  // no host; an unknown host id is refused.
+  auto as_other = AsHost(0, 1, "not host 1's key");
+  EXPECT_EQ(as_other.status().code(), absl::StatusCode::kUnauthenticated) << as_other.status();
+  auto secret_as_host = AsHost(0, 1, kSecret);
+  EXPECT_EQ(secret_as_host.status().code(), absl::StatusCode::kUnauthenticated) << secret_as_host.status();
+  auto unknown = AsHost(0, 7, keys_[1][0]);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnauthenticated) << unknown.status();
+  auto itself = AsHost(0, 0, keys_[1][0]);
+  EXPECT_EQ(itself.status().code(), absl::StatusCode::kUnauthenticated) << itself.status();
+}
+
+TEST(RendezvousScope, KeysByWhoAsks) {
+  const std::string p = "cluster-x";
+  auto ok = [&](int self, int peer, const std::string& key, bool write) {
+    return CheckRendezvousScope(p, 4, self, peer, key, write).ok();
+  };
+  // Data plane entries: the owner writes, every host reads.
+  EXPECT_TRUE(ok(0, 2, "cluster-x/data/2", true));
+  EXPECT_FALSE(ok(0, 2, "cluster-x/data/3", true));
+  EXPECT_TRUE(ok(0, 2, "cluster-x/data/3", false));
+  EXPECT_FALSE(ok(0, 2, "cluster-x/data/4", false));   // no host 4
+  EXPECT_FALSE(ok(0, 2, "cluster-x/data/02", true));   // one spelling per host
+  EXPECT_FALSE(ok(0, 2, "cluster-x/data/2/x", true));
+  // Groups: members only, each writes its own rank, in the lowest's store.
+  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/1", true));  // Gloo's key of rank 1
+  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/rank_1", true));
+  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/g7/1", true));
+  EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/1,3/0", true));
+  EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/1,3/rank_0", true));
+  EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/1,3/rank_2", true));
+  EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/1,3/anything", true));
+  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/rank_0", false));
+  EXPECT_FALSE(ok(1, 2, "cluster-x/hosts/1,3/rank_0", false));  // not a member
+  EXPECT_FALSE(ok(0, 3, "cluster-x/hosts/1,3/rank_1", true));   // not host 1's store
+  EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/3,1/rank_0", true));   // not ascending
+  EXPECT_FALSE(ok(1, 1, "cluster-x/hosts/1/rank_0", true));     // not a group
+  EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/1,3,9/rank_1", true)); // no host 9
+  // Nothing for a session without a host identity, nor outside the prefix.
+  EXPECT_FALSE(ok(0, -1, "cluster-x/data/0", false));
+  EXPECT_FALSE(ok(0, 2, "cluster-y/data/2", true));
+  EXPECT_FALSE(ok(0, 2, "cluster-x2/data/2", true));
+  EXPECT_FALSE(ok(0, 2, "cluster-x", false));
+  EXPECT_FALSE(CheckRendezvousScope("", 0, 0, 2, "x/data/2", true).ok());  // not joined
+  const absl::Status why = CheckRendezvousScope(p, 4, 0, 2, "cluster-x/data/3", true);
+  EXPECT_EQ(why.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(why.message(), "host 3's entry")) << why;
+}
+
 TEST(ParseHostArgs, FlagsAndErrors) {
   auto options = ParseHostArgs({"--listen=0.0.0.0:7000", "--secret-stdin", "--stay", "--configure-timeout=2.5"});
   ASSERT_TRUE(options.ok()) << options.status();
@@ -174,6 +361,12 @@ TEST(ParseHostArgs, FlagsAndErrors) {
   EXPECT_TRUE(options->secret_from_stdin);
   EXPECT_TRUE(options->stay);
   EXPECT_EQ(options->configure_timeout_ns, 2'500'000'000);
+  EXPECT_FALSE(options->sealed_secret_from_stdin);
+  auto sealed = ParseHostArgs({"--sealed-secret-stdin"});
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  EXPECT_TRUE(sealed->sealed_secret_from_stdin);
+  EXPECT_EQ(ParseHostArgs({"--secret-stdin", "--sealed-secret-stdin"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseHostArgs({"--port=3"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseHostArgs({"--configure-timeout=-1"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseHostArgs({"--configure-timeout=nan"}).status().code(), absl::StatusCode::kInvalidArgument);

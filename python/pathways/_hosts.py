@@ -22,6 +22,7 @@ import time
 from typing import IO, List, Optional
 
 _READY = re.compile(rb"^pathways-host ready address=(\S+) pid=(\d+) incarnation=([0-9a-f]+)\s*$")
+_SEALING_KEY = re.compile(rb"^pathways-host sealing-key=([0-9a-f]{64})\s*$")
 
 
 def make_secret() -> str:
@@ -77,26 +78,81 @@ def start_local_hosts(count: int, secret: str, timeout: float = 60.0,
         raise
 
 
-def _await_ready(index: int, proc: subprocess.Popen, log: IO[bytes], deadline: float) -> HostProcess:
+def _read_line(index: int, proc: subprocess.Popen, log: IO[bytes], deadline: float, what: str) -> bytes:
+    """The host's next line of output (one byte at a time: nothing after it is consumed)."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     line = b""
     while not line.endswith(b"\n"):
         remaining = deadline - time.monotonic()
         ready, _, _ = select.select([fd], [], [], max(remaining, 0.0))
-        chunk = os.read(fd, 4096) if ready else b""
+        chunk = os.read(fd, 1) if ready else b""
         if not chunk:
-            why = "exited" if ready or proc.poll() is not None else "did not report its address in time"
+            why = "exited" if ready or proc.poll() is not None else f"did not report its {what} in time"
             _stop(proc, 1.0)
             log.seek(0)
             raise RuntimeError(f"host process {index} (pid {proc.pid}) {why}; its output: "
                                f"{(line + log.read()).decode(errors='replace').strip() or '(none)'}")
         line += chunk
-    m = _READY.match(line.split(b"\n", 1)[0])
+    return line[:-1]
+
+
+def _await_ready(index: int, proc: subprocess.Popen, log: IO[bytes], deadline: float) -> HostProcess:
+    line = _read_line(index, proc, log, deadline, "address")
+    m = _READY.match(line)
     if m is None:
         _stop(proc, 1.0)
         raise RuntimeError(f"host process {index} (pid {proc.pid}) said {line!r}, not its address")
     return HostProcess(index, m.group(1).decode(), int(m.group(2)), m.group(3).decode(), proc, log)
+
+
+@dataclasses.dataclass
+class SealedStart:
+    """A host process started without its secret: it waits for the secret
+    sealed to `sealing_key` (hex), which only it can open (hosts="ray")."""
+
+    proc: subprocess.Popen
+    log: IO[bytes]
+    sealing_key: str
+    deadline: float
+
+
+def start_sealed_host(timeout: float = 60.0, listen: str = "127.0.0.1:0") -> SealedStart:
+    """Starts one host process that takes its secret sealed to its own key
+    (`python -m pathways.host --sealed-secret-stdin`); returns once it has
+    printed that key. Finish with `finish_sealed_host`.
+
+    Raises:
+      RuntimeError: If the host exits or stays silent for `timeout` seconds.
+    """
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pathways.host", "--sealed-secret-stdin", f"--listen={listen}"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    line = _read_line(0, proc, log, deadline, "sealing key")
+    m = _SEALING_KEY.match(line)
+    if m is None:
+        _stop(proc, 1.0)
+        raise RuntimeError(f"host process (pid {proc.pid}) said {line!r}, not its sealing key")
+    return SealedStart(proc, log, m.group(1).decode(), deadline)
+
+
+def finish_sealed_host(start: SealedStart, sealed_secret: str) -> HostProcess:
+    """Gives the host of `start` its sealed secret (hex) and waits until it
+    reports its address; its stdin stays open (the host ends when it closes).
+
+    Raises:
+      RuntimeError: If the host exits (a secret sealed to another key, say)
+        or stays silent until the start's deadline.
+    """
+    assert start.proc.stdin is not None
+    try:
+        start.proc.stdin.write(sealed_secret.encode() + b"\n")
+        start.proc.stdin.flush()
+    except OSError:
+        pass  # it exited: _await_ready reports why
+    return _await_ready(0, start.proc, start.log, start.deadline)
 
 
 def _stop(proc: subprocess.Popen, timeout: float) -> Optional[int]:

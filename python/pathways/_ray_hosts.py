@@ -11,6 +11,17 @@ connect the client and the hosts directly, never through Ray.
 Each host's stdin pipe is held by its actor, so a host ends with its actor:
 when the client (Ray's driver) ends, Ray ends the actors it created, and the
 hosts with them. Every node needs pathways installed in the Python Ray runs.
+
+The cluster's secret never goes through Ray: whatever a task gets or returns
+is pickled and kept by Ray (its object store, dashboard, spilled objects), so
+a task argument would put it there. Instead each host makes a key pair and
+prints its public key, which its actor returns; the client seals the secret
+to that key (X25519, HKDF-SHA256, AES-256-GCM: pathways' C++ side, OpenSSL)
+and sends the sealed bytes back through Ray to the actor, which writes them
+on the host's stdin. Only the host process, which never lets its private key
+out of memory, can open them. Ray sees a public key and sealed bytes, both
+useless to anyone else; someone who could change what Ray carries could also
+run code on the nodes, which no key exchange guards against.
 """
 
 from __future__ import annotations
@@ -36,14 +47,27 @@ _PLACEMENT_TIMEOUT = float(os.environ.get("PATHWAYS_RAY_PLACEMENT_TIMEOUT", "60"
 class _HostActor:
     """Runs one host process on its node (a Ray actor)."""
 
-    def start(self, secret: str, listen_ip: str | None) -> str:
+    def __init__(self) -> None:
+        self.hosts: List[_hosts.HostProcess] = []
+        self.starting: Any = None
+
+    def begin(self, listen_ip: str | None) -> str:
+        """Starts the host; its public sealing key (hex)."""
         import ray
 
         ip = listen_ip or ray.util.get_node_ip_address()
-        self.hosts = _hosts.start_local_hosts(1, secret, listen=f"{ip}:0")
+        self.starting = _hosts.start_sealed_host(listen=f"{ip}:0")
+        return self.starting.sealing_key
+
+    def finish(self, sealed_secret: str) -> str:
+        """Hands the host its sealed secret; its address."""
+        self.hosts = [_hosts.finish_sealed_host(self.starting, sealed_secret)]
+        self.starting = None
         return self.hosts[0].address
 
     def stop(self) -> None:
+        if self.starting is not None:  # begun, never finished
+            _hosts._stop(self.starting.proc, 5.0)
         _hosts.stop_local_hosts(self.hosts)
 
 
@@ -79,7 +103,10 @@ def launch(count: int, secret: str) -> List[str]:
     ]
     _kept.extend([group] + actors)
     listen_ip = os.environ.get("PATHWAYS_RAY_LISTEN_IP") or None
-    return ray.get([a.start.remote(secret, listen_ip) for a in actors], timeout=_PLACEMENT_TIMEOUT + 60)
+    from pathways import _core
+    keys = ray.get([a.begin.remote(listen_ip) for a in actors], timeout=_PLACEMENT_TIMEOUT + 60)
+    sealed = [_core._seal_secret(key, secret) for key in keys]
+    return ray.get([a.finish.remote(s) for a, s in zip(actors, sealed)], timeout=60)
 
 
 _hosts.LAUNCHERS["ray"] = launch

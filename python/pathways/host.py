@@ -1,7 +1,8 @@
 """A pathways host process: serves one host's devices to its client.
 
 Usage:
-    python -m pathways.host [--listen=ADDRESS:PORT] [--advertise=IP] [--secret-stdin]
+    python -m pathways.host [--listen=ADDRESS:PORT] [--advertise=IP]
+                            [--secret-stdin | --sealed-secret-stdin]
                             [--stay] [--configure-timeout=SECONDS] [--client=ADDRESS]
 
 The host listens on ADDRESS:PORT (default 127.0.0.1:0, a free port on
@@ -9,13 +10,22 @@ loopback), prints one line
 
     pathways-host ready address=127.0.0.1:40123 pid=4242 incarnation=9f3c...
 
-and serves until SIGTERM or SIGINT. Every session must present the
-cluster's secret: with --secret-stdin it is the first line of stdin, and the
-end of stdin stops the host (a client starts its hosts this way, so they
-never outlive it); otherwise it is the environment variable PATHWAYS_SECRET
-(hosts started by hand, by Slurm or by Kubernetes). Unless --stay, the host
-also stops when the session of the client that configured it ends, or when
-no client configures it within --configure-timeout seconds (default 60).
+and serves until SIGTERM or SIGINT. Every session must prove it knows the
+cluster's secret (a challenge-response: the secret itself never crosses the
+network; over TLS unless the host is reached on loopback). With
+--secret-stdin the secret is the first line of stdin, and the end of stdin
+stops the host (a client starts its hosts this way, so they never outlive
+it). With --sealed-secret-stdin (hosts="ray") the host first prints a public
+key,
+
+    pathways-host sealing-key=<64 hex digits>
+
+and reads the secret sealed to it (hex) as the first line of stdin, which
+only this process can open; stdin's end stops it as well. Otherwise the
+secret is the environment variable PATHWAYS_SECRET (hosts started by hand,
+by Slurm or by Kubernetes). Unless --stay, the host also stops when the
+session of the client that configured it ends, or when no client configures
+it within --configure-timeout seconds (default 60).
 
 With --client=ADDRESS the host registers with a client that waits there for
 its hosts (`pw.configure(hosts="external")`, PATHWAYS_CLIENT_ADDRESS on the

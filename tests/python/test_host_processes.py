@@ -6,6 +6,7 @@ the runtime's hosts as processes (`pytest --hosts=local_processes`, part of
 `make test`); the tests here check what only process mode has.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -371,18 +372,168 @@ def test_hosts_on_a_local_ray_cluster():
     assert lines[2] == "ray", out
 
 
-def test_hosts_started_by_hand_register_with_the_client(tmp_path):
+class _FakeRay:
+    """Just enough of Ray for pathways._ray_hosts, in this process: every
+    argument of a remote call and every result goes through pickle, as with
+    Ray, and is kept, so a test can see what Ray would have stored."""
+
+    def __init__(self):
+        import pickle
+        import types
+        self.carried = []  # pickled arguments and results, in order
+        fake = self
+
+        class Ref:
+            def __init__(self, value):
+                self.data = pickle.dumps(value)
+                fake.carried.append(self.data)
+
+        class Method:
+            def __init__(self, instance, name):
+                self.instance, self.name = instance, name
+
+            def remote(self, *args, **kwargs):
+                fake.carried.append(pickle.dumps((args, kwargs)))
+                args, kwargs = pickle.loads(fake.carried[-1])
+                return Ref(getattr(self.instance, self.name)(*args, **kwargs))
+
+        class Actor:
+            def __init__(self, instance):
+                self.instance = instance
+
+            def __getattr__(self, name):
+                return Method(self.instance, name)
+
+        class ActorClass:
+            def __init__(self, cls):
+                self.cls = cls
+                self.actors = []
+
+            def options(self, **_):
+                return self
+
+            def remote(self, *args):
+                actor = Actor(self.cls(*args))
+                fake.actors.append(actor)
+                return actor
+
+        class Group:
+            def wait(self, timeout_seconds):
+                return True
+
+        self.actors = []
+        ray = types.ModuleType("ray")
+        ray.is_initialized = lambda: True
+        ray.nodes = lambda: [{"Alive": True}]
+        ray.remote = lambda **_: ActorClass
+        ray.get = lambda refs, timeout=None: (
+            [pickle.loads(r.data) for r in refs] if isinstance(refs, list) else pickle.loads(refs.data))
+        util = types.ModuleType("ray.util")
+        util.get_node_ip_address = lambda: "127.0.0.1"
+        pg = types.ModuleType("ray.util.placement_group")
+        pg.placement_group = lambda bundles, strategy: Group()
+        pg.remove_placement_group = lambda group: None
+        strategies = types.ModuleType("ray.util.scheduling_strategies")
+        strategies.PlacementGroupSchedulingStrategy = lambda **_: None
+        ray.util = util
+        util.placement_group = pg
+        util.scheduling_strategies = strategies
+        self.modules = {"ray": ray, "ray.util": util, "ray.util.placement_group": pg,
+                        "ray.util.scheduling_strategies": strategies}
+
+
+def test_ray_never_carries_the_secret(monkeypatch):
+    # Under Ray, what a task gets or returns is pickled and kept by Ray (its
+    # object store, its dashboard, spilled objects on disk): the secret must
+    # never be among it, and the hosts must know it all the same.
+    fake = _FakeRay()
+    for name, module in fake.modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    from pathways import _ray_hosts
+    monkeypatch.setattr(_ray_hosts, "_kept", [])
+    secret = _hosts.make_secret()
+    addresses = _ray_hosts.launch(2, secret)
+    try:
+        assert len(addresses) == 2
+        for blob in fake.carried:
+            assert secret.encode() not in blob, "the secret went through Ray"
+            assert bytes.fromhex(secret) not in blob, "the secret went through Ray"
+        topology = [("islands", "1"), ("hosts_per_island", "2"), ("devices_per_host", "1")]
+        pool = _core._HostPool(addresses, secret, topology)
+        assert all(h["alive"] for h in pool.hosts())
+        pool.close()
+    finally:
+        for actor in fake.actors:
+            actor.instance.stop()
+
+
+def test_a_sealed_secret_opens_only_in_the_host_it_was_sealed_to():
+    other = _hosts.start_sealed_host()
+    start = _hosts.start_sealed_host()
+    try:
+        assert other.sealing_key != start.sealing_key
+        secret = _hosts.make_secret()
+        with pytest.raises(RuntimeError, match="does not open with this host's key"):
+            _hosts.finish_sealed_host(other, _core._seal_secret(start.sealing_key, secret))
+        host = _hosts.finish_sealed_host(start, _core._seal_secret(start.sealing_key, secret))
+        pool = _core._HostPool([host.address], secret,
+                               [("islands", "1"), ("hosts_per_island", "1"), ("devices_per_host", "1")])
+        assert pool.hosts()[0]["alive"]
+        pool.close()
+        assert host.process.wait(10) == 0
+    finally:
+        for s in (other, start):
+            _hosts._stop(s.proc, 5.0)
+    with pytest.raises(ValueError, match="hex"):
+        _core._seal_secret("not hex", "x")
+
+
+@contextlib.contextmanager
+def _external_hosts(ip: str, code: str, host_args):
+    """Runs `code` in a client that waits for its hosts (hosts="external",
+    PATHWAYS_CLIENT_ADDRESS on `ip`) and one `python -m pathways.host
+    --client=...` per entry of `host_args` (its further arguments), as Slurm
+    would start them; yields (the client's stdout, its stderr, the host
+    processes) once the client is done. The client must succeed (else the
+    assertion holds every host's output); every process is gone after."""
     import socket
     with socket.socket() as s:  # a free port for the client to listen on
-        s.bind(("127.0.0.1", 0))
+        s.bind((ip, 0))
         port = s.getsockname()[1]
-    secret = _hosts.make_secret()
     env = {k: v for k, v in os.environ.items() if k != "PATHWAYS_TOPOLOGY"}
-    env["PATHWAYS_SECRET"] = secret
+    env["PATHWAYS_SECRET"] = _hosts.make_secret()
     from conftest import PYTHON_DIR
     env["PYTHONPATH"] = str(PYTHON_DIR)
     client = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent("""
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**env, "PATHWAYS_CLIENT_ADDRESS": f"{ip}:{port}", "PATHWAYS_HOSTS_TIMEOUT": "60"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hosts = []
+    try:
+        time.sleep(0.5)
+        for args in host_args:
+            hosts.append(subprocess.Popen(
+                [sys.executable, "-m", "pathways.host", f"--client={ip}:{port}"] + list(args),
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        out, err = client.communicate(timeout=120)
+        if client.returncode != 0:  # what the hosts said, for the failure's message
+            for p in hosts:
+                if p.poll() is None:
+                    p.kill()
+            err += "".join(f"\n--- host {p.pid} (exit {p.wait()}):\n{p.stderr.read()}" for p in hosts)
+        assert client.returncode == 0, err
+        yield out, err, hosts
+    finally:
+        for p in [client] + hosts:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_hosts_started_by_hand_register_with_the_client(tmp_path):
+    # The default topology's 4 hosts, some of which listen on every
+    # interface: each advertises the IP that reaches the client.
+    code = """
             import numpy as np, pathways as pw
             pw.configure(hosts="external")
             a = pw.pmap(lambda x: x + 1., devices=pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus)
@@ -394,24 +545,9 @@ def test_hosts_started_by_hand_register_with_the_client(tmp_path):
                         devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
             t = pw.pmap(lambda x: x * 2., devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
             print(np.asarray(t(s(np.arange(8.)))).tolist(), sorted(h.address.split(":")[0] for h in pw.hosts()))
-        """)],
-        env={**env, "PATHWAYS_CLIENT_ADDRESS": f"127.0.0.1:{port}", "PATHWAYS_HOSTS_TIMEOUT": "60"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    hosts = []
-    try:
-        time.sleep(0.5)
-        for k in range(4):  # the default topology's 4 hosts, as Slurm would start them
-            listen = ["--listen=0.0.0.0:0"] if k % 2 else []
-            hosts.append(subprocess.Popen(
-                [sys.executable, "-m", "pathways.host", f"--client=127.0.0.1:{port}"] + listen,
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        out, err = client.communicate(timeout=120)
-        if client.returncode != 0:  # what the hosts said, for the failure's message
-            for p in hosts:
-                if p.poll() is None:
-                    p.kill()
-            err += "".join(f"\n--- host {p.pid} (exit {p.wait()}):\n{p.stderr.read()}" for p in hosts)
-        assert client.returncode == 0, err
+        """
+    with _external_hosts("127.0.0.1", code, [["--listen=0.0.0.0:0"] if k % 2 else [] for k in range(4)]) as (
+            out, err, hosts):
         assert "waiting for 4 hosts to register" in err
         assert out.strip().split("\n") == [
             f"[2.0, 3.0] {sorted(h.pid for h in hosts)}",
@@ -419,11 +555,48 @@ def test_hosts_started_by_hand_register_with_the_client(tmp_path):
         ], out
         for h in hosts:  # each host stops when its client's session ends
             assert h.wait(timeout=10) == 0
-    finally:
-        for p in [client] + hosts:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+
+
+def _non_loopback_ip():
+    """This machine's IPv4 address on its default route (a UDP socket's
+    connect picks it and sends nothing), or None."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+        except OSError:
+            return None
+        ip = s.getsockname()[0]
+    return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+
+
+def test_hosts_beyond_loopback_speak_tls():
+    # Client and hosts on this machine's own (non-loopback) IP: the control
+    # plane is TLS there, and a gang across hosts and a transfer between
+    # islands run as on loopback.
+    ip = _non_loopback_ip()
+    if ip is None:
+        pytest.skip("this machine has no IP address besides loopback")
+    code = """
+            import socket
+            import numpy as np, pathways as pw
+            pw.configure(hosts="external")
+            s = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i",
+                        devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
+            t = pw.pmap(lambda x: x * 2., devices=pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus)
+            print(np.asarray(t(s(np.arange(8.)))).tolist())
+            # What a plaintext HTTP/2 client gets from a host: no HTTP/2.
+            host, port = pw.hosts()[0].address.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5) as c:
+                c.sendall(b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n" + bytes(9))
+                try:
+                    answer = c.recv(64)
+                except OSError:
+                    answer = b""
+            print("http2" if len(answer) >= 9 and answer[3] == 4 else "not http2")
+        """
+    with _external_hosts(ip, code, [[f"--listen={ip}:0"]] * 4) as (out, _, _):
+        assert out.strip().split("\n") == [str([56.0] * 8), "not http2"], out
 
 
 def test_works_after_importing_jax_and_ray():
