@@ -519,7 +519,7 @@ std::vector<int> RemoteCluster::PositionsOn(const DeviceList* list, int host) co
 }
 
 std::shared_ptr<RemoteCluster::LoadReply> RemoteCluster::SendLoad(int host, wire::Request request, std::string what) {
-  auto reply = std::make_shared<LoadReply>(std::move(what));
+  auto reply = std::make_shared<LoadReply>(host, std::move(what));
   Send(host, std::move(request), [reply](absl::StatusOr<wire::Reply> answer) { reply->Answer(answer); });
   return reply;
 }
@@ -564,6 +564,13 @@ absl::Status RemoteCluster::AwaitLoads(Plan& plan) {
     if (!plan.load_error.ok()) return plan.load_error;
     loads = plan.loads;
   }
+  // The loads may still be queued on their hosts' sessions (nothing else
+  // need be sent after them): they leave now, or nothing would answer.
+  absl::flat_hash_set<int> unanswered;
+  for (const auto& load : loads) {
+    if (!load->is_answered()) unanswered.insert(load->host);
+  }
+  for (int h : unanswered) Flush(h);
   // In the order sent: a list or function before the program that names
   // it, so the first error is the cause.
   absl::Status error;

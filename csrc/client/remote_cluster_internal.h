@@ -33,7 +33,7 @@ inline absl::Status Prefixed(absl::string_view prefix, const absl::Status& statu
 // shared by every plan that needs what it loaded. Answered once, on a gRPC
 // thread (a lost host answers with its loss).
 struct RemoteCluster::LoadReply {
-  explicit LoadReply(std::string what) : what(std::move(what)) {}
+  LoadReply(int host, std::string what) : host(host), what(std::move(what)) {}
   // Takes the host's reply: its error is kept as "<what>: <the host's error>".
   void Answer(const absl::StatusOr<wire::Reply>& reply) {
     absl::Status s = reply.ok() ? ReplyStatus(*reply) : reply.status();
@@ -49,6 +49,11 @@ struct RemoteCluster::LoadReply {
     while (!answered) cv.Wait(&mu);
     return status;
   }
+  bool is_answered() {
+    MutexLock lock(&mu);
+    return answered;
+  }
+  const int host;          // the host it went to
   const std::string what;  // "host 1 could not load function 'f'"
   Mutex mu;
   CondVar cv;
