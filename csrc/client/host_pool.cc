@@ -3,6 +3,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/status_macros.h"
+#include "csrc/coordination/protocol_version.h"
 #include "csrc/base/error_kind.h"
 
 namespace pw {
@@ -23,6 +25,8 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& clust
   const TopologyOptions& topology = cluster.options();
   for (const Host* host : hosts) {
     wire::Hello hello;
+    hello.set_protocol_version(kControlProtocolVersion);
+    hello.set_op_registry_version(kOpRegistryVersion);
     wire::HostConfig* config = hello.mutable_config();
     config->set_host_id(host->id());
     config->set_island_id(host->island()->id());
@@ -34,6 +38,10 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& clust
     host_options.on_lost = [p = pool.get(), id = host->id()](const absl::Status& why) { p->OnLost(id, why); };
     auto channel = HostChannel::Connect(addresses[host->id()], std::move(hello), host_options);
     if (!channel.ok()) return channel.status();
+    // A host that checks no versions (older) answers none: refused here.
+    const wire::HelloReply& reply = (*channel)->hello_reply();
+    PW_RETURN_IF_ERROR(
+        CheckPeerVersions(host_options.host_name, reply.protocol_version(), reply.op_registry_version()));
     MutexLock lock(&pool->mu_);
     pool->channels_.push_back(*std::move(channel));
   }

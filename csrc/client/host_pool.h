@@ -41,8 +41,12 @@ class HostPool {
 
   // Connects to `addresses[h]` for host h of `cluster` (one address per
   // host), presenting `options.secret`, and configures each host with its
-  // devices. InvalidArgument if the counts differ; otherwise the first
-  // host's error, naming it (the channels opened are closed again).
+  // devices. InvalidArgument if the counts differ; FailedPrecondition naming
+  // both sides' versions if a host runs another build (another control
+  // protocol or op registry: coordination/protocol_version.h; the host
+  // refuses the Hello, or, if it is older than that check, its reply says
+  // so); otherwise the first host's error, naming it (the channels opened
+  // are closed again).
   static absl::StatusOr<std::unique_ptr<HostPool>> Connect(const Cluster& cluster,
                                                            const std::vector<std::string>& addresses,
                                                            const ChannelOptions& options, LostCallback on_lost = {});

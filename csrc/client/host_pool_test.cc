@@ -8,6 +8,7 @@
 
 #include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
+#include "csrc/coordination/protocol_version.h"
 #include "csrc/host/host_runtime.h"
 #include "gtest/gtest.h"
 
@@ -99,6 +100,50 @@ TEST_F(HostPoolTest, WrongCountsAndWrongSecretsAreRefused) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
   EXPECT_NE(refused.status().message().find("host 0 ("), std::string::npos) << refused.status();
   for (auto& runtime : runtimes_) EXPECT_FALSE(runtime->configured());
+}
+
+// A host of another build: one older than the version check (it answers
+// the Hello with no versions), or one whose op registry differs. The client
+// refuses it at connect time, naming both sides' versions.
+class OtherBuildHost final : public RequestHandler {
+ public:
+  OtherBuildHost(uint32_t protocol, uint64_t op_registry) : protocol_(protocol), op_registry_(op_registry) {}
+  void Handle(const std::shared_ptr<HostSession>& session, wire::Request request) override {
+    wire::Reply reply;
+    reply.set_id(request.id());
+    if (request.kind_case() == wire::Request::kHello) {
+      *reply.mutable_hello()->mutable_config() = request.hello().config();
+      reply.mutable_hello()->set_protocol_version(protocol_);
+      reply.mutable_hello()->set_op_registry_version(op_registry_);
+    }
+    if (request.id() != 0) session->Reply(std::move(reply));
+  }
+
+ private:
+  const uint32_t protocol_;
+  const uint64_t op_registry_;
+};
+
+TEST_F(HostPoolTest, AHostOfAnotherBuildIsRefusedNamingBothVersions) {
+  for (auto [protocol, op_registry] : {std::pair<uint32_t, uint64_t>{0, 0},
+                                       {kControlProtocolVersion, kOpRegistryVersion + 1},
+                                       {kControlProtocolVersion + 1, kOpRegistryVersion}}) {
+    SCOPED_TRACE(DescribeVersions(protocol, op_registry));
+    OtherBuildHost other(protocol, op_registry);
+    auto server = HostServer::Start("127.0.0.1:0", kSecret, &other);
+    ASSERT_TRUE(server.ok()) << server.status();
+    std::vector<std::string> addresses = addresses_;
+    addresses[1] = (*server)->address();
+    auto pool = HostPool::Connect(*cluster_, addresses, Options());
+    EXPECT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition) << pool.status();
+    const std::string message(pool.status().message());
+    EXPECT_NE(message.find("host 1 (" + addresses[1] + ")"), std::string::npos) << message;
+    EXPECT_NE(message.find(DescribeVersions(protocol, op_registry)), std::string::npos) << message;
+    EXPECT_NE(message.find(DescribeVersions(kControlProtocolVersion, kOpRegistryVersion)), std::string::npos)
+        << message;
+    pool = absl::StatusOr<std::unique_ptr<HostPool>>();
+    server->reset();
+  }
 }
 
 }  // namespace

@@ -175,6 +175,10 @@ RemoteCluster::~RemoteCluster() {
   for (auto& w : left) Run::FinishUnsent(*w->run, "the pathways runtime shut down");
   // The sessions end first: replies still awaited fail now, and finishing
   // their runs uses this object's members.
+  {
+    MutexLock lock(&closing_mu_);
+    closing_ = true;
+  }
   pool_.reset();
 }
 
@@ -215,6 +219,7 @@ void RemoteCluster::SubmitRun(std::vector<int> hosts, uint64_t program_id, uint6
   run->program_id = program_id;
   run->first = first;
   run->submitted_ns = NowNanos();
+  run->hosts = std::move(hosts);
   {
     MutexLock lock(&runs_mu_);
     run->seq = next_run_seq_++;
@@ -231,7 +236,6 @@ void RemoteCluster::SubmitRun(std::vector<int> hosts, uint64_t program_id, uint6
     if (policy_ != SchedulingPolicy::kFifo || num_waiting_ > 0) {
       queued = true;
       auto w = std::make_unique<Waiting>();
-      w->hosts = std::move(hosts);
       w->program_id = program_id;
       w->first = first;
       w->bindings = std::move(bindings);
@@ -250,7 +254,7 @@ void RemoteCluster::SubmitRun(std::vector<int> hosts, uint64_t program_id, uint6
   }
   if (CancelledBeforeSending(*run)) return;
   if (renew_pending_.load(std::memory_order_acquire)) SendRenewalsLocked();
-  SendRun(hosts, program_id, first, bindings, std::move(run));
+  SendRun(program_id, first, bindings, std::move(run));
 }
 
 bool RemoteCluster::CancelledBeforeSending(Run& run) {
@@ -412,7 +416,7 @@ void RemoteCluster::AdmitLocked() {
     }
     if (CancelledBeforeSending(*w->run)) continue;
     if (renew_pending_.load(std::memory_order_acquire)) SendRenewalsLocked();
-    SendRun(w->hosts, w->program_id, w->first, w->bindings, std::move(w->run));
+    SendRun(w->program_id, w->first, w->bindings, std::move(w->run));
   }
 }
 
@@ -519,34 +523,107 @@ std::vector<int> RemoteCluster::PositionsOn(const DeviceList* list, int host) co
   return positions;
 }
 
-void RemoteCluster::EnsureList(int host, const DeviceList* list) {
-  lists_by_id_[list->id()] = list;
-  if (!known_[host].lists.insert(list->id()).second) return;
-  wire::Request request;
-  wire::DefineDevices* define = request.mutable_define_devices();
-  define->set_list_id(list->id());
-  for (const Device* d : list->devices()) define->add_device_ids(d->id());
-  Send(host, std::move(request));
+std::shared_ptr<RemoteCluster::LoadReply> RemoteCluster::SendLoad(int host, wire::Request request, std::string what) {
+  auto reply = std::make_shared<LoadReply>(host, std::move(what));
+  Send(host, std::move(request), [reply](absl::StatusOr<wire::Reply> answer) { reply->Answer(answer); });
+  return reply;
 }
 
-uint64_t RemoteCluster::EnsureFunction(int host, const CompiledFunction& fn) {
+void RemoteCluster::EnsureList(int host, const DeviceList* list, Plan* plan) {
+  lists_by_id_[list->id()] = list;
+  auto [it, fresh] = known_[host].lists.try_emplace(list->id());
+  if (fresh) {
+    wire::Request request;
+    wire::DefineDevices* define = request.mutable_define_devices();
+    define->set_list_id(list->id());
+    for (const Device* d : list->devices()) define->add_device_ids(d->id());
+    it->second = SendLoad(host, std::move(request),
+                          absl::StrCat("host ", host, " could not define device list ", list->id(), " (",
+                                       list->size(), " devices)"));
+  }
+  if (plan != nullptr) plan->AddLoad(it->second);
+}
+
+uint64_t RemoteCluster::EnsureFunction(int host, const CompiledFunction& fn, Plan* plan) {
   const std::shared_ptr<const FunctionIr>& ir = fn.executable().ir_ptr();
-  auto [it, fresh] = function_ids_.try_emplace(ir.get());
-  if (fresh) it->second = {function_ids_.size(), ir};
-  const uint64_t id = it->second.first;
-  if (known_[host].functions.insert(id).second) {
+  auto [fit, fresh_id] = function_ids_.try_emplace(ir.get());
+  if (fresh_id) fit->second = {function_ids_.size(), ir};
+  const uint64_t id = fit->second.first;
+  auto [it, fresh] = known_[host].functions.try_emplace(id);
+  if (fresh) {
     wire::Request request;
     request.mutable_load_function()->set_function_id(id);
     request.mutable_load_function()->set_ir(SerializeFunctionIr(*ir));
-    Send(host, std::move(request));
+    it->second = SendLoad(host, std::move(request), absl::StrCat("host ", host, " could not load function '",
+                                                                 ir->name(), "'"));
   }
+  if (plan != nullptr) plan->AddLoad(it->second);
   return id;
+}
+
+absl::Status RemoteCluster::AwaitLoads(Plan& plan) {
+  if (plan.loads_ok.load(std::memory_order_acquire)) return absl::OkStatus();
+  std::vector<std::shared_ptr<LoadReply>> loads;
+  {
+    MutexLock lock(&plan.loads_mu);
+    if (!plan.load_error.ok()) return plan.load_error;
+    loads = plan.loads;
+  }
+  // The loads may still be queued on their hosts' sessions (nothing else
+  // need be sent after them): they leave now, or nothing would answer.
+  absl::flat_hash_set<int> unanswered;
+  for (const auto& load : loads) {
+    if (!load->is_answered()) unanswered.insert(load->host);
+  }
+  for (int h : unanswered) Flush(h);
+  // In the order sent: a list or function before the program that names
+  // it, so the first error is the cause.
+  absl::Status error;
+  for (const auto& load : loads) {
+    error = load->Await();
+    if (!error.ok()) break;
+  }
+  MutexLock lock(&plan.loads_mu);
+  if (!error.ok()) {
+    if (plan.load_error.ok()) {
+      plan.load_error = Prefixed(absl::StrCat("program '", plan.name, "' cannot run: "), error);
+    }
+    return plan.load_error;
+  }
+  // Loads added meanwhile (a host that only holds an argument) are waited
+  // for by the next dispatch.
+  if (plan.loads.size() == loads.size()) plan.loads_ok.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+void RemoteCluster::CancelRunOn(Run& run, int refuser, const absl::Status& why) {
+  {
+    MutexLock lock(&run.mu);
+    if (std::find(run.refusers.begin(), run.refusers.end(), refuser) != run.refusers.end()) return;
+    run.refusers.push_back(refuser);
+  }
+  MutexLock lock(&closing_mu_);
+  if (closing_) return;
+  // The refuser too: its executor knows already if it refused the run, but
+  // the refusal may have come from before it (the host's runtime), and then
+  // the messages its peers send for the run must still be dropped there.
+  for (int h : run.hosts) {
+    wire::Request request;
+    wire::CancelRun* cancel = request.mutable_cancel_run();
+    cancel->set_program_id(run.program_id);
+    cancel->set_first_buffer_id(run.first);
+    cancel->set_refused_by(refuser);
+    ToWire(why, cancel->mutable_status());
+    Send(h, std::move(request));
+    Flush(h);
+  }
 }
 
 RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
   std::unique_ptr<Plan>& plan = plans_[program.id()];
   if (plan != nullptr) return *plan;
   plan = std::make_unique<Plan>();
+  plan->name = program.ir().name();
   // The devices of every slot: where its producer (a step or an argument
   // placement) puts it.
   std::vector<const DeviceList*> slot_devices(program.num_slots());
@@ -573,8 +650,8 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
       for (int s : step.out_slots) c->add_out_slots(s);
       c->set_gang_tag(next_gang_tag_++);
       for (int h : hosts) {
-        EnsureList(h, step.devices);
-        c->set_function_id(EnsureFunction(h, *step.fn));  // one id whatever the host
+        EnsureList(h, step.devices, plan.get());
+        c->set_function_id(EnsureFunction(h, *step.fn, plan.get()));  // one id whatever the host
       }
     } else {
       const DeviceList* src = slot_devices[step.in_slots[0]];
@@ -590,8 +667,8 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
       const SlotType& type = program.slot_types()[step.out_slots[0]];
       t->set_shard_bytes(ShardBytes(type.dtype, type.dims));
       for (int h : hosts) {
-        EnsureList(h, src);
-        EnsureList(h, step.devices);
+        EnsureList(h, src, plan.get());
+        EnsureList(h, step.devices, plan.get());
       }
     }
     for (int h : hosts) {
@@ -638,24 +715,27 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
     load->set_program_id(program.id());
     load->set_name(program.ir().name());
     load->set_num_slots(program.num_slots());
-    Send(h, std::move(request));
+    plan->AddLoad(SendLoad(h, std::move(request),
+                           absl::StrCat("host ", h, " could not load program '", program.ir().name(), "'")));
   }
   return *plan;
 }
 
 void RemoteCluster::LoadOn(int host, uint64_t program_id, const LoweredProgram& program,
-                           const wire::ProgramStep* step) {
+                           const wire::ProgramStep* step, Plan& plan) {
   wire::Request request;
   wire::LoadProgram* load = request.mutable_load_program();
   load->set_program_id(program_id);
   load->set_name(program.ir().name());
   load->set_num_slots(program.num_slots());
   if (step != nullptr) *load->add_steps() = *step;
-  Send(host, std::move(request));
+  plan.AddLoad(SendLoad(host, std::move(request),
+                        absl::StrCat("host ", host, " could not load program '", program.ir().name(), "'")));
 }
 
-void RemoteCluster::SendRun(const std::vector<int>& hosts, uint64_t program_id, uint64_t first,
-                            const std::vector<wire::ArgBinding>& bindings, std::shared_ptr<Run> run) {
+void RemoteCluster::SendRun(uint64_t program_id, uint64_t first, const std::vector<wire::ArgBinding>& bindings,
+                            std::shared_ptr<Run> run) {
+  const std::vector<int>& hosts = run->hosts;
   if (hosts.empty()) {  // nothing to run anywhere
     Run::Finish(*run);
     return;
@@ -728,9 +808,9 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
   std::vector<std::shared_ptr<ShardedBuffer>> arg_buffers;  // every run holds them until sent
   const auto& types = program.slot_types();
   Plan* plan = nullptr;  // its steps never change once made
-  {
-    MutexLock lock(&mu_);
-    plan = &PlanFor(program);
+  // Under mu_: the run's buffers, and the run sent or queued (sequential:
+  // its arguments' run). Returns at once on an error.
+  auto dispatch = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     run = std::make_shared<Run>(this, plan, program.ir_ptr(), options.client);
     run->first = first;  // its slots' buffer ids count from it
     std::vector<wire::ArgBinding> copies;
@@ -772,7 +852,8 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
         if (step.kind == LoweredStep::Kind::kTransfer) run->copies[first + step.out_slots[0]] = step.link;
       }
       for (int h : hosts) {
-        if (plan->loaded.insert(h).second) LoadOn(h, program.id(), program, nullptr);  // it only sends an argument
+        // A host that only sends an argument.
+        if (plan->loaded.insert(h).second) LoadOn(h, program.id(), program, nullptr, *plan);
       }
       bindings.insert(bindings.end(), copies.begin(), copies.end());
       run->args = std::move(arg_buffers);
@@ -787,13 +868,13 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
       plan->sequential_base = next_sequential_id_;
       next_sequential_id_ += program.steps().size() + 1;
       for (size_t k = 0; k < program.steps().size(); ++k) {
-        for (int h : plan->step_hosts[k]) LoadOn(h, plan->sequential_base + k, program, &plan->step_wire[k]);
+        for (int h : plan->step_hosts[k]) LoadOn(h, plan->sequential_base + k, program, &plan->step_wire[k], *plan);
       }
     }
     const uint64_t args_id = plan->sequential_base + program.steps().size();
     if (!copies.empty()) {
       for (int h : hosts) {
-        if (plan->args_loaded.insert(h).second) LoadOn(h, args_id, program, nullptr);
+        if (plan->args_loaded.insert(h).second) LoadOn(h, args_id, program, nullptr, *plan);
       }
       std::vector<int> islands;
       for (const ArgPlacement& p : program.arg_placements()) {
@@ -806,7 +887,27 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
     } else {
       Run::Finish(*run);  // puts are ready once sent
     }
+    return absl::OkStatus();
+  };
+  absl::Status dispatched;
+  bool loaded = false;
+  {
+    MutexLock lock(&mu_);
+    plan = &PlanFor(program);
+    // Usually so: one lock per dispatch, no wait.
+    loaded = plan->loads_ok.load(std::memory_order_acquire);
+    if (loaded) dispatched = dispatch();
   }
+  if (!loaded) {
+    // The program's first dispatch (or one after new loads): the hosts'
+    // answers to its loads first, so that a refused load fails this call
+    // with the host's error rather than a run that can never complete.
+    PW_RETURN_IF_ERROR(AwaitLoads(*plan));
+    MutexLock lock(&mu_);
+    dispatched = dispatch();
+  }
+  PW_RETURN_IF_ERROR(dispatched);
+  if (!sequential) return absl::OkStatus();
   // Each step waits for its inputs unlocked: other dispatches go on
   // meanwhile (the order hosts see is that of the sends, each under mu_).
   for (size_t k = 0; k < program.steps().size(); ++k) {
@@ -814,6 +915,7 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
     if (step.kind == LoweredStep::Kind::kCompute) {
       for (int s : step.in_slots) slots[s]->Await().IgnoreError();  // errors flow to the outputs
     }
+    PW_RETURN_IF_ERROR(AwaitLoads(*plan));  // the steps' own programs, the first time
     run = std::make_shared<Run>(this, plan, program.ir_ptr(), options.client, static_cast<int>(k));
     run->first = first;
     for (int s : step.out_slots) PW_RETURN_IF_ERROR(allocate(s, types[s].dtype, types[s].dims, step.devices));

@@ -17,6 +17,20 @@
 // that its part is done; a host reports the buffers that failed on it.
 // Reading a buffer fetches each host's shards; dropping it frees them.
 //
+// Refusals are heard. Loads (DefineDevices, LoadFunction, LoadProgram) are
+// answered: a program's first dispatch waits for the answers to its loads
+// (one round trip, once per program), and a load a host refused fails that
+// dispatch and every later one of the program with the host's error ("host 1
+// could not load function 'f': ..."), before anything is sent. A host that
+// refuses a run (its reply is the error) fails the run as a whole, and the
+// client cancels the run on its other hosts (wire::CancelRun), which would
+// otherwise wait for that host's transfers or collectives.
+//
+// Ids (buffers, functions, programs, gang tags) are this client's, and so
+// is the single order of its sends (mu_): several clients on one set of
+// hosts would each need theirs scoped by session on the hosts (the data
+// plane's messages have room for the session: DataMessageIds).
+//
 // Thread-safe.
 
 #include <atomic>
@@ -132,14 +146,26 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
  private:
   struct Plan;
   struct Run;
+  struct LoadReply;
   RemoteCluster() = default;
 
   // Queues `request` for `host`; `done` gets the reply (null: none wanted).
   void Send(int host, wire::Request request, HostChannel::ReplyCallback done = nullptr);
   const DeviceList* ListById(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes sure `host` knows `list` / the function (sending them if not).
-  void EnsureList(int host, const DeviceList* list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t EnsureFunction(int host, const CompiledFunction& fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes sure `host` knows `list` / the function (sending them if not,
+  // with a reply wanted); `plan`, if given, needs them: their answer (the
+  // one to come, or the one come already) joins its loads.
+  void EnsureList(int host, const DeviceList* list, Plan* plan = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t EnsureFunction(int host, const CompiledFunction& fn, Plan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends a load to `host`; its answer goes to the result (`what` names it
+  // in its error).
+  std::shared_ptr<LoadReply> SendLoad(int host, wire::Request request, std::string what);
+  // Waits (outside mu_) until every load `plan` needs is answered, once;
+  // at once after that. The first refusal, as the program's error.
+  absl::Status AwaitLoads(Plan& plan);
+  // Host `refuser` refused `run` with `why`: every host of the run cancels
+  // it (told once per refuser). Any thread; does not block.
+  void CancelRunOn(Run& run, int refuser, const absl::Status& why);
   Plan& PlanFor(const LoweredProgram& program) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every host with a shard of `list`, increasing (computed once per list;
   // the reference stays valid: entries are never removed).
@@ -177,12 +203,13 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   void Flush(int host);
   // Moves the frees waiting for `host` into `run`.
   void TakeFrees(int host, wire::RunProgram* run);
-  // Sends `host` the program `program_id`: `step` alone, or no step.
-  void LoadOn(int host, uint64_t program_id, const LoweredProgram& program, const wire::ProgramStep* step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends `run` (SendRun's arguments) now, or queues it for admission (see
-  // SetPolicy). `cost_ns`: its device time for proportional share;
-  // `islands`: those it runs on.
+  // Sends `host` the program `program_id`: `step` alone, or no step; its
+  // answer joins `plan`'s loads.
+  void LoadOn(int host, uint64_t program_id, const LoweredProgram& program, const wire::ProgramStep* step,
+              Plan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `run` (SendRun's arguments) to `hosts` now, or queues it for
+  // admission (see SetPolicy). `cost_ns`: its device time for proportional
+  // share; `islands`: those it runs on.
   void SubmitRun(std::vector<int> hosts, uint64_t program_id, uint64_t first, std::vector<wire::ArgBinding> bindings,
                  std::shared_ptr<Run> run, double cost_ns, std::vector<int> islands) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends the queued runs that may go now.
@@ -192,11 +219,10 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   void AdmissionLoop();
   // A run admitted under proportional share finished.
   void Released(const std::vector<int>& islands);
-  // Sends one RunProgram to each of `hosts`; `run` completes its buffers
+  // Sends one RunProgram to each of run->hosts; `run` completes its buffers
   // once they have all replied.
-  void SendRun(const std::vector<int>& hosts, uint64_t program_id, uint64_t first,
-               const std::vector<wire::ArgBinding>& bindings, std::shared_ptr<Run> run)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendRun(uint64_t program_id, uint64_t first, const std::vector<wire::ArgBinding>& bindings,
+               std::shared_ptr<Run> run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Cluster* cluster_ = nullptr;
   RemoteServices services_;
@@ -229,9 +255,10 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // One dispatch at a time, so every host sees the same order; guards what
   // each host knows.
   mutable Mutex mu_;
+  // What each host was sent, and its answer (to come, or come).
   struct HostState {
-    absl::flat_hash_set<int> lists;
-    absl::flat_hash_set<uint64_t> functions;
+    absl::flat_hash_map<int, std::shared_ptr<LoadReply>> lists;
+    absl::flat_hash_map<uint64_t, std::shared_ptr<LoadReply>> functions;
   };
   std::vector<HostState> known_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, const DeviceList*> lists_by_id_ ABSL_GUARDED_BY(mu_);
@@ -268,6 +295,10 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   bool stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
   std::thread admission_thread_;
   uint32_t next_gang_tag_ ABSL_GUARDED_BY(mu_) = 1;
+  // Set before the sessions end: no cancel is sent from then on (CancelRunOn
+  // runs on gRPC threads, and sends while holding it).
+  Mutex closing_mu_;
+  bool closing_ ABSL_GUARDED_BY(closing_mu_) = false;
   // Ids of the per-step programs of sequential dispatch: apart from
   // LoweredProgram ids (which count from 1).
   uint64_t next_sequential_id_ ABSL_GUARDED_BY(mu_) = uint64_t{1} << 62;

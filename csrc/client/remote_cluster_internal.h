@@ -8,15 +8,58 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "csrc/client/remote_cluster.h"
 
 namespace pw {
+
+// `status` with `prefix` before its message, its payloads kept (its
+// ErrorKind: a lost host stays pw.HostLostError).
+inline absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
+  absl::Status out(status.code(), absl::StrCat(prefix, status.message()));
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
+// A host's answer to one load (DefineDevices, LoadFunction or LoadProgram),
+// shared by every plan that needs what it loaded. Answered once, on a gRPC
+// thread (a lost host answers with its loss).
+struct RemoteCluster::LoadReply {
+  LoadReply(int host, std::string what) : host(host), what(std::move(what)) {}
+  // Takes the host's reply: its error is kept as "<what>: <the host's error>".
+  void Answer(const absl::StatusOr<wire::Reply>& reply) {
+    absl::Status s = reply.ok() ? ReplyStatus(*reply) : reply.status();
+    if (!s.ok()) s = Prefixed(absl::StrCat(what, ": "), s);
+    MutexLock lock(&mu);
+    answered = true;
+    status = std::move(s);
+    cv.SignalAll();
+  }
+  // Blocks until answered; the answer.
+  absl::Status Await() {
+    MutexLock lock(&mu);
+    while (!answered) cv.Wait(&mu);
+    return status;
+  }
+  bool is_answered() {
+    MutexLock lock(&mu);
+    return answered;
+  }
+  const int host;          // the host it went to
+  const std::string what;  // "host 1 could not load function 'f'"
+  Mutex mu;
+  CondVar cv;
+  bool answered ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+};
 
 // When a host's part of a step ran, on the client's clock.
 struct PartInterval {
@@ -68,6 +111,22 @@ struct RemoteCluster::Plan {
   // arguments' copies program sequential_base + num_steps (0: not loaded).
   uint64_t sequential_base = 0;
   absl::flat_hash_set<int> args_loaded;
+  std::string name;  // the program's, for errors
+
+  // The hosts' answers to the loads its runs need: its own LoadPrograms and
+  // the lists and functions they name (sent for it, or known already). A
+  // dispatch waits while some are unanswered (AwaitLoads: one round trip,
+  // when a program is first dispatched); the first error fails this and
+  // every later dispatch of the program, before anything is sent.
+  Mutex loads_mu;  // not mu_: read by dispatches waiting outside it
+  std::vector<std::shared_ptr<LoadReply>> loads ABSL_GUARDED_BY(loads_mu);
+  absl::Status load_error ABSL_GUARDED_BY(loads_mu);
+  std::atomic<bool> loads_ok{false};  // every one of `loads` answered OK: nothing to wait for
+  void AddLoad(std::shared_ptr<LoadReply> reply) {
+    MutexLock lock(&loads_mu);
+    loads.push_back(std::move(reply));
+    loads_ok.store(false, std::memory_order_release);
+  }
 };
 
 // One run in flight: its buffers complete once every host taking part has
@@ -91,6 +150,7 @@ struct RemoteCluster::Run {
   // step's. Else (-1) the host's step index maps through the plan.
   int single_step;
   int64_t seq = -1;  // in the runs in flight, from SubmitRun
+  std::vector<int> hosts;   // that take part, increasing (from SubmitRun)
   uint64_t program_id = 0;  // with `first`: how hosts name it
   uint64_t first = 0;
   int64_t submitted_ns = 0;
@@ -113,10 +173,15 @@ struct RemoteCluster::Run {
   std::atomic<bool> finished{false};  // Finish ran (Abandon may come first)
   Mutex mu;
   absl::Status whole ABSL_GUARDED_BY(mu);  // a host's part failed as a whole
+  std::vector<int> refusers ABSL_GUARDED_BY(mu);  // hosts that refused it, whose refusal its hosts were told
   absl::flat_hash_map<uint64_t, absl::Status> failed ABSL_GUARDED_BY(mu);
 
   static void HostDone(const std::shared_ptr<Run>& run, int host, absl::StatusOr<wire::Reply> reply) {
     absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+    // The host refused the run (its reply is the error): its other hosts
+    // started their parts, which wait for it (a transfer it never sends, a
+    // collective it never joins). They let go of the run now.
+    if (reply.ok() && !status.ok()) run->rc->CancelRunOn(*run, host, status);
     const bool replied = status.ok();
     // Before the buffers complete: whoever sees them ready sees the gangs
     // in the timeline and the accounts, as in process.
@@ -216,7 +281,6 @@ struct RemoteCluster::Run {
 
 // A run waiting for admission: SendRun's arguments.
 struct RemoteCluster::Waiting {
-  std::vector<int> hosts;
   uint64_t program_id = 0;
   uint64_t first = 0;
   std::vector<wire::ArgBinding> bindings;

@@ -42,7 +42,10 @@ constexpr size_t kProofMessageBytes = 8 + kProofBytes;
 constexpr size_t kAnswerBytes = 8 + 4 + 4 + 4 + 32;
 static_assert(kNonceBytes == 32 && kProofBytes == 32);
 constexpr uint32_t kMessageMarker = 0x4d445750;  // "PWDM" read little-endian
-constexpr size_t kHeaderBytes = 16;
+constexpr size_t kHeaderBytes = DataPlane::kHeaderBytes;
+// Where the header's fields are.
+constexpr size_t kFlagAt = 4, kSessionAt = 8, kProgramAt = 16, kFirstAt = 24, kBufferAt = 32, kLengthAt = 40;
+static_assert(kLengthAt + 8 == kHeaderBytes);
 
 // Why a listener refused (the status of its challenge or ack).
 enum AckStatus : uint32_t {
@@ -825,7 +828,7 @@ absl::StatusOr<int> DataPlane::ConnectionFd(int peer, bool outgoing) {
   return outgoing ? out_fds_[peer] : in_fds_[peer];
 }
 
-absl::Status DataPlane::Send(int peer, absl::Span<const iovec> pieces, uint8_t flag) {
+absl::Status DataPlane::Send(int peer, absl::Span<const iovec> pieces, uint8_t flag, const MessageIds& ids) {
   PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/true));
   uint8_t header[kHeaderBytes] = {};
   absl::InlinedVector<iovec, 8> iov;
@@ -836,8 +839,12 @@ absl::Status DataPlane::Send(int peer, absl::Span<const iovec> pieces, uint8_t f
     if (piece.iov_len > 0) iov.push_back(piece);
   }
   Put32(header, kMessageMarker);
-  header[4] = flag;
-  Put64(header + 8, length);
+  header[kFlagAt] = flag;
+  Put64(header + kSessionAt, ids.session);
+  Put64(header + kProgramAt, ids.program_id);
+  Put64(header + kFirstAt, ids.first_buffer_id);
+  Put64(header + kBufferAt, ids.buffer_id);
+  Put64(header + kLengthAt, length);
 
   Peer& p = peers_[peer];
   MutexLock lock(&p.send_mu);
@@ -860,18 +867,18 @@ absl::Status DataPlane::BreakRecv(Peer& p, int peer, int fd, absl::string_view w
   // The stream's position is lost (or the stream is gone): shut it down so
   // that the peer's Sends fail too instead of filling it.
   shutdown(fd, SHUT_RDWR);
+  p.header_taken = false;
   p.recv_broken = absl::UnavailableError(absl::StrCat(Name(), ": connection from host ", peer, " broke: ", why));
   return p.recv_broken;
 }
 
-absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces,
-                                        std::optional<std::string>* other) {
-  if (other != nullptr) other->reset();
-  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
-  Peer& p = peers_[peer];
-  MutexLock lock(&p.recv_mu);
+absl::StatusOr<DataPlane::MessageHeader> DataPlane::ReadHeaderLocked(Peer& p, int peer, int fd) {
   if (!p.recv_broken.ok()) return p.recv_broken;
-
+  if (p.header_taken) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Name(), ": the payload of the message from host ", peer,
+        " whose header was taken must be received or discarded first (RecvPayload or Discard)"));
+  }
   uint8_t header[kHeaderBytes];
   iovec header_iov = {header, sizeof(header)};
   uint64_t got = 0;
@@ -883,29 +890,30 @@ absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces
   if (Get32(header) != kMessageMarker || header[5] != 0 || header[6] != 0 || header[7] != 0) {
     return BreakRecv(p, peer, fd, "corrupt stream (not a message header)");
   }
-  const uint8_t flag = header[4];
-  const uint64_t length = Get64(header + 8);
+  MessageHeader h;
+  h.flag = header[kFlagAt];
+  h.ids.session = Get64(header + kSessionAt);
+  h.ids.program_id = Get64(header + kProgramAt);
+  h.ids.first_buffer_id = Get64(header + kFirstAt);
+  h.ids.buffer_id = Get64(header + kBufferAt);
+  h.length = Get64(header + kLengthAt);
+  p.header_taken = true;
+  p.payload_left = h.length;
+  return h;
+}
 
-  uint64_t capacity = 0;
-  absl::InlinedVector<iovec, 8> iov;
-  for (const iovec& piece : pieces) {
-    capacity += piece.iov_len;
-    if (piece.iov_len > 0) iov.push_back(piece);
+absl::Status DataPlane::DrainLocked(Peer& p, int peer, int fd) {
+  if (!p.recv_broken.ok()) return p.recv_broken;
+  if (!p.header_taken) {
+    return absl::FailedPreconditionError(absl::StrCat(Name(), ": no message header from host ", peer,
+                                                      " was taken (RecvHeader first)"));
   }
-  got = 0;
-  if (length != capacity && other != nullptr && length <= kMaxOtherBytes) {
-    other->emplace(static_cast<size_t>(length), '\0');
-    iovec into = {(*other)->data(), (*other)->size()};
-    if (absl::Status status = ReadAll(fd, &into, 1, &got); !status.ok()) {
-      return BreakRecv(p, peer, fd,
-                       absl::StrCat(status.message(), " after ", got, " of ", length, " bytes of a message"));
-    }
-    return flag;
-  }
-  if (length != capacity) {
-    // Drain into a fixed scratch buffer: the length is the peer's word, and
-    // allocating it could be anything.
-    auto scratch = std::make_unique<uint8_t[]>(kDrainBytes);
+  // A fixed scratch buffer: the length is the peer's word, and allocating
+  // it could be anything.
+  const uint64_t length = p.payload_left;
+  uint64_t got = 0;
+  if (length > 0) {
+    auto scratch = std::make_unique<uint8_t[]>(static_cast<size_t>(std::min<uint64_t>(length, kDrainBytes)));
     while (got < length) {
       iovec chunk = {scratch.get(), static_cast<size_t>(std::min<uint64_t>(length - got, kDrainBytes))};
       if (absl::Status status = ReadAll(fd, &chunk, 1, &got); !status.ok()) {
@@ -913,15 +921,80 @@ absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces
                          absl::StrCat(status.message(), " after ", got, " of ", length, " bytes of a message"));
       }
     }
+  }
+  p.header_taken = false;
+  p.payload_left = 0;
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::ReadPayloadLocked(Peer& p, int peer, int fd, absl::Span<const iovec> pieces) {
+  if (!p.recv_broken.ok()) return p.recv_broken;
+  if (!p.header_taken) {
+    return absl::FailedPreconditionError(absl::StrCat(Name(), ": no message header from host ", peer,
+                                                      " was taken (RecvHeader first)"));
+  }
+  const uint64_t length = p.payload_left;
+  uint64_t capacity = 0;
+  absl::InlinedVector<iovec, 8> iov;
+  for (const iovec& piece : pieces) {
+    capacity += piece.iov_len;
+    if (piece.iov_len > 0) iov.push_back(piece);
+  }
+  if (length != capacity) {
+    PW_RETURN_IF_ERROR(DrainLocked(p, peer, fd));
     return absl::InvalidArgumentError(absl::StrCat(Name(), ": the message from host ", peer, " has ", length,
                                                    " bytes but the receive pieces hold ", capacity,
                                                    "; discarded it"));
   }
+  uint64_t got = 0;
   if (absl::Status status = ReadAll(fd, iov.data(), iov.size(), &got); !status.ok()) {
     return BreakRecv(p, peer, fd,
                      absl::StrCat(status.message(), " after ", got, " of ", length, " bytes of a message"));
   }
-  return flag;
+  p.header_taken = false;
+  p.payload_left = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DataPlane::MessageHeader> DataPlane::RecvHeader(int peer) {
+  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
+  Peer& p = peers_[peer];
+  MutexLock lock(&p.recv_mu);
+  return ReadHeaderLocked(p, peer, fd);
+}
+
+absl::Status DataPlane::RecvPayload(int peer, absl::Span<const iovec> pieces) {
+  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
+  Peer& p = peers_[peer];
+  MutexLock lock(&p.recv_mu);
+  return ReadPayloadLocked(p, peer, fd, pieces);
+}
+
+absl::Status DataPlane::Discard(int peer) {
+  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
+  Peer& p = peers_[peer];
+  MutexLock lock(&p.recv_mu);
+  return DrainLocked(p, peer, fd);
+}
+
+absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces, std::optional<std::string>* other,
+                                        MessageIds* ids) {
+  if (other != nullptr) other->reset();
+  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
+  Peer& p = peers_[peer];
+  MutexLock lock(&p.recv_mu);
+  PW_ASSIGN_OR_RETURN(const MessageHeader header, ReadHeaderLocked(p, peer, fd));
+  if (ids != nullptr) *ids = header.ids;
+  uint64_t capacity = 0;
+  for (const iovec& piece : pieces) capacity += piece.iov_len;
+  if (header.length != capacity && other != nullptr && header.length <= kMaxOtherBytes) {
+    other->emplace(static_cast<size_t>(header.length), '\0');
+    const iovec into = {(*other)->data(), (*other)->size()};
+    PW_RETURN_IF_ERROR(ReadPayloadLocked(p, peer, fd, {&into, 1}));
+    return header.flag;
+  }
+  PW_RETURN_IF_ERROR(ReadPayloadLocked(p, peer, fd, pieces));
+  return header.flag;
 }
 
 }  // namespace pw

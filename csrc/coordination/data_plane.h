@@ -34,8 +34,20 @@
 //       u32 listener host id, u32 status (0 accepted; else why refused),
 //       the listener's proof (zeros if refused). The dialer checks it before
 //       it sends a byte of data.
-//   message (dialer -> listener, repeated): u32 0x4d445750 ("PWDM"), u8 flag,
-//       3 zero bytes, u64 payload length; then the payload.
+//   message (dialer -> listener, repeated): a 48-byte header, then the
+//       payload. Header, by byte offset: 0 u32 0x4d445750 ("PWDM"), 4 u8
+//       flag, 5 three zero bytes, then the message's ids (DataMessageIds):
+//       8 u64 session, 16 u64 program id, 24 u64 first buffer id, 32 u64
+//       buffer id; then 40 u64 payload length.
+//   Versions: 1 sent the secret in the clear and 16-byte message headers
+//   (marker, flag, length); 2 had this handshake and those headers; 3 adds
+//   the ids.
+// Who a message is for travels in its header, so a receiver never has to
+// know it from the order of the messages alone: it reads the header first
+// (RecvHeader), then takes the payload where the ids say (RecvPayload) or
+// drops it (Discard). A receiver that refused the work a message belongs to
+// drops it; a later message of the same size still finds its own receive.
+//
 // Security: the handshake keeps out processes that do not know the key (a
 // stray or hostile connection to the port, a host of another cluster), and
 // the dialer knows it reached a peer that does; the key never crosses the
@@ -68,6 +80,29 @@
 
 namespace pw {
 
+// Who a data plane message is for, in its sender's words: carried in its
+// header and read by the receiver before the payload, so that it can match
+// messages to what it expects by id rather than by order. The data plane
+// gives them no meaning. The host executor's (host/host_executor.h): `session`,
+// the client session the work belongs to (0: the one client of today;
+// room for several clients on one set of hosts, whose own ids may then
+// collide); the run, as `program_id` + `first_buffer_id` (unique within a
+// session); `buffer_id`, the buffer the payload lands in (unique among
+// one run's transfers, and naming its step: each step makes its own).
+struct DataMessageIds {
+  uint64_t session = 0;
+  uint64_t program_id = 0;
+  uint64_t first_buffer_id = 0;
+  uint64_t buffer_id = 0;
+  friend bool operator==(const DataMessageIds&, const DataMessageIds&) = default;
+};
+// A data plane message's header, as DataPlane::RecvHeader reads it.
+struct DataMessageHeader {
+  uint8_t flag = 0;  // the sender's, for the receiver: what kind of payload
+  DataMessageIds ids;
+  uint64_t length = 0;  // payload bytes
+};
+
 // One host's end of the data plane: point-to-point byte messages to and from
 // every other host of a cluster of `num_hosts`.
 //
@@ -79,7 +114,9 @@ namespace pw {
 // different peers run in parallel, as do Recvs from different peers, and a
 // Send and a Recv with the same peer. Two Sends to one peer are serialized
 // (each message is written whole, in the order the Sends take the peer's
-// lock), and so are two Recvs from one peer. Shutdown may be called at any
+// lock), and so are two Recvs from one peer (a RecvHeader and the
+// RecvPayload or Discard that follows it are one receive in two calls: meant
+// for one receiving thread per peer). Shutdown may be called at any
 // time, also while other calls block. The destructor must not run while
 // another thread is inside a method: Shutdown, let the calls return, then
 // destroy.
@@ -122,7 +159,7 @@ class DataPlane {
   };
 
   // Handshake constants (see the wire format above), for tests that speak it.
-  static constexpr uint32_t kVersion = 2;
+  static constexpr uint32_t kVersion = 3;
   static constexpr size_t kMaxSecretBytes = 256;
 
   // Binds options.bind_ip:0, listens, and starts the accept thread, which
@@ -161,9 +198,13 @@ class DataPlane {
   // it down.
   absl::Status Connect(const std::vector<std::string>& addresses);
 
+  using MessageIds = DataMessageIds;
+  using MessageHeader = DataMessageHeader;
+  static constexpr size_t kHeaderBytes = 48;
+
   // Sends one message to `peer`: the bytes of `pieces` back to back
-  // (gathered by the kernel, no packing copy), preceded by a 16-byte header
-  // (total length and `flag`, which the receiver's Recv returns). Blocks
+  // (gathered by the kernel, no packing copy), preceded by a 48-byte header
+  // (total length, `flag` and `ids`, which the receiver reads first). Blocks
   // until every byte is handed to the kernel (not until the peer received
   // it). Messages to one peer arrive in the order they were sent. The
   // caller keeps `pieces` and their memory alive until Send returns.
@@ -171,23 +212,46 @@ class DataPlane {
   // FailedPrecondition (Connect did not succeed); Unavailable naming the
   // peer if its connection is (or becomes) broken (this peer only);
   // Cancelled after Shutdown.
-  absl::Status Send(int peer, absl::Span<const iovec> pieces, uint8_t flag = 0);
+  absl::Status Send(int peer, absl::Span<const iovec> pieces, uint8_t flag = 0, const MessageIds& ids = {});
 
-  // Receives the next message from `peer`, scattered into `pieces` (written
-  // in order, without an intermediate copy), and returns the sender's flag.
-  // Blocks until the whole message is in. If the message's length differs
-  // from the pieces' total: with `other` given and a length of at most
-  // kMaxOtherBytes, the message goes into *other instead (nothing lands in
-  // `pieces`) and Recv returns its flag, so a sender may send something
-  // else than the bytes expected, an error report say (*other is reset when
-  // the message lands in `pieces`); otherwise the message is read into a small scratch buffer and
+  // Receiving in two steps, for a receiver that decides where a message
+  // goes from its ids. RecvHeader blocks until the next message's header
+  // from `peer` is in and returns it; its payload is then still on the
+  // connection, and must be taken with RecvPayload or dropped with Discard
+  // before the next RecvHeader or Recv from `peer` (those fail with
+  // FailedPrecondition until then). Between the two the caller may take its
+  // time (wait until it knows where the payload goes): nothing else is read
+  // from `peer` meanwhile, and the sender's later messages wait in TCP's
+  // buffers, then hold its Sends back (backpressure).
+  // RecvPayload scatters the payload into `pieces`, whose total must be the
+  // header's length: else the payload is read into a small scratch buffer
+  // and dropped, the connection stays usable, and the result is
+  // InvalidArgument with both sizes. Discard reads and drops it (a fixed
+  // scratch buffer, whatever the length claims).
+  // Errors of all three as Send's (InvalidArgument for the peer,
+  // FailedPrecondition, Unavailable naming the peer: closed, also
+  // mid-message, or a corrupt stream; Cancelled), and FailedPrecondition
+  // for RecvPayload or Discard with no header taken.
+  absl::StatusOr<MessageHeader> RecvHeader(int peer);
+  absl::Status RecvPayload(int peer, absl::Span<const iovec> pieces);
+  absl::Status Discard(int peer);
+
+  // Receives the next message from `peer` in one call, whatever its ids,
+  // scattered into `pieces` (written in order, without an intermediate
+  // copy), and returns the sender's flag (its ids in *ids, if given). For a
+  // receiver that pairs messages by order. Blocks until the whole message
+  // is in. If the message's length differs from the pieces' total: with
+  // `other` given and a length of at most kMaxOtherBytes, the message goes
+  // into *other instead (nothing lands in `pieces`) and Recv returns its
+  // flag, so a sender may send something else than the bytes expected, an
+  // error report say (*other is reset when the message lands in `pieces`);
+  // otherwise the message is read into a small scratch buffer and
   // discarded (nothing of it lands in `pieces`), the connection stays
   // usable, and the result is InvalidArgument with both sizes. Other errors
-  // as Send: InvalidArgument (peer), FailedPrecondition, Unavailable naming
-  // the peer (closed, also mid-message, or a corrupt stream), Cancelled.
+  // as RecvHeader.
   static constexpr uint64_t kMaxOtherBytes = 64 << 10;
   absl::StatusOr<uint8_t> Recv(int peer, absl::Span<const iovec> pieces,
-                               std::optional<std::string>* other = nullptr);
+                               std::optional<std::string>* other = nullptr, MessageIds* ids = nullptr);
 
   // Unblocks every Connect, Send and Recv (they return Cancelled, as will
   // every later call), stops accepting, and shuts the connections down so
@@ -208,8 +272,13 @@ class DataPlane {
   struct Peer {
     Mutex send_mu;  // held by a Send for its whole message
     absl::Status send_broken ABSL_GUARDED_BY(send_mu);
-    Mutex recv_mu;  // held by a Recv for its whole message
+    // Held by a Recv for its whole message, by RecvHeader, RecvPayload and
+    // Discard for their part of one.
+    Mutex recv_mu;
     absl::Status recv_broken ABSL_GUARDED_BY(recv_mu);
+    // RecvHeader took a header: the payload's bytes are next on the wire.
+    bool header_taken ABSL_GUARDED_BY(recv_mu) = false;
+    uint64_t payload_left ABSL_GUARDED_BY(recv_mu) = 0;
   };
 
   DataPlane(int host_id, int num_hosts, Options options, int listen_fd, int wake_fd, std::string address);
@@ -242,6 +311,13 @@ class DataPlane {
   // otherwise marks the connection broken by `why` for good, shuts it down,
   // and returns that Unavailable error.
   absl::Status BreakRecv(Peer& p, int peer, int fd, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.recv_mu);
+  // The parts of a receive, with p.recv_mu held: the next header (marks it
+  // taken), the taken header's payload into `pieces` (of exactly its
+  // length), or dropped.
+  absl::StatusOr<MessageHeader> ReadHeaderLocked(Peer& p, int peer, int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.recv_mu);
+  absl::Status ReadPayloadLocked(Peer& p, int peer, int fd, absl::Span<const iovec> pieces)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.recv_mu);
+  absl::Status DrainLocked(Peer& p, int peer, int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.recv_mu);
 
   // "data plane host <id>" for messages.
   std::string Name() const;

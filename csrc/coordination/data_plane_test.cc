@@ -208,11 +208,15 @@ uint32_t AnswerStatus(const std::string& answer) {
 }
 std::string AnswerBytes(const std::string& answer) { return answer.substr(20, 32); }
 
-std::string MessageHeader(uint64_t length, uint8_t flag = 0) {
+std::string MessageHeader(uint64_t length, uint8_t flag = 0, const DataMessageIds& ids = {}) {
   std::string header;
   Put32(&header, 0x4d445750);
   header.push_back(static_cast<char>(flag));
   header.append(3, '\0');
+  Put64(&header, ids.session);
+  Put64(&header, ids.program_id);
+  Put64(&header, ids.first_buffer_id);
+  Put64(&header, ids.buffer_id);
   Put64(&header, length);
   return header;
 }
@@ -496,6 +500,74 @@ TEST(DataPlaneTest, AMessageOfAnotherLengthCanBeTakenAsOther) {
   ASSERT_OK(Get(sent));
 }
 
+// A receiver that places each message by its ids: the header first, then
+// the payload where the ids say, or nowhere. Nothing else is read from that
+// peer in between, and the stream stays in step whatever is dropped.
+TEST(DataPlaneTest, TheHeaderFirstThenThePayloadWhereItsIdsSayOrNowhere) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  const DataMessageIds first{0, 20, 100, 101}, second{0, 21, 200, 201}, third{7, 21, 300, 301};
+  const std::string big = Pattern(1 << 20, 4);  // larger than the drain's scratch
+  auto sent = c.Async([&] {
+    const iovec a = Piece(big.data(), big.size());
+    absl::Status s = c[0].Send(1, {&a, 1}, 0, first);
+    const iovec b = Piece("bbbb", 4);
+    s.Update(c[0].Send(1, {&b, 1}, 0, second));
+    const iovec cc = Piece("cc", 2);
+    s.Update(c[0].Send(1, {&cc, 1}, 1, third));
+    s.Update(SendString(c[0], 1, "dd"));
+    return s;
+  });
+  absl::StatusOr<DataMessageHeader> h = c[1].RecvHeader(0);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(h->ids == first);
+  EXPECT_EQ(h->length, big.size());
+  EXPECT_EQ(h->flag, 0);
+  // Its payload is next on the wire: no other header, no other receive.
+  EXPECT_TRUE(absl::IsFailedPrecondition(c[1].RecvHeader(0).status()));
+  std::string got;
+  EXPECT_TRUE(absl::IsFailedPrecondition(RecvString(c[1], 0, 4, &got).status()));
+  ASSERT_OK(c[1].Discard(0));  // the receiver has no place for it
+  // Nothing taken now: neither a payload nor a discard.
+  EXPECT_TRUE(absl::IsFailedPrecondition(c[1].Discard(0)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(c[1].RecvPayload(0, {})));
+
+  h = c[1].RecvHeader(0);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(h->ids == second);
+  char small[3];
+  const iovec wrong = Piece(small, sizeof(small));
+  absl::Status mismatch = c[1].RecvPayload(0, {&wrong, 1});
+  EXPECT_TRUE(absl::IsInvalidArgument(mismatch)) << mismatch;
+  EXPECT_THAT(mismatch.message(), AllOf(HasSubstr("has 4 bytes"), HasSubstr("hold 3")));
+
+  h = c[1].RecvHeader(0);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(h->ids == third);
+  EXPECT_EQ(h->flag, 1);
+  char two[2];
+  const iovec right = Piece(two, sizeof(two));
+  ASSERT_OK(c[1].RecvPayload(0, {&right, 1}));
+  EXPECT_EQ(std::string(two, 2), "cc");
+  // Still in step for a receiver that takes messages in order.
+  absl::StatusOr<uint8_t> flag = RecvString(c[1], 0, 2, &got);
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(got, "dd");
+  ASSERT_OK(Get(sent));
+}
+
+// Shutdown wakes a receiver waiting for a header, and one that took a
+// header and has not taken its payload sees Cancelled next.
+TEST(DataPlaneTest, ShutdownUnblocksAReceiverWaitingForAHeader) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  auto waiting = c.Async([&] { return c[1].RecvHeader(0).status(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  c[1].Shutdown();
+  absl::Status s = Get(waiting);
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+}
+
 TEST(DataPlaneTest, ConcurrentTrafficAmongFourPlanesInAllDirections) {
   constexpr int kHosts = 4;
   constexpr int kMessages = 60;
@@ -655,6 +727,7 @@ TEST(DataPlaneTest, BadPeersAreRefusedAndGoodPeersStillConnectAndTransfer) {
       {"host id out of range", 3, nullptr, DataPlane::kVersion, 2, -1},
       {"the listener's own host id", 0, nullptr, DataPlane::kVersion, 2, -1},
       {"another version", 1, nullptr, DataPlane::kVersion + 1, 4, -1},
+      {"version 2 (messages without ids)", 1, nullptr, 2, 4, -1},
   };
   for (const Case& bad : cases) {
     SCOPED_TRACE(bad.name);
@@ -987,16 +1060,30 @@ class FakePeerTest : public ::testing::Test {
 };
 
 TEST_F(FakePeerTest, MessagesOnTheWireAreHeaderThenPayload) {
+  static_assert(DataPlane::kHeaderBytes == 48);
+  const DataMessageIds ids{0x0102030405060708, 20, 100, 0xfedcba9876543210};
   ASSERT_OK(SendString(c_[0], 1, "abc", 7));
-  ASSERT_OK(c_[0].Send(1, {}, 255));
-  const std::string wire = ReadRaw(from_plane_, 16 + 3 + 16);
-  EXPECT_EQ(wire, MessageHeader(3, 7) + "abc" + MessageHeader(0, 255));
-  ASSERT_TRUE(WriteRaw(to_plane_, MessageHeader(2, 3) + "hi"));
+  ASSERT_OK(c_[0].Send(1, {}, 255, ids));
+  const std::string wire = ReadRaw(from_plane_, 48 + 3 + 48);
+  EXPECT_EQ(wire, MessageHeader(3, 7) + "abc" + MessageHeader(0, 255, ids));
+  // Byte by byte, as data_plane.h says.
+  const std::string h = MessageHeader(3, 7, ids);
+  EXPECT_EQ(h.substr(0, 8), std::string("PWDM\x07\0\0\0", 8));
+  EXPECT_EQ(h.substr(8, 8), std::string("\x08\x07\x06\x05\x04\x03\x02\x01", 8));  // session
+  EXPECT_EQ(h.substr(16, 8), std::string("\x14\0\0\0\0\0\0\0", 8));             // program id
+  EXPECT_EQ(h.substr(24, 8), std::string("\x64\0\0\0\0\0\0\0", 8));             // first buffer id
+  EXPECT_EQ(h.substr(32, 8), std::string("\x10\x32\x54\x76\x98\xba\xdc\xfe", 8));  // buffer id
+  EXPECT_EQ(h.substr(40, 8), std::string("\x03\0\0\0\0\0\0\0", 8));             // payload length
+  ASSERT_TRUE(WriteRaw(to_plane_, MessageHeader(2, 3, ids) + "hi"));
   std::string got;
-  absl::StatusOr<uint8_t> flag = RecvString(c_[0], 1, 2, &got);
+  got.assign(2, '\0');
+  const iovec piece = Piece(got.data(), 2);
+  DataMessageIds received;
+  absl::StatusOr<uint8_t> flag = c_[0].Recv(1, {&piece, 1}, nullptr, &received);
   ASSERT_TRUE(flag.ok()) << flag.status();
   EXPECT_EQ(*flag, 3);
   EXPECT_EQ(got, "hi");
+  EXPECT_TRUE(received == ids);
 }
 
 TEST_F(FakePeerTest, AHugeClaimedLengthAllocatesNothingAndEndsWithTheConnection) {
@@ -1027,11 +1114,14 @@ TEST_F(FakePeerTest, APeerThatStopsMidMessageIsUnavailable) {
   EXPECT_THAT(s.message(), AllOf(HasSubstr("host 1"), HasSubstr("after 1000 of 1048576 bytes")));
   // Sending to host 1 is a different connection and still works.
   ASSERT_OK(SendString(c_[0], 1, "ok"));
-  EXPECT_EQ(ReadRaw(from_plane_, 18), MessageHeader(2) + "ok");
+  EXPECT_EQ(ReadRaw(from_plane_, 48 + 2), MessageHeader(2) + "ok");
 }
 
 TEST_F(FakePeerTest, ACorruptHeaderBreaksTheConnection) {
-  ASSERT_TRUE(WriteRaw(to_plane_, "GET / HTTP/1.1\r\n\r\n"));
+  // A header's worth of bytes that are not one.
+  const std::string http = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n\r\n";
+  ASSERT_EQ(http.size(), DataPlane::kHeaderBytes);
+  ASSERT_TRUE(WriteRaw(to_plane_, http));
   std::string got;
   absl::Status s = RecvString(c_[0], 1, 2, &got).status();
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;

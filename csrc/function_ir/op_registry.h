@@ -260,6 +260,47 @@ inline constexpr bool IsCollectiveOp(OpKind kind) {
   return GetOpClass(kind) == OpClass::kCollective;
 }
 
+// The registry's version: a hash (FNV-1a) of every row, in order: its name,
+// its wire enumerator's name, its arity, class and type rule. A client and
+// its hosts exchange it in their Hello (coordination/protocol_version.h): two
+// builds whose registries differ would read each other's function IR as
+// other ops, so they refuse to work together. (The wire numbers themselves
+// live in function_ir.proto; renumbering one is a change of the control
+// protocol's version.)
+namespace op_registry_internal {
+constexpr uint64_t Fnv1a(uint64_t hash, absl::string_view bytes) {
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    hash = (hash ^ static_cast<uint8_t>(bytes[i])) * 0x100000001b3ull;
+  }
+  return (hash ^ 0xff) * 0x100000001b3ull;  // ends the field: "ab","c" is not "a","bc"
+}
+constexpr uint64_t Fnv1a(uint64_t hash, int64_t value) {
+  for (int i = 0; i < 8; ++i) {
+    hash = (hash ^ static_cast<uint8_t>(static_cast<uint64_t>(value) >> (8 * i))) * 0x100000001b3ull;
+  }
+  return hash;
+}
+inline constexpr absl::string_view kWireNames[] = {
+#define PW_OP_WIRE_NAME(e, name, wire, arity, cls, rule) #wire,
+    PW_OPS(PW_OP_WIRE_NAME)
+#undef PW_OP_WIRE_NAME
+};
+constexpr uint64_t RegistryHash() {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (int i = 0; i < kNumOpKinds; ++i) {
+    const OpInfo& op = kOpRegistry[i];
+    hash = Fnv1a(hash, op.name);
+    hash = Fnv1a(hash, kWireNames[i]);
+    hash = Fnv1a(hash, static_cast<int64_t>(op.arity));
+    hash = Fnv1a(hash, static_cast<int64_t>(op.op_class));
+    hash = Fnv1a(hash, static_cast<int64_t>(op.type_rule));
+  }
+  return hash;
+}
+}  // namespace op_registry_internal
+
+inline constexpr uint64_t kOpRegistryVersion = op_registry_internal::RegistryHash();
+
 // The registry's rows are in enum order (GetOpInfo indexes by the enum).
 static_assert([] {
   for (int i = 0; i < kNumOpKinds; ++i) {

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
 #include "csrc/base/status_macros.h"
@@ -26,6 +27,10 @@ constexpr int kMaxSlots = 1 << 22;
 constexpr int64_t kMaxShardBytes = int64_t{1} << 40;
 
 bool ShardBytesOk(int64_t bytes) { return bytes >= 0 && bytes <= kMaxShardBytes; }
+
+// A message whose receive is not posted this long after it came is said on
+// stderr (see RecvLoop).
+constexpr std::chrono::seconds kLongRecvWait(10);
 
 // A transfer's message on the data plane: its shards (flag kShards), or,
 // when they cannot be had, an error report (kErrorReport: a wire::Status)
@@ -151,6 +156,11 @@ void HostBuffer::OnDone(absl::AnyInvocable<void(const absl::Status&) &&> fn) {
 bool HostBuffer::done() const {
   MutexLock lock(&mu_);
   return done_;
+}
+
+bool HostBuffer::failed() const {
+  MutexLock lock(&mu_);
+  return done_ && !status_.ok();
 }
 
 absl::Status HostBuffer::Await(const std::atomic<bool>& stopping) {
@@ -315,8 +325,11 @@ struct DstParts {
   }
 };
 
+// One other host: what this host sends it, in the global order, and the
+// receives posted for its messages, by destination.
 struct HostExecutor::Peer {
   struct Send {
+    DataMessageIds ids;  // the run and the destination: what the receiver matches
     std::shared_ptr<HostBuffer> src;
     std::vector<int> indices;  // local shard indices of src, in order
     std::vector<int> devices;  // their devices (indices in this host)
@@ -324,15 +337,19 @@ struct HostExecutor::Peer {
     int64_t src_bytes = 0;     // what src must hold
   };
   struct Recv {
+    RunKey run;
     std::shared_ptr<DstParts> parts;
     std::vector<int> indices;  // local shard indices of the destination
     int64_t shard_bytes = 0;
   };
   int host = 0;
-  Mutex mu;
+  Mutex mu;  // signals cv when sends or recvs grow, when a run dies, and on stopping
   CondVar cv;
   std::deque<Send> sends ABSL_GUARDED_BY(mu);
-  std::deque<Recv> recvs ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<RecvKey, Recv> recvs ABSL_GUARDED_BY(mu);
+  // Set once nothing more can come from this host (its connection broke, or
+  // this host stops): receives posted from then on fail at once with it.
+  absl::Status recv_broken ABSL_GUARDED_BY(mu);
   std::thread sender, receiver;
 };
 
@@ -608,6 +625,17 @@ absl::Status HostExecutor::ConnectDataPlane() {
 }
 
 absl::Status HostExecutor::DefineDevices(const wire::DefineDevices& request) {
+  absl::Status status = DefineDevicesChecked(request);
+  MutexLock lock(&mu_);
+  if (status.ok()) {
+    list_errors_.erase(request.list_id());
+  } else if (!lists_.contains(request.list_id())) {  // a list that exists stays usable
+    list_errors_[request.list_id()] = status;
+  }
+  return status;
+}
+
+absl::Status HostExecutor::DefineDevicesChecked(const wire::DefineDevices& request) {
   auto list = std::make_unique<HostDeviceList>();
   if (request.device_ids_size() == 0) return absl::InvalidArgumentError("define_devices: an empty device list");
   for (int i = 0; i < request.device_ids_size(); ++i) {
@@ -663,23 +691,50 @@ absl::Status HostExecutor::DefineDevices(const wire::DefineDevices& request) {
 
 absl::StatusOr<const HostDeviceList*> HostExecutor::List(int id) const {
   auto it = lists_.find(id);
-  if (it == lists_.end()) return absl::InvalidArgumentError(absl::StrCat("no device list ", id, " on this host"));
-  return it->second.get();
+  if (it != lists_.end()) return it->second.get();
+  if (auto failed = list_errors_.find(id); failed != list_errors_.end()) {
+    return absl::Status(failed->second.code(), absl::StrCat("device list ", id, " could not be defined on host ",
+                                                            host_id_, ": ", failed->second.message()));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("no device list ", id, " on host ", host_id_));
 }
 
 absl::Status HostExecutor::LoadFunction(const wire::LoadFunction& request) {
-  auto ir = ParseFunctionIr(request.ir());
-  if (!ir.ok()) return ir.status();
-  auto exe = FunctionExecutable::Compile(*std::move(ir));
-  if (!exe.ok()) return exe.status();
+  absl::StatusOr<std::shared_ptr<const FunctionExecutable>> exe = [&]() -> decltype(exe) {
+    auto ir = ParseFunctionIr(request.ir());
+    if (!ir.ok()) return ir.status();
+    const std::string name = (*ir)->name();
+    auto compiled = FunctionExecutable::Compile(*std::move(ir));
+    if (!compiled.ok()) {
+      return absl::Status(compiled.status().code(), absl::StrCat("'", name, "': ", compiled.status().message()));
+    }
+    return compiled;
+  }();
+  MutexLock lock(&mu_);
+  if (!exe.ok()) {
+    function_errors_[request.function_id()] = exe.status();
+    return exe.status();
+  }
   auto fn = std::make_shared<Function>();
   fn->exe = *std::move(exe);
-  MutexLock lock(&mu_);
   functions_[request.function_id()] = std::move(fn);
+  function_errors_.erase(request.function_id());
   return absl::OkStatus();
 }
 
 absl::Status HostExecutor::LoadProgram(const wire::LoadProgram& request) {
+  MutexLock lock(&mu_);
+  absl::Status status = LoadProgramLocked(request);
+  if (status.ok()) {
+    program_errors_.erase(request.program_id());
+  } else {
+    programs_.erase(request.program_id());  // a run of it is refused with this error, not an older program's
+    program_errors_[request.program_id()] = status;
+  }
+  return status;
+}
+
+absl::Status HostExecutor::LoadProgramLocked(const wire::LoadProgram& request) {
   auto program = std::make_shared<Program>();
   program->name = request.name();
   program->num_slots = request.num_slots();
@@ -687,14 +742,19 @@ absl::Status HostExecutor::LoadProgram(const wire::LoadProgram& request) {
     return absl::InvalidArgumentError(absl::StrCat("load_program: bad num_slots ", program->num_slots));
   }
   auto slot_ok = [&](int s) { return s >= 0 && s < program->num_slots; };
-  MutexLock lock(&mu_);
   for (const wire::ProgramStep& ws : request.steps()) {
     Program::Step step;
     if (ws.has_compute()) {
       const wire::ComputeStep& c = ws.compute();
       auto fn = functions_.find(c.function_id());
       if (fn == functions_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("load_program: no function ", c.function_id()));
+        if (auto failed = function_errors_.find(c.function_id()); failed != function_errors_.end()) {
+          return absl::Status(failed->second.code(),
+                              absl::StrCat("load_program: function ", c.function_id(), " could not be loaded on host ",
+                                           host_id_, ": ", failed->second.message()));
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat("load_program: no function ", c.function_id(), " on host ", host_id_));
       }
       auto gang = List(c.devices());
       if (!gang.ok()) return gang.status();
@@ -777,12 +837,37 @@ absl::Status HostExecutor::CheckTransferSizes(const HostBuffer& src, int64_t src
 
 absl::Status HostExecutor::Put(wire::PutBuffer& request) {
   MutexLock lock(&mu_);
-  auto list = List(request.devices());
-  if (!list.ok()) return list.status();
-  if (!ShardBytesOk(request.shard_bytes())) {
-    return absl::InvalidArgumentError(absl::StrCat("put: bad shard_bytes ", request.shard_bytes()));
-  }
+  absl::Status status = PutLocked(request);
+  if (status.ok()) return status;
+  // Nobody hears a put's error (no reply): the buffer keeps it, so its
+  // readers and the runs that use it get it, not "no such buffer" or a wait
+  // for chunks that will not fit.
   const uint64_t id = request.buffer_id();
+  puts_in_progress_.erase(id);
+  auto it = buffers_.find(id);
+  // A stray later chunk of a buffer this host does not have (freed) makes
+  // none: nobody would free it.
+  if (it == buffers_.end() && request.offset() != 0) return status;
+  std::shared_ptr<HostBuffer> buffer = it != buffers_.end() ? it->second : NewBuffer(id, 0);
+  buffer->Complete(absl::Status(status.code(), absl::StrCat(status.message(), " (on host ", host_id_, ")")));
+  return status;
+}
+
+absl::Status HostExecutor::PutLocked(wire::PutBuffer& request) {
+  const uint64_t id = request.buffer_id();
+  if (request.offset() != 0) {
+    // A later chunk of a buffer that failed (a chunk refused, or no memory):
+    // dropped, the buffer keeps its first error.
+    auto it = buffers_.find(id);
+    if (it != buffers_.end() && !puts_in_progress_.contains(id) && it->second->failed()) return absl::OkStatus();
+  }
+  auto list = List(request.devices());
+  if (!list.ok()) {
+    return absl::Status(list.status().code(), absl::StrCat("put: buffer ", id, ": ", list.status().message()));
+  }
+  if (!ShardBytesOk(request.shard_bytes())) {
+    return absl::InvalidArgumentError(absl::StrCat("put: buffer ", id, ": bad shard_bytes ", request.shard_bytes()));
+  }
   const int64_t want = static_cast<int64_t>((*list)->local_positions.size()) * request.shard_bytes();
   const int64_t offset = request.offset();
   const int64_t bytes = static_cast<int64_t>(request.data().size());
@@ -801,7 +886,6 @@ absl::Status HostExecutor::Put(wire::PutBuffer& request) {
   } else {
     auto next = puts_in_progress_.find(id);
     auto it = buffers_.find(id);
-    if (it != buffers_.end() && !it->second->allocated()) return absl::OkStatus();  // failed at its first chunk
     if (next == puts_in_progress_.end() || it == buffers_.end() || next->second != offset) {
       return absl::InvalidArgumentError(absl::StrCat("put: a chunk of buffer ", id, " at offset ", offset,
                                                      " that does not follow the one before"));
@@ -825,20 +909,32 @@ void HostExecutor::Run(const wire::RunProgram& request,
     const HostDeviceList* src_list;
     std::shared_ptr<HostBuffer> src;
     const HostDeviceList* dst_list;
+    uint64_t dst_id;
     std::shared_ptr<HostBuffer> dst;
     int64_t shard_bytes;
   };
+  const RunKey key{kOneSession, request.program_id(), request.first_buffer_id()};
   std::vector<Transfer> transfers;
   std::vector<Part*> parts;
   auto* run = new RunState(std::move(done));
   std::vector<std::shared_ptr<HostBuffer>> dropped;  // freed once unlocked
-  absl::Status early;  // the run is refused (replied to outside the lock)
+  // The run is refused (replied to outside the lock): the client cancelled
+  // it already, or it cannot start here.
+  absl::Status early = DeadStatus(key);
   {
     MutexLock lock(&mu_);
     for (uint64_t id : request.free_buffer_ids()) DropLocked(id, dropped);
     auto pit = programs_.find(request.program_id());
-    if (pit == programs_.end()) {
-      early = absl::InvalidArgumentError(absl::StrCat("run: no program ", request.program_id()));
+    if (!early.ok()) {
+      // Refused as a whole (below).
+    } else if (pit == programs_.end()) {
+      auto failed = program_errors_.find(request.program_id());
+      early = failed != program_errors_.end()
+                  ? absl::Status(failed->second.code(),
+                                 absl::StrCat("run: program ", request.program_id(), " could not be loaded on host ",
+                                              host_id_, ": ", failed->second.message()))
+                  : absl::InvalidArgumentError(
+                        absl::StrCat("run: no program ", request.program_id(), " on host ", host_id_));
     }
     // Every binding is checked before anything is made: a run refused
     // leaves nothing behind that would never complete.
@@ -846,13 +942,23 @@ void HostExecutor::Run(const wire::RunProgram& request,
       if (!early.ok()) break;
       auto src = List(a.src_devices());
       auto dst = List(a.dst_devices());
-      if (!src.ok() || !dst.ok() || a.slot() < 0 || a.slot() >= pit->second->num_slots ||
-          !ShardBytesOk(a.shard_bytes()) || (*src)->device_ids.size() != (*dst)->device_ids.size()) {
-        early = absl::InvalidArgumentError("run: a malformed argument binding");
+      if (!src.ok() || !dst.ok()) {
+        early = absl::Status((src.ok() ? dst : src).status().code(),
+                             absl::StrCat("run: argument binding of slot ", a.slot(), " of program '",
+                                          pit->second->name, "': ", (src.ok() ? dst : src).status().message()));
+      } else if (a.slot() < 0 || a.slot() >= pit->second->num_slots || !ShardBytesOk(a.shard_bytes()) ||
+                 (*src)->device_ids.size() != (*dst)->device_ids.size()) {
+        early = absl::InvalidArgumentError(absl::StrCat("run: a malformed argument binding (slot ", a.slot(),
+                                                        ") of program '", pit->second->name, "' on host ",
+                                                        host_id_));
       }
     }
   }
   if (!early.ok()) {
+    // Dead here: whatever the other hosts send for it is dropped (they may
+    // have queued their side before the client cancels the run on them).
+    MarkDead(key, early, host_id_);
+    EnsureReceivers();
     std::move(run->done)(early);
     delete run;
     return;
@@ -887,7 +993,7 @@ void HostExecutor::Run(const wire::RunProgram& request,
         slots[a.slot()] = d;
         run->Track(d);
       }
-      transfers.push_back(Transfer{*src, std::move(s), *dst, std::move(d), a.shard_bytes()});
+      transfers.push_back(Transfer{*src, std::move(s), *dst, first + a.slot(), std::move(d), a.shard_bytes()});
     }
     for (size_t k = 0; k < program.steps.size(); ++k) {
       const Program::Step& step = program.steps[k];
@@ -901,7 +1007,8 @@ void HostExecutor::Run(const wire::RunProgram& request,
           run->Track(d);
         }
         if (s == nullptr && !step.src->local_positions.empty()) s = lookup(first + step.src_slot);
-        transfers.push_back(Transfer{step.src, std::move(s), step.dst, std::move(d), step.shard_bytes});
+        transfers.push_back(
+            Transfer{step.src, std::move(s), step.dst, first + step.dst_slot, std::move(d), step.shard_bytes});
         continue;
       }
       if (step.gang->local_positions.empty()) continue;
@@ -931,13 +1038,15 @@ void HostExecutor::Run(const wire::RunProgram& request,
       parts.push_back(part);
     }
   }
-  for (Transfer& t : transfers) StartTransfer(*t.src_list, std::move(t.src), *t.dst_list, std::move(t.dst), t.shard_bytes);
+  for (Transfer& t : transfers) {
+    StartTransfer(key, *t.src_list, std::move(t.src), *t.dst_list, t.dst_id, std::move(t.dst), t.shard_bytes);
+  }
   for (Part* part : parts) Enqueue(part);
   run->Release();
 }
 
-void HostExecutor::StartTransfer(const HostDeviceList& src_list, std::shared_ptr<HostBuffer> src,
-                                 const HostDeviceList& dst_list, std::shared_ptr<HostBuffer> dst,
+void HostExecutor::StartTransfer(const RunKey& run, const HostDeviceList& src_list, std::shared_ptr<HostBuffer> src,
+                                 const HostDeviceList& dst_list, uint64_t dst_id, std::shared_ptr<HostBuffer> dst,
                                  int64_t shard_bytes) {
   const int64_t src_bytes = static_cast<int64_t>(src_list.local_positions.size()) * shard_bytes;
   std::vector<std::pair<int, int>> copies;  // (src local index, dst local index)
@@ -965,10 +1074,12 @@ void HostExecutor::StartTransfer(const HostDeviceList& src_list, std::shared_ptr
       recvs[s].push_back(di);
     }
   }
+  const DataMessageIds ids{run.session, run.program_id, run.first_buffer_id, dst_id};
   for (int peer : send_order) {
     Peer& p = PeerFor(peer);
     MutexLock lock(&p.mu);
-    p.sends.push_back(Peer::Send{src, std::move(sends[peer]), std::move(send_devices[peer]), shard_bytes, src_bytes});
+    p.sends.push_back(
+        Peer::Send{ids, src, std::move(sends[peer]), std::move(send_devices[peer]), shard_bytes, src_bytes});
     p.cv.SignalAll();
   }
   if (dst == nullptr) return;
@@ -977,10 +1088,24 @@ void HostExecutor::StartTransfer(const HostDeviceList& src_list, std::shared_ptr
   parts->check = [this, devices = std::move(dst_devices)] { return CheckHealthy(devices); };
   parts->left.store((copies.empty() ? 0 : 1) + static_cast<int>(recv_order.size()) + 1);
   for (int peer : recv_order) {
+    if (data_ == nullptr) {
+      parts->Done(absl::FailedPreconditionError("the data plane is not connected"));
+      continue;
+    }
     Peer& p = PeerFor(peer);
-    MutexLock lock(&p.mu);
-    p.recvs.push_back(Peer::Recv{parts, std::move(recvs[peer]), shard_bytes});
-    p.cv.SignalAll();
+    absl::Status broken;
+    {
+      MutexLock lock(&p.mu);
+      broken = p.recv_broken;
+      if (broken.ok()) {
+        // Posted by its destination's id: the receiving thread pairs the
+        // message that names it with it, whatever came before.
+        p.recvs.insert_or_assign(RecvKey{run.session, dst_id},
+                                 Peer::Recv{run, parts, std::move(recvs[peer]), shard_bytes});
+        p.cv.SignalAll();
+      }
+    }
+    if (!broken.ok()) parts->Done(broken);
   }
   if (!copies.empty()) {
     src->OnDone([this, src, dst, parts, copies = std::move(copies), shard_bytes,
@@ -1023,23 +1148,29 @@ void HostExecutor::SendLoop(Peer* peer) {
       peer->sends.pop_front();
     }
     const int64_t payload = static_cast<int64_t>(item.indices.size()) * item.shard_bytes;
-    absl::Status status = item.src->Await(stopping_);
+    const RunKey run{item.ids.session, item.ids.program_id, item.ids.first_buffer_id};
+    // A cancelled run's data is not worth sending (nor waiting for): the
+    // receiver drops it, or, if the cancel has not reached it yet, fails the
+    // destination with the error.
+    absl::Status status = DeadStatus(run);
+    if (status.ok()) status = item.src->Await(stopping_);
     if (stopping_.load(std::memory_order_acquire)) return;
     if (status.ok() && item.src->bytes() != item.src_bytes) {
       status = absl::InternalError(absl::StrCat("transfer: buffer ", item.src->id(), " has ", item.src->bytes(),
                                                 " bytes on host ", host_id_, ", expected ", item.src_bytes));
     }
     if (status.ok()) status = CheckHealthy(item.devices);
+    if (status.ok()) status = DeadStatus(run);
     if (data_ == nullptr) continue;  // the receiver fails its part
     absl::Status sent;
     if (status.ok()) {
       // Straight from the buffer: the kernel gathers the shards.
       ShardPieces(item.indices, item.src->data(), item.shard_bytes, pieces);
-      sent = data_->Send(peer->host, pieces, kShards);
+      sent = data_->Send(peer->host, pieces, kShards, item.ids);
     } else {
       const std::string report = ErrorReport(status, payload);
       const iovec piece{const_cast<char*>(report.data()), report.size()};
-      sent = data_->Send(peer->host, {&piece, 1}, kErrorReport);
+      sent = data_->Send(peer->host, {&piece, 1}, kErrorReport, item.ids);
     }
     item.src.reset();
     if (!sent.ok() && !absl::IsCancelled(sent)) {
@@ -1051,48 +1182,188 @@ void HostExecutor::SendLoop(Peer* peer) {
 
 void HostExecutor::RecvLoop(Peer* peer) {
   std::vector<iovec> pieces;
-  std::optional<std::string> other;
+  std::string report;
+  // Ends the loop: every receive from this peer fails from now on.
+  auto broken = [&](const absl::Status& status) { FailReceives(peer, status); };
+  if (data_ == nullptr) return broken(absl::FailedPreconditionError("the data plane is not connected"));
   while (true) {
-    Peer::Recv item;
+    absl::StatusOr<DataMessageHeader> header = data_->RecvHeader(peer->host);
+    if (!header.ok()) return broken(header.status());
+    const DataMessageIds& ids = header->ids;
+    const RunKey run{ids.session, ids.program_id, ids.first_buffer_id};
+    // The receive posted for its destination; none yet: its run has not
+    // reached this host yet (every host takes the runs in one order), so it
+    // waits, and nothing else is read from this peer meanwhile, as when
+    // receives paired by order. Or nowhere: its run is dead here.
+    std::optional<Peer::Recv> item;
     {
       MutexLock lock(&peer->mu);
-      while (peer->recvs.empty() && !stopping_.load(std::memory_order_acquire)) peer->cv.Wait(&peer->mu);
-      if (peer->recvs.empty()) return;
-      item = std::move(peer->recvs.front());
-      peer->recvs.pop_front();
+      // A run reaches every host at about the same time (the client sends
+      // it to all at once): a long wait means this host's control plane is
+      // far behind, or the hosts disagree on the program. Said once.
+      const auto warn_at = std::chrono::steady_clock::now() + kLongRecvWait;
+      bool warned = false;
+      while (!stopping_.load(std::memory_order_acquire)) {
+        auto it = peer->recvs.find(RecvKey{ids.session, ids.buffer_id});
+        if (it != peer->recvs.end()) {
+          item = std::move(it->second);
+          peer->recvs.erase(it);
+          break;
+        }
+        if (!DeadStatus(run).ok()) break;
+        if (warned) {
+          peer->cv.Wait(&peer->mu);
+        } else if (!peer->cv.WaitUntil(&peer->mu, warn_at)) {
+          warned = true;
+          std::cerr << "pathways-host " << host_id_ << ": a message from host " << peer->host << " for buffer "
+                    << ids.buffer_id << " of the run of program " << ids.program_id << " from buffer "
+                    << ids.first_buffer_id << " has waited " << absl::FormatDuration(absl::FromChrono(kLongRecvWait))
+                    << " for its run to reach this host\n";
+        }
+      }
     }
-    const int64_t payload = static_cast<int64_t>(item.indices.size()) * item.shard_bytes;
-    HostBuffer& dst = *item.parts->dst;
-    if (data_ == nullptr) {
-      item.parts->Done(absl::FailedPreconditionError("the data plane is not connected"));
+    if (stopping_.load(std::memory_order_acquire)) return broken(absl::CancelledError("the host is stopping"));
+    if (!item.has_value()) {  // a run refused or cancelled here
+      if (absl::Status dropped = data_->Discard(peer->host); !dropped.ok()) return broken(dropped);
       continue;
     }
-    // Straight into the destination (the kernel scatters the shards); with
-    // no memory for it, the bytes are still taken off the wire (drained).
-    if (dst.allocated()) {
-      ShardPieces(item.indices, dst.data(), item.shard_bytes, pieces);
-    } else {
-      pieces.clear();
-    }
-    absl::StatusOr<uint8_t> flag = data_->Recv(peer->host, pieces, &other);
-    absl::Status status;
-    if (flag.ok() && *flag == kErrorReport && other.has_value()) {
-      wire::Status report;
-      status = report.ParseFromString(*other)
-                   ? FromWire(report)
+    const int64_t payload = static_cast<int64_t>(item->indices.size()) * item->shard_bytes;
+    HostBuffer& dst = *item->parts->dst;
+    absl::Status status;     // the destination's part
+    absl::Status connection;  // the peer's connection
+    if (!(item->run == run)) {
+      // The hosts disagree on which run makes this buffer: nothing of it
+      // lands here.
+      connection = data_->Discard(peer->host);
+      status = absl::InternalError(absl::StrCat(
+          "transfer from host ", peer->host, ": a message for buffer ", ids.buffer_id, " of the run of program ",
+          ids.program_id, " from buffer ", ids.first_buffer_id, ", where host ", host_id_,
+          " makes that buffer in the run of program ", item->run.program_id, " from buffer ",
+          item->run.first_buffer_id));
+    } else if (header->flag == kErrorReport && header->length <= DataPlane::kMaxOtherBytes) {
+      report.resize(static_cast<size_t>(header->length));
+      const iovec into{report.data(), report.size()};
+      connection = data_->RecvPayload(peer->host, {&into, 1});
+      wire::Status wire_status;
+      status = wire_status.ParseFromString(report)
+                   ? FromWire(wire_status)
                    : absl::DataLossError(absl::StrCat("a malformed error report from host ", peer->host));
       if (status.ok()) status = absl::InternalError(absl::StrCat("host ", peer->host, " reported an OK error"));
-    } else if (!dst.allocated() && payload > 0) {
-      status = dst.AllocationError();
-    } else if (!flag.ok()) {
-      status = flag.status();
-    } else if (*flag != kShards || other.has_value()) {
+    } else if (header->flag != kShards || header->length != static_cast<uint64_t>(payload)) {
+      connection = data_->Discard(peer->host);
       status = absl::InternalError(absl::StrCat("transfer from host ", peer->host, ": a message of ",
-                                                other.has_value() ? other->size() : payload, " bytes (flag ",
-                                                *flag, ") where ", payload, " bytes of shards were due"));
+                                                header->length, " bytes (flag ", header->flag, ") where ", payload,
+                                                " bytes of shards were due"));
+    } else if (!dst.allocated() && payload > 0) {
+      // No memory for it: its bytes still leave the wire.
+      connection = data_->Discard(peer->host);
+      status = dst.AllocationError();
+    } else {
+      // Straight into the destination (the kernel scatters the shards).
+      ShardPieces(item->indices, dst.data(), item->shard_bytes, pieces);
+      connection = data_->RecvPayload(peer->host, pieces);
     }
-    item.parts->Done(status);
+    if (!connection.ok()) {
+      item->parts->Done(connection);
+      return broken(connection);
+    }
+    item->parts->Done(status);
   }
+}
+
+void HostExecutor::FailReceives(Peer* peer, const absl::Status& status) {
+  absl::flat_hash_map<RecvKey, Peer::Recv> failed;
+  {
+    MutexLock lock(&peer->mu);
+    if (peer->recv_broken.ok()) peer->recv_broken = status;
+    failed.swap(peer->recvs);
+  }
+  for (auto& [key, recv] : failed) recv.parts->Done(status);
+}
+
+absl::Status HostExecutor::DeadStatus(const RunKey& run) const {
+  if (!any_dead_.load(std::memory_order_acquire)) return absl::OkStatus();
+  MutexLock lock(&dead_mu_);
+  auto it = dead_runs_.find(run);
+  return it == dead_runs_.end() ? absl::OkStatus() : it->second.why;
+}
+
+bool HostExecutor::RefusedByAnyOf(const RunKey& run, absl::Span<const int> hosts) const {
+  MutexLock lock(&dead_mu_);
+  auto it = dead_runs_.find(run);
+  if (it == dead_runs_.end()) return false;
+  for (int h : it->second.refusers) {
+    if (std::find(hosts.begin(), hosts.end(), h) != hosts.end()) return true;
+  }
+  return false;
+}
+
+bool HostExecutor::MarkDead(const RunKey& run, const absl::Status& why, int refuser) {
+  {
+    MutexLock lock(&dead_mu_);
+    auto [it, fresh] = dead_runs_.try_emplace(run, DeadRun{why, {}});
+    std::vector<int>& refusers = it->second.refusers;
+    if (refuser >= 0 && std::find(refusers.begin(), refusers.end(), refuser) == refusers.end()) {
+      refusers.push_back(refuser);
+    }
+    if (!fresh) return false;
+    dead_order_.push_back(run);
+    if (dead_order_.size() > kMaxDeadRuns) {
+      dead_runs_.erase(dead_order_.front());
+      dead_order_.pop_front();
+    }
+    any_dead_.store(true, std::memory_order_release);
+  }
+  // A receiving thread may be waiting for a receive of that run: it drops
+  // the message instead.
+  std::vector<Peer*> peers;
+  {
+    MutexLock lock(&peers_mu_);
+    for (auto& [host, peer] : peers_) peers.push_back(peer.get());
+  }
+  for (Peer* p : peers) {
+    MutexLock lock(&p->mu);
+    p->cv.SignalAll();
+  }
+  return true;
+}
+
+void HostExecutor::EnsureReceivers() {
+  if (data_ == nullptr) return;
+  for (int h = 0; h < data_->num_hosts(); ++h) {
+    if (h != host_id_) PeerFor(h);
+  }
+}
+
+void HostExecutor::CancelRun(const wire::CancelRun& request) {
+  const RunKey run{kOneSession, request.program_id(), request.first_buffer_id()};
+  absl::Status why = FromWire(request.status());
+  if (why.ok()) {
+    why = absl::CancelledError(absl::StrCat("the client cancelled the run of program ", run.program_id,
+                                            " from buffer ", run.first_buffer_id));
+  }
+  if (!MarkDead(run, why, request.has_refused_by() ? request.refused_by() : -1)) return;
+  // Its parts not started fail when their turn comes (DeviceLoop asks);
+  // its receives posted fail now; its sends go as the error (SendLoop asks).
+  std::vector<Peer*> peers;
+  {
+    MutexLock lock(&peers_mu_);
+    for (auto& [host, peer] : peers_) peers.push_back(peer.get());
+  }
+  std::vector<std::shared_ptr<DstParts>> failed;
+  for (Peer* p : peers) {
+    MutexLock lock(&p->mu);
+    for (auto it = p->recvs.begin(); it != p->recvs.end();) {
+      if (it->second.run == run) {
+        failed.push_back(std::move(it->second.parts));
+        p->recvs.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    p->cv.SignalAll();
+  }
+  for (auto& parts : failed) parts->Done(why);
 }
 
 bool HostExecutor::MeetsOtherHosts(const Part& part) {
@@ -1147,6 +1418,11 @@ void HostExecutor::DeviceLoop(int device) {
       w.ready.pop_front();
     }
     absl::Status status = part->error;
+    // A cancelled run's part fails without running: a host of the run
+    // refused it (its error, which comes first, is the part's).
+    const RunKey key{kOneSession, part->program_id, part->first_buffer_id};
+    const absl::Status dead = DeadStatus(key);
+    status.Update(dead);
     // It starts now, unless CancelParts came first.
     if (part->state.fetch_or(kStarted, std::memory_order_acq_rel) & kCancelled) {
       status.Update(absl::CancelledError(absl::StrCat("'", part->fn->exe->ir().name(), "' in program '",
@@ -1160,7 +1436,8 @@ void HostExecutor::DeviceLoop(int device) {
     }
     status.Update(CheckSizes(*part));
     const int64_t start_ns = NowNanos();
-    RunPart(*part, status, scratch);
+    const bool refused_in_gang = !dead.ok() && RefusedByAnyOf(key, part->gang->host_set);
+    RunPart(*part, status, refused_in_gang, scratch);
     part->run->AddTime(part->step, start_ns, NowNanos());
     if (MeetsOtherHosts(*part)) LeaveGeneration(*part);
     // Free the devices first, so the next gang in order can start.
@@ -1180,14 +1457,14 @@ void HostExecutor::DeviceLoop(int device) {
   }
 }
 
-void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scratch) {
+void HostExecutor::RunPart(const Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch) {
   const FunctionExecutable& exe = *part.fn->exe;
   const HostDeviceList& gang = *part.gang;
   const int gang_size = static_cast<int>(gang.device_ids.size());
   const auto start = std::chrono::steady_clock::now();
   // An input's error passes on as it is (a chain of failed steps does not
   // repeat itself); the part's own is named.
-  const bool failed_before = !status.ok();
+  const bool failed_before = !status.ok();  // (a cancelled run's error too)
   // A gang on a failed device fails when its turn comes, without running
   // (an input's error, which came first, stays the one reported).
   status.Update(CheckHealthy(gang.local_devices));
@@ -1213,6 +1490,12 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, Scratch& scra
       exe.Run(gang_size, ins, outs, all);
       return absl::OkStatus();
     });
+  } else if (refused_in_gang) {
+    // Its gang would wait for the host that refused the run, which never
+    // arrives (Arrive: up to the arrival timeout), and leave the group
+    // broken: the part fails without meeting. (A cancelled part whose gang
+    // the refuser is not in meets and joins without running, below, so that
+    // its hosts agree to stop.)
   } else if (exe.first_collective().kind == FunctionExecutable::CollectiveCall::Kind::kNone) {
     // The parts need nothing from each other (elementwise, or cross-shard
     // ops on constants and positions only): each runs or fails alone.

@@ -23,9 +23,38 @@
 // the data plane (coordination/data_plane.h: authenticated TCP, a connection
 // per pair of hosts) from host to host, never through the client, straight
 // from the source buffer into the destination. Each host has one sending and
-// one receiving thread per peer, fed in the global order, so the sends of
-// one host meet the receives of the other one for one. A source that failed
-// sends its error instead, which fails the destination.
+// one receiving thread per peer. Sends go in the global order. A message
+// names its run (program id, first buffer id) and its destination buffer,
+// and the receiving thread takes each into the receive posted for that
+// buffer: pairing by id, not by order, so a host that refused a run (its
+// peers queued their side of it) shifts no later transfer into the wrong
+// buffer. A message whose receive is not posted yet waits for it (its run
+// has not reached this host yet: every host takes runs in the same order);
+// one for a run this host refused or cancelled is read and dropped. A source
+// that failed sends its error instead, which fails the destination.
+//
+// Refusals and cancellation. A run this host cannot start (a program it
+// could not load, a malformed binding, a run the client cancelled before it
+// came) is refused as a whole: Run's reply is the error, nothing is made,
+// and the run is remembered as dead here (its messages are dropped). The
+// other hosts of the run started their parts, which can then never complete
+// as they should: a receive waits for a message the refuser never sends, a
+// cross-host gang for a host that never joins. The client, on the refusal's
+// reply, cancels the run on its hosts (CancelRun, naming the refuser):
+// parts not started fail with the refusal's error without running, receives
+// pending for it fail, its later messages are dropped, and its sends carry
+// the error instead of the data. A cancelled cross-host gang whose hosts
+// include the refuser enters none of its collectives (the refuser never
+// would); one whose hosts do not joins its first collective without running
+// (RunPart), so that a host of it whose part started before the cancel came
+// is told to stop there rather than wait. A part that had already started
+// (met its gang, Arrive) when the cancel came waits for the refuser until
+// the arrival timeout.
+//
+// Loads. A failed DefineDevices, LoadFunction or LoadProgram replies with its
+// error and leaves the error here under its id: a later load or run that
+// names the id fails with it ("function 3 could not be loaded on host 1:
+// ..."), not with "no such id". A refused Put chunk fails its buffer.
 //
 // Thread-safe. Requests come from the control plane (HostRuntime).
 
@@ -37,6 +66,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -73,6 +103,8 @@ class HostBuffer {
   // thread, if it is done already. `fn` must not block.
   void OnDone(absl::AnyInvocable<void(const absl::Status&) &&> fn);
   bool done() const;
+  // Done with an error.
+  bool failed() const;
   // Waits until done or `stopping` is set; the status (Cancelled if stopped).
   absl::Status Await(const std::atomic<bool>& stopping);
   // Completes the buffer (once).
@@ -157,12 +189,23 @@ class HostExecutor {
   // each other's addresses in host 0's rendezvous store.
   absl::Status ConnectDataPlane();
 
+  // Loads: OK, or why not (also kept under the id, see "Loads" above).
   absl::Status DefineDevices(const wire::DefineDevices& request);
   absl::Status LoadFunction(const wire::LoadFunction& request);
   absl::Status LoadProgram(const wire::LoadProgram& request);
+  // One chunk of a buffer. An error also fails the buffer here (made, failed,
+  // if this was its first chunk), so its readers and runs get it; its later
+  // chunks are dropped.
   absl::Status Put(wire::PutBuffer& request);
-  // Starts a run; `done` gets the reply once this host's part has finished.
+  // Starts a run; `done` gets the reply once this host's part has finished,
+  // or at once, with the error, if this host refuses the run (see
+  // "Refusals" above: the run is then dead here).
   void Run(const wire::RunProgram& request, absl::AnyInvocable<void(absl::StatusOr<wire::RunReply>) &&> done);
+  // Cancels a run here (wire::CancelRun; see "Refusals and cancellation"):
+  // with `request.status()` as every failure's error. Idempotent; a run not
+  // seen yet is refused when it comes. Returns at once: pending receives and
+  // queued parts fail on this call's thread or their own.
+  void CancelRun(const wire::CancelRun& request);
   // Gets a range of this host's shards of a buffer once it is done.
   void Fetch(const wire::FetchBuffer& request, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
   void Free(const wire::FreeBuffers& request);
@@ -238,14 +281,59 @@ class HostExecutor {
   struct Peer;
   class GroupCollectives;
 
+  // A run as the hosts name it: the client session (0: the one client of
+  // today; several clients would each get theirs), the program, and the
+  // run's first buffer id (unique per run within a session).
+  struct RunKey {
+    uint64_t session = 0;
+    uint64_t program_id = 0;
+    uint64_t first_buffer_id = 0;
+    friend bool operator==(const RunKey&, const RunKey&) = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const RunKey& k) {
+      return H::combine(std::move(h), k.session, k.program_id, k.first_buffer_id);
+    }
+  };
+  // The session of every run today: the one client that configured this
+  // host. Several clients on one set of hosts would each get theirs (from
+  // their control session), and the ids they choose would count per session.
+  static constexpr uint64_t kOneSession = 0;
+  // Where a receive is posted: the session and the destination buffer.
+  using RecvKey = std::pair<uint64_t, uint64_t>;
+
+  // OK unless the run is dead here (refused or cancelled): then why. One
+  // atomic load while no run ever was.
+  absl::Status DeadStatus(const RunKey& run) const;
+  // Whether one of `hosts` refused the dead run (it will join none of the
+  // run's collectives).
+  bool RefusedByAnyOf(const RunKey& run, absl::Span<const int> hosts) const;
+  // Marks the run dead with `why` (the first reason stays) and `refuser`
+  // (-1: none known) among the hosts that refused it; false if it was dead
+  // already. Wakes the receiving threads, which drop its messages from now
+  // on.
+  bool MarkDead(const RunKey& run, const absl::Status& why, int refuser);
+  // A receiving thread for every other host, so that whatever a peer sends
+  // for a run this host refused is read and dropped, not left on the wire.
+  void EnsureReceivers();
+  // The receives from `peer` fail with `status`, and every later one at
+  // once (its connection broke, or the host is stopping).
+  void FailReceives(Peer* peer, const absl::Status& status);
+
   absl::StatusOr<const HostDeviceList*> List(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<HostBuffer> NewBuffer(uint64_t id, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets buffer `id`, moving it to `dropped` (to free unlocked).
   void DropLocked(uint64_t id, std::vector<std::shared_ptr<HostBuffer>>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The transfer of one step or argument: `src` and `dst` are this host's
-  // buffers, null where it holds no shard.
-  void StartTransfer(const HostDeviceList& src_list, std::shared_ptr<HostBuffer> src, const HostDeviceList& dst_list,
-                     std::shared_ptr<HostBuffer> dst, int64_t shard_bytes);
+  // The transfer of one step or argument of `run`: `src` and `dst` are this
+  // host's buffers, null where it holds no shard; `dst_id` the destination's
+  // id (what its messages name).
+  void StartTransfer(const RunKey& run, const HostDeviceList& src_list, std::shared_ptr<HostBuffer> src,
+                     const HostDeviceList& dst_list, uint64_t dst_id, std::shared_ptr<HostBuffer> dst,
+                     int64_t shard_bytes);
+  // The loads' checks and work; the callers keep their errors.
+  absl::Status DefineDevicesChecked(const wire::DefineDevices& request);
+  absl::Status LoadProgramLocked(const wire::LoadProgram& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Put's checks and copy; the caller fails the buffer on an error.
+  absl::Status PutLocked(wire::PutBuffer& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Internal if a part's inputs have other sizes than its function takes
   // (a client's mistake, never a read past a buffer); ResourceExhausted if
   // an output could not be allocated.
@@ -266,7 +354,9 @@ class HostExecutor {
   // as the part's result. A cross-host gang whose function calls collectives
   // agrees in its first collective whether every host's part runs (see
   // GroupCollectives); one that calls none runs or fails on each host alone.
-  void RunPart(const Part& part, absl::Status& status, Scratch& scratch);
+  // A part of a cancelled run whose gang includes a host that refused it
+  // (`refused_in_gang`) joins no collective: that host never would.
+  void RunPart(const Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch);
   // The incarnation `generation` of the collective group of `list`'s hosts
   // (made at its first use).
   absl::StatusOr<std::shared_ptr<CollectiveGroup>> GroupFor(const HostDeviceList& list, uint64_t generation);
@@ -317,6 +407,24 @@ class HostExecutor {
   absl::flat_hash_map<uint64_t, std::shared_ptr<HostBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
   // Buffers being put in chunks: where the next chunk goes.
   absl::flat_hash_map<uint64_t, int64_t> puts_in_progress_ ABSL_GUARDED_BY(mu_);
+  // Why a load failed, by id (erased if a later load of the id works).
+  absl::flat_hash_map<int, absl::Status> list_errors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, absl::Status> function_errors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, absl::Status> program_errors_ ABSL_GUARDED_BY(mu_);
+
+  // Dead runs: refused here or cancelled by the client, and why; the last
+  // kMaxDeadRuns of them (a message for a run forgotten since would wait for
+  // its receive: the set is large enough that none is still on its way).
+  // Locked after a peer's mu.
+  static constexpr size_t kMaxDeadRuns = size_t{1} << 16;
+  struct DeadRun {
+    absl::Status why;
+    std::vector<int> refusers;  // hosts that refused it, as the client said
+  };
+  mutable Mutex dead_mu_;
+  absl::flat_hash_map<RunKey, DeadRun> dead_runs_ ABSL_GUARDED_BY(dead_mu_);
+  std::deque<RunKey> dead_order_ ABSL_GUARDED_BY(dead_mu_);  // oldest first
+  std::atomic<bool> any_dead_{false};
 
   // Device queues: the gang parts in order, per local device; a part counts
   // one down per device as it reaches the head.

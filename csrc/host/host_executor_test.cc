@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <random>
@@ -81,6 +82,10 @@ absl::StatusOr<T> Await(std::future<absl::StatusOr<T>>& f, std::chrono::seconds 
     return absl::DeadlineExceededError("timed out waiting for the executor's reply");
   }
   return f.get();
+}
+template <typename T>
+absl::StatusOr<T> Await(std::future<absl::StatusOr<T>>&& f, std::chrono::seconds timeout = kWait) {
+  return Await(f, timeout);
 }
 
 // ---- Functions ----
@@ -210,6 +215,16 @@ wire::LoadProgram Program(uint64_t id, int num_slots, std::vector<wire::ProgramS
   p.set_num_slots(num_slots);
   for (auto& s : steps) *p.add_steps() = std::move(s);
   return p;
+}
+
+// What the client sends every host of a run another host refused.
+wire::CancelRun CancelOf(uint64_t program, uint64_t first, const absl::Status& why, int refused_by = -1) {
+  wire::CancelRun c;
+  c.set_program_id(program);
+  c.set_first_buffer_id(first);
+  ToWire(why, c.mutable_status());
+  if (refused_by >= 0) c.set_refused_by(refused_by);
+  return c;
 }
 
 wire::RunProgram RunOf(uint64_t program, uint64_t first) {
@@ -1022,35 +1037,91 @@ TEST(HostExecutorTest, MalformedProgramsAreInvalidArgument) {
   EXPECT_EQ(host.LoadFunction(fn).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(HostExecutorTest, PutWithTheWrongBytesIsInvalidArgument) {
+// A chunk a host refuses fails its buffer there: nobody hears a put's
+// error (no reply), so the buffer keeps it for its readers, and the
+// buffer's later chunks are dropped.
+TEST(HostExecutorTest, PutWithTheWrongBytesIsInvalidArgumentAndFailsTheBuffer) {
   auto cluster = MakeCluster(2, 2);
   ASSERT_OK(cluster->DefineList(1, {0, 2, 1}));  // 2 shards on host 0
   HostExecutor& host = cluster->host(0);
+  struct Case {
+    const char* name;
+    std::function<void(wire::PutBuffer&)> change;
+    const char* expected;
+  };
+  // First chunks (offset 0): the buffer is made, failed.
+  const std::vector<Case> cases = {
+      {"3 shards' worth: the whole buffer, not host 0's part",
+       [](wire::PutBuffer& p) { p.set_data(std::string(24, 'x')); }, "has 16 bytes here; got 24"},
+      {"negative shard bytes", [](wire::PutBuffer& p) { p.set_shard_bytes(-8); }, "bad shard_bytes -8"},
+      {"an unknown list", [](wire::PutBuffer& p) { p.set_devices(77); }, "no device list 77"},
+  };
+  uint64_t id = 10;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    wire::PutBuffer put;
+    put.set_buffer_id(++id);
+    put.set_devices(1);
+    put.set_shard_bytes(8);
+    put.set_data(std::string(4, 'x'));
+    c.change(put);
+    const absl::Status refused = host.Put(put);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_TRUE(absl::StrContains(refused.message(), c.expected)) << refused;
+    // Its readers get the error, from this host.
+    auto read = cluster->FetchFrom(0, id, std::chrono::seconds(5));
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << read.status();
+    EXPECT_TRUE(absl::StrContains(read.status().message(), c.expected)) << read.status();
+    EXPECT_TRUE(absl::StrContains(read.status().message(), "on host 0")) << read.status();
+  }
+  EXPECT_EQ(host.num_buffers(), static_cast<int>(cases.size()));  // failed, until the client frees them
+  // Later chunks of a put that never started (the client always sends the
+  // first one first): refused, and they make no buffer (nobody would free it).
+  for (int64_t offset : {-1, 4, 13}) {
+    wire::PutBuffer put;
+    put.set_buffer_id(20);
+    put.set_devices(1);
+    put.set_shard_bytes(8);
+    put.set_offset(offset);
+    put.set_data(std::string(4, 'x'));
+    EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument) << offset;
+  }
+  EXPECT_EQ(host.num_buffers(), static_cast<int>(cases.size()));
+
+  // A buffer failed at its first chunk drops its later chunks, and stays failed.
   wire::PutBuffer put;
   put.set_buffer_id(5);
   put.set_devices(1);
   put.set_shard_bytes(8);
-  put.set_data(std::string(24, 'x'));  // 3 shards' worth: the whole buffer, not host 0's part
+  put.set_data(std::string(24, 'x'));
   EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_data(std::string(4, 'x'));
-  put.set_offset(-1);
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_offset(13);  // past the 16 bytes
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_offset(4);  // a chunk of a put that never started
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_offset(8);
+  put.set_data(std::string(8, 'x'));
+  EXPECT_TRUE(host.Put(put).ok());  // dropped
+  EXPECT_EQ(cluster->FetchFrom(0, 5, std::chrono::seconds(5)).status().code(), absl::StatusCode::kInvalidArgument);
+  // A new put of the id starts over.
   put.set_offset(0);
-  put.set_shard_bytes(-8);
-  put.set_data("");
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_shard_bytes(8);
-  put.set_devices(77);
-  put.set_data(std::string(16, 'x'));
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);  // unknown list
-  EXPECT_EQ(host.num_buffers(), 0);
-  put.set_devices(1);
+  put.set_data(std::string(16, 'y'));
   EXPECT_TRUE(host.Put(put).ok());
-  EXPECT_EQ(host.num_buffers(), 1);
+  ASSERT_OK_AND_ASSIGN(std::string back, cluster->FetchFrom(0, 5, std::chrono::seconds(5)));
+  EXPECT_EQ(back, std::string(16, 'y'));
+
+  // A run that reads a failed buffer fails with its error.
+  auto affine = cluster->Load(10, AffineFunction(4));
+  ASSERT_NE(affine, nullptr);
+  ASSERT_OK(cluster->DefineList(2, {0, 1}));  // host 0 only
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 2, {0}, {1}, 1)})));
+  wire::PutBuffer bad;
+  bad.set_buffer_id(100);
+  bad.set_devices(2);
+  bad.set_shard_bytes(-16);
+  EXPECT_FALSE(host.Put(bad).ok());
+  auto future = cluster->RunOn(0, RunOf(20, 100));  // slot 0 is buffer 100
+  auto reply = Await(future, std::chrono::seconds(5));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  auto failed = Failed({*reply});
+  ASSERT_TRUE(failed.contains(101));
+  EXPECT_TRUE(absl::StrContains(failed[101].message(), "bad shard_bytes -16")) << failed[101];
 }
 
 TEST(HostExecutorTest, DescribeQueuesNamesQueuedPartsAndTheirPendingInputs) {
@@ -1113,14 +1184,22 @@ TEST(HostExecutorTest, PutInChunksAndFetchRanges) {
   put.set_shard_bytes(8);
   put.set_data(data.substr(0, 10));
   ASSERT_OK(host.Put(put));
-  put.set_offset(12);  // leaves a gap
-  put.set_data(data.substr(12));
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  put.set_offset(10);  // runs past the end
-  put.set_data(std::string(7, 'x'));
-  EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
+  put.set_offset(10);
   put.set_data(data.substr(10));
   ASSERT_OK(host.Put(put));
+  // Chunks that leave a gap or run past the end fail their buffer (see
+  // PutWithTheWrongBytesIsInvalidArgumentAndFailsTheBuffer).
+  for (auto [id, offset, bytes] : {std::tuple<uint64_t, int64_t, size_t>{16, 12, 4}, {17, 10, 7}}) {
+    wire::PutBuffer bad = put;
+    bad.set_buffer_id(id);
+    bad.set_offset(0);
+    bad.set_data(data.substr(0, 10));
+    ASSERT_OK(host.Put(bad));
+    bad.set_offset(offset);
+    bad.set_data(std::string(bytes, 'x'));
+    EXPECT_EQ(host.Put(bad).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(cluster->FetchFrom(0, id).status().code(), absl::StatusCode::kInvalidArgument);
+  }
   ASSERT_OK_AND_ASSIGN(std::string whole, cluster->FetchFrom(0, 5));
   EXPECT_EQ(whole, data);
 
@@ -1161,7 +1240,7 @@ TEST(HostExecutorTest, PutInChunksAndFetchRanges) {
   put.set_offset(8);
   put.set_data(data.substr(8));
   EXPECT_EQ(host.Put(put).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(host.num_buffers(), 1);
+  EXPECT_EQ(host.num_buffers(), 3);  // 5, and the failed 16 and 17: a late chunk makes no buffer
 }
 
 // A transfer whose shard_bytes disagrees with its source buffer fails the
@@ -1842,6 +1921,251 @@ TEST(HostExecutorTest, ManyOverlappingGangsOnTwoHosts) { ManyOverlappingGangs(2,
 TEST(HostExecutorTest, ManyOverlappingGangsOnThreeHosts) { ManyOverlappingGangs(3, 2, 30, 2); }
 
 TEST(HostExecutorTest, ManyOverlappingGangsOnTwoHostsOfFourDevices) { ManyOverlappingGangs(2, 4, 40, 3); }
+
+
+// ---- 8. Refused runs: transfers pair by id, not by order ----
+//
+// A host refuses a run it cannot start (here: it never got the program, as
+// when its LoadProgram failed) while its peer queues its side of the run's
+// transfer. Each message names its run and its destination buffer, so the
+// peers' later transfers of the same size still land where they belong.
+
+constexpr std::chrono::seconds kPrompt(10);  // nothing here may wait for Gloo's 30 s
+
+// Host 1 refuses run 100 of program 20; host 0 runs its side and sends its
+// message. Host 1's next receive from host 0, of the same size, is run 200's:
+// it must take run 200's message, not the refused run's.
+TEST(HostExecutorTest, AMessageOfARunTheReceiverRefusedIsDroppedNotTakenByTheNextTransfer) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+  ASSERT_OK(cluster->DefineList(2, {2, 3}));  // host 1
+  constexpr int64_t kShard = 16;
+  ASSERT_OK(cluster->host(0).LoadProgram(Program(20, 2, {Transfer(0, 1, 1, 2, kShard)})));  // host 0 only
+  ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Transfer(0, 1, 1, 2, kShard)})));
+  const Bytes a = ToBytes(Iota<float>(8, 1.f, 1.f));
+  const Bytes b = ToBytes(Iota<float>(8, -100.f, 3.f));
+  ASSERT_OK(cluster->Put(5, 1, a));
+  ASSERT_OK(cluster->Put(6, 1, b));
+
+  wire::RunProgram refused = RunOf(20, 100);
+  Bind(refused, 0, 5, 1);
+  auto sender = cluster->RunOn(0, refused);
+  auto receiver = cluster->RunOn(1, refused);
+  auto refusal = Await(receiver, kPrompt);
+  EXPECT_EQ(refusal.status().code(), absl::StatusCode::kInvalidArgument) << refusal.status();
+  EXPECT_TRUE(absl::StrContains(refusal.status().message(), "program 20")) << refusal.status();
+  ASSERT_OK(Await(sender, kPrompt).status());  // host 0 makes nothing in it: its part is done once sent
+
+  for (auto [first, id, x] : {std::tuple<uint64_t, uint64_t, Bytes>{200, 6, b}, {300, 5, a}}) {
+    SCOPED_TRACE(first);
+    wire::RunProgram run = RunOf(21, first);
+    Bind(run, 0, id, 1);
+    auto futures = cluster->RunAsync(run);
+    for (auto& f : futures) {
+      auto reply = Await(f, kPrompt);
+      ASSERT_TRUE(reply.ok()) << reply.status();
+      EXPECT_TRUE(Failed({*reply}).empty());
+    }
+    ASSERT_OK_AND_ASSIGN(std::string got, cluster->FetchFrom(1, first + 1, kPrompt));
+    EXPECT_TRUE(got == std::string(reinterpret_cast<const char*>(x.data()), x.size())) << "run " << first
+                                                                                        << " got another run's data";
+  }
+}
+
+// Host 0 (the sender) refuses run 100 of program 20; host 1 posted its
+// receive. Run 200 of program 21 then sends host 1 a message of the same
+// size: it must land in run 200's buffer, not in run 100's.
+TEST(HostExecutorTest, AMessageAfterARunTheSenderRefusedLandsInItsOwnRun) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+  ASSERT_OK(cluster->DefineList(2, {2, 3}));  // host 1
+  constexpr int64_t kShard = 16;
+  ASSERT_OK(cluster->host(1).LoadProgram(Program(20, 2, {Transfer(0, 1, 1, 2, kShard)})));  // host 1 only
+  ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Transfer(0, 1, 1, 2, kShard)})));
+  const Bytes b = ToBytes(Iota<float>(8, -100.f, 3.f));
+  ASSERT_OK(cluster->Put(6, 1, b));
+
+  wire::RunProgram refused = RunOf(20, 100);
+  Bind(refused, 0, 6, 1);
+  auto sender = cluster->RunOn(0, refused);
+  auto receiver = cluster->RunOn(1, refused);
+  auto refusal = Await(sender, kPrompt);
+  EXPECT_EQ(refusal.status().code(), absl::StatusCode::kInvalidArgument) << refusal.status();
+
+  wire::RunProgram run = RunOf(21, 200);
+  Bind(run, 0, 6, 1);
+  auto futures = cluster->RunAsync(run);
+  for (auto& f : futures) {
+    auto reply = Await(f, kPrompt);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_TRUE(Failed({*reply}).empty());
+  }
+  ASSERT_OK_AND_ASSIGN(std::string got, cluster->FetchFrom(1, 201, kPrompt));
+  EXPECT_TRUE(got == std::string(reinterpret_cast<const char*>(b.data()), b.size()));
+  // Run 100's receive took nothing of run 200's: it still waits.
+  auto early = cluster->FetchFrom(1, 101, std::chrono::seconds(1));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+
+  // What the client does on host 0's refusal: every host of the run cancels
+  // it. Host 1's receive fails with the refusal, and its part replies.
+  for (int h : {0, 1}) cluster->host(h).CancelRun(CancelOf(20, 100, refusal.status(), /*refused_by=*/0));
+  auto cancelled = Await(receiver, kPrompt);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  auto failed = Failed({*cancelled});
+  ASSERT_TRUE(failed.contains(101));
+  EXPECT_EQ(failed[101], refusal.status());
+  EXPECT_EQ(cluster->FetchFrom(1, 101, kPrompt).status(), refusal.status());
+  // Idempotent; and a run cancelled before it comes is refused with the
+  // cancel's error.
+  cluster->host(1).CancelRun(CancelOf(20, 100, refusal.status()));
+  auto again = Await(cluster->RunOn(1, refused), kPrompt);
+  EXPECT_EQ(again.status(), refusal.status());
+  cluster->host(1).CancelRun(CancelOf(21, 300, absl::AbortedError("gone before it came")));
+  wire::RunProgram late = RunOf(21, 300);
+  Bind(late, 0, 6, 1);
+  auto refused_late = Await(cluster->RunOn(1, late), kPrompt);
+  EXPECT_EQ(refused_late.status(), absl::AbortedError("gone before it came"));
+}
+
+// A cross-host gang of a run that one of its hosts refused: the other
+// host's part waits for its input (a transfer the refuser never sends);
+// once the run is cancelled there it fails without entering its first
+// collective, where it would wait for the refuser until Gloo's timeout
+// (30 s) and leave the group broken. The same gang then runs as usual.
+TEST(HostExecutorTest, ACancelledCrossHostGangFailsWithoutWaitingInItsCollectives) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));  // host 0
+  ASSERT_OK(cluster->DefineList(2, {0, 2}));  // the gang: hosts 0 and 1
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(2, 4));
+  ASSERT_NE(mean, nullptr);
+  constexpr int64_t kShard = 16;
+  const std::vector<wire::ProgramStep> steps = {Transfer(0, 1, 1, 2, kShard), Compute(10, 2, {1}, {2}, 5)};
+  ASSERT_OK(cluster->host(1).LoadProgram(Program(20, 3, steps)));  // host 1 only
+  ASSERT_OK(cluster->LoadProgram(Program(21, 3, steps)));
+  const Bytes x = ToBytes(Iota<float>(8, 0.5f, 1.5f));
+  ASSERT_OK(cluster->Put(5, 1, x));
+
+  const auto start = std::chrono::steady_clock::now();
+  wire::RunProgram refused = RunOf(20, 100);
+  Bind(refused, 0, 5, 1);
+  auto on_host1 = cluster->RunOn(1, refused);
+  auto refusal = Await(cluster->RunOn(0, refused), kPrompt);
+  ASSERT_FALSE(refusal.ok());
+  EXPECT_TRUE(absl::StrContains(refusal.status().message(), "no program 20 on host 0")) << refusal.status();
+  for (int h : {0, 1}) cluster->host(h).CancelRun(CancelOf(20, 100, refusal.status(), /*refused_by=*/0));
+  auto reply = Await(on_host1, kPrompt);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  auto failed = Failed({*reply});
+  ASSERT_TRUE(failed.contains(102));
+  EXPECT_EQ(failed[102], refusal.status());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kPrompt);
+
+  // The gang's hosts still meet in its collectives.
+  wire::RunProgram good = RunOf(21, 200);
+  Bind(good, 0, 5, 1);
+  auto futures = cluster->RunAsync(good);
+  for (auto& f : futures) {
+    auto r = Await(f, std::chrono::seconds(40));
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const auto& [id, status] : Failed({*r})) ADD_FAILURE() << id << ": " << status;
+  }
+  ASSERT_OK_AND_ASSIGN(Bytes got, cluster->Fetch(202, 2));
+  EXPECT_EQ(got, RunWhole(*mean, 2, {x})[0]);
+}
+
+// A cancelled cross-host gang whose hosts do not include the refuser: on
+// host 2 its part started before the cancel came (its input is a local
+// copy) and waits in its first collective for host 1; on host 1 it waits
+// for a transfer from host 0, which refused the run. Once host 1 cancels,
+// its part joins that collective without running, so host 2's is told to
+// stop there (not after Gloo's 30 s), and the group stays usable.
+TEST(HostExecutorTest, ACancelledGangWithoutTheRefuserStopsItsStartedPartsInTheFirstCollective) {
+  auto cluster = MakeCluster(3, 2);
+  ASSERT_OK(cluster->DefineList(1, {0, 5}));  // hosts 0 and 2: where the argument is
+  ASSERT_OK(cluster->DefineList(2, {2, 4}));  // the gang: hosts 1 and 2
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(2, 4));
+  ASSERT_NE(mean, nullptr);
+  const std::vector<wire::ProgramStep> steps = {Transfer(0, 1, 1, 2, 16), Compute(10, 2, {1}, {2}, 6)};
+  for (int h : {1, 2}) ASSERT_OK(cluster->host(h).LoadProgram(Program(20, 3, steps)));  // not host 0
+  ASSERT_OK(cluster->LoadProgram(Program(21, 3, steps)));
+  const Bytes x = ToBytes(Iota<float>(8, -2.f, 0.75f));
+  ASSERT_OK(cluster->Put(5, 1, x));
+
+  const auto start = std::chrono::steady_clock::now();
+  wire::RunProgram refused = RunOf(20, 100);
+  Bind(refused, 0, 5, 1);
+  auto on_host1 = cluster->RunOn(1, refused);
+  auto on_host2 = cluster->RunOn(2, refused);
+  auto refusal = Await(cluster->RunOn(0, refused), kPrompt);
+  ASSERT_FALSE(refusal.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // host 2's part is in its collective by now
+  cluster->host(1).CancelRun(CancelOf(20, 100, refusal.status(), /*refused_by=*/0));
+  auto reply1 = Await(on_host1, kPrompt);
+  auto reply2 = Await(on_host2, kPrompt);
+  ASSERT_TRUE(reply1.ok()) << reply1.status();
+  ASSERT_TRUE(reply2.ok()) << reply2.status();
+  auto failed1 = Failed({*reply1});
+  auto failed2 = Failed({*reply2});
+  ASSERT_TRUE(failed1.contains(102) && failed2.contains(102));
+  EXPECT_EQ(failed1[102], refusal.status());
+  EXPECT_EQ(failed2[102].code(), absl::StatusCode::kAborted) << failed2[102];
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kPrompt);
+  for (int h : {0, 2}) cluster->host(h).CancelRun(CancelOf(20, 100, refusal.status(), /*refused_by=*/0));
+
+  wire::RunProgram good = RunOf(21, 200);
+  Bind(good, 0, 5, 1);
+  auto futures = cluster->RunAsync(good);
+  for (auto& f : futures) {
+    auto r = Await(f, std::chrono::seconds(40));
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const auto& [id, status] : Failed({*r})) ADD_FAILURE() << id << ": " << status;
+  }
+  ASSERT_OK_AND_ASSIGN(Bytes got, cluster->Fetch(202, 2));
+  EXPECT_EQ(got, RunWhole(*mean, 2, {x})[0]);
+}
+
+// A load a host refused is kept there under its id: what names the id later
+// fails with that error, not with "no such id".
+TEST(HostExecutorTest, WhatNamesALoadThatFailedFailsWithItsError) {
+  auto cluster = MakeCluster(2, 2);
+  HostExecutor& host = cluster->host(0);
+  wire::LoadFunction corrupt;
+  corrupt.set_function_id(10);
+  corrupt.set_ir("not a function");
+  const absl::Status not_loaded = host.LoadFunction(corrupt);
+  ASSERT_FALSE(not_loaded.ok());
+  ASSERT_OK(cluster->DefineList(1, {0, 1}));
+  const absl::Status program = host.LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)}));
+  EXPECT_EQ(program.code(), not_loaded.code()) << program;
+  EXPECT_TRUE(absl::StrContains(program.message(), "function 10 could not be loaded on host 0")) << program;
+  EXPECT_TRUE(absl::StrContains(program.message(), not_loaded.message())) << program;
+  auto run = Await(cluster->RunOn(0, RunOf(20, 100)), kPrompt);
+  EXPECT_TRUE(absl::StrContains(run.status().message(), "program 20 could not be loaded on host 0")) << run.status();
+  EXPECT_TRUE(absl::StrContains(run.status().message(), not_loaded.message())) << run.status();
+
+  wire::DefineDevices bad;
+  bad.set_list_id(7);
+  bad.add_device_ids(99);
+  const absl::Status not_defined = host.DefineDevices(bad);
+  ASSERT_FALSE(not_defined.ok());
+  wire::PutBuffer put;
+  put.set_buffer_id(50);
+  put.set_devices(7);
+  put.set_shard_bytes(4);
+  put.set_data("abcd");
+  const absl::Status refused = host.Put(put);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "device list 7 could not be defined on host 0")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "no device 99")) << refused;
+
+  // A later load of the id that works replaces the error.
+  auto affine = MustCompile(AffineFunction(4));
+  ASSERT_NE(affine, nullptr);
+  wire::LoadFunction good;
+  good.set_function_id(10);
+  good.set_ir(SerializeFunctionIr(affine->ir()));
+  ASSERT_OK(host.LoadFunction(good));
+  ASSERT_OK(host.LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)})));
+}
 
 }  // namespace
 }  // namespace pw

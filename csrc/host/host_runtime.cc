@@ -17,6 +17,7 @@
 #include "csrc/base/status_macros.h"
 #include "csrc/coordination/auth.h"
 #include "csrc/coordination/host_channel.h"
+#include "csrc/coordination/protocol_version.h"
 
 namespace pw {
 namespace {
@@ -379,6 +380,7 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kFree:
     case wire::Request::kDescribeQueues:
     case wire::Request::kFailDevices:
+    case wire::Request::kCancelRun:
     case wire::Request::kCancelRuns:
     case wire::Request::kRenewGroup:
     case wire::Request::kPeersLost:
@@ -449,6 +451,10 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kFailDevices:
       reply_with(executor->FailDevices(request.fail_devices()));
       break;
+    case wire::Request::kCancelRun:
+      executor->CancelRun(request.cancel_run());
+      reply_with(absl::OkStatus());
+      break;
     case wire::Request::kCancelRuns: {
       wire::Reply reply;
       reply.set_id(id);
@@ -476,7 +482,11 @@ wire::Reply HostRuntime::HandleHello(const std::shared_ptr<HostSession>& session
   wire::Reply reply;
   MutexLock lock(&mu_);
   if (hello.has_config()) {
-    absl::Status status = CheckConfig(hello.config());
+    // A client that configures this host will send it functions and
+    // programs: it must speak this build's protocol and ops.
+    absl::Status status = CheckPeerVersions(absl::StrCat("the client '", hello.client_name(), "'"),
+                                            hello.protocol_version(), hello.op_registry_version());
+    status.Update(CheckConfig(hello.config()));
     if (status.ok() && owner_ != 0 && !SameConfig(config_, hello.config())) {
       status = absl::FailedPreconditionError(
           absl::StrCat("this host serves host ", config_.host_id(), " of island ", config_.island_id(),
@@ -494,6 +504,8 @@ wire::Reply HostRuntime::HandleHello(const std::shared_ptr<HostSession>& session
   reply.mutable_hello()->set_incarnation(incarnation_);
   reply.mutable_hello()->set_pid(getpid());
   reply.mutable_hello()->set_boot_id(KernelBootId());
+  reply.mutable_hello()->set_protocol_version(kControlProtocolVersion);
+  reply.mutable_hello()->set_op_registry_version(kOpRegistryVersion);
   *reply.mutable_hello()->mutable_config() = config_;
   return reply;
 }

@@ -3,11 +3,13 @@
 
 // A host process (paper §4, Figure 3): it serves one host's devices to the
 // client that configured it. This is its end of the control plane: it takes
-// its configuration from the first Hello that carries one, answers
-// heartbeats with its incarnation (on the server's heartbeat thread, never
-// behind a request), and knows which session owns it, so the
-// process can exit when that client goes (see host_main.h). Once the client
-// has configured every host, JoinCluster connects the hosts to each other
+// its configuration from the first Hello that carries one (a client of
+// another build, whose Hello carries other versions than this one's, is
+// refused: FailedPrecondition naming both; coordination/protocol_version.h),
+// answers heartbeats with its incarnation (on the server's heartbeat thread,
+// never behind a request), and knows which session owns it, so the process
+// can exit when that client goes (see host_main.h). Once the client has
+// configured every host, JoinCluster connects the hosts to each other
 // (every host keeps a rendezvous store for the collective groups whose
 // lowest host it is) and the owner's requests run programs on its
 // HostExecutor. When the client tells it that other hosts were lost

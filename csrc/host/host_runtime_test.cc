@@ -8,8 +8,11 @@
 #include <vector>
 
 #include "csrc/base/spin.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "csrc/coordination/auth.h"
 #include "csrc/coordination/host_channel.h"
+#include "csrc/coordination/protocol_version.h"
 #include "csrc/host/host_main.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -22,6 +25,8 @@ constexpr char kSecret[] = "host-runtime-test";
 
 wire::Hello HelloWith(int host_id, int island, std::vector<int> devices, int64_t memory = 1 << 20) {
   wire::Hello hello;
+  hello.set_protocol_version(kControlProtocolVersion);  // as HostPool's
+  hello.set_op_registry_version(kOpRegistryVersion);
   wire::HostConfig* c = hello.mutable_config();
   c->set_host_id(host_id);
   c->set_island_id(island);
@@ -112,6 +117,46 @@ TEST_F(HostRuntimeTest, ABadConfigIsRefusedAndLeavesTheHostFree) {
   EXPECT_EQ(Connect(HelloWith(0, 0, {0}, 0)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(runtime_.configured());
   EXPECT_TRUE(Connect(HelloWith(0, 0, {0})).ok());
+}
+
+// A client of another build (another control protocol, another op
+// registry, or one from before versions were exchanged) is refused before
+// it configures the host, with both sides' versions in the error; the
+// reply to any Hello says the host's own.
+TEST_F(HostRuntimeTest, AClientOfAnotherBuildIsRefusedNamingBothVersions) {
+  struct Case {
+    const char* name;
+    uint32_t protocol;
+    uint64_t op_registry;
+  };
+  for (const Case& c : {Case{"another protocol", kControlProtocolVersion + 1, kOpRegistryVersion},
+                        Case{"another op registry", kControlProtocolVersion, kOpRegistryVersion ^ 0x5a5a},
+                        Case{"no versions (an older client)", 0, 0}}) {
+    SCOPED_TRACE(c.name);
+    wire::Hello hello = HelloWith(1, 0, {4, 5});
+    hello.set_protocol_version(c.protocol);
+    hello.set_op_registry_version(c.op_registry);
+    auto refused = Connect(hello);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+    const std::string theirs = DescribeVersions(c.protocol, c.op_registry);
+    const std::string ours = DescribeVersions(kControlProtocolVersion, kOpRegistryVersion);
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), theirs)) << refused.status();
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), ours)) << refused.status();
+    EXPECT_FALSE(runtime_.configured());
+  }
+  // An observer (no config) is answered, with the host's versions.
+  auto observer = Connect(wire::Hello());
+  ASSERT_TRUE(observer.ok()) << observer.status();
+  EXPECT_EQ((*observer)->hello_reply().protocol_version(), kControlProtocolVersion);
+  EXPECT_EQ((*observer)->hello_reply().op_registry_version(), kOpRegistryVersion);
+  EXPECT_TRUE(Connect(HelloWith(1, 0, {4, 5})).ok());
+}
+
+TEST(ProtocolVersion, TheOpRegistryVersionIsAHashOfItsTable) {
+  // Computed at compile time from the table (op_registry.h); a change of any
+  // row changes it. Not 0, which means "no version" on the wire.
+  static_assert(kOpRegistryVersion != 0);
+  EXPECT_EQ(DescribeVersions(2, 0x0123456789abcdef), "control protocol 2, op registry 0123456789abcdef");
 }
 
 TEST_F(HostRuntimeTest, AJoinWithoutPeerKeysIsRefused) {
