@@ -44,15 +44,15 @@ std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(bool tls, std::strin
   // gRPC's TLS wants root certificates even when it verifies nothing; a
   // certificate of our own stands in, so the system's store (which a fresh
   // machine may lack) is never read.
-  static const absl::StatusOr<TlsIdentity>* const placeholder_root =
+  static const absl::StatusOr<TlsIdentity>* const stand_in_roots =
       new absl::StatusOr<TlsIdentity>(MakeSelfSignedTlsIdentity());
-  if (!placeholder_root->ok()) {
-    *error = std::string(placeholder_root->status().message());
+  if (!stand_in_roots->ok()) {
+    *error = std::string(stand_in_roots->status().message());
     return nullptr;
   }
   grpc::experimental::TlsChannelCredentialsOptions options;
   options.set_certificate_provider(std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
-      (*placeholder_root)->certificate_pem));
+      (*stand_in_roots)->certificate_pem));
   options.watch_root_certs();
   options.set_verify_server_certs(false);
   options.set_check_call_host(false);
