@@ -546,9 +546,25 @@ void RemoteCluster::EnsureList(int host, const DeviceList* list, Plan* plan) {
 
 uint64_t RemoteCluster::EnsureFunction(int host, const CompiledFunction& fn, Plan* plan) {
   const std::shared_ptr<const FunctionIr>& ir = fn.executable().ir_ptr();
-  auto [fit, fresh_id] = function_ids_.try_emplace(ir.get());
-  if (fresh_id) fit->second = {function_ids_.size(), ir};
-  const uint64_t id = fit->second.first;
+  auto fit = function_ids_.find(ir.get());
+  if (fit != function_ids_.end() && fit->second.ir.expired()) {
+    // A new IR where a dropped one was: the sweep that unloads the dropped
+    // one has not come yet. Its id is unloaded now; this IR gets its own.
+    wire::Request request;
+    for (int h = 0; h < static_cast<int>(known_.size()); ++h) {
+      if (known_[h].functions.erase(fit->second.id) == 0) continue;
+      request.mutable_unload()->add_function_ids(fit->second.id);
+      Send(h, request);
+      request.Clear();
+    }
+    function_ids_.erase(fit);
+    fit = function_ids_.end();
+  }
+  if (fit == function_ids_.end()) {
+    MaybeReclaimLocked();
+    fit = function_ids_.emplace(ir.get(), FunctionEntry{next_function_id_++, ir}).first;
+  }
+  const uint64_t id = fit->second.id;
   auto [it, fresh] = known_[host].functions.try_emplace(id);
   if (fresh) {
     wire::Request request;
@@ -619,10 +635,12 @@ void RemoteCluster::CancelRunOn(Run& run, int refuser, const absl::Status& why) 
   }
 }
 
-RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
-  std::unique_ptr<Plan>& plan = plans_[program.id()];
-  if (plan != nullptr) return *plan;
-  plan = std::make_unique<Plan>();
+std::shared_ptr<RemoteCluster::Plan> RemoteCluster::PlanFor(const LoweredProgram& program) {
+  if (auto it = plans_.find(program.id()); it != plans_.end()) return it->second;
+  MaybeReclaimLocked();
+  std::shared_ptr<Plan>& plan = plans_[program.id()];
+  plan = std::make_shared<Plan>();
+  plan->program = program.weak_from_this();
   plan->name = program.ir().name();
   // The devices of every slot: where its producer (a step or an argument
   // placement) puts it.
@@ -718,7 +736,56 @@ RemoteCluster::Plan& RemoteCluster::PlanFor(const LoweredProgram& program) {
     plan->AddLoad(SendLoad(h, std::move(request),
                            absl::StrCat("host ", h, " could not load program '", program.ir().name(), "'")));
   }
-  return *plan;
+  return plan;
+}
+
+void RemoteCluster::MaybeReclaimLocked() {
+  if (plans_.size() + function_ids_.size() < reclaim_at_) return;
+  ReclaimLocked();
+  reclaim_at_ = std::max(kMinReclaim, 2 * (plans_.size() + function_ids_.size()));
+}
+
+void RemoteCluster::ReclaimLocked() {
+  std::vector<wire::Request> unloads(known_.size());
+  // Plans first: a program gone, with no run holding its plan (use_count
+  // can only fall meanwhile: no dispatch can name a program that is gone).
+  for (auto it = plans_.begin(); it != plans_.end();) {
+    const Plan& plan = *it->second;
+    if (!plan.program.expired() || it->second.use_count() > 1) {
+      ++it;
+      continue;
+    }
+    for (int h : plan.loaded) unloads[h].mutable_unload()->add_program_ids(it->first);
+    if (plan.sequential_base != 0) {
+      for (size_t k = 0; k < plan.step_hosts.size(); ++k) {
+        for (int h : plan.step_hosts[k]) unloads[h].mutable_unload()->add_program_ids(plan.sequential_base + k);
+      }
+      for (int h : plan.args_loaded) {
+        unloads[h].mutable_unload()->add_program_ids(plan.sequential_base + plan.step_hosts.size());
+      }
+    }
+    plans_.erase(it++);
+  }
+  // Then functions whose IR is gone: every program that named one is gone,
+  // and so is every run of one (a run holds its program's IR, which holds
+  // its functions).
+  for (auto it = function_ids_.begin(); it != function_ids_.end();) {
+    if (!it->second.ir.expired()) {
+      ++it;
+      continue;
+    }
+    for (size_t h = 0; h < known_.size(); ++h) {
+      if (known_[h].functions.erase(it->second.id) > 0) {
+        unloads[h].mutable_unload()->add_function_ids(it->second.id);
+      }
+    }
+    function_ids_.erase(it++);
+  }
+  for (size_t h = 0; h < unloads.size(); ++h) {
+    if (!unloads[h].has_unload()) continue;
+    Send(static_cast<int>(h), std::move(unloads[h]));
+    Flush(static_cast<int>(h));
+  }
 }
 
 void RemoteCluster::LoadOn(int host, uint64_t program_id, const LoweredProgram& program,
@@ -807,7 +874,7 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
   std::vector<wire::ArgBinding> bindings;  // in place (sequential: every run needs them)
   std::vector<std::shared_ptr<ShardedBuffer>> arg_buffers;  // every run holds them until sent
   const auto& types = program.slot_types();
-  Plan* plan = nullptr;  // its steps never change once made
+  std::shared_ptr<Plan> plan;  // its steps never change once made
   // Under mu_: the run's buffers, and the run sent or queued (sequential:
   // its arguments' run). Returns at once on an error.
   auto dispatch = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
@@ -893,7 +960,7 @@ absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::S
   bool loaded = false;
   {
     MutexLock lock(&mu_);
-    plan = &PlanFor(program);
+    plan = PlanFor(program);
     // Usually so: one lock per dispatch, no wait.
     loaded = plan->loads_ok.load(std::memory_order_acquire);
     if (loaded) dispatched = dispatch();

@@ -166,7 +166,16 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // Host `refuser` refused `run` with `why`: every host of the run cancels
   // it (told once per refuser). Any thread; does not block.
   void CancelRunOn(Run& run, int refuser, const absl::Status& why);
-  Plan& PlanFor(const LoweredProgram& program) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<Plan> PlanFor(const LoweredProgram& program) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Caches that follow what the caller holds: once a lowered program is
+  // gone and no run holds its plan, the plan goes, and the hosts unload its
+  // programs; once a function's IR is gone (no program of it can be live,
+  // nor a run of one), its id goes, and the hosts unload it (wire::Unload,
+  // after every run that named it). Called where entries are made, once
+  // the tables have doubled since the last sweep: amortized O(1), and the
+  // tables hold at most twice what is live, plus kMinReclaim.
+  void MaybeReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every host with a shard of `list`, increasing (computed once per list;
   // the reference stays valid: entries are never removed).
   const std::vector<int>& HostsOf(const DeviceList* list) const;
@@ -262,10 +271,18 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   };
   std::vector<HostState> known_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, const DeviceList*> lists_by_id_ ABSL_GUARDED_BY(mu_);
-  // Function ids by IR (holding the IR, so its address is never reused).
-  absl::flat_hash_map<const void*, std::pair<uint64_t, std::shared_ptr<const void>>> function_ids_
-      ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Plan>> plans_ ABSL_GUARDED_BY(mu_);
+  // Function ids by IR. The IR is held weakly: an entry whose IR is gone is
+  // stale (its address may be reused by a new IR, which gets a new id).
+  struct FunctionEntry {
+    uint64_t id = 0;
+    std::weak_ptr<const void> ir;
+  };
+  absl::flat_hash_map<const void*, FunctionEntry> function_ids_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_function_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Plan>> plans_ ABSL_GUARDED_BY(mu_);
+  // ReclaimLocked runs when plans_ and function_ids_ together reach this.
+  static constexpr size_t kMinReclaim = 64;
+  size_t reclaim_at_ ABSL_GUARDED_BY(mu_) = kMinReclaim;
 
   // Admission (SetPolicy). Locked after mu_ when both are.
   struct Waiting;

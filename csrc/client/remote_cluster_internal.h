@@ -87,6 +87,9 @@ inline PartInterval OnClientClock(int64_t start_ns, int64_t end_ns, int64_t offs
 
 // What the hosts know of one lowered program.
 struct RemoteCluster::Plan {
+  // The program it is for: once that is gone and no run holds the plan,
+  // the plan and its loads on the hosts are dropped (ReclaimLocked).
+  std::weak_ptr<const LoweredProgram> program;
   std::vector<int> hosts;              // taking part, increasing
   absl::flat_hash_set<int> loaded;     // hosts that have its steps
   // Per step: its hosts and its wire form; its devices and function (null
@@ -133,17 +136,19 @@ struct RemoteCluster::Plan {
 // replied. Holds the buffers (as a gang task does), and counts as work in
 // flight so a dispatch waiting for memory knows memory may come back.
 struct RemoteCluster::Run {
-  Run(RemoteCluster* rc, const Plan* plan, std::shared_ptr<const ProgramIr> program, SchedulingClient* client,
-      int single_step = -1)
+  Run(RemoteCluster* rc, std::shared_ptr<const Plan> plan, std::shared_ptr<const ProgramIr> program,
+      SchedulingClient* client, int single_step = -1)
       : in_flight(rc->stores_),
         rc(rc),
-        plan(plan),
+        plan(std::move(plan)),
         program(std::move(program)),
         client(client),
         single_step(single_step) {}
   ObjectStores::WorkInFlight in_flight;
   RemoteCluster* rc;
-  const Plan* plan;
+  // Held while the run is in flight or waiting for admission: its program's
+  // loads stay on the hosts until no run holds the plan.
+  std::shared_ptr<const Plan> plan;
   std::shared_ptr<const ProgramIr> program;  // keeps the steps' functions alive
   SchedulingClient* client;                  // null: the default client
   // Sequential dispatch runs one step: every time a host reports is this

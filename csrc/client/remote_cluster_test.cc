@@ -63,6 +63,12 @@ class RemoteRuntimeTest : public ::testing::Test {
     runtimes_.clear();
   }
 
+  // The executor of host `h` of the last runtime made (its hosts are the
+  // last ones started).
+  HostExecutor& HostOf(int h, int num_hosts = 2) {
+    return *runtimes_[runtimes_.size() - num_hosts + h]->executor();
+  }
+
  private:
   std::vector<std::unique_ptr<HostRuntime>> runtimes_;
   std::vector<std::unique_ptr<HostServer>> servers_;
@@ -283,6 +289,55 @@ TEST_P(LifecycleTest, CloseCancelsTheClientsRunsWaitingForAdmission) {
 INSTANTIATE_TEST_SUITE_P(Hosts, LifecycleTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "AsProcesses" : "InProcess";
+                         });
+
+// Item 9 of issue 25: the client's caches and the hosts' tables followed
+// every function and program ever dispatched, for ever: a loop that makes a
+// new function and program each step (a new pw.pmap per step) grew both
+// without bound. Now what the caller dropped is forgotten by the client and
+// unloaded from the hosts (wire::Unload), once no run needs it, while what
+// it still holds keeps working: in parallel and sequential dispatch.
+class UnloadTest : public RemoteRuntimeTest, public ::testing::WithParamInterface<DispatchMode> {};
+
+TEST_P(UnloadTest, DroppedProgramsAndFunctionsLeaveTheHosts) {
+  auto rt = MakeRuntime();
+  ASSERT_NE(rt, nullptr);
+  auto slice = *rt->resource_manager().AddSlice(4, "tpu");  // 2 devices on each host
+  ExecuteOptions options;
+  options.mode = GetParam();
+  auto kept = Chain(Slow(*rt, slice, 0, "kept"), 2, "kept");
+  const double in[] = {1.0, 2.0, 3.0, 4.0};
+  constexpr int kSteps = 300;
+  std::shared_ptr<ShardedBuffer> last;
+  for (int i = 0; i < kSteps; ++i) {
+    // A function and a program of their own, dropped at the end of the step;
+    // the last output outlives them (a run may still be in flight).
+    auto program = Chain(Slow(*rt, slice, 0, absl::StrCat("step", i)), 1, absl::StrCat("step", i));
+    auto outs = rt->Execute(*program, {ProgramArg{nullptr, in, DType::kF64, {4}}}, options);
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    last = (*outs)[0];
+    if (i % 50 == 0) {
+      auto k = rt->Execute(*kept, {ProgramArg{nullptr, in, DType::kF64, {4}}}, options);
+      ASSERT_TRUE(k.ok()) << k.status();
+      EXPECT_EQ(Read(*(*k)[0]), (std::vector<double>{3.0, 4.0, 5.0, 6.0}));
+    }
+  }
+  EXPECT_EQ(Read(*last), (std::vector<double>{2.0, 3.0, 4.0, 5.0}));
+  for (int h = 0; h < 2; ++h) {
+    // What is live (kept, and the last step's) and what a sweep has not
+    // reached yet: a bound that does not grow with the number of steps.
+    EXPECT_LE(HostOf(h).num_functions(), 64) << "host " << h;
+    EXPECT_LE(HostOf(h).num_programs(), 2 * 64) << "host " << h;
+  }
+  // What the caller kept still runs after every sweep.
+  auto k = rt->Execute(*kept, {ProgramArg{nullptr, in, DType::kF64, {4}}}, options);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(Read(*(*k)[0]), (std::vector<double>{3.0, 4.0, 5.0, 6.0}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, UnloadTest, ::testing::Values(DispatchMode::kParallel, DispatchMode::kSequential),
+                         [](const ::testing::TestParamInfo<DispatchMode>& info) {
+                           return info.param == DispatchMode::kParallel ? "Parallel" : "Sequential";
                          });
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();

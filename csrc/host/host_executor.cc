@@ -804,6 +804,37 @@ absl::Status HostExecutor::LoadProgramLocked(const wire::LoadProgram& request) {
   return absl::OkStatus();
 }
 
+void HostExecutor::Unload(const wire::Unload& request) {
+  // Freed outside the lock: a function's executable can be large.
+  std::vector<std::shared_ptr<const Function>> functions;
+  std::vector<std::shared_ptr<const Program>> programs;
+  MutexLock lock(&mu_);
+  for (uint64_t id : request.program_ids()) {
+    if (auto it = programs_.find(id); it != programs_.end()) {
+      programs.push_back(std::move(it->second));
+      programs_.erase(it);
+    }
+    program_errors_.erase(id);
+  }
+  for (uint64_t id : request.function_ids()) {
+    if (auto it = functions_.find(id); it != functions_.end()) {
+      functions.push_back(std::move(it->second));
+      functions_.erase(it);
+    }
+    function_errors_.erase(id);
+  }
+}
+
+int HostExecutor::num_functions() const {
+  MutexLock lock(&mu_);
+  return static_cast<int>(functions_.size() + function_errors_.size());
+}
+
+int HostExecutor::num_programs() const {
+  MutexLock lock(&mu_);
+  return static_cast<int>(programs_.size() + program_errors_.size());
+}
+
 std::shared_ptr<HostBuffer> HostExecutor::NewBuffer(uint64_t id, int64_t bytes) {
   auto buffer = std::make_shared<HostBuffer>(id, bytes);
   buffers_[id] = buffer;

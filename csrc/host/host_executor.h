@@ -209,6 +209,10 @@ class HostExecutor {
   // Gets a range of this host's shards of a buffer once it is done.
   void Fetch(const wire::FetchBuffer& request, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
   void Free(const wire::FreeBuffers& request);
+  // Forgets functions and programs the client dropped (and why a load of
+  // them failed). Runs under way keep what they use; an id not loaded here
+  // is ignored (the client sends each host only what it loaded there).
+  void Unload(const wire::Unload& request);
   // Fault injection: marks these devices (all of this host's: else
   // InvalidArgument, and none is marked) failed for good. Parts on them
   // that have not started fail without running, parts in their simulated
@@ -272,6 +276,9 @@ class HostExecutor {
 
   // Buffers held now (tests).
   int num_buffers() const;
+  // Functions and programs loaded now, failed loads included (tests).
+  int num_functions() const;
+  int num_programs() const;
 
  private:
   struct Program;

@@ -378,6 +378,7 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kRun:
     case wire::Request::kFetch:
     case wire::Request::kFree:
+    case wire::Request::kUnload:
     case wire::Request::kDescribeQueues:
     case wire::Request::kFailDevices:
     case wire::Request::kCancelRun:
@@ -447,6 +448,9 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
       break;
     case wire::Request::kFree:
       executor->Free(request.free());
+      break;
+    case wire::Request::kUnload:
+      executor->Unload(request.unload());
       break;
     case wire::Request::kFailDevices:
       reply_with(executor->FailDevices(request.fail_devices()));

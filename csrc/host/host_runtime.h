@@ -102,6 +102,10 @@ class HostRuntime final : public RequestHandler {
   // it ended.
   bool AwaitOwnerGone(int64_t timeout_ns) const;
 
+  // What runs this host's programs, once it has joined its cluster (null
+  // before).
+  std::shared_ptr<HostExecutor> executor() const;
+
  private:
   wire::Reply HandleHello(const std::shared_ptr<HostSession>& session, const wire::Hello& hello);
   // Connects to the other hosts on a thread of its own, then replies.
@@ -111,7 +115,6 @@ class HostRuntime final : public RequestHandler {
   // The rendezvous store's requests, within the session's scopes.
   absl::Status KvSet(const HostSession& session, const wire::KvSet& request);
   absl::StatusOr<std::string> KvGet(const HostSession& session, const wire::KvGet& request);
-  std::shared_ptr<HostExecutor> executor() const;
   // The client says these hosts were lost (see PeersLost in control.proto).
   absl::Status HandlePeersLost(const wire::PeersLost& request);
 

@@ -42,7 +42,10 @@ struct SlotType {
   Dims dims;
 };
 
-class LoweredProgram {
+// Made by Lower() only, always owned by a shared_ptr: whoever keeps state
+// per lowered program (a client's loads on its hosts) holds a weak_ptr from
+// weak_from_this() and forgets that state once the program is gone.
+class LoweredProgram : public std::enable_shared_from_this<LoweredProgram> {
  public:
   // Unique in this process (never reused): names the lowered program to
   // host processes, which keep it.
