@@ -164,11 +164,7 @@ RemoteCluster::~RemoteCluster() {
     MutexLock lock(&admission_mu_);
     stopping_ = true;
     admission_cv_.SignalAll();
-    for (auto& [client, q] : queues_) {
-      for (auto& w : q.waiting) left.push_back(std::move(w));
-      q.waiting.clear();
-    }
-    num_waiting_ = 0;
+    left = waiting_.Take(nullptr, /*all=*/true);
   }
   if (admission_thread_.joinable()) admission_thread_.join();
   // Runs never sent (the runtime shuts down without waiting for them).
@@ -185,7 +181,7 @@ RemoteCluster::~RemoteCluster() {
 void RemoteCluster::SetPolicy(SchedulingPolicy policy) {
   MutexLock lock(&admission_mu_);
   policy_ = policy;
-  if (num_waiting_ > 0) {
+  if (!waiting_.empty()) {
     admission_wanted_ = true;
     admission_cv_.Signal();
   }
@@ -194,7 +190,7 @@ void RemoteCluster::SetPolicy(SchedulingPolicy policy) {
 void RemoteCluster::Released(const std::vector<int>& islands) {
   MutexLock lock(&admission_mu_);
   for (int i : islands) --admitted_[i];
-  if (num_waiting_ > 0) {
+  if (!waiting_.empty()) {
     admission_wanted_ = true;
     admission_cv_.Signal();
   }
@@ -233,7 +229,7 @@ void RemoteCluster::SubmitRun(std::vector<int> hosts, uint64_t program_id, uint6
     MutexLock lock(&admission_mu_);
     // FIFO with nothing queued sends at once (below, unlocked: a run with
     // no hosts finishes at once, and that takes admission_mu_).
-    if (policy_ != SchedulingPolicy::kFifo || num_waiting_ > 0) {
+    if (policy_ != SchedulingPolicy::kFifo || !waiting_.empty()) {
       queued = true;
       auto w = std::make_unique<Waiting>();
       w->program_id = program_id;
@@ -241,11 +237,10 @@ void RemoteCluster::SubmitRun(std::vector<int> hosts, uint64_t program_id, uint6
       w->bindings = std::move(bindings);
       w->cost_ns = cost_ns;
       w->islands = std::move(islands);
-      w->order = next_waiting_++;
       for (const auto& made : run->made) unsent_buffers_.insert(made->remote_id());
       w->run = std::move(run);
-      queues_[w->run->client].waiting.push_back(std::move(w));
-      ++num_waiting_;
+      const SchedulingClient* client = w->run->client;
+      waiting_.Push(client, std::move(w));
     }
   }
   if (queued) {
@@ -284,14 +279,9 @@ void RemoteCluster::Cancel(const SchedulingClient* client, const std::string& re
     }
     {
       MutexLock admission(&admission_mu_);
-      for (auto& [c, q] : queues_) {
-        if (client != nullptr && c != client) continue;
-        for (auto& w : q.waiting) {
-          for (const auto& made : w->run->made) unsent_buffers_.erase(made->remote_id());
-          unsent.push_back(std::move(w));
-        }
-        num_waiting_ -= static_cast<int64_t>(q.waiting.size());
-        q.waiting.clear();
+      for (auto& w : waiting_.Take(client, /*all=*/client == nullptr)) {
+        for (const auto& made : w->run->made) unsent_buffers_.erase(made->remote_id());
+        unsent.push_back(std::move(w));
       }
     }
     wire::CancelRuns cancel;
@@ -376,39 +366,29 @@ void RemoteCluster::AdmitLocked() {
     std::unique_ptr<Waiting> w;
     {
       MutexLock lock(&admission_mu_);
-      if (num_waiting_ == 0) return;
+      if (waiting_.empty()) return;
       const bool fifo = policy_ == SchedulingPolicy::kFifo;
-      ClientQueue* best = nullptr;
-      double best_key = 0;
-      for (auto& [client, q] : queues_) {
-        if (q.waiting.empty()) continue;
-        const Waiting& head = *q.waiting.front();
+      // FIFO: dispatch order. Proportional share: the smallest start tag
+      // (fair_queue.h), within each island's window of admitted runs.
+      auto admissible = [&](const std::unique_ptr<Waiting>& head) {
+        admission_mu_.AssertHeld();
         // Its arguments' producers go first (a host runs its device queues
         // in order: a gang ahead of its input's producer would never start).
-        bool ready = true;
-        for (const wire::ArgBinding& b : head.bindings) ready = ready && !unsent_buffers_.contains(b.buffer_id());
-        if (!ready) continue;
+        for (const wire::ArgBinding& b : head->bindings) {
+          if (unsent_buffers_.contains(b.buffer_id())) return false;
+        }
         if (!fifo) {
-          for (int i : head.islands) ready = ready && admitted_[i] < kAdmissionWindow;
-          if (!ready) continue;
+          for (int i : head->islands) {
+            if (admitted_[i] >= kAdmissionWindow) return false;
+          }
         }
-        // FIFO: dispatch order. Proportional share: the smallest start tag
-        // (start-time fair queueing, as the islands' gang schedulers).
-        const double key = fifo ? static_cast<double>(head.order) : std::max(virtual_time_, q.finish_tag);
-        if (best == nullptr || key < best_key) {
-          best = &q;
-          best_key = key;
-        }
-      }
-      if (best == nullptr) return;
-      w = std::move(best->waiting.front());
-      best->waiting.pop_front();
-      --num_waiting_;
+        return true;
+      };
+      auto cost = [](const std::unique_ptr<Waiting>& head) { return head->cost_ns; };
+      std::optional<std::unique_ptr<Waiting>> next = waiting_.Pop(/*fair=*/!fifo, admissible, cost);
+      if (!next.has_value()) return;
+      w = *std::move(next);
       if (!fifo) {
-        const SchedulingClient* client = w->run->client;
-        const double weight = client != nullptr ? std::max(client->weight(), 1e-9) : 1.0;
-        virtual_time_ = best_key;
-        best->finish_tag = best_key + w->cost_ns / weight;
         for (int i : w->islands) ++admitted_[i];
         w->run->admitted_islands = w->islands;
       }

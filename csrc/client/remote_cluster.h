@@ -55,6 +55,7 @@
 #include "csrc/executor/timeline.h"
 #include "csrc/object_store/sharded_buffer.h"
 #include "csrc/scheduler/diagnosis.h"
+#include "csrc/scheduler/fair_queue.h"
 #include "csrc/scheduler/gang_scheduler.h"
 
 namespace pw {
@@ -286,17 +287,12 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
 
   // Admission (SetPolicy). Locked after mu_ when both are.
   struct Waiting;
-  struct ClientQueue {
-    std::deque<std::unique_ptr<Waiting>> waiting;
-    double finish_tag = 0;
-  };
   Mutex admission_mu_;
   CondVar admission_cv_;
   SchedulingPolicy policy_ ABSL_GUARDED_BY(admission_mu_) = SchedulingPolicy::kFifo;
-  absl::flat_hash_map<const SchedulingClient*, ClientQueue> queues_ ABSL_GUARDED_BY(admission_mu_);
-  int64_t num_waiting_ ABSL_GUARDED_BY(admission_mu_) = 0;
-  int64_t next_waiting_ ABSL_GUARDED_BY(admission_mu_) = 0;  // dispatch order of the queued
-  double virtual_time_ ABSL_GUARDED_BY(admission_mu_) = 0;
+  // Runs not sent yet, per client: sent in dispatch order (FIFO) or by
+  // start-time fair queueing, as the islands' gang schedulers admit gangs.
+  FairQueue<std::unique_ptr<Waiting>> waiting_ ABSL_GUARDED_BY(admission_mu_);
   std::vector<int> admitted_ ABSL_GUARDED_BY(admission_mu_);  // per island: unfinished, under proportional share
   // Buffers that runs still queued will make: a run using one waits.
   absl::flat_hash_set<uint64_t> unsent_buffers_ ABSL_GUARDED_BY(admission_mu_);

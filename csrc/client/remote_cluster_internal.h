@@ -292,7 +292,6 @@ struct RemoteCluster::Waiting {
   std::shared_ptr<Run> run;
   double cost_ns = 0;
   std::vector<int> islands;
-  int64_t order = 0;  // dispatch order among the queued
 };
 
 }  // namespace pw

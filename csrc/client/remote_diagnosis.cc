@@ -71,9 +71,7 @@ void RemoteCluster::Describe(Diagnosis& diagnosis, int64_t timeout_ns, int64_t m
   absl::flat_hash_set<const Run*> unsent;
   {
     MutexLock lock(&admission_mu_);
-    for (const auto& [client, q] : queues_) {
-      for (const auto& w : q.waiting) unsent.insert(w->run.get());
-    }
+    waiting_.ForEach([&](const std::unique_ptr<Waiting>& w) { unsent.insert(w->run.get()); });
   }
   // Every live host's queues, at once.
   auto answers = std::make_shared<Answers>();

@@ -16,12 +16,6 @@ struct GangScheduler::ListQueue {
   int64_t busy_ns = 0;               // summed over the gangs that ran here
 };
 
-struct GangScheduler::ClientQueue {
-  const SchedulingClient* client = nullptr;
-  std::deque<Gang*> waiting;
-  double finish_tag = 0;
-};
-
 const std::string& DefaultClientName() {
   static const std::string* const name = new std::string("default");
   return *name;
@@ -81,30 +75,16 @@ bool GangScheduler::HasRoomLocked(const ListQueue* q) const {
 }
 
 void GangScheduler::AdmitWaitingLocked(ReadyList* notify, bool all) {
-  while (waiting_ > 0) {
-    // The admissible head with the smallest start tag (start-time fair
-    // queueing); clients are few, so a scan is cheapest.
-    ClientQueue* best = nullptr;
-    double best_start = 0;
-    for (auto& [client, cq] : clients_) {
-      if (cq->waiting.empty()) continue;
-      Gang* head = cq->waiting.front();
-      if (!head->InputsSequenced()) continue;
-      if (!all && !HasRoomLocked(QueueForLocked(head->devices_))) continue;
-      const double start = std::max(virtual_time_, cq->finish_tag);
-      if (best == nullptr || start < best_start) {
-        best = cq.get();
-        best_start = start;
-      }
-    }
-    if (best == nullptr) return;
-    Gang* gang = best->waiting.front();
-    best->waiting.pop_front();
-    --waiting_;
-    const double weight = gang->client_ ? std::max(gang->client_->weight(), 1e-9) : 1.0;
-    virtual_time_ = best_start;
-    best->finish_tag = best_start + static_cast<double>(gang->cost_ns_) * gang->devices_->size() / weight;
-    SequenceLocked(gang, QueueForLocked(gang->devices_), notify);
+  // The admissible head with the smallest start tag (fair_queue.h); a head
+  // is admissible once its inputs' producers are ordered, and (unless
+  // `all`) while its devices' window has room.
+  auto admissible = [&](Gang* head) {
+    mu_.AssertHeld();
+    return head->InputsSequenced() && (all || HasRoomLocked(QueueForLocked(head->devices_)));
+  };
+  auto cost = [](Gang* gang) { return static_cast<double>(gang->cost_ns_) * gang->devices_->size(); };
+  while (std::optional<Gang*> gang = waiting_.Pop(/*fair=*/true, admissible, cost)) {
+    SequenceLocked(*gang, QueueForLocked((*gang)->devices_), notify);
   }
 }
 
@@ -118,17 +98,10 @@ void GangScheduler::Enqueue(Gang* gang, ReadyList* ready) {
     // Under FIFO a gang is ordered at once, unless gangs still wait from a
     // proportional-share period: then it queues behind its client's earlier
     // gangs, which may produce its inputs.
-    if (policy_ == SchedulingPolicy::kFifo && waiting_ == 0) {
+    if (policy_ == SchedulingPolicy::kFifo && waiting_.empty()) {
       SequenceLocked(gang, QueueForLocked(gang->devices_), &notify);
     } else {
-      std::unique_ptr<ClientQueue>& cq = clients_[gang->client_];
-      if (cq == nullptr) {
-        cq = std::make_unique<ClientQueue>();
-        cq->client = gang->client_;
-        cq->finish_tag = virtual_time_;
-      }
-      cq->waiting.push_back(gang);
-      ++waiting_;
+      waiting_.Push(gang->client_, gang);
       AdmitWaitingLocked(&notify, /*all=*/policy_ == SchedulingPolicy::kFifo);
     }
   }
@@ -150,7 +123,7 @@ void GangScheduler::Complete(Gang* gang, ReadyList* ready, int64_t busy_ns) {
     for (ListQueue* other : q->overlaps) {
       if (!other->ordered.empty()) MaybeNotifyLocked(other->ordered.front(), other, &notify);
     }
-    if (waiting_ > 0) AdmitWaitingLocked(&notify, policy_ == SchedulingPolicy::kFifo);
+    if (!waiting_.empty()) AdmitWaitingLocked(&notify, policy_ == SchedulingPolicy::kFifo);
   }
   while (Runnable* r = notify.Pop()) static_cast<Gang*>(r)->OnAtHeadOfAllQueues(ready);
 }
@@ -159,7 +132,7 @@ void GangScheduler::RetryAdmission(ReadyList* ready) {
   ReadyList notify;
   {
     MutexLock lock(&mu_);
-    if (waiting_ > 0) AdmitWaitingLocked(&notify, policy_ == SchedulingPolicy::kFifo);
+    if (!waiting_.empty()) AdmitWaitingLocked(&notify, policy_ == SchedulingPolicy::kFifo);
   }
   while (Runnable* r = notify.Pop()) static_cast<Gang*>(r)->OnAtHeadOfAllQueues(ready);
 }
@@ -209,9 +182,7 @@ int64_t GangScheduler::MinSubmissionInFlight() const {
   for (const ListQueue* q : all_lists_) {
     for (const Gang* g : q->ordered) min = std::min(min, g->submission_);
   }
-  for (const auto& [client, cq] : clients_) {
-    for (const Gang* g : cq->waiting) min = std::min(min, g->submission_);
-  }
+  waiting_.ForEach([&](const Gang* g) { min = std::min(min, g->submission_); });
   return min;
 }
 
@@ -282,11 +253,9 @@ void GangScheduler::Snapshot(int64_t min_wait_ns, bool take, Diagnosis* out) {
         }
       }
     }
-    for (auto& [client, cq] : clients_) {
-      for (Gang* gang : cq->waiting) add(gang, GangState::kWaitingForAdmission, nullptr);
-    }
+    waiting_.ForEach([&](Gang* gang) { add(gang, GangState::kWaitingForAdmission, nullptr); });
     counts.queued = in_flight_ - counts.running;
-    counts.waiting_for_admission = waiting_;
+    counts.waiting_for_admission = waiting_.size();
   }
   out->islands.push_back(counts);
   // Each device's queue is headed by the earliest-ordered front of the lists
@@ -333,9 +302,7 @@ void GangScheduler::FindProducers(std::vector<WaitingGang>* gangs) const {
   for (const ListQueue* q : all_lists_) {
     for (const Gang* gang : q->ordered) check(gang);
   }
-  for (const auto& [client, cq] : clients_) {
-    for (const Gang* gang : cq->waiting) check(gang);
-  }
+  waiting_.ForEach([&](const Gang* gang) { check(gang); });
 }
 
 int64_t GangScheduler::num_in_flight() const {

@@ -49,6 +49,7 @@
 #include "csrc/cluster/device_list.h"
 #include "csrc/object_store/object_store.h"
 #include "csrc/scheduler/diagnosis.h"
+#include "csrc/scheduler/fair_queue.h"
 
 namespace pw {
 
@@ -212,7 +213,6 @@ class GangScheduler {
 
  private:
   struct ListQueue;
-  struct ClientQueue;
   ListQueue* QueueForLocked(const DeviceList* devices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SequenceLocked(Gang* gang, ListQueue* q, ReadyList* notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notifies `gang` if it heads its list and no overlapping list's head is
@@ -235,9 +235,7 @@ class GangScheduler {
   int64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<const DeviceList*, std::unique_ptr<ListQueue>> lists_ ABSL_GUARDED_BY(mu_);
   std::vector<ListQueue*> all_lists_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<const SchedulingClient*, std::unique_ptr<ClientQueue>> clients_ ABSL_GUARDED_BY(mu_);
-  int64_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
-  double virtual_time_ ABSL_GUARDED_BY(mu_) = 0;
+  FairQueue<Gang*> waiting_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw
