@@ -2,7 +2,7 @@
 #define PATHWAYS_HOST_PEER_STORES_H_
 
 // The rendezvous stores of a host process (see RendezvousStores in
-// host_executor.h): its own in memory, and every other host's through a
+// host_groups.h): its own in memory, and every other host's through a
 // session with that host, opened at first use (a host meets only the hosts
 // it shares gangs with). The client tells the host which other hosts were
 // lost (PeersLost); from then on nothing here waits for them.
@@ -22,7 +22,7 @@
 #include "csrc/base/mutex.h"
 #include "csrc/coordination/collective_group.h"
 #include "csrc/coordination/host_channel.h"
-#include "csrc/host/host_executor.h"
+#include "csrc/host/host_groups.h"
 
 namespace pw {
 
