@@ -1,4 +1,4 @@
-// A client's pool of host sessions against host runtimes served in this
+// A client's pool of host sessions against HostProcesses served in this
 // process: configuration, the hosts' identities, and a lost host.
 
 #include "csrc/client/host_pool.h"
@@ -9,7 +9,7 @@
 #include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
 #include "csrc/coordination/protocol_version.h"
-#include "csrc/host/host_runtime.h"
+#include "csrc/host/host_process.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -26,8 +26,8 @@ class HostPoolTest : public ::testing::Test {
     topology.devices_per_host = 2;
     cluster_ = *Cluster::Create(topology);
     for (int h = 0; h < 4; ++h) {
-      runtimes_.push_back(std::make_unique<HostRuntime>());
-      auto server = HostServer::Start("127.0.0.1:0", kSecret, runtimes_.back().get());
+      processes_.push_back(std::make_unique<HostProcess>());
+      auto server = HostServer::Start("127.0.0.1:0", kSecret, processes_.back().get());
       ASSERT_TRUE(server.ok()) << server.status();
       addresses_.push_back((*server)->address());
       servers_.push_back(*std::move(server));
@@ -40,7 +40,7 @@ class HostPoolTest : public ::testing::Test {
     return options;
   }
   std::unique_ptr<Cluster> cluster_;
-  std::vector<std::unique_ptr<HostRuntime>> runtimes_;
+  std::vector<std::unique_ptr<HostProcess>> processes_;
   std::vector<std::unique_ptr<HostServer>> servers_;
   std::vector<std::string> addresses_;
 };
@@ -55,9 +55,9 @@ TEST_F(HostPoolTest, ConfiguresEveryHostAndListsThem) {
     EXPECT_EQ(hosts[h].island, h / 2);
     EXPECT_EQ(hosts[h].address, addresses_[h]);
     EXPECT_EQ(hosts[h].pid, getpid());
-    EXPECT_EQ(hosts[h].incarnation, runtimes_[h]->incarnation());
+    EXPECT_EQ(hosts[h].incarnation, processes_[h]->incarnation());
     EXPECT_TRUE(hosts[h].alive());
-    EXPECT_TRUE(runtimes_[h]->configured());
+    EXPECT_TRUE(processes_[h]->configured());
     const wire::HostConfig& config = (*pool)->channel(h).hello_reply().config();
     EXPECT_EQ(config.host_id(), h);
     EXPECT_EQ(config.island_id(), h / 2);
@@ -66,7 +66,7 @@ TEST_F(HostPoolTest, ConfiguresEveryHostAndListsThem) {
     EXPECT_EQ(config.device_ids(1), 2 * h + 1);
   }
   pool->reset();  // the owner's sessions end
-  for (auto& runtime : runtimes_) EXPECT_TRUE(runtime->AwaitOwnerGone(5'000'000'000));
+  for (auto& process : processes_) EXPECT_TRUE(process->AwaitOwnerGone(5'000'000'000));
 }
 
 TEST_F(HostPoolTest, ALostHostIsReportedOnceAndTheOthersStay) {
@@ -99,7 +99,7 @@ TEST_F(HostPoolTest, WrongCountsAndWrongSecretsAreRefused) {
   auto refused = HostPool::Connect(*cluster_, addresses_, Options("not the secret"));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
   EXPECT_NE(refused.status().message().find("host 0 ("), std::string::npos) << refused.status();
-  for (auto& runtime : runtimes_) EXPECT_FALSE(runtime->configured());
+  for (auto& process : processes_) EXPECT_FALSE(process->configured());
 }
 
 // A host of another build: one older than the version check (it answers

@@ -72,7 +72,7 @@
 // loads' tables here, HostBuffers' store, and HostGroups' sets (gang tags
 // are per group); runs (RunKey) and posted receives carry it already.
 //
-// Thread-safe. Requests come from the control plane (HostRuntime). Lock
+// Thread-safe. Requests come from the control plane (HostProcess). Lock
 // order: the loads' tables (mu_), then the buffer store's (a run finds and
 // makes its buffers under both), then a buffer's; the queues' (queue_mu_),
 // then a buffer's (DescribeQueues). A device's worker lock is a leaf. A

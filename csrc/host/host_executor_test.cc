@@ -1641,7 +1641,7 @@ TEST(HostExecutorTest, AHugeShardBytesBetweenHostsDoesNotCrash) {
 // Was a bug, now fixed (minor; Run): on its early errors (no such program, a malformed
 // binding) Run calls `done` while it holds mu_, the tables' lock; a `done`
 // that calls back into the executor (num_buffers, Fetch, Put, ...)
-// self-deadlocks. HostRuntime's callbacks only queue a reply today, so
+// self-deadlocks. HostProcess's callbacks only queue a reply today, so
 // nothing hangs in production; every other path calls `done` unlocked.
 TEST(HostExecutorTest, TheReplyCallbackMayCallTheExecutor) {
   auto cluster = MakeCluster(2, 2);

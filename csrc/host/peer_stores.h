@@ -27,7 +27,7 @@
 namespace pw {
 
 // Another host's rendezvous store, seen through a session with that host
-// (its HostRuntime answers KvSet and KvGet), opened at first use. A session
+// (its HostProcess answers KvSet and KvGet), opened at first use. A session
 // that broke while the host is not known to be lost (a connection reset, a
 // heartbeat missed on a loaded machine) is opened anew at the next use;
 // once the host is known to be lost (Lose), every use fails at once, a
