@@ -25,7 +25,7 @@ constexpr char kSecret[] = "host-process-test";
 
 wire::Hello HelloWith(int host_id, int island, std::vector<int> devices, int64_t memory = 1 << 20) {
   wire::Hello hello;
-  hello.set_protocol_version(kControlProtocolVersion);  // as HostPool's
+  hello.set_protocol_version(kControlProtocolVersion);  // as HostSessions's
   hello.set_op_registry_version(kOpRegistryVersion);
   wire::HostConfig* c = hello.mutable_config();
   c->set_host_id(host_id);
