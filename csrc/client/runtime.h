@@ -21,7 +21,7 @@
 #include "csrc/coordination/transfer.h"
 #include "csrc/dispatch/dispatcher.h"
 #include "csrc/executor/delay_queue.h"
-#include "csrc/executor/executor.h"
+#include "csrc/executor/worker_pool.h"
 #include "csrc/executor/timeline.h"
 #include "csrc/object_store/object_store.h"
 #include "csrc/resource_manager/resource_manager.h"
@@ -93,7 +93,7 @@ class Runtime {
   ResourceManager& resource_manager() { return *resource_manager_; }
   ObjectStores& object_stores() { return *stores_; }
   GangScheduler& scheduler(int island) { return *schedulers_[island]; }
-  Executor& executor() { return *executor_; }
+  WorkerPool& executor() { return *executor_; }
   ParallelDispatcher& dispatcher() { return *dispatcher_; }
   TransferStats& transfer_stats() { return stats_; }
   Timeline& timeline() { return timeline_; }
@@ -174,7 +174,7 @@ class Runtime {
   std::unique_ptr<InterconnectModel> interconnect_;  // null: no model (the topology's ici_*/dcn_* keys are 0)
   Timeline timeline_;
   std::unique_ptr<DelayQueue> delays_;
-  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<WorkerPool> executor_;
   std::unique_ptr<ParallelDispatcher> dispatcher_;
   std::vector<GangScheduler*> scheduler_ptrs_;  // schedulers_, by island id
   std::unique_ptr<HangWatchdog> watchdog_;
