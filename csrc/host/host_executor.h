@@ -1,9 +1,12 @@
 #ifndef PATHWAYS_HOST_HOST_EXECUTOR_H_
 #define PATHWAYS_HOST_HOST_EXECUTOR_H_
 
-// What a host process runs (paper §4, Figure 3): its shards of every gang the
-// client dispatches to it, its shards of the buffers those gangs use, and the
-// transfers between its devices and other hosts'.
+// A host process's scheduler, the paper's per-host executor (§4, Figure 3):
+// it runs this host's shards of every gang the client dispatches to it, in
+// the client's order, one thread per device, and holds its shards of the
+// buffers those gangs use and the transfers between its devices and other
+// hosts'. (Not the in-process WorkerPool, executor/worker_pool.h; the
+// control plane's end in the process is HostProcess, host_process.h.)
 //
 // Order. The client sends every host its work in one global order (the
 // order in which it dispatched), so every device queue here holds its gangs
