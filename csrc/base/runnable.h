@@ -4,7 +4,7 @@
 // A unit of work that an executor thread runs, and the intrusive list in
 // which work that just became ready is collected. The list needs no
 // allocation, so making a node ready on the dispatch path costs a pointer
-// write; whoever collected the list hands it to the Executor in one go.
+// write; whoever collected the list hands it to the WorkerPool in one go.
 
 #include <cstdint>
 #include <exception>

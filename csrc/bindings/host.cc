@@ -16,7 +16,7 @@
 
 #include "csrc/client/runtime.h"
 #if PATHWAYS_WITH_HOSTS
-#include "csrc/client/host_pool.h"
+#include "csrc/client/host_sessions.h"
 #include "csrc/client/remote_cluster.h"
 #include "csrc/coordination/auth.h"
 #include "csrc/host/host_main.h"
@@ -27,10 +27,10 @@ namespace py = pybind11;
 
 #if PATHWAYS_WITH_HOSTS
 namespace {
-// A pool with the cluster it was made for (internal: pathways._hosts).
-struct PyHostPool {
+// Sessions with the cluster they were made for (internal: pathways._hosts).
+struct PyHostSessions {
   std::unique_ptr<Cluster> cluster;
-  std::unique_ptr<HostPool> pool;
+  std::unique_ptr<HostSessions> sessions;
 };
 
 py::list HostInfos(const std::vector<RemoteHostInfo>& hosts) {
@@ -120,29 +120,29 @@ void RegisterHost(py::module_& m) {
       py::arg("public_key_hex"), py::arg("secret"),
       "`secret` sealed to a host's public key (hex, from `pathways-host --sealed-secret-stdin`), in hex: only "
       "that host process can open it (internal; see pathways._ray_hosts).");
-  py::class_<PyHostPool>(m, "_HostPool", "Sessions with host processes (internal; see pathways._hosts).")
+  py::class_<PyHostSessions>(m, "_HostSessions", "Sessions with host processes (internal; see pathways._hosts).")
       .def(py::init([](const std::vector<std::string>& addresses, const std::string& secret,
                        const std::vector<std::pair<std::string, std::string>>& topology) {
-             auto p = std::make_unique<PyHostPool>();
+             auto p = std::make_unique<PyHostSessions>();
              p->cluster = ValueOrThrow(Cluster::Create(ValueOrThrow(ParseTopology(topology))));
              ChannelOptions options;
              options.secret = secret;
-             absl::StatusOr<std::unique_ptr<HostPool>> pool;
+             absl::StatusOr<std::unique_ptr<HostSessions>> sessions;
              {
                py::gil_scoped_release release;
-               pool = HostPool::Connect(*p->cluster, addresses, options);
+               sessions = HostSessions::Connect(*p->cluster, addresses, options);
              }
-             p->pool = ValueOrThrow(std::move(pool));
+             p->sessions = ValueOrThrow(std::move(sessions));
              return p;
            }),
            py::arg("addresses"), py::arg("secret"), py::arg("topology"))
-      .def("hosts", [](const PyHostPool& p) {
-        if (p.pool == nullptr) throw std::runtime_error("the host pool is closed");
-        return HostInfos(p.pool->hosts());
+      .def("hosts", [](const PyHostSessions& p) {
+        if (p.sessions == nullptr) throw std::runtime_error("the host sessions are closed");
+        return HostInfos(p.sessions->hosts());
       })
-      .def("close", [](PyHostPool& p) {
+      .def("close", [](PyHostSessions& p) {
         py::gil_scoped_release release;
-        p.pool.reset();
+        p.sessions.reset();
       });
 #endif
 }

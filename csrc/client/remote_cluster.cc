@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   options.heartbeat_timeout_ns = kHeartbeatTimeoutNs;
   // A lost host's devices are gone with it: new slices avoid them, and
   // work or buffers on them fail with the host's loss (HostLostError).
-  auto pool = HostPool::Connect(cluster, addresses, options, [&cluster](int host, const absl::Status& why) {
+  auto pool = HostSessions::Connect(cluster, addresses, options, [&cluster](int host, const absl::Status& why) {
     for (Device* d : cluster.devices()) {
       if (d->host()->id() == host) d->MarkFailed(why);
     }
@@ -791,7 +791,7 @@ void RemoteCluster::SendRun(uint64_t program_id, uint64_t first, const std::vect
   // and nothing of it is sent: the surviving hosts would only wait for the
   // lost one (its rendezvous store, its collectives, its transfers). One
   // atomic load per host. (A host lost after this check is told to the
-  // survivors, which then fail its part at once: HostPool.)
+  // survivors, which then fail its part at once: HostSessions.)
   for (int h : hosts) {
     if (pool_->channel(h).alive()) continue;
     absl::Status lost = pool_->channel(h).status();

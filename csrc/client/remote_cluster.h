@@ -49,7 +49,7 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
-#include "csrc/client/host_pool.h"
+#include "csrc/client/host_sessions.h"
 #include "csrc/cluster/device_list.h"
 #include "csrc/dispatch/dispatcher.h"
 #include "csrc/executor/timeline.h"
@@ -82,7 +82,7 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
                                                                 const std::string& secret);
   ~RemoteCluster();
 
-  HostPool& pool() { return *pool_; }
+  HostSessions& pool() { return *pool_; }
   std::vector<RemoteHostInfo> hosts() const { return pool_->hosts(); }
   // Control messages (frames on the wire: requests batched) sent to each
   // host so far; heartbeats not counted.
@@ -237,7 +237,7 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   const Cluster* cluster_ = nullptr;
   RemoteServices services_;
   ObjectStores* stores_ = nullptr;  // services_.stores
-  std::unique_ptr<HostPool> pool_;
+  std::unique_ptr<HostSessions> pool_;
   std::unique_ptr<std::atomic<int64_t>[]> messages_;  // per host
   // Buffers dropped, by host, not yet told: they leave with the host's next
   // run, or on their own once kFreesPerMessage wait or a buffer of at least

@@ -1,4 +1,4 @@
-// The runtime with hosts as processes (RemoteCluster), against host runtimes
+// The runtime with hosts as processes (RemoteCluster), against HostProcesses
 // served in this process: pw.diagnose while runs finish, a client's close()
 // and the runtime's shutdown, compared with what they do in process; and
 // host-reported part times on the client's clock.
@@ -15,7 +15,7 @@
 #include "csrc/base/spin.h"
 #include "csrc/client/remote_cluster_internal.h"
 #include "csrc/client/runtime.h"
-#include "csrc/host/host_runtime.h"
+#include "csrc/host/host_process.h"
 #include "csrc/program_ir/lowering.h"
 #include "csrc/program_ir/testing_programs.h"
 #include "gtest/gtest.h"
@@ -25,12 +25,12 @@ namespace {
 
 constexpr char kSecret[] = "remote-cluster-test";
 
-// Host runtimes served on loopback in this process, and runtimes that
+// HostProcesses served on loopback in this process, and runtimes that
 // connect to them. Each runtime gets hosts of its own.
 class RemoteRuntimeTest : public ::testing::Test {
  protected:
   // A runtime of one island of `num_hosts` hosts of 2 devices: with host
-  // runtimes of its own when `remote`, else all in process.
+  // processes of its own when `remote`, else all in process.
   std::unique_ptr<Runtime> MakeRuntime(bool remote = true, int num_hosts = 2) {
     TopologyOptions options;
     options.num_islands = 1;
@@ -40,8 +40,8 @@ class RemoteRuntimeTest : public ::testing::Test {
     if (remote) {
       std::vector<std::string> addresses;
       for (int h = 0; h < num_hosts; ++h) {
-        runtimes_.push_back(std::make_unique<HostRuntime>(kSecret));
-        auto server = HostServer::Start("127.0.0.1:0", kSecret, runtimes_.back().get());
+        processes_.push_back(std::make_unique<HostProcess>(kSecret));
+        auto server = HostServer::Start("127.0.0.1:0", kSecret, processes_.back().get());
         EXPECT_TRUE(server.ok()) << server.status();
         if (!server.ok()) return nullptr;
         addresses.push_back((*server)->address());
@@ -60,7 +60,7 @@ class RemoteRuntimeTest : public ::testing::Test {
 
   void TearDown() override {
     servers_.clear();
-    runtimes_.clear();
+    processes_.clear();
   }
 
   // The executor of host `h` of the last runtime made (its hosts are the
@@ -70,11 +70,11 @@ class RemoteRuntimeTest : public ::testing::Test {
   }
 
  private:
-  std::vector<std::unique_ptr<HostRuntime>> runtimes_;
+  std::vector<std::unique_ptr<HostProcess>> processes_;
   std::vector<std::unique_ptr<HostServer>> servers_;
 };
 
-// The same cases with hosts in process and as host runtimes: they must agree.
+// The same cases with hosts in process and as HostProcesses: they must agree.
 class LifecycleTest : public RemoteRuntimeTest, public ::testing::WithParamInterface<bool> {
  protected:
   bool remote() const { return GetParam(); }

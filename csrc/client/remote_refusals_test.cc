@@ -1,5 +1,5 @@
 // Refusals heard (issue 25, item 1): the client's side of hosts as processes
-// (RemoteCluster) against host runtimes served in this process, one per
+// (RemoteCluster) against HostProcesses served in this process, one per
 // host, each through a handler that lets a test tamper with what its host
 // receives: a load it cannot do, a run it refuses. What the client must make
 // of that: the runs that need the load fail with the host's error, promptly;
@@ -24,7 +24,7 @@
 #include "csrc/client/runtime.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/host_server.h"
-#include "csrc/host/host_runtime.h"
+#include "csrc/host/host_process.h"
 #include "csrc/program_ir/lowering.h"
 #include "csrc/program_ir/testing_programs.h"
 #include "gtest/gtest.h"
@@ -37,7 +37,7 @@ constexpr char kSecret[] = "remote-refusals-test";
 // part in it fails here.
 constexpr int64_t kPromptNs = int64_t{10} * 1'000'000'000;
 
-// One host: its runtime behind its handler. `tamper` sees each request
+// One host: its HostProcess behind its handler. `tamper` sees each request
 // first; true means it handled it (and replied, if a reply was wanted).
 class TestHost final : public RequestHandler {
  public:
@@ -55,14 +55,14 @@ class TestHost final : public RequestHandler {
       tamper = tamper_;
     }
     if (tamper && tamper(session, request)) return;
-    runtime_.Handle(session, std::move(request));
+    process_.Handle(session, std::move(request));
   }
-  void OnSessionEnd(const std::shared_ptr<HostSession>& session) override { runtime_.OnSessionEnd(session); }
-  absl::StatusOr<std::string> PeerKey(int host) override { return runtime_.PeerKey(host); }
-  void Heartbeat(const wire::Ping& ping, wire::Pong* pong) override { runtime_.Heartbeat(ping, pong); }
+  void OnSessionEnd(const std::shared_ptr<HostSession>& session) override { process_.OnSessionEnd(session); }
+  absl::StatusOr<std::string> PeerKey(int host) override { return process_.PeerKey(host); }
+  void Heartbeat(const wire::Ping& ping, wire::Pong* pong) override { process_.Heartbeat(ping, pong); }
 
  private:
-  HostRuntime runtime_{kSecret};
+  HostProcess process_{kSecret};
   Mutex mu_;
   Tamper tamper_ ABSL_GUARDED_BY(mu_);
 };

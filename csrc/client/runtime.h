@@ -1,11 +1,14 @@
 #ifndef PATHWAYS_CLIENT_RUNTIME_H_
 #define PATHWAYS_CLIENT_RUNTIME_H_
 
-// The runtime a client talks to: the simulated cluster with its resource
-// manager, one gang scheduler per island, the per-host object stores, the
-// executors and the parallel dispatcher, all in this process (the embedded
-// default). The client library (paper §4.2) uses it to place compiled
-// functions on virtual slices, lower programs and run them.
+// The client process's runtime, the paper's single controller (§4): the
+// simulated cluster with its resource manager, one gang scheduler per
+// island, the per-host object stores, the executors (WorkerPool) and the
+// parallel dispatcher, all in this process (the embedded default); with
+// hosts as processes, the hosts' part runs in them (RemoteCluster, and on
+// the hosts HostProcess and HostExecutor). The client library (paper §4.2)
+// uses it to place compiled functions on virtual slices, lower programs and
+// run them.
 //
 // Thread-safe. Default() creates the process-wide runtime on first use.
 
@@ -21,8 +24,8 @@
 #include "csrc/coordination/transfer.h"
 #include "csrc/dispatch/dispatcher.h"
 #include "csrc/executor/delay_queue.h"
-#include "csrc/executor/executor.h"
 #include "csrc/executor/timeline.h"
+#include "csrc/executor/worker_pool.h"
 #include "csrc/object_store/object_store.h"
 #include "csrc/resource_manager/resource_manager.h"
 #include "csrc/scheduler/gang_scheduler.h"
@@ -93,7 +96,7 @@ class Runtime {
   ResourceManager& resource_manager() { return *resource_manager_; }
   ObjectStores& object_stores() { return *stores_; }
   GangScheduler& scheduler(int island) { return *schedulers_[island]; }
-  Executor& executor() { return *executor_; }
+  WorkerPool& executor() { return *executor_; }
   ParallelDispatcher& dispatcher() { return *dispatcher_; }
   TransferStats& transfer_stats() { return stats_; }
   Timeline& timeline() { return timeline_; }
@@ -174,7 +177,7 @@ class Runtime {
   std::unique_ptr<InterconnectModel> interconnect_;  // null: no model (the topology's ici_*/dcn_* keys are 0)
   Timeline timeline_;
   std::unique_ptr<DelayQueue> delays_;
-  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<WorkerPool> executor_;
   std::unique_ptr<ParallelDispatcher> dispatcher_;
   std::vector<GangScheduler*> scheduler_ptrs_;  // schedulers_, by island id
   std::unique_ptr<HangWatchdog> watchdog_;

@@ -45,7 +45,8 @@ struct TopologyOptions {
   // Simulated device memory (HBM) per device. The bytes are real host memory.
   int64_t device_memory_bytes = int64_t{1} << 30;
   std::string device_kind = "tpu";
-  // Executor threads shared by all devices; 0 picks the number of cores.
+  // Executor threads (the WorkerPool) shared by all devices; 0 picks the
+  // number of cores.
   int num_executor_threads = 0;
   // Modeled latency of one control message from the client to a host, or
   // between hosts (DCN), in the dispatch path (paper §4.3, §4.5). 0: none,

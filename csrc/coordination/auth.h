@@ -43,7 +43,7 @@
 // (random, 32 bytes; JoinCluster), and each host only its row. Host a proves
 // it is host a to host b with K_ab, which no third host knows: a host that
 // is taken over can speak for itself only, not for the other hosts (the
-// rendezvous store's scopes rest on that, host_runtime.h).
+// rendezvous store's scopes rest on that, host_process.h).
 
 #include <cstddef>
 #include <cstdint>

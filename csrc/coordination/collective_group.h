@@ -22,7 +22,7 @@
 // (collective_group_test checks this, so a Gloo that has it is noticed).
 // Building Gloo ourselves is outside what `make` installs. What limits the
 // exposure: the addresses are published only in rendezvous stores that the
-// group's own members may read (host_runtime.h), members bind the host's
+// group's own members may read (host_process.h), members bind the host's
 // advertised IP (loopback on one machine), and bulk transfers between hosts
 // go over the data plane (data_plane.h), whose connections prove themselves.
 // Across machines, run the hosts on a network that only they can reach, or

@@ -83,7 +83,7 @@ namespace pw {
 // Who a data plane message is for, in its sender's words: carried in its
 // header and read by the receiver before the payload, so that it can match
 // messages to what it expects by id rather than by order. The data plane
-// gives them no meaning. The host executor's (host/host_executor.h): `session`,
+// gives them no meaning. The host's transfers' (host/host_transfers.h): `session`,
 // the client session the work belongs to (0: the one client of today;
 // room for several clients on one set of hosts, whose own ids may then
 // collide); the run, as `program_id` + `first_buffer_id` (unique within a

@@ -97,7 +97,8 @@ class HostSession {
   const int peer_host_;
 };
 
-// What a host does with requests: the host runtime.
+// What a host does with requests: the host process's end of the control
+// plane (HostProcess, host/host_process.h).
 class RequestHandler {
  public:
   virtual ~RequestHandler() = default;

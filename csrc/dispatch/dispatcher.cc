@@ -50,7 +50,7 @@ absl::Status MemoryWaitCancelled(const std::atomic<bool>* shut_down, const Sched
 }
 
 ParallelDispatcher::ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers,
-                                       Executor* executor, TransferStats* stats, GangServices services,
+                                       WorkerPool* executor, TransferStats* stats, GangServices services,
                                        InterconnectModel* interconnect)
     : stores_(stores),
       schedulers_(std::move(schedulers)),

@@ -23,7 +23,7 @@
 #include "absl/types/span.h"
 #include "csrc/coordination/transfer.h"
 #include "csrc/dispatch/gang_task.h"
-#include "csrc/executor/executor.h"
+#include "csrc/executor/worker_pool.h"
 #include "csrc/object_store/object_store.h"
 #include "csrc/object_store/sharded_buffer.h"
 #include "csrc/program_ir/lowering.h"
@@ -82,7 +82,7 @@ class ParallelDispatcher {
   // island id. `interconnect` (may be null: no model) times the transfers
   // between slices; their recording goes to `services.timeline` and their
   // modeled ends to `services.delays`.
-  ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers, Executor* executor,
+  ParallelDispatcher(ObjectStores* stores, std::vector<GangScheduler*> schedulers, WorkerPool* executor,
                      TransferStats* stats, GangServices services, InterconnectModel* interconnect = nullptr);
 
   // Dispatches every step of `program` and returns its outputs (pending).
@@ -110,7 +110,7 @@ class ParallelDispatcher {
 
   ObjectStores* stores_;
   std::vector<GangScheduler*> schedulers_;
-  Executor* executor_;
+  WorkerPool* executor_;
   GangServices services_;
   TransferServices transfer_services_;
   RemoteDispatch* remote_ = nullptr;

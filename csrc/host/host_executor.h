@@ -1,9 +1,12 @@
 #ifndef PATHWAYS_HOST_HOST_EXECUTOR_H_
 #define PATHWAYS_HOST_HOST_EXECUTOR_H_
 
-// What a host process runs (paper §4, Figure 3): its shards of every gang the
-// client dispatches to it, its shards of the buffers those gangs use, and the
-// transfers between its devices and other hosts'.
+// A host process's scheduler, the paper's per-host executor (§4, Figure 3):
+// it runs this host's shards of every gang the client dispatches to it, in
+// the client's order, one thread per device, and holds its shards of the
+// buffers those gangs use and the transfers between its devices and other
+// hosts'. (Not the in-process WorkerPool, executor/worker_pool.h; the
+// control plane's end in the process is HostProcess, host_process.h.)
 //
 // Order. The client sends every host its work in one global order (the
 // order in which it dispatched), so every device queue here holds its gangs
@@ -56,17 +59,35 @@
 // names the id fails with it ("function 3 could not be loaded on host 1:
 // ..."), not with "no such id". A refused Put chunk fails its buffer.
 //
-// Thread-safe. Requests come from the control plane (HostRuntime).
+// Its parts, each with one job and a lock of its own (this class owns them,
+// runs the device queues and the loads, and passes each request to the
+// part it is for):
+//   HostBuffers (host_buffers.h)     the buffers, by id, and the puts;
+//   HostTransfers (host_transfers.h) the data plane: sends, receives, copies;
+//   HostGroups (host_groups.h)       the collective groups per set of hosts;
+//   HostHealth (host_health.h)       failed devices and lost peers;
+//   DeadRuns (host_runs.h)           the runs refused or cancelled here;
+// and HostLayout (host_layout.h), what this host is in its cluster, fixed.
+//
+// Ids. Every id a request names (device lists, functions, programs,
+// buffers, gang tags) is the one client's (kOneSession, host_runs.h).
+// Several clients on one set of hosts would key by their session: the
+// loads' tables here, HostBuffers' store, and HostGroups' sets (gang tags
+// are per group); runs (RunKey) and posted receives carry it already.
+//
+// Thread-safe. Requests come from the control plane (HostProcess). Lock
+// order: the loads' tables (mu_), then the buffer store's (a run finds and
+// makes its buffers under both), then a buffer's; the queues' (queue_mu_),
+// then a buffer's (DescribeQueues). A device's worker lock is a leaf. A
+// buffer's waiters run on the thread that completes it, under whatever
+// that thread holds (see HostBuffers).
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -74,100 +95,19 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "csrc/base/mutex.h"
-#include "csrc/coordination/collective_group.h"
-#include "csrc/coordination/data_plane.h"
 #include "csrc/coordination/control.pb.h"
+#include "csrc/host/host_buffers.h"
+#include "csrc/host/host_groups.h"
+#include "csrc/host/host_health.h"
+#include "csrc/host/host_layout.h"
+#include "csrc/host/host_runs.h"
+#include "csrc/host/host_transfers.h"
 #include "csrc/kernels/function_executable.h"
 
 namespace pw {
-
-// This host's shards of one sharded buffer, contiguous in list order; also
-// the future of whatever produces them here.
-class HostBuffer {
- public:
-  HostBuffer(uint64_t id, int64_t bytes);
-  ~HostBuffer();
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-
-  uint64_t id() const { return id_; }
-  uint8_t* data() const { return data_; }
-  int64_t bytes() const { return bytes_; }
-  // False if its memory could not be allocated (then it is never written),
-  // and once it has failed (its memory is given back then).
-  bool allocated() const { return data_ != nullptr; }
-  absl::Status AllocationError() const;
-
-  // Calls `fn` with the status once the buffer is done: at once, on this
-  // thread, if it is done already. `fn` must not block.
-  void OnDone(absl::AnyInvocable<void(const absl::Status&) &&> fn);
-  bool done() const;
-  // Done with an error.
-  bool failed() const;
-  // Waits until done or `stopping` is set; the status (Cancelled if stopped).
-  absl::Status Await(const std::atomic<bool>& stopping);
-  // Completes the buffer (once).
-  void Complete(const absl::Status& status);
-
- private:
-  const uint64_t id_;
-  const int64_t bytes_;
-  uint8_t* data_ = nullptr;
-  mutable Mutex mu_;
-  CondVar cv_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::AnyInvocable<void(const absl::Status&) &&>> waiters_ ABSL_GUARDED_BY(mu_);
-};
-
-struct HostSetGroups;  // host_executor.cc
-
-// A device list as this host sees it.
-struct HostDeviceList {
-  std::vector<int> device_ids;      // global ids, in list order
-  std::vector<int> hosts;           // host of each position
-  std::vector<int> local_positions; // positions on this host, increasing
-  std::vector<int> local_devices;   // their index in this host's devices
-  // The hosts of the list, increasing, and each one's positions.
-  std::vector<int> host_set;
-  std::vector<std::vector<int>> positions_by_host;  // parallel to host_set
-  std::optional<LocalShards> local;  // when this host holds some positions
-  // The collective groups of its host set, when it has positions here and
-  // on other hosts (owned by the executor).
-  HostSetGroups* groups = nullptr;
-  bool all_local() const { return local_positions.size() == device_ids.size(); }
-};
-
-// Where the hosts of a collective group meet (CollectiveGroup::Create's
-// rendezvous): in the store kept by the group's lowest host, so that making
-// a group needs only its own members alive (with one store on host 0, a
-// lost host 0 would keep every other island from making new groups).
-class RendezvousStores {
- public:
-  virtual ~RendezvousStores() = default;
-  // The store kept by `host`; it lives as long as this object. Unavailable
-  // if that host cannot be reached. Thread-safe; may block while it
-  // connects (bounded).
-  virtual absl::StatusOr<KeyValueStore*> StoreOf(int host) = 0;
-  // The store where the group of `members` (host ids, increasing) meets,
-  // for one rendezvous (it must outlive only that): the one kept by its
-  // lowest member. An implementation that learns of lost hosts ends its
-  // waits at once (Unavailable) when a member is lost, so a group with a
-  // lost member fails to form at once instead of after its timeout. The
-  // default: StoreOf(members.front()) as it is.
-  virtual absl::StatusOr<std::unique_ptr<KeyValueStore>> GroupStore(absl::Span<const int> members);
-};
-
-// One store for every host: hosts as threads of one process (tests).
-class SharedRendezvous final : public RendezvousStores {
- public:
-  explicit SharedRendezvous(KeyValueStore* store) : store_(store) {}
-  absl::StatusOr<KeyValueStore*> StoreOf(int) override { return store_; }
-
- private:
-  KeyValueStore* const store_;
-};
 
 class HostExecutor {
  public:
@@ -285,74 +225,15 @@ class HostExecutor {
   struct Function;
   struct Part;
   struct RunState;
-  struct Peer;
-  class GroupCollectives;
-
-  // A run as the hosts name it: the client session (0: the one client of
-  // today; several clients would each get theirs), the program, and the
-  // run's first buffer id (unique per run within a session).
-  struct RunKey {
-    uint64_t session = 0;
-    uint64_t program_id = 0;
-    uint64_t first_buffer_id = 0;
-    friend bool operator==(const RunKey&, const RunKey&) = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const RunKey& k) {
-      return H::combine(std::move(h), k.session, k.program_id, k.first_buffer_id);
-    }
-  };
-  // The session of every run today: the one client that configured this
-  // host. Several clients on one set of hosts would each get theirs (from
-  // their control session), and the ids they choose would count per session.
-  static constexpr uint64_t kOneSession = 0;
-  // Where a receive is posted: the session and the destination buffer.
-  using RecvKey = std::pair<uint64_t, uint64_t>;
-
-  // OK unless the run is dead here (refused or cancelled): then why. One
-  // atomic load while no run ever was.
-  absl::Status DeadStatus(const RunKey& run) const;
-  // Whether one of `hosts` refused the dead run (it will join none of the
-  // run's collectives).
-  bool RefusedByAnyOf(const RunKey& run, absl::Span<const int> hosts) const;
-  // Marks the run dead with `why` (the first reason stays) and `refuser`
-  // (-1: none known) among the hosts that refused it; false if it was dead
-  // already. Wakes the receiving threads, which drop its messages from now
-  // on.
-  bool MarkDead(const RunKey& run, const absl::Status& why, int refuser);
-  // A receiving thread for every other host, so that whatever a peer sends
-  // for a run this host refused is read and dropped, not left on the wire.
-  void EnsureReceivers();
-  // The receives from `peer` fail with `status`, and every later one at
-  // once (its connection broke, or the host is stopping).
-  void FailReceives(Peer* peer, const absl::Status& status);
 
   absl::StatusOr<const HostDeviceList*> List(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::shared_ptr<HostBuffer> NewBuffer(uint64_t id, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets buffer `id`, moving it to `dropped` (to free unlocked).
-  void DropLocked(uint64_t id, std::vector<std::shared_ptr<HostBuffer>>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The transfer of one step or argument of `run`: `src` and `dst` are this
-  // host's buffers, null where it holds no shard; `dst_id` the destination's
-  // id (what its messages name).
-  void StartTransfer(const RunKey& run, const HostDeviceList& src_list, std::shared_ptr<HostBuffer> src,
-                     const HostDeviceList& dst_list, uint64_t dst_id, std::shared_ptr<HostBuffer> dst,
-                     int64_t shard_bytes);
   // The loads' checks and work; the callers keep their errors.
   absl::Status DefineDevicesChecked(const wire::DefineDevices& request);
   absl::Status LoadProgramLocked(const wire::LoadProgram& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Put's checks and copy; the caller fails the buffer on an error.
-  absl::Status PutLocked(wire::PutBuffer& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Internal if a part's inputs have other sizes than its function takes
   // (a client's mistake, never a read past a buffer); ResourceExhausted if
   // an output could not be allocated.
   absl::Status CheckSizes(const Part& part) const;
-  absl::Status CheckTransferSizes(const HostBuffer& src, int64_t src_bytes, const HostBuffer& dst) const;
-  // Unavailable naming the first failed device among `local_devices`
-  // (indices in this host's devices), else OK. One atomic load while no
-  // device has failed.
-  absl::Status CheckHealthy(absl::Span<const int> local_devices) const;
-  // HostLost naming a host of `gang` this host was told was lost, else OK.
-  // One atomic load while no peer was lost.
-  absl::Status CheckPeers(const HostDeviceList& gang) const;
   void Enqueue(Part* part);
   void CountDown(Part* part);
   void DeviceLoop(int device);
@@ -364,74 +245,31 @@ class HostExecutor {
   // A part of a cancelled run whose gang includes a host that refused it
   // (`refused_in_gang`) joins no collective: that host never would.
   void RunPart(const Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch);
-  // The incarnation `generation` of the collective group of `list`'s hosts
-  // (made at its first use).
-  absl::StatusOr<std::shared_ptr<CollectiveGroup>> GroupFor(const HostDeviceList& list, uint64_t generation);
   // Whether `part` meets other hosts in collectives (then it counts in its
   // group generation's parts from Enqueue until it has run).
   static bool MeetsOtherHosts(const Part& part);
-  // `part` (which MeetsOtherHosts) has run: its generation counts it no more.
-  void LeaveGeneration(const Part& part);
-  Peer& PeerFor(int host);
-  void SendLoop(Peer* peer);
-  void RecvLoop(Peer* peer);
 
-  const int host_id_;
-  const int num_local_devices_;
-  std::vector<int> device_host_;            // by global device id
-  std::vector<int> local_index_;            // by global device id: index in this host, or -1
-  std::vector<int> local_device_ids_;       // by index in this host: global id
-  const std::string group_prefix_;
+  const HostLayout layout_;
+  const int host_id_;  // layout_.host_id
   RendezvousStores* const stores_;
-  const std::string secret_;
-  // This host's row of peer keys from the join (auth.h), by host id; empty
-  // if the client gave none (tests): the data plane then uses the secret.
-  const std::vector<std::string> peer_keys_;
-  CollectiveOptions collective_options_;
-  // How long a gang's part waits for its other hosts' parts to arrive
-  // (CollectiveGroup::Arrive, and making its group): long, since a peer may
-  // be busy with earlier gangs on its devices. A peer that dies closes its
-  // connections, which ends the wait at once; one known to be lost ends it
-  // through AbortGroupsWith.
-  absl::Duration arrival_timeout_ = absl::Hours(1);
   std::atomic<bool> stopping_{false};
-  const int island_id_;
-  // Failed local devices (FailDevices), by index in this host; fail_cv_
-  // wakes parts in their simulated time when one fails.
-  std::unique_ptr<std::atomic<bool>[]> failed_;
-  std::atomic<bool> any_failed_{false};
-  Mutex fail_mu_;
-  CondVar fail_cv_;
-  // Hosts this host was told were lost (PeersLost), by host id.
-  std::unique_ptr<std::atomic<bool>[]> lost_peers_;
-  std::atomic<bool> any_peer_lost_{false};
-  int num_hosts_ = 0;
+  // The parts (see the top), each locked on its own. Declared in the order
+  // they use each other: a part uses only those above it.
+  HostHealth health_;
+  DeadRuns dead_runs_;
+  HostBuffers buffers_;
+  HostGroups groups_;
+  HostTransfers transfers_;
 
+  // The loads.
   mutable Mutex mu_;  // the tables below
   absl::flat_hash_map<int, std::unique_ptr<HostDeviceList>> lists_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<const Function>> functions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<const Program>> programs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::shared_ptr<HostBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
-  // Buffers being put in chunks: where the next chunk goes.
-  absl::flat_hash_map<uint64_t, int64_t> puts_in_progress_ ABSL_GUARDED_BY(mu_);
   // Why a load failed, by id (erased if a later load of the id works).
   absl::flat_hash_map<int, absl::Status> list_errors_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::Status> function_errors_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::Status> program_errors_ ABSL_GUARDED_BY(mu_);
-
-  // Dead runs: refused here or cancelled by the client, and why; the last
-  // kMaxDeadRuns of them (a message for a run forgotten since would wait for
-  // its receive: the set is large enough that none is still on its way).
-  // Locked after a peer's mu.
-  static constexpr size_t kMaxDeadRuns = size_t{1} << 16;
-  struct DeadRun {
-    absl::Status why;
-    std::vector<int> refusers;  // hosts that refused it, as the client said
-  };
-  mutable Mutex dead_mu_;
-  absl::flat_hash_map<RunKey, DeadRun> dead_runs_ ABSL_GUARDED_BY(dead_mu_);
-  std::deque<RunKey> dead_order_ ABSL_GUARDED_BY(dead_mu_);  // oldest first
-  std::atomic<bool> any_dead_{false};
 
   // Device queues: the gang parts in order, per local device; a part counts
   // one down per device as it reaches the head.
@@ -445,16 +283,6 @@ class HostExecutor {
     std::thread thread;
   };
   std::vector<std::unique_ptr<Worker>> workers_;
-
-  // The collective groups of each set of hosts that shares a gang, by the
-  // set ("0,1"): entries are made by DefineDevices and never removed, so
-  // lists point to them.
-  Mutex groups_mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<HostSetGroups>> groups_ ABSL_GUARDED_BY(groups_mu_);
-  std::unique_ptr<DataPlane> data_;  // set by ConnectDataPlane, before any transfer
-
-  Mutex peers_mu_;
-  absl::flat_hash_map<int, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(peers_mu_);
 };
 
 }  // namespace pw

@@ -966,9 +966,9 @@ TEST(HostExecutorTest, AMissingTransferSourceFailsItsDestination) {
   EXPECT_EQ(copied, ToBytes(Iota<int32_t>(4, 5, 1)));
 }
 
-// Was a bug, now fixed (host_executor.cc, Run's `lookup`): a missing buffer is stood in for
+// Was a bug, now fixed (Run's `lookup`, now HostBuffers::LookupLocked): a missing buffer is stood in for
 // by a failed *0-byte* HostBuffer, so the size checks that follow (a
-// compute step's input bytes in Run, the source bytes in StartTransfer)
+// compute step's input bytes in Run, the source bytes in HostTransfers::Start)
 // replace its NotFound with InternalError ("'affine' input 0 has 0 bytes on
 // host 0, expected 32" / "transfer: buffer 100 has 0 bytes on host 0,
 // expected 16"): the run reports the wrong code and a misleading message.
@@ -1451,12 +1451,12 @@ TEST(HostExecutorTest, AFailedInputOnOneHostOfAGangWithoutCollectivesFailsOnlyTh
   EXPECT_TRUE(Failed(good).empty());
 }
 
-// Was a bug, now fixed (LoadProgram / Run / Put / StartTransfer): shard_bytes is only checked
+// Was a bug, now fixed (LoadProgram / Run / Put / HostTransfers::Start): shard_bytes is only checked
 // to be >= 0, and local_positions.size() * shard_bytes is computed in int64
 // without an overflow check. With 4 local shards and shard_bytes = 2^62 the
 // product wraps to 0 (signed overflow, UB): Run makes a 0-byte destination,
-// a 0-byte source passes StartTransfer's size check (0 == 0), and the local
-// copy memcpy()s 2^62 bytes: SIGSEGV in StartTransfer's OnDone lambda. The
+// a 0-byte source passes HostTransfers::Start's size check (0 == 0), and the local
+// copy memcpy()s 2^62 bytes: SIGSEGV in HostTransfers::Start's OnDone lambda. The
 // same through an ArgBinding with copy=true; and PutBuffer accepts an empty
 // `data` for such a shard_bytes. Running this test crashed the binary.
 // x + 0, holding its gang for `ns` of simulated time.
@@ -1641,7 +1641,7 @@ TEST(HostExecutorTest, AHugeShardBytesBetweenHostsDoesNotCrash) {
 // Was a bug, now fixed (minor; Run): on its early errors (no such program, a malformed
 // binding) Run calls `done` while it holds mu_, the tables' lock; a `done`
 // that calls back into the executor (num_buffers, Fetch, Put, ...)
-// self-deadlocks. HostRuntime's callbacks only queue a reply today, so
+// self-deadlocks. HostProcess's callbacks only queue a reply today, so
 // nothing hangs in production; every other path calls `done` unlocked.
 TEST(HostExecutorTest, TheReplyCallbackMayCallTheExecutor) {
   auto cluster = MakeCluster(2, 2);

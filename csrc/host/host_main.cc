@@ -19,7 +19,7 @@
 #include "csrc/coordination/auth.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/coordination/host_server.h"
-#include "csrc/host/host_runtime.h"
+#include "csrc/host/host_process.h"
 
 namespace pw {
 namespace {
@@ -211,20 +211,20 @@ int RunHost(const HostMainOptions& options) {
     std::cerr << "pathways-host: " << bind_ip.status().message() << "\n";
     return 2;
   }
-  HostRuntime::TestDelays delays;
+  HostProcess::TestDelays delays;
   if (const char* env = std::getenv("PATHWAYS_HOST_TEST_DELAYS"); env != nullptr && *env != '\0') {
-    auto parsed = HostRuntime::ParseTestDelays(env);
+    auto parsed = HostProcess::ParseTestDelays(env);
     if (!parsed.ok()) {
       std::cerr << "pathways-host: " << parsed.status().message() << "\n";
       return 2;
     }
     delays = *parsed;
   }
-  HostRuntime runtime(secret, *bind_ip, delays);
+  HostProcess process(secret, *bind_ip, delays);
   // Plaintext only where the others reach this host on loopback.
   ServerOptions server_options;
   server_options.transport = IsLoopbackAddress(absl::StrCat(*bind_ip, ":0")) ? Transport::kPlaintext : Transport::kTls;
-  auto server = HostServer::Start(options.listen, secret, &runtime, server_options);
+  auto server = HostServer::Start(options.listen, secret, &process, server_options);
   if (!server.ok()) {
     std::cerr << "pathways-host: " << server.status().message() << "\n";
     return 1;
@@ -235,7 +235,7 @@ int RunHost(const HostMainOptions& options) {
   const std::string address = absl::StrContains(*bind_ip, ':') ? absl::StrCat("[", *bind_ip, "]:", port)
                                                                  : absl::StrCat(*bind_ip, ":", port);
   std::cout << absl::StrFormat("pathways-host ready address=%s pid=%d incarnation=%016x", address, getpid(),
-                               runtime.incarnation())
+                               process.incarnation())
             << std::endl;
   if (!options.client.empty()) {
     bool sent = false;
@@ -258,14 +258,14 @@ int RunHost(const HostMainOptions& options) {
   const int64_t started = NowNanos();
   std::string why;
   while (why.empty()) {
-    runtime.AwaitOwnerGone(50'000'000);
+    process.AwaitOwnerGone(50'000'000);
     if (g_signal != 0) {
       why = absl::StrCat("signal ", static_cast<int>(g_signal));
     } else if (g_stdin_closed.load()) {
       why = "its client's pipe closed";
-    } else if (!options.stay && runtime.owner_gone()) {
+    } else if (!options.stay && process.owner_gone()) {
       why = "its client's session ended";
-    } else if (!options.stay && !runtime.configured() && NowNanos() - started > options.configure_timeout_ns) {
+    } else if (!options.stay && !process.configured() && NowNanos() - started > options.configure_timeout_ns) {
       why = "no client configured it in time";
     }
   }

@@ -35,7 +35,7 @@
 // advertise: --advertise=IP, or with --client the IP that reaches the client.
 // For tests only, PATHWAYS_HOST_TEST_DELAYS
 // ("load_function=SECONDS,put=SECONDS") makes the host slow at its work
-// (see HostTestDelays in host_runtime.h); a value it cannot read stops it
+// (see HostTestDelays in host_process.h); a value it cannot read stops it
 // with exit code 2.
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 #define PATHWAYS_HOST_PEER_STORES_H_
 
 // The rendezvous stores of a host process (see RendezvousStores in
-// host_executor.h): its own in memory, and every other host's through a
+// host_groups.h): its own in memory, and every other host's through a
 // session with that host, opened at first use (a host meets only the hosts
 // it shares gangs with). The client tells the host which other hosts were
 // lost (PeersLost); from then on nothing here waits for them.
@@ -22,12 +22,12 @@
 #include "csrc/base/mutex.h"
 #include "csrc/coordination/collective_group.h"
 #include "csrc/coordination/host_channel.h"
-#include "csrc/host/host_executor.h"
+#include "csrc/host/host_groups.h"
 
 namespace pw {
 
 // Another host's rendezvous store, seen through a session with that host
-// (its HostRuntime answers KvSet and KvGet), opened at first use. A session
+// (its HostProcess answers KvSet and KvGet), opened at first use. A session
 // that broke while the host is not known to be lost (a connection reset, a
 // heartbeat missed on a loaded machine) is opened anew at the next use;
 // once the host is known to be lost (Lose), every use fails at once, a

@@ -1,5 +1,5 @@
 // A host's rendezvous stores: sessions with other hosts' stores (served by
-// their HostRuntime over loopback), opened anew when they break, and given
+// their HostProcess over loopback), opened anew when they break, and given
 // up at once when the client says a host was lost.
 
 #include "csrc/host/peer_stores.h"
@@ -13,7 +13,7 @@
 #include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
 #include "csrc/coordination/host_server.h"
-#include "csrc/host/host_runtime.h"
+#include "csrc/host/host_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -27,7 +27,7 @@ constexpr char kSecret[] = "peer-stores-test";
 // The key hosts a and b share (auth.h's peer keys): one per pair.
 std::string PairKey(int a, int b) { return absl::StrCat("peer key of hosts ", std::min(a, b), ",", std::max(a, b)); }
 
-// Host 0's rendezvous store, served as a HostRuntime serves it but without
+// Host 0's rendezvous store, served as a HostProcess serves it but without
 // its scopes: a session must prove a host identity with that host's peer
 // key, which host 0 knows only once it "joined" (FailedPrecondition before).
 class StoreHost final : public RequestHandler {
@@ -46,7 +46,7 @@ class StoreHost final : public RequestHandler {
       if (value.ok()) {
         reply.mutable_kv_value()->set_value(*std::move(value));
       } else {
-        ToWire(absl::NotFoundError("not yet"), reply.mutable_status());  // as HostRuntime::KvGet
+        ToWire(absl::NotFoundError("not yet"), reply.mutable_status());  // as HostProcess::KvGet
       }
     }
     if (request.id() != 0) session->Reply(std::move(reply));
@@ -63,8 +63,8 @@ class StoreHost final : public RequestHandler {
 
 // An address where nothing listens (a port bound a moment ago, closed).
 std::string DeadAddress() {
-  HostRuntime runtime;
-  auto server = HostServer::Start("127.0.0.1:0", kSecret, &runtime);
+  HostProcess process;
+  auto server = HostServer::Start("127.0.0.1:0", kSecret, &process);
   return server.ok() ? (*server)->address() : "127.0.0.1:1";
 }
 
@@ -126,7 +126,7 @@ TEST_F(PeerStoresTest, ASessionThatBrokeIsOpenedAnewAtTheNextUse) {
   ASSERT_TRUE(store0->Set("k", "v").ok());
   EXPECT_EQ(stores->sessions_opened(0), 1);
   // Host 0's server restarts at the same address (its store, in its
-  // runtime, stays): the session broke, but host 0 is not lost.
+  // handler, stays): the session broke, but host 0 is not lost.
   const std::string address = server0_->address();
   server0_.reset();
   auto server = HostServer::Start(address, kSecret, &host0_);

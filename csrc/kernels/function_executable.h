@@ -82,8 +82,8 @@ class LocalShards {
   std::vector<int> positions_;
 };
 
-// The cross-host half of a gang's collectives; the host runtime implements
-// it over Gloo. Every host of the gang makes the same calls in the same
+// The cross-host half of a gang's collectives; a host process implements
+// it over Gloo (GroupCollectives, host/host_groups.h). Every host of the gang makes the same calls in the same
 // order (the calls follow the function's ops, which every host runs alike),
 // so an implementation may match calls by their sequence. One RunLocal()
 // uses it from one thread at a time.

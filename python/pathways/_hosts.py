@@ -191,7 +191,7 @@ def connect(hosts: List[HostProcess], secret: str, islands: int, hosts_per_islan
 
     topology = [("islands", str(islands)), ("hosts_per_island", str(hosts_per_island)),
                 ("devices_per_host", str(devices_per_host))]
-    return _core._HostPool([h.address for h in hosts], secret, topology)
+    return _core._HostSessions([h.address for h in hosts], secret, topology)
 
 
 # The hosts the runtime started (hosts="local_processes"): their pipes stay

@@ -112,8 +112,8 @@ def test_a_client_configures_its_hosts_and_sees_one_killed():
     secret = _hosts.make_secret()
     hosts = _hosts.start_local_hosts(4, secret)
     try:
-        pool = _hosts.connect(hosts, secret, islands=2, hosts_per_island=2, devices_per_host=2)
-        info = pool.hosts()
+        sessions = _hosts.connect(hosts, secret, islands=2, hosts_per_island=2, devices_per_host=2)
+        info = sessions.hosts()
         assert [h["id"] for h in info] == [0, 1, 2, 3]
         assert [h["island"] for h in info] == [0, 0, 1, 1]
         assert [h["pid"] for h in info] == [h.pid for h in hosts]
@@ -123,15 +123,15 @@ def test_a_client_configures_its_hosts_and_sees_one_killed():
 
         os.kill(hosts[2].pid, signal.SIGKILL)
         start = time.monotonic()
-        while pool.hosts()[2]["alive"] and time.monotonic() - start < 10:
+        while sessions.hosts()[2]["alive"] and time.monotonic() - start < 10:
             time.sleep(0.01)
-        lost = pool.hosts()[2]
+        lost = sessions.hosts()[2]
         assert not lost["alive"], "the killed host is still listed alive"
         assert f"host 2 ({hosts[2].address}) was lost" in lost["status"]
-        assert [h["alive"] for h in pool.hosts()] == [True, True, False, True]
+        assert [h["alive"] for h in sessions.hosts()] == [True, True, False, True]
 
         # Closing the client's sessions stops the hosts it configured.
-        pool.close()
+        sessions.close()
         for h in (hosts[0], hosts[1], hosts[3]):
             assert h.process.wait(10) == 0
             assert "its client's session ended" in h.stderr_text()
@@ -145,9 +145,9 @@ def test_the_wrong_secret_is_refused_and_the_hosts_keep_serving():
     try:
         with pytest.raises(pw.PathwaysError, match=r"host 0 \(127\.0\.0\.1:\d+\) refused the session"):
             _hosts.connect(hosts, "not-" + secret, islands=1, hosts_per_island=1, devices_per_host=1)
-        pool = _hosts.connect(hosts, secret, islands=1, hosts_per_island=1, devices_per_host=1)
-        assert pool.hosts()[0]["alive"]
-        pool.close()
+        sessions = _hosts.connect(hosts, secret, islands=1, hosts_per_island=1, devices_per_host=1)
+        assert sessions.hosts()[0]["alive"]
+        sessions.close()
     finally:
         _hosts.stop_local_hosts(hosts)
 
@@ -611,9 +611,9 @@ def test_ray_never_carries_the_secret(monkeypatch):
             assert secret.encode() not in blob, "the secret went through Ray"
             assert bytes.fromhex(secret) not in blob, "the secret went through Ray"
         topology = [("islands", "1"), ("hosts_per_island", "2"), ("devices_per_host", "1")]
-        pool = _core._HostPool(addresses, secret, topology)
-        assert all(h["alive"] for h in pool.hosts())
-        pool.close()
+        sessions = _core._HostSessions(addresses, secret, topology)
+        assert all(h["alive"] for h in sessions.hosts())
+        sessions.close()
     finally:
         for actor in fake.actors:
             actor.instance.stop()
@@ -628,10 +628,10 @@ def test_a_sealed_secret_opens_only_in_the_host_it_was_sealed_to():
         with pytest.raises(RuntimeError, match="does not open with this host's key"):
             _hosts.finish_sealed_host(other, _core._seal_secret(start.sealing_key, secret))
         host = _hosts.finish_sealed_host(start, _core._seal_secret(start.sealing_key, secret))
-        pool = _core._HostPool([host.address], secret,
+        sessions = _core._HostSessions([host.address], secret,
                                [("islands", "1"), ("hosts_per_island", "1"), ("devices_per_host", "1")])
-        assert pool.hosts()[0]["alive"]
-        pool.close()
+        assert sessions.hosts()[0]["alive"]
+        sessions.close()
         assert host.process.wait(10) == 0
     finally:
         for s in (other, start):

@@ -1,7 +1,7 @@
-// A host runtime behind its server: configuration by the first client, the
+// A HostProcess behind its server: configuration by the first client, the
 // owner's session, heartbeats with the incarnation, and its flags.
 
-#include "csrc/host/host_runtime.h"
+#include "csrc/host/host_process.h"
 
 #include <cstdlib>
 #include <thread>
@@ -21,11 +21,11 @@
 namespace pw {
 namespace {
 
-constexpr char kSecret[] = "host-runtime-test";
+constexpr char kSecret[] = "host-process-test";
 
 wire::Hello HelloWith(int host_id, int island, std::vector<int> devices, int64_t memory = 1 << 20) {
   wire::Hello hello;
-  hello.set_protocol_version(kControlProtocolVersion);  // as HostPool's
+  hello.set_protocol_version(kControlProtocolVersion);  // as HostSessions's
   hello.set_op_registry_version(kOpRegistryVersion);
   wire::HostConfig* c = hello.mutable_config();
   c->set_host_id(host_id);
@@ -42,21 +42,21 @@ ChannelOptions Options() {
   return options;
 }
 
-class HostRuntimeTest : public ::testing::Test {
+class HostProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto server = HostServer::Start("127.0.0.1:0", kSecret, &runtime_);
+    auto server = HostServer::Start("127.0.0.1:0", kSecret, &process_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
   absl::StatusOr<std::unique_ptr<HostChannel>> Connect(wire::Hello hello) {
     return HostChannel::Connect(server_->address(), std::move(hello), Options());
   }
-  HostRuntime runtime_;
+  HostProcess process_;
   std::unique_ptr<HostServer> server_;
 };
 
-TEST_F(HostRuntimeTest, ClockOffsetIsExactOnThisKernelAndEstimatedOtherwise) {
+TEST_F(HostProcessTest, ClockOffsetIsExactOnThisKernelAndEstimatedOtherwise) {
   ChannelOptions options = Options();
   options.clock_samples = 4;
   auto same = HostChannel::Connect(server_->address(), wire::Hello(), options);
@@ -83,16 +83,16 @@ TEST_F(HostRuntimeTest, ClockOffsetIsExactOnThisKernelAndEstimatedOtherwise) {
   EXPECT_LE(pong->pong().host_ns(), received);
 }
 
-TEST_F(HostRuntimeTest, TheFirstClientConfiguresItAndOwnsIt) {
-  EXPECT_FALSE(runtime_.configured());
+TEST_F(HostProcessTest, TheFirstClientConfiguresItAndOwnsIt) {
+  EXPECT_FALSE(process_.configured());
   auto owner = Connect(HelloWith(1, 0, {4, 5, 6, 7}));
   ASSERT_TRUE(owner.ok()) << owner.status();
   const wire::HelloReply& hello = (*owner)->hello_reply();
-  EXPECT_EQ(hello.incarnation(), runtime_.incarnation());
+  EXPECT_EQ(hello.incarnation(), process_.incarnation());
   EXPECT_EQ(hello.pid(), getpid());
   EXPECT_EQ(hello.config().host_id(), 1);
   EXPECT_EQ(hello.config().device_ids_size(), 4);
-  EXPECT_TRUE(runtime_.configured());
+  EXPECT_TRUE(process_.configured());
 
   // Another session may look (no config), or repeat the same config.
   auto observer = Connect(wire::Hello());
@@ -106,16 +106,16 @@ TEST_F(HostRuntimeTest, TheFirstClientConfiguresItAndOwnsIt) {
 
   // Only the owner's end counts.
   observer->reset();
-  EXPECT_FALSE(runtime_.AwaitOwnerGone(50'000'000));
+  EXPECT_FALSE(process_.AwaitOwnerGone(50'000'000));
   owner->reset();
-  EXPECT_TRUE(runtime_.AwaitOwnerGone(5'000'000'000));
+  EXPECT_TRUE(process_.AwaitOwnerGone(5'000'000'000));
 }
 
-TEST_F(HostRuntimeTest, ABadConfigIsRefusedAndLeavesTheHostFree) {
+TEST_F(HostProcessTest, ABadConfigIsRefusedAndLeavesTheHostFree) {
   EXPECT_EQ(Connect(HelloWith(-1, 0, {0})).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Connect(HelloWith(0, 0, {})).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Connect(HelloWith(0, 0, {0}, 0)).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_FALSE(runtime_.configured());
+  EXPECT_FALSE(process_.configured());
   EXPECT_TRUE(Connect(HelloWith(0, 0, {0})).ok());
 }
 
@@ -123,7 +123,7 @@ TEST_F(HostRuntimeTest, ABadConfigIsRefusedAndLeavesTheHostFree) {
 // registry, or one from before versions were exchanged) is refused before
 // it configures the host, with both sides' versions in the error; the
 // reply to any Hello says the host's own.
-TEST_F(HostRuntimeTest, AClientOfAnotherBuildIsRefusedNamingBothVersions) {
+TEST_F(HostProcessTest, AClientOfAnotherBuildIsRefusedNamingBothVersions) {
   struct Case {
     const char* name;
     uint32_t protocol;
@@ -142,7 +142,7 @@ TEST_F(HostRuntimeTest, AClientOfAnotherBuildIsRefusedNamingBothVersions) {
     const std::string ours = DescribeVersions(kControlProtocolVersion, kOpRegistryVersion);
     EXPECT_TRUE(absl::StrContains(refused.status().message(), theirs)) << refused.status();
     EXPECT_TRUE(absl::StrContains(refused.status().message(), ours)) << refused.status();
-    EXPECT_FALSE(runtime_.configured());
+    EXPECT_FALSE(process_.configured());
   }
   // An observer (no config) is answered, with the host's versions.
   auto observer = Connect(wire::Hello());
@@ -159,7 +159,7 @@ TEST(ProtocolVersion, TheOpRegistryVersionIsAHashOfItsTable) {
   EXPECT_EQ(DescribeVersions(2, 0x0123456789abcdef), "control protocol 2, op registry 0123456789abcdef");
 }
 
-TEST_F(HostRuntimeTest, AJoinWithoutPeerKeysIsRefused) {
+TEST_F(HostProcessTest, AJoinWithoutPeerKeysIsRefused) {
   auto owner = Connect(HelloWith(0, 0, {0}));
   ASSERT_TRUE(owner.ok()) << owner.status();
   wire::Request request;
@@ -179,7 +179,7 @@ TEST_F(HostRuntimeTest, AJoinWithoutPeerKeysIsRefused) {
   EXPECT_TRUE(absl::StrContains(status.message(), "the peer key for host 1 has 5 bytes")) << status;
 }
 
-TEST_F(HostRuntimeTest, HeartbeatsCarryTheIncarnation) {
+TEST_F(HostProcessTest, HeartbeatsCarryTheIncarnation) {
   auto channel = Connect(wire::Hello());
   ASSERT_TRUE(channel.ok());
   wire::Request ping;
@@ -187,11 +187,11 @@ TEST_F(HostRuntimeTest, HeartbeatsCarryTheIncarnation) {
   auto pong = (*channel)->Call(ping, 5'000'000'000);
   ASSERT_TRUE(pong.ok()) << pong.status();
   EXPECT_EQ(pong->pong().sent_ns(), 123u);
-  EXPECT_EQ(pong->pong().incarnation(), runtime_.incarnation());
-  EXPECT_NE(HostRuntime().incarnation(), runtime_.incarnation());
+  EXPECT_EQ(pong->pong().incarnation(), process_.incarnation());
+  EXPECT_NE(HostProcess().incarnation(), process_.incarnation());
 }
 
-// Two host runtimes of one cluster, configured and joined by their owner.
+// Two HostProcesses of one cluster, configured and joined by their owner.
 class RendezvousScopeTest : public ::testing::Test {
  protected:
   static constexpr int kHosts = 2;
@@ -202,8 +202,8 @@ class RendezvousScopeTest : public ::testing::Test {
       for (int b = a + 1; b < kHosts; ++b) keys_[a][b] = keys_[b][a] = *RandomBytes(kPeerKeyBytes);
     }
     for (int h = 0; h < kHosts; ++h) {
-      runtimes_.push_back(std::make_unique<HostRuntime>(kSecret));
-      auto server = HostServer::Start("127.0.0.1:0", kSecret, runtimes_.back().get());
+      processes_.push_back(std::make_unique<HostProcess>(kSecret));
+      auto server = HostServer::Start("127.0.0.1:0", kSecret, processes_.back().get());
       ASSERT_TRUE(server.ok()) << server.status();
       servers_.push_back(*std::move(server));
     }
@@ -231,7 +231,7 @@ class RendezvousScopeTest : public ::testing::Test {
   void TearDown() override {
     owners_.clear();
     servers_.clear();
-    runtimes_.clear();
+    processes_.clear();
   }
   static wire::Request KvSet(std::string key, std::string value) {
     wire::Request request;
@@ -253,7 +253,7 @@ class RendezvousScopeTest : public ::testing::Test {
   }
   std::string prefix_;
   std::vector<std::vector<std::string>> keys_;  // keys_[a][b]: the key of hosts a and b
-  std::vector<std::unique_ptr<HostRuntime>> runtimes_;
+  std::vector<std::unique_ptr<HostProcess>> processes_;
   std::vector<std::unique_ptr<HostServer>> servers_;
   std::vector<std::unique_ptr<HostChannel>> owners_;
 };
@@ -354,7 +354,7 @@ TEST(RendezvousScope, KeysByWhoAsks) {
   EXPECT_TRUE(absl::StrContains(why.message(), "host 3's entry")) << why;
 }
 
-TEST_F(HostRuntimeTest, HeartbeatsOnTheirOwnPathCarryTheIncarnation) {
+TEST_F(HostProcessTest, HeartbeatsOnTheirOwnPathCarryTheIncarnation) {
   ChannelOptions options = Options();
   options.heartbeat_period_ns = 10'000'000;
   auto channel = HostChannel::Connect(server_->address(), wire::Hello(), options);
@@ -369,16 +369,16 @@ TEST_F(HostRuntimeTest, HeartbeatsOnTheirOwnPathCarryTheIncarnation) {
 }
 
 TEST(HostTestDelays, ParsedFromTheEnvironmentsText) {
-  auto delays = HostRuntime::ParseTestDelays("load_function=2.5, put=0.25");
+  auto delays = HostProcess::ParseTestDelays("load_function=2.5, put=0.25");
   ASSERT_TRUE(delays.ok()) << delays.status();
   EXPECT_EQ(delays->load_function_ns, 2'500'000'000);
   EXPECT_EQ(delays->put_ns, 250'000'000);
-  delays = HostRuntime::ParseTestDelays("put=1");
+  delays = HostProcess::ParseTestDelays("put=1");
   ASSERT_TRUE(delays.ok());
   EXPECT_EQ(delays->load_function_ns, 0);
-  EXPECT_TRUE(HostRuntime::ParseTestDelays("").ok());
+  EXPECT_TRUE(HostProcess::ParseTestDelays("").ok());
   for (const char* bad : {"compile=1", "put", "put=-1", "put=x", "put=7200"}) {
-    EXPECT_EQ(HostRuntime::ParseTestDelays(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(HostProcess::ParseTestDelays(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }
 

@@ -1,17 +1,17 @@
-#include "csrc/executor/executor.h"
+#include "csrc/executor/worker_pool.h"
 
 #include "csrc/base/spin.h"
 
 namespace pw {
 
-Executor::Executor(int num_threads, int64_t spin_ns) : spin_ns_(spin_ns) {
+WorkerPool::WorkerPool(int num_threads, int64_t spin_ns) : spin_ns_(spin_ns) {
   if (num_threads < 1) num_threads = 1;
   for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
 }
 
-Executor::~Executor() { Stop(); }
+WorkerPool::~WorkerPool() { Stop(); }
 
-void Executor::Stop() {
+void WorkerPool::Stop() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
@@ -22,7 +22,7 @@ void Executor::Stop() {
   }
 }
 
-void Executor::Submit(ReadyList& list) {
+void WorkerPool::Submit(ReadyList& list) {
   if (list.empty()) return;
   MutexLock lock(&mu_);
   queue_.Splice(list);
@@ -31,7 +31,7 @@ void Executor::Submit(ReadyList& list) {
   if (sleepers_ > 0) work_cv_.Signal();
 }
 
-Runnable* Executor::TryTake() {
+Runnable* WorkerPool::TryTake() {
   if (!has_work_.load(std::memory_order_acquire)) return nullptr;
   MutexLock lock(&mu_);
   Runnable* job = queue_.Pop();
@@ -39,7 +39,7 @@ Runnable* Executor::TryTake() {
   return job;
 }
 
-void Executor::WorkerLoop() {
+void WorkerPool::WorkerLoop() {
   std::vector<uint8_t> scratch;
   ReadyList local;
   RunContext ctx{&local, &scratch};

@@ -1,9 +1,11 @@
-#ifndef PATHWAYS_EXECUTOR_EXECUTOR_H_
-#define PATHWAYS_EXECUTOR_EXECUTOR_H_
+#ifndef PATHWAYS_EXECUTOR_WORKER_POOL_H_
+#define PATHWAYS_EXECUTOR_WORKER_POOL_H_
 
-// The executors (paper Figure 3, right): a pool of threads that run whatever
-// is ready, the shards of gangs and transfers alike, for all devices. A
-// device is not a thread; it is a queue in its island's GangScheduler.
+// A pool of worker threads: the paper's executors (Figure 3, right) in one
+// process. They run whatever is ready, the shards of gangs and transfers
+// alike, for all devices. A device is not a thread; it is a queue in its
+// island's GangScheduler. (Hosts as processes run their shards on their
+// own device threads instead: host/host_executor.h.)
 //
 // Waking a sleeping thread on another core costs ~25 us on our VMs, more
 // than a small node's whole work, so:
@@ -25,14 +27,14 @@
 
 namespace pw {
 
-class Executor {
+class WorkerPool {
  public:
   // Starts `num_threads` (>= 1) workers.
-  explicit Executor(int num_threads, int64_t spin_ns = 50'000);
+  explicit WorkerPool(int num_threads, int64_t spin_ns = 50'000);
   // Stops the workers after the queue drains (see Stop()).
-  ~Executor();
-  Executor(const Executor&) = delete;
-  Executor& operator=(const Executor&) = delete;
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
 
   // Queues all of `list` (which is left empty). Callable from any thread,
   // including a worker.
@@ -71,4 +73,4 @@ class Executor {
 
 }  // namespace pw
 
-#endif  // PATHWAYS_EXECUTOR_EXECUTOR_H_
+#endif  // PATHWAYS_EXECUTOR_WORKER_POOL_H_

@@ -1,4 +1,4 @@
-#include "csrc/client/host_pool.h"
+#include "csrc/client/host_sessions.h"
 
 #include <chrono>
 
@@ -9,7 +9,7 @@
 
 namespace pw {
 
-absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& cluster,
+absl::StatusOr<std::unique_ptr<HostSessions>> HostSessions::Connect(const Cluster& cluster,
                                                             const std::vector<std::string>& addresses,
                                                             const ChannelOptions& options, LostCallback on_lost) {
   const auto& hosts = cluster.hosts();
@@ -17,11 +17,11 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& clust
     return absl::InvalidArgumentError(absl::StrCat("the topology has ", hosts.size(), " hosts but ",
                                                    addresses.size(), " host addresses were given"));
   }
-  std::unique_ptr<HostPool> pool(new HostPool());
-  pool->cluster_ = &cluster;
-  pool->on_lost_ = std::move(on_lost);
-  pool->loss_handled_.reset(new std::atomic<bool>[hosts.size()]);
-  for (size_t h = 0; h < hosts.size(); ++h) pool->loss_handled_[h].store(false, std::memory_order_relaxed);
+  std::unique_ptr<HostSessions> sessions(new HostSessions());
+  sessions->cluster_ = &cluster;
+  sessions->on_lost_ = std::move(on_lost);
+  sessions->loss_handled_.reset(new std::atomic<bool>[hosts.size()]);
+  for (size_t h = 0; h < hosts.size(); ++h) sessions->loss_handled_[h].store(false, std::memory_order_relaxed);
   const TopologyOptions& topology = cluster.options();
   for (const Host* host : hosts) {
     wire::Hello hello;
@@ -35,20 +35,20 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Connect(const Cluster& clust
     config->set_executor_threads(topology.num_executor_threads);
     ChannelOptions host_options = options;
     host_options.host_name = absl::StrCat("host ", host->id(), " (", addresses[host->id()], ")");
-    host_options.on_lost = [p = pool.get(), id = host->id()](const absl::Status& why) { p->OnLost(id, why); };
+    host_options.on_lost = [p = sessions.get(), id = host->id()](const absl::Status& why) { p->OnLost(id, why); };
     auto channel = HostChannel::Connect(addresses[host->id()], std::move(hello), host_options);
     if (!channel.ok()) return channel.status();
     // A host that checks no versions (older) answers none: refused here.
     const wire::HelloReply& reply = (*channel)->hello_reply();
     PW_RETURN_IF_ERROR(
         CheckPeerVersions(host_options.host_name, reply.protocol_version(), reply.op_registry_version()));
-    MutexLock lock(&pool->mu_);
-    pool->channels_.push_back(*std::move(channel));
+    MutexLock lock(&sessions->mu_);
+    sessions->channels_.push_back(*std::move(channel));
   }
-  return pool;
+  return sessions;
 }
 
-HostPool::~HostPool() {
+HostSessions::~HostSessions() {
   {
     MutexLock lock(&mu_);
     closing_ = true;
@@ -56,7 +56,7 @@ HostPool::~HostPool() {
   channels_.clear();  // each closes its session; no loss is reported for that
 }
 
-void HostPool::OnLost(int host, const absl::Status& why) {
+void HostSessions::OnLost(int host, const absl::Status& why) {
   {
     // Only queued and flushed here (nothing waits for a reply): this runs on
     // the lost channel's gRPC or heartbeat thread.
@@ -79,7 +79,7 @@ void HostPool::OnLost(int host, const absl::Status& why) {
   handled_cv_.SignalAll();
 }
 
-std::vector<RemoteHostInfo> HostPool::hosts() const {
+std::vector<RemoteHostInfo> HostSessions::hosts() const {
   std::vector<RemoteHostInfo> out;
   for (const Host* host : cluster_->hosts()) {
     const HostChannel& c = *channels_[host->id()];
@@ -92,7 +92,7 @@ std::vector<RemoteHostInfo> HostPool::hosts() const {
     absl::Status status = c.status();
     if (GetErrorKind(status) == ErrorKind::kHostLost && !loss_handled_[host->id()].load(std::memory_order_acquire)) {
       // Being dealt with on another thread (OnLost blocks on nothing), or
-      // never, if the pool is closing: then it shows as alive a while.
+      // never, if the sessions are closing: then it shows as alive a while.
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
       MutexLock lock(&mu_);
       while (!loss_handled_[host->id()].load(std::memory_order_acquire) && !closing_) {

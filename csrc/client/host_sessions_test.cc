@@ -1,7 +1,8 @@
-// A client's pool of host sessions against host runtimes served in this
-// process: configuration, the hosts' identities, and a lost host.
+// A client's sessions with its hosts (HostSessions) against HostProcesses
+// served in this process: configuration, the hosts' identities, and a lost
+// host.
 
-#include "csrc/client/host_pool.h"
+#include "csrc/client/host_sessions.h"
 
 #include <atomic>
 #include <thread>
@@ -9,15 +10,15 @@
 #include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
 #include "csrc/coordination/protocol_version.h"
-#include "csrc/host/host_runtime.h"
+#include "csrc/host/host_process.h"
 #include "gtest/gtest.h"
 
 namespace pw {
 namespace {
 
-constexpr char kSecret[] = "host-pool-test";
+constexpr char kSecret[] = "host-sessions-test";
 
-class HostPoolTest : public ::testing::Test {
+class HostSessionsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     TopologyOptions topology;
@@ -26,8 +27,8 @@ class HostPoolTest : public ::testing::Test {
     topology.devices_per_host = 2;
     cluster_ = *Cluster::Create(topology);
     for (int h = 0; h < 4; ++h) {
-      runtimes_.push_back(std::make_unique<HostRuntime>());
-      auto server = HostServer::Start("127.0.0.1:0", kSecret, runtimes_.back().get());
+      processes_.push_back(std::make_unique<HostProcess>());
+      auto server = HostServer::Start("127.0.0.1:0", kSecret, processes_.back().get());
       ASSERT_TRUE(server.ok()) << server.status();
       addresses_.push_back((*server)->address());
       servers_.push_back(*std::move(server));
@@ -40,66 +41,66 @@ class HostPoolTest : public ::testing::Test {
     return options;
   }
   std::unique_ptr<Cluster> cluster_;
-  std::vector<std::unique_ptr<HostRuntime>> runtimes_;
+  std::vector<std::unique_ptr<HostProcess>> processes_;
   std::vector<std::unique_ptr<HostServer>> servers_;
   std::vector<std::string> addresses_;
 };
 
-TEST_F(HostPoolTest, ConfiguresEveryHostAndListsThem) {
-  auto pool = HostPool::Connect(*cluster_, addresses_, Options());
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  const auto hosts = (*pool)->hosts();
+TEST_F(HostSessionsTest, ConfiguresEveryHostAndListsThem) {
+  auto sessions = HostSessions::Connect(*cluster_, addresses_, Options());
+  ASSERT_TRUE(sessions.ok()) << sessions.status();
+  const auto hosts = (*sessions)->hosts();
   ASSERT_EQ(hosts.size(), 4u);
   for (int h = 0; h < 4; ++h) {
     EXPECT_EQ(hosts[h].id, h);
     EXPECT_EQ(hosts[h].island, h / 2);
     EXPECT_EQ(hosts[h].address, addresses_[h]);
     EXPECT_EQ(hosts[h].pid, getpid());
-    EXPECT_EQ(hosts[h].incarnation, runtimes_[h]->incarnation());
+    EXPECT_EQ(hosts[h].incarnation, processes_[h]->incarnation());
     EXPECT_TRUE(hosts[h].alive());
-    EXPECT_TRUE(runtimes_[h]->configured());
-    const wire::HostConfig& config = (*pool)->channel(h).hello_reply().config();
+    EXPECT_TRUE(processes_[h]->configured());
+    const wire::HostConfig& config = (*sessions)->channel(h).hello_reply().config();
     EXPECT_EQ(config.host_id(), h);
     EXPECT_EQ(config.island_id(), h / 2);
     ASSERT_EQ(config.device_ids_size(), 2);
     EXPECT_EQ(config.device_ids(0), 2 * h);
     EXPECT_EQ(config.device_ids(1), 2 * h + 1);
   }
-  pool->reset();  // the owner's sessions end
-  for (auto& runtime : runtimes_) EXPECT_TRUE(runtime->AwaitOwnerGone(5'000'000'000));
+  sessions->reset();  // the owner's sessions end
+  for (auto& process : processes_) EXPECT_TRUE(process->AwaitOwnerGone(5'000'000'000));
 }
 
-TEST_F(HostPoolTest, ALostHostIsReportedOnceAndTheOthersStay) {
+TEST_F(HostSessionsTest, ALostHostIsReportedOnceAndTheOthersStay) {
   std::atomic<int> lost_host{-1}, reports{0};
-  auto pool = HostPool::Connect(*cluster_, addresses_, Options(), [&](int host, const absl::Status& why) {
+  auto sessions = HostSessions::Connect(*cluster_, addresses_, Options(), [&](int host, const absl::Status& why) {
     EXPECT_EQ(GetErrorKind(why), ErrorKind::kHostLost);
     lost_host = host;
     reports.fetch_add(1);
   });
-  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_TRUE(sessions.ok()) << sessions.status();
   servers_[2].reset();
   const int64_t deadline = NowNanos() + 10'000'000'000;
   while (reports.load() == 0 && NowNanos() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(reports.load(), 1);
   EXPECT_EQ(lost_host.load(), 2);
-  const auto hosts = (*pool)->hosts();
+  const auto hosts = (*sessions)->hosts();
   EXPECT_FALSE(hosts[2].alive());
   EXPECT_NE(hosts[2].status.message().find("host 2 (" + addresses_[2] + ") was lost"), std::string::npos)
       << hosts[2].status;
   EXPECT_TRUE(hosts[0].alive() && hosts[1].alive() && hosts[3].alive());
   // Each survivor was told, before the report (so nothing of theirs waits
   // for the lost host).
-  EXPECT_EQ((*pool)->survivors_told(), 3);
+  EXPECT_EQ((*sessions)->survivors_told(), 3);
 }
 
-TEST_F(HostPoolTest, WrongCountsAndWrongSecretsAreRefused) {
-  auto short_list = HostPool::Connect(*cluster_, {addresses_[0]}, Options());
+TEST_F(HostSessionsTest, WrongCountsAndWrongSecretsAreRefused) {
+  auto short_list = HostSessions::Connect(*cluster_, {addresses_[0]}, Options());
   EXPECT_EQ(short_list.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(short_list.status().message().find("4 hosts but 1 host addresses"), std::string::npos);
-  auto refused = HostPool::Connect(*cluster_, addresses_, Options("not the secret"));
+  auto refused = HostSessions::Connect(*cluster_, addresses_, Options("not the secret"));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
   EXPECT_NE(refused.status().message().find("host 0 ("), std::string::npos) << refused.status();
-  for (auto& runtime : runtimes_) EXPECT_FALSE(runtime->configured());
+  for (auto& process : processes_) EXPECT_FALSE(process->configured());
 }
 
 // A host of another build: one older than the version check (it answers
@@ -124,7 +125,7 @@ class OtherBuildHost final : public RequestHandler {
   const uint64_t op_registry_;
 };
 
-TEST_F(HostPoolTest, AHostOfAnotherBuildIsRefusedNamingBothVersions) {
+TEST_F(HostSessionsTest, AHostOfAnotherBuildIsRefusedNamingBothVersions) {
   for (auto [protocol, op_registry] : {std::pair<uint32_t, uint64_t>{0, 0},
                                        {kControlProtocolVersion, kOpRegistryVersion + 1},
                                        {kControlProtocolVersion + 1, kOpRegistryVersion}}) {
@@ -134,14 +135,14 @@ TEST_F(HostPoolTest, AHostOfAnotherBuildIsRefusedNamingBothVersions) {
     ASSERT_TRUE(server.ok()) << server.status();
     std::vector<std::string> addresses = addresses_;
     addresses[1] = (*server)->address();
-    auto pool = HostPool::Connect(*cluster_, addresses, Options());
-    EXPECT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition) << pool.status();
-    const std::string message(pool.status().message());
+    auto sessions = HostSessions::Connect(*cluster_, addresses, Options());
+    EXPECT_EQ(sessions.status().code(), absl::StatusCode::kFailedPrecondition) << sessions.status();
+    const std::string message(sessions.status().message());
     EXPECT_NE(message.find("host 1 (" + addresses[1] + ")"), std::string::npos) << message;
     EXPECT_NE(message.find(DescribeVersions(protocol, op_registry)), std::string::npos) << message;
     EXPECT_NE(message.find(DescribeVersions(kControlProtocolVersion, kOpRegistryVersion)), std::string::npos)
         << message;
-    pool = absl::StatusOr<std::unique_ptr<HostPool>>();
+    sessions = absl::StatusOr<std::unique_ptr<HostSessions>>();
     server->reset();
   }
 }

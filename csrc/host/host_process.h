@@ -1,11 +1,12 @@
-#ifndef PATHWAYS_HOST_HOST_RUNTIME_H_
-#define PATHWAYS_HOST_HOST_RUNTIME_H_
+#ifndef PATHWAYS_HOST_HOST_PROCESS_H_
+#define PATHWAYS_HOST_HOST_PROCESS_H_
 
-// A host process (paper §4, Figure 3): it serves one host's devices to the
-// client that configured it. This is its end of the control plane: it takes
-// its configuration from the first Hello that carries one (a client of
-// another build, whose Hello carries other versions than this one's, is
-// refused: FailedPrecondition naming both; coordination/protocol_version.h),
+// The host process's end of the control plane (paper §4, Figure 3): a host
+// process serves one host's devices to the client that configured it, and
+// HostProcess takes that client's requests. It takes its configuration
+// from the first Hello that carries one (a client of another build, whose
+// Hello carries other versions than this one's, is refused:
+// FailedPrecondition naming both; coordination/protocol_version.h),
 // answers heartbeats with its incarnation (on the server's heartbeat thread,
 // never behind a request), and knows which session owns it, so the process
 // can exit when that client goes (see host_main.h). Once the client has
@@ -68,7 +69,7 @@ struct HostTestDelays {
   int64_t put_ns = 0;            // slept before taking each chunk of a put
 };
 
-class HostRuntime final : public RequestHandler {
+class HostProcess final : public RequestHandler {
  public:
   using TestDelays = HostTestDelays;
   // InvalidArgument naming the part it does not understand.
@@ -77,8 +78,8 @@ class HostRuntime final : public RequestHandler {
   // `secret` is the cluster's: the host presents it to the other hosts at
   // the rendezvous.
   // `bind_ip`: the address its data plane (Gloo) binds and advertises.
-  explicit HostRuntime(std::string secret = "", std::string bind_ip = "127.0.0.1", TestDelays delays = {});
-  ~HostRuntime() override;
+  explicit HostProcess(std::string secret = "", std::string bind_ip = "127.0.0.1", TestDelays delays = {});
+  ~HostProcess() override;
 
   // Random, fixed for the life of this process (see wire::HelloReply).
   uint64_t incarnation() const { return incarnation_; }
@@ -150,4 +151,4 @@ class HostRuntime final : public RequestHandler {
 
 }  // namespace pw
 
-#endif  // PATHWAYS_HOST_HOST_RUNTIME_H_
+#endif  // PATHWAYS_HOST_HOST_PROCESS_H_

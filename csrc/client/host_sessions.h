@@ -1,14 +1,14 @@
-#ifndef PATHWAYS_CLIENT_HOST_POOL_H_
-#define PATHWAYS_CLIENT_HOST_POOL_H_
+#ifndef PATHWAYS_CLIENT_HOST_SESSIONS_H_
+#define PATHWAYS_CLIENT_HOST_SESSIONS_H_
 
 // The client's sessions with its host processes (paper §4, Figure 3): one
 // control channel per host of the cluster, each host told which devices it
-// serves. The pool watches every channel and records a lost host once, and
+// serves. HostSessions watches every channel and records a lost host once, and
 // tells every surviving host of it at once (PeersLost), so that none waits
 // for the lost one: not for its transfers, its rendezvous store, nor the
 // collective groups it belonged to.
 //
-// Thread-safe. The cluster must outlive the pool.
+// Thread-safe. The cluster must outlive the sessions.
 
 #include <atomic>
 #include <functional>
@@ -33,7 +33,7 @@ struct RemoteHostInfo {
   bool alive() const { return status.ok(); }
 };
 
-class HostPool {
+class HostSessions {
  public:
   // Called once per lost host, on a gRPC or heartbeat thread, after the
   // surviving hosts were told; must not block.
@@ -47,11 +47,11 @@ class HostPool {
   // refuses the Hello, or, if it is older than that check, its reply says
   // so); otherwise the first host's error, naming it (the channels opened
   // are closed again).
-  static absl::StatusOr<std::unique_ptr<HostPool>> Connect(const Cluster& cluster,
+  static absl::StatusOr<std::unique_ptr<HostSessions>> Connect(const Cluster& cluster,
                                                            const std::vector<std::string>& addresses,
                                                            const ChannelOptions& options, LostCallback on_lost = {});
   // Closes every session: hosts started for this client stop.
-  ~HostPool();
+  ~HostSessions();
 
   int num_hosts() const { return static_cast<int>(channels_.size()); }
   // Surviving hosts told of a loss so far (PeersLost requests sent; tests).
@@ -66,7 +66,7 @@ class HostPool {
   std::vector<RemoteHostInfo> hosts() const;
 
  private:
-  HostPool() = default;
+  HostSessions() = default;
   void OnLost(int host, const absl::Status& why);
 
   const Cluster* cluster_ = nullptr;
@@ -75,7 +75,7 @@ class HostPool {
   // By host id: whether its loss has been dealt with (see hosts()).
   std::unique_ptr<std::atomic<bool>[]> loss_handled_;
   // Protects the list of channels while it grows (Connect) and while a loss
-  // is told to the others, and whether the pool is closing (then no loss is
+  // is told to the others, and whether the sessions are closing (then no loss is
   // told: the channels are going); loss_handled_ is set under it.
   mutable Mutex mu_;
   mutable CondVar handled_cv_;  // a loss was dealt with (loss_handled_)
@@ -86,4 +86,4 @@ class HostPool {
 
 }  // namespace pw
 
-#endif  // PATHWAYS_CLIENT_HOST_POOL_H_
+#endif  // PATHWAYS_CLIENT_HOST_SESSIONS_H_

@@ -1,4 +1,4 @@
-#include "csrc/executor/executor.h"
+#include "csrc/executor/worker_pool.h"
 
 #include "csrc/base/spin.h"
 #include "csrc/executor/delay_queue.h"
@@ -32,26 +32,26 @@ void WaitFor(const std::atomic<int64_t>& count, int64_t want) {
   for (int i = 0; i < 200000 && count.load() < want; ++i) std::this_thread::sleep_for(std::chrono::microseconds(50));
 }
 
-class ExecutorTest : public ::testing::TestWithParam<int> {};
+class WorkerPoolTest : public ::testing::TestWithParam<int> {};
 
-TEST_P(ExecutorTest, RunsEveryJobIncludingOnesMadeReadyByJobs) {
-  Executor executor(GetParam());
+TEST_P(WorkerPoolTest, RunsEveryJobIncludingOnesMadeReadyByJobs) {
+  WorkerPool pool(GetParam());
   std::atomic<int64_t> count{0};
   // 1 + 3 + 9 + ... + 3^7 jobs.
-  executor.Submit(new TreeJob(7, 3, &count));
+  pool.Submit(new TreeJob(7, 3, &count));
   const int64_t want = (2187 * 3 - 1) / 2;
   WaitFor(count, want);
   EXPECT_EQ(count.load(), want);
 }
 
-TEST_P(ExecutorTest, ManySubmitterThreads) {
-  Executor executor(GetParam(), /*spin_ns=*/1000);
+TEST_P(WorkerPoolTest, ManySubmitterThreads) {
+  WorkerPool pool(GetParam(), /*spin_ns=*/1000);
   std::atomic<int64_t> count{0};
   std::vector<std::thread> submitters;
   for (int t = 0; t < 8; ++t) {
     submitters.emplace_back([&] {
       for (int i = 0; i < 2000; ++i) {
-        executor.Submit(new TreeJob(0, 0, &count));
+        pool.Submit(new TreeJob(0, 0, &count));
         if (i % 100 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // let workers sleep
       }
     });
@@ -61,11 +61,11 @@ TEST_P(ExecutorTest, ManySubmitterThreads) {
   EXPECT_EQ(count.load(), 16000);
 }
 
-TEST_P(ExecutorTest, DestructorDrainsQueuedWork) {
+TEST_P(WorkerPoolTest, DestructorDrainsQueuedWork) {
   std::atomic<int64_t> count{0};
   {
-    Executor executor(GetParam());
-    for (int i = 0; i < 1000; ++i) executor.Submit(new TreeJob(1, 2, &count));
+    WorkerPool pool(GetParam());
+    for (int i = 0; i < 1000; ++i) pool.Submit(new TreeJob(1, 2, &count));
   }
   EXPECT_EQ(count.load(), 3000);
 }
@@ -106,7 +106,7 @@ TEST(DelayQueueTest, RunsJobsInDeadlineOrderNotBefore) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Threads, ExecutorTest, ::testing::Values(1, 2, 4));
+INSTANTIATE_TEST_SUITE_P(Threads, WorkerPoolTest, ::testing::Values(1, 2, 4));
 
 }  // namespace
 }  // namespace pw

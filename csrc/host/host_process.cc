@@ -1,4 +1,4 @@
-#include "csrc/host/host_runtime.h"
+#include "csrc/host/host_process.h"
 
 #include <unistd.h>
 
@@ -141,10 +141,10 @@ absl::Status CheckRendezvousScope(absl::string_view prefix, int num_hosts, int s
   return denied("it is no rendezvous key ('data/<host>' or 'hosts/<group>/...') of this cluster");
 }
 
-HostRuntime::HostRuntime(std::string secret, std::string bind_ip, TestDelays delays)
+HostProcess::HostProcess(std::string secret, std::string bind_ip, TestDelays delays)
     : incarnation_(RandomIncarnation()), secret_(std::move(secret)), bind_ip_(std::move(bind_ip)), delays_(delays) {}
 
-absl::StatusOr<HostRuntime::TestDelays> HostRuntime::ParseTestDelays(absl::string_view text) {
+absl::StatusOr<HostProcess::TestDelays> HostProcess::ParseTestDelays(absl::string_view text) {
   TestDelays delays;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     part = absl::StripAsciiWhitespace(part);
@@ -161,17 +161,17 @@ absl::StatusOr<HostRuntime::TestDelays> HostRuntime::ParseTestDelays(absl::strin
   return delays;
 }
 
-void HostRuntime::Heartbeat(const wire::Ping& ping, wire::Pong* pong) {
+void HostProcess::Heartbeat(const wire::Ping& ping, wire::Pong* pong) {
   pong->set_sent_ns(ping.sent_ns());
   pong->set_incarnation(incarnation_);
   pong->set_host_ns(NowNanos());
 }
 
-int HostRuntime::store_sessions_opened(int host) const {
+int HostProcess::store_sessions_opened(int host) const {
   return stores_ready_.load(std::memory_order_acquire) ? stores_->sessions_opened(host) : 0;
 }
 
-absl::Status HostRuntime::HandlePeersLost(const wire::PeersLost& request) {
+absl::Status HostProcess::HandlePeersLost(const wire::PeersLost& request) {
   if (stores_ready_.load(std::memory_order_acquire)) {
     for (int h : request.host_ids()) stores_->Lose(h, request.why());
   }
@@ -179,7 +179,7 @@ absl::Status HostRuntime::HandlePeersLost(const wire::PeersLost& request) {
   return executor != nullptr ? executor->PeersLost(request) : absl::OkStatus();
 }
 
-HostRuntime::~HostRuntime() {
+HostProcess::~HostProcess() {
   if (join_thread_.joinable()) join_thread_.join();
   std::shared_ptr<HostExecutor> executor;
   {
@@ -189,12 +189,12 @@ HostRuntime::~HostRuntime() {
   executor.reset();  // before the rendezvous store it uses
 }
 
-std::shared_ptr<HostExecutor> HostRuntime::executor() const {
+std::shared_ptr<HostExecutor> HostProcess::executor() const {
   MutexLock lock(&mu_);
   return executor_;
 }
 
-void HostRuntime::Handle(const std::shared_ptr<HostSession>& session, wire::Request request) {
+void HostProcess::Handle(const std::shared_ptr<HostSession>& session, wire::Request request) {
   wire::Reply reply;
   switch (request.kind_case()) {
     case wire::Request::kHello:
@@ -234,7 +234,7 @@ void HostRuntime::Handle(const std::shared_ptr<HostSession>& session, wire::Requ
   session->Reply(std::move(reply));
 }
 
-void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Request request) {
+void HostProcess::Join(const std::shared_ptr<HostSession>& session, wire::Request request) {
   auto reply_with = [session, id = request.id()](const absl::Status& status) {
     if (id == 0) return;
     wire::Reply reply;
@@ -317,7 +317,7 @@ void HostRuntime::Join(const std::shared_ptr<HostSession>& session, wire::Reques
   });
 }
 
-absl::StatusOr<std::string> HostRuntime::PeerKey(int host) {
+absl::StatusOr<std::string> HostProcess::PeerKey(int host) {
   MutexLock lock(&mu_);
   if (peer_keys_.empty()) {
     return absl::FailedPreconditionError(
@@ -330,7 +330,7 @@ absl::StatusOr<std::string> HostRuntime::PeerKey(int host) {
   return peer_keys_[host];
 }
 
-absl::Status HostRuntime::KvSet(const HostSession& session, const wire::KvSet& request) {
+absl::Status HostProcess::KvSet(const HostSession& session, const wire::KvSet& request) {
   {
     MutexLock lock(&mu_);
     PW_RETURN_IF_ERROR(CheckRendezvousScope(group_prefix_, num_hosts_, config_.host_id(), session.peer_host(),
@@ -350,7 +350,7 @@ absl::Status HostRuntime::KvSet(const HostSession& session, const wire::KvSet& r
   return kv_.Set(request.key(), request.value());
 }
 
-absl::StatusOr<std::string> HostRuntime::KvGet(const HostSession& session, const wire::KvGet& request) {
+absl::StatusOr<std::string> HostProcess::KvGet(const HostSession& session, const wire::KvGet& request) {
   {
     MutexLock lock(&mu_);
     PW_RETURN_IF_ERROR(CheckRendezvousScope(group_prefix_, num_hosts_, config_.host_id(), session.peer_host(),
@@ -361,7 +361,7 @@ absl::StatusOr<std::string> HostRuntime::KvGet(const HostSession& session, const
   return value;
 }
 
-bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& session, wire::Request& request) {
+bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& session, wire::Request& request) {
   const uint64_t id = request.id();
   auto reply_with = [session, id](const absl::Status& status) {
     if (id == 0) return;
@@ -482,7 +482,7 @@ bool HostRuntime::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
   return true;
 }
 
-wire::Reply HostRuntime::HandleHello(const std::shared_ptr<HostSession>& session, const wire::Hello& hello) {
+wire::Reply HostProcess::HandleHello(const std::shared_ptr<HostSession>& session, const wire::Hello& hello) {
   wire::Reply reply;
   MutexLock lock(&mu_);
   if (hello.has_config()) {
@@ -514,7 +514,7 @@ wire::Reply HostRuntime::HandleHello(const std::shared_ptr<HostSession>& session
   return reply;
 }
 
-void HostRuntime::OnSessionEnd(const std::shared_ptr<HostSession>& session) {
+void HostProcess::OnSessionEnd(const std::shared_ptr<HostSession>& session) {
   MutexLock lock(&mu_);
   if (session->id() == owner_) {
     owner_gone_ = true;
@@ -522,17 +522,17 @@ void HostRuntime::OnSessionEnd(const std::shared_ptr<HostSession>& session) {
   }
 }
 
-bool HostRuntime::configured() const {
+bool HostProcess::configured() const {
   MutexLock lock(&mu_);
   return owner_ != 0;
 }
 
-bool HostRuntime::owner_gone() const {
+bool HostProcess::owner_gone() const {
   MutexLock lock(&mu_);
   return owner_gone_;
 }
 
-bool HostRuntime::AwaitOwnerGone(int64_t timeout_ns) const {
+bool HostProcess::AwaitOwnerGone(int64_t timeout_ns) const {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
   MutexLock lock(&mu_);
   while (!owner_gone_) {
