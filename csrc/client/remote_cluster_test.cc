@@ -66,7 +66,7 @@ class RemoteRuntimeTest : public ::testing::Test {
   // The executor of host `h` of the last runtime made (its hosts are the
   // last ones started).
   HostExecutor& HostOf(int h, int num_hosts = 2) {
-    return *runtimes_[runtimes_.size() - num_hosts + h]->executor();
+    return *processes_[processes_.size() - num_hosts + h]->executor();
   }
 
  private:
