@@ -98,25 +98,25 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   options.heartbeat_timeout_ns = kHeartbeatTimeoutNs;
   // A lost host's devices are gone with it: new slices avoid them, and
   // work or buffers on them fail with the host's loss (HostLostError).
-  auto pool = HostSessions::Connect(cluster, addresses, options, [&cluster](int host, const absl::Status& why) {
+  auto sessions = HostSessions::Connect(cluster, addresses, options, [&cluster](int host, const absl::Status& why) {
     for (Device* d : cluster.devices()) {
       if (d->host()->id() == host) d->MarkFailed(why);
     }
   });
-  if (!pool.ok()) return pool.status();
+  if (!sessions.ok()) return sessions.status();
   auto rc = std::unique_ptr<RemoteCluster>(new RemoteCluster());
   rc->cluster_ = &cluster;
   rc->stores_ = services.stores;
   rc->services_ = std::move(services);
-  rc->pool_ = *std::move(pool);
-  rc->messages_ = std::make_unique<std::atomic<int64_t>[]>(rc->pool_->num_hosts());
+  rc->sessions_ = *std::move(sessions);
+  rc->messages_ = std::make_unique<std::atomic<int64_t>[]>(rc->sessions_->num_hosts());
   {
     MutexLock lock(&rc->frees_mu_);
-    rc->pending_frees_.resize(rc->pool_->num_hosts());
+    rc->pending_frees_.resize(rc->sessions_->num_hosts());
   }
   {
     MutexLock lock(&rc->mu_);
-    rc->known_.resize(rc->pool_->num_hosts());
+    rc->known_.resize(rc->sessions_->num_hosts());
   }
   {
     MutexLock lock(&rc->admission_mu_);
@@ -130,7 +130,7 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   // A key for every pair of hosts, which only those two get (auth.h): with
   // it each proves which host it is to the other's rendezvous store and
   // data plane.
-  const int num_hosts = rc->pool_->num_hosts();
+  const int num_hosts = rc->sessions_->num_hosts();
   std::vector<std::vector<std::string>> peer_keys(num_hosts, std::vector<std::string>(num_hosts));
   for (int a = 0; a < num_hosts; ++a) {
     for (int b = a + 1; b < num_hosts; ++b) {
@@ -140,12 +140,12 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
   }
   // Every host at once: each one's join waits for all the others.
   // Shared with the callbacks: a reply may come after a timed-out wait.
-  auto replies = std::make_shared<Replies>(rc->pool_->num_hosts());
-  for (int h = 0; h < rc->pool_->num_hosts(); ++h) {
+  auto replies = std::make_shared<Replies>(rc->sessions_->num_hosts());
+  for (int h = 0; h < rc->sessions_->num_hosts(); ++h) {
     wire::Request request;
     *request.mutable_join() = join;
     for (std::string& key : peer_keys[h]) request.mutable_join()->add_peer_keys(std::move(key));
-    rc->pool_->channel(h).Send(std::move(request), [replies, h](absl::StatusOr<wire::Reply> reply) {
+    rc->sessions_->channel(h).Send(std::move(request), [replies, h](absl::StatusOr<wire::Reply> reply) {
       absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
       if (!status.ok()) status = absl::Status(status.code(), absl::StrCat("host ", h, ": ", status.message()));
       replies->Done(std::move(status));
@@ -175,7 +175,7 @@ RemoteCluster::~RemoteCluster() {
     MutexLock lock(&closing_mu_);
     closing_ = true;
   }
-  pool_.reset();
+  sessions_.reset();
 }
 
 void RemoteCluster::SetPolicy(SchedulingPolicy policy) {
@@ -299,8 +299,8 @@ void RemoteCluster::Cancel(const SchedulingClient* client, const std::string& re
       }
     }
     if (cancel.all() || cancel.program_ids_size() > 0) {
-      for (int h = 0; h < pool_->num_hosts(); ++h) {
-        if (!pool_->channel(h).alive()) continue;
+      for (int h = 0; h < sessions_->num_hosts(); ++h) {
+        if (!sessions_->channel(h).alive()) continue;
         wire::Request request;
         *request.mutable_cancel_runs() = cancel;
         Send(h, std::move(request));
@@ -352,7 +352,7 @@ void RemoteCluster::SendRenewalsLocked() {
   for (const std::vector<int>& hosts : sets) {
     // A set with a lost host has no next incarnation (its live hosts would
     // wait to make it with the lost one); its gangs fail with the loss.
-    if (!std::all_of(hosts.begin(), hosts.end(), [&](int h) { return pool_->channel(h).alive(); })) continue;
+    if (!std::all_of(hosts.begin(), hosts.end(), [&](int h) { return sessions_->channel(h).alive(); })) continue;
     for (int h : hosts) {
       wire::Request request;
       for (int k : hosts) request.mutable_renew_group()->add_hosts(k);
@@ -402,19 +402,19 @@ void RemoteCluster::AdmitLocked() {
 
 void RemoteCluster::Flush(int host) {
   messages_[host].fetch_add(1, std::memory_order_relaxed);
-  pool_->channel(host).Flush();
+  sessions_->channel(host).Flush();
 }
 
 std::vector<int64_t> RemoteCluster::messages_sent() const {
   std::vector<int64_t> out;
-  for (int h = 0; h < pool_->num_hosts(); ++h) out.push_back(messages_[h].load(std::memory_order_relaxed));
+  for (int h = 0; h < sessions_->num_hosts(); ++h) out.push_back(messages_[h].load(std::memory_order_relaxed));
   return out;
 }
 
 const DeviceList* RemoteCluster::ListById(int id) const { return lists_by_id_.at(id); }
 
 void RemoteCluster::Send(int host, wire::Request request, HostChannel::ReplyCallback done) {
-  pool_->channel(host).Send(std::move(request), std::move(done));
+  sessions_->channel(host).Send(std::move(request), std::move(done));
 }
 
 const std::vector<int>& RemoteCluster::HostsOf(const DeviceList* list) const {
@@ -458,7 +458,7 @@ void RemoteCluster::RecordPart(const Run& run, int host, int step, int64_t start
   if (fn == nullptr) return;  // a transfer
   const DeviceList* gang = plan.step_devices[step];
   const DeviceList* part = PartOn(gang, host);
-  const PartInterval ours = OnClientClock(start_ns, end_ns, pool_->channel(host).clock_offset_ns(),
+  const PartInterval ours = OnClientClock(start_ns, end_ns, sessions_->channel(host).clock_offset_ns(),
                                           run.submitted_ns, NowNanos());
   start_ns = ours.start_ns;
   const int64_t busy_ns = ours.end_ns - ours.start_ns;
@@ -629,9 +629,9 @@ std::shared_ptr<RemoteCluster::Plan> RemoteCluster::PlanFor(const LoweredProgram
   for (const LoweredStep& step : program.steps()) {
     for (int s : step.out_slots) slot_devices[s] = step.devices;
   }
-  std::vector<wire::LoadProgram> loads(pool_->num_hosts());
-  std::vector<bool> takes_part(pool_->num_hosts(), false);
-  plan->host_steps.resize(pool_->num_hosts());
+  std::vector<wire::LoadProgram> loads(sessions_->num_hosts());
+  std::vector<bool> takes_part(sessions_->num_hosts(), false);
+  plan->host_steps.resize(sessions_->num_hosts());
   plan->slot_step.assign(program.num_slots(), -1);
   plan->slot_is_output.assign(program.num_slots(), false);
   for (int s : program.output_slots()) plan->slot_is_output[s] = true;
@@ -703,7 +703,7 @@ std::shared_ptr<RemoteCluster::Plan> RemoteCluster::PlanFor(const LoweredProgram
   }
   std::sort(plan->islands.begin(), plan->islands.end());
   plan->islands.erase(std::unique(plan->islands.begin(), plan->islands.end()), plan->islands.end());
-  for (int h = 0; h < pool_->num_hosts(); ++h) {
+  for (int h = 0; h < sessions_->num_hosts(); ++h) {
     if (!takes_part[h]) continue;
     plan->hosts.push_back(h);
     plan->loaded.insert(h);
@@ -793,8 +793,8 @@ void RemoteCluster::SendRun(uint64_t program_id, uint64_t first, const std::vect
   // atomic load per host. (A host lost after this check is told to the
   // survivors, which then fail its part at once: HostSessions.)
   for (int h : hosts) {
-    if (pool_->channel(h).alive()) continue;
-    absl::Status lost = pool_->channel(h).status();
+    if (sessions_->channel(h).alive()) continue;
+    absl::Status lost = sessions_->channel(h).status();
     const std::string what = absl::StrCat("program '", run->program->name(), "' was not run: ", lost.message());
     {
       MutexLock lock(&run->mu);

@@ -82,8 +82,7 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
                                                                 const std::string& secret);
   ~RemoteCluster();
 
-  HostSessions& pool() { return *pool_; }
-  std::vector<RemoteHostInfo> hosts() const { return pool_->hosts(); }
+  std::vector<RemoteHostInfo> hosts() const { return sessions_->hosts(); }
   // Control messages (frames on the wire: requests batched) sent to each
   // host so far; heartbeats not counted.
   std::vector<int64_t> messages_sent() const;
@@ -237,7 +236,7 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   const Cluster* cluster_ = nullptr;
   RemoteServices services_;
   ObjectStores* stores_ = nullptr;  // services_.stores
-  std::unique_ptr<HostSessions> pool_;
+  std::unique_ptr<HostSessions> sessions_;
   std::unique_ptr<std::atomic<int64_t>[]> messages_;  // per host
   // Buffers dropped, by host, not yet told: they leave with the host's next
   // run, or on their own once kFreesPerMessage wait or a buffer of at least
