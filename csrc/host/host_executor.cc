@@ -292,7 +292,12 @@ struct HostExecutor::RunState {
   }
   void Release() {
     if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    std::move(done)(std::move(reply));
+    wire::RunReply out;
+    {
+      MutexLock lock(&mu);  // the last hold is gone: uncontended, for the analysis
+      out = std::move(reply);
+    }
+    std::move(done)(std::move(out));
     delete this;
   }
   std::atomic<int> pending{1};  // the dispatching thread's hold
@@ -970,7 +975,7 @@ void HostExecutor::Run(const wire::RunProgram& request,
     const Program& program = *program_ref;
     const uint64_t first = request.first_buffer_id();
     std::vector<std::shared_ptr<HostBuffer>> slots(program.num_slots);
-    auto lookup = [&](uint64_t id) -> std::shared_ptr<HostBuffer> {
+    auto lookup = [&](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::shared_ptr<HostBuffer> {
       auto it = buffers_.find(id);
       if (it != buffers_.end()) return it->second;
       // The client holds every buffer it names; one missing here is an
