@@ -120,7 +120,7 @@ sanitize-threads: clang-deps $(VENV)/.created
 # for FUZZ_SECONDS, from the corpus kept in build/fuzz/corpus. A crash
 # leaves its input in build/fuzz/ and fails the target.
 FUZZ_SECONDS ?= 60
-FUZZERS := topology_fuzzer function_fuzzer function_ir_wire_fuzzer
+FUZZERS := topology_fuzzer function_fuzzer function_ir_wire_fuzzer data_plane_wire_fuzzer auth_fuzzer
 fuzz: deps clang-deps $(VENV)/.created
 	$(CMAKE) -S . -B build/fuzz -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) $(CLANG_CONFIG) \
 	  -DPATHWAYS_BUILD_PYTHON=OFF -DPATHWAYS_BUILD_FUZZERS=ON -DCMAKE_BUILD_TYPE=Debug \
