@@ -11,6 +11,7 @@
 
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace pw {
@@ -187,6 +188,30 @@ absl::StatusOr<std::string> FromHex(absl::string_view hex) {
     out[i] = static_cast<char>(hi * 16 + lo);
   }
   return out;
+}
+
+absl::StatusOr<SessionOpening> ParseSessionOpening(absl::string_view nonce_hex, absl::string_view claim) {
+  if (nonce_hex.empty() || claim.empty()) {
+    return absl::UnauthenticatedError(
+        "the session has no handshake (pw-auth-nonce and pw-auth-claim metadata): a client of another version, or "
+        "not a pathways client");
+  }
+  SessionOpening opening;
+  absl::StatusOr<std::string> nonce = FromHex(nonce_hex);
+  if (!nonce.ok() || nonce->size() != kNonceBytes) {
+    return absl::UnauthenticatedError(absl::StrCat("the session's nonce is not ", 2 * kNonceBytes, " hex digits"));
+  }
+  opening.nonce = *std::move(nonce);
+  int host = -1;
+  if (claim == "cluster") {
+    opening.claim = -1;
+  } else if (absl::SimpleAtoi(claim, &host) && host >= 0) {
+    opening.claim = host;
+  } else {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the session claims to be '", claim, "', neither 'cluster' nor a host id"));
+  }
+  return opening;
 }
 
 std::string HandshakeProof(absl::string_view key, ProofBy by, const HandshakeTranscript& t) {

@@ -85,6 +85,18 @@ struct HandshakeTranscript {
 
 enum class ProofBy { kDialer, kListener };
 
+// The dialer's opening of a control plane session (step 1 above), as the
+// session's metadata carries it: its nonce in hex (pw-auth-nonce) and its
+// claim (pw-auth-claim), "cluster" or a host id (decimal). What a host reads
+// of a session before the dialer proved anything: Unauthenticated, saying
+// what is wrong, unless the nonce is kNonceBytes in hex and the claim one of
+// those.
+struct SessionOpening {
+  std::string nonce;   // kNonceBytes
+  int64_t claim = -1;  // a host id (>= 0), or -1 for the cluster
+};
+absl::StatusOr<SessionOpening> ParseSessionOpening(absl::string_view nonce_hex, absl::string_view claim);
+
 // HMAC-SHA256(key, "pathways-auth-v1" | plane | role | transcript), 32 bytes.
 std::string HandshakeProof(absl::string_view key, ProofBy by, const HandshakeTranscript& transcript);
 

@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -39,6 +40,39 @@ TEST(Auth, ConstantTimeEqualsAndHex) {
   EXPECT_EQ(*FromHex("00fF10"), std::string("\x00\xff\x10", 3));
   EXPECT_EQ(FromHex("abc").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(FromHex("zz").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// What a host reads of a control plane session before the dialer proved
+// anything: a 64-hex-digit nonce and "cluster" or a host id; anything else is
+// refused, saying what was wrong.
+TEST(Auth, ASessionOpensWithANonceAndAClaimOnly) {
+  const std::string nonce(kNonceBytes, '\x5a');
+  absl::StatusOr<SessionOpening> cluster = ParseSessionOpening(ToHex(nonce), "cluster");
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_EQ(cluster->nonce, nonce);
+  EXPECT_EQ(cluster->claim, -1);
+  absl::StatusOr<SessionOpening> host = ParseSessionOpening(absl::AsciiStrToUpper(ToHex(nonce)), "7");
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(host->nonce, nonce);
+  EXPECT_EQ(host->claim, 7);
+  const struct {
+    std::string nonce_hex, claim, why;
+  } refused[] = {
+      {"", "cluster", "no handshake"},
+      {ToHex(nonce), "", "no handshake"},
+      {ToHex(nonce).substr(2), "cluster", "nonce"},
+      {ToHex(nonce) + "00", "cluster", "nonce"},
+      {ToHex(nonce).substr(1) + "g", "cluster", "nonce"},
+      {ToHex(nonce), "root", "neither 'cluster' nor a host id"},
+      {ToHex(nonce), "-1", "neither"},
+      {ToHex(nonce), "99999999999", "neither"},  // not an int
+      {ToHex(nonce), "Cluster", "neither"},
+  };
+  for (const auto& r : refused) {
+    absl::StatusOr<SessionOpening> opening = ParseSessionOpening(r.nonce_hex, r.claim);
+    EXPECT_EQ(opening.status().code(), absl::StatusCode::kUnauthenticated) << r.nonce_hex << " " << r.claim;
+    EXPECT_NE(opening.status().message().find(r.why), std::string::npos) << opening.status();
+  }
 }
 
 TEST(Auth, AProofHoldsForItsOwnKeyRoleAndTranscriptOnly) {

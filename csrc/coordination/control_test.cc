@@ -818,6 +818,33 @@ TEST(HostServer, StalledHandshakesEndAndDoNotLockRealClientsOut) {
   EXPECT_TRUE((*good)->Call(EchoRequest("still in"), 5'000'000'000).ok());
 }
 
+// A connection that takes seconds to set up (a loaded host, TLS over a long
+// path; here a relay that holds each connection 2 s) still connects: a call
+// that does not wait for its channel, a dialer that does, and the
+// heartbeats' own channel. gRPC gives each connection attempt
+// GRPC_ARG_MIN_RECONNECT_BACKOFF_MS at least and its backoff at most: with
+// 100 ms and 1 s there, such a host could never be reached, and under
+// ThreadSanitizer (where a loopback connection takes 250 ms) a call that did
+// not wait failed as UNAVAILABLE.
+TEST(HostServer, AConnectionSlowToSetUpIsNotCutShort) {
+  EchoHandler handler;
+  auto server = HostServer::Start("127.0.0.1:0", kSecret, &handler);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto slow = TapProxy::Start((*server)->address(), std::chrono::milliseconds(2000));
+  ASSERT_NE(slow, nullptr);
+  RawSession raw(slow->address(), ToHex(Nonce()), "cluster");
+  EXPECT_EQ(raw.Challenge().size(), kNonceBytes);
+  ChannelOptions options = Options();
+  options.connect_timeout_ns = 20'000'000'000;
+  options.heartbeat_period_ns = 250'000'000;
+  options.heartbeat_timeout_ns = 20'000'000'000;
+  auto channel = HostChannel::Connect(slow->address(), wire::Hello(), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_TRUE((*channel)->Call(EchoRequest("slow"), 5'000'000'000).ok());
+  EXPECT_TRUE(Eventually([&] { return (*server)->heartbeats() > 0; }));
+  EXPECT_TRUE((*channel)->alive());
+}
+
 TEST(HostServer, AConnectionWithoutASessionIsClosedWhenIdle) {
   EchoHandler handler;
   ServerOptions options;

@@ -32,17 +32,23 @@ namespace {
 
 // --- Wire format (see data_plane.h) -----------------------------------------
 
+using data_wire::kAnswerBytes;
+using data_wire::kHandshakeBytes;
+using data_wire::kHeaderBytes;
+using data_wire::kHelloBytes;
+using data_wire::kProofMessageBytes;
+using data_wire::kVersion;
+
 constexpr char kHelloMagic[8] = {'p', 'w', 'd', 'p', '-', 'h', 'i', '\n'};
 constexpr char kChallengeMagic[8] = {'p', 'w', 'd', 'p', '-', 'c', 'h', '\n'};
 constexpr char kProofMagic[8] = {'p', 'w', 'd', 'p', '-', 'p', 'f', '\n'};
 constexpr char kAckMagic[8] = {'p', 'w', 'd', 'p', '-', 'a', 'k', '\n'};
-constexpr size_t kHelloBytes = 8 + 4 + 4 + kNonceBytes;
-constexpr size_t kProofMessageBytes = 8 + kProofBytes;
+static_assert(kHelloBytes == 8 + 4 + 4 + kNonceBytes);
+static_assert(kProofMessageBytes == 8 + kProofBytes);
 // The listener's two answers (challenge, ack) have one size.
-constexpr size_t kAnswerBytes = 8 + 4 + 4 + 4 + 32;
-static_assert(kNonceBytes == 32 && kProofBytes == 32);
+static_assert(kAnswerBytes == 8 + 4 + 4 + 4 + kHandshakeBytes);
+static_assert(kNonceBytes == kHandshakeBytes && kProofBytes == kHandshakeBytes);
 constexpr uint32_t kMessageMarker = 0x4d445750;  // "PWDM" read little-endian
-constexpr size_t kHeaderBytes = DataPlane::kHeaderBytes;
 // Where the header's fields are.
 constexpr size_t kFlagAt = 4, kSessionAt = 8, kProgramAt = 16, kFirstAt = 24, kBufferAt = 32, kLengthAt = 40;
 static_assert(kLengthAt + 8 == kHeaderBytes);
@@ -71,6 +77,20 @@ uint64_t Get64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
   return v;
+}
+
+// `bytes`' first `n` bytes at `out`, zeros past their end.
+void PutBytes(uint8_t* out, absl::string_view bytes, size_t n) {
+  std::memcpy(out, bytes.data(), std::min(bytes.size(), n));
+}
+
+// Whether the first `n` bytes of `in` (at most its size) are those of `magic`.
+bool MagicSoFar(absl::Span<const uint8_t> in, const char (&magic)[8]) {
+  return in.empty() || std::memcmp(in.data(), magic, std::min<size_t>(in.size(), 8)) == 0;
+}
+
+const char (&AnswerMagic(data_wire::AnswerKind kind))[8] {
+  return kind == data_wire::AnswerKind::kChallenge ? kChallengeMagic : kAckMagic;
 }
 
 // --- Limits ---------------------------------------------------------------
@@ -273,19 +293,15 @@ absl::Status ReadAll(int fd, iovec* iov, size_t count, uint64_t* read) {
   return absl::OkStatus();
 }
 
-// Sends the listener's challenge (magic kChallengeMagic, with its nonce) or
-// ack (kAckMagic, with its proof) on a connection still in its handshake:
+// Sends the listener's challenge (with its nonce) or ack (with its proof) on
+// a connection still in its handshake:
 // `bytes` is the nonce or proof, empty for a refusal. 52 bytes always fit
 // in a fresh socket's buffer (the dialer sent at most 88 bytes and waits),
 // so a short write means the peer is gone.
-bool SendAnswer(int fd, const char (&magic)[8], int host_id, AckStatus status, absl::string_view bytes) {
-  uint8_t answer[kAnswerBytes] = {};
-  std::memcpy(answer, magic, 8);
-  Put32(answer + 8, DataPlane::kVersion);
-  Put32(answer + 12, static_cast<uint32_t>(host_id));
-  Put32(answer + 16, status);
-  std::memcpy(answer + 20, bytes.data(), std::min<size_t>(bytes.size(), 32));
-  return send(fd, answer, sizeof(answer), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(answer));
+bool SendAnswer(int fd, data_wire::AnswerKind kind, int host_id, AckStatus status, absl::string_view bytes) {
+  const std::array<uint8_t, kAnswerBytes> answer = data_wire::WriteAnswer(
+      kind, {.version = kVersion, .host_id = static_cast<uint32_t>(host_id), .status = status, .bytes = std::string(bytes)});
+  return send(fd, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(answer.size());
 }
 
 // What the proofs between `dialer` and `listener` cover (auth.h).
@@ -296,6 +312,95 @@ HandshakeTranscript DataTranscript(uint32_t dialer, uint32_t listener, std::stri
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// The wire format's bytes (data_wire, data_plane.h)
+
+namespace data_wire {
+
+Progress ReadHello(absl::Span<const uint8_t> in, Hello* hello) {
+  in = in.first(std::min(in.size(), kHelloBytes));
+  if (!MagicSoFar(in, kHelloMagic)) return Progress::kNotOurs;
+  if (in.size() >= 12 && Get32(in.data() + 8) != kVersion) return Progress::kOtherVersion;
+  if (in.size() < kHelloBytes) return Progress::kNeedMore;
+  hello->version = Get32(in.data() + 8);
+  hello->dialer = Get32(in.data() + 12);
+  hello->nonce.assign(reinterpret_cast<const char*>(in.data() + 16), kHandshakeBytes);
+  return Progress::kWhole;
+}
+
+std::array<uint8_t, kHelloBytes> WriteHello(const Hello& hello) {
+  std::array<uint8_t, kHelloBytes> out = {};
+  std::memcpy(out.data(), kHelloMagic, 8);
+  Put32(out.data() + 8, hello.version);
+  Put32(out.data() + 12, hello.dialer);
+  PutBytes(out.data() + 16, hello.nonce, kHandshakeBytes);
+  return out;
+}
+
+Progress ReadProof(absl::Span<const uint8_t> in, std::string* proof) {
+  in = in.first(std::min(in.size(), kProofMessageBytes));
+  if (!MagicSoFar(in, kProofMagic)) return Progress::kNotOurs;
+  if (in.size() < kProofMessageBytes) return Progress::kNeedMore;
+  proof->assign(reinterpret_cast<const char*>(in.data() + 8), kHandshakeBytes);
+  return Progress::kWhole;
+}
+
+std::array<uint8_t, kProofMessageBytes> WriteProof(absl::string_view proof) {
+  std::array<uint8_t, kProofMessageBytes> out = {};
+  std::memcpy(out.data(), kProofMagic, 8);
+  PutBytes(out.data() + 8, proof, kHandshakeBytes);
+  return out;
+}
+
+std::optional<Answer> ReadAnswer(AnswerKind kind, absl::Span<const uint8_t> in) {
+  if (in.size() != kAnswerBytes || std::memcmp(in.data(), AnswerMagic(kind), 8) != 0) return std::nullopt;
+  Answer answer;
+  answer.version = Get32(in.data() + 8);
+  answer.host_id = Get32(in.data() + 12);
+  answer.status = Get32(in.data() + 16);
+  answer.bytes.assign(reinterpret_cast<const char*>(in.data() + 20), kHandshakeBytes);
+  return answer;
+}
+
+std::array<uint8_t, kAnswerBytes> WriteAnswer(AnswerKind kind, const Answer& answer) {
+  std::array<uint8_t, kAnswerBytes> out = {};
+  std::memcpy(out.data(), AnswerMagic(kind), 8);
+  Put32(out.data() + 8, answer.version);
+  Put32(out.data() + 12, answer.host_id);
+  Put32(out.data() + 16, answer.status);
+  PutBytes(out.data() + 20, answer.bytes, kHandshakeBytes);
+  return out;
+}
+
+std::optional<DataMessageHeader> ReadHeader(absl::Span<const uint8_t> in) {
+  if (in.size() != kHeaderBytes) return std::nullopt;
+  const uint8_t* p = in.data();
+  if (Get32(p) != kMessageMarker || p[5] != 0 || p[6] != 0 || p[7] != 0) return std::nullopt;
+  DataMessageHeader h;
+  h.flag = p[kFlagAt];
+  h.ids.session = Get64(p + kSessionAt);
+  h.ids.program_id = Get64(p + kProgramAt);
+  h.ids.first_buffer_id = Get64(p + kFirstAt);
+  h.ids.buffer_id = Get64(p + kBufferAt);
+  h.length = Get64(p + kLengthAt);
+  return h;
+}
+
+std::array<uint8_t, kHeaderBytes> WriteHeader(const DataMessageHeader& header) {
+  std::array<uint8_t, kHeaderBytes> out = {};
+  uint8_t* p = out.data();
+  Put32(p, kMessageMarker);
+  p[kFlagAt] = header.flag;
+  Put64(p + kSessionAt, header.ids.session);
+  Put64(p + kProgramAt, header.ids.program_id);
+  Put64(p + kFirstAt, header.ids.first_buffer_id);
+  Put64(p + kBufferAt, header.ids.buffer_id);
+  Put64(p + kLengthAt, header.length);
+  return out;
+}
+
+}  // namespace data_wire
 
 // ---------------------------------------------------------------------------
 // Construction
@@ -445,21 +550,25 @@ void DataPlane::AcceptLoop() {
       p.got += static_cast<size_t>(n);
       // Refuse as early as the bytes allow: garbage or another protocol at
       // once, without waiting for bytes that may never come.
-      const char* magic = p.stage == Pending::kHello ? kHelloMagic : kProofMagic;
-      if (std::memcmp(p.in, magic, std::min<size_t>(p.got, 8)) != 0) {
+      const absl::Span<const uint8_t> in(p.in, p.got);
+      data_wire::Hello hello;
+      std::string proof;
+      const data_wire::Progress progress =
+          p.stage == Pending::kHello ? data_wire::ReadHello(in, &hello) : data_wire::ReadProof(in, &proof);
+      if (progress == data_wire::Progress::kNotOurs) {
         // not ours: close without an answer
-      } else if (p.stage == Pending::kHello && p.got >= 12 && Get32(p.in + 8) != kVersion) {
-        SendAnswer(p.fd, kChallengeMagic, host_id_, kVersionMismatch, "");
-      } else if (p.got < want) {
+      } else if (progress == data_wire::Progress::kOtherVersion) {
+        SendAnswer(p.fd, data_wire::AnswerKind::kChallenge, host_id_, kVersionMismatch, "");
+      } else if (progress == data_wire::Progress::kNeedMore) {
         return true;
       } else if (p.stage == Pending::kHello) {
         // The dialer's claim and nonce: ask our own question.
-        p.dialer = Get32(p.in + 12);
+        p.dialer = hello.dialer;
         absl::StatusOr<std::string> nonce = RandomBytes(kNonceBytes);
         if (p.dialer >= static_cast<uint32_t>(num_hosts_) || p.dialer == static_cast<uint32_t>(host_id_)) {
-          SendAnswer(p.fd, kChallengeMagic, host_id_, kBadHostId, "");
-        } else if (nonce.ok() && SendAnswer(p.fd, kChallengeMagic, host_id_, kAccepted, *nonce)) {
-          p.dialer_nonce.assign(reinterpret_cast<const char*>(p.in + 16), kNonceBytes);
+          SendAnswer(p.fd, data_wire::AnswerKind::kChallenge, host_id_, kBadHostId, "");
+        } else if (nonce.ok() && SendAnswer(p.fd, data_wire::AnswerKind::kChallenge, host_id_, kAccepted, *nonce)) {
+          p.dialer_nonce = std::move(hello.nonce);
           p.nonce = *std::move(nonce);
           p.stage = Pending::kProof;
           p.got = 0;
@@ -469,16 +578,15 @@ void DataPlane::AcceptLoop() {
         const HandshakeTranscript transcript =
             DataTranscript(p.dialer, static_cast<uint32_t>(host_id_), p.dialer_nonce, p.nonce);
         const std::string& key = KeyFor(static_cast<int>(p.dialer));
-        const absl::string_view proof(reinterpret_cast<const char*>(p.in + 8), kProofBytes);
         if (!ConstantTimeEquals(proof, HandshakeProof(key, ProofBy::kDialer, transcript))) {
-          SendAnswer(p.fd, kAckMagic, host_id_, kWrongSecret, "");
+          SendAnswer(p.fd, data_wire::AnswerKind::kAck, host_id_, kWrongSecret, "");
         } else if (absl::Status configured = ConfigureConnection(p.fd); configured.ok()) {
           MutexLock lock(&mu_);
           if (shutting_down_.load()) {
             // closed below
           } else if (in_fds_[p.dialer] >= 0) {
-            SendAnswer(p.fd, kAckMagic, host_id_, kAlreadyConnected, "");
-          } else if (SendAnswer(p.fd, kAckMagic, host_id_, kAccepted,
+            SendAnswer(p.fd, data_wire::AnswerKind::kAck, host_id_, kAlreadyConnected, "");
+          } else if (SendAnswer(p.fd, data_wire::AnswerKind::kAck, host_id_, kAccepted,
                                 HandshakeProof(key, ProofBy::kListener, transcript))) {
             // Registered only once acked (a dialer that got no ack retries),
             // and atomically with the duplicate check.
@@ -628,12 +736,9 @@ absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
       return;
     }
     d.nonce = *std::move(nonce);
-    uint8_t hello[kHelloBytes] = {};
-    std::memcpy(hello, kHelloMagic, 8);
-    Put32(hello + 8, kVersion);
-    Put32(hello + 12, static_cast<uint32_t>(host_id_));
-    std::memcpy(hello + 16, d.nonce.data(), kNonceBytes);
-    if (send(d.fd, hello, sizeof(hello), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
+    const std::array<uint8_t, kHelloBytes> hello =
+        data_wire::WriteHello({.version = kVersion, .dialer = static_cast<uint32_t>(host_id_), .nonce = d.nonce});
+    if (send(d.fd, hello.data(), hello.size(), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) {
       d.RetryLater(now, absl::StrCat("sending the hello: ", ErrnoText(errno)));
     } else {
       d.state = Dial::kAwaitingChallenge;
@@ -714,21 +819,22 @@ absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
   }
 }
 
-absl::Status DataPlane::CheckAnswer(const Dial& d, const char (&magic)[8]) {
+absl::StatusOr<data_wire::Answer> DataPlane::CheckAnswer(const Dial& d, data_wire::AnswerKind kind) {
   auto refused = [&](absl::string_view why) {
     return absl::FailedPreconditionError(absl::StrCat(Name(), ": ", d.Text(), " ", why));
   };
-  if (std::memcmp(d.answer, magic, 8) != 0) {
+  std::optional<data_wire::Answer> answer = data_wire::ReadAnswer(kind, d.answer);
+  if (!answer.has_value()) {
     return refused("answered the hello with something not a data plane's (or of another version)");
   }
-  const uint32_t version = Get32(d.answer + 8), id = Get32(d.answer + 12), status = Get32(d.answer + 16);
+  const uint32_t version = answer->version, id = answer->host_id, status = answer->status;
   if (status == kVersionMismatch || version != kVersion) {
     return refused(absl::StrCat("runs data plane version ", version, ", this host version ", kVersion));
   }
   if (id != static_cast<uint32_t>(d.peer)) return refused(absl::StrCat("is the data plane of host ", id));
   switch (status) {
     case kAccepted:
-      return absl::OkStatus();
+      return *std::move(answer);
     case kWrongSecret:
       return absl::PermissionDeniedError(absl::StrCat(
           Name(), ": ", d.Text(), " refused our proof: different secret (or peer key), or another cluster"));
@@ -742,16 +848,14 @@ absl::Status DataPlane::CheckAnswer(const Dial& d, const char (&magic)[8]) {
 }
 
 absl::Status DataPlane::TakeChallenge(Dial& d, absl::Time now) {
-  PW_RETURN_IF_ERROR(CheckAnswer(d, kChallengeMagic));
-  d.listener_nonce.assign(reinterpret_cast<const char*>(d.answer + 20), kNonceBytes);
+  PW_ASSIGN_OR_RETURN(data_wire::Answer challenge, CheckAnswer(d, data_wire::AnswerKind::kChallenge));
+  d.listener_nonce = std::move(challenge.bytes);
   const HandshakeTranscript transcript =
       DataTranscript(static_cast<uint32_t>(host_id_), static_cast<uint32_t>(d.peer), d.nonce, d.listener_nonce);
-  uint8_t proof[kProofMessageBytes];
-  std::memcpy(proof, kProofMagic, 8);
-  const std::string mac = HandshakeProof(KeyFor(d.peer), ProofBy::kDialer, transcript);
-  std::memcpy(proof + 8, mac.data(), kProofBytes);
+  const std::array<uint8_t, kProofMessageBytes> proof =
+      data_wire::WriteProof(HandshakeProof(KeyFor(d.peer), ProofBy::kDialer, transcript));
   // The socket's buffer is as empty as it was for the hello.
-  if (send(d.fd, proof, sizeof(proof), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(proof))) {
+  if (send(d.fd, proof.data(), proof.size(), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(proof.size())) {
     d.RetryLater(now, absl::StrCat("sending the proof: ", ErrnoText(errno)));
     return absl::OkStatus();
   }
@@ -761,13 +865,12 @@ absl::Status DataPlane::TakeChallenge(Dial& d, absl::Time now) {
 }
 
 absl::Status DataPlane::TakeAck(Dial& d) {
-  PW_RETURN_IF_ERROR(CheckAnswer(d, kAckMagic));
+  PW_ASSIGN_OR_RETURN(const data_wire::Answer ack, CheckAnswer(d, data_wire::AnswerKind::kAck));
   // The listener's proof: only a peer that knows the key could answer our
   // nonce with it.
   const HandshakeTranscript transcript =
       DataTranscript(static_cast<uint32_t>(host_id_), static_cast<uint32_t>(d.peer), d.nonce, d.listener_nonce);
-  const absl::string_view proof(reinterpret_cast<const char*>(d.answer + 20), kProofBytes);
-  if (!ConstantTimeEquals(proof, HandshakeProof(KeyFor(d.peer), ProofBy::kListener, transcript))) {
+  if (!ConstantTimeEquals(ack.bytes, HandshakeProof(KeyFor(d.peer), ProofBy::kListener, transcript))) {
     return absl::PermissionDeniedError(absl::StrCat(Name(), ": ", d.Text(),
                                                     " could not prove it knows the cluster's secret (or our peer "
                                                     "key): not a host of this cluster"));
@@ -830,21 +933,14 @@ absl::StatusOr<int> DataPlane::ConnectionFd(int peer, bool outgoing) {
 
 absl::Status DataPlane::Send(int peer, absl::Span<const iovec> pieces, uint8_t flag, const MessageIds& ids) {
   PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/true));
-  uint8_t header[kHeaderBytes] = {};
-  absl::InlinedVector<iovec, 8> iov;
-  iov.push_back({header, sizeof(header)});
   uint64_t length = 0;
+  for (const iovec& piece : pieces) length += piece.iov_len;
+  std::array<uint8_t, kHeaderBytes> header = data_wire::WriteHeader({.flag = flag, .ids = ids, .length = length});
+  absl::InlinedVector<iovec, 8> iov;
+  iov.push_back({header.data(), header.size()});
   for (const iovec& piece : pieces) {
-    length += piece.iov_len;
     if (piece.iov_len > 0) iov.push_back(piece);
   }
-  Put32(header, kMessageMarker);
-  header[kFlagAt] = flag;
-  Put64(header + kSessionAt, ids.session);
-  Put64(header + kProgramAt, ids.program_id);
-  Put64(header + kFirstAt, ids.first_buffer_id);
-  Put64(header + kBufferAt, ids.buffer_id);
-  Put64(header + kLengthAt, length);
 
   Peer& p = peers_[peer];
   MutexLock lock(&p.send_mu);
@@ -887,19 +983,11 @@ absl::StatusOr<DataPlane::MessageHeader> DataPlane::ReadHeaderLocked(Peer& p, in
                      got == 0 ? std::string(status.message())
                               : absl::StrCat(status.message(), " inside a message header"));
   }
-  if (Get32(header) != kMessageMarker || header[5] != 0 || header[6] != 0 || header[7] != 0) {
-    return BreakRecv(p, peer, fd, "corrupt stream (not a message header)");
-  }
-  MessageHeader h;
-  h.flag = header[kFlagAt];
-  h.ids.session = Get64(header + kSessionAt);
-  h.ids.program_id = Get64(header + kProgramAt);
-  h.ids.first_buffer_id = Get64(header + kFirstAt);
-  h.ids.buffer_id = Get64(header + kBufferAt);
-  h.length = Get64(header + kLengthAt);
+  const std::optional<MessageHeader> h = data_wire::ReadHeader(header);
+  if (!h.has_value()) return BreakRecv(p, peer, fd, "corrupt stream (not a message header)");
   p.header_taken = true;
-  p.payload_left = h.length;
-  return h;
+  p.payload_left = h->length;
+  return *h;
 }
 
 absl::Status DataPlane::DrainLocked(Peer& p, int peer, int fd) {

@@ -62,6 +62,7 @@
 
 #include <sys/uio.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -101,7 +102,69 @@ struct DataMessageHeader {
   uint8_t flag = 0;  // the sender's, for the receiver: what kind of payload
   DataMessageIds ids;
   uint64_t length = 0;  // payload bytes
+  friend bool operator==(const DataMessageHeader&, const DataMessageHeader&) = default;
 };
+
+// The wire format above as pure functions of bytes, which DataPlane reads
+// and writes the wire with: what a host makes of the bytes a peer sends
+// before it has proved itself (the hello and proof message a listener
+// reads, the challenge and ack a dialer reads), and message headers. Here
+// for their fuzzer (data_plane_wire_fuzzer.cc) and tests.
+namespace data_wire {
+
+inline constexpr uint32_t kVersion = 3;
+inline constexpr size_t kHelloBytes = 48;
+inline constexpr size_t kProofMessageBytes = 40;
+inline constexpr size_t kAnswerBytes = 52;  // a challenge or an ack
+inline constexpr size_t kHeaderBytes = 48;
+inline constexpr size_t kHandshakeBytes = 32;  // a nonce or a proof (auth.h)
+
+// Where a listener stands with the bytes of a hello (or of a proof message)
+// that have arrived so far, `in`: kNotOurs as soon as they stray from the
+// message's magic (another protocol, garbage), kOtherVersion as soon as a
+// hello's version is in and is not kVersion, kNeedMore while bytes are
+// missing, and kWhole once all are in. Bytes past the message's size are
+// not looked at. A verdict other than kNeedMore is final: more bytes never
+// change it.
+enum class Progress { kNeedMore, kNotOurs, kOtherVersion, kWhole };
+
+struct Hello {
+  uint32_t version = kVersion;
+  uint32_t dialer = 0;  // the host id the dialer claims
+  std::string nonce;    // kHandshakeBytes
+  friend bool operator==(const Hello&, const Hello&) = default;
+};
+// *hello is set on kWhole.
+Progress ReadHello(absl::Span<const uint8_t> in, Hello* hello);
+// The nonce's first kHandshakeBytes bytes (zeros past its end).
+std::array<uint8_t, kHelloBytes> WriteHello(const Hello& hello);
+
+// The dialer's proof (kHandshakeBytes), set on kWhole.
+Progress ReadProof(absl::Span<const uint8_t> in, std::string* proof);
+std::array<uint8_t, kProofMessageBytes> WriteProof(absl::string_view proof);
+
+// The listener's two answers, of one layout: its challenge (with its nonce)
+// and its ack (with its proof), told apart by their magic.
+enum class AnswerKind { kChallenge, kAck };
+struct Answer {
+  uint32_t version = kVersion;
+  uint32_t host_id = 0;  // the listener's
+  uint32_t status = 0;   // 0: accepted; else why it refused (data_plane.cc)
+  std::string bytes;     // the nonce or proof, kHandshakeBytes (zeros when refused)
+  friend bool operator==(const Answer&, const Answer&) = default;
+};
+// Nullopt unless `in` is kAnswerBytes long and an answer of `kind`.
+std::optional<Answer> ReadAnswer(AnswerKind kind, absl::Span<const uint8_t> in);
+// The bytes' first kHandshakeBytes (zeros past their end).
+std::array<uint8_t, kAnswerBytes> WriteAnswer(AnswerKind kind, const Answer& answer);
+
+// Nullopt unless `in` is kHeaderBytes long and a message header (its marker
+// and zero bytes). The length is the sender's word, unbounded: a receiver
+// bounds what it does with it.
+std::optional<DataMessageHeader> ReadHeader(absl::Span<const uint8_t> in);
+std::array<uint8_t, kHeaderBytes> WriteHeader(const DataMessageHeader& header);
+
+}  // namespace data_wire
 
 // One host's end of the data plane: point-to-point byte messages to and from
 // every other host of a cluster of `num_hosts`.
@@ -159,7 +222,7 @@ class DataPlane {
   };
 
   // Handshake constants (see the wire format above), for tests that speak it.
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = data_wire::kVersion;
   static constexpr size_t kMaxSecretBytes = 256;
 
   // Binds options.bind_ip:0, listens, and starts the accept thread, which
@@ -200,7 +263,7 @@ class DataPlane {
 
   using MessageIds = DataMessageIds;
   using MessageHeader = DataMessageHeader;
-  static constexpr size_t kHeaderBytes = 48;
+  static constexpr size_t kHeaderBytes = data_wire::kHeaderBytes;
 
   // Sends one message to `peer`: the bytes of `pieces` back to back
   // (gathered by the kernel, no packing copy), preceded by a 48-byte header
@@ -292,9 +355,9 @@ class DataPlane {
   // error that ends Connect); waits until every peer has dialed in.
   struct Dial;  // one outgoing connection in the making, defined in the .cc
   absl::Status DialAll(std::vector<Dial>& dials, absl::Time deadline);
-  // The listener's answer in dial.answer: OK if it is `magic` from the
-  // expected host with status accepted, else the error that ends Connect.
-  absl::Status CheckAnswer(const Dial& dial, const char (&magic)[8]);
+  // The listener's answer in dial.answer: it if it is of `kind`, from the
+  // expected host, with status accepted; else the error that ends Connect.
+  absl::StatusOr<data_wire::Answer> CheckAnswer(const Dial& dial, data_wire::AnswerKind kind);
   // Its challenge: sends our proof (or, if that fails, retries later).
   absl::Status TakeChallenge(Dial& dial, absl::Time now);
   // Its ack: checks its proof and registers the connection.

@@ -279,6 +279,71 @@ bool ClosedWithin(int fd, std::chrono::milliseconds timeout, std::string* receiv
 // ---------------------------------------------------------------------------
 // Arguments and states
 
+// ---------------------------------------------------------------------------
+// The wire format's bytes (data_wire), against this file's own encoders.
+
+absl::Span<const uint8_t> Bytes(const std::string& s) {
+  return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+}
+
+// A listener reads a hello as it arrives: it waits while bytes are missing,
+// and refuses at the first byte that is not the magic, or at the version.
+TEST(DataWireTest, AHelloIsReadAsItArrives) {
+  const std::string nonce(kNonceBytes, '\x6e');
+  const std::string hello = Hello(2, nonce);
+  data_wire::Hello read;
+  for (size_t n = 0; n < hello.size(); ++n) {
+    EXPECT_EQ(data_wire::ReadHello(Bytes(hello.substr(0, n)), &read), data_wire::Progress::kNeedMore) << n;
+  }
+  ASSERT_EQ(data_wire::ReadHello(Bytes(hello + "more"), &read), data_wire::Progress::kWhole);
+  EXPECT_EQ(read.dialer, 2u);
+  EXPECT_EQ(read.nonce, nonce);
+  const std::array<uint8_t, data_wire::kHelloBytes> written = data_wire::WriteHello(read);
+  EXPECT_EQ(std::string(written.begin(), written.end()), hello);
+  EXPECT_EQ(data_wire::ReadHello(Bytes("pwdp-hX"), &read), data_wire::Progress::kNotOurs);
+  EXPECT_EQ(data_wire::ReadHello(Bytes("GET / HTTP/1.1\r\n"), &read), data_wire::Progress::kNotOurs);
+  const std::string other = Hello(2, nonce, DataPlane::kVersion + 1);
+  EXPECT_EQ(data_wire::ReadHello(Bytes(other.substr(0, 11)), &read), data_wire::Progress::kNeedMore);
+  EXPECT_EQ(data_wire::ReadHello(Bytes(other.substr(0, 12)), &read), data_wire::Progress::kOtherVersion);
+  // A proof message likewise.
+  std::string proof;
+  const std::string message = "pwdp-pf\n" + std::string(kProofBytes, '\x70');
+  EXPECT_EQ(data_wire::ReadProof(Bytes(message.substr(0, 39)), &proof), data_wire::Progress::kNeedMore);
+  ASSERT_EQ(data_wire::ReadProof(Bytes(message), &proof), data_wire::Progress::kWhole);
+  EXPECT_EQ(proof, message.substr(8));
+  EXPECT_EQ(data_wire::ReadProof(Bytes(hello), &proof), data_wire::Progress::kNotOurs);
+}
+
+// A dialer reads the listener's answers whole, each of its own kind only;
+// a receiver reads message headers whole.
+TEST(DataWireTest, AnswersAndHeadersAreReadWhole) {
+  const std::string nonce(kNonceBytes, '\x6e');
+  const std::string challenge = Challenge(1, 0, nonce);
+  std::optional<data_wire::Answer> read = data_wire::ReadAnswer(data_wire::AnswerKind::kChallenge, Bytes(challenge));
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->version, DataPlane::kVersion);
+  EXPECT_EQ(read->host_id, 1u);
+  EXPECT_EQ(read->status, 0u);
+  EXPECT_EQ(read->bytes, nonce);
+  const std::array<uint8_t, data_wire::kAnswerBytes> written =
+      data_wire::WriteAnswer(data_wire::AnswerKind::kChallenge, *read);
+  EXPECT_EQ(std::string(written.begin(), written.end()), challenge);
+  EXPECT_FALSE(data_wire::ReadAnswer(data_wire::AnswerKind::kAck, Bytes(challenge)).has_value());
+  EXPECT_FALSE(data_wire::ReadAnswer(data_wire::AnswerKind::kChallenge, Bytes(challenge.substr(1))).has_value());
+  EXPECT_TRUE(data_wire::ReadAnswer(data_wire::AnswerKind::kAck, Bytes(Ack(1, 1))).has_value());
+
+  const DataMessageIds ids{1, 2, 3, 4};
+  std::optional<DataMessageHeader> header = data_wire::ReadHeader(Bytes(MessageHeader(1ull << 40, 9, ids)));
+  ASSERT_TRUE(header.has_value());
+  EXPECT_EQ(header->flag, 9);
+  EXPECT_EQ(header->ids, ids);
+  EXPECT_EQ(header->length, 1ull << 40);
+  std::string corrupt = MessageHeader(5);
+  corrupt[6] = 1;  // a byte that must be zero
+  EXPECT_FALSE(data_wire::ReadHeader(Bytes(corrupt)).has_value());
+  EXPECT_FALSE(data_wire::ReadHeader(Bytes(MessageHeader(5).substr(0, 47))).has_value());
+}
+
 TEST(DataPlaneTest, ListenRejectsBadArguments) {
   DataPlane::Options options = TestOptions();
   EXPECT_TRUE(absl::IsInvalidArgument(DataPlane::Listen(2, 2, options).status()));

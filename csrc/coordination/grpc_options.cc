@@ -22,8 +22,16 @@ constexpr int kKeepaliveTimeoutMs = 10'000;
 // by 1.6x) let one refused or dropped first attempt under load use up a
 // 10 s connect deadline in a few retries; a host that registered is
 // listening, so retry soon.
-constexpr int kMinReconnectMs = 100;
+constexpr int kInitialReconnectMs = 100;
 constexpr int kMaxReconnectMs = 1000;
+// The least time one connection attempt (TCP, TLS, HTTP/2 settings) is
+// given, which gRPC reads from GRPC_ARG_MIN_RECONNECT_BACKOFF_MS despite
+// its name: an attempt gets this or its backoff, whichever is longer. gRPC's
+// default; at 100 ms (which this was) a connection that took over ~1.2 s to
+// set up (the longest backoff and its jitter) was cut every time, so a
+// loaded host was never reached, and a call that does not wait for its
+// channel (the heartbeats') failed whenever one took over 100 ms.
+constexpr int kMinConnectAttemptMs = 20'000;
 // Pings too soon (see ApplyServerArguments) a connection may send before it
 // is dropped: gRPC's default. 0 (which this was) means unlimited.
 constexpr int kMaxPingStrikes = 2;
@@ -68,8 +76,8 @@ grpc::ChannelArguments ClientChannelArguments() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kMinReconnectMs);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kMinReconnectMs);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectMs);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kMinConnectAttemptMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectMs);
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/spin.h"
 #include "csrc/coordination/auth.h"
@@ -269,23 +268,15 @@ class HostServer::Service final
     };
     const grpc::string_ref nonce_hex = Metadata(*context, kAuthNonceMetadataKey);
     const grpc::string_ref claim = Metadata(*context, kAuthClaimMetadataKey);
-    if (nonce_hex.empty() || claim.empty()) {
-      return refuse(grpc::StatusCode::UNAUTHENTICATED,
-                    "the session has no handshake (pw-auth-nonce and pw-auth-claim metadata): a client of another "
-                    "version, or not a pathways client");
-    }
-    absl::StatusOr<std::string> nonce = FromHex(absl::string_view(nonce_hex.data(), nonce_hex.size()));
-    if (!nonce.ok() || nonce->size() != kNonceBytes) {
-      return refuse(grpc::StatusCode::UNAUTHENTICATED,
-                    absl::StrCat("the session's nonce is not ", 2 * kNonceBytes, " hex digits"));
-    }
+    absl::StatusOr<SessionOpening> opening = ParseSessionOpening(
+        absl::string_view(nonce_hex.data(), nonce_hex.size()), absl::string_view(claim.data(), claim.size()));
+    if (!opening.ok()) return refuse(grpc::StatusCode::UNAUTHENTICATED, std::string(opening.status().message()));
     SessionReactor::Handshake handshake;
-    int peer_host = -1;
-    const absl::string_view claim_text(claim.data(), claim.size());
-    if (claim_text == "cluster") {
+    const int peer_host = static_cast<int>(opening->claim);  // ParseSessionOpening parsed an int
+    if (peer_host < 0) {
       handshake.key = secret_;
       handshake.refused_text = "the cluster's secret does not match";
-    } else if (absl::SimpleAtoi(claim_text, &peer_host) && peer_host >= 0) {
+    } else {
       absl::StatusOr<std::string> key = handler_->PeerKey(peer_host);
       if (!key.ok()) {
         // Not yet known: the dialer may try again. Anything else: refused.
@@ -295,15 +286,12 @@ class HostServer::Service final
       }
       handshake.key = *std::move(key);
       handshake.refused_text = absl::StrCat("the session did not prove it is host ", peer_host);
-    } else {
-      return refuse(grpc::StatusCode::UNAUTHENTICATED,
-                    absl::StrCat("the session claims to be '", claim_text, "', neither 'cluster' nor a host id"));
     }
     absl::StatusOr<std::string> own_nonce = RandomBytes(kNonceBytes);
     if (!own_nonce.ok()) return refuse(grpc::StatusCode::INTERNAL, std::string(own_nonce.status().message()));
     handshake.transcript.plane = "control";
     handshake.transcript.claim = peer_host;
-    handshake.transcript.dialer_nonce = *std::move(nonce);
+    handshake.transcript.dialer_nonce = std::move(opening->nonce);
     handshake.transcript.listener_nonce = *std::move(own_nonce);
     handshake.transcript.binding = server_->certificate_sha256_;
     return new SessionReactor(server_, handler_, next_id_.fetch_add(1, std::memory_order_relaxed), peer_host,

@@ -8,7 +8,9 @@
 // TapProxy::Start("127.0.0.1:port") listens on 127.0.0.1:0; every connection
 // made to address() is relayed to the target, byte for byte in both
 // directions, and recorded. Thread-safe; the destructor cuts every relayed
-// connection and joins its threads.
+// connection and joins its threads. With a `delay`, each connection is
+// relayed only that long after it was accepted: a connection that is slow to
+// set up (a loaded host, a long network path).
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -76,8 +78,9 @@ class TapProxy {
   };
 
   // Nullptr if it cannot listen.
-  static std::unique_ptr<TapProxy> Start(std::string target) {
-    auto proxy = std::unique_ptr<TapProxy>(new TapProxy(std::move(target)));
+  static std::unique_ptr<TapProxy> Start(std::string target,
+                                         std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
+    auto proxy = std::unique_ptr<TapProxy>(new TapProxy(std::move(target), delay));
     proxy->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in at{};
     at.sin_family = AF_INET;
@@ -98,6 +101,7 @@ class TapProxy {
       MutexLock lock(&mu_);
       stopping_ = true;
       for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+      stopped_.SignalAll();
     }
     shutdown(listen_fd_, SHUT_RDWR);
     accept_thread_.join();
@@ -121,7 +125,7 @@ class TapProxy {
   }
 
  private:
-  explicit TapProxy(std::string target) : target_(std::move(target)) {}
+  TapProxy(std::string target, std::chrono::milliseconds delay) : target_(std::move(target)), delay_(delay) {}
 
   void AcceptLoop() {
     for (;;) {
@@ -144,6 +148,12 @@ class TapProxy {
   }
 
   void Relay(int dialer, int target, size_t index) {
+    {
+      const auto start = std::chrono::steady_clock::now() + delay_;
+      MutexLock lock(&mu_);
+      while (!stopping_ && std::chrono::steady_clock::now() < start) stopped_.WaitUntil(&mu_, start);
+      if (stopping_) return;
+    }
     pollfd fds[2] = {{dialer, POLLIN, 0}, {target, POLLIN, 0}};
     bool open[2] = {true, true};
     while (open[0] || open[1]) {
@@ -179,10 +189,12 @@ class TapProxy {
   }
 
   const std::string target_;
+  const std::chrono::milliseconds delay_;
   std::string address_;
   int listen_fd_ = -1;
   std::thread accept_thread_;
   mutable Mutex mu_;
+  CondVar stopped_;  // signaled when stopping_ is set
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
   std::vector<Recording> recordings_ ABSL_GUARDED_BY(mu_);

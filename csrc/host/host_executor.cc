@@ -120,7 +120,12 @@ struct HostExecutor::RunState {
   }
   void Release() {
     if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    std::move(done)(std::move(reply));
+    wire::RunReply out;
+    {
+      MutexLock lock(&mu);  // the last hold is gone: uncontended, for the analysis
+      out = std::move(reply);
+    }
+    std::move(done)(std::move(out));
     delete this;
   }
   std::atomic<int> pending{1};  // the dispatching thread's hold

@@ -183,7 +183,13 @@ TEST_F(PeerStoresTest, ALostHostsSessionEndsAndAConnectionAttemptGivesUp) {
   auto polling = std::async(std::launch::async, [&] {
     return store0->Get("never", absl::Now() + absl::Seconds(30)).status();
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Lost once the Get polls through its session (not after a guess at how
+  // long opening one takes: under TSan on a loaded machine, over 100 ms).
+  const int64_t open_by = NowNanos() + 10'000'000'000;
+  while (stores->sessions_opened(0) == 0 && NowNanos() < open_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(stores->sessions_opened(0), 1);
   stores->Lose(0, "its stream ended");
   status = polling.get();
   EXPECT_EQ(GetErrorKind(status), ErrorKind::kHostLost) << status;

@@ -2421,7 +2421,7 @@ class ThreadedGang {
     if (dtype == DType::kBool && op == ReduceOp::kSum) return absl::InternalError("AllReduce: sum of bool");
     if (count * DTypeSize(dtype) > kMaxReduceBytes) return absl::InternalError("AllReduce: too large for the test");
     uint8_t* result = reduced_[host].data();
-    auto reduce = [&](auto* tag) {
+    auto reduce = [&](auto* tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       using T = std::remove_pointer_t<decltype(tag)>;
       T* r = reinterpret_cast<T*>(result);
       for (int64_t j = 0; j < count; ++j) {

@@ -189,8 +189,10 @@ void LuTyped(int64_t batch, int64_t n, const T* x, T* lu, int32_t* pivots, int32
 template <typename T>
 void TrsmTyped(int64_t batch, int64_t n, int64_t k, bool lower, bool unit, bool trans, const T* a,
                const T* b, T* out) {
+  // Nothing to solve: nothing is copied either (the buffers of no elements
+  // may be null, which memcpy must not be given even for no bytes).
+  if (batch == 0 || n == 0 || k == 0) return;
   std::memcpy(out, b, static_cast<size_t>(batch * n * k) * sizeof(T));
-  if (n == 0 || k == 0) return;
   const blasint bn = static_cast<blasint>(n);
   const blasint bk = static_cast<blasint>(k);
   for (int64_t i = 0; i < batch; ++i) {
@@ -265,7 +267,7 @@ void EighTyped(int64_t batch, int64_t n, const T* x, T* w, T* v, uint8_t* worksp
 
 template <typename T>
 void CholeskyTyped(int64_t batch, int64_t n, const T* x, T* out) {
-  std::memcpy(out, x, static_cast<size_t>(batch * n * n) * sizeof(T));
+  if (batch > 0 && n > 0) std::memcpy(out, x, static_cast<size_t>(batch * n * n) * sizeof(T));  // as TrsmTyped
   for (int64_t b = 0; b < batch; ++b) {
     T* l = out + b * n * n;
     blasint info = 0;

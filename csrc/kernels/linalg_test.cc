@@ -395,6 +395,10 @@ TEST(CholeskyTest, FactorsPositiveDefiniteMatricesAndGivesNaNOtherwise) {
   EXPECT_EQ(l[6], 0);
   EXPECT_EQ(l[7], 3);
   for (int i = 8; i < 12; ++i) EXPECT_TRUE(std::isnan(l[i])) << i;
+  // Empty: nothing to factor, nothing read (no buffer at all).
+  std::vector<double> none;
+  CholeskyMatrices(DType::kF64, 3, 0, none.data(), none.data());
+  CholeskyMatrices(DType::kF64, 0, 4, none.data(), none.data());
 }
 
 }  // namespace
