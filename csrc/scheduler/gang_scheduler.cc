@@ -253,7 +253,10 @@ void GangScheduler::Snapshot(int64_t min_wait_ns, bool take, Diagnosis* out) {
         }
       }
     }
-    waiting_.ForEach([&](Gang* gang) { add(gang, GangState::kWaitingForAdmission, nullptr); });
+    waiting_.ForEach([&](Gang* gang) {
+      mu_.AssertHeld();
+      add(gang, GangState::kWaitingForAdmission, nullptr);
+    });
     counts.queued = in_flight_ - counts.running;
     counts.waiting_for_admission = waiting_.size();
   }
@@ -302,7 +305,10 @@ void GangScheduler::FindProducers(std::vector<WaitingGang>* gangs) const {
   for (const ListQueue* q : all_lists_) {
     for (const Gang* gang : q->ordered) check(gang);
   }
-  waiting_.ForEach([&](const Gang* gang) { check(gang); });
+  waiting_.ForEach([&](const Gang* gang) {
+    mu_.AssertHeld();
+    check(gang);
+  });
 }
 
 int64_t GangScheduler::num_in_flight() const {
