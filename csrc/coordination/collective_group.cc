@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <stop_token>
 #include <utility>
 #include <vector>
 
@@ -118,6 +119,7 @@ class GlooStore final : public gloo::rendezvous::Store {
 // so do Arrive's.
 constexpr uint8_t kPointToPointSlotPrefix = 0x40;
 constexpr uint8_t kArrivalSlotPrefix = 0x41;
+constexpr uint64_t kMaxMeetings = uint64_t{1} << 56;  // Arrive's slots: the prefix, then the meeting
 
 std::chrono::milliseconds ToMillis(absl::Duration d) { return absl::ToChronoMilliseconds(d); }
 
@@ -438,6 +440,18 @@ struct CollectiveGroup::Gloo {
   std::shared_ptr<gloo::rendezvous::Context> context;
 };
 
+struct CollectiveGroup::Arrival {
+  char here = 1;
+  std::vector<char> heard;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs, sends;
+
+  // Each wait (the one under way, or the next) returns false at once.
+  void AbortWaits() {
+    for (auto& b : recvs) b->abortWaitRecv();
+    for (auto& b : sends) b->abortWaitSend();
+  }
+};
+
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> CollectiveGroup::Create(KeyValueStore* store, std::string group_key,
                                                                          int rank, int size,
                                                                          const CollectiveOptions& options) {
@@ -492,6 +506,10 @@ CollectiveGroup::CollectiveGroup(std::string group_key, int rank, int size, cons
       gloo_(std::move(gloo)) {}
 
 CollectiveGroup::~CollectiveGroup() {
+  {
+    MutexLock lock(&mu_);
+    abandoned_.clear();  // Gloo's buffers, before the context they were made in
+  }
   // The context's pairs refer to the device; drop them first.
   gloo_->context.reset();
   gloo_->device.reset();
@@ -511,12 +529,7 @@ void CollectiveGroup::Break(const absl::Status& error) {
     MutexLock lock(&mu_);
     if (!broken_.ok()) return;
     broken_ = error;
-    for (auto* buffers : arrivals_) {
-      for (auto& b : *buffers) {
-        b->abortWaitRecv();
-        b->abortWaitSend();
-      }
-    }
+    for (Arrival* arrival : arrivals_) arrival->AbortWaits();
   }
   // Close every connection so the peers see the failure now (their pending
   // receives end with "connection closed") rather than at their timeout.
@@ -528,7 +541,7 @@ void CollectiveGroup::Break(const absl::Status& error) {
 }
 
 template <typename Body>
-absl::Status CollectiveGroup::Run(absl::string_view op, uint32_t tag, Body body) {
+absl::Status CollectiveGroup::Run(absl::string_view op, uint64_t tag, Body body) {
   {
     MutexLock lock(&mu_);
     if (!broken_.ok()) {
@@ -697,50 +710,68 @@ absl::Status CollectiveGroup::SendRecv(int send_peer, const void* send_data, int
   });
 }
 
-absl::Status CollectiveGroup::Arrive(uint32_t tag, absl::Duration timeout) {
+absl::Status CollectiveGroup::Arrive(uint64_t meeting, absl::Duration timeout, std::stop_token cancel) {
+  if (meeting >= kMaxMeetings) {
+    return absl::InvalidArgumentError(absl::StrCat(Name(), ": Arrive: meeting ", meeting, " is not below 2^56"));
+  }
   if (size_ == 1) return absl::OkStatus();
-  return Run("Arrive", tag, [&]() -> absl::Status {
+  bool cancelled = false;
+  absl::Status status = Run("Arrive", meeting, [&]() -> absl::Status {
+    if (cancel.stop_requested()) {  // nothing sent yet: nobody hears of it
+      cancelled = true;
+      return absl::OkStatus();
+    }
     const std::chrono::milliseconds millis = ToMillis(timeout);
-    const uint64_t slot = gloo::Slot::build(kArrivalSlotPrefix, tag);
+    // Its own prefix, so all 56 bits below it are the meeting's.
+    const uint64_t slot = (uint64_t{kArrivalSlotPrefix} << 56) | meeting;
     // Each member tells every other one it is here, and waits to hear the
     // same from each: the last to come ends the others' waits.
-    char here = 1;
-    std::vector<char> heard(static_cast<size_t>(size_), 0);
-    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs, sends;
+    auto arrival = std::make_unique<Arrival>();
+    arrival->heard.assign(static_cast<size_t>(size_), 0);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
-      recvs.push_back(gloo_->context->createUnboundBuffer(&heard[p], 1));
-      recvs.back()->recv(p, slot);
+      arrival->recvs.push_back(gloo_->context->createUnboundBuffer(&arrival->heard[p], 1));
+      arrival->recvs.back()->recv(p, slot);
     }
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
-      sends.push_back(gloo_->context->createUnboundBuffer(&here, 1));
-      sends.back()->send(p, slot);
+      arrival->sends.push_back(gloo_->context->createUnboundBuffer(&arrival->here, 1));
+      arrival->sends.back()->send(p, slot);
     }
-    // Registered while they wait, for Break; unregistered however this
-    // ends (a timeout throws).
+    // Registered while it waits, for Break; unregistered however this ends
+    // (a timeout throws).
     struct Registration {
       CollectiveGroup* group;
-      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>* buffers[2];
+      Arrival* arrival;
       ~Registration() {
         MutexLock lock(&group->mu_);
         auto& a = group->arrivals_;
-        for (auto* b : buffers) a.erase(std::remove(a.begin(), a.end(), b), a.end());
+        a.erase(std::remove(a.begin(), a.end(), arrival), a.end());
       }
     };
     {
       MutexLock lock(&mu_);
       if (!broken_.ok()) return absl::UnavailableError(absl::StrCat("the group broke: ", broken_.message()));
-      arrivals_.push_back(&recvs);
-      arrivals_.push_back(&sends);
+      arrivals_.push_back(arrival.get());
     }
-    Registration registration{this, {&recvs, &sends}};
-    bool arrived = true;  // each wait is false if Break aborted it
-    for (auto& r : recvs) arrived = r->waitRecv(millis) && arrived;
-    for (auto& s : sends) arrived = s->waitSend(millis) && arrived;
+    Registration registration{this, arrival.get()};
+    // Ends the waits at a stop (at once if one was requested already); gone
+    // before `arrival` is (its destructor waits for a call under way).
+    std::stop_callback on_stop(cancel, [waits = arrival.get()] { waits->AbortWaits(); });
+    bool arrived = true;  // each wait is false if Break or the stop aborted it
+    for (auto& r : arrival->recvs) arrived = r->waitRecv(millis) && arrived;
+    for (auto& s : arrival->sends) arrived = s->waitSend(millis) && arrived;
     if (arrived) return absl::OkStatus();
-    return absl::UnavailableError(absl::StrCat("the wait was aborted: ", broken().message()));
+    MutexLock lock(&mu_);
+    if (!broken_.ok()) return absl::UnavailableError(absl::StrCat("the wait was aborted: ", broken_.message()));
+    // Cancelled: the members still to come send into it, and the group
+    // stays as it is.
+    cancelled = true;
+    abandoned_.push_back(std::move(arrival));
+    return absl::OkStatus();
   });
+  if (!cancelled) return status;
+  return absl::CancelledError(absl::StrCat(Name(), ": Arrive (meeting ", meeting, ") was cancelled"));
 }
 
 absl::Status CollectiveGroup::Barrier(uint32_t tag) {

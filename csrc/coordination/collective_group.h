@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -194,13 +195,20 @@ class CollectiveGroup {
   // Returns once every member has entered the barrier with this tag.
   absl::Status Barrier(uint32_t tag);
 
-  // Returns once every member has arrived at the Arrive with this tag,
+  // Returns once every member has arrived at the Arrive with this
+  // `meeting` (an id below 2^56; not to be used again once an Arrive with
+  // it was cancelled, since that one keeps listening on it),
   // waiting up to `timeout` (not the group's): members that come late (busy
   // elsewhere) are waited for, and the operations after it, which find
   // everyone there, keep the group's own timeout. Unlike those, an Arrive
-  // that waits ends at once, with Unavailable, when the group is aborted.
+  // that waits ends at once, with Unavailable, when the group is aborted;
+  // and with Cancelled, leaving the group as it is, when a stop is requested
+  // of `cancel`, before it starts or while it waits: for a member whose gang
+  // will not meet, as when another member refused the run. A cancelled
+  // Arrive's messages (those sent to it later too) are kept by the group
+  // until it is destroyed, so that members that come later still reach it.
   // One small message to each other member.
-  absl::Status Arrive(uint32_t tag, absl::Duration timeout);
+  absl::Status Arrive(uint64_t meeting, absl::Duration timeout, std::stop_token cancel = {});
 
   // Breaks the group with `why` (if it is not broken already): Arrives
   // waiting here end, its connections close (so the peers' operations in
@@ -223,7 +231,7 @@ class CollectiveGroup {
   // status, named, and its Gloo exceptions become Unavailable and break the
   // group.
   template <typename Body>
-  absl::Status Run(absl::string_view op, uint32_t tag, Body body);
+  absl::Status Run(absl::string_view op, uint64_t tag, Body body);
 
   // Marks the group broken by `error` (first failure wins) and closes the
   // connections.
@@ -241,8 +249,13 @@ class CollectiveGroup {
 
   mutable Mutex mu_;  // guards broken_: OK until the first failure, then that failure
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  // One Arrive's messages: what it sends, what it hears, and Gloo's buffers
+  // over them.
+  struct Arrival;
   // The waits of the Arrives under way, which Break ends.
-  std::vector<std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>*> arrivals_ ABSL_GUARDED_BY(mu_);
+  std::vector<Arrival*> arrivals_ ABSL_GUARDED_BY(mu_);
+  // The cancelled Arrives, which members that come later still write into.
+  std::vector<std::unique_ptr<Arrival>> abandoned_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw

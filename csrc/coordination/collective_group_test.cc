@@ -578,13 +578,61 @@ TEST_P(CollectiveGroupSizeTest, AbortEndsAnArriveThatWaits) {
     // Every rank but the last arrives.
     absl::Status s = groups[0]->Arrive(3, abort ? absl::Seconds(30) : absl::Milliseconds(300));
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-    if (abort) EXPECT_THAT(s.message(), HasSubstr("rank lost"));
+    if (abort) {
+      EXPECT_THAT(s.message(), HasSubstr("rank lost"));
+    }
     if (aborter.joinable()) aborter.join();
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5);
     EXPECT_FALSE(groups[0]->broken().ok());
     float x = 1;
     EXPECT_FALSE(groups[0]->AllReduce(DType::kF32, ReduceOp::kSum, &x, 1, 4).ok());
   }
+}
+
+// A member whose gang will not meet (another member refused the run, and
+// will never come) ends its Arrive by a stop, without breaking the group:
+// requested while it waits, or before it starts. A member that arrives
+// after another gave up sends its message into the Arrive that gave up
+// (kept by the group), not into a buffer that is gone, so the group's later
+// operations, on other tags, run as usual for every member.
+TEST_P(CollectiveGroupSizeTest, CancellingAnArriveEndsItWithoutBreakingTheGroup) {
+  auto groups = CreateGroups(&store_, "cancelled-arrive", n(), absl::Seconds(10));
+  const int refuser = n() - 1;  // never arrives on tag 3
+  std::vector<std::stop_source> cancels(static_cast<size_t>(n()));
+  const auto start = std::chrono::steady_clock::now();
+  auto cancel_later = [&](int r) {
+    return std::thread([&, r] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      cancels[r].request_stop();
+    });
+  };
+  // Rank 0 waits, and is cancelled 200 ms later.
+  std::thread canceller = cancel_later(0);
+  absl::Status s = groups[0]->Arrive(3, absl::Seconds(30), cancels[0].get_token());
+  canceller.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  // The others but the refuser come after it gave up; each is cancelled
+  // 200 ms later, or before it starts (the last of them, from 4 members).
+  RunRanks(n(), [&](int r) {
+    if (r == 0 || r == refuser) return;
+    if (r == refuser - 1 && r != 1) cancels[r].request_stop();
+    std::thread later = cancel_later(r);
+    absl::Status mine = groups[r]->Arrive(3, absl::Seconds(30), cancels[r].get_token());
+    later.join();
+    EXPECT_EQ(mine.code(), absl::StatusCode::kCancelled) << "rank " << r << ": " << mine;
+  });
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5);
+  for (int r = 0; r < n(); ++r) EXPECT_TRUE(groups[r]->broken().ok()) << "rank " << r << ": " << groups[r]->broken();
+  // Every member, the refuser too, meets again on later tags.
+  RunRanks(n(), [&](int r) {
+    ASSERT_TRUE(groups[r]->Arrive(4, absl::Seconds(10)).ok());
+    float x = static_cast<float>(r + 1);
+    absl::Status sum = groups[r]->AllReduce(DType::kF32, ReduceOp::kSum, &x, 1, 4);
+    ASSERT_TRUE(sum.ok()) << sum;
+    EXPECT_EQ(x, static_cast<float>(n() * (n() + 1) / 2));
+    std::stop_source unused;
+    ASSERT_TRUE(groups[r]->Arrive(5, absl::Seconds(10), unused.get_token()).ok());
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Members, CollectiveGroupSizeTest, ::testing::Values(2, 3, 4),

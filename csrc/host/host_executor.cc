@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <stop_token>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -86,6 +87,9 @@ struct HostExecutor::Part {
   // that exactly one of them wins: kStarted, kCancelled, kEndSimulatedTime.
   std::atomic<int> state{0};
   std::string cancel_reason;  // written before kCancelled is set, once
+  // Stops its meeting with the other hosts (making its group, Arrive) if
+  // its run is refused by a host of its gang (CancelRun).
+  std::stop_source stop_meeting;
   // Inputs not done, devices whose queue head it is not yet, and the
   // enqueuer's hold.
   std::atomic<int> pending{0};
@@ -564,10 +568,29 @@ void HostExecutor::CancelRun(const wire::CancelRun& request) {
     why = absl::CancelledError(absl::StrCat("the client cancelled the run of program ", run.program_id,
                                             " from buffer ", run.first_buffer_id));
   }
-  if (!dead_runs_.MarkDead(run, why, request.has_refused_by() ? request.refused_by() : -1)) return;
-  // Its parts not started fail when their turn comes (DeviceLoop asks);
-  // its receives posted fail now; its sends go as the error (SendLoop asks).
-  transfers_.CancelRun(run, why);
+  const int refuser = request.has_refused_by() ? request.refused_by() : -1;
+  if (dead_runs_.MarkDead(run, why, refuser)) {
+    // Its parts not started fail when their turn comes (DeviceLoop asks);
+    // its receives posted fail now; its sends go as the error (SendLoop asks).
+    transfers_.CancelRun(run, why);
+  }
+  if (refuser < 0) return;
+  // Its parts whose gang has the refuser, which never comes: one that
+  // started waits for it (making their group, or in Arrive), and gives up
+  // there (one that starts later does not meet: DeviceLoop asks
+  // RefusedByAnyOf).
+  MutexLock lock(&queue_mu_);
+  for (int d = 0; d < static_cast<int>(queues_.size()); ++d) {
+    for (Part* part : queues_[d]) {
+      // Each part once: in the queue of its first device.
+      if (part->gang->local_devices[0] != d || part->program_id != run.program_id ||
+          part->first_buffer_id != run.first_buffer_id) {
+        continue;
+      }
+      const std::vector<int>& hosts = part->gang->host_set;
+      if (std::find(hosts.begin(), hosts.end(), refuser) != hosts.end()) part->stop_meeting.request_stop();
+    }
+  }
 }
 
 bool HostExecutor::MeetsOtherHosts(const Part& part) {
@@ -656,14 +679,34 @@ void HostExecutor::DeviceLoop(int device) {
   }
 }
 
-void HostExecutor::RunPart(const Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch) {
+uint64_t HostExecutor::MeetingOf(const Part& part) {
+  // Its first output's id: a run's buffers are the client's fresh ones, and
+  // every function has an output. (Not the gang's tag, which every run of
+  // its program shares: a meeting a host gave up still listens.)
+  return part.outputs[0]->id() & ((uint64_t{1} << 56) - 1);
+}
+
+absl::Status HostExecutor::RefusalOf(const Part& part) const {
+  if (!part.stop_meeting.stop_requested()) return absl::OkStatus();
+  return dead_runs_.DeadStatus(RunKey{kOneSession, part.program_id, part.first_buffer_id});
+}
+
+void HostExecutor::RunPart(Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch) {
   const FunctionExecutable& exe = *part.fn->exe;
   const HostDeviceList& gang = *part.gang;
   const int gang_size = static_cast<int>(gang.device_ids.size());
   const auto start = std::chrono::steady_clock::now();
   // An input's error passes on as it is (a chain of failed steps does not
   // repeat itself); the part's own is named.
-  const bool failed_before = !status.ok();  // (a cancelled run's error too)
+  bool failed_before = !status.ok();  // (a cancelled run's error too)
+  // A refusal of the run that stopped it meeting its gang passes on too.
+  auto stopped_meeting = [&](const absl::Status& why) {
+    if (absl::Status refusal = RefusalOf(part); !refusal.ok() && status.ok()) {
+      status = refusal;
+      failed_before = true;
+    }
+    status.Update(why);
+  };
   // A gang on a failed device fails when its turn comes, without running
   // (an input's error, which came first, stays the one reported).
   status.Update(health_.CheckHealthy(gang.local_devices));
@@ -705,13 +748,16 @@ void HostExecutor::RunPart(const Part& part, absl::Status& status, bool refused_
     });
   } else if (absl::Status lost = health_.CheckPeers(gang); !lost.ok()) {
     status.Update(lost);  // its collectives would wait for a host that is gone
-  } else if (auto group = groups_.GroupFor(gang, part.generation); !group.ok()) {
-    status.Update(group.status());
-  } else if (absl::Status arrived = (*group)->Arrive(part.tag, groups_.arrival_timeout()); !arrived.ok()) {
+  } else if (auto group = groups_.GroupFor(gang, part.generation, part.stop_meeting.get_token()); !group.ok()) {
+    stopped_meeting(group.status());
+  } else if (absl::Status arrived = (*group)->Arrive(MeetingOf(part), groups_.arrival_timeout(),
+                                                     part.stop_meeting.get_token());
+             !arrived.ok()) {
     // The gang's parts meet here first: a host still busy with earlier
     // gangs comes late, and only once all are here do the collectives'
-    // own timeouts start. A failed wait broke the group on every host.
-    status.Update(arrived);
+    // own timeouts start. A failed wait broke the group on every host; a
+    // stopped one (a host of the gang refused the run) left it usable.
+    stopped_meeting(arrived);
   } else {
     // A part that cannot run (a failed input, no scratch) must not leave
     // the others waiting in a collective it never joins, which would break

@@ -50,9 +50,10 @@
 // include the refuser enters none of its collectives (the refuser never
 // would); one whose hosts do not joins its first collective without running
 // (RunPart), so that a host of it whose part started before the cancel came
-// is told to stop there rather than wait. A part that had already started
-// (met its gang, Arrive) when the cancel came waits for the refuser until
-// the arrival timeout.
+// is told to stop there rather than wait. A part whose gang has the refuser
+// and that had already started (it waits for the refuser, making their
+// group or in Arrive) when the cancel came stops waiting (Part::
+// stop_meeting), leaving the group usable.
 //
 // Loads. A failed DefineDevices, LoadFunction or LoadProgram replies with its
 // error and leaves the error here under its id: a later load or run that
@@ -244,7 +245,13 @@ class HostExecutor {
   // GroupCollectives); one that calls none runs or fails on each host alone.
   // A part of a cancelled run whose gang includes a host that refused it
   // (`refused_in_gang`) joins no collective: that host never would.
-  void RunPart(const Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch);
+  void RunPart(Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch);
+  // The refusal of `part`'s run, once a stop of its meeting was requested
+  // (CancelRun); else OK.
+  absl::Status RefusalOf(const Part& part) const;
+  // What names `part`'s meeting with its gang's other hosts
+  // (CollectiveGroup::Arrive): the same on each, and no other part's.
+  static uint64_t MeetingOf(const Part& part);
   // Whether `part` meets other hosts in collectives (then it counts in its
   // group generation's parts from Enqueue until it has run).
   static bool MeetsOtherHosts(const Part& part);

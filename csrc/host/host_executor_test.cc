@@ -2124,6 +2124,57 @@ TEST(HostExecutorTest, ACancelledGangWithoutTheRefuserStopsItsStartedPartsInTheF
   EXPECT_EQ(got, RunWhole(*mean, 2, {x})[0]);
 }
 
+// A cross-host gang's part that had started when its run was refused by
+// another host of the gang: host 1's input is there, so its part starts and
+// waits for host 0, which refused the run and never comes: in Arrive, or
+// in making their group if this is the set's first gang. The cancel ends
+// that wait at once (it used to last the arrival timeout, an hour by
+// default), without breaking the group: the same gang then runs on both
+// hosts.
+TEST(HostExecutorTest, APartWaitingForTheHostThatRefusedItsRunEndsWhenTheRunIsCancelled) {
+  for (bool group_exists : {false, true}) {
+    SCOPED_TRACE(group_exists ? "group exists" : "first gang of the group");
+    auto cluster = MakeCluster(2, 2);
+    ASSERT_OK(cluster->DefineList(1, {0, 2}));  // the gang: hosts 0 and 1
+    auto mean = cluster->Load(10, MeanPlusIndexFunction(2, 4));
+    ASSERT_NE(mean, nullptr);
+    const std::vector<wire::ProgramStep> steps = {Compute(10, 1, {0}, {1}, 5)};
+    ASSERT_OK(cluster->host(1).LoadProgram(Program(20, 2, steps)));  // host 1 only
+    ASSERT_OK(cluster->LoadProgram(Program(21, 2, steps)));
+    const Bytes x = ToBytes(Iota<float>(8, 0.5f, 1.5f));
+    ASSERT_OK(cluster->Put(5, 1, x));
+    auto run_good = [&](uint64_t first) {
+      wire::RunProgram good = RunOf(21, first);
+      Bind(good, 0, 5, 1);
+      auto futures = cluster->RunAsync(good);
+      for (auto& f : futures) {
+        auto r = Await(f, kPrompt);
+        ASSERT_TRUE(r.ok()) << r.status();
+        for (const auto& [id, status] : Failed({*r})) ADD_FAILURE() << id << ": " << status;
+      }
+      ASSERT_OK_AND_ASSIGN(Bytes got, cluster->Fetch(first + 1, 1));
+      EXPECT_EQ(got, RunWhole(*mean, 2, {x})[0]);
+    };
+    if (group_exists) run_good(300);
+
+    const auto start = std::chrono::steady_clock::now();
+    wire::RunProgram refused = RunOf(20, 100);
+    Bind(refused, 0, 5, 1);
+    auto on_host1 = cluster->RunOn(1, refused);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // host 1's part waits for host 0 by now
+    auto refusal = Await(cluster->RunOn(0, refused), kPrompt);
+    ASSERT_FALSE(refusal.ok());
+    for (int h : {0, 1}) cluster->host(h).CancelRun(CancelOf(20, 100, refusal.status(), /*refused_by=*/0));
+    auto reply = Await(on_host1, kPrompt);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    auto failed = Failed({*reply});
+    ASSERT_TRUE(failed.contains(101));
+    EXPECT_EQ(failed[101], refusal.status());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, kPrompt);
+    run_good(200);
+  }
+}
+
 // A load a host refused is kept there under its id: what names the id later
 // fails with that error, not with "no such id".
 TEST(HostExecutorTest, WhatNamesALoadThatFailedFailsWithItsError) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stop_token>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -37,17 +39,23 @@ absl::StatusOr<std::unique_ptr<KeyValueStore>> RendezvousStores::GroupStore(absl
 
 // ---- HostGroups ----
 
+// One incarnation of a set's group: made from its first use by a thread of
+// its own (a maker: making one waits for the other hosts, however long they
+// are busy, and the part that first needs it may stop waiting before then).
+struct GroupIncarnation {
+  Mutex mu;
+  CondVar made_cv;  // signalled when `made` turns true
+  bool making ABSL_GUARDED_BY(mu) = false;  // its maker started
+  bool made ABSL_GUARDED_BY(mu) = false;    // group or error is set
+  std::shared_ptr<CollectiveGroup> group ABSL_GUARDED_BY(mu);
+  absl::Status error ABSL_GUARDED_BY(mu);
+  std::atomic<bool> abort_join{false};  // making the group gives up (AbortGroupsWith)
+};
+
 // The collective groups of one set of hosts: one incarnation per generation
-// (RenewGroup), each made at its first use under its entry's lock (not the
-// set's: making one waits for the other hosts).
+// (RenewGroup).
 struct HostSetGroups {
-  struct Entry {
-    Mutex mu;
-    bool created ABSL_GUARDED_BY(mu) = false;
-    std::shared_ptr<CollectiveGroup> group ABSL_GUARDED_BY(mu);
-    absl::Status error ABSL_GUARDED_BY(mu);
-    std::atomic<bool> abort_join{false};  // making the group gives up (AbortGroupsWith)
-  };
+  using Entry = GroupIncarnation;
   std::string key;         // of generation 0; generation g > 0 adds "/g<g>"
   std::vector<int> hosts;  // increasing
   Mutex mu;
@@ -69,7 +77,15 @@ HostGroups::HostGroups(const HostLayout& layout, RendezvousStores* stores, std::
   options_.bind_address = std::move(bind_ip);
 }
 
-HostGroups::~HostGroups() = default;
+HostGroups::~HostGroups() {
+  // The owner has set `stopping`: the makers still waiting give up.
+  std::vector<Maker> makers;
+  {
+    MutexLock lock(&mu_);
+    makers.swap(makers_);
+  }
+  for (Maker& m : makers) m.thread.join();
+}
 
 void HostGroups::SetTimeouts(absl::Duration timeout, absl::Duration arrival_timeout) {
   if (timeout > absl::ZeroDuration()) options_.timeout = timeout;
@@ -109,8 +125,8 @@ void HostGroups::Leave(const HostDeviceList& gang, uint64_t generation) {
   }
 }
 
-absl::StatusOr<std::shared_ptr<CollectiveGroup>> HostGroups::GroupFor(const HostDeviceList& gang,
-                                                                      uint64_t generation) {
+absl::StatusOr<std::shared_ptr<CollectiveGroup>> HostGroups::GroupFor(const HostDeviceList& gang, uint64_t generation,
+                                                                      std::stop_token stop) {
   HostSetGroups& groups = *gang.groups;
   std::shared_ptr<HostSetGroups::Entry> entry;
   {
@@ -120,9 +136,31 @@ absl::StatusOr<std::shared_ptr<CollectiveGroup>> HostGroups::GroupFor(const Host
     if (e == nullptr) e = std::make_shared<HostSetGroups::Entry>();
     entry = e;
   }
+  bool start = false;
+  {
+    MutexLock lock(&entry->mu);
+    start = !entry->making;
+    entry->making = true;
+  }
+  if (start) StartMaker(groups, generation, entry);
+  // Runs at once if a stop was requested already (the lock not held yet).
+  std::stop_callback wake(stop, [&entry] {
+    MutexLock lock(&entry->mu);
+    entry->made_cv.SignalAll();
+  });
   MutexLock lock(&entry->mu);
-  if (!entry->created) {
-    entry->created = true;
+  while (!entry->made && !stop.stop_requested()) entry->made_cv.Wait(&entry->mu);
+  if (!entry->made) {
+    return absl::CancelledError(absl::StrCat("stopped waiting for the collective group of hosts ",
+                                             absl::StrJoin(groups.hosts, ","), " to be made"));
+  }
+  if (!entry->error.ok()) return entry->error;
+  return entry->group;
+}
+
+void HostGroups::StartMaker(HostSetGroups& groups, uint64_t generation, std::shared_ptr<GroupIncarnation> entry) {
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread([this, &groups, generation, entry, finished] {
     const int rank = static_cast<int>(std::lower_bound(groups.hosts.begin(), groups.hosts.end(), layout_.host_id) -
                                       groups.hosts.begin());
     // A fresh key per incarnation: an earlier one's addresses are stale.
@@ -140,14 +178,25 @@ absl::StatusOr<std::shared_ptr<CollectiveGroup>> HostGroups::GroupFor(const Host
     absl::StatusOr<std::unique_ptr<CollectiveGroup>> group =
         store.ok() ? CollectiveGroup::Create(store->get(), key, rank, static_cast<int>(groups.hosts.size()), options)
                    : store.status();
-    if (group.ok()) {
-      entry->group = *std::move(group);
-    } else {
-      entry->error = group.status();
+    {
+      MutexLock lock(&entry->mu);
+      if (group.ok()) {
+        entry->group = *std::move(group);
+      } else {
+        entry->error = group.status();
+      }
+      entry->made = true;
+      entry->made_cv.SignalAll();
     }
-  }
-  if (!entry->error.ok()) return entry->error;
-  return entry->group;
+    finished->store(true, std::memory_order_release);
+  });
+  MutexLock lock(&mu_);
+  // The makers that are done go (joined at once) as new ones come.
+  auto done = std::partition(makers_.begin(), makers_.end(),
+                             [](const Maker& m) { return !m.finished->load(std::memory_order_acquire); });
+  for (auto it = done; it != makers_.end(); ++it) it->thread.join();
+  makers_.erase(done, makers_.end());
+  makers_.push_back(Maker{std::move(thread), std::move(finished)});
 }
 
 absl::Status HostGroups::RenewGroup(absl::Span<const int> hosts) {
@@ -189,7 +238,8 @@ void HostGroups::AbortGroupsWith(int host, const absl::Status& why) {
       for (auto& [generation, entry] : groups->entries) entries.push_back(entry);
     }
   }
-  // A part making a group holds its entry's lock: it gives up first.
+  // A maker still waiting for the others gives up (its join asks), and
+  // the parts waiting for it with it.
   for (auto& entry : entries) entry->abort_join.store(true, std::memory_order_release);
   for (auto& entry : entries) {
     std::shared_ptr<CollectiveGroup> group;

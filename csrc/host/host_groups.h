@@ -16,7 +16,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <stop_token>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -64,6 +66,8 @@ class SharedRendezvous final : public RendezvousStores {
 // The collective groups of one set of hosts (host_groups.cc); lists of
 // that set point to it (HostDeviceList::groups).
 struct HostSetGroups;
+// One incarnation of a set's group, made or being made (host_groups.cc).
+struct GroupIncarnation;
 
 // This host's collective groups, by set of hosts.
 class HostGroups {
@@ -100,9 +104,12 @@ class HostGroups {
   // That part has run: its generation counts it no more (and goes once
   // a newer one exists and no part of its own is left).
   void Leave(const HostDeviceList& gang, uint64_t generation);
-  // The incarnation `generation` of the group of `gang`'s hosts (made at
-  // its first use: waits for the other hosts, up to the arrival timeout).
-  absl::StatusOr<std::shared_ptr<CollectiveGroup>> GroupFor(const HostDeviceList& gang, uint64_t generation);
+  // The incarnation `generation` of the group of `gang`'s hosts (made from
+  // its first use, by a thread of its own: waits for the other hosts, up to
+  // the arrival timeout). Cancelled once a stop of `stop` is requested
+  // before it is made (the group is still made, for the gangs after).
+  absl::StatusOr<std::shared_ptr<CollectiveGroup>> GroupFor(const HostDeviceList& gang, uint64_t generation,
+                                                            std::stop_token stop = {});
 
   // See HostExecutor::RenewGroup and HostExecutor::AbortGroupsWith.
   absl::Status RenewGroup(absl::Span<const int> hosts);
@@ -123,6 +130,15 @@ class HostGroups {
   // never removed, so lists point to them.
   Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<HostSetGroups>> sets_ ABSL_GUARDED_BY(mu_);
+
+  // Starts the thread that makes `entry`, the incarnation `generation` of
+  // `groups`' group.
+  void StartMaker(HostSetGroups& groups, uint64_t generation, std::shared_ptr<GroupIncarnation> entry);
+  struct Maker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;  // joined without waiting once set
+  };
+  std::vector<Maker> makers_ ABSL_GUARDED_BY(mu_);
 };
 
 // A cross-host gang's collectives: the local shards meet the other hosts'
