@@ -150,12 +150,9 @@ HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinClust
       groups_(layout_, stores, bind_ip, stopping_),
       transfers_(layout_, bind_ip, std::move(secret),
                  std::vector<std::string>(join.peer_keys().begin(), join.peer_keys().end()), dead_runs_, health_,
-                 stopping_) {
+                 stopping_),
+      order_(layout_.num_local_devices()) {
   const int num_local_devices = layout_.num_local_devices();
-  {
-    MutexLock lock(&queue_mu_);
-    queues_.resize(num_local_devices);
-  }
   for (int d = 0; d < num_local_devices; ++d) {
     workers_.push_back(std::make_unique<Worker>());
   }
@@ -179,11 +176,7 @@ HostExecutor::~HostExecutor() {
   transfers_.Stop();
   // Parts still queued never ran; they only hold buffers.
   MutexLock lock(&queue_mu_);
-  absl::flat_hash_map<Part*, bool> seen;
-  for (auto& q : queues_) {
-    for (Part* p : q) seen[p] = true;
-  }
-  for (auto& [p, unused] : seen) delete p;
+  order_.ForEach([](const GangOrder<Part*>::Ordered& o, int) { delete o.gang; });
 }
 
 absl::Status HostExecutor::ConnectDataPlane() { return transfers_.Connect(*stores_, groups_.timeout()); }
@@ -235,6 +228,10 @@ absl::Status HostExecutor::DefineDevicesChecked(const wire::DefineDevices& reque
     return absl::InvalidArgumentError("define_devices: a device appears twice in the list");
   }
   if (!list->local_positions.empty() && list->host_set.size() > 1) list->groups = groups_.ForSet(list->host_set);
+  if (!list->local_devices.empty()) {
+    MutexLock lock(&queue_mu_);
+    list->order_list = order_.ListOf(list->local_devices);
+  }
   MutexLock lock(&mu_);
   if (lists_.contains(request.list_id())) {
     return absl::AlreadyExistsError(absl::StrCat("define_devices: list ", request.list_id(), " exists"));
@@ -580,17 +577,12 @@ void HostExecutor::CancelRun(const wire::CancelRun& request) {
   // there (one that starts later does not meet: DeviceLoop asks
   // RefusedByAnyOf).
   MutexLock lock(&queue_mu_);
-  for (int d = 0; d < static_cast<int>(queues_.size()); ++d) {
-    for (Part* part : queues_[d]) {
-      // Each part once: in the queue of its first device.
-      if (part->gang->local_devices[0] != d || part->program_id != run.program_id ||
-          part->first_buffer_id != run.first_buffer_id) {
-        continue;
-      }
-      const std::vector<int>& hosts = part->gang->host_set;
-      if (std::find(hosts.begin(), hosts.end(), refuser) != hosts.end()) part->stop_meeting.request_stop();
-    }
-  }
+  order_.ForEach([&](const GangOrder<Part*>::Ordered& o, int) {
+    Part* part = o.gang;
+    if (part->program_id != run.program_id || part->first_buffer_id != run.first_buffer_id) return;
+    const std::vector<int>& hosts = part->gang->host_set;
+    if (std::find(hosts.begin(), hosts.end(), refuser) != hosts.end()) part->stop_meeting.request_stop();
+  });
 }
 
 bool HostExecutor::MeetsOtherHosts(const Part& part) {
@@ -602,20 +594,17 @@ void HostExecutor::Enqueue(Part* part) {
   // Its gang's group incarnation: the one of the runs at this place in the
   // client's order (RenewGroup), the same on every host of the gang.
   if (MeetsOtherHosts(*part)) part->generation = groups_.Enter(*part->gang);
-  const int devices = static_cast<int>(part->gang->local_devices.size());
-  part->pending.store(static_cast<int>(part->inputs.size()) + devices + 1, std::memory_order_relaxed);
+  // Its inputs, heading its devices' queues, and the enqueuer's hold.
+  part->pending.store(static_cast<int>(part->inputs.size()) + 2, std::memory_order_relaxed);
   for (const auto& in : part->inputs) {
     in->OnDone([this, part](const absl::Status&) { CountDown(part); });
   }
-  int heads = 0;
+  std::vector<Part*> heads;
   {
     MutexLock lock(&queue_mu_);
-    for (int d : part->gang->local_devices) {
-      queues_[d].push_back(part);
-      if (queues_[d].front() == part) ++heads;
-    }
+    order_.Append(part->gang->order_list, part, [&](Part* p) { heads.push_back(p); });
   }
-  for (int i = 0; i < heads; ++i) CountDown(part);
+  for (Part* p : heads) CountDown(p);
   CountDown(part);  // the hold
 }
 
@@ -666,10 +655,7 @@ void HostExecutor::DeviceLoop(int device) {
     std::vector<Part*> heads;
     {
       MutexLock lock(&queue_mu_);
-      for (int d : part->gang->local_devices) {
-        queues_[d].pop_front();
-        if (!queues_[d].empty()) heads.push_back(queues_[d].front());
-      }
+      order_.PopFront(part->gang->order_list, [&](Part* p) { heads.push_back(p); });
     }
     for (Part* next : heads) CountDown(next);
     part->inputs.clear();
@@ -805,18 +791,16 @@ int HostExecutor::CancelParts(absl::FunctionRef<bool(uint64_t program_id, uint64
   int cancelled = 0;
   {
     MutexLock lock(&queue_mu_);
-    absl::flat_hash_set<Part*> seen;  // a part is in the queue of each of its devices
-    for (const std::deque<Part*>& queue : queues_) {
-      for (Part* part : queue) {
-        if (!seen.insert(part).second || !which(part->program_id, part->first_buffer_id)) continue;
-        // The reason first, once (only this function, under queue_mu_, sets
-        // kCancelled); DeviceLoop reads it only if it sees kCancelled.
-        if ((part->state.load(std::memory_order_acquire) & kCancelled) == 0) part->cancel_reason = std::string(reason);
-        const int before =
-            part->state.fetch_or(kCancelled | (end_simulated_time ? kEndSimulatedTime : 0), std::memory_order_acq_rel);
-        if ((before & (kStarted | kCancelled)) == 0) ++cancelled;
-      }
-    }
+    order_.ForEach([&](const GangOrder<Part*>::Ordered& o, int) {
+      Part* part = o.gang;
+      if (!which(part->program_id, part->first_buffer_id)) return;
+      // The reason first, once (only this function, under queue_mu_, sets
+      // kCancelled); DeviceLoop reads it only if it sees kCancelled.
+      if ((part->state.load(std::memory_order_acquire) & kCancelled) == 0) part->cancel_reason = std::string(reason);
+      const int before =
+          part->state.fetch_or(kCancelled | (end_simulated_time ? kEndSimulatedTime : 0), std::memory_order_acq_rel);
+      if ((before & (kStarted | kCancelled)) == 0) ++cancelled;
+    });
   }
   if (end_simulated_time) health_.Wake();  // parts in their simulated time look again
   return cancelled;
@@ -873,10 +857,16 @@ wire::QueuesReply HostExecutor::DescribeQueues() {
   // A part in a queue still has its inputs: its device's thread drops them
   // only after taking it out of every queue, under this lock.
   MutexLock lock(&queue_mu_);
+  // Each device's queue: the parts of the lists holding it, in order.
+  std::vector<std::vector<std::pair<uint64_t, const Part*>>> queues(layout_.num_local_devices());
+  order_.ForEach([&](const GangOrder<Part*>::Ordered& o, int list) {
+    for (int d : order_.list(list).devices) queues[d].emplace_back(o.sequence, o.gang);
+  });
   for (int d = 0; d < layout_.num_local_devices(); ++d) {
     wire::DeviceQueue* q = reply.add_queues();
     q->set_device_id(layout_.local_device_ids[d]);
-    for (const Part* part : queues_[d]) {
+    std::sort(queues[d].begin(), queues[d].end());
+    for (const auto& [sequence, part] : queues[d]) {
       auto [it, fresh] = index.try_emplace(part, static_cast<uint32_t>(reply.parts_size()));
       if (fresh) {
         wire::QueuedPart* p = reply.add_parts();

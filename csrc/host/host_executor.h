@@ -107,6 +107,7 @@
 #include "csrc/host/host_runs.h"
 #include "csrc/host/host_transfers.h"
 #include "csrc/kernels/function_executable.h"
+#include "csrc/scheduler/gang_order.h"
 
 namespace pw {
 
@@ -278,10 +279,11 @@ class HostExecutor {
   absl::flat_hash_map<uint64_t, absl::Status> function_errors_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::Status> program_errors_ ABSL_GUARDED_BY(mu_);
 
-  // Device queues: the gang parts in order, per local device; a part counts
-  // one down per device as it reaches the head.
+  // The gang parts in order (the client's), in a queue per local device:
+  // a part counts one down once it heads each of its devices' queues. The
+  // same rule, and code, as the islands' gang schedulers in process.
   Mutex queue_mu_;
-  std::vector<std::deque<Part*>> queues_ ABSL_GUARDED_BY(queue_mu_);
+  GangOrder<Part*> order_ ABSL_GUARDED_BY(queue_mu_);
   // Parts ready to run, per local device (the part's first local device).
   struct Worker {
     Mutex mu;

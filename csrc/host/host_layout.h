@@ -46,6 +46,9 @@ struct HostDeviceList {
   // The collective groups of its host set, when it has positions here and
   // on other hosts (owned by the executor's HostGroups).
   HostSetGroups* groups = nullptr;
+  // Its local devices' list in the executor's gang order (GangOrder's
+  // ListId), when it has some.
+  int order_list = -1;
   bool all_local() const { return local_positions.size() == device_ids.size(); }
 };
 

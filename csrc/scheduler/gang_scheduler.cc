@@ -9,69 +9,42 @@
 
 namespace pw {
 
-struct GangScheduler::ListQueue {
-  const DeviceList* devices = nullptr;
-  std::deque<Gang*> ordered;         // admitted gangs on exactly these devices, in order
-  std::vector<ListQueue*> overlaps;  // other lists sharing a device with this one
-  int64_t busy_ns = 0;               // summed over the gangs that ran here
-};
-
 const std::string& DefaultClientName() {
   static const std::string* const name = new std::string("default");
   return *name;
 }
 
-GangScheduler::GangScheduler(const Island* island) : island_(island) {}
+GangScheduler::GangScheduler(const Island* island)
+    : island_(island), order_(static_cast<int>(island->devices().size())) {}
 GangScheduler::~GangScheduler() = default;
 
-GangScheduler::ListQueue* GangScheduler::QueueForLocked(const DeviceList* devices) {
+GangScheduler::ListId GangScheduler::ListForLocked(const DeviceList* devices) {
   auto it = lists_.find(devices);
-  if (it != lists_.end()) return it->second.get();
-  auto q = std::make_unique<ListQueue>();
-  q->devices = devices;
-  // The overlap graph is built once per new device list: O(devices) here,
-  // never per gang.
-  std::vector<uint8_t> mine(island_->devices().size(), 0);
+  if (it != lists_.end()) return it->second;
+  std::vector<int> indices;
+  indices.reserve(devices->devices().size());
   for (Device* d : devices->devices()) {
     PW_DCHECK(d->island() == island_, "a device list of a gang lies on its scheduler's island");
-    mine[d->index_in_island()] = 1;
+    indices.push_back(d->index_in_island());
   }
-  for (ListQueue* other : all_lists_) {
-    for (Device* d : other->devices->devices()) {
-      if (mine[d->index_in_island()]) {
-        other->overlaps.push_back(q.get());
-        q->overlaps.push_back(other);
-        break;
-      }
-    }
-  }
-  ListQueue* result = q.get();
-  all_lists_.push_back(result);
-  lists_.emplace(devices, std::move(q));
-  return result;
+  const ListId id = order_.ListOf(indices);  // O(devices) once per new list, never per gang
+  if (static_cast<size_t>(id) >= busy_ns_.size()) busy_ns_.resize(id + 1, 0);
+  lists_.emplace(devices, id);
+  return id;
 }
 
-void GangScheduler::MaybeNotifyLocked(Gang* gang, ListQueue* q, ReadyList* notify) {
-  if (gang->notified_ || q->ordered.front() != gang) return;
-  for (const ListQueue* other : q->overlaps) {
-    if (!other->ordered.empty() && other->ordered.front()->sequence_ < gang->sequence_) return;
-  }
-  gang->notified_ = true;
-  notify->Push(gang);  // the gang itself, as a marker; see Enqueue/Complete
-}
-
-void GangScheduler::SequenceLocked(Gang* gang, ListQueue* q, ReadyList* notify) {
-  gang->sequence_ = next_sequence_++;
+void GangScheduler::SequenceLocked(Gang* gang, ListId list, ReadyList* notify) {
+  gang->sequence_ = order_.num_ordered();
   gang->sequenced_.store(true, std::memory_order_release);
   gang->OnSequenced();
-  q->ordered.push_back(gang);
-  MaybeNotifyLocked(gang, q, notify);
+  order_.Append(list, gang, [&](Gang* g) {
+    g->notified_ = true;
+    notify->Push(g);
+  });
 }
 
-bool GangScheduler::HasRoomLocked(const ListQueue* q) const {
-  size_t ordered = q->ordered.size();
-  for (const ListQueue* other : q->overlaps) ordered += other->ordered.size();
-  return ordered < static_cast<size_t>(kAdmissionWindow);
+bool GangScheduler::HasRoomLocked(ListId list) const {
+  return order_.OrderedAround(list) < static_cast<size_t>(kAdmissionWindow);
 }
 
 void GangScheduler::AdmitWaitingLocked(ReadyList* notify, bool all) {
@@ -80,11 +53,11 @@ void GangScheduler::AdmitWaitingLocked(ReadyList* notify, bool all) {
   // `all`) while its devices' window has room.
   auto admissible = [&](Gang* head) {
     mu_.AssertHeld();
-    return head->InputsSequenced() && (all || HasRoomLocked(QueueForLocked(head->devices_)));
+    return head->InputsSequenced() && (all || HasRoomLocked(ListForLocked(head->devices_)));
   };
   auto cost = [](Gang* gang) { return static_cast<double>(gang->cost_ns_) * gang->devices_->size(); };
   while (std::optional<Gang*> gang = waiting_.Pop(/*fair=*/true, admissible, cost)) {
-    SequenceLocked(*gang, QueueForLocked((*gang)->devices_), notify);
+    SequenceLocked(*gang, ListForLocked((*gang)->devices_), notify);
   }
 }
 
@@ -99,7 +72,7 @@ void GangScheduler::Enqueue(Gang* gang, ReadyList* ready) {
     // proportional-share period: then it queues behind its client's earlier
     // gangs, which may produce its inputs.
     if (policy_ == SchedulingPolicy::kFifo && waiting_.empty()) {
-      SequenceLocked(gang, QueueForLocked(gang->devices_), &notify);
+      SequenceLocked(gang, ListForLocked(gang->devices_), &notify);
     } else {
       waiting_.Push(gang->client_, gang);
       AdmitWaitingLocked(&notify, /*all=*/policy_ == SchedulingPolicy::kFifo);
@@ -114,15 +87,14 @@ void GangScheduler::Complete(Gang* gang, ReadyList* ready, int64_t busy_ns) {
   {
     MutexLock lock(&mu_);
     --in_flight_;
-    ListQueue* q = lists_.at(gang->devices_).get();
-    q->busy_ns += busy_ns;
-    PW_DCHECK(!q->ordered.empty() && q->ordered.front() == gang,
+    const ListId list = lists_.at(gang->devices_);
+    busy_ns_[list] += busy_ns;
+    PW_DCHECK(!order_.list(list).ordered.empty() && order_.list(list).ordered.front().gang == gang,
               "only the gang at the head of its list's queue runs, so it is the one completing");
-    q->ordered.pop_front();
-    if (!q->ordered.empty()) MaybeNotifyLocked(q->ordered.front(), q, &notify);
-    for (ListQueue* other : q->overlaps) {
-      if (!other->ordered.empty()) MaybeNotifyLocked(other->ordered.front(), other, &notify);
-    }
+    order_.PopFront(list, [&](Gang* g) {
+      g->notified_ = true;
+      notify.Push(g);
+    });
     if (!waiting_.empty()) AdmitWaitingLocked(&notify, policy_ == SchedulingPolicy::kFifo);
   }
   while (Runnable* r = notify.Pop()) static_cast<Gang*>(r)->OnAtHeadOfAllQueues(ready);
@@ -154,21 +126,21 @@ SchedulingPolicy GangScheduler::policy() const {
 
 void GangScheduler::AddBusy(const DeviceList* devices, int64_t busy_ns) {
   MutexLock lock(&mu_);
-  QueueForLocked(devices)->busy_ns += busy_ns;
+  busy_ns_[ListForLocked(devices)] += busy_ns;
 }
 
 std::vector<int64_t> GangScheduler::DeviceBusyNs() const {
   MutexLock lock(&mu_);
   std::vector<int64_t> busy(island_->devices().size(), 0);
-  for (const ListQueue* q : all_lists_) {
-    for (Device* d : q->devices->devices()) busy[d->index_in_island()] += q->busy_ns;
+  for (ListId list = 0; list < order_.num_lists(); ++list) {
+    for (int d : order_.list(list).devices) busy[d] += busy_ns_[list];
   }
   return busy;
 }
 
 uint64_t GangScheduler::num_enqueued() const {
   MutexLock lock(&mu_);
-  return next_sequence_;
+  return order_.num_ordered();
 }
 
 int64_t GangScheduler::num_submitted() const {
@@ -179,9 +151,7 @@ int64_t GangScheduler::num_submitted() const {
 int64_t GangScheduler::MinSubmissionInFlight() const {
   MutexLock lock(&mu_);
   int64_t min = submitted_;
-  for (const ListQueue* q : all_lists_) {
-    for (const Gang* g : q->ordered) min = std::min(min, g->submission_);
-  }
+  order_.ForEach([&](const GangOrder<Gang*>::Ordered& o, ListId) { min = std::min(min, o.gang->submission_); });
   waiting_.ForEach([&](const Gang* g) { min = std::min(min, g->submission_); });
   return min;
 }
@@ -211,7 +181,8 @@ void GangScheduler::Snapshot(int64_t min_wait_ns, bool take, Diagnosis* out) {
   struct Waiter {
     WaitingGang report;
     uint64_t sequence = std::numeric_limits<uint64_t>::max();  // not ordered: after every front
-    std::vector<std::pair<const DeviceList*, uint64_t>> fronts;
+    // The devices of each front's list (fixed once made: read unlocked).
+    std::vector<std::pair<const std::vector<int>*, uint64_t>> fronts;
   };
   std::vector<Waiter> waiters;
   IslandCounts counts;
@@ -220,42 +191,42 @@ void GangScheduler::Snapshot(int64_t min_wait_ns, bool take, Diagnosis* out) {
     MutexLock lock(&mu_);
     const int64_t now = NowNanos();
     absl::flat_hash_map<const Gang*, GangRef> refs;  // each front named once
-    auto add = [&](Gang* gang, GangState state, ListQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto add = [&](Gang* gang, GangState state, ListId list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const int64_t waited = std::max<int64_t>(0, now - gang->submitted_ns_);
       if (waited < min_wait_ns || (take && gang->hang_reported_)) return;
       if (take) gang->hang_reported_ = true;
-      if (q == nullptr) q = QueueForLocked(gang->devices_);  // not admitted: its list may be new
+      if (list < 0) list = ListForLocked(gang->devices_);  // not admitted: its list may be new
       Waiter& w = waiters.emplace_back();
       w.report.gang = RefLocked(gang);
       w.report.gang.state = state;
       w.report.waited_ns = waited;
       gang->PendingInputs(&w.report.inputs);
       if (state != GangState::kWaitingForAdmission) w.sequence = gang->sequence_;
-      auto consider = [&](const ListQueue* list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (list->ordered.empty()) return;
-        const Gang* front = list->ordered.front();
+      auto consider = [&](ListId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const GangOrder<Gang*>::List& other = order_.list(id);
+        if (other.ordered.empty()) return;
+        const Gang* front = other.ordered.front().gang;
         if (front == gang || front->sequence_ > w.sequence) return;
         auto [it, inserted] = refs.try_emplace(front);
         if (inserted) it->second = RefLocked(front);
         w.report.blocked_by.push_back(QueueHead{it->second, {}});
-        w.fronts.emplace_back(list->devices, front->sequence_);
+        w.fronts.emplace_back(&other.devices, front->sequence_);
       };
-      consider(q);
-      for (const ListQueue* other : q->overlaps) consider(other);
+      consider(list);
+      for (ListId other : order_.list(list).overlaps) consider(other);
     };
-    for (ListQueue* q : all_lists_) {
-      for (Gang* gang : q->ordered) {
-        const GangState state = StateLocked(gang);
-        if (state == GangState::kRunning) {
-          ++counts.running;
-        } else {
-          add(gang, state, q);
-        }
+    order_.ForEach([&](const GangOrder<Gang*>::Ordered& o, ListId list) {
+      mu_.AssertHeld();
+      const GangState state = StateLocked(o.gang);
+      if (state == GangState::kRunning) {
+        ++counts.running;
+      } else {
+        add(o.gang, state, list);
       }
-    }
+    });
     waiting_.ForEach([&](Gang* gang) {
       mu_.AssertHeld();
-      add(gang, GangState::kWaitingForAdmission, nullptr);
+      add(gang, GangState::kWaitingForAdmission, -1);
     });
     counts.queued = in_flight_ - counts.running;
     counts.waiting_for_admission = waiting_.size();
@@ -266,16 +237,17 @@ void GangScheduler::Snapshot(int64_t min_wait_ns, bool take, Diagnosis* out) {
   // none of the waiting gang's devices is dropped.
   for (Waiter& w : waiters) {
     const DeviceList* mine = w.report.gang.devices;
-    absl::flat_hash_map<const Device*, std::pair<uint64_t, int>> head;  // sequence, candidate (-1: itself)
-    for (const Device* d : mine->devices()) head[d] = {w.sequence, -1};
+    // By the device's index in the island: sequence, candidate (-1: itself).
+    absl::flat_hash_map<int, std::pair<uint64_t, int>> head;
+    for (const Device* d : mine->devices()) head[d->index_in_island()] = {w.sequence, -1};
     for (size_t i = 0; i < w.fronts.size(); ++i) {
-      for (const Device* d : w.fronts[i].first->devices()) {
+      for (int d : *w.fronts[i].first) {
         auto it = head.find(d);
         if (it != head.end() && w.fronts[i].second < it->second.first) it->second = {w.fronts[i].second, static_cast<int>(i)};
       }
     }
     for (const Device* d : mine->devices()) {
-      if (const int i = head[d].second; i >= 0) w.report.blocked_by[i].device_ids.push_back(d->id());
+      if (const int i = head[d->index_in_island()].second; i >= 0) w.report.blocked_by[i].device_ids.push_back(d->id());
     }
     std::erase_if(w.report.blocked_by, [](const QueueHead& h) { return h.device_ids.empty(); });
     out->waiting.push_back(std::move(w.report));
@@ -302,9 +274,10 @@ void GangScheduler::FindProducers(std::vector<WaitingGang>* gangs) const {
       for (PendingInput* in : it->second) in->producer = ref;
     }
   };
-  for (const ListQueue* q : all_lists_) {
-    for (const Gang* gang : q->ordered) check(gang);
-  }
+  order_.ForEach([&](const GangOrder<Gang*>::Ordered& o, ListId) {
+    mu_.AssertHeld();
+    check(o.gang);
+  });
   waiting_.ForEach([&](const Gang* gang) {
     mu_.AssertHeld();
     check(gang);

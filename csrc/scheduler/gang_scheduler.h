@@ -14,12 +14,10 @@
 // progress, however many clients share the devices and however their slices
 // overlap.
 //
-// Cost: per gang, O(number of distinct device lists overlapping its own),
-// never O(devices). Gangs are queued per interned DeviceList; a gang is at the
-// head of all its devices' queues exactly when it heads its own list's queue
-// and every overlapping list's head comes later in the order. Device lists
-// are few (one per slice), so a 2048-device gang costs what an 8-device one
-// does.
+// The rule itself (a gang starts once it heads each of its devices'
+// queues) is GangOrder's (gang_order.h), which each host's executor also
+// runs by: per gang, O(number of device lists overlapping its own), never
+// O(devices).
 //
 // Policies:
 //  - FIFO: a gang is ordered when it is submitted.
@@ -50,6 +48,7 @@
 #include "csrc/object_store/object_store.h"
 #include "csrc/scheduler/diagnosis.h"
 #include "csrc/scheduler/fair_queue.h"
+#include "csrc/scheduler/gang_order.h"
 
 namespace pw {
 
@@ -212,29 +211,26 @@ class GangScheduler {
   void FindProducers(std::vector<WaitingGang>* gangs) const;
 
  private:
-  struct ListQueue;
-  ListQueue* QueueForLocked(const DeviceList* devices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SequenceLocked(Gang* gang, ListQueue* q, ReadyList* notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Notifies `gang` if it heads its list and no overlapping list's head is
-  // earlier in the order.
-  void MaybeNotifyLocked(Gang* gang, ListQueue* q, ReadyList* notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  using ListId = GangOrder<Gang*>::ListId;
+  // The list of `devices` in the order (made at its first use).
+  ListId ListForLocked(const DeviceList* devices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SequenceLocked(Gang* gang, ListId list, ReadyList* notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdmitWaitingLocked(ReadyList* notify, bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool HasRoomLocked(const ListQueue* q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasRoomLocked(ListId list) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GangState StateLocked(const Gang* gang) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GangRef RefLocked(const Gang* gang) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Island* island_;
   mutable Mutex mu_;
-  // Protects everything below: the island order counter, the per-list queues
-  // of ordered gangs and their overlap graph, the per-client queues of gangs
-  // waiting for admission with their fair-queueing tags, and each gang's
-  // notified_ flag.
+  // Protects everything below: the island order (its per-list queues of
+  // ordered gangs), the per-client queues of gangs waiting for admission
+  // with their fair-queueing tags, and each gang's notified_ flag.
   SchedulingPolicy policy_ ABSL_GUARDED_BY(mu_) = SchedulingPolicy::kFifo;
-  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<const DeviceList*, std::unique_ptr<ListQueue>> lists_ ABSL_GUARDED_BY(mu_);
-  std::vector<ListQueue*> all_lists_ ABSL_GUARDED_BY(mu_);
+  GangOrder<Gang*> order_ ABSL_GUARDED_BY(mu_);  // devices: their index in the island
+  absl::flat_hash_map<const DeviceList*, ListId> lists_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> busy_ns_ ABSL_GUARDED_BY(mu_);  // by list: summed over the gangs that ran there
   FairQueue<Gang*> waiting_ ABSL_GUARDED_BY(mu_);
 };
 
