@@ -860,6 +860,7 @@ wire::QueuesReply HostExecutor::DescribeQueues() {
   // Each device's queue: the parts of the lists holding it, in order.
   std::vector<std::vector<std::pair<uint64_t, const Part*>>> queues(layout_.num_local_devices());
   order_.ForEach([&](const GangOrder<Part*>::Ordered& o, int list) {
+    queue_mu_.AssertHeld();
     for (int d : order_.list(list).devices) queues[d].emplace_back(o.sequence, o.gang);
   });
   for (int d = 0; d < layout_.num_local_devices(); ++d) {
