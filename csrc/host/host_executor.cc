@@ -78,8 +78,7 @@ struct HostExecutor::Part {
   RunState* run = nullptr;  // holds it until the part's time is in its reply
   uint32_t step = 0;        // index in the program's steps on this host
   std::shared_ptr<const Program> program;  // for its name in errors
-  uint64_t program_id = 0;  // with first_buffer_id: the run (pw.diagnose)
-  uint64_t first_buffer_id = 0;
+  RunKey run_key;  // its run as the hosts name it: its session's, its program, its first buffer
   std::vector<std::shared_ptr<HostBuffer>> inputs, outputs;
   absl::Status error;  // set before enqueueing: fail without running
   uint64_t generation = 0;  // of its collective group, when it meets other hosts
@@ -532,8 +531,7 @@ void HostExecutor::Run(const wire::RunProgram& request,
       part->run = run;
       part->step = static_cast<uint32_t>(k);
       part->program = program_ref;
-      part->program_id = request.program_id();
-      part->first_buffer_id = first;
+      part->run_key = key;
       run->Hold();
       const FunctionExecutable& exe = *step.fn->exe;
       const int64_t n = static_cast<int64_t>(step.gang->local_positions.size());
@@ -579,7 +577,7 @@ void HostExecutor::CancelRun(const wire::CancelRun& request) {
   MutexLock lock(&queue_mu_);
   order_.ForEach([&](const GangOrder<Part*>::Ordered& o, int) {
     Part* part = o.gang;
-    if (part->program_id != run.program_id || part->first_buffer_id != run.first_buffer_id) return;
+    if (!(part->run_key == run)) return;
     const std::vector<int>& hosts = part->gang->host_set;
     if (std::find(hosts.begin(), hosts.end(), refuser) != hosts.end()) part->stop_meeting.request_stop();
   });
@@ -631,8 +629,7 @@ void HostExecutor::DeviceLoop(int device) {
     absl::Status status = part->error;
     // A cancelled run's part fails without running: a host of the run
     // refused it (its error, which comes first, is the part's).
-    const RunKey key{kOneSession, part->program_id, part->first_buffer_id};
-    const absl::Status dead = dead_runs_.DeadStatus(key);
+    const absl::Status dead = dead_runs_.DeadStatus(part->run_key);
     status.Update(dead);
     // It starts now, unless CancelParts came first.
     if (part->state.fetch_or(kStarted, std::memory_order_acq_rel) & kCancelled) {
@@ -647,7 +644,7 @@ void HostExecutor::DeviceLoop(int device) {
     }
     status.Update(CheckSizes(*part));
     const int64_t start_ns = NowNanos();
-    const bool refused_in_gang = !dead.ok() && dead_runs_.RefusedByAnyOf(key, part->gang->host_set);
+    const bool refused_in_gang = !dead.ok() && dead_runs_.RefusedByAnyOf(part->run_key, part->gang->host_set);
     RunPart(*part, status, refused_in_gang, scratch);
     part->run->AddTime(part->step, start_ns, NowNanos());
     if (MeetsOtherHosts(*part)) groups_.Leave(*part->gang, part->generation);
@@ -674,7 +671,7 @@ uint64_t HostExecutor::MeetingOf(const Part& part) {
 
 absl::Status HostExecutor::RefusalOf(const Part& part) const {
   if (!part.stop_meeting.stop_requested()) return absl::OkStatus();
-  return dead_runs_.DeadStatus(RunKey{kOneSession, part.program_id, part.first_buffer_id});
+  return dead_runs_.DeadStatus(part.run_key);
 }
 
 void HostExecutor::RunPart(Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch) {
@@ -786,14 +783,14 @@ void HostExecutor::SetCollectiveTimeouts(absl::Duration timeout, absl::Duration 
   groups_.SetTimeouts(timeout, arrival_timeout);
 }
 
-int HostExecutor::CancelParts(absl::FunctionRef<bool(uint64_t program_id, uint64_t first_buffer_id)> which,
+int HostExecutor::CancelParts(absl::FunctionRef<bool(const RunKey& run)> which,
                               absl::string_view reason, bool end_simulated_time) {
   int cancelled = 0;
   {
     MutexLock lock(&queue_mu_);
     order_.ForEach([&](const GangOrder<Part*>::Ordered& o, int) {
       Part* part = o.gang;
-      if (!which(part->program_id, part->first_buffer_id)) return;
+      if (!which(part->run_key)) return;
       // The reason first, once (only this function, under queue_mu_, sets
       // kCancelled); DeviceLoop reads it only if it sees kCancelled.
       if ((part->state.load(std::memory_order_acquire) & kCancelled) == 0) part->cancel_reason = std::string(reason);
@@ -813,7 +810,9 @@ wire::CancelRunsReply HostExecutor::CancelRuns(const wire::CancelRuns& request) 
   }
   wire::CancelRunsReply reply;
   reply.set_parts_cancelled(CancelParts(
-      [&](uint64_t program_id, uint64_t first) { return request.all() || runs.contains({program_id, first}); },
+      [&](const RunKey& run) {
+        return run.session == kOneSession && (request.all() || runs.contains({run.program_id, run.first_buffer_id}));
+      },
       request.reason(), request.end_simulated_time()));
   return reply;
 }
@@ -871,8 +870,8 @@ wire::QueuesReply HostExecutor::DescribeQueues() {
       auto [it, fresh] = index.try_emplace(part, static_cast<uint32_t>(reply.parts_size()));
       if (fresh) {
         wire::QueuedPart* p = reply.add_parts();
-        p->set_program_id(part->program_id);
-        p->set_first_buffer_id(part->first_buffer_id);
+        p->set_program_id(part->run_key.program_id);
+        p->set_first_buffer_id(part->run_key.first_buffer_id);
         p->set_step(part->step);
         for (size_t i = 0; i < part->inputs.size(); ++i) {
           if (part->inputs[i]->done()) continue;

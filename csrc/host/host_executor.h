@@ -178,17 +178,17 @@ class HostExecutor {
   wire::QueuesReply DescribeQueues();
 
   // Cancels parts that have not started (a client closed, or shutting
-  // down): those of the runs `which` matches, by (program id, first buffer
-  // id), fail with Cancelled ("'f' in program 'p' was cancelled: <reason>")
-  // when their turn comes, without running kernels or simulated time, and
-  // so do their outputs; a part of a gang that meets other hosts still makes
-  // the gang's first collective (RunPart), so its other hosts stop too.
-  // Parts running finish; with `end_simulated_time`, those of them in their
-  // simulated time end it now (their results stand). Returns how many parts
-  // it cancelled. `which` is called under the queues' lock: it must not
-  // block.
-  int CancelParts(absl::FunctionRef<bool(uint64_t program_id, uint64_t first_buffer_id)> which,
-                  absl::string_view reason, bool end_simulated_time);
+  // down): those of the runs `which` matches, by RunKey (session, program
+  // id, first buffer id), fail with Cancelled ("'f' in program 'p' was
+  // cancelled: <reason>") when their turn comes, without running kernels or
+  // simulated time, and so do their outputs; a part of a gang that meets
+  // other hosts still makes the gang's first collective (RunPart), so its
+  // other hosts stop too. Parts running finish; with `end_simulated_time`,
+  // those of them in their simulated time end it now (their results stand).
+  // Returns how many parts it cancelled. `which` is called under the
+  // queues' lock: it must not block.
+  int CancelParts(absl::FunctionRef<bool(const RunKey& run)> which, absl::string_view reason,
+                  bool end_simulated_time);
   // wire::CancelRuns, through CancelParts.
   wire::CancelRunsReply CancelRuns(const wire::CancelRuns& request);
 

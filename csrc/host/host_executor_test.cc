@@ -1744,7 +1744,7 @@ TEST(HostExecutorTest, CancelPartsFailsThePartsThatHaveNotStarted) {
     auto other = cluster->RunOn(0, RunOf(21, 200));  // another client's run, queued behind
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the first part is in its simulated time
     EXPECT_EQ(cluster->host(0).CancelParts(
-                  [](uint64_t program, uint64_t first) { return program == 20 && first == 100; },
+                  [](const RunKey& run) { return run.program_id == 20 && run.first_buffer_id == 100; },
                   "its client 'tenant' was closed", end_simulated_time),
               2);
     ASSERT_OK_AND_ASSIGN(wire::RunReply reply, Await(cancelled));
@@ -1762,7 +1762,7 @@ TEST(HostExecutorTest, CancelPartsFailsThePartsThatHaveNotStarted) {
     ASSERT_OK_AND_ASSIGN(Bytes out, cluster->Fetch(101, 1));
     EXPECT_EQ(FromBytes<float>(out), Iota<float>(8, 0.f, 1.f));
     // A run no part of which is queued any more: nothing to cancel.
-    EXPECT_EQ(cluster->host(0).CancelParts([](uint64_t, uint64_t) { return true; }, "again", false), 0);
+    EXPECT_EQ(cluster->host(0).CancelParts([](const RunKey&) { return true; }, "again", false), 0);
   }
 }
 
