@@ -27,9 +27,11 @@
 // otherwise wait for that host's transfers or collectives.
 //
 // Ids (buffers, functions, programs, gang tags) are this client's, and so
-// is the single order of its sends (mu_): several clients on one set of
-// hosts would each need theirs scoped by session on the hosts (the data
-// plane's messages have room for the session: DataMessageIds).
+// is the single order of its sends (mu_). The hosts key every id by client
+// session (host/host_executor.h, "Ids"); this client's requests are session
+// 0's, the one owner of its hosts. Several clients on one set of hosts
+// (issue 27) need a session id each, the same on every host, and one order
+// of all their sends.
 //
 // Thread-safe.
 

@@ -85,11 +85,11 @@ namespace pw {
 // header and read by the receiver before the payload, so that it can match
 // messages to what it expects by id rather than by order. The data plane
 // gives them no meaning. The host's transfers' (host/host_transfers.h): `session`,
-// the client session the work belongs to (0: the one client of today;
-// room for several clients on one set of hosts, whose own ids may then
-// collide); the run, as `program_id` + `first_buffer_id` (unique within a
-// session); `buffer_id`, the buffer the payload lands in (unique among
-// one run's transfers, and naming its step: each step makes its own).
+// the client session the work belongs to (the hosts key every id by it:
+// two sessions' ids may collide; 0 while one client owns a set of hosts);
+// the run, as `program_id` + `first_buffer_id` (unique within a session);
+// `buffer_id`, the buffer the payload lands in (unique among one run's
+// transfers, and naming its step: each step makes its own).
 struct DataMessageIds {
   uint64_t session = 0;
   uint64_t program_id = 0;

@@ -95,45 +95,48 @@ void HostBuffer::Complete(const absl::Status& status) {
 
 // ---- HostBuffers ----
 
-std::shared_ptr<HostBuffer> HostBuffers::NewLocked(uint64_t id, int64_t bytes) {
-  auto buffer = std::make_shared<HostBuffer>(id, bytes);
-  buffers_[id] = buffer;
+std::shared_ptr<HostBuffer> HostBuffers::NewLocked(const SessionKey& key, int64_t bytes) {
+  auto buffer = std::make_shared<HostBuffer>(key.id, bytes);
+  buffers_[key] = buffer;
   return buffer;
 }
 
-std::shared_ptr<HostBuffer> HostBuffers::LookupLocked(uint64_t id) const {
-  auto it = buffers_.find(id);
+std::shared_ptr<HostBuffer> HostBuffers::LookupLocked(const SessionKey& key) const {
+  auto it = buffers_.find(key);
   if (it != buffers_.end()) return it->second;
-  auto missing = std::make_shared<HostBuffer>(id, 0);
-  missing->Complete(absl::NotFoundError(absl::StrCat("buffer ", id, " is not on host ", host_id_)));
+  auto missing = std::make_shared<HostBuffer>(key.id, 0);
+  missing->Complete(absl::NotFoundError(absl::StrCat("buffer ", key.id, " is not on host ", host_id_)));
   return missing;
 }
 
-absl::Status HostBuffers::Put(wire::PutBuffer& request, const absl::StatusOr<int64_t>& local_shards) {
+absl::Status HostBuffers::Put(SessionId session, wire::PutBuffer& request,
+                              const absl::StatusOr<int64_t>& local_shards) {
   MutexLock lock(&mu_);
-  absl::Status status = PutLocked(request, local_shards);
+  absl::Status status = PutLocked(session, request, local_shards);
   if (status.ok()) return status;
   // Nobody hears a put's error (no reply): the buffer keeps it, so its
   // readers and the runs that use it get it, not "no such buffer" or a wait
   // for chunks that will not fit.
-  const uint64_t id = request.buffer_id();
-  puts_in_progress_.erase(id);
-  auto it = buffers_.find(id);
+  const SessionKey key{session, request.buffer_id()};
+  puts_in_progress_.erase(key);
+  auto it = buffers_.find(key);
   // A stray later chunk of a buffer this host does not have (freed) makes
   // none: nobody would free it.
   if (it == buffers_.end() && request.offset() != 0) return status;
-  std::shared_ptr<HostBuffer> buffer = it != buffers_.end() ? it->second : NewLocked(id, 0);
+  std::shared_ptr<HostBuffer> buffer = it != buffers_.end() ? it->second : NewLocked(key, 0);
   buffer->Complete(absl::Status(status.code(), absl::StrCat(status.message(), " (on host ", host_id_, ")")));
   return status;
 }
 
-absl::Status HostBuffers::PutLocked(wire::PutBuffer& request, const absl::StatusOr<int64_t>& local_shards) {
+absl::Status HostBuffers::PutLocked(SessionId session, wire::PutBuffer& request,
+                                    const absl::StatusOr<int64_t>& local_shards) {
   const uint64_t id = request.buffer_id();
+  const SessionKey key{session, id};
   if (request.offset() != 0) {
     // A later chunk of a buffer that failed (a chunk refused, or no memory):
     // dropped, the buffer keeps its first error.
-    auto it = buffers_.find(id);
-    if (it != buffers_.end() && !puts_in_progress_.contains(id) && it->second->failed()) return absl::OkStatus();
+    auto it = buffers_.find(key);
+    if (it != buffers_.end() && !puts_in_progress_.contains(key) && it->second->failed()) return absl::OkStatus();
   }
   if (!local_shards.ok()) {
     return absl::Status(local_shards.status().code(),
@@ -151,15 +154,15 @@ absl::Status HostBuffers::PutLocked(wire::PutBuffer& request, const absl::Status
   }
   std::shared_ptr<HostBuffer> buffer;
   if (offset == 0) {
-    buffer = NewLocked(id, want);
-    puts_in_progress_.erase(id);
+    buffer = NewLocked(key, want);
+    puts_in_progress_.erase(key);
     if (!buffer->allocated()) {
       buffer->Complete(buffer->AllocationError());  // reading it says why; later chunks are dropped
       return absl::OkStatus();
     }
   } else {
-    auto next = puts_in_progress_.find(id);
-    auto it = buffers_.find(id);
+    auto next = puts_in_progress_.find(key);
+    auto it = buffers_.find(key);
     if (next == puts_in_progress_.end() || it == buffers_.end() || next->second != offset) {
       return absl::InvalidArgumentError(absl::StrCat("put: a chunk of buffer ", id, " at offset ", offset,
                                                      " that does not follow the one before"));
@@ -168,37 +171,37 @@ absl::Status HostBuffers::PutLocked(wire::PutBuffer& request, const absl::Status
   }
   if (bytes > 0) std::memcpy(buffer->data() + offset, request.data().data(), static_cast<size_t>(bytes));
   if (offset + bytes < want) {
-    puts_in_progress_[id] = offset + bytes;
+    puts_in_progress_[key] = offset + bytes;
     return absl::OkStatus();
   }
-  puts_in_progress_.erase(id);
+  puts_in_progress_.erase(key);
   buffer->Complete(absl::OkStatus());
   return absl::OkStatus();
 }
 
-void HostBuffers::Free(const wire::FreeBuffers& request) {
+void HostBuffers::Free(SessionId session, const wire::FreeBuffers& request) {
   std::vector<std::shared_ptr<HostBuffer>> dropped;  // freed outside the lock
   MutexLock lock(&mu_);
-  for (uint64_t id : request.buffer_ids()) DropLocked(id, dropped);
+  for (uint64_t id : request.buffer_ids()) DropLocked(SessionKey{session, id}, dropped);
 }
 
-void HostBuffers::DropLocked(uint64_t id, std::vector<std::shared_ptr<HostBuffer>>& dropped) {
-  auto it = buffers_.find(id);
+void HostBuffers::DropLocked(const SessionKey& key, std::vector<std::shared_ptr<HostBuffer>>& dropped) {
+  auto it = buffers_.find(key);
   if (it == buffers_.end()) return;
-  if (puts_in_progress_.erase(id) > 0) {  // nobody may wait for the rest of it
-    it->second->Complete(absl::CancelledError(absl::StrCat("buffer ", id, " was freed before all of it came")));
+  if (puts_in_progress_.erase(key) > 0) {  // nobody may wait for the rest of it
+    it->second->Complete(absl::CancelledError(absl::StrCat("buffer ", key.id, " was freed before all of it came")));
   }
   dropped.push_back(std::move(it->second));
   buffers_.erase(it);
 }
 
-void HostBuffers::Fetch(const wire::FetchBuffer& request,
+void HostBuffers::Fetch(SessionId session, const wire::FetchBuffer& request,
                         absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done) {
   const uint64_t buffer_id = request.buffer_id();
   std::shared_ptr<HostBuffer> buffer;
   {
     MutexLock lock(&mu_);
-    auto it = buffers_.find(buffer_id);
+    auto it = buffers_.find(SessionKey{session, buffer_id});
     if (it != buffers_.end()) buffer = it->second;
   }
   if (buffer == nullptr) {

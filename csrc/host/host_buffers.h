@@ -6,8 +6,9 @@
 // FreeBuffers reach, and where a run's steps find their inputs and make
 // their outputs (host_executor.h).
 //
-// Ids are the client's: one id space, the one client's (several clients on
-// one set of hosts would key the store by their session too).
+// Ids are a client session's: the store keys its buffers and puts by
+// session and id (SessionKey, host_runs.h), so two sessions' buffers of the
+// same id are two buffers, and a session never sees another's.
 //
 // Thread-safe. Lock order: the executor's tables' lock (a run's lookups),
 // then the store's, then a buffer's own. Completing a buffer runs its
@@ -26,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
 #include "csrc/coordination/control.pb.h"
+#include "csrc/host/host_runs.h"
 
 namespace pw {
 
@@ -73,7 +75,7 @@ class HostBuffer {
   std::vector<absl::AnyInvocable<void(const absl::Status&) &&>> waiters_ ABSL_GUARDED_BY(mu_);
 };
 
-// The buffers this host holds, by id, and the puts in progress.
+// The buffers this host holds, by session and id, and the puts in progress.
 class HostBuffers {
  public:
   // `host_id` names this host in errors.
@@ -81,39 +83,43 @@ class HostBuffers {
   HostBuffers(const HostBuffers&) = delete;
   HostBuffers& operator=(const HostBuffers&) = delete;
 
-  // One chunk of a buffer; `local_shards`: how many shards of the chunk's
-  // device list this host holds, or why that list is not here. An error
-  // also fails the buffer here (made, failed, if this was its first chunk),
-  // so its readers and runs get it; its later chunks are dropped.
-  absl::Status Put(wire::PutBuffer& request, const absl::StatusOr<int64_t>& local_shards);
-  // Gets a range of this host's shards of a buffer once it is done.
-  void Fetch(const wire::FetchBuffer& request, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
-  void Free(const wire::FreeBuffers& request);
+  // One chunk of a buffer of `session`; `local_shards`: how many shards of
+  // the chunk's device list this host holds, or why that list is not here.
+  // An error also fails the buffer here (made, failed, if this was its
+  // first chunk), so its readers and runs get it; its later chunks are
+  // dropped.
+  absl::Status Put(SessionId session, wire::PutBuffer& request, const absl::StatusOr<int64_t>& local_shards);
+  // Gets a range of this host's shards of a buffer of `session` once it is
+  // done.
+  void Fetch(SessionId session, const wire::FetchBuffer& request,
+             absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
+  void Free(SessionId session, const wire::FreeBuffers& request);
   // Buffers held now.
   int size() const;
 
   // A run's buffers are found, made and dropped under one lock: the caller
   // holds mu() around these.
   Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
-  // A new buffer `id` (replacing any buffer of that id).
-  std::shared_ptr<HostBuffer> NewLocked(uint64_t id, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Buffer `id`; if it is not here, a stand-in failed with NotFound (the
+  // A new buffer `key` (replacing any buffer of that session and id).
+  std::shared_ptr<HostBuffer> NewLocked(const SessionKey& key, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Buffer `key`; if it is not here, a stand-in failed with NotFound (the
   // client holds every buffer it names: one missing here is an error the
   // run reports, not a crash), which the store does not keep.
-  std::shared_ptr<HostBuffer> LookupLocked(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets buffer `id`, moving it to `dropped` (to free unlocked).
-  void DropLocked(uint64_t id, std::vector<std::shared_ptr<HostBuffer>>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<HostBuffer> LookupLocked(const SessionKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets buffer `key`, moving it to `dropped` (to free unlocked).
+  void DropLocked(const SessionKey& key, std::vector<std::shared_ptr<HostBuffer>>& dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
  private:
   // Put's checks and copy; the caller fails the buffer on an error.
-  absl::Status PutLocked(wire::PutBuffer& request, const absl::StatusOr<int64_t>& local_shards)
+  absl::Status PutLocked(SessionId session, wire::PutBuffer& request, const absl::StatusOr<int64_t>& local_shards)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int host_id_;
   mutable Mutex mu_;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<HostBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionKey, std::shared_ptr<HostBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
   // Buffers being put in chunks: where the next chunk goes.
-  absl::flat_hash_map<uint64_t, int64_t> puts_in_progress_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionKey, int64_t> puts_in_progress_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw

@@ -26,6 +26,9 @@ uint8_t* AlignedAlloc(int64_t bytes) {
   return static_cast<uint8_t*>(std::aligned_alloc(64, size));
 }
 
+// A device list's key in its session (list ids are int32 on the wire).
+SessionKey ListKey(SessionId session, int list_id) { return SessionKey{session, static_cast<uint64_t>(list_id)}; }
+
 }  // namespace
 
 // Scratch memory of one device thread, 64-byte aligned, grown on demand.
@@ -78,8 +81,7 @@ struct HostExecutor::Part {
   RunState* run = nullptr;  // holds it until the part's time is in its reply
   uint32_t step = 0;        // index in the program's steps on this host
   std::shared_ptr<const Program> program;  // for its name in errors
-  uint64_t program_id = 0;  // with first_buffer_id: the run (pw.diagnose)
-  uint64_t first_buffer_id = 0;
+  RunKey run_key;  // its run as the hosts name it: its session's, its program, its first buffer
   std::vector<std::shared_ptr<HostBuffer>> inputs, outputs;
   absl::Status error;  // set before enqueueing: fail without running
   uint64_t generation = 0;  // of its collective group, when it meets other hosts
@@ -181,18 +183,19 @@ HostExecutor::~HostExecutor() {
 
 absl::Status HostExecutor::ConnectDataPlane() { return transfers_.Connect(*stores_, groups_.timeout()); }
 
-absl::Status HostExecutor::DefineDevices(const wire::DefineDevices& request) {
-  absl::Status status = DefineDevicesChecked(request);
+absl::Status HostExecutor::DefineDevices(const wire::DefineDevices& request, SessionId session) {
+  absl::Status status = DefineDevicesChecked(request, session);
+  const SessionKey key = ListKey(session, request.list_id());
   MutexLock lock(&mu_);
   if (status.ok()) {
-    list_errors_.erase(request.list_id());
-  } else if (!lists_.contains(request.list_id())) {  // a list that exists stays usable
-    list_errors_[request.list_id()] = status;
+    list_errors_.erase(key);
+  } else if (!lists_.contains(key)) {  // a list that exists stays usable
+    list_errors_[key] = status;
   }
   return status;
 }
 
-absl::Status HostExecutor::DefineDevicesChecked(const wire::DefineDevices& request) {
+absl::Status HostExecutor::DefineDevicesChecked(const wire::DefineDevices& request, SessionId session) {
   auto list = std::make_unique<HostDeviceList>();
   if (request.device_ids_size() == 0) return absl::InvalidArgumentError("define_devices: an empty device list");
   for (int i = 0; i < request.device_ids_size(); ++i) {
@@ -227,30 +230,34 @@ absl::Status HostExecutor::DefineDevicesChecked(const wire::DefineDevices& reque
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
     return absl::InvalidArgumentError("define_devices: a device appears twice in the list");
   }
-  if (!list->local_positions.empty() && list->host_set.size() > 1) list->groups = groups_.ForSet(list->host_set);
+  if (!list->local_positions.empty() && list->host_set.size() > 1) {
+    list->groups = groups_.ForSet(session, list->host_set);
+  }
   if (!list->local_devices.empty()) {
     MutexLock lock(&queue_mu_);
     list->order_list = order_.ListOf(list->local_devices);
   }
   MutexLock lock(&mu_);
-  if (lists_.contains(request.list_id())) {
+  std::unique_ptr<HostDeviceList>& entry = lists_[ListKey(session, request.list_id())];
+  if (entry != nullptr) {
     return absl::AlreadyExistsError(absl::StrCat("define_devices: list ", request.list_id(), " exists"));
   }
-  lists_[request.list_id()] = std::move(list);
+  entry = std::move(list);
   return absl::OkStatus();
 }
 
-absl::StatusOr<const HostDeviceList*> HostExecutor::List(int id) const {
-  auto it = lists_.find(id);
+absl::StatusOr<const HostDeviceList*> HostExecutor::List(SessionId session, int id) const {
+  const SessionKey key = ListKey(session, id);
+  auto it = lists_.find(key);
   if (it != lists_.end()) return it->second.get();
-  if (auto failed = list_errors_.find(id); failed != list_errors_.end()) {
+  if (auto failed = list_errors_.find(key); failed != list_errors_.end()) {
     return absl::Status(failed->second.code(), absl::StrCat("device list ", id, " could not be defined on host ",
                                                             host_id_, ": ", failed->second.message()));
   }
   return absl::InvalidArgumentError(absl::StrCat("no device list ", id, " on host ", host_id_));
 }
 
-absl::Status HostExecutor::LoadFunction(const wire::LoadFunction& request) {
+absl::Status HostExecutor::LoadFunction(const wire::LoadFunction& request, SessionId session) {
   absl::StatusOr<std::shared_ptr<const FunctionExecutable>> exe = [&]() -> decltype(exe) {
     auto ir = ParseFunctionIr(request.ir());
     if (!ir.ok()) return ir.status();
@@ -261,31 +268,33 @@ absl::Status HostExecutor::LoadFunction(const wire::LoadFunction& request) {
     }
     return compiled;
   }();
+  const SessionKey key{session, request.function_id()};
   MutexLock lock(&mu_);
   if (!exe.ok()) {
-    function_errors_[request.function_id()] = exe.status();
+    function_errors_[key] = exe.status();
     return exe.status();
   }
   auto fn = std::make_shared<Function>();
   fn->exe = *std::move(exe);
-  functions_[request.function_id()] = std::move(fn);
-  function_errors_.erase(request.function_id());
+  functions_[key] = std::move(fn);
+  function_errors_.erase(key);
   return absl::OkStatus();
 }
 
-absl::Status HostExecutor::LoadProgram(const wire::LoadProgram& request) {
+absl::Status HostExecutor::LoadProgram(const wire::LoadProgram& request, SessionId session) {
+  const SessionKey key{session, request.program_id()};
   MutexLock lock(&mu_);
-  absl::Status status = LoadProgramLocked(request);
+  absl::Status status = LoadProgramLocked(request, session);
   if (status.ok()) {
-    program_errors_.erase(request.program_id());
+    program_errors_.erase(key);
   } else {
-    programs_.erase(request.program_id());  // a run of it is refused with this error, not an older program's
-    program_errors_[request.program_id()] = status;
+    programs_.erase(key);  // a run of it is refused with this error, not an older program's
+    program_errors_[key] = status;
   }
   return status;
 }
 
-absl::Status HostExecutor::LoadProgramLocked(const wire::LoadProgram& request) {
+absl::Status HostExecutor::LoadProgramLocked(const wire::LoadProgram& request, SessionId session) {
   auto program = std::make_shared<Program>();
   program->name = request.name();
   program->num_slots = request.num_slots();
@@ -297,9 +306,10 @@ absl::Status HostExecutor::LoadProgramLocked(const wire::LoadProgram& request) {
     Program::Step step;
     if (ws.has_compute()) {
       const wire::ComputeStep& c = ws.compute();
-      auto fn = functions_.find(c.function_id());
+      const SessionKey fn_key{session, c.function_id()};
+      auto fn = functions_.find(fn_key);
       if (fn == functions_.end()) {
-        if (auto failed = function_errors_.find(c.function_id()); failed != function_errors_.end()) {
+        if (auto failed = function_errors_.find(fn_key); failed != function_errors_.end()) {
           return absl::Status(failed->second.code(),
                               absl::StrCat("load_program: function ", c.function_id(), " could not be loaded on host ",
                                            host_id_, ": ", failed->second.message()));
@@ -307,7 +317,7 @@ absl::Status HostExecutor::LoadProgramLocked(const wire::LoadProgram& request) {
         return absl::InvalidArgumentError(
             absl::StrCat("load_program: no function ", c.function_id(), " on host ", host_id_));
       }
-      auto gang = List(c.devices());
+      auto gang = List(session, c.devices());
       if (!gang.ok()) return gang.status();
       const FunctionIr& ir = fn->second->exe->ir();
       if (c.in_slots_size() != ir.num_params() || c.out_slots_size() != ir.num_outputs()) {
@@ -332,9 +342,9 @@ absl::Status HostExecutor::LoadProgramLocked(const wire::LoadProgram& request) {
       }
     } else if (ws.has_transfer()) {
       const wire::TransferStep& t = ws.transfer();
-      auto src = List(t.src_devices());
+      auto src = List(session, t.src_devices());
       if (!src.ok()) return src.status();
-      auto dst = List(t.dst_devices());
+      auto dst = List(session, t.dst_devices());
       if (!dst.ok()) return dst.status();
       if ((*src)->device_ids.size() != (*dst)->device_ids.size() || !ShardBytesOk(t.shard_bytes()) ||
           !slot_ok(t.src_slot()) || !slot_ok(t.dst_slot())) {
@@ -351,28 +361,30 @@ absl::Status HostExecutor::LoadProgramLocked(const wire::LoadProgram& request) {
     }
     program->steps.push_back(std::move(step));
   }
-  programs_[request.program_id()] = std::move(program);
+  programs_[SessionKey{session, request.program_id()}] = std::move(program);
   return absl::OkStatus();
 }
 
-void HostExecutor::Unload(const wire::Unload& request) {
+void HostExecutor::Unload(const wire::Unload& request, SessionId session) {
   // Freed outside the lock: a function's executable can be large.
   std::vector<std::shared_ptr<const Function>> functions;
   std::vector<std::shared_ptr<const Program>> programs;
   MutexLock lock(&mu_);
   for (uint64_t id : request.program_ids()) {
-    if (auto it = programs_.find(id); it != programs_.end()) {
+    const SessionKey key{session, id};
+    if (auto it = programs_.find(key); it != programs_.end()) {
       programs.push_back(std::move(it->second));
       programs_.erase(it);
     }
-    program_errors_.erase(id);
+    program_errors_.erase(key);
   }
   for (uint64_t id : request.function_ids()) {
-    if (auto it = functions_.find(id); it != functions_.end()) {
+    const SessionKey key{session, id};
+    if (auto it = functions_.find(key); it != functions_.end()) {
       functions.push_back(std::move(it->second));
       functions_.erase(it);
     }
-    function_errors_.erase(id);
+    function_errors_.erase(key);
   }
 }
 
@@ -402,22 +414,22 @@ absl::Status HostExecutor::CheckSizes(const Part& part) const {
   return absl::OkStatus();
 }
 
-absl::Status HostExecutor::Put(wire::PutBuffer& request) {
+absl::Status HostExecutor::Put(wire::PutBuffer& request, SessionId session) {
   absl::StatusOr<int64_t> local_shards;
   {
     MutexLock lock(&mu_);
-    absl::StatusOr<const HostDeviceList*> list = List(request.devices());
+    absl::StatusOr<const HostDeviceList*> list = List(session, request.devices());
     if (list.ok()) {
       local_shards = static_cast<int64_t>((*list)->local_positions.size());
     } else {
       local_shards = list.status();
     }
   }
-  return buffers_.Put(request, local_shards);
+  return buffers_.Put(session, request, local_shards);
 }
 
 void HostExecutor::Run(const wire::RunProgram& request,
-                       absl::AnyInvocable<void(absl::StatusOr<wire::RunReply>) &&> done) {
+                       absl::AnyInvocable<void(absl::StatusOr<wire::RunReply>) &&> done, SessionId session) {
   // What to start once the tables are unlocked, in program order.
   struct Transfer {
     const HostDeviceList* src_list;
@@ -427,7 +439,8 @@ void HostExecutor::Run(const wire::RunProgram& request,
     std::shared_ptr<HostBuffer> dst;
     int64_t shard_bytes;
   };
-  const RunKey key{kOneSession, request.program_id(), request.first_buffer_id()};
+  const RunKey key{session, request.program_id(), request.first_buffer_id()};
+  const SessionKey program_key{session, request.program_id()};
   std::vector<Transfer> transfers;
   std::vector<Part*> parts;
   auto* run = new RunState(std::move(done));
@@ -439,13 +452,13 @@ void HostExecutor::Run(const wire::RunProgram& request,
     MutexLock lock(&mu_);
     if (request.free_buffer_ids_size() > 0) {
       MutexLock buffers_lock(&buffers_.mu());
-      for (uint64_t id : request.free_buffer_ids()) buffers_.DropLocked(id, dropped);
+      for (uint64_t id : request.free_buffer_ids()) buffers_.DropLocked(SessionKey{session, id}, dropped);
     }
-    auto pit = programs_.find(request.program_id());
+    auto pit = programs_.find(program_key);
     if (!early.ok()) {
       // Refused as a whole (below).
     } else if (pit == programs_.end()) {
-      auto failed = program_errors_.find(request.program_id());
+      auto failed = program_errors_.find(program_key);
       early = failed != program_errors_.end()
                   ? absl::Status(failed->second.code(),
                                  absl::StrCat("run: program ", request.program_id(), " could not be loaded on host ",
@@ -457,8 +470,8 @@ void HostExecutor::Run(const wire::RunProgram& request,
     // leaves nothing behind that would never complete.
     for (const wire::ArgBinding& a : request.args()) {
       if (!early.ok()) break;
-      auto src = List(a.src_devices());
-      auto dst = List(a.dst_devices());
+      auto src = List(session, a.src_devices());
+      auto dst = List(session, a.dst_devices());
       if (!src.ok() || !dst.ok()) {
         early = absl::Status((src.ok() ? dst : src).status().code(),
                              absl::StrCat("run: argument binding of slot ", a.slot(), " of program '",
@@ -485,23 +498,23 @@ void HostExecutor::Run(const wire::RunProgram& request,
     // The run's buffers are found and made under one lock (a missing one
     // is an error the run reports: HostBuffers::LookupLocked).
     MutexLock buffers_lock(&buffers_.mu());
-    auto pit = programs_.find(request.program_id());
+    auto pit = programs_.find(program_key);
     const std::shared_ptr<const Program> program_ref = pit->second;
     const Program& program = *program_ref;
     const uint64_t first = request.first_buffer_id();
     std::vector<std::shared_ptr<HostBuffer>> slots(program.num_slots);
     for (const wire::ArgBinding& a : request.args()) {
-      auto src = List(a.src_devices());  // checked above; lists are never removed
-      auto dst = List(a.dst_devices());
+      auto src = List(session, a.src_devices());  // checked above; lists are never removed
+      auto dst = List(session, a.dst_devices());
       if (!a.copy()) {
-        if (!(*dst)->local_positions.empty()) slots[a.slot()] = buffers_.LookupLocked(a.buffer_id());
+        if (!(*dst)->local_positions.empty()) slots[a.slot()] = buffers_.LookupLocked({session, a.buffer_id()});
         continue;
       }
       std::shared_ptr<HostBuffer> s =
-          (*src)->local_positions.empty() ? nullptr : buffers_.LookupLocked(a.buffer_id());
+          (*src)->local_positions.empty() ? nullptr : buffers_.LookupLocked({session, a.buffer_id()});
       std::shared_ptr<HostBuffer> d;
       if (!(*dst)->local_positions.empty()) {
-        d = buffers_.NewLocked(first + a.slot(),
+        d = buffers_.NewLocked({session, first + a.slot()},
                                static_cast<int64_t>((*dst)->local_positions.size()) * a.shard_bytes());
         slots[a.slot()] = d;
         run->Track(d);
@@ -514,12 +527,14 @@ void HostExecutor::Run(const wire::RunProgram& request,
         std::shared_ptr<HostBuffer> s = step.src->local_positions.empty() ? nullptr : slots[step.src_slot];
         std::shared_ptr<HostBuffer> d;
         if (!step.dst->local_positions.empty()) {
-          d = buffers_.NewLocked(first + step.dst_slot,
+          d = buffers_.NewLocked({session, first + step.dst_slot},
                                  static_cast<int64_t>(step.dst->local_positions.size()) * step.shard_bytes);
           slots[step.dst_slot] = d;
           run->Track(d);
         }
-        if (s == nullptr && !step.src->local_positions.empty()) s = buffers_.LookupLocked(first + step.src_slot);
+        if (s == nullptr && !step.src->local_positions.empty()) {
+          s = buffers_.LookupLocked({session, first + step.src_slot});
+        }
         transfers.push_back(
             Transfer{step.src, std::move(s), step.dst, first + step.dst_slot, std::move(d), step.shard_bytes});
         continue;
@@ -532,18 +547,17 @@ void HostExecutor::Run(const wire::RunProgram& request,
       part->run = run;
       part->step = static_cast<uint32_t>(k);
       part->program = program_ref;
-      part->program_id = request.program_id();
-      part->first_buffer_id = first;
+      part->run_key = key;
       run->Hold();
       const FunctionExecutable& exe = *step.fn->exe;
       const int64_t n = static_cast<int64_t>(step.gang->local_positions.size());
       for (size_t i = 0; i < step.in_slots.size(); ++i) {
         std::shared_ptr<HostBuffer> in = slots[step.in_slots[i]];
-        if (in == nullptr) in = buffers_.LookupLocked(first + step.in_slots[i]);
+        if (in == nullptr) in = buffers_.LookupLocked({session, first + step.in_slots[i]});
         part->inputs.push_back(std::move(in));
       }
       for (size_t i = 0; i < step.out_slots.size(); ++i) {
-        auto out = buffers_.NewLocked(first + step.out_slots[i], exe.output_bytes(static_cast<int>(i)) * n);
+        auto out = buffers_.NewLocked({session, first + step.out_slots[i]}, exe.output_bytes(static_cast<int>(i)) * n);
         slots[step.out_slots[i]] = out;
         run->Track(out);
         part->outputs.push_back(std::move(out));
@@ -558,8 +572,8 @@ void HostExecutor::Run(const wire::RunProgram& request,
   run->Release();
 }
 
-void HostExecutor::CancelRun(const wire::CancelRun& request) {
-  const RunKey run{kOneSession, request.program_id(), request.first_buffer_id()};
+void HostExecutor::CancelRun(const wire::CancelRun& request, SessionId session) {
+  const RunKey run{session, request.program_id(), request.first_buffer_id()};
   absl::Status why = FromWire(request.status());
   if (why.ok()) {
     why = absl::CancelledError(absl::StrCat("the client cancelled the run of program ", run.program_id,
@@ -579,7 +593,7 @@ void HostExecutor::CancelRun(const wire::CancelRun& request) {
   MutexLock lock(&queue_mu_);
   order_.ForEach([&](const GangOrder<Part*>::Ordered& o, int) {
     Part* part = o.gang;
-    if (part->program_id != run.program_id || part->first_buffer_id != run.first_buffer_id) return;
+    if (!(part->run_key == run)) return;
     const std::vector<int>& hosts = part->gang->host_set;
     if (std::find(hosts.begin(), hosts.end(), refuser) != hosts.end()) part->stop_meeting.request_stop();
   });
@@ -631,8 +645,7 @@ void HostExecutor::DeviceLoop(int device) {
     absl::Status status = part->error;
     // A cancelled run's part fails without running: a host of the run
     // refused it (its error, which comes first, is the part's).
-    const RunKey key{kOneSession, part->program_id, part->first_buffer_id};
-    const absl::Status dead = dead_runs_.DeadStatus(key);
+    const absl::Status dead = dead_runs_.DeadStatus(part->run_key);
     status.Update(dead);
     // It starts now, unless CancelParts came first.
     if (part->state.fetch_or(kStarted, std::memory_order_acq_rel) & kCancelled) {
@@ -647,7 +660,7 @@ void HostExecutor::DeviceLoop(int device) {
     }
     status.Update(CheckSizes(*part));
     const int64_t start_ns = NowNanos();
-    const bool refused_in_gang = !dead.ok() && dead_runs_.RefusedByAnyOf(key, part->gang->host_set);
+    const bool refused_in_gang = !dead.ok() && dead_runs_.RefusedByAnyOf(part->run_key, part->gang->host_set);
     RunPart(*part, status, refused_in_gang, scratch);
     part->run->AddTime(part->step, start_ns, NowNanos());
     if (MeetsOtherHosts(*part)) groups_.Leave(*part->gang, part->generation);
@@ -674,7 +687,7 @@ uint64_t HostExecutor::MeetingOf(const Part& part) {
 
 absl::Status HostExecutor::RefusalOf(const Part& part) const {
   if (!part.stop_meeting.stop_requested()) return absl::OkStatus();
-  return dead_runs_.DeadStatus(RunKey{kOneSession, part.program_id, part.first_buffer_id});
+  return dead_runs_.DeadStatus(part.run_key);
 }
 
 void HostExecutor::RunPart(Part& part, absl::Status& status, bool refused_in_gang, Scratch& scratch) {
@@ -778,7 +791,9 @@ void HostExecutor::RunPart(Part& part, absl::Status& status, bool refused_in_gan
   }
 }
 
-absl::Status HostExecutor::RenewGroup(absl::Span<const int> hosts) { return groups_.RenewGroup(hosts); }
+absl::Status HostExecutor::RenewGroup(absl::Span<const int> hosts, SessionId session) {
+  return groups_.RenewGroup(session, hosts);
+}
 
 void HostExecutor::AbortGroupsWith(int host, const absl::Status& why) { groups_.AbortGroupsWith(host, why); }
 
@@ -786,14 +801,14 @@ void HostExecutor::SetCollectiveTimeouts(absl::Duration timeout, absl::Duration 
   groups_.SetTimeouts(timeout, arrival_timeout);
 }
 
-int HostExecutor::CancelParts(absl::FunctionRef<bool(uint64_t program_id, uint64_t first_buffer_id)> which,
+int HostExecutor::CancelParts(absl::FunctionRef<bool(const RunKey& run)> which,
                               absl::string_view reason, bool end_simulated_time) {
   int cancelled = 0;
   {
     MutexLock lock(&queue_mu_);
     order_.ForEach([&](const GangOrder<Part*>::Ordered& o, int) {
       Part* part = o.gang;
-      if (!which(part->program_id, part->first_buffer_id)) return;
+      if (!which(part->run_key)) return;
       // The reason first, once (only this function, under queue_mu_, sets
       // kCancelled); DeviceLoop reads it only if it sees kCancelled.
       if ((part->state.load(std::memory_order_acquire) & kCancelled) == 0) part->cancel_reason = std::string(reason);
@@ -806,14 +821,16 @@ int HostExecutor::CancelParts(absl::FunctionRef<bool(uint64_t program_id, uint64
   return cancelled;
 }
 
-wire::CancelRunsReply HostExecutor::CancelRuns(const wire::CancelRuns& request) {
+wire::CancelRunsReply HostExecutor::CancelRuns(const wire::CancelRuns& request, SessionId session) {
   absl::flat_hash_set<std::pair<uint64_t, uint64_t>> runs;
   for (int i = 0; i < request.program_ids_size() && i < request.first_buffer_ids_size(); ++i) {
     runs.insert({request.program_ids(i), request.first_buffer_ids(i)});
   }
   wire::CancelRunsReply reply;
   reply.set_parts_cancelled(CancelParts(
-      [&](uint64_t program_id, uint64_t first) { return request.all() || runs.contains({program_id, first}); },
+      [&](const RunKey& run) {
+        return run.session == session && (request.all() || runs.contains({run.program_id, run.first_buffer_id}));
+      },
       request.reason(), request.end_simulated_time()));
   return reply;
 }
@@ -844,11 +861,11 @@ bool HostExecutor::PeerLost(int host) const { return health_.PeerLost(host); }
 
 absl::Status HostExecutor::FailDevices(const wire::FailDevices& request) { return health_.FailDevices(request); }
 
-void HostExecutor::Free(const wire::FreeBuffers& request) { buffers_.Free(request); }
+void HostExecutor::Free(const wire::FreeBuffers& request, SessionId session) { buffers_.Free(session, request); }
 
 void HostExecutor::Fetch(const wire::FetchBuffer& request,
-                         absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done) {
-  buffers_.Fetch(request, std::move(done));
+                         absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done, SessionId session) {
+  buffers_.Fetch(session, request, std::move(done));
 }
 
 wire::QueuesReply HostExecutor::DescribeQueues() {
@@ -871,8 +888,8 @@ wire::QueuesReply HostExecutor::DescribeQueues() {
       auto [it, fresh] = index.try_emplace(part, static_cast<uint32_t>(reply.parts_size()));
       if (fresh) {
         wire::QueuedPart* p = reply.add_parts();
-        p->set_program_id(part->program_id);
-        p->set_first_buffer_id(part->first_buffer_id);
+        p->set_program_id(part->run_key.program_id);
+        p->set_first_buffer_id(part->run_key.first_buffer_id);
         p->set_step(part->step);
         for (size_t i = 0; i < part->inputs.size(); ++i) {
           if (part->inputs[i]->done()) continue;

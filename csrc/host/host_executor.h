@@ -27,11 +27,11 @@
 // per pair of hosts) from host to host, never through the client, straight
 // from the source buffer into the destination. Each host has one sending and
 // one receiving thread per peer. Sends go in the global order. A message
-// names its run (program id, first buffer id) and its destination buffer,
-// and the receiving thread takes each into the receive posted for that
-// buffer: pairing by id, not by order, so a host that refused a run (its
-// peers queued their side of it) shifts no later transfer into the wrong
-// buffer. A message whose receive is not posted yet waits for it (its run
+// names its run (session, program id, first buffer id) and its destination
+// buffer, and the receiving thread takes each into the receive posted for
+// that buffer: pairing by id, not by order, so a host that refused a run
+// (its peers queued their side of it) shifts no later transfer into the
+// wrong buffer. A message whose receive is not posted yet waits for it (its run
 // has not reached this host yet: every host takes runs in the same order);
 // one for a run this host refused or cancelled is read and dropped. A source
 // that failed sends its error instead, which fails the destination.
@@ -71,10 +71,18 @@
 // and HostLayout (host_layout.h), what this host is in its cluster, fixed.
 //
 // Ids. Every id a request names (device lists, functions, programs,
-// buffers, gang tags) is the one client's (kOneSession, host_runs.h).
-// Several clients on one set of hosts would key by their session: the
-// loads' tables here, HostBuffers' store, and HostGroups' sets (gang tags
-// are per group); runs (RunKey) and posted receives carry it already.
+// buffers, gang tags) is its client session's (SessionId, host_runs.h):
+// each request takes the session, and two sessions may use one id for
+// different things without meeting. Keyed by session: the loads' tables
+// here and what failed to load (SessionKey), HostBuffers' store and its
+// puts, HostGroups' sets (each session's gangs meet in groups of their own,
+// since gang tags and meetings are unique only per session), runs (RunKey:
+// dead runs, cancels, a part's run) and the data plane's messages and posted
+// receives. Left for the multi-client service (issue 27): the session id
+// itself (who assigns it, in Hello, the same on every host; HostProcess
+// passes kOneSession, its one owner's, today), and one order of every
+// client's requests on all hosts (see "Order": two sessions' gangs sent to
+// two hosts in different orders could wait for each other).
 //
 // Thread-safe. Requests come from the control plane (HostProcess). Lock
 // order: the loads' tables (mu_), then the buffer store's (a run finds and
@@ -131,30 +139,35 @@ class HostExecutor {
   // each other's addresses in host 0's rendezvous store.
   absl::Status ConnectDataPlane();
 
+  // The client's requests. Each names ids of `session`, the client's (see
+  // "Ids" above): another session's are not seen.
+  //
   // Loads: OK, or why not (also kept under the id, see "Loads" above).
-  absl::Status DefineDevices(const wire::DefineDevices& request);
-  absl::Status LoadFunction(const wire::LoadFunction& request);
-  absl::Status LoadProgram(const wire::LoadProgram& request);
+  absl::Status DefineDevices(const wire::DefineDevices& request, SessionId session = kOneSession);
+  absl::Status LoadFunction(const wire::LoadFunction& request, SessionId session = kOneSession);
+  absl::Status LoadProgram(const wire::LoadProgram& request, SessionId session = kOneSession);
   // One chunk of a buffer. An error also fails the buffer here (made, failed,
   // if this was its first chunk), so its readers and runs get it; its later
   // chunks are dropped.
-  absl::Status Put(wire::PutBuffer& request);
+  absl::Status Put(wire::PutBuffer& request, SessionId session = kOneSession);
   // Starts a run; `done` gets the reply once this host's part has finished,
   // or at once, with the error, if this host refuses the run (see
   // "Refusals" above: the run is then dead here).
-  void Run(const wire::RunProgram& request, absl::AnyInvocable<void(absl::StatusOr<wire::RunReply>) &&> done);
+  void Run(const wire::RunProgram& request, absl::AnyInvocable<void(absl::StatusOr<wire::RunReply>) &&> done,
+           SessionId session = kOneSession);
   // Cancels a run here (wire::CancelRun; see "Refusals and cancellation"):
   // with `request.status()` as every failure's error. Idempotent; a run not
   // seen yet is refused when it comes. Returns at once: pending receives and
   // queued parts fail on this call's thread or their own.
-  void CancelRun(const wire::CancelRun& request);
+  void CancelRun(const wire::CancelRun& request, SessionId session = kOneSession);
   // Gets a range of this host's shards of a buffer once it is done.
-  void Fetch(const wire::FetchBuffer& request, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
-  void Free(const wire::FreeBuffers& request);
+  void Fetch(const wire::FetchBuffer& request, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done,
+             SessionId session = kOneSession);
+  void Free(const wire::FreeBuffers& request, SessionId session = kOneSession);
   // Forgets functions and programs the client dropped (and why a load of
   // them failed). Runs under way keep what they use; an id not loaded here
   // is ignored (the client sends each host only what it loaded there).
-  void Unload(const wire::Unload& request);
+  void Unload(const wire::Unload& request, SessionId session = kOneSession);
   // Fault injection: marks these devices (all of this host's: else
   // InvalidArgument, and none is marked) failed for good. Parts on them
   // that have not started fail without running, parts in their simulated
@@ -178,27 +191,29 @@ class HostExecutor {
   wire::QueuesReply DescribeQueues();
 
   // Cancels parts that have not started (a client closed, or shutting
-  // down): those of the runs `which` matches, by (program id, first buffer
-  // id), fail with Cancelled ("'f' in program 'p' was cancelled: <reason>")
-  // when their turn comes, without running kernels or simulated time, and
-  // so do their outputs; a part of a gang that meets other hosts still makes
-  // the gang's first collective (RunPart), so its other hosts stop too.
-  // Parts running finish; with `end_simulated_time`, those of them in their
-  // simulated time end it now (their results stand). Returns how many parts
-  // it cancelled. `which` is called under the queues' lock: it must not
-  // block.
-  int CancelParts(absl::FunctionRef<bool(uint64_t program_id, uint64_t first_buffer_id)> which,
-                  absl::string_view reason, bool end_simulated_time);
-  // wire::CancelRuns, through CancelParts.
-  wire::CancelRunsReply CancelRuns(const wire::CancelRuns& request);
+  // down): those of the runs `which` matches, by RunKey (session, program
+  // id, first buffer id), fail with Cancelled ("'f' in program 'p' was
+  // cancelled: <reason>") when their turn comes, without running kernels or
+  // simulated time, and so do their outputs; a part of a gang that meets
+  // other hosts still makes the gang's first collective (RunPart), so its
+  // other hosts stop too. Parts running finish; with `end_simulated_time`,
+  // those of them in their simulated time end it now (their results stand).
+  // Returns how many parts it cancelled. `which` is called under the
+  // queues' lock: it must not block.
+  int CancelParts(absl::FunctionRef<bool(const RunKey& run)> which, absl::string_view reason,
+                  bool end_simulated_time);
+  // wire::CancelRuns, through CancelParts: `session`'s runs only (all of
+  // them with `request.all()`).
+  wire::CancelRunsReply CancelRuns(const wire::CancelRuns& request, SessionId session = kOneSession);
 
   // The gangs across exactly `hosts` (increasing, this host among them) of
-  // runs started after this call meet in a fresh incarnation of their
-  // collective group; those started before keep theirs (wire::RenewGroup).
-  // Every host of the set must get it at the same place among the runs.
-  // An incarnation is dropped once a newer one exists and no part of its
-  // own is left. InvalidArgument for a set that is not one.
-  absl::Status RenewGroup(absl::Span<const int> hosts);
+  // `session`'s runs started after this call meet in a fresh incarnation of
+  // their collective group (each session's gangs meet in groups of their
+  // own); those started before keep theirs (wire::RenewGroup). Every host
+  // of the set must get it at the same place among the session's runs. An
+  // incarnation is dropped once a newer one exists and no part of its own
+  // is left. InvalidArgument for a set that is not one.
+  absl::Status RenewGroup(absl::Span<const int> hosts, SessionId session = kOneSession);
 
   // `host` is lost for good (-1: every host; this one is stopping): every
   // collective group it belongs to breaks, so parts waiting for it to
@@ -216,9 +231,10 @@ class HostExecutor {
   // A zero duration keeps that timeout as it is.
   void SetCollectiveTimeouts(absl::Duration timeout, absl::Duration arrival_timeout);
 
-  // Buffers held now (tests).
+  // Buffers held now, of every session (tests).
   int num_buffers() const;
-  // Functions and programs loaded now, failed loads included (tests).
+  // Functions and programs loaded now, of every session, failed loads
+  // included (tests).
   int num_functions() const;
   int num_programs() const;
 
@@ -228,10 +244,11 @@ class HostExecutor {
   struct Part;
   struct RunState;
 
-  absl::StatusOr<const HostDeviceList*> List(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<const HostDeviceList*> List(SessionId session, int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The loads' checks and work; the callers keep their errors.
-  absl::Status DefineDevicesChecked(const wire::DefineDevices& request);
-  absl::Status LoadProgramLocked(const wire::LoadProgram& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DefineDevicesChecked(const wire::DefineDevices& request, SessionId session);
+  absl::Status LoadProgramLocked(const wire::LoadProgram& request, SessionId session)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Internal if a part's inputs have other sizes than its function takes
   // (a client's mistake, never a read past a buffer); ResourceExhausted if
   // an output could not be allocated.
@@ -269,15 +286,15 @@ class HostExecutor {
   HostGroups groups_;
   HostTransfers transfers_;
 
-  // The loads.
+  // The loads, by session and id.
   mutable Mutex mu_;  // the tables below
-  absl::flat_hash_map<int, std::unique_ptr<HostDeviceList>> lists_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::shared_ptr<const Function>> functions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::shared_ptr<const Program>> programs_ ABSL_GUARDED_BY(mu_);
-  // Why a load failed, by id (erased if a later load of the id works).
-  absl::flat_hash_map<int, absl::Status> list_errors_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, absl::Status> function_errors_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, absl::Status> program_errors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionKey, std::unique_ptr<HostDeviceList>> lists_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionKey, std::shared_ptr<const Function>> functions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionKey, std::shared_ptr<const Program>> programs_ ABSL_GUARDED_BY(mu_);
+  // Why a load failed, by session and id (erased if a later load of the id works).
+  absl::flat_hash_map<SessionKey, absl::Status> list_errors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionKey, absl::Status> function_errors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionKey, absl::Status> program_errors_ ABSL_GUARDED_BY(mu_);
 
   // The gang parts in order (the client's), in a queue per local device:
   // a part counts one down once it heads each of its devices' queues. The

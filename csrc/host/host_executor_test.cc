@@ -269,6 +269,7 @@ absl::flat_hash_map<uint64_t, absl::Status> Failed(const std::vector<wire::RunRe
 // devices h * devices_per_host ... (h + 1) * devices_per_host - 1. Lists,
 // functions and programs are given to every host (a host skips the steps
 // that do not touch it); buffers are split and joined by the lists' hosts.
+// Every request is kOneSession's unless the call names another session.
 class Cluster {
  public:
   Cluster(int num_hosts, int devices_per_host) : devices_per_host_(devices_per_host) {
@@ -312,39 +313,39 @@ class Cluster {
     return status;
   }
 
-  absl::Status DefineList(int id, std::vector<int> devices) {
+  absl::Status DefineList(int id, std::vector<int> devices, SessionId session = kOneSession) {
     wire::DefineDevices request;
     request.set_list_id(id);
     for (int d : devices) request.add_device_ids(d);
-    for (auto& h : hosts_) PW_RETURN_IF_ERROR(h->DefineDevices(request));
-    lists_[id] = std::move(devices);
+    for (auto& h : hosts_) PW_RETURN_IF_ERROR(h->DefineDevices(request, session));
+    lists_[{session, id}] = std::move(devices);
     return absl::OkStatus();
   }
 
   // Compiles `ir` here (the reference) and loads it on every host as
   // function `id`; null (and a test failure) if either fails.
-  std::shared_ptr<const FunctionExecutable> Load(uint64_t id, IrOr ir) {
+  std::shared_ptr<const FunctionExecutable> Load(uint64_t id, IrOr ir, SessionId session = kOneSession) {
     std::shared_ptr<const FunctionExecutable> exe = MustCompile(std::move(ir));
     if (exe == nullptr) return nullptr;
     wire::LoadFunction request;
     request.set_function_id(id);
     request.set_ir(SerializeFunctionIr(exe->ir()));
     for (auto& h : hosts_) {
-      const absl::Status loaded = h->LoadFunction(request);
+      const absl::Status loaded = h->LoadFunction(request, session);
       EXPECT_TRUE(loaded.ok()) << loaded;
       if (!loaded.ok()) return nullptr;
     }
     return exe;
   }
 
-  absl::Status LoadProgram(const wire::LoadProgram& request) {
-    for (auto& h : hosts_) PW_RETURN_IF_ERROR(h->LoadProgram(request));
+  absl::Status LoadProgram(const wire::LoadProgram& request, SessionId session = kOneSession) {
+    for (auto& h : hosts_) PW_RETURN_IF_ERROR(h->LoadProgram(request, session));
     return absl::OkStatus();
   }
 
   // Gives each host its shards of `full` (the whole buffer, in list order).
-  absl::Status Put(uint64_t id, int list, const Bytes& full) {
-    const std::vector<int>& devices = lists_.at(list);
+  absl::Status Put(uint64_t id, int list, const Bytes& full, SessionId session = kOneSession) {
+    const std::vector<int>& devices = lists_.at({session, list});
     const int64_t shard_bytes = static_cast<int64_t>(full.size() / devices.size());
     for (int h = 0; h < num_hosts(); ++h) {
       wire::PutBuffer request;
@@ -359,22 +360,25 @@ class Cluster {
       bool holds = false;
       for (int d : devices) holds |= host_of(d) == h;
       if (!holds) continue;
-      PW_RETURN_IF_ERROR(hosts_[h]->Put(request));
+      PW_RETURN_IF_ERROR(hosts_[h]->Put(request, session));
     }
     return absl::OkStatus();
   }
 
   // Starts the run on every host (in host order, from this thread).
-  std::vector<std::future<absl::StatusOr<wire::RunReply>>> RunAsync(const wire::RunProgram& request) {
+  std::vector<std::future<absl::StatusOr<wire::RunReply>>> RunAsync(const wire::RunProgram& request,
+                                                                    SessionId session = kOneSession) {
     std::vector<std::future<absl::StatusOr<wire::RunReply>>> futures;
-    for (int h = 0; h < num_hosts(); ++h) futures.push_back(RunOn(h, request));
+    for (int h = 0; h < num_hosts(); ++h) futures.push_back(RunOn(h, request, session));
     return futures;
   }
 
-  std::future<absl::StatusOr<wire::RunReply>> RunOn(int h, const wire::RunProgram& request) {
+  std::future<absl::StatusOr<wire::RunReply>> RunOn(int h, const wire::RunProgram& request,
+                                                    SessionId session = kOneSession) {
     auto promise = std::make_shared<std::promise<absl::StatusOr<wire::RunReply>>>();
     auto future = promise->get_future();
-    hosts_[h]->Run(request, [promise](absl::StatusOr<wire::RunReply> reply) { promise->set_value(std::move(reply)); });
+    hosts_[h]->Run(
+        request, [promise](absl::StatusOr<wire::RunReply> reply) { promise->set_value(std::move(reply)); }, session);
     return future;
   }
 
@@ -395,8 +399,8 @@ class Cluster {
     return replies;
   }
 
-  absl::StatusOr<std::vector<wire::RunReply>> Run(const wire::RunProgram& request) {
-    auto futures = RunAsync(request);
+  absl::StatusOr<std::vector<wire::RunReply>> Run(const wire::RunProgram& request, SessionId session = kOneSession) {
+    auto futures = RunAsync(request, session);
     return AwaitAll(futures);
   }
 
@@ -427,25 +431,27 @@ class Cluster {
   }
 
   // Host h's shards of a buffer.
-  absl::StatusOr<std::string> FetchFrom(int h, uint64_t id, std::chrono::seconds timeout = kWait) {
+  absl::StatusOr<std::string> FetchFrom(int h, uint64_t id, std::chrono::seconds timeout = kWait,
+                                        SessionId session = kOneSession) {
     auto promise = std::make_shared<std::promise<absl::StatusOr<std::string>>>();
     auto future = promise->get_future();
     wire::FetchBuffer fetch;
     fetch.set_buffer_id(id);
-    hosts_[h]->Fetch(fetch, [promise](absl::StatusOr<std::string> data) { promise->set_value(std::move(data)); });
+    hosts_[h]->Fetch(
+        fetch, [promise](absl::StatusOr<std::string> data) { promise->set_value(std::move(data)); }, session);
     return Await(future, timeout);
   }
 
   // The whole buffer, in list order, joined from its hosts' shards.
-  absl::StatusOr<Bytes> Fetch(uint64_t id, int list) {
-    const std::vector<int>& devices = lists_.at(list);
+  absl::StatusOr<Bytes> Fetch(uint64_t id, int list, SessionId session = kOneSession) {
+    const std::vector<int>& devices = lists_.at({session, list});
     std::vector<std::string> parts(hosts_.size());
     std::vector<size_t> taken(hosts_.size(), 0);
     std::vector<int> count(hosts_.size(), 0);
     for (int d : devices) ++count[host_of(d)];
     for (int h = 0; h < num_hosts(); ++h) {
       if (count[h] == 0) continue;
-      PW_ASSIGN_OR_RETURN(parts[h], FetchFrom(h, id));
+      PW_ASSIGN_OR_RETURN(parts[h], FetchFrom(h, id, kWait, session));
     }
     int64_t shard_bytes = -1;
     for (int h = 0; h < num_hosts(); ++h) {
@@ -470,7 +476,7 @@ class Cluster {
   SharedRendezvous stores_{&store_};
   wire::JoinCluster join_;
   std::vector<std::unique_ptr<HostExecutor>> hosts_;
-  absl::flat_hash_map<int, std::vector<int>> lists_;
+  absl::flat_hash_map<std::pair<SessionId, int>, std::vector<int>> lists_;  // by session and id
 };
 
 // Connects a cluster or fails the test.
@@ -1744,7 +1750,7 @@ TEST(HostExecutorTest, CancelPartsFailsThePartsThatHaveNotStarted) {
     auto other = cluster->RunOn(0, RunOf(21, 200));  // another client's run, queued behind
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the first part is in its simulated time
     EXPECT_EQ(cluster->host(0).CancelParts(
-                  [](uint64_t program, uint64_t first) { return program == 20 && first == 100; },
+                  [](const RunKey& run) { return run.program_id == 20 && run.first_buffer_id == 100; },
                   "its client 'tenant' was closed", end_simulated_time),
               2);
     ASSERT_OK_AND_ASSIGN(wire::RunReply reply, Await(cancelled));
@@ -1762,7 +1768,7 @@ TEST(HostExecutorTest, CancelPartsFailsThePartsThatHaveNotStarted) {
     ASSERT_OK_AND_ASSIGN(Bytes out, cluster->Fetch(101, 1));
     EXPECT_EQ(FromBytes<float>(out), Iota<float>(8, 0.f, 1.f));
     // A run no part of which is queued any more: nothing to cancel.
-    EXPECT_EQ(cluster->host(0).CancelParts([](uint64_t, uint64_t) { return true; }, "again", false), 0);
+    EXPECT_EQ(cluster->host(0).CancelParts([](const RunKey&) { return true; }, "again", false), 0);
   }
 }
 
@@ -2216,6 +2222,193 @@ TEST(HostExecutorTest, WhatNamesALoadThatFailedFailsWithItsError) {
   good.set_ir(SerializeFunctionIr(affine->ir()));
   ASSERT_OK(host.LoadFunction(good));
   ASSERT_OK(host.LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)})));
+}
+
+// ---- Sessions: every id is its client session's (issue 25, design) ----
+
+// Two clients' sessions on one cluster name their lists, functions,
+// programs, buffers and gang tags with the same ids, for different things:
+// each session's run computes its own function on its own data, in a
+// cross-host gang, and moves its own result between the hosts. Each gang
+// meets its other host in a collective group of its own: a busy device
+// holds the first session's gang back on host 1 and the second's on host 0,
+// so the first session's part on host 0 and the second's on host 1 wait at
+// the same time, with the same tag and meeting (in one shared group they
+// would meet each other).
+TEST(HostExecutorTest, TwoSessionsUseTheSameIdsForDifferentThings) {
+  auto cluster = MakeCluster(2, 2);
+  for (int h = 0; h < 2; ++h) cluster->host(h).SetCollectiveTimeouts(absl::Seconds(5), absl::ZeroDuration());
+  constexpr SessionId kFirst = 1, kSecond = 2;
+  constexpr int64_t kShard = 16;  // 4 floats
+  // List 1, a gang across both hosts; list 2, where its result goes (its
+  // shards cross between the hosts); list 3, the gang's busy device.
+  ASSERT_OK(cluster->DefineList(1, {0, 2}, kFirst));
+  ASSERT_OK(cluster->DefineList(2, {2, 0}, kFirst));
+  ASSERT_OK(cluster->DefineList(3, {2}, kFirst));  // host 1
+  ASSERT_OK(cluster->DefineList(1, {3, 1}, kSecond));
+  ASSERT_OK(cluster->DefineList(2, {1, 3}, kSecond));
+  ASSERT_OK(cluster->DefineList(3, {1}, kSecond));  // host 0
+  // Function 10: a psum in the first session, an all_gather and a psum in
+  // the second; program 20 keeps the busy device busy, runs function 10 on
+  // the gang and moves its (last) output to list 2.
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(2, 4), kFirst);
+  auto gather = cluster->Load(10, GatherThenSumFunction(2, 4), kSecond);
+  ASSERT_TRUE(mean != nullptr && gather != nullptr);
+  for (SessionId session : {kFirst, kSecond}) {
+    ASSERT_NE(cluster->Load(11, SlowFunction(4, 300'000'000), session), nullptr);  // 0.3 s
+  }
+  ASSERT_OK(cluster->LoadProgram(
+      Program(20, 5, {Compute(11, 3, {3}, {4}, 2), Compute(10, 1, {0}, {1}, 1), Transfer(1, 1, 2, 2, kShard)}),
+      kFirst));
+  ASSERT_OK(cluster->LoadProgram(
+      Program(20, 6, {Compute(11, 3, {4}, {5}, 2), Compute(10, 1, {0}, {1, 2}, 1), Transfer(2, 1, 3, 2, kShard)}),
+      kSecond));
+  const Bytes x1 = ToBytes(Iota<float>(8, 1.f, 0.5f));
+  const Bytes x2 = ToBytes(Iota<float>(8, -40.f, 3.f));
+  ASSERT_OK(cluster->Put(100, 1, x1, kFirst));
+  ASSERT_OK(cluster->Put(100, 1, x2, kSecond));
+  ASSERT_OK(cluster->Put(103, 3, ToBytes(Iota<float>(4, 0.f, 1.f)), kFirst));
+  ASSERT_OK(cluster->Put(104, 3, ToBytes(Iota<float>(4, 0.f, 1.f)), kSecond));
+
+  // Both runs reach every host, in the same order, before either is awaited.
+  auto first = cluster->RunAsync(RunOf(20, 100), kFirst);
+  auto second = cluster->RunAsync(RunOf(20, 100), kSecond);
+  ASSERT_OK_AND_ASSIGN(auto first_replies, Cluster::AwaitAll(first));
+  ASSERT_OK_AND_ASSIGN(auto second_replies, Cluster::AwaitAll(second));
+  for (auto& [id, status] : Failed(first_replies)) ADD_FAILURE() << "session 1, buffer " << id << ": " << status;
+  for (auto& [id, status] : Failed(second_replies)) ADD_FAILURE() << "session 2, buffer " << id << ": " << status;
+
+  const Bytes m = RunWhole(*mean, 2, {x1})[0];
+  ASSERT_OK_AND_ASSIGN(Bytes m1, cluster->Fetch(101, 1, kFirst));
+  EXPECT_EQ(m1, m);
+  ASSERT_OK_AND_ASSIGN(Bytes m2, cluster->Fetch(102, 2, kFirst));
+  EXPECT_EQ(m2, m);
+  const std::vector<Bytes> g = RunWhole(*gather, 2, {x2});
+  ASSERT_OK_AND_ASSIGN(Bytes g1, cluster->Fetch(101, 1, kSecond));
+  EXPECT_EQ(g1, g[0]);
+  ASSERT_OK_AND_ASSIGN(Bytes g2, cluster->Fetch(102, 1, kSecond));
+  EXPECT_EQ(g2, g[1]);
+  ASSERT_OK_AND_ASSIGN(Bytes g3, cluster->Fetch(103, 2, kSecond));
+  EXPECT_EQ(g3, g[1]);
+  ASSERT_OK_AND_ASSIGN(Bytes in1, cluster->Fetch(100, 1, kFirst));
+  EXPECT_EQ(in1, x1);
+  ASSERT_OK_AND_ASSIGN(Bytes in2, cluster->Fetch(100, 1, kSecond));
+  EXPECT_EQ(in2, x2);
+}
+
+// A buffer is its session's: another session that names its id finds no
+// such buffer (NotFound, naming it), whether it fetches it or runs on it,
+// and its free of the id leaves the buffer as it was.
+TEST(HostExecutorTest, ASessionDoesNotSeeAnotherSessionsBuffers) {
+  auto cluster = MakeCluster(2, 2);
+  constexpr SessionId kOwner = 1, kOther = 2;
+  for (SessionId session : {kOwner, kOther}) {
+    ASSERT_OK(cluster->DefineList(1, {0, 2}, session));  // both hosts
+    ASSERT_NE(cluster->Load(10, AffineFunction(4), session), nullptr);
+    ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)}), session));
+  }
+  const std::vector<float> x = Iota<float>(8, 2.f, 0.25f);
+  ASSERT_OK(cluster->Put(7, 1, ToBytes(x), kOwner));
+
+  for (int h = 0; h < 2; ++h) {
+    const absl::Status fetched = cluster->FetchFrom(h, 7, kWait, kOther).status();
+    EXPECT_EQ(fetched.code(), absl::StatusCode::kNotFound) << "host " << h << ": " << fetched;
+    EXPECT_TRUE(absl::StrContains(fetched.message(), "buffer 7")) << fetched;
+  }
+  wire::RunProgram run = RunOf(20, 100);
+  Bind(run, 0, 7, 1);
+  ASSERT_OK_AND_ASSIGN(auto replies, cluster->Run(run, kOther));
+  auto failed = Failed(replies);
+  ASSERT_TRUE(failed.contains(101));
+  EXPECT_EQ(failed[101].code(), absl::StatusCode::kNotFound) << failed[101];
+  EXPECT_TRUE(absl::StrContains(failed[101].message(), "buffer 7")) << failed[101];
+  wire::FreeBuffers free;
+  free.add_buffer_ids(7);
+  for (int h = 0; h < 2; ++h) cluster->host(h).Free(free, kOther);
+
+  // The owner's buffer is intact, and its own run on it works.
+  ASSERT_OK_AND_ASSIGN(Bytes kept, cluster->Fetch(7, 1, kOwner));
+  EXPECT_EQ(FromBytes<float>(kept), x);
+  ASSERT_OK_AND_ASSIGN(replies, cluster->Run(run, kOwner));
+  EXPECT_TRUE(Failed(replies).empty());
+  ASSERT_OK_AND_ASSIGN(Bytes y, cluster->Fetch(101, 1, kOwner));
+  std::vector<float> expected;
+  for (float v : x) expected.push_back(v * 2 + 1);
+  EXPECT_EQ(FromBytes<float>(y), expected);
+}
+
+// A session's CancelRun, CancelRuns (even of all its runs), Free and Unload
+// touch only its own runs, buffers and programs: another session's of the
+// same ids run, stay and keep working.
+TEST(HostExecutorTest, CancelsFreesAndUnloadsOfASessionLeaveAnothersAlone) {
+  auto cluster = MakeCluster(2, 2);
+  constexpr SessionId kLeaving = kOneSession, kStaying = 7;
+  for (SessionId session : {kLeaving, kStaying}) {
+    ASSERT_OK(cluster->DefineList(1, {0, 1}, session));  // host 0
+    ASSERT_NE(cluster->Load(10, SlowFunction(4, 300'000'000), session), nullptr);  // 0.3 s
+    ASSERT_NE(cluster->Load(11, AffineFunction(4), session), nullptr);
+    ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)}), session));
+    ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Compute(11, 1, {0}, {1}, 2)}), session));
+    for (uint64_t first : {100, 200, 300, 400}) {
+      ASSERT_OK(cluster->Put(first, 1, ToBytes(Iota<float>(8, static_cast<float>(first + session), 1.f)), session));
+    }
+  }
+  auto affine_of = [](uint64_t first, SessionId session) {
+    std::vector<float> y;
+    for (float v : Iota<float>(8, static_cast<float>(first + session), 1.f)) y.push_back(v * 2 + 1);
+    return y;
+  };
+
+  // A run cancelled before it comes is refused in its session only.
+  for (int h = 0; h < 2; ++h) cluster->host(h).CancelRun(CancelOf(21, 300, absl::CancelledError("gone")), kLeaving);
+  EXPECT_EQ(Await(cluster->RunOn(0, RunOf(21, 300), kLeaving), kPrompt).status().code(),
+            absl::StatusCode::kCancelled);
+  ASSERT_OK_AND_ASSIGN(wire::RunReply reply, Await(cluster->RunOn(0, RunOf(21, 300), kStaying), kPrompt));
+  EXPECT_TRUE(Failed({reply}).empty());
+
+  // Both sessions' runs of program 21 from buffer 200 wait behind a slow
+  // part; cancelling all of one session's runs cancels only its own.
+  auto slow = cluster->RunOn(0, RunOf(20, 100), kStaying);
+  auto leaving = cluster->RunOn(0, RunOf(21, 200), kLeaving);
+  auto staying = cluster->RunOn(0, RunOf(21, 200), kStaying);
+  wire::CancelRuns cancel;
+  cancel.set_all(true);
+  cancel.set_reason("its client closed");
+  EXPECT_EQ(cluster->host(0).CancelRuns(cancel, kLeaving).parts_cancelled(), 1);
+  ASSERT_OK_AND_ASSIGN(reply, Await(leaving, kPrompt));
+  const auto failed = Failed({reply});
+  ASSERT_TRUE(failed.contains(201));
+  EXPECT_EQ(failed.at(201).code(), absl::StatusCode::kCancelled) << failed.at(201);
+  ASSERT_OK_AND_ASSIGN(reply, Await(staying, kPrompt));
+  EXPECT_TRUE(Failed({reply}).empty());
+  ASSERT_OK_AND_ASSIGN(reply, Await(slow, kPrompt));
+  EXPECT_TRUE(Failed({reply}).empty());
+  ASSERT_OK_AND_ASSIGN(Bytes y, cluster->Fetch(201, 1, kStaying));
+  EXPECT_EQ(FromBytes<float>(y), affine_of(200, kStaying));
+
+  // The leaving session frees its buffers and unloads its programs and
+  // functions; the staying session's of the same ids stay.
+  EXPECT_EQ(cluster->host(0).num_programs(), 4);
+  wire::FreeBuffers free;
+  for (uint64_t id : {100, 400}) free.add_buffer_ids(id);
+  wire::Unload unload;
+  for (uint64_t id : {20, 21}) unload.add_program_ids(id);
+  for (uint64_t id : {10, 11}) unload.add_function_ids(id);
+  for (int h = 0; h < 2; ++h) {
+    cluster->host(h).Free(free, kLeaving);
+    cluster->host(h).Unload(unload, kLeaving);
+  }
+  EXPECT_EQ(cluster->host(0).num_programs(), 2);
+  EXPECT_EQ(cluster->host(0).num_functions(), 2);
+  EXPECT_EQ(cluster->FetchFrom(0, 400, kWait, kLeaving).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Await(cluster->RunOn(0, RunOf(21, 500), kLeaving), kPrompt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(Bytes kept, cluster->Fetch(100, 1, kStaying));
+  EXPECT_EQ(FromBytes<float>(kept), Iota<float>(8, static_cast<float>(100 + kStaying), 1.f));
+  ASSERT_OK_AND_ASSIGN(reply, Await(cluster->RunOn(0, RunOf(21, 400), kStaying), kPrompt));
+  EXPECT_TRUE(Failed({reply}).empty());
+  ASSERT_OK_AND_ASSIGN(y, cluster->Fetch(401, 1, kStaying));
+  EXPECT_EQ(FromBytes<float>(y), affine_of(400, kStaying));
 }
 
 }  // namespace

@@ -52,8 +52,8 @@ struct GroupIncarnation {
   std::atomic<bool> abort_join{false};  // making the group gives up (AbortGroupsWith)
 };
 
-// The collective groups of one set of hosts: one incarnation per generation
-// (RenewGroup).
+// The collective groups of one session's set of hosts: one incarnation per
+// generation (RenewGroup).
 struct HostSetGroups {
   using Entry = GroupIncarnation;
   std::string key;         // of generation 0; generation g > 0 adds "/g<g>"
@@ -92,13 +92,16 @@ void HostGroups::SetTimeouts(absl::Duration timeout, absl::Duration arrival_time
   if (arrival_timeout > absl::ZeroDuration()) arrival_timeout_ = arrival_timeout;
 }
 
-HostSetGroups* HostGroups::ForSet(const std::vector<int>& host_set) {
+HostSetGroups* HostGroups::ForSet(SessionId session, const std::vector<int>& host_set) {
   const std::string set = absl::StrJoin(host_set, ",");
   MutexLock lock(&mu_);
-  std::unique_ptr<HostSetGroups>& groups = sets_[set];
+  std::unique_ptr<HostSetGroups>& groups = sets_[{session, set}];
   if (groups == nullptr) {
     groups = std::make_unique<HostSetGroups>();
     groups->key = absl::StrCat(layout_.group_prefix, "/hosts/", set);
+    // Each session's group of the set meets under a key of its own;
+    // kOneSession's stays as it was before sessions were keyed.
+    if (session != kOneSession) absl::StrAppend(&groups->key, "/s", session);
     groups->hosts = host_set;
   }
   return groups.get();
@@ -199,11 +202,11 @@ void HostGroups::StartMaker(HostSetGroups& groups, uint64_t generation, std::sha
   makers_.push_back(Maker{std::move(thread), std::move(finished)});
 }
 
-absl::Status HostGroups::RenewGroup(absl::Span<const int> hosts) {
+absl::Status HostGroups::RenewGroup(SessionId session, absl::Span<const int> hosts) {
   HostSetGroups* groups = nullptr;
   {
     MutexLock lock(&mu_);
-    auto it = sets_.find(absl::StrJoin(hosts, ","));
+    auto it = sets_.find(std::make_pair(session, absl::StrJoin(hosts, ",")));
     if (it != sets_.end()) groups = it->second.get();
   }
   if (groups == nullptr) {

@@ -3,11 +3,13 @@
 
 // The collective groups through which a host's parts of cross-host gangs
 // meet the other hosts' (over Gloo, coordination/collective_group.h): one
-// group per set of hosts that shares a gang, in incarnations (generations:
-// wire::RenewGroup) each made at its first use; where the hosts of a group
-// meet to make it (RendezvousStores); and how a gang's collectives run
-// through its group, agreeing in the first one whether every host's part
-// runs (GroupCollectives).
+// group per client session and set of hosts that shares a gang (a gang's
+// tag and its meetings are unique only within its session, so two sessions
+// never share a group), in incarnations (generations: wire::RenewGroup) each
+// made at its first use; where the hosts of a group meet to make it
+// (RendezvousStores); and how a gang's collectives run through its group,
+// agreeing in the first one whether every host's part runs
+// (GroupCollectives).
 //
 // Thread-safe. Lock order: the table of sets' lock, then a set's, then
 // (never under the set's) an incarnation's, which is held while that
@@ -19,6 +21,7 @@
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -29,6 +32,7 @@
 #include "csrc/base/mutex.h"
 #include "csrc/coordination/collective_group.h"
 #include "csrc/host/host_layout.h"
+#include "csrc/host/host_runs.h"
 #include "csrc/kernels/function_executable.h"
 
 namespace pw {
@@ -63,13 +67,13 @@ class SharedRendezvous final : public RendezvousStores {
   KeyValueStore* const store_;
 };
 
-// The collective groups of one set of hosts (host_groups.cc); lists of
-// that set point to it (HostDeviceList::groups).
+// The collective groups of one session's set of hosts (host_groups.cc);
+// the session's lists of that set point to it (HostDeviceList::groups).
 struct HostSetGroups;
 // One incarnation of a set's group, made or being made (host_groups.cc).
 struct GroupIncarnation;
 
-// This host's collective groups, by set of hosts.
+// This host's collective groups, by session and set of hosts.
 class HostGroups {
  public:
   // `layout` and `stores` must outlive this. `bind_ip`: the address Gloo
@@ -91,10 +95,12 @@ class HostGroups {
   // (CollectiveGroup::Arrive, and making its group).
   absl::Duration arrival_timeout() const { return arrival_timeout_; }
 
-  // The groups of `host_set` (increasing, this host and another among
-  // them): made at the first call, never removed, so they live as long as
-  // this object.
-  HostSetGroups* ForSet(const std::vector<int>& host_set);
+  // The groups of `session`'s gangs across `host_set` (increasing, this
+  // host and another among them): made at the first call, never removed,
+  // so they live as long as this object. They meet under the rendezvous key
+  // "<group prefix>/hosts/<set>", and a session other than kOneSession adds
+  // "/s<session>" (every host of the set must name the session alike).
+  HostSetGroups* ForSet(SessionId session, const std::vector<int>& host_set);
 
   // A part of `gang` (a list with groups) that will meet the other hosts
   // is enqueued: the generation it meets in (the one of the runs at this
@@ -111,8 +117,9 @@ class HostGroups {
   absl::StatusOr<std::shared_ptr<CollectiveGroup>> GroupFor(const HostDeviceList& gang, uint64_t generation,
                                                             std::stop_token stop = {});
 
-  // See HostExecutor::RenewGroup and HostExecutor::AbortGroupsWith.
-  absl::Status RenewGroup(absl::Span<const int> hosts);
+  // See HostExecutor::RenewGroup and HostExecutor::AbortGroupsWith (every
+  // session's groups with the host).
+  absl::Status RenewGroup(SessionId session, absl::Span<const int> hosts);
   void AbortGroupsWith(int host, const absl::Status& why);
 
  private:
@@ -126,10 +133,10 @@ class HostGroups {
   // one known to be lost ends it through AbortGroupsWith.
   absl::Duration arrival_timeout_ = absl::Hours(1);
 
-  // By the set ("0,1"): entries are made by ForSet (DefineDevices) and
-  // never removed, so lists point to them.
+  // By session and set ("0,1"): entries are made by ForSet (DefineDevices)
+  // and never removed, so lists point to them.
   Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<HostSetGroups>> sets_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<SessionId, std::string>, std::unique_ptr<HostSetGroups>> sets_ ABSL_GUARDED_BY(mu_);
 
   // Starts the thread that makes `entry`, the incarnation `generation` of
   // `groups`' group.

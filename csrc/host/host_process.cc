@@ -406,68 +406,79 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     reply_with(absl::FailedPreconditionError("this host has not joined its cluster yet"));
     return true;
   }
+  // The ids a request names are its client's session's (the executor keys
+  // its tables by session). One client owns a set of hosts today, so every
+  // request is kOneSession's; the multi-client service (issue 27) will give
+  // each client its own id, the same on every host.
+  const SessionId owner_session = kOneSession;
   switch (request.kind_case()) {
     case wire::Request::kDefineDevices:
-      reply_with(executor->DefineDevices(request.define_devices()));
+      reply_with(executor->DefineDevices(request.define_devices(), owner_session));
       break;
     case wire::Request::kLoadFunction:
       if (delays_.load_function_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(delays_.load_function_ns));
-      reply_with(executor->LoadFunction(request.load_function()));
+      reply_with(executor->LoadFunction(request.load_function(), owner_session));
       break;
     case wire::Request::kLoadProgram:
-      reply_with(executor->LoadProgram(request.load_program()));
+      reply_with(executor->LoadProgram(request.load_program(), owner_session));
       break;
     case wire::Request::kPut:
       if (delays_.put_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(delays_.put_ns));
-      reply_with(executor->Put(*request.mutable_put()));
+      reply_with(executor->Put(*request.mutable_put(), owner_session));
       break;
     case wire::Request::kRun:
-      executor->Run(request.run(), [session, id](absl::StatusOr<wire::RunReply> result) {
-        if (id == 0) return;
-        wire::Reply reply;
-        reply.set_id(id);
-        if (result.ok()) {
-          *reply.mutable_run() = *std::move(result);
-        } else {
-          ToWire(result.status(), reply.mutable_status());
-        }
-        session->Reply(std::move(reply));
-      });
+      executor->Run(
+          request.run(),
+          [session, id](absl::StatusOr<wire::RunReply> result) {
+            if (id == 0) return;
+            wire::Reply reply;
+            reply.set_id(id);
+            if (result.ok()) {
+              *reply.mutable_run() = *std::move(result);
+            } else {
+              ToWire(result.status(), reply.mutable_status());
+            }
+            session->Reply(std::move(reply));
+          },
+          owner_session);
       break;
     case wire::Request::kFetch:
-      executor->Fetch(request.fetch(), [session, id](absl::StatusOr<std::string> data) {
-        wire::Reply reply;
-        reply.set_id(id);
-        if (data.ok()) {
-          reply.mutable_fetch()->set_data(*std::move(data));
-        } else {
-          ToWire(data.status(), reply.mutable_status());
-        }
-        session->Reply(std::move(reply));
-      });
+      executor->Fetch(
+          request.fetch(),
+          [session, id](absl::StatusOr<std::string> data) {
+            wire::Reply reply;
+            reply.set_id(id);
+            if (data.ok()) {
+              reply.mutable_fetch()->set_data(*std::move(data));
+            } else {
+              ToWire(data.status(), reply.mutable_status());
+            }
+            session->Reply(std::move(reply));
+          },
+          owner_session);
       break;
     case wire::Request::kFree:
-      executor->Free(request.free());
+      executor->Free(request.free(), owner_session);
       break;
     case wire::Request::kUnload:
-      executor->Unload(request.unload());
+      executor->Unload(request.unload(), owner_session);
       break;
     case wire::Request::kFailDevices:
       reply_with(executor->FailDevices(request.fail_devices()));
       break;
     case wire::Request::kCancelRun:
-      executor->CancelRun(request.cancel_run());
+      executor->CancelRun(request.cancel_run(), owner_session);
       reply_with(absl::OkStatus());
       break;
     case wire::Request::kCancelRuns: {
       wire::Reply reply;
       reply.set_id(id);
-      *reply.mutable_cancelled() = executor->CancelRuns(request.cancel_runs());
+      *reply.mutable_cancelled() = executor->CancelRuns(request.cancel_runs(), owner_session);
       if (id != 0) session->Reply(std::move(reply));
       break;
     }
     case wire::Request::kRenewGroup:
-      reply_with(executor->RenewGroup(request.renew_group().hosts()));
+      reply_with(executor->RenewGroup(request.renew_group().hosts(), owner_session));
       break;
     case wire::Request::kDescribeQueues: {
       wire::Reply reply;

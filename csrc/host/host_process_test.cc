@@ -354,6 +354,21 @@ TEST(RendezvousScope, KeysByWhoAsks) {
   EXPECT_TRUE(absl::StrContains(why.message(), "host 3's entry")) << why;
 }
 
+// A client session's group of a set of hosts meets under the set's key with
+// "/s<session>" after the set (HostGroups::ForSet): the same rules hold.
+TEST(RendezvousScope, ASessionsGroupMeetsUnderItsSet) {
+  auto ok = [&](int self, int peer, const std::string& key, bool write) {
+    return CheckRendezvousScope("cluster-x", 4, self, peer, key, write).ok();
+  };
+  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/s7/1", true));
+  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/s7/rank_1", true));
+  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/s7/g2/1", true));
+  EXPECT_TRUE(ok(1, 3, "cluster-x/hosts/1,3/s7/rank_0", false));
+  EXPECT_FALSE(ok(1, 3, "cluster-x/hosts/1,3/s7/0", true));    // rank 0 is host 1
+  EXPECT_FALSE(ok(1, 2, "cluster-x/hosts/1,3/s7/0", false));   // not a member
+  EXPECT_FALSE(ok(0, 3, "cluster-x/hosts/1,3/s7/1", true));    // not host 1's store
+}
+
 TEST_F(HostProcessTest, HeartbeatsOnTheirOwnPathCarryTheIncarnation) {
   ChannelOptions options = Options();
   options.heartbeat_period_ns = 10'000'000;

@@ -1,9 +1,10 @@
 #ifndef PATHWAYS_HOST_HOST_RUNS_H_
 #define PATHWAYS_HOST_HOST_RUNS_H_
 
-// Runs as the hosts name them (RunKey), and the runs that are dead on this
-// host (DeadRuns): refused here, or cancelled by the client (see "Refusals
-// and cancellation" in host_executor.h). The executor marks runs dead; its
+// Client sessions and the ids they name (SessionId, SessionKey), runs as
+// the hosts name them (RunKey), and the runs that are dead on this host
+// (DeadRuns): refused here, or cancelled by the client (see "Refusals and
+// cancellation" in host_executor.h). The executor marks runs dead; its
 // device threads and its transfers' threads (host_transfers.h) ask.
 //
 // Thread-safe. DeadRuns' lock is a leaf: it is taken under a peer's lock
@@ -23,11 +24,32 @@
 
 namespace pw {
 
-// A run as the hosts name it: the client session (0: the one client of
-// today; several clients would each get theirs), the program, and the
+// A client's session on this host: the scope of every id the client names
+// (device lists, functions, programs, buffers, gang tags). Two sessions may
+// use the same id for different things.
+using SessionId = uint64_t;
+
+// The session of every request today: one client owns a set of hosts (see
+// HostProcess). The multi-client service (issue 27) will give each client
+// an id of its own, the same on every host.
+inline constexpr SessionId kOneSession = 0;
+
+// An id as a session names it (a list, a function, a program, a buffer):
+// how the executor's tables key what a client loads and makes.
+struct SessionKey {
+  SessionId session = kOneSession;
+  uint64_t id = 0;
+  friend bool operator==(const SessionKey&, const SessionKey&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const SessionKey& k) {
+    return H::combine(std::move(h), k.session, k.id);
+  }
+};
+
+// A run as the hosts name it: the client session, the program, and the
 // run's first buffer id (unique per run within a session).
 struct RunKey {
-  uint64_t session = 0;
+  SessionId session = kOneSession;
   uint64_t program_id = 0;
   uint64_t first_buffer_id = 0;
   friend bool operator==(const RunKey&, const RunKey&) = default;
@@ -36,11 +58,6 @@ struct RunKey {
     return H::combine(std::move(h), k.session, k.program_id, k.first_buffer_id);
   }
 };
-
-// The session of every run today: the one client that configured this
-// host. Several clients on one set of hosts would each get theirs (from
-// their control session), and the ids they choose would count per session.
-inline constexpr uint64_t kOneSession = 0;
 
 // The dead runs, and why; the last kMaxDeadRuns of them (a message for a
 // run forgotten since would wait for its receive: the set is large enough
