@@ -225,13 +225,16 @@ std::string MessageHeader(uint64_t length, uint8_t flag = 0, const DataMessageId
 int DialRaw(const std::string& address) { return testing_util::DialLoopback(address); }
 
 // A listening socket on 127.0.0.1:0; *address receives "127.0.0.1:port".
-int ListenRaw(std::string* address) {
+// A loopback socket on a port of its own: listening, or (`listen_too`
+// false) only bound, which refuses connections and keeps any other process
+// (a test running beside this one) from taking the port while it is open.
+int ListenRaw(std::string* address, bool listen_too = true) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in at{};
   at.sin_family = AF_INET;
   at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(at);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) < 0 || listen(fd, 16) < 0 ||
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) < 0 || (listen_too && listen(fd, 16) < 0) ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&at), &len) < 0) {
     return -1;
   }
@@ -1358,10 +1361,10 @@ TEST(DataPlaneTest, ConnectTimesOutNamingAHostNobodyListensFor) {
   Cluster c;
   ASSERT_OK(c.Listen(2, options));
   std::string closed_address;
-  const int fd = ListenRaw(&closed_address);
+  const int fd = ListenRaw(&closed_address, /*listen_too=*/false);  // nothing listens there
   ASSERT_GE(fd, 0);
-  close(fd);  // nothing listens there now
   absl::Status s = c[0].Connect({c[0].address(), closed_address});
+  close(fd);
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
   EXPECT_THAT(s.message(), AllOf(HasSubstr("could not reach host 1 at " + closed_address), HasSubstr("refused"),
                                  HasSubstr("not dialed in by host(s) 1")));

@@ -4,6 +4,11 @@
 
 #include "csrc/host/peer_stores.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <future>
@@ -61,12 +66,33 @@ class StoreHost final : public RequestHandler {
   std::atomic<int> last_peer{-2};
 };
 
-// An address where nothing listens (a port bound a moment ago, closed).
-std::string DeadAddress() {
-  HostProcess process;
-  auto server = HostServer::Start("127.0.0.1:0", kSecret, &process);
-  return server.ok() ? (*server)->address() : "127.0.0.1:1";
-}
+// An address where nothing listens, and nothing can while it lives: a
+// loopback port bound and never listened on (connections to it are refused),
+// so no server of a test running beside this one takes it meanwhile (a port
+// bound a moment ago and closed could be, and then it answered for host 2).
+class DeadAddress {
+ public:
+  DeadAddress() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      address_ = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+    }
+  }
+  ~DeadAddress() {
+    if (fd_ >= 0) close(fd_);
+  }
+  DeadAddress(const DeadAddress&) = delete;
+  DeadAddress& operator=(const DeadAddress&) = delete;
+  const std::string& address() const { return address_; }
+
+ private:
+  const int fd_;
+  std::string address_ = "127.0.0.1:1";
+};
 
 class PeerStoresTest : public ::testing::Test {
  protected:
@@ -82,13 +108,13 @@ class PeerStoresTest : public ::testing::Test {
     for (int h = 0; h < 3; ++h) {
       if (h != self) keys[h] = wrong_keys ? "not our key" : PairKey(self, h);
     }
-    return std::make_unique<PeerStores>(self, &own_, std::vector<std::string>{server0_->address(), dead_, dead_},
-                                        keys);
+    return std::make_unique<PeerStores>(
+        self, &own_, std::vector<std::string>{server0_->address(), dead_.address(), dead_.address()}, keys);
   }
   StoreHost host0_;
   std::unique_ptr<HostServer> server0_;
   InMemoryKeyValueStore own_;
-  const std::string dead_ = DeadAddress();
+  const DeadAddress dead_;
 };
 
 // A session with another host's store proves this host's identity with the
