@@ -119,7 +119,6 @@ class GlooStore final : public gloo::rendezvous::Store {
 // so do Arrive's.
 constexpr uint8_t kPointToPointSlotPrefix = 0x40;
 constexpr uint8_t kArrivalSlotPrefix = 0x41;
-constexpr uint64_t kMaxMeetings = uint64_t{1} << 56;  // Arrive's slots: the prefix, then the meeting
 
 std::chrono::milliseconds ToMillis(absl::Duration d) { return absl::ToChronoMilliseconds(d); }
 
@@ -722,8 +721,8 @@ absl::Status CollectiveGroup::Arrive(uint64_t meeting, absl::Duration timeout, s
       return absl::OkStatus();
     }
     const std::chrono::milliseconds millis = ToMillis(timeout);
-    // Its own prefix, so all 56 bits below it are the meeting's.
-    const uint64_t slot = (uint64_t{kArrivalSlotPrefix} << 56) | meeting;
+    // Its own prefix, so all the bits below it are the meeting's.
+    const uint64_t slot = uint64_t{kArrivalSlotPrefix} * kMaxMeetings | meeting;
     // Each member tells every other one it is here, and waits to hear the
     // same from each: the last to come ends the others' waits.
     auto arrival = std::make_unique<Arrival>();

@@ -209,6 +209,8 @@ class CollectiveGroup {
   // until it is destroyed, so that members that come later still reach it.
   // One small message to each other member.
   absl::Status Arrive(uint64_t meeting, absl::Duration timeout, std::stop_token cancel = {});
+  // Meetings are below this (Arrive's slots: a prefix byte, then the meeting).
+  static constexpr uint64_t kMaxMeetings = uint64_t{1} << 56;
 
   // Breaks the group with `why` (if it is not broken already): Arrives
   // waiting here end, its connections close (so the peers' operations in

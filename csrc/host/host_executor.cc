@@ -7,6 +7,7 @@
 #include <stop_token>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
@@ -613,12 +614,12 @@ void HostExecutor::Enqueue(Part* part) {
   for (const auto& in : part->inputs) {
     in->OnDone([this, part](const absl::Status&) { CountDown(part); });
   }
-  std::vector<Part*> heads;
+  bool at_head = false;  // (only `part` can be reported: GangOrder::Append)
   {
     MutexLock lock(&queue_mu_);
-    order_.Append(part->gang->order_list, part, [&](Part* p) { heads.push_back(p); });
+    order_.Append(part->gang->order_list, part, [&](Part*) { at_head = true; });
   }
-  for (Part* p : heads) CountDown(p);
+  if (at_head) CountDown(part);
   CountDown(part);  // the hold
 }
 
@@ -665,7 +666,7 @@ void HostExecutor::DeviceLoop(int device) {
     part->run->AddTime(part->step, start_ns, NowNanos());
     if (MeetsOtherHosts(*part)) groups_.Leave(*part->gang, part->generation);
     // Free the devices first, so the next gang in order can start.
-    std::vector<Part*> heads;
+    absl::InlinedVector<Part*, 4> heads;
     {
       MutexLock lock(&queue_mu_);
       order_.PopFront(part->gang->order_list, [&](Part* p) { heads.push_back(p); });
@@ -682,7 +683,7 @@ uint64_t HostExecutor::MeetingOf(const Part& part) {
   // Its first output's id: a run's buffers are the client's fresh ones, and
   // every function has an output. (Not the gang's tag, which every run of
   // its program shares: a meeting a host gave up still listens.)
-  return part.outputs[0]->id() & ((uint64_t{1} << 56) - 1);
+  return part.outputs[0]->id() % CollectiveGroup::kMaxMeetings;
 }
 
 absl::Status HostExecutor::RefusalOf(const Part& part) const {

@@ -78,12 +78,14 @@ class GangOrder {
   uint64_t num_ordered() const { return next_sequence_; }
 
   // Places `gang` last in the order, on list `id`; returns its sequence.
-  // Calls at_head(gang) if it heads all its devices' queues now.
+  // Calls at_head(gang) if it heads all its devices' queues now. Only
+  // `gang` can: one behind others on its list is reported by PopFront.
   template <typename AtHead>
   uint64_t Append(ListId id, Gang gang, AtHead&& at_head) {
     const uint64_t sequence = next_sequence_++;
-    lists_[id].ordered.push_back(Ordered{gang, sequence, false});
-    MaybeAtHead(lists_[id], at_head);
+    List& list = lists_[id];
+    list.ordered.push_back(Ordered{gang, sequence, false});
+    if (list.ordered.size() == 1) MaybeAtHead(list, at_head);
     return sequence;
   }
 
