@@ -195,41 +195,26 @@ void RunArithmetic(OpKind kind, int num_shards, int64_t n, View a, View b, void*
   constexpr bool kFloat = std::is_floating_point_v<T>;
   switch (kind) {
     case OpKind::kAdd:
-      if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) + uint32_t(y)); });
-      if constexpr (kBool) return map([](T x, T y) { return x || y; });
-      if constexpr (kFloat || kUint) return map([](T x, T y) { return T(x + y); });
+      return map([](T x, T y) { return ScalarAdd(x, y); });
       return;
     case OpKind::kSub:
-      if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) - uint32_t(y)); });
-      if constexpr (kFloat || kUint) return map([](T x, T y) { return T(x - y); });
+      if constexpr (!kBool) return map([](T x, T y) { return ScalarSub(x, y); });
       return;  // bool: rejected by the builder
     case OpKind::kMul:
-      if constexpr (kInt) return map([](T x, T y) { return Wrap(uint32_t(x) * uint32_t(y)); });
-      if constexpr (kBool) return map([](T x, T y) { return x && y; });
-      if constexpr (kFloat || kUint) return map([](T x, T y) { return T(x * y); });
+      return map([](T x, T y) { return ScalarMul(x, y); });
       return;
     case OpKind::kDiv:
-      if constexpr (kFloat) return map([](T x, T y) { return x / y; });
+      if constexpr (kFloat) return map([](T x, T y) { return ScalarDiv(x, y); });
       return;  // integers divide in float64 (the builder converts)
     case OpKind::kPow:
-      if constexpr (kInt) return map([](T x, T y) { return IntPow(x, y); });
-      if constexpr (kUint) return map([](T x, T y) { return UintPow(x, y); });
-      if constexpr (kFloat) {
-        return map([](T x, T y) { return static_cast<T>(std::pow(x, y)); });
-      }
+      if constexpr (!kBool) return map([](T x, T y) { return ScalarPow(x, y); });
       return;
     case OpKind::kRem:
-      // Truncated: the sign of x. By zero, x (XLA's); INT32_MIN rem -1 is 0
-      // (C's % would trap on the quotient's overflow).
-      if constexpr (kInt) {
-        return map([](T x, T y) { return y == 0 ? x : (y == -1 ? T(0) : T(x % y)); });
-      }
-      if constexpr (kUint) return map([](T x, T y) { return y == 0 ? x : T(x % y); });
-      if constexpr (kFloat) return map([](T x, T y) { return T(std::fmod(x, y)); });
+      if constexpr (!kBool) return map([](T x, T y) { return ScalarRem(x, y); });
       return;  // bool computes in int32 (the builder converts)
     case OpKind::kAtan2:
       if constexpr (kFloat) {
-        return map([](T y, T x) { return static_cast<T>(std::atan2(double{y}, double{x})); });
+        return map([](T y, T x) { return ScalarAtan2(y, x); });
       }
       return;  // integers and bool: converted by the builder
     case OpKind::kMax:
@@ -323,16 +308,10 @@ void RunUnary(OpKind kind, int num_shards, int64_t n, View x, void* out) {
   constexpr bool kFloat = std::is_floating_point_v<T>;
   switch (kind) {
     case OpKind::kNeg:
-      if constexpr (std::is_same_v<T, int32_t>) return map([](T v) { return Wrap(0u - uint32_t(v)); });
-      if constexpr (std::is_same_v<T, uint32_t>) return map([](T v) { return T(0u - v); });
-      if constexpr (kFloat) return map([](T v) { return -v; });
+      if constexpr (!std::is_same_v<T, bool>) return map([](T v) { return ScalarNeg(v); });
       return;
     case OpKind::kAbs:
-      if constexpr (std::is_same_v<T, int32_t>) {
-        return map([](T v) { return v < 0 ? Wrap(0u - uint32_t(v)) : v; });
-      }
-      if constexpr (kFloat) return map([](T v) { return std::abs(v); });
-      return map([](T v) { return v; });
+      return map([](T v) { return ScalarAbs(v); });
     case OpKind::kNot:
       if constexpr (std::is_same_v<T, bool>) return map([](T v) { return !v; });
       if constexpr (std::is_integral_v<T>) return map([](T v) { return T(~v); });
@@ -404,14 +383,8 @@ Out ConvertElement(In v) {
   } else if constexpr (std::is_same_v<Out, BFloat16>) {
     // Through float32, as ml_dtypes: float64 and large integers round twice.
     return FloatToBFloat16(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<Out, bool>) {
-    return v != In(0);
-  } else if constexpr (std::is_same_v<Out, int32_t> && std::is_floating_point_v<In>) {
-    return ToInt32(v);
-  } else if constexpr (std::is_same_v<Out, uint32_t> && std::is_floating_point_v<In>) {
-    return ToUint32(v);
   } else {
-    return static_cast<Out>(v);  // between integers: modulo 2^32 (C++20)
+    return ConvertScalar<Out, In>(v);
   }
 }
 

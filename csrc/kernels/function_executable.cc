@@ -20,6 +20,7 @@
 #include "csrc/kernels/reduction.h"
 #include "csrc/kernels/sort.h"
 #include "csrc/kernels/top_k.h"
+#include "csrc/kernels/vector_math.h"
 
 
 // The interpreter: LocalShards, and Run()/RunLocal(), which run a compiled
@@ -35,6 +36,21 @@ using kernels::IsElementwiseKind;
 using kernels::LiteralData;
 using kernels::RoundUp;
 using kernels::View;
+
+template <typename T>
+using ArrayFn = void (*)(const T*, T*, int64_t);
+
+// The vector math generated code calls (codegen/native_abi.h).
+const codegen::PwVectorMath kVectorMath = {
+    ArrayFn<float>(&Exp),   ArrayFn<double>(&Exp),  ArrayFn<float>(&Log),   ArrayFn<double>(&Log),
+    ArrayFn<float>(&Tanh),  ArrayFn<double>(&Tanh), ArrayFn<float>(&Sin),   ArrayFn<double>(&Sin),
+    ArrayFn<float>(&Cos),   ArrayFn<double>(&Cos),  ArrayFn<float>(&Sqrt),  ArrayFn<double>(&Sqrt),
+    ArrayFn<float>(&Rsqrt), ArrayFn<double>(&Rsqrt), ArrayFn<float>(&Erf),  ArrayFn<double>(&Erf),
+    ArrayFn<float>(&Erfc),  ArrayFn<double>(&Erfc),
+};
+
+// Most inputs or outputs of one native region (codegen/fused_region.cc's kMaxIo).
+constexpr size_t kMaxNativeIo = 32;
 
 }  // namespace
 
@@ -241,6 +257,33 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
   uint8_t* const tiles = static_cast<uint8_t*>(tile_buffer);
   for (size_t i = static_cast<size_t>(range.op_begin); i < static_cast<size_t>(range.op_end); ++i) {
     const Op& op = ops[i];
+    if (native_start_[i] >= 0) {  // a native region: one call, once its code is loaded
+      const int32_t k = native_start_[i];
+      const NativeRegion& nr = native_regions_[static_cast<size_t>(k)];
+      const codegen::PwRegionFn* fns = native_->regions.load(std::memory_order_acquire);
+      if (fns == nullptr) {
+        if (k == 0) native_->runs.fetch_add(1, std::memory_order_relaxed);
+      } else if (nr.last < range.op_end) {
+        const void* in[kMaxNativeIo];
+        int64_t in_stride[kMaxNativeIo];
+        void* out[kMaxNativeIo];
+        int64_t out_stride[kMaxNativeIo];
+        for (size_t j = 0; j < nr.inputs.size(); ++j) {
+          const View x = view(nr.inputs[j]);
+          in[j] = x.data;
+          in_stride[j] = x.shard_stride;
+        }
+        for (size_t j = 0; j < nr.outputs.size(); ++j) {
+          out[j] = result(nr.outputs[j]);
+          out_stride[j] = ops[nr.outputs[j]].type.num_elements();
+        }
+        const codegen::PwNativeArgs args{num_shards, in, in_stride, out, out_stride, tile_buffer,
+                                         &kVectorMath};
+        fns[k](&args);
+        i = static_cast<size_t>(nr.last);
+        continue;
+      }
+    }
     if (op.kind == OpKind::kParameter || op.kind == OpKind::kConstant || skip_[i]) continue;
     if (group_start_[i] >= 0) {  // a fused run, tile by tile over the whole gang
       const FusionGroup& g = groups_[static_cast<size_t>(group_start_[i])];

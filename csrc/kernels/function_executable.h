@@ -52,6 +52,7 @@
 #include "csrc/base/dtype.h"
 #include "csrc/base/mutex.h"
 #include "csrc/base/reduce_op.h"
+#include "csrc/codegen/native_compiler.h"
 #include "csrc/function_ir/function_ir.h"
 #include "csrc/kernels/data_movement.h"
 #include "csrc/kernels/elementwise.h"
@@ -112,8 +113,10 @@ class GangCollectives {
 class FunctionExecutable {
  public:
   // Plans scratch memory for `ir`. Fails only on an op the kernels cannot run.
+  // `native` false: the interpreter only (see "Native code" below), as with
+  // PATHWAYS_NATIVE_KERNELS=0.
   static absl::StatusOr<std::shared_ptr<const FunctionExecutable>> Compile(
-      std::shared_ptr<const FunctionIr> ir);
+      std::shared_ptr<const FunctionIr> ir, bool native = true);
 
   const FunctionIr& ir() const { return *ir_; }
   const std::shared_ptr<const FunctionIr>& ir_ptr() const { return ir_; }
@@ -252,6 +255,23 @@ class FunctionExecutable {
   };
   const CollectiveCall& first_collective() const { return first_collective_; }
 
+  // --- Native code (csrc/codegen) ---
+  //
+  // Compile plans the function's fused regions (codegen/fused_region.h) and
+  // registers their generated source with NativeCompiler::Default(), which
+  // compiles it in the background once the function has run a few times.
+  // Until then, and whenever PATHWAYS_NATIVE_KERNELS=0 or no compiler
+  // exists, the interpreter runs every op; after, each region's ops are one
+  // call of its native code. A run reads the swap once per region, so runs in
+  // flight may mix the two; both give the same bits (fused_region.h).
+  int num_native_regions() const { return static_cast<int>(native_regions_.size()); }
+  // The generated code has been loaded and runs in place of the interpreter.
+  bool native_ready() const {
+    return native_ != nullptr && native_->regions.load(std::memory_order_acquire) != nullptr;
+  }
+  // The job the compiler holds (null with no regions or native code off).
+  const std::shared_ptr<codegen::NativeJob>& native_job() const { return native_; }
+
   // Per-op plans Compile makes for Run(): see kernels/elementwise.h and
   // kernels/reduction.h.
   using BroadcastPlan = kernels::BroadcastPlan;
@@ -371,6 +391,17 @@ class FunctionExecutable {
   bool has_cross_shard_ = false;
   std::vector<LoopPlan> loop_plans_;
   std::vector<FusionGroup> groups_;
+  // Native regions: the ops [first, last], the values read (inputs) and
+  // written (outputs) in the order of the generated code's arguments, and
+  // the row buffer it needs (in the tiles).
+  struct NativeRegion {
+    int32_t first = 0, last = 0;
+    absl::InlinedVector<int32_t, 8> inputs, outputs;
+    int64_t row_buffer_bytes = 0;
+  };
+  std::vector<NativeRegion> native_regions_;
+  std::vector<int32_t> native_start_;  // per op: the region starting at it, or -1
+  std::shared_ptr<codegen::NativeJob> native_;
   // Per op: 1 if it is not run: a transpose that only matmuls read (they
   // read its operand transposed), or a reshape that shares its operand's
   // slot (the operand dies at it).

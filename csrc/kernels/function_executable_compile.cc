@@ -6,6 +6,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/status_macros.h"
+#include "csrc/codegen/fused_region.h"
+#include "csrc/codegen/native_compiler.h"
 #include "csrc/kernels/collectives.h"
 #include "csrc/kernels/elementwise.h"
 #include "csrc/kernels/function_executable.h"
@@ -52,7 +54,7 @@ int64_t ElementOffset(const ValueType& tuple, int64_t index) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Compile(
-    std::shared_ptr<const FunctionIr> ir) {
+    std::shared_ptr<const FunctionIr> ir, bool native) {
   if (ir == nullptr) return absl::InvalidArgumentError("compile: null function");
   const absl::Span<const Op> ops = ir->ops();
   const int32_t num_ops = static_cast<int32_t>(ops.size());
@@ -88,9 +90,9 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
     const Op& op = ops[v];
     if (!IsLoopOp(op.kind)) continue;
     LoopPlan plan;
-    PW_ASSIGN_OR_RETURN(plan.body, Compile(op.body));
+    PW_ASSIGN_OR_RETURN(plan.body, Compile(op.body, native));
     if (op.cond != nullptr) {
-      PW_ASSIGN_OR_RETURN(plan.cond, Compile(op.cond));
+      PW_ASSIGN_OR_RETURN(plan.cond, Compile(op.cond, native));
     }
     const FunctionExecutable& body = *plan.body;
     const FunctionIr& f = body.ir();
@@ -292,6 +294,38 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       for (int32_t u = v; u <= last; ++u) exe->tile_offset_[u] = -1;
     }
     v = last + 1;
+  }
+
+  // Native regions (codegen/fused_region.h), when native code is on. The
+  // generated code reads a region's inputs after it has written some of its
+  // outputs, so every value a region op reads stays live (keeps its slot) to
+  // the region's end, as in a fusion group.
+  exe->native_start_.assign(num_ops, -1);
+  codegen::NativeCompiler& compiler = codegen::NativeCompiler::Default();
+  if (native && compiler.enabled()) {
+    std::vector<std::pair<int32_t, int32_t>> groups;
+    for (const FusionGroup& g : exe->groups_) groups.push_back({g.first, g.last});
+    std::vector<codegen::FusedRegion> regions = codegen::PlanFusedRegions(*ir, groups);
+    for (const codegen::FusedRegion& r : regions) {
+      NativeRegion nr;
+      nr.first = r.first;
+      nr.last = r.last;
+      for (const codegen::RegionIo& io : r.inputs) nr.inputs.push_back(io.value);
+      for (const codegen::RegionIo& io : r.outputs) nr.outputs.push_back(io.value);
+      nr.row_buffer_bytes = r.row_buffer_bytes;
+      exe->native_start_[r.first] = static_cast<int32_t>(exe->native_regions_.size());
+      exe->native_regions_.push_back(std::move(nr));
+      exe->tile_bytes_ = std::max(exe->tile_bytes_, kernels::RoundUp(r.row_buffer_bytes));
+      for (int32_t u = r.first; u <= r.last; ++u) {
+        for (int32_t w : ops[u].operands) last_use[w] = std::max(last_use[w], r.last);
+      }
+    }
+    if (!regions.empty()) {
+      exe->native_ = std::make_shared<codegen::NativeJob>();
+      exe->native_->source = codegen::EmitNativeSource(regions);
+      exe->native_->num_regions = static_cast<int>(regions.size());
+      compiler.Register(exe->native_);
+    }
   }
 
   // Parameters are read in place and constants straight from their literal;

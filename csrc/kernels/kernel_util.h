@@ -13,6 +13,7 @@
 #include "csrc/base/bfloat16.h"
 #include "csrc/base/dtype.h"
 #include "csrc/function_ir/function_ir.h"
+#include "csrc/kernels/scalar_ops.h"
 
 namespace pw::kernels {
 
@@ -40,73 +41,6 @@ inline int FlatStride(const View& v, int64_t n) {
   return -1;
 }
 
-// int32 arithmetic wraps around (two's complement), as numpy's does.
-inline int32_t Wrap(uint32_t v) { return static_cast<int32_t>(v); }
-
-// base ** exp by squaring, wrapping modulo 2^32.
-inline uint32_t UintPow(uint32_t base, uint32_t exp) {
-  uint32_t result = 1;
-  while (exp > 0) {
-    if (exp & 1) result *= base;
-    base *= base;
-    exp >>= 1;
-  }
-  return result;
-}
-
-inline int32_t IntPow(int32_t base, int32_t exp) {
-  if (exp < 0) {  // numpy raises; we cannot at run time, so follow JAX
-    if (base == 1) return 1;
-    if (base == -1) return (exp % 2 == 0) ? 1 : -1;
-    return 0;
-  }
-  return Wrap(UintPow(static_cast<uint32_t>(base), static_cast<uint32_t>(exp)));
-}
-
-// Shifts of 32-bit integers with XLA's out-of-range counts: a count outside
-// [0, 32) (a negative one taken as unsigned) shifts every bit out, giving 0,
-// or for an arithmetic right shift the sign bit everywhere.
-template <typename T>
-T ShiftLeft(T x, T n) {
-  return static_cast<uint32_t>(n) < 32u ? static_cast<T>(static_cast<uint32_t>(x) << n) : T(0);
-}
-template <typename T>
-T ShiftRightLogical(T x, T n) {
-  return static_cast<uint32_t>(n) < 32u ? static_cast<T>(static_cast<uint32_t>(x) >> n) : T(0);
-}
-template <typename T>
-T ShiftRightArithmetic(T x, T n) {
-  const int32_t v = static_cast<int32_t>(x);  // C++20: >> of a negative int is arithmetic
-  return static_cast<T>(v >> (static_cast<uint32_t>(n) < 32u ? static_cast<uint32_t>(n) : 31u));
-}
-
-// float or double to int32 as numpy does on x86: truncated toward zero;
-// NaN and out-of-range (undefined in C++) give INT32_MIN.
-template <typename F>
-int32_t ToInt32(F v) {
-  if (!(v >= F(-2147483648.0) && v < F(2147483648.0))) return std::numeric_limits<int32_t>::min();
-  return static_cast<int32_t>(v);
-}
-
-// float or double to uint32 as XLA does (numpy's is undefined out of range):
-// truncated toward zero, saturating to [0, 2^32 - 1], NaN giving 0.
-template <typename F>
-uint32_t ToUint32(F v) {
-  if (!(v > F(0))) return 0;
-  if (v >= F(4294967295.0)) return std::numeric_limits<uint32_t>::max();
-  return static_cast<uint32_t>(v);
-}
-
-// NaN-propagating, as numpy.maximum / numpy.minimum.
-template <typename T>
-T Max(T x, T y) {
-  return (x != x || x > y) ? x : y;  // NOLINT(misc-redundant-expression): NaN check
-}
-template <typename T>
-T Min(T x, T y) {
-  return (x != x || x < y) ? x : y;  // NOLINT(misc-redundant-expression): NaN check
-}
-
 // The offset of row-major element `i` of `dims` in a layout of `strides`.
 inline int64_t Offset(int64_t i, const Dims& dims, const Dims& strides) {
   int64_t off = 0;
@@ -115,17 +49,6 @@ inline int64_t Offset(int64_t i, const Dims& dims, const Dims& strides) {
     i /= dims[d];
   }
   return off;
-}
-
-template <typename T>
-T ReduceAdd(T a, T b) {
-  if constexpr (std::is_same_v<T, int32_t>) {  // wraps (uint32_t's + does by itself)
-    return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return a || b;
-  } else {
-    return a + b;
-  }
 }
 
 // A constant's bytes. An empty constant's vector has no storage (data() may

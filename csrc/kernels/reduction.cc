@@ -8,32 +8,6 @@
 namespace pw::kernels {
 namespace {
 
-// The sum of x[0], x[stride], ... (n terms) in T: pairwise, as numpy sums
-// a contiguous run (8 running sums over blocks of up to 128 elements, halves
-// above), which is both more accurate than one running sum and vectorizes.
-template <typename T>
-T PairwiseSum(const T* x, int64_t n) {
-  if (n < 8) {
-    T acc = T(0);
-    for (int64_t i = 0; i < n; ++i) acc = acc + x[i];
-    return acc;
-  }
-  if (n <= 128) {
-    T r[8];
-    for (int j = 0; j < 8; ++j) r[j] = x[j];
-    int64_t i = 8;
-    for (; i + 8 <= n; i += 8) {
-      for (int j = 0; j < 8; ++j) r[j] = r[j] + x[i + j];
-    }
-    T acc = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-    for (; i < n; ++i) acc = acc + x[i];
-    return acc;
-  }
-  int64_t half = n / 2;
-  half -= half % 8;
-  return PairwiseSum(x, half) + PairwiseSum(x + half, n - half);
-}
-
 // One reduction of a contiguous run of n >= 1 elements.
 template <typename T>
 T ReduceRun(ReduceKind kind, const T* x, int64_t n) {
@@ -49,15 +23,8 @@ T ReduceRun(ReduceKind kind, const T* x, int64_t n) {
         return acc;
       }
     case ReduceKind::kMax:
-    case ReduceKind::kMin: {
-      T acc = x[0];
-      if (kind == ReduceKind::kMax) {
-        for (int64_t i = 1; i < n; ++i) acc = Max(acc, x[i]);
-      } else {
-        for (int64_t i = 1; i < n; ++i) acc = Min(acc, x[i]);
-      }
-      return acc;
-    }
+    case ReduceKind::kMin:
+      return RunMax(x, n, kind == ReduceKind::kMax);
     case ReduceKind::kArgmax:
       break;  // not here
   }
