@@ -26,8 +26,14 @@ back on inputs already resident on the device, and numpy on the same shapes:
                 function of `xp` (numpy or pathways.numpy), built from the
                 primitives both have. Throughput = minimum traffic, as above.
 
-pathways and numpy run in separate processes (one each, alternating, in
-`ROUNDS` rounds), so neither's BLAS thread pool competes with the other's;
+Memory bandwidth is measured in the same run: a STREAM triad a = b + s*c over
+16M float32 in C, compiled now (`cc -O3 -march=native`), single-threaded as an
+executor thread is, best of several passes, 12 bytes per element. Every
+non-matmul row's "share of limit" is its pathways throughput over the triad's;
+the goal (issue 26) is >= 60% at 16M elements.
+
+pathways, numpy and the triad run in separate processes (one each, in turn,
+in `ROUNDS` rounds), so no thread pool competes with another's;
 each system's best round is reported (see `summarize`).
 The pathways time per call is wall time with calls in flight, so it includes
 dispatch; the device time is the median gang duration from `pw.timeline()`
@@ -55,7 +61,7 @@ TOPOLOGY = "islands=1,hosts_per_island=1,devices_per_host=1"
 OUTPUTS_IN_FLIGHT_BYTES = 256 << 20  # caps calls per batch (a 16M f32 output is 64 MiB)
 TARGET_KEY = "matmul_f32_512"
 TARGET_RATIO = 0.5
-ROUNDS = 3  # pathways process, numpy process, repeated
+ROUNDS = 3  # pathways, numpy and triad processes, repeated
 DEVICE_CALLS = 200  # at most this many gangs recorded per row for the device time
 
 M = 1 << 20
@@ -88,6 +94,10 @@ CASES = [
     {"key": "xent_f32_16M", "op": "cross-entropy", "dtype": "float32", "rc": [16384, 1024],
      "expr": "xent"},
 ]
+GOAL_SIZE = 16 * M  # elements of the rows the bandwidth goal applies to
+GOAL_SHARE = 0.6  # of the triad's bandwidth (issue 26)
+TRIAD_N = 16 * M  # float32 elements per triad array (3 x 64 MiB, far out of cache)
+TRIAD_REPS = 10
 
 # Constants of the rows (Python floats: weakly typed, the arrays stay float32).
 LN_EPS = 1e-5
@@ -182,6 +192,10 @@ def _nbytes(specs) -> int:
     import numpy as np
 
     return sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt, *_ in specs)
+
+
+def _elements(case: dict) -> int:
+    return case["n"] if "n" in case else case["rc"][0] * case["rc"][1]
 
 
 def work_per_call(case: dict) -> float:
@@ -394,6 +408,48 @@ def np_worker(cases: list, seconds: float, warmup: float) -> dict:
     return out
 
 
+TRIAD_C = r"""
+void triad(float *restrict a, const float *restrict b, const float *restrict c, float s, long n) {
+  for (long i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+"""
+
+
+def triad_worker(n: int, reps: int) -> dict:
+    """This machine's memory bandwidth: the STREAM triad a = b + s*c over `n` float32,
+    compiled now with the system C compiler, one thread; the best of `reps` passes, counted
+    as 12 bytes per element (b and c read, a written)."""
+    import ctypes
+    import subprocess
+    import tempfile
+    import time
+
+    import numpy as np
+
+    cmd = ["cc", "-O3", "-march=native", "-shared", "-fPIC"]
+    with tempfile.TemporaryDirectory(prefix="pw_triad_") as d:
+        src, lib_path = os.path.join(d, "triad.c"), os.path.join(d, "triad.so")
+        with open(src, "w") as f:
+            f.write(TRIAD_C)
+        subprocess.run(cmd + ["-o", lib_path, src], check=True, capture_output=True, text=True)
+        lib = ctypes.CDLL(lib_path)
+    version = subprocess.run(["cc", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    lib.triad.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_float, ctypes.c_long]
+    lib.triad.restype = None
+    a, b, c = np.zeros(n, np.float32), np.full(n, 1.0, np.float32), np.full(n, 2.0, np.float32)
+    ptr = [x.ctypes.data for x in (a, b, c)]
+    times = []
+    for _ in range(reps + 1):  # the first pass warms up (and is dropped)
+        t0 = time.perf_counter()
+        lib.triad(*ptr, 3.0, n)
+        times.append(time.perf_counter() - t0)
+    times = times[1:]
+    if not (a[0] == 7.0 and a[-1] == 7.0 and a[n // 2] == 7.0):
+        raise RuntimeError(f"triad computed {a[0]}, not 7")
+    return {"compiler": f"{' '.join(cmd[:3])}; {version}", "n": n, "bytes_per_pass": 12 * n,
+            "seconds": times, "gb_per_s": 12 * n / min(times) / 1e9}
+
+
 # --------------------------------------------------------------------------
 # The run.
 
@@ -407,12 +463,25 @@ def sweep(args) -> dict:
         run = {}
         for system, target, env, timeout in [
                 ("pathways", "kernels:pw_worker", {"PATHWAYS_TOPOLOGY": TOPOLOGY}, 300),
-                ("numpy", "kernels:np_worker", None, 300)]:
+                ("numpy", "kernels:np_worker", None, 300),
+                ("triad", "kernels:triad_worker", None, 120)]:
             h.log(f"[{NAME}] round {r + 1}/{rounds}: {system}")
-            run[system] = h.run_isolated(target, kw, env=env, timeout=timeout)
+            kwargs = {"n": TRIAD_N, "reps": TRIAD_REPS} if system == "triad" else kw
+            run[system] = h.run_isolated(target, kwargs, env=env, timeout=timeout)
         runs.append(run)
     return {"seconds": seconds, "warmup": warmup, "rounds": rounds, "runs": runs,
             "steal": h.steal_fraction(cpu0, h.cpu_times())}
+
+
+def triad_bandwidth(data: dict) -> dict:
+    """The triad's best GB/s over rounds ("gb_per_s", absent if never measured), every
+    round's, and the errors."""
+    rates = [r["triad"]["result"]["gb_per_s"] for r in data["runs"] if r["triad"]["ok"]]
+    out = {"rounds": rates, "errors": [r["triad"]["error"] for r in data["runs"] if not r["triad"]["ok"]]}
+    if rates:
+        out["gb_per_s"] = max(rates)
+        out["compiler"] = next(r["triad"]["result"]["compiler"] for r in data["runs"] if r["triad"]["ok"])
+    return out
 
 
 def summarize(data: dict) -> dict:
@@ -420,9 +489,11 @@ def summarize(data: dict) -> dict:
 
     Other work on this 2-core machine only ever slows a round down (a BLAS
     call whose second thread loses its core can take 100x longer), so the
-    best round is the estimate of the undisturbed speed, for both systems
-    alike; the per-round ratios show how much the rounds disagreed.
+    best round is the estimate of the undisturbed speed, for every system
+    alike (and for the triad); the per-round ratios show how much the rounds
+    disagreed.
     """
+    triad = triad_bandwidth(data).get("gb_per_s")
     out = {}
     for case in CASES:
         key, work = case["key"], work_per_call(case)
@@ -468,6 +539,8 @@ def summarize(data: dict) -> dict:
             s["ratio"] = s["pw_thru"] / s["np_thru"]
         if "dev_thru" in s and "np_thru" in s:
             s["dev_ratio"] = s["dev_thru"] / s["np_thru"]
+        if "pw_thru" in s and triad and not _is_matmul(case):
+            s["share"] = s["pw_thru"] / (triad * 1e9)
         out[key] = s
     return out
 
@@ -490,7 +563,7 @@ def report(data: dict, summary: dict, info: dict, elapsed: float) -> str:
     lines = [h.machine_header(info), ""]
     lines.append(
         f"Kernels on one simulated device ({TOPOLOGY}) vs numpy, same shapes; "
-        f"{data['rounds']} round(s) of (pathways process, numpy process), "
+        f"{data['rounds']} round(s) of (pathways process, numpy process, triad process), "
         f"{data['seconds']:.2f} s per row and system in 3 batches after {data['warmup']:.2f} s warm-up"
     )
     lines.append("")
@@ -513,11 +586,12 @@ def report(data: dict, summary: dict, info: dict, elapsed: float) -> str:
             _ratio(s, "ratio"),
             (f"{min(rr):.2f}-{max(rr):.2f}" if len(rr) > 1 else "-"),
             _ratio(s, "dev_ratio"),
+            _pct(s.get("share")),
         ])
     lines.append(h.table(
         ["op", "shape", "pw/call", "pw device", "busy", "numpy/call", "pw", "pw device", "numpy",
-         "unit", "ratio", "(rounds)", "ratio dev"],
-        rows, align="llrrrrrrrlrrr"))
+         "unit", "ratio", "(rounds)", "ratio dev", "share of limit"],
+        rows, align="llrrrrrrrlrrrr"))
     lines.append("")
     t = summary[TARGET_KEY]
     if "ratio" in t:
@@ -535,6 +609,7 @@ def report(data: dict, summary: dict, info: dict, elapsed: float) -> str:
                 f"(ratio {t['sync_thru'] / t['np_thru']:.2f})")
     else:
         lines.append("512x512 f32 matmul: not measured (" + "; ".join(t["errors"]) + "): FAIL")
+    lines += _bandwidth_lines(data, summary)
     tol = ", ".join(f"{e} {r:g}/{a:g}" for e, (r, a) in TOLERANCE.items())
     lines.append("pathways results checked against numpy (matmul vs float64 reference, rel. err < 1e-5 "
                  f"f32 / 1e-12 f64; the other rows allclose to numpy's float32 result, rtol/atol {tol}): "
@@ -577,7 +652,11 @@ def report(data: dict, summary: dict, info: dict, elapsed: float) -> str:
         "  (logits; plus the labels and the loss), whatever either side really moves (numpy writes",
         "  and rereads a temporary per op). ratio = pathways per-call throughput / numpy; (rounds) =",
         "  the same ratio in each round; ratio dev = pathways device-time throughput / numpy.",
-        "- each round runs pathways, then numpy, each in its own process (their",
+        "- share of limit: pathways per-call throughput / the triad's bandwidth measured in the same",
+        "  run (a[i] = b[i] + s*c[i] in C, single-threaded like an executor thread, 12 bytes per",
+        "  element; the triad writes into memory it has already touched, while every pathways call",
+        "  writes fresh output memory).",
+        "- each round runs pathways, then numpy and the triad, each in its own process (their",
         "  thread pools never compete). A cell is the median of 3 batches in the best round for that",
         "  system: other work on this 2-core VM only slows a round down (a BLAS call whose second",
         "  thread loses its core can take 100x longer). (rounds) = min-max of the per-round ratios;",
@@ -601,6 +680,29 @@ def _checked(summary: dict, field: str, cases: list) -> str:
     return "all ok" if not bad else "WRONG or missing: " + ", ".join(bad)
 
 
+def _bandwidth_lines(data: dict, summary: dict) -> list:
+    """The triad's bandwidth, and the goal's verdict for each row at GOAL_SIZE elements."""
+    t = triad_bandwidth(data)
+    if "gb_per_s" not in t:
+        return ["memory bandwidth (triad): not measured (" + "; ".join(t["errors"]) + "); "
+                f"goal (pathways >= {GOAL_SHARE:.0%} of it at {GOAL_SIZE // M}M elements): not decided"]
+    lines = [f"memory bandwidth, triad a = b + s*c over {TRIAD_N // M}M float32 on one thread "
+             f"({t['compiler']}): {t['gb_per_s']:.1f} GB/s, best of {TRIAD_REPS} passes"
+             + (f"; per round: {', '.join(f'{r:.1f}' for r in t['rounds'])}" if len(t["rounds"]) > 1 else "")]
+    verdicts = []
+    for case in CASES:
+        s = summary[case["key"]]
+        if _is_matmul(case) or _elements(case) != GOAL_SIZE:
+            continue
+        v = "not measured" if "share" not in s else \
+            f"{s['share']:.0%} {'PASS' if s['share'] >= GOAL_SHARE else 'MISS'}"
+        verdicts.append(f"{case['op']} {v}")
+    met = sum(v.endswith("PASS") for v in verdicts)
+    lines.append(f"goal: pathways per-call throughput >= {GOAL_SHARE:.0%} of the triad at "
+                 f"{GOAL_SIZE // M}M elements: {met} of {len(verdicts)} rows; " + ", ".join(verdicts))
+    return lines
+
+
 def _short_label(case: dict) -> str:
     dt = "f32" if case["dtype"] == "float32" else "f64"
     if _is_matmul(case):
@@ -609,7 +711,7 @@ def _short_label(case: dict) -> str:
     return f"{case['expr']}\n{shape_text(case)}"
 
 
-def plot(summary: dict, path: str) -> None:
+def plot(summary: dict, path: str, triad_gb_per_s=None) -> None:
     plt = h.pyplot()
     if plt is None:
         return
@@ -633,6 +735,11 @@ def plot(summary: dict, path: str) -> None:
             if "ratio" in s:
                 top = max((s.get(f) or 0) for f, _, _ in series) / 1e9
                 ax.annotate(f"{s['ratio']:.2f}x", (x, top), ha="center", va="bottom", fontsize=8)
+        if triad_gb_per_s and not _is_matmul(cases[0]):
+            ax.axhline(triad_gb_per_s, color="gray", linestyle="--", linewidth=1,
+                       label=f"triad (memory bandwidth) {triad_gb_per_s:.1f} GB/s")
+            ax.axhline(GOAL_SHARE * triad_gb_per_s, color="gray", linestyle=":", linewidth=1,
+                       label=f"goal: {GOAL_SHARE:.0%} of the triad")
         ax.set_xticks(xs)
         ax.set_xticklabels([_short_label(c) for c in cases], fontsize=8)
         ax.set_title(title, fontsize=10)
@@ -656,8 +763,9 @@ def main(argv=None) -> None:
     print(text)
     data["machine"] = info
     data["summary"] = summary
+    data["triad"] = triad_bandwidth(data)
     h.write_results(args.out_dir, NAME, text, data)
-    plot(summary, os.path.join(args.out_dir, f"{NAME}.png"))
+    plot(summary, os.path.join(args.out_dir, f"{NAME}.png"), data["triad"].get("gb_per_s"))
 
 
 if __name__ == "__main__":
