@@ -23,8 +23,9 @@ back on inputs already resident on the device, and numpy on the same shapes:
                 picked by a one-hot compare with an iota, mean over rows);
                 and one Adam step of a 1M / 16M parameter vector (p, g, m, v
                 in; p, m, v out; the hyperparameters constants). Each is one
-                function of `xp` (numpy or pathways.numpy), built from the
-                primitives both have. Throughput = minimum traffic, as above.
+                function of `xp` (numpy, pathways.numpy or jax.numpy), built
+                from the primitives all three have. Throughput = minimum
+                traffic, as above.
 
 Memory bandwidth is measured in the same run: a STREAM triad a = b + s*c over
 16M float32 in C, compiled now (`cc -O3 -march=native`), single-threaded as an
@@ -32,8 +33,9 @@ executor thread is, best of several passes, 12 bytes per element. Every
 non-matmul row's "share of limit" is its pathways throughput over the triad's;
 the goal (issue 26) is >= 60% at 16M elements.
 
-pathways, numpy and the triad run in separate processes (one each, in turn,
-in `ROUNDS` rounds), so no thread pool competes with another's;
+pathways, numpy, jax.jit (when jax is installed: the same functions on
+jax.numpy, CPU backend) and the triad run in separate processes (one each,
+in turn, in `ROUNDS` rounds), so no thread pool competes with another's;
 each system's best round is reported (see `summarize`).
 The pathways time per call is wall time with calls in flight, so it includes
 dispatch; the device time is the median gang duration from `pw.timeline()`
@@ -61,7 +63,7 @@ TOPOLOGY = "islands=1,hosts_per_island=1,devices_per_host=1"
 OUTPUTS_IN_FLIGHT_BYTES = 256 << 20  # caps calls per batch (a 16M f32 output is 64 MiB)
 TARGET_KEY = "matmul_f32_512"
 TARGET_RATIO = 0.5
-ROUNDS = 3  # pathways, numpy and triad processes, repeated
+ROUNDS = 3  # pathways, numpy, jax and triad processes, repeated
 DEVICE_CALLS = 200  # at most this many gangs recorded per row for the device time
 
 M = 1 << 20
@@ -106,9 +108,14 @@ GELU_C = math.sqrt(2.0 / math.pi)
 
 
 def _rsqrt(xp, v):
-    """1 / sqrt(v): pathways.numpy's rsqrt, else numpy's 1 / sqrt."""
+    """1 / sqrt(v): pathways.numpy's rsqrt, jax.lax's for jax.numpy (which has none), else
+    numpy's 1 / sqrt."""
     if hasattr(xp, "rsqrt"):
         return xp.rsqrt(v)
+    if xp.__name__.startswith("jax"):
+        import jax.lax
+
+        return jax.lax.rsqrt(v)
     return 1 / xp.sqrt(v)
 
 
@@ -156,7 +163,7 @@ _EXPRS = {
     "xent": _xent,
 }
 
-# Per row: allclose(pathways, numpy's float32 result, rtol, atol). The
+# Per row: allclose(pathways or jax, numpy's float32 result, rtol, atol). The
 # reductions sum in another order than numpy's pairwise sums, and the mean of
 # cross-entropy adds up 4096-16384 rows.
 TOLERANCE = {"arith": (1e-5, 1e-6), "tanh": (1e-5, 1e-6), "softmax": (1e-5, 1e-7),
@@ -165,7 +172,8 @@ TOLERANCE = {"arith": (1e-5, 1e-6), "tanh": (1e-5, 1e-6), "softmax": (1e-5, 1e-7
 
 
 def _expr(name: str, xp):
-    """The elementwise function `name` with `xp` = numpy or pathways.numpy (traced)."""
+    """The elementwise function `name` with `xp` = numpy, pathways.numpy (traced) or
+    jax.numpy."""
     return lambda *args: _EXPRS[name](xp, *args)
 
 
@@ -408,6 +416,40 @@ def np_worker(cases: list, seconds: float, warmup: float) -> dict:
     return out
 
 
+def jax_worker(cases: list, seconds: float, warmup: float) -> dict:
+    """`jax.jit` of each elementwise row's function (jax.numpy) on the CPU backend."""
+    import time
+
+    import numpy as np
+
+    import jax
+    import jax.numpy as jnp
+
+    out = {"jax": jax.__version__, "backend": jax.default_backend(), "cases": {}}
+    to_check = []
+    for case in cases:
+        if _is_matmul(case):
+            continue
+        args = _inputs(case)
+        f = jax.jit(_expr(case["expr"], jnp))
+        dev = [jax.device_put(x) for x in args]
+        t0 = time.perf_counter()
+        first = [np.asarray(o) for o in _leaves(f(*dev))]  # trace + compile + one run
+        first_s = time.perf_counter() - t0
+        to_check.append((case, args, first))
+        max_calls = max(1, OUTPUTS_IN_FLIGHT_BYTES // sum(o.nbytes for o in first))
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        m = measure_batches(lambda: f(*dev), jax.block_until_ready, seconds=seconds, warmup=warmup,
+                            max_calls=max_calls)
+        # XLA:CPU may spread a kernel over threads; numpy and a pathways gang use one.
+        m["cpu_per_wall"] = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+        m["first_call_s"] = first_s
+        out["cases"][case["key"]] = m
+    for case, args, got in to_check:
+        out["cases"][case["key"]]["check"] = _check(case, got, _expr(case["expr"], np)(*args))
+    return out
+
+
 TRIAD_C = r"""
 void triad(float *restrict a, const float *restrict b, const float *restrict c, float s, long n) {
   for (long i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
@@ -457,6 +499,7 @@ def triad_worker(n: int, reps: int) -> dict:
 def sweep(args) -> dict:
     seconds, warmup, rounds = (0.3, 0.1, 1) if args.quick else (0.6, 0.15, ROUNDS)
     kw = {"cases": CASES, "seconds": seconds, "warmup": warmup}
+    has_jax = h.has_module("jax")
     cpu0 = h.cpu_times()
     runs = []
     for r in range(rounds):
@@ -464,12 +507,15 @@ def sweep(args) -> dict:
         for system, target, env, timeout in [
                 ("pathways", "kernels:pw_worker", {"PATHWAYS_TOPOLOGY": TOPOLOGY}, 300),
                 ("numpy", "kernels:np_worker", None, 300),
+                ("jax", "kernels:jax_worker", {"JAX_PLATFORMS": "cpu"}, 300),
                 ("triad", "kernels:triad_worker", None, 120)]:
+            if system == "jax" and not has_jax:
+                continue
             h.log(f"[{NAME}] round {r + 1}/{rounds}: {system}")
             kwargs = {"n": TRIAD_N, "reps": TRIAD_REPS} if system == "triad" else kw
             run[system] = h.run_isolated(target, kwargs, env=env, timeout=timeout)
         runs.append(run)
-    return {"seconds": seconds, "warmup": warmup, "rounds": rounds, "runs": runs,
+    return {"seconds": seconds, "warmup": warmup, "rounds": rounds, "runs": runs, "has_jax": has_jax,
             "steal": h.steal_fraction(cpu0, h.cpu_times())}
 
 
@@ -497,9 +543,9 @@ def summarize(data: dict) -> dict:
     out = {}
     for case in CASES:
         key, work = case["key"], work_per_call(case)
-        rates = {"pathways": [], "numpy": []}
+        rates = {"pathways": [], "numpy": [], "jax": []}
         dev_us, busy, sync_rates = [], [], []
-        round_ratios, checks, errors = [], [], []
+        round_ratios, checks, jax_checks, errors = [], [], [], []
         for run in data["runs"]:
             got = {}
             for system in rates:
@@ -520,10 +566,13 @@ def summarize(data: dict) -> dict:
                 checks.append(pc["check"])
                 if "sync" in pc:
                     sync_rates.append(pc["sync"]["per_s"])
+            if "jax" in got:
+                jax_checks.append(got["jax"]["check"])
             if pc and "numpy" in got:
                 round_ratios.append(pc["per_s"] / got["numpy"]["per_s"])
-        s = {"case": case, "errors": errors, "round_ratios": round_ratios, "checks": checks}
-        for system, prefix in (("pathways", "pw"), ("numpy", "np")):
+        s = {"case": case, "errors": errors, "round_ratios": round_ratios, "checks": checks,
+             "jax_checks": jax_checks}
+        for system, prefix in (("pathways", "pw"), ("numpy", "np"), ("jax", "jax")):
             if rates[system]:
                 s[f"{prefix}_us"] = 1e6 / max(rates[system])
                 s[f"{prefix}_thru"] = work / (s[f"{prefix}_us"] * 1e-6)
@@ -539,6 +588,8 @@ def summarize(data: dict) -> dict:
             s["ratio"] = s["pw_thru"] / s["np_thru"]
         if "dev_thru" in s and "np_thru" in s:
             s["dev_ratio"] = s["dev_thru"] / s["np_thru"]
+        if "pw_thru" in s and "jax_thru" in s:
+            s["jax_ratio"] = s["pw_thru"] / s["jax_thru"]
         if "pw_thru" in s and triad and not _is_matmul(case):
             s["share"] = s["pw_thru"] / (triad * 1e9)
         out[key] = s
@@ -561,9 +612,11 @@ def _ratio(s: dict, field: str) -> str:
 
 def report(data: dict, summary: dict, info: dict, elapsed: float) -> str:
     lines = [h.machine_header(info), ""]
+    systems = "pathways process, numpy process, " + ("jax process, " if data["has_jax"] else "")
     lines.append(
-        f"Kernels on one simulated device ({TOPOLOGY}) vs numpy, same shapes; "
-        f"{data['rounds']} round(s) of (pathways process, numpy process, triad process), "
+        f"Kernels on one simulated device ({TOPOLOGY}) vs numpy"
+        + (" and jax.jit (CPU)" if data["has_jax"] else "")
+        + f", same shapes; {data['rounds']} round(s) of ({systems}triad process), "
         f"{data['seconds']:.2f} s per row and system in 3 batches after {data['warmup']:.2f} s warm-up"
     )
     lines.append("")
@@ -579,19 +632,22 @@ def report(data: dict, summary: dict, info: dict, elapsed: float) -> str:
             h.fmt_us(s.get("dev_us")),
             _pct(s.get("busy")),
             h.fmt_us(s.get("np_us")),
+            h.fmt_us(s.get("jax_us")),
             _thru(s.get("pw_thru")),
             _thru(s.get("dev_thru")),
             _thru(s.get("np_thru")),
+            _thru(s.get("jax_thru")),
             unit,
             _ratio(s, "ratio"),
             (f"{min(rr):.2f}-{max(rr):.2f}" if len(rr) > 1 else "-"),
             _ratio(s, "dev_ratio"),
+            _ratio(s, "jax_ratio"),
             _pct(s.get("share")),
         ])
     lines.append(h.table(
-        ["op", "shape", "pw/call", "pw device", "busy", "numpy/call", "pw", "pw device", "numpy",
-         "unit", "ratio", "(rounds)", "ratio dev", "share of limit"],
-        rows, align="llrrrrrrrlrrrr"))
+        ["op", "shape", "pw/call", "pw device", "busy", "numpy/call", "jax/call", "pw", "pw device",
+         "numpy", "jax", "unit", "ratio", "(rounds)", "ratio dev", "pw/jax", "share of limit"],
+        rows, align="llrrrrrrrrrlrrrrr"))
     lines.append("")
     t = summary[TARGET_KEY]
     if "ratio" in t:
@@ -614,6 +670,11 @@ def report(data: dict, summary: dict, info: dict, elapsed: float) -> str:
     lines.append("pathways results checked against numpy (matmul vs float64 reference, rel. err < 1e-5 "
                  f"f32 / 1e-12 f64; the other rows allclose to numpy's float32 result, rtol/atol {tol}): "
                  + _checked(summary, "checks", CASES))
+    if data["has_jax"]:
+        lines.append("jax.jit results checked against numpy (the same tolerances): "
+                     + _checked(summary, "jax_checks", [c for c in CASES if not _is_matmul(c)]))
+    else:
+        lines.append(f"jax.jit columns: jax {h.MISSING}")
     errs = sorted({e for s in summary.values() for e in s["errors"]})
     for e in errs:
         lines.append(f"error: {e}")
@@ -626,6 +687,11 @@ def report(data: dict, summary: dict, info: dict, elapsed: float) -> str:
         lines.append(f"numpy {first['numpy']['result']['numpy']} BLAS: "
                      f"{nb.get('config', nb.get('error'))}, core {nb.get('core')}, {nb.get('threads')} threads"
                      + (f"; env {first['numpy']['result']['env']}" if first["numpy"]["result"]["env"] else ""))
+    jax_runs = [r["jax"]["result"] for r in data["runs"] if r.get("jax", {}).get("ok")]
+    if jax_runs:
+        cores = [c["cpu_per_wall"] for j in jax_runs for c in j["cases"].values()]
+        lines.append(f"jax {jax_runs[0]['jax']} on {jax_runs[0]['backend']}: CPU seconds per wall second "
+                     f"while timed {min(cores):.2f}-{max(cores):.2f} (1 = one thread)")
     loads = []
     for i, r in enumerate(data["runs"]):
         for sysname, res in r.items():
@@ -645,24 +711,29 @@ def report(data: dict, summary: dict, info: dict, elapsed: float) -> str:
         "  kernels). pw device: median gang duration from pw.timeline() (the kernel only) over one",
         f"  more batch of up to {DEVICE_CALLS} calls; busy = summed gang time / span of that batch (the",
         "  rest is gaps between gangs). numpy/call: the same op on the same arrays, back to back.",
+        "  jax/call: jax.jit of the same function (jax.numpy) on the CPU backend, the same way",
+        "  (k calls dispatched, then block_until_ready on the last output).",
         "- throughput: matmul 2*m*n*k (*batch) FLOP per call; the other rows the minimum traffic:",
         "  every input read once and every output written once: bytes per element 12 for the",
         "  chains (a, b, out), 8 for softmax and gelu (x, out), 8 for layer norm (x, out; plus",
         "  gamma and beta once), 28 for adam (p, g, m, v in; p, m, v out), 4 for cross-entropy",
         "  (logits; plus the labels and the loss), whatever either side really moves (numpy writes",
         "  and rereads a temporary per op). ratio = pathways per-call throughput / numpy; (rounds) =",
-        "  the same ratio in each round; ratio dev = pathways device-time throughput / numpy.",
+        "  the same ratio in each round; ratio dev = pathways device-time throughput / numpy;",
+        "  pw/jax = pathways per-call throughput / jax.jit's.",
         "- share of limit: pathways per-call throughput / the triad's bandwidth measured in the same",
         "  run (a[i] = b[i] + s*c[i] in C, single-threaded like an executor thread, 12 bytes per",
         "  element; the triad writes into memory it has already touched, while every pathways call",
         "  writes fresh output memory).",
-        "- each round runs pathways, then numpy and the triad, each in its own process (their",
+        "- each round runs pathways, then numpy, jax and the triad, each in its own process (their",
         "  thread pools never compete). A cell is the median of 3 batches in the best round for that",
         "  system: other work on this 2-core VM only slows a round down (a BLAS call whose second",
         "  thread loses its core can take 100x longer). (rounds) = min-max of the per-round ratios;",
         "  busy = median over rounds. The JSON keeps every batch and every recorded gang duration.",
         "- elementwise: numpy ufuncs run on one thread; a pathways gang also runs on one executor",
-        "  thread. tanh rows measure the transcendental more than memory.",
+        "  thread; XLA:CPU splits a large fused loop over its thread pool (the CPU seconds per wall",
+        "  second above: up to 2 on this 2-core VM). tanh rows measure the transcendental more than",
+        "  memory.",
         "",
         f"total time {elapsed:.0f} s",
     ]
@@ -721,7 +792,8 @@ def plot(summary: dict, path: str, triad_gb_per_s=None) -> None:
     fig, axes = plt.subplots(2, 1, figsize=(14, 9), gridspec_kw={"height_ratios": [1, 1]})
     series = [("pw_thru", "pathways (per call)", "tab:blue"),
               ("dev_thru", "pathways (device time)", "lightsteelblue"),
-              ("np_thru", "numpy", "tab:orange")]
+              ("np_thru", "numpy", "tab:orange"),
+              ("jax_thru", "jax.jit", "tab:green")]
     for ax, (title, cases) in zip(axes, groups):
         xs = list(range(len(cases)))
         shown = [f for f in series if any(summary[c["key"]].get(f[0]) for c in cases)]
@@ -745,8 +817,8 @@ def plot(summary: dict, path: str, triad_gb_per_s=None) -> None:
         ax.set_title(title, fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("Kernels on one simulated device vs numpy (labels: pathways per-call / numpy)",
-                 fontsize=11)
+    fig.suptitle("Kernels on one simulated device vs numpy and jax.jit "
+                 "(labels: pathways per-call / numpy)", fontsize=11)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
