@@ -368,6 +368,14 @@ def pw_worker(cases: list, seconds: float, warmup: float) -> dict:
         t0 = time.perf_counter()
         first = [np.asarray(o)[0] for o in _leaves(f(*dev))]  # trace + compile + one run
         first_s = time.perf_counter() - t0
+        # Native code for the fused loops is compiled in the background after
+        # the second run (PATHWAYS_NATIVE_AFTER_RUNS); wait for it, then check
+        # what it computes.
+        [o.block_until_ready() for o in _leaves(f(*dev))]
+        t0 = time.perf_counter()
+        pw.wait_for_native_kernels()
+        native_wait_s = time.perf_counter() - t0
+        first = [np.asarray(o)[0] for o in _leaves(f(*dev))]
         to_check.append((case, args, first))
         issue, wait = (lambda: f(*dev)), (lambda out: [o.block_until_ready() for o in _leaves(out)])
         # Every call in flight holds its outputs' device memory.
@@ -387,9 +395,11 @@ def pw_worker(cases: list, seconds: float, warmup: float) -> dict:
         m["gap_us"] = {"median": statistics.median(gaps), "mean": statistics.mean(gaps)}
         m["device_busy"] = sum(dur) / span  # of the span from the first gang's start to the last's end
         m["first_call_s"] = first_s
+        m["native_wait_s"] = native_wait_s
         out["cases"][case["key"]] = m
         for d in dev:
             d.delete()
+    out["native"] = pw.native_kernel_stats()
     # Checks last: the reference calls numpy's BLAS, whose threads would
     # otherwise still be spinning while pathways is timed.
     for case, args, got in to_check:

@@ -5,6 +5,7 @@
 #include "csrc/bindings/registrations.h"
 #include "csrc/bindings/sharded_buffer.h"
 #include "csrc/bindings/status_casters.h"
+#include "csrc/codegen/native_compiler.h"
 #include "csrc/kernels/function_executable.h"
 #include "csrc/program_ir/program_ir.h"
 #include "pybind11/numpy.h"
@@ -94,6 +95,30 @@ std::shared_ptr<T> Mutable(std::shared_ptr<const T> p) {
 }  // namespace
 
 void RegisterFunctionIr(py::module_& m) {
+  m.def(
+      "wait_for_native_kernels",
+      [] {
+        py::gil_scoped_release release;
+        codegen::NativeCompiler::Default().WaitIdle();
+      },
+      "Blocks until the native code of every compiled function that has run often enough\n"
+      "to be compiled (PATHWAYS_NATIVE_AFTER_RUNS) is loaded or has failed to build.");
+  m.def(
+      "native_kernel_stats",
+      [] {
+        const codegen::NativeCompiler& c = codegen::NativeCompiler::Default();
+        const auto s = c.stats();
+        py::dict d;
+        d["enabled"] = c.enabled();
+        d["compiled"] = s.compiled;
+        d["cache_hits"] = s.cache_hits;
+        d["rebuilt"] = s.rebuilt;
+        d["failed"] = s.failed;
+        d["cache_dir"] = c.options().cache_dir;
+        return d;
+      },
+      "Counts of the native compiler (compiled, cache_hits, rebuilt, failed), whether it is\n"
+      "on, and its cache directory.");
   m.def("op_registry", [] {
     py::list rows;
     for (const OpInfo& info : kOpRegistry) {

@@ -314,6 +314,7 @@ std::optional<FusedRegion> Planner::Try(int32_t v, int32_t limit, int32_t* faile
       L = d;
     }
   }
+  if (largest <= 0) return std::nullopt;  // empty values: nothing to compute
   // Values the region reads from before it: from the first operand index.
   int32_t base = v;
   for (int32_t u = v; u <= limit; ++u) {
@@ -372,8 +373,7 @@ std::optional<FusedRegion> Planner::Try(int32_t v, int32_t limit, int32_t* faile
         me.st = I(w).st;
       } else {
         // Read from w's memory in its own shape; not written by the region,
-        // so nothing after the region may read it.
-        if (last_user_[u] > limit) ok = false;
+        // so nothing after the region may read it (checked at the end).
         const Info& src = external(w, u);
         me.kind = Info::kExternal;
         me.mem = src.literal ? w : src.mem;
@@ -466,7 +466,15 @@ std::optional<FusedRegion> Planner::Try(int32_t v, int32_t limit, int32_t* faile
       break;
     }
     last = u;
-    ++computing;
+    if (me.kind != Info::kExternal) ++computing;
+  }
+  // A reshape the region reads in place of computing it leaves its own slot
+  // unwritten: none may be read after the region.
+  for (int32_t u = v; u <= last; ++u) {
+    if (!Inert(ops_[u]) && I(u).kind == Info::kExternal && last_user_[u] > last) {
+      *failed = u > v ? u : -1;
+      return std::nullopt;
+    }
   }
   if (last < v || (computing < 2 && !has_reduce)) return std::nullopt;
 

@@ -156,6 +156,36 @@ TEST(FusedRegionTest, LayerNormWithGammaBetaAndResidualIsOneRegion) {
   ExpectNativeMatchesInterpreter(ir, 1, rng);
 }
 
+TEST(FusedRegionTest, EmptyValuesMakeNoRegion) {
+  FunctionBuilder b("empty", "");
+  const int32_t x = b.Parameter(DType::kF32, {0, 4});
+  const int32_t y = *b.Unary(OpKind::kExp, *b.Binary(OpKind::kMul, x, x));
+  auto ir = *b.Build({*b.Binary(OpKind::kAdd, y, x)});
+  EXPECT_TRUE(PlanFusedRegions(*ir, {}).empty());
+  std::mt19937 rng(5);
+  ExpectNativeMatchesInterpreter(ir, 0, rng);
+}
+
+// A reshape of a value from before the region, read by the region and by an
+// op after it (a transpose, which no region takes): the region reads its
+// operand's memory in its place, so it must not cover the reshape, or the
+// reshape's own slot stays unwritten.
+TEST(FusedRegionTest, AReshapeReadAfterTheRegionStaysOutOfIt) {
+  FunctionBuilder b("reshapes", "");
+  const int32_t x = b.Parameter(DType::kF32, {4, 16});
+  const int32_t y = *b.Transpose(x, {1, 0});
+  const int32_t c = *b.Reshape(y, {8, 8});
+  const int32_t e = *b.Unary(OpKind::kExp, c);
+  const int32_t f = *b.Binary(OpKind::kMul, e, c);
+  const int32_t t = *b.Transpose(c, {1, 0});
+  auto ir = *b.Build({f, t, y});
+  for (const FusedRegion& region : PlanFusedRegions(*ir, {})) {
+    EXPECT_TRUE(region.first > c || region.last < c) << region.source;
+  }
+  std::mt19937 rng(6);
+  ExpectNativeMatchesInterpreter(ir, 1, rng);
+}
+
 // Random graphs of elementwise ops over [rows, cols] with full, row, column
 // and scalar operands, reductions over the last axis broadcast back, and
 // conversions: the native code gives the interpreter's bits.

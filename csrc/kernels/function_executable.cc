@@ -255,6 +255,7 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
   };
 
   uint8_t* const tiles = static_cast<uint8_t*>(tile_buffer);
+  uint64_t written_directly = 0;  // function outputs a native region wrote in place (bit i: output i)
   for (size_t i = static_cast<size_t>(range.op_begin); i < static_cast<size_t>(range.op_end); ++i) {
     const Op& op = ops[i];
     if (native_start_[i] >= 0) {  // a native region: one call, once its code is loaded
@@ -273,9 +274,19 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
           in[j] = x.data;
           in_stride[j] = x.shard_stride;
         }
+        // A function output nothing after the region reads goes straight to
+        // the caller's buffer when this range writes the outputs.
+        const bool writes_outputs =
+            range.write_outputs && range.op_end == static_cast<int32_t>(ops.size());
         for (size_t j = 0; j < nr.outputs.size(); ++j) {
-          out[j] = result(nr.outputs[j]);
-          out_stride[j] = ops[nr.outputs[j]].type.num_elements();
+          const Op& o = ops[nr.outputs[j]];
+          out_stride[j] = o.type.num_elements();
+          if (writes_outputs && nr.direct[j] >= 0) {
+            out[j] = static_cast<uint8_t*>(outputs[nr.direct[j]]) + s0 * o.type.num_bytes();
+            written_directly |= uint64_t{1} << nr.direct[j];
+          } else {
+            out[j] = result(nr.outputs[j]);
+          }
         }
         const codegen::PwNativeArgs args{num_shards, in, in_stride, out, out_stride, tile_buffer,
                                          &kVectorMath};
@@ -549,7 +560,7 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
     const int32_t v = ir_->outputs()[i];
     const View src = view(v);
     const int64_t bytes = ops[v].type.num_bytes();
-    if (bytes == 0) continue;
+    if (bytes == 0 || (i < 64 && (written_directly >> i) & 1)) continue;
     uint8_t* dst = static_cast<uint8_t*>(outputs[i]) + s0 * bytes;
     if (src.shard_stride != 0) {
       std::memcpy(dst, src.data, bytes * num_shards);

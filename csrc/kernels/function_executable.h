@@ -398,6 +398,10 @@ class FunctionExecutable {
     int32_t first = 0, last = 0;
     absl::InlinedVector<int32_t, 8> inputs, outputs;
     int64_t row_buffer_bytes = 0;
+    // Per output: the function output it is, when the region may write it
+    // straight into the caller's output buffer (it is that output once, and
+    // no op after the region reads it), else -1; only outputs 0..63.
+    absl::InlinedVector<int32_t, 8> direct;
   };
   std::vector<NativeRegion> native_regions_;
   std::vector<int32_t> native_start_;  // per op: the region starting at it, or -1

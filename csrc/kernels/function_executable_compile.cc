@@ -311,7 +311,22 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
       nr.first = r.first;
       nr.last = r.last;
       for (const codegen::RegionIo& io : r.inputs) nr.inputs.push_back(io.value);
-      for (const codegen::RegionIo& io : r.outputs) nr.outputs.push_back(io.value);
+      for (const codegen::RegionIo& io : r.outputs) {
+        nr.outputs.push_back(io.value);
+        int32_t direct = -1;
+        int times = 0;
+        for (int32_t i = 0; i < ir->num_outputs(); ++i) {
+          if (ir->outputs()[i] == io.value) {
+            direct = i;
+            ++times;
+          }
+        }
+        bool read_after = false;
+        for (int32_t u = r.last + 1; u < num_ops && !read_after; ++u) {
+          for (int32_t w : ops[u].operands) read_after = read_after || w == io.value;
+        }
+        nr.direct.push_back(times == 1 && !read_after && direct < 64 ? direct : -1);
+      }
       nr.row_buffer_bytes = r.row_buffer_bytes;
       exe->native_start_[r.first] = static_cast<int32_t>(exe->native_regions_.size());
       exe->native_regions_.push_back(std::move(nr));

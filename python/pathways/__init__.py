@@ -115,6 +115,10 @@ HostLostError = _core.HostLostError
 memory_stats = _core.memory_stats
 transfer_stats = _core.transfer_stats
 scheduler_stats = _core.scheduler_stats
+# Native code for fused loops (csrc/codegen): compiled in the background once
+# a function has run a few times; these wait for it and count it.
+wait_for_native_kernels = _core.wait_for_native_kernels
+native_kernel_stats = _core.native_kernel_stats
 
 
 

@@ -47,6 +47,8 @@ def memory_stats() -> dict[str, int]:
 def transfer_stats() -> dict[str, int]:
     """Keys: ici_bytes, dcn_bytes, host_bytes, ici_transfers, dcn_transfers, host_transfers."""
 
+def wait_for_native_kernels() -> None: ...
+def native_kernel_stats() -> dict[str, Any]: ...
 def scheduler_stats() -> list[dict[str, int]]:
     """One dict per island: {"island", "enqueued", "in_flight"}."""
 
