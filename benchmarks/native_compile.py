@@ -520,7 +520,7 @@ def plot(s: dict, b: dict, path: str) -> Optional[str]:
     kernels = [k for k in KERNELS if k in s["kernels"]]
     series = [(_label(p, b), [_compile_ms(s, k, p) for k in kernels]) for p in s["paths"]]
     series.append(("disk-cache hit", [_median(s["kernels"][k]["cache_hit"]["total_ms"]) for k in kernels]))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
     width = 0.8 / len(series)
     for i, (label, ys) in enumerate(series):
         xs = [j + i * width for j in range(len(kernels))]
@@ -531,7 +531,7 @@ def plot(s: dict, b: dict, path: str) -> Optional[str]:
     ax.set_ylabel("source to callable, median ms (log)")
     ax.set_title("Compiling a fused kernel at run time")
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
