@@ -1,5 +1,10 @@
 #include "csrc/kernels/reduction.h"
 
+#include <cstring>
+#include <limits>
+
+#include "csrc/kernels/scalar_ops.h"
+
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -91,6 +96,38 @@ TEST(ReductionTest, PairwiseSumIsAccurate) {
   const ReducePlan plan = MakeReducePlan({n}, std::vector<int64_t>{0});
   RunReduce(ReduceKind::kSum, DType::kF32, 1, 1, View{ones.data(), n, 1}, plan, &out);
   EXPECT_EQ(out, static_cast<float>(n));  // a running sum gives 2^24
+}
+
+// RunMax (running extremes in lanes) gives the in-order fold's bits: with
+// NaNs anywhere, signed zeros as the extreme, ties, and every length.
+template <typename T>
+void ExpectRunMaxIsInOrder() {
+  std::mt19937 rng(7);
+  const T specials[] = {T(0), -T(0), std::numeric_limits<T>::quiet_NaN(),
+                        -std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                        -std::numeric_limits<T>::infinity(), T(1), T(-1)};
+  for (int trial = 0; trial < 4000; ++trial) {
+    const int64_t n = 1 + rng() % 70;
+    std::vector<T> x(static_cast<size_t>(n));
+    const int mode = trial % 4;  // random; all <= 0 with zeros; a special here and there; all zeros
+    for (T& v : x) {
+      if (mode == 3) v = rng() % 2 ? T(0) : -T(0);
+      else if (mode == 2 && rng() % 8 == 0) v = specials[rng() % 8];
+      else v = T(static_cast<double>(rng() % 1000) - (mode == 1 ? 1000.0 : 500.0)) / T(8);
+    }
+    if (mode == 1) x[rng() % n] = rng() % 2 ? T(0) : -T(0);
+    for (bool max : {true, false}) {
+      const T fast = RunMax(x.data(), n, max);
+      const T slow = RunMaxInOrder(x.data(), n, max);
+      EXPECT_EQ(std::memcmp(&fast, &slow, sizeof(T)), 0)
+          << "trial " << trial << " n " << n << (max ? " max " : " min ") << fast << " vs " << slow;
+    }
+  }
+}
+
+TEST(ReductionTest, RunMaxGivesTheInOrderFoldsBits) {
+  ExpectRunMaxIsInOrder<float>();
+  ExpectRunMaxIsInOrder<double>();
 }
 
 }  // namespace

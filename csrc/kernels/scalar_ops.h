@@ -202,15 +202,58 @@ T PairwiseSum(const T* x, int64_t n) {
   return PairwiseSum(x, half) + PairwiseSum(x + half, n - half);
 }
 
-// The maximum (min = false: minimum) of x[0], ..., x[n-1], n >= 1, in order.
+// The maximum (min = false: minimum) of x[0], ..., x[n-1], n >= 1, as
+// Max (Min) folds them in order: the first NaN if there is one, else the
+// extreme value, and of +0 and -0 the later one.
 template <typename T>
-T RunMax(const T* x, int64_t n, bool max) {
+T RunMaxInOrder(const T* x, int64_t n, bool max) {
   T acc = x[0];
   if (max) {
     for (int64_t i = 1; i < n; ++i) acc = Max(acc, x[i]);
   } else {
     for (int64_t i = 1; i < n; ++i) acc = Min(acc, x[i]);
   }
+  return acc;
+}
+
+// The same bits, faster: 8 running extremes (a loop that vectorizes), and
+// the in-order fold only when its result could differ: a NaN, or an
+// extreme of zero (whose sign the order decides). Any other extreme value
+// has one bit pattern, wherever it occurs.
+template <typename T>
+T RunMax(const T* x, int64_t n, bool max) {
+  if (!std::is_floating_point_v<T> || n < 16) return RunMaxInOrder(x, n, max);
+  T r[8];
+  bool nan = false;
+  for (int j = 0; j < 8; ++j) r[j] = x[j];
+  int64_t i = 8;
+  if (max) {
+    for (; i + 8 <= n; i += 8) {
+      for (int j = 0; j < 8; ++j) {
+        const T v = x[i + j];
+        nan |= v != v;  // NOLINT: NaN check
+        r[j] = v > r[j] ? v : r[j];
+      }
+    }
+  } else {
+    for (; i + 8 <= n; i += 8) {
+      for (int j = 0; j < 8; ++j) {
+        const T v = x[i + j];
+        nan |= v != v;  // NOLINT: NaN check
+        r[j] = v < r[j] ? v : r[j];
+      }
+    }
+  }
+  T acc = r[0];
+  for (int j = 0; j < 8; ++j) {
+    nan |= r[j] != r[j];  // NOLINT: NaN check (the first 8)
+    acc = max ? (r[j] > acc ? r[j] : acc) : (r[j] < acc ? r[j] : acc);
+  }
+  for (; i < n; ++i) {
+    nan |= x[i] != x[i];  // NOLINT: NaN check
+    acc = max ? (x[i] > acc ? x[i] : acc) : (x[i] < acc ? x[i] : acc);
+  }
+  if (nan || acc == T(0)) return RunMaxInOrder(x, n, max);
   return acc;
 }
 
