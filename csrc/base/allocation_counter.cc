@@ -1,5 +1,7 @@
 #include "csrc/base/allocation_counter.h"
 
+#include "csrc/base/background_thread.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -7,10 +9,16 @@
 namespace {
 std::atomic<bool> g_counting{false};
 std::atomic<int64_t> g_allocations{0};
+
+// The runtime's background threads (the native compiler's) are not the code
+// under test.
+bool Counted() {
+  return g_counting.load(std::memory_order_relaxed) && !pw::IsBackgroundThread();
+}
 }  // namespace
 
 void* operator new(std::size_t size) {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+  if (Counted()) g_allocations.fetch_add(1);
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
@@ -18,7 +26,7 @@ void* operator new(std::size_t size) {
 // freed by the plain operator delete below, so it must come from malloc as
 // well, or a sanitizer's own nothrow new pairs with our free.
 void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+  if (Counted()) g_allocations.fetch_add(1);
   return std::malloc(size == 0 ? 1 : size);
 }
 // noinline: inlined into callers, free() of operator new's memory trips GCC's

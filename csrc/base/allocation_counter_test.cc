@@ -1,6 +1,9 @@
 #include "csrc/base/allocation_counter.h"
 
 #include <new>
+#include <thread>
+
+#include "csrc/base/background_thread.h"
 
 #include "gtest/gtest.h"
 
@@ -19,6 +22,24 @@ TEST(AllocationCounterTest, CountsOperatorNewOnlyWhileCounting) {
   StartCountingAllocations();
   EXPECT_EQ(StopCountingAllocations(), 0);
   for (void* p : {before, a, b, after}) ::operator delete(p);
+}
+
+// A background thread of the runtime's (the native compiler's) allocates
+// while a test counts: not counted; another thread's allocation is.
+TEST(AllocationCounterTest, LeavesOutBackgroundThreads) {
+  StartCountingAllocations();
+  std::thread background([] {
+    MarkBackgroundThread();
+    ::operator delete(::operator new(8));
+  });
+  background.join();
+  const int64_t with_background = StopCountingAllocations();
+  StartCountingAllocations();
+  std::thread plain([] { ::operator delete(::operator new(8)); });
+  plain.join();
+  const int64_t with_plain = StopCountingAllocations();
+  // std::thread's own start allocates on this thread, alike in both.
+  EXPECT_EQ(with_plain, with_background + 1);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "csrc/base/background_thread.h"
 
 extern char** environ;
 
@@ -289,6 +290,7 @@ std::shared_ptr<NativeJob> NativeCompiler::NextDue() {
 }
 
 void NativeCompiler::Loop() {
+  MarkBackgroundThread();
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     if (stop_) return;
