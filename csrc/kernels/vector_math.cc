@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
 #include <limits>
 
@@ -55,20 +56,6 @@ void ForEachBlock(const T* x, T* y, int64_t n, Vector vector, FastPath fast_path
   }
 }
 
-// float through double: converts `in` to double, calls f(a) on the double
-// array (f computes the function in place) and rounds back to float. In
-// double, the functions below err by a few ulp of double, i.e. about 2^-29
-// ulp of float, so the rounded result is the correctly rounded one unless the
-// exact value lies that close to a midpoint between two floats.
-template <typename F>
-void InDouble(const float* in, float* out, int64_t n, F f) {
-  alignas(64) double d[kBlock];
-  for (int64_t i = 0; i < n; ++i) d[i] = in[i];
-  AlignedArray<double> a(d, n);
-  f(a);
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(d[i]);
-}
-
 // Fast-path tests: functors, so that the compiler inlines them, and int `&`
 // rather than `&&`, whose branch would keep the loop over them scalar (and
 // `&` of two bools draws a clang warning).
@@ -82,22 +69,275 @@ constexpr auto kPositiveNormal = [](auto v) {
   return int{v >= std::numeric_limits<T>::min()} & int{v <= std::numeric_limits<T>::max()};
 };
 
+// --- float exp, tanh, logistic and log ---------------------------------------
+//
+// For the fused elementwise loops (issue 26), which call these on chunks of
+// at most 256 elements or on single elements: computed in float, with
+// Eigen's packet primitives, a packet of 16, 8 or 4 floats at a time
+// (AVX-512, AVX or SSE2), from tables and short polynomials. The exactness
+// arguments below (an fma's exact product, Fast2Sum) make them about as
+// accurate as one rounding allows: see vector_math.h for the bounds. Every
+// element, the last few too, goes through the same packet code
+// (ForEachPacket), so results depend only on the input value. The compiler
+// may fuse a product and a sum into an fma (GCC does by default): that only
+// removes a rounding, and the code is the same for every element.
+
+namespace ei = Eigen::internal;
+using Packet = ei::packet_traits<float>::type;
+constexpr int64_t kLanes = ei::packet_traits<float>::size;
+
+// Whether any lane of v is below c.
+inline bool AnyBelow(Packet v, float c) {
+#ifdef EIGEN_VECTORIZE_AVX512
+  return _mm512_cmp_ps_mask(v, ei::pset1<Packet>(c), _CMP_LT_OQ) != 0;
+#else
+  return ei::predux_any(ei::pcmp_lt(v, ei::pset1<Packet>(c)));
+#endif
+}
+
+// y[i] = kernel(x[i]) a packet at a time, the last partial packet through a
+// zero-padded buffer; then y[i] = scalar(x[i]) where x[i] < rare_below (rare
+// inputs the kernel does not take; never NaN). The scalar calls wait for the
+// end of a chunk of kChunk elements: a call inside the packet loop would
+// make the compiler keep the kernel's constants in memory.
+template <typename Kernel, typename Scalar>
+void ForEachPacket(const float* x, float* y, int64_t n, Kernel kernel, float rare_below, Scalar scalar) {
+  constexpr int64_t kChunk = 512;
+  static_assert(kChunk % kLanes == 0);
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t end = std::min(n, start + kChunk);
+    // The packets with a rare lane: their inputs (y may be x) and offsets.
+    alignas(64) float rare_x[kChunk];
+    int64_t rare_at[kChunk / kLanes];
+    int64_t rare_count = 0;
+    auto apply = [&](Packet in, int64_t i) {
+      if (AnyBelow(in, rare_below)) {
+        ei::pstore(rare_x + rare_count * kLanes, in);
+        rare_at[rare_count++] = i;
+      }
+      return kernel(in);
+    };
+    int64_t i = start;
+    for (; i + kLanes <= end; i += kLanes) ei::pstoreu(y + i, apply(ei::ploadu<Packet>(x + i), i));
+    if (i < end) {
+      alignas(64) float buf[kLanes] = {};
+      std::copy_n(x + i, end - i, buf);
+      ei::pstore(buf, apply(ei::pload<Packet>(buf), i));
+      std::copy_n(buf, end - i, y + i);
+    }
+    for (int64_t r = 0; r < rare_count; ++r) {
+      for (int64_t lane = 0; lane < kLanes && rare_at[r] + lane < end; ++lane) {
+        const float v = rare_x[r * kLanes + lane];
+        if (v < rare_below) y[rare_at[r] + lane] = scalar(v);
+      }
+    }
+  }
+}
+
+template <typename Kernel>
+void ForEachPacket(const float* x, float* y, int64_t n, Kernel kernel) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) ei::pstoreu(y + i, kernel(ei::ploadu<Packet>(x + i)));
+  if (i < n) {
+    alignas(64) float buf[kLanes] = {};
+    std::copy_n(x + i, n - i, buf);
+    ei::pstore(buf, kernel(ei::pload<Packet>(buf)));
+    std::copy_n(buf, n - i, y + i);
+  }
+}
+
+// Below -87.3, exp(x) < 2^-126 is denormal (or 0): ExpReduced and Pow2Scale
+// would round twice. Those results are std::exp in double, rounded once.
+constexpr float kExpDenormal = -87.3f;
+const auto kExpInDouble = [](float v) { return static_cast<float>(std::exp(double{v})); };
+
+// c - a b, rounded once with FMA. (Eigen 3.4 has no pnmadd, and its pnegate
+// is a subtraction from 0, which the compiler may not fold into the fma.)
+inline Packet Nmadd(Packet a, Packet b, Packet c) {
+#if defined(EIGEN_VECTORIZE_AVX512)
+  return _mm512_fnmadd_ps(a, b, c);
+#elif defined(EIGEN_VECTORIZE_FMA) && defined(EIGEN_VECTORIZE_AVX)
+  return _mm256_fnmadd_ps(a, b, c);
+#elif defined(EIGEN_VECTORIZE_FMA)
+  return _mm_fnmadd_ps(a, b, c);
+#else
+  return ei::psub(c, ei::pmul(a, b));
+#endif
+}
+
+inline Packet SignBit(Packet v) { return ei::pand(v, ei::pset1frombits<Packet>(0x80000000u)); }
+
+// Adding 1.5 2^23 to |v| < 2^22 rounds it to an integer k (to nearest, ties
+// to even), and leaves k's two's complement in the low bits of the sum.
+constexpr float kRoundShifter = 0x1.8p23f;
+
+// table[k mod N] for each lane, k in the low bits of `shifted` (a sum with
+// kRoundShifter); N = 16 or 32. AVX-512 has it in one instruction (vpermps,
+// vpermt2ps); elsewhere it goes through memory, lane by lane.
+template <int N>
+inline Packet Lookup(const float (&table)[N], Packet shifted) {
+  static_assert(N == 16 || N == 32);
+#ifdef EIGEN_VECTORIZE_AVX512
+  const __m512i index = _mm512_castps_si512(shifted);
+  if constexpr (N == 16) {
+    return _mm512_permutexvar_ps(index, ei::pload<Packet>(table));
+  } else {
+    return _mm512_permutex2var_ps(ei::pload<Packet>(table), index, ei::pload<Packet>(table + 16));
+  }
+#else
+  alignas(64) float lanes[kLanes];
+  ei::pstore(lanes, shifted);
+  for (int64_t i = 0; i < kLanes; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &lanes[i], sizeof bits);
+    lanes[i] = table[bits % N];
+  }
+  return ei::pload<Packet>(lanes);
+#endif
+}
+
+// p 2^floor(k / 16) for integral k with floor(k / 16) in [-151, 128],
+// rounded once (to a denormal, 0 or inf).
+inline Packet Pow2Scale(Packet p, Packet k) {
+#ifdef EIGEN_VECTORIZE_AVX512
+  return _mm512_scalef_ps(p, ei::pmul(k, ei::pset1<Packet>(0.0625f)));
+#else
+  // Two factors 2^(m/2), each a normal float.
+#ifdef EIGEN_VECTORIZE_AVX
+  using PacketI = ei::Packet8i;
+#else
+  using PacketI = ei::Packet4i;
+#endif
+  const PacketI m = ei::parithmetic_shift_right<4>(ei::pcast<Packet, PacketI>(k));
+  const PacketI m1 = ei::parithmetic_shift_right<1>(m);
+  const PacketI bias = ei::pset1<PacketI>(127);
+  const Packet s1 = ei::preinterpret<Packet>(ei::plogical_shift_left<23>(ei::padd(m1, bias)));
+  const Packet s2 = ei::preinterpret<Packet>(ei::plogical_shift_left<23>(ei::padd(ei::psub(m, m1), bias)));
+  return ei::pmul(ei::pmul(p, s1), s2);
+#endif
+}
+
+// Lane masks: AVX-512's mask registers, elsewhere packets of all-ones lanes.
+#ifdef EIGEN_VECTORIZE_AVX512
+using Mask = __mmask16;
+inline Mask Less(Packet a, Packet b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+inline Packet Select(Mask m, Packet a, Packet b) { return _mm512_mask_blend_ps(m, b, a); }
+// Pow2Scale where m is set, p elsewhere.
+inline Packet Pow2ScaleWhere(Mask m, Packet p, Packet k) {
+  return _mm512_mask_scalef_ps(p, m, p, ei::pmul(k, ei::pset1<Packet>(0.0625f)));
+}
+#else
+using Mask = Packet;
+inline Mask Less(Packet a, Packet b) { return ei::pcmp_lt(a, b); }
+inline Packet Select(Mask m, Packet a, Packet b) { return ei::pselect(m, a, b); }
+inline Packet Pow2ScaleWhere(Mask m, Packet p, Packet k) { return ei::pselect(m, Pow2Scale(p, k), p); }
+#endif
+
+// An approximation of 1 / d for d in [0.5, 2]: with AVX-512 the estimate
+// (relative error 2^-14), otherwise the quotient. It is used in a Newton
+// step on an exact remainder, whose error is of order its square.
+inline Packet Reciprocal(Packet d) {
+#ifdef EIGEN_VECTORIZE_AVX512
+  return _mm512_rcp14_ps(d);
+#else
+  return ei::pdiv(ei::pset1<Packet>(1.0f), d);
+#endif
+}
+
+// (num + num_lo) / (den + den_lo) to within about 2^-28 before its last
+// rounding, for den + den_lo in [0.5, 2]. With FMA: a first quotient q0,
+// then a Newton step on the remainder num - q0 den, which is exact in an
+// fma. With kSmallLo, |num_lo| <= ulp(num) and |den_lo| <= ulp(den) and q0
+// is num / den; otherwise the lo parts are up to 2^-6 of the hi parts and
+// enter q0. Without FMA the remainder would not be exact: the quotient is
+// computed in double instead (the sums are exact there), lane by lane.
+template <bool kSmallLo>
+inline Packet Divide(Packet num, Packet num_lo, Packet den, Packet den_lo) {
+#ifdef EIGEN_VECTORIZE_FMA
+  const Packet r = Reciprocal(kSmallLo ? den : ei::padd(den, den_lo));
+  const Packet q0 = ei::pmul(kSmallLo ? num : ei::padd(num, num_lo), r);
+  const Packet rem = Nmadd(q0, den_lo, ei::padd(Nmadd(q0, den, num), num_lo));
+  return ei::pmadd(rem, r, q0);
+#else
+  alignas(64) float parts[4][kLanes];
+  ei::pstore(parts[0], num);
+  ei::pstore(parts[1], num_lo);
+  ei::pstore(parts[2], den);
+  ei::pstore(parts[3], den_lo);
+  for (int64_t i = 0; i < kLanes; ++i) {
+    parts[0][i] = static_cast<float>((double{parts[0][i]} + parts[1][i]) / (double{parts[2][i]} + parts[3][i]));
+  }
+  return ei::pload<Packet>(parts[0]);
+#endif
+}
+
+// exp(x) = (hi + lo) 2^floor(k / 16) for x in [-104, 89]: k = round(x 16 /
+// ln 2) and exp(x) = 2^(k/16) e^r with |r| <= ln 2 / 32; 2^(j/16), j = k mod
+// 16, comes from a table as two floats and e^r - 1 from a polynomial. hi is
+// in [0.97, 1.96], |lo| <= ulp(hi) / 2, and hi + lo is within 2^-28 of the
+// exact value relative to it; NaN gives NaN.
+struct ExpParts {
+  Packet hi, lo, k;
+};
+
+// 2^(j/16) = hi + lo.
+alignas(64) constexpr float kExp2Hi[16] = {
+    0x1p+0f,        0x1.0b5586p+0f, 0x1.172b84p+0f, 0x1.2387a6p+0f, 0x1.306fep+0f,  0x1.3dea64p+0f,
+    0x1.4bfdaep+0f, 0x1.5ab07ep+0f, 0x1.6a09e6p+0f, 0x1.7a1148p+0f, 0x1.8ace54p+0f, 0x1.9c4918p+0f,
+    0x1.ae89fap+0f, 0x1.c199bep+0f, 0x1.d5818ep+0f, 0x1.ea4afap+0f};
+alignas(64) constexpr float kExp2Lo[16] = {
+    0.0f,            0x1.9f3122p-25f, -0x1.c15742p-27f, 0x1.ceac48p-25f,  0x1.4636e2p-25f,  0x1.824684p-25f,
+    -0x1.593abcp-25f, -0x1.5bd5ecp-27f, 0x1.9fcef4p-26f,  -0x1.829fdp-25f,  0x1.15506ep-27f,  0x1.51f848p-27f,
+    -0x1.a94b14p-26f, -0x1.3d56b2p-27f, -0x1.822dbcp-27f, 0x1.52486cp-27f};
+
+inline ExpParts ExpReduced(Packet x) {
+  const Packet shifter = ei::pset1<Packet>(kRoundShifter);
+  const Packet shifted = ei::pmadd(x, ei::pset1<Packet>(0x1.715476p+4f), shifter);  // 16 / ln 2
+  const Packet k = ei::psub(shifted, shifter);
+  // r = x - k ln2/16: k has at most 12 bits and ln2/16's leading part 12, so
+  // their product is exact (without FMA too), and so is the difference (|r|
+  // < 2^-5 and ulp(x) >= 2^-29 where k != 0); the rest of ln2/16 adds a
+  // rounding of at most 2^-30.
+  const Packet r = ei::pmadd(k, ei::pset1<Packet>(-0x1.0bfbe8p-19f),
+                             ei::pmadd(k, ei::pset1<Packet>(-0x1.62ep-5f), x));
+  // s = e^r - 1 = r + r^2 (c2 + c3 r), minimax: relative error of e^r 2^-28.6.
+  const Packet c = ei::pmadd(ei::pset1<Packet>(0x1.55576cp-3f), r, ei::pset1<Packet>(0x1.00029ep-1f));
+  const Packet s = ei::pmadd(ei::pmul(r, r), c, r);
+  // 2^(j/16) e^r = t_hi + (t_hi s + t_lo), the sum kept exactly (Fast2Sum).
+  const Packet t_hi = Lookup(kExp2Hi, shifted);
+  const Packet tail = ei::pmadd(t_hi, s, Lookup(kExp2Lo, shifted));
+  const Packet hi = ei::padd(t_hi, tail);
+  return {hi, ei::padd(ei::psub(t_hi, hi), tail), k};
+}
+
+// tanh(j 5/16) = hi + lo, j = 0 ... 31 (29 at most is used).
+constexpr float kTanhStep = 0.3125f;
+alignas(64) constexpr float kTanhHi[32] = {
+    0.0f,           0x1.35f98ap-2f, 0x1.1bf47ep-1f, 0x1.77d838p-1f, 0x1.b2523cp-1f, 0x1.d4e6f4p-1f,
+    0x1.e8789ep-1f, 0x1.f3451ep-1f, 0x1.f92582p-1f, 0x1.fc51f6p-1f, 0x1.fe06ecp-1f, 0x1.fef168p-1f,
+    0x1.ff6f18p-1f, 0x1.ffb26ap-1f, 0x1.ffd678p-1f, 0x1.ffe9c4p-1f, 0x1.fff41ap-1f, 0x1.fff9a2p-1f,
+    0x1.fffc98p-1f, 0x1.fffe2cp-1f, 0x1.ffff06p-1f, 0x1.ffff7ap-1f, 0x1.ffffb8p-1f, 0x1.ffffdap-1f,
+    0x1.ffffecp-1f, 0x1.fffff6p-1f, 0x1.fffffap-1f, 0x1.fffffcp-1f, 0x1.fffffep-1f, 0x1p+0f,
+    0x1p+0f,        0x1p+0f};
+alignas(64) constexpr float kTanhLo[32] = {
+    0.0f,            0x1.d4ca1cp-31f, 0x1.5771f2p-26f,  0x1.c680bp-26f,   -0x1.253484p-27f, 0x1.90a1acp-27f,
+    0x1.9d81bcp-26f, 0x1.133c42p-30f, 0x1.829c7p-27f,   -0x1.2c7f04p-26f, -0x1.f2efbep-26f, 0x1.2e912ep-28f,
+    -0x1.62ae24p-27f, 0x1.4f02f4p-26f, -0x1.e612ap-27f,  0x1.b5976p-27f,   -0x1.32e41ep-26f, -0x1.85ea0ap-26f,
+    -0x1.c987f2p-26f, 0x1.8ab262p-26f, -0x1.72ce6ep-29f, 0x1.166f42p-28f,  0x1.640478p-27f,  -0x1.69363p-27f,
+    -0x1.0eb872p-26f, -0x1.f9fbecp-26f, 0x1.e50522p-29f, 0x1.b420dep-26f,  0x1.42745ep-27f,  -0x1.cdcf18p-26f,
+    -0x1.ee6086p-27f, -0x1.089ef8p-27f};
+// tanh(d) = d + d^3 P(d^2) for |d| <= 0.1575, minimax (relative error 2^-32).
+constexpr float kTanhP[] = {-0x1.555554p-2f, 0x1.110c7ep-3f, -0x1.b2fafep-5f};
+
 }  // namespace
 
-// float exp in double: exp(x) of every finite float x is a normal double or
-// rounds to 0 or inf in float, and Eigen's double exp clamps its argument to
-// ±709.784, so exp(±inf) come out right too (inf, and a tiny double that
-// rounds to 0). Eigen's own float exp errs by up to 4.5 ulp near |x| = 88
-// with AVX-512 (which reduces the argument by a single float ln 2) and by
-// 1.3 ulp elsewhere; below the normal range it gives 0 (AVX-512) or 2.9e-39
-// for any x, even -inf (SSE, AVX2).
+// x is clamped to [-104, 89], where exp rounds to 0 and inf; results below
+// 2^-126 are std::exp in double (kExpDenormal).
 void Exp(const float* x, float* y, int64_t n) {
-  ForEachBlock(
-      x, y, n,
-      [](const float* in, float* out, int64_t m) {
-        InDouble(in, out, m, [](auto& a) { a = a.exp(); });
-      },
-      kNotNan, [](float v) { return std::exp(v); });
+  ForEachPacket(x, y, n, [](Packet v) {
+    const ExpParts e = ExpReduced(ei::pmin(ei::pmax(v, ei::pset1<Packet>(-104.0f)), ei::pset1<Packet>(89.0f)));
+    return Pow2Scale(e.hi, e.k);
+  }, kExpDenormal, kExpInDouble);
 }
 
 // Eigen's double exp is right while the result is a normal double: it
@@ -113,13 +353,12 @@ void Exp(const double* x, double* y, int64_t n) {
       [](double v) { return int{v >= -708.0} & int{v <= 709.0}; }, [](double v) { return std::exp(v); });
 }
 
+// Eigen's float log, a packet at a time: right but for denormal arguments
+// (it takes the smallest normal for them), which std::log takes.
 void Log(const float* x, float* y, int64_t n) {
-  ForEachBlock(
-      x, y, n,
-      [](const float* in, float* out, int64_t m) {
-        AlignedArray<float>(out, m) = ConstAlignedArray<float>(in, m).log();
-      },
-      kPositiveNormal, [](float v) { return std::log(v); });
+  ForEachPacket(
+      x, y, n, [](Packet v) { return ei::plog(v); }, std::numeric_limits<float>::min(),
+      [](float v) { return std::log(v); });
 }
 
 void Log(const double* x, double* y, int64_t n) {
@@ -131,23 +370,35 @@ void Log(const double* x, double* y, int64_t n) {
       kPositiveNormal, [](double v) { return std::log(v); });
 }
 
-// tanh(x) = (e - 1) / (e + 1) with e = exp(2x) in double: for |x| >= 2^-12
-// the subtraction loses at most 11 of double's 53 bits; below, tanh(x)
-// rounds to x in float. |x| is clamped to 10, where tanh rounds to 1.
-// (Eigen's float tanh, a rational approximation, errs by up to 4.8 ulp.)
 void Tanh(const float* x, float* y, int64_t n) {
-  ForEachBlock(
-      x, y, n,
-      [](const float* in, float* out, int64_t m) {
-        InDouble(in, out, m, [](auto& a) {
-          a = (2.0 * a.max(-10.0).min(10.0)).exp();
-          a = (a - 1.0) / (a + 1.0);
-        });
-        for (int64_t i = 0; i < m; ++i) {
-          if (std::fabs(in[i]) < 0x1p-12f) out[i] = in[i];
-        }
-      },
-      kNotNan, [](float v) { return std::tanh(v); });
+  ForEachPacket(x, y, n, [](Packet v) {
+    // a = |x| = j 5/16 + d, |d| <= 5/32; tanh(a) = (t + u) / (1 + t u) with
+    // t = tanh(j 5/16) from a table, u = tanh(d). a is clamped to 9.02: tanh
+    // rounds to 1 from 9.011. The sign is x's (tanh(-0) = -0).
+    const Packet a = ei::pmin(ei::pabs(v), ei::pset1<Packet>(9.02f));
+    const Packet shifter = ei::pset1<Packet>(kRoundShifter);
+    const Packet shifted = ei::pmadd(a, ei::pset1<Packet>(1.0f / kTanhStep), shifter);
+    const Packet d = ei::pmadd(ei::psub(shifted, shifter), ei::pset1<Packet>(-kTanhStep), a);  // exact
+    // u = tanh(d) = d + d3p with d3p = d^3 P(d^2), kept as that sum (d is
+    // exact: kTanhStep has 3 bits).
+    const Packet d2 = ei::pmul(d, d);
+    Packet p = ei::pset1<Packet>(kTanhP[std::size(kTanhP) - 1]);
+    for (size_t i = std::size(kTanhP) - 1; i-- > 0;) p = ei::pmadd(p, d2, ei::pset1<Packet>(kTanhP[i]));
+    const Packet d3 = ei::pmul(d, d2);
+    const Packet d3p = ei::pmul(d3, p);
+    const Packet t = Lookup(kTanhHi, shifted);
+    const Packet t_lo = Lookup(kTanhLo, shifted);
+    // num = t + d + (d3p + t_lo), t + d's rounding error kept (Fast2Sum: t >=
+    // |d| unless t = 0).
+    const Packet num = ei::padd(t, d);
+    const Packet num_lo = ei::padd(ei::padd(ei::psub(t, num), d), ei::pmadd(d3, p, t_lo));
+    // den = 1 + (t + t_lo) (d + d3p): 1 + t d's rounding error is exact in
+    // an fma; t_lo d3p is below 2^-50.
+    const Packet one = ei::pset1<Packet>(1.0f);
+    const Packet den = ei::pmadd(t, d, one);
+    const Packet den_lo = ei::pmadd(t_lo, d, ei::pmadd(t, d3p, ei::pmadd(t, d, ei::psub(one, den))));
+    return ei::por(Divide<false>(num, num_lo, den, den_lo), SignBit(v));
+  });
 }
 
 void Tanh(const double* x, double* y, int64_t n) {
@@ -201,19 +452,24 @@ void Rsqrt(const double* x, double* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = 1.0 / std::sqrt(x[i]);
 }
 
-// 1 / (1 + exp(-x)) in double, x clamped to +-120 (where the result rounds
-// to 0 or 1 in float). (Eigen's float logistic, a rational approximation of
-// logistic(x) - 0.5, loses all relative accuracy as the result nears 0: up
-// to 8400 ulp at x = -8.4.)
 void Logistic(const float* x, float* y, int64_t n) {
-  ForEachBlock(
-      x, y, n,
-      [](const float* in, float* out, int64_t m) {
-        InDouble(in, out, m, [](auto& a) {
-          a = 1.0 / (1.0 + (-a.max(-120.0).min(120.0)).exp());
-        });
-      },
-      kNotNan, [](float v) { return static_cast<float>(1.0 / (1.0 + std::exp(-double{v}))); });
+  ForEachPacket(x, y, n, [](Packet v) {
+    // e = exp(-|x|) = (hi + lo) 2^m; the result is num / (1 + e) with num = 1
+    // for x >= 0 and e for x < 0, divided as (hi + lo) / (1 + e) and scaled
+    // by 2^m last (exactly: results below 2^-126, x < -87.3, are std::exp in
+    // double instead).
+    const Packet minus_abs = ei::por(v, ei::pset1frombits<Packet>(0x80000000u));
+    const ExpParts e = ExpReduced(ei::pmax(minus_abs, ei::pset1<Packet>(-104.0f)));
+    const Packet one = ei::pset1<Packet>(1.0f);
+    const Packet zero = ei::pzero(v);
+    // 2^m, e and 1 + e: where 2^m and e are denormal or 0, 1 + e = 1.
+    const Packet scale = Pow2Scale(one, e.k);
+    const Packet den = ei::pmadd(e.hi, scale, one);
+    const Packet den_lo = ei::pmadd(e.lo, scale, ei::pmadd(e.hi, scale, ei::psub(one, den)));
+    const Mask negative = Less(v, zero);
+    const Packet q = Divide<true>(Select(negative, e.hi, one), Select(negative, e.lo, zero), den, den_lo);
+    return Pow2ScaleWhere(negative, q, e.k);
+  }, kExpDenormal, kExpInDouble);  // x < -87.3: logistic(x) = exp(x) in double
 }
 
 // e = exp(-|x|) <= 1, then 1 / (1 + e) for x >= 0 and e / (1 + e) for x < 0:

@@ -2,9 +2,9 @@
 #define PATHWAYS_KERNELS_VECTOR_MATH_H_
 
 // Transcendental functions over contiguous arrays, for the elementwise
-// kernels: y[i] = f(x[i]) for 0 <= i < n, vectorized with Eigen's array
-// functions (AVX-512, AVX2 or SSE2: whatever the kernels library is compiled
-// for, see PATHWAYS_NATIVE_ARCH).
+// kernels and the fused loops' native code: y[i] = f(x[i]) for 0 <= i < n,
+// vectorized with Eigen's packet math (AVX-512, AVX2 or SSE2: whatever the
+// kernels library is compiled for, see PATHWAYS_NATIVE_ARCH).
 //
 // Accuracy is part of the contract: results are compared against numpy and
 // JAX. The bounds below are the largest errors measured against the exact
@@ -17,24 +17,36 @@
 // computed in double, then rounded).
 //
 //              float                         double
-//   Exp        < 0.501  (Eigen in double)    < 2     (Eigen; 1.70 seen)
+//   Exp        < 0.58   (ours; 0.5798)       < 2     (Eigen; 1.70 seen)
 //   Log        < 0.91   (Eigen; 0.8999)      < 2     (Eigen; 1.51 seen)
-//   Tanh       < 0.501  (Eigen in double)    < 2.5   (std::tanh, glibc's: 2.15 seen)
+//   Tanh       < 0.55   (ours; 0.5471)       < 2.5   (std::tanh, glibc's: 2.15 seen)
 //   Sin, Cos   < 1.51   (Eigen; 1.5011)      < 1     (std::, glibc's: 0.52 seen)
 //   Sqrt       0.5      (the instruction)    0.5
 //   Rsqrt      < 0.501  (1/sqrt in double)   < 1.5   (1/sqrt, two roundings as numpy's)
-//   Logistic   < 0.501  (Eigen in double)    < 3     (Eigen; 2.65 seen)
+//   Logistic   < 0.58   (ours; 0.5772)       < 3     (Eigen; 2.65 seen)
 //   Erf        < 0.501  (ours in double)     < 1     (ours; 0.93 seen)
 //   Erfc       < 0.501  (ours in double)     < 2.5   (ours; 2.06 seen)
 //
 // For comparison, numpy 2.4's float32 SIMD functions err by up to 2.4 (exp),
-// 3.6 (log), 1.4 (tanh) and 1.5 ulp (sin, cos) on this machine.
+// 3.6 (log), 1.4 (tanh) and 1.5 ulp (sin, cos) on this machine; XLA's are
+// similar.
+//
+// Float exp, tanh and logistic are computed in float (issue 26): the fused
+// elementwise loops' native code calls them, and rows such as softmax and
+// GELU are meant to run near memory bandwidth. They were computed in double
+// for < 0.501 ulp, at 1.4 to 1.9 ns an element (AVX-512, one thread); in
+// float, from tables (2^(j/16), tanh(j 5/16)) and short polynomials, with
+// the rounding errors of the steps that matter carried along, they cost 0.2
+// (exp) and 0.4 ns (tanh, logistic) and stay within 0.58 ulp, within 0.5001
+// ulp for 99.9% of inputs: well below numpy's errors. Float log runs Eigen's
+// function a packet at a time (0.7 ns, was 0.9; same results).
 //
 // Without fused multiply-add (the portable x86-64 build: SSE2) Eigen's float
-// log errs by up to 1.07 ulp (1.0674) and its sin and cos by up to 2.43 ulp
-// (2.4221), also measured on all 2^32 inputs; the rest is as above
-// (vector_math_test.cc asserts the bounds of the build's own instruction
-// set). Special values are as std:: gives them, for both types:
+// log errs by up to 1.07 ulp (1.0674), its sin and cos by up to 2.43 ulp
+// (2.4221), and our exp, tanh and logistic by up to 0.60 (0.5916), 0.65
+// (0.6472) and 0.59 ulp (0.5870), also measured on all 2^32 inputs; the rest
+// is as above (vector_math_test.cc asserts the bounds of the build's own
+// instruction set). Special values are as std:: gives them, for both types:
 // NaN for NaN; ±0, ±inf and denormals in and out; exp overflowing to inf and
 // underflowing through the denormals to 0 (exp(-104.f) == 0); log of a
 // negative number NaN, of ±0 -inf; tanh(±large) ±1; sin and cos of huge
@@ -42,17 +54,20 @@
 // rsqrt(-0) == -inf, rsqrt(inf) == 0.
 //
 // Where Eigen 3.4 falls short, vector_math.cc works around it: float exp,
-// tanh and logistic are computed in double (Eigen's float versions err by up
-// to 4.5, 4.8 and 8400 ulp); elements for which Eigen's exp or log would give
-// or take a denormal, or that are NaN, are recomputed with std:: (rare
-// inputs: a vectorized test per block, then a scalar loop over those
-// elements only); Sqrt and Rsqrt do not use Eigen, whose AVX-512 sqrt is an
-// estimate. Eigen 3.4 has no vectorized tanh, sin or cos for double: those
-// are plain std:: loops.
+// tanh and logistic are our own (Eigen's float versions err by up to 4.5,
+// 4.8 and 8400 ulp); results the vectorized code would get wrong or round
+// twice are recomputed with std:: (float exp and logistic below -87.3, whose
+// results are denormal: std::exp in double; Eigen's log of a denormal, its
+// double exp and logistic near the denormals, its sin and cos of NaN): rare
+// inputs, found by a vectorized test per packet or block, then a scalar loop
+// over those elements only. Sqrt and Rsqrt do not use Eigen, whose AVX-512
+// sqrt is an estimate. Eigen 3.4 has no vectorized tanh, sin or cos for double:
+// those are plain std:: loops.
 //
 // Results depend only on the input value: not on n, on the element's
 // position or on the alignment of x and y (every element takes the same
-// vectorized path; the last partial block is padded).
+// vectorized path; the last partial packet or block is padded), so one
+// element, a chunk of 256 and a whole array give the same bits.
 //
 // x and y point to n >= 0 elements; y may be x (in place) but must not
 // otherwise overlap it. Thread-safe; meant for executor threads: no heap
