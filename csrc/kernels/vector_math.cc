@@ -95,6 +95,14 @@ inline bool AnyBelow(Packet v, float c) {
 #endif
 }
 
+// kernel(in), but a NaN input's own NaN (quieted) where in is NaN, as std::
+// and numpy give it: the kernels' arithmetic would make the default NaN,
+// whose sign bit is set.
+template <typename Kernel>
+inline Packet KeepNan(Kernel& kernel, Packet in) {
+  return ei::pselect(ei::pcmp_eq(in, in), kernel(in), ei::padd(in, in));
+}
+
 // y[i] = kernel(x[i]) a packet at a time, the last partial packet through a
 // zero-padded buffer; then y[i] = scalar(x[i]) where x[i] < rare_below (rare
 // inputs the kernel does not take; never NaN). The scalar calls wait for the
@@ -115,7 +123,7 @@ void ForEachPacket(const float* x, float* y, int64_t n, Kernel kernel, float rar
         ei::pstore(rare_x + rare_count * kLanes, in);
         rare_at[rare_count++] = i;
       }
-      return kernel(in);
+      return KeepNan(kernel, in);
     };
     int64_t i = start;
     for (; i + kLanes <= end; i += kLanes) ei::pstoreu(y + i, apply(ei::ploadu<Packet>(x + i), i));
@@ -137,11 +145,11 @@ void ForEachPacket(const float* x, float* y, int64_t n, Kernel kernel, float rar
 template <typename Kernel>
 void ForEachPacket(const float* x, float* y, int64_t n, Kernel kernel) {
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) ei::pstoreu(y + i, kernel(ei::ploadu<Packet>(x + i)));
+  for (; i + kLanes <= n; i += kLanes) ei::pstoreu(y + i, KeepNan(kernel, ei::ploadu<Packet>(x + i)));
   if (i < n) {
     alignas(64) float buf[kLanes] = {};
     std::copy_n(x + i, n - i, buf);
-    ei::pstore(buf, kernel(ei::pload<Packet>(buf)));
+    ei::pstore(buf, KeepNan(kernel, ei::pload<Packet>(buf)));
     std::copy_n(buf, n - i, y + i);
   }
 }
@@ -485,7 +493,8 @@ void Logistic(const double* x, double* y, int64_t n) {
       },
       [](double v) { return std::fabs(v) <= 708.0; },
       [](double v) {
-        const double e = std::exp(-std::fabs(v));  // NaN for NaN
+        if (std::isnan(v)) return v;  // its own NaN (-|v| would set the sign)
+        const double e = std::exp(-std::fabs(v));
         return (v < 0 ? e : 1.0) / (1.0 + e);
       });
 }
