@@ -135,8 +135,10 @@ class _Counter:
 def test_gil_released_while_blocking(devices_of):
     tpus = devices_of(2)
 
+    # Long enough to observe (over 20 ms) in the interpreter, which runs both
+    # calls below: native code is compiled only after a second run.
     def chain(x):
-        for _ in range(15):
+        for _ in range(60):
             x = x * 1.0000001 + 0.5
         return x
 
