@@ -20,9 +20,6 @@ constexpr int64_t kChunk = 256;
 // values per row); a region whose rows are longer does not fuse its
 // reductions.
 constexpr int64_t kMaxRowBufferBytes = 2 << 20;
-// Inputs and outputs of one region at most (RunShards keeps their pointers
-// in fixed arrays).
-constexpr size_t kMaxIo = 32;
 
 bool Inert(const Op& op) { return op.kind == OpKind::kParameter || op.kind == OpKind::kConstant; }
 
@@ -200,7 +197,7 @@ struct Info {
 class Planner {
  public:
   Planner(const FunctionIr& ir, absl::Span<const std::pair<int32_t, int32_t>> groups)
-      : ir_(ir), ops_(ir.ops()) {
+      : ops_(ir.ops()) {
     const int32_t n = static_cast<int32_t>(ops_.size());
     group_first_.assign(n, -1);
     group_last_.assign(n, -1);
@@ -259,7 +256,6 @@ class Planner {
   // to the op to stop before, or -1 when no prefix can be one.
   std::optional<FusedRegion> Try(int32_t v, int32_t limit, int32_t* failed);
 
-  const FunctionIr& ir_;
   absl::Span<const Op> ops_;
   std::vector<int32_t> last_user_;
   // Per op: the interpreter fusion group holding it (its first and last
@@ -270,9 +266,10 @@ class Planner {
 // The code of one region, built by Emitter::Emit.
 class Emitter {
  public:
-  Emitter(absl::Span<const Op> ops, std::vector<Info>& info, int32_t first, int32_t last,
-          int64_t rows, int64_t cols)
-      : ops_(ops), info_(info), first_(first), last_(last), rows_(rows), cols_(cols) {}
+  // `info` holds ops [base, last]'s, from the planner.
+  Emitter(absl::Span<const Op> ops, std::vector<Info>& info, int32_t base, int32_t first,
+          int32_t last, int64_t rows, int64_t cols)
+      : ops_(ops), info_(info), first_(first), last_(last), rows_(rows), cols_(cols), base_(base) {}
   std::string Emit(const FusedRegion& region, int64_t* row_buffer_bytes);
 
  private:
@@ -294,10 +291,7 @@ class Emitter {
   std::vector<Info>& info_;
   int32_t first_, last_;
   int64_t rows_, cols_;
-  int32_t base_ = 0;
-
- public:
-  void set_base(int32_t base) { base_ = base; }
+  int32_t base_;
 };
 
 std::optional<FusedRegion> Planner::Try(int32_t v, int32_t limit, int32_t* failed) {
@@ -538,7 +532,6 @@ std::optional<FusedRegion> Planner::Try(int32_t v, int32_t limit, int32_t* faile
   region.last = last;
   region.cols = NumElements(Dims(L.begin() + split, L.end()));
   region.rows = NumElements(Dims(L.begin(), L.begin() + split));
-  region.computing_ops = computing;
   // Inputs: externals that a region op reads (in first-use order); outputs:
   // region values used after it.
   for (int32_t u = base; u <= last; ++u) {
@@ -552,12 +545,11 @@ std::optional<FusedRegion> Planner::Try(int32_t v, int32_t limit, int32_t* faile
       region.outputs.push_back({u, e.access, ops_[u].type.dtype});
     }
   }
-  if (region.inputs.size() > kMaxIo || region.outputs.size() > kMaxIo) {
+  if (region.inputs.size() > kMaxRegionIo || region.outputs.size() > kMaxRegionIo) {
     *failed = -1;
     return std::nullopt;
   }
-  Emitter emitter(ops_, info, v, last, region.rows, region.cols);
-  emitter.set_base(base);
+  Emitter emitter(ops_, info, base, v, last, region.rows, region.cols);
   region.source = emitter.Emit(region, &region.row_buffer_bytes);
   return region;
 }

@@ -52,12 +52,15 @@ struct RegionIo {
   DType dtype = DType::kF32;
 };
 
+// The most inputs, or outputs, of one region (the runtime passes their
+// pointers in fixed arrays).
+inline constexpr size_t kMaxRegionIo = 32;
+
 struct FusedRegion {
   int32_t first = 0, last = 0;  // the ops [first, last] (parameters and constants compute nothing)
   int64_t rows = 1, cols = 1;   // per shard
   std::vector<RegionIo> inputs, outputs;
   int64_t row_buffer_bytes = 0;  // for one call (one thread)
-  int computing_ops = 0;         // ops the region computes (not parameters, constants)
   // The generated function's body (see EmitNativeSource).
   std::string source;
 };

@@ -188,7 +188,6 @@ absl::StatusOr<std::shared_ptr<const NativeLibrary>> NativeCompiler::Load(const 
   }
   std::shared_ptr<NativeLibrary> lib(new NativeLibrary());
   lib->handle_ = handle;
-  lib->path_ = path;
   auto abi = reinterpret_cast<int (*)()>(dlsym(handle, "pw_native_abi"));
   auto hash = reinterpret_cast<uint64_t (*)()>(dlsym(handle, "pw_native_source_hash"));
   if (abi == nullptr || hash == nullptr || abi() != kNativeAbiVersion || hash() != key) {

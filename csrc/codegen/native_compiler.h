@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "csrc/codegen/native_abi.h"
 
 namespace pw::codegen {
@@ -51,13 +52,11 @@ class NativeLibrary {
   NativeLibrary& operator=(const NativeLibrary&) = delete;
   // pw_region_<k>, for k < num_regions().
   absl::Span<const PwRegionFn> regions() const { return regions_; }
-  const std::string& path() const { return path_; }
 
  private:
   friend class NativeCompiler;
   NativeLibrary() = default;
   void* handle_ = nullptr;
-  std::string path_;
   std::vector<PwRegionFn> regions_;
 };
 

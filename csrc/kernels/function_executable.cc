@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/status_macros.h"
+#include "csrc/codegen/fused_region.h"
 #include "csrc/kernels/collectives.h"
 #include "csrc/kernels/cumulative.h"
 #include "csrc/kernels/elementwise.h"
@@ -49,8 +50,6 @@ const codegen::PwVectorMath kVectorMath = {
     ArrayFn<float>(&Erfc),  ArrayFn<double>(&Erfc),
 };
 
-// Most inputs or outputs of one native region (codegen/fused_region.cc's kMaxIo).
-constexpr size_t kMaxNativeIo = 32;
 
 }  // namespace
 
@@ -265,10 +264,10 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
       if (fns == nullptr) {
         if (k == 0) native_->runs.fetch_add(1, std::memory_order_relaxed);
       } else if (nr.last < range.op_end) {
-        const void* in[kMaxNativeIo];
-        int64_t in_stride[kMaxNativeIo];
-        void* out[kMaxNativeIo];
-        int64_t out_stride[kMaxNativeIo];
+        const void* in[codegen::kMaxRegionIo];
+        int64_t in_stride[codegen::kMaxRegionIo];
+        void* out[codegen::kMaxRegionIo];
+        int64_t out_stride[codegen::kMaxRegionIo];
         for (size_t j = 0; j < nr.inputs.size(); ++j) {
           const View x = view(nr.inputs[j]);
           in[j] = x.data;

@@ -269,8 +269,6 @@ class FunctionExecutable {
   bool native_ready() const {
     return native_ != nullptr && native_->regions.load(std::memory_order_acquire) != nullptr;
   }
-  // The job the compiler holds (null with no regions or native code off).
-  const std::shared_ptr<codegen::NativeJob>& native_job() const { return native_; }
 
   // Per-op plans Compile makes for Run(): see kernels/elementwise.h and
   // kernels/reduction.h.
