@@ -41,7 +41,8 @@ struct RunContext {
 class Runnable {
  public:
   virtual ~Runnable() = default;
-  // Runs the work. Called at most once, on an executor thread. May delete
+  // Runs the work. Called once per submission, on an executor thread (most
+  // runnables are submitted once; ParallelTeam's helpers again and again). May delete
   // `this`. Must not block and must not call into Python.
   virtual void Run(RunContext& ctx) = 0;
 

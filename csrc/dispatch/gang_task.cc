@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "csrc/base/spin.h"
-#include "csrc/kernels/matmul.h"
 
 namespace pw {
 
@@ -122,7 +121,6 @@ void GangTask::StartParts(RunContext& ctx, int num_parts) {
     KernelsDone(ctx);
     return;
   }
-  EnterParallelShards();
   parts_.resize(static_cast<size_t>(num_parts));
   for (int i = 0; i < num_parts; ++i) {
     parts_[i].task = this;
@@ -159,7 +157,6 @@ void GangTask::AdvanceStages(RunContext& ctx) {
   if (scratch_failed_.load(std::memory_order_relaxed)) failed_ = ScratchError(exe.tile_bytes());
   exe.ReleaseSharedScratch(shared_scratch_, exe.shared_scratch_bytes(n));
   shared_scratch_ = nullptr;
-  ExitParallelShards();
   KernelsDone(ctx);
 }
 

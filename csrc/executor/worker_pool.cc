@@ -1,10 +1,13 @@
 #include "csrc/executor/worker_pool.h"
 
+#include <algorithm>
+
 #include "csrc/base/spin.h"
 
 namespace pw {
 
-WorkerPool::WorkerPool(int num_threads, int64_t spin_ns) : spin_ns_(spin_ns) {
+WorkerPool::WorkerPool(int num_threads, int64_t spin_ns)
+    : spin_ns_(spin_ns), team_([this](Runnable* r) { Submit(r); }, std::max(num_threads, 1) - 1) {
   if (num_threads < 1) num_threads = 1;
   for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
 }
@@ -43,6 +46,7 @@ void WorkerPool::WorkerLoop() {
   std::vector<uint8_t> scratch;
   ReadyList local;
   RunContext ctx{&local, &scratch};
+  SetCurrentParallelTeam(&team_);
   while (true) {
     Runnable* job = local.Pop();
     if (job == nullptr) job = TryTake();

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "csrc/base/mutex.h"
+#include "csrc/base/parallel_for.h"
 #include "csrc/base/runnable.h"
 
 namespace pw {
@@ -60,6 +61,9 @@ class WorkerPool {
   Runnable* TryTake();
 
   const int64_t spin_ns_;
+  // Lets a kernel on one worker split its loop over the others
+  // (base/parallel_for.h); its helpers are submitted to this pool.
+  ParallelTeam team_;
   std::atomic<bool> has_work_{false};  // queue_ is nonempty; read without the lock
   std::atomic<int64_t> jobs_run_{0};
   Mutex mu_;

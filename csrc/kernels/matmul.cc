@@ -10,7 +10,7 @@
 #include <cblas.h>
 
 #include "csrc/base/check.h"
-#include "csrc/base/mutex.h"
+#include "csrc/base/parallel_for.h"
 
 namespace pw {
 namespace {
@@ -34,33 +34,25 @@ bool StacksIntoOneProduct(bool trans_a, int64_t m, int64_t k, int64_t batch,
   return true;
 }
 
-// Leading dimensions of the row-major operands as stored (m, n, k > 0 here;
-// BLAS rejects a leading dimension of 0).
-struct LeadingDims {
-  blasint a, b, c;
-};
-
-LeadingDims StoredLeadingDims(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k) {
-  return {static_cast<blasint>(trans_a ? m : k), static_cast<blasint>(trans_b ? k : n),
-          static_cast<blasint>(n)};
-}
-
 CBLAS_TRANSPOSE BlasTranspose(bool trans) { return trans ? CblasTrans : CblasNoTrans; }
 
-void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-          const float* b, float* out) {
-  const LeadingDims ld = StoredLeadingDims(trans_a, trans_b, m, n, k);
+// out (m x n, row stride ldc) = op(a) @ op(b), with a, b stored row-major at
+// row strides lda and ldb. One BLAS thread: products are split over the
+// executor's threads by BatchedProduct, not by BLAS's own pool.
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float* out, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, BlasTranspose(trans_a), BlasTranspose(trans_b),
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a,
-              ld.a, b, ld.b, 0.0f, out, ld.c);
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), 0.0f, out,
+              static_cast<blasint>(ldc));
 }
 
-void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const double* a,
-          const double* b, double* out) {
-  const LeadingDims ld = StoredLeadingDims(trans_a, trans_b, m, n, k);
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda,
+          const double* b, int64_t ldb, double* out, int64_t ldc) {
   cblas_dgemm(CblasRowMajor, BlasTranspose(trans_a), BlasTranspose(trans_b),
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), 1.0, a,
-              ld.a, b, ld.b, 0.0, out, ld.c);
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), 0.0, out,
+              static_cast<blasint>(ldc));
 }
 
 // The two semirings BLAS has no kernel for. int32 is computed in uint32,
@@ -137,16 +129,59 @@ void SemiringMatmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   }
 }
 
-template <typename T>
-void Product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, const T* b,
-             T* out) {
-  if constexpr (std::is_floating_point_v<T>) {
-    Gemm(trans_a, trans_b, m, n, k, a, b, out);
-  } else if constexpr (sizeof(T) == 4) {
-    SemiringMatmul<WrappingInt32>(trans_a, trans_b, m, n, k, a, b, out);
-  } else {
-    SemiringMatmul<OrOfAnds>(trans_a, trans_b, m, n, k, a, b, out);
+// How a batched product is cut into pieces for ParallelFor: a piece is
+// `group` whole batch elements, or one block of rows (or of columns) of one
+// element when an element is worth more than a piece.
+struct Pieces {
+  int64_t count = 1;
+  int64_t group = 1;   // batch elements per piece (split == 1)
+  int64_t split = 1;   // blocks per element (group == 1)
+  bool by_rows = true; // blocks of rows of out, else of columns
+  int64_t block = 0;   // rows (columns) per block
+};
+
+// A piece is worth at least kMinPieceFlops (about 40 us on one core here,
+// well above a hand-off), and there are at most kPiecesPerThread per thread
+// (a helper that arrives late still finds pieces to take). Blocks are
+// multiples of kBlockAlign rows or columns, the width of BLAS's kernels.
+constexpr double kMinPieceFlops = 4e6;
+constexpr int64_t kPiecesPerThread = 3;
+constexpr int64_t kBlockAlign = 32;
+
+Pieces PlanPieces(int64_t m, int64_t n, int64_t k, int64_t batch, bool blocks, int threads) {
+  Pieces p;
+  p.count = batch;
+  const double element = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const double total = element * static_cast<double>(batch);
+  const int64_t wanted = std::min<int64_t>(
+      int64_t{threads} * kPiecesPerThread, static_cast<int64_t>(total / kMinPieceFlops));
+  if (threads < 2 || wanted < 2) {
+    p.group = batch;
+    p.count = 1;
+    return p;
   }
+  if (batch >= wanted || !blocks) {
+    p.group = (batch + wanted - 1) / wanted;
+    p.count = (batch + p.group - 1) / p.group;
+    return p;
+  }
+  // Fewer elements than pieces: cut each element into blocks along its
+  // longer side of out.
+  p.by_rows = m >= n;
+  const int64_t side = p.by_rows ? m : n;
+  const int64_t per_element = (wanted + batch - 1) / batch;
+  p.block = std::max(kBlockAlign, (side / per_element + kBlockAlign - 1) / kBlockAlign * kBlockAlign);
+  p.split = (side + p.block - 1) / p.block;
+  p.count = batch * p.split;
+  return p;
+}
+
+int ThreadsForProducts() {
+  // Once per process: BLAS's own pool stays idle (see Gemm).
+  static const bool single = (openblas_set_num_threads(1), true);
+  (void)single;
+  const ParallelTeam* team = CurrentParallelTeam();
+  return team == nullptr ? 1 : team->num_helpers() + 1;
 }
 
 // T is the storage type: float, double, uint32_t for int32, uint8_t for bool.
@@ -157,13 +192,44 @@ void BatchedProduct(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   const T* a = static_cast<const T*>(a_data);
   const T* b = static_cast<const T*>(b_data);
   T* out = static_cast<T*>(out_data);
+  // Stacked elements are one taller product (element 0's offsets).
+  int64_t rows = m;
+  int64_t count = batch;
   if (StacksIntoOneProduct(trans_a, m, k, batch, a_offsets, b_offsets)) {
-    Product(trans_a, trans_b, batch * m, n, k, a + a_offsets[0], b + b_offsets[0], out);
-    return;
+    rows = batch * m;
+    count = 1;
   }
-  for (int64_t i = 0; i < batch; ++i) {
-    Product(trans_a, trans_b, m, n, k, a + a_offsets[i], b + b_offsets[i], out + i * m * n);
-  }
+  constexpr bool kBlas = std::is_floating_point_v<T>;
+  const Pieces p = PlanPieces(rows, n, k, count, kBlas, ThreadsForProducts());
+  const int64_t lda = trans_a ? rows : k;  // only read by BLAS (for a stacked
+  const int64_t ldb = trans_b ? k : n;     // product trans_a is false)
+  auto element = [&](int64_t i, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    const T* ai = a + a_offsets[i];
+    const T* bi = b + b_offsets[i];
+    T* oi = out + i * rows * n;
+    if constexpr (kBlas) {
+      Gemm(trans_a, trans_b, r1 - r0, c1 - c0, k, ai + (trans_a ? r0 : r0 * lda), lda,
+           bi + (trans_b ? c0 * ldb : c0), ldb, oi + r0 * n + c0, n);
+    } else if constexpr (sizeof(T) == 4) {
+      SemiringMatmul<WrappingInt32>(trans_a, trans_b, rows, n, k, ai, bi, oi);
+    } else {
+      SemiringMatmul<OrOfAnds>(trans_a, trans_b, rows, n, k, ai, bi, oi);
+    }
+  };
+  ParallelFor(p.count, [&](int64_t piece) {
+    if (p.split == 1) {
+      const int64_t end = std::min(count, (piece + 1) * p.group);
+      for (int64_t i = piece * p.group; i < end; ++i) element(i, 0, rows, 0, n);
+      return;
+    }
+    const int64_t i = piece / p.split;
+    const int64_t lo = piece % p.split * p.block;
+    if (p.by_rows) {
+      element(i, lo, std::min(rows, lo + p.block), 0, n);
+    } else {
+      element(i, 0, rows, lo, std::min(n, lo + p.block));
+    }
+  });
 }
 
 }  // namespace
@@ -197,37 +263,6 @@ void BatchedMatmul(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n
     case DType::kBF16:  // multiplied in float32 (the builder widens it)
       return;
   }
-}
-
-namespace {
-
-// The parallel runs in progress, and BLAS's thread count outside them.
-struct BlasThreads {
-  Mutex mu;
-  int active ABSL_GUARDED_BY(mu) = 0;
-  int outside ABSL_GUARDED_BY(mu) = 0;
-};
-
-BlasThreads& GetBlasThreads() {
-  static BlasThreads* const threads = new BlasThreads;
-  return *threads;
-}
-
-}  // namespace
-
-void EnterParallelShards() {
-  BlasThreads& t = GetBlasThreads();
-  MutexLock lock(&t.mu);
-  if (t.active++ == 0) {
-    t.outside = openblas_get_num_threads();
-    if (t.outside > 1) openblas_set_num_threads(1);
-  }
-}
-
-void ExitParallelShards() {
-  BlasThreads& t = GetBlasThreads();
-  MutexLock lock(&t.mu);
-  if (--t.active == 0 && t.outside > 1) openblas_set_num_threads(t.outside);
 }
 
 }  // namespace pw

@@ -25,18 +25,27 @@ import atexit
 import os
 from typing import Any
 
-# OpenBLAS (the kernels' matmul) keeps its idle worker threads spinning for
-# 2^28 cycles, about 0.1 s, after every product, which takes a core from the
-# executor threads between products; 2^4 lets them sleep at once (measured:
-# the transformer step on one device 10-25% faster). Read when the library
-# loads, so before _core; a value the user set is kept.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-
 # Registers bfloat16 with numpy, which _core names when it makes or reads
-# bfloat16 arrays (np.dtype("bfloat16")).
+# bfloat16 arrays (np.dtype("bfloat16")). Imports numpy, whose own BLAS reads
+# the environment as the user left it.
 import ml_dtypes  # noqa: E402, F401
 
-from pathways import _core  # noqa: E402
+# The kernels' OpenBLAS (not numpy's) runs on one thread: the executor splits
+# products over its own threads (csrc/kernels/matmul.h). Told when the library
+# loads, with _core, so that it starts no pool of its own: an idle pool made
+# the attention's small products 1.8x slower half the time, although it was
+# set to one thread later. The user's value is put back for everyone else.
+_user_blas_threads = os.environ.get("OPENBLAS_NUM_THREADS")
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+try:
+    from pathways import _core  # noqa: E402
+finally:
+    if _user_blas_threads is None:
+        del os.environ["OPENBLAS_NUM_THREADS"]
+    else:
+        os.environ["OPENBLAS_NUM_THREADS"] = _user_blas_threads
+    del _user_blas_threads
+
 from pathways._devices import (
     HostInfo,
     VirtualDeviceSet,
