@@ -16,10 +16,12 @@ namespace {
 // The columns a pass over a row computes at a time: values of the pass that
 // are not inlined live in arrays of this many elements (on the stack, in L1).
 constexpr int64_t kChunk = 256;
-// The most row buffer a region may use (a reduction's or a later pass's
-// values per row); a region whose rows are longer does not fuse its
-// reductions.
-constexpr int64_t kMaxRowBufferBytes = 2 << 20;
+// The most row buffer one reduction may need (its operand's row); a region
+// whose rows are longer does not fuse its reductions.
+constexpr int64_t kMaxRowBufferBytes = 512 << 10;
+// The most row buffer a region may use in all (it is on the stack of each
+// call): a region that needs more is not made.
+constexpr int64_t kMaxStackRowBufferBytes = 1 << 20;
 
 bool Inert(const Op& op) { return op.kind == OpKind::kParameter || op.kind == OpKind::kConstant; }
 
@@ -551,6 +553,17 @@ std::optional<FusedRegion> Planner::Try(int32_t v, int32_t limit, int32_t* faile
   }
   Emitter emitter(ops_, info, base, v, last, region.rows, region.cols);
   region.source = emitter.Emit(region, &region.row_buffer_bytes);
+  if (region.row_buffer_bytes > kMaxStackRowBufferBytes) {
+    *failed = -1;
+    return std::nullopt;
+  }
+  for (const RegionIo& out : region.outputs) {
+    region.split_rows &= out.access == Access::kFull || out.access == Access::kRow;
+    region.split_cols &= out.access == Access::kFull || out.access == Access::kCol;
+  }
+  for (int32_t u = v; u <= last; ++u) {
+    region.split_cols &= !(ops_[u].kind == OpKind::kReduce && I(u).kind == Info::kComputed);
+  }
   return region;
 }
 
@@ -709,7 +722,9 @@ std::string Emitter::Emit(const FusedRegion& region, int64_t* row_buffer_bytes) 
   absl::StrAppend(&s, "  constexpr int64_t R = ", rows_, ", C = ", cols_, ";\n");
   absl::StrAppend(&s, "  const PwVectorMath* vm = a->vm;\n");
   absl::StrAppend(&s, "  (void)vm;\n");
-  absl::StrAppend(&s, "  for (int64_t s = 0; s < a->shards; ++s) {\n");
+  if (buffer_bytes > 0) absl::StrAppend(&s, "  alignas(64) char rowbuf[", buffer_bytes, "];\n");
+  absl::StrAppend(&s, "  for (int64_t u = a->row_begin; u < a->row_end; ++u) {\n");
+  absl::StrAppend(&s, "    const int64_t s = u / R, r = u % R;\n    (void)r;\n");
   for (size_t k = 0; k < region.inputs.size(); ++k) {
     const char* T = CType(region.inputs[k].dtype);
     absl::StrAppend(&s, "    const ", T, "* const x", k, " = static_cast<const ", T, "*>(a->in[",
@@ -725,10 +740,10 @@ std::string Emitter::Emit(const FusedRegion& region, int64_t* row_buffer_bytes) 
     if (e.kind == Info::kComputed && e.buffer >= 0) {
       const char* T = CType(O(v).type.dtype);
       absl::StrAppend(&s, "    ", T, "* const b", v, " = reinterpret_cast<", T,
-                      "*>(static_cast<char*>(a->row_buffer) + ", e.buffer, ");\n");
+                      "*>(rowbuf + ", e.buffer, ");\n");
     }
   }
-  absl::StrAppend(&s, "    for (int64_t r = 0; r < R; ++r) {\n");
+  absl::StrAppend(&s, "    {\n");
   absl::StrAppend(&s, "      const int64_t rowbase = r * C;\n      (void)rowbase;\n");
   auto write_output = [&](std::string* out, int32_t v, const std::string& value,
                           const char* indent) {
@@ -814,9 +829,9 @@ std::string Emitter::Emit(const FusedRegion& region, int64_t* row_buffer_bytes) 
         absl::StrAppend(&body, "        }\n");
       }
       if (any) {
-        absl::StrAppend(&s, "      for (int64_t c0 = 0; c0 < C; c0 += ", kChunk, ") {\n",
-                        "        const int64_t len = C - c0 < ", kChunk, " ? C - c0 : ", kChunk,
-                        ";\n", body, "      }\n");
+        absl::StrAppend(&s, "      for (int64_t c0 = a->col_begin; c0 < a->col_end; c0 += ", kChunk,
+                        ") {\n", "        const int64_t len = a->col_end - c0 < ", kChunk,
+                        " ? a->col_end - c0 : ", kChunk, ";\n", body, "      }\n");
       }
       // The reductions of pass t, each over its row.
       for (int32_t v = first_; v <= last_; ++v) {

@@ -60,7 +60,12 @@ struct FusedRegion {
   int32_t first = 0, last = 0;  // the ops [first, last] (parameters and constants compute nothing)
   int64_t rows = 1, cols = 1;   // per shard
   std::vector<RegionIo> inputs, outputs;
-  int64_t row_buffer_bytes = 0;  // for one call (one thread)
+  int64_t row_buffer_bytes = 0;  // on the stack of each call
+  // Which blocks of the loop space calls may split it into: rows, unless an
+  // output has one element per column or one in all (every row writes it);
+  // columns, unless the region reduces rows or an output has an element per
+  // row or one in all.
+  bool split_rows = true, split_cols = true;
   // The generated function's body (see EmitNativeSource).
   std::string source;
 };

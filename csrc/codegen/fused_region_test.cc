@@ -6,12 +6,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "csrc/base/parallel_for.h"
 #include "csrc/codegen/native_compiler.h"
+#include "csrc/executor/worker_pool.h"
 #include "csrc/kernels/function_executable.h"
 #include "gtest/gtest.h"
 
@@ -65,10 +68,34 @@ std::vector<std::vector<uint8_t>> RunGang(const FunctionExecutable& exe, int sha
   return outs;
 }
 
+// Runs `fn` as a job of an executor of `threads` threads, so that its
+// kernels may split their loops over the others; returns the loops split.
+int64_t RunOnExecutor(int threads, const std::function<void()>& fn) {
+  WorkerPool pool(threads);
+  struct Job : Runnable {
+    const std::function<void()>* fn;
+    std::atomic<bool> done{false};
+    int64_t split = 0;
+    void Run(RunContext&) override {
+      (*fn)();
+      split = CurrentParallelTeam()->loops_split();
+      done.store(true, std::memory_order_release);
+    }
+  } job;
+  job.fn = &fn;
+  pool.Submit(&job);
+  while (!job.done.load(std::memory_order_acquire)) std::this_thread::yield();
+  pool.Stop();
+  return job.split;
+}
+
 // Compiles `ir` twice, with native code and without; runs both on random
-// inputs once the native code is loaded; the bits must be the same.
+// inputs once the native code is loaded; the bits must be the same. With
+// `executor_threads`, the native code runs on an executor of that many
+// threads (its regions in blocks over them, when large enough).
 void ExpectNativeMatchesInterpreter(std::shared_ptr<const FunctionIr> ir, int min_regions,
-                                    std::mt19937& rng) {
+                                    std::mt19937& rng, int executor_threads = 0,
+                                    int64_t* loops_split = nullptr) {
   auto native = FunctionExecutable::Compile(ir, true);
   auto interp = FunctionExecutable::Compile(ir, false);
   ASSERT_TRUE(native.ok() && interp.ok());
@@ -86,7 +113,14 @@ void ExpectNativeMatchesInterpreter(std::shared_ptr<const FunctionIr> ir, int mi
       inputs.push_back(RandomBytes(ir->param_type(i), shards, rng));
     }
     const auto want = RunGang(**interp, shards, inputs);
-    const auto got = RunGang(**native, shards, inputs);
+    std::vector<std::vector<uint8_t>> got;
+    if (executor_threads > 0) {
+      const int64_t split =
+          RunOnExecutor(executor_threads, [&] { got = RunGang(**native, shards, inputs); });
+      if (loops_split != nullptr) *loops_split += split;
+    } else {
+      got = RunGang(**native, shards, inputs);
+    }
     for (size_t k = 0; k < want.size(); ++k) {
       EXPECT_EQ(got[k], want[k]) << "output " << k << ", " << shards << " shards\n"
                                  << ir->ToText();
@@ -245,6 +279,50 @@ TEST(FusedRegionTest, RandomGraphsMatchTheInterpreterBitForBit) {
     ExpectNativeMatchesInterpreter(*ir, 0, rng);
   }
   EXPECT_GE(fused, 20);  // the planner takes (almost) every such graph
+}
+
+// Regions large enough to be cut into blocks over the executor's threads:
+// by rows (softmax, layer norm), by columns (one long row), by single rows
+// (an output with an element per column keeps rows from being grouped), and
+// random graphs as above but larger. The blocks give the bits of one call.
+TEST(FusedRegionTest, BlocksOnTheExecutorThreadsGiveTheInterpretersBits) {
+  std::mt19937 rng(7);
+  int64_t split = 0;
+  ExpectNativeMatchesInterpreter(Softmax(300, 1024), 1, rng, 2, &split);
+  ExpectNativeMatchesInterpreter(LayerNorm(257, 515), 1, rng, 3, &split);
+  {
+    FunctionBuilder b("long_row", "");
+    const int32_t x = b.Parameter(DType::kF32, {1, 300001});
+    const int32_t y = b.Parameter(DType::kF32, {1, 300001});
+    const int32_t t = *b.Unary(OpKind::kTanh, *b.Binary(OpKind::kAdd, *b.Binary(OpKind::kMul, x, Scalar(b, 2.0f)), y));
+    ExpectNativeMatchesInterpreter(*b.Build({*b.Binary(OpKind::kMul, t, x)}), 1, rng, 2, &split);
+  }
+  {
+    FunctionBuilder b("column_output", "");
+    const int32_t x = b.Parameter(DType::kF32, {400, 300});
+    const int32_t g = b.Parameter(DType::kF32, {300});
+    const int32_t g2 = *b.Unary(OpKind::kExp, *b.Binary(OpKind::kMul, g, Scalar(b, 0.5f)));
+    const int32_t y = *b.Binary(OpKind::kMul, *b.Unary(OpKind::kTanh, x), g2);
+    auto ir = *b.Build({y, g2});
+    const auto regions = PlanFusedRegions(*ir, {});
+    ASSERT_FALSE(regions.empty());
+    EXPECT_FALSE(regions.back().split_rows);  // g2 is written by every row
+    ExpectNativeMatchesInterpreter(ir, 1, rng, 2, &split);
+  }
+  for (int trial = 0; trial < 6; ++trial) {
+    const int64_t rows = 1 + rng() % 300, cols = 256 + rng() % 3000;
+    FunctionBuilder b("random_large", "");
+    const int32_t x = b.Parameter(DType::kF32, {rows, cols});
+    const int32_t row = b.Parameter(DType::kF32, {rows, 1});
+    const std::vector<int64_t> last = {1};
+    const int32_t m = *b.Reduce(trial % 2 ? ReduceKind::kMax : ReduceKind::kSum, x, &last, true);
+    const int32_t d = *b.Binary(OpKind::kSub, x, *b.BroadcastTo(m, {rows, cols}));
+    const int32_t e = *b.Unary(OpKind::kExp, *b.Binary(OpKind::kMul, d, row));
+    auto ir = *b.Build({e, m});
+    SCOPED_TRACE(testing::Message() << "trial " << trial << ": " << rows << " x " << cols);
+    ExpectNativeMatchesInterpreter(ir, 1, rng, 2, &split);
+  }
+  EXPECT_GT(split, 0);  // the blocks ran through the executor's team
 }
 
 // A compiler of the test's own, over a fresh directory.

@@ -18,7 +18,7 @@ namespace pw::codegen {
 
 // Bumped whenever these structs or the calling convention change, so a disk
 // cache entry built for another layout is rebuilt, not run.
-inline constexpr int kNativeAbiVersion = 1;
+inline constexpr int kNativeAbiVersion = 2;
 
 // The runtime's vectorized transcendentals (kernels/vector_math.h), passed in
 // so that generated code gives the interpreter's bits: y[i] = f(x[i]).
@@ -43,17 +43,20 @@ struct PwVectorMath {
   void (*erfc_f64)(const double*, double*, int64_t);
 };
 
-// One call of a region over `shards` consecutive shards. Value k of the
-// region's inputs (outputs) has shard s's elements at in[k] + s * in_stride[k]
-// elements (0: one copy shared by all shards). `row_buffer` holds the
-// region's row_buffer_bytes, 64-byte aligned, for this call alone.
+// One call of a region over a block of its loop space: rows [row_begin,
+// row_end) counted over consecutive shards (row u is row u % R of shard
+// u / R, R rows a shard), and columns [col_begin, col_end) of each (all of
+// them when the region reduces its rows). Value k of the region's inputs
+// (outputs) has shard s's elements at in[k] + s * in_stride[k] elements (0:
+// one copy shared by all shards). Calls on disjoint blocks may run at once
+// on different threads: the row buffers are the call's own (on its stack).
 struct PwNativeArgs {
-  int64_t shards;
+  int64_t row_begin, row_end;
+  int64_t col_begin, col_end;
   const void* const* in;
   const int64_t* in_stride;
   void* const* out;
   const int64_t* out_stride;
-  void* row_buffer;
   const PwVectorMath* vm;
 };
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "csrc/base/parallel_for.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/codegen/fused_region.h"
 #include "csrc/kernels/collectives.h"
@@ -49,6 +50,60 @@ const codegen::PwVectorMath kVectorMath = {
     ArrayFn<float>(&Rsqrt), ArrayFn<double>(&Rsqrt), ArrayFn<float>(&Erf),  ArrayFn<double>(&Erf),
     ArrayFn<float>(&Erfc),  ArrayFn<double>(&Erfc),
 };
+
+// A native region's loop space is cut into blocks for the executor's threads
+// (base/parallel_for.h) when it has at least kMinSplitElements elements
+// (tens of microseconds of work); into at most kBlocksPerThread per thread,
+// each of at least kMinBlockElements. Column blocks are whole chunks of the
+// generated loop (256 columns).
+constexpr int64_t kMinSplitElements = int64_t{1} << 16;
+constexpr int64_t kMinBlockElements = int64_t{1} << 14;
+constexpr int64_t kBlocksPerThread = 3;
+constexpr int64_t kColumnChunk = 256;
+
+// Calls `fn` over the whole loop space of a region (num_shards x rows rows
+// of cols columns), in blocks on the executor's threads if it pays.
+void RunNativeRegion(codegen::PwRegionFn fn, int64_t rows_per_shard, int64_t cols, bool split_rows,
+                     bool split_cols, int num_shards, const void* const* in, const int64_t* in_stride,
+                     void* const* out, const int64_t* out_stride) {
+  const int64_t rows = rows_per_shard * num_shards;
+  const codegen::PwNativeArgs whole{0, rows, 0, cols, in, in_stride, out, out_stride, &kVectorMath};
+  const ParallelTeam* team = CurrentParallelTeam();
+  const int64_t elements = rows * cols;
+  if (team == nullptr || team->num_helpers() == 0 || elements < kMinSplitElements) {
+    fn(&whole);
+    return;
+  }
+  const int64_t blocks = std::min<int64_t>((team->num_helpers() + 1) * kBlocksPerThread,
+                                           elements / kMinBlockElements);
+  auto by_rows = [&](int64_t pieces) {
+    ParallelFor(pieces, [&](int64_t b) {
+      codegen::PwNativeArgs part = whole;
+      part.row_begin = rows * b / pieces;
+      part.row_end = rows * (b + 1) / pieces;
+      fn(&part);
+    });
+  };
+  if (split_rows && rows >= blocks) return by_rows(blocks);
+  if (split_cols) {
+    // Blocks of whole chunks of columns, each over every row (so an output
+    // with an element per column is written by one block per column).
+    const int64_t width = std::max<int64_t>(
+        kColumnChunk, ((cols + blocks - 1) / blocks + kColumnChunk - 1) / kColumnChunk * kColumnChunk);
+    const int64_t col_blocks = (cols + width - 1) / width;
+    if (col_blocks >= 2) {
+      ParallelFor(col_blocks, [&](int64_t b) {
+        codegen::PwNativeArgs part = whole;
+        part.col_begin = b * width;
+        part.col_end = std::min(cols, part.col_begin + width);
+        fn(&part);
+      });
+      return;
+    }
+  }
+  if (split_rows && rows >= 2) return by_rows(rows);
+  fn(&whole);
+}
 
 
 }  // namespace
@@ -287,9 +342,8 @@ absl::Status FunctionExecutable::RunShards(const ShardRange& range, const LocalS
             out[j] = result(nr.outputs[j]);
           }
         }
-        const codegen::PwNativeArgs args{num_shards, in, in_stride, out, out_stride, tile_buffer,
-                                         &kVectorMath};
-        fns[k](&args);
+        RunNativeRegion(fns[k], nr.rows, nr.cols, nr.split_rows, nr.split_cols, num_shards, in,
+                        in_stride, out, out_stride);
         i = static_cast<size_t>(nr.last);
         continue;
       }

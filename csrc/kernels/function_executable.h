@@ -395,7 +395,8 @@ class FunctionExecutable {
   struct NativeRegion {
     int32_t first = 0, last = 0;
     absl::InlinedVector<int32_t, 8> inputs, outputs;
-    int64_t row_buffer_bytes = 0;
+    int64_t rows = 1, cols = 1;  // per shard
+    bool split_rows = false, split_cols = false;  // see codegen::FusedRegion
     // Per output: the function output it is, when the region may write it
     // straight into the caller's output buffer (it is that output once, and
     // no op after the region reads it), else -1; only outputs 0..63.

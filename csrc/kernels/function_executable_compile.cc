@@ -327,10 +327,12 @@ absl::StatusOr<std::shared_ptr<const FunctionExecutable>> FunctionExecutable::Co
         }
         nr.direct.push_back(times == 1 && !read_after && direct < 64 ? direct : -1);
       }
-      nr.row_buffer_bytes = r.row_buffer_bytes;
+      nr.rows = r.rows;
+      nr.cols = r.cols;
+      nr.split_rows = r.split_rows;
+      nr.split_cols = r.split_cols;
       exe->native_start_[r.first] = static_cast<int32_t>(exe->native_regions_.size());
       exe->native_regions_.push_back(std::move(nr));
-      exe->tile_bytes_ = std::max(exe->tile_bytes_, kernels::RoundUp(r.row_buffer_bytes));
       for (int32_t u = r.first; u <= r.last; ++u) {
         for (int32_t w : ops[u].operands) last_use[w] = std::max(last_use[w], r.last);
       }

@@ -155,9 +155,14 @@ void ForEachPacket(const float* x, float* y, int64_t n, Kernel kernel) {
 }
 
 // Below -87.3, exp(x) < 2^-126 is denormal (or 0): ExpReduced and Pow2Scale
-// would round twice. Those results are std::exp in double, rounded once.
+// would round twice. Those results are std::exp in double, rounded once;
+// below -104, exp(x) < 2^-150 rounds to +0 without asking libm (whose
+// underflow path is slow, and a causal mask's -1e9 or -inf meets it in half
+// of every attention row).
 constexpr float kExpDenormal = -87.3f;
-const auto kExpInDouble = [](float v) { return static_cast<float>(std::exp(double{v})); };
+const auto kExpInDouble = [](float v) {
+  return v < -104.0f ? 0.0f : static_cast<float>(std::exp(double{v}));
+};
 
 // c - a b, rounded once with FMA. (Eigen 3.4 has no pnmadd, and its pnegate
 // is a subtraction from 0, which the compiler may not fold into the fma.)
