@@ -55,7 +55,7 @@ void ParallelTeam::For(int64_t n, absl::FunctionRef<void(int64_t)> body) {
   const int64_t offers = std::min<int64_t>(n - 1, static_cast<int64_t>(helpers_.size()));
   for (int64_t h = 0; h < offers; ++h) {
     Helper& helper = *helpers_[static_cast<size_t>(h)];
-    if (!helper.queued.exchange(true, std::memory_order_relaxed)) submit_(&helper);
+    if (!helper.queued.exchange(true, std::memory_order_acquire)) submit_(&helper);
   }
   // While this thread runs body, a nested ParallelFor finds busy_ set and
   // runs serially.
@@ -71,7 +71,9 @@ void ParallelTeam::For(int64_t n, absl::FunctionRef<void(int64_t)> body) {
 }
 
 void ParallelTeam::Helper::Run(RunContext& /*ctx*/) {
-  queued.store(false, std::memory_order_relaxed);
+  // Release: this thread's last write to the runnable (the queue's pop) comes
+  // before a resubmission's.
+  queued.store(false, std::memory_order_release);
   ParallelTeam& team = *team_;
   uint64_t s = team.state_.load(std::memory_order_relaxed);
   do {
