@@ -75,6 +75,7 @@ void RegisterRuntime(py::module_& m) {
     d["devices_per_host"] = o.devices_per_host;
     d["device_memory"] = o.device_memory_bytes;
     d["executor_threads"] = o.num_executor_threads;
+    d["intra_op_threads"] = o.intra_op_threads;
     d["control_latency_us"] = o.control_latency_ns / 1000.0;
     d["hang_report_seconds"] = o.hang_report_ns / 1e9;
     d["ici_latency_us"] = o.ici_latency_ns / 1000.0;

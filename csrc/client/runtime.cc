@@ -128,7 +128,9 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
     return transfer != nullptr && transfer->OnFailedDevice();
   });
   rt->interconnect_ = InterconnectModel::Create(*rt->cluster_);
-  rt->executor_ = std::make_unique<WorkerPool>(rt->cluster_->options().num_executor_threads);
+  rt->executor_ = std::make_unique<WorkerPool>(rt->cluster_->options().num_executor_threads,
+                                               WorkerPool::kDefaultSpinNs,
+                                               rt->cluster_->options().intra_op_threads);
   rt->dispatcher_ = std::make_unique<ParallelDispatcher>(rt->stores_.get(), rt->scheduler_ptrs_,
                                                          rt->executor_.get(), &rt->stats_,
                                                          GangServices{rt->stores_.get(), rt->delays_.get(), &rt->timeline_,

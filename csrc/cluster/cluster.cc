@@ -37,6 +37,7 @@ constexpr IntKey kIntKeys[] = {
     {"hosts_per_island", &TopologyOptions::hosts_per_island, 1, kMaxDevices},
     {"devices_per_host", &TopologyOptions::devices_per_host, 1, kMaxDevices},
     {"executor_threads", &TopologyOptions::num_executor_threads, 0, kMaxExecutorThreads},
+    {"intra_op_threads", &TopologyOptions::intra_op_threads, 0, kMaxExecutorThreads},
 };
 
 // The keys given as a finite number of some unit, kept in nanoseconds.
@@ -155,7 +156,7 @@ absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, To
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown topology key '", key,
       "'; known keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, "
-      "control_latency_us, hang_report_seconds, ici_latency_us, ici_bandwidth_gbps, dcn_latency_us, "
+      "intra_op_threads, control_latency_us, hang_report_seconds, ici_latency_us, ici_bandwidth_gbps, dcn_latency_us, "
       "dcn_bandwidth_gbps, hosts"));
 }
 
@@ -164,7 +165,10 @@ absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, To
 std::string TopologyOptions::ToString() const {
   return absl::StrCat("islands=", num_islands, ",hosts_per_island=", hosts_per_island,
                       ",devices_per_host=", devices_per_host, ",device_memory=", device_memory_bytes,
-                      "B,executor_threads=", num_executor_threads, ",control_latency_us=",
+                      "B,executor_threads=", num_executor_threads,
+                      // Only when set, so that specs without it read as before.
+                      intra_op_threads != 0 ? absl::StrCat(",intra_op_threads=", intra_op_threads) : "",
+                      ",control_latency_us=",
                       control_latency_ns / 1000.0, ",hang_report_seconds=", hang_report_ns / 1e9,
                       // Only when set, so that specs without them read as before.
                       models_interconnect()

@@ -48,6 +48,11 @@ struct TopologyOptions {
   // Executor threads (the WorkerPool) shared by all devices; 0 picks the
   // number of cores.
   int num_executor_threads = 0;
+  // Executor threads one kernel may split its loop over (a large product or
+  // fused loop, base/parallel_for.h): 0 (the default) all of them, 1 none (a
+  // gang's shards still run in parallel, each on one thread). Like XLA:CPU's
+  // intra-op thread pool.
+  int intra_op_threads = 0;
   // Modeled latency of one control message from the client to a host, or
   // between hosts (DCN), in the dispatch path (paper §4.3, §4.5). 0: none,
   // as in one process. Parallel dispatch pays it once per program (every
@@ -83,6 +88,7 @@ struct TopologyOptions {
 //   device_memory: 1 byte to kMaxDeviceMemoryBytes per device (so totals
 //     over all devices stay far inside int64);
 //   executor_threads: 0 (one per core, at most 4) to kMaxExecutorThreads;
+//   intra_op_threads: 0 (all executor threads) to kMaxExecutorThreads;
 //   control_latency_us: a finite number from 0 to kMaxControlLatencyNs / 1000;
 //   hang_report_seconds: a finite number from 0 to kMaxHangReportNs / 1e9;
 //   ici_latency_us, dcn_latency_us: a finite number from 0 to

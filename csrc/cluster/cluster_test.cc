@@ -58,6 +58,11 @@ void ExpectInvalid(const absl::Status& status, std::initializer_list<absl::strin
 
 TEST(ClusterTest, TopologyLimitsAreCheckedBeforeAllocating) {
   ExpectInvalid(ParseTopology("executor_threads=100000").status(), {"executor_threads", "at most 256", "100000"});
+  ExpectInvalid(ParseTopology("intra_op_threads=-1").status(), {"intra_op_threads", "at least 0"});
+  ExpectInvalid(ParseTopology("intra_op_threads=257").status(), {"intra_op_threads", "at most 256"});
+  EXPECT_EQ(ParseTopology("intra_op_threads=1")->intra_op_threads, 1);
+  EXPECT_NE(ParseTopology("intra_op_threads=1")->ToString().find(",intra_op_threads=1,"), std::string::npos);
+  EXPECT_EQ(ParseTopology("islands=1")->ToString().find("intra_op_threads"), std::string::npos);
   // 10^11 devices: rejected up front, with the product spelled out.
   ExpectInvalid(ParseTopology("islands=10000,hosts_per_island=10000,devices_per_host=1000").status(),
                 {"at most 65536 devices", "10000 x 10000 x 1000 = 100000000000"});

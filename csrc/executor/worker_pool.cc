@@ -6,8 +6,11 @@
 
 namespace pw {
 
-WorkerPool::WorkerPool(int num_threads, int64_t spin_ns)
-    : spin_ns_(spin_ns), team_([this](Runnable* r) { Submit(r); }, std::max(num_threads, 1) - 1) {
+WorkerPool::WorkerPool(int num_threads, int64_t spin_ns, int intra_op_threads)
+    : spin_ns_(spin_ns),
+      team_([this](Runnable* r) { Submit(r); },
+            (intra_op_threads > 0 ? std::min(intra_op_threads, std::max(num_threads, 1))
+                                  : std::max(num_threads, 1)) - 1) {
   if (num_threads < 1) num_threads = 1;
   for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
 }

@@ -30,8 +30,10 @@ namespace pw {
 
 class WorkerPool {
  public:
-  // Starts `num_threads` (>= 1) workers.
-  explicit WorkerPool(int num_threads, int64_t spin_ns = 50'000);
+  static constexpr int64_t kDefaultSpinNs = 50'000;
+  // Starts `num_threads` (>= 1) workers. A kernel on one of them may split
+  // its loop over `intra_op_threads` of them (0: all; 1: none).
+  explicit WorkerPool(int num_threads, int64_t spin_ns = kDefaultSpinNs, int intra_op_threads = 0);
   // Stops the workers after the queue drains (see Stop()).
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;

@@ -1,10 +1,12 @@
 #include "csrc/executor/worker_pool.h"
 
+#include "csrc/base/parallel_for.h"
 #include "csrc/base/spin.h"
 #include "csrc/executor/delay_queue.h"
 
 #include <atomic>
 #include <thread>
+#include <tuple>
 
 #include "gtest/gtest.h"
 
@@ -79,6 +81,21 @@ class StampJob : public Runnable {
   int id_;
   std::vector<std::pair<int, int64_t>>* log_;
 };
+
+// A job's kernels may split over `intra_op_threads` of the pool's threads:
+// the team a worker offers them has one thread fewer as helpers.
+TEST(WorkerPoolTest, IntraOpThreadsSizeTheTeamKernelsSplitOver) {
+  for (auto [threads, intra, helpers] : {std::tuple{3, 0, 2}, {3, 1, 0}, {3, 2, 1}, {3, 9, 2}, {1, 0, 0}}) {
+    WorkerPool pool(threads, WorkerPool::kDefaultSpinNs, intra);
+    struct Probe : Runnable {
+      std::atomic<int> helpers{-1};
+      void Run(RunContext&) override { helpers.store(CurrentParallelTeam()->num_helpers()); }
+    } probe;
+    pool.Submit(&probe);
+    while (probe.helpers.load() < 0) std::this_thread::yield();
+    EXPECT_EQ(probe.helpers.load(), helpers) << threads << " threads, intra_op_threads " << intra;
+  }
+}
 
 TEST(DelayQueueTest, RunsJobsInDeadlineOrderNotBefore) {
   std::vector<std::pair<int, int64_t>> log;  // written by the delay thread only

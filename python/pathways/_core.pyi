@@ -37,8 +37,8 @@ def control_messages() -> Optional[list[int]]:
     """Control messages sent to each host process so far (None in process)."""
 
 def topology() -> dict[str, Union[int, float]]:
-    """Keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, control_latency_us,
-    hang_report_seconds, ici_latency_us, ici_bandwidth_gbps, dcn_latency_us, dcn_bandwidth_gbps, hosts. Starts the runtime."""
+    """Keys: islands, hosts_per_island, devices_per_host, device_memory, executor_threads, intra_op_threads,
+    control_latency_us, hang_report_seconds, ici_latency_us, ici_bandwidth_gbps, dcn_latency_us, dcn_bandwidth_gbps, hosts. Starts the runtime."""
 
 def devices() -> list[Device]: ...
 def memory_stats() -> dict[str, int]:

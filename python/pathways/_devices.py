@@ -31,6 +31,7 @@ def configure(
     devices_per_host: Optional[int] = None,
     device_memory: Optional[Union[int, str]] = None,
     executor_threads: Optional[int] = None,
+    intra_op_threads: Optional[int] = None,
     control_latency_us: Optional[float] = None,
     hang_report_seconds: Optional[float] = None,
     hosts: Optional[str] = None,
@@ -62,6 +63,12 @@ def configure(
         or TiB); from 1 byte to 1TiB.
       executor_threads: Worker threads of the runtime's executor, 0 to 256
         (0: one per core, at most 4).
+      intra_op_threads: Executor threads one kernel may split its loop over
+        (a large matrix product or fused loop; like XLA:CPU's intra-op
+        thread pool), 0 to 256: 0 (the default) all of them, 1 none, so a
+        device computes on one thread, as a data-parallel benchmark of
+        devices of one core each wants. The shards of a gang run in
+        parallel either way.
       control_latency_us: Modeled latency of a control message between the
         client and a host or between hosts (DCN) on the dispatch path, a
         finite number from 0 to 1000000 (1 s); 0 (the default) models none.
@@ -119,6 +126,7 @@ def configure(
         ("hosts_per_island", hosts_per_island),
         ("devices_per_host", devices_per_host),
         ("executor_threads", executor_threads),
+        ("intra_op_threads", intra_op_threads),
     ):
         if value is not None:
             items.append((name, str(_checks.integer("configure", name, value))))
@@ -172,8 +180,8 @@ def topology() -> dict:
 
     Returns:
       A dict with keys `islands`, `hosts_per_island`, `devices_per_host`,
-      `device_memory` (bytes), `executor_threads`, `control_latency_us`,
-      `hang_report_seconds`, `ici_latency_us`, `ici_bandwidth_gbps`,
+      `device_memory` (bytes), `executor_threads`, `intra_op_threads`,
+      `control_latency_us`, `hang_report_seconds`, `ici_latency_us`, `ici_bandwidth_gbps`,
       `dcn_latency_us`, `dcn_bandwidth_gbps` (0: not modeled) and `hosts`
       ("in_process" or "local_processes").
     """

@@ -110,6 +110,25 @@ def test_executor_threads(python_subprocess, threads):
     assert out.splitlines()[1] == "array([4., 5.])"
 
 
+def test_intra_op_threads(python_subprocess):
+    # One thread per kernel: a product large enough to be split otherwise
+    # still gives numpy's result.
+    out = python_subprocess(
+        """
+import numpy as np
+import pathways as pw
+pw.configure(islands=1, hosts_per_island=1, devices_per_host=1, executor_threads=2, intra_op_threads=1)
+print(pw.topology()["intra_op_threads"])
+x = np.random.default_rng(0).standard_normal((300, 400), dtype=np.float32)
+d = pw.make_virtual_device_set().add_slice(tpu_devices=1).tpus
+f = pw.pmap(lambda a: a @ a.T, devices=d)
+got = np.asarray(f(pw.device_put(x[None], d)))[0]
+print(np.allclose(got, x @ x.T, rtol=1e-4, atol=1e-3))
+"""
+    )
+    assert out.split() == ["1", "True"]
+
+
 def test_control_latency_models_dispatch_messages(python_subprocess):
     out = python_subprocess(
         """
