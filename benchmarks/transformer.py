@@ -97,7 +97,8 @@ DP_RTOL = 1e-5  # data parallel vs 1 device (same global batch), relative
 DP_DEVICES = (2, 4)
 IN_FLIGHT = 2  # "async" (small size only): steps in flight
 TIMELINE_STEPS = 3  # at least this many steps (and 1 s) recorded with pw.timeline for the device time
-TARGET_JIT_RATIO = 1.1
+TARGET_JIT_RATIO = 1.1  # issue 26
+TARGET_FLAX_JIT_RATIO = 1.0  # issue 24
 TARGET_DP2_SPEEDUP = 1.6
 TARGET_COMPILE_SPEEDUP = 10.0
 TARGET_FLAX_FIRST_CALL = 0.5  # pathways' first call / jax.jit's
@@ -673,14 +674,14 @@ def summarize(data: dict) -> dict:
     return s
 
 
-def _throughput_targets(size: str, what: str, one: dict, peer: dict, two: dict) -> list:
+def _throughput_targets(size: str, what: str, one: dict, peer: dict, two: dict, jit_ratio: float) -> list:
     """The tokens/s targets of one model: 1 device vs its JAX peer, and DP 2 vs 1 device."""
     lines = []
     if "tokens_s" in one and "tokens_s" in peer:
         r = one["tokens_s"] / peer["tokens_s"]
         lines.append((f"{size}: {what}pathways 1 device / {what}jax.jit tokens/s = {r:.2f} "
                       f"({h.fmt_rate(one['tokens_s'])} vs {h.fmt_rate(peer['tokens_s'])}; "
-                      f"target >= {TARGET_JIT_RATIO:.1f})", r >= TARGET_JIT_RATIO))
+                      f"target >= {jit_ratio:.1f})", r >= jit_ratio))
     if "tokens_s" in one and "tokens_s" in two:
         r = two["tokens_s"] / one["tokens_s"]
         lines.append((f"{size}: {what}pathways DP 2 devices / 1 device tokens/s = {r:.2f} "
@@ -693,7 +694,7 @@ def targets(summary: dict) -> list:
     lines = []
     for size in SIZES:
         pw1, jit, pw2 = (summary.get(f"{k}_{size}", {}) for k in ("pw1", "jit", "pw2"))
-        lines += _throughput_targets(size, "", pw1, jit, pw2)
+        lines += _throughput_targets(size, "", pw1, jit, pw2, TARGET_JIT_RATIO)
         one, two = (summary.get(f"{k}_{size}", {}) for k in ("pw1t1", "pw2t1"))
         if "tokens_s" in one and "tokens_s" in two:
             r = two["tokens_s"] / one["tokens_s"]
@@ -710,7 +711,7 @@ def targets(summary: dict) -> list:
             lines.append((f"{size}: flax first call, pathways {fpw1['first_call_s'] * 1e3:.0f} ms / "
                           f"jax.jit {fjit['first_call_s'] * 1e3:.0f} ms = {r:.2f} "
                           f"(target <= {TARGET_FLAX_FIRST_CALL})", r <= TARGET_FLAX_FIRST_CALL))
-        lines += _throughput_targets(size, "flax ", fpw1, fjit, fpw2)
+        lines += _throughput_targets(size, "flax ", fpw1, fjit, fpw2, TARGET_FLAX_JIT_RATIO)
     return lines
 
 
