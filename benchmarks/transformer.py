@@ -26,8 +26,10 @@ Configurations, each in a fresh process (`_harness.run_isolated`), all in one ru
   jax.jit      one XLA:CPU device
   jax.pmap n   n = 2, 4 forced host devices (XLA_FLAGS=--xla_force_host_platform_device_count=n)
 
-Measured: tokens/s (median of 3 timed slices after a warm-up; every step's
-loss is waited for before the next step is issued: "sync"; pathways and
+Measured: tokens/s (per process, the median of 3 timed slices after a
+warm-up; reported, the median over ROUNDS rounds, each round running every
+configuration once in turn, so pathways and its peers are interleaved; every
+step's loss is waited for before the next step is issued: "sync"; pathways and
 jax.jit also with up to 2 steps in flight: "async"), and trace+compile time
 of the step (pathways: `PmapFunction.compiled(...)`, which traces, compiles
 and lowers without running; JAX: `.lower(...)` + `.compile()`), plus the
@@ -95,6 +97,7 @@ CHECK_STEPS = 3
 JIT_RTOL = 1e-5  # pathways 1 device vs jax.jit, relative, per step's loss
 DP_RTOL = 1e-5  # data parallel vs 1 device (same global batch), relative
 DP_DEVICES = (2, 4)
+ROUNDS = 3  # every configuration once per round, in turn (--quick: 1)
 IN_FLIGHT = 2  # "async" (small size only): steps in flight
 TIMELINE_STEPS = 3  # at least this many steps (and 1 s) recorded with pw.timeline for the device time
 TARGET_JIT_RATIO = 1.1  # issue 26
@@ -576,21 +579,34 @@ def configs():
 
 
 def sweep(args) -> dict:
+    """Every configuration once per round, in turn. runs[key] is the round with the median
+    sync tokens/s (its losses, device time and compile times are reported), with
+    "rounds_per_s": every round's sync steps/s; "all_rounds" keeps each round's result."""
     seconds, warmup = (0.6, 0.2) if args.quick else (4.5, 1.0)
+    rounds = 1 if args.quick else ROUNDS
     have_jax = h.has_module("jax")
     have_flax = h.has_module("flax") and h.has_module("optax")
-    runs = {}
+    per_round = {}
     cpu0 = h.cpu_times()
-    for key, label, target, kw, env in configs():
-        if ("jax_worker" in target and not have_jax) or ("flax" in target and not have_flax):
-            runs[key] = {"ok": False, "error": h.MISSING}
+    for r in range(rounds):
+        for key, label, target, kw, env in configs():
+            if ("jax_worker" in target and not have_jax) or ("flax" in target and not have_flax):
+                per_round.setdefault(key, []).append({"ok": False, "error": h.MISSING})
+                continue
+            h.log(f"[{NAME}] round {r + 1}/{rounds}: {key}: {label}")
+            res = h.run_isolated(target, dict(kw, seconds=seconds, warmup=warmup), env=env, timeout=600)
+            if not res["ok"]:
+                h.log(f"[{NAME}]   failed: {res['error']}")
+            per_round.setdefault(key, []).append(res)
+    runs = {}
+    for key, results in per_round.items():
+        ok = sorted((x for x in results if x["ok"]), key=lambda x: x["result"]["sync"]["per_s"])
+        if not ok:
+            runs[key] = results[0]
             continue
-        h.log(f"[{NAME}] {key}: {label}")
-        runs[key] = h.run_isolated(target, dict(kw, seconds=seconds, warmup=warmup), env=env,
-                                   timeout=600)
-        if not runs[key]["ok"]:
-            h.log(f"[{NAME}]   failed: {runs[key]['error']}")
-    return {"seconds": seconds, "warmup": warmup, "runs": runs,
+        runs[key] = dict(ok[len(ok) // 2], rounds_per_s=[x["result"]["sync"]["per_s"] for x in ok],
+                         failed_rounds=len(results) - len(ok))
+    return {"seconds": seconds, "warmup": warmup, "rounds": rounds, "runs": runs, "all_rounds": per_round,
             "steal": h.steal_fraction(cpu0, h.cpu_times())}
 
 
@@ -654,8 +670,11 @@ def summarize(data: dict) -> dict:
             s[key] = {"error": r["error"]}
             continue
         res = r["result"]
-        e = {"tokens_s": res["sync"]["per_s"] * tps, "step_ms": 1e3 / res["sync"]["per_s"],
-             "runs_tokens_s": [x * tps for x in res["sync"]["runs_per_s"]],
+        per_s = statistics.median(r.get("rounds_per_s") or [res["sync"]["per_s"]])
+        # The spread: every round's median when there are rounds, else the slices of one.
+        spread = r.get("rounds_per_s") if len(r.get("rounds_per_s") or []) > 1 else res["sync"]["runs_per_s"]
+        e = {"tokens_s": per_s * tps, "step_ms": 1e3 / per_s,
+             "runs_tokens_s": [x * tps for x in spread],
              "trace_compile_s": res["trace_compile_s"]}
         if res.get("flax"):
             e["first_call_s"] = res["first_call_s"]
@@ -726,8 +745,11 @@ def report(data: dict, summary: dict, checks: list, info: dict, elapsed: float) 
             f"{size}: {cfg['layers']} layers, d_model {cfg['d_model']}, {cfg['heads']} heads, seq "
             f"{cfg['seq']}, vocab {cfg['vocab']}, global batch {cfg['batch']} sequences = "
             f"{tokens_per_step(cfg)} tokens/step, {count_params(cfg) / 1e3:.0f}k parameters, float32")
-    lines.append(f"tokens/s: median of 3 slices of {data['seconds'] / 3:.1f} s after "
-                 f"{data['warmup']:.1f} s warm-up; sync = each step's loss waited for, "
+    lines.append(f"tokens/s: median over {data.get('rounds', 1)} round(s), each running every configuration "
+                 f"in turn in its own process; a round's figure is the median of 3 slices of "
+                 f"{data['seconds'] / 3:.1f} s after {data['warmup']:.1f} s warm-up")
+    lines.append("(rounds) = min-max over the rounds (over the slices with one round); the other columns are "
+                 "the median round's; sync = each step's loss waited for, "
                  f"async (small only) = up to {IN_FLIGHT} steps in flight")
     lines.append("")
     rows, flax_rows = [], []
@@ -757,12 +779,12 @@ def report(data: dict, summary: dict, checks: list, info: dict, elapsed: float) 
             _ms(e.get("first_call_host_s")),
         ])
     lines.append(h.table(
-        ["size", "config", "tokens/s", "(slices)", "async", "step ms", "device ms",
+        ["size", "config", "tokens/s", "(rounds)", "async", "step ms", "device ms",
          "trace+compile ms", "(trace + compile)", "1st call - device ms"],
         rows, align="llrrrrrrrr"))
     lines.append("")
     lines.append("The same LM written with Flax + optax (unchanged; on pathways JAX traces, pathways lowers):")
-    lines.append(h.table(["size", "config", "tokens/s", "(slices)", "step ms",
+    lines.append(h.table(["size", "config", "tokens/s", "(rounds)", "step ms",
                           "1st call ms (trace + translate + compile + run)"],
                          flax_rows, align="llrrrr"))
     lines.append("")
