@@ -25,6 +25,13 @@ void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> body) {
   for (int64_t i = 0; i < n; ++i) body(i);
 }
 
+int64_t ParallelPieces(double work, double min_piece, int64_t per_thread) {
+  const ParallelTeam* team = current_team;
+  if (team == nullptr || team->num_helpers() == 0) return 1;
+  const double most = static_cast<double>((team->num_helpers() + 1) * per_thread);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::min(most, work / min_piece)));
+}
+
 ParallelTeam::ParallelTeam(absl::AnyInvocable<void(Runnable*)> submit, int num_helpers)
     : submit_(std::move(submit)) {
   for (int i = 0; i < num_helpers; ++i) helpers_.push_back(std::make_unique<Helper>(this));

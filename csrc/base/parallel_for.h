@@ -84,6 +84,12 @@ class ParallelTeam {
 // hand-off (a few microseconds); loops of one piece run inline.
 void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> body);
 
+// How many pieces to cut `work` into on the calling thread: at most
+// `per_thread` for each thread of its team (so a helper that arrives late
+// still finds pieces), each worth at least `min_piece`; 1 (do not split)
+// without a team of two or more threads.
+int64_t ParallelPieces(double work, double min_piece, int64_t per_thread);
+
 // The team of the calling thread, or null. Set by the pool for its workers.
 ParallelTeam* CurrentParallelTeam();
 void SetCurrentParallelTeam(ParallelTeam* team);

@@ -145,6 +145,17 @@ TEST(ParallelForTest, WithoutATeamRunsInOrderOnTheCallingThread) {
   EXPECT_EQ(order, (std::vector<int64_t>{0, 1, 2, 3, 4}));
 }
 
+TEST(ParallelForTest, PiecesAreBoundedByTheTeamAndTheWork) {
+  ASSERT_EQ(CurrentParallelTeam(), nullptr);
+  EXPECT_EQ(ParallelPieces(1e9, 1.0, 3), 1);  // no team: no split
+  ParallelTeam team([](Runnable*) {}, 2);      // 3 threads
+  SetCurrentParallelTeam(&team);
+  EXPECT_EQ(ParallelPieces(1e9, 1.0, 3), 9);   // 3 per thread
+  EXPECT_EQ(ParallelPieces(50.0, 10.0, 3), 5);  // each worth 10
+  EXPECT_EQ(ParallelPieces(5.0, 10.0, 3), 1);   // too little to split
+  SetCurrentParallelTeam(nullptr);
+}
+
 TEST(ParallelForTest, NoHelpersMeansSerial) {
   int submitted = 0;
   ParallelTeam team([&](Runnable*) { ++submitted; }, 0);

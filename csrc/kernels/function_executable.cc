@@ -68,14 +68,15 @@ void RunNativeRegion(codegen::PwRegionFn fn, int64_t rows_per_shard, int64_t col
                      void* const* out, const int64_t* out_stride) {
   const int64_t rows = rows_per_shard * num_shards;
   const codegen::PwNativeArgs whole{0, rows, 0, cols, in, in_stride, out, out_stride, &kVectorMath};
-  const ParallelTeam* team = CurrentParallelTeam();
   const int64_t elements = rows * cols;
-  if (team == nullptr || team->num_helpers() == 0 || elements < kMinSplitElements) {
+  const int64_t blocks =
+      elements < kMinSplitElements
+          ? 1
+          : ParallelPieces(static_cast<double>(elements), static_cast<double>(kMinBlockElements), kBlocksPerThread);
+  if (blocks < 2) {
     fn(&whole);
     return;
   }
-  const int64_t blocks = std::min<int64_t>((team->num_helpers() + 1) * kBlocksPerThread,
-                                           elements / kMinBlockElements);
   auto by_rows = [&](int64_t pieces) {
     ParallelFor(pieces, [&](int64_t b) {
       codegen::PwNativeArgs part = whole;

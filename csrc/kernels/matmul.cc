@@ -148,14 +148,15 @@ constexpr double kMinPieceFlops = 4e6;
 constexpr int64_t kPiecesPerThread = 3;
 constexpr int64_t kBlockAlign = 32;
 
-Pieces PlanPieces(int64_t m, int64_t n, int64_t k, int64_t batch, bool blocks, int threads) {
+Pieces PlanPieces(int64_t m, int64_t n, int64_t k, int64_t batch, bool blocks) {
+  // Once per process: BLAS's own pool stays idle (see Gemm).
+  static const bool single_threaded_blas = (openblas_set_num_threads(1), true);
+  (void)single_threaded_blas;
   Pieces p;
-  p.count = batch;
-  const double element = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const double total = element * static_cast<double>(batch);
-  const int64_t wanted = std::min<int64_t>(
-      int64_t{threads} * kPiecesPerThread, static_cast<int64_t>(total / kMinPieceFlops));
-  if (threads < 2 || wanted < 2) {
+  const double total = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+                       static_cast<double>(batch);
+  const int64_t wanted = ParallelPieces(total, kMinPieceFlops, kPiecesPerThread);
+  if (wanted < 2) {
     p.group = batch;
     p.count = 1;
     return p;
@@ -176,14 +177,6 @@ Pieces PlanPieces(int64_t m, int64_t n, int64_t k, int64_t batch, bool blocks, i
   return p;
 }
 
-int ThreadsForProducts() {
-  // Once per process: BLAS's own pool stays idle (see Gemm).
-  static const bool single = (openblas_set_num_threads(1), true);
-  (void)single;
-  const ParallelTeam* team = CurrentParallelTeam();
-  return team == nullptr ? 1 : team->num_helpers() + 1;
-}
-
 // T is the storage type: float, double, uint32_t for int32, uint8_t for bool.
 template <typename T>
 void BatchedProduct(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t batch,
@@ -200,7 +193,7 @@ void BatchedProduct(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
     count = 1;
   }
   constexpr bool kBlas = std::is_floating_point_v<T>;
-  const Pieces p = PlanPieces(rows, n, k, count, kBlas, ThreadsForProducts());
+  const Pieces p = PlanPieces(rows, n, k, count, kBlas);
   const int64_t lda = trans_a ? rows : k;  // only read by BLAS (for a stacked
   const int64_t ldb = trans_b ? k : n;     // product trans_a is false)
   auto element = [&](int64_t i, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
