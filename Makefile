@@ -55,11 +55,13 @@ $(VENV)/.test-deps: $(VENV)/.created
 	$(VPY) -m pip install -q ray $(JAX_REQUIREMENT) flax optax equinox dm-haiku
 	touch $@
 
-# The Python suite twice: hosts in process (the default), then each host a
-# process of its own on loopback (hosts="local_processes").
+# The Python suite three times: hosts in process (the default); each host a
+# process of its own on loopback (hosts="local_processes"); and as a tenant
+# of a pathways-server, whose hosts a second client process keeps busy.
 test-python: $(VENV)/.installed $(VENV)/.test-deps
 	cd tests/python && ../../$(VPY) -m pytest -q -p no:cacheprovider .
 	cd tests/python && ../../$(VPY) -m pytest -q -p no:cacheprovider --hosts=local_processes .
+	cd tests/python && ../../$(VPY) -m pytest -q -p no:cacheprovider --hosts=service .
 
 # The paper's experiments (§5), pathways and its peers side by side: tables
 # and plots in benchmarks/results/. Peers come from the [bench] extra.

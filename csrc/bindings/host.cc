@@ -18,8 +18,10 @@
 #if PATHWAYS_WITH_HOSTS
 #include "csrc/client/host_sessions.h"
 #include "csrc/client/remote_cluster.h"
+#include "csrc/client/service_link.h"
 #include "csrc/coordination/auth.h"
 #include "csrc/host/host_main.h"
+#include "csrc/service/service.h"
 #endif
 
 namespace pw::bindings {
@@ -32,6 +34,30 @@ struct PyHostSessions {
   std::unique_ptr<Cluster> cluster;
   std::unique_ptr<HostSessions> sessions;
 };
+
+// A service's report (wire::ServiceReport) as Python: {"policy", "flows": [...]}.
+py::dict ReportDict(const wire::ServiceReport& report) {
+  py::dict out;
+  out["policy"] = report.policy();
+  py::list flows;
+  for (const wire::FlowStats& f : report.flows()) {
+    py::dict d;
+    d["tenant"] = f.tenant();
+    d["tenant_name"] = f.tenant_name();
+    d["name"] = f.name();
+    d["weight"] = f.weight();
+    d["priority"] = f.priority();
+    d["device_seconds"] = f.device_seconds();
+    d["gangs"] = f.gangs();
+    d["queued"] = f.queued();
+    d["ended"] = f.ended();
+    d["freed"] = f.freed();
+    d["freed_after_seconds"] = f.freed_after_seconds();
+    flows.append(std::move(d));
+  }
+  out["flows"] = std::move(flows);
+  return out;
+}
 
 py::list HostInfos(const std::vector<RemoteHostInfo>& hosts) {
   py::list out;
@@ -87,6 +113,39 @@ void RegisterHost(py::module_& m) {
     }
     return out;
   }, "Every host of the runtime: id, island, address, pid, incarnation, alive, status.");
+  m.def(
+      "configure_service",
+      [](const std::string& address, const std::string& secret, const std::string& name, int priority) {
+        TenantOptions tenant;
+        tenant.address = address;
+        tenant.secret = secret;
+        tenant.name = name;
+        tenant.priority = priority;
+        ThrowIfError(Runtime::ConfigureDefaultTenant(tenant));
+      },
+      py::arg("address"), py::arg("secret"), py::arg("name"), py::arg("priority"),
+      "The default runtime will be a tenant of the service at `address` (internal; see pw.configure(server=...)).");
+  m.def("service_report", []() -> py::object {
+#if PATHWAYS_WITH_HOSTS
+    Runtime& rt = GetRuntime();
+    if (rt.service() != nullptr) {
+      absl::StatusOr<wire::ServiceReport> report;
+      {
+        py::gil_scoped_release release;
+        report = rt.service()->Report();
+      }
+      return ReportDict(ValueOrThrow(std::move(report)));
+    }
+#endif
+    return py::none();
+  }, "The service's report (policy, every tenant's clients), or None when this process is not a tenant.");
+  m.def("tenant_session", []() -> py::object {
+#if PATHWAYS_WITH_HOSTS
+    Runtime& rt = GetRuntime();
+    if (rt.service() != nullptr) return py::int_(rt.service()->tenant().session());
+#endif
+    return py::none();
+  }, "This process's tenant id at its service, or None when it is not a tenant.");
   m.def("control_messages", []() -> py::object {
 #if PATHWAYS_WITH_HOSTS
     Runtime& rt = GetRuntime();
@@ -143,6 +202,32 @@ void RegisterHost(py::module_& m) {
       .def("close", [](PyHostSessions& p) {
         py::gil_scoped_release release;
         p.sessions.reset();
+      });
+  py::class_<Service>(m, "_Service", "A running pathways service (internal; see pathways.server).")
+      .def(py::init([](const std::vector<std::pair<std::string, std::string>>& topology,
+                       const std::vector<std::string>& host_addresses, const std::string& host_secret,
+                       const std::string& listen, const std::string& secret, const std::string& policy) {
+             ServiceConfig config;
+             config.listen_address = listen;
+             config.secret = secret;
+             config.policy = ValueOrThrow(ParseSchedulingPolicy(policy));
+             const TopologyOptions options = ValueOrThrow(ParseTopology(topology));
+             absl::StatusOr<std::unique_ptr<Service>> service;
+             {
+               py::gil_scoped_release release;
+               service = Service::Start(options, host_addresses, host_secret, std::move(config));
+             }
+             return ValueOrThrow(std::move(service));
+           }),
+           py::arg("topology"), py::arg("host_addresses"), py::arg("host_secret"), py::arg("listen"),
+           py::arg("secret"), py::arg("policy"))
+      .def_property_readonly("address", &Service::address)
+      .def_property_readonly("num_tenants", &Service::num_tenants)
+      .def_property_readonly("queued_runs", &Service::queued_runs)
+      .def_property_readonly("topology", [](const Service& s) { return s.cluster().options().ToString(); })
+      .def("report", [](const Service& s) { return ReportDict(s.Report()); })
+      .def("set_policy", [](Service& s, const std::string& policy) {
+        s.SetPolicy(ValueOrThrow(ParseSchedulingPolicy(policy)));
       });
 #endif
 }

@@ -218,18 +218,23 @@ void RegisterRuntime(py::module_& m) {
   }, py::arg("client"));
   m.def("clients", [] { return GetRuntime().clients(); }, py::return_value_policy::reference);
   m.def("set_scheduling_policy", [](const std::string& policy) {
-    SchedulingPolicy p;
-    if (policy == "fifo") {
-      p = SchedulingPolicy::kFifo;
-    } else if (policy == "proportional_share") {
-      p = SchedulingPolicy::kProportionalShare;
-    } else {
-      throw py::value_error("unknown scheduling policy '" + policy + "'; known: fifo, proportional_share");
+    const SchedulingPolicy p = ValueOrThrow(ParseSchedulingPolicy(policy));
+    Runtime& rt = GetRuntime();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;  // a tenant asks its service
+      status = rt.SetSchedulingPolicy(p);
     }
-    GetRuntime().SetSchedulingPolicy(p);
+    ThrowIfError(status);
   }, py::arg("policy"));
   m.def("scheduling_policy", [] {
-    return GetRuntime().scheduler(0).policy() == SchedulingPolicy::kFifo ? "fifo" : "proportional_share";
+    Runtime& rt = GetRuntime();
+    absl::StatusOr<SchedulingPolicy> policy;
+    {
+      py::gil_scoped_release release;
+      policy = rt.scheduling_policy();
+    }
+    return std::string(SchedulingPolicyName(ValueOrThrow(std::move(policy))));
   });
 
   // Timeline: events come back per gang, and per transfer between slices;
@@ -266,6 +271,11 @@ void RegisterRuntime(py::module_& m) {
   // Any Python int: counts beyond int64 get the error of counts beyond the limit.
   m.def("fail_devices", [](const std::vector<int>& ids) {
     Runtime& rt = GetRuntime();
+    if (rt.cluster().options().hosts == HostsMode::kService) {
+      ThrowStatus(absl::FailedPreconditionError(
+          "fail_devices: fault injection is the service's, not a tenant's: the devices are shared by every tenant "
+          "of the service"));
+    }
     std::vector<Device*> devices;
     for (int id : ids) devices.push_back(ValueOrThrow(rt.cluster().device(id)));
     py::gil_scoped_release release;  // with host processes it waits for them to take it

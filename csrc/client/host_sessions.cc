@@ -1,13 +1,25 @@
 #include "csrc/client/host_sessions.h"
 
 #include <chrono>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/coordination/protocol_version.h"
 #include "csrc/base/error_kind.h"
 
 namespace pw {
+namespace {
+
+std::string FreshGroupPrefix() {
+  std::random_device device;
+  return absl::StrFormat("cluster-%08x%08x", device(), device());
+}
+
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<HostSessions>> HostSessions::Connect(const Cluster& cluster,
                                                             const std::vector<std::string>& addresses,
@@ -46,6 +58,46 @@ absl::StatusOr<std::unique_ptr<HostSessions>> HostSessions::Connect(const Cluste
     sessions->channels_.push_back(*std::move(channel));
   }
   return sessions;
+}
+
+absl::Status HostSessions::Join(const std::vector<std::string>& addresses, int64_t timeout_ns) {
+  wire::JoinCluster join;
+  for (const Device* d : cluster_->devices()) join.add_device_host(d->host()->id());
+  for (const std::string& address : addresses) join.add_host_addresses(address);
+  join.set_group_prefix(FreshGroupPrefix());
+  // A key for every pair of hosts, which only those two get (auth.h): with
+  // it each proves which host it is to the other's rendezvous store and
+  // data plane.
+  const int n = num_hosts();
+  std::vector<std::vector<std::string>> peer_keys(n, std::vector<std::string>(n));
+  for (int a = 0; a < n; ++a) {
+    for (int b = a + 1; b < n; ++b) {
+      PW_ASSIGN_OR_RETURN(peer_keys[a][b], RandomBytes(kPeerKeyBytes));
+      peer_keys[b][a] = peer_keys[a][b];
+    }
+  }
+  // Every host at once: each one's join waits for all the others.
+  // Shared with the callbacks: a reply may come after a timed-out wait.
+  auto replies = std::make_shared<HostReplies>(n);
+  for (int h = 0; h < n; ++h) {
+    wire::Request request;
+    *request.mutable_join() = join;
+    for (std::string& key : peer_keys[h]) request.mutable_join()->add_peer_keys(std::move(key));
+    channels_[h]->Send(std::move(request), [replies, h](absl::StatusOr<wire::Reply> reply) {
+      absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+      if (!status.ok()) status = absl::Status(status.code(), absl::StrCat("host ", h, ": ", status.message()));
+      replies->Done(std::move(status));
+    });
+    channels_[h]->Flush();
+  }
+  return replies->Wait(timeout_ns, "joining the hosts into one cluster");
+}
+
+void HostSessions::SendRun(const std::vector<int>& hosts, std::vector<wire::Request> requests,
+                           std::vector<HostChannel::ReplyCallback> done, const RunAdmissionInfo&) {
+  // The caller sends under one lock: every host sees its runs in its order.
+  for (size_t k = 0; k < hosts.size(); ++k) channels_[hosts[k]]->Send(std::move(requests[k]), std::move(done[k]));
+  for (int h : hosts) channels_[h]->Flush();
 }
 
 HostSessions::~HostSessions() {

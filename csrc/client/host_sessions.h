@@ -11,29 +11,51 @@
 // Thread-safe. The cluster must outlive the sessions.
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "csrc/base/mutex.h"
+#include "csrc/client/host_links.h"
 #include "csrc/cluster/cluster.h"
 #include "csrc/coordination/host_channel.h"
 
 namespace pw {
 
-struct RemoteHostInfo {
-  int id = 0;
-  int island = 0;
-  std::string address;
-  int64_t pid = 0;
-  uint64_t incarnation = 0;
-  absl::Status status;  // OK while reachable; the loss (kHostLost) after
-  bool alive() const { return status.ok(); }
+// Waits for a known number of hosts' replies (shared with their callbacks:
+// a reply may come after a wait timed out).
+class HostReplies {
+ public:
+  explicit HostReplies(int n) : left_(n) {}
+  void Done(absl::Status status) {
+    MutexLock lock(&mu_);
+    if (first_error_.ok() && !status.ok()) first_error_ = std::move(status);
+    if (--left_ == 0) cv_.SignalAll();
+  }
+  // The first error, or DeadlineExceeded after `timeout_ns`.
+  absl::Status Wait(int64_t timeout_ns, absl::string_view what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+    MutexLock lock(&mu_);
+    while (left_ > 0) {
+      if (!cv_.WaitUntil(&mu_, deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat(what, ": ", left_, " hosts did not answer in time"));
+      }
+    }
+    return first_error_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  int left_ ABSL_GUARDED_BY(mu_);
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
 
-class HostSessions {
+class HostSessions final : public HostLinks {
  public:
   // Called once per lost host, on a gRPC or heartbeat thread, after the
   // surviving hosts were told; must not block.
@@ -51,9 +73,25 @@ class HostSessions {
                                                            const std::vector<std::string>& addresses,
                                                            const ChannelOptions& options, LostCallback on_lost = {});
   // Closes every session: hosts started for this client stop.
-  ~HostSessions();
+  ~HostSessions() override;
 
-  int num_hosts() const { return static_cast<int>(channels_.size()); }
+  // Joins the hosts into one cluster (JoinCluster): their data planes and
+  // rendezvous stores connect, each pair of hosts with a key of its own.
+  // `addresses` as given to Connect. The first host's error, naming it, or
+  // DeadlineExceeded after `timeout_ns`.
+  absl::Status Join(const std::vector<std::string>& addresses, int64_t timeout_ns);
+
+  // HostLinks: the hosts' sessions, directly.
+  int num_hosts() const override { return static_cast<int>(channels_.size()); }
+  void Send(int host, wire::Request request, HostChannel::ReplyCallback done) override {
+    channels_[host]->Send(std::move(request), std::move(done));
+  }
+  void Flush(int host) override { channels_[host]->Flush(); }
+  void SendRun(const std::vector<int>& hosts, std::vector<wire::Request> requests,
+               std::vector<HostChannel::ReplyCallback> done, const RunAdmissionInfo& admission) override;
+  bool alive(int host) const override { return channels_[host]->alive(); }
+  absl::Status status(int host) const override { return channels_[host]->status(); }
+  int64_t clock_offset_ns(int host) const override { return channels_[host]->clock_offset_ns(); }
   // Surviving hosts told of a loss so far (PeersLost requests sent; tests).
   int64_t survivors_told() const { return survivors_told_.load(std::memory_order_relaxed); }
   HostChannel& channel(int host) { return *channels_[host]; }
@@ -63,7 +101,7 @@ class HostSessions {
   // what follows from that; a host whose loss is being dealt with now is
   // waited for (microseconds: that never blocks), so whoever saw its loss
   // elsewhere (a request's HostLostError) sees it lost here too.
-  std::vector<RemoteHostInfo> hosts() const;
+  std::vector<RemoteHostInfo> hosts() const override;
 
  private:
   HostSessions() = default;

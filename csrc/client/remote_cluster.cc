@@ -25,38 +25,6 @@ constexpr int64_t kHeartbeatTimeoutNs = int64_t{3} * 1'000'000'000;
 // How long FailDevices waits for the hosts to take it.
 constexpr int64_t kFailTimeoutNs = int64_t{5} * 1'000'000'000;
 
-std::string FreshGroupPrefix() {
-  std::random_device device;
-  return absl::StrFormat("cluster-%08x%08x", device(), device());
-}
-
-// Waits for a known number of replies.
-class Replies {
- public:
-  explicit Replies(int n) : left_(n) {}
-  void Done(absl::Status status) {
-    MutexLock lock(&mu_);
-    if (first_error_.ok() && !status.ok()) first_error_ = std::move(status);
-    if (--left_ == 0) cv_.SignalAll();
-  }
-  // The first error, or DeadlineExceeded after `timeout_ns`.
-  absl::Status Wait(int64_t timeout_ns, absl::string_view what) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
-    MutexLock lock(&mu_);
-    while (left_ > 0) {
-      if (!cv_.WaitUntil(&mu_, deadline)) {
-        return absl::DeadlineExceededError(absl::StrCat(what, ": ", left_, " hosts did not answer in time"));
-      }
-    }
-    return first_error_;
-  }
-
- private:
-  Mutex mu_;
-  CondVar cv_;
-  int left_ ABSL_GUARDED_BY(mu_);
-  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
-};
 
 // Buffer data goes to and from hosts in chunks of this many bytes: each a
 // message of its own, far below protobuf's 2 GiB limit per message.
@@ -104,57 +72,34 @@ absl::StatusOr<std::unique_ptr<RemoteCluster>> RemoteCluster::Connect(const Clus
     }
   });
   if (!sessions.ok()) return sessions.status();
+  HostSessions* joining = sessions->get();
+  std::unique_ptr<RemoteCluster> rc = Attach(cluster, std::move(services), *std::move(sessions));
+  PW_RETURN_IF_ERROR(joining->Join(addresses, kJoinTimeoutNs));
+  return rc;
+}
+
+std::unique_ptr<RemoteCluster> RemoteCluster::Attach(const Cluster& cluster, RemoteServices services,
+                                                     std::unique_ptr<HostLinks> links) {
   auto rc = std::unique_ptr<RemoteCluster>(new RemoteCluster());
   rc->cluster_ = &cluster;
   rc->stores_ = services.stores;
   rc->services_ = std::move(services);
-  rc->sessions_ = *std::move(sessions);
-  rc->messages_ = std::make_unique<std::atomic<int64_t>[]>(rc->sessions_->num_hosts());
+  rc->links_ = std::move(links);
+  const int num_hosts = rc->links_->num_hosts();
+  rc->messages_ = std::make_unique<std::atomic<int64_t>[]>(num_hosts);
   {
     MutexLock lock(&rc->frees_mu_);
-    rc->pending_frees_.resize(rc->sessions_->num_hosts());
+    rc->pending_frees_.resize(num_hosts);
   }
   {
     MutexLock lock(&rc->mu_);
-    rc->known_.resize(rc->sessions_->num_hosts());
+    rc->known_.resize(num_hosts);
   }
   {
     MutexLock lock(&rc->admission_mu_);
     rc->admitted_.resize(cluster.islands().size(), 0);
   }
   rc->admission_thread_ = std::thread([r = rc.get()] { r->AdmissionLoop(); });
-  wire::JoinCluster join;
-  for (const Device* d : cluster.devices()) join.add_device_host(d->host()->id());
-  for (const std::string& address : addresses) join.add_host_addresses(address);
-  join.set_group_prefix(FreshGroupPrefix());
-  // A key for every pair of hosts, which only those two get (auth.h): with
-  // it each proves which host it is to the other's rendezvous store and
-  // data plane.
-  const int num_hosts = rc->sessions_->num_hosts();
-  std::vector<std::vector<std::string>> peer_keys(num_hosts, std::vector<std::string>(num_hosts));
-  for (int a = 0; a < num_hosts; ++a) {
-    for (int b = a + 1; b < num_hosts; ++b) {
-      PW_ASSIGN_OR_RETURN(peer_keys[a][b], RandomBytes(kPeerKeyBytes));
-      peer_keys[b][a] = peer_keys[a][b];
-    }
-  }
-  // Every host at once: each one's join waits for all the others.
-  // Shared with the callbacks: a reply may come after a timed-out wait.
-  auto replies = std::make_shared<Replies>(rc->sessions_->num_hosts());
-  for (int h = 0; h < rc->sessions_->num_hosts(); ++h) {
-    wire::Request request;
-    *request.mutable_join() = join;
-    for (std::string& key : peer_keys[h]) request.mutable_join()->add_peer_keys(std::move(key));
-    rc->sessions_->channel(h).Send(std::move(request), [replies, h](absl::StatusOr<wire::Reply> reply) {
-      absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
-      if (!status.ok()) status = absl::Status(status.code(), absl::StrCat("host ", h, ": ", status.message()));
-      replies->Done(std::move(status));
-    });
-    rc->Flush(h);
-  }
-  if (absl::Status joined = replies->Wait(kJoinTimeoutNs, "joining the hosts into one cluster"); !joined.ok()) {
-    return joined;
-  }
   return rc;
 }
 
@@ -175,7 +120,7 @@ RemoteCluster::~RemoteCluster() {
     MutexLock lock(&closing_mu_);
     closing_ = true;
   }
-  sessions_.reset();
+  links_.reset();
 }
 
 void RemoteCluster::SetPolicy(SchedulingPolicy policy) {
@@ -216,6 +161,8 @@ void RemoteCluster::SubmitRun(std::vector<int> hosts, uint64_t program_id, uint6
   run->first = first;
   run->submitted_ns = NowNanos();
   run->hosts = std::move(hosts);
+  run->cost_ns = cost_ns;
+  run->islands = islands;
   {
     MutexLock lock(&runs_mu_);
     run->seq = next_run_seq_++;
@@ -228,8 +175,9 @@ void RemoteCluster::SubmitRun(std::vector<int> hosts, uint64_t program_id, uint6
   {
     MutexLock lock(&admission_mu_);
     // FIFO with nothing queued sends at once (below, unlocked: a run with
-    // no hosts finishes at once, and that takes admission_mu_).
-    if (policy_ != SchedulingPolicy::kFifo || !waiting_.empty()) {
+    // no hosts finishes at once, and that takes admission_mu_), and so does
+    // a tenant of a service, which admits the runs of all its tenants.
+    if (!links_->admits_runs() && (policy_ != SchedulingPolicy::kFifo || !waiting_.empty())) {
       queued = true;
       auto w = std::make_unique<Waiting>();
       w->program_id = program_id;
@@ -299,8 +247,8 @@ void RemoteCluster::Cancel(const SchedulingClient* client, const std::string& re
       }
     }
     if (cancel.all() || cancel.program_ids_size() > 0) {
-      for (int h = 0; h < sessions_->num_hosts(); ++h) {
-        if (!sessions_->channel(h).alive()) continue;
+      for (int h = 0; h < links_->num_hosts(); ++h) {
+        if (!links_->alive(h)) continue;
         wire::Request request;
         *request.mutable_cancel_runs() = cancel;
         Send(h, std::move(request));
@@ -352,7 +300,7 @@ void RemoteCluster::SendRenewalsLocked() {
   for (const std::vector<int>& hosts : sets) {
     // A set with a lost host has no next incarnation (its live hosts would
     // wait to make it with the lost one); its gangs fail with the loss.
-    if (!std::all_of(hosts.begin(), hosts.end(), [&](int h) { return sessions_->channel(h).alive(); })) continue;
+    if (!std::all_of(hosts.begin(), hosts.end(), [&](int h) { return links_->alive(h); })) continue;
     for (int h : hosts) {
       wire::Request request;
       for (int k : hosts) request.mutable_renew_group()->add_hosts(k);
@@ -402,19 +350,19 @@ void RemoteCluster::AdmitLocked() {
 
 void RemoteCluster::Flush(int host) {
   messages_[host].fetch_add(1, std::memory_order_relaxed);
-  sessions_->channel(host).Flush();
+  links_->Flush(host);
 }
 
 std::vector<int64_t> RemoteCluster::messages_sent() const {
   std::vector<int64_t> out;
-  for (int h = 0; h < sessions_->num_hosts(); ++h) out.push_back(messages_[h].load(std::memory_order_relaxed));
+  for (int h = 0; h < links_->num_hosts(); ++h) out.push_back(messages_[h].load(std::memory_order_relaxed));
   return out;
 }
 
 const DeviceList* RemoteCluster::ListById(int id) const { return lists_by_id_.at(id); }
 
 void RemoteCluster::Send(int host, wire::Request request, HostChannel::ReplyCallback done) {
-  sessions_->channel(host).Send(std::move(request), std::move(done));
+  links_->Send(host, std::move(request), std::move(done));
 }
 
 const std::vector<int>& RemoteCluster::HostsOf(const DeviceList* list) const {
@@ -458,7 +406,7 @@ void RemoteCluster::RecordPart(const Run& run, int host, int step, int64_t start
   if (fn == nullptr) return;  // a transfer
   const DeviceList* gang = plan.step_devices[step];
   const DeviceList* part = PartOn(gang, host);
-  const PartInterval ours = OnClientClock(start_ns, end_ns, sessions_->channel(host).clock_offset_ns(),
+  const PartInterval ours = OnClientClock(start_ns, end_ns, links_->clock_offset_ns(host),
                                           run.submitted_ns, NowNanos());
   start_ns = ours.start_ns;
   const int64_t busy_ns = ours.end_ns - ours.start_ns;
@@ -629,9 +577,9 @@ std::shared_ptr<RemoteCluster::Plan> RemoteCluster::PlanFor(const LoweredProgram
   for (const LoweredStep& step : program.steps()) {
     for (int s : step.out_slots) slot_devices[s] = step.devices;
   }
-  std::vector<wire::LoadProgram> loads(sessions_->num_hosts());
-  std::vector<bool> takes_part(sessions_->num_hosts(), false);
-  plan->host_steps.resize(sessions_->num_hosts());
+  std::vector<wire::LoadProgram> loads(links_->num_hosts());
+  std::vector<bool> takes_part(links_->num_hosts(), false);
+  plan->host_steps.resize(links_->num_hosts());
   plan->slot_step.assign(program.num_slots(), -1);
   plan->slot_is_output.assign(program.num_slots(), false);
   for (int s : program.output_slots()) plan->slot_is_output[s] = true;
@@ -703,7 +651,7 @@ std::shared_ptr<RemoteCluster::Plan> RemoteCluster::PlanFor(const LoweredProgram
   }
   std::sort(plan->islands.begin(), plan->islands.end());
   plan->islands.erase(std::unique(plan->islands.begin(), plan->islands.end()), plan->islands.end());
-  for (int h = 0; h < sessions_->num_hosts(); ++h) {
+  for (int h = 0; h < links_->num_hosts(); ++h) {
     if (!takes_part[h]) continue;
     plan->hosts.push_back(h);
     plan->loaded.insert(h);
@@ -793,8 +741,8 @@ void RemoteCluster::SendRun(uint64_t program_id, uint64_t first, const std::vect
   // atomic load per host. (A host lost after this check is told to the
   // survivors, which then fail its part at once: HostSessions.)
   for (int h : hosts) {
-    if (sessions_->channel(h).alive()) continue;
-    absl::Status lost = sessions_->channel(h).status();
+    if (links_->alive(h)) continue;
+    absl::Status lost = links_->status(h);
     const std::string what = absl::StrCat("program '", run->program->name(), "' was not run: ", lost.message());
     {
       MutexLock lock(&run->mu);
@@ -808,9 +756,12 @@ void RemoteCluster::SendRun(uint64_t program_id, uint64_t first, const std::vect
   // Frees of the arguments may go once the run is on its way (behind it).
   const std::vector<std::shared_ptr<ShardedBuffer>> args = std::move(run->args);
   run->pending.store(static_cast<int>(hosts.size()), std::memory_order_relaxed);
+  std::vector<wire::Request> requests;
+  std::vector<HostChannel::ReplyCallback> done;
+  requests.reserve(hosts.size());
+  done.reserve(hosts.size());
   for (int h : hosts) {
-    wire::Request request;
-    wire::RunProgram* r = request.mutable_run();
+    wire::RunProgram* r = requests.emplace_back().mutable_run();
     r->set_program_id(program_id);
     r->set_first_buffer_id(first);
     TakeFrees(h, r);
@@ -819,10 +770,28 @@ void RemoteCluster::SendRun(uint64_t program_id, uint64_t first, const std::vect
       EnsureList(h, ListById(b.dst_devices()));
       *r->add_args() = b;
     }
-    Send(h, std::move(request),
-         [run, h](absl::StatusOr<wire::Reply> reply) { Run::HostDone(run, h, std::move(reply)); });
+    done.push_back([run, h](absl::StatusOr<wire::Reply> reply) { Run::HostDone(run, h, std::move(reply)); });
   }
-  for (int h : hosts) Flush(h);
+  RunAdmissionInfo admission;
+  if (links_->admits_runs()) {
+    if (run->client != nullptr) {
+      admission.flow = static_cast<uint64_t>(run->client->id()) + 1;
+      admission.flow_name = run->client->name();
+      admission.weight = run->client->weight();
+    }
+    admission.cost_ns = run->cost_ns;
+    admission.islands = &run->islands;
+    const auto& fns = run->plan->step_fns;
+    if (run->single_step >= 0) {
+      admission.gangs = run->single_step < static_cast<int>(fns.size()) && fns[run->single_step] != nullptr;
+    } else {
+      admission.gangs = static_cast<int>(std::count_if(fns.begin(), fns.end(), [](auto* f) { return f != nullptr; }));
+    }
+    for (const auto& made : run->made) admission.made_buffer_ids.push_back(made->remote_id());
+    for (const wire::ArgBinding& b : bindings) admission.used_buffer_ids.push_back(b.buffer_id());
+  }
+  for (int h : hosts) messages_[h].fetch_add(1, std::memory_order_relaxed);
+  links_->SendRun(hosts, std::move(requests), std::move(done), admission);
 }
 
 absl::Status RemoteCluster::DispatchSteps(const LoweredProgram& program, absl::Span<const ProgramArg> args,
@@ -1119,7 +1088,7 @@ absl::Status RemoteCluster::Read(const ShardedBuffer& buffer, void* dst) {
 void RemoteCluster::FailDevices(absl::Span<Device* const> devices) {
   absl::flat_hash_map<int, wire::FailDevices> by_host;
   for (const Device* d : devices) by_host[d->host()->id()].add_device_ids(d->id());
-  auto replies = std::make_shared<Replies>(static_cast<int>(by_host.size()));
+  auto replies = std::make_shared<HostReplies>(static_cast<int>(by_host.size()));
   for (auto& [host, request] : by_host) {
     wire::Request r;
     *r.mutable_fail_devices() = std::move(request);

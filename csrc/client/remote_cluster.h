@@ -82,9 +82,16 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   static absl::StatusOr<std::unique_ptr<RemoteCluster>> Connect(const Cluster& cluster, RemoteServices services,
                                                                 const std::vector<std::string>& addresses,
                                                                 const std::string& secret);
+  // A RemoteCluster over hosts it reaches through `links` (ready: hosts
+  // configured and joined). With a ServiceLink, this client is a tenant of
+  // a service, which owns the hosts and admits the runs (SetPolicy is the
+  // service's then: see service_link.h).
+  static std::unique_ptr<RemoteCluster> Attach(const Cluster& cluster, RemoteServices services,
+                                               std::unique_ptr<HostLinks> links);
   ~RemoteCluster();
+  HostLinks& links() { return *links_; }
 
-  std::vector<RemoteHostInfo> hosts() const { return sessions_->hosts(); }
+  std::vector<RemoteHostInfo> hosts() const { return links_->hosts(); }
   // Control messages (frames on the wire: requests batched) sent to each
   // host so far; heartbeats not counted.
   std::vector<int64_t> messages_sent() const;
@@ -238,7 +245,7 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   const Cluster* cluster_ = nullptr;
   RemoteServices services_;
   ObjectStores* stores_ = nullptr;  // services_.stores
-  std::unique_ptr<HostSessions> sessions_;
+  std::unique_ptr<HostLinks> links_;
   std::unique_ptr<std::atomic<int64_t>[]> messages_;  // per host
   // Buffers dropped, by host, not yet told: they leave with the host's next
   // run, or on their own once kFreesPerMessage wait or a buffer of at least

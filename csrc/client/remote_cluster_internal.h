@@ -161,6 +161,8 @@ struct RemoteCluster::Run {
   int64_t submitted_ns = 0;
   int64_t first_gang = 0;  // its steps' gang numbers count from it (pw.diagnose)
   std::vector<int> admitted_islands;  // counted in their admission windows
+  double cost_ns = 0;                 // device time, for a service's admission
+  std::vector<int> islands;           // those it runs on
   // The buffers it makes. Filled before the run is registered (SubmitRun);
   // from then on read under `mu` only by a thread other than the
   // dispatching one (Describe), since Finish empties it under `mu` on

@@ -255,7 +255,7 @@ TEST_F(RemoteRuntimeTest, AGangThatTimedOutDoesNotBreakTheHostsForGood) {
 TEST_P(LifecycleTest, CloseCancelsTheClientsRunsWaitingForAdmission) {
   auto rt = MakeRuntime(remote());
   ASSERT_NE(rt, nullptr);
-  rt->SetSchedulingPolicy(SchedulingPolicy::kProportionalShare);
+  ASSERT_TRUE(rt->SetSchedulingPolicy(SchedulingPolicy::kProportionalShare).ok());
   auto slice = *rt->resource_manager().AddSlice(2, "tpu");
   auto slow = Chain(Slow(*rt, slice, 100'000'000), 1);
   auto fast = Chain(Slow(*rt, slice, 0, "fast"), 1, "fast");

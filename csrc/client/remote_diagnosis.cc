@@ -75,13 +75,13 @@ void RemoteCluster::Describe(Diagnosis& diagnosis, int64_t timeout_ns, int64_t m
   }
   // Every live host's queues, at once.
   auto answers = std::make_shared<Answers>();
-  const int num_hosts = sessions_->num_hosts();
+  const int num_hosts = links_->num_hosts();
   {
     MutexLock lock(&answers->mu);
     answers->replies.resize(num_hosts);
   }
   for (int h = 0; h < num_hosts; ++h) {
-    if (!sessions_->channel(h).alive()) continue;
+    if (!links_->alive(h)) continue;
     {
       MutexLock lock(&answers->mu);
       ++answers->left;

@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "csrc/client/host_registry.h"
 #include "csrc/client/remote_cluster.h"
+#include "csrc/client/service_link.h"
 #endif
 
 namespace pw {
@@ -49,6 +50,7 @@ absl::Status ClosedClientError(const SchedulingClient& client) {
 Mutex default_mu;
 Runtime* default_runtime ABSL_GUARDED_BY(default_mu) = nullptr;
 TopologyOptions* default_options ABSL_GUARDED_BY(default_mu) = nullptr;
+TenantOptions* default_tenant ABSL_GUARDED_BY(default_mu) = nullptr;  // set: the default runtime is a tenant
 
 Mutex launcher_mu;
 HostLauncher* host_launcher ABSL_GUARDED_BY(launcher_mu) = nullptr;
@@ -108,6 +110,33 @@ void Runtime::SetHostLauncher(HostLauncher launcher) {
 }
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& options) {
+  if (options.hosts == HostsMode::kService) {
+    return absl::InvalidArgumentError("hosts=service: connect to the service (Runtime::CreateTenant)");
+  }
+  return CreateWith(options, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::CreateTenant(const TenantOptions& tenant) {
+#if PATHWAYS_WITH_HOSTS
+  auto link = ServiceLink::Connect(tenant);
+  if (!link.ok()) return link.status();
+  auto options = ParseTopology((*link)->tenant().topology());
+  if (!options.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("the service at ", tenant.address,
+                                                      " sent a topology this build cannot read: ",
+                                                      options.status().message()));
+  }
+  options->hosts = HostsMode::kService;
+  return CreateWith(*options, *std::move(link));
+#else
+  return absl::FailedPreconditionError(
+      "this build of pathways has no host processes (it was built without gRPC, protobuf or Gloo): it cannot be "
+      "a service's tenant");
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::CreateWith(const TopologyOptions& options,
+                                                             std::unique_ptr<HostLinks> links) {
   auto cluster = Cluster::Create(options);
   if (!cluster.ok()) return cluster.status();
   auto rt = std::unique_ptr<Runtime>(new Runtime());
@@ -140,21 +169,26 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const TopologyOptions& 
                                                          rt->interconnect_.get());
   if (options.hosts != HostsMode::kInProcess) {
 #if PATHWAYS_WITH_HOSTS
-    const int num_hosts = static_cast<int>(rt->cluster_->hosts().size());
-    absl::StatusOr<LaunchedHosts> launched = options.hosts == HostsMode::kExternal
-                                                 ? AwaitExternalHosts(num_hosts)
-                                                 : LaunchHosts(options, num_hosts);
-    if (!launched.ok()) return launched.status();
-    rt->launcher_state_ = launched->keep_alive;
     RemoteServices services;
     services.stores = rt->stores_.get();
     services.stats = &rt->stats_;
     services.timeline = &rt->timeline_;
     services.schedulers = rt->scheduler_ptrs_;
     services.registry = &rt->registry_;
-    auto remote = RemoteCluster::Connect(*rt->cluster_, std::move(services), launched->addresses, launched->secret);
-    if (!remote.ok()) return remote.status();
-    rt->remote_ = *std::move(remote);
+    if (links != nullptr) {
+      rt->service_ = dynamic_cast<ServiceLink*>(links.get());
+      rt->remote_ = RemoteCluster::Attach(*rt->cluster_, std::move(services), std::move(links));
+    } else {
+      const int num_hosts = static_cast<int>(rt->cluster_->hosts().size());
+      absl::StatusOr<LaunchedHosts> launched = options.hosts == HostsMode::kExternal
+                                                   ? AwaitExternalHosts(num_hosts)
+                                                   : LaunchHosts(options, num_hosts);
+      if (!launched.ok()) return launched.status();
+      rt->launcher_state_ = launched->keep_alive;
+      auto remote = RemoteCluster::Connect(*rt->cluster_, std::move(services), launched->addresses, launched->secret);
+      if (!remote.ok()) return remote.status();
+      rt->remote_ = *std::move(remote);
+    }
     rt->dispatcher_->set_remote(rt->remote_.get());
 #else
     return absl::FailedPreconditionError(absl::StrCat(
@@ -214,13 +248,28 @@ Diagnosis Runtime::Diagnose() {
   return diagnosis;
 }
 
-void Runtime::SetSchedulingPolicy(SchedulingPolicy policy) {
+absl::Status Runtime::SetSchedulingPolicy(SchedulingPolicy policy) {
+#if PATHWAYS_WITH_HOSTS
+  if (service_ != nullptr) return service_->SetPolicy(std::string(SchedulingPolicyName(policy)));
+#endif
   ReadyList ready;
   for (auto& s : schedulers_) s->SetPolicy(policy, &ready);
   executor_->Submit(ready);
 #if PATHWAYS_WITH_HOSTS
   if (remote_ != nullptr) remote_->SetPolicy(policy);
 #endif
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SchedulingPolicy> Runtime::scheduling_policy() {
+#if PATHWAYS_WITH_HOSTS
+  if (service_ != nullptr) {
+    auto report = service_->Report();
+    if (!report.ok()) return report.status();
+    return ParseSchedulingPolicy(report->policy());
+  }
+#endif
+  return schedulers_[0]->policy();
 }
 
 absl::StatusOr<Runtime*> Runtime::Default() {
@@ -233,6 +282,13 @@ absl::StatusOr<Runtime*> Runtime::Default() {
   }
   MutexLock lock(&default_mu);
   if (default_runtime != nullptr) return default_runtime;
+  if (default_tenant != nullptr) {
+    auto rt = CreateTenant(*default_tenant);
+    if (!rt.ok()) return rt.status();
+    WatchForFork();
+    default_runtime = rt->release();  // intentionally never destroyed
+    return default_runtime;
+  }
   TopologyOptions options;
   if (default_options != nullptr) {
     options = *default_options;
@@ -256,9 +312,25 @@ absl::Status Runtime::ConfigureDefault(const TopologyOptions& options) {
     return absl::FailedPreconditionError(
         "the pathways runtime has already started; configure the topology before its first use");
   }
+  if (default_tenant != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this process is a tenant of the service at ", default_tenant->address,
+        " (pw.configure(server=...) or PATHWAYS_SERVER): its topology is the service's"));
+  }
   PW_RETURN_IF_ERROR(ValidateTopology(options));
   delete default_options;
   default_options = new TopologyOptions(options);
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::ConfigureDefaultTenant(const TenantOptions& tenant) {
+  MutexLock lock(&default_mu);
+  if (default_runtime != nullptr) {
+    return absl::FailedPreconditionError(
+        "the pathways runtime has already started; connect to a service before its first use");
+  }
+  delete default_tenant;
+  default_tenant = new TenantOptions(tenant);
   return absl::OkStatus();
 }
 

@@ -27,13 +27,16 @@
 #include "csrc/executor/timeline.h"
 #include "csrc/executor/worker_pool.h"
 #include "csrc/object_store/object_store.h"
+#include "csrc/client/tenant_options.h"
 #include "csrc/resource_manager/resource_manager.h"
 #include "csrc/scheduler/gang_scheduler.h"
 #include "csrc/scheduler/hang_watchdog.h"
 
 namespace pw {
 
+class HostLinks;
 class RemoteCluster;
+class ServiceLink;
 
 // Hosts as processes (TopologyOptions::hosts): what starts them. Given the
 // options and the number of hosts, returns one address per host (in host
@@ -59,6 +62,12 @@ class Runtime {
   // launcher or in a build without host processes, else the launcher's or
   // the hosts' error.
   static absl::StatusOr<std::unique_ptr<Runtime>> Create(const TopologyOptions& options);
+  // A runtime that is a tenant of a service (pathways-server,
+  // service/service.h): it connects to the service at `tenant.address`,
+  // and its cluster is the service's (its topology, hosts=service), its
+  // hosts the service's. The connection's error (service_link.h), or
+  // FailedPrecondition in a build without host processes.
+  static absl::StatusOr<std::unique_ptr<Runtime>> CreateTenant(const TenantOptions& tenant);
 
   // The process-wide runtime, created on first call from the options given to
   // ConfigureDefault(), else from the PATHWAYS_TOPOLOGY environment variable
@@ -68,6 +77,9 @@ class Runtime {
   static absl::StatusOr<Runtime*> Default();
   // FailedPrecondition if the default runtime exists already.
   static absl::Status ConfigureDefault(const TopologyOptions& options);
+  // The default runtime will be a tenant of this service (CreateTenant).
+  // FailedPrecondition if it exists already.
+  static absl::Status ConfigureDefaultTenant(const TenantOptions& tenant);
   // True once Default() has created the runtime.
   static bool DefaultExists();
   // True once ShutdownDefault() has begun.
@@ -102,6 +114,8 @@ class Runtime {
   Timeline& timeline() { return timeline_; }
   // The host processes' client side; null when hosts are in process.
   RemoteCluster* remote() { return remote_.get(); }
+  // The link to the service this runtime is a tenant of; null otherwise.
+  ServiceLink* service() { return service_; }
 
   // A new client (tenant) with a proportional-share weight (> 0). Clients
   // live as long as the runtime. InvalidArgument for a bad weight.
@@ -120,7 +134,10 @@ class Runtime {
   const MemoryAccount& device_put_memory() const { return *device_put_memory_; }
 
   // Sets the scheduling policy of every island's gang scheduler.
-  void SetSchedulingPolicy(SchedulingPolicy policy);
+  // A tenant's asks its service (the policy of every tenant): its error.
+  absl::Status SetSchedulingPolicy(SchedulingPolicy policy);
+  // The policy in force (a tenant's: its service's).
+  absl::StatusOr<SchedulingPolicy> scheduling_policy();
 
   // Fault injection (paper §4.6; pw.testing): marks `devices` failed, for
   // good. Work on them fails with Unavailable naming the device: gangs that
@@ -168,6 +185,10 @@ class Runtime {
 
  private:
   Runtime() = default;
+  // Create's body; with `links`, the hosts are reached through them (a
+  // tenant's service) instead of started here.
+  static absl::StatusOr<std::unique_ptr<Runtime>> CreateWith(const TopologyOptions& options,
+                                                             std::unique_ptr<HostLinks> links);
   std::unique_ptr<Cluster> cluster_;
   DeviceListRegistry registry_;
   std::unique_ptr<ResourceManager> resource_manager_;
@@ -183,6 +204,7 @@ class Runtime {
   std::unique_ptr<HangWatchdog> watchdog_;
   std::shared_ptr<RemoteCluster> remote_;  // shared_ptr: the type is known only with host processes
   std::shared_ptr<void> launcher_state_;    // LaunchedHosts::keep_alive
+  ServiceLink* service_ = nullptr;          // owned by remote_ (its links)
   // Set once by Shutdown(); gangs read it through GangServices::cancelled.
   std::atomic<bool> shut_down_{false};
   // Execute() and DevicePut() calls under way; Shutdown() waits for them to

@@ -139,6 +139,11 @@ absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, To
         return absl::OkStatus();
       }
     }
+    if (value == HostsModeName(HostsMode::kService)) {
+      return absl::InvalidArgumentError(
+          "hosts=service is not a topology of its own: connect to a running service with "
+          "pw.configure(server=...) or PATHWAYS_SERVER, and its topology is yours");
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "hosts must be 'in_process', 'local_processes', 'ray' or 'external', got '", value, "'"));
   }
@@ -189,6 +194,8 @@ absl::string_view HostsModeName(HostsMode mode) {
       return "ray";
     case HostsMode::kExternal:
       return "external";
+    case HostsMode::kService:
+      return "service";
   }
   return "?";
 }

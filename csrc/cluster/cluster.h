@@ -31,10 +31,12 @@ class Island;
 // Where the hosts run: threads of this process (the embedded default); one
 // process per host that the client starts on this machine; one per node of
 // a Ray cluster; or processes started by someone else (by hand, Slurm,
-// Kubernetes: `pathways-host --client=ADDRESS`) that register with the client.
-enum class HostsMode : uint8_t { kInProcess, kLocalProcesses, kRay, kExternal };
+// Kubernetes: `pathways-host --client=ADDRESS`) that register with the client;
+// or a service's (pathways-server, service/service.h), whose tenant this
+// process is (never parsed: connecting to the service sets it).
+enum class HostsMode : uint8_t { kInProcess, kLocalProcesses, kRay, kExternal, kService };
 
-// "in_process", "local_processes", "ray", "external".
+// "in_process", "local_processes", "ray", "external", "service".
 absl::string_view HostsModeName(HostsMode mode);
 
 struct TopologyOptions {

@@ -29,7 +29,8 @@ namespace pw {
 // 1: before versions were exchanged (a Hello without them reads as 0).
 // 2: loads answered, CancelRun, data plane messages carrying their ids.
 // 3: Unload (a host that ignored it would keep every function and program).
-inline constexpr uint32_t kControlProtocolVersion = 3;
+// 4: tenants of a service (Request.session, Forward, Commit, EndSession).
+inline constexpr uint32_t kControlProtocolVersion = 4;
 
 // "control protocol 2, op registry 0123456789abcdef".
 inline std::string DescribeVersions(uint32_t protocol, uint64_t op_registry) {

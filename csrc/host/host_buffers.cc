@@ -185,6 +185,27 @@ void HostBuffers::Free(SessionId session, const wire::FreeBuffers& request) {
   for (uint64_t id : request.buffer_ids()) DropLocked(SessionKey{session, id}, dropped);
 }
 
+void HostBuffers::EndSession(SessionId session, const absl::Status& why) {
+  std::vector<std::shared_ptr<HostBuffer>> dropped;  // freed outside the lock
+  MutexLock lock(&mu_);
+  for (auto it = puts_in_progress_.begin(); it != puts_in_progress_.end();) {
+    if (it->first.session != session) {
+      ++it;
+      continue;
+    }
+    if (auto buffer = buffers_.find(it->first); buffer != buffers_.end()) buffer->second->Complete(why);
+    puts_in_progress_.erase(it++);
+  }
+  for (auto it = buffers_.begin(); it != buffers_.end();) {
+    if (it->first.session != session) {
+      ++it;
+      continue;
+    }
+    dropped.push_back(std::move(it->second));
+    buffers_.erase(it++);
+  }
+}
+
 void HostBuffers::DropLocked(const SessionKey& key, std::vector<std::shared_ptr<HostBuffer>>& dropped) {
   auto it = buffers_.find(key);
   if (it == buffers_.end()) return;

@@ -94,6 +94,11 @@ class HostBuffers {
   void Fetch(SessionId session, const wire::FetchBuffer& request,
              absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
   void Free(SessionId session, const wire::FreeBuffers& request);
+  // Forgets every buffer of `session` (a session that ended: HostExecutor::
+  // EndSession); one still being put fails with `why` (nobody may wait for
+  // the rest of it). Runs, transfers and fetches that hold one keep it
+  // until they are done; the others are freed now.
+  void EndSession(SessionId session, const absl::Status& why);
   // Buffers held now.
   int size() const;
 

@@ -6,10 +6,12 @@
 #include <cstring>
 #include <stop_token>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/error_kind.h"
+#include "csrc/base/status_macros.h"
 #include "csrc/base/spin.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/function_ir/function_ir_wire.h"
@@ -36,12 +38,14 @@ SessionKey ListKey(SessionId session, int list_id) { return SessionKey{session, 
 class HostExecutor::Scratch {
  public:
   ~Scratch() { std::free(data_); }
-  // Null if `bytes` cannot be allocated (a later call may try again).
+  // Null if `bytes` cannot be allocated (a later call may try again). Never
+  // null for 0 bytes: a function without scratch still runs.
   uint8_t* Get(int64_t bytes) {
-    if (bytes > capacity_) {
+    if (bytes > capacity_ || data_ == nullptr) {
       std::free(data_);
-      data_ = AlignedAlloc(bytes);
-      capacity_ = data_ != nullptr ? bytes : 0;
+      const int64_t size = std::max<int64_t>(bytes, 64);
+      data_ = AlignedAlloc(size);
+      capacity_ = data_ != nullptr ? size : 0;
     }
     return data_;
   }
@@ -166,6 +170,14 @@ HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinClust
 
 HostExecutor::~HostExecutor() {
   stopping_.store(true, std::memory_order_release);
+  // The sessions still being ended are not: their callers hear Cancelled.
+  std::thread ender;
+  {
+    MutexLock lock(&sessions_mu_);
+    sessions_cv_.SignalAll();
+    ender.swap(ender_);
+  }
+  if (ender.joinable()) ender.join();
   health_.Wake();  // parts in their simulated time stop
   // Parts waiting in a collective for other hosts stop too.
   AbortGroupsWith(-1, absl::CancelledError(absl::StrCat("host ", host_id_, " is stopping")));
@@ -185,6 +197,8 @@ HostExecutor::~HostExecutor() {
 absl::Status HostExecutor::ConnectDataPlane() { return transfers_.Connect(*stores_, groups_.timeout()); }
 
 absl::Status HostExecutor::DefineDevices(const wire::DefineDevices& request, SessionId session) {
+  PW_RETURN_IF_ERROR(BeginDispatch(session, "define_devices"));
+  absl::Cleanup dispatched = [this, session] { EndDispatch(session); };
   absl::Status status = DefineDevicesChecked(request, session);
   const SessionKey key = ListKey(session, request.list_id());
   MutexLock lock(&mu_);
@@ -259,6 +273,8 @@ absl::StatusOr<const HostDeviceList*> HostExecutor::List(SessionId session, int 
 }
 
 absl::Status HostExecutor::LoadFunction(const wire::LoadFunction& request, SessionId session) {
+  PW_RETURN_IF_ERROR(BeginDispatch(session, "load_function"));
+  absl::Cleanup dispatched = [this, session] { EndDispatch(session); };
   absl::StatusOr<std::shared_ptr<const FunctionExecutable>> exe = [&]() -> decltype(exe) {
     auto ir = ParseFunctionIr(request.ir());
     if (!ir.ok()) return ir.status();
@@ -283,6 +299,8 @@ absl::Status HostExecutor::LoadFunction(const wire::LoadFunction& request, Sessi
 }
 
 absl::Status HostExecutor::LoadProgram(const wire::LoadProgram& request, SessionId session) {
+  PW_RETURN_IF_ERROR(BeginDispatch(session, "load_program"));
+  absl::Cleanup dispatched = [this, session] { EndDispatch(session); };
   const SessionKey key{session, request.program_id()};
   MutexLock lock(&mu_);
   absl::Status status = LoadProgramLocked(request, session);
@@ -399,6 +417,11 @@ int HostExecutor::num_programs() const {
   return static_cast<int>(programs_.size() + program_errors_.size());
 }
 
+int HostExecutor::num_lists() const {
+  MutexLock lock(&mu_);
+  return static_cast<int>(lists_.size() + list_errors_.size());
+}
+
 absl::Status HostExecutor::CheckSizes(const Part& part) const {
   const FunctionExecutable& exe = *part.fn->exe;
   const int64_t n = static_cast<int64_t>(part.gang->local_positions.size());
@@ -416,6 +439,8 @@ absl::Status HostExecutor::CheckSizes(const Part& part) const {
 }
 
 absl::Status HostExecutor::Put(wire::PutBuffer& request, SessionId session) {
+  PW_RETURN_IF_ERROR(BeginDispatch(session, "put"));
+  absl::Cleanup dispatched = [this, session] { EndDispatch(session); };
   absl::StatusOr<int64_t> local_shards;
   {
     MutexLock lock(&mu_);
@@ -444,11 +469,15 @@ void HostExecutor::Run(const wire::RunProgram& request,
   const SessionKey program_key{session, request.program_id()};
   std::vector<Transfer> transfers;
   std::vector<Part*> parts;
+  // Counted from here until its reply, for EndSession; refused if its
+  // session ended.
+  absl::Status early = BeginDispatch(session, "run", /*run=*/true);
+  const bool counted = early.ok();
   auto* run = new RunState(std::move(done));
   std::vector<std::shared_ptr<HostBuffer>> dropped;  // freed once unlocked
   // The run is refused (replied to outside the lock): the client cancelled
-  // it already, or it cannot start here.
-  absl::Status early = dead_runs_.DeadStatus(key);
+  // it already, or its session ended, or it cannot start here.
+  if (early.ok()) early = dead_runs_.DeadStatus(key);
   {
     MutexLock lock(&mu_);
     if (request.free_buffer_ids_size() > 0) {
@@ -490,10 +519,16 @@ void HostExecutor::Run(const wire::RunProgram& request,
     // have queued their side before the client cancels the run on them).
     if (dead_runs_.MarkDead(key, early, host_id_)) transfers_.WakeReceivers();
     transfers_.EnsureReceivers();
+    // Uncounted first: the caller may destroy the executor once replied to.
+    if (counted) EndDispatch(session, /*run_ended=*/true);
     std::move(run->done)(early);
     delete run;
     return;
   }
+  run->done = [this, session, done = std::move(run->done)](absl::StatusOr<wire::RunReply> reply) mutable {
+    std::move(done)(std::move(reply));
+    RunEnded(session);
+  };
   {
     MutexLock lock(&mu_);
     // The run's buffers are found and made under one lock (a missing one
@@ -570,6 +605,7 @@ void HostExecutor::Run(const wire::RunProgram& request,
     transfers_.Start(key, *t.src_list, std::move(t.src), *t.dst_list, t.dst_id, std::move(t.dst), t.shard_bytes);
   }
   for (Part* part : parts) Enqueue(part);
+  EndDispatch(session);  // all of it is queued: EndSession may cancel it now
   run->Release();
 }
 
@@ -834,6 +870,187 @@ wire::CancelRunsReply HostExecutor::CancelRuns(const wire::CancelRuns& request, 
       },
       request.reason(), request.end_simulated_time()));
   return reply;
+}
+
+// ---- Sessions that end ----
+
+absl::Status HostExecutor::BeginDispatch(SessionId session, absl::string_view what, bool run) {
+  // Marked ended (EndSession) before its ending is entered: a request that
+  // passes both checks is counted before the ending's first step looks.
+  absl::Status ended = dead_runs_.EndedStatus(session);
+  if (ended.ok()) {
+    MutexLock lock(&sessions_mu_);
+    if (auto it = endings_.find(session); it != endings_.end()) {
+      ended = it->second.why;
+    } else {
+      SessionRuns& runs = session_runs_[session];
+      ++runs.dispatching;
+      if (run) ++runs.in_flight;
+      return absl::OkStatus();
+    }
+  }
+  if (run) return ended;
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, ": session ", session, " has ended on host ", host_id_, " (", ended.message(), ")"));
+}
+
+void HostExecutor::EndDispatch(SessionId session, bool run_ended) {
+  MutexLock lock(&sessions_mu_);
+  auto it = session_runs_.find(session);
+  if (run_ended) --it->second.in_flight;
+  if (--it->second.dispatching == 0 && it->second.in_flight == 0) session_runs_.erase(it);
+  if (endings_.contains(session)) sessions_cv_.SignalAll();
+}
+
+void HostExecutor::RunEnded(SessionId session) {
+  MutexLock lock(&sessions_mu_);
+  auto it = session_runs_.find(session);
+  if (--it->second.in_flight == 0 && it->second.dispatching == 0) session_runs_.erase(it);
+  if (endings_.contains(session)) sessions_cv_.SignalAll();
+}
+
+void HostExecutor::EndSession(SessionId session, std::string reason,
+                              absl::AnyInvocable<void(absl::Status) &&> done) {
+  std::string text = reason.empty() ? "its tenant ended" : absl::StrCat("its tenant ended: ", reason);
+  absl::Status why = absl::CancelledError(text);
+  // Every run of it is dead from now on, and the receiving threads that
+  // wait for one of its runs drop its message instead.
+  dead_runs_.EndSession(session, why);
+  transfers_.WakeReceivers();
+  MutexLock lock(&sessions_mu_);
+  auto [it, fresh] = endings_.try_emplace(session);
+  if (fresh) {
+    it->second.reason = std::move(text);
+    it->second.why = std::move(why);
+  }
+  it->second.done.push_back(std::move(done));
+  if (!ender_.joinable()) ender_ = std::thread([this] { EndSessionsLoop(); });
+  sessions_cv_.SignalAll();
+}
+
+void HostExecutor::EndSessionsLoop() {
+  while (true) {
+    enum class Step { kNone, kCancel, kForget } step = Step::kNone;
+    SessionId session = kOneSession;
+    std::string reason;
+    absl::Status why;
+    std::vector<absl::AnyInvocable<void(absl::Status) &&>> stopped;
+    {
+      MutexLock lock(&sessions_mu_);
+      while (!stopping_.load(std::memory_order_acquire)) {
+        for (auto& [s, ending] : endings_) {
+          auto runs = session_runs_.find(s);
+          const SessionRuns counts = runs == session_runs_.end() ? SessionRuns{} : runs->second;
+          // Its queued work is cancelled once nothing of it is being made
+          // (a Run half dispatched would queue more), and the rest goes
+          // once every run of it has finished.
+          if (!ending.cancelled && counts.dispatching == 0) {
+            step = Step::kCancel;
+            ending.cancelled = true;
+          } else if (ending.cancelled && !ending.forgetting && counts.in_flight == 0 && counts.dispatching == 0) {
+            step = Step::kForget;
+            ending.forgetting = true;
+          } else {
+            continue;
+          }
+          session = s;
+          reason = ending.reason;
+          why = ending.why;
+          break;
+        }
+        if (step != Step::kNone) break;
+        sessions_cv_.Wait(&sessions_mu_);
+      }
+      if (step == Step::kNone) {  // the executor is being destroyed
+        for (auto& [s, ending] : endings_) {
+          for (auto& d : ending.done) stopped.push_back(std::move(d));
+        }
+        endings_.clear();
+      }
+    }
+    if (step == Step::kNone) {
+      for (auto& d : stopped) {
+        std::move(d)(absl::CancelledError(absl::StrCat("host ", host_id_, " stopped before its session ended")));
+      }
+      return;
+    }
+    if (step == Step::kCancel) {
+      CancelSession(session, reason, why);
+      continue;
+    }
+    ForgetSession(session, why);
+    std::vector<absl::AnyInvocable<void(absl::Status) &&>> done;
+    {
+      MutexLock lock(&sessions_mu_);
+      auto it = endings_.find(session);
+      done = std::move(it->second.done);
+      endings_.erase(it);
+    }
+    for (auto& d : done) std::move(d)(absl::OkStatus());
+  }
+}
+
+void HostExecutor::CancelSession(SessionId session, const std::string& reason, const absl::Status& why) {
+  // Its parts not started fail without running; those in their simulated
+  // time end it (nobody waits for their results).
+  CancelParts([session](const RunKey& run) { return run.session == session; }, reason,
+              /*end_simulated_time=*/true);
+  // A part of it waiting for another host of its gang (making their group,
+  // or in Arrive) stops waiting: no client is left to cancel a run that
+  // host refused, which never comes.
+  {
+    MutexLock lock(&queue_mu_);
+    order_.ForEach([&](const GangOrder<Part*>::Ordered& o, int) {
+      if (o.gang->run_key.session == session) o.gang->stop_meeting.request_stop();
+    });
+  }
+  // Its posted receives fail (a message for them may never come), and so
+  // do its puts in progress; its buffers are forgotten, each freed once
+  // whatever running holds it lets go. Its runs can then all finish.
+  transfers_.EndSession(session, why);
+  buffers_.EndSession(session, why);
+}
+
+void HostExecutor::ForgetSession(SessionId session, const absl::Status& why) {
+  // Freed unlocked, the programs (which point into the lists) first.
+  std::vector<std::unique_ptr<HostDeviceList>> lists;
+  std::vector<std::shared_ptr<const Function>> functions;
+  std::vector<std::shared_ptr<const Program>> programs;
+  {
+    MutexLock lock(&mu_);
+    auto of_session = [session](const auto& entry) { return entry.first.session == session; };
+    for (auto it = lists_.begin(); it != lists_.end();) {
+      if (!of_session(*it)) {
+        ++it;
+        continue;
+      }
+      lists.push_back(std::move(it->second));
+      lists_.erase(it++);
+    }
+    for (auto it = functions_.begin(); it != functions_.end();) {
+      if (!of_session(*it)) {
+        ++it;
+        continue;
+      }
+      functions.push_back(std::move(it->second));
+      functions_.erase(it++);
+    }
+    for (auto it = programs_.begin(); it != programs_.end();) {
+      if (!of_session(*it)) {
+        ++it;
+        continue;
+      }
+      programs.push_back(std::move(it->second));
+      programs_.erase(it++);
+    }
+    absl::erase_if(list_errors_, of_session);
+    absl::erase_if(function_errors_, of_session);
+    absl::erase_if(program_errors_, of_session);
+  }
+  programs.clear();
+  // No list of the session points to its groups any more, and no part of
+  // it is left to use them.
+  groups_.EndSession(session, why);
 }
 
 absl::Status HostExecutor::PeersLost(const wire::PeersLost& request) {

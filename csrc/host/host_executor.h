@@ -78,18 +78,26 @@
 // puts, HostGroups' sets (each session's gangs meet in groups of their own,
 // since gang tags and meetings are unique only per session), runs (RunKey:
 // dead runs, cancels, a part's run) and the data plane's messages and posted
-// receives. Left for the multi-client service (issue 27): the session id
-// itself (who assigns it, in Hello, the same on every host; HostProcess
-// passes kOneSession, its one owner's, today), and one order of every
-// client's requests on all hosts (see "Order": two sessions' gangs sent to
-// two hosts in different orders could wait for each other).
+// receives. The session is the host's owner's (kOneSession) or, when a
+// service (pathways-server) owns the host, one of its tenants': the
+// service gives each tenant an id, the same on every host, and its requests
+// carry it (wire::Request::session; HostProcess passes it here). The
+// service also sends every tenant's runs to all hosts in one order (see
+// "Order": two sessions' gangs sent to two hosts in different orders could
+// wait for each other).
+//
+// Sessions that end. A tenant that goes is ended on every host
+// (EndSession): whatever of it is queued is cancelled, what runs finishes,
+// and then nothing of it is left here, so a host serving tenants that come
+// and go holds only what the living ones made.
 //
 // Thread-safe. Requests come from the control plane (HostProcess). Lock
 // order: the loads' tables (mu_), then the buffer store's (a run finds and
 // makes its buffers under both), then a buffer's; the queues' (queue_mu_),
-// then a buffer's (DescribeQueues). A device's worker lock is a leaf. A
-// buffer's waiters run on the thread that completes it, under whatever
-// that thread holds (see HostBuffers).
+// then a buffer's (DescribeQueues). A device's worker lock and the
+// sessions' counts (sessions_mu_) are leaves. A buffer's waiters run on the
+// thread that completes it, under whatever that thread holds (see
+// HostBuffers).
 
 #include <atomic>
 #include <cstdint>
@@ -206,6 +214,27 @@ class HostExecutor {
   // them with `request.all()`).
   wire::CancelRunsReply CancelRuns(const wire::CancelRuns& request, SessionId session = kOneSession);
 
+  // Ends `session` here (wire::EndSession: a service's tenant that has
+  // gone). At once: every run of the session is dead here (a run that comes
+  // from now on is refused; what other hosts send for one is dropped, its
+  // sends go as the error) and loads and puts of the session are refused
+  // (FailedPrecondition). Then, on a thread of the executor, once no load,
+  // put or run of the session is under way: its parts that have not started
+  // are cancelled, as CancelRuns with `all` would (Cancelled, "its tenant
+  // ended: <reason>"), its parts in their simulated time end it now, its
+  // parts waiting to meet other hosts stop waiting, its posted receives and
+  // puts in progress fail, and its buffers are forgotten (each freed once
+  // nothing running holds it). Once every run of it has finished (its reply
+  // given): its device lists, functions and programs go, with their load
+  // errors, and so do its collective groups. `done` gets OK then, on that
+  // thread (under no lock of this object; it may call the executor), or
+  // Cancelled if the executor is destroyed before. Another session's state
+  // is untouched. Afterwards the session's ids name nothing (a fetch of its
+  // buffer is NotFound, an unload or free does nothing) and its runs are
+  // refused with the reason. Calling it again for the session is harmless:
+  // its `done` gets OK too, once the steps under way are done.
+  void EndSession(SessionId session, std::string reason, absl::AnyInvocable<void(absl::Status) &&> done);
+
   // The gangs across exactly `hosts` (increasing, this host among them) of
   // `session`'s runs started after this call meet in a fresh incarnation of
   // their collective group (each session's gangs meet in groups of their
@@ -237,6 +266,9 @@ class HostExecutor {
   // included (tests).
   int num_functions() const;
   int num_programs() const;
+  // Device lists defined now, of every session, failed definitions
+  // included (tests).
+  int num_lists() const;
 
  private:
   struct Program;
@@ -274,10 +306,46 @@ class HostExecutor {
   // group generation's parts from Enqueue until it has run).
   static bool MeetsOtherHosts(const Part& part);
 
+  // A request of `session` that makes something here (`what`: a load, a
+  // put, or with `run` a run) starts: OK, and counted as dispatching until
+  // its EndDispatch (and a run as in flight until RunEnded, after its
+  // reply, or until its EndDispatch with `run_ended` if it is refused),
+  // or why not: the session ended or is ending (for a run the ending's
+  // reason, else FailedPrecondition naming `what` and it). EndSession's
+  // steps wait for these counts to drop to zero.
+  absl::Status BeginDispatch(SessionId session, absl::string_view what, bool run = false);
+  void EndDispatch(SessionId session, bool run_ended = false);
+  void RunEnded(SessionId session);
+  // The thread that carries the sessions being ended through their steps
+  // (EndSession), and those steps.
+  void EndSessionsLoop();
+  void CancelSession(SessionId session, const std::string& reason, const absl::Status& why);
+  void ForgetSession(SessionId session, const absl::Status& why);
+
   const HostLayout layout_;
   const int host_id_;  // layout_.host_id
   RendezvousStores* const stores_;
   std::atomic<bool> stopping_{false};
+  // The sessions' runs, and the sessions being ended (EndSession). A leaf
+  // lock: runs end on any thread, under whatever it holds. Declared before
+  // the parts, so that it outlives whatever they complete.
+  struct SessionRuns {
+    int dispatching = 0;  // loads, puts and runs between BeginDispatch and EndDispatch
+    int in_flight = 0;    // runs between BeginDispatch and RunEnded
+  };
+  struct Ending {
+    std::string reason;  // "its tenant ended: <reason>"
+    absl::Status why;    // Cancelled(reason): its runs' and buffers' error
+    std::vector<absl::AnyInvocable<void(absl::Status) &&>> done;  // each EndSession's
+    bool cancelled = false;   // CancelSession has run (or is running)
+    bool forgetting = false;  // ForgetSession has started
+  };
+  Mutex sessions_mu_;
+  CondVar sessions_cv_;  // signalled when an ending may take its next step, and on stopping
+  // Entries only for sessions with runs counted (erased at zero).
+  absl::flat_hash_map<SessionId, SessionRuns> session_runs_ ABSL_GUARDED_BY(sessions_mu_);
+  absl::flat_hash_map<SessionId, Ending> endings_ ABSL_GUARDED_BY(sessions_mu_);
+  std::thread ender_ ABSL_GUARDED_BY(sessions_mu_);  // started by the first EndSession
   // The parts (see the top), each locked on its own. Declared in the order
   // they use each other: a part uses only those above it.
   HostHealth health_;

@@ -2411,5 +2411,201 @@ TEST(HostExecutorTest, CancelsFreesAndUnloadsOfASessionLeaveAnothersAlone) {
   EXPECT_EQ(FromBytes<float>(y), affine_of(400, kStaying));
 }
 
+
+// ---- Sessions that end: a service's tenant that has gone (issue 27) ----
+
+// Ends `session` on every host (EndSession, with `reason`): OK once it has
+// all taken effect on each, else the first host's error (DeadlineExceeded
+// if one did not answer promptly).
+absl::Status EndSessionEverywhere(Cluster& cluster, SessionId session, const std::string& reason) {
+  std::vector<std::future<absl::Status>> ended;
+  for (int h = 0; h < cluster.num_hosts(); ++h) {
+    auto promise = std::make_shared<std::promise<absl::Status>>();
+    ended.push_back(promise->get_future());
+    cluster.host(h).EndSession(session, reason, [promise](absl::Status status) { promise->set_value(status); });
+  }
+  absl::Status status;
+  for (int h = 0; h < cluster.num_hosts(); ++h) {
+    if (ended[h].wait_for(kPrompt) != std::future_status::ready) {
+      status.Update(absl::DeadlineExceededError(absl::StrCat("host ", h, " did not end the session")));
+      continue;
+    }
+    status.Update(ended[h].get());
+  }
+  return status;
+}
+
+// Two sessions with the same ids (lists, functions, programs, buffers), each
+// with a gang across the hosts that has run (so each has its collective
+// group). Ending one while its slow part runs on host 0 and one of its runs
+// and one of the other session's wait behind it: its waiting part is
+// cancelled, naming the reason; its running part finishes before the end is
+// answered; then nothing of it is left on either host (buffers, lists,
+// functions, programs), its ids name nothing, and it can neither load nor
+// run again. The other session's run goes on, and all of it stays and
+// keeps working, its gang across the hosts included.
+TEST(HostExecutorTest, EndingASessionDropsAllOfItAndLeavesAnotherAlone) {
+  auto cluster = MakeCluster(2, 2);
+  constexpr SessionId kEnding = 5, kStaying = 6;
+  std::shared_ptr<const FunctionExecutable> mean;
+  auto x_of = [](SessionId session) { return ToBytes(Iota<float>(8, static_cast<float>(session), 1.f)); };
+  auto y_of = [](SessionId session) { return Iota<float>(8, 10.f * session, 1.f); };
+  for (SessionId session : {kEnding, kStaying}) {
+    ASSERT_OK(cluster->DefineList(1, {0, 2}, session));  // a gang across both hosts
+    ASSERT_OK(cluster->DefineList(2, {0, 1}, session));  // host 0
+    mean = cluster->Load(10, MeanPlusIndexFunction(2, 4), session);
+    ASSERT_NE(mean, nullptr);
+    ASSERT_NE(cluster->Load(11, SlowFunction(4, 300'000'000), session), nullptr);  // 0.3 s
+    ASSERT_NE(cluster->Load(12, AffineFunction(4), session), nullptr);
+    ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 1)}), session));
+    ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Compute(11, 2, {0}, {1}, 2)}), session));
+    ASSERT_OK(cluster->LoadProgram(Program(22, 2, {Compute(12, 2, {0}, {1}, 3)}), session));
+    ASSERT_OK(cluster->Put(100, 1, x_of(session), session));
+    ASSERT_OK(cluster->Put(200, 2, ToBytes(y_of(session)), session));
+    wire::RunProgram gang = RunOf(20, 300);
+    Bind(gang, 0, 100, 1);
+    ASSERT_OK_AND_ASSIGN(auto replies, cluster->Run(gang, session));
+    for (auto& [id, status] : Failed(replies)) ADD_FAILURE() << "session " << session << ", " << id << ": " << status;
+  }
+  wire::RunProgram slow = RunOf(21, 400);
+  Bind(slow, 0, 200, 2);
+  wire::RunProgram affine = RunOf(22, 500);
+  Bind(affine, 0, 200, 2);
+  auto slow_reply = cluster->RunOn(0, slow, kEnding);
+  auto queued = cluster->RunOn(0, affine, kEnding);
+  auto staying = cluster->RunOn(0, affine, kStaying);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the slow part is in its simulated time
+  EXPECT_EQ(cluster->host(0).num_buffers(), 9);  // 100, 200, 300, 301, 401 and 501, 100, 200, 301
+  EXPECT_EQ(cluster->host(1).num_buffers(), 4);  // 100 and 301 of each
+
+  ASSERT_OK(EndSessionEverywhere(*cluster, kEnding, "tenant 'a' closed"));
+  // Its running part had finished (its run replied) before the end was answered.
+  EXPECT_EQ(slow_reply.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  ASSERT_OK(Await(slow_reply, kPrompt).status());
+  ASSERT_OK_AND_ASSIGN(wire::RunReply reply, Await(queued, kPrompt));
+  auto failed = Failed({reply});
+  ASSERT_TRUE(failed.contains(501));
+  EXPECT_EQ(failed[501].code(), absl::StatusCode::kCancelled) << failed[501];
+  EXPECT_TRUE(absl::StrContains(failed[501].message(), "its tenant ended: tenant 'a' closed")) << failed[501];
+  ASSERT_OK_AND_ASSIGN(reply, Await(staying, kPrompt));
+  EXPECT_TRUE(Failed({reply}).empty());
+
+  // Nothing of the ending session is left; all of the other's is.
+  EXPECT_EQ(cluster->host(0).num_buffers(), 4);  // 100, 200, 301, 501
+  EXPECT_EQ(cluster->host(1).num_buffers(), 2);  // 100, 301
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(cluster->host(h).num_lists(), 2) << "host " << h;
+    EXPECT_EQ(cluster->host(h).num_functions(), 3) << "host " << h;
+    EXPECT_EQ(cluster->host(h).num_programs(), 3) << "host " << h;
+    const absl::Status fetched = cluster->FetchFrom(h, 100, kPrompt, kEnding).status();
+    EXPECT_EQ(fetched.code(), absl::StatusCode::kNotFound) << "host " << h << ": " << fetched;
+  }
+  // It neither runs nor loads again.
+  auto refused = Await(cluster->RunOn(0, affine, kEnding), kPrompt);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kCancelled) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "tenant 'a' closed")) << refused.status();
+  wire::DefineDevices define;
+  define.set_list_id(3);
+  define.add_device_ids(0);
+  const absl::Status defined = cluster->host(0).DefineDevices(define, kEnding);
+  EXPECT_EQ(defined.code(), absl::StatusCode::kFailedPrecondition) << defined;
+  EXPECT_TRUE(absl::StrContains(defined.message(), "session 5 has ended on host 0")) << defined;
+  EXPECT_EQ(cluster->host(0).num_lists(), 2);
+
+  // The staying session reads its buffers, and its gang across the hosts
+  // still meets in its group.
+  ASSERT_OK_AND_ASSIGN(Bytes kept, cluster->Fetch(100, 1, kStaying));
+  EXPECT_EQ(kept, x_of(kStaying));
+  ASSERT_OK_AND_ASSIGN(Bytes before, cluster->Fetch(301, 1, kStaying));
+  EXPECT_EQ(before, RunWhole(*mean, 2, {x_of(kStaying)})[0]);
+  ASSERT_OK_AND_ASSIGN(Bytes y, cluster->Fetch(501, 2, kStaying));
+  std::vector<float> expected;
+  for (float v : y_of(kStaying)) expected.push_back(v * 2 + 1);
+  EXPECT_EQ(FromBytes<float>(y), expected);
+  wire::RunProgram gang = RunOf(20, 600);
+  Bind(gang, 0, 100, 1);
+  ASSERT_OK_AND_ASSIGN(auto replies, cluster->Run(gang, kStaying));
+  for (auto& [id, status] : Failed(replies)) ADD_FAILURE() << id << ": " << status;
+  ASSERT_OK_AND_ASSIGN(Bytes again, cluster->Fetch(601, 1, kStaying));
+  EXPECT_EQ(again, before);
+
+  // Ending it again, or a session never seen, is answered at once.
+  ASSERT_OK(EndSessionEverywhere(*cluster, kEnding, "again"));
+  ASSERT_OK(EndSessionEverywhere(*cluster, 99, "never here"));
+}
+
+// What of an ending session waits for another host ends with it, though no
+// client is left to cancel the run that host refused: its part waiting for
+// its gang's other host (which refused the run, so never comes; the arrival
+// timeout is an hour), its receive of that host's message, and a part
+// waiting for a buffer whose put never finished. Each fails naming the
+// reason, and the end is answered promptly.
+TEST(HostExecutorTest, EndingASessionEndsItsWaitsForOtherHosts) {
+  auto cluster = MakeCluster(2, 2);
+  constexpr SessionId kEnding = 3;
+  constexpr int64_t kShard = 16;  // 4 floats
+  ASSERT_OK(cluster->DefineList(1, {0, 2}, kEnding));  // the gang: hosts 0 and 1
+  ASSERT_OK(cluster->DefineList(2, {1}, kEnding));     // host 0
+  ASSERT_OK(cluster->DefineList(3, {3}, kEnding));     // host 1
+  ASSERT_NE(cluster->Load(10, MeanPlusIndexFunction(2, 4), kEnding), nullptr);
+  ASSERT_NE(cluster->Load(11, AffineFunction(4), kEnding), nullptr);
+  // Program 20 only on host 1 (host 0 refuses its runs): the gang, and a
+  // transfer from host 0's device into host 1's.
+  ASSERT_OK(cluster->host(1).LoadProgram(
+      Program(20, 4, {Compute(10, 1, {0}, {1}, 5), Transfer(2, 2, 3, 3, kShard)}), kEnding));
+  ASSERT_OK(cluster->LoadProgram(Program(21, 2, {Compute(11, 3, {0}, {1}, 6)}), kEnding));
+  ASSERT_OK(cluster->Put(5, 1, ToBytes(Iota<float>(8, 0.f, 1.f)), kEnding));
+  // Half of buffer 7 on host 1; the rest never comes.
+  wire::PutBuffer half;
+  half.set_buffer_id(7);
+  half.set_devices(3);
+  half.set_shard_bytes(kShard);
+  half.set_data(std::string(kShard / 2, '\0'));
+  ASSERT_OK(cluster->host(1).Put(half, kEnding));
+
+  wire::RunProgram run = RunOf(20, 100);
+  Bind(run, 0, 5, 1);
+  auto waiting = cluster->RunOn(1, run, kEnding);
+  wire::RunProgram on_half = RunOf(21, 200);
+  Bind(on_half, 0, 7, 3);
+  auto waiting_for_put = cluster->RunOn(1, on_half, kEnding);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // host 1's part waits for host 0 by now
+  EXPECT_FALSE(Await(cluster->RunOn(0, run, kEnding), kPrompt).ok());  // no program 20 on host 0
+
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_OK(EndSessionEverywhere(*cluster, kEnding, "its client died"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kPrompt);
+  ASSERT_OK_AND_ASSIGN(wire::RunReply reply, Await(waiting, kPrompt));
+  auto failed = Failed({reply});
+  for (uint64_t id : {101, 103}) {  // the gang's output, the transfer's destination
+    ASSERT_TRUE(failed.contains(id)) << id;
+    EXPECT_EQ(failed[id].code(), absl::StatusCode::kCancelled) << id << ": " << failed[id];
+    EXPECT_TRUE(absl::StrContains(failed[id].message(), "its tenant ended: its client died")) << failed[id];
+  }
+  ASSERT_OK_AND_ASSIGN(reply, Await(waiting_for_put, kPrompt));
+  failed = Failed({reply});
+  ASSERT_TRUE(failed.contains(201));
+  EXPECT_TRUE(absl::StrContains(failed[201].message(), "its tenant ended: its client died")) << failed[201];
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(cluster->host(h).num_buffers(), 0) << "host " << h;
+    EXPECT_EQ(cluster->host(h).num_lists(), 0) << "host " << h;
+    EXPECT_EQ(cluster->host(h).num_functions(), 0) << "host " << h;
+    EXPECT_EQ(cluster->host(h).num_programs(), 0) << "host " << h;
+  }
+
+  // Another session's gang across the same hosts meets as ever (in a group
+  // of its own).
+  ASSERT_OK(cluster->DefineList(1, {0, 2}));
+  auto mean = cluster->Load(10, MeanPlusIndexFunction(2, 4));
+  ASSERT_NE(mean, nullptr);
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 1, {0}, {1}, 5)})));
+  const Bytes x = ToBytes(Iota<float>(8, 2.f, 0.5f));
+  ASSERT_OK(cluster->Put(5, 1, x));
+  ASSERT_OK_AND_ASSIGN(auto replies, cluster->Run(run));
+  for (auto& [id, status] : Failed(replies)) ADD_FAILURE() << id << ": " << status;
+  ASSERT_OK_AND_ASSIGN(Bytes got, cluster->Fetch(101, 1));
+  EXPECT_EQ(got, RunWhole(*mean, 2, {x})[0]);
+}
+
 }  // namespace
 }  // namespace pw

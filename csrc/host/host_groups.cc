@@ -71,6 +71,24 @@ struct HostSetGroups {
   absl::Status lost ABSL_GUARDED_BY(mu);
 };
 
+namespace {
+
+// Makers of `entries` still waiting for the other hosts give up (their join
+// asks), and the groups made abort their waits with `why`.
+void AbortEntries(const std::vector<std::shared_ptr<HostSetGroups::Entry>>& entries, const absl::Status& why) {
+  for (auto& entry : entries) entry->abort_join.store(true, std::memory_order_release);
+  for (auto& entry : entries) {
+    std::shared_ptr<CollectiveGroup> group;
+    {
+      MutexLock lock(&entry->mu);
+      group = entry->group;
+    }
+    if (group != nullptr) group->Abort(why);
+  }
+}
+
+}  // namespace
+
 HostGroups::HostGroups(const HostLayout& layout, RendezvousStores* stores, std::string bind_ip,
                        const std::atomic<bool>& stopping)
     : layout_(layout), stores_(stores), stopping_(stopping) {
@@ -163,11 +181,13 @@ absl::StatusOr<std::shared_ptr<CollectiveGroup>> HostGroups::GroupFor(const Host
 
 void HostGroups::StartMaker(HostSetGroups& groups, uint64_t generation, std::shared_ptr<GroupIncarnation> entry) {
   auto finished = std::make_shared<std::atomic<bool>>(false);
-  std::thread thread([this, &groups, generation, entry, finished] {
-    const int rank = static_cast<int>(std::lower_bound(groups.hosts.begin(), groups.hosts.end(), layout_.host_id) -
-                                      groups.hosts.begin());
+  // The set's key and hosts by copy: a set whose session ends goes while
+  // its makers may still wait (EndSession).
+  std::thread thread([this, set_key = groups.key, hosts = groups.hosts, generation, entry, finished] {
+    const int rank =
+        static_cast<int>(std::lower_bound(hosts.begin(), hosts.end(), layout_.host_id) - hosts.begin());
     // A fresh key per incarnation: an earlier one's addresses are stale.
-    const std::string key = generation == 0 ? groups.key : absl::StrCat(groups.key, "/g", generation);
+    const std::string key = generation == 0 ? set_key : absl::StrCat(set_key, "/g", generation);
     // The others may come late (busy devices): the join waits as a part's
     // first collective does.
     CollectiveOptions options = options_;
@@ -177,9 +197,9 @@ void HostGroups::StartMaker(HostSetGroups& groups, uint64_t generation, std::sha
     };
     // The group meets in the store of its lowest host (RendezvousStores),
     // which gives up at once if a member is lost.
-    absl::StatusOr<std::unique_ptr<KeyValueStore>> store = stores_->GroupStore(groups.hosts);
+    absl::StatusOr<std::unique_ptr<KeyValueStore>> store = stores_->GroupStore(hosts);
     absl::StatusOr<std::unique_ptr<CollectiveGroup>> group =
-        store.ok() ? CollectiveGroup::Create(store->get(), key, rank, static_cast<int>(groups.hosts.size()), options)
+        store.ok() ? CollectiveGroup::Create(store->get(), key, rank, static_cast<int>(hosts.size()), options)
                    : store.status();
     {
       MutexLock lock(&entry->mu);
@@ -243,15 +263,30 @@ void HostGroups::AbortGroupsWith(int host, const absl::Status& why) {
   }
   // A maker still waiting for the others gives up (its join asks), and
   // the parts waiting for it with it.
-  for (auto& entry : entries) entry->abort_join.store(true, std::memory_order_release);
-  for (auto& entry : entries) {
-    std::shared_ptr<CollectiveGroup> group;
-    {
-      MutexLock lock(&entry->mu);
-      group = entry->group;
+  AbortEntries(entries, why);
+}
+
+void HostGroups::EndSession(SessionId session, const absl::Status& why) {
+  std::vector<std::unique_ptr<HostSetGroups>> ended;  // destroyed unlocked
+  {
+    MutexLock lock(&mu_);
+    for (auto it = sets_.begin(); it != sets_.end();) {
+      if (it->first.first != session) {
+        ++it;
+        continue;
+      }
+      ended.push_back(std::move(it->second));
+      sets_.erase(it++);
     }
-    if (group != nullptr) group->Abort(why);
   }
+  std::vector<std::shared_ptr<HostSetGroups::Entry>> entries;
+  for (auto& groups : ended) {
+    MutexLock lock(&groups->mu);
+    for (auto& [generation, entry] : groups->entries) entries.push_back(std::move(entry));
+  }
+  // A maker still waiting for the other hosts gives up (its join asks); a
+  // group made goes with its last holder (the maker's, or these).
+  AbortEntries(entries, why);
 }
 
 // ---- GroupCollectives ----

@@ -96,8 +96,9 @@ class HostGroups {
   absl::Duration arrival_timeout() const { return arrival_timeout_; }
 
   // The groups of `session`'s gangs across `host_set` (increasing, this
-  // host and another among them): made at the first call, never removed,
-  // so they live as long as this object. They meet under the rendezvous key
+  // host and another among them): made at the first call, and removed only
+  // when the session ends (EndSession), so they live as long as the
+  // session's lists that point to them. They meet under the rendezvous key
   // "<group prefix>/hosts/<set>", and a session other than kOneSession adds
   // "/s<session>" (every host of the set must name the session alike).
   HostSetGroups* ForSet(SessionId session, const std::vector<int>& host_set);
@@ -121,6 +122,11 @@ class HostGroups {
   // session's groups with the host).
   absl::Status RenewGroup(SessionId session, absl::Span<const int> hosts);
   void AbortGroupsWith(int host, const absl::Status& why);
+  // Tears down every group of `session` (a session that ended: HostExecutor
+  // ::EndSession), once no list of it is left and no part of it will use
+  // them again: a group still being made gives up, and each goes with its
+  // last holder. A later ForSet of the session starts afresh.
+  void EndSession(SessionId session, const absl::Status& why);
 
  private:
   const HostLayout& layout_;
@@ -134,7 +140,8 @@ class HostGroups {
   absl::Duration arrival_timeout_ = absl::Hours(1);
 
   // By session and set ("0,1"): entries are made by ForSet (DefineDevices)
-  // and never removed, so lists point to them.
+  // and removed only with their session (EndSession), so lists point to
+  // them. A maker refers to its entry's key and hosts by copy, not to it.
   Mutex mu_;
   absl::flat_hash_map<std::pair<SessionId, std::string>, std::unique_ptr<HostSetGroups>> sets_ ABSL_GUARDED_BY(mu_);
 

@@ -223,6 +223,19 @@ void HostProcess::Handle(const std::shared_ptr<HostSession>& session, wire::Requ
     case wire::Request::kJoin:
       Join(session, std::move(request));
       return;
+    case wire::Request::kForward:
+    case wire::Request::kCommit:
+    case wire::Request::kServiceControl:
+      // A tenant's requests of a service (service/service.h): a host takes
+      // only what the service passes on, in the service's own session.
+      ToWire(absl::InvalidArgumentError(absl::StrCat(
+                 "a ",
+                 request.kind_case() == wire::Request::kForward  ? "forward"
+                 : request.kind_case() == wire::Request::kCommit ? "commit"
+                                                                 : "service_control",
+                 " request is for a service (pathways-server), not a host")),
+             reply.mutable_status());
+      break;
     default:
       if (HandleProgramRequest(session, request)) return;
       ToWire(absl::UnimplementedError(absl::StrCat("this host does not know request kind ",
@@ -385,6 +398,7 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kCancelRuns:
     case wire::Request::kRenewGroup:
     case wire::Request::kPeersLost:
+    case wire::Request::kEndSession:
       break;
     default:
       return false;
@@ -407,24 +421,24 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     return true;
   }
   // The ids a request names are its client's session's (the executor keys
-  // its tables by session). One client owns a set of hosts today, so every
-  // request is kOneSession's; the multi-client service (issue 27) will give
-  // each client its own id, the same on every host.
-  const SessionId owner_session = kOneSession;
+  // its tables by session): the owner's own (kOneSession, Request.session
+  // 0), or, when the owner is a service, the tenant's that the request
+  // names (the same on every host; service/service.h).
+  const SessionId ids_session = request.session();
   switch (request.kind_case()) {
     case wire::Request::kDefineDevices:
-      reply_with(executor->DefineDevices(request.define_devices(), owner_session));
+      reply_with(executor->DefineDevices(request.define_devices(), ids_session));
       break;
     case wire::Request::kLoadFunction:
       if (delays_.load_function_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(delays_.load_function_ns));
-      reply_with(executor->LoadFunction(request.load_function(), owner_session));
+      reply_with(executor->LoadFunction(request.load_function(), ids_session));
       break;
     case wire::Request::kLoadProgram:
-      reply_with(executor->LoadProgram(request.load_program(), owner_session));
+      reply_with(executor->LoadProgram(request.load_program(), ids_session));
       break;
     case wire::Request::kPut:
       if (delays_.put_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(delays_.put_ns));
-      reply_with(executor->Put(*request.mutable_put(), owner_session));
+      reply_with(executor->Put(*request.mutable_put(), ids_session));
       break;
     case wire::Request::kRun:
       executor->Run(
@@ -440,7 +454,7 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
             }
             session->Reply(std::move(reply));
           },
-          owner_session);
+          ids_session);
       break;
     case wire::Request::kFetch:
       executor->Fetch(
@@ -455,30 +469,30 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
             }
             session->Reply(std::move(reply));
           },
-          owner_session);
+          ids_session);
       break;
     case wire::Request::kFree:
-      executor->Free(request.free(), owner_session);
+      executor->Free(request.free(), ids_session);
       break;
     case wire::Request::kUnload:
-      executor->Unload(request.unload(), owner_session);
+      executor->Unload(request.unload(), ids_session);
       break;
     case wire::Request::kFailDevices:
       reply_with(executor->FailDevices(request.fail_devices()));
       break;
     case wire::Request::kCancelRun:
-      executor->CancelRun(request.cancel_run(), owner_session);
+      executor->CancelRun(request.cancel_run(), ids_session);
       reply_with(absl::OkStatus());
       break;
     case wire::Request::kCancelRuns: {
       wire::Reply reply;
       reply.set_id(id);
-      *reply.mutable_cancelled() = executor->CancelRuns(request.cancel_runs(), owner_session);
+      *reply.mutable_cancelled() = executor->CancelRuns(request.cancel_runs(), ids_session);
       if (id != 0) session->Reply(std::move(reply));
       break;
     }
     case wire::Request::kRenewGroup:
-      reply_with(executor->RenewGroup(request.renew_group().hosts(), owner_session));
+      reply_with(executor->RenewGroup(request.renew_group().hosts(), ids_session));
       break;
     case wire::Request::kDescribeQueues: {
       wire::Reply reply;
@@ -487,6 +501,16 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
       if (id != 0) session->Reply(std::move(reply));
       break;
     }
+    case wire::Request::kEndSession:
+      // The owner's own session ends with its stream (see host_main.h).
+      if (ids_session == kOneSession) {
+        reply_with(absl::InvalidArgumentError(
+            "end_session: session 0 is the owner's own, which ends when its stream closes; name a tenant's"));
+        break;
+      }
+      // Replied to once it has all taken effect, from the executor's thread.
+      executor->EndSession(ids_session, request.end_session().reason(), std::move(reply_with));
+      break;
     default:
       break;
   }

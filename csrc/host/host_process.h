@@ -13,7 +13,16 @@
 // configured every host, JoinCluster connects the hosts to each other
 // (every host keeps a rendezvous store for the collective groups whose
 // lowest host it is) and the owner's requests run programs on its
-// HostExecutor. When the client tells it that other hosts were lost
+// HostExecutor. The owner may be a service (pathways-server) that takes
+// many tenants: each of its program requests names the tenant whose ids it
+// uses in Request.session (0: the owner's own, kOneSession; only the
+// owner's session may send program requests, whichever session they
+// name), and EndSession ends a tenant that has gone
+// (HostExecutor::EndSession; its reply comes once all of it has taken
+// effect; session 0 is refused: the owner's own ends with its stream). A
+// tenant's requests of the service itself (Forward, Commit,
+// ServiceControl) are refused here with InvalidArgument. When the client
+// tells it that other hosts were lost
 // (PeersLost), it stops waiting for them: its sessions with their stores
 // end, rendezvous with them give up, and its transfers with them fail.
 //

@@ -369,6 +369,123 @@ TEST(RendezvousScope, ASessionsGroupMeetsUnderItsSet) {
   EXPECT_FALSE(ok(0, 3, "cluster-x/hosts/1,3/s7/1", true));    // not host 1's store
 }
 
+// ---- A service's tenants (issue 27) ----
+
+// The same two joined hosts, driven by host 0's owner as a service drives
+// its hosts: each program request names the tenant whose ids it uses
+// (Request.session; 0: the owner's own).
+class TenantSessionsTest : public RendezvousScopeTest {
+ protected:
+  static constexpr int64_t kTimeout = int64_t{10} * 1'000'000'000;
+  // `request` in `session`, to host 0 from its owner (or from `channel`).
+  absl::StatusOr<wire::Reply> Call(wire::Request request, SessionId session, HostChannel* channel = nullptr) {
+    request.set_session(session);
+    return (channel != nullptr ? channel : owners_[0].get())->Call(std::move(request), kTimeout);
+  }
+  static wire::Request Define(int list, int device) {
+    wire::Request request;
+    request.mutable_define_devices()->set_list_id(list);
+    request.mutable_define_devices()->add_device_ids(device);
+    return request;
+  }
+  // Buffer `id` on list `list` of one device, all of it in one chunk.
+  static wire::Request Put(uint64_t id, int list, const std::string& data) {
+    wire::Request request;
+    wire::PutBuffer* put = request.mutable_put();
+    put->set_buffer_id(id);
+    put->set_devices(list);
+    put->set_shard_bytes(static_cast<int64_t>(data.size()));
+    put->set_data(data);
+    return request;
+  }
+  static wire::Request Fetch(uint64_t id) {
+    wire::Request request;
+    request.mutable_fetch()->set_buffer_id(id);
+    return request;
+  }
+  static wire::Request EndSession(std::string reason) {
+    wire::Request request;
+    request.mutable_end_session()->set_reason(std::move(reason));
+    return request;
+  }
+  absl::StatusOr<std::string> FetchData(uint64_t id, SessionId session) {
+    absl::StatusOr<wire::Reply> reply = Call(Fetch(id), session);
+    if (!reply.ok()) return reply.status();
+    return reply->fetch().data();
+  }
+};
+
+// The owner's requests use the session they name: three sessions (the
+// owner's own and two tenants') put buffer 5 on list 1, each its own, and
+// each fetches its own; a session that made none finds none. Ending a
+// tenant's session frees its buffer (the reply comes once it has), and its
+// ids name nothing afterwards; the others' stay.
+TEST_F(TenantSessionsTest, ProgramRequestsUseTheSessionTheyNameAndEndSessionDropsOne) {
+  const std::vector<std::pair<SessionId, std::string>> sessions = {{0, "own!"}, {7, "ten7"}, {8, "ten8"}};
+  for (const auto& [session, data] : sessions) {
+    ASSERT_TRUE(Call(Define(1, 0), session).ok()) << session;
+    ASSERT_TRUE(Call(Put(5, 1, data), session).ok()) << session;
+  }
+  for (const auto& [session, data] : sessions) {
+    absl::StatusOr<std::string> got = FetchData(5, session);
+    ASSERT_TRUE(got.ok()) << session << ": " << got.status();
+    EXPECT_EQ(*got, data) << session;
+  }
+  EXPECT_EQ(FetchData(5, 9).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_NE(processes_[0]->executor(), nullptr);
+  EXPECT_EQ(processes_[0]->executor()->num_buffers(), 3);
+
+  ASSERT_TRUE(Call(EndSession("tenant 7 closed"), 7).ok());
+  EXPECT_EQ(processes_[0]->executor()->num_buffers(), 2);
+  EXPECT_EQ(FetchData(5, 7).status().code(), absl::StatusCode::kNotFound);
+  for (SessionId session : {0, 8}) {
+    absl::StatusOr<std::string> got = FetchData(5, session);
+    ASSERT_TRUE(got.ok()) << session << ": " << got.status();
+    EXPECT_EQ(*got, session == 0 ? "own!" : "ten8");
+  }
+  // A session that has ended loads nothing more.
+  const absl::Status defined = Call(Define(2, 0), 7).status();
+  EXPECT_EQ(defined.code(), absl::StatusCode::kFailedPrecondition) << defined;
+}
+
+// Only the owner may name sessions (as only it may run programs); the
+// owner's own session ends with its stream, not with EndSession; and a
+// service's own requests are no host's.
+TEST_F(TenantSessionsTest, WhatAHostRefuses) {
+  auto observer = HostChannel::Connect(servers_[0]->address(), wire::Hello(), Options());
+  ASSERT_TRUE(observer.ok()) << observer.status();
+  for (SessionId session : {0, 7}) {
+    const absl::Status put = Call(Put(5, 1, "abcd"), session, observer->get()).status();
+    EXPECT_EQ(put.code(), absl::StatusCode::kPermissionDenied) << session << ": " << put;
+    const absl::Status ended = Call(EndSession("no"), session, observer->get()).status();
+    EXPECT_EQ(ended.code(), absl::StatusCode::kPermissionDenied) << session << ": " << ended;
+  }
+  const absl::Status owners = Call(EndSession("the owner's own"), 0).status();
+  EXPECT_EQ(owners.code(), absl::StatusCode::kInvalidArgument) << owners;
+  EXPECT_TRUE(absl::StrContains(owners.message(), "session 0")) << owners;
+
+  wire::Request forward;
+  forward.mutable_forward()->set_host(0);
+  *forward.mutable_forward()->mutable_request() = Fetch(5);
+  wire::Request commit;
+  commit.mutable_commit();  // a unit without a run
+  wire::Request control;
+  control.mutable_service_control()->set_stats(true);
+  for (const wire::Request& request : {forward, commit, control}) {
+    for (HostChannel* channel : {owners_[0].get(), observer->get()}) {
+      const absl::Status status = Call(request, 0, channel).status();
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+      EXPECT_TRUE(absl::StrContains(status.message(), "is for a service (pathways-server), not a host")) << status;
+    }
+  }
+  // The owner's session still works.
+  ASSERT_TRUE(Call(Define(1, 0), 0).ok());
+  ASSERT_TRUE(Call(Put(5, 1, "abcd"), 0).ok());
+  absl::StatusOr<std::string> got = FetchData(5, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "abcd");
+}
+
 TEST_F(HostProcessTest, HeartbeatsOnTheirOwnPathCarryTheIncarnation) {
   ChannelOptions options = Options();
   options.heartbeat_period_ns = 10'000'000;

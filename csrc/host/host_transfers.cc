@@ -433,11 +433,19 @@ void HostTransfers::WakeReceivers() {
 }
 
 void HostTransfers::CancelRun(const RunKey& run, const absl::Status& why) {
+  FailRuns([&run](const RunKey& r) { return r == run; }, why);
+}
+
+void HostTransfers::EndSession(SessionId session, const absl::Status& why) {
+  FailRuns([session](const RunKey& r) { return r.session == session; }, why);
+}
+
+void HostTransfers::FailRuns(absl::FunctionRef<bool(const RunKey&)> which, const absl::Status& why) {
   std::vector<std::shared_ptr<DstParts>> failed;
   for (Peer* p : Peers()) {
     MutexLock lock(&p->mu);
     for (auto it = p->recvs.begin(); it != p->recvs.end();) {
-      if (it->second.run == run) {
+      if (which(it->second.run)) {
         failed.push_back(std::move(it->second.parts));
         p->recvs.erase(it++);
       } else {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "csrc/base/mutex.h"
@@ -77,6 +78,10 @@ class HostTransfers {
   // for it fail now with `why`. (Its later sends go as the error: the
   // sending threads ask DeadRuns.)
   void CancelRun(const RunKey& run, const absl::Status& why);
+  // `session` just ended (DeadRuns::EndSession): as CancelRun for every run
+  // of it. Nothing of it is left posted here; its later messages are
+  // dropped, and its sends queued go as the error.
+  void EndSession(SessionId session, const absl::Status& why);
   // Shuts the data plane's connections with `host` down (a host known to be
   // lost): transfers with it, in flight or queued, fail at once.
   void ShutdownPeer(int host);
@@ -93,6 +98,9 @@ class HostTransfers {
   Peer& PeerFor(int host);
   void SendLoop(Peer* peer);
   void RecvLoop(Peer* peer);
+  // The receives posted for the runs `which` matches (they were just
+  // marked dead) fail with `why`; the receiving threads look again.
+  void FailRuns(absl::FunctionRef<bool(const RunKey&)> which, const absl::Status& why);
   // The receives from `peer` fail with `status`, and every later one at
   // once (its connection broke, or the host is stopping).
   void FailReceives(Peer* peer, const absl::Status& status);

@@ -18,11 +18,20 @@
 //  - or first: the one pushed first (dispatch order across clients).
 // Ties go to the item pushed first. Clients are few, so Pop scans them.
 //
+// Priorities (a service's tenants: service/service.h) come before both:
+// only the admissible heads of the highest priority compete. Starvation is
+// bounded: a head passed over kMaxPassOvers times by the pick of a head of
+// higher priority competes from then on as if its priority were the
+// highest, so an item at the head of its queue waits for at most
+// kMaxPassOvers admissions of higher-priority work (and then for its turn
+// among equals).
+//
 // Not thread-safe: the owner's lock guards it.
 
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -38,6 +47,7 @@ class SchedulingClient;  // gang_scheduler.h
 template <typename Item, typename Client = SchedulingClient>
 class FairQueue {
  public:
+  static constexpr int kMaxPassOvers = 16;
   // Items waiting, over every client.
   int64_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
@@ -58,17 +68,35 @@ class FairQueue {
     ClientQueue* best = nullptr;
     const Client* best_client = nullptr;
     double best_start = 0;
+    int best_priority = 0;
+    int lower = 0;  // admissible heads of a priority below the best's
     for (auto& [client, q] : clients_) {
       if (q.waiting.empty() || !admissible(std::as_const(q.waiting.front().item))) continue;
+      const int priority = EffectivePriority(client, q);
       const double start = fair ? std::max(virtual_time_, q.finish_tag) : 0;
-      if (best == nullptr || start < best_start ||
-          (start == best_start && q.waiting.front().order < best->waiting.front().order)) {
+      if (best == nullptr || priority > best_priority ||
+          (priority == best_priority &&
+           (start < best_start ||
+            (start == best_start && q.waiting.front().order < best->waiting.front().order)))) {
+        if (best != nullptr && priority > best_priority) ++lower;
         best = &q;
         best_client = client;
         best_start = start;
+        best_priority = priority;
+      } else if (priority < best_priority) {
+        ++lower;
       }
     }
     if (best == nullptr) return std::nullopt;
+    if (lower > 0) {
+      // The heads of lower priority were passed over (admissible() again:
+      // it must not change during a Pop).
+      for (auto& [client, q] : clients_) {
+        if (&q == best || q.waiting.empty() || EffectivePriority(client, q) >= best_priority) continue;
+        if (admissible(std::as_const(q.waiting.front().item))) ++q.passed_over;
+      }
+    }
+    best->passed_over = 0;  // a new head
     Item item = std::move(best->waiting.front().item);
     best->waiting.pop_front();
     --size_;
@@ -114,7 +142,12 @@ class FairQueue {
   struct ClientQueue {
     std::deque<Entry> waiting;
     double finish_tag = 0;
+    int passed_over = 0;  // by picks of higher priority, since its head became head
   };
+  static int EffectivePriority(const Client* client, const ClientQueue& q) {
+    if (q.passed_over >= kMaxPassOvers) return std::numeric_limits<int>::max();
+    return client != nullptr ? client->priority() : 0;
+  }
   absl::flat_hash_map<const Client*, ClientQueue> clients_;
   int64_t size_ = 0;
   int64_t next_order_ = 0;

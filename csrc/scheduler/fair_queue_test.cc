@@ -43,6 +43,44 @@ TEST(FairQueueTest, BackloggedClientsShareInProportionToTheirWeights) {
   EXPECT_EQ(q.size(), 600);
 }
 
+// A client of another priority (a service's tenant).
+struct RankedClient {
+  double w = 1;
+  int p = 0;
+  double weight() const { return w; }
+  int priority() const { return p; }
+};
+
+TEST(FairQueueTest, HigherPriorityHeadsGoFirstUntilAHeadWasPassedOverTooOften) {
+  RankedClient high{1, 5}, low{1, 0};
+  FairQueue<Item, RankedClient> q;
+  q.Push(&low, Item{"low", 0});
+  for (int i = 0; i < 100; ++i) q.Push(&high, Item{"high", i});
+  // The low head is passed over kMaxPassOvers times, then goes.
+  std::vector<std::string> order;
+  for (int i = 0; i < 30; ++i) order.push_back(q.Pop(/*fair=*/false, Always(), CostOf())->client);
+  const int limit = FairQueue<Item, RankedClient>::kMaxPassOvers;
+  for (int i = 0; i < limit; ++i) EXPECT_EQ(order[i], "high") << i;
+  EXPECT_EQ(order[limit], "low");
+  // Under proportional share too: priority first, then start tags.
+  FairQueue<Item, RankedClient> fair;
+  for (int i = 0; i < 4; ++i) fair.Push(&low, Item{"low", i});
+  fair.Push(&high, Item{"high", 0});
+  EXPECT_EQ(fair.Pop(/*fair=*/true, Always(), CostOf())->client, "high");
+  EXPECT_EQ(fair.Pop(/*fair=*/true, Always(), CostOf())->client, "low");
+}
+
+TEST(FairQueueTest, AHeadThatCannotGoIsNotPassedOver) {
+  RankedClient high{1, 5}, low{1, 0};
+  FairQueue<Item, RankedClient> q;
+  q.Push(&low, Item{"low", 0});
+  for (int i = 0; i < 100; ++i) q.Push(&high, Item{"high", i});
+  auto not_low = [](const Item& item) { return item.client != "low"; };
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(q.Pop(/*fair=*/false, not_low, CostOf())->client, "high");
+  // It was never admissible, so it never aged: high still goes first.
+  EXPECT_EQ(q.Pop(/*fair=*/false, Always(), CostOf())->client, "high");
+}
+
 TEST(FairQueueTest, CostsCountNotItems) {
   // Equal weights; one client's items cost 4 times the other's.
   SchedulingClient big(1, "big", 1.0), small(2, "small", 1.0);

@@ -1,5 +1,7 @@
 #include "csrc/scheduler/gang_scheduler.h"
 
+#include "absl/strings/str_cat.h"
+
 #include <algorithm>
 #include <limits>
 
@@ -8,6 +10,17 @@
 #include "csrc/base/spin.h"
 
 namespace pw {
+
+absl::string_view SchedulingPolicyName(SchedulingPolicy policy) {
+  return policy == SchedulingPolicy::kFifo ? "fifo" : "proportional_share";
+}
+
+absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name) {
+  if (name == "fifo") return SchedulingPolicy::kFifo;
+  if (name == "proportional_share") return SchedulingPolicy::kProportionalShare;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown scheduling policy '", name, "': expected 'fifo' or 'proportional_share'"));
+}
 
 const std::string& DefaultClientName() {
   static const std::string* const name = new std::string("default");

@@ -41,6 +41,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/container/flat_hash_map.h"
 #include "csrc/base/mutex.h"
 #include "csrc/base/runnable.h"
@@ -53,6 +55,9 @@
 namespace pw {
 
 enum class SchedulingPolicy : uint8_t { kFifo, kProportionalShare };
+// "fifo" or "proportional_share"; InvalidArgument naming the choices.
+absl::string_view SchedulingPolicyName(SchedulingPolicy policy);
+absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name);
 
 // A tenant of the islands: the unit of proportional share and of device-time
 // accounting. Thread-safe; must outlive the gangs that name it.
@@ -63,6 +68,9 @@ class SchedulingClient {
   int id() const { return id_; }
   const std::string& name() const { return name_; }
   double weight() const { return weight_; }
+  // Clients of one process share a priority (FairQueue); a service's
+  // tenants have their own (service/service.h).
+  int priority() const { return 0; }
 
   // The client's ownership label (§4.6): what its buffers hold.
   MemoryAccount& memory() { return memory_; }

@@ -88,6 +88,9 @@ from pathways._dynamic import compact
 from pathways._diagnose import Diagnosis, HangWarning, diagnose
 from pathways import _ray_hosts  # noqa: F401 (hosts="ray": its launcher, in pathways._hosts.LAUNCHERS)
 from pathways import _hosts  # its host processes stop at exit, after the runtime
+from pathways import _service
+
+_service.configure_from_environment()  # PATHWAYS_SERVER: a tenant of that service
 from pathways import numpy  # pw.numpy: numpy-style functions on traced values
 from pathways import nn  # pw.nn: softmax, layer_norm, ... (like jax.nn)
 from pathways import lax  # pw.lax: top_k, scan, fori_loop, erf, cumsum, ... (like jax.lax)

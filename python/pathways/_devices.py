@@ -39,6 +39,9 @@ def configure(
     ici_bandwidth_gbps: Optional[float] = None,
     dcn_latency_us: Optional[float] = None,
     dcn_bandwidth_gbps: Optional[float] = None,
+    server: Optional[str] = None,
+    priority: Optional[int] = None,
+    name: Optional[str] = None,
 ) -> None:
     """Sets the simulated topology of the runtime before its first use.
 
@@ -110,6 +113,20 @@ def configure(
         With hosts other than "in_process" these keys must stay 0: host
         processes move bytes over real sockets.
 
+      server: Connect to a pathways service (`pathways-server`) as one of
+        its tenants instead of starting a runtime of this process's own: its
+        connection file, or its address "HOST:PORT" with the secret in
+        PATHWAYS_SERVER_SECRET. The topology is then the service's (no other
+        topology keyword may be given), and so are the hosts, the islands'
+        gang schedulers and their policy, which every tenant shares; each
+        tenant's buffers, functions and programs are its own. The
+        environment variable PATHWAYS_SERVER does the same.
+      priority: A tenant's scheduling priority, an integer from -1000 to
+        1000 (default 0): the service admits a higher-priority tenant's
+        gangs before a lower one's queued gangs (only with `server`).
+      name: A tenant's name in the service's `pw.client_stats()` (default:
+        the script's name and this process's id; only with `server`).
+
     The same limits apply to `PATHWAYS_TOPOLOGY`, with the same errors.
 
     Raises:
@@ -120,6 +137,17 @@ def configure(
         the key and its limit).
     """
     # Each value goes to the core on its own, never spliced into a spec.
+    topology_given = [k for k, v in locals().items()
+                      if k not in ("server", "priority", "name") and v is not None]
+    if server is not None:
+        if topology_given:
+            raise ValueError(f"configure: with server=, the topology is the service's: leave "
+                             f"{', '.join(sorted(topology_given))} unset")
+        from pathways import _service
+        _service.configure_tenant(server, priority, name)
+        return
+    if priority is not None or name is not None:
+        raise ValueError("configure: priority and name are a service's tenant's: give server= too")
     items = []
     for name, value in (
         ("islands", islands),

@@ -146,12 +146,36 @@ def client_stats() -> dict:
     """Per client name: {"device_seconds": float, "gangs": int, "weight": float}.
 
     Clients with the same name are summed.
+
+    In a tenant of a service (`pw.configure(server=...)`), every tenant's
+    clients, as the service accounts them: each entry also has "tenant" (its
+    tenant's name), "priority", "queued" (runs waiting for admission now),
+    "ended" (its tenant has gone) and "freed" (every host has dropped what
+    the gone tenant held). A tenant's work outside any `Client` is the entry
+    of the tenant's own name.
     """
+    report = _core.service_report()
+    if report is not None:
+        return _service_stats(report)
     stats: dict = {}
     for c in _core.clients():
         entry = stats.setdefault(c.name, {"device_seconds": 0.0, "gangs": 0, "weight": c.weight})
         entry["device_seconds"] += c.device_seconds
         entry["gangs"] += c.gangs
+    return stats
+
+
+def _service_stats(report: dict) -> dict:
+    stats: dict = {}
+    for f in report["flows"]:
+        entry = stats.setdefault(f["name"], {
+            "device_seconds": 0.0, "gangs": 0, "weight": f["weight"], "tenant": f["tenant_name"],
+            "priority": f["priority"], "queued": 0, "ended": f["ended"], "freed": f["freed"]})
+        entry["device_seconds"] += f["device_seconds"]
+        entry["gangs"] += f["gangs"]
+        entry["queued"] += f["queued"]
+        entry["ended"] = entry["ended"] and f["ended"]
+        entry["freed"] = entry["freed"] and f["freed"]
     return stats
 
 

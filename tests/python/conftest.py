@@ -27,8 +27,73 @@ except ModuleNotFoundError as e:  # Not installed and not on PYTHONPATH: use the
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--hosts", default="in_process", choices=("in_process", "local_processes"),
-        help="where the runtime's hosts run: threads of the test process (default) or one process per host")
+        "--hosts", default="in_process", choices=("in_process", "local_processes", "service"),
+        help="where the runtime's hosts run: threads of the test process (default), one process per host, or "
+             "a pathways-server's host processes, which this process shares with a second client process")
+
+
+# --hosts=service: the pathways-server, and a second tenant that keeps the
+# islands busy with programs of its own (and checks their numbers) while
+# the tests run.
+_SERVICE: dict = {}
+
+def _start_service(tmp: pathlib.Path) -> str:
+    connection = tmp / "pathways-server.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("PATHWAYS_TOPOLOGY", "PATHWAYS_SERVER")}
+    env["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pathways.server", f"--connection-file={connection}",
+         "--topology=islands=2,hosts_per_island=2,devices_per_host=4"],
+        stdout=subprocess.PIPE, stderr=open(tmp / "server.err", "wb"), env=env)
+    _SERVICE["server"] = server
+    line = server.stdout.readline().decode()
+    if not line.startswith("pathways-server ready"):
+        raise RuntimeError(f"pathways-server did not start: {line!r}\n{(tmp / 'server.err').read_text()}")
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_TENANT_LOOP, str(connection)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=open(tmp / "other.err", "wb"), env=env)
+    _SERVICE["other"] = other
+    line = other.stdout.readline().decode()
+    if not line.startswith("other tenant ready"):
+        raise RuntimeError(f"the second tenant did not start: {line!r}\n{(tmp / 'other.err').read_text()}")
+    _SERVICE["tmp"] = tmp
+    _SERVICE["connection"] = str(connection)
+    return str(connection)
+
+
+# The second tenant: a loop of programs, each result checked, until its
+# stdin closes; it prints how many it ran and exits 0 if all were right.
+_OTHER_TENANT_LOOP = """
+import os, sys, threading, numpy as np, pathways as pw
+pw.configure(server=sys.argv[1], name="other-tenant")
+devices = pw.make_virtual_device_set().add_slice(tpu_devices=4).tpus
+f = pw.pmap(lambda x: x * 3.0 + pw.psum(x, "i"), devices=devices, axis_name="i")
+x = np.arange(4, dtype=np.float32)
+want = x * 3.0 + x.sum()
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+np.testing.assert_array_equal(np.asarray(f(x)), want)
+print("other tenant ready", flush=True)
+runs = 0
+while not stop.wait(0.002):
+    np.testing.assert_array_equal(np.asarray(f(x)), want)
+    runs += 1
+print(f"other tenant ran {runs} programs, all right", flush=True)
+"""
+
+
+def _stop_service() -> None:
+    other, server = _SERVICE.pop("other", None), _SERVICE.pop("server", None)
+    if other is not None:
+        other.stdin.close()
+        out = other.stdout.read().decode()
+        code = other.wait(timeout=60)
+        if code != 0 or "all right" not in out:
+            err = (_SERVICE["tmp"] / "other.err").read_text()
+            raise RuntimeError(f"the second tenant failed ({code}): {out}\n{err}")
+    if server is not None:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def pytest_configure(config):
@@ -36,18 +101,35 @@ def pytest_configure(config):
         "markers",
         "in_process_only(reason): needs what host processes do not have yet (issue 8); skipped with --hosts "
         "other than in_process, the reason shown")
+    config.addinivalue_line(
+        "markers",
+        "not_service(reason): not for a service's tenant (its topology and hosts are the service's); skipped "
+        "with --hosts=service, the reason shown")
     hosts = config.getoption("--hosts")
-    if hosts != "in_process":
+    if hosts == "service":
+        import tempfile
+
+        pw.configure(server=_start_service(pathlib.Path(tempfile.mkdtemp(prefix="pathways-service-"))))
+    elif hosts != "in_process":
         pw.configure(hosts=hosts)
 
 
+def pytest_unconfigure(config):
+    if config.getoption("--hosts") == "service":
+        _stop_service()
+
+
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--hosts") == "in_process":
+    hosts = config.getoption("--hosts")
+    if hosts == "in_process":
         return
     for item in items:
         mark = item.get_closest_marker("in_process_only")
         if mark is not None:
             item.add_marker(pytest.mark.skip(reason="in process only for now: " + mark.args[0]))
+        mark = item.get_closest_marker("not_service")
+        if hosts == "service" and mark is not None:
+            item.add_marker(pytest.mark.skip(reason="not for a service's tenant: " + mark.args[0]))
 
 
 def pytest_report_header(config):
@@ -95,9 +177,25 @@ def runtime_ok():
     return assert_runtime_works
 
 
+def hosts_env(hosts: str | None = None) -> dict | None:
+    """The environment that puts a subprocess's runtime where this session's hosts are.
+
+    None in process; PATHWAYS_TOPOLOGY=hosts=... for host processes; with
+    --hosts=service, PATHWAYS_SERVER: the subprocess is one more tenant.
+    """
+    if hosts is None:
+        hosts = pw.topology()["hosts"]
+    if hosts == "in_process":
+        return None
+    if hosts == "service":
+        return {"PATHWAYS_SERVER": _SERVICE["connection"]}
+    return {"PATHWAYS_TOPOLOGY": f"hosts={hosts}"}
+
+
 def run_python_process(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs `code` in a fresh Python process (this package, no PATHWAYS_TOPOLOGY unless in `env`)."""
-    full_env = {k: v for k, v in os.environ.items() if k != "PATHWAYS_TOPOLOGY"}
+    """Runs `code` in a fresh Python process (this package, no PATHWAYS_TOPOLOGY or PATHWAYS_SERVER unless in
+    `env`)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("PATHWAYS_TOPOLOGY", "PATHWAYS_SERVER")}
     full_env["PYTHONPATH"] = os.pathsep.join(
         [str(PYTHON_DIR)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else [])
     )

@@ -153,6 +153,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.not_service("sets its own hang_report_seconds, which a tenant takes from the service's topology")
 def test_watchdog_reports_a_gang_that_cannot_start_once(python_subprocess, request):
     # With the suite's hosts: with host processes the gangs wait in the
     # hosts' device queues, which the watchdog asks about.

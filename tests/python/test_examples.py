@@ -4,7 +4,7 @@ import pathlib
 import re
 
 import pathways as pw
-from conftest import run_python
+from conftest import hosts_env, run_python
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
@@ -23,12 +23,11 @@ def test_data_parallel_mlp_matches_single_device_and_learns():
 def run_example(name: str, *args: str) -> str:
     """Runs examples/<name> as a script (its folder first on sys.path) in a fresh
     process, with hosts where this test session has them; returns its stdout."""
-    hosts = pw.topology()["hosts"]
     return run_python(
         f"import runpy, sys; sys.path.insert(0, {str(EXAMPLES)!r}); "
         f"sys.argv = [{name!r}, *{list(args)!r}]; "
         f"runpy.run_path({str(EXAMPLES / name)!r}, run_name='__main__')",
-        env=None if hosts == "in_process" else {"PATHWAYS_TOPOLOGY": f"hosts={hosts}"},
+        env=hosts_env(),
     )
 
 

@@ -40,6 +40,7 @@ def run_faults(request):
     return lambda code: run_python(_PRELUDE + configure + code)
 
 
+@pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")
 def test_failed_device_fails_its_gang_and_dependents_and_the_rest_runs(run_faults):
     out = run_faults("""
 a = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
@@ -75,6 +76,7 @@ print(pw.memory_stats()["bytes_in_use"] == baseline)
     assert lines[1:] == ["True True", "[2. 2.]", "True"]
 
 
+@pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")
 def test_a_failed_buffer_passed_to_later_programs_keeps_its_error(run_faults):
     # The error a buffer failed with is the one every program that takes it
     # gets, however long after it failed, on its own slice or after a
@@ -99,6 +101,7 @@ for out in (double(y), later(y), later(y)):
     assert out.splitlines() == ["True", "True", "True"], out
 
 
+@pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")
 def test_failed_host_loses_its_buffers_and_new_slices_avoid_it(run_faults):
     out = run_faults("""
 tpus = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus   # all of island 0: hosts 0 and 1
@@ -122,6 +125,7 @@ except pw.ResourceExhaustedError as e:
     assert out.splitlines() == ["True", "True"]
 
 
+@pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")
 def test_device_put_onto_a_failed_device_cannot_be_read(run_faults):
     out = run_faults("""
 tpus = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus

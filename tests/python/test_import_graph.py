@@ -44,7 +44,8 @@ _PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "python" / "pathways"
 LAYERS = (
     ("runtime", ("pathways._core", "pathways._checks", "pathways._trace_state", "pathways._pytree",
                  "pathways.tree_util", "pathways._devices", "pathways._hosts", "pathways._ray_hosts",
-                 "pathways._diagnose", "pathways.testing", "pathways.host")),
+                 "pathways._diagnose", "pathways.testing", "pathways.host",
+                 "pathways._service", "pathways.server")),
     ("core", ("pathways._primitives", "pathways._tracer")),
     ("transformations", ("pathways._autodiff", "pathways._custom_derivatives",
                          "pathways._control_flow")),

@@ -365,6 +365,7 @@ print(pw.memory_stats()["dispatches_waiting_for_memory"])
     assert proc.stdout.splitlines() == ["interrupted True", "0"]
 
 
+@pytest.mark.not_service("configures devices of 1 TiB, a topology of its own")
 @pytest.mark.parametrize("devices", [1, 2])
 def test_scratch_that_cannot_be_allocated_fails_the_gang_not_the_process(request, python_subprocess, devices):
     # With devices of 1 TiB the compiler lets through a function whose

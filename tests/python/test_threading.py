@@ -196,12 +196,18 @@ def test_first_use_from_many_threads_at_once(request):
     from conftest import run_python
 
     hosts = request.config.getoption("--hosts")
+    from conftest import hosts_env
+
+    # A service's tenant connects on its first use, like a runtime starting.
+    env = hosts_env(hosts) or {}
+    configure = f"pw.configure(server={env['PATHWAYS_SERVER']!r})" if hosts == "service" else \
+        f"pw.configure(hosts={hosts!r})"
     out = run_python(
         f"""
 import threading
 import numpy as np
 import pathways as pw
-pw.configure(hosts={hosts!r})
+{configure}
 results = []
 
 def first_call(t):

@@ -1,0 +1,289 @@
+// The service (service.h) against HostProcesses served in this process, with
+// tenants as runtimes of their own (Runtime::CreateTenant): tenants' ids kept
+// apart on the hosts, one order of their runs, a tenant that goes freed on
+// every host, refusals on the service's port, and admission by priority.
+
+#include "csrc/service/service.h"
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "csrc/base/spin.h"
+#include "csrc/client/runtime.h"
+#include "csrc/client/service_link.h"
+#include "csrc/coordination/protocol_version.h"
+#include "csrc/host/host_process.h"
+#include "csrc/program_ir/lowering.h"
+#include "csrc/program_ir/testing_programs.h"
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+constexpr char kHostSecret[] = "service-test-hosts";
+constexpr char kSecret[] = "service-test-tenants";
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TopologyOptions options;
+    options.num_islands = 1;
+    options.hosts_per_island = 2;
+    options.devices_per_host = 2;
+    options.num_executor_threads = 2;
+    options.hosts = HostsMode::kLocalProcesses;
+    std::vector<std::string> addresses;
+    for (int h = 0; h < 2; ++h) {
+      processes_.push_back(std::make_unique<HostProcess>(kHostSecret));
+      auto server = HostServer::Start("127.0.0.1:0", kHostSecret, processes_.back().get());
+      ASSERT_TRUE(server.ok()) << server.status();
+      addresses.push_back((*server)->address());
+      servers_.push_back(*std::move(server));
+    }
+    ServiceConfig config;
+    config.secret = kSecret;
+    auto service = Service::Start(options, addresses, kHostSecret, config);
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = *std::move(service);
+  }
+
+  void TearDown() override {
+    service_.reset();
+    servers_.clear();
+    processes_.clear();
+  }
+
+  std::unique_ptr<Runtime> Tenant(const std::string& name, int priority = 0) {
+    TenantOptions tenant;
+    tenant.address = service_->address();
+    tenant.secret = kSecret;
+    tenant.name = name;
+    tenant.priority = priority;
+    auto rt = Runtime::CreateTenant(tenant);
+    EXPECT_TRUE(rt.ok()) << rt.status();
+    return rt.ok() ? *std::move(rt) : nullptr;
+  }
+
+  HostExecutor& Host(int h) { return *processes_[h]->executor(); }
+
+  std::unique_ptr<Service> service_;
+
+ private:
+  std::vector<std::unique_ptr<HostProcess>> processes_;
+  std::vector<std::unique_ptr<HostServer>> servers_;
+};
+
+// f(x) = simulated_compute(x + c, ns) over `slice`.
+std::shared_ptr<const CompiledFunction> AddConst(Runtime& rt, const std::shared_ptr<VirtualSlice>& slice, double c,
+                                                 int64_t ns = 0) {
+  FunctionBuilder b("add", "i");
+  const int32_t x = b.Parameter(DType::kF64, {});
+  std::vector<uint8_t> bytes(8);
+  std::memcpy(bytes.data(), &c, 8);
+  const int32_t y = *b.Binary(OpKind::kAdd, x, *b.Constant(DType::kF64, {}, bytes));
+  auto ir = *b.Build({*b.SimulatedCompute(y, ns)});
+  return *CompiledFunction::Create(*FunctionExecutable::Compile(ir), testing::AllOf(slice), &rt.registry());
+}
+
+std::shared_ptr<const LoweredProgram> Chain(const std::shared_ptr<const CompiledFunction>& fn, int steps) {
+  ProgramBuilder pb("chain");
+  int v = *pb.AddArg(DType::kF64, {static_cast<int64_t>(fn->virtual_devices().size())});
+  for (int i = 0; i < steps; ++i) v = (*pb.AddCall(fn, {v}))[0];
+  return *Lower(*pb.Build({v}));
+}
+
+std::vector<double> Read(const ShardedBuffer& b) {
+  std::vector<double> out(static_cast<size_t>(b.total_bytes() / 8));
+  absl::Status s = b.ReadInto(out.data());
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+// Sends `request` to `host` through a tenant's raw link; its reply's status.
+absl::Status Call(ServiceLink& link, int host, const wire::Request& request) {
+  absl::Notification got;
+  absl::Status status = absl::DeadlineExceededError("no reply in 5 s");
+  link.Send(host, request, [&](absl::StatusOr<wire::Reply> reply) {
+    status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+    got.Notify();
+  });
+  link.Flush(host);
+  if (!got.WaitForNotificationWithTimeout(absl::Seconds(5))) return absl::DeadlineExceededError("no reply in 5 s");
+  return status;
+}
+
+TEST_F(ServiceTest, TenantsRunWithTheSameIdsApart) {
+  auto a = Tenant("a");
+  auto b = Tenant("b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->cluster().options().hosts, HostsMode::kService);
+  EXPECT_EQ(a->cluster().devices().size(), 4u);
+  EXPECT_EQ(service_->num_tenants(), 2);
+  // Both tenants number their buffers, functions and programs from 1: on
+  // the hosts they are apart.
+  auto slice_a = *a->resource_manager().AddSlice(4, "tpu");
+  auto slice_b = *b->resource_manager().AddSlice(4, "tpu");
+  auto chain_a = Chain(AddConst(*a, slice_a, 1.0), 3);
+  auto chain_b = Chain(AddConst(*b, slice_b, 10.0), 2);
+  const double in[] = {1, 2, 3, 4};
+  for (int i = 0; i < 5; ++i) {
+    auto out_a = a->Execute(*chain_a, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+    auto out_b = b->Execute(*chain_b, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+    ASSERT_TRUE(out_a.ok()) << out_a.status();
+    ASSERT_TRUE(out_b.ok()) << out_b.status();
+    EXPECT_EQ(Read(*(*out_a)[0]), (std::vector<double>{4, 5, 6, 7}));
+    EXPECT_EQ(Read(*(*out_b)[0]), (std::vector<double>{21, 22, 23, 24}));
+  }
+  // Each tenant's client shows in the service's report, with its gangs.
+  wire::ServiceReport report = service_->Report();
+  ASSERT_EQ(report.flows_size(), 2);
+  EXPECT_EQ(report.flows(0).tenant_name(), "a");
+  EXPECT_EQ(report.flows(0).gangs(), 15);
+  EXPECT_EQ(report.flows(1).tenant_name(), "b");
+  EXPECT_EQ(report.flows(1).gangs(), 10);
+}
+
+TEST_F(ServiceTest, ATenantThatGoesIsFreedOnEveryHostAndTheOthersGoOn) {
+  auto a = Tenant("a");
+  auto b = Tenant("b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto slice_a = *a->resource_manager().AddSlice(4, "tpu");
+  auto slice_b = *b->resource_manager().AddSlice(4, "tpu");
+  const double in[] = {1, 2, 3, 4};
+  // b holds one buffer; a holds many, and has a long queue on the devices.
+  auto chain_b = Chain(AddConst(*b, slice_b, 10.0), 1);
+  auto kept_b = *b->Execute(*chain_b, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+  ASSERT_TRUE(kept_b[0]->Await().ok());
+  const int b_buffers = Host(0).num_buffers();
+  auto chain_a = Chain(AddConst(*a, slice_a, 1.0), 2);
+  std::vector<std::shared_ptr<ShardedBuffer>> held;
+  for (int i = 0; i < 10; ++i) {
+    auto out = *a->Execute(*chain_a, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+    ASSERT_TRUE(out[0]->Await().ok());
+    held.push_back(out[0]);
+  }
+  auto slow_a = Chain(AddConst(*a, slice_a, 1.0, 200'000'000), 20);  // 4 s queued
+  auto queued = *a->Execute(*slow_a, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_GT(Host(0).num_buffers(), b_buffers);
+  // a goes as a killed process does, with its queue; within 2 s the hosts
+  // hold b's buffers only. (a's own frees and cancels, after the cut, reach
+  // no one.)
+  const int64_t start = NowNanos();
+  a->service()->Sever(absl::UnavailableError("killed"));
+  held.clear();
+  queued.clear();
+  chain_a.reset();
+  slow_a.reset();
+  slice_a.reset();
+  a.reset();
+  while (Host(0).num_buffers() > b_buffers || Host(1).num_buffers() > b_buffers) {
+    ASSERT_LT(NowNanos() - start, 2'000'000'000) << "hosts hold " << Host(0).num_buffers() << " and "
+                                                 << Host(1).num_buffers() << " buffers, b " << b_buffers;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(service_->num_tenants(), 1);
+  // b's buffer is intact and b runs on.
+  EXPECT_EQ(Read(*kept_b[0]), (std::vector<double>{11, 12, 13, 14}));
+  auto again = b->Execute(*chain_b, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Read(*(*again)[0]), (std::vector<double>{11, 12, 13, 14}));
+}
+
+TEST_F(ServiceTest, TheServicesPortRefusesWrongSecretsAndNonTenants) {
+  TenantOptions wrong;
+  wrong.address = service_->address();
+  wrong.secret = "not the secret";
+  wrong.connect_timeout_ns = 2'000'000'000;
+  auto refused = Runtime::CreateTenant(wrong);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
+  // The hosts' secret is not the service's either.
+  wrong.secret = kHostSecret;
+  EXPECT_EQ(Runtime::CreateTenant(wrong).status().code(), absl::StatusCode::kUnauthenticated);
+  // A client that would configure the service as a host is told what it is.
+  wire::Hello hello;
+  hello.set_protocol_version(kControlProtocolVersion);
+  hello.set_op_registry_version(kOpRegistryVersion);
+  ChannelOptions options;
+  options.secret = kSecret;
+  auto channel = HostChannel::Connect(service_->address(), hello, options);
+  ASSERT_FALSE(channel.ok());
+  EXPECT_TRUE(absl::StrContains(channel.status().message(), "pw.configure(server=")) << channel.status();
+  // The service still serves.
+  auto a = Tenant("a");
+  ASSERT_NE(a, nullptr);
+  auto slice = *a->resource_manager().AddSlice(2, "tpu");
+  const double in[] = {1, 2};
+  auto out = a->Execute(*Chain(AddConst(*a, slice, 1.0), 1), {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(Read(*(*out)[0]), (std::vector<double>{2, 3}));
+}
+
+TEST_F(ServiceTest, ATenantMayNotSendTheHostsTheServicesRequests) {
+  TenantOptions options;
+  options.address = service_->address();
+  options.secret = kSecret;
+  auto link = ServiceLink::Connect(options);
+  ASSERT_TRUE(link.ok()) << link.status();
+  // Fault injection and session ends are the service's; so is a run that
+  // skips admission.
+  for (int kind = 0; kind < 2; ++kind) {
+    wire::Request request;
+    if (kind == 0) {
+      request.mutable_fail_devices()->add_device_ids(0);
+    } else {
+      request.mutable_end_session();
+    }
+    const absl::Status status = Call(**link, 0, request);
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+  }
+  wire::Request run;
+  run.mutable_run()->set_program_id(1);
+  const absl::Status status = Call(**link, 0, run);
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "admitted")) << status;
+}
+
+TEST_F(ServiceTest, ATenantCannotReadOrFreeAnotherTenantsBuffers) {
+  auto a = Tenant("a");
+  ASSERT_NE(a, nullptr);
+  auto slice = *a->resource_manager().AddSlice(4, "tpu");
+  const double in[] = {1, 2, 3, 4};
+  auto out = a->Execute(*Chain(AddConst(*a, slice, 1.0), 1), {ProgramArg{nullptr, in, DType::kF64, {4}}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE((*out)[0]->Await().ok());
+  const uint64_t id = (*out)[0]->remote_id();
+  // Tenant b names a's buffer id: in b's session there is no such buffer.
+  TenantOptions options;
+  options.address = service_->address();
+  options.secret = kSecret;
+  options.name = "b";
+  auto b = ServiceLink::Connect(options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (int h = 0; h < 2; ++h) {
+    wire::Request fetch;
+    fetch.mutable_fetch()->set_buffer_id(id);
+    const absl::Status status = Call(**b, h, fetch);
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+    wire::Request free;
+    free.mutable_free()->add_buffer_ids(id);
+    (*b)->Send(h, free, nullptr);
+    (*b)->Flush(h);
+  }
+  // b's free reached the hosts (its echo comes back after it) and freed
+  // nothing of a's.
+  for (int h = 0; h < 2; ++h) {
+    wire::Request echo;
+    echo.mutable_echo()->set_payload("after");
+    EXPECT_TRUE(Call(**b, h, echo).ok());
+  }
+  EXPECT_EQ(Read(*(*out)[0]), (std::vector<double>{2, 3, 4, 5}));
+}
+
+}  // namespace
+}  // namespace pw
