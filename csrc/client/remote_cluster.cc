@@ -991,6 +991,11 @@ void RemoteCluster::SendPutsLocked(const DeviceList* list, std::vector<HostPuts>
 }
 
 absl::Status RemoteCluster::Read(const ShardedBuffer& buffer, void* dst) {
+  // A service's tenant fetches from the hosts directly, while the run that
+  // makes the buffer goes through the service: the fetch could overtake it,
+  // so it waits for the run's reply (the hosts have the buffer then). A put
+  // buffer is done once sent, and its fetch follows it on the same session.
+  if (links_->admits_runs()) PW_RETURN_IF_ERROR(buffer.Await());
   const DeviceList* list = buffer.devices();
   const std::vector<int> hosts = HostsOf(list);
   const int64_t shard = buffer.shard_bytes();

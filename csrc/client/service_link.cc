@@ -42,12 +42,112 @@ absl::StatusOr<std::unique_ptr<ServiceLink>> ServiceLink::Connect(const TenantOp
   link->options_ = options;
   link->tenant_ = reply.tenant();
   link->channel_ = *std::move(channel);
+  // Its own sessions with the hosts, for bulk data; a host it cannot reach
+  // (another network) gets its data through the service.
+  const int n = link->num_hosts();
+  link->direct_.resize(n);
+  {
+    MutexLock lock(&link->mu_);
+    link->direct_unflushed_.assign(n, false);
+  }
+  {
+    MutexLock lock(&link->puts_mu_);
+    link->lists_pending_.assign(n, 0);
+  }
+  if (!link->tenant_.host_key().empty()) {
+    for (int h = 0; h < n; ++h) {
+      wire::Hello host_hello;
+      host_hello.set_client_name(options.name);
+      host_hello.set_protocol_version(kControlProtocolVersion);
+      host_hello.set_op_registry_version(kOpRegistryVersion);
+      ChannelOptions direct;
+      direct.secret = link->tenant_.host_key();
+      direct.claim_tenant = link->tenant_.session();
+      direct.host_name = absl::StrCat("host ", h, " (", link->tenant_.host_addresses(h), ")");
+      direct.client_name = options.name;
+      direct.connect_timeout_ns = int64_t{2} * 1'000'000'000;
+      direct.heartbeat_period_ns = 0;  // the service watches the hosts; a lost host ends this stream too
+      auto host = HostChannel::Connect(link->tenant_.host_addresses(h), std::move(host_hello), direct);
+      if (host.ok()) link->direct_[h] = *std::move(host);
+    }
+  }
   return link;
 }
 
-ServiceLink::~ServiceLink() = default;
+ServiceLink::~ServiceLink() {
+  // The direct sessions first: their callbacks (puts answered) use this.
+  for (auto& d : direct_) d.reset();
+  channel_.reset();
+}
+
+int ServiceLink::direct_hosts() const {
+  int n = 0;
+  for (const auto& d : direct_) n += d != nullptr ? 1 : 0;
+  return n;
+}
+
+void ServiceLink::AwaitPuts() {
+  {
+    MutexLock lock(&puts_mu_);
+    if (puts_pending_ == 0) return;
+  }
+  for (size_t h = 0; h < direct_.size(); ++h) {
+    if (direct_unflushed_[h]) {
+      direct_[h]->Flush();
+      direct_unflushed_[h] = false;
+    }
+  }
+  MutexLock lock(&puts_mu_);
+  while (puts_pending_ > 0) puts_cv_.Wait(&puts_mu_);
+}
+
+void ServiceLink::AwaitLists(int host) {
+  {
+    MutexLock lock(&puts_mu_);
+    if (lists_pending_[host] == 0) return;
+  }
+  if (uncommitted_) {
+    wire::Request commit;
+    commit.mutable_commit();
+    channel_->Send(std::move(commit), nullptr);
+    uncommitted_ = false;
+  }
+  channel_->Flush();
+  MutexLock lock(&puts_mu_);
+  while (lists_pending_[host] > 0) puts_cv_.Wait(&puts_mu_);
+}
 
 void ServiceLink::ForwardLocked(int host, wire::Request request, HostChannel::ReplyCallback done) {
+  if (Bulk(request) && direct_[host] != nullptr) {
+    AwaitLists(host);  // a put finds its list
+    if (request.kind_case() == wire::Request::kPut) {
+      {
+        MutexLock lock(&puts_mu_);
+        ++puts_pending_;
+      }
+      // Answered once the host has taken it (or the session is lost).
+      done = [this, done = std::move(done)](absl::StatusOr<wire::Reply> reply) mutable {
+        if (done) std::move(done)(std::move(reply));
+        MutexLock lock(&puts_mu_);
+        if (--puts_pending_ == 0) puts_cv_.SignalAll();
+      };
+    }
+    direct_[host]->Send(std::move(request), std::move(done));
+    direct_unflushed_[host] = true;
+    return;
+  }
+  AwaitPuts();  // nothing overtakes a put sent directly
+  if (request.kind_case() == wire::Request::kDefineDevices && direct_[host] != nullptr) {
+    {
+      MutexLock lock(&puts_mu_);
+      ++lists_pending_[host];
+    }
+    done = [this, host, done = std::move(done)](absl::StatusOr<wire::Reply> reply) mutable {
+      if (done) std::move(done)(std::move(reply));
+      MutexLock lock(&puts_mu_);
+      if (--lists_pending_[host] == 0) puts_cv_.SignalAll();
+    };
+  }
   wire::Request forward;
   forward.mutable_forward()->set_host(host);
   *forward.mutable_forward()->mutable_request() = std::move(request);
@@ -60,8 +160,12 @@ void ServiceLink::Send(int host, wire::Request request, HostChannel::ReplyCallba
   ForwardLocked(host, std::move(request), std::move(done));
 }
 
-void ServiceLink::Flush(int) {
+void ServiceLink::Flush(int host) {
   MutexLock lock(&mu_);
+  if (direct_unflushed_[host]) {
+    direct_[host]->Flush();
+    direct_unflushed_[host] = false;
+  }
   if (!uncommitted_) return;
   wire::Request commit;
   commit.mutable_commit();

@@ -5,15 +5,28 @@
 // owns the hosts: the HostLinks of a client process that connected with
 // pw.configure(server=...).
 //
-// One session with the service carries everything. Each request for a host
-// goes as a wire::Forward, and its reply comes back as the Forward's; the
-// service sends it on in the tenant's session on the host (the tenant's
-// ids are its own there). Requests gather into units, each ended by a
-// wire::Commit: SendRun ends a run's unit (its parts on every host, and
-// whatever was queued before them), which waits for the service to admit
-// it; Flush ends any other unit, which passes through, behind the tenant's
-// runs committed before it. One lock keeps a unit whole against other
-// threads' sends.
+// One session with the service carries the control plane. Each request for
+// a host goes as a wire::Forward, and its reply comes back as the
+// Forward's; the service sends it on in the tenant's session on the host
+// (the tenant's ids are its own there). Requests gather into units, each
+// ended by a wire::Commit: SendRun ends a run's unit (its parts on every
+// host, and whatever was queued before them), which waits for the service
+// to admit it; Flush ends any other unit, which passes through, behind the
+// tenant's runs committed before it. One lock keeps a unit whole against
+// other threads' sends.
+//
+// Bulk data goes between the tenant and the hosts directly: the tenant has
+// a session of its own with each host, proving the key the service gave it
+// ("tenant-<t>" claim, auth.h), which may only put and fetch the tenant's
+// buffers. Puts and fetches go there; the rest through the service. Order
+// across the two paths: nothing is forwarded while a put sent directly is
+// not answered (the host has taken it), so a run, a free or a fetch that
+// names the buffer finds it; nothing goes directly to a host while a device
+// list forwarded to it is not answered, so a put finds its list; a fetch
+// follows the put on the same session, or the run that made the buffer,
+// which finished before anyone reads it. Those waits cost a round trip
+// after a put, and after a host's first sight of a list. A host the tenant
+// cannot reach directly gets its data through the service.
 //
 // The hosts are as alive as the service: once its session ends, every host
 // is lost to this client (the service going takes the tenants' work with
@@ -66,6 +79,8 @@ class ServiceLink final : public HostLinks {
   void SendRun(const std::vector<int>& hosts, std::vector<wire::Request> requests,
                std::vector<HostChannel::ReplyCallback> done, const RunAdmissionInfo& admission) override;
   bool alive(int host) const override { return channel_->alive(); }
+  // Hosts this tenant reaches directly for its bulk data (tests).
+  int direct_hosts() const;
   absl::Status status(int host) const override;
   int64_t clock_offset_ns(int host) const override;
   std::vector<RemoteHostInfo> hosts() const override;
@@ -76,13 +91,31 @@ class ServiceLink final : public HostLinks {
   void ForwardLocked(int host, wire::Request request, HostChannel::ReplyCallback done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Puts and fetches go to the host directly when it can be reached.
+  static bool Bulk(const wire::Request& request) {
+    return request.kind_case() == wire::Request::kPut || request.kind_case() == wire::Request::kFetch;
+  }
+  // Waits until every put sent directly is answered (flushing them first).
+  void AwaitPuts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until every device list forwarded to `host` is answered
+  // (committing and flushing them first).
+  void AwaitLists(int host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   TenantOptions options_;
   wire::TenantInfo tenant_;
-  std::vector<int> host_islands_;
   std::unique_ptr<HostChannel> channel_;
+  // The tenant's own sessions with the hosts (null: not reachable).
+  std::vector<std::unique_ptr<HostChannel>> direct_;
   // Keeps a unit's requests together on the channel.
   Mutex mu_;
   bool uncommitted_ ABSL_GUARDED_BY(mu_) = false;  // requests sent since the last Commit
+  std::vector<bool> direct_unflushed_ ABSL_GUARDED_BY(mu_);
+  // Puts sent directly, and per host device lists forwarded, that are not
+  // answered yet.
+  Mutex puts_mu_;
+  CondVar puts_cv_;
+  int64_t puts_pending_ ABSL_GUARDED_BY(puts_mu_) = 0;
+  std::vector<int64_t> lists_pending_ ABSL_GUARDED_BY(puts_mu_);
 };
 
 }  // namespace pw

@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace pw {
 namespace {
@@ -203,13 +204,17 @@ absl::StatusOr<SessionOpening> ParseSessionOpening(absl::string_view nonce_hex, 
   }
   opening.nonce = *std::move(nonce);
   int host = -1;
+  uint64_t tenant = 0;
   if (claim == "cluster") {
     opening.claim = -1;
   } else if (absl::SimpleAtoi(claim, &host) && host >= 0) {
     opening.claim = host;
+  } else if (absl::ConsumePrefix(&claim, "tenant-") && absl::SimpleAtoi(claim, &tenant) && tenant >= 1 &&
+             tenant <= kMaxTenant) {
+    opening.claim = TenantClaim(tenant);
   } else {
     return absl::UnauthenticatedError(
-        absl::StrCat("the session claims to be '", claim, "', neither 'cluster' nor a host id"));
+        absl::StrCat("the session claims to be '", claim, "', neither 'cluster', a host id nor 'tenant-<id>'"));
   }
   return opening;
 }

@@ -12,8 +12,11 @@
 // The challenge-response (both planes; the same proofs, told apart by the
 // plane's name):
 //   1. the dialer sends a fresh 32-byte nonce Nd, and whom it claims to be:
-//      "the cluster" (it knows the cluster's secret) or host h (it knows the
-//      key the client gave host h for this listener, see peer keys below);
+//      "the cluster" (it knows the cluster's secret), host h (it knows the
+//      key the client gave host h for this listener, see peer keys below),
+//      or tenant t of a service (it knows the key the service gave the
+//      hosts for that tenant: its bulk data goes to the hosts directly,
+//      service/service.h);
 //   2. the listener answers with its own fresh nonce Nl;
 //   3. the dialer proves it knows the key K of its claim:
 //      HMAC-SHA256(K, "pathways-auth-v1" | plane | "dialer" | transcript);
@@ -76,7 +79,8 @@ absl::StatusOr<std::string> FromHex(absl::string_view hex);
 // What a handshake's proofs cover (see above).
 struct HandshakeTranscript {
   std::string plane;       // "control" or "data"
-  int64_t claim = -1;      // the dialer's claim: a host id, or -1 for the cluster
+  // The dialer's claim: a host id, -1 for the cluster, or TenantClaim(t).
+  int64_t claim = -1;
   int64_t listener = -1;   // the listener's host id where it has one (data plane), else -1
   std::string dialer_nonce;
   std::string listener_nonce;
@@ -87,14 +91,19 @@ enum class ProofBy { kDialer, kListener };
 
 // The dialer's opening of a control plane session (step 1 above), as the
 // session's metadata carries it: its nonce in hex (pw-auth-nonce) and its
-// claim (pw-auth-claim), "cluster" or a host id (decimal). What a host reads
-// of a session before the dialer proved anything: Unauthenticated, saying
-// what is wrong, unless the nonce is kNonceBytes in hex and the claim one of
-// those.
+// claim (pw-auth-claim), "cluster", a host id (decimal) or "tenant-<t>"
+// (t >= 1, decimal). What a host reads of a session before the dialer
+// proved anything: Unauthenticated, saying what is wrong, unless the nonce
+// is kNonceBytes in hex and the claim one of those.
 struct SessionOpening {
   std::string nonce;   // kNonceBytes
-  int64_t claim = -1;  // a host id (>= 0), or -1 for the cluster
+  int64_t claim = -1;  // a host id (>= 0), -1 for the cluster, or TenantClaim(t) (<= -2)
 };
+// A service's tenant t (>= 1) as a claim, and back (0 for a claim of no tenant).
+inline int64_t TenantClaim(uint64_t tenant) { return -1 - static_cast<int64_t>(tenant); }
+inline uint64_t ClaimedTenant(int64_t claim) { return claim <= -2 ? static_cast<uint64_t>(-1 - claim) : 0; }
+// The largest tenant id a claim can carry.
+inline constexpr uint64_t kMaxTenant = uint64_t{1} << 62;
 absl::StatusOr<SessionOpening> ParseSessionOpening(absl::string_view nonce_hex, absl::string_view claim);
 
 // HMAC-SHA256(key, "pathways-auth-v1" | plane | role | transcript), 32 bytes.

@@ -55,6 +55,12 @@ TEST(Auth, ASessionOpensWithANonceAndAClaimOnly) {
   ASSERT_TRUE(host.ok()) << host.status();
   EXPECT_EQ(host->nonce, nonce);
   EXPECT_EQ(host->claim, 7);
+  absl::StatusOr<SessionOpening> tenant = ParseSessionOpening(ToHex(nonce), "tenant-3");
+  ASSERT_TRUE(tenant.ok()) << tenant.status();
+  EXPECT_EQ(tenant->claim, TenantClaim(3));
+  EXPECT_EQ(ClaimedTenant(tenant->claim), 3u);
+  EXPECT_EQ(ClaimedTenant(-1), 0u);  // the cluster is no tenant
+  EXPECT_EQ(ClaimedTenant(7), 0u);   // nor is a host
   const struct {
     std::string nonce_hex, claim, why;
   } refused[] = {
@@ -63,7 +69,10 @@ TEST(Auth, ASessionOpensWithANonceAndAClaimOnly) {
       {ToHex(nonce).substr(2), "cluster", "nonce"},
       {ToHex(nonce) + "00", "cluster", "nonce"},
       {ToHex(nonce).substr(1) + "g", "cluster", "nonce"},
-      {ToHex(nonce), "root", "neither 'cluster' nor a host id"},
+      {ToHex(nonce), "root", "neither 'cluster', a host id nor 'tenant-<id>'"},
+      {ToHex(nonce), "tenant-0", "tenant-<id>"},
+      {ToHex(nonce), "tenant--2", "tenant-<id>"},
+      {ToHex(nonce), "tenant-", "tenant-<id>"},
       {ToHex(nonce), "-1", "neither"},
       {ToHex(nonce), "99999999999", "neither"},  // not an int
       {ToHex(nonce), "Cluster", "neither"},

@@ -46,10 +46,12 @@ const std::string& KernelBootId() {
 class HostChannel::Stream final : public grpc::ClientBidiReactor<wire::ClientFrame, wire::HostFrame> {
  public:
   // Opens the stream with the handshake's first step: our nonce and claim.
-  Stream(HostChannel* owner, std::shared_ptr<grpc::Channel> channel, const std::string& nonce, int claim_host)
+  Stream(HostChannel* owner, std::shared_ptr<grpc::Channel> channel, const std::string& nonce, int64_t claim)
       : owner_(owner), channel_(std::move(channel)), stub_(wire::Host::NewStub(channel_)) {
     context_.AddMetadata(kAuthNonceMetadataKey, ToHex(nonce));
-    context_.AddMetadata(kAuthClaimMetadataKey, claim_host < 0 ? "cluster" : absl::StrCat(claim_host));
+    context_.AddMetadata(kAuthClaimMetadataKey, claim >= 0                   ? absl::StrCat(claim)
+                                                : ClaimedTenant(claim) != 0 ? absl::StrCat("tenant-", ClaimedTenant(claim))
+                                                                            : std::string("cluster"));
     stub_->async()->Session(&context_, this);
     StartRead(&in_);
     // Writes start outside the reactions (Flush), so the write flow holds the
@@ -148,7 +150,7 @@ absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::str
   absl::StatusOr<std::string> nonce = RandomBytes(kNonceBytes);
   if (!nonce.ok()) return nonce.status();
   channel->last_heard_ns_.store(NowNanos(), std::memory_order_relaxed);
-  channel->stream_ = std::make_unique<Stream>(channel.get(), std::move(grpc_channel), *nonce, options.claim_host);
+  channel->stream_ = std::make_unique<Stream>(channel.get(), std::move(grpc_channel), *nonce, channel->claim());
   if (absl::Status authenticated = channel->Authenticate(*nonce, tls, deadline_ns); !authenticated.ok()) {
     return authenticated;
   }
@@ -188,7 +190,7 @@ absl::StatusOr<std::unique_ptr<HostChannel>> HostChannel::Connect(const std::str
 absl::Status HostChannel::Authenticate(const std::string& nonce, bool tls, int64_t deadline_ns) {
   HandshakeTranscript transcript;
   transcript.plane = "control";
-  transcript.claim = options_.claim_host;
+  transcript.claim = claim();
   transcript.dialer_nonce = nonce;
   {
     MutexLock lock(&mu_);
@@ -220,10 +222,10 @@ absl::Status HostChannel::Authenticate(const std::string& nonce, bool tls, int64
   if (!reply.ok()) return reply.status();
   if (!ConstantTimeEquals(reply->host_proof().proof(),
                           HandshakeProof(options_.secret, ProofBy::kListener, transcript))) {
-    return fail(options_.claim_host < 0
-                    ? "it could not prove it knows the cluster's secret (a host of another cluster, or someone "
-                      "in between)"
-                    : "it could not prove it knows our peer key");
+    return fail(claim() == -1 ? "it could not prove it knows the cluster's secret (a host of another cluster, or "
+                                "someone in between)"
+                : claim() >= 0 ? "it could not prove it knows our peer key"
+                               : "it could not prove it knows our tenant key");
   }
   // The heartbeats' key and session (auth.h): the heartbeat thread starts
   // after this.

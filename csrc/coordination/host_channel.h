@@ -50,6 +50,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/coordination/control.pb.h"
 #include "csrc/coordination/frame_queue.h"
 #include "csrc/coordination/grpc_options.h"
@@ -68,6 +69,9 @@ struct ChannelOptions {
   // session proves it is that host (with its peer key for the host at the
   // address), which the other host's rendezvous store asks for.
   int claim_host = -1;
+  // Nonzero: the session proves it is this tenant of the host's service
+  // (with `secret` the tenant's key; claim_host is ignored).
+  uint64_t claim_tenant = 0;
   // Plaintext or TLS (kAuto: by the address; the host decides the same way).
   Transport transport = Transport::kAuto;
   // Names the host in errors ("host 3 (127.0.0.1:4567)").
@@ -143,6 +147,12 @@ class HostChannel {
   // Send, Flush and wait up to `timeout_ns` for the reply; the reply's own
   // status is returned as an error. DeadlineExceeded on timeout.
   absl::StatusOr<wire::Reply> Call(wire::Request request, int64_t timeout_ns);
+
+  // The claim this channel's session makes (auth.h's HandshakeTranscript).
+  int64_t claim() const {
+    return options_.claim_tenant != 0 ? TenantClaim(options_.claim_tenant) : options_.claim_host < 0 ? -1
+                                                                                                    : options_.claim_host;
+  }
 
   // OK while the host is reachable; Unavailable once it is lost.
   absl::Status status() const;

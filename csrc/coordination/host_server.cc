@@ -34,14 +34,18 @@ absl::StatusOr<std::string> RequestHandler::PeerKey(int host) {
   return absl::PermissionDeniedError("this server takes sessions of the cluster's secret only, not of a host");
 }
 
+absl::StatusOr<std::string> RequestHandler::TenantKey(uint64_t tenant) {
+  return absl::UnauthenticatedError(absl::StrCat("this host takes no tenant sessions (tenant ", tenant, ")"));
+}
+
 // A session's state shared with the handler; the reactor, which gRPC owns,
 // is reachable from it until the stream is done.
 // Internal to this file: its reactor reads and writes the fields directly.
 class SessionState final : public HostSession {
  public:
   // `refused` counts the sessions refused (HostServer::refused_sessions).
-  SessionState(uint64_t id, int peer_host, std::atomic<int64_t>* refused)
-      : HostSession(id, peer_host), refused_count_(refused) {}
+  SessionState(uint64_t id, int64_t claim, std::atomic<int64_t>* refused)
+      : HostSession(id, claim), refused_count_(refused) {}
 
   void Reply(wire::Reply reply) override;
   bool open() const override {
@@ -84,10 +88,10 @@ class HostServer::SessionReactor final : public grpc::ServerBidiReactor<wire::Cl
     std::string refused_text;  // the refusal for a wrong proof
   };
 
-  SessionReactor(HostServer* server, RequestHandler* handler, uint64_t id, int peer_host, Handshake handshake)
+  SessionReactor(HostServer* server, RequestHandler* handler, uint64_t id, int64_t claim, Handshake handshake)
       : server_(server),
         handler_(handler),
-        state_(std::make_shared<SessionState>(id, peer_host, &server->refused_sessions_)),
+        state_(std::make_shared<SessionState>(id, claim, &server->refused_sessions_)),
         handshake_(std::move(handshake)) {
     {
       MutexLock lock(&state_->mu_);
@@ -272,8 +276,14 @@ class HostServer::Service final
         absl::string_view(nonce_hex.data(), nonce_hex.size()), absl::string_view(claim.data(), claim.size()));
     if (!opening.ok()) return refuse(grpc::StatusCode::UNAUTHENTICATED, std::string(opening.status().message()));
     SessionReactor::Handshake handshake;
-    const int peer_host = static_cast<int>(opening->claim);  // ParseSessionOpening parsed an int
-    if (peer_host < 0) {
+    const int64_t claimed = opening->claim;
+    const int peer_host = claimed >= 0 ? static_cast<int>(claimed) : -1;  // ParseSessionOpening parsed an int
+    if (const uint64_t tenant = ClaimedTenant(claimed); tenant != 0) {
+      absl::StatusOr<std::string> key = handler_->TenantKey(tenant);
+      if (!key.ok()) return refuse(grpc::StatusCode::UNAUTHENTICATED, std::string(key.status().message()));
+      handshake.key = *std::move(key);
+      handshake.refused_text = absl::StrCat("the session did not prove it is tenant ", tenant);
+    } else if (peer_host < 0) {
       handshake.key = secret_;
       handshake.refused_text = "the cluster's secret does not match";
     } else {
@@ -290,11 +300,11 @@ class HostServer::Service final
     absl::StatusOr<std::string> own_nonce = RandomBytes(kNonceBytes);
     if (!own_nonce.ok()) return refuse(grpc::StatusCode::INTERNAL, std::string(own_nonce.status().message()));
     handshake.transcript.plane = "control";
-    handshake.transcript.claim = peer_host;
+    handshake.transcript.claim = claimed;
     handshake.transcript.dialer_nonce = std::move(opening->nonce);
     handshake.transcript.listener_nonce = *std::move(own_nonce);
     handshake.transcript.binding = server_->certificate_sha256_;
-    return new SessionReactor(server_, handler_, next_id_.fetch_add(1, std::memory_order_relaxed), peer_host,
+    return new SessionReactor(server_, handler_, next_id_.fetch_add(1, std::memory_order_relaxed), claimed,
                               std::move(handshake));
   }
 

@@ -11,9 +11,10 @@
 //
 // Authentication (auth.h's challenge-response, on the stream itself):
 //   - the stream opens with the dialer's nonce and claim in its metadata
-//     ("pw-auth-nonce": 64 hex digits; "pw-auth-claim": "cluster", or a host
+//     ("pw-auth-nonce": 64 hex digits; "pw-auth-claim": "cluster", a host
 //     id for a host that proves itself with its peer key, which the handler
-//     gives: RequestHandler::PeerKey);
+//     gives: RequestHandler::PeerKey, or "tenant-<t>" for a service's tenant
+//     that proves itself with the key the service gave: TenantKey);
 //   - the host's first message is its challenge (a Reply with id 0 and
 //     `challenge`, its nonce);
 //   - the dialer's first frame must hold exactly one request, its
@@ -60,6 +61,7 @@
 
 #include "absl/status/statusor.h"
 #include "csrc/base/mutex.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/coordination/control.pb.h"
 #include "csrc/coordination/grpc_options.h"
 
@@ -86,15 +88,18 @@ class HostSession {
   virtual bool open() const = 0;
   // Whom the session proved to be: a host id (it proved itself with that
   // host's peer key), or -1 (it proved it knows the cluster's secret: the
-  // client, or a host that claims no identity).
-  int peer_host() const { return peer_host_; }
+  // client, or a host that claims no identity; or it is a tenant's).
+  int peer_host() const { return claim_ >= 0 ? static_cast<int>(claim_) : -1; }
+  // The service's tenant it proved to be (with the tenant's key), or 0.
+  uint64_t tenant() const { return ClaimedTenant(claim_); }
 
  protected:
-  HostSession(uint64_t id, int peer_host) : id_(id), peer_host_(peer_host) {}
+  // `claim` as auth.h's HandshakeTranscript::claim.
+  HostSession(uint64_t id, int64_t claim) : id_(id), claim_(claim) {}
 
  private:
   const uint64_t id_;
-  const int peer_host_;
+  const int64_t claim_;
 };
 
 // What a host does with requests: the host process's end of the control
@@ -116,6 +121,11 @@ class RequestHandler {
   // not known yet (the session is refused, and the dialer may retry); any
   // other error refuses the claim. The default takes no host claims.
   virtual absl::StatusOr<std::string> PeerKey(int host);
+  // The key tenant `tenant` of this host's service proves itself with (its
+  // bulk data comes directly, service/service.h), for a session that claims
+  // to be that tenant. Any error refuses the claim (Unauthenticated). The
+  // default takes no tenant claims.
+  virtual absl::StatusOr<std::string> TenantKey(uint64_t tenant);
   // Answers a heartbeat (the Heartbeat rpc) the server has authenticated,
   // on the server's heartbeat thread: must answer at once, without a lock
   // that request handling may hold for long. The default echoes sent_ns and

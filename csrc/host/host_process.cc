@@ -330,6 +330,15 @@ void HostProcess::Join(const std::shared_ptr<HostSession>& session, wire::Reques
   });
 }
 
+absl::StatusOr<std::string> HostProcess::TenantKey(uint64_t tenant) {
+  MutexLock lock(&mu_);
+  auto it = tenant_keys_.find(tenant);
+  if (it == tenant_keys_.end()) {
+    return absl::UnauthenticatedError(absl::StrCat("tenant ", tenant, " is not (or no longer) a tenant of this host"));
+  }
+  return it->second;
+}
+
 absl::StatusOr<std::string> HostProcess::PeerKey(int host) {
   MutexLock lock(&mu_);
   if (peer_keys_.empty()) {
@@ -399,14 +408,29 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kRenewGroup:
     case wire::Request::kPeersLost:
     case wire::Request::kEndSession:
+    case wire::Request::kTenantKey:
       break;
     default:
       return false;
   }
+  // A service's tenant, in a session of its own, moves its bulk data: puts
+  // and fetches of its own session's buffers, nothing else.
+  const uint64_t tenant = session->tenant();
+  const bool bulk = request.kind_case() == wire::Request::kPut || request.kind_case() == wire::Request::kFetch;
   std::shared_ptr<HostExecutor> executor;
   {
     MutexLock lock(&mu_);
-    if (owner_ == 0 || session->id() != owner_) {
+    if (tenant != 0 && !bulk) {
+      reply_with(absl::PermissionDeniedError(
+          "a tenant's own session with a host moves only its data (puts and fetches); the rest goes through its "
+          "service"));
+      return true;
+    }
+    if (tenant != 0 && !tenant_keys_.contains(tenant)) {
+      reply_with(absl::PermissionDeniedError(absl::StrCat("tenant ", tenant, " has ended")));
+      return true;
+    }
+    if (tenant == 0 && (owner_ == 0 || session->id() != owner_)) {
       reply_with(absl::PermissionDeniedError("only the client that configured this host may run programs on it"));
       return true;
     }
@@ -424,7 +448,7 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
   // its tables by session): the owner's own (kOneSession, Request.session
   // 0), or, when the owner is a service, the tenant's that the request
   // names (the same on every host; service/service.h).
-  const SessionId ids_session = request.session();
+  const SessionId ids_session = tenant != 0 ? tenant : request.session();
   switch (request.kind_case()) {
     case wire::Request::kDefineDevices:
       reply_with(executor->DefineDevices(request.define_devices(), ids_session));
@@ -508,9 +532,25 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
             "end_session: session 0 is the owner's own, which ends when its stream closes; name a tenant's"));
         break;
       }
+      {
+        MutexLock lock(&mu_);
+        tenant_keys_.erase(ids_session);  // no new session of the tenant
+      }
       // Replied to once it has all taken effect, from the executor's thread.
       executor->EndSession(ids_session, request.end_session().reason(), std::move(reply_with));
       break;
+    case wire::Request::kTenantKey: {
+      absl::Status status;
+      if (ids_session == kOneSession || request.tenant_key().key().size() != kPeerKeyBytes) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("tenant_key: a tenant's key is ", kPeerKeyBytes, " bytes, for a session other than 0"));
+      } else {
+        MutexLock lock(&mu_);
+        tenant_keys_[ids_session] = request.tenant_key().key();
+      }
+      reply_with(status);
+      break;
+    }
     default:
       break;
   }

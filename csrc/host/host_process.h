@@ -52,6 +52,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -98,6 +99,8 @@ class HostProcess final : public RequestHandler {
   // Host `host`'s peer key, once this host has joined its cluster
   // (FailedPrecondition before: the other host may try again).
   absl::StatusOr<std::string> PeerKey(int host) override;
+  // A service's tenant's key (wire::TenantKey), while its session lasts.
+  absl::StatusOr<std::string> TenantKey(uint64_t tenant) override;
   void Heartbeat(const wire::Ping& ping, wire::Pong* pong) override;
 
   // Sessions this host opened with `host`'s rendezvous store so far, 0
@@ -156,6 +159,8 @@ class HostProcess final : public RequestHandler {
   std::vector<std::string> peer_keys_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> keys_written_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<HostExecutor> executor_ ABSL_GUARDED_BY(mu_);
+  // The service's tenants' keys, by session (wire::TenantKey).
+  absl::flat_hash_map<uint64_t, std::string> tenant_keys_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw

@@ -486,6 +486,54 @@ TEST_F(TenantSessionsTest, WhatAHostRefuses) {
   EXPECT_EQ(*got, "abcd");
 }
 
+// A service's tenant opens a session of its own with a host, proving the
+// key the owner gave for it (wire::TenantKey): that session puts and fetches
+// the tenant's buffers, and nothing else. Without the key, with another
+// tenant's, or once the tenant has ended, the session is refused.
+TEST_F(TenantSessionsTest, ATenantsOwnSessionMovesItsDataOnly) {
+  const std::string key(kPeerKeyBytes, 'k');
+  auto tenant_session = [&](uint64_t tenant, const std::string& secret) {
+    ChannelOptions options = Options();
+    options.secret = secret;
+    options.claim_tenant = tenant;
+    options.connect_timeout_ns = 2'000'000'000;
+    return HostChannel::Connect(servers_[0]->address(), wire::Hello(), options);
+  };
+  EXPECT_EQ(tenant_session(7, key).status().code(), absl::StatusCode::kUnauthenticated);  // no key yet
+  wire::Request give;
+  give.mutable_tenant_key()->set_key(key);
+  ASSERT_TRUE(Call(give, 7).ok());
+  wire::Request short_key;
+  short_key.mutable_tenant_key()->set_key("short");
+  EXPECT_EQ(Call(short_key, 8).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tenant_session(7, std::string(kPeerKeyBytes, 'x')).status().code(),
+            absl::StatusCode::kUnauthenticated);                                     // a wrong key
+  EXPECT_EQ(tenant_session(8, key).status().code(), absl::StatusCode::kUnauthenticated);  // another tenant's claim
+  auto own = tenant_session(7, key);
+  ASSERT_TRUE(own.ok()) << own.status();
+  // The owner defines the list in the tenant's session; the tenant puts and
+  // fetches there, which the owner's requests for the tenant see.
+  ASSERT_TRUE(Call(Define(1, 0), 7).ok());
+  ASSERT_TRUE(Call(Put(5, 1, "mine"), /*session: the claim's*/ 99, own->get()).ok());
+  absl::StatusOr<std::string> got = FetchData(5, 7);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "mine");
+  absl::StatusOr<wire::Reply> fetched = Call(Fetch(5), 0, own->get());
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->fetch().data(), "mine");
+  EXPECT_EQ(FetchData(5, 0).status().code(), absl::StatusCode::kNotFound);  // the owner's own has none
+  // Nothing else: no loads, runs, frees or session ends of its own.
+  for (const wire::Request& request : {Define(2, 0), EndSession("mine")}) {
+    const absl::Status status = Call(request, 7, own->get()).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+  }
+  // Once the tenant has ended, its key is gone: no new session, and the
+  // open one moves nothing more.
+  ASSERT_TRUE(Call(EndSession("gone"), 7).ok());
+  EXPECT_EQ(tenant_session(7, key).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(Call(Fetch(5), 0, own->get()).status().code(), absl::StatusCode::kPermissionDenied);
+}
+
 TEST_F(HostProcessTest, HeartbeatsOnTheirOwnPathCarryTheIncarnation) {
   ChannelOptions options = Options();
   options.heartbeat_period_ns = 10'000'000;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "csrc/base/spin.h"
+#include "csrc/coordination/auth.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/coordination/protocol_version.h"
 
@@ -211,8 +212,12 @@ wire::Reply Service::Hello(const std::shared_ptr<HostSession>& session, const wi
   if (tenants_.contains(session->id())) {
     return ErrorReply(0, absl::FailedPreconditionError("this session said Hello already"));
   }
+  absl::StatusOr<std::string> key = RandomBytes(kPeerKeyBytes);
+  if (!key.ok()) return ErrorReply(0, key.status());
   tenant->id = next_tenant_++;
   tenants_[session->id()] = tenant;
+  info->set_host_key(*std::move(key));
+  ++priorities_[tenant->priority];
   info->set_session(tenant->id);
   info->set_topology(topology_);
   info->set_policy(std::string(SchedulingPolicyName(policy_)));
@@ -231,7 +236,26 @@ void Service::Handle(const std::shared_ptr<HostSession>& session, wire::Request 
   if (request.kind_case() == wire::Request::kHello) {
     wire::Reply reply = Hello(session, request.hello());
     reply.set_id(id);
-    session->Reply(std::move(reply));
+    if (reply.has_status() || !reply.hello().has_tenant()) {
+      session->Reply(std::move(reply));
+      return;
+    }
+    // The tenant may open sessions of its own with the hosts for its bulk
+    // data, with a key of its own: every host has it before the answer.
+    const uint64_t tenant = reply.hello().tenant().session();
+    auto left = std::make_shared<std::atomic<int>>(hosts_->num_hosts());
+    auto answer = std::make_shared<wire::Reply>(std::move(reply));
+    for (int h = 0; h < hosts_->num_hosts(); ++h) {
+      wire::Request key;
+      key.set_session(tenant);
+      key.mutable_tenant_key()->set_key(answer->hello().tenant().host_key());
+      // A host that refuses (or is lost) leaves the tenant to send its data
+      // to it through the service (service_link.h).
+      hosts_->Send(h, std::move(key), [left, answer, session](absl::StatusOr<wire::Reply>) {
+        if (left->fetch_sub(1, std::memory_order_acq_rel) == 1) session->Reply(std::move(*answer));
+      });
+      hosts_->Flush(h);
+    }
     return;
   }
   std::shared_ptr<Tenant> tenant;
@@ -366,8 +390,13 @@ void Service::AdmitLocked() {
       for (uint64_t b : u->admission.used_buffer_ids()) {
         if (t.unsent_buffers.contains(b)) return false;
       }
+      // While a tenant of higher priority is connected, lower ones keep
+      // at most kYieldWindow runs on an island: its next run waits for
+      // little, even when it comes after their queue was admitted.
+      const int window = !priorities_.empty() && priorities_.rbegin()->first > t.priority ? kYieldWindow
+                                                                                            : kServiceWindow;
       for (int i : u->admission.islands()) {
-        if (i >= 0 && i < static_cast<int>(admitted_.size()) && admitted_[i] >= kServiceWindow) return false;
+        if (i >= 0 && i < static_cast<int>(admitted_.size()) && admitted_[i] >= window) return false;
       }
       return true;
     };
@@ -539,6 +568,7 @@ void Service::OnSessionEnd(const std::shared_ptr<HostSession>& session) {
   std::shared_ptr<Tenant> tenant = it->second;
   tenants_.erase(it);
   tenant->ended = true;
+  if (--priorities_[tenant->priority] == 0) priorities_.erase(tenant->priority);
   for (auto& [id, flow] : tenant->flows) {
     for (auto& unit : queue_.Take(&flow)) dropped.push_back(std::move(unit));
     flow.queued = 0;

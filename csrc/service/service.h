@@ -22,8 +22,11 @@
 // queueing over the clients' weights (proportional share) or first come
 // (FIFO). The window is what lets a later run of higher priority go ahead
 // of the runs queued before it: runs are preempted only at gang boundaries
-// (a run sent is never recalled), and a higher-priority run waits for at
-// most kServiceWindow runs already sent to its islands. Starvation is
+// (a run sent is never recalled). While a tenant of higher priority is
+// connected, a lower tenant keeps at most kYieldWindow runs on an island,
+// so the higher one's next run waits for at most that one run, whenever it
+// comes; tenants of one priority keep up to kServiceWindow, deep enough to
+// keep the devices busy across the round trips. Starvation is
 // bounded by FairQueue's rule (a head passed over kMaxPassOvers times by
 // higher priorities goes next).
 //
@@ -56,6 +59,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -89,6 +93,9 @@ class Service final : public RequestHandler {
   // (kAdmissionWindow, 3), since a run's reply comes back through one more
   // hop, and shallow enough that a run of higher priority waits for few.
   static constexpr int kServiceWindow = 8;
+  // The window of a tenant's runs while a tenant of higher priority is
+  // connected (idle or not): what that tenant's next run may find ahead.
+  static constexpr int kYieldWindow = 1;
   // Connects to the hosts of `topology` at `host_addresses` (one per host,
   // proving `host_secret`), configures and joins them, then listens for
   // tenants. InvalidArgument for a bad topology or config; the hosts' or the
@@ -165,6 +172,8 @@ class Service final : public RequestHandler {
   std::deque<std::shared_ptr<Tenant>> ended_ ABSL_GUARDED_BY(mu_);
   static constexpr size_t kKeptEnded = 256;
   uint64_t next_tenant_ ABSL_GUARDED_BY(mu_) = 1;
+  // Connected tenants by priority (kYieldWindow).
+  std::map<int, int> priorities_ ABSL_GUARDED_BY(mu_);
   FairQueue<std::unique_ptr<Unit>, Flow> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<int> admitted_ ABSL_GUARDED_BY(mu_);  // per island: unfinished runs admitted from the queue
 

@@ -122,6 +122,9 @@ TEST_F(ServiceTest, TenantsRunWithTheSameIdsApart) {
   EXPECT_EQ(a->cluster().options().hosts, HostsMode::kService);
   EXPECT_EQ(a->cluster().devices().size(), 4u);
   EXPECT_EQ(service_->num_tenants(), 2);
+  // Each has a session of its own with every host, for its bulk data.
+  EXPECT_EQ(a->service()->direct_hosts(), 2);
+  EXPECT_EQ(b->service()->direct_hosts(), 2);
   // Both tenants number their buffers, functions and programs from 1: on
   // the hosts they are apart.
   auto slice_a = *a->resource_manager().AddSlice(4, "tpu");
