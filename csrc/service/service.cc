@@ -361,7 +361,17 @@ void Service::Commit(const std::shared_ptr<Tenant>& tenant, const wire::Commit& 
     }
     unit->forwards.swap(kept);
     if (unit->forwards.empty()) return;
-    if (tenant->queued_runs.empty()) {
+    // A cancel (a client closed, the runtime shutting down) drops the runs
+    // it names that still wait here, and goes at once: it must not wait
+    // behind the very runs it cancels.
+    bool cancels = false;
+    for (const wire::Request& r : unit->forwards) {
+      if (r.forward().request().kind_case() == wire::Request::kCancelRuns) {
+        DropQueuedLocked(*tenant, r.forward().request().cancel_runs());
+        cancels = true;
+      }
+    }
+    if (cancels || tenant->queued_runs.empty()) {
       SendUnitLocked(*unit);
     } else {
       tenant->held.push_back(std::move(unit));
@@ -376,6 +386,41 @@ void Service::Commit(const std::shared_ptr<Tenant>& tenant, const wire::Commit& 
   Flow* flow = unit->flow;
   queue_.Push(flow, std::move(unit));
   AdmitLocked();
+}
+
+void Service::DropQueuedLocked(Tenant& tenant, const wire::CancelRuns& cancel) {
+  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> named;
+  for (int i = 0; i < cancel.program_ids_size() && i < cancel.first_buffer_ids_size(); ++i) {
+    named.insert({cancel.program_ids(i), cancel.first_buffer_ids(i)});
+  }
+  const absl::Status why = absl::CancelledError(absl::StrCat("cancelled before it ran: ", cancel.reason()));
+  for (auto& [id, flow] : tenant.flows) {
+    std::vector<std::unique_ptr<Unit>> units = queue_.Take(&flow);
+    for (std::unique_ptr<Unit>& unit : units) {
+      bool drop = cancel.all();
+      for (const wire::Request& r : unit->forwards) {
+        const wire::Request& inner = r.forward().request();
+        if (inner.kind_case() == wire::Request::kRun &&
+            named.contains({inner.run().program_id(), inner.run().first_buffer_id()})) {
+          drop = true;
+        }
+      }
+      if (!drop) {
+        queue_.Push(&flow, std::move(unit));  // its flow's order kept
+        continue;
+      }
+      --flow.queued;
+      tenant.queued_runs.erase(unit->seq);
+      for (uint64_t b : unit->admission.made_buffer_ids()) tenant.unsent_buffers.erase(b);
+      // Its parts are answered as the hosts answer a cancelled run.
+      for (const wire::Request& r : unit->forwards) {
+        if (r.id() != 0 && r.forward().request().kind_case() == wire::Request::kRun) {
+          tenant.session->Reply(ErrorReply(r.id(), why));
+        }
+      }
+    }
+  }
+  ReleaseHeldLocked(tenant);
 }
 
 void Service::AdmitLocked() {

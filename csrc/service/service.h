@@ -150,6 +150,9 @@ class Service final : public RequestHandler {
   void AdmitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `unit` to its hosts under the tenant's session, now.
   void SendUnitLocked(Unit& unit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the tenant's queued runs that `cancel` names (all, with `all`),
+  // answering their parts with Cancelled.
+  void DropQueuedLocked(Tenant& tenant, const wire::CancelRuns& cancel) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends the tenant's held pass-through units no queued run of it precedes.
   void ReleaseHeldLocked(Tenant& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the service reads of a tenant's loads on their way (accounting).

@@ -252,6 +252,39 @@ TEST_F(ServiceTest, ATenantMayNotSendTheHostsTheServicesRequests) {
   EXPECT_TRUE(absl::StrContains(status.message(), "admitted")) << status;
 }
 
+// A tenant's client closed while its runs wait at the service (here behind
+// the window a tenant of higher priority leaves it): they fail with
+// Cancelled at once, rather than each being admitted and cancelled on the
+// hosts in turn behind the ones before it.
+TEST_F(ServiceTest, ClosingAClientDropsItsRunsQueuedAtTheService) {
+  auto high = Tenant("high", /*priority=*/5);  // idle: the low tenant keeps one run on the island
+  auto low = Tenant("low");
+  ASSERT_NE(high, nullptr);
+  ASSERT_NE(low, nullptr);
+  auto slice = *low->resource_manager().AddSlice(4, "tpu");
+  auto slow = Chain(AddConst(*low, slice, 1.0, 100'000'000), 1);  // 0.1 s a run
+  SchedulingClient* client = *low->CreateClient("c", 1.0);
+  ExecuteOptions options;
+  options.client = client;
+  const double in[] = {1, 2, 3, 4};
+  std::vector<std::shared_ptr<ShardedBuffer>> outs;
+  for (int i = 0; i < 20; ++i) {  // 2 s of runs, one at a time on the island
+    auto out = low->Execute(*slow, {ProgramArg{nullptr, in, DType::kF64, {4}}}, options);
+    ASSERT_TRUE(out.ok()) << out.status();
+    outs.push_back((*out)[0]);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_GT(service_->queued_runs(), 10);
+  const int64_t start = NowNanos();
+  low->CloseClient(client);
+  for (const auto& out : outs) ASSERT_TRUE(out->AwaitFor(2'000'000'000));
+  EXPECT_LT(NowNanos() - start, 1'000'000'000);  // not 20 runs' turns
+  EXPECT_EQ(service_->queued_runs(), 0);
+  const absl::Status last = outs.back()->status();
+  EXPECT_EQ(last.code(), absl::StatusCode::kCancelled) << last;
+  EXPECT_TRUE(absl::StrContains(last.message(), "its client 'c' was closed")) << last;
+}
+
 TEST_F(ServiceTest, ATenantCannotReadOrFreeAnotherTenantsBuffers) {
   auto a = Tenant("a");
   ASSERT_NE(a, nullptr);
