@@ -28,10 +28,10 @@
 //
 // Ids (buffers, functions, programs, gang tags) are this client's, and so
 // is the single order of its sends (mu_). The hosts key every id by client
-// session (host/host_executor.h, "Ids"); this client's requests are session
-// 0's, the one owner of its hosts. Several clients on one set of hosts
-// (issue 27) need a session id each, the same on every host, and one order
-// of all their sends.
+// session (host/host_executor.h, "Ids"): a client that owns its hosts
+// sends session 0's; a service's tenant (links through a ServiceLink) has
+// the session its service gave it, and the service puts every tenant's
+// runs in one order (service/service.h).
 //
 // Thread-safe.
 

@@ -19,9 +19,13 @@
 // owner's session may send program requests, whichever session they
 // name), and EndSession ends a tenant that has gone
 // (HostExecutor::EndSession; its reply comes once all of it has taken
-// effect; session 0 is refused: the owner's own ends with its stream). A
-// tenant's requests of the service itself (Forward, Commit,
-// ServiceControl) are refused here with InvalidArgument. When the client
+// effect; session 0 is refused: the owner's own ends with its stream). The
+// owner gives a tenant a key (TenantKey, revoked by EndSession): a session
+// that proves it ("tenant-<t>", auth.h) is that tenant's own and may put
+// and fetch its buffers, nothing else (its bulk data, which does not go
+// through the service). A tenant's requests of the service itself
+// (Forward, Commit, ServiceControl) are refused here with InvalidArgument.
+// When the client
 // tells it that other hosts were lost
 // (PeersLost), it stops waiting for them: its sessions with their stores
 // end, rendezvous with them give up, and its transfers with them fail.

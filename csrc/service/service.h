@@ -36,12 +36,17 @@
 // (a free, a put, a load) is sent after the tenant's runs committed before
 // it.
 //
-// Isolation: tenants prove the service's secret (not the hosts': tenants
-// never talk to the hosts' owner session). A tenant names only its own
-// ids (the hosts key them by its session), so another tenant's buffers,
-// functions and programs are not there for it ("no such buffer"); requests
-// that configure hosts, inject faults or end sessions are the service's
-// and are refused. A tenant's run must come in a run unit (admitted).
+// Isolation: tenants prove the service's secret (not the hosts': a tenant
+// never owns a host). A tenant names only its own ids (the hosts key them
+// by its session), so another tenant's buffers, functions and programs are
+// not there for it ("no such buffer"); requests that configure hosts,
+// inject faults or end sessions are the service's and are refused. A
+// tenant's run must come in a run unit (admitted). Bulk data goes between a
+// tenant and the hosts directly: the service gives every host a key for the
+// tenant (wire::TenantKey) before the tenant's Hello is answered, and the
+// tenant's own sessions, proving it, may only put and fetch its buffers
+// (host/host_process.h; service_link.h orders the two paths). A cancel of
+// the tenant's drops its runs still queued here at once.
 //
 // A tenant that goes (its stream ends: closed, killed or cut off): its
 // queued runs are dropped, and every host cancels its parts that have not
