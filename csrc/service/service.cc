@@ -285,6 +285,14 @@ void Service::Handle(const std::shared_ptr<HostSession>& session, wire::Request 
         return;
       }
       MutexLock lock(&mu_);
+      if (tenant->open.size() >= kMaxOpenForwards) {
+        // A unit never committed would hold the service's memory.
+        if (id != 0) {
+          session->Reply(ErrorReply(id, absl::ResourceExhaustedError(absl::StrCat(
+                                            "a unit may hold at most ", kMaxOpenForwards, " requests: commit it"))));
+        }
+        return;
+      }
       tenant->open.push_back(std::move(request));
       return;
     }

@@ -101,6 +101,8 @@ class Service final : public RequestHandler {
   // The window of a tenant's runs while a tenant of higher priority is
   // connected (idle or not): what that tenant's next run may find ahead.
   static constexpr int kYieldWindow = 1;
+  // Requests one unit may gather before its Commit.
+  static constexpr size_t kMaxOpenForwards = size_t{1} << 16;
   // Connects to the hosts of `topology` at `host_addresses` (one per host,
   // proving `host_secret`), configures and joins them, then listens for
   // tenants. InvalidArgument for a bad topology or config; the hosts' or the
