@@ -133,6 +133,7 @@ void RemoteCluster::Describe(Diagnosis& diagnosis, int64_t timeout_ns, int64_t m
     std::vector<std::optional<GangKey>> keys(r.parts_size());
     for (int p = 0; p < r.parts_size(); ++p) {
       const wire::QueuedPart& part = r.parts(p);
+      if (part.another_session()) continue;  // another tenant's: it only holds its place
       auto it = runs.find({part.program_id(), part.first_buffer_id()});
       if (it == runs.end()) continue;  // finished meanwhile
       const int step = global_step(*it->second, h, part.step());

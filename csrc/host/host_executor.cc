@@ -1086,7 +1086,7 @@ void HostExecutor::Fetch(const wire::FetchBuffer& request,
   buffers_.Fetch(session, request, std::move(done));
 }
 
-wire::QueuesReply HostExecutor::DescribeQueues() {
+wire::QueuesReply HostExecutor::DescribeQueues(SessionId session) {
   wire::QueuesReply reply;
   absl::flat_hash_map<const Part*, uint32_t> index;
   // A part in a queue still has its inputs: its device's thread drops them
@@ -1106,6 +1106,11 @@ wire::QueuesReply HostExecutor::DescribeQueues() {
       auto [it, fresh] = index.try_emplace(part, static_cast<uint32_t>(reply.parts_size()));
       if (fresh) {
         wire::QueuedPart* p = reply.add_parts();
+        if (part->run_key.session != session) {
+          p->set_another_session(true);  // its place only: its ids are its session's
+          q->add_parts(it->second);
+          continue;
+        }
         p->set_program_id(part->run_key.program_id);
         p->set_first_buffer_id(part->run_key.first_buffer_id);
         p->set_step(part->step);

@@ -195,8 +195,9 @@ class HostExecutor {
   // Whether this host was told that `host` was lost.
   bool PeerLost(int host) const;
 
-  // What the device queues hold now (pw.diagnose).
-  wire::QueuesReply DescribeQueues();
+  // What the device queues hold now (pw.diagnose), as `session` may see it:
+  // the parts of other sessions' runs hold their places without their ids.
+  wire::QueuesReply DescribeQueues(SessionId session = kOneSession);
 
   // Cancels parts that have not started (a client closed, or shutting
   // down): those of the runs `which` matches, by RunKey (session, program

@@ -1165,6 +1165,19 @@ TEST(HostExecutorTest, DescribeQueuesNamesQueuedPartsAndTheirPendingInputs) {
     EXPECT_EQ(std::vector<uint32_t>(q.parts().begin(), q.parts().end()), (std::vector<uint32_t>{0, 1}));
   }
   EXPECT_EQ(devices, (std::vector<int>{2, 3}));  // global ids, in the host's order
+  // Another session (a service's other tenant) sees the parts' places in
+  // the queues, and none of their ids.
+  const wire::QueuesReply other = host.DescribeQueues(/*session=*/7);
+  ASSERT_EQ(other.parts_size(), 2);
+  for (const wire::QueuedPart& p : other.parts()) {
+    EXPECT_TRUE(p.another_session());
+    EXPECT_EQ(p.program_id(), 0u);
+    EXPECT_EQ(p.first_buffer_id(), 0u);
+    EXPECT_EQ(p.pending_buffer_ids_size(), 0);
+  }
+  ASSERT_EQ(other.queues_size(), 2);
+  EXPECT_EQ(other.queues(0).parts_size(), 2);
+  EXPECT_FALSE(queues.parts(0).another_session());
 
   put.set_offset(8);
   put.set_data(x.substr(8));

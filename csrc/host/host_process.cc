@@ -521,7 +521,7 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kDescribeQueues: {
       wire::Reply reply;
       reply.set_id(id);
-      *reply.mutable_queues() = executor->DescribeQueues();
+      *reply.mutable_queues() = executor->DescribeQueues(ids_session);
       if (id != 0) session->Reply(std::move(reply));
       break;
     }

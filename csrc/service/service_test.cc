@@ -17,6 +17,7 @@
 #include "csrc/host/host_process.h"
 #include "csrc/program_ir/lowering.h"
 #include "csrc/program_ir/testing_programs.h"
+#include "csrc/scheduler/diagnosis.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -283,6 +284,35 @@ TEST_F(ServiceTest, ClosingAClientDropsItsRunsQueuedAtTheService) {
   const absl::Status last = outs.back()->status();
   EXPECT_EQ(last.code(), absl::StatusCode::kCancelled) << last;
   EXPECT_TRUE(absl::StrContains(last.message(), "its client 'c' was closed")) << last;
+}
+
+// pw.diagnose in a tenant: the hosts tell it its own queued gangs, and the
+// other tenants' only as places in the queues, without their ids (which
+// are the other tenant's and could name a gang of this one's: both tenants
+// number their programs and buffers alike).
+TEST_F(ServiceTest, ATenantsDiagnosisShowsItsOwnGangsOnly) {
+  auto a = Tenant("a");
+  auto b = Tenant("b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto slice_a = *a->resource_manager().AddSlice(4, "tpu");
+  auto slice_b = *b->resource_manager().AddSlice(4, "tpu");
+  const double in[] = {1, 2, 3, 4};
+  // a: a gang of 1 s on the devices, then 5 more queued behind it; b: the
+  // same program ids, one gang queued behind all of a's.
+  auto slow_a = Chain(AddConst(*a, slice_a, 1.0, 1'000'000'000), 6);
+  auto out_a = *a->Execute(*slow_a, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto quick_b = Chain(AddConst(*b, slice_b, 1.0), 1);
+  auto out_b = *b->Execute(*quick_b, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const Diagnosis seen_by_b = b->Diagnose();
+  ASSERT_EQ(seen_by_b.waiting.size(), 1u) << seen_by_b.ToString();
+  EXPECT_EQ(seen_by_b.waiting[0].gang.client, DefaultClientName()) << seen_by_b.ToString();
+  const Diagnosis seen_by_a = a->Diagnose();
+  EXPECT_EQ(seen_by_a.waiting.size(), 5u) << seen_by_a.ToString();  // its queued gangs, not b's
+  a->Shutdown();
+  b->Shutdown();
 }
 
 TEST_F(ServiceTest, ATenantCannotReadOrFreeAnotherTenantsBuffers) {
