@@ -253,3 +253,24 @@ class _HostSessions:
     def __init__(self, addresses: Sequence[str], secret: str, topology: Sequence[tuple[str, str]]) -> None: ...
     def hosts(self) -> list[dict[str, Any]]: ...
     def close(self) -> None: ...
+
+# A pathways service and its tenants (csrc/service/, csrc/client/service_link.h).
+def configure_service(address: str, secret: str, name: str, priority: int) -> None:
+    """The default runtime will be a tenant of the service at `address` (RuntimeError once started)."""
+
+def service_report() -> Optional[dict[str, Any]]:
+    """{"policy", "flows": [{tenant, tenant_name, name, weight, priority, device_seconds, gangs, queued, ended,
+    freed, freed_after_seconds}]}, or None when this process is not a tenant."""
+
+def tenant_session() -> Optional[int]:
+    """This process's tenant id at its service, or None."""
+
+class _Service:
+    def __init__(self, topology: Sequence[tuple[str, str]], host_addresses: Sequence[str], host_secret: str,
+                 listen: str, secret: str, policy: str) -> None: ...
+    address: str
+    num_tenants: int
+    queued_runs: int
+    topology: str
+    def report(self) -> dict[str, Any]: ...
+    def set_policy(self, policy: str) -> None: ...
