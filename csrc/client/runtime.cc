@@ -393,6 +393,9 @@ void Runtime::Shutdown() {
           "the pathways runtime shut down before the hosts finished this run (waited ",
           kRemoteShutdownWaitNs / 1'000'000'000, " s)")));
     }
+    // A tenant ends its sessions now: its service frees what it held at
+    // once, and none of their threads runs on while the process exits.
+    if (service_ != nullptr) service_->Close(absl::CancelledError("the pathways runtime shut down"));
   }
 #endif
   // Gangs still queued now run cancelled (microseconds each), in order.

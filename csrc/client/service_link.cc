@@ -196,6 +196,13 @@ void ServiceLink::SendRun(const std::vector<int>& hosts, std::vector<wire::Reque
   channel_->Flush();
 }
 
+void ServiceLink::Close(const absl::Status& why) {
+  for (auto& d : direct_) {
+    if (d != nullptr) d->Lose(why);
+  }
+  channel_->Lose(why);
+}
+
 absl::Status ServiceLink::status(int host) const {
   absl::Status status = channel_->status();
   if (status.ok()) return status;

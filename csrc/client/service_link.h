@@ -71,6 +71,10 @@ class ServiceLink final : public HostLinks {
   // Cuts the session as a killed process would, without a word to the
   // service (tests): from now on the hosts are lost to this tenant.
   void Sever(absl::Status why) { channel_->Lose(std::move(why)); }
+  // Ends the tenant's sessions (the runtime shuts down): the service frees
+  // what the tenant held, and no thread of them runs on while the process
+  // exits. Later requests fail with `why`. Idempotent.
+  void Close(const absl::Status& why);
 
   // HostLinks
   int num_hosts() const override { return tenant_.host_addresses_size(); }

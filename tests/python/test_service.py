@@ -137,7 +137,7 @@ def test_a_higher_priority_tenant_goes_ahead_of_a_lower_ones_queue(service):
     assert stats["high"]["priority"] == 10 and stats["low"]["priority"] == 0
     assert float(seconds) < 1.5, (seconds, stats)
     low.stdin.close()
-    assert low.wait(timeout=30) == 0
+    assert low.wait(timeout=30) == 0, low.stderr.read()
 
 
 def test_garbage_and_a_wrong_secret_are_refused_and_the_service_serves_on(service):
