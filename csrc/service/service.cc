@@ -81,7 +81,6 @@ struct Service::Unit {
   wire::RunAdmission admission;
   Flow* flow = nullptr;
   int64_t seq = 0;
-  bool windowed = false;  // counted in its islands' windows
 };
 
 struct Service::InFlight {
@@ -461,7 +460,6 @@ void Service::AdmitLocked() {
     --unit->flow->queued;
     t.queued_runs.erase(unit->seq);
     for (uint64_t b : unit->admission.made_buffer_ids()) t.unsent_buffers.erase(b);
-    unit->windowed = true;
     for (int i : unit->admission.islands()) {
       if (i >= 0 && i < static_cast<int>(admitted_.size())) ++admitted_[i];
     }
@@ -521,7 +519,8 @@ void Service::SendUnitLocked(Unit& unit) {
   std::shared_ptr<InFlight> run;
   if (unit.run) {
     run = std::make_shared<InFlight>();
-    if (unit.windowed) run->islands.assign(unit.admission.islands().begin(), unit.admission.islands().end());
+    // Every run was admitted through the queue: it counts in its islands' windows.
+    run->islands.assign(unit.admission.islands().begin(), unit.admission.islands().end());
     run->flow = unit.flow;
     run->tenant = tenant;
     run->gangs = unit.admission.gangs();

@@ -286,10 +286,11 @@ TEST_F(ServiceTest, ClosingAClientDropsItsRunsQueuedAtTheService) {
   EXPECT_TRUE(absl::StrContains(last.message(), "its client 'c' was closed")) << last;
 }
 
-// pw.diagnose in a tenant: the hosts tell it its own queued gangs, and the
-// other tenants' only as places in the queues, without their ids (which
-// are the other tenant's and could name a gang of this one's: both tenants
-// number their programs and buffers alike).
+// pw.diagnose in a tenant, with another tenant's gangs ahead of its own on
+// the devices: each tenant's diagnosis lists its own waiting gangs only.
+// (In one process the two tenants' program ids differ, so this does not
+// show the ids colliding; HostExecutorTest.DescribeQueues... checks that a
+// host tells another session's parts without their ids.)
 TEST_F(ServiceTest, ATenantsDiagnosisShowsItsOwnGangsOnly) {
   auto a = Tenant("a");
   auto b = Tenant("b");

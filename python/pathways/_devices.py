@@ -137,8 +137,15 @@ def configure(
         the key and its limit).
     """
     # Each value goes to the core on its own, never spliced into a spec.
-    topology_given = [k for k, v in locals().items()
-                      if k not in ("server", "priority", "name") and v is not None]
+    topology = {
+        "islands": islands, "hosts_per_island": hosts_per_island, "devices_per_host": devices_per_host,
+        "device_memory": device_memory, "executor_threads": executor_threads,
+        "intra_op_threads": intra_op_threads, "control_latency_us": control_latency_us,
+        "hang_report_seconds": hang_report_seconds, "hosts": hosts, "ici_latency_us": ici_latency_us,
+        "ici_bandwidth_gbps": ici_bandwidth_gbps, "dcn_latency_us": dcn_latency_us,
+        "dcn_bandwidth_gbps": dcn_bandwidth_gbps,
+    }
+    topology_given = [k for k, v in topology.items() if v is not None]
     if server is not None:
         if topology_given:
             raise ValueError(f"configure: with server=, the topology is the service's: leave "
