@@ -214,14 +214,16 @@ SERVICE_TOPOLOGY = TOPOLOGY + ",hosts=local_processes"
 class Service:
     """A pathways-server on this machine (its hosts on loopback), for one measurement."""
 
-    def __init__(self, policy: str = "fifo"):
+    def __init__(self, policy: str = "fifo", *args: str):
         self.dir = tempfile.mkdtemp(prefix="pw_bench_service_")
         self.connection = os.path.join(self.dir, "server.json")
         env = {k: v for k, v in os.environ.items() if k not in ("PATHWAYS_TOPOLOGY", "PATHWAYS_SERVER")}
         self.err = open(os.path.join(self.dir, "server.err"), "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pathways.server", f"--connection-file={self.connection}",
-             f"--topology={TOPOLOGY}", f"--policy={policy}"],
+             f"--topology={TOPOLOGY}", f"--policy={policy}",
+             # up to 16 tenants and an observer, each holding every device
+             "--tenant-memory=32MiB", *args],
             stdout=subprocess.PIPE, stderr=self.err, env=env, start_new_session=True)
         line = self.proc.stdout.readline().decode()
         if not line.startswith("pathways-server ready"):
@@ -350,8 +352,9 @@ def priority_run(n_low: int, compute_ms: float, seconds: float) -> dict:
     """A high-priority tenant's closed-loop step time, alone and with `n_low` low-priority
     tenants saturating the island (32 programs in flight each)."""
     out: dict = {}
-    for label, lows in (("alone", 0), ("with low", n_low)):
-        service = Service("fifo")
+    for label, lows, args in (("alone", 0, ()), ("with low", n_low, ()),
+                              ("with low, no anticipation", n_low, ("--max-anticipation-ms=0",))):
+        service = Service("fifo", *args)
         try:
             tenants = [{"name": "high", "weight": 1.0, "priority": 10, "compute_ms": compute_ms, "tag": 0,
                         "depth": 0}]
@@ -372,6 +375,7 @@ def priority_run(n_low: int, compute_ms: float, seconds: float) -> dict:
                       "low_utilization": low_dev / N_DEVICES / obs["window_s"]}
     out["ok"] = True
     out["ratio"] = out["with low"]["median_ms"] / out["alone"]["median_ms"]
+    out["ratio_no_anticipation"] = out["with low, no anticipation"]["median_ms"] / out["alone"]["median_ms"]
     return out
 
 
@@ -425,8 +429,9 @@ def plot_processes(rp: dict, clients: list, path: str) -> None:
         ax2.legend(fontsize=8)
     pr = rp.get("priority")
     if pr and pr.get("ok"):
-        keys = ["alone", "with low"]
-        ax3.bar(keys, [pr[k]["median_ms"] for k in keys], color=["tab:green", "tab:red"])
+        keys = ["alone", "with low", "with low, no anticipation"]
+        ax3.bar(["alone", "with low", "with low,\nno anticipation"], [pr[k]["median_ms"] for k in keys],
+                color=["tab:green", "tab:red", "tab:gray"])
         ax3.set_ylabel("median step (ms)")
         ax3.set_title(f"priority 10 tenant, alone and with 8 busy tenants of priority 0: {pr['ratio']:.2f}x",
                       fontsize=9)
@@ -671,8 +676,10 @@ def main(argv=None) -> None:
             lines.append("")
             lines.append(h.table(["high-priority tenant", "median step", "p90 step", "low tenants' utilization"], [
                 [k, f"{pr[k]['median_ms']:.2f} ms", f"{pr[k]['p90_ms']:.2f} ms",
-                 f"{pr[k]['low_utilization'] * 100:.0f}%"] for k in ("alone", "with low")]))
-            lines.append(f"ratio: {pr['ratio']:.2f}x")
+                 f"{pr[k]['low_utilization'] * 100:.0f}%"] for k in ("alone", "with low",
+                                                                      "with low, no anticipation")]))
+            lines.append(f"ratio: {pr['ratio']:.2f}x (without anticipation, --max-anticipation-ms=0: "
+                         f"{pr['ratio_no_anticipation']:.2f}x)")
         else:
             lines.append(f"Priority: {pr['error']}")
         lines.append("")

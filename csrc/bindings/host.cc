@@ -53,6 +53,8 @@ py::dict ReportDict(const wire::ServiceReport& report) {
     d["ended"] = f.ended();
     d["freed"] = f.freed();
     d["freed_after_seconds"] = f.freed_after_seconds();
+    d["devices"] = f.devices();
+    d["memory"] = f.memory_bytes();
     flows.append(std::move(d));
   }
   out["flows"] = std::move(flows);
@@ -115,15 +117,20 @@ void RegisterHost(py::module_& m) {
   }, "Every host of the runtime: id, island, address, pid, incarnation, alive, status.");
   m.def(
       "configure_service",
-      [](const std::string& address, const std::string& secret, const std::string& name, int priority) {
+      [](const std::string& address, const std::string& secret, const std::string& name, int priority, int devices,
+         int64_t memory, double wait_timeout_s) {
         TenantOptions tenant;
         tenant.address = address;
         tenant.secret = secret;
         tenant.name = name;
         tenant.priority = priority;
+        tenant.devices = devices;
+        tenant.memory_bytes = memory;
+        tenant.wait_timeout_ns = static_cast<int64_t>(wait_timeout_s * 1e9);
         ThrowIfError(Runtime::ConfigureDefaultTenant(tenant));
       },
-      py::arg("address"), py::arg("secret"), py::arg("name"), py::arg("priority"),
+      py::arg("address"), py::arg("secret"), py::arg("name"), py::arg("priority"), py::arg("devices") = 0,
+      py::arg("memory") = 0, py::arg("wait_timeout") = 60.0,
       "The default runtime will be a tenant of the service at `address` (internal; see pw.configure(server=...)).");
   m.def("service_report", []() -> py::object {
 #if PATHWAYS_WITH_HOSTS
@@ -206,11 +213,20 @@ void RegisterHost(py::module_& m) {
   py::class_<Service>(m, "_Service", "A running pathways service (internal; see pathways.server).")
       .def(py::init([](const std::vector<std::pair<std::string, std::string>>& topology,
                        const std::vector<std::string>& host_addresses, const std::string& host_secret,
-                       const std::string& listen, const std::string& secret, const std::string& policy) {
+                       const std::string& listen, const std::string& secret, const std::string& policy,
+                       int max_tenant_devices, int64_t tenant_memory, int64_t max_tenant_memory,
+                       double max_anticipation_ms) {
              ServiceConfig config;
              config.listen_address = listen;
              config.secret = secret;
              config.policy = ValueOrThrow(ParseSchedulingPolicy(policy));
+             config.max_tenant_devices = max_tenant_devices;
+             config.tenant_memory_bytes = tenant_memory;
+             config.max_tenant_memory_bytes = max_tenant_memory;
+             if (!(max_anticipation_ms >= 0 && max_anticipation_ms <= 1000)) {
+               throw py::value_error("max_anticipation_ms must be from 0 to 1000");
+             }
+             config.max_anticipation_ns = static_cast<int64_t>(max_anticipation_ms * 1e6);
              const TopologyOptions options = ValueOrThrow(ParseTopology(topology));
              absl::StatusOr<std::unique_ptr<Service>> service;
              {
@@ -220,8 +236,11 @@ void RegisterHost(py::module_& m) {
              return ValueOrThrow(std::move(service));
            }),
            py::arg("topology"), py::arg("host_addresses"), py::arg("host_secret"), py::arg("listen"),
-           py::arg("secret"), py::arg("policy"))
+           py::arg("secret"), py::arg("policy"), py::arg("max_tenant_devices") = 0, py::arg("tenant_memory") = 0,
+           py::arg("max_tenant_memory") = 0, py::arg("max_anticipation_ms") = 2.0)
       .def_property_readonly("address", &Service::address)
+      .def_property_readonly("waiting_reservations", &Service::waiting_reservations)
+      .def("held_bytes", &Service::held_bytes, py::arg("device"), "Memory tenants hold on `device` now.")
       .def_property_readonly("num_tenants", &Service::num_tenants)
       .def_property_readonly("queued_runs", &Service::queued_runs)
       .def_property_readonly("topology", [](const Service& s) { return s.cluster().options().ToString(); })

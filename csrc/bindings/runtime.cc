@@ -66,6 +66,9 @@ void RegisterRuntime(py::module_& m) {
     }
     ThrowIfError(Runtime::ConfigureDefault(*options));
   }, py::arg("items"));
+  m.def("parse_bytes", [](const std::string& text, const std::string& name) {
+    return ValueOrThrow(ParseBytes(text, name));
+  }, py::arg("text"), py::arg("name"), "A size like '512MiB' in bytes (ValueError naming `name` if malformed).");
   m.def("is_started", &Runtime::DefaultExists);
   m.def("topology", [] {
     const TopologyOptions& o = GetRuntime().cluster().options();
@@ -85,7 +88,13 @@ void RegisterRuntime(py::module_& m) {
     d["hosts"] = std::string(HostsModeName(o.hosts));
     return d;
   });
-  m.def("devices", [] { return GetRuntime().cluster().devices(); }, py::return_value_policy::reference);
+  // A tenant's are the devices its service granted it.
+  m.def("devices", [] {
+    Runtime& rt = GetRuntime();
+    std::vector<Device*> out;
+    for (int d : rt.resource_manager().UsableDevices()) out.push_back(rt.cluster().devices()[d]);
+    return out;
+  }, py::return_value_policy::reference);
   m.def("memory_stats", [] {
     Runtime& rt = GetRuntime();
     py::dict d;

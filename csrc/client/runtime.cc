@@ -127,7 +127,13 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::CreateTenant(const TenantOptio
                                                       options.status().message()));
   }
   options->hosts = HostsMode::kService;
-  return CreateWith(*options, *std::move(link));
+  // Its devices hold the memory it was granted, and its slices go on them only.
+  const wire::Grant grant = (*link)->grant();
+  options->device_memory_bytes = grant.memory_bytes();
+  auto rt = CreateWith(*options, *std::move(link));
+  if (!rt.ok()) return rt.status();
+  (*rt)->resource_manager_->Restrict(std::vector<int>(grant.device_ids().begin(), grant.device_ids().end()));
+  return rt;
 #else
   return absl::FailedPreconditionError(
       "this build of pathways has no host processes (it was built without gRPC, protobuf or Gloo): it cannot be "

@@ -42,6 +42,21 @@ absl::StatusOr<std::unique_ptr<ServiceLink>> ServiceLink::Connect(const TenantOp
   link->options_ = options;
   link->tenant_ = reply.tenant();
   link->channel_ = *std::move(channel);
+  // Its devices and memory, once they are free (the service answers when
+  // its wait is over; the call's own timeout only guards a lost answer).
+  {
+    wire::Request reserve;
+    wire::Reserve* r = reserve.mutable_service_control()->mutable_reserve();
+    r->set_devices(options.devices);
+    r->set_memory_bytes(options.memory_bytes);
+    r->set_wait_ns(options.wait_timeout_ns);
+    PW_ASSIGN_OR_RETURN(wire::Reply granted, link->channel_->Call(std::move(reserve),
+                                                                  options.wait_timeout_ns + kServiceCallTimeoutNs));
+    if (!granted.has_grant() || granted.grant().device_ids_size() == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("the service at ", options.address, " granted no devices"));
+    }
+    link->grant_ = granted.grant();
+  }
   // Its own sessions with the hosts, for bulk data; a host it cannot reach
   // (another network) gets its data through the service.
   const int n = link->num_hosts();

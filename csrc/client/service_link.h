@@ -51,9 +51,12 @@ namespace pw {
 
 class ServiceLink final : public HostLinks {
  public:
-  // Connects as a tenant. Unavailable if the service cannot be reached,
-  // Unauthenticated for a wrong secret, FailedPrecondition naming both
-  // builds if the service runs another one, or the service's refusal.
+  // Connects as a tenant and reserves its devices and memory, waiting up to
+  // options.wait_timeout_ns for them. Unavailable if the service cannot be
+  // reached, Unauthenticated for a wrong secret, FailedPrecondition naming
+  // both builds if the service runs another one, InvalidArgument for more
+  // than the service lets a tenant hold, ResourceExhausted (saying what it
+  // waited for) when they were not free in time, or the service's refusal.
   static absl::StatusOr<std::unique_ptr<ServiceLink>> Connect(const TenantOptions& options);
   // Ends the session: the service cancels this tenant's work and frees
   // everything it held on the hosts.
@@ -61,6 +64,8 @@ class ServiceLink final : public HostLinks {
 
   // Who this tenant is and the cluster it is on (the service's answer).
   const wire::TenantInfo& tenant() const { return tenant_; }
+  // The devices it holds, and the memory on each (its Reserve's answer).
+  const wire::Grant& grant() const { return grant_; }
   const TenantOptions& options() const { return options_; }
 
   // The service's scheduling policy for every tenant from now on
@@ -107,6 +112,7 @@ class ServiceLink final : public HostLinks {
 
   TenantOptions options_;
   wire::TenantInfo tenant_;
+  wire::Grant grant_;
   std::unique_ptr<HostChannel> channel_;
   // The tenant's own sessions with the hosts (null: not reachable).
   std::vector<std::unique_ptr<HostChannel>> direct_;

@@ -15,6 +15,12 @@ struct TenantOptions {
   std::string secret;   // the service's secret (not the hosts')
   std::string name = "pathways";  // the tenant's name in the service's stats
   int priority = 0;     // higher goes first (scheduler/fair_queue.h)
+  // What to hold while connected (service/service.h, "Quotas"): devices
+  // (0: the service's default) and memory on each (0: the service's
+  // default), waiting at most `wait_timeout_ns` for them to be free.
+  int devices = 0;
+  int64_t memory_bytes = 0;
+  int64_t wait_timeout_ns = int64_t{60} * 1'000'000'000;
   int64_t connect_timeout_ns = int64_t{10} * 1'000'000'000;
 };
 

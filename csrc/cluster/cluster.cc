@@ -73,7 +73,9 @@ absl::Status CheckBandwidth(absl::string_view name, int64_t bps) {
                                                  " to ", kMaxLinkBandwidthBps, " bits/s, got ", bps));
 }
 
-absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
+}  // namespace
+
+absl::StatusOr<int64_t> ParseBytes(absl::string_view text, absl::string_view name) {
   struct Unit {
     absl::string_view suffix;
     int64_t scale;
@@ -91,16 +93,18 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
   int64_t value = 0;
   if (!absl::SimpleAtoi(text, &value)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "device_memory must be a size from 1 byte to 1TiB like 512MiB or 1GiB (an integer, then B, KiB, MiB, "
+        name, " must be a size from 1 byte to 1TiB like 512MiB or 1GiB (an integer, then B, KiB, MiB, "
         "GiB or TiB), got '",
         spec, "'"));
   }
   if (value < 1 || value > kMaxDeviceMemoryBytes / scale) {
     return absl::InvalidArgumentError(
-        absl::StrCat("device_memory must be at least 1 byte and at most 1TiB, got '", spec, "'"));
+        absl::StrCat(name, " must be at least 1 byte and at most 1TiB, got '", spec, "'"));
   }
   return value * scale;
 }
+
+namespace {
 
 // Parses `value` as `key`'s type into `options`, checking its range.
 absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, TopologyOptions* options) {
@@ -129,7 +133,7 @@ absl::Status SetTopologyValue(absl::string_view key, absl::string_view value, To
     return absl::OkStatus();
   }
   if (key == "device_memory") {
-    PW_ASSIGN_OR_RETURN(options->device_memory_bytes, ParseBytes(value));
+    PW_ASSIGN_OR_RETURN(options->device_memory_bytes, ParseBytes(value, "device_memory"));
     return absl::OkStatus();
   }
   if (key == "hosts") {

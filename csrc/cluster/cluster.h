@@ -122,6 +122,10 @@ absl::Status ValidateTopology(const TopologyOptions& options);
 // bad key or value, and the limit for a value out of range.
 absl::StatusOr<TopologyOptions> ParseTopology(absl::string_view spec);
 
+// A size in bytes: an integer with an optional unit B, KiB, MiB, GiB or TiB,
+// from 1 byte to 1TiB. InvalidArgument names `name` and the text.
+absl::StatusOr<int64_t> ParseBytes(absl::string_view text, absl::string_view name);
+
 // The same from (key, value) pairs, each value parsed on its own as its key's
 // type: what pw.configure passes, so a value cannot carry other keys.
 absl::StatusOr<TopologyOptions> ParseTopology(

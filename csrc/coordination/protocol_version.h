@@ -30,7 +30,8 @@ namespace pw {
 // 2: loads answered, CancelRun, data plane messages carrying their ids.
 // 3: Unload (a host that ignored it would keep every function and program).
 // 4: tenants of a service (Request.session, Forward, Commit, EndSession).
-inline constexpr uint32_t kControlProtocolVersion = 4;
+// 5: a tenant reserves its devices and memory before it sends anything.
+inline constexpr uint32_t kControlProtocolVersion = 5;
 
 // "control protocol 2, op registry 0123456789abcdef".
 inline std::string DescribeVersions(uint32_t protocol, uint64_t op_registry) {

@@ -40,9 +40,16 @@ absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int64_t 
   }
   MutexLock lock(&mu_);
   // Least-loaded island with enough healthy devices; ties go to the lower id.
-  // Failed devices (fault injection) are never given out.
-  auto healthy = [](const Island* island) {
-    return static_cast<int>(island->devices().size()) - island->num_failed();
+  // Failed devices (fault injection) are never given out, nor devices
+  // outside a restriction.
+  auto usable = [&](const Device* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !d->failed() && (usable_.empty() || usable_[d->id()]);
+  };
+  auto healthy = [&](const Island* island) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (usable_.empty()) return static_cast<int>(island->devices().size()) - island->num_failed();
+    int n = 0;
+    for (const Device* d : island->devices()) n += usable(d) ? 1 : 0;
+    return n;
   };
   Island* best = nullptr;
   int64_t best_load = 0;
@@ -63,13 +70,15 @@ absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int64_t 
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         "add_slice(", kind, "_devices=", num_devices, "): no island has ", num_devices, " ", kind,
-        " devices (a slice lives on one island; ", absl::StrJoin(sizes, ", "), ")"));
+        usable_.empty() ? " devices" : " devices of this tenant's",
+        " (a slice lives on one island; ", absl::StrJoin(sizes, ", "), ")",
+        usable_.empty() ? "" : "; pw.configure(devices=...) asks the service for more"));
   }
   // Least-loaded devices of that island, in id order among equals, so that
   // slices of a host's size line up with hosts.
   std::vector<std::pair<int, Device*>> by_load;  // (load, device) of the healthy devices
   for (Device* d : best->devices()) {
-    if (!d->failed()) by_load.emplace_back(load_[d->id()], d);
+    if (usable(d)) by_load.emplace_back(load_[d->id()], d);
   }
   std::stable_sort(by_load.begin(), by_load.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<Device*> candidates;
@@ -79,6 +88,23 @@ absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int64_t 
   if (!list.ok()) return list.status();
   for (Device* d : candidates) ++load_[d->id()];
   return std::shared_ptr<VirtualSlice>(new VirtualSlice(this, next_slice_id_++, *list));
+}
+
+void ResourceManager::Restrict(const std::vector<int>& device_ids) {
+  MutexLock lock(&mu_);
+  usable_.assign(load_.size(), false);
+  for (int d : device_ids) {
+    if (d >= 0 && d < static_cast<int>(usable_.size())) usable_[d] = true;
+  }
+}
+
+std::vector<int> ResourceManager::UsableDevices() const {
+  MutexLock lock(&mu_);
+  std::vector<int> out;
+  for (int d = 0; d < static_cast<int>(load_.size()); ++d) {
+    if (usable_.empty() || usable_[d]) out.push_back(d);
+  }
+  return out;
 }
 
 std::vector<int> ResourceManager::DeviceLoads() const {

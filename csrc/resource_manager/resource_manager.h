@@ -70,6 +70,12 @@ class ResourceManager {
   // what the cluster has.
   absl::StatusOr<std::shared_ptr<VirtualSlice>> AddSlice(int64_t num_devices, absl::string_view kind);
 
+  // Gives out only these devices from now on (a tenant's grant from its
+  // service: service/service.h, "Quotas"); ids of the cluster's devices.
+  void Restrict(const std::vector<int>& device_ids);
+  // The devices it gives out, by id: every device unless Restrict()ed.
+  std::vector<int> UsableDevices() const;
+
   // Live virtual devices mapped to each physical device, by device id.
   std::vector<int> DeviceLoads() const;
 
@@ -84,6 +90,7 @@ class ResourceManager {
   DeviceListRegistry* registry_;
   mutable Mutex mu_;
   std::vector<int> load_ ABSL_GUARDED_BY(mu_);  // by device id
+  std::vector<bool> usable_ ABSL_GUARDED_BY(mu_);  // by device id; empty: all
   int next_slice_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

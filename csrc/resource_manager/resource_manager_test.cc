@@ -93,5 +93,25 @@ TEST_F(ResourceManagerTest, NeverGivesOutFailedDevices) {
   EXPECT_TRUE(absl::StrContains(none.status().message(), "island 0: 7 healthy, island 1: 7 healthy")) << none.status();
 }
 
+// A tenant's resource manager gives out only the devices its service
+// granted it (Restrict), still least-loaded first.
+TEST_F(ResourceManagerTest, GivesOutOnlyTheDevicesItIsRestrictedTo) {
+  rm_->Restrict({1, 2, 9, 10, 11});
+  EXPECT_EQ(rm_->UsableDevices(), (std::vector<int>{1, 2, 9, 10, 11}));
+  auto three = *rm_->AddSlice(3, "tpu");  // only island 1 has 3 of them
+  EXPECT_EQ(three->island()->id(), 1);
+  auto two = *rm_->AddSlice(2, "tpu");  // island 0 is less loaded now
+  EXPECT_EQ(two->devices()->devices()[0]->id(), 1);
+  EXPECT_EQ(two->devices()->devices()[1]->id(), 2);
+  auto one = *rm_->AddSlice(1, "tpu");
+  EXPECT_TRUE(one->devices()->devices()[0]->id() <= 2 || one->devices()->devices()[0]->id() >= 9);
+  auto four = rm_->AddSlice(4, "tpu");
+  EXPECT_EQ(four.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(four.status().message(), "of this tenant's")) << four.status();
+  EXPECT_TRUE(absl::StrContains(four.status().message(), "island 0: 2, island 1: 3")) << four.status();
+  std::vector<int> loads = rm_->DeviceLoads();
+  for (int d : {0, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15}) EXPECT_EQ(loads[d], 0) << d;
+}
+
 }  // namespace
 }  // namespace pw

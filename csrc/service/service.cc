@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "csrc/base/spin.h"
 #include "csrc/coordination/auth.h"
 #include "csrc/base/status_macros.h"
@@ -16,6 +17,13 @@ namespace {
 
 constexpr int64_t kJoinTimeoutNs = int64_t{60} * 1'000'000'000;
 constexpr int64_t kHeartbeatTimeoutNs = int64_t{3} * 1'000'000'000;
+
+// "134217728 bytes (128 MiB)": what errors say of memory.
+std::string Bytes(int64_t bytes) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  if (bytes >= kMiB && bytes % kMiB == 0) return absl::StrCat(bytes, " bytes (", bytes / kMiB, " MiB)");
+  return absl::StrCat(bytes, " bytes");
+}
 
 wire::Reply ErrorReply(uint64_t id, const absl::Status& status) {
   wire::Reply reply;
@@ -56,6 +64,17 @@ struct Service::Tenant {
   int priority = 0;
   std::shared_ptr<HostSession> session;
   bool ended = false;
+  // Anticipation (mu_): its runs sent and not finished, when it last had
+  // none (and none queued), and its usual gap from then to its next run.
+  int in_flight = 0;
+  int64_t idle_since_ns = 0;
+  int64_t gap_ns = 0;
+  // Its grant (Reserve; mu_): `mine` by device id; empty until granted.
+  bool asked = false;
+  std::vector<int> devices;
+  std::vector<bool> mine;
+  int64_t memory_bytes = 0;
+  bool released = false;
   // Once it has gone (stats_mu_): hosts yet to drop its session, and how
   // long they all took (-1 until then).
   int64_t ended_ns = 0;
@@ -101,6 +120,31 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const TopologyOptions& t
   auto service = std::unique_ptr<Service>(new Service());
   PW_ASSIGN_OR_RETURN(service->cluster_, Cluster::Create(topology));
   service->topology_ = topology.ToString();
+  const int num_devices = static_cast<int>(service->cluster_->devices().size());
+  const int64_t capacity = topology.device_memory_bytes;
+  if (config.max_tenant_devices < 0 || config.max_tenant_devices > num_devices) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tenant_devices (--max-tenant-devices) must be from 0 (every device) to ",
+                                                   num_devices, " (the cluster's), got ", config.max_tenant_devices));
+  }
+  if (config.max_tenant_memory_bytes < 0 || config.max_tenant_memory_bytes > capacity) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tenant_memory (--max-tenant-memory) must be from 0 (a device's whole memory) to a device's ",
+                                                   Bytes(capacity), ", got ", config.max_tenant_memory_bytes));
+  }
+  if (config.max_anticipation_ns < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_anticipation_ns must be at least 0, got ", config.max_anticipation_ns));
+  }
+  service->max_anticipation_ns_ = config.max_anticipation_ns;
+  service->max_tenant_devices_ = config.max_tenant_devices == 0 ? num_devices : config.max_tenant_devices;
+  service->max_tenant_memory_bytes_ =
+      config.max_tenant_memory_bytes == 0 ? capacity : config.max_tenant_memory_bytes;
+  service->tenant_memory_bytes_ =
+      config.tenant_memory_bytes == 0 ? std::max<int64_t>(1, capacity / 8) : config.tenant_memory_bytes;
+  if (service->tenant_memory_bytes_ < 0 || service->tenant_memory_bytes_ > service->max_tenant_memory_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat("tenant_memory (--tenant-memory) must be from 0 (an eighth of a device's) to ",
+                                                   "max_tenant_memory, ", Bytes(service->max_tenant_memory_bytes_),
+                                                   ", got ", config.tenant_memory_bytes));
+  }
   ChannelOptions options;
   options.secret = host_secret;
   options.client_name = "pathways-server";
@@ -117,6 +161,9 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const TopologyOptions& t
     MutexLock lock(&service->mu_);
     service->policy_ = config.policy;
     service->admitted_.assign(cluster->islands().size(), 0);
+    service->held_.assign(cluster->devices().size(), 0);
+    service->holds_.assign(cluster->islands().size(), Hold{});
+    service->holds_in_a_row_.assign(cluster->islands().size(), 0);
   }
   service->admission_thread_ = std::thread([s = service.get()] { s->AdmissionLoop(); });
   PW_ASSIGN_OR_RETURN(service->server_, HostServer::Start(config.listen_address, config.secret, service.get()));
@@ -142,6 +189,16 @@ int Service::num_tenants() const {
 int64_t Service::queued_runs() const {
   MutexLock lock(&mu_);
   return queue_.size();
+}
+
+int64_t Service::held_bytes(int device) const {
+  MutexLock lock(&mu_);
+  return device >= 0 && device < static_cast<int>(held_.size()) ? held_[device] : 0;
+}
+
+int Service::waiting_reservations() const {
+  MutexLock lock(&mu_);
+  return static_cast<int>(waiting_.size());
 }
 
 void Service::SetPolicy(SchedulingPolicy policy) {
@@ -172,6 +229,8 @@ wire::ServiceReport Service::Report() const {
       s->set_ended(t.ended);
       s->set_freed(t.freed_after_s >= 0);
       s->set_freed_after_seconds(t.freed_after_s);
+      s->set_devices(static_cast<int>(t.devices.size()));
+      s->set_memory_bytes(t.memory_bytes);
     }
   };
   for (const auto& t : ended_) add(*t);
@@ -284,6 +343,10 @@ void Service::Handle(const std::shared_ptr<HostSession>& session, wire::Request 
         return;
       }
       MutexLock lock(&mu_);
+      if (refused = CheckDevices(*tenant, f.request()); !refused.ok()) {
+        if (id != 0) session->Reply(ErrorReply(id, refused));
+        return;
+      }
       if (tenant->open.size() >= kMaxOpenForwards) {
         // A unit never committed would hold the service's memory.
         if (id != 0) {
@@ -299,6 +362,10 @@ void Service::Handle(const std::shared_ptr<HostSession>& session, wire::Request 
       Commit(tenant, request.commit());
       return;
     case wire::Request::kServiceControl:
+      if (request.service_control().has_reserve()) {
+        Reserve(tenant, id, request.service_control().reserve());
+        return;
+      }
       Control(session, request);
       return;
     case wire::Request::kEcho: {
@@ -331,6 +398,181 @@ void Service::Control(const std::shared_ptr<HostSession>& session, const wire::R
   }
   if (c.stats()) *reply.mutable_service() = Report();
   if (request.id() != 0) session->Reply(std::move(reply));
+}
+
+absl::Status Service::CheckDevices(const Tenant& tenant, const wire::Request& request) const {
+  if (tenant.devices.empty()) {
+    return absl::FailedPreconditionError(
+        "a tenant reserves its devices (ServiceControl.reserve) before it sends the hosts anything");
+  }
+  if (request.kind_case() != wire::Request::kDefineDevices) return absl::OkStatus();
+  for (int d : request.define_devices().device_ids()) {
+    if (d < 0 || d >= static_cast<int>(tenant.mine.size()) || !tenant.mine[d]) {
+      return absl::PermissionDeniedError(absl::StrCat("device ", d, " is not this tenant's: it holds devices ",
+                                                      absl::StrJoin(tenant.devices, ","),
+                                                      " (pw.configure(devices=...) asks for a number)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Service::Reserve(const std::shared_ptr<Tenant>& tenant, uint64_t reply_id, const wire::Reserve& reserve) {
+  const int num_devices = static_cast<int>(cluster_->devices().size());
+  const int64_t capacity = cluster_->options().device_memory_bytes;
+  const int devices = reserve.devices() == 0 ? max_tenant_devices_ : reserve.devices();
+  const int64_t bytes = reserve.memory_bytes() == 0 ? tenant_memory_bytes_ : reserve.memory_bytes();
+  absl::Status refused;
+  if (reserve.devices() < 0 || devices > max_tenant_devices_) {
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        "devices=", reserve.devices(), ": a tenant of this service holds 1 to ", max_tenant_devices_,
+        " devices (pathways-server --max-tenant-devices; the cluster has ", num_devices, ")"));
+  } else if (reserve.memory_bytes() < 0 || bytes > max_tenant_memory_bytes_) {
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        "memory=", reserve.memory_bytes(), ": a tenant of this service holds at most ",
+        Bytes(max_tenant_memory_bytes_), " on each of its devices (pathways-server --max-tenant-memory; a device has ",
+        Bytes(capacity), ")"));
+  } else if (reserve.wait_ns() < 0) {
+    refused = absl::InvalidArgumentError(
+        absl::StrCat("wait_timeout must be at least 0 seconds, got ", static_cast<double>(reserve.wait_ns()) * 1e-9));
+  }
+  MutexLock lock(&mu_);
+  if (refused.ok() && tenant->asked) {
+    refused = absl::FailedPreconditionError(
+        "this tenant has asked for its devices already: it holds one grant while it is connected");
+  }
+  if (!refused.ok()) {
+    if (reply_id != 0) tenant->session->Reply(ErrorReply(reply_id, refused));
+    return;
+  }
+  tenant->asked = true;
+  constexpr int64_t kMaxWaitNs = int64_t{86400} * 1'000'000'000;  // a day
+  Waiting w;
+  w.tenant = tenant;
+  w.reply_id = reply_id;
+  w.devices = devices;
+  w.bytes = bytes;
+  w.asked_ns = NowNanos();
+  w.deadline_ns = w.asked_ns + std::min(reserve.wait_ns(), kMaxWaitNs);
+  waiting_.push_back(std::move(w));
+  GrantLocked();
+}
+
+std::vector<int> Service::ChooseDevicesLocked(int devices, int64_t bytes) const {
+  const int64_t capacity = cluster_->options().device_memory_bytes;
+  auto fits = [&](const Device* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !d->failed() && capacity - held_[d->id()] >= bytes;
+  };
+  // An island that has them all, where the least is held; else the islands
+  // with the most free devices first (slices live on one island).
+  const Island* best = nullptr;
+  int64_t best_held = 0;
+  std::vector<int> free_on(cluster_->islands().size(), 0);
+  for (const Island* island : cluster_->islands()) {
+    int64_t held = 0;
+    for (const Device* d : island->devices()) {
+      free_on[island->id()] += fits(d) ? 1 : 0;
+      held += held_[d->id()];
+    }
+    if (free_on[island->id()] >= devices && (best == nullptr || held < best_held)) {
+      best = island;
+      best_held = held;
+    }
+  }
+  std::vector<const Device*> pool;
+  for (const Device* d : cluster_->devices()) {
+    if (fits(d) && (best == nullptr || d->island() == best)) pool.push_back(d);
+  }
+  if (static_cast<int>(pool.size()) < devices) return {};
+  std::stable_sort(pool.begin(), pool.end(), [&](const Device* a, const Device* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int fa = free_on[a->island()->id()], fb = free_on[b->island()->id()];
+    if (fa != fb) return fa > fb;
+    return held_[a->id()] < held_[b->id()];
+  });
+  std::vector<int> chosen;
+  for (int i = 0; i < devices; ++i) chosen.push_back(pool[i]->id());
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
+}
+
+std::string Service::WaitingForLocked(int devices, int64_t bytes) const {
+  const int64_t capacity = cluster_->options().device_memory_bytes;
+  int free = 0;
+  for (const Device* d : cluster_->devices()) free += !d->failed() && capacity - held_[d->id()] >= bytes ? 1 : 0;
+  std::string out = absl::StrCat(devices, " devices with ", Bytes(bytes), " free on each (", free, " of the ",
+                                 cluster_->devices().size(), " devices have that much free now");
+  std::vector<const Tenant*> holders;
+  for (const auto& [id, t] : tenants_) {
+    if (!t->devices.empty()) holders.push_back(t.get());
+  }
+  for (const auto& t : ended_) {
+    if (!t->devices.empty() && !t->released) holders.push_back(t.get());
+  }
+  std::sort(holders.begin(), holders.end(), [](const Tenant* a, const Tenant* b) { return a->id < b->id; });
+  constexpr size_t kNamed = 8;
+  std::vector<std::string> named;
+  for (size_t i = 0; i < holders.size() && i < kNamed; ++i) {
+    const Tenant& t = *holders[i];
+    named.push_back(absl::StrCat("'", t.name, "' (tenant ", t.id, t.ended ? ", gone, its hosts still freeing" : "",
+                                 "): ", t.devices.size(), " devices x ", Bytes(t.memory_bytes)));
+  }
+  if (holders.size() > kNamed) named.push_back(absl::StrCat("and ", holders.size() - kNamed, " more"));
+  absl::StrAppend(&out, named.empty() ? "" : "; held by ", absl::StrJoin(named, ", "), ")");
+  return out;
+}
+
+void Service::GrantLocked() {
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    // In arrival order, up to the first that does not fit.
+    while (!waiting_.empty()) {
+      Waiting& w = waiting_.front();
+      std::vector<int> chosen = ChooseDevicesLocked(w.devices, w.bytes);
+      if (chosen.empty()) break;
+      Tenant& t = *w.tenant;
+      t.mine.assign(held_.size(), false);
+      for (int d : chosen) {
+        t.mine[d] = true;
+        held_[d] += w.bytes;
+      }
+      t.devices = std::move(chosen);
+      t.memory_bytes = w.bytes;
+      if (w.reply_id != 0) {
+        wire::Reply reply;
+        reply.set_id(w.reply_id);
+        for (int d : t.devices) reply.mutable_grant()->add_device_ids(d);
+        reply.mutable_grant()->set_memory_bytes(t.memory_bytes);
+        t.session->Reply(std::move(reply));
+      }
+      waiting_.pop_front();
+    }
+    // Those whose wait is over fail, saying what they waited for.
+    const int64_t now = NowNanos();
+    for (size_t i = 0; i < waiting_.size();) {
+      Waiting& w = waiting_[i];
+      if (w.deadline_ns > now) {
+        ++i;
+        continue;
+      }
+      std::string ahead = i == 0 ? "" : absl::StrCat("; ", i, " tenants asked before it and wait too");
+      absl::Status why = absl::ResourceExhaustedError(absl::StrCat(
+          "waited ", static_cast<double>(now - w.asked_ns) * 1e-9, " s (pw.configure(wait_timeout=...)) for ",
+          WaitingForLocked(w.devices, w.bytes), ahead,
+          ". Ask for fewer devices or less memory (pw.configure(devices=..., memory=...)), or wait longer"));
+      if (w.reply_id != 0) w.tenant->session->Reply(ErrorReply(w.reply_id, why));
+      w.tenant->asked = false;
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+      changed = i == 0 || changed;  // the head gone: the next may fit
+    }
+  }
+  UpdateWakeLocked();
+}
+
+void Service::ReleaseGrantLocked(Tenant& tenant) {
+  if (tenant.released || tenant.devices.empty()) return;
+  tenant.released = true;
+  for (int d : tenant.devices) held_[d] -= tenant.memory_bytes;
+  GrantLocked();
 }
 
 Service::Flow* Service::FlowOf(Tenant& tenant, const wire::RunAdmission& run) {
@@ -385,6 +627,13 @@ void Service::Commit(const std::shared_ptr<Tenant>& tenant, const wire::Commit& 
     }
     return;
   }
+  if (tenant->idle_since_ns != 0) {
+    // Its gap from idle to this run (each at most the cap: an idle spell
+    // counts as no more than one).
+    const int64_t gap = std::min(NowNanos() - tenant->idle_since_ns, max_anticipation_ns_);
+    tenant->gap_ns = tenant->gap_ns == 0 ? gap : (tenant->gap_ns * 3 + gap) / 4;
+    tenant->idle_since_ns = 0;
+  }
   unit->admission = commit.run();
   unit->flow = FlowOf(*tenant, unit->admission);
   tenant->queued_runs.insert(unit->seq);
@@ -432,6 +681,7 @@ void Service::DropQueuedLocked(Tenant& tenant, const wire::CancelRuns& cancel) {
 
 void Service::AdmitLocked() {
   const bool fair = policy_ == SchedulingPolicy::kProportionalShare;
+  const int64_t now = NowNanos();
   while (!queue_.empty()) {
     auto admissible = [&](const std::unique_ptr<Unit>& u) {
       mu_.AssertHeld();
@@ -448,7 +698,9 @@ void Service::AdmitLocked() {
       const int window = !priorities_.empty() && priorities_.rbegin()->first > t.priority ? kYieldWindow
                                                                                             : kServiceWindow;
       for (int i : u->admission.islands()) {
-        if (i >= 0 && i < static_cast<int>(admitted_.size()) && admitted_[i] >= window) return false;
+        if (i < 0 || i >= static_cast<int>(admitted_.size())) continue;
+        if (admitted_[i] >= window) return false;
+        if (holds_[i].priority > t.priority && holds_[i].until_ns > now) return false;
       }
       return true;
     };
@@ -460,9 +712,15 @@ void Service::AdmitLocked() {
     --unit->flow->queued;
     t.queued_runs.erase(unit->seq);
     for (uint64_t b : unit->admission.made_buffer_ids()) t.unsent_buffers.erase(b);
+    const bool lower = !priorities_.empty() && priorities_.rbegin()->first > t.priority;
     for (int i : unit->admission.islands()) {
-      if (i >= 0 && i < static_cast<int>(admitted_.size())) ++admitted_[i];
+      if (i < 0 || i >= static_cast<int>(admitted_.size())) continue;
+      ++admitted_[i];
+      // The run held for has come (the window keeps the lower ones out now).
+      if (holds_[i].priority <= t.priority) holds_[i] = Hold{};
+      if (lower) holds_in_a_row_[i] = 0;
     }
+    ++t.in_flight;
     SendUnitLocked(*unit);
     ReleaseHeldLocked(t);
   }
@@ -528,7 +786,7 @@ void Service::SendUnitLocked(Unit& unit) {
       if (r.forward().request().kind_case() == wire::Request::kRun) run->pending.fetch_add(1);
     }
     if (run->pending.load() == 0) {
-      Finished(std::move(run->islands));
+      Finished(std::move(run->islands), tenant);
       run = nullptr;
     }
   }
@@ -568,7 +826,7 @@ void Service::SendUnitLocked(Unit& unit) {
                          MutexLock lock(&stats_mu_);
                          part->flow->gangs += part->gangs;
                        }
-                       Finished(std::move(part->islands));
+                       Finished(std::move(part->islands), part->tenant);
                      }
                    }
                    if (reply_id == 0) return;
@@ -586,29 +844,74 @@ void Service::SendUnitLocked(Unit& unit) {
   }
 }
 
-void Service::Finished(std::vector<int> islands) {
-  if (islands.empty()) return;
+void Service::Finished(std::vector<int> islands, std::shared_ptr<Tenant> tenant) {
   MutexLock lock(&done_mu_);
-  done_.push_back(std::move(islands));
+  done_.push_back(Done{std::move(islands), std::move(tenant)});
+  done_cv_.Signal();
+}
+
+void Service::UpdateWakeLocked() {
+  int64_t next = 0;
+  auto consider = [&next](int64_t t) { next = next == 0 ? t : std::min(next, t); };
+  for (const Waiting& w : waiting_) consider(w.deadline_ns);
+  const int64_t now = NowNanos();
+  for (const Hold& h : holds_) {
+    if (h.until_ns > now) consider(h.until_ns);
+  }
+  MutexLock lock(&done_mu_);
+  wake_at_ns_ = next;
   done_cv_.Signal();
 }
 
 void Service::AdmissionLoop() {
   while (true) {
-    std::vector<std::vector<int>> done;
+    std::vector<Done> done;
+    std::vector<std::shared_ptr<Tenant>> released;
+    bool expired = false;
     {
       MutexLock lock(&done_mu_);
-      while (done_.empty() && !stopping_) done_cv_.Wait(&done_mu_);
+      while (done_.empty() && released_.empty() && !stopping_) {
+        if (wake_at_ns_ == 0) {
+          done_cv_.Wait(&done_mu_);
+        } else if (NowNanos() >= wake_at_ns_) {
+          break;
+        } else {
+          done_cv_.WaitUntil(&done_mu_,
+                             std::chrono::steady_clock::time_point(std::chrono::nanoseconds(wake_at_ns_)));
+        }
+      }
       if (stopping_) return;
       done.swap(done_);
+      released.swap(released_);
+      expired = wake_at_ns_ != 0 && NowNanos() >= wake_at_ns_;
     }
     MutexLock lock(&mu_);
-    for (const std::vector<int>& islands : done) {
-      for (int i : islands) {
+    const int64_t now = NowNanos();
+    bool held = false;
+    for (const Done& d : done) {
+      for (int i : d.islands) {
         if (i >= 0 && i < static_cast<int>(admitted_.size())) --admitted_[i];
       }
+      Tenant& t = *d.tenant;
+      if (--t.in_flight > 0 || !t.queued_runs.empty() || t.ended) continue;
+      t.idle_since_ns = now;
+      // Its islands wait a while for its next run, if it outranks anyone.
+      if (t.gap_ns == 0 || priorities_.empty() || priorities_.begin()->first >= t.priority) continue;
+      const int64_t until = now + std::min(2 * t.gap_ns, max_anticipation_ns_);
+      bool lower_waits = false;
+      for (const auto& [id, other] : tenants_) lower_waits |= other->priority < t.priority && !other->queued_runs.empty();
+      for (int i : d.islands) {
+        if (i < 0 || i >= static_cast<int>(holds_.size())) continue;
+        if (lower_waits && holds_in_a_row_[i]++ >= kMaxHoldsInARow) continue;  // a lower run's turn
+        Hold& h = holds_[i];
+        if (h.until_ns <= now || h.priority <= t.priority) h = Hold{t.priority, std::max(until, h.until_ns)};
+        held = true;
+      }
     }
+    for (const auto& tenant : released) ReleaseGrantLocked(*tenant);
+    if (expired) GrantLocked();
     AdmitLocked();
+    if (held || expired) UpdateWakeLocked();
   }
 }
 
@@ -630,16 +933,25 @@ void Service::OnSessionEnd(const std::shared_ptr<HostSession>& session) {
   tenant->queued_runs.clear();
   tenant->unsent_buffers.clear();
   tenant->open.clear();
+  for (auto w = waiting_.begin(); w != waiting_.end(); ++w) {
+    if (w->tenant == tenant) {
+      waiting_.erase(w);
+      break;
+    }
+  }
   // Every host cancels what of it has not started, then drops its session
   // once its running parts end.
   const std::string reason = absl::StrCat("its tenant '", tenant->name, "' ended");
+  bool nothing_to_free = false;
   {
     MutexLock stats(&stats_mu_);
     tenant->ended_ns = NowNanos();
     tenant->hosts_to_free = 0;
     for (int h = 0; h < hosts_->num_hosts(); ++h) tenant->hosts_to_free += hosts_->alive(h) ? 1 : 0;
     if (tenant->hosts_to_free == 0) tenant->freed_after_s = 0;
+    nothing_to_free = tenant->hosts_to_free == 0;
   }
+  if (nothing_to_free) ReleaseGrantLocked(*tenant);
   for (int h = 0; h < hosts_->num_hosts(); ++h) {
     if (!hosts_->alive(h)) continue;
     wire::Request cancel;
@@ -653,13 +965,23 @@ void Service::OnSessionEnd(const std::shared_ptr<HostSession>& session) {
     end.mutable_end_session()->set_reason(reason);
     // A lost host's reply (an error) counts too: nothing of the tenant is left there.
     hosts_->Send(h, std::move(end), [this, tenant](absl::StatusOr<wire::Reply>) {
-      MutexLock stats(&stats_mu_);
-      if (--tenant->hosts_to_free == 0) tenant->freed_after_s = static_cast<double>(NowNanos() - tenant->ended_ns) * 1e-9;
+      {
+        MutexLock stats(&stats_mu_);
+        if (--tenant->hosts_to_free != 0) return;
+        tenant->freed_after_s = static_cast<double>(NowNanos() - tenant->ended_ns) * 1e-9;
+      }
+      // Its memory is free on every host: its grant comes back (under mu_,
+      // which a reply's thread must not wait for).
+      MutexLock lock(&done_mu_);
+      released_.push_back(tenant);
+      done_cv_.Signal();
     });
     hosts_->Flush(h);
   }
   ended_.push_back(tenant);
   if (ended_.size() > kKeptEnded) ended_.pop_front();
+  // Its reservation waits no more: those behind it may fit.
+  GrantLocked();
   // Its queued runs no longer hold others back.
   AdmitLocked();
 }

@@ -29,6 +29,15 @@ constexpr char kSecret[] = "service-test-tenants";
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    ServiceConfig config;
+    config.secret = kSecret;
+    Start(config);
+  }
+
+  // Hosts, and a service over them with `config` (a host takes one owner
+  // for its life: a new service needs new hosts).
+  void Start(const ServiceConfig& config) {
+    TearDown();
     TopologyOptions options;
     options.num_islands = 1;
     options.hosts_per_island = 2;
@@ -43,8 +52,6 @@ class ServiceTest : public ::testing::Test {
       addresses.push_back((*server)->address());
       servers_.push_back(*std::move(server));
     }
-    ServiceConfig config;
-    config.secret = kSecret;
     auto service = Service::Start(options, addresses, kHostSecret, config);
     ASSERT_TRUE(service.ok()) << service.status();
     service_ = *std::move(service);
@@ -56,11 +63,19 @@ class ServiceTest : public ::testing::Test {
     processes_.clear();
   }
 
-  std::unique_ptr<Runtime> Tenant(const std::string& name, int priority = 0) {
+  TenantOptions Options(const std::string& name, int devices = 0, int64_t memory = 0, double wait_s = 60) {
     TenantOptions tenant;
     tenant.address = service_->address();
     tenant.secret = kSecret;
     tenant.name = name;
+    tenant.devices = devices;
+    tenant.memory_bytes = memory;
+    tenant.wait_timeout_ns = static_cast<int64_t>(wait_s * 1e9);
+    return tenant;
+  }
+
+  std::unique_ptr<Runtime> Tenant(const std::string& name, int priority = 0) {
+    TenantOptions tenant = Options(name);
     tenant.priority = priority;
     auto rt = Runtime::CreateTenant(tenant);
     EXPECT_TRUE(rt.ok()) << rt.status();
@@ -72,6 +87,7 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<Service> service_;
 
  private:
+
   std::vector<std::unique_ptr<HostProcess>> processes_;
   std::vector<std::unique_ptr<HostServer>> servers_;
 };
@@ -286,6 +302,57 @@ TEST_F(ServiceTest, ClosingAClientDropsItsRunsQueuedAtTheService) {
   EXPECT_TRUE(absl::StrContains(last.message(), "its client 'c' was closed")) << last;
 }
 
+// Anticipation: when a higher tenant stepping in a closed loop has no run
+// left, its islands are held a while for its next one (twice its usual
+// gap), so a lower tenant's run queued meanwhile does not start in the gap;
+// if it does not come back, the hold ends and the lower run goes.
+TEST_F(ServiceTest, AHigherTenantsIslandsAreHeldForItsNextRun) {
+  ServiceConfig config;
+  config.secret = kSecret;
+  config.max_anticipation_ns = int64_t{10} * 1'000'000'000;  // long, so that this test sees it
+  Start(config);
+  auto high = Tenant("high", /*priority=*/5);
+  auto low = Tenant("low");
+  ASSERT_NE(high, nullptr);
+  ASSERT_NE(low, nullptr);
+  auto high_slice = *high->resource_manager().AddSlice(4, "tpu");
+  auto low_slice = *low->resource_manager().AddSlice(4, "tpu");
+  auto step = Chain(AddConst(*high, high_slice, 1.0), 1);
+  auto other = Chain(AddConst(*low, low_slice, 1.0), 1);
+  const double in[] = {1, 2, 3, 4};
+  auto run = [&](Runtime& rt, const LoweredProgram& program) {
+    auto out = rt.Execute(program, {ProgramArg{nullptr, in, DType::kF64, {4}}});
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? (*out)[0] : nullptr;
+  };
+  // Two steps 300 ms apart: its usual gap is 300 ms, and after the second
+  // its island is held for 600 ms.
+  ASSERT_TRUE(run(*high, *step)->Await().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(run(*high, *step)->Await().ok());
+  auto low_out = run(*low, *other);
+  ASSERT_NE(low_out, nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(service_->queued_runs(), 1);  // held for high's next step
+  EXPECT_FALSE(low_out->IsDone());
+  // High does not come back: the hold ends, and the low run goes.
+  ASSERT_TRUE(low_out->AwaitFor(int64_t{5} * 1'000'000'000));
+  EXPECT_EQ(Read(*low_out), (std::vector<double>{2, 3, 4, 5}));
+  EXPECT_EQ(service_->queued_runs(), 0);
+  // Starvation is bounded: while high steps every 50 ms (each gap held,
+  // for twice its usual gap), a low run queued waits for at most
+  // kMaxHoldsInARow holds, then goes in a gap.
+  ASSERT_TRUE(run(*high, *step)->Await().ok());
+  auto starved = run(*low, *other);
+  ASSERT_NE(starved, nullptr);
+  for (int i = 0; i < 3 * Service::kMaxHoldsInARow && !starved->IsDone(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(run(*high, *step)->Await().ok());
+  }
+  EXPECT_TRUE(starved->IsDone());
+  EXPECT_TRUE(starved->status().ok()) << starved->status();
+}
+
 // pw.diagnose in a tenant, with another tenant's gangs ahead of its own on
 // the devices: each tenant's diagnosis lists its own waiting gangs only.
 // (In one process the two tenants' program ids differ, so this does not
@@ -350,6 +417,125 @@ TEST_F(ServiceTest, ATenantCannotReadOrFreeAnotherTenantsBuffers) {
     EXPECT_TRUE(Call(**b, h, echo).ok());
   }
   EXPECT_EQ(Read(*(*out)[0]), (std::vector<double>{2, 3, 4, 5}));
+}
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// Quotas: a tenant holds devices and memory on them while connected; a
+// request that does not fit waits for tenants to leave, or fails after its
+// wait saying what it waited for and who holds it.
+TEST_F(ServiceTest, TenantsHoldTheirDevicesAndMemoryAndWaitForThem) {
+  // The default: every device, an eighth of each one's memory.
+  {
+    auto rt = Tenant("default");
+    ASSERT_NE(rt, nullptr);
+    EXPECT_EQ(rt->resource_manager().UsableDevices(), (std::vector<int>{0, 1, 2, 3}));
+    EXPECT_EQ(rt->cluster().devices()[0]->memory_capacity(), (int64_t{1} << 30) / 8);
+    EXPECT_EQ(service_->held_bytes(0), (int64_t{1} << 30) / 8);
+  }
+  // Its grant comes back once the hosts have freed its session.
+  for (int i = 0; i < 500 && service_->held_bytes(0) != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(service_->held_bytes(0), 0);
+
+  auto a = Runtime::CreateTenant(Options("a", 2, 768 * kMiB));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::vector<int> a_devices = (*a)->resource_manager().UsableDevices();
+  ASSERT_EQ(a_devices.size(), 2u);
+  EXPECT_EQ((*a)->cluster().devices()[a_devices[0]]->memory_capacity(), 768 * kMiB);
+  // Its slices go on its devices only.
+  auto slice = (*a)->resource_manager().AddSlice(2, "tpu");
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  for (Device* d : (*slice)->devices()->devices()) {
+    EXPECT_TRUE(d->id() == a_devices[0] || d->id() == a_devices[1]) << d->ToString();
+  }
+  auto too_big = (*a)->resource_manager().AddSlice(3, "tpu");
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted) << too_big.status();
+  EXPECT_TRUE(absl::StrContains(too_big.status().message(), "this tenant's")) << too_big.status();
+
+  // 4 devices x 512 MiB do not fit beside a: the wait ends with what it waited for.
+  auto b = Runtime::CreateTenant(Options("b", 4, 512 * kMiB, 0.3));
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  for (const char* says : {"4 devices with 536870912 bytes (512 MiB) free on each", "2 of the 4 devices",
+                           "'a' (tenant", "2 devices x 805306368 bytes", "wait_timeout"}) {
+    EXPECT_TRUE(absl::StrContains(b.status().message(), says)) << says << " in " << b.status();
+  }
+  // 2 x 512 MiB fit on the other two devices.
+  auto c = Runtime::CreateTenant(Options("c", 2, 512 * kMiB));
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int d : (*c)->resource_manager().UsableDevices()) {
+    EXPECT_NE(d, a_devices[0]);
+    EXPECT_NE(d, a_devices[1]);
+  }
+  // d waits for 4 x 512 MiB until a has gone, and e (behind it, though it
+  // would fit now) waits for d.
+  absl::StatusOr<std::unique_ptr<Runtime>> d, e;
+  std::thread waits_d([&] { d = Runtime::CreateTenant(Options("d", 4, 512 * kMiB, 30)); });
+  for (int i = 0; i < 500 && service_->waiting_reservations() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::thread waits_e([&] { e = Runtime::CreateTenant(Options("e", 1, 64 * kMiB, 30)); });
+  for (int i = 0; i < 500 && service_->waiting_reservations() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(service_->waiting_reservations(), 2);
+  slice->reset();  // (a slice must not outlive its runtime)
+  a->reset();
+  waits_d.join();
+  waits_e.join();
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*d)->resource_manager().UsableDevices().size(), 4u);
+  // c's and d's on each device, and e's on one.
+  int64_t held = 0;
+  for (int dev = 0; dev < 4; ++dev) held += service_->held_bytes(dev);
+  EXPECT_EQ(held, 2 * 512 * kMiB + 4 * 512 * kMiB + 64 * kMiB);
+  // Work runs within a grant.
+  auto e_slice = (*e)->resource_manager().AddSlice(1, "tpu");
+  ASSERT_TRUE(e_slice.ok()) << e_slice.status();
+  const double in[] = {1};
+  auto out = (*e)->Execute(*Chain(AddConst(**e, *e_slice, 1.0), 2), {ProgramArg{nullptr, in, DType::kF64, {1}}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(Read(*(*out)[0]), (std::vector<double>{3}));
+}
+
+TEST_F(ServiceTest, ATenantNamesOnlyItsDevicesAndAsksForNoMoreThanItMay) {
+  ServiceConfig config;
+  config.secret = kSecret;
+  config.max_tenant_devices = 2;
+  config.tenant_memory_bytes = 64 * kMiB;
+  config.max_tenant_memory_bytes = 256 * kMiB;
+  Start(config);
+  // More than a tenant may hold is refused at once, naming the limit.
+  for (const auto& [devices, memory, says] :
+       std::vector<std::tuple<int, int64_t, std::string>>{{3, 0, "devices=3: a tenant of this service holds 1 to 2"},
+                                                           {-1, 0, "devices=-1"},
+                                                           {1, 257 * kMiB, "at most 268435456 bytes (256 MiB)"},
+                                                           {1, -5, "memory=-5"}}) {
+    auto link = ServiceLink::Connect(Options("greedy", devices, memory));
+    EXPECT_EQ(link.status().code(), absl::StatusCode::kInvalidArgument) << link.status();
+    EXPECT_TRUE(absl::StrContains(link.status().message(), says)) << says << " in " << link.status();
+  }
+  // The default is the most devices a tenant may hold.
+  auto link = ServiceLink::Connect(Options("one"));
+  ASSERT_TRUE(link.ok()) << link.status();
+  EXPECT_EQ((*link)->grant().device_ids_size(), 2);
+  EXPECT_EQ((*link)->grant().memory_bytes(), 64 * kMiB);
+  // A device list naming a device that is not its own is refused.
+  std::vector<bool> mine(4, false);
+  for (int d : (*link)->grant().device_ids()) mine[d] = true;
+  int other = 0;
+  while (mine[other]) ++other;
+  wire::Request define;
+  define.mutable_define_devices()->set_list_id(1);
+  define.mutable_define_devices()->add_device_ids(other);
+  const absl::Status refused = Call(**link, 0, define);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), absl::StrCat("device ", other, " is not this tenant's")))
+      << refused;
+  // Its own is taken.
+  define.mutable_define_devices()->set_device_ids(0, (*link)->grant().device_ids(0));
+  const absl::Status taken = Call(**link, 0, define);
+  EXPECT_TRUE(taken.ok()) << taken;
 }
 
 }  // namespace

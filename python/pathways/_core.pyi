@@ -30,6 +30,8 @@ def configure(items: Sequence[tuple[str, str]]) -> None:
     """
 
 def is_started() -> bool: ...
+def parse_bytes(text: str, name: str) -> int:
+    """A size like '512MiB' in bytes (ValueError naming `name` if malformed)."""
 def hosts() -> list[dict[str, Any]]:
     """Every host: id, island, address, pid, incarnation, alive, status. Starts the runtime."""
 
@@ -255,22 +257,27 @@ class _HostSessions:
     def close(self) -> None: ...
 
 # A pathways service and its tenants (csrc/service/, csrc/client/service_link.h).
-def configure_service(address: str, secret: str, name: str, priority: int) -> None:
-    """The default runtime will be a tenant of the service at `address` (RuntimeError once started)."""
+def configure_service(address: str, secret: str, name: str, priority: int, devices: int = 0, memory: int = 0,
+                      wait_timeout: float = 60.0) -> None:
+    """The default runtime will be a tenant of the service at `address`, holding `devices` devices with `memory`
+    bytes on each (0: the service's defaults), waiting up to `wait_timeout` s for them (RuntimeError once started)."""
 
 def service_report() -> Optional[dict[str, Any]]:
     """{"policy", "flows": [{tenant, tenant_name, name, weight, priority, device_seconds, gangs, queued, ended,
-    freed, freed_after_seconds}]}, or None when this process is not a tenant."""
+    freed, freed_after_seconds, devices, memory}]}, or None when this process is not a tenant."""
 
 def tenant_session() -> Optional[int]:
     """This process's tenant id at its service, or None."""
 
 class _Service:
     def __init__(self, topology: Sequence[tuple[str, str]], host_addresses: Sequence[str], host_secret: str,
-                 listen: str, secret: str, policy: str) -> None: ...
+                 listen: str, secret: str, policy: str, max_tenant_devices: int = 0, tenant_memory: int = 0,
+                 max_tenant_memory: int = 0, max_anticipation_ms: float = 2.0) -> None: ...
     address: str
     num_tenants: int
     queued_runs: int
+    waiting_reservations: int
+    def held_bytes(self, device: int) -> int: ...
     topology: str
     def report(self) -> dict[str, Any]: ...
     def set_policy(self, policy: str) -> None: ...

@@ -42,6 +42,9 @@ def configure(
     server: Optional[str] = None,
     priority: Optional[int] = None,
     name: Optional[str] = None,
+    devices: Optional[int] = None,
+    memory: Optional[Union[int, str]] = None,
+    wait_timeout: Optional[float] = None,
 ) -> None:
     """Sets the simulated topology of the runtime before its first use.
 
@@ -126,6 +129,21 @@ def configure(
         gangs before a lower one's queued gangs (only with `server`).
       name: A tenant's name in the service's `pw.client_stats()` (default:
         the script's name and this process's id; only with `server`).
+      devices: How many devices a tenant holds while connected (default:
+        the most the service lets a tenant hold, every device unless it was
+        started with --max-tenant-devices). `pw.devices()` lists them, and
+        slices go on them only (only with `server`).
+      memory: Device memory a tenant holds on each of its devices, an int of
+        bytes or a string like "256MiB" (default: the service's
+        --tenant-memory, an eighth of a device's unless set). It is the
+        tenant's devices' `memory_capacity`: a program beyond it waits for
+        memory or raises `pw.ResourceExhaustedError` as on a device of that
+        size (only with `server`).
+      wait_timeout: Seconds a tenant waits, when it connects, for its
+        devices and memory to be free (other tenants hold them), from 0 to
+        86400; 60 by default. Then the first use raises
+        `pw.ResourceExhaustedError` saying what it waited for and which
+        tenants hold it (only with `server`).
 
     The same limits apply to `PATHWAYS_TOPOLOGY`, with the same errors.
 
@@ -151,10 +169,12 @@ def configure(
             raise ValueError(f"configure: with server=, the topology is the service's: leave "
                              f"{', '.join(sorted(topology_given))} unset")
         from pathways import _service
-        _service.configure_tenant(server, priority, name)
+        _service.configure_tenant(server, priority, name, devices, memory, wait_timeout)
         return
-    if priority is not None or name is not None:
-        raise ValueError("configure: priority and name are a service's tenant's: give server= too")
+    tenant_given = [k for k, v in (("priority", priority), ("name", name), ("devices", devices), ("memory", memory),
+                                   ("wait_timeout", wait_timeout)) if v is not None]
+    if tenant_given:
+        raise ValueError(f"configure: {', '.join(tenant_given)} are a service's tenant's: give server= too")
     items = []
     for name, value in (
         ("islands", islands),

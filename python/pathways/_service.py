@@ -11,9 +11,10 @@ secret in the environment variable PATHWAYS_SERVER_SECRET.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import sys
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 _SECRET_ENV = "PATHWAYS_SERVER_SECRET"
 
@@ -56,7 +57,20 @@ def resolve(server: str) -> Tuple[str, str]:
     return server, secret
 
 
-def configure_tenant(server: str, priority: Optional[int] = None, name: Optional[str] = None) -> None:
+def memory_bytes(where: str, name: str, value: Union[int, str]) -> int:
+    """`value` (an int of bytes, or a str like "512MiB") in bytes, from 1 byte to 1TiB."""
+    from pathways import _checks, _core
+
+    if isinstance(value, str):
+        return _core.parse_bytes(value, f"{where}: {name}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{where}: {name} must be an int of bytes or a str like '512MiB', got {value!r}")
+    return _core.parse_bytes(str(_checks.integer(where, name, value)), f"{where}: {name}")
+
+
+def configure_tenant(server: str, priority: Optional[int] = None, name: Optional[str] = None,
+                     devices: Optional[int] = None, memory: Optional[Union[int, str]] = None,
+                     wait_timeout: Optional[float] = None) -> None:
     """Makes the runtime a tenant of `server` (not connected until first use)."""
     from pathways import _checks, _core
 
@@ -68,7 +82,18 @@ def configure_tenant(server: str, priority: Optional[int] = None, name: Optional
         name = default_tenant_name()
     elif not isinstance(name, str):
         raise TypeError(f"configure: name must be a str, got {name!r}")
-    _core.configure_service(address, secret, name, prio)
+    count = 0
+    if devices is not None:
+        count = _checks.integer("configure", "devices", devices)
+        if count < 1:
+            raise ValueError(f"configure: devices must be at least 1, got {count}")
+    size = 0 if memory is None else memory_bytes("configure", "memory", memory)
+    wait = 60.0
+    if wait_timeout is not None:
+        wait = _checks.real("configure", "wait_timeout", wait_timeout)
+        if not 0 <= wait <= 86400:
+            raise ValueError(f"configure: wait_timeout must be from 0 to 86400 seconds (a day), got {wait}")
+    _core.configure_service(address, secret, name, prio, count, size, wait)
 
 
 def configure_from_environment() -> None:

@@ -150,9 +150,10 @@ def client_stats() -> dict:
     In a tenant of a service (`pw.configure(server=...)`), every tenant's
     clients, as the service accounts them: each entry also has "tenant" (its
     tenant's name), "priority", "queued" (runs waiting for admission now),
-    "ended" (its tenant has gone) and "freed" (every host has dropped what
-    the gone tenant held). A tenant's work outside any `Client` is the entry
-    of the tenant's own name.
+    "ended" (its tenant has gone), "freed" (every host has dropped what
+    the gone tenant held), "devices" and "memory" (what its tenant holds:
+    devices, and bytes on each). A tenant's work outside any `Client` is the
+    entry of the tenant's own name.
     """
     report = _core.service_report()
     if report is not None:
@@ -170,7 +171,8 @@ def _service_stats(report: dict) -> dict:
     for f in report["flows"]:
         entry = stats.setdefault(f["name"], {
             "device_seconds": 0.0, "gangs": 0, "weight": f["weight"], "tenant": f["tenant_name"],
-            "priority": f["priority"], "queued": 0, "ended": f["ended"], "freed": f["freed"]})
+            "priority": f["priority"], "queued": 0, "ended": f["ended"], "freed": f["freed"],
+            "devices": f["devices"], "memory": f["memory"]})
         entry["device_seconds"] += f["device_seconds"]
         entry["gangs"] += f["gangs"]
         entry["queued"] += f["queued"]

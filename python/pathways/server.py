@@ -3,6 +3,8 @@
 Usage:
     pathways-server [--topology=SPEC] [--listen=ADDRESS:PORT]
                     [--connection-file=PATH] [--policy=fifo|proportional_share]
+                    [--max-tenant-devices=N] [--tenant-memory=SIZE]
+                    [--max-tenant-memory=SIZE] [--max-anticipation-ms=MS]
     python -m pathways.server ...
 
 The service starts the hosts of the topology (its `hosts=` key:
@@ -20,6 +22,19 @@ PATHWAYS_SERVER_SECRET. The secret is fresh each start, unless
 PATHWAYS_SERVER_SECRET is set for the server too (clients on other
 machines). The service runs until SIGTERM or SIGINT; its tenants then lose
 their hosts.
+
+Quotas: each tenant holds devices, and memory on each, while it is
+connected: by default every device (at most --max-tenant-devices) with
+--tenant-memory on each (default: an eighth of a device's memory); a tenant
+may ask for other amounts with `pw.configure(devices=..., memory=...)`, up to
+--max-tenant-devices and --max-tenant-memory (default: a device's memory). A
+tenant whose request is not free waits for other tenants to leave, in the
+order they asked, up to its `wait_timeout`.
+
+Priorities: when a tenant of higher priority than another has no run left,
+its islands are held for its next run for twice its usual gap between runs,
+at most --max-anticipation-ms (default 2 ms): its closed loop of steps does
+not find a lower tenant's run started in every gap.
 """
 
 from __future__ import annotations
@@ -74,9 +89,29 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help=f"where to write the address and secret (default {default_connection_file()})")
     parser.add_argument("--policy", default="fifo", choices=["fifo", "proportional_share"],
                         help="the gang schedulers' policy for every tenant (a tenant may change it)")
+    parser.add_argument("--max-tenant-devices", type=int, default=0,
+                        help="the most devices a tenant may hold, and what it gets by default (default: every device)")
+    parser.add_argument("--tenant-memory", default="0",
+                        help="memory a tenant holds on each of its devices unless it asks otherwise, like 256MiB "
+                             "(default: an eighth of a device's)")
+    parser.add_argument("--max-tenant-memory", default="0",
+                        help="the most memory a tenant may hold on a device (default: a device's)")
+    parser.add_argument("--max-anticipation-ms", type=float, default=2.0,
+                        help="the longest an island is held for a higher-priority tenant's next run, 0 to 1000 "
+                             "(default 2; 0: never held)")
     args = parser.parse_args(argv)
 
     from pathways import _core, _hosts
+
+    def size(flag: str, text: str) -> int:
+        if text == "0":
+            return 0
+        try:
+            return _core.parse_bytes(text, flag)
+        except ValueError as e:
+            raise SystemExit(f"pathways-server: {e}") from None
+    tenant_memory = size("--tenant-memory", args.tenant_memory)
+    max_tenant_memory = size("--max-tenant-memory", args.max_tenant_memory)
 
     items = _topology_items(args.topology)
     mode = dict(items).get("hosts", "local_processes")
@@ -93,7 +128,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     num_hosts = counts["islands"] * counts["hosts_per_island"]
     host_addresses, host_secret = _hosts.launch_for_runtime(num_hosts, mode)
     secret = os.environ.get("PATHWAYS_SERVER_SECRET") or _hosts.make_secret()
-    service = _core._Service(items, host_addresses, host_secret, args.listen, secret, args.policy)
+    try:
+        service = _core._Service(items, host_addresses, host_secret, args.listen, secret, args.policy,
+                                 args.max_tenant_devices, tenant_memory, max_tenant_memory,
+                                 args.max_anticipation_ms)
+    except ValueError as e:
+        _hosts._stop_launched()
+        raise SystemExit(f"pathways-server: {e}") from None
     path = args.connection_file or default_connection_file()
     write_connection_file(path, service.address, secret)
 

@@ -65,7 +65,7 @@ def _start_service(tmp: pathlib.Path) -> str:
 # stdin closes; it prints how many it ran and exits 0 if all were right.
 _OTHER_TENANT_LOOP = """
 import os, sys, threading, numpy as np, pathways as pw
-pw.configure(server=sys.argv[1], name="other-tenant")
+pw.configure(server=sys.argv[1], name="other-tenant", memory="32MiB")
 devices = pw.make_virtual_device_set().add_slice(tpu_devices=4).tpus
 f = pw.pmap(lambda x: x * 3.0 + pw.psum(x, "i"), devices=devices, axis_name="i")
 x = np.arange(4, dtype=np.float32)
@@ -109,7 +109,10 @@ def pytest_configure(config):
     if hosts == "service":
         import tempfile
 
-        pw.configure(server=_start_service(pathlib.Path(tempfile.mkdtemp(prefix="pathways-service-"))))
+        # Half of each device's memory for the tests (the service's default
+        # is an eighth: the tenants they start in subprocesses get that).
+        pw.configure(server=_start_service(pathlib.Path(tempfile.mkdtemp(prefix="pathways-service-"))),
+                     memory="512MiB")
     elif hosts != "in_process":
         pw.configure(hosts=hosts)
 
