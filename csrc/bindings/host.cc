@@ -237,7 +237,7 @@ void RegisterHost(py::module_& m) {
            }),
            py::arg("topology"), py::arg("host_addresses"), py::arg("host_secret"), py::arg("listen"),
            py::arg("secret"), py::arg("policy"), py::arg("max_tenant_devices") = 0, py::arg("tenant_memory") = 0,
-           py::arg("max_tenant_memory") = 0, py::arg("max_anticipation_ms") = 2.0)
+           py::arg("max_tenant_memory") = 0, py::arg("max_anticipation_ms") = 5.0)
       .def_property_readonly("address", &Service::address)
       .def_property_readonly("waiting_reservations", &Service::waiting_reservations)
       .def("held_bytes", &Service::held_bytes, py::arg("device"), "Memory tenants hold on `device` now.")

@@ -131,7 +131,7 @@ struct ServiceConfig {
   int64_t max_tenant_memory_bytes = 0;
   // The longest an island is held for a higher tenant's next run
   // ("anticipation" above; 0: never held).
-  int64_t max_anticipation_ns = 2'000'000;  // 2 ms
+  int64_t max_anticipation_ns = 5'000'000;  // 5 ms
 };
 
 class Service final : public RequestHandler {

@@ -272,7 +272,7 @@ def tenant_session() -> Optional[int]:
 class _Service:
     def __init__(self, topology: Sequence[tuple[str, str]], host_addresses: Sequence[str], host_secret: str,
                  listen: str, secret: str, policy: str, max_tenant_devices: int = 0, tenant_memory: int = 0,
-                 max_tenant_memory: int = 0, max_anticipation_ms: float = 2.0) -> None: ...
+                 max_tenant_memory: int = 0, max_anticipation_ms: float = 5.0) -> None: ...
     address: str
     num_tenants: int
     queued_runs: int

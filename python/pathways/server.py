@@ -33,7 +33,7 @@ order they asked, up to its `wait_timeout`.
 
 Priorities: when a tenant of higher priority than another has no run left,
 its islands are held for its next run for twice its usual gap between runs,
-at most --max-anticipation-ms (default 2 ms): its closed loop of steps does
+at most --max-anticipation-ms (default 5 ms): its closed loop of steps does
 not find a lower tenant's run started in every gap.
 """
 
@@ -96,9 +96,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "(default: an eighth of a device's)")
     parser.add_argument("--max-tenant-memory", default="0",
                         help="the most memory a tenant may hold on a device (default: a device's)")
-    parser.add_argument("--max-anticipation-ms", type=float, default=2.0,
+    parser.add_argument("--max-anticipation-ms", type=float, default=5.0,
                         help="the longest an island is held for a higher-priority tenant's next run, 0 to 1000 "
-                             "(default 2; 0: never held)")
+                             "(default 5; 0: never held)")
     args = parser.parse_args(argv)
 
     from pathways import _core, _hosts
