@@ -219,7 +219,9 @@ def configure(
 def devices() -> list:
     """Returns all physical devices of the runtime, ordered by id.
 
-    Starts the runtime if needed.
+    In a tenant of a service (`pw.configure(server=...)`), the devices the
+    service granted it (`devices=`), with its memory on each as their
+    `memory_capacity`. Starts the runtime if needed.
 
     Returns:
       A list of `pathways.Device` (with `id`, `kind`, `island`, `host`,
