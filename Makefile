@@ -49,10 +49,11 @@ test-cpp: deps $(VENV)/.created
 # (the front end, pinned to the minor version whose jaxprs the lowering
 # knows; pathways also works in a process that imported jax and ray, with
 # their own copies of gRPC and abseil) and the JAX libraries whose models
-# the front-end tests run (flax, optax, equinox, haiku).
+# the front-end tests run (flax, optax, equinox, haiku), and tensorstore and Orbax
+# for the checkpoints' tests (Orbax reads pathways' checkpoints, and pathways Orbax's).
 JAX_REQUIREMENT := "jax>=0.10.2,<0.11"
 $(VENV)/.test-deps: $(VENV)/.created
-	$(VPY) -m pip install -q ray $(JAX_REQUIREMENT) flax optax equinox dm-haiku
+	$(VPY) -m pip install -q ray $(JAX_REQUIREMENT) flax optax equinox dm-haiku "tensorstore>=0.1.84" orbax-checkpoint
 	touch $@
 
 # The Python suite three times: hosts in process (the default); each host a

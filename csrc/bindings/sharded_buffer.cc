@@ -247,6 +247,12 @@ void RegisterShardedBuffer(py::module_& m) {
     return handle;
   }, py::arg("buffer"), py::arg("client") = static_cast<SchedulingClient*>(nullptr));
 
+  // Another handle on the same buffer (a checkpoint being written holds one:
+  // delete() of the user's handle leaves the buffer to it).
+  m.def("another_handle", [](const PyShardedBuffer& s) {
+    return std::make_shared<PyShardedBuffer>(s.Get("hold"), s.replicated);
+  }, py::arg("buffer"));
+
   m.def("device_put", [](py::array array, const py::sequence& devices, SchedulingClient* client) {
     const DType dtype = FromNumpyDType(array.dtype(), "device_put: the array");
     py::array c = py::array::ensure(array, py::array::c_style | py::array::forcecast);

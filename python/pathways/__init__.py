@@ -101,6 +101,7 @@ from pathways._custom_derivatives import custom_jvp, custom_vjp
 
 remat = checkpoint  # jax.remat's name
 from pathways import testing  # pw.testing: fault injection
+from pathways import checkpointing  # pw.checkpointing: save and restore, in Orbax's format
 from pathways import tree_util  # pw.tree_util: pytrees (like jax.tree_util)
 from pathways._tenancy import (
     Client,
@@ -229,6 +230,8 @@ __all__ = [
     "tree_map",
     "tree_structure",
     "tree_util",
+    # Checkpoints.
+    "checkpointing",
     # Statistics.
     "memory_stats",
     "transfer_stats",

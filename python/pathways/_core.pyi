@@ -239,6 +239,9 @@ class ShardedBuffer:
     def item(self, *index: Any) -> Any: ...  # np.asarray(self).item(*index)
     def __repr__(self) -> str: ...  # numpy's repr of the value, e.g. "array([3., 5.])"
 
+def another_handle(buffer: ShardedBuffer) -> ShardedBuffer:
+    """Another handle on the same buffer: delete() of `buffer` leaves the buffer to it."""
+
 def replicated_view(buffer: ShardedBuffer, client: Any = None) -> ShardedBuffer: ...  # shard 0 as the value
 def device_put(array: np.ndarray, devices: Sequence[Union[VirtualDevice, Device]]) -> ShardedBuffer:
     """Copies array onto devices, leading axis split over them (array.shape[0] == len(devices)).

@@ -45,7 +45,7 @@ LAYERS = (
     ("runtime", ("pathways._core", "pathways._checks", "pathways._trace_state", "pathways._pytree",
                  "pathways.tree_util", "pathways._devices", "pathways._hosts", "pathways._ray_hosts",
                  "pathways._diagnose", "pathways.testing", "pathways.host",
-                 "pathways._service", "pathways.server")),
+                 "pathways._service", "pathways.server", "pathways._checkpoint_io", "pathways.checkpointing")),
     ("core", ("pathways._primitives", "pathways._tracer")),
     ("transformations", ("pathways._autodiff", "pathways._custom_derivatives",
                          "pathways._control_flow")),

@@ -1,0 +1,233 @@
+"""The on-disk format of pathways checkpoints: Orbax's, with tensorstore.
+
+A checkpoint is a directory as `orbax.checkpoint` writes it with
+`use_ocdbt=True, use_zarr3=True` (orbax-checkpoint 0.12):
+
+    PATH/_METADATA            the tree: each leaf's key path and value type (JSON)
+    PATH/_CHECKPOINT_METADATA timestamps (JSON)
+    PATH/manifest.ocdbt, d/   the OCDBT database every array is read from
+    PATH/ocdbt.process_<w>/   one OCDBT database per writer; the root one refers to their data files
+    PATH/commit_success.txt
+
+Each leaf is a zarr3 array under the key of its path joined by "." ("params.w",
+"layers.0.b"); a scalar is a 0-d array. Every writer (a host, or the client
+for the leaves it holds) writes its shards into a database of its own, with
+a chunk per shard, so that no chunk has two writers; the zarr.json of an
+array is written by one of them. Then the per-writer databases are merged
+into the root one (only their B-tree entries move: the data stays in their
+files), the metadata is written, and the directory, built under
+PATH + ".orbax-checkpoint-tmp", is renamed to PATH: a checkpoint whose
+writing was interrupted never has the final name (Orbax's rule on a local
+file system). Orbax and tensorstore open a pathways checkpoint, and
+pathways opens theirs (zarr v2 too: Orbax's StandardCheckpointer writes it).
+
+tensorstore only, no pathways runtime: the hosts run these functions too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+METADATA = "_METADATA"
+CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
+COMMIT_FILE = "commit_success.txt"
+WRITER_PREFIX = "ocdbt.process_"
+
+# _METADATA's key types (orbax.checkpoint's KeyType) and value types.
+KEY_SEQUENCE = 1
+KEY_DICT = 2
+VALUE_ARRAY = "jax.Array"
+VALUE_NUMPY = "np.ndarray"
+VALUE_SCALAR = "scalar"
+
+_context: list = []
+
+
+def tensorstore() -> Any:
+    """The tensorstore module; ImportError saying how to install it."""
+    try:
+        import tensorstore as ts
+    except ImportError as e:
+        raise ImportError("pathways checkpoints need tensorstore: pip install 'pathways[checkpoint]' "
+                          f"(or pip install tensorstore): {e}") from None
+    return ts
+
+
+def context() -> Any:
+    """The tensorstore context of every open (the resources the OCDBT specs name)."""
+    if not _context:
+        ts = tensorstore()
+        _context.append(ts.Context({"file_io_concurrency": {"limit": 128},
+                                    "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000}}))
+    return _context[0]
+
+
+def ocdbt(directory: str, write: bool = False, path: Optional[str] = None) -> dict:
+    """The kvstore spec of the OCDBT database in `directory` (as Orbax opens it)."""
+    d = os.path.abspath(directory).rstrip("/") + "/"
+    kv: dict = {"driver": "ocdbt", "base": {"driver": "file", "path": d, "file_io_locking": {"mode": "non_atomic"}},
+                "manifest": {"driver": "file", "path": d}, "cache_pool": "cache_pool#ocdbt"}
+    if write:
+        kv.update(target_data_file_size=2**31, assume_config=True,
+                  config={"max_inline_value_bytes": 1024, "max_decoded_node_bytes": 100_000_000,
+                          "manifest_kind": "single"})
+    if path is not None:
+        kv["path"] = path
+    return kv
+
+
+def zarr3_metadata(shape: Sequence[int], chunk: Sequence[int]) -> dict:
+    """zarr3 metadata of an array of `shape` written in chunks of `chunk` (Orbax's codecs)."""
+    return {"shape": list(shape),
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk)}},
+            "codecs": [{"name": "sharding_indexed", "configuration": {
+                "chunk_shape": list(chunk),
+                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                           {"name": "zstd", "configuration": {"level": 3}}],
+                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                "index_location": "end"}}]}
+
+
+def writer_dir(tmp: str, writer: str) -> str:
+    """The directory of writer `writer`'s database ([A-Za-z0-9]+, as Orbax's process names)."""
+    if not writer.isalnum():
+        raise ValueError(f"a checkpoint writer's name is letters and digits, got {writer!r}")
+    return os.path.join(tmp, WRITER_PREFIX + writer)
+
+
+def write_parts(database: str, parts: Sequence[dict]) -> None:
+    """Writes `parts` into the OCDBT database in `database`, at once.
+
+    Each part: {"key": the array's key, "shape", "chunk", "dtype" (a numpy
+    dtype name), "create": whether this writer writes its zarr.json,
+    "index": a tuple of slices of the array, "value": the numpy array
+    there}. Parts of one array must cover whole chunks.
+    """
+    ts = tensorstore()
+    ctx = context()
+    os.makedirs(database, exist_ok=True)
+    writes = []
+    stores: dict = {}
+    for part in parts:
+        key = part["key"]
+        if key not in stores:
+            spec = {"driver": "zarr3", "kvstore": ocdbt(database, write=True, path=key + "/"),
+                    "metadata": zarr3_metadata(part["shape"], part["chunk"]), "dtype": part["dtype"],
+                    "recheck_cached_data": False, "recheck_cached_metadata": False,
+                    "store_data_equal_to_fill_value": True}
+            if part["create"]:
+                stores[key] = ts.open(spec, create=True, open=True, context=ctx).result()
+            else:
+                stores[key] = ts.open(spec, open=True, assume_metadata=True, context=ctx).result()
+        writes.append(stores[key][part["index"]].write(part["value"]))
+    for w in writes:
+        w.result()
+
+
+def merge(tmp: str) -> None:
+    """Merges every writer's database in `tmp` into its root database (one atomic transaction)."""
+    ts = tensorstore()
+    ctx = context()
+    writers = sorted(d for d in os.listdir(tmp) if d.startswith(WRITER_PREFIX))
+    parent = ts.KvStore.open(ocdbt(tmp, write=True), context=ctx).result()
+    txn = ts.Transaction(atomic=True)
+    for w in writers:
+        child = ts.KvStore.open(ocdbt(os.path.join(tmp, w)), context=ctx).result()
+        child.experimental_copy_range_to(parent.with_transaction(txn)).result()
+    txn.commit_async().result()
+
+
+def metadata_key(names: Sequence[str]) -> str:
+    """_METADATA's key of a leaf: the str of its key path's tuple, "('a', 'b')"."""
+    return str(tuple(names))
+
+
+def write_metadata(tmp: str, leaves: Sequence[tuple]) -> None:
+    """_METADATA and _CHECKPOINT_METADATA: `leaves` are (names, key types, value type)."""
+    tree = {}
+    for names, key_types, value_type in leaves:
+        tree[metadata_key(names)] = {
+            "key_metadata": [{"key": n, "key_type": t} for n, t in zip(names, key_types)],
+            "value_metadata": {"value_type": value_type, "skip_deserialize": False}}
+    _write_json(os.path.join(tmp, METADATA), {"tree_metadata": tree, "use_ocdbt": True, "use_zarr3": True,
+                                              "store_array_data_equal_to_fill_value": True,
+                                              "custom_metadata": None})
+    now = time.time_ns()
+    _write_json(os.path.join(tmp, CHECKPOINT_METADATA), {
+        "item_handlers": "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler",
+        "metrics": {}, "performance_metrics": {}, "init_timestamp_nsecs": now, "commit_timestamp_nsecs": now,
+        "custom_metadata": {}})
+
+
+def commit(tmp: str, final: str) -> None:
+    """Marks `tmp` complete and renames it `final` (which must not exist)."""
+    with open(os.path.join(tmp, COMMIT_FILE), "w", encoding="utf-8") as f:
+        f.write(f"Checkpoint commit was successful to {final}")
+    _fsync_dir(tmp)
+    os.rename(tmp, final)
+    _fsync_dir(os.path.dirname(final) or ".")
+
+
+def remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def read_metadata(path: str) -> dict:
+    """The _METADATA of the complete checkpoint at `path`.
+
+    Raises:
+      ValueError: If `path` is an interrupted checkpoint, or not one.
+    """
+    if path.rstrip("/").endswith(TMP_SUFFIX):
+        raise ValueError(f"restore: {path!r} is a checkpoint whose writing did not finish "
+                         f"(its name ends in {TMP_SUFFIX!r})")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"restore: no checkpoint at {path!r}")
+    try:
+        with open(os.path.join(path, METADATA), encoding="utf-8") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"restore: {path!r} is not a complete checkpoint: it has no {METADATA}") from None
+    except ValueError as e:
+        raise ValueError(f"restore: {path!r} has a malformed {METADATA}: {e}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("tree_metadata"), dict):
+        raise ValueError(f"restore: {path!r} has a malformed {METADATA} (no tree_metadata)")
+    if not meta.get("use_ocdbt", True):
+        raise ValueError(f"restore: {path!r} was written without OCDBT (use_ocdbt=False), which pathways "
+                         "does not read")
+    return meta
+
+
+def open_array(path: str, key: str, zarr3: bool) -> Any:
+    """The array `key` of the checkpoint at `path`, opened to read."""
+    ts = tensorstore()
+    spec = {"driver": "zarr3" if zarr3 else "zarr", "kvstore": ocdbt(path, path=key + "/"),
+            "recheck_cached_data": False, "recheck_cached_metadata": False, "fill_missing_data_reads": False}
+    return ts.open(spec, open=True, read=True, context=context()).result()
+
+
+def _write_json(path: str, value: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
