@@ -21,8 +21,10 @@
 #include "csrc/client/service_link.h"
 #include "csrc/coordination/auth.h"
 #include "csrc/host/host_main.h"
+#include "csrc/host/shard_writer.h"
 #include "csrc/service/service.h"
 #endif
+#include "csrc/bindings/sharded_buffer.h"
 
 namespace pw::bindings {
 namespace py = pybind11;
@@ -153,6 +155,62 @@ void RegisterHost(py::module_& m) {
 #endif
     return py::none();
   }, "This process's tenant id at its service, or None when it is not a tenant.");
+  m.def("save_shards", [](int host, const std::string& database, const std::vector<py::tuple>& buffers) {
+#if PATHWAYS_WITH_HOSTS
+    Runtime& rt = GetRuntime();
+    if (rt.remote() == nullptr) throw py::value_error("save_shards: the hosts are in this process");
+    wire::SaveShards request;
+    request.set_database(database);
+    std::vector<std::shared_ptr<ShardedBuffer>> held;
+    for (const py::tuple& t : buffers) {
+      if (t.size() != 2) throw py::value_error("save_shards: each buffer is (ShardedBuffer, spec_json)");
+      std::shared_ptr<ShardedBuffer> b = t[0].cast<const PyShardedBuffer&>().Get("save");
+      wire::ShardsToSave* s = request.add_buffers();
+      s->set_buffer_id(b->remote_id());
+      s->set_spec_json(t[1].cast<std::string>());
+      held.push_back(std::move(b));
+    }
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      // Done here means done on the hosts (a run not sent yet has no buffer there).
+      for (const auto& b : held) status.Update(b->Await());
+      if (status.ok()) status = rt.remote()->SaveShards(host, std::move(request));
+    }
+    ThrowIfError(status);
+#else
+    throw py::value_error("save_shards: this build has no host processes");
+#endif
+  }, py::arg("host"), py::arg("database"), py::arg("buffers"),
+     "Has host `host` write its shards of `buffers` ((ShardedBuffer, spec_json) pairs) into the checkpoint "
+     "database `database`, once they are done (internal: pathways.checkpointing).");
+  m.def("set_shard_writer", [](py::object writer) {
+#if PATHWAYS_WITH_HOSTS
+    if (writer.is_none()) {
+      SetShardWriter(nullptr);
+      return;
+    }
+    // Kept for the process's life: a writer may be called until it exits.
+    auto* fn = new py::object(std::move(writer));
+    SetShardWriter([fn](const std::string& database, std::vector<ShardsToWrite> shards) -> absl::Status {
+      py::gil_scoped_acquire gil;
+      try {
+        py::list items;
+        for (ShardsToWrite& s : shards) {
+          items.append(py::make_tuple(py::str(s.spec_json), py::bytes(s.data)));
+          std::string().swap(s.data);  // one copy at a time
+        }
+        (*fn)(database, items);
+        return absl::OkStatus();
+      } catch (py::error_already_set& e) {
+        return absl::InternalError(absl::StrCat("the checkpoint writer failed: ", e.what()));
+      }
+    });
+#else
+    (void)writer;
+#endif
+  }, py::arg("writer"),
+     "This host process's checkpoint writer: writer(database, [(spec_json, bytes)]) (internal: pathways.host).");
   m.def("control_messages", []() -> py::object {
 #if PATHWAYS_WITH_HOSTS
     Runtime& rt = GetRuntime();

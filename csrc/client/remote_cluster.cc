@@ -1104,6 +1104,25 @@ void RemoteCluster::FailDevices(absl::Span<Device* const> devices) {
   (void)replies->Wait(kFailTimeoutNs, "failing devices");
 }
 
+absl::Status RemoteCluster::SaveShards(int host, wire::SaveShards request) {
+  if (links_->admits_runs()) {
+    return absl::PermissionDeniedError(
+        "a service's tenant cannot have the hosts write a checkpoint (the hosts are the service's)");
+  }
+  if (host < 0 || host >= links_->num_hosts()) {
+    return absl::InvalidArgumentError(absl::StrCat("save_shards: no host ", host));
+  }
+  constexpr int64_t kDayNs = int64_t{86400} * 1'000'000'000;  // a write takes what it takes; a lost host fails it
+  auto replies = std::make_shared<HostReplies>(1);
+  wire::Request r;
+  *r.mutable_save_shards() = std::move(request);
+  Send(host, std::move(r), [replies](absl::StatusOr<wire::Reply> reply) {
+    replies->Done(reply.ok() ? ReplyStatus(*reply) : reply.status());
+  });
+  Flush(host);
+  return replies->Wait(kDayNs, "writing a checkpoint");
+}
+
 void RemoteCluster::Free(const ShardedBuffer& buffer) {
   // Not under mu_: a buffer may go while a dispatch holds it (its own error
   // path). Nothing names a buffer once it is gone, so its free may wait for

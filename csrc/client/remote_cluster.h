@@ -113,6 +113,13 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // no earlier take reported (the hang watchdog). remote_diagnosis.cc.
   void Describe(Diagnosis& diagnosis, int64_t timeout_ns, int64_t min_wait_ns = 0, bool take = false);
 
+  // Has `host` write its shards of buffers into a checkpoint's database
+  // (wire::SaveShards; pw.checkpointing) and waits for it: the buffers must
+  // be done here (the hosts have them). The host's error (a buffer's, the
+  // writer's, HostLostError), or PermissionDenied for a service's tenant
+  // (the hosts are not its to write files with).
+  absl::Status SaveShards(int host, wire::SaveShards request);
+
   // Fault injection (Runtime::FailDevices): tells the hosts of `devices`
   // that they have failed, so their parts and transfers fail there too.
   // Waits (bounded) until every such host has taken it; a lost host is

@@ -15,6 +15,7 @@
 #include "csrc/base/spin.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/function_ir/function_ir_wire.h"
+#include "csrc/host/shard_writer.h"
 
 namespace pw {
 namespace {
@@ -178,6 +179,23 @@ HostExecutor::~HostExecutor() {
     ender.swap(ender_);
   }
   if (ender.joinable()) ender.join();
+  // Checkpoint writes under way finish; those queued are dropped (their
+  // callers hear Cancelled).
+  std::thread storage;
+  std::deque<absl::AnyInvocable<void(bool run) &&>> dropped;
+  {
+    MutexLock lock(&storage_mu_);
+    storage_stopping_ = true;
+    storage_cv_.SignalAll();
+    storage.swap(storage_);
+  }
+  if (storage.joinable()) storage.join();
+  {
+    MutexLock lock(&storage_mu_);
+    dropped.swap(storage_jobs_);
+  }
+  for (auto& job : dropped) std::move(job)(false);
+  dropped.clear();
   health_.Wake();  // parts in their simulated time stop
   // Parts waiting in a collective for other hosts stop too.
   AbortGroupsWith(-1, absl::CancelledError(absl::StrCat("host ", host_id_, " is stopping")));
@@ -1084,6 +1102,98 @@ void HostExecutor::Free(const wire::FreeBuffers& request, SessionId session) { b
 void HostExecutor::Fetch(const wire::FetchBuffer& request,
                          absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done, SessionId session) {
   buffers_.Fetch(session, request, std::move(done));
+}
+
+void HostExecutor::SaveShards(const wire::SaveShards& request, absl::AnyInvocable<void(absl::Status) &&> done,
+                              SessionId session) {
+  ShardWriter writer = GetShardWriter();
+  if (!writer) {
+    std::move(done)(absl::UnimplementedError(absl::StrCat(
+        "host ", host_id_, " has no checkpoint writer (a host process started by `python -m pathways.host` has one)")));
+    return;
+  }
+  // The buffers' bytes here once each is done (as a fetch), then the write
+  // on the storage thread.
+  struct Job {
+    Mutex mu;
+    int left ABSL_GUARDED_BY(mu) = 0;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    std::vector<ShardsToWrite> shards;
+    std::string database;
+    ShardWriter writer;
+    absl::AnyInvocable<void(absl::Status) &&> done;
+  };
+  auto job = std::make_shared<Job>();
+  job->database = request.database();
+  job->writer = std::move(writer);
+  job->done = std::move(done);
+  job->shards.resize(request.buffers_size());
+  auto write = [this, job] {
+    absl::Status status;
+    {
+      MutexLock lock(&job->mu);
+      status = job->status;
+    }
+    if (!status.ok()) {
+      std::move(job->done)(status);
+      return;
+    }
+    MutexLock lock(&storage_mu_);
+    if (storage_stopping_) {
+      std::move(job->done)(absl::CancelledError(absl::StrCat("host ", host_id_, " is stopping")));
+      return;
+    }
+    storage_jobs_.push_back([this, job](bool run) mutable {
+      if (!run) {
+        std::move(job->done)(absl::CancelledError(absl::StrCat("host ", host_id_, " stopped before it wrote")));
+        return;
+      }
+      absl::Status written = job->writer(job->database, std::move(job->shards));
+      std::move(job->done)(std::move(written));
+    });
+    if (!storage_.joinable()) storage_ = std::thread([this] { StorageLoop(); });
+    storage_cv_.Signal();
+  };
+  if (request.buffers_size() == 0) {
+    write();
+    return;
+  }
+  {
+    MutexLock lock(&job->mu);
+    job->left = request.buffers_size();
+  }
+  for (int i = 0; i < request.buffers_size(); ++i) {
+    job->shards[i].spec_json = request.buffers(i).spec_json();
+    wire::FetchBuffer fetch;
+    fetch.set_buffer_id(request.buffers(i).buffer_id());
+    buffers_.Fetch(session, fetch, [job, i, write](absl::StatusOr<std::string> data) {
+      bool last = false;
+      {
+        MutexLock lock(&job->mu);
+        if (data.ok()) {
+          job->shards[i].data = *std::move(data);
+        } else {
+          job->status.Update(data.status());
+        }
+        last = --job->left == 0;
+      }
+      if (last) write();
+    });
+  }
+}
+
+void HostExecutor::StorageLoop() {
+  while (true) {
+    absl::AnyInvocable<void(bool run) &&> job;
+    {
+      MutexLock lock(&storage_mu_);
+      while (storage_jobs_.empty() && !storage_stopping_) storage_cv_.Wait(&storage_mu_);
+      if (storage_stopping_) return;
+      job = std::move(storage_jobs_.front());
+      storage_jobs_.pop_front();
+    }
+    std::move(job)(true);
+  }
 }
 
 wire::QueuesReply HostExecutor::DescribeQueues(SessionId session) {

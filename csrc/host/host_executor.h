@@ -172,6 +172,13 @@ class HostExecutor {
   void Fetch(const wire::FetchBuffer& request, absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done,
              SessionId session = kOneSession);
   void Free(const wire::FreeBuffers& request, SessionId session = kOneSession);
+  // Writes this host's shards of the buffers into a checkpoint's database
+  // (wire::SaveShards), once they are done, with the process's shard
+  // writer (shard_writer.h) on the storage thread; `done` gets its status.
+  // Unimplemented without a writer; a buffer's error, NotFound for an
+  // unknown one, or the writer's error otherwise.
+  void SaveShards(const wire::SaveShards& request, absl::AnyInvocable<void(absl::Status) &&> done,
+                  SessionId session = kOneSession);
   // Forgets functions and programs the client dropped (and why a load of
   // them failed). Runs under way keep what they use; an id not loaded here
   // is ignored (the client sends each host only what it loaded there).
@@ -347,6 +354,15 @@ class HostExecutor {
   absl::flat_hash_map<SessionId, SessionRuns> session_runs_ ABSL_GUARDED_BY(sessions_mu_);
   absl::flat_hash_map<SessionId, Ending> endings_ ABSL_GUARDED_BY(sessions_mu_);
   std::thread ender_ ABSL_GUARDED_BY(sessions_mu_);  // started by the first EndSession
+  // Checkpoint writes (SaveShards), one at a time, off the threads that
+  // serve requests and run gangs.
+  Mutex storage_mu_;
+  CondVar storage_cv_;
+  // Each job runs with true, or, dropped as the host stops, with false.
+  std::deque<absl::AnyInvocable<void(bool run) &&>> storage_jobs_ ABSL_GUARDED_BY(storage_mu_);
+  bool storage_stopping_ ABSL_GUARDED_BY(storage_mu_) = false;
+  std::thread storage_ ABSL_GUARDED_BY(storage_mu_);  // started by the first SaveShards
+  void StorageLoop();
   // The parts (see the top), each locked on its own. Declared in the order
   // they use each other: a part uses only those above it.
   HostHealth health_;

@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/status_macros.h"
@@ -35,6 +36,7 @@
 #include "csrc/function_ir/function_ir.h"
 #include "csrc/function_ir/function_ir_wire.h"
 #include "csrc/kernels/function_executable.h"
+#include "csrc/host/shard_writer.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -531,6 +533,53 @@ TEST(HostExecutorTest, PutFetchFreeAcrossTwoHosts) {
     auto gone = cluster->FetchFrom(h, 7);
     EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
   }
+}
+
+// A checkpoint's shards (SaveShards): each host hands its process's shard
+// writer its shards of each buffer, in list order, with the client's spec,
+// once the buffer is done; without a writer it refuses.
+TEST(HostExecutorTest, SaveShardsHandsTheWriterThisHostsShards) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {2, 0, 3, 1}));
+  const Bytes full = ToBytes(Iota<float>(4 * 5, 1.f, 0.5f));
+  ASSERT_OK(cluster->Put(7, 1, full));
+  auto save = [&](int h, uint64_t id) {
+    wire::SaveShards request;
+    request.set_database("/db");
+    wire::ShardsToSave* b = request.add_buffers();
+    b->set_buffer_id(id);
+    b->set_spec_json("{\"key\": \"w\"}");
+    absl::Notification done;
+    absl::Status status;
+    cluster->host(h).SaveShards(request, [&](absl::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    return status;
+  };
+  EXPECT_EQ(save(0, 7).code(), absl::StatusCode::kUnimplemented);  // no writer
+  Mutex mu;
+  std::vector<std::pair<std::string, std::vector<ShardsToWrite>>> written;
+  SetShardWriter([&](const std::string& database, std::vector<ShardsToWrite> shards) {
+    MutexLock lock(&mu);
+    written.emplace_back(database, std::move(shards));
+    return absl::OkStatus();
+  });
+  ASSERT_OK(save(0, 7));
+  ASSERT_OK(save(1, 7));
+  EXPECT_EQ(save(0, 12345).code(), absl::StatusCode::kNotFound);
+  SetShardWriter([](const std::string&, std::vector<ShardsToWrite>) { return absl::DataLossError("disk full"); });
+  EXPECT_EQ(save(1, 7).code(), absl::StatusCode::kDataLoss);
+  SetShardWriter(nullptr);
+  MutexLock lock(&mu);
+  ASSERT_EQ(written.size(), 2u);
+  const char* f = reinterpret_cast<const char*>(full.data());
+  EXPECT_EQ(written[0].first, "/db");
+  ASSERT_EQ(written[0].second.size(), 1u);
+  EXPECT_EQ(written[0].second[0].spec_json, "{\"key\": \"w\"}");
+  EXPECT_EQ(written[0].second[0].data, std::string(f + 20, 20) + std::string(f + 60, 20));  // positions 1, 3
+  EXPECT_EQ(written[1].second[0].data, std::string(f + 0, 20) + std::string(f + 40, 20));   // positions 0, 2
 }
 
 TEST(HostExecutorTest, PutOfNothingAndOnOneHostOnly) {

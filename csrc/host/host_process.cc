@@ -409,6 +409,7 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kPeersLost:
     case wire::Request::kEndSession:
     case wire::Request::kTenantKey:
+    case wire::Request::kSaveShards:
       break;
     default:
       return false;
@@ -497,6 +498,24 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
       break;
     case wire::Request::kFree:
       executor->Free(request.free(), ids_session);
+      break;
+    case wire::Request::kSaveShards:
+      // The client's own: writing files on this host's machine is not a
+      // service's tenant's to ask (a service does not forward it).
+      if (request.session() != 0) {
+        reply_with(absl::PermissionDeniedError("a tenant may not have a host write a checkpoint"));
+        break;
+      }
+      executor->SaveShards(
+          request.save_shards(),
+          [session, id](absl::Status status) {
+            if (id == 0) return;
+            wire::Reply reply;
+            reply.set_id(id);
+            if (!status.ok()) ToWire(status, reply.mutable_status());
+            session->Reply(std::move(reply));
+          },
+          ids_session);
       break;
     case wire::Request::kUnload:
       executor->Unload(request.unload(), ids_session);

@@ -131,6 +131,43 @@ def write_parts(database: str, parts: Sequence[dict]) -> None:
         w.result()
 
 
+def buffer_spec(key: str, shape: Sequence[int], dtype: str, positions: Sequence[int], replicated: bool) -> str:
+    """What a host needs to write its shards of one buffer (wire::ShardsToSave.spec_json).
+
+    A split buffer's shard i is row i of the array (a chunk of its own), and
+    the host of shard 0 writes the array's zarr.json; a replicated one is
+    written whole by one host. `positions`: the host's shards' places in the
+    buffer's device list, in order.
+    """
+    return json.dumps({"key": key, "shape": list(shape), "dtype": dtype, "positions": list(positions),
+                       "replicated": bool(replicated)})
+
+
+def parts_of(spec: dict, local: np.ndarray) -> list:
+    """write_parts' parts of one buffer's shards on a host (`local`: one row per position)."""
+    shape = tuple(spec["shape"])
+    if spec["replicated"]:
+        return [{"key": spec["key"], "shape": shape, "chunk": shape, "dtype": spec["dtype"], "create": True,
+                 "index": (), "value": local[0]}]
+    chunk = (1,) + shape[1:]
+    return [{"key": spec["key"], "shape": shape, "chunk": chunk, "dtype": spec["dtype"], "create": p == 0,
+             "index": (slice(p, p + 1),), "value": local[j:j + 1]} for j, p in enumerate(spec["positions"])]
+
+
+def host_write_shards(database: str, items: Sequence[tuple]) -> None:
+    """A host process's shard writer (host/shard_writer.h): (spec_json, bytes of its shards) pairs."""
+    import ml_dtypes  # noqa: F401 (bfloat16 for np.dtype)
+
+    parts = []
+    for spec_json, data in items:
+        spec = json.loads(spec_json)
+        dtype = np.dtype(spec["dtype"])
+        shard = tuple(spec["shape"]) if spec["replicated"] else tuple(spec["shape"][1:])
+        local = np.frombuffer(data, dtype).reshape((len(spec["positions"]),) + shard)
+        parts.extend(parts_of(spec, local))
+    write_parts(database, parts)
+
+
 def merge(tmp: str) -> None:
     """Merges every writer's database in `tmp` into its root database (one atomic transaction)."""
     ts = tensorstore()

@@ -20,6 +20,7 @@ reads as complete.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import numbers
 import os
 from typing import Any, Optional, Sequence
@@ -73,8 +74,8 @@ def _path_arg(where: str, path: Any) -> str:
     return os.path.abspath(path).rstrip("/")
 
 
-def _remote() -> bool:
-    return _core.topology()["hosts"] != "in_process"
+def _hosts_mode() -> str:
+    return _core.topology()["hosts"]
 
 
 class _Leaf:
@@ -110,8 +111,8 @@ def save(path: Any, tree: Any) -> concurrent.futures.Future:
       TypeError: For a path that is not one, or a leaf of another type.
       ValueError: For an empty tree or a key that cannot name an array.
       FileExistsError: If `path` exists.
-      NotImplementedError: With hosts as processes (not yet: their shards
-        would have to come through this process).
+      NotImplementedError: In a service's tenant, for buffers (the hosts
+        are the service's).
     """
     final = _path_arg("save", path)
     pairs, _ = _pytree.tree_flatten_with_path(tree)
@@ -126,10 +127,10 @@ def save(path: Any, tree: Any) -> concurrent.futures.Future:
         if isinstance(value, _core.ShardedBuffer):
             if value.is_deleted():
                 raise ValueError(f"save: the buffer at {_pytree.keystr(key_path)} was deleted")
-            if _remote():
+            if _hosts_mode() == "service":
                 raise NotImplementedError(
-                    "save: checkpoints of buffers on host processes are not written yet (the hosts write "
-                    "their own shards: issue 28); with hosts='in_process' they are")
+                    "save: a service's tenant cannot have the hosts write a checkpoint yet (the hosts are the "
+                    "service's, and would write files on their machines for it)")
             leaf = _Leaf(names, types, io.VALUE_ARRAY)
             leaf.buffer = _core.another_handle(value)  # held until written
         elif isinstance(value, (np.ndarray, np.generic)) and value.dtype != object:
@@ -154,22 +155,29 @@ def save(path: Any, tree: Any) -> concurrent.futures.Future:
 def _write(tmp: str, final: str, leaves: list) -> str:
     try:
         by_writer: dict = {}  # writer name -> parts
+        remote = _hosts_mode() != "in_process"
+        by_host: dict = {}  # host processes: host -> [(buffer, spec_json)]
         for leaf in leaves:
             if leaf.value_type != io.VALUE_ARRAY:
                 v = leaf.value
                 by_writer.setdefault("client", []).append(
                     {"key": leaf.key, "shape": v.shape, "chunk": v.shape or (), "dtype": v.dtype.name,
                      "create": True, "index": (), "value": v})
-                continue
-            _host_parts(leaf, by_writer)
-        # Each writer's database at once, the writers in parallel (in
-        # process, the hosts are this process's threads).
-        jobs = [(name, parts) for name, parts in by_writer.items()]
+            elif remote:
+                _host_specs(leaf, by_host)
+            else:
+                _host_parts(leaf, by_writer)
+        # Each writer's database at once, the writers in parallel: the host
+        # processes write their own shards; in process, the hosts are this
+        # process's threads.
+        jobs = [(io.write_parts, io.writer_dir(tmp, n), p) for n, p in by_writer.items()]
+        jobs += [(lambda d, items, h=h: _core.save_shards(h, d, items), io.writer_dir(tmp, f"h{h}"), items)
+                 for h, items in by_host.items()]
         if len(jobs) == 1:
-            io.write_parts(io.writer_dir(tmp, jobs[0][0]), jobs[0][1])
+            jobs[0][0](jobs[0][1], jobs[0][2])
         else:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(jobs))) as pool:
-                for f in [pool.submit(io.write_parts, io.writer_dir(tmp, n), p) for n, p in jobs]:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
+                for f in [pool.submit(fn, d, p) for fn, d, p in jobs]:
                     f.result()
         io.merge(tmp)
         io.write_metadata(tmp, [(leaf.names, leaf.types, leaf.value_type) for leaf in leaves])
@@ -185,22 +193,28 @@ def _write(tmp: str, final: str, leaves: list) -> str:
             leaf.buffer = None
 
 
-def _host_parts(leaf: _Leaf, by_writer: dict) -> None:
-    """The parts of a buffer's leaf, each with the host that holds its shard."""
+def _host_specs(leaf: _Leaf, by_host: dict) -> None:
+    """What each host process writes of a buffer's leaf (a replicated one: its first device's host)."""
     buf = leaf.buffer
-    value = np.asarray(buf)  # in process: the shards are this process's memory
-    devices = buf.devices
-    dtype = value.dtype.name
-    if buf.is_replicated:
-        by_writer.setdefault(f"h{devices[0].host}", []).append(
-            {"key": leaf.key, "shape": value.shape, "chunk": value.shape, "dtype": dtype, "create": True,
-             "index": (), "value": value})
-        return
-    chunk = (1,) + value.shape[1:]
-    for i, d in enumerate(devices):
-        by_writer.setdefault(f"h{d.host}", []).append(
-            {"key": leaf.key, "shape": value.shape, "chunk": chunk, "dtype": dtype, "create": i == 0,
-             "index": (slice(i, i + 1),), "value": value[i:i + 1]})
+    hosts = [d.host for d in buf.devices]
+    dtype = np.dtype(buf.dtype).name
+    writers = [hosts[0]] if buf.is_replicated else sorted(set(hosts))
+    for h in writers:
+        positions = [i for i, x in enumerate(hosts) if x == h]
+        by_host.setdefault(h, []).append(
+            (buf, io.buffer_spec(leaf.key, buf.shape, dtype, positions, buf.is_replicated)))
+
+
+def _host_parts(leaf: _Leaf, by_writer: dict) -> None:
+    """In process: the parts each host writes of a buffer's leaf (the shards are this process's memory)."""
+    value = np.asarray(leaf.buffer)
+    specs: dict = {}
+    _host_specs(leaf, specs)
+    for h, items in specs.items():
+        for _, spec_json in items:
+            spec = json.loads(spec_json)
+            local = value[None] if spec["replicated"] else value[np.asarray(spec["positions"])]
+            by_writer.setdefault(f"h{h}", []).extend(io.parts_of(spec, local))
 
 
 def restore(path: Any, like: Any = None, devices: Optional[Sequence[Any]] = None) -> Any:
@@ -284,12 +298,19 @@ def _own_tree(tree_meta: dict) -> tuple:
     return [(leaf, None) for _, leaf in pairs], treedef
 
 
+def _onto_devices(key: str) -> None:
+    if _hosts_mode() != "in_process":
+        raise NotImplementedError(f"restore: reading {key!r} onto devices of host processes is not done yet (the "
+                                  "hosts will read their own shards: issue 28); restore it as numpy (like=None)")
+
+
 def _place(key: str, value: np.ndarray, value_type: str, target: Any, devices: Optional[list]) -> Any:
     if target is None:
         if value_type == io.VALUE_SCALAR:
             return value.item()
         if devices is None:
             return value
+        _onto_devices(key)
         if value.ndim >= 1 and value.shape[0] == len(devices):
             return _core.device_put(np.ascontiguousarray(value), devices, None)
         return _replicated(value, devices)
@@ -297,6 +318,7 @@ def _place(key: str, value: np.ndarray, value_type: str, target: Any, devices: O
         if target.is_deleted():
             raise ValueError(f"restore: like's buffer for {key!r} was deleted: it says where to restore")
         _check_shape(key, value, target.shape)
+        _onto_devices(key)
         value = value.astype(target.dtype, copy=False)
         if target.is_replicated:
             return _replicated(value, list(target.devices))

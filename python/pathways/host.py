@@ -54,8 +54,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "-h" in args or "--help" in args:
         print(__doc__)
         return 0
-    from pathways import _core
+    from pathways import _checkpoint_io, _core
 
+    # Checkpoints: this host writes its own shards (pw.checkpointing).
+    _core.set_shard_writer(_checkpoint_io.host_write_shards)
     try:
         return _core.run_host(args)
     except ValueError as e:
