@@ -71,6 +71,10 @@ class HostLinks {
   // True when the far end (a service) admits runs: the client sends each at
   // once and leaves policy, windows and order across clients to it.
   virtual bool admits_runs() const { return false; }
+  // Ends every session (HostChannel::Close): the runtime shuts down, and no
+  // thread of the links may run on while the process exits. Later requests
+  // fail with `why`. Idempotent.
+  virtual void Close(const absl::Status& why) = 0;
 };
 
 }  // namespace pw

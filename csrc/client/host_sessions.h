@@ -95,6 +95,9 @@ class HostSessions final : public HostLinks {
   // Surviving hosts told of a loss so far (PeersLost requests sent; tests).
   int64_t survivors_told() const { return survivors_told_.load(std::memory_order_relaxed); }
   HostChannel& channel(int host) { return *channels_[host]; }
+  void Close(const absl::Status& why) override {
+    for (auto& c : channels_) c->Close(why);
+  }
   // Every host, by id. A host is listed lost once its loss has been dealt
   // with (the survivors told, the LostCallback returned: its devices are
   // failed by then in a RemoteCluster), so whoever sees it lost also sees

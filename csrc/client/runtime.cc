@@ -358,7 +358,21 @@ void Runtime::ShutdownDefault() {
     MutexLock lock(&default_mu);
     rt = default_runtime;
   }
-  if (rt != nullptr) rt->Shutdown();
+  if (rt != nullptr) {
+    rt->Shutdown();
+#if PATHWAYS_WITH_HOSTS
+    // The process is exiting: the sessions with the hosts end now, so that
+    // none of their threads (heartbeats, a stream's end as the host
+    // processes stop) calls back while the process's statics are destroyed.
+    // (Shutdown alone leaves them open: finished results stay readable.)
+    if (rt->remote_ != nullptr) {
+      rt->remote_->links().Close(absl::CancelledError("the pathways runtime shut down (the process is exiting)"));
+    }
+    // So does the server external hosts registered with (the others'
+    // launcher state is their launcher's, Python's, and stops with it).
+    if (rt->cluster_->options().hosts == HostsMode::kExternal) rt->launcher_state_.reset();
+#endif
+  }
 }
 
 // Counts a call into the runtime for the length of a scope, and says whether

@@ -85,7 +85,9 @@ class Runtime {
   // True once ShutdownDefault() has begun.
   static bool DefaultIsShutDown();
   // Shuts the default runtime down (called at interpreter exit): see
-  // Shutdown(). Does nothing in a forked child.
+  // Shutdown(); then, with host processes, ends the sessions with them
+  // (HostLinks::Close), so that no thread of theirs runs while the process
+  // exits. Does nothing in a forked child.
   static void ShutdownDefault();
 
   // Stops the runtime promptly, whatever is queued: from now on Execute()

@@ -213,9 +213,9 @@ void ServiceLink::SendRun(const std::vector<int>& hosts, std::vector<wire::Reque
 
 void ServiceLink::Close(const absl::Status& why) {
   for (auto& d : direct_) {
-    if (d != nullptr) d->Lose(why);
+    if (d != nullptr) d->Close(why);
   }
-  channel_->Lose(why);
+  channel_->Close(why);
 }
 
 absl::Status ServiceLink::status(int host) const {

@@ -79,7 +79,7 @@ class ServiceLink final : public HostLinks {
   // Ends the tenant's sessions (the runtime shuts down): the service frees
   // what the tenant held, and no thread of them runs on while the process
   // exits. Later requests fail with `why`. Idempotent.
-  void Close(const absl::Status& why);
+  void Close(const absl::Status& why) override;
 
   // HostLinks
   int num_hosts() const override { return tenant_.host_addresses_size(); }

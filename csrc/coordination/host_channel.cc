@@ -235,6 +235,13 @@ absl::Status HostChannel::Authenticate(const std::string& nonce, bool tls, int64
 }
 
 HostChannel::~HostChannel() {
+  Close(absl::CancelledError(absl::StrCat("the session with ", options_.host_name, " was closed")));
+}
+
+void HostChannel::Close(absl::Status why) {
+  MutexLock closing(&close_mu_);
+  if (closed_) return;
+  closed_ = true;
   {
     MutexLock lock(&mu_);
     stopping_ = true;
@@ -243,7 +250,7 @@ HostChannel::~HostChannel() {
   }
   if (heartbeat_.joinable()) heartbeat_.join();
   if (stream_ == nullptr) return;
-  Lose(absl::CancelledError(absl::StrCat("the session with ", options_.host_name, " was closed")));
+  Lose(std::move(why));
   MutexLock lock(&mu_);
   while (!stream_done_) cv_.Wait(&mu_);
 }

@@ -129,6 +129,12 @@ class HostChannel {
   // Ends the session (the host frees what it held for it) and waits for the
   // stream to close. Callbacks still waiting get Cancelled.
   ~HostChannel();
+  // The same, leaving the object to its owner: from now on no thread of the
+  // channel runs (heartbeats stopped, the stream closed) and requests fail
+  // with `why`; the loss is not reported (on_lost). Idempotent (the first
+  // `why` stays); what a process does before it exits, so that no thread
+  // of it calls back while the process's statics are destroyed.
+  void Close(absl::Status why);
   HostChannel(const HostChannel&) = delete;
   HostChannel& operator=(const HostChannel&) = delete;
 
@@ -221,6 +227,9 @@ class HostChannel {
   uint64_t heartbeat_session_ = 0;
   uint64_t heartbeat_counter_ = 0;
   std::thread heartbeat_;
+  // Close() runs once, whole, before any other caller returns from it.
+  Mutex close_mu_;
+  bool closed_ ABSL_GUARDED_BY(close_mu_) = false;
 };
 
 }  // namespace pw
