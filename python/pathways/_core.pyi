@@ -9,7 +9,7 @@ FailedPrecondition -> RuntimeError, Unimplemented -> NotImplementedError,
 anything else -> PathwaysError.
 """
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -35,6 +35,11 @@ def parse_bytes(text: str, name: str) -> int:
 def hosts() -> list[dict[str, Any]]:
     """Every host: id, island, address, pid, incarnation, alive, status. Starts the runtime."""
 
+def save_shards(host: int, database: str, buffers: Sequence[tuple[ShardedBuffer, str]]) -> None:
+    """Has host process `host` write its shards of each (buffer, spec_json) into the checkpoint database
+    `database`, once the buffers are done (internal: pathways.checkpointing)."""
+def set_shard_writer(writer: Optional[Callable[[str, list[tuple[str, bytes]]], None]]) -> None:
+    """This host process's checkpoint writer (internal: pathways.host)."""
 def control_messages() -> Optional[list[int]]:
     """Control messages sent to each host process so far (None in process)."""
 
