@@ -204,6 +204,8 @@ void RegisterHost(py::module_& m) {
         return absl::OkStatus();
       } catch (py::error_already_set& e) {
         return absl::InternalError(absl::StrCat("the checkpoint writer failed: ", e.what()));
+      } catch (const std::exception& e) {  // nothing may escape into the host's storage thread
+        return absl::InternalError(absl::StrCat("the checkpoint writer failed: ", e.what()));
       }
     });
 #else
