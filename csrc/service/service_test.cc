@@ -82,6 +82,23 @@ class ServiceTest : public ::testing::Test {
     return rt.ok() ? *std::move(rt) : nullptr;
   }
 
+  // A tenant with a slice of all 4 devices (members in this order: the
+  // slice goes before its runtime). The runtime is null if it could not
+  // connect.
+  struct TenantOnAll {
+    std::unique_ptr<Runtime> rt;
+    std::shared_ptr<VirtualSlice> slice;
+  };
+  TenantOnAll OnAllDevices(const std::string& name, int priority = 0) {
+    TenantOnAll t{Tenant(name, priority), nullptr};
+    if (t.rt != nullptr) {
+      auto slice = t.rt->resource_manager().AddSlice(4, "tpu");
+      EXPECT_TRUE(slice.ok()) << slice.status();
+      if (slice.ok()) t.slice = *std::move(slice);
+    }
+    return t;
+  }
+
   HostExecutor& Host(int h) { return *processes_[h]->executor(); }
 
   std::unique_ptr<Service> service_;
@@ -167,12 +184,10 @@ TEST_F(ServiceTest, TenantsRunWithTheSameIdsApart) {
 }
 
 TEST_F(ServiceTest, ATenantThatGoesIsFreedOnEveryHostAndTheOthersGoOn) {
-  auto a = Tenant("a");
-  auto b = Tenant("b");
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
-  auto slice_a = *a->resource_manager().AddSlice(4, "tpu");
-  auto slice_b = *b->resource_manager().AddSlice(4, "tpu");
+  auto [a, slice_a] = OnAllDevices("a");
+  auto [b, slice_b] = OnAllDevices("b");
+  ASSERT_NE(slice_a, nullptr);
+  ASSERT_NE(slice_b, nullptr);
   const double in[] = {1, 2, 3, 4};
   // b holds one buffer; a holds many, and has a long queue on the devices.
   auto chain_b = Chain(AddConst(*b, slice_b, 10.0), 1);
@@ -311,12 +326,10 @@ TEST_F(ServiceTest, AHigherTenantsIslandsAreHeldForItsNextRun) {
   config.secret = kSecret;
   config.max_anticipation_ns = int64_t{10} * 1'000'000'000;  // long, so that this test sees it
   Start(config);
-  auto high = Tenant("high", /*priority=*/5);
-  auto low = Tenant("low");
-  ASSERT_NE(high, nullptr);
-  ASSERT_NE(low, nullptr);
-  auto high_slice = *high->resource_manager().AddSlice(4, "tpu");
-  auto low_slice = *low->resource_manager().AddSlice(4, "tpu");
+  auto [high, high_slice] = OnAllDevices("high", /*priority=*/5);
+  auto [low, low_slice] = OnAllDevices("low");
+  ASSERT_NE(high_slice, nullptr);
+  ASSERT_NE(low_slice, nullptr);
   auto step = Chain(AddConst(*high, high_slice, 1.0), 1);
   auto other = Chain(AddConst(*low, low_slice, 1.0), 1);
   const double in[] = {1, 2, 3, 4};
@@ -359,12 +372,10 @@ TEST_F(ServiceTest, AHigherTenantsIslandsAreHeldForItsNextRun) {
 // show the ids colliding; HostExecutorTest.DescribeQueues... checks that a
 // host tells another session's parts without their ids.)
 TEST_F(ServiceTest, ATenantsDiagnosisShowsItsOwnGangsOnly) {
-  auto a = Tenant("a");
-  auto b = Tenant("b");
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
-  auto slice_a = *a->resource_manager().AddSlice(4, "tpu");
-  auto slice_b = *b->resource_manager().AddSlice(4, "tpu");
+  auto [a, slice_a] = OnAllDevices("a");
+  auto [b, slice_b] = OnAllDevices("b");
+  ASSERT_NE(slice_a, nullptr);
+  ASSERT_NE(slice_b, nullptr);
   const double in[] = {1, 2, 3, 4};
   // a: a gang of 1 s on the devices, then 5 more queued behind it; b: the
   // same program ids, one gang queued behind all of a's.
