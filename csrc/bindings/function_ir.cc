@@ -352,8 +352,9 @@ void RegisterFunctionIr(py::module_& m) {
       }, "Bytes of scratch one shard's intermediate values take at most at once (the "
          "executable's memory plan).")
       .def_property_readonly("virtual_devices", &CompiledFunction::virtual_devices)
-      .def_property_readonly("devices", [](const CompiledFunction& f) { return f.physical_devices()->devices(); },
-                             py::return_value_policy::reference)
+      .def_property_readonly("devices", [](const CompiledFunction& f) {
+        return ValueOrThrow(f.physical_devices())->devices();  // as mapped now
+      }, py::return_value_policy::reference)
       .def("param_types", [](const CompiledFunction& f) {
         py::list out;
         for (int i = 0; i < f.executable().ir().num_params(); ++i) {

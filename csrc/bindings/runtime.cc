@@ -188,6 +188,7 @@ void RegisterRuntime(py::module_& m) {
       })
       .def_property_readonly("devices", [](const VirtualSlice& s) { return PhysicalOf(s.devices()); },
                              py::return_value_policy::reference)
+      .def_property_readonly("epoch", &VirtualSlice::epoch)
       .def("__repr__", &VirtualSlice::ToString);
 
   py::class_<VirtualDevice>(m, "VirtualDevice", "Virtual device `index` of a VirtualSlice.")
@@ -290,6 +291,11 @@ void RegisterRuntime(py::module_& m) {
     py::gil_scoped_release release;  // with host processes it waits for them to take it
     rt.FailDevices(devices);
   }, py::arg("ids"));
+  m.def("remap_slice", [](const std::shared_ptr<VirtualSlice>& slice, bool share) {
+    RemapResult r = ValueOrThrow(GetRuntime().resource_manager().Remap(slice.get(), /*spare_only=*/!share));
+    return r.moved;  // indices of the virtual devices that moved
+  }, py::arg("slice"), py::arg("share") = false);
+  m.def("slices_on_failed_devices", [] { return GetRuntime().resource_manager().SlicesOnFailedDevices(); });
   m.def("add_slice", [](const py::int_& num_devices, const std::string& kind) {
     int overflow = 0;
     const long long n = PyLong_AsLongLongAndOverflow(num_devices.ptr(), &overflow);

@@ -74,7 +74,26 @@ void RegisterExceptions(py::module_& m) {
 
 void ThrowStatus(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kCancelled && Runtime::DefaultIsShutDown()) ParkDaemonThreadAtExit();
-  PyErr_SetString(ExceptionType(status), std::string(status.message()).c_str());
+  PyObject* type = ExceptionType(status);
+  const std::string message(status.message());
+  if ((type == device_failed_error || type == host_lost_error) && Runtime::DefaultExists() &&
+      !Runtime::DefaultIsShutDown()) {
+    // What is lost (paper §4.1; pw.elastic): the failed devices and the
+    // slices with a virtual device on one, when the error is raised.
+    Runtime* rt = *Runtime::Default();
+    py::list failed, slices;
+    for (const Device* d : rt->cluster().devices()) {
+      if (d->failed()) failed.append(d->id());
+    }
+    for (const auto& s : rt->resource_manager().SlicesOnFailedDevices()) slices.append(s->id());
+    py::object error = py::reinterpret_steal<py::object>(PyObject_CallFunction(type, "s", message.c_str()));
+    if (!error) throw py::error_already_set();
+    error.attr("failed_devices") = std::move(failed);
+    error.attr("lost_slices") = std::move(slices);
+    PyErr_SetObject(type, error.ptr());
+    throw py::error_already_set();
+  }
+  PyErr_SetString(type, message.c_str());
   throw py::error_already_set();
 }
 

@@ -458,7 +458,10 @@ absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Runtime::Execute(con
   if (labeled.client_account == nullptr) {
     labeled.client_account = options.client != nullptr ? &options.client->memory() : &default_memory_;
   }
-  return dispatcher_->Execute(program, args, labeled);
+  // Lowered for the slices' mappings now (a remap re-lowers it).
+  auto current = program.Current();
+  if (!current.ok()) return current.status();
+  return dispatcher_->Execute(**current, args, labeled);
 }
 
 void Runtime::CloseClient(SchedulingClient* client) {

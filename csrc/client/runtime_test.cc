@@ -291,6 +291,48 @@ TEST_P(RuntimeTest, FailedDeviceFailsItsWorkAndItsDependentsPromptly) {
   rt->AwaitQuiescence();
 }
 
+// Paper §4.1: after a remap, the same lowered program runs on the slice's
+// new devices (re-lowered once, not recompiled), and its results are right.
+TEST_P(RuntimeTest, ARemappedSlicesProgramsRunOnItsNewDevices) {
+  auto rt = MakeRuntime(GetParam());
+  std::vector<std::shared_ptr<VirtualSlice>> slices;
+  auto lowered = *Lower(testing::Figure2(rt->resource_manager(), 2, &slices));
+  const double in[] = {1.0, 2.0};
+  auto before = *rt->Execute(*lowered, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ASSERT_TRUE(before[0]->Await().ok());
+  const DeviceList* old_b = slices[1]->devices();
+  EXPECT_EQ(before[0]->devices(), old_b);
+  ASSERT_EQ(lowered->Current().value(), lowered.get());  // nothing remapped yet
+
+  Device* victim = old_b->devices()[0];
+  rt->FailDevices({victim});
+  // Without a remap, the program fails on the failed device.
+  auto failing = *rt->Execute(*lowered, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  EXPECT_EQ(failing[0]->Await().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(failing[1]->Await().ok()) << failing[1]->status();  // z never touches slice b
+
+  auto remap = rt->resource_manager().Remap(slices[1].get());
+  ASSERT_TRUE(remap.ok()) << remap.status();
+  EXPECT_EQ(remap->moved, (std::vector<int>{0}));
+  EXPECT_EQ(slices[1]->devices()->FailedDevice(), nullptr);
+  auto current = lowered->Current();
+  ASSERT_TRUE(current.ok()) << current.status();
+  EXPECT_NE(*current, lowered.get());
+  EXPECT_EQ(lowered->Current().value(), *current);  // lowered once, then kept
+  auto after = *rt->Execute(*lowered, {ProgramArg{nullptr, in, DType::kF64, {2}}});
+  ASSERT_TRUE(after[0]->Await().ok()) << after[0]->status();
+  ASSERT_TRUE(after[1]->Await().ok()) << after[1]->status();
+  EXPECT_EQ(Values(*after[0]), (std::vector<double>{3.0, 5.0}));
+  EXPECT_EQ(Values(*after[1]), (std::vector<double>{2.0, 4.0}));
+  EXPECT_EQ(after[0]->devices(), slices[1]->devices());
+  EXPECT_NE(after[0]->devices(), old_b);
+  // An argument still on the old devices' healthy part is copied over.
+  auto again = *rt->Execute(*lowered, {ProgramArg{after[1], nullptr, DType::kF64, {2}}});
+  ASSERT_TRUE(again[0]->Await().ok()) << again[0]->status();
+  EXPECT_EQ(Values(*again[0]), (std::vector<double>{5.0, 9.0}));
+  rt->AwaitQuiescence();
+}
+
 // Failing a device right after dispatch, while its gang may be between its
 // device check and entering its simulated time: the gang must still fail at
 // once (it once waited out its 100 s here, in about 1 run in 5).

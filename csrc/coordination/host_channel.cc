@@ -262,6 +262,7 @@ void HostChannel::Send(wire::Request request, ReplyCallback done) {
   {
     MutexLock lock(&mu_);
     if (lost_.load(std::memory_order_relaxed)) {
+      AwaitReportLocked();
       lost = lost_status_;
     } else {
       if (done) waiting_.emplace(id, std::move(done));
@@ -344,6 +345,22 @@ absl::Status HostChannel::status() const {
   return lost_status_;
 }
 
+void HostChannel::AwaitReportLocked() {
+  // Bounded: on_lost must not wait for this channel, but if it ever did,
+  // its requests would fail a little early rather than hang.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (reporting_) {
+    if (!cv_.WaitUntil(&mu_, deadline)) break;
+  }
+}
+
+void HostChannel::Report(const absl::Status& why) {
+  if (options_.on_lost) options_.on_lost(why);
+  MutexLock lock(&mu_);
+  reporting_ = false;
+  cv_.SignalAll();
+}
+
 void HostChannel::Lose(absl::Status why) {
   bool report;
   {
@@ -352,9 +369,10 @@ void HostChannel::Lose(absl::Status why) {
     lost_status_ = why;
     lost_.store(true, std::memory_order_release);
     report = !stopping_;  // else the owner is closing the channel
+    reporting_ = report;
   }
+  if (report) Report(why);
   if (stream_ != nullptr) stream_->Cancel();  // OnDone fails the callbacks still waiting
-  if (report && options_.on_lost) options_.on_lost(why);
 }
 
 void HostChannel::OnReply(wire::Reply reply) {
@@ -392,13 +410,19 @@ void HostChannel::OnStreamDone(absl::Status why) {
                              : HostLostError(absl::StrCat(options_.host_name, " was lost: ", why.message()));
       lost_.store(true, std::memory_order_release);
       report = !stopping_;
+      reporting_ = report;
     }
     lost = lost_status_;
+  }
+  // The loss is reported before the requests waiting fail with it.
+  if (report) Report(lost);
+  {
+    MutexLock lock(&mu_);
+    AwaitReportLocked();  // Lose() may be reporting it
     waiting.swap(waiting_);
     pending_.Clear();
   }
   for (auto& [id, done] : waiting) std::move(done)(lost);
-  if (report && options_.on_lost) options_.on_lost(lost);
   // Last: once the destructor sees this, the channel may be gone, so the
   // callbacks above have all run by then.
   MutexLock lock(&mu_);

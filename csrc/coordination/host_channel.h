@@ -90,7 +90,11 @@ struct ChannelOptions {
   int64_t heartbeat_period_ns = 250'000'000;
   int64_t heartbeat_timeout_ns = 3'000'000'000;
   // Called once, on a gRPC or heartbeat thread, when the host is lost (not
-  // when the channel is closed by its owner): with the loss. Must not block.
+  // when the channel is closed by its owner): with the loss. Must not block,
+  // nor send on this channel. Before any request fails with the loss (the
+  // requests waiting for replies, and new ones), so that what it does (the
+  // client marks the host's devices failed) is seen by whoever sees the
+  // loss.
   std::function<void(const absl::Status&)> on_lost;
   // Connect() estimates the host's clock offset (clock_offset_ns()) from
   // this many ping round trips, unless the host runs on this kernel (same
@@ -211,13 +215,21 @@ class HostChannel {
   bool read_ended_ ABSL_GUARDED_BY(mu_) = false;
   bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The loss is being reported (on_lost runs): requests and replies that
+  // would fail with it wait until it has been (AwaitReportLocked), so that
+  // whoever sees a HostLostError sees what on_lost did (the host's devices
+  // failed).
+  bool reporting_ ABSL_GUARDED_BY(mu_) = false;
+  void AwaitReportLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // on_lost(why), then the waiters of the report woken.
+  void Report(const absl::Status& why);
   // The host's challenge (its nonce), once it came.
   std::optional<std::string> challenge_ ABSL_GUARDED_BY(mu_);
   // The frame on the wire: touched only by whoever set writing_.
   wire::ClientFrame out_;
   // The heartbeat call in flight (cancelled when the channel closes).
   grpc::ClientContext* heartbeat_call_ ABSL_GUARDED_BY(mu_) = nullptr;
-  CondVar cv_;  // stream_done_, stopping_, challenge_
+  CondVar cv_;  // stream_done_, stopping_, challenge_, reporting_
   // The heartbeats' own connection and stub, the session's heartbeat key and
   // id (from the handshake, auth.h) and the last counter sent: used by the
   // heartbeat thread only (set before it starts).

@@ -196,7 +196,7 @@ absl::Status ParallelDispatcher::DispatchSteps(const LoweredProgram& program, ab
     }
     absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 4> inputs;
     for (int slot : step.in_slots) inputs.push_back(slots[slot]);
-    auto* task = new GangTask(program.ir_ptr(), step.fn, schedulers_[step.devices->island()->id()],
+    auto* task = new GangTask(program.ir_ptr(), step.fn, step.devices, schedulers_[step.devices->island()->id()],
                               options.client, &services_, std::move(inputs), std::move(outputs));
     task->Submit(ready);
     if (message != nullptr) {

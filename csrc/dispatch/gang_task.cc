@@ -5,11 +5,12 @@
 
 namespace pw {
 
-GangTask::GangTask(std::shared_ptr<const ProgramIr> program, const CompiledFunction* fn, GangScheduler* scheduler,
+GangTask::GangTask(std::shared_ptr<const ProgramIr> program, const CompiledFunction* fn, const DeviceList* devices,
+                   GangScheduler* scheduler,
                    SchedulingClient* client, const GangServices* services,
                    absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 4> inputs,
                    absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 2> outputs)
-    : Gang(fn->physical_devices(), client,
+    : Gang(devices, client,
            std::max<int64_t>(fn->executable().ir().simulated_ns(), kNominalKernelNs)),
       in_flight_(services->stores),
       program_(std::move(program)),

@@ -48,8 +48,10 @@ inline constexpr int64_t kMinParallelWorkPerShard = 1 << 15;
 class GangTask final : public Gang {
  public:
   // `program` keeps `fn` (one of its nodes) alive until the task is done,
-  // so a program may be dropped while its nodes are in flight.
-  GangTask(std::shared_ptr<const ProgramIr> program, const CompiledFunction* fn, GangScheduler* scheduler,
+  // so a program may be dropped while its nodes are in flight. `devices`:
+  // where the lowered step runs (`fn`'s devices when it was lowered).
+  GangTask(std::shared_ptr<const ProgramIr> program, const CompiledFunction* fn, const DeviceList* devices,
+           GangScheduler* scheduler,
            SchedulingClient* client, const GangServices* services,
            absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 4> inputs,
            absl::InlinedVector<std::shared_ptr<ShardedBuffer>, 2> outputs);

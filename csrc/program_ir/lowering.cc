@@ -54,8 +54,39 @@ std::string LoweredProgram::ToText() const {
   return out;
 }
 
+absl::StatusOr<const LoweredProgram*> LoweredProgram::Current() const {
+  if (generation_.load(std::memory_order_acquire) == MappingGeneration()) {
+    return current_.load(std::memory_order_acquire);
+  }
+  MutexLock lock(&relower_mu_);
+  // The generation before the epochs: a remap after this read is seen by
+  // the next run.
+  const uint64_t generation = MappingGeneration();
+  const LoweredProgram* current = this;
+  if (relowered_ != nullptr) {
+    auto latest = relowered_->Current();
+    if (!latest.ok()) return latest.status();
+    current = *latest;
+  } else {
+    for (const auto& [slice, epoch] : slice_epochs_) {
+      if (slice->epoch() == epoch) continue;
+      auto again = Lower(ir_);
+      if (!again.ok()) return again.status();
+      relowered_ = *std::move(again);
+      current = relowered_.get();
+      break;
+    }
+  }
+  current_.store(current, std::memory_order_release);
+  generation_.store(generation, std::memory_order_release);
+  return current;
+}
+
 absl::StatusOr<std::shared_ptr<const LoweredProgram>> Lower(std::shared_ptr<const ProgramIr> ir) {
   auto lowered = std::shared_ptr<LoweredProgram>(new LoweredProgram());
+  // Before reading any mapping: a remap during the lowering makes the next
+  // run look again.
+  lowered->generation_.store(MappingGeneration(), std::memory_order_relaxed);
   static std::atomic<uint64_t> next_id{1};
   lowered->id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   const auto& values = ir->values();
@@ -90,7 +121,16 @@ absl::StatusOr<std::shared_ptr<const LoweredProgram>> Lower(std::shared_ptr<cons
 
   for (int n = 0; n < ir->num_nodes(); ++n) {
     const ProgramNode& node = ir->nodes()[n];
-    const DeviceList* devices = node.fn->physical_devices();
+    auto mapped = node.fn->physical_devices();
+    if (!mapped.ok()) return mapped.status();
+    const DeviceList* devices = *mapped;
+    for (const VirtualDevice& v : node.fn->virtual_devices()) {
+      const VirtualSlice* s = v.slice.get();
+      if (std::none_of(lowered->slice_epochs_.begin(), lowered->slice_epochs_.end(),
+                       [s](const auto& e) { return e.first == s; })) {
+        lowered->slice_epochs_.emplace_back(s, s->epoch());
+      }
+    }
     if (devices->island() == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("node '", node.fn->name(), "' spans islands"));
     }

@@ -8,12 +8,16 @@
 // step per node or edge, never per shard, and is reused for every run while
 // the virtual-to-physical mapping is unchanged.
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
+#include "csrc/base/mutex.h"
 #include "csrc/coordination/transfer.h"
 #include "csrc/program_ir/program_ir.h"
 
@@ -66,6 +70,13 @@ class LoweredProgram : public std::enable_shared_from_this<LoweredProgram> {
   // to it.
   const std::shared_ptr<MemoryAccount>& memory_account() const { return memory_account_; }
   int num_slots() const { return static_cast<int>(slot_types_.size()); }
+  // The program as lowered for the slices' mappings now (paper §4.1:
+  // virtual devices may be re-mapped): this, while no slice its functions
+  // use was remapped since it was lowered (one atomic load, unless some
+  // slice anywhere was); else its re-lowering, made once and kept (and
+  // itself checked the same way). Lowering's error if the new mapping
+  // cannot run it (e.g. a remap moved one node's devices onto two islands).
+  absl::StatusOr<const LoweredProgram*> Current() const;
   int num_compute_steps() const;
   int num_transfer_steps() const;
   std::string ToText() const;
@@ -82,6 +93,14 @@ class LoweredProgram : public std::enable_shared_from_this<LoweredProgram> {
   int64_t step_bytes_ = 0;
   int64_t step_buffers_ = 0;
   std::shared_ptr<MemoryAccount> memory_account_;
+  // Each slice its functions use, with its epoch when lowered.
+  std::vector<std::pair<const VirtualSlice*, uint64_t>> slice_epochs_;
+  // MappingGeneration() when the mapping was last found unchanged.
+  mutable std::atomic<uint64_t> generation_{0};
+  // What Current() returns while generation_ is the mapping's.
+  mutable std::atomic<const LoweredProgram*> current_{this};
+  mutable Mutex relower_mu_;
+  mutable std::shared_ptr<const LoweredProgram> relowered_ ABSL_GUARDED_BY(relower_mu_);
 };
 
 // InvalidArgument if a program output is a program argument (the caller

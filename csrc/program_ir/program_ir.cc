@@ -1,5 +1,6 @@
 #include "csrc/program_ir/program_ir.h"
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -34,37 +35,52 @@ absl::StatusOr<std::shared_ptr<const CompiledFunction>> CompiledFunction::Create
         "pmap of '", executable->ir().name(), "' was traced for ", axis_size,
         " shards but is placed on ", devices.size(), " devices"));
   }
-  std::vector<Device*> physical;
-  physical.reserve(devices.size());
-  for (const VirtualDevice& v : devices) physical.push_back(v.physical());
-  for (Device* d : physical) {
-    if (d->island() != physical[0]->island()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pmap of '", executable->ir().name(), "': its devices span islands ", physical[0]->island()->id(),
-          " and ", d->island()->id(), "; a compiled function runs on one island (use one slice)"));
-    }
-  }
-  // Intermediates live in device memory too: a function whose scratch
-  // cannot fit on its devices can never run (it would only exhaust the
-  // host's memory trying).
-  const int64_t scratch = executable->scratch_bytes(/*num_shards=*/1);
-  if (scratch > physical[0]->memory_capacity()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "pmap of '", executable->ir().name(), "' needs ", scratch, " bytes of device memory per device for its "
-        "intermediate values; its devices have ", physical[0]->memory_capacity()));
-  }
-  auto list = registry->Intern(physical);
-  if (!list.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("pmap of '", executable->ir().name(),
-                                                   "': its virtual devices must map to distinct physical "
-                                                   "devices: ",
-                                                   list.status().message()));
-  }
   auto fn = std::shared_ptr<CompiledFunction>(new CompiledFunction());
   fn->executable_ = std::move(executable);
   fn->devices_ = std::move(devices);
-  fn->physical_ = *list;
+  fn->registry_ = registry;
+  auto list = fn->physical_devices();
+  if (!list.ok()) return list.status();
+  // Intermediates live in device memory too: a function whose scratch
+  // cannot fit on its devices can never run (it would only exhaust the
+  // host's memory trying).
+  const int64_t scratch = fn->executable_->scratch_bytes(/*num_shards=*/1);
+  if (scratch > (*list)->devices()[0]->memory_capacity()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pmap of '", fn->name(), "' needs ", scratch, " bytes of device memory per device for its "
+        "intermediate values; its devices have ", (*list)->devices()[0]->memory_capacity()));
+  }
   return std::shared_ptr<const CompiledFunction>(std::move(fn));
+}
+
+absl::StatusOr<const DeviceList*> CompiledFunction::physical_devices() const {
+  absl::InlinedVector<Device*, 8> physical;
+  physical.reserve(devices_.size());
+  for (const VirtualDevice& v : devices_) physical.push_back(v.physical());
+  for (Device* d : physical) {
+    if (d->island() != physical[0]->island()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pmap of '", name(), "': its devices span islands ", physical[0]->island()->id(), " and ",
+          d->island()->id(), "; a compiled function runs on one island (use one slice)",
+          Remapped() ? " (a remap of one of its slices moved it)" : ""));
+    }
+  }
+  auto list = registry_->Intern(physical);
+  if (!list.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("pmap of '", name(),
+                                                   "': its virtual devices must map to distinct physical "
+                                                   "devices: ",
+                                                   list.status().message(),
+                                                   Remapped() ? " (a remap of one of its slices moved them)" : ""));
+  }
+  return *list;
+}
+
+bool CompiledFunction::Remapped() const {
+  for (const VirtualDevice& v : devices_) {
+    if (v.slice->epoch() > 0) return true;
+  }
+  return false;
 }
 
 Dims CompiledFunction::param_dims(int i) const {
@@ -81,7 +97,7 @@ std::string CompiledFunction::PlacementString() const {
   for (size_t i = 0; i < devices_.size() && whole_slice; ++i) {
     whole_slice = devices_[i].slice.get() == slice && devices_[i].index == static_cast<int>(i);
   }
-  const std::string kind = physical_->devices()[0]->kind();
+  const std::string kind = devices_[0].physical()->kind();
   if (whole_slice) return absl::StrCat("slice ", slice->id(), " [", slice->size(), " x ", kind, "]");
   return absl::StrCat("virtual devices [",
                       absl::StrJoin(devices_, ",",

@@ -21,7 +21,9 @@
 namespace pw {
 
 // A compiled function placed on virtual devices (pmap over a slice): the
-// computation of one program node. Immutable and thread-safe.
+// computation of one program node. Immutable and thread-safe; where it runs
+// follows its slices' mappings (ResourceManager::Remap), so a remap costs
+// its programs a re-lowering, never a re-compilation.
 class CompiledFunction {
  public:
   // InvalidArgument unless `devices` is nonempty, all on one island, and
@@ -33,8 +35,10 @@ class CompiledFunction {
   const std::string& name() const { return executable_->ir().name(); }
   const FunctionExecutable& executable() const { return *executable_; }
   const std::vector<VirtualDevice>& virtual_devices() const { return devices_; }
-  // The physical devices the virtual devices map to, interned.
-  const DeviceList* physical_devices() const { return physical_; }
+  // The physical devices the virtual devices map to now, interned.
+  // InvalidArgument if remaps made two of them one device (they came from
+  // different slices), or moved them to different islands.
+  absl::StatusOr<const DeviceList*> physical_devices() const;
   int num_shards() const { return static_cast<int>(devices_.size()); }
   // Global (sharded) types: the leading axis is the device axis.
   Dims param_dims(int i) const;
@@ -44,9 +48,11 @@ class CompiledFunction {
 
  private:
   CompiledFunction() = default;
+  // Whether a slice of its devices has ever been remapped (for messages).
+  bool Remapped() const;
   std::shared_ptr<const FunctionExecutable> executable_;
   std::vector<VirtualDevice> devices_;
-  const DeviceList* physical_ = nullptr;
+  DeviceListRegistry* registry_ = nullptr;
 };
 
 // A value of the program: a sharded array (global type).

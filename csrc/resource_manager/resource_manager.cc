@@ -7,12 +7,20 @@
 #include "absl/strings/str_join.h"
 
 namespace pw {
+namespace {
 
-VirtualSlice::~VirtualSlice() { rm_->Release(devices_); }
+std::atomic<uint64_t> mapping_generation{0};
+
+}  // namespace
+
+uint64_t MappingGeneration() { return mapping_generation.load(std::memory_order_acquire); }
+
+VirtualSlice::~VirtualSlice() { rm_->Release(this); }
 
 std::string VirtualSlice::ToString() const {
-  return absl::StrCat("VirtualSlice(id=", id_, ", ", size(), " x ", devices_->devices()[0]->kind(),
-                      " on ", devices_->ToString(), ")");
+  const DeviceList* list = devices();
+  return absl::StrCat("VirtualSlice(id=", id_, ", ", list->size(), " x ", list->devices()[0]->kind(), " on ",
+                      list->ToString(), ")");
 }
 
 std::string VirtualDevice::ToString() const {
@@ -39,33 +47,11 @@ absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int64_t 
                                                    " devices, the most a topology has"));
   }
   MutexLock lock(&mu_);
-  // Least-loaded island with enough healthy devices; ties go to the lower id.
-  // Failed devices (fault injection) are never given out, nor devices
-  // outside a restriction.
-  auto usable = [&](const Device* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !d->failed() && (usable_.empty() || usable_[d->id()]);
-  };
-  auto healthy = [&](const Island* island) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (usable_.empty()) return static_cast<int>(island->devices().size()) - island->num_failed();
-    int n = 0;
-    for (const Device* d : island->devices()) n += usable(d) ? 1 : 0;
-    return n;
-  };
-  Island* best = nullptr;
-  int64_t best_load = 0;
-  for (Island* island : cluster_->islands()) {
-    if (healthy(island) < num_devices) continue;
-    int64_t total = 0;
-    for (Device* d : island->devices()) total += load_[d->id()];
-    if (best == nullptr || total < best_load) {
-      best = island;
-      best_load = total;
-    }
-  }
+  Island* best = LeastLoadedIslandLocked(num_devices);
   if (best == nullptr) {
     std::vector<std::string> sizes;
     for (Island* island : cluster_->islands()) {
-      sizes.push_back(absl::StrCat("island ", island->id(), ": ", healthy(island),
+      sizes.push_back(absl::StrCat("island ", island->id(), ": ", UsableCountLocked(island),
                                    island->num_failed() > 0 ? " healthy" : ""));
     }
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -74,20 +60,128 @@ absl::StatusOr<std::shared_ptr<VirtualSlice>> ResourceManager::AddSlice(int64_t 
         " (a slice lives on one island; ", absl::StrJoin(sizes, ", "), ")",
         usable_.empty() ? "" : "; pw.configure(devices=...) asks the service for more"));
   }
-  // Least-loaded devices of that island, in id order among equals, so that
-  // slices of a host's size line up with hosts.
-  std::vector<std::pair<int, Device*>> by_load;  // (load, device) of the healthy devices
-  for (Device* d : best->devices()) {
-    if (usable(d)) by_load.emplace_back(load_[d->id()], d);
-  }
-  std::stable_sort(by_load.begin(), by_load.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<Device*> candidates;
-  for (int i = 0; i < num_devices; ++i) candidates.push_back(by_load[i].second);
+  // In id order, so that slices of a host's size line up with hosts.
+  std::vector<Device*> candidates = LeastLoadedDevicesLocked(best, num_devices, {});
   std::sort(candidates.begin(), candidates.end(), [](Device* a, Device* b) { return a->id() < b->id(); });
   auto list = registry_->Intern(candidates);
   if (!list.ok()) return list.status();
   for (Device* d : candidates) ++load_[d->id()];
-  return std::shared_ptr<VirtualSlice>(new VirtualSlice(this, next_slice_id_++, *list));
+  auto slice = std::shared_ptr<VirtualSlice>(new VirtualSlice(this, next_slice_id_++, *list));
+  slices_.push_back(slice.get());
+  return slice;
+}
+
+// Failed devices (fault injection, or a lost host's) are never given out,
+// nor devices outside a restriction.
+bool ResourceManager::UsableLocked(const Device* d, bool spare_only) const {
+  return !d->failed() && (usable_.empty() || usable_[d->id()]) && (!spare_only || load_[d->id()] == 0);
+}
+
+int ResourceManager::UsableCountLocked(const Island* island, bool spare_only) const {
+  if (usable_.empty() && !spare_only) return static_cast<int>(island->devices().size()) - island->num_failed();
+  int n = 0;
+  for (const Device* d : island->devices()) n += UsableLocked(d, spare_only) ? 1 : 0;
+  return n;
+}
+
+Island* ResourceManager::LeastLoadedIslandLocked(int64_t n, bool spare_only) const {
+  Island* best = nullptr;
+  int64_t best_load = 0;
+  for (Island* island : cluster_->islands()) {
+    if (UsableCountLocked(island, spare_only) < n) continue;
+    int64_t total = 0;
+    for (Device* d : island->devices()) total += load_[d->id()];
+    if (best == nullptr || total < best_load) {
+      best = island;
+      best_load = total;
+    }
+  }
+  return best;
+}
+
+std::vector<Device*> ResourceManager::LeastLoadedDevicesLocked(const Island* island, int64_t n,
+                                                               const std::vector<Device*>& exclude,
+                                                               bool spare_only) const {
+  std::vector<std::pair<int, Device*>> by_load;  // (load, device), in id order
+  for (Device* d : island->devices()) {
+    if (UsableLocked(d, spare_only) && std::find(exclude.begin(), exclude.end(), d) == exclude.end()) {
+      by_load.emplace_back(load_[d->id()], d);
+    }
+  }
+  std::stable_sort(by_load.begin(), by_load.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Device*> out;
+  for (int64_t i = 0; i < n && i < static_cast<int64_t>(by_load.size()); ++i) out.push_back(by_load[i].second);
+  return out;
+}
+
+absl::StatusOr<RemapResult> ResourceManager::Remap(VirtualSlice* slice, bool spare_only) {
+  MutexLock lock(&mu_);
+  RemapResult result;
+  result.slice = slice->id();
+  result.before = slice->devices();
+  result.after = result.before;
+  const std::vector<Device*>& before = result.before->devices();
+  std::vector<int> failed;
+  for (int i = 0; i < static_cast<int>(before.size()); ++i) {
+    if (before[i]->failed()) failed.push_back(i);
+  }
+  if (failed.empty()) return result;
+  std::vector<Device*> after = before;
+  const Island* island = result.before->island();
+  std::vector<Device*> spares =
+      LeastLoadedDevicesLocked(island, static_cast<int64_t>(failed.size()), before, spare_only);
+  if (spares.size() == failed.size()) {
+    // Spares of the same island, lowest ids to the lowest indices.
+    std::sort(spares.begin(), spares.end(), [](Device* a, Device* b) { return a->id() < b->id(); });
+    for (size_t k = 0; k < failed.size(); ++k) after[failed[k]] = spares[k];
+  } else {
+    // The whole slice moves: its functions run on one island. Its own
+    // load does not count against the move (its healthy devices are spare
+    // for it), here and in the message.
+    for (Device* d : before) --load_[d->id()];
+    Island* best = LeastLoadedIslandLocked(static_cast<int64_t>(before.size()), spare_only);
+    std::string why;
+    if (best != nullptr) {
+      after = LeastLoadedDevicesLocked(best, static_cast<int64_t>(before.size()), {}, spare_only);
+      std::sort(after.begin(), after.end(), [](Device* a, Device* b) { return a->id() < b->id(); });
+    } else {
+      std::vector<std::string> sizes;
+      for (Island* i : cluster_->islands()) {
+        sizes.push_back(absl::StrCat("island ", i->id(), ": ", UsableCountLocked(i), " healthy",
+                                     spare_only ? absl::StrCat(", ", UsableCountLocked(i, true), " spare") : ""));
+      }
+      why = absl::StrCat("remap of slice ", slice->id(), " (", before.size(), " devices, ", failed.size(),
+                         " of them failed): no island has ", before.size(), spare_only ? " spare" : " healthy",
+                         " devices", usable_.empty() ? "" : " of this tenant's", " for it (",
+                         absl::StrJoin(sizes, ", "), ")",
+                         spare_only ? "; devices other slices use are not spare" : "");
+    }
+    for (Device* d : before) ++load_[d->id()];
+    if (best == nullptr) return absl::ResourceExhaustedError(why);
+  }
+  auto list = registry_->Intern(after);
+  if (!list.ok()) return list.status();
+  for (Device* d : before) --load_[d->id()];
+  for (Device* d : after) ++load_[d->id()];
+  for (int i = 0; i < static_cast<int>(before.size()); ++i) {
+    if (before[i] != after[i]) result.moved.push_back(i);
+  }
+  result.after = *list;
+  slice->devices_.store(*list, std::memory_order_release);
+  slice->epoch_.fetch_add(1, std::memory_order_acq_rel);
+  mapping_generation.fetch_add(1, std::memory_order_acq_rel);
+  return result;
+}
+
+std::vector<std::shared_ptr<VirtualSlice>> ResourceManager::SlicesOnFailedDevices() const {
+  MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<VirtualSlice>> out;
+  for (VirtualSlice* s : slices_) {
+    const auto& devices = s->devices()->devices();
+    if (std::none_of(devices.begin(), devices.end(), [](const Device* d) { return d->failed(); })) continue;
+    if (auto live = s->weak_from_this().lock()) out.push_back(std::move(live));
+  }
+  return out;
 }
 
 void ResourceManager::Restrict(const std::vector<int>& device_ids) {
@@ -112,9 +206,10 @@ std::vector<int> ResourceManager::DeviceLoads() const {
   return load_;
 }
 
-void ResourceManager::Release(const DeviceList* devices) {
+void ResourceManager::Release(VirtualSlice* slice) {
   MutexLock lock(&mu_);
-  for (Device* d : devices->devices()) --load_[d->id()];
+  for (Device* d : slice->devices()->devices()) --load_[d->id()];
+  slices_.erase(std::find(slices_.begin(), slices_.end(), slice));
 }
 
 }  // namespace pw

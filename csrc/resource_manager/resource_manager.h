@@ -11,6 +11,7 @@
 //
 // Thread-safe. The ResourceManager must outlive every slice it hands out.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,17 +27,26 @@ namespace pw {
 
 class ResourceManager;
 
+// The process-wide mapping generation: bumped by every remap of any slice
+// (ResourceManager::Remap). A lowered program compares it with the one it
+// was lowered at, one atomic load per run, and re-lowers only when a slice
+// it uses has a new mapping (program_ir/lowering.h).
+uint64_t MappingGeneration();
+
 // A slice of an island: virtual device i is physical device devices()[i].
-// Immutable; the mapping never changes in this version (remapping would bump
-// a mapping epoch and force re-lowering of programs that use the slice).
-class VirtualSlice {
+// The mapping changes only by ResourceManager::Remap (paper §4.1: virtual
+// devices are re-mapped onto other physical devices when some fail), which
+// bumps epoch(); programs that use the slice re-lower at their next run.
+class VirtualSlice : public std::enable_shared_from_this<VirtualSlice> {
  public:
   ~VirtualSlice();
   int id() const { return id_; }
-  int size() const { return devices_->size(); }
-  // The physical devices, interned: equal slices' lists compare equal.
-  const DeviceList* devices() const { return devices_; }
-  Island* island() const { return devices_->island(); }
+  int size() const { return devices()->size(); }
+  // The physical devices now, interned: equal slices' lists compare equal.
+  const DeviceList* devices() const { return devices_.load(std::memory_order_acquire); }
+  Island* island() const { return devices()->island(); }
+  // How many times the slice was remapped.
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
   std::string ToString() const;
 
  private:
@@ -45,7 +55,17 @@ class VirtualSlice {
       : rm_(rm), id_(id), devices_(devices) {}
   ResourceManager* rm_;
   int id_;
-  const DeviceList* devices_;
+  std::atomic<const DeviceList*> devices_;
+  std::atomic<uint64_t> epoch_{0};
+};
+
+// What one remap did (ResourceManager::Remap).
+struct RemapResult {
+  int slice = 0;
+  const DeviceList* before = nullptr;
+  const DeviceList* after = nullptr;
+  // Indices of the virtual devices whose physical device changed.
+  std::vector<int> moved;
 };
 
 // Virtual device `index` of `slice`. Holding one keeps the slice alive.
@@ -76,6 +96,23 @@ class ResourceManager {
   // The devices it gives out, by id: every device unless Restrict()ed.
   std::vector<int> UsableDevices() const;
 
+  // Re-maps `slice` (paper §4.1) so that none of its virtual devices is on a
+  // failed device: each one on a failed device moves to a healthy device of
+  // the same island that the slice does not use, the least-loaded first
+  // (ties: lowest id); the others stay. If the island has too few, the whole
+  // slice moves to the least-loaded island with enough, as AddSlice would
+  // place it. With `spare_only`, only spare devices count: devices no live
+  // slice uses (else the slice may share devices with others, as AddSlice's
+  // do). Nothing moves when no device of it has failed (`moved` empty).
+  // ResourceExhausted, naming the slice and what each island has, when no
+  // island can hold it; the slice is unchanged then. Buffers stay where they
+  // are: a remap moves where the slice's functions run from now on (their
+  // programs re-lower), not data.
+  absl::StatusOr<RemapResult> Remap(VirtualSlice* slice, bool spare_only = true);
+
+  // The live slices with a virtual device on a failed device, by id.
+  std::vector<std::shared_ptr<VirtualSlice>> SlicesOnFailedDevices() const;
+
   // Live virtual devices mapped to each physical device, by device id.
   std::vector<int> DeviceLoads() const;
 
@@ -84,7 +121,15 @@ class ResourceManager {
 
  private:
   friend class VirtualSlice;
-  void Release(const DeviceList* devices);
+  void Release(VirtualSlice* slice);
+  // Usable: healthy, within the restriction, and (`spare_only`) unloaded.
+  bool UsableLocked(const Device* d, bool spare_only = false) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int UsableCountLocked(const Island* island, bool spare_only = false) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The least-loaded island with `n` usable devices (ties: lowest id), or null.
+  Island* LeastLoadedIslandLocked(int64_t n, bool spare_only = false) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `n` usable devices of `island` not in `exclude`, the least-loaded first.
+  std::vector<Device*> LeastLoadedDevicesLocked(const Island* island, int64_t n, const std::vector<Device*>& exclude,
+                                                bool spare_only = false) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Cluster* cluster_;
   DeviceListRegistry* registry_;
@@ -92,6 +137,7 @@ class ResourceManager {
   std::vector<int> load_ ABSL_GUARDED_BY(mu_);  // by device id
   std::vector<bool> usable_ ABSL_GUARDED_BY(mu_);  // by device id; empty: all
   int next_slice_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<VirtualSlice*> slices_ ABSL_GUARDED_BY(mu_);  // live, by creation
 };
 
 }  // namespace pw

@@ -113,5 +113,116 @@ TEST_F(ResourceManagerTest, GivesOutOnlyTheDevicesItIsRestrictedTo) {
   for (int d : {0, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15}) EXPECT_EQ(loads[d], 0) << d;
 }
 
+std::vector<int> Ids(const DeviceList* list) {
+  std::vector<int> ids;
+  for (const Device* d : list->devices()) ids.push_back(d->id());
+  return ids;
+}
+
+// Paper §4.1: a slice's virtual devices on failed devices move onto spare
+// healthy devices of its island; the others stay where they are.
+TEST_F(ResourceManagerTest, RemapMovesOnlyTheFailedDevicesOntoTheLeastLoadedSpares) {
+  auto a = *rm_->AddSlice(4, "tpu");  // island 0: devices 0-3 (host 0)
+  auto b = *rm_->AddSlice(4, "tpu");  // island 1
+  auto c = *rm_->AddSlice(2, "tpu");  // island 0: devices 4, 5
+  ASSERT_EQ(Ids(a->devices()), (std::vector<int>{0, 1, 2, 3}));
+  ASSERT_EQ(Ids(c->devices()), (std::vector<int>{4, 5}));
+  const uint64_t generation = MappingGeneration();
+  // Nothing failed: nothing moves, nothing changes.
+  auto same = rm_->Remap(a.get());
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_TRUE(same->moved.empty());
+  EXPECT_EQ(a->epoch(), 0u);
+  EXPECT_EQ(MappingGeneration(), generation);
+
+  cluster_->devices()[1]->MarkFailed();
+  cluster_->devices()[3]->MarkFailed();
+  EXPECT_EQ(rm_->SlicesOnFailedDevices().size(), 1u);
+  auto moved = rm_->Remap(a.get());
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->moved, (std::vector<int>{1, 3}));
+  EXPECT_EQ(Ids(moved->before), (std::vector<int>{0, 1, 2, 3}));
+  // The spares of island 0 not loaded (6, 7) before the loaded ones (4, 5).
+  EXPECT_EQ(Ids(a->devices()), (std::vector<int>{0, 6, 2, 7}));
+  EXPECT_EQ(moved->after, a->devices());
+  EXPECT_EQ(a->island()->id(), 0);
+  EXPECT_EQ(a->epoch(), 1u);
+  EXPECT_GT(MappingGeneration(), generation);
+  EXPECT_TRUE(rm_->SlicesOnFailedDevices().empty());
+  std::vector<int> loads = rm_->DeviceLoads();
+  EXPECT_EQ(loads[1], 0);
+  EXPECT_EQ(loads[3], 0);
+  EXPECT_EQ(loads[6], 1);
+  EXPECT_EQ(loads[7], 1);
+  EXPECT_EQ(std::accumulate(loads.begin(), loads.end(), 0), 10);
+  // The load follows the slice's mapping when it goes.
+  a.reset();
+  loads = rm_->DeviceLoads();
+  EXPECT_EQ(std::accumulate(loads.begin(), loads.end(), 0), 6);
+  EXPECT_EQ(loads[6] + loads[7] + loads[0] + loads[2], 0);
+}
+
+TEST_F(ResourceManagerTest, RemapMovesTheWholeSliceToAnotherIslandWhenItsOwnIsShort) {
+  auto a = *rm_->AddSlice(8, "tpu");  // all of island 0
+  ASSERT_EQ(a->island()->id(), 0);
+  cluster_->devices()[5]->MarkFailed();
+  auto moved = rm_->Remap(a.get());
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(a->island()->id(), 1);
+  EXPECT_EQ(Ids(a->devices()), (std::vector<int>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(moved->moved.size(), 8u);
+  for (int d = 0; d < 8; ++d) EXPECT_EQ(rm_->DeviceLoads()[d], 0) << d;
+
+  // No island has 8 healthy devices: the slice stays, and says why.
+  cluster_->devices()[9]->MarkFailed();
+  auto none = rm_->Remap(a.get());
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted) << none.status();
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "remap of slice")) << none.status();
+  EXPECT_TRUE(absl::StrContains(none.status().message(),
+                                "no island has 8 spare devices for it (island 0: 7 healthy, 7 spare, island 1: "
+                                "7 healthy, 7 spare)"))
+      << none.status();
+  EXPECT_EQ(a->epoch(), 1u);
+  EXPECT_EQ(Ids(a->devices()), (std::vector<int>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(rm_->SlicesOnFailedDevices().size(), 1u);
+}
+
+// Spare devices are those no live slice uses; sharing them is asked for.
+TEST_F(ResourceManagerTest, RemapTakesSpareDevicesUnlessAskedToShare) {
+  auto a = *rm_->AddSlice(4, "tpu");  // island 0: 0-3
+  auto b = *rm_->AddSlice(4, "tpu");  // island 1: 8-11
+  auto c = *rm_->AddSlice(4, "tpu");  // island 0: 4-7
+  ASSERT_EQ(Ids(c->devices()), (std::vector<int>{4, 5, 6, 7}));
+  cluster_->devices()[0]->MarkFailed();
+  // Island 0 has no spare device: the slice moves to island 1's spares.
+  auto moved = rm_->Remap(a.get());
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(Ids(a->devices()), (std::vector<int>{12, 13, 14, 15}));
+  // Now nothing is spare anywhere: sharing is the only way.
+  cluster_->devices()[12]->MarkFailed();
+  auto none = rm_->Remap(a.get());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted) << none.status();
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "devices other slices use are not spare")) << none.status();
+  auto shared = rm_->Remap(a.get(), /*spare_only=*/false);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ(shared->moved, (std::vector<int>{0}));
+  EXPECT_EQ(Ids(a->devices()), (std::vector<int>{8, 13, 14, 15}));  // b's least-loaded, lowest id
+  EXPECT_EQ(rm_->DeviceLoads()[8], 2);
+}
+
+TEST_F(ResourceManagerTest, RemapStaysWithinARestriction) {
+  rm_->Restrict({0, 1, 2, 3});
+  auto a = *rm_->AddSlice(2, "tpu");
+  ASSERT_EQ(Ids(a->devices()), (std::vector<int>{0, 1}));
+  cluster_->devices()[0]->MarkFailed();
+  ASSERT_TRUE(rm_->Remap(a.get()).ok());
+  EXPECT_EQ(Ids(a->devices()), (std::vector<int>{2, 1}));
+  cluster_->devices()[1]->MarkFailed();
+  cluster_->devices()[2]->MarkFailed();
+  auto none = rm_->Remap(a.get());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "of this tenant's")) << none.status();
+}
+
 }  // namespace
 }  // namespace pw

@@ -102,6 +102,7 @@ from pathways._custom_derivatives import custom_jvp, custom_vjp
 remat = checkpoint  # jax.remat's name
 from pathways import testing  # pw.testing: fault injection
 from pathways import checkpointing  # pw.checkpointing: save and restore, in Orbax's format
+from pathways import elastic  # pw.elastic: remapping slices off failed devices, data-parallel replicas
 from pathways import tree_util  # pw.tree_util: pytrees (like jax.tree_util)
 from pathways._tenancy import (
     Client,
@@ -232,6 +233,7 @@ __all__ = [
     "tree_util",
     # Checkpoints.
     "checkpointing",
+    "elastic",
     # Statistics.
     "memory_stats",
     "transfer_stats",

@@ -17,7 +17,10 @@ class PathwaysError(RuntimeError): ...
 class NotFoundError(ValueError): ...
 class ResourceExhaustedError(PathwaysError): ...
 class DeletedBufferError(RuntimeError): ...
-class DeviceFailedError(PathwaysError): ...
+class DeviceFailedError(PathwaysError):
+    # Set when the default runtime raises it: what had failed at that moment.
+    failed_devices: list[int]  # device ids
+    lost_slices: list[int]     # ids of the live slices with a virtual device on a failed device
 class HostLostError(DeviceFailedError): ...
 
 # --- Runtime and topology -------------------------------------------------
@@ -85,12 +88,19 @@ class Device:
 def add_slice(num_devices: int, kind: str) -> VirtualSlice:
     """Raises ValueError (num_devices < 1 or > 65536, any Python int), NotFoundError (unknown kind), ResourceExhaustedError (no island that large)."""
 
+def remap_slice(slice: VirtualSlice, share: bool = False) -> list[int]:
+    """Moves the slice's virtual devices off failed devices onto spare ones (share: or ones other slices use) (ResourceManager::Remap); the indices that moved. ResourceExhaustedError when no island has room."""
+
+def slices_on_failed_devices() -> list[VirtualSlice]:
+    """The live slices with a virtual device on a failed device, by id."""
+
 class VirtualSlice:
     id: int
     size: int
     island: int
     virtual_devices: list[VirtualDevice]  # index i maps to devices[i]
-    devices: list[Device]                 # physical
+    devices: list[Device]                 # physical, as mapped now
+    epoch: int                            # remaps so far
 
 class VirtualDevice:
     slice: VirtualSlice

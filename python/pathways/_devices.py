@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import weakref
 from typing import Any, Optional, Union
 
 from pathways import _checks, _core
@@ -269,11 +270,21 @@ def hosts() -> list:
     return [HostInfo(**h) for h in _core.hosts()]
 
 
+_live_slices: "weakref.WeakValueDictionary[int, VirtualSlice]" = weakref.WeakValueDictionary()
+
+
+def live_slices() -> list:
+    """The `VirtualSlice`s made by `add_slice` that are still referenced, by id."""
+    return [s for _, s in sorted(_live_slices.items())]
+
+
 class VirtualSlice:
     """A slice of virtual devices on one island, assigned by the resource manager.
 
     Virtual device `i` maps to physical device `physical_devices[i]`; several
     slices may share physical devices (the resource manager multiplexes them).
+    The mapping changes only when `pw.elastic.remap` moves the slice off
+    failed devices (`epoch` counts the remaps).
     Functions placed with `pw.pmap(fn, devices=slice.tpus)` run on the slice.
 
     Attributes:
@@ -285,12 +296,13 @@ class VirtualSlice:
       physical_devices: The physical devices they map to, in order.
     """
 
-    __slots__ = ("_slice", "kind", "devices")
+    __slots__ = ("_slice", "kind", "devices", "__weakref__")
 
     def __init__(self, core_slice: Any, kind: str):
         self._slice = core_slice
         self.kind = kind
         self.devices = list(core_slice.virtual_devices)
+        _live_slices[core_slice.id] = self
 
     @property
     def id(self) -> int:
@@ -307,6 +319,11 @@ class VirtualSlice:
     @property
     def physical_devices(self) -> list:
         return list(self._slice.devices)
+
+    @property
+    def epoch(self) -> int:
+        """How many times the slice was remapped (`pw.elastic.remap`)."""
+        return self._slice.epoch
 
     @property
     def tpus(self) -> list:

@@ -221,6 +221,15 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> str:
     return proc.stdout
 
 
+def runner_with_suite_hosts(config, prelude: str):
+    """`run(code)`: runs `prelude` + `code` in a fresh process whose runtime has the suite's hosts
+    (`--hosts`; its own, for host processes), for what must not touch the suite's runtime (failed
+    devices stay failed); returns its stdout."""
+    hosts = config.getoption("--hosts")
+    configure = "" if hosts == "in_process" else f"pw.configure(hosts={hosts!r})\n"
+    return lambda code: run_python(prelude + configure + code)
+
+
 @pytest.fixture
 def python_subprocess():
     """Returns `run_python(code, env=None)`."""

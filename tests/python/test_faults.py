@@ -34,10 +34,8 @@ def expect_failure(buf, device):
 @pytest.fixture
 def run_faults(request):
     """Runs code after _PRELUDE in a fresh process with the suite's hosts; returns its stdout."""
-    from conftest import run_python
-    hosts = request.config.getoption("--hosts")
-    configure = "" if hosts == "in_process" else f"pw.configure(hosts={hosts!r})\n"
-    return lambda code: run_python(_PRELUDE + configure + code)
+    from conftest import runner_with_suite_hosts
+    return runner_with_suite_hosts(request.config, _PRELUDE)
 
 
 @pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")

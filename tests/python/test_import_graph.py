@@ -54,7 +54,7 @@ LAYERS = (
     ("rules", ("pathways._vjp_rules",)),
     ("front ends", ("pathways._jax_frontend", "pathways._pmap", "pathways._jit", "pathways._vjp",
                     "pathways._program", "pathways._dynamic", "pathways._tenancy",
-                    "pathways._tracing")),
+                    "pathways._tracing", "pathways.elastic")),
     ("package", ("pathways",)),
 )
 

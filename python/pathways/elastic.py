@@ -1,0 +1,246 @@
+"""Elastic re-mapping (paper §4.1) and data-parallel jobs that outlive a host (`pw.elastic`).
+
+    try:
+        state = step(state, batch)
+    except pw.DeviceFailedError as e:          # pw.HostLostError is one
+        print(e.failed_devices, e.lost_slices)  # device ids, slice ids
+        pw.elastic.remap()                      # lost slices onto spare devices, if any
+
+A virtual slice maps its virtual devices onto physical ones. When devices
+fail (a host process dies: `pw.HostLostError`; or `pw.testing`), `remap`
+moves the slice's virtual devices that sit on failed devices onto healthy
+devices of its island that it does not use, the least-loaded first (or the
+whole slice to another island when its own is short). Functions placed on
+the slice keep working: their programs re-lower at their next run (the
+compiled kernels are kept; a remap costs a re-lowering, not a compile).
+Buffers do not move with a remap: those on failed devices are lost (reading
+one raises `pw.DeviceFailedError`); `lost_leaves(tree)` names them.
+
+`Replicas` is the helper for data parallelism: one replica of the state per
+slice. After a failure it remaps the lost replicas onto spare devices where
+there are any and drops the rest (`recover`), copies the state from a surviving
+replica device to device (`replicate`), and splits the global batch over
+the replicas left (`split`, `weights`), so the job goes on with the same
+global batch, without a checkpoint. `grow` adds a replica back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from pathways import _core, _devices
+from pathways._pmap import pmap
+from pathways._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+
+__all__ = ["remap", "lost_slices", "lost_leaves", "is_lost", "Replicas"]
+
+
+def _slice(x: Any, where: str) -> Any:
+    if isinstance(x, _devices.VirtualSlice):
+        return x
+    raise TypeError(f"{where}: expected a pw.VirtualSlice (from add_slice), got {type(x).__name__}")
+
+
+def remap(*slices: Any, share: bool = False) -> dict:
+    """Re-maps slices off failed devices (paper §4.1).
+
+    Each virtual device on a failed device moves to a spare device of the
+    slice's island (one no live slice uses), the least-loaded first; if its
+    island has too few, the whole slice moves to another island.
+
+    Args:
+      *slices: `pw.VirtualSlice`s; none: every live slice with a virtual
+        device on a failed device.
+      share: Also take devices other slices use (the resource manager then
+        time-shares them, as it does for `add_slice`), least-loaded first.
+
+    Returns:
+      `{slice: [indices of its virtual devices that moved]}` for each slice
+      (an empty list: nothing of it had failed).
+
+    Raises:
+      TypeError: For something that is not a `VirtualSlice`.
+      ResourceExhaustedError: When no island has enough healthy devices for
+        a slice (the message names it and what each island has). Slices
+        remapped before it stay remapped; it is unchanged.
+    """
+    targets = [_slice(s, "pw.elastic.remap") for s in slices] if slices else lost_slices()
+    return {s: list(_core.remap_slice(s._slice, bool(share))) for s in targets}
+
+
+def lost_slices() -> list:
+    """The live `VirtualSlice`s (made by `add_slice`) with a virtual device on a failed device, by id."""
+    ids = {s.id for s in _core.slices_on_failed_devices()}
+    return [s for s in _devices.live_slices() if s.id in ids]
+
+
+def is_lost(x: Any) -> bool:
+    """Whether a `ShardedBuffer` has a shard on a failed device (it can no longer be read)."""
+    return isinstance(x, _core.ShardedBuffer) and any(d.failed for d in x.devices)
+
+
+def lost_leaves(tree: Any) -> list:
+    """The key paths (`pw.tree_util.keystr`) of the `ShardedBuffer` leaves of `tree` on failed devices."""
+    return [keystr(path) for path, leaf in tree_flatten_with_path(tree)[0] if is_lost(leaf)]
+
+
+def _identity(tree: Any) -> Any:
+    return tree
+
+
+class Replicas:
+    """The replicas of a data-parallel job: one slice each, the whole state on each.
+
+    Attributes:
+      slices: The replicas' `VirtualSlice`s, in order (all of one size).
+      dropped: Slices dropped by `recover` (no spare devices for them).
+    """
+
+    def __init__(self, slices: Sequence[Any]):
+        slices = [_slice(s, "pw.elastic.Replicas") for s in slices]
+        if not slices:
+            raise ValueError("pw.elastic.Replicas: slices is empty; a job needs at least one replica")
+        sizes = {s.size for s in slices}
+        if len(sizes) != 1:
+            raise ValueError(f"pw.elastic.Replicas: the slices must be of one size, got sizes {sorted(sizes)}")
+        self.slices: list = slices
+        self.dropped: list = []
+        self._copies: dict = {}  # slice id -> pmap'd identity onto it
+
+    @property
+    def devices_per_replica(self) -> int:
+        return self.slices[0].size
+
+    def healthy(self) -> list:
+        """The replicas none of whose devices has failed."""
+        return [s for s in self.slices if not any(d.physical.failed for d in s.devices)]
+
+    def replicate(self, tree: Any) -> list:
+        """The state on every replica: one pytree per slice, in the order of `slices`.
+
+        Args:
+          tree: The state: a pytree of numpy arrays (each replica gets every
+            leaf whole on each of its devices), or one replica's state as
+            `replicate` returned it (`ShardedBuffer` leaves), which is copied
+            device to device onto every replica (over ICI or DCN, never
+            through this process). Pick an intact one with `intact`.
+
+        Raises:
+          DeviceFailedError: When a leaf of `tree` is on a failed device.
+        """
+        leaves, treedef = tree_flatten(tree)
+        if not any(isinstance(x, _core.ShardedBuffer) for x in leaves):
+            n = self.devices_per_replica
+            host = [np.ascontiguousarray(np.stack([np.asarray(x)] * n)) for x in leaves]
+            return [tree_unflatten(treedef, [_core.device_put(h, s.devices, None) for h in host])
+                    for s in self.slices]
+        out = []
+        for s in self.slices:
+            copy = self._copies.get(s.id)
+            if copy is None:
+                copy = self._copies[s.id] = pmap(_identity, devices=s.devices)
+            out.append(copy(tree))
+        return out
+
+    def intact(self, states: Sequence[Any]) -> Any:
+        """The first of `states` (one pytree per replica) none of whose buffers is lost.
+
+        Raises:
+          ValueError: When every one has a buffer on a failed device (then
+            only a checkpoint can bring the state back).
+        """
+        for state in states:
+            if not lost_leaves(state):
+                return state
+        raise ValueError(f"pw.elastic.Replicas.intact: every one of the {len(states)} states has a buffer "
+                         "on a failed device; restore from a checkpoint (pw.checkpointing)")
+
+    def recover(self, remap_onto_spares: bool = True) -> dict:
+        """After a failure: remaps each lost replica onto spare devices, or drops it.
+
+        Args:
+          remap_onto_spares: False drops every lost replica.
+
+        Returns:
+          `{"remapped": [slices], "dropped": [slices]}`. Then copy the state
+          onto the replicas (`replicate(intact(states))`) and split the
+          batch anew (`split`).
+
+        Raises:
+          ResourceExhaustedError: When every replica would be dropped (none
+            is changed then).
+        """
+        lost = [s for s in self.slices if any(d.physical.failed for d in s.devices)]
+        if len(lost) == len(self.slices) and not remap_onto_spares:
+            raise _core.ResourceExhaustedError(
+                f"pw.elastic.Replicas.recover: all {len(lost)} replicas are on failed devices; restore "
+                "from a checkpoint")
+        remapped, dropped = [], []
+        for s in lost:
+            if remap_onto_spares:
+                try:
+                    _core.remap_slice(s._slice)
+                    remapped.append(s)
+                    continue
+                except _core.ResourceExhaustedError:
+                    pass
+            dropped.append(s)
+        if len(dropped) == len(self.slices):
+            raise _core.ResourceExhaustedError(
+                f"pw.elastic.Replicas.recover: all {len(dropped)} replicas are on failed devices and no "
+                "island has spare devices for them; restore from a checkpoint")
+        self.slices = [s for s in self.slices if s not in dropped]
+        self.dropped.extend(dropped)
+        return {"remapped": remapped, "dropped": dropped}
+
+    def grow(self, vslice: Any = None) -> Any:
+        """Adds a replica: `vslice`, or a dropped one remapped onto healthy devices, or a new slice.
+
+        Returns the slice added. Copy the state onto it with `replicate`.
+
+        Raises:
+          ResourceExhaustedError: When there are no healthy devices for it.
+        """
+        if vslice is None and self.dropped:
+            vslice = self.dropped[0]
+            _core.remap_slice(vslice._slice)  # raises if there is still no room for it
+            self.dropped.pop(0)
+        elif vslice is None:
+            vslice = _devices.make_virtual_device_set().add_slice(
+                **{f"{self.slices[0].kind}_devices": self.devices_per_replica})
+        vslice = _slice(vslice, "pw.elastic.Replicas.grow")
+        if vslice.size != self.devices_per_replica:
+            raise ValueError(f"pw.elastic.Replicas.grow: the slice has {vslice.size} devices; the replicas "
+                             f"have {self.devices_per_replica}")
+        self.slices.append(vslice)
+        return vslice
+
+    def shares(self, global_batch: int) -> list:
+        """Examples per replica for a global batch: as even as each replica's devices allow.
+
+        Each replica's share is a multiple of its devices; the first replicas
+        take the remainder. ValueError if `global_batch` is not a multiple of
+        the devices per replica.
+        """
+        n = self.devices_per_replica
+        if global_batch % n:
+            raise ValueError(f"pw.elastic.Replicas: a global batch of {global_batch} does not split over "
+                             f"replicas of {n} devices; use a multiple of {n}")
+        units, r = global_batch // n, len(self.slices)
+        return [n * (units // r + (1 if i < units % r else 0)) for i in range(r)]
+
+    def split(self, batch: Any) -> list:
+        """The global batch split over the replicas (`shares`), each `(devices, per device, ...)`."""
+        batch = np.asarray(batch)
+        out, start = [], 0
+        n = self.devices_per_replica
+        for share in self.shares(batch.shape[0]):
+            out.append(batch[start:start + share].reshape((n, share // n) + batch.shape[1:]))
+            start += share
+        return out
+
+    def weights(self, global_batch: int) -> list:
+        """Each replica's share of a global batch as a fraction: the weights of its mean gradient."""
+        return [s / global_batch for s in self.shares(global_batch)]

@@ -1,0 +1,209 @@
+"""Elastic re-mapping (paper §4.1) and data-parallel replicas that outlive a host (pw.elastic).
+
+A failed device stays failed, so each case that fails one runs in a fresh
+subprocess, with the hosts of the suite's mode (`--hosts`), as test_faults.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pathways as pw
+
+_PRELUDE = """
+import os, signal, numpy as np
+import pathways as pw
+traces = []
+def counted(x):
+    traces.append(1)   # runs once per trace, not per call
+    return x * 2. + 1.
+"""
+
+
+@pytest.fixture
+def run_elastic(request):
+    """Runs code after _PRELUDE in a fresh process with the suite's hosts; returns its stdout."""
+    from conftest import runner_with_suite_hosts
+    return runner_with_suite_hosts(request.config, _PRELUDE)
+
+
+@pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")
+def test_a_remapped_slice_runs_its_programs_on_spare_devices_without_retracing(run_elastic):
+    out = run_elastic("""
+vds = pw.make_virtual_device_set()
+a, b = vds.add_slice(tpu_devices=2), vds.add_slice(tpu_devices=2)
+f = pw.pmap(counted, devices=a.tpus)
+g = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=b.tpus)
+
+@pw.program
+def two(x):
+    return g(f(x))      # a, then b over DCN
+
+x = np.arange(2.)
+print(np.asarray(two(x)).tolist(), len(traces))
+old = [d.id for d in a.physical_devices]
+pw.testing.fail_device(a.physical_devices[1])
+kept = f(np.ones(2))   # fails: made on the failed device
+try:
+    np.asarray(two(x))
+except pw.DeviceFailedError as e:
+    print(e.failed_devices == [old[1]], e.lost_slices == [a.id])
+print(pw.elastic.lost_slices() == [a], pw.elastic.lost_leaves({"k": kept}))
+moved = pw.elastic.remap()
+print(moved == {a: [1]}, a.epoch, b.epoch, a.physical_devices[0].id == old[0], a.physical_devices[1].id not in old)
+print(not any(d.failed for d in a.physical_devices), pw.elastic.lost_slices())
+print(np.asarray(two(x)).tolist(), np.asarray(f(x)).tolist(), len(traces))
+print([d.id for d in f(x).devices] == [d.id for d in a.physical_devices])
+# Nothing else is lost now: remapping again moves nothing.
+print(pw.elastic.remap(a, b) == {a: [], b: []})
+""")
+    assert out.splitlines() == [
+        "[4.0, 4.0] 1",  # (0*2+1) + (1*2+1), traced once
+        "True True",
+        "True [\"['k']\"]",
+        "True 1 0 True True",
+        "True []",
+        "[4.0, 4.0] [1.0, 3.0] 1",  # traced once: the remap re-lowered, not retraced
+        "True",
+        "True",
+    ], out
+
+
+@pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")
+def test_a_slice_moves_to_another_island_or_says_why_it_cannot(run_elastic):
+    out = run_elastic("""
+topo = pw.topology()
+per_island = topo["hosts_per_island"] * topo["devices_per_host"]
+s = pw.make_virtual_device_set().add_slice(tpu_devices=per_island)   # a whole island
+f = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=s.tpus)
+island = s.island
+pw.testing.fail_device(s.physical_devices[0])
+pw.elastic.remap(s)
+print(s.island != island, np.asarray(f(np.ones(per_island)))[0] == per_island)
+for island_devices in ([d for d in pw.devices() if d.island == i] for i in range(topo["islands"])):
+    pw.testing.fail_device(island_devices[-1])
+try:
+    pw.elastic.remap(s)
+except pw.ResourceExhaustedError as e:
+    print("remap of slice" in str(e), "healthy" in str(e))
+# Unchanged, and the runtime still works on what is left.
+print(s.epoch, pw.elastic.lost_slices() == [s])
+t = pw.make_virtual_device_set().add_slice(tpu_devices=2)
+print(np.asarray(pw.pmap(lambda x: x + 1., devices=t.tpus)(np.zeros(2))).tolist())
+""")
+    assert out.splitlines() == ["True True", "True True", "1 True", "[1.0, 1.0]"], out
+
+
+@pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")
+def test_replicas_drop_a_lost_replica_copy_the_state_and_resplit_the_batch(run_elastic):
+    out = run_elastic("""
+topo = pw.topology()
+n = topo["devices_per_host"]
+vds = pw.make_virtual_device_set()
+slices = [vds.add_slice(tpu_devices=n) for _ in range(3)]
+r = pw.elastic.Replicas(slices)
+states = r.replicate({"w": np.arange(3, dtype=np.float32), "b": np.float32(2)})
+print([np.asarray(s["w"]).shape for s in states], r.shares(6 * n))
+for d in slices[1].physical_devices + [d for d in pw.devices() if d.id not in
+                                        {x.id for s in slices for x in s.physical_devices}]:
+    pw.testing.fail_device(d)      # slice 1's devices, and every spare: no remap possible
+print(pw.elastic.lost_leaves(states[1]) == ["['b']", "['w']"], pw.elastic.lost_leaves(states[0]))
+what = r.recover()
+print(what["remapped"], what["dropped"] == [slices[1]], r.slices == [slices[0], slices[2]], r.dropped == [slices[1]])
+lost_state = states[1]
+before = pw.transfer_stats()
+states = pw.block_until_ready(r.replicate(r.intact(states)))
+after = pw.transfer_stats()
+print([np.asarray(s["w"])[-1].tolist() for s in states], [float(np.asarray(s["b"])[0]) for s in states])
+print([[d.id for d in s["w"].devices] == [d.id for d in sl.physical_devices] for s, sl in zip(states, r.slices)])
+copies = sum(after[k] - before[k] for k in ("ici_transfers", "dcn_transfers"))
+print(copies >= 2, after["host_bytes"] == before["host_bytes"])   # device to device, none through here
+batch = np.arange(6 * n * 2).reshape(6 * n, 2)
+parts = r.split(batch)
+print(r.shares(6 * n), [p.shape for p in parts] == [(n, 3, 2), (n, 3, 2)], r.weights(6 * n))
+print(np.array_equal(np.concatenate([p.reshape(-1, 2) for p in parts]), batch))
+try:
+    r.intact([lost_state])
+except ValueError as e:
+    print("restore from a checkpoint" in str(e))
+""")
+    lines = out.splitlines()
+    n = pw.topology()["devices_per_host"]
+    assert lines == [
+        f"{[(n, 3)] * 3} {[2 * n] * 3}",
+        "True []",
+        "[] True True True",
+        "[[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]] [2.0, 2.0]",
+        "[True, True]",
+        "True True",
+        f"{[3 * n, 3 * n]} True [0.5, 0.5]",
+        "True",
+        "True",
+    ], out
+
+
+def test_shares_split_a_global_batch_as_evenly_as_the_devices_allow():
+    vds = pw.make_virtual_device_set()
+    slices = [vds.add_slice(tpu_devices=2) for _ in range(3)]
+    r = pw.elastic.Replicas(slices)
+    assert r.shares(32) == [12, 10, 10]
+    assert r.weights(32) == [12 / 32, 10 / 32, 10 / 32]
+    parts = r.split(np.arange(32))
+    assert [p.shape for p in parts] == [(2, 6), (2, 5), (2, 5)]
+    assert np.array_equal(np.concatenate([p.ravel() for p in parts]), np.arange(32))
+    with pytest.raises(ValueError, match="global batch of 31 does not split over replicas of 2 devices"):
+        r.shares(31)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: pw.elastic.remap("slice 0"), TypeError, "pw.elastic.remap: expected a pw.VirtualSlice"),
+    (lambda: pw.elastic.Replicas([]), ValueError, "slices is empty"),
+    (lambda: pw.elastic.Replicas([pw.devices()[0]]), TypeError, "expected a pw.VirtualSlice"),
+])
+def test_bad_arguments_name_the_problem(call, error, message, runtime_ok):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_replicas_of_different_sizes_are_refused():
+    vds = pw.make_virtual_device_set()
+    with pytest.raises(ValueError, match=r"one size, got sizes \[1, 2\]"):
+        pw.elastic.Replicas([vds.add_slice(tpu_devices=1), vds.add_slice(tpu_devices=2)])
+
+
+def test_a_killed_host_process_is_reported_and_its_slice_remapped_onto_a_spare_host():
+    """Host processes of their own (whatever the suite's mode): SIGKILL one, remap, go on."""
+    from conftest import run_python
+    out = run_python(_PRELUDE + """
+pw.configure(hosts="local_processes", islands=1, hosts_per_island=3, devices_per_host=2)
+vds = pw.make_virtual_device_set()
+a, b = vds.add_slice(tpu_devices=2), vds.add_slice(tpu_devices=2)   # hosts 0 and 1; host 2 spare
+f = pw.pmap(counted, devices=a.tpus)
+g = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=b.tpus)
+
+@pw.program
+def two(x):
+    return g(f(x))
+
+x = np.arange(2.)
+print(np.asarray(two(x)).tolist())
+victim = {h.id: h for h in pw.hosts()}[b.physical_devices[0].host]
+os.kill(victim.pid, signal.SIGKILL)
+try:
+    for _ in range(100):      # the loss may land between two runs
+        np.asarray(two(x))
+except pw.HostLostError as e:
+    print(sorted(e.failed_devices) == sorted(d.id for d in pw.devices() if d.host == victim.id),
+          e.lost_slices == [b.id])
+print(pw.elastic.remap() == {b: [0, 1]}, {d.host for d in b.physical_devices} == {2})
+print(np.asarray(two(x)).tolist(), len(traces))
+print([h.alive for h in pw.hosts()])
+""", timeout=120)
+    assert out.splitlines() == [
+        "[4.0, 4.0]",
+        "True True",
+        "True True",
+        "[4.0, 4.0] 1",
+        "[True, False, True]",
+    ], out
