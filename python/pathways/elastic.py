@@ -117,7 +117,7 @@ class Replicas:
         """The replicas none of whose devices has failed."""
         return [s for s in self.slices if not any(d.physical.failed for d in s.devices)]
 
-    def replicate(self, tree: Any) -> list:
+    def replicate(self, tree: Any, onto: Optional[Sequence[Any]] = None) -> list:
         """The state on every replica: one pytree per slice, in the order of `slices`.
 
         Args:
@@ -126,18 +126,20 @@ class Replicas:
             `replicate` returned it (`ShardedBuffer` leaves), which is copied
             device to device onto every replica (over ICI or DCN, never
             through this process). Pick an intact one with `intact`.
+          onto: Only these slices (e.g. the one `grow` added), in this order.
 
         Raises:
           DeviceFailedError: When a leaf of `tree` is on a failed device.
         """
+        targets = self.slices if onto is None else [_slice(s, "pw.elastic.Replicas.replicate") for s in onto]
         leaves, treedef = tree_flatten(tree)
         if not any(isinstance(x, _core.ShardedBuffer) for x in leaves):
             n = self.devices_per_replica
             host = [np.ascontiguousarray(np.stack([np.asarray(x)] * n)) for x in leaves]
             return [tree_unflatten(treedef, [_core.device_put(h, s.devices, None) for h in host])
-                    for s in self.slices]
+                    for s in targets]
         out = []
-        for s in self.slices:
+        for s in targets:
             copy = self._copies.get(s.id)
             if copy is None:
                 copy = self._copies[s.id] = pmap(_identity, devices=s.devices)

@@ -88,3 +88,20 @@ def test_flax_lm_matches_jax_jit_data_parallel_and_pipelined():
     assert len(diffs) == 2 and max(diffs) < 1e-5
     assert "one program per step: 11 nodes" in out
     assert "OK: data parallel and the 2-stage pipeline match jax.jit" in out
+
+
+def test_elastic_dp_goes_on_through_a_killed_host_on_the_same_curve():
+    # Its own host processes, whatever the suite's hosts: it kills one.
+    out = run_python(
+        f"import runpy, sys; sys.path.insert(0, {str(EXAMPLES)!r}); "
+        "sys.argv = ['elastic_dp.py', '--quick']; "
+        f"runpy.run_path({str(EXAMPLES / 'elastic_dp.py')!r}, run_name='__main__')"
+    )
+    assert re.search(r"step \d+: pw.HostLostError: failed devices \[6, 7\], lost slices \[1\]", out), out
+    assert "split [12, 10, 10] over 3 replicas" in out, out
+    assert "slice 1 remapped onto host 5 (standby)" in out, out
+    diff = float(re.search(r"max relative difference of the losses: (\S+)", out).group(1))
+    assert diff < 1e-4
+    recovery = float(re.search(r"recovery: (\S+) s from the kill", out).group(1))
+    assert 0 < recovery
+    assert "OK: training went on through the loss of a host" in out, out
