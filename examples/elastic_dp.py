@@ -52,18 +52,11 @@ print("replicas:", ", ".join(f"slice {s.id} on host {s.physical_devices[0].host}
 
 
 def init_params(seed=0):
-    r = np.random.default_rng(seed)
-    p = {"blocks": [lm.init_block(r, D_MODEL) for _ in range(BLOCKS)]}
-    p.update(lm.init_embedding(r, VOCAB, SEQ, D_MODEL))
-    p.update(lm.init_head(r, VOCAB, D_MODEL))
-    return p
+    return lm.init_lm(VOCAB, SEQ, D_MODEL, BLOCKS, seed)
 
 
 def loss_fn(p, tokens):
-    x = lm.embed(p, tokens[:, :-1])
-    for bp in p["blocks"]:
-        x = lm.block(bp, x, HEADS)
-    return lm.loss(p, x, tokens[:, 1:])
+    return lm.lm_loss(p, tokens, HEADS)
 
 
 def replica_grads(p, tokens):

@@ -79,6 +79,23 @@ def blocks_scan(stacked, x, heads, ffn=mlp, remat=False):
     return pw.lax.scan(pw.checkpoint(step) if remat else step, x, stacked)[0]
 
 
+def init_lm(vocab, seq, d, blocks, seed=0):
+    """A whole LM's parameters: `blocks` blocks, the embeddings and the head."""
+    r = np.random.default_rng(seed)
+    p = {"blocks": [init_block(r, d) for _ in range(blocks)]}
+    p.update(init_embedding(r, vocab, seq, d))
+    p.update(init_head(r, vocab, d))
+    return p
+
+
+def lm_loss(p, tokens, heads):
+    """Next-token loss of a [b, t + 1] token batch through the blocks of `p`."""
+    x = embed(p, tokens[:, :-1])
+    for bp in p["blocks"]:
+        x = block(bp, x, heads)
+    return loss(p, x, tokens[:, 1:])
+
+
 def embed(p, tokens):
     return p["wte"][tokens] + p["wpe"]
 
