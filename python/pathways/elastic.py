@@ -26,15 +26,17 @@ global batch, without a checkpoint. `grow` adds a replica back.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from pathways import _core, _devices
+from pathways import _autodiff, _collectives, _core, _devices
 from pathways._pmap import pmap
-from pathways._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from pathways._program import program
+from pathways._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map, tree_unflatten
 
-__all__ = ["remap", "lost_slices", "lost_leaves", "is_lost", "Replicas"]
+__all__ = ["remap", "lost_slices", "lost_leaves", "is_lost", "Replicas", "DataParallel"]
 
 
 def _slice(x: Any, where: str) -> Any:
@@ -246,3 +248,155 @@ class Replicas:
     def weights(self, global_batch: int) -> list:
         """Each replica's share of a global batch as a fraction: the weights of its mean gradient."""
         return [s / global_batch for s in self.shares(global_batch)]
+
+
+class DataParallel:
+    """Data-parallel training that goes on through the loss of replicas, without a checkpoint.
+
+        job = pw.elastic.DataParallel(loss_fn, update, slices, params, opt_state, global_batch=32)
+        for batch in batches:
+            loss = job.step(batch)       # the global batch's mean loss
+
+    Each replica (one slice) holds the whole state and takes the loss and
+    gradients of its share of the global batch (`loss_fn(params, shard)`,
+    averaged over its devices with `pw.pmean`); every replica then adds all
+    replicas' gradients, weighted by their shares (the runtime moves them
+    between slices: ICI inside an island, DCN across), and applies
+    `update(params, opt_state, grads) -> (params, opt_state)`. One
+    `@pw.program` per step.
+
+    When a step fails because devices failed (`pw.DeviceFailedError`, e.g. a
+    host process died), the survivors' state is intact (the failed step
+    changed none of it: buffers are immutable), so `step` recovers
+    (`Replicas.recover`: the lost replicas are remapped onto spare devices,
+    their state copied there device to device from a survivor, or dropped),
+    splits the same global batch over the replicas it has, and runs the step
+    again: no step is lost and the loss stays on its curve. `grow` adds a
+    replica back. `events` is the timeline: `(seconds since the job began,
+    what happened)`.
+
+    Args:
+      loss_fn: `(params, batch_shard) -> scalar`, traced per device.
+      update: `(params, opt_state, grads) -> (params, opt_state)`.
+      slices: The replicas' `VirtualSlice`s, all of one size.
+      params, opt_state: Pytrees of numpy arrays (unreplicated).
+      global_batch: Examples per step (a multiple of the devices per replica).
+      remap_onto_spares: False drops every lost replica instead.
+      on_event: Called with each new event's text (e.g. `print`).
+
+    Raises:
+      ResourceExhaustedError: From `step`, when every replica is lost and
+        none can be remapped (restore from a checkpoint then).
+    """
+
+    def __init__(self, loss_fn: Any, update: Any, slices: Sequence[Any], params: Any, opt_state: Any, *,
+                 global_batch: int, remap_onto_spares: bool = True, on_event: Any = None):
+        self._start = time.perf_counter()
+        self.replicas = Replicas(slices)
+        self.replicas.shares(global_batch)  # checks that it splits
+        self.global_batch = int(global_batch)
+        self.remap_onto_spares = bool(remap_onto_spares)
+        self.events: list = []
+        self._on_event = on_event
+        self._loss_fn, self._update = loss_fn, update
+        self._grads: dict = {}  # slice id -> pmap'd loss and gradients, kept across remaps
+        self._steps: dict = {}  # (slice ids, weights) -> (program, weights)
+        self.states = dict(zip([s.id for s in self.replicas.slices],
+                               zip(self.replicas.replicate(params), self.replicas.replicate(opt_state))))
+
+    def note(self, what: str) -> None:
+        """Adds an event to the timeline."""
+        self.events.append((time.perf_counter() - self._start, what))
+        if self._on_event is not None:
+            self._on_event(f"{self.events[-1][0]:8.3f} s  {what}")
+
+    def _grads_on(self, s: Any) -> Any:
+        if s.id not in self._grads:
+            loss_fn = self._loss_fn
+
+            def replica_grads(p, batch):
+                loss, g = _autodiff.value_and_grad(loss_fn)(p, batch)
+                return _collectives.pmean(loss, "replica"), tree_map(lambda x: _collectives.pmean(x, "replica"), g)
+
+            self._grads[s.id] = pmap(replica_grads, devices=s.devices, axis_name="replica")
+        return self._grads[s.id]
+
+    def _program(self) -> tuple:
+        weights = self.replicas.weights(self.global_batch)
+        key = (tuple(s.id for s in self.replicas.slices), tuple(weights))
+        if key not in self._steps:
+            update = self._update
+
+            def combine_and_update(p, state, *grads):
+                total = tree_map(lambda *g: sum(w * x for w, x in zip(weights, g)), *grads)
+                return update(p, state, total)
+
+            grads = [self._grads_on(s) for s in self.replicas.slices]
+            updates = [pmap(combine_and_update, devices=s.devices, axis_name="replica")
+                       for s in self.replicas.slices]
+
+            @program
+            def dp_step(states, shards):
+                outs = [g(st[0], b) for g, st, b in zip(grads, states, shards)]
+                new = [u(st[0], st[1], *[gr for _, gr in outs]) for u, st in zip(updates, states)]
+                return new, [loss for loss, _ in outs]
+
+            self._steps[key] = (dp_step, weights)
+        return self._steps[key]
+
+    def step(self, batch: Any, after_dispatch: Any = None) -> float:
+        """One training step on the global batch; returns its mean loss.
+
+        `after_dispatch()`, if given, is called once the step's program is
+        dispatched and before its results are awaited (tests and benchmarks
+        inject failures there).
+        """
+        batch = np.asarray(batch)
+        if batch.shape[0] != self.global_batch:
+            raise ValueError(f"pw.elastic.DataParallel.step: a batch of {batch.shape[0]}; the global batch "
+                             f"is {self.global_batch}")
+        while True:
+            program_, weights = self._program()
+            try:
+                new, losses = program_([self.states[s.id] for s in self.replicas.slices],
+                                       self.replicas.split(batch))
+                if after_dispatch is not None:
+                    after_dispatch()
+                    after_dispatch = None
+                loss = sum(w * float(np.asarray(l).reshape(-1)[0]) for w, l in zip(weights, losses))
+            except _core.DeviceFailedError as e:
+                self.note(f"{type(e).__name__}: failed devices {getattr(e, 'failed_devices', '?')}, lost "
+                          f"slices {getattr(e, 'lost_slices', '?')}")
+                self.recover()
+                continue
+            for s, st in zip(self.replicas.slices, new):
+                self.states[s.id] = tuple(st)
+            return loss
+
+    def recover(self) -> dict:
+        """Remaps or drops the lost replicas and copies the state onto the remapped ones (see `step`)."""
+        what = self.replicas.recover(self.remap_onto_spares)
+        for s in what["dropped"]:
+            self.states.pop(s.id, None)
+        if what["remapped"]:
+            self._copy_onto(what["remapped"])
+        self.note(f"remapped slices {[s.id for s in what['remapped']]}, dropped {[s.id for s in what['dropped']]}; "
+                  f"{len(self.replicas.slices)} replicas, the global batch split "
+                  f"{self.replicas.shares(self.global_batch)}")
+        return what
+
+    def _copy_onto(self, targets: list) -> None:
+        ids = {s.id for s in targets}
+        source = self.replicas.intact([self.states[s.id] for s in self.replicas.slices if s.id not in ids])
+        params = self.replicas.replicate(source[0], onto=targets)
+        opt = self.replicas.replicate(source[1], onto=targets)
+        for s, p, o in zip(targets, params, opt):
+            self.states[s.id] = (p, o)
+
+    def grow(self, vslice: Any = None) -> Any:
+        """Adds a replica (see `Replicas.grow`) and copies the state onto it; returns its slice."""
+        added = self.replicas.grow(vslice)
+        self._copy_onto([added])
+        self.note(f"slice {added.id} joined on devices {[d.id for d in added.physical_devices]}; "
+                  f"{len(self.replicas.slices)} replicas")
+        return added

@@ -8,10 +8,10 @@ Host processes (2 islands x 4 hosts x 2 devices). For SECONDS, in threads:
     each step's output is read and checked against numpy); after a
     documented error each remaps its slice onto spare devices, or takes a
     new slice, and resumes from its last checked state;
-  - a data-parallel job of four replicas (pw.elastic.Replicas) with a
-    global batch of 48 that must do at least 60 steps and go on until the
-    end, each step checked against numpy, dropping or remapping lost
-    replicas as it goes;
+  - a data-parallel job of four replicas (pw.elastic.DataParallel, as in
+    examples/elastic_dp.py) with a global batch of 48 that must do at least
+    60 steps and go on until the end, each step's weights checked against
+    numpy, remapping or dropping lost replicas as it goes;
   - a driver that, at random, SIGKILLs a host process (at most 3) or fails a
     device (pw.testing.fail_device, at most 3).
 Then every buffer is dropped. Prints one JSON line: wrong results, errors
@@ -33,6 +33,7 @@ import traceback
 import numpy as np
 
 import pathways as pw
+import pathways.numpy
 
 SECONDS = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0
 SEED = int(sys.argv[2]) if len(sys.argv) > 2 else 0
@@ -119,53 +120,54 @@ def sgd_client(idx):
 
 
 def dp_job():
-    """Data parallel over 4 replicas; must finish DP_STEPS steps, each checked."""
+    """pw.elastic.DataParallel over 4 replicas: at least DP_STEPS steps, each checked."""
     rng = np.random.default_rng(SEED * 100 + 99)
     client = pw.Client("dp")
     vds = pw.make_virtual_device_set()
-    replicas = pw.elastic.Replicas([vds.add_slice(tpu_devices=2) for _ in range(4)])
     global_batch = 48
     w_truth = np.zeros(FEATURES)
-    grads = {}
 
-    def grads_on(s):
-        if s.id not in grads:
-            grads[s.id] = pw.pmap(lambda w, x, y: pw.pmean(x.T @ (x @ w - y) * (1.0 / x.shape[0]), "d"),
-                                  axis_name="d", in_axes=(None, 0, 0), out_axes=None, devices=s.tpus)
-        return grads[s.id]
+    def loss_fn(p, batch):
+        x, y = batch[:, :FEATURES], batch[:, FEATURES]
+        return pw.numpy.mean((x @ p["w"] - y) ** 2) * 0.5
 
-    step = 0
+    def sgd(p, state, g):
+        return {"w": p["w"] - LR * g["w"]}, state
+
     with client:
+        job = pw.elastic.DataParallel(loss_fn, sgd, [vds.add_slice(tpu_devices=2) for _ in range(4)],
+                                      {"w": w_truth}, {}, global_batch=global_batch)
+        step = 0
         while step < DP_STEPS or not stop.is_set():
             x = rng.standard_normal((global_batch, FEATURES))
             y = x @ np.linspace(-1, 1, FEATURES)
-            weights = replicas.weights(global_batch)
             try:
-                parts_x, parts_y = replicas.split(x), replicas.split(y)
-                gs = [np.asarray(grads_on(s)(w_truth, px, py))
-                      for s, px, py in zip(replicas.slices, parts_x, parts_y)]
-                w_new = w_truth - LR * sum(wt * g for wt, g in zip(weights, gs))
-                expected = w_truth - LR * (x.T @ (x @ w_truth - y) / global_batch)
-                if not np.allclose(w_new, expected, rtol=1e-10, atol=1e-12):
-                    with lock:
-                        report["wrong"] += 1
-                w_truth = w_new
+                job.step(np.concatenate([x, y[:, None]], 1))
+                w_truth = w_truth - LR * (x.T @ (x @ w_truth - y) / global_batch)
                 step += 1
+                # One intact replica's weights against numpy.
+                for s in job.replicas.slices:
+                    try:
+                        w = np.asarray(job.states[s.id][0]["w"])
+                    except DOCUMENTED as e:
+                        count_error(e)
+                        continue
+                    if not np.allclose(w, w_truth, rtol=1e-10, atol=1e-12):
+                        with lock:
+                            report["wrong"] += 1
+                    break
                 with lock:
                     report["dp_steps"] += 1
-                    report["dp_replicas"] = len(replicas.slices)
-            except DOCUMENTED as e:
+                    report["dp_replicas"] = len(job.replicas.slices)
+            except DOCUMENTED as e:  # every replica lost, none remappable
                 count_error(e)
-                try:
-                    replicas.recover()
-                except pw.ResourceExhaustedError as e2:
-                    count_error(e2)
-                    return
-                with lock:
-                    report["recoveries"] += 1
+                return
             except Exception as e:  # noqa: BLE001
                 count_error(e)
                 return
+        with lock:
+            report["dp_recoveries"] = sum(1 for _, what in job.events if what.startswith("remapped"))
+        del job
     client.close()
 
 

@@ -27,4 +27,5 @@ def test_clients_train_through_killed_hosts_and_failed_devices(seed):
     assert report["kills"] >= 1 and report["kills"] + report["failed_devices"] >= 3, report
     assert report["errors"].get("HostLostError", 0) >= 1, report
     assert report["dp_steps"] >= 60 and report["steps"] > 0 and report["recoveries"] >= 1, report
+    assert report["dp_recoveries"] >= 1, report  # the data-parallel job went on through a lost replica
     print(json.dumps(report), file=sys.stderr)

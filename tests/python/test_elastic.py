@@ -207,3 +207,46 @@ print([h.alive for h in pw.hosts()])
         "[4.0, 4.0] 1",
         "[True, False, True]",
     ], out
+
+
+@pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")
+@pytest.mark.parametrize("remap", [True, False])
+def test_data_parallel_goes_on_through_a_failed_host_on_the_same_losses(run_elastic, remap):
+    out = run_elastic(f"""
+import pathways.numpy as pnp
+rng = np.random.default_rng(0)
+x_all = rng.standard_normal((6, 24, 5)).astype(np.float32)
+y_all = x_all @ np.arange(5, dtype=np.float32)
+
+def loss_fn(p, batch):
+    x, y = batch[:, :5], batch[:, 5]
+    return pnp.mean((x @ p["w"] + p["b"] - y) ** 2)
+
+def sgd(p, state, g):
+    return pw.tree_map(lambda a, b: a - 0.1 * b, p, g), {{"n": state["n"] + 1.0}}
+
+def run(fail_at):
+    vds = pw.make_virtual_device_set()
+    slices = [vds.add_slice(tpu_devices=2) for _ in range(3)]
+    job = pw.elastic.DataParallel(loss_fn, sgd, slices, {{"w": np.zeros(5, np.float32), "b": np.float32(0)}},
+                                  {{"n": np.float32(0)}}, global_batch=24, remap_onto_spares={remap})
+    fail = lambda: pw.testing.fail_host(slices[1].physical_devices[0].host)
+    losses = [job.step(np.concatenate([x_all[i], y_all[i][:, None]], 1),
+                       after_dispatch=fail if i == fail_at else None) for i in range(6)]
+    return job, losses
+
+ref_job, ref = run(None)
+job, losses = run(2)
+print(np.allclose(losses, ref, rtol=1e-5), losses[-1] < losses[0])
+print(len(job.replicas.slices), [e[1].split(":")[0].split(" ")[0] for e in job.events])
+print(job.replicas.shares(24))
+state = job.states[job.replicas.slices[-1].id]
+print(float(np.asarray(state[1]["n"])[0]), np.allclose(np.asarray(state[0]["w"])[0], np.asarray(ref_job.states[ref_job.replicas.slices[-1].id][0]["w"])[0], rtol=1e-5))
+""")
+    lines = out.splitlines()
+    assert lines[0] == "True True", out
+    if remap:  # onto spare devices: still 3 replicas
+        assert lines[1:3] == ["3 ['DeviceFailedError', 'remapped']", "[8, 8, 8]"], out
+    else:  # dropped: 2 replicas take the same global batch
+        assert lines[1:3] == ["2 ['DeviceFailedError', 'remapped']", "[12, 12]"], out
+    assert lines[3] == "6.0 True", out
