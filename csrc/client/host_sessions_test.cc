@@ -93,6 +93,36 @@ TEST_F(HostSessionsTest, ALostHostIsReportedOnceAndTheOthersStay) {
   EXPECT_EQ((*sessions)->survivors_told(), 3);
 }
 
+// Whoever sees a request fail with a host's loss sees what the loss report
+// did (a RemoteCluster marks the host's devices failed there): requests
+// waiting for replies, and new ones, fail only once it has returned.
+TEST_F(HostSessionsTest, RequestsFailWithALossOnlyOnceItWasReported) {
+  std::atomic<bool> reported{false};
+  auto sessions = HostSessions::Connect(*cluster_, addresses_, Options(), [&](int host, const absl::Status&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a slow report
+    reported = true;
+  });
+  ASSERT_TRUE(sessions.ok()) << sessions.status();
+  std::atomic<int> failed{0}, failed_before_report{0};
+  auto send = [&] {
+    wire::Request request;
+    request.mutable_echo()->set_payload("x");
+    (*sessions)->Send(2, std::move(request), [&](absl::StatusOr<wire::Reply> reply) {
+      if (reply.ok()) return;
+      EXPECT_EQ(GetErrorKind(reply.status()), ErrorKind::kHostLost) << reply.status();
+      if (!reported.load()) failed_before_report.fetch_add(1);
+      failed.fetch_add(1);
+    });
+    (*sessions)->Flush(2);
+  };
+  servers_[2].reset();
+  const int64_t deadline = NowNanos() + 10'000'000'000;
+  while (failed.load() < 20 && NowNanos() < deadline) send();
+  EXPECT_GE(failed.load(), 20);
+  EXPECT_EQ(failed_before_report.load(), 0);
+  EXPECT_TRUE(reported.load());
+}
+
 TEST_F(HostSessionsTest, WrongCountsAndWrongSecretsAreRefused) {
   auto short_list = HostSessions::Connect(*cluster_, {addresses_[0]}, Options());
   EXPECT_EQ(short_list.status().code(), absl::StatusCode::kInvalidArgument);
