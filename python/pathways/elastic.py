@@ -287,6 +287,8 @@ class DataParallel:
     Raises:
       ResourceExhaustedError: From `step`, when every replica is lost and
         none can be remapped (restore from a checkpoint then).
+      DeviceFailedError: From `step`, when it failed but no replica is
+        lost (e.g. a buffer of the batch's on a failed device).
     """
 
     def __init__(self, loss_fn: Any, update: Any, slices: Sequence[Any], params: Any, opt_state: Any, *,
@@ -367,7 +369,9 @@ class DataParallel:
             except _core.DeviceFailedError as e:
                 self.note(f"{type(e).__name__}: failed devices {getattr(e, 'failed_devices', '?')}, lost "
                           f"slices {getattr(e, 'lost_slices', '?')}")
-                self.recover()
+                what = self.recover()
+                if not what["remapped"] and not what["dropped"]:
+                    raise  # not a replica's loss: nothing to recover from here
                 continue
             for s, st in zip(self.replicas.slices, new):
                 self.states[s.id] = tuple(st)
