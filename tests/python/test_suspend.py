@@ -10,7 +10,9 @@ the suite's hosts (`--hosts`); the rest share the suite's runtime.
 from __future__ import annotations
 
 import os
+import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -27,8 +29,6 @@ def _ml_bfloat16():
 def _settle(client, want: int = 0, what: str = "bytes_in_use") -> None:
     """Waits until `client` holds `want` bytes (or buffers, with what="live_buffers"): a gang may hold its
     outputs, and host arguments placed as the client's, a moment after they are ready."""
-    import time
-
     deadline = time.time() + 10
     while getattr(client, what) != want and time.time() < deadline:
         time.sleep(0.001)
@@ -188,6 +188,47 @@ def test_suspend_waits_for_the_clients_work_in_flight(tpus2):
     _settle(c, 0)
     c.resume()
     np.testing.assert_array_equal(np.asarray(y), [12.0, 12.0])
+    c.close()
+
+
+def test_dispatches_under_way_in_other_threads_are_suspended_too(tpus2):
+    # A host argument of 1 MiB or more is copied in without the GIL: the
+    # suspension starts while some dispatches are inside; their outputs are
+    # the client's and must be suspended with the rest.
+    c = pw.Client("busy-threads")
+    f = pw.pmap(lambda x: x[:4] * 2.0, devices=tpus2)
+    x = np.ones((2, 300_000), np.float32)
+    stop, outs, errors = threading.Event(), [], []
+
+    def dispatch():
+        while not stop.is_set():
+            try:
+                with c:
+                    outs.append(f(x))
+            except RuntimeError as e:
+                if not re.match(r"client 'busy-threads' is (being )?(suspended|resumed): resume\(\) it", str(e)):
+                    errors.append(repr(e))
+
+    threads = [threading.Thread(target=dispatch) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(10):
+            seen = len(outs)
+            while len(outs) < seen + 3:
+                time.sleep(0.001)
+            c.suspend()
+            n = len(outs)
+            assert all(o.is_suspended() for o in outs[:n])
+            _settle(c, 0)
+            c.resume()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert errors == []
+    for o in outs:
+        np.testing.assert_array_equal(np.asarray(o), np.full((2, 4), 2.0))
     c.close()
 
 
@@ -351,8 +392,12 @@ with c:
     h = pw.device_put(v, t)
     r = pw.jit(lambda x: x * 2.0)(np.arange(3, dtype=np.float32))    # replicated, on jit's device
 old = [d.physical.id for d in t]
-c.suspend()
-pw.testing.fail_device(t[1])
+t2 = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus
+with c:
+    lost = pw.device_put(np.ones(2, np.float32), t2)
+pw.testing.fail_device(t2[0])          # before the suspension: the buffer stays, failed
+print(not {d.physical.id for d in t2} & set(old), c.suspend()["failed_buffers"], lost.is_suspended())
+pw.testing.fail_device(t[1])           # while suspended
 s = c.resume()
 m = [e for e in s["moved"] if e["from"] == old]
 print(len(m), m[0]["to"][0] == old[0], m[0]["to"][1] != old[1], [d.id for d in h.devices] == m[0]["to"])
@@ -360,5 +405,9 @@ print(np.array_equal(np.asarray(h), v), np.array_equal(np.asarray(r), np.arange(
 u = pw.make_virtual_device_set().add_slice(tpu_devices=2).tpus   # a healthy slice
 with c:
     print(np.array_equal(np.asarray(pw.pmap(lambda x: x + 1.0, devices=u)(h)), v + 1.0))
+try:
+    np.asarray(lost)
+except pw.DeviceFailedError as e:
+    print("has failed" in str(e))
 """)
-    assert out.splitlines() == ["1 True True True", "True True True", "True"], out
+    assert out.splitlines() == ["True 1 False", "1 True True True", "True True True", "True", "True"], out
