@@ -26,6 +26,7 @@ py::tuple ShapeTuple(const Dims& dims) {
 // Runs `program` on Python arguments: ShardedBuffers or numpy arrays.
 py::list Execute(const LoweredProgram& program, const py::sequence& args, bool sequential,
                  SchedulingClient* client) {
+  ClientDispatch dispatch(client, "runs program '", program.ir().name());
   const size_t n = py::len(args);
   absl::InlinedVector<ProgramArg, 4> converted(n);
   absl::InlinedVector<py::array, 4> keep_alive;  // host data must live through dispatch
@@ -34,6 +35,12 @@ py::list Execute(const LoweredProgram& program, const py::sequence& args, bool s
     py::handle a = args[i];
     if (py::isinstance<PyShardedBuffer>(a)) {
       const auto& holder = a.cast<const PyShardedBuffer&>();
+      if (holder.buffer == nullptr && holder.suspended != nullptr) {
+        throw std::runtime_error(absl::StrCat("argument ", i, " of program '", program.ir().name(),
+                                              "' is a ShardedBuffer ", TypeToString(holder.dtype, holder.dims),
+                                              " of client '", holder.suspended->client,
+                                              "', which is suspended: resume() the client first"));
+      }
       if (holder.buffer == nullptr) {
         ThrowDeleted(absl::StrCat("argument ", i, " of program '", program.ir().name(), "' is a ShardedBuffer ",
                                   TypeToString(holder.dtype, holder.dims), " that has been deleted",

@@ -226,6 +226,10 @@ void RegisterRuntime(py::module_& m) {
     WithoutGil([&] { rt.CloseClient(client); });  // it takes the dispatch lock
     return DeleteClientHandles(client);
   }, py::arg("client"));
+  // Suspend and resume (pw.Client.suspend/resume): sharded_buffer.h.
+  m.def("suspend_client", &SuspendClientHandles, py::arg("client"), py::arg("save") = py::none());
+  m.def("resume_client", &ResumeClientHandles, py::arg("client"), py::arg("loaded") = py::none());
+  m.def("client_suspended", &IsClientSuspended, py::arg("client"));
   m.def("clients", [] { return GetRuntime().clients(); }, py::return_value_policy::reference);
   m.def("set_scheduling_policy", [](const std::string& policy) {
     const SchedulingPolicy p = ValueOrThrow(ParseSchedulingPolicy(policy));

@@ -3,9 +3,13 @@
 #include "csrc/bindings/sharded_buffer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <stdexcept>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "csrc/base/fork.h"
 #include "csrc/bindings/registrations.h"
@@ -17,6 +21,10 @@ namespace pw::bindings {
 namespace py = pybind11;
 
 std::shared_ptr<ShardedBuffer> PyShardedBuffer::Get(const char* use) const {
+  if (buffer == nullptr && suspended != nullptr) {
+    throw std::runtime_error(absl::StrCat("ShardedBuffer ", TypeToString(dtype, dims), " is suspended with its client '",
+                                          suspended->client, "'; resume() the client before you ", use, " it"));
+  }
   if (buffer == nullptr) {
     ThrowDeleted(absl::StrCat("ShardedBuffer ", TypeToString(dtype, dims), " has been deleted", DeletedWhy(),
                               "; cannot ", use, " it"));
@@ -25,9 +33,13 @@ std::shared_ptr<ShardedBuffer> PyShardedBuffer::Get(const char* use) const {
 }
 
 namespace {
+enum class ClientState { kActive, kSuspending, kSuspended, kResuming };
+
 struct ClientHandles {
   std::vector<std::weak_ptr<PyShardedBuffer>> handles;
   size_t compact_at = 64;  // drop expired entries when the list reaches this
+  ClientState state = ClientState::kActive;
+  int dispatching = 0;  // ClientDispatches under way
 };
 // Guarded by the GIL; never destroyed (handles may outlive module teardown).
 absl::flat_hash_map<const SchedulingClient*, ClientHandles>& HandlesByClient() {
@@ -55,14 +67,367 @@ int DeleteClientHandles(const SchedulingClient* client) {
   int deleted = 0;
   for (const auto& weak : handles) {
     std::shared_ptr<PyShardedBuffer> h = weak.lock();
-    if (h == nullptr || h->buffer == nullptr) continue;
+    if (h == nullptr || h->is_deleted()) continue;
     h->deleted_why = absl::StrCat("its client '", client->name(), "' was closed");
     // Readers that began before hold their own reference (Get), so this
     // only drops the handle's; memory returns when running work is done.
     h->buffer.reset();
+    h->suspended.reset();  // a suspended client's host copy
     ++deleted;
   }
   return deleted;
+}
+
+namespace {
+
+const char* StateName(ClientState state) {
+  switch (state) {
+    case ClientState::kActive:
+      return "active";
+    case ClientState::kSuspending:
+      return "being suspended";
+    case ClientState::kSuspended:
+      return "suspended";
+    case ClientState::kResuming:
+      return "being resumed";
+  }
+  return "?";
+}
+
+// The client's entry, or null once close() dropped it. Entries move when
+// the map grows: look again after anything that released the GIL.
+ClientHandles* FindHandles(const SchedulingClient* client) {
+  auto it = HandlesByClient().find(client);
+  return it == HandlesByClient().end() ? nullptr : &it->second;
+}
+
+[[noreturn]] void ThrowRuntime(const std::string& message) { throw std::runtime_error(message); }
+
+// close() from another thread while the GIL was released.
+void CheckNotClosedMeanwhile(const SchedulingClient* client, const char* what) {
+  if (client->closed() || FindHandles(client) == nullptr) {
+    ThrowRuntime(absl::StrCat(what, ": client '", client->name(), "' was closed meanwhile"));
+  }
+}
+
+// Sets the client's state back to `state` on scope exit unless Commit()ed
+// (an error or interrupt leaves the client as it was).
+class StateRollback {
+ public:
+  StateRollback(const SchedulingClient* client, ClientState state) : client_(client), state_(state) {}
+  ~StateRollback() {
+    if (committed_) return;
+    if (ClientHandles* c = FindHandles(client_)) c->state = state_;
+  }
+  void Commit(ClientState state) {
+    if (ClientHandles* c = FindHandles(client_)) c->state = state;
+    committed_ = true;
+  }
+
+ private:
+  const SchedulingClient* client_;
+  ClientState state_;
+  bool committed_ = false;
+};
+
+// The client's live handles for which `held(handle)` (their buffer, or
+// their suspended value) is not null, grouped by it: groups in the order
+// their first handle was registered.
+template <typename Key, typename Held>
+std::vector<std::pair<Key, std::vector<std::shared_ptr<PyShardedBuffer>>>> GroupHandles(ClientHandles& c,
+                                                                                      Held held) {
+  std::vector<std::pair<Key, std::vector<std::shared_ptr<PyShardedBuffer>>>> groups;
+  absl::flat_hash_map<const void*, size_t> index;
+  for (const auto& weak : c.handles) {
+    std::shared_ptr<PyShardedBuffer> h = weak.lock();
+    if (h == nullptr) continue;
+    Key key = held(*h);
+    if (key == nullptr) continue;
+    auto [it, added] = index.try_emplace(key.get(), groups.size());
+    if (added) groups.emplace_back(key, std::vector<std::shared_ptr<PyShardedBuffer>>{});
+    groups[it->second].second.push_back(std::move(h));
+  }
+  return groups;
+}
+
+py::list DeviceIds(const DeviceList* list) {
+  py::list ids;
+  for (const Device* d : list->devices()) ids.append(d->id());
+  return ids;
+}
+
+// Gives up on the first wait: resume takes memory that is free now, or
+// none, and never waits behind another client's buffers (back-pressure).
+class NoWaitBlocker final : public Blocker {
+ public:
+  bool Block(absl::FunctionRef<bool(int64_t)> done_within) override {
+    if (done_within(0)) return true;
+    gave_up_ = true;
+    return false;
+  }
+  bool gave_up() const { return gave_up_; }
+
+ private:
+  bool gave_up_ = false;
+};
+
+int64_t FreeBytes(Runtime& rt, const Device* d) {
+  return d->memory_capacity() - rt.object_stores().For(d).bytes_in_use(d);
+}
+
+// Where a value of `shard_bytes` per shard that was on `old` may go, best
+// first: `old` itself if its devices are usable (a tenant's grant) and
+// healthy (the put says whether they have room: an arena of `old` may hold
+// room that FreeBytes does not show); the same island with the devices of
+// `old` that can take it kept in place and the others replaced by the least
+// used ones that can; then each other island's least used devices. A
+// device can take it when it is usable, healthy, of the same kind, and
+// has room now.
+std::vector<const DeviceList*> Placements(Runtime& rt, const DeviceList* old, int64_t shard_bytes) {
+  const std::vector<Device*>& all = rt.cluster().devices();
+  const std::string& kind = old->devices()[0]->kind();
+  absl::flat_hash_map<int, std::vector<Device*>> fitting;  // by island, least used first
+  absl::flat_hash_set<const Device*> usable, fits;
+  for (int id : rt.resource_manager().UsableDevices()) {
+    Device* d = all[id];
+    usable.insert(d);
+    if (d->failed() || d->kind() != kind || FreeBytes(rt, d) < shard_bytes) continue;
+    fitting[d->island()->id()].push_back(d);
+    fits.insert(d);
+  }
+  std::vector<const DeviceList*> out;
+  if (old->CheckHealthy().ok() &&
+      std::all_of(old->devices().begin(), old->devices().end(), [&](const Device* d) { return usable.contains(d); })) {
+    out.push_back(old);
+  }
+  for (auto& [island, devices] : fitting) {
+    std::sort(devices.begin(), devices.end(), [&](const Device* a, const Device* b) {
+      const int64_t ua = rt.object_stores().For(a).bytes_in_use(a), ub = rt.object_stores().For(b).bytes_in_use(b);
+      return ua != ub ? ua < ub : a->id() < b->id();
+    });
+  }
+  auto add = [&](const std::vector<Device*>& devices) {
+    absl::StatusOr<const DeviceList*> list = rt.registry().Intern(devices);
+    if (list.ok() && std::find(out.begin(), out.end(), *list) == out.end()) out.push_back(*list);
+  };
+  const int n = old->size();
+  const int home = old->devices()[0]->island()->id();
+  // The same island: keep what can stay.
+  std::vector<Device*> mixed = old->devices();
+  absl::flat_hash_set<const Device*> taken;
+  for (Device* d : mixed) {
+    if (fits.contains(d) && d->island()->id() == home) taken.insert(d);
+  }
+  auto spare = fitting[home].begin();
+  bool complete = true;
+  for (Device*& d : mixed) {
+    if (taken.contains(d)) continue;
+    while (spare != fitting[home].end() && taken.contains(*spare)) ++spare;
+    if (spare == fitting[home].end()) {
+      complete = false;
+      break;
+    }
+    d = *spare++;
+    taken.insert(d);
+  }
+  if (complete) add(mixed);
+  std::vector<int> islands;
+  for (const auto& [island, devices] : fitting) {
+    if (island != home && static_cast<int>(devices.size()) >= n) islands.push_back(island);
+  }
+  std::sort(islands.begin(), islands.end());
+  for (int island : islands) {
+    std::vector<Device*> least(fitting[island].begin(), fitting[island].begin() + n);
+    std::sort(least.begin(), least.end(), [](const Device* a, const Device* b) { return a->id() < b->id(); });
+    add(least);
+  }
+  return out;
+}
+
+}  // namespace
+
+ClientDispatch::ClientDispatch(const SchedulingClient* client, absl::string_view what, absl::string_view name)
+    : client_(client) {
+  if (client_ == nullptr) return;
+  // (An entry even before its first buffer, so that a first suspend counts
+  // this dispatch; a closed client's comes back, and the runtime refuses it.)
+  ClientHandles* c = &HandlesByClient()[client_];
+  if (c->state != ClientState::kActive) {
+    client_ = nullptr;
+    ThrowRuntime(absl::StrCat("client '", client->name(), "' is ", StateName(c->state), ": resume() it before it ",
+                              what, name, name.empty() ? "" : "'"));
+  }
+  ++c->dispatching;
+}
+
+ClientDispatch::~ClientDispatch() {
+  if (client_ == nullptr) return;
+  if (ClientHandles* c = FindHandles(client_)) --c->dispatching;
+}
+
+bool IsClientSuspended(const SchedulingClient* client) {
+  const ClientHandles* c = FindHandles(client);
+  return c != nullptr && c->state != ClientState::kActive;
+}
+
+py::dict SuspendClientHandles(SchedulingClient* client, const py::object& save) {
+  if (client->closed()) ThrowRuntime(absl::StrCat("suspend: client '", client->name(), "' is closed"));
+  ClientHandles& entry = HandlesByClient()[client];
+  if (entry.state != ClientState::kActive) {
+    ThrowRuntime(absl::StrCat("suspend: client '", client->name(), "' is ", StateName(entry.state),
+                              entry.state == ClientState::kSuspended ? " already (resume() it first)" : ""));
+  }
+  entry.state = ClientState::kSuspending;  // from now on it dispatches nothing
+  StateRollback rollback(client, ClientState::kActive);
+  // Dispatches that passed their check before: their outputs are the client's too.
+  while (FindHandles(client) != nullptr && FindHandles(client)->dispatching > 0) {
+    WithoutGil([] { std::this_thread::sleep_for(std::chrono::microseconds(200)); });
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+  CheckNotClosedMeanwhile(client, "suspend");
+  auto groups = GroupHandles<std::shared_ptr<ShardedBuffer>>(
+      *FindHandles(client), [](const PyShardedBuffer& h) { return h.buffer; });
+  // Its work in flight: every buffer done (the GIL released meanwhile).
+  for (const auto& [buffer, handles] : groups) AwaitDone(*buffer);
+  CheckNotClosedMeanwhile(client, "suspend");
+
+  struct Copy {
+    std::shared_ptr<ShardedBuffer> buffer;
+    std::shared_ptr<SuspendedValue> value;
+    const std::vector<std::shared_ptr<PyShardedBuffer>>* handles;
+  };
+  std::vector<Copy> copies;
+  int failed = 0;
+  for (const auto& [buffer, handles] : groups) {
+    // A failed buffer holds no memory (its producer failed) or cannot be
+    // read (its devices failed): it stays, and keeps its error.
+    if (!buffer->status().ok() || !buffer->devices()->CheckHealthy().ok()) {
+      ++failed;
+      continue;
+    }
+    auto value = std::make_shared<SuspendedValue>();
+    value->dtype = buffer->dtype();
+    value->dims = buffer->dims();
+    value->devices = buffer->devices();
+    value->client = client->name();
+    value->index = static_cast<int>(copies.size());
+    value->total_bytes = buffer->total_bytes();
+    copies.push_back(Copy{buffer, std::move(value), &handles});
+  }
+  if (save.is_none()) {
+    for (Copy& c : copies) {
+      c.value->bytes.reset(new char[static_cast<size_t>(c.value->total_bytes)]);
+      char* dst = c.value->bytes.get();
+      ThrowIfError(WithoutGil([&] { return c.buffer->ReadInto(dst); }));
+    }
+  } else {
+    py::list buffers;
+    for (const Copy& c : copies) buffers.append(std::make_shared<PyShardedBuffer>(c.buffer));
+    save(buffers);
+  }
+  CheckNotClosedMeanwhile(client, "suspend");
+  int64_t bytes = 0;
+  for (Copy& c : copies) {
+    for (const auto& h : *c.handles) {
+      if (h->buffer != c.buffer) continue;  // deleted meanwhile
+      h->suspended = c.value;
+      h->buffer.reset();
+    }
+    bytes += c.value->total_bytes;
+    c.buffer.reset();  // the last reference, unless work in flight still reads it
+  }
+  rollback.Commit(ClientState::kSuspended);
+  py::dict summary;
+  summary["buffers"] = copies.size();
+  summary["bytes"] = bytes;
+  summary["failed_buffers"] = failed;
+  return summary;
+}
+
+py::dict ResumeClientHandles(SchedulingClient* client, const py::object& loaded) {
+  if (client->closed()) ThrowRuntime(absl::StrCat("resume: client '", client->name(), "' is closed"));
+  ClientHandles* entry = FindHandles(client);
+  if (entry == nullptr || entry->state != ClientState::kSuspended) {
+    ThrowRuntime(absl::StrCat("resume: client '", client->name(), "' is ",
+                              entry == nullptr ? "active" : StateName(entry->state),
+                              entry == nullptr || entry->state == ClientState::kActive ? ", not suspended" : ""));
+  }
+  entry->state = ClientState::kResuming;
+  StateRollback rollback(client, ClientState::kSuspended);
+  auto groups = GroupHandles<std::shared_ptr<const SuspendedValue>>(
+      *entry, [](const PyShardedBuffer& h) { return h.suspended; });
+  Runtime& rt = GetRuntime();
+  // The new buffers, dropped if any value fits nowhere: all or nothing.
+  std::vector<std::shared_ptr<ShardedBuffer>> placed;
+  py::list moved;
+  int64_t bytes = 0;
+  for (const auto& [value, handles] : groups) {
+    const char* data = value->bytes.get();
+    py::array from_checkpoint;
+    if (data == nullptr) {
+      const std::string key = absl::StrCat("b", value->index);
+      if (loaded.is_none() || !loaded.contains(py::str(key))) {
+        ThrowRuntime(absl::StrCat("resume: client '", client->name(), "': the value of buffer ", value->index,
+                                  " is not in the checkpoint it was suspended to"));
+      }
+      from_checkpoint = py::array::ensure(loaded[py::str(key)], py::array::c_style);
+      if (!from_checkpoint ||
+          FromNumpyDType(from_checkpoint.dtype(), "resume: a checkpointed value") != value->dtype ||
+          Dims(from_checkpoint.shape(), from_checkpoint.shape() + from_checkpoint.ndim()) != value->dims) {
+        ThrowRuntime(absl::StrCat("resume: client '", client->name(), "': the checkpoint's array '", key,
+                                  "' is not the ", TypeToString(value->dtype, value->dims),
+                                  " it was suspended as (was the checkpoint changed?)"));
+      }
+      data = static_cast<const char*>(from_checkpoint.data());
+    }
+    const int64_t shard_bytes = ShardBytes(value->dtype, value->dims);
+    std::shared_ptr<ShardedBuffer> buffer;
+    for (const DeviceList* list : Placements(rt, value->devices, shard_bytes)) {
+      NoWaitBlocker no_wait;
+      auto put = [&] { return rt.DevicePut(value->dtype, value->dims, data, list, client, &no_wait); };
+      absl::StatusOr<std::shared_ptr<ShardedBuffer>> b = WithoutGil(put);
+      if (b.ok()) {
+        buffer = *std::move(b);
+        break;
+      }
+      const bool no_room = b.status().code() == absl::StatusCode::kResourceExhausted ||
+                           (b.status().code() == absl::StatusCode::kCancelled && no_wait.gave_up());
+      if (!no_room) ThrowStatus(b.status());  // still suspended, every value kept
+    }
+    if (buffer == nullptr) {
+      ThrowStatus(absl::ResourceExhaustedError(absl::StrCat(
+          "resume: client '", client->name(), "' stays suspended: its buffer ", value->index, " (",
+          TypeToString(value->dtype, value->dims), ", ", shard_bytes, " bytes per device over ", value->devices->size(),
+          " devices) fits on no healthy devices now, neither ", value->devices->ToString(),
+          " nor as many others of one island; free device memory (or wait for other clients' work) and resume "
+          "again")));
+    }
+    if (buffer->devices() != value->devices) {
+      py::dict m;
+      m["buffer"] = value->index;
+      m["shape"] = py::tuple(py::cast(std::vector<int64_t>(value->dims.begin(), value->dims.end())));
+      m["dtype"] = NumpyDType(value->dtype);
+      m["from"] = DeviceIds(value->devices);
+      m["to"] = DeviceIds(buffer->devices());
+      moved.append(m);
+    }
+    bytes += value->total_bytes;
+    placed.push_back(std::move(buffer));
+  }
+  CheckNotClosedMeanwhile(client, "resume");
+  for (size_t i = 0; i < groups.size(); ++i) {
+    for (const auto& h : groups[i].second) {
+      if (h->suspended != groups[i].first) continue;  // deleted meanwhile
+      h->buffer = placed[i];
+      h->suspended.reset();
+    }
+  }
+  rollback.Commit(ClientState::kActive);
+  py::dict summary;
+  summary["buffers"] = groups.size();
+  summary["bytes"] = bytes;
+  summary["moved"] = moved;
+  return summary;
 }
 
 py::dtype NumpyDType(DType dtype) { return py::dtype(std::string(DTypeName(dtype))); }
@@ -121,6 +486,22 @@ py::array ToNumpy(const std::shared_ptr<ShardedBuffer>& b, bool replicated) {
   return out;
 }
 
+// The value of a suspended handle, from its host copy: every shard, or
+// shard 0 of a replicated handle.
+py::array SuspendedToNumpy(const PyShardedBuffer& s) {
+  // Held: another thread may delete() the handle while this one copies.
+  const std::shared_ptr<const SuspendedValue> held = s.suspended;
+  const SuspendedValue& v = *held;
+  if (v.bytes == nullptr) {
+    throw std::runtime_error(absl::StrCat("ShardedBuffer ", TypeToString(s.dtype, s.dims), " is suspended with its client '",
+                                          v.client, "' in a checkpoint; resume() the client to read it"));
+  }
+  py::array out(NumpyDType(s.dtype), std::vector<py::ssize_t>(s.dims.begin(), s.dims.end()));
+  const int64_t bytes = s.replicated ? ShardBytes(v.dtype, v.dims) : v.total_bytes;
+  CopyBytes(out.mutable_data(), v.bytes.get(), static_cast<size_t>(bytes));
+  return out;
+}
+
 // numpy's conversion of the buffer's value: bool(), float(), int() behave
 // as on np.asarray(buffer) (ValueError for more than one element).
 py::object AsNumpy(py::handle self) { return py::module_::import("numpy").attr("asarray")(self); }
@@ -171,7 +552,9 @@ void RegisterShardedBuffer(py::module_& m) {
         return s.Get("list the devices of")->devices()->devices();
       }, py::return_value_policy::reference)
       .def("block_until_ready", [](py::object self) {
-        AwaitOrThrow(*self.cast<const PyShardedBuffer&>().Get("wait for"));
+        const auto& s = self.cast<const PyShardedBuffer&>();
+        if (s.buffer == nullptr && s.suspended != nullptr) return self;  // its host copy is there
+        AwaitOrThrow(*s.Get("wait for"));
         return self;
       })
       // bool() is numpy's (one element: its truth; more: ValueError). float()
@@ -192,11 +575,15 @@ void RegisterShardedBuffer(py::module_& m) {
             "compiled functions: apply them to the traced value in the function given to "
             "pw.pmap, or to np.asarray(buffer) with numpy indexing on the host");
       })
-      .def("is_ready", [](const PyShardedBuffer& s) { return s.Get("query")->IsDone(); })
+      .def("is_ready", [](const PyShardedBuffer& s) {
+        return (s.buffer == nullptr && s.suspended != nullptr) || s.Get("query")->IsDone();
+      })
       .def_property_readonly("is_replicated", [](const PyShardedBuffer& s) { return s.replicated; },
                              "True for one value held whole by every device (pmap's out_axes=None, "
                              "pw.jit); False for a value whose leading axis runs over the devices.")
-      .def("is_deleted", [](const PyShardedBuffer& s) { return s.buffer == nullptr; })
+      .def("is_deleted", &PyShardedBuffer::is_deleted)
+      .def("is_suspended", [](const PyShardedBuffer& s) { return s.buffer == nullptr && s.suspended != nullptr; },
+           "True while its client is suspended (Client.suspend): its value is in host memory or a checkpoint.")
       .def_property_readonly("owner", [](const PyShardedBuffer& s) {
         const std::shared_ptr<ShardedBuffer> b = s.Get("read the owner of");
         py::dict d;
@@ -205,6 +592,10 @@ void RegisterShardedBuffer(py::module_& m) {
         return d;
       }, "The ownership labels: {'client': name, 'program': name} (None where unlabeled).")
       .def("delete", [](PyShardedBuffer& s) {
+        if (s.suspended != nullptr) {  // its client is suspended: its host copy goes
+          s.suspended.reset();
+          return;
+        }
         s.Get("delete");
         s.buffer.reset();
       })
@@ -212,7 +603,7 @@ void RegisterShardedBuffer(py::module_& m) {
         if (!copy.is_none() && !copy.cast<bool>()) {
           throw py::value_error("a ShardedBuffer lives in device memory: converting it to numpy always copies");
         }
-        py::array out = ToNumpy(s.Get("read"), s.replicated);
+        py::array out = s.buffer == nullptr && s.suspended != nullptr ? SuspendedToNumpy(s) : ToNumpy(s.Get("read"), s.replicated);
         if (!dtype.is_none()) return py::array(out.attr("astype")(dtype));
         return out;
       }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
@@ -228,6 +619,9 @@ void RegisterShardedBuffer(py::module_& m) {
       .def("__repr__", [](const PyShardedBuffer& s) -> std::string {
         const std::string type = TypeToString(s.dtype, s.dims);
         const std::shared_ptr<ShardedBuffer> b = s.buffer;
+        if (b == nullptr && s.suspended != nullptr) {
+          return absl::StrCat("ShardedBuffer(<suspended with client '", s.suspended->client, "'>, ", type, ")");
+        }
         if (b == nullptr) return absl::StrCat("ShardedBuffer(<deleted>, ", type, ")");
         AwaitDone(*b);
         if (absl::Status st = b->status(); !st.ok()) {
@@ -258,6 +652,7 @@ void RegisterShardedBuffer(py::module_& m) {
     py::array c = py::array::ensure(array, py::array::c_style | py::array::forcecast);
     std::vector<Device*> physical = ToPhysical(devices);
     if (physical.empty()) throw py::value_error("device_put needs at least one device");
+    ClientDispatch dispatch(client, "places buffers with device_put");
     Runtime& rt = GetRuntime();
     const DeviceList* list = ValueOrThrow(rt.registry().Intern(physical));
     Dims dims(c.shape(), c.shape() + c.ndim());

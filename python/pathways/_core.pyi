@@ -242,6 +242,7 @@ class ShardedBuffer:
     @property
     def at(self) -> Any: ...  # TypeError: indexed updates run in compiled functions
     def is_deleted(self) -> bool: ...
+    def is_suspended(self) -> bool: ...  # its client is suspended: the value is on the host (or in a checkpoint)
     @property
     def is_replicated(self) -> bool: ...  # one value held whole by every device (out_axes=None)
     def delete(self) -> None: ...
@@ -263,6 +264,18 @@ def device_put(array: np.ndarray, devices: Sequence[Union[VirtualDevice, Device]
 
     Raises ValueError (shape), TypeError (dtype not float32/float64/int32/bool), NotFoundError.
     """
+
+# Suspend and resume of a client (pw.Client.suspend/resume; csrc/bindings/sharded_buffer.h).
+def suspend_client(client: Any, save: Optional[Callable[[list[ShardedBuffer]], None]] = None) -> dict[str, int]:
+    """Moves the client's live buffers to host memory (or, with `save`, wherever save(buffers) writes them) and
+    frees their devices: {"buffers", "bytes", "failed_buffers"}. RuntimeError if closed or suspended."""
+
+def resume_client(client: Any, loaded: Optional[dict[str, np.ndarray]] = None) -> dict[str, Any]:
+    """Puts the suspended values back on devices (other ones where needed), never waiting for memory:
+    {"buffers", "bytes", "moved": [{"buffer", "shape", "dtype", "from", "to"}]}. ResourceExhaustedError if one
+    fits nowhere (the client stays suspended); RuntimeError if closed or not suspended."""
+
+def client_suspended(client: Any) -> bool: ...
 
 # Host processes (csrc/bindings/host.cc).
 has_host_processes: bool

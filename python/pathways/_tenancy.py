@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from typing import Any, Iterator, Optional, Sequence
 
-from pathways import _checks, _core
+from pathways import _checks, _core, checkpointing
 from pathways._program import _check_dispatch
 from pathways._trace_state import _state
 
@@ -40,7 +41,8 @@ class Client:
 
     A client owns the buffers made in its scope (their `owner` label says
     so; `pw.memory_stats()["by_client"]` sums them). `close()` frees them
-    all at once, even with work in flight.
+    all at once, even with work in flight; `suspend()` moves them to host
+    memory and frees its devices for others until `resume()`.
 
     Example:
       >>> a, b = pw.Client("a", weight=1), pw.Client("b", weight=3)
@@ -60,6 +62,7 @@ class Client:
     def __init__(self, name: str, weight: float = 1.0):
         self._core = _core.create_client(str(name), _checks.real("Client", "weight", weight))
         self._saved: list = []
+        self._suspended_to: Optional[str] = None  # the checkpoint of suspend(path=...)
 
     @property
     def name(self) -> str:
@@ -99,7 +102,8 @@ class Client:
         From now on work in its scope raises RuntimeError. Its gangs that have
         not started are cancelled (their outputs raise `PathwaysError` saying
         so); running ones finish. Every buffer it owns is
-        deleted, as by `ShardedBuffer.delete()`: using one raises
+        deleted (a suspended client's host copies too), as by
+        `ShardedBuffer.delete()`: using one raises
         `DeletedBufferError` saying the client closed. Device memory returns
         once work in flight that reads those buffers is done. Idempotent.
 
@@ -107,6 +111,89 @@ class Client:
           How many buffers it deleted.
         """
         return _core.close_client(self._core)
+
+    @property
+    def suspended(self) -> bool:
+        """True from `suspend()` until `resume()` (and while either runs)."""
+        return _core.client_suspended(self._core)
+
+    def suspend(self, path: Any = None) -> dict:
+        """Moves the client's buffers off its devices, freeing them for others.
+
+        Waits for the client's dispatches under way and for its buffers to be
+        computed, then copies every buffer that its handles hold (once,
+        however many handles share it) to host memory in this process, or
+        with `path` into a checkpoint that the hosts write
+        (`pw.checkpointing.save`, one array per buffer), and drops the device
+        buffers: `bytes_in_use` goes to 0 once nothing else holds them (work
+        of other clients still reading them, a checkpoint being written).
+        The handles stay valid: `np.asarray(handle)` reads the host copy
+        (RuntimeError for a value in a checkpoint), `delete()` drops it;
+        passing a handle to a program, or any other use of its devices,
+        raises RuntimeError saying to resume. Until `resume()`, programs and
+        `device_put` in its scope raise RuntimeError. A buffer that failed
+        (its producer, or a device of it) stays as it is, with its error.
+
+        Args:
+          path: None (host memory), or a directory that does not exist yet
+            for the checkpoint; it is left there after `resume()`.
+
+        Returns:
+          {"buffers": buffers moved, "bytes": their bytes (every shard),
+          "failed_buffers": failed ones left as they were, "seconds": time
+          taken, "path": the checkpoint's absolute path or None}.
+
+        Raises:
+          RuntimeError: If the client is closed, or suspended already.
+          TypeError, ValueError, FileExistsError: For a bad `path`, as
+            `pw.checkpointing.save`; NotImplementedError with `path` in a
+            service's tenant. On any error the client stays as it was.
+        """
+        start = time.perf_counter()
+        if path is None:
+            summary = _core.suspend_client(self._core)
+        else:
+            final = checkpointing._path_arg("suspend", path)
+
+            def save(buffers: list) -> None:
+                if buffers:
+                    checkpointing.save(final, {f"b{i}": b for i, b in enumerate(buffers)}).result()
+
+            summary = _core.suspend_client(self._core, save)
+            self._suspended_to = final if summary["buffers"] else None
+        summary["seconds"] = time.perf_counter() - start
+        summary["path"] = self._suspended_to
+        return summary
+
+    def resume(self) -> dict:
+        """Brings the buffers of a suspended client back onto devices.
+
+        Each buffer goes back to its devices when they are healthy, usable
+        and have room now; else to as many other devices of one island that
+        are (its own island first, keeping the devices that can stay, the
+        least used first). It never waits for memory that other clients
+        hold. Every handle keeps working: the same object, value and
+        replication; a program taking a moved buffer copies it to its own
+        devices, as for any argument on other devices. The buffers' program
+        label becomes "device_put". All or nothing.
+
+        Returns:
+          {"buffers", "bytes", "seconds", "moved": one {"buffer", "shape",
+          "dtype", "from", "to"} (device ids) per buffer on other devices}.
+
+        Raises:
+          ResourceExhaustedError: If a buffer fits nowhere now: the client
+            stays suspended, every value kept; resume again later.
+          RuntimeError: If the client is closed or not suspended.
+        """
+        start = time.perf_counter()
+        loaded = None
+        if self._suspended_to is not None and not self._core.closed and _core.client_suspended(self._core):
+            loaded = checkpointing.restore(self._suspended_to)
+        summary = _core.resume_client(self._core, loaded)
+        self._suspended_to = None
+        summary["seconds"] = time.perf_counter() - start
+        return summary
 
     def __enter__(self) -> "Client":
         if self._core.closed:
@@ -119,8 +206,8 @@ class Client:
         _state.client = self._saved.pop()
 
     def __repr__(self) -> str:
-        closed = ", closed" if self.closed else ""
-        return f"Client({self.name!r}, weight={self.weight:g}{closed})"
+        state = ", closed" if self.closed else ", suspended" if self.suspended else ""
+        return f"Client({self.name!r}, weight={self.weight:g}{state})"
 
 
 def set_scheduling_policy(policy: str) -> None:
