@@ -27,6 +27,7 @@ tensorstore only, no pathways runtime: the hosts run these functions too.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -166,6 +167,99 @@ def host_write_shards(database: str, items: Sequence[tuple]) -> None:
         local = np.frombuffer(data, dtype).reshape((len(spec["positions"]),) + shard)
         parts.extend(parts_of(spec, local))
     write_parts(database, parts)
+
+
+def load_spec(key: str, shape: Sequence[int], dtype: str, replicated: bool, zarr3: bool) -> str:
+    """What a host needs to read its shards of one buffer (wire::ShardsToLoad.spec_json).
+
+    A split buffer's shard at position p is the array's [p]; each shard of a
+    replicated one is the whole array. `shape`: the array's; `dtype`: the
+    buffer's (a numpy dtype name: the array's values are converted to it).
+    """
+    return json.dumps({"key": key, "shape": list(shape), "dtype": dtype, "replicated": bool(replicated),
+                       "zarr3": bool(zarr3)})
+
+
+def _runs(positions: Sequence[int]) -> list:
+    """(first position, count, first local index) of each run of consecutive positions."""
+    runs: list = []
+    for j, p in enumerate(positions):
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1][1] += 1
+        else:
+            runs.append([p, 1, j])
+    return runs
+
+
+def host_read_shards(database: str, items: Sequence[tuple]) -> None:
+    """A host process's shard reader (host/shard_reader.h): (spec_json, positions, memory) triples.
+
+    Reads each buffer's shards at `positions` from the checkpoint in
+    `database` straight into `memory` (writable, the shards one after
+    another), with tensorstore: any region of an array, however it was
+    chunked when written, so a buffer may be restored in another layout
+    than it was saved in. A replicated buffer's array is read once and
+    copied to this host's other shards. Returns once every read has ended,
+    failed or not: the memory is the caller's again then.
+
+    Raises:
+      ValueError: Naming the array and the checkpoint, for anything that
+        cannot be read as the spec says (a missing or corrupt array, another
+        shape).
+    """
+    import ml_dtypes  # noqa: F401 (bfloat16 for np.dtype)
+
+    ts = tensorstore()
+    reads = []  # (key, future)
+    copies = []  # replicated: shard 0 to the others, once read
+    error: Optional[BaseException] = None
+    for spec_json, positions, memory in items:
+        key = "?"
+        try:
+            spec = json.loads(spec_json)
+            key = spec["key"]
+            dtype = np.dtype(spec["dtype"])
+            shape = tuple(spec["shape"])
+            shard = shape if spec["replicated"] else shape[1:]
+            want = len(positions) * math.prod(shard) * dtype.itemsize
+            if memory.nbytes != want:
+                raise ValueError(f"this host has {memory.nbytes} bytes for its {len(positions)} shards of shape "
+                                 f"{shard} and dtype {dtype}, which take {want}")
+            if not positions:
+                continue
+            local = np.frombuffer(memory, dtype).reshape((len(positions),) + shard)
+            store = open_array(database, key, spec.get("zarr3", True))
+            if tuple(store.shape) != shape:
+                raise ValueError(f"it has shape {tuple(store.shape)} in the checkpoint, the buffer's is {shape}")
+            src = store if store.dtype.numpy_dtype == dtype else ts.cast(store, dtype)
+            if spec["replicated"]:
+                reads.append((key, ts.array(local[0:1].reshape(shard), copy=False, write=True).write(src)))
+                copies.append(local)
+                continue
+            for first, count, j in _runs(positions):
+                if first + count > shape[0]:
+                    raise ValueError(f"shard {first + count - 1} is past its leading axis of {shape[0]}")
+                dst = ts.array(local[j:j + count], copy=False, write=True)
+                reads.append((key, dst.write(src[first:first + count])))
+        except Exception as e:  # noqa: BLE001 (every failure becomes the ValueError naming the array)
+            error = error or ValueError(f"restore: cannot read the array {key!r} of the checkpoint at {database!r}: {e}")
+            break
+    for key, read in reads:  # every read ends before this returns, failed or not
+        try:
+            read.result()
+        except Exception as e:  # noqa: BLE001
+            error = error or ValueError(f"restore: cannot read the array {key!r} of the checkpoint at {database!r}: "
+                                        f"{e}")
+    if error is None:
+        for local in copies:
+            local[1:] = local[0]
+    # No array on the memory may outlive this call: the error's traceback
+    # keeps this frame, and so its locals, alive.
+    local = dst = src = store = None
+    reads.clear()
+    copies.clear()
+    if error is not None:
+        raise error
 
 
 def merge(tmp: str) -> None:
