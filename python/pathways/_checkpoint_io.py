@@ -48,8 +48,6 @@ VALUE_ARRAY = "jax.Array"
 VALUE_NUMPY = "np.ndarray"
 VALUE_SCALAR = "scalar"
 
-_context: list = []
-
 
 def tensorstore() -> Any:
     """The tensorstore module; ImportError saying how to install it."""
@@ -62,12 +60,16 @@ def tensorstore() -> Any:
 
 
 def context() -> Any:
-    """The tensorstore context of every open (the resources the OCDBT specs name)."""
-    if not _context:
-        ts = tensorstore()
-        _context.append(ts.Context({"file_io_concurrency": {"limit": 128},
-                                    "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000}}))
-    return _context[0]
+    """A fresh tensorstore context (the resources the OCDBT specs name), for one save or restore.
+
+    Fresh each time: a context caches what it read (manifests, B-tree nodes,
+    metadata, which the opens do not recheck), and a checkpoint's directory
+    may be replaced between two saves or restores of one process (a host
+    lives as long as its client).
+    """
+    ts = tensorstore()
+    return ts.Context({"file_io_concurrency": {"limit": 128},
+                       "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000}})
 
 
 def ocdbt(directory: str, write: bool = False, path: Optional[str] = None) -> dict:
@@ -210,6 +212,7 @@ def host_read_shards(database: str, items: Sequence[tuple]) -> None:
     import ml_dtypes  # noqa: F401 (bfloat16 for np.dtype)
 
     ts = tensorstore()
+    ctx = context()  # this call's: the checkpoint's arrays share what they read of its database
     reads = []  # (key, future)
     copies = []  # replicated: shard 0 to the others, once read
     error: Optional[BaseException] = None
@@ -228,7 +231,7 @@ def host_read_shards(database: str, items: Sequence[tuple]) -> None:
             if not positions:
                 continue
             local = np.frombuffer(memory, dtype).reshape((len(positions),) + shard)
-            store = open_array(database, key, spec.get("zarr3", True))
+            store = open_array(database, key, spec.get("zarr3", True), ctx)
             if tuple(store.shape) != shape:
                 raise ValueError(f"it has shape {tuple(store.shape)} in the checkpoint, the buffer's is {shape}")
             src = store if store.dtype.numpy_dtype == dtype else ts.cast(store, dtype)
@@ -336,12 +339,12 @@ def read_metadata(path: str) -> dict:
     return meta
 
 
-def open_array(path: str, key: str, zarr3: bool) -> Any:
-    """The array `key` of the checkpoint at `path`, opened to read."""
+def open_array(path: str, key: str, zarr3: bool, ctx: Any = None) -> Any:
+    """The array `key` of the checkpoint at `path`, opened to read in `ctx` (None: a fresh context)."""
     ts = tensorstore()
     spec = {"driver": "zarr3" if zarr3 else "zarr", "kvstore": ocdbt(path, path=key + "/"),
             "recheck_cached_data": False, "recheck_cached_metadata": False, "fill_missing_data_reads": False}
-    return ts.open(spec, open=True, read=True, context=context()).result()
+    return ts.open(spec, open=True, read=True, context=ctx if ctx is not None else context()).result()
 
 
 def _write_json(path: str, value: Any) -> None:

@@ -279,10 +279,11 @@ def restore(path: Any, like: Any = None, devices: Optional[Sequence[Any]] = None
     remote = _hosts_mode() != "in_process"
     out: list = [None] * len(targets)
     loads: list = []  # host processes: (index in out, _core.load_shards' item)
+    ctx = io.context()  # this restore's: its arrays share what they read of the database
     for i, (names, target) in enumerate(targets):
         key = ".".join(names)
         value_type = tree_meta[io.metadata_key(names)]["value_metadata"].get("value_type", io.VALUE_NUMPY)
-        store = io.open_array(src, key, zarr3)  # its metadata: no data is read yet
+        store = io.open_array(src, key, zarr3, ctx)  # its metadata: no data is read yet
         on_devices = isinstance(target, _core.ShardedBuffer) or (
             target is None and devices is not None and value_type != io.VALUE_SCALAR)
         if remote and on_devices:

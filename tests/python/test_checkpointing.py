@@ -328,3 +328,21 @@ def test_a_corrupt_checkpoint_is_named_and_the_runtime_goes_on(tmp_path, devices
     np.testing.assert_array_equal(np.asarray(got["w"]), np.arange(8 * 1024).reshape(8, 1024))
     np.testing.assert_array_equal(np.asarray(got["rep"]), np.ones(2048))
     runtime_ok()
+
+
+@not_service
+def test_a_checkpoint_replaced_at_its_path_is_read_anew(tmp_path, devices_of):
+    # Saved, restored, removed and saved again at the same path, by the same
+    # processes (the hosts live as long as the client): nothing stale is read.
+    import shutil
+
+    t = devices_of(8)
+    path = tmp_path / "latest"
+    for k, shape in enumerate([(8, 1024), (8, 1024), (8, 16)]):
+        data = np.full(shape, float(k), np.float32)
+        w = pw.device_put(data, t)
+        pw.checkpointing.save(path, {"w": w, "v": data}).result(timeout=60)
+        got = pw.checkpointing.restore(path, like={"w": w, "v": data})
+        np.testing.assert_array_equal(np.asarray(got["w"]), data)
+        np.testing.assert_array_equal(got["v"], data)
+        shutil.rmtree(path)
