@@ -226,7 +226,8 @@ void RegisterHost(py::module_& m) {
       if (t.size() != 6) {
         throw py::value_error("load_shards: each buffer is (name, dtype, shape, devices, replicated, spec_json)");
       }
-      const std::string what = absl::StrCat("load_shards: the array '", t[0].cast<std::string>(), "'");
+      // Named as restore's: its caller's (pw.checkpointing.restore) errors.
+      const std::string what = absl::StrCat("restore: the array '", t[0].cast<std::string>(), "'");
       Runtime::ShardsLoad& load = loads.emplace_back();
       load.dtype = FromNumpyDType(py::dtype::from_args(t[1]), what.c_str());
       const auto shape = t[2].cast<std::vector<int64_t>>();

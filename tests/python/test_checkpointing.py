@@ -109,6 +109,12 @@ def test_restore_reshards_onto_other_devices_and_layouts(tmp_path, devices_of):
     np.testing.assert_array_equal(np.asarray(on["params"]["total"]), np.full(3, 8.0))
     np.testing.assert_array_equal(np.asarray(on["layers"][0]), np.arange(3))  # 3 != 8 devices: replicated
     assert on["step"] == 7
+    # An array of a dtype devices do not hold (Orbax's int64, say) is named.
+    pw.checkpointing.save(tmp_path / "i64", {"n": np.arange(8, dtype=np.int64)}).result(timeout=60)
+    with pytest.raises(TypeError, match="int64"):
+        pw.checkpointing.restore(tmp_path / "i64", devices=other)
+    as_i32 = pw.checkpointing.restore(tmp_path / "i64", like={"n": pw.device_put(np.zeros(8, np.int32), other)})
+    np.testing.assert_array_equal(np.asarray(as_i32["n"]), np.arange(8))
 
 
 @not_service
