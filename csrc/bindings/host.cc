@@ -21,10 +21,12 @@
 #include "csrc/client/service_link.h"
 #include "csrc/coordination/auth.h"
 #include "csrc/host/host_main.h"
+#include "csrc/host/shard_reader.h"
 #include "csrc/host/shard_writer.h"
 #include "csrc/service/service.h"
 #endif
 #include "csrc/bindings/sharded_buffer.h"
+#include "csrc/bindings/waiting.h"
 
 namespace pw::bindings {
 namespace py = pybind11;
@@ -213,6 +215,118 @@ void RegisterHost(py::module_& m) {
 #endif
   }, py::arg("writer"),
      "This host process's checkpoint writer: writer(database, [(spec_json, bytes)]) (internal: pathways.host).");
+  m.def("load_shards", [](const std::string& database, const std::vector<py::tuple>& buffers,
+                          SchedulingClient* client) -> py::list {
+#if PATHWAYS_WITH_HOSTS
+    Runtime& rt = GetRuntime();
+    if (rt.remote() == nullptr) throw py::value_error("load_shards: the hosts are in this process");
+    std::vector<Runtime::ShardsLoad> loads;
+    std::vector<bool> replicated;
+    for (const py::tuple& t : buffers) {
+      if (t.size() != 6) {
+        throw py::value_error("load_shards: each buffer is (name, dtype, shape, devices, replicated, spec_json)");
+      }
+      // Named as restore's: its caller's (pw.checkpointing.restore) errors.
+      const std::string what = absl::StrCat("restore: the array '", t[0].cast<std::string>(), "'");
+      Runtime::ShardsLoad& load = loads.emplace_back();
+      load.dtype = FromNumpyDType(py::dtype::from_args(t[1]), what.c_str());
+      const auto shape = t[2].cast<std::vector<int64_t>>();
+      for (int64_t d : shape) {
+        if (d < 0) throw py::value_error(absl::StrCat(what, " has a negative dimension: ", d));
+      }
+      std::vector<Device*> physical = ToPhysical(t[3].cast<py::sequence>());
+      if (physical.empty()) throw py::value_error(absl::StrCat(what, " needs at least one device"));
+      load.devices = ValueOrThrow(rt.registry().Intern(physical));
+      const bool rep = t[4].cast<bool>();
+      // A replicated buffer holds the whole array on each device: its
+      // device axis comes first. A split one's leading axis is the devices'.
+      if (rep) {
+        load.dims.push_back(load.devices->size());
+      } else if (shape.empty() || shape[0] != load.devices->size()) {
+        throw py::value_error(absl::StrCat(what, " split over ", load.devices->size(),
+                                           " devices needs a leading axis of that size, got shape ",
+                                           DimsToString(Dims(shape.begin(), shape.end()))));
+      }
+      load.dims.insert(load.dims.end(), shape.begin(), shape.end());
+      load.spec_json = t[5].cast<std::string>();
+      replicated.push_back(rep);
+    }
+    PyBlocker blocker;  // waiting for device memory, as device_put does
+    auto made = WithoutGil([&] { return rt.LoadShards(database, loads, client, &blocker); });
+    blocker.RethrowIfInterrupted();
+    std::vector<std::shared_ptr<ShardedBuffer>> out = ValueOrThrow(std::move(made));
+    py::list handles;
+    for (size_t i = 0; i < out.size(); ++i) {
+      auto handle = std::make_shared<PyShardedBuffer>(std::move(out[i]), replicated[i]);
+      if (client != nullptr) RegisterClientHandle(client, handle);
+      handles.append(handle);
+    }
+    return handles;
+#else
+    (void)database;
+    (void)buffers;
+    (void)client;
+    throw py::value_error("load_shards: this build has no host processes");
+#endif
+  }, py::arg("database"), py::arg("buffers"), py::arg("client") = static_cast<SchedulingClient*>(nullptr),
+     "Has the host processes read new buffers ((name, dtype, shape, devices, replicated, spec_json) each) from the "
+     "checkpoint in `database`, each host its own shards; returns them pending (internal: pathways.checkpointing).");
+  m.def("set_shard_reader", [](py::object reader) {
+#if PATHWAYS_WITH_HOSTS
+    if (reader.is_none()) {
+      SetShardReader(nullptr);
+      return;
+    }
+    // Kept for the process's life: a reader may be called until it exits.
+    auto* fn = new py::object(std::move(reader));
+    SetShardReader([fn](const std::string& database, std::vector<ShardsToRead> shards) -> absl::Status {
+      py::gil_scoped_acquire gil;
+      absl::Status status;
+      std::vector<py::memoryview> views;  // the buffers' memory, the reader's only during the call
+      try {
+        py::list items;
+        for (ShardsToRead& s : shards) {
+          static char none[1];
+          void* data = s.data != nullptr ? static_cast<void*>(s.data) : none;
+          views.push_back(py::memoryview::from_memory(data, static_cast<py::ssize_t>(s.bytes), /*readonly=*/false));
+          items.append(py::make_tuple(py::str(s.spec_json), py::cast(s.positions), views.back()));
+        }
+        (*fn)(database, items);
+      } catch (py::error_already_set& e) {
+        // The reader's ValueError says what is wrong with the checkpoint
+        // (pw.checkpointing.restore raises it at the client).
+        status = e.matches(PyExc_ValueError)
+                     ? absl::InvalidArgumentError(std::string(py::str(e.value())))
+                     : absl::InternalError(absl::StrCat("the checkpoint reader failed: ", e.what()));
+      } catch (const std::exception& e) {  // nothing may escape into the host's storage thread
+        status = absl::InternalError(absl::StrCat("the checkpoint reader failed: ", e.what()));
+      }
+      // No view of the memory may outlive the call (the buffer may be freed
+      // next): released here, after a collection if a cycle still holds one.
+      for (py::memoryview& view : views) {
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          try {
+            view.attr("release")();
+            break;
+          } catch (py::error_already_set&) {
+            if (attempt == 0) {
+              py::module_::import("gc").attr("collect")();
+              continue;
+            }
+            // Still exported: the reader kept an array on it, which would
+            // outlive the memory. The load fails, saying so.
+            status = absl::InternalError("the checkpoint reader kept a view of a buffer's memory after it returned");
+          }
+        }
+      }
+      return status;
+    });
+#else
+    (void)reader;
+#endif
+  }, py::arg("reader"),
+     "This host process's checkpoint reader: reader(database, [(spec_json, positions, memoryview)]) fills each "
+     "writable memoryview with this host's shards at those positions (internal: pathways.host).");
   m.def("control_messages", []() -> py::object {
 #if PATHWAYS_WITH_HOSTS
     Runtime& rt = GetRuntime();

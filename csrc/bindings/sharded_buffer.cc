@@ -453,6 +453,21 @@ void AwaitOrThrow(const ShardedBuffer& buffer) {
   ThrowIfError(buffer.devices()->CheckHealthy());  // its shards went with a failed device
 }
 
+std::vector<Device*> ToPhysical(const py::sequence& devices) {
+  std::vector<Device*> out;
+  for (const py::handle& d : devices) {
+    if (py::isinstance<VirtualDevice>(d)) {
+      out.push_back(d.cast<const VirtualDevice&>().physical());
+    } else if (py::isinstance<Device>(d)) {
+      out.push_back(d.cast<Device*>());
+    } else {
+      throw py::type_error(absl::StrCat("expected a Device or VirtualDevice, got ",
+                                        std::string(py::str(py::type::of(d)))));
+    }
+  }
+  return out;
+}
+
 namespace {
 
 void CopyBytes(void* dst, const void* src, size_t bytes) {
@@ -516,21 +531,6 @@ py::object ScalarOf(py::handle self, const char* conversion) {
                                       "(use .item(index) or np.asarray)"));
   }
   return AsNumpy(self).attr("item")();
-}
-
-std::vector<Device*> ToPhysical(const py::sequence& devices) {
-  std::vector<Device*> out;
-  for (const py::handle& d : devices) {
-    if (py::isinstance<VirtualDevice>(d)) {
-      out.push_back(d.cast<const VirtualDevice&>().physical());
-    } else if (py::isinstance<Device>(d)) {
-      out.push_back(d.cast<Device*>());
-    } else {
-      throw py::type_error(absl::StrCat("expected a Device or VirtualDevice, got ",
-                                        std::string(py::str(py::type::of(d)))));
-    }
-  }
-  return out;
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <memory>
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "csrc/object_store/sharded_buffer.h"
@@ -130,6 +131,10 @@ void AwaitDone(const ShardedBuffer& buffer);
 // failed. RuntimeError in a forked child (base/fork.h), where a pending
 // buffer would never complete.
 void AwaitOrThrow(const ShardedBuffer& buffer);
+
+// The physical devices of `devices` (Devices, or VirtualDevices' physical
+// ones); TypeError for anything else.
+std::vector<Device*> ToPhysical(const pybind11::sequence& devices);
 
 // numpy dtype for `dtype`, and back (TypeError for other dtypes).
 pybind11::dtype NumpyDType(DType dtype);

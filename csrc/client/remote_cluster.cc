@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -1121,6 +1122,87 @@ absl::Status RemoteCluster::SaveShards(int host, wire::SaveShards request) {
   });
   Flush(host);
   return replies->Wait(kDayNs, "writing a checkpoint");
+}
+
+absl::Status RemoteCluster::LoadShards(const std::string& database,
+                                       absl::Span<const std::shared_ptr<ShardedBuffer>> buffers,
+                                       absl::Span<const std::string> specs) {
+  if (links_->admits_runs()) {
+    return absl::PermissionDeniedError(
+        "a service's tenant cannot have the hosts read a checkpoint (the hosts are the service's)");
+  }
+  if (specs.size() != buffers.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load_shards: ", buffers.size(), " buffers and ", specs.size(), " specs"));
+  }
+  for (const auto& b : buffers) {
+    if (b == nullptr || b->remote_id() == 0 || b->IsDone()) {
+      return absl::InvalidArgumentError("load_shards: a buffer that is not a fresh (pending) buffer of the hosts");
+    }
+  }
+  // A buffer is done once each of its hosts has answered (the first error
+  // wins); the replies come on gRPC threads.
+  struct Loading {
+    std::vector<std::shared_ptr<ShardedBuffer>> buffers;
+    Mutex mu;
+    std::vector<int> left ABSL_GUARDED_BY(mu);
+    std::vector<absl::Status> status ABSL_GUARDED_BY(mu);
+  };
+  auto loading = std::make_shared<Loading>();
+  loading->buffers.assign(buffers.begin(), buffers.end());
+  struct HostLoad {
+    wire::Request request;
+    std::vector<int> indices;  // of its buffers in `buffers`
+  };
+  std::map<int, HostLoad> by_host;  // in host order
+  {
+    MutexLock lock(&loading->mu);
+    loading->left.assign(buffers.size(), 0);
+    loading->status.assign(buffers.size(), absl::OkStatus());
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const ShardedBuffer& b = *buffers[i];
+      for (int h : HostsOf(b.devices())) {
+        HostLoad& load = by_host[h];
+        wire::LoadShards* request = load.request.mutable_load_shards();
+        request->set_database(database);
+        wire::ShardsToLoad* s = request->add_buffers();
+        s->set_buffer_id(b.remote_id());
+        s->set_devices(b.devices()->id());
+        s->set_shard_bytes(b.shard_bytes());
+        s->set_spec_json(specs[i]);
+        load.indices.push_back(static_cast<int>(i));
+        ++loading->left[i];
+      }
+    }
+  }
+  // In the one order of sends (mu_), after the lists each host needs: the
+  // runs dispatched after this call reach every host after their buffers.
+  MutexLock lock(&mu_);
+  for (auto& [h, load] : by_host) {
+    for (int i : load.indices) EnsureList(h, buffers[i]->devices());
+    Send(h, std::move(load.request), [loading, indices = std::move(load.indices)](absl::StatusOr<wire::Reply> reply) {
+      const absl::Status status = reply.ok() ? ReplyStatus(*reply) : reply.status();
+      std::vector<std::pair<int, absl::Status>> done;
+      {
+        MutexLock held(&loading->mu);
+        for (int i : indices) {
+          if (!status.ok() && loading->status[i].ok()) loading->status[i] = status;
+          if (--loading->left[i] == 0) done.emplace_back(i, loading->status[i]);
+        }
+      }
+      ReadyList none;  // nothing in this process waits on a remote buffer's list
+      for (auto& [i, s] : done) {
+        std::shared_ptr<ShardedBuffer> buffer = std::move(loading->buffers[i]);
+        if (s.ok()) {
+          buffer->SetReady(&none);
+        } else {
+          buffer->SetError(std::move(s), &none);
+        }
+      }
+    });
+    Flush(h);
+  }
+  return absl::OkStatus();
 }
 
 void RemoteCluster::Free(const ShardedBuffer& buffer) {

@@ -119,6 +119,22 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // writer's, HostLostError), or PermissionDenied for a service's tenant
   // (the hosts are not its to write files with).
   absl::Status SaveShards(int host, wire::SaveShards request);
+  // Has the hosts read `buffers` from the checkpoint in directory
+  // `database` (wire::LoadShards; pw.checkpointing): every host with a shard
+  // of a buffer reads its own shards (each of a replicated buffer's hosts
+  // reads the whole array), straight into the buffer's memory there; no
+  // shard passes through this process. `buffers` are fresh (allocated with
+  // this cluster as their RemoteShards, pending) and `specs` parallel to
+  // them: what the hosts' shard reader needs (host/shard_reader.h). The
+  // hosts make the buffers at once, so work dispatched after this call may
+  // use them (it waits for them there). Returns once sent; each buffer
+  // becomes ready when every host of it has answered, or fails with the
+  // first error (the reader's, naming its host; HostLostError). A buffer
+  // holds its memory here until then, whoever else drops it.
+  // PermissionDenied for a service's tenant, InvalidArgument for a buffer
+  // that is not fresh: nothing is sent then, and the caller fails them.
+  absl::Status LoadShards(const std::string& database, absl::Span<const std::shared_ptr<ShardedBuffer>> buffers,
+                          absl::Span<const std::string> specs);
 
   // Fault injection (Runtime::FailDevices): tells the hosts of `devices`
   // that they have failed, so their parts and transfers fail there too.

@@ -448,6 +448,56 @@ absl::StatusOr<std::shared_ptr<ShardedBuffer>> Runtime::DevicePut(DType dtype, D
   return CopyFromHost(stores_.get(), dtype, std::move(dims), data, devices, &stats_, owner);
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Runtime::LoadShards(const std::string& database,
+                                                                                absl::Span<const ShardsLoad> loads,
+                                                                                SchedulingClient* client,
+                                                                                Blocker* blocker) {
+  ActiveCall call(this);
+  PW_RETURN_IF_ERROR(call.status());
+  if (client != nullptr && client->closed()) return ClosedClientError(*client);
+#if PATHWAYS_WITH_HOSTS
+  if (remote_ == nullptr) {
+    return absl::FailedPreconditionError("load_shards: the hosts are in this process (they read nothing themselves)");
+  }
+  std::vector<MemoryRequest> requests;
+  for (const ShardsLoad& load : loads) {
+    if (load.devices == nullptr || load.dims.empty() || load.dims[0] != load.devices->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "load_shards: a buffer of shape ", DimsToString(load.dims), " over ",
+          load.devices == nullptr ? 0 : load.devices->size(), " devices (its leading axis must be their number)"));
+    }
+    requests.push_back(MemoryRequest{load.devices, ShardBytes(load.dtype, load.dims)});
+  }
+  auto cancelled = [&] { return MemoryWaitCancelled(&shut_down_, client, "restore"); };
+  auto reservation = stores_->Reserve(requests, blocker != nullptr ? blocker : Blocker::Plain(), cancelled, "restore");
+  if (!reservation.ok()) return reservation.status();
+  // Labeled as device_put's: data that came from outside the programs.
+  BufferOwner owner{&*reservation, client != nullptr ? &client->memory() : &default_memory_,
+                    device_put_memory_.get()};
+  owner.remote = remote_.get();
+  std::vector<std::shared_ptr<ShardedBuffer>> buffers;
+  std::vector<std::string> specs;
+  for (const ShardsLoad& load : loads) {
+    auto buffer = ShardedBuffer::Allocate(stores_.get(), load.dtype, load.dims, load.devices, owner);
+    if (!buffer.ok()) return buffer.status();  // those made go, never sent
+    buffers.push_back(*std::move(buffer));
+    specs.push_back(load.spec_json);
+  }
+  absl::Status sent = remote_->LoadShards(database, buffers, specs);
+  if (!sent.ok()) {
+    ReadyList none;  // nobody has seen them
+    for (const auto& b : buffers) b->SetError(sent, &none);
+    return sent;
+  }
+  return buffers;
+#else
+  (void)database;
+  (void)loads;
+  (void)blocker;
+  return absl::FailedPreconditionError("load_shards: this build has no host processes");
+#endif
+}
+
 absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> Runtime::Execute(const LoweredProgram& program,
                                                                              absl::Span<const ProgramArg> args,
                                                                              const ExecuteOptions& options) {

@@ -164,6 +164,27 @@ class Runtime {
                                                            const DeviceList* devices,
                                                            SchedulingClient* client = nullptr,
                                                            Blocker* blocker = nullptr);
+  // One buffer for LoadShards to make: row-major `dtype` of global `dims`
+  // (dims[0] == devices->size()) on `devices`, read as `spec_json` says.
+  struct ShardsLoad {
+    DType dtype = DType::kF32;
+    Dims dims;
+    const DeviceList* devices = nullptr;
+    std::string spec_json;
+  };
+  // Has the host processes read new buffers from the checkpoint in
+  // directory `database`, each host its own shards (RemoteCluster::
+  // LoadShards; pw.checkpointing): nothing passes through this process.
+  // The buffers are charged as device_put's are, for `client` (null: the
+  // default client), waiting for memory through `blocker`, and returned
+  // pending: each becomes ready once its hosts have read it, or fails with
+  // their error. FailedPrecondition with hosts in process (or for a closed
+  // client), PermissionDenied for a service's tenant, InvalidArgument for
+  // dims that do not match the devices, Cancelled after Shutdown().
+  absl::StatusOr<std::vector<std::shared_ptr<ShardedBuffer>>> LoadShards(const std::string& database,
+                                                                         absl::Span<const ShardsLoad> loads,
+                                                                         SchedulingClient* client = nullptr,
+                                                                         Blocker* blocker = nullptr);
   // Runs `program` (see ParallelDispatcher::Execute), its buffers labeled
   // with the client's memory account. Cancelled after Shutdown();
   // FailedPrecondition for a closed client.

@@ -15,6 +15,7 @@
 #include "csrc/base/spin.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/function_ir/function_ir_wire.h"
+#include "csrc/host/shard_reader.h"
 #include "csrc/host/shard_writer.h"
 
 namespace pw {
@@ -1138,12 +1139,7 @@ void HostExecutor::SaveShards(const wire::SaveShards& request, absl::AnyInvocabl
       std::move(job->done)(status);
       return;
     }
-    MutexLock lock(&storage_mu_);
-    if (storage_stopping_) {
-      std::move(job->done)(absl::CancelledError(absl::StrCat("host ", host_id_, " is stopping")));
-      return;
-    }
-    storage_jobs_.push_back([this, job](bool run) mutable {
+    QueueStorageJob([this, job](bool run) mutable {
       if (!run) {
         std::move(job->done)(absl::CancelledError(absl::StrCat("host ", host_id_, " stopped before it wrote")));
         return;
@@ -1151,8 +1147,6 @@ void HostExecutor::SaveShards(const wire::SaveShards& request, absl::AnyInvocabl
       absl::Status written = job->writer(job->database, std::move(job->shards));
       std::move(job->done)(std::move(written));
     });
-    if (!storage_.joinable()) storage_ = std::thread([this] { StorageLoop(); });
-    storage_cv_.Signal();
   };
   if (request.buffers_size() == 0) {
     write();
@@ -1180,6 +1174,109 @@ void HostExecutor::SaveShards(const wire::SaveShards& request, absl::AnyInvocabl
       if (last) write();
     });
   }
+}
+
+void HostExecutor::LoadShards(const wire::LoadShards& request, absl::AnyInvocable<void(absl::Status) &&> done,
+                              SessionId session) {
+  if (absl::Status begun = BeginDispatch(session, "load_shards"); !begun.ok()) {
+    std::move(done)(std::move(begun));
+    return;
+  }
+  absl::Cleanup dispatched = [this, session] { EndDispatch(session); };
+  const int n = request.buffers_size();
+  // Where each buffer's shards are here: the positions of the list as this
+  // host knows it (not the client's word), or why not.
+  std::vector<absl::StatusOr<std::vector<int>>> positions;
+  positions.reserve(n);
+  {
+    MutexLock lock(&mu_);
+    for (const wire::ShardsToLoad& b : request.buffers()) {
+      absl::StatusOr<const HostDeviceList*> list = List(session, b.devices());
+      if (list.ok()) {
+        positions.emplace_back((*list)->local_positions);
+      } else {
+        positions.emplace_back(list.status());
+      }
+    }
+  }
+  // The reader's work, on the storage thread; the buffers are its to write
+  // until it completes them.
+  struct Job {
+    std::string database;
+    ShardReader reader;
+    std::vector<std::shared_ptr<HostBuffer>> buffers;
+    std::vector<ShardsToRead> shards;  // parallel to buffers
+    absl::AnyInvocable<void(absl::Status) &&> done;
+  };
+  auto job = std::make_shared<Job>();
+  job->database = request.database();
+  job->reader = GetShardReader();
+  job->done = std::move(done);
+  absl::Status refused;
+  if (!job->reader) {
+    refused = absl::UnimplementedError(absl::StrCat(
+        "host ", host_id_, " has no checkpoint reader (a host process started by `python -m pathways.host` has one)"));
+  }
+  auto on_host = [this](const absl::Status& status) {
+    return absl::Status(status.code(), absl::StrCat(status.message(), " (on host ", host_id_, ")"));
+  };
+  // Every buffer is made now, pending, as a put's first chunk makes it: the
+  // requests after this one that use it wait for it here. A buffer that
+  // cannot be read fails the whole request, as the client sees it.
+  {
+    MutexLock lock(&buffers_.mu());
+    for (int i = 0; i < n; ++i) {
+      const wire::ShardsToLoad& b = request.buffers(i);
+      absl::Status status = refused;
+      int64_t bytes = 0;
+      if (status.ok() && !positions[i].ok()) {
+        status = absl::Status(positions[i].status().code(), absl::StrCat("load_shards: buffer ", b.buffer_id(), ": ",
+                                                                        positions[i].status().message()));
+      } else if (status.ok() && !ShardBytesOk(b.shard_bytes())) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("load_shards: buffer ", b.buffer_id(), ": bad shard_bytes ", b.shard_bytes()));
+      } else if (status.ok()) {
+        bytes = static_cast<int64_t>(positions[i]->size()) * b.shard_bytes();
+      }
+      std::shared_ptr<HostBuffer> buffer = buffers_.NewLocked(SessionKey{session, b.buffer_id()}, bytes);
+      if (status.ok() && !buffer->allocated()) status = buffer->AllocationError();
+      if (!status.ok()) refused.Update(on_host(status));
+      ShardsToRead& shards = job->shards.emplace_back();
+      shards.spec_json = b.spec_json();
+      if (positions[i].ok()) shards.positions = *positions[i];
+      shards.data = buffer->data();
+      shards.bytes = bytes;
+      job->buffers.push_back(std::move(buffer));
+    }
+    if (!refused.ok()) {
+      for (const auto& buffer : job->buffers) buffer->Complete(refused);
+    }
+  }
+  if (!refused.ok()) {
+    std::move(job->done)(std::move(refused));
+    return;
+  }
+  QueueStorageJob([this, job, on_host](bool run) {
+    absl::Status status = run ? job->reader(job->database, std::move(job->shards))
+                              : absl::CancelledError(absl::StrCat("host ", host_id_, " stopped before it read"));
+    if (!status.ok()) status = on_host(status);
+    for (const auto& buffer : job->buffers) buffer->Complete(status);
+    job->buffers.clear();
+    std::move(job->done)(std::move(status));
+  });
+}
+
+void HostExecutor::QueueStorageJob(absl::AnyInvocable<void(bool run) &&> job) {
+  {
+    MutexLock lock(&storage_mu_);
+    if (!storage_stopping_) {
+      storage_jobs_.push_back(std::move(job));
+      if (!storage_.joinable()) storage_ = std::thread([this] { StorageLoop(); });
+      storage_cv_.Signal();
+      return;
+    }
+  }
+  std::move(job)(false);
 }
 
 void HostExecutor::StorageLoop() {

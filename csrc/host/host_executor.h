@@ -179,6 +179,16 @@ class HostExecutor {
   // unknown one, or the writer's error otherwise.
   void SaveShards(const wire::SaveShards& request, absl::AnyInvocable<void(absl::Status) &&> done,
                   SessionId session = kOneSession);
+  // Makes the buffers of a checkpoint's restore (wire::LoadShards) here at
+  // once, pending (later requests that use them wait for them, as for a
+  // put), then has the process's shard reader (shard_reader.h) read this
+  // host's shards of each into its memory on the storage thread, and
+  // completes them; `done` gets the status, which every buffer of the
+  // request also gets. Unimplemented without a reader; an unknown device
+  // list's error, ResourceExhausted for memory, or the reader's error
+  // otherwise (each naming this host).
+  void LoadShards(const wire::LoadShards& request, absl::AnyInvocable<void(absl::Status) &&> done,
+                  SessionId session = kOneSession);
   // Forgets functions and programs the client dropped (and why a load of
   // them failed). Runs under way keep what they use; an id not loaded here
   // is ignored (the client sends each host only what it loaded there).
@@ -354,14 +364,17 @@ class HostExecutor {
   absl::flat_hash_map<SessionId, SessionRuns> session_runs_ ABSL_GUARDED_BY(sessions_mu_);
   absl::flat_hash_map<SessionId, Ending> endings_ ABSL_GUARDED_BY(sessions_mu_);
   std::thread ender_ ABSL_GUARDED_BY(sessions_mu_);  // started by the first EndSession
-  // Checkpoint writes (SaveShards), one at a time, off the threads that
-  // serve requests and run gangs.
+  // Checkpoint writes and reads (SaveShards, LoadShards), one at a time,
+  // off the threads that serve requests and run gangs.
   Mutex storage_mu_;
   CondVar storage_cv_;
   // Each job runs with true, or, dropped as the host stops, with false.
   std::deque<absl::AnyInvocable<void(bool run) &&>> storage_jobs_ ABSL_GUARDED_BY(storage_mu_);
   bool storage_stopping_ ABSL_GUARDED_BY(storage_mu_) = false;
-  std::thread storage_ ABSL_GUARDED_BY(storage_mu_);  // started by the first SaveShards
+  std::thread storage_ ABSL_GUARDED_BY(storage_mu_);  // started by the first job
+  // Queues `job` for the storage thread; runs it at once with false if the
+  // host is stopping.
+  void QueueStorageJob(absl::AnyInvocable<void(bool run) &&> job);
   void StorageLoop();
   // The parts (see the top), each locked on its own. Declared in the order
   // they use each other: a part uses only those above it.

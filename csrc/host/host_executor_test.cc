@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,6 +36,7 @@
 #include "csrc/function_ir/function_ir.h"
 #include "csrc/function_ir/function_ir_wire.h"
 #include "csrc/kernels/function_executable.h"
+#include "csrc/host/shard_reader.h"
 #include "csrc/host/shard_writer.h"
 #include "gtest/gtest.h"
 
@@ -579,6 +581,118 @@ TEST(HostExecutorTest, SaveShardsHandsTheWriterThisHostsShards) {
   EXPECT_EQ(written[0].second[0].spec_json, "{\"key\": \"w\"}");
   EXPECT_EQ(written[0].second[0].data, std::string(f + 20, 20) + std::string(f + 60, 20));  // positions 1, 3
   EXPECT_EQ(written[1].second[0].data, std::string(f + 0, 20) + std::string(f + 40, 20));   // positions 0, 2
+}
+
+// A checkpoint's restore (LoadShards): each host makes the buffers at once,
+// pending, so a run sent after it waits for them; its process's shard
+// reader gets the host's own positions of each buffer and its memory, and
+// what it writes there is the buffer. The reader's error fails the buffers
+// (naming the host); without a reader, or for an unknown list, the host
+// refuses and the buffers are made failed, so a run that names one fails
+// with that error rather than "not found".
+TEST(HostExecutorTest, LoadShardsHasTheReaderFillThisHostsShards) {
+  auto cluster = MakeCluster(2, 2);
+  ASSERT_OK(cluster->DefineList(1, {2, 0, 3, 1}));
+  ASSERT_OK(cluster->DefineList(2, {3, 2}));  // host 1's two devices, reversed
+  auto exe = cluster->Load(10, AffineFunction(4));
+  ASSERT_NE(exe, nullptr);
+  ASSERT_OK(cluster->LoadProgram(Program(20, 2, {Compute(10, 2, {0}, {1}, 1)})));
+  constexpr int64_t kShard = 4 * sizeof(float);
+  auto load = [&](int h, uint64_t id, int list) {
+    wire::LoadShards request;
+    request.set_database("/ckpt");
+    wire::ShardsToLoad* b = request.add_buffers();
+    b->set_buffer_id(id);
+    b->set_devices(list);
+    b->set_shard_bytes(kShard);
+    b->set_spec_json("{\"key\": \"w\"}");
+    auto done = std::make_shared<std::promise<absl::Status>>();
+    cluster->host(h).LoadShards(request, [done](absl::Status s) { done->set_value(std::move(s)); });
+    return done->get_future();
+  };
+  auto status_of = [](std::future<absl::Status> f) {
+    if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      return absl::DeadlineExceededError("LoadShards did not answer in 10 s");
+    }
+    return f.get();
+  };
+  // Shard at position p of the list holds p * 100 + 0, 1, 2, 3.
+  auto shard_values = [](int p) { return Iota<float>(4, p * 100.f, 1.f); };
+
+  // No reader: refused, and the buffer made failed with why.
+  const absl::Status no_reader = status_of(load(0, 5, 1));
+  EXPECT_EQ(no_reader.code(), absl::StatusCode::kUnimplemented) << no_reader;
+  EXPECT_EQ(cluster->FetchFrom(0, 5).status().code(), absl::StatusCode::kUnimplemented);
+
+  Mutex mu;
+  std::vector<std::pair<std::string, ShardsToRead>> read;  // (database, shards), copied before the reader returns
+  std::promise<void> open_gate;
+  std::shared_future<void> gate = open_gate.get_future().share();
+  bool opened = false;
+  absl::Cleanup open_at_exit = [&] {  // a failed assertion must not leave the storage thread waiting
+    if (!opened) open_gate.set_value();
+  };
+  SetShardReader([&](const std::string& database, std::vector<ShardsToRead> shards) {
+    gate.wait();  // the test checks what waits for the buffer meanwhile
+    MutexLock lock(&mu);
+    for (ShardsToRead& s : shards) {
+      for (size_t j = 0; j < s.positions.size(); ++j) {
+        const std::vector<float> v = shard_values(s.positions[j]);
+        if (static_cast<int64_t>((j + 1) * sizeof(float) * v.size()) > s.bytes) return absl::InternalError("short");
+        std::memcpy(s.data + j * kShard, v.data(), kShard);
+      }
+      read.emplace_back(database, s);
+    }
+    return absl::OkStatus();
+  });
+  // Host 1 of list 2 (devices 3, 2: positions 0 and 1), then a run on it,
+  // sent before the reader may go: the run waits for the buffer.
+  std::future<absl::Status> loaded = load(1, 100, 2);
+  std::future<absl::StatusOr<wire::RunReply>> ran = cluster->RunOn(1, RunOf(20, 100));
+  EXPECT_EQ(ran.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  EXPECT_EQ(loaded.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  open_gate.set_value();
+  opened = true;
+  ASSERT_OK(status_of(std::move(loaded)));
+  ASSERT_OK_AND_ASSIGN(wire::RunReply reply, Await(ran));
+  EXPECT_TRUE(Failed({reply}).empty());
+  ASSERT_OK_AND_ASSIGN(std::string y, cluster->FetchFrom(1, 101));
+  std::vector<float> want;
+  for (int p : {0, 1}) {
+    for (float v : shard_values(p)) want.push_back(v * 2 + 1);
+  }
+  EXPECT_EQ(FromBytes<float>(Bytes(y.begin(), y.end())), want);
+
+  // List 1 over both hosts: each reads its own positions.
+  ASSERT_OK(status_of(load(0, 7, 1)));
+  ASSERT_OK(status_of(load(1, 7, 1)));
+  ASSERT_OK_AND_ASSIGN(Bytes whole, cluster->Fetch(7, 1));
+  std::vector<float> in_order;
+  for (int p : {0, 1, 2, 3}) {
+    for (float v : shard_values(p)) in_order.push_back(v);
+  }
+  EXPECT_EQ(FromBytes<float>(whole), in_order);
+  {
+    MutexLock lock(&mu);
+    ASSERT_EQ(read.size(), 3u);
+    EXPECT_EQ(read[0].first, "/ckpt");
+    EXPECT_EQ(read[0].second.spec_json, "{\"key\": \"w\"}");
+    EXPECT_EQ(read[0].second.bytes, 2 * kShard);
+    EXPECT_EQ(read[1].second.positions, (std::vector<int>{1, 3}));  // host 0: devices 0 and 1
+    EXPECT_EQ(read[2].second.positions, (std::vector<int>{0, 2}));  // host 1: devices 2 and 3
+  }
+
+  // The reader's error fails the buffer, naming the host; a list the host
+  // does not know fails it too.
+  SetShardReader([](const std::string&, std::vector<ShardsToRead>) {
+    return absl::InvalidArgumentError("restore: 'w' is corrupt");
+  });
+  const absl::Status failed = status_of(load(1, 8, 1));
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(failed.message(), "'w' is corrupt (on host 1)")) << failed;
+  EXPECT_EQ(cluster->FetchFrom(1, 8).status(), failed);
+  EXPECT_EQ(status_of(load(0, 9, 77)).code(), absl::StatusCode::kInvalidArgument);  // no list 77
+  SetShardReader(nullptr);
 }
 
 TEST(HostExecutorTest, PutOfNothingAndOnOneHostOnly) {

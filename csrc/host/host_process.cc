@@ -410,6 +410,7 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
     case wire::Request::kEndSession:
     case wire::Request::kTenantKey:
     case wire::Request::kSaveShards:
+    case wire::Request::kLoadShards:
       break;
     default:
       return false;
@@ -500,23 +501,29 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
       executor->Free(request.free(), ids_session);
       break;
     case wire::Request::kSaveShards:
-      // The client's own: writing files on this host's machine is not a
-      // service's tenant's to ask (a service does not forward it).
+    case wire::Request::kLoadShards: {
+      // The client's own: writing or reading files on this host's machine is
+      // not a service's tenant's to ask (a service does not forward it).
+      const bool save = request.kind_case() == wire::Request::kSaveShards;
       if (request.session() != 0) {
-        reply_with(absl::PermissionDeniedError("a tenant may not have a host write a checkpoint"));
+        reply_with(absl::PermissionDeniedError(
+            absl::StrCat("a tenant may not have a host ", save ? "write" : "read", " a checkpoint")));
         break;
       }
-      executor->SaveShards(
-          request.save_shards(),
-          [session, id](absl::Status status) {
-            if (id == 0) return;
-            wire::Reply reply;
-            reply.set_id(id);
-            if (!status.ok()) ToWire(status, reply.mutable_status());
-            session->Reply(std::move(reply));
-          },
-          ids_session);
+      auto answer = [session, id](absl::Status status) {
+        if (id == 0) return;
+        wire::Reply reply;
+        reply.set_id(id);
+        if (!status.ok()) ToWire(status, reply.mutable_status());
+        session->Reply(std::move(reply));
+      };
+      if (save) {
+        executor->SaveShards(request.save_shards(), std::move(answer), ids_session);
+      } else {
+        executor->LoadShards(request.load_shards(), std::move(answer), ids_session);
+      }
       break;
+    }
     case wire::Request::kUnload:
       executor->Unload(request.unload(), ids_session);
       break;

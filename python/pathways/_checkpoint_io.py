@@ -27,6 +27,7 @@ tensorstore only, no pathways runtime: the hosts run these functions too.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -47,8 +48,6 @@ VALUE_ARRAY = "jax.Array"
 VALUE_NUMPY = "np.ndarray"
 VALUE_SCALAR = "scalar"
 
-_context: list = []
-
 
 def tensorstore() -> Any:
     """The tensorstore module; ImportError saying how to install it."""
@@ -61,12 +60,16 @@ def tensorstore() -> Any:
 
 
 def context() -> Any:
-    """The tensorstore context of every open (the resources the OCDBT specs name)."""
-    if not _context:
-        ts = tensorstore()
-        _context.append(ts.Context({"file_io_concurrency": {"limit": 128},
-                                    "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000}}))
-    return _context[0]
+    """A fresh tensorstore context (the resources the OCDBT specs name), for one save or restore.
+
+    Fresh each time: a context caches what it read (manifests, B-tree nodes,
+    metadata, which the opens do not recheck), and a checkpoint's directory
+    may be replaced between two saves or restores of one process (a host
+    lives as long as its client).
+    """
+    ts = tensorstore()
+    return ts.Context({"file_io_concurrency": {"limit": 128},
+                       "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000}})
 
 
 def ocdbt(directory: str, write: bool = False, path: Optional[str] = None) -> dict:
@@ -168,6 +171,100 @@ def host_write_shards(database: str, items: Sequence[tuple]) -> None:
     write_parts(database, parts)
 
 
+def load_spec(key: str, shape: Sequence[int], dtype: str, replicated: bool, zarr3: bool) -> str:
+    """What a host needs to read its shards of one buffer (wire::ShardsToLoad.spec_json).
+
+    A split buffer's shard at position p is the array's [p]; each shard of a
+    replicated one is the whole array. `shape`: the array's; `dtype`: the
+    buffer's (a numpy dtype name: the array's values are converted to it).
+    """
+    return json.dumps({"key": key, "shape": list(shape), "dtype": dtype, "replicated": bool(replicated),
+                       "zarr3": bool(zarr3)})
+
+
+def _runs(positions: Sequence[int]) -> list:
+    """(first position, count, first local index) of each run of consecutive positions."""
+    runs: list = []
+    for j, p in enumerate(positions):
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1][1] += 1
+        else:
+            runs.append([p, 1, j])
+    return runs
+
+
+def host_read_shards(database: str, items: Sequence[tuple]) -> None:
+    """A host process's shard reader (host/shard_reader.h): (spec_json, positions, memory) triples.
+
+    Reads each buffer's shards at `positions` from the checkpoint in
+    `database` straight into `memory` (writable, the shards one after
+    another), with tensorstore: any region of an array, however it was
+    chunked when written, so a buffer may be restored in another layout
+    than it was saved in. A replicated buffer's array is read once and
+    copied to this host's other shards. Returns once every read has ended,
+    failed or not: the memory is the caller's again then.
+
+    Raises:
+      ValueError: Naming the array and the checkpoint, for anything that
+        cannot be read as the spec says (a missing or corrupt array, another
+        shape).
+    """
+    import ml_dtypes  # noqa: F401 (bfloat16 for np.dtype)
+
+    ts = tensorstore()
+    ctx = context()  # this call's: the checkpoint's arrays share what they read of its database
+    reads = []  # (key, future)
+    copies = []  # replicated: shard 0 to the others, once read
+    error: Optional[BaseException] = None
+    for spec_json, positions, memory in items:
+        key = "?"
+        try:
+            spec = json.loads(spec_json)
+            key = spec["key"]
+            dtype = np.dtype(spec["dtype"])
+            shape = tuple(spec["shape"])
+            shard = shape if spec["replicated"] else shape[1:]
+            want = len(positions) * math.prod(shard) * dtype.itemsize
+            if memory.nbytes != want:
+                raise ValueError(f"this host has {memory.nbytes} bytes for its {len(positions)} shards of shape "
+                                 f"{shard} and dtype {dtype}, which take {want}")
+            if not positions:
+                continue
+            local = np.frombuffer(memory, dtype).reshape((len(positions),) + shard)
+            store = open_array(database, key, spec.get("zarr3", True), ctx)
+            if tuple(store.shape) != shape:
+                raise ValueError(f"it has shape {tuple(store.shape)} in the checkpoint, the buffer's is {shape}")
+            src = store if store.dtype.numpy_dtype == dtype else ts.cast(store, dtype)
+            if spec["replicated"]:
+                reads.append((key, ts.array(local[0:1].reshape(shard), copy=False, write=True).write(src)))
+                copies.append(local)
+                continue
+            for first, count, j in _runs(positions):
+                if first + count > shape[0]:
+                    raise ValueError(f"shard {first + count - 1} is past its leading axis of {shape[0]}")
+                dst = ts.array(local[j:j + count], copy=False, write=True)
+                reads.append((key, dst.write(src[first:first + count])))
+        except Exception as e:  # noqa: BLE001 (every failure becomes the ValueError naming the array)
+            error = error or ValueError(f"restore: cannot read the array {key!r} of the checkpoint at {database!r}: {e}")
+            break
+    for key, read in reads:  # every read ends before this returns, failed or not
+        try:
+            read.result()
+        except Exception as e:  # noqa: BLE001
+            error = error or ValueError(f"restore: cannot read the array {key!r} of the checkpoint at {database!r}: "
+                                        f"{e}")
+    if error is None:
+        for local in copies:
+            local[1:] = local[0]
+    # No array on the memory may outlive this call: the error's traceback
+    # keeps this frame, and so its locals, alive.
+    local = dst = src = store = None
+    reads.clear()
+    copies.clear()
+    if error is not None:
+        raise error
+
+
 def merge(tmp: str) -> None:
     """Merges every writer's database in `tmp` into its root database (one atomic transaction)."""
     ts = tensorstore()
@@ -242,12 +339,12 @@ def read_metadata(path: str) -> dict:
     return meta
 
 
-def open_array(path: str, key: str, zarr3: bool) -> Any:
-    """The array `key` of the checkpoint at `path`, opened to read."""
+def open_array(path: str, key: str, zarr3: bool, ctx: Any = None) -> Any:
+    """The array `key` of the checkpoint at `path`, opened to read in `ctx` (None: a fresh context)."""
     ts = tensorstore()
     spec = {"driver": "zarr3" if zarr3 else "zarr", "kvstore": ocdbt(path, path=key + "/"),
             "recheck_cached_data": False, "recheck_cached_metadata": False, "fill_missing_data_reads": False}
-    return ts.open(spec, open=True, read=True, context=context()).result()
+    return ts.open(spec, open=True, read=True, context=ctx if ctx is not None else context()).result()
 
 
 def _write_json(path: str, value: Any) -> None:

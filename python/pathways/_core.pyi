@@ -43,6 +43,14 @@ def save_shards(host: int, database: str, buffers: Sequence[tuple[ShardedBuffer,
     `database`, once the buffers are done (internal: pathways.checkpointing)."""
 def set_shard_writer(writer: Optional[Callable[[str, list[tuple[str, bytes]]], None]]) -> None:
     """This host process's checkpoint writer (internal: pathways.host)."""
+def load_shards(database: str, buffers: Sequence[tuple[str, Any, Sequence[int], Sequence[Any], bool, str]],
+                client: Any = None) -> list[ShardedBuffer]:
+    """Has the host processes read new buffers, each (name, dtype, shape, devices, replicated, spec_json), from the
+    checkpoint in `database`, each host its own shards; returns them pending, ready once read or failed with the
+    hosts' error (internal: pathways.checkpointing)."""
+def set_shard_reader(reader: Optional[Callable[[str, list[tuple[str, list[int], memoryview]]], None]]) -> None:
+    """This host process's checkpoint reader: fills each writable memoryview with this host's shards at those
+    positions (internal: pathways.host)."""
 def control_messages() -> Optional[list[int]]:
     """Control messages sent to each host process so far (None in process)."""
 

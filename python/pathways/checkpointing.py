@@ -9,7 +9,9 @@ A checkpoint is a directory as `orbax.checkpoint` writes it (tensorstore
 zarr3 arrays in an OCDBT database; see pathways._checkpoint_io), so
 `orbax.checkpoint` and `tensorstore` open a pathways checkpoint, and
 `restore` opens theirs. Every shard is written by the host that holds it,
-into a database of its own (in process, the hosts are this process's);
+into a database of its own, and restored onto devices by the host that
+will hold it, reading its region of the array (in process, the hosts are
+this process's);
 the checkpoint is built under PATH + ".orbax-checkpoint-tmp" and renamed to
 PATH once complete, so an interrupted save never leaves a checkpoint that
 reads as complete.
@@ -234,14 +236,24 @@ def restore(path: Any, like: Any = None, devices: Optional[Sequence[Any]] = None
         over them when its leading axis is their number, else replicated
         on each.
 
+    With host processes, each host reads its own shards of the arrays that
+    go onto devices (a replicated array whole, by each of its hosts): no
+    shard passes through this process, which only reads the metadata, and
+    the arrays restored as numpy or scalars.
+
     Returns:
-      The restored pytree.
+      The restored pytree, once every array is read.
 
     Raises:
       FileNotFoundError: If there is no checkpoint at `path`.
       ValueError: If the checkpoint is interrupted or malformed, lacks an
-        array `like` names, or an array's shape differs from `like`'s.
-      TypeError: For a `like` leaf of another type.
+        array `like` names, an array's shape differs from `like`'s, or an
+        array cannot be read (a missing or corrupt chunk: the message names
+        the array and, for host processes, the host).
+      TypeError: For a `like` leaf of another type, or an array of a dtype
+        devices do not hold.
+      NotImplementedError: In a service's tenant, for arrays onto devices
+        (the hosts are the service's).
     """
     src = _path_arg("restore", path)
     meta = io.read_metadata(src)
@@ -264,14 +276,61 @@ def restore(path: Any, like: Any = None, devices: Optional[Sequence[Any]] = None
                 raise ValueError(f"restore: the checkpoint at {src!r} has no array {'.'.join(names)!r} "
                                  f"(for the leaf at {_pytree.keystr(key_path)} of like)")
             targets.append((names, target))
-    out = []
-    for names, target in targets:
+    remote = _hosts_mode() != "in_process"
+    out: list = [None] * len(targets)
+    loads: list = []  # host processes: (index in out, _core.load_shards' item)
+    ctx = io.context()  # this restore's: its arrays share what they read of the database
+    for i, (names, target) in enumerate(targets):
         key = ".".join(names)
         value_type = tree_meta[io.metadata_key(names)]["value_metadata"].get("value_type", io.VALUE_NUMPY)
-        store = io.open_array(src, key, zarr3)
-        value = np.asarray(store.read().result())
-        out.append(_place(key, value, value_type, target, devices))
+        store = io.open_array(src, key, zarr3, ctx)  # its metadata: no data is read yet
+        on_devices = isinstance(target, _core.ShardedBuffer) or (
+            target is None and devices is not None and value_type != io.VALUE_SCALAR)
+        if remote and on_devices:
+            loads.append((i, _host_load(key, store, target, devices, zarr3)))
+            continue
+        try:
+            value = np.asarray(store.read().result())
+        except Exception as e:  # noqa: BLE001 (tensorstore's errors: a missing or corrupt chunk)
+            raise ValueError(f"restore: cannot read the array {key!r} of the checkpoint at {src!r}: {e}") from None
+        out[i] = _place(key, value, value_type, target, devices)
+    if loads:
+        # Each host reads its own shards; the client only sends the plan.
+        buffers = _core.load_shards(src, [item for _, item in loads])
+        error = None
+        for buf in buffers:  # each, even after an error: nothing is left reading once this returns
+            try:
+                buf.block_until_ready()  # the hosts' error names the array and the host
+            except Exception as e:  # noqa: BLE001
+                error = error or e
+        if error is not None:
+            buffers = buf = None  # a failed restore holds no device memory, even while its error lives
+            raise error
+        for (i, _), buf in zip(loads, buffers):
+            out[i] = buf
     return _pytree.tree_unflatten(treedef, out)
+
+
+def _host_load(key: str, store: Any, target: Any, devices: Optional[list], zarr3: bool) -> tuple:
+    """_core.load_shards' item for an array the host processes read onto devices (checked here first)."""
+    if _hosts_mode() == "service":
+        raise NotImplementedError(
+            f"restore: a service's tenant cannot have the hosts read {key!r} onto devices yet (the hosts are the "
+            "service's, and would read files on their machines for it); restore it as numpy (like=None)")
+    shape = tuple(store.shape)
+    if target is None:
+        dtype = np.dtype(store.dtype.numpy_dtype)
+        replicated = not (len(shape) >= 1 and shape[0] == len(devices))
+        on = devices
+    else:
+        if target.is_deleted():
+            raise ValueError(f"restore: like's buffer for {key!r} was deleted: it says where to restore")
+        _check_shape(key, shape, target.shape)
+        dtype = np.dtype(target.dtype)
+        replicated = target.is_replicated
+        on = list(target.devices)
+    spec = io.load_spec(key, shape, dtype.name, replicated, zarr3)
+    return (key, dtype, shape, on, replicated, spec)
 
 
 def _own_tree(tree_meta: dict) -> tuple:
@@ -298,47 +357,39 @@ def _own_tree(tree_meta: dict) -> tuple:
     return [(leaf, None) for _, leaf in pairs], treedef
 
 
-def _onto_devices(key: str) -> None:
-    if _hosts_mode() != "in_process":
-        raise NotImplementedError(f"restore: reading {key!r} onto devices of host processes is not done yet (the "
-                                  "hosts will read their own shards: issue 28); restore it as numpy (like=None)")
-
-
 def _place(key: str, value: np.ndarray, value_type: str, target: Any, devices: Optional[list]) -> Any:
     if target is None:
         if value_type == io.VALUE_SCALAR:
             return value.item()
         if devices is None:
             return value
-        _onto_devices(key)
         if value.ndim >= 1 and value.shape[0] == len(devices):
             return _core.device_put(np.ascontiguousarray(value), devices, None)
         return _replicated(value, devices)
     if isinstance(target, _core.ShardedBuffer):
         if target.is_deleted():
             raise ValueError(f"restore: like's buffer for {key!r} was deleted: it says where to restore")
-        _check_shape(key, value, target.shape)
-        _onto_devices(key)
+        _check_shape(key, value.shape, target.shape)
         value = value.astype(target.dtype, copy=False)
         if target.is_replicated:
             return _replicated(value, list(target.devices))
         return _core.device_put(np.ascontiguousarray(value), list(target.devices), None)
     if isinstance(target, (bool, numbers.Number)) and not isinstance(target, np.generic):
-        _check_shape(key, value, ())
+        _check_shape(key, value.shape, ())
         return type(target)(value.item())
     if isinstance(target, np.generic):
-        _check_shape(key, value, ())
+        _check_shape(key, value.shape, ())
         return target.dtype.type(value.item())
     if hasattr(target, "shape") and hasattr(target, "dtype"):
-        _check_shape(key, value, tuple(target.shape))
+        _check_shape(key, value.shape, tuple(target.shape))
         return value.astype(np.dtype(target.dtype), copy=False)
     raise TypeError(f"restore: like's leaf for {key!r} is a {type(target).__name__}: like holds ShardedBuffers, "
                     "arrays (or objects with shape and dtype) and scalars")
 
 
-def _check_shape(key: str, value: np.ndarray, shape: tuple) -> None:
-    if tuple(value.shape) != tuple(shape):
-        raise ValueError(f"restore: the array {key!r} has shape {tuple(value.shape)} in the checkpoint, "
+def _check_shape(key: str, saved: tuple, shape: tuple) -> None:
+    if tuple(saved) != tuple(shape):
+        raise ValueError(f"restore: the array {key!r} has shape {tuple(saved)} in the checkpoint, "
                          f"like's is {tuple(shape)}")
 
 

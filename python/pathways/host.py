@@ -56,8 +56,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     from pathways import _checkpoint_io, _core
 
-    # Checkpoints: this host writes its own shards (pw.checkpointing).
+    # Checkpoints: this host writes and reads its own shards (pw.checkpointing).
     _core.set_shard_writer(_checkpoint_io.host_write_shards)
+    _core.set_shard_reader(_checkpoint_io.host_read_shards)
     try:
         return _core.run_host(args)
     except ValueError as e:

@@ -2,8 +2,9 @@
 
 Saved and restored here; opened by orbax.checkpoint and tensorstore, and
 Orbax's opened by pathways; an interrupted save never reads as complete.
-Host processes write their own shards; restoring onto their devices is not
-done yet (NotImplementedError), nor saving a service tenant's buffers.
+Host processes write and read their own shards (no shard through the
+client); a service's tenant does not have the hosts write or read
+(NotImplementedError).
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from conftest import PYTHON_DIR, hosts_env, run_python
 
 pytest.importorskip("tensorstore")
 
-in_process = pytest.mark.in_process_only("the host processes do not read checkpoints onto devices yet (issue 28)")
-not_service = pytest.mark.not_service("a service's tenant does not have the hosts write checkpoints yet")
+not_service = pytest.mark.not_service("a service's tenant does not have the hosts write or read checkpoints yet")
 
 
 def _state(devices_of):
@@ -58,7 +58,7 @@ def test_each_host_writes_its_shards(tmp_path, devices_of):
     np.testing.assert_array_equal(theirs["params"]["total"], np.full(3, 8.0))
 
 
-@in_process
+@not_service
 def test_restore_onto_devices(tmp_path, devices_of):
     t, state = _state(devices_of)
     pw.checkpointing.save(tmp_path / "ckpt", state).result(timeout=60)
@@ -78,7 +78,7 @@ def test_restore_onto_devices(tmp_path, devices_of):
     np.testing.assert_array_equal(np.asarray(f(got["params"]["w"])), 2 * np.arange(64).reshape(8, 8))
 
 
-@in_process
+@not_service
 def test_restore_reshards_onto_other_devices_and_layouts(tmp_path, devices_of):
     t, state = _state(devices_of)
     pw.checkpointing.save(tmp_path / "ckpt", state).result(timeout=60)
@@ -97,10 +97,41 @@ def test_restore_reshards_onto_other_devices_and_layouts(tmp_path, devices_of):
     got = pw.checkpointing.restore(tmp_path / "ckpt", like={"params": {"w": rep}})
     assert got["params"]["w"].is_replicated
     np.testing.assert_array_equal(np.asarray(got["params"]["w"]), np.arange(64).reshape(8, 8))
+    # The saved replicated buffer, split over 3 devices (a shard each).
+    three = pw.device_put(np.zeros(3, np.float32), devices_of(3))
+    got = pw.checkpointing.restore(tmp_path / "ckpt", like={"params": {"total": three}})
+    assert not got["params"]["total"].is_replicated
+    np.testing.assert_array_equal(np.asarray(got["params"]["total"]), np.full(3, 8.0))
     # devices=: the checkpoint's own tree on these devices.
     on = pw.checkpointing.restore(tmp_path / "ckpt", devices=other)
     assert not on["params"]["w"].is_replicated and on["params"]["total"].is_replicated
+    np.testing.assert_array_equal(np.asarray(on["params"]["w"]), np.arange(64).reshape(8, 8))
+    np.testing.assert_array_equal(np.asarray(on["params"]["total"]), np.full(3, 8.0))
+    np.testing.assert_array_equal(np.asarray(on["layers"][0]), np.arange(3))  # 3 != 8 devices: replicated
     assert on["step"] == 7
+    # An array of a dtype devices do not hold (Orbax's int64, say) is named.
+    pw.checkpointing.save(tmp_path / "i64", {"n": np.arange(8, dtype=np.int64)}).result(timeout=60)
+    with pytest.raises(TypeError, match="int64"):
+        pw.checkpointing.restore(tmp_path / "i64", devices=other)
+    as_i32 = pw.checkpointing.restore(tmp_path / "i64", like={"n": pw.device_put(np.zeros(8, np.int32), other)})
+    np.testing.assert_array_equal(np.asarray(as_i32["n"]), np.arange(8))
+
+
+@not_service
+def test_restore_onto_hosts_in_turn_and_another_dtype(tmp_path, devices_of):
+    # w's rows onto an island's devices taken host by host in turn: each host
+    # holds every other row (positions that are not one run), as int32.
+    t, state = _state(devices_of)
+    pw.checkpointing.save(tmp_path / "ckpt", state).result(timeout=60)
+    island = [d for d in pw.devices() if d.island == 0]
+    hosts = sorted({d.host for d in island})
+    by_host = [[d for d in island if d.host == h] for h in hosts]
+    in_turn = [d for group in zip(*by_host) for d in group][:8]
+    assert len({d.host for d in in_turn[:2]}) == 2
+    like = {"params": {"w": pw.device_put(np.zeros((8, 8), np.int32), in_turn)}}
+    got = pw.checkpointing.restore(tmp_path / "ckpt", like=like)["params"]["w"]
+    assert got.dtype == np.int32 and [d.id for d in got.devices] == [d.id for d in in_turn]
+    np.testing.assert_array_equal(np.asarray(got), np.arange(64).reshape(8, 8))
 
 
 @not_service
@@ -132,10 +163,12 @@ def test_orbax_reads_ours_and_we_read_orbaxs(tmp_path, devices_of):
         got = pw.checkpointing.restore(tmp_path / name)
         np.testing.assert_array_equal(got["a"]["w"], tree["a"]["w"])
         assert got["step"] == 11 and got["l"] == [3, 2.5]
-    if pw.topology()["hosts"] == "in_process":
+    if pw.topology()["hosts"] != "service":  # onto devices (by the hosts themselves when they are processes)
         t = devices_of(3)
-        got = pw.checkpointing.restore(tmp_path / "z3", like={"a": {"w": pw.device_put(np.zeros((3, 4), np.float32), t)}})
-        np.testing.assert_array_equal(np.asarray(got["a"]["w"]), tree["a"]["w"])
+        for name in ("z3", "z2"):
+            like = {"a": {"w": pw.device_put(np.zeros((3, 4), np.float32), t)}}
+            got = pw.checkpointing.restore(tmp_path / name, like=like)
+            np.testing.assert_array_equal(np.asarray(got["a"]["w"]), tree["a"]["w"])
 
 
 @not_service
@@ -227,17 +260,95 @@ def test_bad_input_is_named(tmp_path, runtime_ok):
     runtime_ok()
 
 
-def test_what_host_processes_and_tenants_do_not_do_yet(tmp_path, devices_of):
-    hosts = pw.topology()["hosts"]
-    if hosts == "in_process":
-        pytest.skip("hosts as processes only")
+def test_a_service_tenant_does_not_have_the_hosts_write_or_read(tmp_path, devices_of):
+    if pw.topology()["hosts"] != "service":
+        pytest.skip("a service's tenant only")
     x = pw.device_put(np.ones((2, 2), np.float32), devices_of(2))
-    if hosts == "service":
-        with pytest.raises(NotImplementedError, match="tenant"):
-            pw.checkpointing.save(tmp_path / "ckpt", {"x": x})
-        assert not os.path.exists(str(tmp_path / "ckpt") + _checkpoint_io.TMP_SUFFIX)
-        return
-    pw.checkpointing.save(tmp_path / "ckpt", {"x": x}).result(timeout=60)
-    with pytest.raises(NotImplementedError, match="issue 28"):
-        pw.checkpointing.restore(tmp_path / "ckpt", like={"x": x})
-    np.testing.assert_array_equal(pw.checkpointing.restore(tmp_path / "ckpt")["x"], np.ones((2, 2)))
+    with pytest.raises(NotImplementedError, match="tenant"):
+        pw.checkpointing.save(tmp_path / "ckpt", {"x": x})
+    assert not os.path.exists(str(tmp_path / "ckpt") + _checkpoint_io.TMP_SUFFIX)
+    pw.checkpointing.save(tmp_path / "np", {"x": np.full((2, 2), 3.0, np.float32)}).result(timeout=60)
+    with pytest.raises(NotImplementedError, match="tenant cannot have the hosts read 'x'"):
+        pw.checkpointing.restore(tmp_path / "np", like={"x": x})
+    np.testing.assert_array_equal(pw.checkpointing.restore(tmp_path / "np")["x"], np.full((2, 2), 3.0))
+
+
+def _client_bytes_read() -> int:
+    """Bytes this process has read through read(2)-like calls (tensorstore's file reads count here)."""
+    with open("/proc/self/io", encoding="ascii") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_no_shard_passes_through_the_client(tmp_path, devices_of):
+    if pw.topology()["hosts"] != "local_processes":
+        pytest.skip("host processes only: in process, the client is the hosts")
+    if not os.path.exists("/proc/self/io"):
+        pytest.skip("needs /proc/self/io")
+    t = devices_of(8)  # 2 hosts
+    data = np.random.default_rng(0).standard_normal((8, 256 * 1024)).astype(np.float32)  # 8 MiB, 7.4 zstd'd
+    size = data.nbytes
+    w = pw.device_put(data, t)
+    rep = pw.pmap(lambda x: x, devices=t, out_axes=None)(np.broadcast_to(data[0], (8,) + data[0].shape).copy())
+    pw.checkpointing.save(tmp_path / "ckpt", {"w": w, "rep": rep}).result(timeout=120)
+    put_before = pw.transfer_stats()["host_bytes"]
+    read_before = _client_bytes_read()
+    got = pw.checkpointing.restore(tmp_path / "ckpt", like={"w": w, "rep": rep})
+    read = _client_bytes_read() - read_before
+    assert pw.transfer_stats()["host_bytes"] == put_before  # nothing put from here
+    assert read < size // 8, f"the client read {read} bytes restoring {size + data[0].nbytes}"
+    np.testing.assert_array_equal(np.asarray(got["w"]), data)
+    np.testing.assert_array_equal(np.asarray(got["rep"]), data[0])
+    # The measure sees reads through the client: restoring as numpy reads the files here.
+    read_before = _client_bytes_read()
+    as_numpy = pw.checkpointing.restore(tmp_path / "ckpt")
+    assert _client_bytes_read() - read_before >= size // 2
+    np.testing.assert_array_equal(as_numpy["w"], data)
+
+
+def _hosts_data_files(path) -> list:
+    """The files of the hosts' databases that hold array data (chunks of more than 1 KiB are not inlined)."""
+    return [os.path.join(root, name) for root, _, files in os.walk(path)
+            if os.path.basename(root) == "d" and "ocdbt.process_h" in root for name in files]
+
+
+@not_service
+def test_a_corrupt_checkpoint_is_named_and_the_runtime_goes_on(tmp_path, devices_of, runtime_ok):
+    t = devices_of(8)
+    w = pw.device_put(np.arange(8 * 1024, dtype=np.float32).reshape(8, 1024), t)  # 4 KiB a shard
+    rep = pw.pmap(lambda x: x, devices=t, out_axes=None)(np.ones((8, 2048), np.float32))
+    state = {"w": w, "rep": rep}
+    for name, corrupt in (("cut", lambda f: os.truncate(f, 8)), ("gone", os.remove)):
+        pw.checkpointing.save(tmp_path / name, state).result(timeout=60)
+        files = _hosts_data_files(tmp_path / name)
+        assert files
+        for f in files:
+            corrupt(f)
+        live = pw.memory_stats()["live_buffers"]
+        with pytest.raises(ValueError, match=r"cannot read the array '(w|rep)' of the checkpoint"):
+            pw.checkpointing.restore(tmp_path / name, like=state)
+        assert pw.memory_stats()["live_buffers"] == live  # the failed restore's buffers are gone
+        runtime_ok()
+    # The runtime restores a good one after.
+    pw.checkpointing.save(tmp_path / "good", state).result(timeout=60)
+    got = pw.checkpointing.restore(tmp_path / "good", like=state)
+    np.testing.assert_array_equal(np.asarray(got["w"]), np.arange(8 * 1024).reshape(8, 1024))
+    np.testing.assert_array_equal(np.asarray(got["rep"]), np.ones(2048))
+    runtime_ok()
+
+
+@not_service
+def test_a_checkpoint_replaced_at_its_path_is_read_anew(tmp_path, devices_of):
+    # Saved, restored, removed and saved again at the same path, by the same
+    # processes (the hosts live as long as the client): nothing stale is read.
+    import shutil
+
+    t = devices_of(8)
+    path = tmp_path / "latest"
+    for k, shape in enumerate([(8, 1024), (8, 1024), (8, 16)]):
+        data = np.full(shape, float(k), np.float32)
+        w = pw.device_put(data, t)
+        pw.checkpointing.save(path, {"w": w, "v": data}).result(timeout=60)
+        got = pw.checkpointing.restore(path, like={"w": w, "v": data})
+        np.testing.assert_array_equal(np.asarray(got["w"]), data)
+        np.testing.assert_array_equal(got["v"], data)
+        shutil.rmtree(path)
