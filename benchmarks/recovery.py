@@ -206,6 +206,9 @@ def raw_worker(quick: bool, dir: str) -> dict:
 
     def read(p):
         with open(p, "rb", buffering=0) as f:
+            # Read-ahead for a sequential reader (without it, the first read
+            # after the write ran at a quarter of this speed during development).
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             off = 0
             while off < nbytes:
                 n = f.readinto(out_mv[off:off + RAW_CHUNK])
@@ -269,7 +272,7 @@ def pathways_worker(quick: bool, dir: str) -> dict:
     path = os.path.join(dir, "ckpt")
     _, save_s, save_cpu = _timed(lambda: pw.checkpointing.save(path, tree).result(), pids)
     out = {"bytes": nbytes, "on_disk_bytes": _du(path), "save_s": save_s, "save_cpu_s": save_cpu,
-           "topology": pw.topology(), "host_pids": hosts, "writers": sorted(
+           "topology": pw.topology(), "host_pids": hosts, "pathways": _package_identity(pw), "writers": sorted(
                p for p in os.listdir(path) if p.startswith("ocdbt.process_"))}
     dropped = drop_caches()
     out.update(cache_dropped=dropped is None, drop_error=dropped)
@@ -289,6 +292,21 @@ def pathways_worker(quick: bool, dir: str) -> dict:
             out["check"] = "a split leaf was restored onto other devices"
     shutil.rmtree(path)
     return out
+
+
+def _package_identity(pw) -> dict:
+    """Where the pathways package came from and a digest of its checkpoint code (the venv is shared)."""
+    import hashlib
+
+    d = os.path.dirname(pw.__file__)
+    digest = hashlib.sha256()
+    for name in ("checkpointing.py", "_checkpoint_io.py"):
+        with open(os.path.join(d, name), "rb") as f:
+            digest.update(f.read())
+    core = [n for n in os.listdir(d) if n.startswith("_core") and n.endswith(".so")]
+    mtime = os.path.getmtime(os.path.join(d, core[0])) if core else None
+    return {"dir": d, "checkpoint_code_sha256": digest.hexdigest()[:12],
+            "core_mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(mtime)) if mtime else None}
 
 
 def orbax_worker(quick: bool, dir: str) -> dict:
@@ -366,7 +384,7 @@ PW_METHODS = ("pw", "pw_procs")
 
 
 def run_throughput(args, work_dir: str) -> dict:
-    rounds = 2 if args.quick else 3
+    rounds = 2 if args.quick else 5
     d: dict = {"rounds": rounds, "bytes": tree_bytes(args.quick), "leaves": len(model_shapes(args.quick)),
                "split_bytes": sum(4 * N_DEVICES * _prod(s) for _, s, k in model_shapes(args.quick) if k == "split"),
                "dir": work_dir, "runs": {k: [] for k, *_ in METHODS}}
@@ -424,7 +442,8 @@ def report_throughput(d: dict) -> str:
         "in a fresh process per round, after one untimed save",
         f"   pathways: {TOPOLOGY} (hosts in process, and hosts=local_processes); Orbax: "
         f"PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True), jax.Arrays on {N_DEVICES} XLA:CPU devices; "
-        f"raw: one file, {RAW_CHUNK >> 20} MiB writes, fsync at the end",
+        f"raw: one file, {RAW_CHUNK >> 20} MiB writes, fsync at the end; read back in {RAW_CHUNK >> 20} MiB "
+        "readinto() calls after posix_fadvise(SEQUENTIAL)",
         "",
     ]
     rows = []
@@ -452,11 +471,19 @@ def report_throughput(d: dict) -> str:
     drops = [r["result"].get("cache_dropped") for k in d["runs"] for r in d["runs"][k] if r["ok"]]
     if drops and all(drops):
         lines.append("page cache dropped (sync; echo 3 > /proc/sys/vm/drop_caches) before every read: restores "
-                     "and the raw read come from the disk")
+                     "and the raw read come from the disk (as this VM sees it: its host may cache the disk)")
     else:
         errs = {r["result"].get("drop_error") for k in d["runs"] for r in d["runs"][k] if r["ok"]} - {None}
         lines.append("page cache NOT dropped before every read (" + "; ".join(sorted(errs)) + "): reads may come "
                      "from memory")
+    ids = {json.dumps(r["result"]["pathways"], sort_keys=True) for k in PW_METHODS for r in d["runs"][k]
+           if r["ok"] and r["result"].get("pathways")}
+    for i in sorted(ids):
+        i = json.loads(i)
+        lines.append(f"pathways from {i['dir']}: checkpoint code sha256 {i['checkpoint_code_sha256']}, _core built "
+                     f"{i['core_mtime']} UTC")
+    if len(ids) > 1:
+        lines.append("WARNING: the pathways package changed between rounds (reinstalled meanwhile)")
     checks = [f"{label}: {r['result']['check']}" for key, label, *_ in METHODS for r in d["runs"][key]
               if r["ok"] and r["result"].get("check")]
     lines.append("checked: every restored leaf equals the saved array: " + ("ok" if not checks else
