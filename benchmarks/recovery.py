@@ -13,12 +13,12 @@
      - a raw sequential write of the same bytes to one file on the same file
        system (16 MiB writes, one fsync at the end) and its sequential read.
    GB/s = bytes of the tree (a replicated leaf counted once) / wall time.
-   Every method runs in a fresh process per round, 3 rounds interleaved;
+   Every method runs in a fresh process per round, 5 rounds interleaved;
    the page cache is dropped before every read when this process may
    (root). Goals: pathways >= 70% of the raw write (and read), and not
    slower than Orbax.
 
-Usage: python benchmarks/recovery.py [--quick] [--dir DIR] [--only SECTION]
+Usage: python benchmarks/recovery.py [--quick] [--dir DIR] [--only SECTION] [--rounds N]
 
 The report is a list of sections (SECTIONS): each has a function that
 measures (run in the parent, isolating configurations with
@@ -384,7 +384,7 @@ PW_METHODS = ("pw", "pw_procs")
 
 
 def run_throughput(args, work_dir: str) -> dict:
-    rounds = 2 if args.quick else 5
+    rounds = args.rounds or (2 if args.quick else 5)
     d: dict = {"rounds": rounds, "bytes": tree_bytes(args.quick), "leaves": len(model_shapes(args.quick)),
                "split_bytes": sum(4 * N_DEVICES * _prod(s) for _, s, k in model_shapes(args.quick) if k == "split"),
                "dir": work_dir, "runs": {k: [] for k, *_ in METHODS}}
@@ -476,6 +476,10 @@ def report_throughput(d: dict) -> str:
         errs = {r["result"].get("drop_error") for k in d["runs"] for r in d["runs"][k] if r["ok"]} - {None}
         lines.append("page cache NOT dropped before every read (" + "; ".join(sorted(errs)) + "): reads may come "
                      "from memory")
+    loads = [r["load_at_start"][0] for k in d["runs"] for r in d["runs"][k] if r.get("load_at_start")]
+    if loads:
+        lines.append(f"1-minute load average when each measurement's process started: {min(loads):.2f} to "
+                     f"{max(loads):.2f} (median {_median(loads):.2f}) on {os.cpu_count()} cores")
     ids = {json.dumps(r["result"]["pathways"], sort_keys=True) for k in PW_METHODS for r in d["runs"][k]
            if r["ok"] and r["result"].get("pathways")}
     for i in sorted(ids):
@@ -567,6 +571,7 @@ def main(argv=None) -> None:
                    help="where checkpoints are written (a temporary directory under it, removed at the end; "
                         "default: the system's temporary directory)")
     p.add_argument("--only", choices=[s.key for s in SECTIONS], help="run only this section")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of every measurement (default 5, --quick 2)")
     args = p.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     sw = h.Stopwatch()
