@@ -528,6 +528,11 @@ def plot_throughput(d: dict, ax) -> None:
         ax.bar(x + (i - 0.5) * 0.38, meds, 0.38, yerr=[lo, hi], capsize=3, color=color, label=op)
         for xi, m in zip(x, meds):
             ax.text(xi + (i - 0.5) * 0.38, m, f"{m:.2f}" if m else "n/a", ha="center", va="bottom", fontsize=7)
+    for op, color in (("save", "tab:blue"), ("restore", "tab:orange")):
+        raw, _, _ = _rates(d, "raw", op)
+        if raw:
+            ax.axhline(GOAL_RAW * raw, color=color, ls="--", lw=1,
+                       label=f"goal: {100 * GOAL_RAW:.0f}% of the raw {'write' if op == 'save' else 'read'}")
     ax.set_xticks(x)
     ax.set_xticklabels([l.replace(", ", ",\n").replace(" (", "\n(") for l in labels], fontsize=8)
     ax.set_ylabel("GB/s")
