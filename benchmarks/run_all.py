@@ -1,4 +1,4 @@
-"""Runs the seven benchmark scripts in sequence (`make bench`).
+"""Runs the benchmark scripts in sequence (`make bench`).
 
 Each script prints its table and writes benchmarks/results/<name>.txt, .json
 and .png. `--quick` is passed through (a reduced sweep, for smoke runs).
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness as h  # noqa: E402
 
 SCRIPTS = ["dispatch_overhead", "smallest_computation", "pipeline_dispatch", "multi_tenancy", "kernels", "transformer", "multihost",
-           "pipeline_training"]
+           "pipeline_training", "recovery"]
 
 
 def main(argv=None) -> int:
