@@ -14,7 +14,7 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import pathways as pw
@@ -1222,6 +1222,15 @@ def test_property_random_compositions_match_finite_differences(tpus2, chain, sha
     # (from x = 4 they reach exp(4.8e8)).
     x = np.clip(np.random.default_rng(seed).standard_normal((2,) + shape), -2.0, 2.0)
     w = np.random.default_rng(seed + 1).standard_normal(shape)
+    # Chains that blow up (square, then exp_half three times, reaches
+    # exp(2.6e8) from x = 2) leave the finite differences nothing to measure
+    # (inf - inf, or a softmax of values 1e8 apart): only chains whose values
+    # stay moderate are a test of the gradients.
+    v = x
+    for name in chain:
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = _NUMPY_MAPS[name](v)
+    assume(bool(np.all(np.isfinite(v))) and float(np.abs(v).max()) < 30.0)
 
     def f(v):
         for name in chain:
@@ -1234,18 +1243,20 @@ def test_property_random_compositions_match_finite_differences(tpus2, chain, sha
         lambda v: _numpy_chain(chain, v, w, reduce_first or not shape)))
 
 
+_NUMPY_MAPS = {
+    "sin": np.sin,
+    "cos": np.cos,
+    "tanh": np.tanh,
+    "exp_half": lambda x: np.exp(x * 0.5),
+    "square": lambda x: x * x,
+    "softplus": lambda x: np.logaddexp(0.0, x),
+    "gelu": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+}
+
+
 def _numpy_chain(chain, v, w, plain_sum):
-    refs = {
-        "sin": np.sin,
-        "cos": np.cos,
-        "tanh": np.tanh,
-        "exp_half": lambda x: np.exp(x * 0.5),
-        "square": lambda x: x * x,
-        "softplus": lambda x: np.logaddexp(0.0, x),
-        "gelu": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
-    }
     for name in chain:
-        v = refs[name](v)
+        v = _NUMPY_MAPS[name](v)
     if plain_sum:
         return (v * w).sum()
     e = np.exp(v - v.max(-1, keepdims=True))
