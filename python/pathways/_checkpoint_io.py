@@ -86,14 +86,23 @@ def ocdbt(directory: str, write: bool = False, path: Optional[str] = None) -> di
     return kv
 
 
-def zarr3_metadata(shape: Sequence[int], chunk: Sequence[int]) -> dict:
-    """zarr3 metadata of an array of `shape` written in chunks of `chunk` (Orbax's codecs)."""
+COMPRESSIONS = (None, "zstd")
+
+
+def zarr3_metadata(shape: Sequence[int], chunk: Sequence[int], compression: Optional[str] = None) -> dict:
+    """zarr3 metadata of an array of `shape` written in chunks of `chunk` (Orbax's codecs).
+
+    `compression`: None (the chunks' bytes as they are) or "zstd" (level 3,
+    Orbax's default). Readers take either: the codecs are in zarr.json.
+    """
+    codecs: list = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if compression == "zstd":
+        codecs.append({"name": "zstd", "configuration": {"level": 3}})
     return {"shape": list(shape),
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk)}},
             "codecs": [{"name": "sharding_indexed", "configuration": {
                 "chunk_shape": list(chunk),
-                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
-                           {"name": "zstd", "configuration": {"level": 3}}],
+                "codecs": codecs,
                 "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
                 "index_location": "end"}}]}
 
@@ -109,32 +118,37 @@ def write_parts(database: str, parts: Sequence[dict]) -> None:
     """Writes `parts` into the OCDBT database in `database`, at once.
 
     Each part: {"key": the array's key, "shape", "chunk", "dtype" (a numpy
-    dtype name), "create": whether this writer writes its zarr.json,
-    "index": a tuple of slices of the array, "value": the numpy array
-    there}. Parts of one array must cover whole chunks.
+    dtype name), "compression" (COMPRESSIONS; default None), "create":
+    whether this writer writes its zarr.json, "index": a tuple of slices of
+    the array, "value": the numpy array there}. Parts of one array must
+    cover whole chunks. Every array is opened at once, then every part
+    written at once: tensorstore batches them into few commits of the
+    database (opened one by one, each array's creation is a commit and its
+    fsyncs).
     """
     ts = tensorstore()
     ctx = context()
     os.makedirs(database, exist_ok=True)
-    writes = []
-    stores: dict = {}
+    opening: dict = {}
     for part in parts:
         key = part["key"]
-        if key not in stores:
+        if key not in opening:
             spec = {"driver": "zarr3", "kvstore": ocdbt(database, write=True, path=key + "/"),
-                    "metadata": zarr3_metadata(part["shape"], part["chunk"]), "dtype": part["dtype"],
-                    "recheck_cached_data": False, "recheck_cached_metadata": False,
+                    "metadata": zarr3_metadata(part["shape"], part["chunk"], part.get("compression")),
+                    "dtype": part["dtype"], "recheck_cached_data": False, "recheck_cached_metadata": False,
                     "store_data_equal_to_fill_value": True}
             if part["create"]:
-                stores[key] = ts.open(spec, create=True, open=True, context=ctx).result()
+                opening[key] = ts.open(spec, create=True, open=True, context=ctx)
             else:
-                stores[key] = ts.open(spec, open=True, assume_metadata=True, context=ctx).result()
-        writes.append(stores[key][part["index"]].write(part["value"]))
+                opening[key] = ts.open(spec, open=True, assume_metadata=True, context=ctx)
+    stores = {key: f.result() for key, f in opening.items()}
+    writes = [stores[part["key"]][part["index"]].write(part["value"]) for part in parts]
     for w in writes:
         w.result()
 
 
-def buffer_spec(key: str, shape: Sequence[int], dtype: str, positions: Sequence[int], replicated: bool) -> str:
+def buffer_spec(key: str, shape: Sequence[int], dtype: str, positions: Sequence[int], replicated: bool,
+                compression: Optional[str] = None) -> str:
     """What a host needs to write its shards of one buffer (wire::ShardsToSave.spec_json).
 
     A split buffer's shard i is row i of the array (a chunk of its own), and
@@ -143,18 +157,20 @@ def buffer_spec(key: str, shape: Sequence[int], dtype: str, positions: Sequence[
     buffer's device list, in order.
     """
     return json.dumps({"key": key, "shape": list(shape), "dtype": dtype, "positions": list(positions),
-                       "replicated": bool(replicated)})
+                       "replicated": bool(replicated), "compression": compression})
 
 
 def parts_of(spec: dict, local: np.ndarray) -> list:
     """write_parts' parts of one buffer's shards on a host (`local`: one row per position)."""
     shape = tuple(spec["shape"])
+    compression = spec.get("compression")
     if spec["replicated"]:
         return [{"key": spec["key"], "shape": shape, "chunk": shape, "dtype": spec["dtype"], "create": True,
-                 "index": (), "value": local[0]}]
+                 "compression": compression, "index": (), "value": local[0]}]
     chunk = (1,) + shape[1:]
     return [{"key": spec["key"], "shape": shape, "chunk": chunk, "dtype": spec["dtype"], "create": p == 0,
-             "index": (slice(p, p + 1),), "value": local[j:j + 1]} for j, p in enumerate(spec["positions"])]
+             "compression": compression, "index": (slice(p, p + 1),), "value": local[j:j + 1]}
+            for j, p in enumerate(spec["positions"])]
 
 
 def host_write_shards(database: str, items: Sequence[tuple]) -> None:
@@ -341,10 +357,17 @@ def read_metadata(path: str) -> dict:
 
 def open_array(path: str, key: str, zarr3: bool, ctx: Any = None) -> Any:
     """The array `key` of the checkpoint at `path`, opened to read in `ctx` (None: a fresh context)."""
+    return open_arrays(path, [key], zarr3, ctx)[0]
+
+
+def open_arrays(path: str, keys: Sequence[str], zarr3: bool, ctx: Any = None) -> list:
+    """The arrays `keys` of the checkpoint at `path`, opened at once to read in `ctx`."""
     ts = tensorstore()
-    spec = {"driver": "zarr3" if zarr3 else "zarr", "kvstore": ocdbt(path, path=key + "/"),
-            "recheck_cached_data": False, "recheck_cached_metadata": False, "fill_missing_data_reads": False}
-    return ts.open(spec, open=True, read=True, context=ctx if ctx is not None else context()).result()
+    ctx = ctx if ctx is not None else context()
+    opening = [ts.open({"driver": "zarr3" if zarr3 else "zarr", "kvstore": ocdbt(path, path=key + "/"),
+                        "recheck_cached_data": False, "recheck_cached_metadata": False,
+                        "fill_missing_data_reads": False}, open=True, read=True, context=ctx) for key in keys]
+    return [f.result() for f in opening]
 
 
 def _write_json(path: str, value: Any) -> None:

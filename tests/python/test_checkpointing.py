@@ -150,10 +150,13 @@ def test_save_is_asynchronous_and_holds_its_buffers(tmp_path, devices_of):
 def test_orbax_reads_ours_and_we_read_orbaxs(tmp_path, devices_of):
     ocp = pytest.importorskip("orbax.checkpoint")
     tree = {"a": {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}, "l": [np.int32(3), 2.5], "step": 11}
-    pw.checkpointing.save(tmp_path / "ours", tree).result(timeout=60)
-    theirs = ocp.StandardCheckpointer().restore(str(tmp_path / "ours"))
-    np.testing.assert_array_equal(theirs["a"]["w"], tree["a"]["w"])
-    assert theirs["step"] == 11 and theirs["l"][1] == 2.5
+    for compression in (None, "zstd"):
+        pw.checkpointing.save(tmp_path / f"ours-{compression}", tree, compression=compression).result(timeout=60)
+        theirs = ocp.StandardCheckpointer().restore(str(tmp_path / f"ours-{compression}"))
+        np.testing.assert_array_equal(theirs["a"]["w"], tree["a"]["w"])
+        assert theirs["step"] == 11 and theirs["l"][1] == 2.5
+        with open(tmp_path / f"ours-{compression}" / "_METADATA") as f:
+            assert json.load(f)["use_zarr3"] is True
     # Orbax's own, zarr3 (PyTreeCheckpointer) and zarr v2 (StandardCheckpointer's default).
     ocp.PyTreeCheckpointer(use_ocdbt=True, use_zarr3=True).save(str(tmp_path / "z3"), tree)
     standard = ocp.StandardCheckpointer()
@@ -172,15 +175,20 @@ def test_orbax_reads_ours_and_we_read_orbaxs(tmp_path, devices_of):
 
 
 @not_service
-def test_tensorstore_opens_ours(tmp_path, devices_of):
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_tensorstore_opens_ours(tmp_path, devices_of, compression):
     ts = pytest.importorskip("tensorstore")
     _, state = _state(devices_of)
-    pw.checkpointing.save(tmp_path / "ckpt", state).result(timeout=60)
+    pw.checkpointing.save(tmp_path / "ckpt", state, compression=compression).result(timeout=60)
     spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{tmp_path / 'ckpt'}/",
                                            "path": "params.w/"}}
     w = ts.open(spec, open=True, read=True).result()
     assert w.shape == (8, 8) and w.chunk_layout.write_chunk.shape == (1, 8)  # a chunk per shard
+    codecs = w.codec.to_json()["codecs"][0]["configuration"]["codecs"]
+    assert [c["name"] for c in codecs] == (["bytes"] if compression is None else ["bytes", "zstd"]), codecs
     np.testing.assert_array_equal(w[4:6].read().result(), np.arange(32, 48).reshape(2, 8))
+    restored = pw.checkpointing.restore(tmp_path / "ckpt", like=state)
+    np.testing.assert_array_equal(np.asarray(restored["params"]["w"]), np.asarray(state["params"]["w"]))
 
 
 def test_an_interrupted_save_never_reads_as_complete(tmp_path):
@@ -241,6 +249,8 @@ def test_bad_input_is_named(tmp_path, runtime_ok):
         pw.checkpointing.save(tmp_path / "o", {"a": object()})
     with pytest.raises(ValueError, match="'a.b'"):
         pw.checkpointing.save(tmp_path / "k", {"a.b": np.ones(2)})
+    with pytest.raises(ValueError, match=r"compression must be one of \[None, 'zstd'\], got 'lz4'"):
+        pw.checkpointing.save(tmp_path / "c", {"a": np.ones(2)}, compression="lz4")
     pw.checkpointing.save(tmp_path / "ok", {"a": np.ones(2)}).result(timeout=60)
     with pytest.raises(FileExistsError):
         pw.checkpointing.save(tmp_path / "ok", {"a": np.ones(2)})
