@@ -36,6 +36,8 @@ import tempfile
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _harness as h  # noqa: E402
@@ -542,6 +544,275 @@ def plot_throughput(d: dict, ax) -> None:
 
 
 # --------------------------------------------------------------------------
+# 2. Recovery time: kill a host process, time until the step it broke is done.
+
+EXAMPLES_DIR = os.path.join(h.REPO_DIR, "examples")
+JOB_TOPOLOGY = dict(hosts="local_processes", islands=2, hosts_per_island=3, devices_per_host=2)
+JOB = dict(vocab=64, seq=32, d=64, heads=4, blocks=2, global_batch=32)  # examples/lm.py's LM, 4 replicas
+
+
+def _dp_job(pw, lm, slices, remap: bool, params=None, opt=None, recover: bool = True):
+    """The job every recovery method runs: pw.elastic.DataParallel over 4 replicas (examples/elastic_dp.py)."""
+    init = lm.init_lm(JOB["vocab"], JOB["seq"], JOB["d"], JOB["blocks"], 0) if params is None else params
+    return pw.elastic.DataParallel(lambda p, t: lm.lm_loss(p, t, JOB["heads"]), lm.adam, slices, init,
+                                   lm.zero_adam(init) if opt is None else opt,
+                                   global_batch=JOB["global_batch"], remap_onto_spares=remap, recover=recover)
+
+
+def _start_job(steps: int):
+    sys.path.insert(0, EXAMPLES_DIR)
+    import lm
+    import pathways as pw
+
+    pw.configure(**JOB_TOPOLOGY)
+    vds = pw.make_virtual_device_set()
+    slices = [vds.add_slice(tpu_devices=2) for _ in range(4)]  # hosts 0, 3, 1, 4; hosts 2 and 5 spare
+    tokens = lm.permutation_tokens(steps, JOB["global_batch"], JOB["seq"], JOB["vocab"])
+    return pw, lm, slices, tokens
+
+
+def elastic_worker(steps: int, kill_at: int, remap: bool) -> dict:
+    """The job runs; once step `kill_at` is dispatched, replica 1's host is SIGKILLed; the job recovers."""
+    import signal
+
+    pw, lm, slices, tokens = _start_job(steps)
+    job = _dp_job(pw, lm, slices, remap)
+    victim = {x.id: x for x in pw.hosts()}[slices[1].physical_devices[0].host]
+    t: dict = {}
+
+    def kill():
+        os.kill(victim.pid, signal.SIGKILL)
+        t["kill"] = time.perf_counter()
+
+    step_s = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        job.step(tokens[step], after_dispatch=kill if step == kill_at else None)
+        if step == kill_at:
+            t["done"] = time.perf_counter()
+        elif step >= 2:
+            step_s.append(time.perf_counter() - t0)
+    seen = next(at for at, what in job.events if "Error" in what) + job._start
+    recovered = next(at for at, what in job.events if what.startswith("remapped")) + job._start
+    return {"recovery_s": t["done"] - t["kill"], "detect_s": seen - t["kill"], "remap_s": recovered - seen,
+            "step_s": _median(step_s), "replicas_after": len(job.replicas.slices), "steps_lost": 0}
+
+
+def restart_train_worker(steps: int, kill_at: int, every: int, dir: str) -> dict:
+    """The job with a checkpoint every `every` steps (asynchronous, `pw.checkpointing`); the kill's error
+    ends it (`recover=False`), as a job that restarts from its last checkpoint ends."""
+    import signal
+
+    pw, lm, slices, tokens = _start_job(steps)
+    job = _dp_job(pw, lm, slices, remap=False, recover=False)
+    victim = {x.id: x for x in pw.hosts()}[slices[1].physical_devices[0].host]
+    pending, pending_step, saved = None, None, None
+    t: dict = {}
+
+    def kill():
+        os.kill(victim.pid, signal.SIGKILL)
+        t["kill"] = time.time()  # wall clock: the restart is another process
+
+    for step in range(steps):
+        if step % every == 0:
+            if pending is not None:
+                pending.result()
+                saved = pending_step
+            params, opt = job.states[job.replicas.slices[0].id]
+            pending = pw.checkpointing.save(os.path.join(dir, f"step_{step}"),
+                                            {"params": params, "opt": opt, "step": step})
+            pending_step = step
+        try:
+            job.step(tokens[step], after_dispatch=kill if step == kill_at else None)
+        except pw.DeviceFailedError:
+            try:
+                pending.result()  # the save in flight may have completed before the kill
+                saved = pending_step
+            except Exception:  # noqa: BLE001 - it lost a shard with the host: the one before stands
+                pass
+            return {"t_kill": t["kill"], "t_exit": time.time(), "checkpoint_step": saved, "killed_step": step}
+    raise RuntimeError("the kill did not fail a step")
+
+
+def restart_resume_worker(steps: int, kill_at: int, dir: str, checkpoint_step: int) -> dict:
+    """A new job process: its hosts, the last checkpoint read, the steps since it redone up to the one
+    the kill broke."""
+    t_start = time.time()
+    pw, lm, slices, tokens = _start_job(steps)
+    t_hosts = time.time()
+    state = pw.checkpointing.restore(os.path.join(dir, f"step_{checkpoint_step}"))
+    t_restored = time.time()
+    params = pw.tree_map(lambda x: np.asarray(x)[0], state["params"])
+    opt = pw.tree_map(lambda x: np.asarray(x)[0], state["opt"])
+    job = _dp_job(pw, lm, slices, remap=False, params=params, opt=opt)
+    first = int(state["step"])
+    t_first = None
+    for step in range(first, kill_at + 1):
+        job.step(tokens[step])
+        t_first = t_first or time.time()
+    return {"t_start": t_start, "t_hosts": t_hosts, "t_restored": t_restored, "t_first_step": t_first,
+            "t_done": time.time(), "steps_redone": kill_at + 1 - first}
+
+
+def run_recovery(args, work_dir: str) -> dict:
+    rounds = 1 if args.quick else 3
+    steps, kill_at, every = (10, 6, 4) if args.quick else (16, 10, 4)
+    d: dict = {"rounds": rounds, "steps": steps, "kill_at": kill_at, "every": every, "job": JOB,
+               "topology": JOB_TOPOLOGY, "runs": {"remap": [], "drop": [], "restart": []}}
+    for r in range(rounds):
+        for key, remap in (("remap", True), ("drop", False)):
+            h.log(f"[{NAME}] recovery round {r + 1}/{rounds}: elastic, {key}")
+            d["runs"][key].append(h.run_isolated("recovery:elastic_worker",
+                                                 {"steps": steps, "kill_at": kill_at, "remap": remap}, timeout=600))
+        h.log(f"[{NAME}] recovery round {r + 1}/{rounds}: checkpoint and restart")
+        sub = os.path.join(work_dir, f"restart_{r}")
+        os.makedirs(sub)
+        train = h.run_isolated("recovery:restart_train_worker",
+                               {"steps": steps, "kill_at": kill_at, "every": every, "dir": sub}, timeout=600)
+        run: dict = {"train": train}
+        if train["ok"] and train["result"]["checkpoint_step"] is not None:
+            resume = h.run_isolated("recovery:restart_resume_worker",
+                                    {"steps": steps, "kill_at": kill_at, "dir": sub,
+                                     "checkpoint_step": train["result"]["checkpoint_step"]}, timeout=600)
+            run["resume"] = resume
+            if resume["ok"]:
+                a, b = train["result"], resume["result"]
+                run["recovery_s"] = b["t_done"] - a["t_kill"]
+                run["parts"] = {"failing job exits": a["t_exit"] - a["t_kill"],
+                                "new process until hosts up": b["t_hosts"] - a["t_exit"],
+                                "checkpoint read": b["t_restored"] - b["t_hosts"],
+                                "first step (trace, compile)": b["t_first_step"] - b["t_restored"],
+                                "steps redone": b["t_done"] - b["t_first_step"]}
+                run["steps_redone"] = b["steps_redone"]
+        d["runs"]["restart"].append(run)
+        shutil.rmtree(sub, ignore_errors=True)
+    return d
+
+
+def _recovery_times(d: dict, key: str) -> tuple:
+    times, err = [], None
+    for run in d["runs"][key]:
+        if key == "restart":
+            if "recovery_s" in run:
+                times.append(run["recovery_s"])
+            else:
+                bad = run.get("resume") or run["train"]
+                err = err or bad.get("error") or "no checkpoint before the kill"
+        elif run["ok"]:
+            times.append(run["result"]["recovery_s"])
+        else:
+            err = err or run["error"]
+    return _median(times), times, err
+
+
+def report_recovery(d: dict) -> str:
+    j = d["job"]
+    lines = [
+        f"2. Recovery time: kill to the next completed step. The same job (examples/lm.py's LM, d={j['d']}, "
+        f"{j['blocks']} blocks, seq {j['seq']}; pw.elastic.DataParallel, 4 replicas of 2 devices, global batch "
+        f"{j['global_batch']}) on 6 host processes (2 islands x 3 hosts x 2 devices; hosts 2 and 5 spare); "
+        f"once step {d['kill_at']} is dispatched, replica 1's host process is SIGKILLed; median of "
+        f"{d['rounds']} round(s), each method in fresh processes",
+        "",
+        f"{'method':<46}  {'recovery s':>10}  {'(each round)':>22}  {'steps redone':>12}",
+        f"{'-' * 46}  {'-' * 10}  {'-' * 22}  {'-' * 12}",
+    ]
+    labels = {"remap": "elastic: remap onto a spare host, copy state",
+              "drop": "elastic: drop the replica, 3 replicas go on",
+              "restart": f"checkpoint (every {d['every']} steps) and restart"}
+    medians = {}
+    for key in ("remap", "drop", "restart"):
+        med, each, err = _recovery_times(d, key)
+        medians[key] = med
+        redone = "0" if key != "restart" else ", ".join(str(r.get("steps_redone", "?")) for r in d["runs"][key])
+        if med is None:
+            lines.append(f"{labels[key]:<46}  {'failed':>10}  {err}")
+        else:
+            lines.append(f"{labels[key]:<46}  {med:10.2f}  {' / '.join(f'{x:.2f}' for x in each):>22}  {redone:>12}")
+    parts = [r["parts"] for r in d["runs"]["restart"] if "parts" in r]
+    if parts:
+        lines.append("")
+        lines.append("checkpoint and restart, where its time goes (first round): " +
+                     ", ".join(f"{k} {v:.2f} s" for k, v in parts[0].items()))
+    el = [r["result"] for r in d["runs"]["remap"] if r["ok"]]
+    if el:
+        lines.append(f"elastic remap, where its time goes (first round): the loss seen {el[0]['detect_s']:.3f} s "
+                     f"after the kill, the remap and state copy issued in {el[0]['remap_s']:.3f} s, one step "
+                     f"takes {el[0]['step_s']:.3f} s")
+    if medians["restart"] and medians["remap"]:
+        lines.append(f"elastic remap recovers {medians['restart'] / medians['remap']:.0f}x faster than checkpoint "
+                     f"and restart; dropping the replica {medians['restart'] / medians['drop']:.0f}x"
+                     if medians["drop"] else "")
+    return "\n".join(lines)
+
+
+def plot_recovery(d: dict, ax) -> None:
+    keys = ["remap", "drop", "restart"]
+    names = ["elastic:\nremap", "elastic:\ndrop replica", "checkpoint\n+ restart"]
+    vals = [_recovery_times(d, k)[0] or 0 for k in keys]
+    ax.bar(names, vals, color=["tab:green", "tab:olive", "tab:red"])
+    for i, v in enumerate(vals):
+        ax.text(i, v, f"{v:.2f} s", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("kill to the next completed step (s)")
+    ax.set_title("recovery from a killed host process")
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+# --------------------------------------------------------------------------
+# 3. Suspend and resume (pw.Client.suspend / resume) of 1 GiB of buffers.
+
+
+def suspend_worker(gib: float, buffers: int) -> dict:
+    import pathways as pw
+
+    devices = pw.make_virtual_device_set().add_slice(tpu_devices=8).tpus
+    client = pw.Client("suspended")
+    per = int(gib * 2**30) // 4 // 8 // buffers
+    with client:
+        handles = [pw.device_put(np.full((8, per), i, np.float32), devices) for i in range(buffers)]
+    pw.block_until_ready(handles)
+    rounds = []
+    for _ in range(3):
+        s = client.suspend()
+        r = client.resume()
+        rounds.append({"suspend_s": s["seconds"], "resume_s": r["seconds"], "bytes": s["bytes"]})
+    ok = all(float(np.asarray(x)[7, -1]) == i for i, x in enumerate(handles))
+    return {"rounds": rounds, "bytes": rounds[0]["bytes"], "values_kept": ok}
+
+
+def run_suspend(args, work_dir: str) -> dict:
+    gib = 0.25 if args.quick else 1.0
+    d: dict = {"gib": gib, "buffers": 16, "runs": {}}
+    for key, env in (("in_process", {"PATHWAYS_TOPOLOGY": "islands=1,hosts_per_island=2,devices_per_host=4,"
+                                                            "device_memory=2147483648"}),
+                     ("local_processes", {"PATHWAYS_TOPOLOGY": "hosts=local_processes,islands=1,hosts_per_island=2,"
+                                                                 "devices_per_host=4,device_memory=2147483648"})):
+        h.log(f"[{NAME}] suspend/resume of {gib} GiB, hosts {key}")
+        d["runs"][key] = h.run_isolated("recovery:suspend_worker", {"gib": gib, "buffers": 16}, env=env,
+                                        timeout=900)
+    return d
+
+
+def report_suspend(d: dict) -> str:
+    lines = [f"3. Suspend and resume: a client's {d['buffers']} buffers, {d['gib']:g} GiB in all, over 8 devices "
+             "(client.suspend() to host memory, then client.resume() onto the same devices); median of 3 "
+             "cycles in one process",
+             "",
+             f"{'hosts':<18}  {'suspend s':>9}  {'resume s':>8}  {'suspend GB/s':>12}  {'resume GB/s':>11}  values",
+             f"{'-' * 18}  {'-' * 9}  {'-' * 8}  {'-' * 12}  {'-' * 11}  ------"]
+    for key, run in d["runs"].items():
+        if not run["ok"]:
+            lines.append(f"{key:<18}  failed: {run['error']}")
+            continue
+        res = run["result"]
+        sus = _median([r["suspend_s"] for r in res["rounds"]])
+        rsm = _median([r["resume_s"] for r in res["rounds"]])
+        lines.append(f"{key:<18}  {sus:9.2f}  {rsm:8.2f}  {res['bytes'] / sus / 1e9:12.2f}  "
+                     f"{res['bytes'] / rsm / 1e9:11.2f}  {'kept' if res['values_kept'] else 'WRONG'}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
 # The sections: each measures, reports and draws its own part.
 
 
@@ -554,6 +825,8 @@ class Section(NamedTuple):
 
 SECTIONS = [
     Section("throughput", run_throughput, report_throughput, plot_throughput),
+    Section("recovery", run_recovery, report_recovery, plot_recovery),
+    Section("suspend", run_suspend, report_suspend, None),
 ]
 
 

@@ -282,6 +282,8 @@ class DataParallel:
       params, opt_state: Pytrees of numpy arrays (unreplicated).
       global_batch: Examples per step (a multiple of the devices per replica).
       remap_onto_spares: False drops every lost replica instead.
+      recover: False: `step` raises the failure instead of recovering (a job
+        that restarts from its checkpoints).
       on_event: Called with each new event's text (e.g. `print`).
 
     Raises:
@@ -292,12 +294,14 @@ class DataParallel:
     """
 
     def __init__(self, loss_fn: Any, update: Any, slices: Sequence[Any], params: Any, opt_state: Any, *,
-                 global_batch: int, remap_onto_spares: bool = True, on_event: Any = None):
+                 global_batch: int, remap_onto_spares: bool = True, recover: bool = True,
+                 on_event: Any = None):
         self._start = time.perf_counter()
         self.replicas = Replicas(slices)
         self.replicas.shares(global_batch)  # checks that it splits
         self.global_batch = int(global_batch)
         self.remap_onto_spares = bool(remap_onto_spares)
+        self.recover_failures = bool(recover)
         self.events: list = []
         self._on_event = on_event
         self._loss_fn, self._update = loss_fn, update
@@ -369,6 +373,8 @@ class DataParallel:
             except _core.DeviceFailedError as e:
                 self.note(f"{type(e).__name__}: failed devices {getattr(e, 'failed_devices', '?')}, lost "
                           f"slices {getattr(e, 'lost_slices', '?')}")
+                if not self.recover_failures:
+                    raise
                 what = self.recover()
                 if not what["remapped"] and not what["dropped"]:
                     raise  # not a replica's loss: nothing to recover from here
