@@ -64,9 +64,10 @@ def remap(*slices: Any, share: bool = False) -> dict:
 
     Raises:
       TypeError: For something that is not a `VirtualSlice`.
-      ResourceExhaustedError: When no island has enough healthy devices for
-        a slice (the message names it and what each island has). Slices
-        remapped before it stay remapped; it is unchanged.
+      ResourceExhaustedError: When no island has enough spare devices (with
+        `share`: healthy ones) for a slice; the message names it and what
+        each island has. Slices remapped before it stay remapped; it is
+        unchanged.
     """
     targets = [_slice(s, "pw.elastic.remap") for s in slices] if slices else lost_slices()
     return {s: list(_core.remap_slice(s._slice, bool(share))) for s in targets}
