@@ -76,11 +76,15 @@ void ThrowStatus(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kCancelled && Runtime::DefaultIsShutDown()) ParkDaemonThreadAtExit();
   PyObject* type = ExceptionType(status);
   const std::string message(status.message());
-  if ((type == device_failed_error || type == host_lost_error) && Runtime::DefaultExists() &&
-      !Runtime::DefaultIsShutDown()) {
+  absl::StatusOr<Runtime*> runtime =
+      (type == device_failed_error || type == host_lost_error) && Runtime::DefaultExists() &&
+              !Runtime::DefaultIsShutDown()
+          ? Runtime::Default()  // FailedPrecondition in a forked child
+          : absl::StatusOr<Runtime*>(absl::FailedPreconditionError("none"));
+  if (runtime.ok()) {
     // What is lost (paper §4.1; pw.elastic): the failed devices and the
     // slices with a virtual device on one, when the error is raised.
-    Runtime* rt = *Runtime::Default();
+    Runtime* rt = *runtime;
     py::list failed, slices;
     for (const Device* d : rt->cluster().devices()) {
       if (d->failed()) failed.append(d->id());
