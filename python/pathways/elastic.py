@@ -308,6 +308,7 @@ class DataParallel:
         self._loss_fn, self._update = loss_fn, update
         self._grads: dict = {}  # slice id -> pmap'd loss and gradients, kept across remaps
         self._steps: dict = {}  # (slice ids, weights) -> (program, weights)
+        self._without_state: set = set()  # slice ids of replicas whose state copy is still to be made
         self.states = dict(zip([s.id for s in self.replicas.slices],
                                zip(self.replicas.replicate(params), self.replicas.replicate(opt_state))))
 
@@ -376,8 +377,7 @@ class DataParallel:
                           f"slices {getattr(e, 'lost_slices', '?')}")
                 if not self.recover_failures:
                     raise
-                what = self.recover()
-                if not what["remapped"] and not what["dropped"]:
+                if not self._recover_through_failures():
                     raise  # not a replica's loss: nothing to recover from here
                 continue
             for s, st in zip(self.replicas.slices, new):
@@ -385,24 +385,52 @@ class DataParallel:
             return loss
 
     def recover(self) -> dict:
-        """Remaps or drops the lost replicas and copies the state onto the remapped ones (see `step`)."""
+        """Remaps or drops the lost replicas and copies the state onto the remapped ones (see `step`).
+
+        Waits for the copies: a failure while they run (the replica they
+        copy from is lost too) raises `DeviceFailedError`, and the replicas
+        still without their state get it at the next `recover`.
+        """
         what = self.replicas.recover(self.remap_onto_spares)
         for s in what["dropped"]:
             self.states.pop(s.id, None)
-        if what["remapped"]:
-            self._copy_onto(what["remapped"])
+            self._without_state.discard(s.id)
+        self._without_state.update(s.id for s in what["remapped"])
         self.note(f"remapped slices {[s.id for s in what['remapped']]}, dropped {[s.id for s in what['dropped']]}; "
                   f"{len(self.replicas.slices)} replicas, the global batch split "
                   f"{self.replicas.shares(self.global_batch)}")
+        targets = [s for s in self.replicas.slices if s.id in self._without_state]
+        if targets:
+            self._copy_onto(targets)
+            what = dict(what, copied=targets)
         return what
 
+    def _recover_through_failures(self) -> bool:
+        """recover(), again as long as a failure interrupts it; whether it found anything to do."""
+        did = False
+        for _ in range(len(_core.devices())):  # each failure in between fails a device more
+            try:
+                what = self.recover()
+            except _core.DeviceFailedError as e:  # during the copies
+                self.note(f"{type(e).__name__} during the recovery: failed devices "
+                          f"{getattr(e, 'failed_devices', '?')}")
+                did = True
+                continue
+            return did or bool(what["remapped"] or what["dropped"] or what.get("copied"))
+        return self.recover() is not None  # the last failure's error, if it fails again
+
     def _copy_onto(self, targets: list) -> None:
+        """Copies an intact replica's state onto `targets` and waits for it (see `recover`)."""
+        self._without_state.update(s.id for s in targets)
         ids = {s.id for s in targets}
         source = self.replicas.intact([self.states[s.id] for s in self.replicas.slices if s.id not in ids])
         params = self.replicas.replicate(source[0], onto=targets)
         opt = self.replicas.replicate(source[1], onto=targets)
         for s, p, o in zip(targets, params, opt):
+            for leaf in tree_flatten((p, o))[0]:
+                leaf.block_until_ready()  # raises if the copy failed
             self.states[s.id] = (p, o)
+            self._without_state.discard(s.id)
 
     def grow(self, vslice: Any = None) -> Any:
         """Adds a replica (see `Replicas.grow`) and copies the state onto it; returns its slice."""

@@ -250,3 +250,43 @@ print(float(np.asarray(state[1]["n"])[0]), np.allclose(np.asarray(state[0]["w"])
     else:  # dropped: 2 replicas take the same global batch
         assert lines[1:3] == ["2 ['DeviceFailedError', 'remapped']", "[12, 12]"], out
     assert lines[3] == "6.0 True", out
+
+
+@pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")
+def test_data_parallel_recovers_when_the_replica_it_copies_from_is_lost_too(run_elastic):
+    out = run_elastic("""
+import pathways.numpy as pnp
+rng = np.random.default_rng(1)
+data = [np.concatenate([x, (x @ np.arange(4.0))[:, None]], 1) for x in rng.standard_normal((5, 12, 4))]
+
+def loss_fn(p, batch):
+    return pnp.mean((batch[:, :4] @ p["w"] - batch[:, 4]) ** 2)
+
+def sgd(p, state, g):
+    return {"w": p["w"] - 0.05 * g["w"]}, state
+
+def job_on(n):
+    vds = pw.make_virtual_device_set()
+    slices = [vds.add_slice(tpu_devices=2) for _ in range(n)]
+    return slices, pw.elastic.DataParallel(loss_fn, sgd, slices, {"w": np.zeros(4)}, {}, global_batch=12)
+
+_, ref = job_on(3)
+ref_losses = [ref.step(b) for b in data]
+del ref, _   # its slices go: their devices are spare again
+slices, job = job_on(3)
+original, lost_sources = job.replicas.replicate, []
+def replicate_after_losing_the_source(tree, onto=None):
+    # The first replica a copy comes from is lost as the copy starts.
+    leaves = pw.tree_leaves(tree)
+    if onto is not None and leaves and not lost_sources:
+        lost_sources.append(leaves[0].devices)
+        pw.testing.fail_device(*leaves[0].devices)
+    return original(tree, onto=onto)
+job.replicas.replicate = replicate_after_losing_the_source
+fail = lambda: pw.testing.fail_device(*slices[0].physical_devices)
+losses = [job.step(b, after_dispatch=fail if i == 2 else None) for i, b in enumerate(data)]
+print(np.allclose(losses, ref_losses, rtol=1e-9), len(job.replicas.slices))
+print(any("during the recovery" in what for _, what in job.events))
+print(all(not pw.elastic.lost_leaves(job.states[s.id]) for s in job.replicas.slices), len(lost_sources))
+""")
+    assert out.splitlines() == ["True 3", "True", "True 1"], out
