@@ -202,7 +202,18 @@ struct RemoteCluster::Run {
       if (!status.ok()) {
         if (run->whole.ok()) run->whole = std::move(status);
       } else {
-        for (const wire::FailedBuffer& f : reply->run().failed()) run->failed[f.buffer_id()] = FromWire(f.status());
+        for (const wire::FailedBuffer& f : reply->run().failed()) {
+          // Each host of a gang reports the gang's outputs failed. A host
+          // whose part could run says only that another one could not
+          // (Aborted: host_groups.cc): the other host's error, the cause
+          // (a failed device's), is the buffer's, whichever came first.
+          absl::Status error = FromWire(f.status());
+          auto [it, first] = run->failed.try_emplace(f.buffer_id(), error);
+          if (!first && it->second.code() == absl::StatusCode::kAborted &&
+              error.code() != absl::StatusCode::kAborted) {
+            it->second = std::move(error);
+          }
+        }
       }
     }
     // A gang's collectives that failed may have broken its hosts' group.
