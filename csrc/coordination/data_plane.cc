@@ -60,6 +60,13 @@ enum AckStatus : uint32_t {
   kBadHostId = 2,        // challenge: out of range, or the listener's own
   kAlreadyConnected = 3, // ack: that host id has a connection already
   kVersionMismatch = 4,  // challenge: its version field says the listener's
+  // Challenge or ack: that host is lost to the listener, which has not
+  // started replacing it yet (ReplacePeer), so it cannot tell whether the
+  // dialer is its new process (whose key it may not know yet). The only
+  // refusal a dialer retries: the listener's ReplacePeer may be about to
+  // start. Said before the proof (there is no key to check it against), so
+  // an unproven dialer learns that the host is lost.
+  kNotExpected = 5,
 };
 
 void Put32(uint8_t* p, uint32_t v) {
@@ -116,6 +123,13 @@ constexpr int kKeepCount = 3;
 // --- Helpers --------------------------------------------------------------
 
 std::string ErrnoText(int err) { return std::system_category().message(err); }
+
+// `deadline` on the steady clock, for CondVar::WaitUntil; a far one (an
+// infinite one) a year from now, which no chrono arithmetic overflows.
+std::chrono::steady_clock::time_point SteadyDeadline(absl::Time deadline) {
+  const absl::Duration left = std::clamp(deadline - absl::Now(), absl::ZeroDuration(), absl::Hours(24 * 365));
+  return std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(left);
+}
 
 // poll()'s timeout for waiting from `now` until `until`: -1 for never,
 // otherwise milliseconds rounded up (so the deadline has passed on wake-up).
@@ -469,7 +483,12 @@ DataPlane::DataPlane(int host_id, int num_hosts, Options options, int listen_fd,
       address_(std::move(address)),
       peers_(new Peer[num_hosts]),
       out_fds_(num_hosts, -1),
-      in_fds_(num_hosts, -1) {}
+      in_fds_(num_hosts, -1),
+      keys_(options_.peer_keys.empty() ? std::vector<std::string>(num_hosts, options_.secret) : options_.peer_keys),
+      standing_(num_hosts, Standing::kJoining),
+      generations_(num_hosts, 0),
+      replacing_(num_hosts, false),
+      interrupt_fds_(num_hosts, -1) {}
 
 DataPlane::~DataPlane() {
   Shutdown();
@@ -483,6 +502,7 @@ DataPlane::~DataPlane() {
   for (int fd : in_fds_) {
     if (fd >= 0) close(fd);
   }
+  for (int fd : retired_fds_) close(fd);
 }
 
 void DataPlane::ShutdownPeer(int peer) {
@@ -492,6 +512,53 @@ void DataPlane::ShutdownPeer(int peer) {
   MutexLock lock(&mu_);
   if (out_fds_[peer] >= 0) shutdown(out_fds_[peer], SHUT_RDWR);
   if (in_fds_[peer] >= 0) shutdown(in_fds_[peer], SHUT_RDWR);
+  // Before Connect succeeded the standings are Connect's: it takes every
+  // peer it was given (one lost meanwhile shows as its shut-down
+  // connections, as before there were standings).
+  if (!connected_ || standing_[peer] == Standing::kLost) return;
+  standing_[peer] = Standing::kLost;
+  if (interrupt_fds_[peer] >= 0) {
+    // Stops the dialing of the ReplacePeer under way (its eventfd is closed
+    // only under mu_, after the call cleared it).
+    const uint64_t one = 1;
+    if (write(interrupt_fds_[peer], &one, sizeof(one)) < 0) {
+      // Cannot fail short of overflow; the standing alone ends the call at
+      // its next look.
+    }
+  }
+  changed_.SignalAll();
+}
+
+void DataPlane::RetireLocked(int peer) {
+  for (std::vector<int>* fds : {&out_fds_, &in_fds_}) {
+    int& fd = (*fds)[peer];
+    if (fd < 0) continue;
+    shutdown(fd, SHUT_RDWR);
+    retired_fds_.push_back(fd);
+    fd = -1;
+  }
+  changed_.SignalAll();
+}
+
+uint32_t DataPlane::HelloRefusalLocked(int peer) {
+  switch (standing_[peer]) {
+    case Standing::kLost:
+      return kNotExpected;
+    case Standing::kConnected: {
+      // A connection from it that its end closed: its process is gone (the
+      // kernel closed its sockets), though nobody has told us it is lost
+      // yet. A new process of it dialing now is early, not a duplicate.
+      const int fd = in_fds_[peer];
+      if (fd < 0) return kNotExpected;
+      pollfd p = {fd, POLLRDHUP, 0};
+      if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return kNotExpected;
+      return kAccepted;
+    }
+    case Standing::kJoining:
+    case Standing::kReplacing:
+      return kAccepted;
+  }
+  return kAccepted;
 }
 
 std::string DataPlane::Name() const { return absl::StrCat("data plane host ", host_id_); }
@@ -565,8 +632,15 @@ void DataPlane::AcceptLoop() {
         // The dialer's claim and nonce: ask our own question.
         p.dialer = hello.dialer;
         absl::StatusOr<std::string> nonce = RandomBytes(kNonceBytes);
+        uint32_t refusal = kAccepted;
         if (p.dialer >= static_cast<uint32_t>(num_hosts_) || p.dialer == static_cast<uint32_t>(host_id_)) {
-          SendAnswer(p.fd, data_wire::AnswerKind::kChallenge, host_id_, kBadHostId, "");
+          refusal = kBadHostId;
+        } else {
+          MutexLock lock(&mu_);
+          refusal = HelloRefusalLocked(static_cast<int>(p.dialer));
+        }
+        if (refusal != kAccepted) {
+          SendAnswer(p.fd, data_wire::AnswerKind::kChallenge, host_id_, static_cast<AckStatus>(refusal), "");
         } else if (nonce.ok() && SendAnswer(p.fd, data_wire::AnswerKind::kChallenge, host_id_, kAccepted, *nonce)) {
           p.dialer_nonce = std::move(hello.nonce);
           p.nonce = *std::move(nonce);
@@ -575,22 +649,51 @@ void DataPlane::AcceptLoop() {
           return true;
         }
       } else {
+        const int dialer = static_cast<int>(p.dialer);
         const HandshakeTranscript transcript =
             DataTranscript(p.dialer, static_cast<uint32_t>(host_id_), p.dialer_nonce, p.nonce);
-        const std::string& key = KeyFor(static_cast<int>(p.dialer));
-        if (!ConstantTimeEquals(proof, HandshakeProof(key, ProofBy::kDialer, transcript))) {
+        // The key, and whether the dialer is expected, as of now: the
+        // standing may have changed since the hello (ShutdownPeer, or
+        // ReplacePeer with a new key).
+        uint32_t refusal;
+        std::string key;
+        uint64_t generation;
+        {
+          MutexLock lock(&mu_);
+          refusal = HelloRefusalLocked(dialer);
+          key = keys_[dialer];
+          generation = generations_[dialer];
+        }
+        if (refusal != kAccepted) {
+          // No key to check the proof against (a new process's, which
+          // ReplacePeer has not brought yet): the dialer is to try again.
+          SendAnswer(p.fd, data_wire::AnswerKind::kAck, host_id_, static_cast<AckStatus>(refusal), "");
+        } else if (!ConstantTimeEquals(proof, HandshakeProof(key, ProofBy::kDialer, transcript))) {
           SendAnswer(p.fd, data_wire::AnswerKind::kAck, host_id_, kWrongSecret, "");
         } else if (absl::Status configured = ConfigureConnection(p.fd); configured.ok()) {
           MutexLock lock(&mu_);
+          refusal = HelloRefusalLocked(dialer);
           if (shutting_down_.load()) {
             // closed below
-          } else if (in_fds_[p.dialer] >= 0) {
+          } else if (generations_[dialer] != generation || refusal != kAccepted) {
+            // A ReplacePeer (or ShutdownPeer) came between: the proof was
+            // of a key that may no longer be the dialer's. It tries again,
+            // and proves the current key or fails.
+            SendAnswer(p.fd, data_wire::AnswerKind::kAck, host_id_, kNotExpected, "");
+          } else if (standing_[dialer] != Standing::kReplacing && in_fds_[dialer] >= 0) {
             SendAnswer(p.fd, data_wire::AnswerKind::kAck, host_id_, kAlreadyConnected, "");
           } else if (SendAnswer(p.fd, data_wire::AnswerKind::kAck, host_id_, kAccepted,
                                 HandshakeProof(key, ProofBy::kListener, transcript))) {
             // Registered only once acked (a dialer that got no ack retries),
-            // and atomically with the duplicate check.
-            in_fds_[p.dialer] = p.fd;
+            // and atomically with the duplicate check. While replacing, the
+            // new process proved the new key: if it dials again, its earlier
+            // connection is one it gave up on (nobody uses it before
+            // ReplacePeer returns), so the later one wins.
+            if (in_fds_[dialer] >= 0) {
+              shutdown(in_fds_[dialer], SHUT_RDWR);
+              retired_fds_.push_back(in_fds_[dialer]);
+            }
+            in_fds_[dialer] = p.fd;
             keep_fd = true;
             changed_.SignalAll();
           }
@@ -663,14 +766,17 @@ void DataPlane::AcceptLoop() {
 // ---------------------------------------------------------------------------
 // Connect
 
-// One outgoing connection that Connect is making: connect, send the hello,
-// read the ack. Failures that may pass (refused: the peer is not listening
-// yet; dropped before the ack: its hello queue overflowed) wait `backoff`
-// and start over.
+// One outgoing connection that Connect or ReplacePeer is making: connect,
+// send the hello, read the ack. Failures that may pass (refused: the peer is
+// not listening yet; dropped before the ack: its hello queue overflowed;
+// "not expecting this host yet": its ReplacePeer for us has not started)
+// wait `backoff` and start over.
 struct DataPlane::Dial {
   int peer = -1;
   std::string address;  // as given, for messages
   SocketAddress socket_address;
+  std::string key;  // of the handshakes with `peer`, as of the call's start
+  uint64_t generation = 0;  // of the peer's connections that this one joins
   enum State { kWaiting, kConnecting, kAwaitingChallenge, kAwaitingAck, kDone } state = kWaiting;
   int fd = -1;
   absl::Time retry_at = absl::InfinitePast();
@@ -701,7 +807,7 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
   }
   std::vector<Dial> dials;
   for (int h = 0; h < num_hosts_; ++h) {
-    if (h == host_id_) continue;
+    if (h == host_id_ || addresses[h].empty()) continue;  // an empty one: absent
     absl::StatusOr<SocketAddress> address = ParseAddress(addresses[h]);
     if (!address.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(Name(), ": address of host ", h, " '", addresses[h],
@@ -717,6 +823,14 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
     MutexLock lock(&mu_);
     if (connect_called_) return absl::FailedPreconditionError(absl::StrCat(Name(), ": Connect called twice"));
     connect_called_ = true;
+    for (int h = 0; h < num_hosts_; ++h) {
+      if (h == host_id_ || !addresses[h].empty()) continue;
+      // Absent: lost until replaced. A connection it made before we knew
+      // (from a process that is not to be in the cluster) is dropped.
+      standing_[h] = Standing::kLost;
+      RetireLocked(h);
+    }
+    for (Dial& d : dials) d.key = keys_[d.peer];
   }
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   absl::Status dialed = DialAll(dials, deadline);
@@ -726,7 +840,7 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& addresses) {
   return AwaitDialIns(std::move(dialed), deadline);
 }
 
-absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
+absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline, int interrupt_fd) {
   // A fresh socket's buffer takes the whole hello at once, so it is sent
   // without waiting (a short write just means another try).
   auto send_hello = [&](Dial& d, absl::Time now) {
@@ -783,6 +897,8 @@ absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
     fds.clear();
     polled.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
+    // Polled always (a negative fd is skipped), so polled[i] is fds[i + 2].
+    fds.push_back({interrupt_fd, POLLIN, 0});
     for (Dial& d : dials) {
       if (d.state == Dial::kConnecting || d.state == Dial::kAwaitingChallenge || d.state == Dial::kAwaitingAck) {
         fds.push_back({d.fd, static_cast<short>(d.state == Dial::kConnecting ? POLLOUT : POLLIN), 0});
@@ -792,10 +908,14 @@ absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
     if (poll(fds.data(), fds.size(), PollTimeoutMs(now, wake_at)) < 0 && errno != EINTR) {
       return absl::InternalError(absl::StrCat(Name(), ": poll: ", ErrnoText(errno)));
     }
+    if (fds[1].revents != 0) {
+      return absl::UnavailableError(
+          absl::StrCat(Name(), ": host ", dials.front().peer, " was shut down (lost) while being replaced"));
+    }
     now = absl::Now();
     for (size_t i = 0; i < polled.size(); ++i) {
       Dial& d = *polled[i];
-      if (fds[i + 1].revents == 0) continue;
+      if (fds[i + 2].revents == 0) continue;
       if (d.state == Dial::kConnecting) {
         int err = 0;
         socklen_t len = sizeof(err);
@@ -813,7 +933,7 @@ absl::Status DataPlane::DialAll(std::vector<Dial>& dials, absl::Time deadline) {
       } else if (n == 0) {
         d.RetryLater(now, "connection closed during the handshake");
       } else if ((d.got += static_cast<size_t>(n)) == kAnswerBytes) {
-        PW_RETURN_IF_ERROR(d.state == Dial::kAwaitingChallenge ? TakeChallenge(d, now) : TakeAck(d));
+        PW_RETURN_IF_ERROR(d.state == Dial::kAwaitingChallenge ? TakeChallenge(d, now) : TakeAck(d, now));
       }
     }
   }
@@ -842,18 +962,27 @@ absl::StatusOr<data_wire::Answer> DataPlane::CheckAnswer(const Dial& d, data_wir
       return refused(absl::StrCat("refused host id ", host_id_, " (a different cluster size?)"));
     case kAlreadyConnected:
       return refused(absl::StrCat("already has a connection from host ", host_id_));
+    case kNotExpected:
+      // Unavailable: the one refusal the caller retries.
+      return absl::UnavailableError(absl::StrCat("not expecting host ", host_id_,
+                                                 " yet (it takes it as lost and has not started replacing it)"));
     default:
       return refused(absl::StrCat("refused the hello (status ", status, ")"));
   }
 }
 
 absl::Status DataPlane::TakeChallenge(Dial& d, absl::Time now) {
-  PW_ASSIGN_OR_RETURN(data_wire::Answer challenge, CheckAnswer(d, data_wire::AnswerKind::kChallenge));
-  d.listener_nonce = std::move(challenge.bytes);
+  absl::StatusOr<data_wire::Answer> challenge = CheckAnswer(d, data_wire::AnswerKind::kChallenge);
+  if (absl::IsUnavailable(challenge.status())) {
+    d.RetryLater(now, std::string(challenge.status().message()));
+    return absl::OkStatus();
+  }
+  PW_RETURN_IF_ERROR(challenge.status());
+  d.listener_nonce = std::move(challenge->bytes);
   const HandshakeTranscript transcript =
       DataTranscript(static_cast<uint32_t>(host_id_), static_cast<uint32_t>(d.peer), d.nonce, d.listener_nonce);
   const std::array<uint8_t, kProofMessageBytes> proof =
-      data_wire::WriteProof(HandshakeProof(KeyFor(d.peer), ProofBy::kDialer, transcript));
+      data_wire::WriteProof(HandshakeProof(d.key, ProofBy::kDialer, transcript));
   // The socket's buffer is as empty as it was for the hello.
   if (send(d.fd, proof.data(), proof.size(), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(proof.size())) {
     d.RetryLater(now, absl::StrCat("sending the proof: ", ErrnoText(errno)));
@@ -864,13 +993,18 @@ absl::Status DataPlane::TakeChallenge(Dial& d, absl::Time now) {
   return absl::OkStatus();
 }
 
-absl::Status DataPlane::TakeAck(Dial& d) {
-  PW_ASSIGN_OR_RETURN(const data_wire::Answer ack, CheckAnswer(d, data_wire::AnswerKind::kAck));
+absl::Status DataPlane::TakeAck(Dial& d, absl::Time now) {
+  absl::StatusOr<data_wire::Answer> ack = CheckAnswer(d, data_wire::AnswerKind::kAck);
+  if (absl::IsUnavailable(ack.status())) {
+    d.RetryLater(now, std::string(ack.status().message()));
+    return absl::OkStatus();
+  }
+  PW_RETURN_IF_ERROR(ack.status());
   // The listener's proof: only a peer that knows the key could answer our
   // nonce with it.
   const HandshakeTranscript transcript =
       DataTranscript(static_cast<uint32_t>(host_id_), static_cast<uint32_t>(d.peer), d.nonce, d.listener_nonce);
-  if (!ConstantTimeEquals(ack.bytes, HandshakeProof(KeyFor(d.peer), ProofBy::kListener, transcript))) {
+  if (!ConstantTimeEquals(ack->bytes, HandshakeProof(d.key, ProofBy::kListener, transcript))) {
     return absl::PermissionDeniedError(absl::StrCat(Name(), ": ", d.Text(),
                                                     " could not prove it knows the cluster's secret (or our peer "
                                                     "key): not a host of this cluster"));
@@ -880,28 +1014,31 @@ absl::Status DataPlane::TakeAck(Dial& d) {
   }
   MutexLock lock(&mu_);
   if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+  if (generations_[d.peer] != d.generation ||
+      (standing_[d.peer] != Standing::kJoining && standing_[d.peer] != Standing::kReplacing)) {
+    // ShutdownPeer during a ReplacePeer: the new process is lost too.
+    return absl::UnavailableError(absl::StrCat(Name(), ": host ", d.peer, " was shut down (lost) while being replaced"));
+  }
   out_fds_[d.peer] = d.fd;  // the destructor closes it from now on
   d.fd = -1;
   d.state = Dial::kDone;
   return absl::OkStatus();
 }
 
-const std::string& DataPlane::KeyFor(int peer) const {
-  return options_.peer_keys.empty() ? options_.secret : options_.peer_keys[peer];
-}
-
 absl::Status DataPlane::AwaitDialIns(absl::Status dialed, absl::Time deadline) {
   if (!dialed.ok() && !absl::IsDeadlineExceeded(dialed)) return dialed;
-  const auto steady_deadline = std::chrono::steady_clock::now() +
-                               absl::ToChronoNanoseconds(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  const auto steady_deadline = SteadyDeadline(deadline);
   MutexLock lock(&mu_);
   for (;;) {
     if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
     std::vector<int> missing;
     for (int h = 0; h < num_hosts_; ++h) {
-      if (h != host_id_ && in_fds_[h] < 0) missing.push_back(h);
+      if (h != host_id_ && standing_[h] == Standing::kJoining && in_fds_[h] < 0) missing.push_back(h);
     }
     if (missing.empty() && dialed.ok()) {
+      for (Standing& standing : standing_) {
+        if (standing == Standing::kJoining) standing = Standing::kConnected;
+      }
       connected_ = true;
       return absl::OkStatus();
     }
@@ -918,9 +1055,119 @@ absl::Status DataPlane::AwaitDialIns(absl::Status dialed, absl::Time deadline) {
 }
 
 // ---------------------------------------------------------------------------
+// ReplacePeer
+
+absl::Status DataPlane::ReplacePeer(int peer, const std::string& address, const std::string& key,
+                                    absl::Time deadline) {
+  if (peer < 0 || peer >= num_hosts_ || peer == host_id_) {
+    return absl::InvalidArgumentError(absl::StrCat(Name(), ": ReplacePeer: no peer host ", peer, " (cluster of ",
+                                                   num_hosts_, " hosts, this is host ", host_id_, ")"));
+  }
+  absl::StatusOr<SocketAddress> socket_address = ParseAddress(address);
+  if (!socket_address.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(Name(), ": ReplacePeer: address of host ", peer, " '", address,
+                                                   "': ", socket_address.status().message()));
+  }
+  if (key.empty() && !options_.peer_keys.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Name(), ": ReplacePeer: no key for host ", peer, " (this plane has peer keys: the new process has its own)"));
+  }
+  if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+  // ShutdownPeer's way to stop the dialing below at once (a new process
+  // that is lost too).
+  const int interrupt_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (interrupt_fd < 0) {
+    return absl::UnavailableError(absl::StrCat(Name(), ": ReplacePeer: eventfd: ", ErrnoText(errno)));
+  }
+  Dial dial;
+  dial.peer = peer;
+  dial.address = address;
+  dial.socket_address = *socket_address;
+  {
+    MutexLock lock(&mu_);
+    absl::Status refused;
+    if (shutting_down_.load()) {
+      refused = absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+    } else if (!connected_) {
+      refused = absl::FailedPreconditionError(absl::StrCat(Name(), ": ReplacePeer before Connect succeeded"));
+    } else if (replacing_[peer]) {
+      refused = absl::FailedPreconditionError(
+          absl::StrCat(Name(), ": ReplacePeer(", peer, ") while another replacement of host ", peer, " is under way"));
+    }
+    if (!refused.ok()) {
+      close(interrupt_fd);
+      return refused;
+    }
+    // From here on a hello from `peer` must prove the new key, and the old
+    // connections are gone: their blocked transfers fail now, and any
+    // transfer that read their sockets before finds them shut down (and
+    // belongs to an older generation: it cannot mark the new ones broken).
+    if (!key.empty()) keys_[peer] = key;
+    RetireLocked(peer);
+    ++generations_[peer];
+    standing_[peer] = Standing::kReplacing;
+    replacing_[peer] = true;
+    interrupt_fds_[peer] = interrupt_fd;
+    dial.key = keys_[peer];
+    dial.generation = generations_[peer];
+  }
+  std::vector<Dial> dials;
+  dials.push_back(std::move(dial));
+  absl::Status dialed = DialAll(dials, deadline, interrupt_fd);
+  if (dials.front().fd >= 0) close(dials.front().fd);  // not done: not registered
+  return AwaitReplacement(peer, address, std::move(dialed), deadline);
+}
+
+absl::Status DataPlane::AwaitReplacement(int peer, const std::string& address, absl::Status dialed,
+                                         absl::Time deadline) {
+  const auto steady_deadline = SteadyDeadline(deadline);
+  MutexLock lock(&mu_);
+  absl::Status status;
+  for (;;) {
+    if (shutting_down_.load()) {
+      status = absl::CancelledError(absl::StrCat(Name(), " is shut down"));
+      break;
+    }
+    if (standing_[peer] != Standing::kReplacing) {
+      status = absl::UnavailableError(
+          absl::StrCat(Name(), ": host ", peer, " was shut down (lost) while being replaced"));
+      break;
+    }
+    if (!dialed.ok() && !absl::IsDeadlineExceeded(dialed)) {
+      status = dialed;
+      break;
+    }
+    const bool dialed_in = in_fds_[peer] >= 0;
+    if (dialed.ok() && dialed_in) break;
+    // A dial that timed out reports now, with the dial-in if missing too.
+    if (!dialed.ok() || std::chrono::steady_clock::now() >= steady_deadline) {
+      std::string text = absl::StrCat(Name(), ": ReplacePeer(", peer, ") timed out: ");
+      if (!dialed.ok()) absl::StrAppend(&text, dialed.message(), dialed_in ? "" : "; ");
+      if (!dialed_in) absl::StrAppend(&text, "host ", peer, " (at ", address, ") has not dialed in");
+      status = absl::DeadlineExceededError(text);
+      break;
+    }
+    changed_.WaitUntil(&mu_, steady_deadline);
+  }
+  if (status.ok()) {
+    standing_[peer] = Standing::kConnected;
+  } else {
+    // Half a pair is no use (nor is one that may prove an outdated key):
+    // the peer is lost until another ReplacePeer.
+    RetireLocked(peer);
+    standing_[peer] = Standing::kLost;
+  }
+  replacing_[peer] = false;
+  close(interrupt_fds_[peer]);
+  interrupt_fds_[peer] = -1;
+  changed_.SignalAll();
+  return status;
+}
+
+// ---------------------------------------------------------------------------
 // Transfers
 
-absl::StatusOr<int> DataPlane::ConnectionFd(int peer, bool outgoing) {
+absl::StatusOr<DataPlane::Connection> DataPlane::ConnectionFd(int peer, bool outgoing) {
   if (peer < 0 || peer >= num_hosts_ || peer == host_id_) {
     return absl::InvalidArgumentError(absl::StrCat(Name(), ": no peer host ", peer, " (cluster of ", num_hosts_,
                                                    " hosts, this is host ", host_id_, ")"));
@@ -928,11 +1175,47 @@ absl::StatusOr<int> DataPlane::ConnectionFd(int peer, bool outgoing) {
   if (shutting_down_.load()) return absl::CancelledError(absl::StrCat(Name(), " is shut down"));
   MutexLock lock(&mu_);
   if (!connected_) return absl::FailedPreconditionError(absl::StrCat(Name(), ": not connected (Connect first)"));
-  return outgoing ? out_fds_[peer] : in_fds_[peer];
+  const int fd = outgoing ? out_fds_[peer] : in_fds_[peer];
+  // Not before ReplacePeer is done: a half-made pair is not to be used.
+  if (standing_[peer] == Standing::kReplacing) {
+    return absl::UnavailableError(
+        absl::StrCat(Name(), ": host ", peer, " is not connected (lost; ReplacePeer is connecting its new process)"));
+  }
+  // Absent, or its connections retired by a failed ReplacePeer. (A peer
+  // lost by ShutdownPeer alone keeps its shut-down sockets, which fail the
+  // transfer as any broken connection does.)
+  if (fd < 0) return absl::UnavailableError(absl::StrCat(Name(), ": host ", peer, " is not connected (lost)"));
+  return Connection{fd, generations_[peer]};
+}
+
+absl::Status DataPlane::SendGenerationLocked(Peer& p, int peer, uint64_t generation) {
+  if (generation == p.send_generation) return absl::OkStatus();
+  if (generation < p.send_generation) {
+    return absl::UnavailableError(
+        absl::StrCat(Name(), ": the connection to host ", peer, " was replaced (ReplacePeer) under this Send"));
+  }
+  p.send_generation = generation;
+  p.send_broken = absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::RecvGenerationLocked(Peer& p, int peer, uint64_t generation) {
+  if (generation == p.recv_generation) return absl::OkStatus();
+  if (generation < p.recv_generation) {
+    return absl::UnavailableError(
+        absl::StrCat(Name(), ": the connection from host ", peer, " was replaced (ReplacePeer) under this receive"));
+  }
+  // A header taken from the old connection has no payload on the new one.
+  p.recv_generation = generation;
+  p.recv_broken = absl::OkStatus();
+  p.header_taken = false;
+  p.payload_left = 0;
+  return absl::OkStatus();
 }
 
 absl::Status DataPlane::Send(int peer, absl::Span<const iovec> pieces, uint8_t flag, const MessageIds& ids) {
-  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/true));
+  PW_ASSIGN_OR_RETURN(const Connection connection, ConnectionFd(peer, /*outgoing=*/true));
+  const int fd = connection.fd;
   uint64_t length = 0;
   for (const iovec& piece : pieces) length += piece.iov_len;
   std::array<uint8_t, kHeaderBytes> header = data_wire::WriteHeader({.flag = flag, .ids = ids, .length = length});
@@ -944,6 +1227,7 @@ absl::Status DataPlane::Send(int peer, absl::Span<const iovec> pieces, uint8_t f
 
   Peer& p = peers_[peer];
   MutexLock lock(&p.send_mu);
+  PW_RETURN_IF_ERROR(SendGenerationLocked(p, peer, connection.generation));
   if (!p.send_broken.ok()) return p.send_broken;
   uint64_t written = 0;
   absl::Status status = WriteAll(fd, wake_fd_, iov.data(), iov.size(), &written);
@@ -1045,32 +1329,40 @@ absl::Status DataPlane::ReadPayloadLocked(Peer& p, int peer, int fd, absl::Span<
 }
 
 absl::StatusOr<DataPlane::MessageHeader> DataPlane::RecvHeader(int peer) {
-  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
+  PW_ASSIGN_OR_RETURN(const Connection connection, ConnectionFd(peer, /*outgoing=*/false));
+  const int fd = connection.fd;
   Peer& p = peers_[peer];
   MutexLock lock(&p.recv_mu);
+  PW_RETURN_IF_ERROR(RecvGenerationLocked(p, peer, connection.generation));
   return ReadHeaderLocked(p, peer, fd);
 }
 
 absl::Status DataPlane::RecvPayload(int peer, absl::Span<const iovec> pieces) {
-  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
+  PW_ASSIGN_OR_RETURN(const Connection connection, ConnectionFd(peer, /*outgoing=*/false));
+  const int fd = connection.fd;
   Peer& p = peers_[peer];
   MutexLock lock(&p.recv_mu);
+  PW_RETURN_IF_ERROR(RecvGenerationLocked(p, peer, connection.generation));
   return ReadPayloadLocked(p, peer, fd, pieces);
 }
 
 absl::Status DataPlane::Discard(int peer) {
-  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
+  PW_ASSIGN_OR_RETURN(const Connection connection, ConnectionFd(peer, /*outgoing=*/false));
+  const int fd = connection.fd;
   Peer& p = peers_[peer];
   MutexLock lock(&p.recv_mu);
+  PW_RETURN_IF_ERROR(RecvGenerationLocked(p, peer, connection.generation));
   return DrainLocked(p, peer, fd);
 }
 
 absl::StatusOr<uint8_t> DataPlane::Recv(int peer, absl::Span<const iovec> pieces, std::optional<std::string>* other,
                                         MessageIds* ids) {
   if (other != nullptr) other->reset();
-  PW_ASSIGN_OR_RETURN(const int fd, ConnectionFd(peer, /*outgoing=*/false));
+  PW_ASSIGN_OR_RETURN(const Connection connection, ConnectionFd(peer, /*outgoing=*/false));
+  const int fd = connection.fd;
   Peer& p = peers_[peer];
   MutexLock lock(&p.recv_mu);
+  PW_RETURN_IF_ERROR(RecvGenerationLocked(p, peer, connection.generation));
   PW_ASSIGN_OR_RETURN(const MessageHeader header, ReadHeaderLocked(p, peer, fd));
   if (ids != nullptr) *ids = header.ids;
   uint64_t capacity = 0;

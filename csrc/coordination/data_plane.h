@@ -41,7 +41,8 @@
 //       buffer id; then 40 u64 payload length.
 //   Versions: 1 sent the secret in the clear and 16-byte message headers
 //   (marker, flag, length); 2 had this handshake and those headers; 3 adds
-//   the ids.
+//   the ids. (Status 5 of a challenge or ack, "not expecting that host
+//   yet", came later within version 3: the bytes are the same.)
 // Who a message is for travels in its header, so a receiver never has to
 // know it from the order of the messages alone: it reads the header first
 // (RecvHeader), then takes the payload where the ids say (RecvPayload) or
@@ -180,7 +181,8 @@ std::array<uint8_t, kHeaderBytes> WriteHeader(const DataMessageHeader& header);
 // lock), and so are two Recvs from one peer (a RecvHeader and the
 // RecvPayload or Discard that follows it are one receive in two calls: meant
 // for one receiving thread per peer). Shutdown may be called at any
-// time, also while other calls block. The destructor must not run while
+// time, also while other calls block, and so may ShutdownPeer and
+// ReplacePeer (one at a time per peer). The destructor must not run while
 // another thread is inside a method: Shutdown, let the calls return, then
 // destroy.
 //
@@ -188,8 +190,24 @@ std::array<uint8_t, kHeaderBytes> WriteHeader(const DataMessageHeader& header);
 // connection breaks (the peer closed it or died, or a transfer error left
 // the stream mid-message) every later Send (or Recv) with that peer returns
 // the same Unavailable error naming the peer; the other peers keep working.
-// A broken connection is never re-established: a host that restarts joins a
-// new cluster (new DataPlanes, new secret or new ports).
+// A broken connection is never mended in place: the peer's host is lost.
+//
+// Replacement hosts: a NEW process may take a lost host's id. It makes a
+// plane of its own (Listen, then Connect with the survivors' addresses),
+// and each survivor calls ReplacePeer(id, its address, its key), which
+// drops the old connections (their broken state goes with them) and makes
+// two new ones with the new process; either side may start first. Until a
+// survivor has called ReplacePeer, it refuses the new process's hellos with
+// a refusal that the dialer retries (status 5, "not expecting that host
+// yet"), as it retries a refused TCP connection; so does a survivor not yet
+// told of the loss whose connection from the old process was closed by its
+// end (a process that exits or is killed). A host may also be absent
+// from the start (an empty address in Connect) and be replaced later the
+// same way. With peer keys, each replacement comes with a fresh key for
+// each pair, so a process holding an older key (a stale process of that
+// host, back from a hang) fails its proofs: it cannot take the place back.
+// With the cluster's secret alone nothing tells the two processes apart:
+// the first to prove the secret once ReplacePeer has started is taken.
 //
 // Dead-peer detection: a peer process that exits or is killed is noticed at
 // once (its kernel closes the connections: a blocked Recv returns, and a
@@ -249,7 +267,13 @@ class DataPlane {
   // host id, this host's own included and ignored), sends the hello, waits
   // for its ack, and waits until every other host has dialed in. Dials run
   // in parallel and retry a refused or dropped connection (the peer may not
-  // be listening yet) until options.connect_timeout.
+  // be listening yet), and a peer's "not expecting this host yet" (a
+  // survivor that has not called ReplacePeer for this host yet), until
+  // options.connect_timeout.
+  // An empty address names an absent peer (a lost host): it is neither
+  // dialed nor waited for, its hellos are refused for retry, and Send/Recv
+  // with it fail with Unavailable ("not connected (lost)") until
+  // ReplacePeer connects a process of it.
   // Errors: InvalidArgument (wrong number of addresses, or one that does
   // not parse); FailedPrecondition (called twice, or an address answers
   // that is not the expected host's data plane); PermissionDenied (a peer
@@ -260,6 +284,33 @@ class DataPlane {
   // an error the plane is unusable (Send/Recv: FailedPrecondition): shut
   // it down.
   absl::Status Connect(const std::vector<std::string>& addresses);
+
+  // A new process of host `peer` replaces the old one (lost; ShutdownPeer
+  // may or may not have been called), at `address` (its address()), with
+  // `key` for the handshakes with it both ways from now on (its peer key;
+  // may be empty on a plane without Options::peer_keys: the secret stays).
+  // In order: the key changes; both old connections with `peer` are shut
+  // down (a Send or Recv blocked on them fails with Unavailable; their
+  // sockets are closed by the destructor); its broken state is forgotten;
+  // then `address` is dialed (retried as Connect's dials are, until
+  // `deadline`) and the new process's dial-in is awaited, which must prove
+  // `key`. Meanwhile Send/Recv with `peer` fail at once (Unavailable, "not
+  // connected"); those with other peers go on. Returns OK once both new
+  // connections are up; Send/Recv with `peer` then use them.
+  // May be called after Connect succeeded (also for a peer absent there),
+  // and again later (each time a new process replaces the host). Calls for
+  // different peers may run at once.
+  // Errors: InvalidArgument (peer out of range or this host, an address
+  // that does not parse, an empty key on a plane with peer keys);
+  // FailedPrecondition (Connect has not succeeded, or a ReplacePeer of
+  // `peer` is under way; or `address` answers as another host's plane);
+  // PermissionDenied (a proof failed, either way, as in Connect);
+  // DeadlineExceeded naming what is missing (the dial, with its last error,
+  // and/or the dial-in); Unavailable if ShutdownPeer(peer) is called
+  // meanwhile (the new process is lost too); Cancelled after Shutdown.
+  // After an error `peer` is lost (as after ShutdownPeer: Send/Recv fail,
+  // its hellos are refused for retry) until a later ReplacePeer succeeds.
+  absl::Status ReplacePeer(int peer, const std::string& address, const std::string& key, absl::Time deadline);
 
   using MessageIds = DataMessageIds;
   using MessageHeader = DataMessageHeader;
@@ -325,23 +376,48 @@ class DataPlane {
   // Shuts both connections with `peer` down (a host known to be lost, which
   // may never close them itself: stopped, hung or cut off), so that a Send
   // or Recv with it blocked now, and every later one, fails (Unavailable
-  // naming the peer) at once. The other peers keep working. Idempotent; an
-  // unknown peer or an unconnected plane is ignored.
+  // naming the peer) at once. The other peers keep working. On a connected
+  // plane the peer is lost from now on: its hellos are refused for retry
+  // until ReplacePeer(peer) starts, and a ReplacePeer(peer) under way fails
+  // (Unavailable). Idempotent; an unknown peer is ignored, and so is an
+  // unconnected plane but for shutting down what connections it has.
   void ShutdownPeer(int peer);
 
  private:
   // One other host: the connection this host dialed to it (our Sends) and
   // the one it dialed to us (our Recvs).
+  //
+  // The state of a connection's stream (broken, mid-message) belongs to one
+  // pair of connections, one generation: `send_generation` and
+  // `recv_generation` say which. Each ReplacePeer starts a new generation
+  // (generations_, under mu_); the first transfer that finds the new one
+  // forgets the old state, and a transfer that read an older generation's
+  // socket before the replacement (and only now got the lock) fails without
+  // touching the new state.
   struct Peer {
     Mutex send_mu;  // held by a Send for its whole message
     absl::Status send_broken ABSL_GUARDED_BY(send_mu);
+    uint64_t send_generation ABSL_GUARDED_BY(send_mu) = 0;
     // Held by a Recv for its whole message, by RecvHeader, RecvPayload and
     // Discard for their part of one.
     Mutex recv_mu;
     absl::Status recv_broken ABSL_GUARDED_BY(recv_mu);
+    uint64_t recv_generation ABSL_GUARDED_BY(recv_mu) = 0;
     // RecvHeader took a header: the payload's bytes are next on the wire.
     bool header_taken ABSL_GUARDED_BY(recv_mu) = false;
     uint64_t payload_left ABSL_GUARDED_BY(recv_mu) = 0;
+  };
+
+  // Where a peer stands, for the listener (whose hellos it takes) and for
+  // Send/Recv (whether they may use its connections).
+  enum class Standing {
+    kJoining,    // Connect has not succeeded: hellos taken, once each
+    kConnected,  // hellos refused for good (it has its connection), unless
+                 // its connection was closed by its end (then as kLost)
+    kLost,       // absent in Connect, or ShutdownPeer, or a failed
+                 // ReplacePeer: hellos refused for retry
+    kReplacing,  // ReplacePeer under way: a hello proving the new key is
+                 // taken (in place of any earlier one of this replacement)
   };
 
   DataPlane(int host_id, int num_hosts, Options options, int listen_fd, int wake_fd, std::string address);
@@ -350,25 +426,46 @@ class DataPlane {
   // once, none blocking the others; registers accepted peers' connections.
   void AcceptLoop();
 
-  // Connect's parts: makes the outgoing connections (all at once, retrying
-  // until `deadline`); takes one's complete ack (OK: registered; else the
-  // error that ends Connect); waits until every peer has dialed in.
+  // Connect's and ReplacePeer's parts: makes the outgoing connections (all
+  // at once, retrying until `deadline`; ReplacePeer's also stops when
+  // `interrupt_fd` turns readable: ShutdownPeer); takes one's complete ack
+  // (OK: registered; else the error that ends the call); waits until every
+  // peer has dialed in.
   struct Dial;  // one outgoing connection in the making, defined in the .cc
-  absl::Status DialAll(std::vector<Dial>& dials, absl::Time deadline);
+  absl::Status DialAll(std::vector<Dial>& dials, absl::Time deadline, int interrupt_fd = -1);
   // The listener's answer in dial.answer: it if it is of `kind`, from the
-  // expected host, with status accepted; else the error that ends Connect.
+  // expected host, with status accepted; Unavailable for a refusal worth
+  // retrying ("not expecting this host yet"); else the error that ends the
+  // call.
   absl::StatusOr<data_wire::Answer> CheckAnswer(const Dial& dial, data_wire::AnswerKind kind);
   // Its challenge: sends our proof (or, if that fails, retries later).
   absl::Status TakeChallenge(Dial& dial, absl::Time now);
   // Its ack: checks its proof and registers the connection.
-  absl::Status TakeAck(Dial& dial);
-  // The key of the handshakes with `peer`: its peer key, or the secret.
-  const std::string& KeyFor(int peer) const;
+  absl::Status TakeAck(Dial& dial, absl::Time now);
   absl::Status AwaitDialIns(absl::Status dialed, absl::Time deadline);
+  // ReplacePeer's end, once its dial is done (`dialed`): waits for the
+  // dial-in until `deadline`, then keeps both new connections (OK) or
+  // drops what came of them and leaves the peer lost.
+  absl::Status AwaitReplacement(int peer, const std::string& address, absl::Status dialed, absl::Time deadline);
 
-  // The socket of `peer`'s connection in one direction, or an error status
-  // for the caller's argument/state (see Send's errors).
-  absl::StatusOr<int> ConnectionFd(int peer, bool outgoing);
+  // Why the listener would refuse a hello from `peer` now before its proof
+  // (0 if it would not): kLost, or kConnected with its connection closed.
+  uint32_t HelloRefusalLocked(int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Shuts down both of `peer`'s connections and moves them to retired_fds_.
+  void RetireLocked(int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The socket of `peer`'s connection in one direction and its generation,
+  // or an error status for the caller's argument/state (see Send's errors).
+  struct Connection {
+    int fd;
+    uint64_t generation;
+  };
+  absl::StatusOr<Connection> ConnectionFd(int peer, bool outgoing);
+  // With p.send_mu / p.recv_mu held: the peer's stream state made that of
+  // `generation` (forgetting an older one's), or Unavailable if
+  // `generation` is older than the state's (the connection was replaced).
+  absl::Status SendGenerationLocked(Peer& p, int peer, uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.send_mu);
+  absl::Status RecvGenerationLocked(Peer& p, int peer, uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.recv_mu);
 
   // After a failed read from `peer` (on `fd`): Cancelled if shutting down;
   // otherwise marks the connection broken by `why` for good, shuts it down,
@@ -394,12 +491,28 @@ class DataPlane {
   std::unique_ptr<Peer[]> peers_;  // by host id; this host's entry unused
   std::atomic<bool> shutting_down_{false};
 
-  Mutex mu_;  // guards the fields below; changed_ is signalled when in_fds_ changes and on Shutdown
+  // Guards the fields below; changed_ is signalled when in_fds_ or a
+  // standing changes, and on Shutdown.
+  Mutex mu_;
   CondVar changed_;
-  // Sockets by host id, -1 until connected. Closed only by the destructor,
-  // so a thread that read one under mu_ may use it after unlocking.
+  // Sockets by host id, -1 until connected (and while a ReplacePeer makes
+  // new ones). Closed only by the destructor, also once replaced (then kept
+  // in retired_fds_), so a thread that read one under mu_ may use it after
+  // unlocking: at worst it finds it shut down.
   std::vector<int> out_fds_ ABSL_GUARDED_BY(mu_);  // we dialed (Sends)
   std::vector<int> in_fds_ ABSL_GUARDED_BY(mu_);   // they dialed (Recvs)
+  std::vector<int> retired_fds_ ABSL_GUARDED_BY(mu_);  // replaced, shut down
+  // By host id (this host's own unused): the key of the handshakes with it
+  // (its peer key, or the secret; ReplacePeer may change it), its standing,
+  // its connections' generation (ReplacePeer counts it up), whether a
+  // ReplacePeer of it is under way (until it returns, even once
+  // ShutdownPeer made the standing kLost), and that call's eventfd, which
+  // ShutdownPeer writes to stop its dialing (-1 when none).
+  std::vector<std::string> keys_ ABSL_GUARDED_BY(mu_);
+  std::vector<Standing> standing_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> generations_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> replacing_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> interrupt_fds_ ABSL_GUARDED_BY(mu_);
   bool connect_called_ ABSL_GUARDED_BY(mu_) = false;
   bool connected_ ABSL_GUARDED_BY(mu_) = false;  // Connect succeeded
 

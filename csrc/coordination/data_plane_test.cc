@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -1469,6 +1470,463 @@ TEST(DataPlaneTest, AKilledHostProcessFailsOnlyTransfersWithIt) {
   ASSERT_OK(Get(sent));
   ASSERT_TRUE(RecvString(c[0], 1, 5, &got).ok());
   EXPECT_EQ(got, "alive");
+}
+
+// ---------------------------------------------------------------------------
+// Replacement hosts: absent peers, ReplacePeer
+
+// Keys by pair (keys[a][b] == keys[b][a]), as a control plane hands them out.
+using KeyTable = std::vector<std::vector<std::string>>;
+KeyTable FreshKeys(int n) {
+  KeyTable keys(n, std::vector<std::string>(n));
+  for (int a = 0; a < n; ++a) {
+    for (int b = a + 1; b < n; ++b) keys[a][b] = keys[b][a] = FreshNonce();
+  }
+  return keys;
+}
+// New keys for every pair with `host` (a new process of it); the others'
+// stay.
+void RenewKeys(KeyTable& keys, int host) {
+  for (int h = 0; h < static_cast<int>(keys.size()); ++h) {
+    if (h != host) keys[h][host] = keys[host][h] = FreshNonce();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<DataPlane>> ListenWithKeys(int host, const KeyTable& keys) {
+  DataPlane::Options options = TestOptions();
+  options.secret = "";
+  options.peer_keys = keys[host];
+  return DataPlane::Listen(host, static_cast<int>(keys.size()), options);
+}
+
+// A cluster of `keys.size()` planes with peer keys, listening.
+absl::Status ListenWithKeys(Cluster& c, const KeyTable& keys) {
+  for (int h = 0; h < static_cast<int>(keys.size()); ++h) {
+    absl::StatusOr<std::unique_ptr<DataPlane>> plane = ListenWithKeys(h, keys);
+    if (!plane.ok()) return plane.status();
+    c.planes.push_back(*std::move(plane));
+  }
+  return absl::OkStatus();
+}
+
+// One message each way between a and b, each received and checked.
+absl::Status Exchange(DataPlane& a, DataPlane& b, const std::string& tag) {
+  const std::string ab = absl::StrCat(tag, ": ", a.host_id(), " to ", b.host_id());
+  const std::string ba = absl::StrCat(tag, ": ", b.host_id(), " to ", a.host_id());
+  if (absl::Status s = SendString(a, b.host_id(), ab); !s.ok()) return s;
+  if (absl::Status s = SendString(b, a.host_id(), ba); !s.ok()) return s;
+  std::string got;
+  if (absl::StatusOr<uint8_t> r = RecvString(b, a.host_id(), ab.size(), &got); !r.ok()) return r.status();
+  if (got != ab) return absl::DataLossError(absl::StrCat("got '", got, "' for '", ab, "'"));
+  if (absl::StatusOr<uint8_t> r = RecvString(a, b.host_id(), ba.size(), &got); !r.ok()) return r.status();
+  if (got != ba) return absl::DataLossError(absl::StrCat("got '", got, "' for '", ba, "'"));
+  return absl::OkStatus();
+}
+
+// Waits (at most kWait) until `plane` says a ReplacePeer of `peer` is under
+// way: a Send to it fails so. The Send is to a peer that is lost, so it
+// carries nothing anywhere.
+bool ReplacementUnderWay(DataPlane& plane, int peer) {
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const absl::Status s = plane.Send(peer, {});
+    if (absl::IsUnavailable(s) && absl::StrContains(s.message(), "ReplacePeer is connecting")) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+// A loopback address where nobody listens (connections are refused), kept
+// so while the returned socket is open.
+int NobodyAt(std::string* address) { return ListenRaw(address, /*listen_too=*/false); }
+
+TEST(DataPlaneReplacementTest, AnAbsentPeerIsNotWaitedForAndItsTransfersFailAtOnce) {
+  Cluster c;
+  ASSERT_OK(c.Listen(3));
+  // Host 2 is lost before the cluster connects: no plane of it, no address.
+  c.planes[2].reset();
+  const std::vector<std::string> addresses = {c[0].address(), c[1].address(), ""};
+  auto connect1 = c.Async([&] { return c[1].Connect(addresses); });
+  ASSERT_OK(c[0].Connect(addresses));
+  ASSERT_OK(Get(connect1));
+  ASSERT_OK(Exchange(c[0], c[1], "without host 2"));
+  std::string got;
+  for (int h : {0, 1}) {
+    for (const absl::Status& s : {SendString(c[h], 2, "x"), RecvString(c[h], 2, 1, &got).status(),
+                                  c[h].RecvHeader(2).status()}) {
+      EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+      EXPECT_THAT(s.message(), HasSubstr("host 2 is not connected (lost)"));
+    }
+  }
+  // A hello claiming host 2 is refused before any proof, for retry
+  // (status 5): host 0 is not expecting host 2 yet.
+  const ByHand early = DialByHand(c[0].address(), 2, nullptr);
+  EXPECT_EQ(early.challenge, Challenge(0, 5));
+  EXPECT_TRUE(early.closed);
+
+  // Then a process of host 2 comes; the others replace the absent host with
+  // it (the cluster's secret: no new key).
+  absl::StatusOr<std::unique_ptr<DataPlane>> two = DataPlane::Listen(2, 3, TestOptions());
+  ASSERT_TRUE(two.ok()) << two.status();
+  c.planes[2] = *std::move(two);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto replace0 = c.Async([&] { return c[0].ReplacePeer(2, c[2].address(), "", deadline); });
+  auto replace1 = c.Async([&] { return c[1].ReplacePeer(2, c[2].address(), "", deadline); });
+  ASSERT_OK(c[2].Connect(c.Addresses()));
+  ASSERT_OK(Get(replace0));
+  ASSERT_OK(Get(replace1));
+  ASSERT_OK(Exchange(c[0], c[2], "with host 2"));
+  ASSERT_OK(Exchange(c[1], c[2], "with host 2"));
+  ASSERT_OK(Exchange(c[0], c[1], "still"));
+}
+
+// Hosts 0 and 1 exchange messages throughout (one sending and one
+// receiving thread each way) while host 2 dies and a new process replaces
+// it, with new keys for the pairs with host 2. The new process's Connect
+// starts before the survivors' ReplacePeer calls (its hellos are refused
+// for retry until they start) or after (they dial it while its plane only
+// listens): either order connects.
+class ReplaceHostTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ReplaceHostTest, ANewProcessTakesTheLostHostsPlace) {
+  const bool new_process_first = GetParam();
+  KeyTable keys = FreshKeys(3);
+  Cluster c;
+  ASSERT_OK(ListenWithKeys(c, keys));
+  ASSERT_OK(c.Connect());
+  for (int a = 0; a < 3; ++a) {
+    for (int b = a + 1; b < 3; ++b) ASSERT_OK(Exchange(c[a], c[b], "before"));
+  }
+
+  constexpr int kMessages = 300;
+  std::atomic<bool> replaced{false};
+  auto send_all = [&](int from, int to) {
+    // Keeps sending until the replacement is done, at least kMessages.
+    int i = 0;
+    for (; i < kMessages || !replaced.load(); ++i) {
+      if (absl::Status s = SendString(c[from], to, Pattern(i % 200, from * 100000 + i)); !s.ok()) return s;
+      if (i >= kMessages) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    // The count, so that the receiver knows when to stop.
+    const uint32_t n = static_cast<uint32_t>(i);
+    const iovec count = Piece(&n, sizeof(n));
+    return c[from].Send(to, {&count, 1}, /*flag=*/1);
+  };
+  auto recv_all = [&](int at, int from) {
+    for (int i = 0;; ++i) {
+      std::string got(i % 200, '\0');
+      const iovec piece = Piece(got.data(), got.size());
+      std::optional<std::string> other;
+      absl::StatusOr<uint8_t> flag = c[at].Recv(from, {&piece, 1}, &other);
+      if (!flag.ok()) return flag.status();
+      if (*flag == 1) {
+        uint32_t n = 0;
+        if (!other.has_value() || other->size() != sizeof(n)) return absl::DataLossError("a bad count");
+        std::memcpy(&n, other->data(), sizeof(n));
+        if (n != static_cast<uint32_t>(i)) return absl::DataLossError(absl::StrCat(n, " sent, ", i, " received"));
+        return absl::OkStatus();
+      }
+      if (other.has_value() || got != Pattern(i % 200, from * 100000 + i)) {
+        return absl::DataLossError(absl::StrCat("message ", i, " from ", from, " to ", at, " differs"));
+      }
+    }
+  };
+  auto sent01 = c.Async([&] { return send_all(0, 1); });
+  auto sent10 = c.Async([&] { return send_all(1, 0); });
+  auto got01 = c.Async([&] { return recv_all(1, 0); });
+  auto got10 = c.Async([&] { return recv_all(0, 1); });
+
+  // Host 2's process dies; the survivors are told.
+  c.planes[2].reset();
+  c[0].ShutdownPeer(2);
+  c[1].ShutdownPeer(2);
+  std::string got;
+  EXPECT_TRUE(absl::IsUnavailable(RecvString(c[0], 2, 1, &got).status()));
+
+  RenewKeys(keys, 2);
+  absl::StatusOr<std::unique_ptr<DataPlane>> two = ListenWithKeys(2, keys);
+  ASSERT_TRUE(two.ok()) << two.status();
+  c.planes[2] = *std::move(two);
+  const std::vector<std::string> addresses = c.Addresses();
+  std::future<absl::Status> connect2;
+  if (new_process_first) {
+    connect2 = c.Async([&] { return c[2].Connect(addresses); });
+    // Long enough that its first hellos are refused (not expected yet).
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto replace0 = c.Async([&] { return c[0].ReplacePeer(2, addresses[2], keys[0][2], deadline); });
+  auto replace1 = c.Async([&] { return c[1].ReplacePeer(2, addresses[2], keys[1][2], deadline); });
+  if (!new_process_first) {
+    ASSERT_TRUE(ReplacementUnderWay(c[0], 2));
+    ASSERT_TRUE(ReplacementUnderWay(c[1], 2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // they have dialed it, most likely
+    connect2 = c.Async([&] { return c[2].Connect(addresses); });
+  }
+  ASSERT_OK(Get(connect2));
+  ASSERT_OK(Get(replace0));
+  ASSERT_OK(Get(replace1));
+  replaced = true;
+
+  ASSERT_OK(Exchange(c[2], c[0], "after"));
+  ASSERT_OK(Exchange(c[2], c[1], "after"));
+  // Big ones too, both ways at once.
+  const std::string big = Pattern(8 << 20, 2);
+  auto big20 = c.Async([&] { return SendString(c[2], 0, big); });
+  auto big02 = c.Async([&] { return SendString(c[0], 2, big); });
+  std::string at0, at2;
+  ASSERT_TRUE(RecvString(c[0], 2, big.size(), &at0).ok());
+  ASSERT_TRUE(RecvString(c[2], 0, big.size(), &at2).ok());
+  EXPECT_TRUE(at0 == big && at2 == big);
+  ASSERT_OK(Get(big20));
+  ASSERT_OK(Get(big02));
+  // Hosts 0 and 1 never broke: every message of theirs arrived, in order.
+  ASSERT_OK(Get(sent01));
+  ASSERT_OK(Get(sent10));
+  ASSERT_OK(Get(got01));
+  ASSERT_OK(Get(got10));
+  ASSERT_OK(Exchange(c[0], c[1], "after"));
+}
+
+INSTANTIATE_TEST_SUITE_P(BothOrders, ReplaceHostTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("NewProcessFirst") : std::string("NewProcessLast");
+                         });
+
+// Once ReplacePeer has started, the host's hellos must prove the new key: a
+// stale process of it (with the old key) is refused, a real plane with
+// PermissionDenied. Before, its hellos are refused for retry.
+TEST(DataPlaneReplacementTest, AProcessWithTheOldKeyIsRefusedOnceReplacementStarted) {
+  KeyTable keys = FreshKeys(2);
+  const KeyTable old_keys = keys;
+  Cluster c;
+  ASSERT_OK(ListenWithKeys(c, keys));
+  ASSERT_OK(c.Connect());
+  c.planes[1].reset();
+  c[0].ShutdownPeer(1);
+  RenewKeys(keys, 1);
+  auto proof_with = [](const std::string& key) {
+    return [key](const std::string& ours, const std::string& theirs) {
+      return ProofMessage(key, ProofBy::kDialer, DataTranscript(1, 0, ours, theirs));
+    };
+  };
+  // Lost, not being replaced: refused at the hello, whatever the key.
+  for (const std::string& key : {keys[1][0], old_keys[1][0]}) {
+    const ByHand early = DialByHand(c[0].address(), 1, proof_with(key));
+    EXPECT_EQ(early.challenge, Challenge(0, 5));
+    EXPECT_EQ(early.rest, "");
+  }
+
+  absl::StatusOr<std::unique_ptr<DataPlane>> fresh = ListenWithKeys(1, keys);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  c.planes.push_back(*std::move(fresh));  // c[2] is host 1's new process
+  auto replace = c.Async(
+      [&] { return c[0].ReplacePeer(1, c[2].address(), keys[0][1], absl::Now() + absl::Seconds(10)); });
+  // A stale process of host 1 dials at the same time: retried while not
+  // expected, then refused for its proof.
+  absl::StatusOr<std::unique_ptr<DataPlane>> stale = ListenWithKeys(1, old_keys);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  absl::Status refused = (*stale)->Connect({c[0].address(), (*stale)->address()});
+  EXPECT_TRUE(absl::IsPermissionDenied(refused)) << refused;
+  EXPECT_THAT(refused.message(), AllOf(HasSubstr("host 0 at " + c[0].address()), HasSubstr("refused our proof")));
+  const ByHand late = DialByHand(c[0].address(), 1, proof_with(old_keys[1][0]));
+  EXPECT_EQ(late.challenge.substr(0, 8), "pwdp-ch\n");
+  EXPECT_EQ(AnswerStatus(late.challenge), 0u);
+  EXPECT_EQ(late.rest, Ack(0, 1));
+
+  // The new process connects.
+  ASSERT_OK(c[2].Connect({c[0].address(), c[2].address()}));
+  ASSERT_OK(Get(replace));
+  ASSERT_OK(Exchange(c[0], c[2], "new"));
+  // Now host 1 is connected in good standing: a second connection proving
+  // the new key is refused for good, as before any replacement.
+  const ByHand duplicate = DialByHand(c[0].address(), 1, proof_with(keys[1][0]));
+  EXPECT_EQ(duplicate.rest, Ack(0, 3));
+  ASSERT_OK(Exchange(c[0], c[2], "still"));
+}
+
+TEST(DataPlaneReplacementTest, AReplacementThatTimesOutLeavesTheOthersWorkingAndCanBeRetried) {
+  KeyTable keys = FreshKeys(3);
+  Cluster c;
+  ASSERT_OK(ListenWithKeys(c, keys));
+  ASSERT_OK(c.Connect());
+  c.planes[2].reset();
+  c[0].ShutdownPeer(2);
+  c[1].ShutdownPeer(2);
+  RenewKeys(keys, 2);
+  std::string nobody;
+  const int nobody_fd = NobodyAt(&nobody);
+  ASSERT_GE(nobody_fd, 0);
+
+  const auto start = std::chrono::steady_clock::now();
+  auto replace = c.Async(
+      [&] { return c[0].ReplacePeer(2, nobody, keys[0][2], absl::Now() + absl::Milliseconds(300)); });
+  ASSERT_TRUE(ReplacementUnderWay(c[0], 2));
+  // Meanwhile: a second replacement of the same host is refused, and host 0
+  // and 1 carry on.
+  absl::Status twice = c[0].ReplacePeer(2, nobody, keys[0][2], absl::Now() + absl::Seconds(1));
+  ASSERT_OK(Exchange(c[0], c[1], "during"));
+  absl::Status s = Get(replace);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_TRUE(absl::IsFailedPrecondition(twice)) << twice;
+  EXPECT_THAT(twice.message(), HasSubstr("under way"));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("could not reach host 2 at " + nobody), HasSubstr("refused"),
+                                 HasSubstr("host 2 (at " + nobody + ") has not dialed in")));
+  // Host 2 is lost again, until a replacement succeeds.
+  std::string got;
+  absl::Status send = SendString(c[0], 2, "x");
+  EXPECT_TRUE(absl::IsUnavailable(send)) << send;
+  EXPECT_THAT(send.message(), HasSubstr("host 2 is not connected (lost)"));
+  EXPECT_TRUE(absl::IsUnavailable(RecvString(c[0], 2, 1, &got).status()));
+  EXPECT_EQ(DialByHand(c[0].address(), 2, nullptr).challenge, Challenge(0, 5));
+  ASSERT_OK(Exchange(c[0], c[1], "after the timeout"));
+  close(nobody_fd);
+
+  // The next try, with a process that is there, succeeds.
+  absl::StatusOr<std::unique_ptr<DataPlane>> two = ListenWithKeys(2, keys);
+  ASSERT_TRUE(two.ok()) << two.status();
+  c.planes[2] = *std::move(two);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto replace0 = c.Async([&] { return c[0].ReplacePeer(2, c[2].address(), keys[0][2], deadline); });
+  auto replace1 = c.Async([&] { return c[1].ReplacePeer(2, c[2].address(), keys[1][2], deadline); });
+  ASSERT_OK(c[2].Connect(c.Addresses()));
+  ASSERT_OK(Get(replace0));
+  ASSERT_OK(Get(replace1));
+  ASSERT_OK(Exchange(c[0], c[2], "at last"));
+  ASSERT_OK(Exchange(c[1], c[2], "at last"));
+}
+
+// Without ShutdownPeer first: ReplacePeer itself ends the transfers blocked
+// on the old connections.
+TEST(DataPlaneReplacementTest, TransfersBlockedOnTheOldConnectionsFailWhenReplacementStarts) {
+  Cluster c;
+  ASSERT_OK(c.Start(2));
+  const std::string big = Pattern(size_t{64} << 20, 5);
+  auto send = c.Async([&] { return SendString(c[0], 1, big); });  // host 1 does not read
+  auto header = c.Async([&] { return c[0].RecvHeader(1).status(); });  // nor send
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // blocked by now, most likely; either way works
+  std::string nobody;
+  const int nobody_fd = NobodyAt(&nobody);
+  ASSERT_GE(nobody_fd, 0);
+  auto replace = c.Async([&] { return c[0].ReplacePeer(1, nobody, "", absl::Now() + absl::Milliseconds(300)); });
+  absl::Status s = Get(send), r = Get(header);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("host 1"));
+  EXPECT_TRUE(absl::IsUnavailable(r)) << r;
+  EXPECT_THAT(r.message(), HasSubstr("host 1"));
+  absl::Status replaced = Get(replace);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(replaced)) << replaced;
+  close(nobody_fd);
+  // Host 1's side of the old connections ended too.
+  std::string got;
+  absl::Status at1 = RecvString(c[1], 0, 1, &got).status();
+  EXPECT_TRUE(absl::IsUnavailable(at1)) << at1;
+}
+
+// Two new processes of host 1, one after the other, each with new keys. The
+// second time nobody calls ShutdownPeer first: host 0 sees the old process's
+// connection closed by its end, so the new process's early hellos are
+// refused for retry rather than as duplicates.
+TEST(DataPlaneReplacementTest, TheSameHostIsReplacedTwiceInARow) {
+  KeyTable keys = FreshKeys(2);
+  Cluster c;
+  ASSERT_OK(ListenWithKeys(c, keys));
+  ASSERT_OK(c.Connect());
+  ASSERT_OK(Exchange(c[0], c[1], "first process"));
+  for (int round = 1; round <= 2; ++round) {
+    SCOPED_TRACE(round);
+    c.planes[1].reset();
+    if (round == 1) c[0].ShutdownPeer(1);
+    RenewKeys(keys, 1);
+    absl::StatusOr<std::unique_ptr<DataPlane>> next = ListenWithKeys(1, keys);
+    ASSERT_TRUE(next.ok()) << next.status();
+    c.planes[1] = *std::move(next);
+    auto connect1 = c.Async([&] { return c[1].Connect(c.Addresses()); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_OK(c[0].ReplacePeer(1, c[1].address(), keys[0][1], absl::Now() + absl::Seconds(10)));
+    ASSERT_OK(Get(connect1));
+    ASSERT_OK(Exchange(c[0], c[1], absl::StrCat("process ", round + 1)));
+  }
+}
+
+TEST(DataPlaneReplacementTest, ShutdownPeerOrShutdownEndsAReplacementUnderWay) {
+  Cluster c;
+  ASSERT_OK(c.Start(3));
+  std::string nobody;
+  const int nobody_fd = NobodyAt(&nobody);
+  ASSERT_GE(nobody_fd, 0);
+  const absl::Time far = absl::Now() + absl::Seconds(60);
+  // Host 2's new process is lost too, while host 0 dials it.
+  auto replace = c.Async([&] { return c[0].ReplacePeer(2, nobody, "", far); });
+  ASSERT_TRUE(ReplacementUnderWay(c[0], 2));
+  c[0].ShutdownPeer(2);
+  absl::Status s = Get(replace);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("host 2 was shut down (lost) while being replaced"));
+  // Past its dial, waiting for a dial-in that never comes: host 2's new
+  // process is a listener by hand, which accepts host 0's dial and never
+  // dials back. ShutdownPeer ends that too, and the new connection with it.
+  std::string fake_address;
+  const int listen_fd = ListenRaw(&fake_address);
+  ASSERT_GE(listen_fd, 0);
+  auto waiting = c.Async([&] { return c[0].ReplacePeer(2, fake_address, "", far); });
+  const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const std::string hello = ReadRaw(fd, 48);
+  ASSERT_EQ(hello.substr(0, 8), "pwdp-hi\n");
+  const std::string ours = FreshNonce();
+  ASSERT_TRUE(WriteRaw(fd, Challenge(2, 0, ours)));
+  const HandshakeTranscript t = DataTranscript(0, 2, hello.substr(16, 32), ours);
+  ASSERT_EQ(ReadRaw(fd, 40), ProofMessage(TestOptions().secret, ProofBy::kDialer, t));
+  ASSERT_TRUE(WriteRaw(fd, Ack(2, 0, HandshakeProof(TestOptions().secret, ProofBy::kListener, t))));
+  // Host 0 registers the connection once it has checked the ack: most
+  // likely by now (either way ShutdownPeer ends the call). Nothing may go
+  // on it before ReplacePeer returns.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_THAT(SendString(c[0], 2, "not yet").message(), HasSubstr("ReplacePeer is connecting"));
+  c[0].ShutdownPeer(2);
+  s = Get(waiting);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("host 2 was shut down (lost) while being replaced"));
+  std::string received;
+  EXPECT_TRUE(ClosedWithin(fd, std::chrono::milliseconds(5000), &received));
+  EXPECT_EQ(received, "");
+  close(fd);
+  close(listen_fd);
+  ASSERT_OK(Exchange(c[0], c[1], "unharmed"));
+  // And Shutdown ends one with Cancelled.
+  auto cancelled = c.Async([&] { return c[1].ReplacePeer(2, nobody, "", far); });
+  ASSERT_TRUE(ReplacementUnderWay(c[1], 2));
+  c[1].Shutdown();
+  s = Get(cancelled);
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_TRUE(absl::IsCancelled(c[1].ReplacePeer(2, nobody, "", far)));
+  close(nobody_fd);
+}
+
+TEST(DataPlaneReplacementTest, ReplacePeerRejectsBadArgumentsAndCallsOutOfOrder) {
+  Cluster c;
+  ASSERT_OK(c.Listen(2));
+  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  absl::Status early = c[0].ReplacePeer(1, c[1].address(), "", deadline);
+  EXPECT_TRUE(absl::IsFailedPrecondition(early)) << early;
+  ASSERT_OK(c.Connect());
+  for (int peer : {-1, 0, 2}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(c[0].ReplacePeer(peer, c[1].address(), "", deadline))) << peer;
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(c[0].ReplacePeer(1, "nohost:80", "", deadline)));
+  EXPECT_TRUE(absl::IsInvalidArgument(c[0].ReplacePeer(1, "", "", deadline)));
+  // None of those touched host 1.
+  ASSERT_OK(Exchange(c[0], c[1], "untouched"));
+  // A plane with peer keys needs the new process's key.
+  Cluster k;
+  ASSERT_OK(ListenWithKeys(k, FreshKeys(2)));
+  ASSERT_OK(k.Connect());
+  absl::Status no_key = k[0].ReplacePeer(1, k[1].address(), "", deadline);
+  EXPECT_TRUE(absl::IsInvalidArgument(no_key)) << no_key;
+  EXPECT_THAT(no_key.message(), HasSubstr("no key for host 1"));
+  ASSERT_OK(Exchange(k[0], k[1], "untouched"));
 }
 
 }  // namespace
