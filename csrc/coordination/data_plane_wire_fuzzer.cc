@@ -228,7 +228,7 @@ void CheckMessagesOfThisVersion(absl::Span<const uint8_t> in) {
   CheckNearlyWritten(data_wire::WriteProof(hello.nonce), in);
   data_wire::Answer answer;
   answer.host_id = hello.dialer;
-  answer.status = static_cast<uint32_t>(Take64(fields, 36)) % 6;  // the statuses there are, and one more
+  answer.status = static_cast<uint32_t>(Take64(fields, 36)) % 7;  // the statuses there are, and one more
   answer.bytes = hello.nonce;
   CheckNearlyWritten(data_wire::WriteAnswer(data_wire::AnswerKind::kChallenge, answer), in);
   CheckNearlyWritten(data_wire::WriteAnswer(data_wire::AnswerKind::kAck, answer), in);
