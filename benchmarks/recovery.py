@@ -566,7 +566,9 @@ def _start_job(steps: int):
 
 
 def elastic_worker(steps: int, kill_at: int, remap: bool) -> dict:
-    """The job runs; once step `kill_at` is dispatched, replica 1's host is SIGKILLed; the job recovers."""
+    """The job runs; once step `kill_at` is dispatched, replica 1's host is SIGKILLed; the job recovers.
+    Dropping the replica (not `remap`), a new host process takes the killed one's place two steps later
+    (pw.elastic.replace_host) and the replica comes back there (grow)."""
     import signal
 
     pw, lm, slices, tokens = _start_job(steps)
@@ -579,7 +581,14 @@ def elastic_worker(steps: int, kill_at: int, remap: bool) -> dict:
         t["kill"] = time.perf_counter()
 
     step_s = []
+    rejoin: dict = {}
     for step in range(steps):
+        if not remap and step == kill_at + 2:
+            t0 = time.perf_counter()
+            pw.elastic.replace_host(victim.id)
+            t1 = time.perf_counter()
+            job.grow()
+            rejoin = {"replace_s": t1 - t0, "grow_s": time.perf_counter() - t1}
         t0 = time.perf_counter()
         job.step(tokens[step], after_dispatch=kill if step == kill_at else None)
         if step == kill_at:
@@ -589,7 +598,7 @@ def elastic_worker(steps: int, kill_at: int, remap: bool) -> dict:
     seen = next(at for at, what in job.events if "Error" in what) + job._start
     recovered = next(at for at, what in job.events if what.startswith("remapped")) + job._start
     return {"recovery_s": t["done"] - t["kill"], "detect_s": seen - t["kill"], "remap_s": recovered - seen,
-            "step_s": _median(step_s), "replicas_after": len(job.replicas.slices), "steps_lost": 0}
+            "step_s": _median(step_s), "replicas_after": len(job.replicas.slices), "steps_lost": 0, **rejoin}
 
 
 def restart_train_worker(steps: int, kill_at: int, every: int, dir: str) -> dict:
@@ -733,6 +742,12 @@ def report_recovery(d: dict) -> str:
         lines.append(f"elastic remap, where its time goes (first round): the loss seen {el[0]['detect_s']:.3f} s "
                      f"after the kill, the remap and state copy issued in {el[0]['remap_s']:.3f} s, one step "
                      f"takes {el[0]['step_s']:.3f} s")
+    back = [r["result"] for r in d["runs"]["drop"] if r["ok"] and "replace_s" in r["result"]]
+    if back:
+        lines.append(f"elastic drop, then a new host process in the killed one's place (pw.elastic.replace_host, "
+                     f"first round): it joins the running cluster in {back[0]['replace_s']:.2f} s (process start "
+                     f"included), the replica is back on it with its state copied (grow) in "
+                     f"{back[0]['grow_s']:.2f} s; {back[0]['replicas_after']} replicas at the end")
     if medians["restart"] and medians["remap"]:
         lines.append(f"elastic remap recovers {medians['restart'] / medians['remap']:.0f}x faster than checkpoint "
                      f"and restart; dropping the replica {medians['restart'] / medians['drop']:.0f}x"

@@ -13,10 +13,11 @@
 # does not read a checkpoint: `pw.elastic.DataParallel` drops the lost
 # replica, copies nothing (the survivors' state is intact: the failed step
 # changed none of it, buffers being immutable), re-splits the same global
-# batch over the 3 replicas left (12 + 10 + 10) and redoes the step. Later, a standby
-# host's devices take the lost replica's place: the slice is remapped onto
-# them, the state copied there from a survivor, device to device, and the
-# job is back to 4 replicas.
+# batch over the 3 replicas left (12 + 10 + 10) and redoes the step. Later, a new
+# host process takes the lost one's place (`pw.elastic.replace_host`: it
+# joins the running cluster, the others never stop), the dropped replica's
+# slice is back on its devices, the state is copied there from a survivor,
+# device to device, and the job is back to 4 replicas.
 #
 # The check: the losses follow a run without the failure step for step (same
 # global batch, same data) to 1e-4, training resumes within 5 s of the kill,
@@ -42,9 +43,8 @@ VOCAB, SEQ, D_MODEL, HEADS, BLOCKS = 64, 16, 32, 2, 2
 GLOBAL_BATCH = 32
 RTOL = 1e-4
 
-# 2 islands x 3 hosts x 2 devices: a replica on each of hosts 0, 1 (island
-# 0) and 3, 4 (island 1); hosts 2 and 5 stand by.
-pw.configure(hosts="local_processes", islands=2, hosts_per_island=3, devices_per_host=2)
+# 2 islands x 2 hosts x 2 devices: a replica on each host, no spare devices.
+pw.configure(hosts="local_processes", islands=2, hosts_per_island=2, devices_per_host=2)
 vds = pw.make_virtual_device_set()
 slices = [vds.add_slice(tpu_devices=2) for _ in range(4)]
 print("replicas:", ", ".join(f"slice {s.id} on host {s.physical_devices[0].host} (island {s.island})"
@@ -93,10 +93,10 @@ del job
 # ## The same job, a host killed mid-run
 #
 # The kill comes once step KILL_AT is dispatched and running. The job drops
-# the lost replica (`remap_onto_spares=False`: the standby hosts are kept
-# for the comeback) and goes on with 3; at step REJOIN_AT the lost replica's
-# slice is remapped onto a standby host's devices and the state copied
-# there from a survivor (`grow`).
+# the lost replica (there are no spare devices to remap it onto) and goes
+# on with 3. Before step REJOIN_AT a new host process replaces the killed
+# one (`replace_host`), and `grow` puts the dropped replica back on that
+# host's devices, its state copied there from a survivor.
 
 # %%
 victim = {h.id: h for h in pw.hosts()}[slices[1].physical_devices[0].host]
@@ -114,8 +114,14 @@ job = new_job(on_event=lambda line: print(" ", line))
 losses, recovery_s = [], None
 for step in range(STEPS):
     if step == REJOIN_AT:
-        back = job.grow()  # the dropped slice, remapped onto a standby host's devices
-        job.note(f"step {step}: slice {back.id} is back on host {back.physical_devices[0].host} (standby)")
+        t = time.perf_counter()
+        pw.elastic.replace_host(victim.id)  # a new process joins the running cluster
+        new = {h.id: h for h in pw.hosts()}[victim.id]
+        job.note(f"host {victim.id}: a new process (pid {new.pid}) took its place in "
+                 f"{time.perf_counter() - t:.2f} s")
+        back = job.grow()  # the dropped slice, on the new process's devices
+        job.note(f"step {step}: slice {back.id} is back on host {back.physical_devices[0].host}, "
+                 f"its state copied from a survivor")
     losses.append(job.step(tokens_all[step], after_dispatch=kill_victim if step == KILL_AT else None))
     if step == KILL_AT:
         recovery_s = time.perf_counter() - kill["t"]
@@ -131,8 +137,10 @@ print(f"\nrecovery: {recovery_s:.2f} s from the kill to the next completed step 
 print(f"max relative difference of the losses: {worst:.2e}")
 ok = worst <= RTOL and recovery_s < 5.0 and losses[-1] < losses[0]
 ok = ok and len(job.replicas.slices) == 4 and not job.replicas.dropped
+rejoined = {h.id: h for h in pw.hosts()}[victim.id]
+ok = ok and rejoined.alive and rejoined.pid != victim.pid
 if not ok:
     print("FAILED: the losses left the reference's curve, recovery took 5 s or more, the loss did not "
-          "fall, or the job did not get its fourth replica back")
+          "fall, or the job did not get its fourth replica back on a new host process")
     sys.exit(1)
 print("OK: training went on through the loss of a host, on the same curve")

@@ -28,6 +28,12 @@ absl::Status HostLostError(absl::string_view message) {
   return WithKind(message, ErrorKind::kHostLost, absl::StatusCode::kUnavailable);
 }
 
+absl::Status WithErrorKind(absl::Status status, ErrorKind kind) {
+  if (status.ok() || kind == ErrorKind::kNone) return status;
+  status.SetPayload(kPayloadUrl, absl::Cord(std::string(1, static_cast<char>(kind))));
+  return status;
+}
+
 ErrorKind GetErrorKind(const absl::Status& status) {
   const auto payload = status.GetPayload(kPayloadUrl);  // absl::optional<absl::Cord>
   if (!payload.has_value() || payload->size() != 1) return ErrorKind::kNone;

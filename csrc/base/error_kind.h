@@ -34,6 +34,9 @@ absl::Status HostLostError(absl::string_view message);
 
 // The kind `status` carries (kNone for one made otherwise, and for OK).
 ErrorKind GetErrorKind(const absl::Status& status);
+// `status` carrying `kind` (an error status whose kind crossed the wire, say:
+// coordination/host_channel.h's FromWire); OK and kNone stay as they are.
+absl::Status WithErrorKind(absl::Status status, ErrorKind kind);
 
 }  // namespace pw
 

@@ -300,6 +300,15 @@ void RegisterRuntime(py::module_& m) {
     return r.moved;  // indices of the virtual devices that moved
   }, py::arg("slice"), py::arg("share") = false);
   m.def("slices_on_failed_devices", [] { return GetRuntime().resource_manager().SlicesOnFailedDevices(); });
+  m.def("replace_host", [](int host, const std::string& address) {
+    Runtime& rt = GetRuntime();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;  // it waits for the hosts
+      status = rt.ReplaceHost(host, address);
+    }
+    ThrowIfError(status);
+  }, py::arg("host"), py::arg("address"));
   m.def("add_slice", [](const py::int_& num_devices, const std::string& kind) {
     int overflow = 0;
     const long long n = PyLong_AsLongLongAndOverflow(num_devices.ptr(), &overflow);

@@ -301,7 +301,7 @@ py::dict SuspendClientHandles(SchedulingClient* client, const py::object& save) 
   for (const auto& [buffer, handles] : groups) {
     // A failed buffer holds no memory (its producer failed) or cannot be
     // read (its devices failed): it stays, and keeps its error.
-    if (!buffer->status().ok() || !buffer->devices()->CheckHealthy().ok()) {
+    if (!buffer->status().ok() || !buffer->CheckDevices().ok()) {
       ++failed;
       continue;
     }
@@ -450,7 +450,7 @@ void AwaitDone(const ShardedBuffer& buffer) {
 void AwaitOrThrow(const ShardedBuffer& buffer) {
   AwaitDone(buffer);
   ThrowIfError(buffer.status());
-  ThrowIfError(buffer.devices()->CheckHealthy());  // its shards went with a failed device
+  ThrowIfError(buffer.CheckDevices());  // its shards went with a failed device, or a lost host process
 }
 
 std::vector<Device*> ToPhysical(const py::sequence& devices) {
@@ -643,6 +643,12 @@ void RegisterShardedBuffer(py::module_& m) {
 
   // Another handle on the same buffer (a checkpoint being written holds one:
   // delete() of the user's handle leaves the buffer to it).
+  // pw.elastic.is_lost: its shards went with a failed device, or with a
+  // host process that a new one has replaced since (false while suspended:
+  // its value is in host memory; and once deleted).
+  m.def("buffer_lost", [](const PyShardedBuffer& s) {
+    return s.buffer != nullptr && !s.buffer->CheckDevices().ok();
+  });
   m.def("another_handle", [](const PyShardedBuffer& s) {
     return std::make_shared<PyShardedBuffer>(s.Get("hold"), s.replicated);
   }, py::arg("buffer"));

@@ -81,23 +81,39 @@ class HostSessions final : public HostLinks {
   // DeadlineExceeded after `timeout_ns`.
   absl::Status Join(const std::vector<std::string>& addresses, int64_t timeout_ns);
 
+  // A new host process at `address` takes the place of lost host `host`
+  // (its loss dealt with: hosts() lists it lost): a session with it is
+  // opened and configured as host `host`; it joins the cluster with fresh
+  // peer keys for its pairs, its buffer ids starting at `first_buffer_id`
+  // (those below were the lost process's), and every live host takes it
+  // back (wire::PeerJoined). Blocks until all have answered (the data
+  // planes connected), or `timeout_ns`. The caller holds its dispatch lock
+  // throughout (no run goes to any host meanwhile) and revives the host's
+  // devices once this returns OK. FailedPrecondition if `host` is not
+  // lost, or if the hosts were never joined; InvalidArgument for a host
+  // not in the cluster; otherwise the first host's error, naming it: the
+  // new session is lost then (reported as a loss of `host` again), and the
+  // host stays lost.
+  absl::Status ReplaceHost(int host, const std::string& address, uint64_t first_buffer_id, int64_t timeout_ns);
+  // Hosts replaced so far (ReplaceHost), by host id.
+  int epoch(int host) const;
+
   // HostLinks: the hosts' sessions, directly.
-  int num_hosts() const override { return static_cast<int>(channels_.size()); }
+  int num_hosts() const override { return num_hosts_; }
   void Send(int host, wire::Request request, HostChannel::ReplyCallback done) override {
-    channels_[host]->Send(std::move(request), std::move(done));
+    channel(host).Send(std::move(request), std::move(done));
   }
-  void Flush(int host) override { channels_[host]->Flush(); }
+  void Flush(int host) override { channel(host).Flush(); }
   void SendRun(const std::vector<int>& hosts, std::vector<wire::Request> requests,
                std::vector<HostChannel::ReplyCallback> done, const RunAdmissionInfo& admission) override;
-  bool alive(int host) const override { return channels_[host]->alive(); }
-  absl::Status status(int host) const override { return channels_[host]->status(); }
-  int64_t clock_offset_ns(int host) const override { return channels_[host]->clock_offset_ns(); }
+  bool alive(int host) const override { return channel(host).alive(); }
+  absl::Status status(int host) const override { return channel(host).status(); }
+  int64_t clock_offset_ns(int host) const override { return channel(host).clock_offset_ns(); }
   // Surviving hosts told of a loss so far (PeersLost requests sent; tests).
   int64_t survivors_told() const { return survivors_told_.load(std::memory_order_relaxed); }
-  HostChannel& channel(int host) { return *channels_[host]; }
-  void Close(const absl::Status& why) override {
-    for (auto& c : channels_) c->Close(why);
-  }
+  // Host `host`'s session now (a replaced host's new one).
+  HostChannel& channel(int host) const { return *current_[host].load(std::memory_order_acquire); }
+  void Close(const absl::Status& why) override;
   // Every host, by id. A host is listed lost once its loss has been dealt
   // with (the survivors told, the LostCallback returned: its devices are
   // failed by then in a RemoteCluster), so whoever sees it lost also sees
@@ -109,20 +125,37 @@ class HostSessions final : public HostLinks {
  private:
   HostSessions() = default;
   void OnLost(int host, const absl::Status& why);
+  // Opens and configures the session of host `host` of the cluster at
+  // `address` (Connect's, and ReplaceHost's).
+  absl::StatusOr<std::unique_ptr<HostChannel>> ConnectHost(const Host& host, const std::string& address);
 
   const Cluster* cluster_ = nullptr;
+  ChannelOptions options_;  // Connect's, for the sessions of replacements
+  int num_hosts_ = 0;
   LostCallback on_lost_;
   std::atomic<int64_t> survivors_told_{0};
   // By host id: whether its loss has been dealt with (see hosts()).
   std::unique_ptr<std::atomic<bool>[]> loss_handled_;
-  // Protects the list of channels while it grows (Connect) and while a loss
-  // is told to the others, and whether the sessions are closing (then no loss is
-  // told: the channels are going); loss_handled_ is set under it.
+  // Protects the list of channels while it grows (Connect, ReplaceHost) and
+  // while a loss is told to the others, and whether the sessions are
+  // closing (then no loss is told: the channels are going); loss_handled_
+  // is set under it, and so is a host's session replaced.
   mutable Mutex mu_;
   mutable CondVar handled_cv_;  // a loss was dealt with (loss_handled_)
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  // Complete once Connect returns; never shrinks before the destructor.
-  std::vector<std::unique_ptr<HostChannel>> channels_;
+  // Every session opened, a replaced host's earlier ones included: kept
+  // until the destructor, so a reference taken from current_ stays valid.
+  std::vector<std::unique_ptr<HostChannel>> channels_ ABSL_GUARDED_BY(mu_);
+  // Each host's session now, by host id (complete once Connect returns).
+  std::unique_ptr<std::atomic<HostChannel*>[]> current_;
+  // Set by Join: what a replacement's JoinCluster repeats (the cluster's
+  // group prefix, every host's control and data plane addresses) and how
+  // many times each host was replaced. One ReplaceHost at a time.
+  mutable Mutex replace_mu_;
+  std::string group_prefix_ ABSL_GUARDED_BY(replace_mu_);
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(replace_mu_);
+  std::vector<std::string> data_addresses_ ABSL_GUARDED_BY(replace_mu_);
+  std::vector<int> epochs_ ABSL_GUARDED_BY(replace_mu_);
 };
 
 }  // namespace pw

@@ -674,6 +674,18 @@ void RemoteCluster::MaybeReclaimLocked() {
   reclaim_at_ = std::max(kMinReclaim, 2 * (plans_.size() + function_ids_.size()));
 }
 
+void RemoteCluster::AddUnloads(uint64_t program_id, const Plan& plan, std::vector<wire::Request>& unloads) {
+  for (int h : plan.loaded) unloads[h].mutable_unload()->add_program_ids(program_id);
+  if (plan.sequential_base != 0) {
+    for (size_t k = 0; k < plan.step_hosts.size(); ++k) {
+      for (int h : plan.step_hosts[k]) unloads[h].mutable_unload()->add_program_ids(plan.sequential_base + k);
+    }
+    for (int h : plan.args_loaded) {
+      unloads[h].mutable_unload()->add_program_ids(plan.sequential_base + plan.step_hosts.size());
+    }
+  }
+}
+
 void RemoteCluster::ReclaimLocked() {
   std::vector<wire::Request> unloads(known_.size());
   // Plans first: a program gone, with no run holding its plan (use_count
@@ -684,15 +696,7 @@ void RemoteCluster::ReclaimLocked() {
       ++it;
       continue;
     }
-    for (int h : plan.loaded) unloads[h].mutable_unload()->add_program_ids(it->first);
-    if (plan.sequential_base != 0) {
-      for (size_t k = 0; k < plan.step_hosts.size(); ++k) {
-        for (int h : plan.step_hosts[k]) unloads[h].mutable_unload()->add_program_ids(plan.sequential_base + k);
-      }
-      for (int h : plan.args_loaded) {
-        unloads[h].mutable_unload()->add_program_ids(plan.sequential_base + plan.step_hosts.size());
-      }
-    }
+    AddUnloads(it->first, plan, unloads);
     plans_.erase(it++);
   }
   // Then functions whose IR is gone: every program that named one is gone,
@@ -1089,6 +1093,52 @@ absl::Status RemoteCluster::Read(const ShardedBuffer& buffer, void* dst) {
       Flush(c.host);
     }
   }
+}
+
+absl::Status RemoteCluster::ReplaceHost(int host, const std::string& address) {
+  auto* sessions = dynamic_cast<HostSessions*>(links_.get());
+  if (sessions == nullptr || links_->admits_runs()) {
+    return absl::FailedPreconditionError(
+        "a service's tenant cannot replace a host (the hosts are the service's)");
+  }
+  MutexLock lock(&mu_);
+  // Renewals asked for before go now, to the sets without a lost host (a
+  // set with one is renewed by the replacement itself).
+  SendRenewalsLocked();
+  // Ids are taken without mu_ (NewBufferId): one taken before this load
+  // and used after is below it, and the new process answers for it as
+  // lost, never as another buffer.
+  const uint64_t first = next_buffer_id_.load(std::memory_order_relaxed);
+  PW_RETURN_IF_ERROR(sessions->ReplaceHost(host, address, first, kJoinTimeoutNs));
+  // The new process knows no list, function or program of the old one's.
+  known_[host] = HostState{};
+  std::vector<wire::Request> unloads(known_.size());
+  for (auto it = plans_.begin(); it != plans_.end();) {
+    const Plan& plan = *it->second;
+    const bool on_host = plan.loaded.contains(host) || plan.args_loaded.contains(host) ||
+                         std::any_of(plan.step_hosts.begin(), plan.step_hosts.end(), [host](const std::vector<int>& s) {
+                           return std::find(s.begin(), s.end(), host) != s.end();
+                         });
+    if (!on_host) {
+      ++it;
+      continue;
+    }
+    // Planned anew at its next dispatch (runs in flight keep this plan):
+    // the other hosts unload it first, as ReclaimLocked would.
+    AddUnloads(it->first, plan, unloads);
+    plans_.erase(it++);
+  }
+  for (size_t h = 0; h < unloads.size(); ++h) {
+    if (static_cast<int>(h) == host || !unloads[h].has_unload()) continue;
+    Send(static_cast<int>(h), std::move(unloads[h]));
+    Flush(static_cast<int>(h));
+  }
+  {
+    MutexLock frees(&frees_mu_);
+    pending_frees_[host].clear();  // the old process's buffers
+  }
+  for (Device* d : cluster_->hosts()[host]->devices()) d->Revive(first);
+  return absl::OkStatus();
 }
 
 void RemoteCluster::FailDevices(absl::Span<Device* const> devices) {

@@ -136,6 +136,16 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   absl::Status LoadShards(const std::string& database, absl::Span<const std::shared_ptr<ShardedBuffer>> buffers,
                           absl::Span<const std::string> specs);
 
+  // A new host process at `address` takes the place of lost host `host`
+  // (HostSessions::ReplaceHost), under the dispatch lock: what the lost
+  // process had loaded is forgotten here (sent again when needed), and so
+  // are its buffers' frees; programs with a step on it are planned anew;
+  // its devices are healthy again. Buffers made before stay lost: the new
+  // process answers for them with HostLost. FailedPrecondition for a
+  // service's tenant (the hosts are the service's), else HostSessions::
+  // ReplaceHost's errors.
+  absl::Status ReplaceHost(int host, const std::string& address);
+
   // Fault injection (Runtime::FailDevices): tells the hosts of `devices`
   // that they have failed, so their parts and transfers fail there too.
   // Waits (bounded) until every such host has taken it; a lost host is
@@ -208,6 +218,9 @@ class RemoteCluster final : public RemoteShards, public RemoteDispatch {
   // tables hold at most twice what is live, plus kMinReclaim.
   void MaybeReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the unloads of program `program_id`'s plan, by host (its
+  // sequential steps' programs too), to `unloads`.
+  static void AddUnloads(uint64_t program_id, const Plan& plan, std::vector<wire::Request>& unloads);
   // Every host with a shard of `list`, increasing (computed once per list;
   // the reference stays valid: entries are never removed).
   const std::vector<int>& HostsOf(const DeviceList* list) const;

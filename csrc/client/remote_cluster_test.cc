@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/spin.h"
 #include "csrc/client/remote_cluster_internal.h"
 #include "csrc/client/runtime.h"
@@ -67,6 +68,24 @@ class RemoteRuntimeTest : public ::testing::Test {
   // last ones started).
   HostExecutor& HostOf(int h, int num_hosts = 2) {
     return *processes_[processes_.size() - num_hosts + h]->executor();
+  }
+
+  // Host `h` of the last runtime made dies: its server and process go.
+  void KillHost(int h, int num_hosts) {
+    const size_t i = processes_.size() - num_hosts + h;
+    servers_[i].reset();
+    processes_[i].reset();
+  }
+  // A new host process in host `h`'s place (of the last runtime made): its
+  // address, for Runtime::ReplaceHost.
+  std::string StartReplacement(int h, int num_hosts) {
+    const size_t i = processes_.size() - num_hosts + h;
+    processes_[i] = std::make_unique<HostProcess>(kSecret);
+    auto server = HostServer::Start("127.0.0.1:0", kSecret, processes_[i].get());
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return "";
+    servers_[i] = *std::move(server);
+    return servers_[i]->address();
   }
 
  private:
@@ -246,6 +265,78 @@ TEST_F(RemoteRuntimeTest, AGangThatTimedOutDoesNotBreakTheHostsForGood) {
     auto outs = *rt->Execute(*gang, {ProgramArg{nullptr, in, DType::kF64, {4}}});
     ASSERT_TRUE(outs[0]->Await().ok()) << outs[0]->status();
     EXPECT_EQ(Read(*outs[0]), (std::vector<double>{14.0, 14.0, 14.0, 14.0}));
+  }
+}
+
+// Issue 28: a new host process takes a lost host's place. After host 2
+// dies, work on its devices fails with HostLost; once a new process has
+// replaced it, its devices are healthy again and the same programs run
+// there: a gang whose psum meets every host (its collective groups made
+// anew under the new epoch), and transfers both ways between a survivor's
+// slice and the new host's (the data plane connected anew). A buffer made
+// on the lost process stays lost (HostLost, from the client and from the new
+// process alike). Twice: the second replacement replaces a replacement.
+TEST_F(RemoteRuntimeTest, ANewProcessTakesALostHostsPlace) {
+  constexpr int kHosts = 3;
+  auto rt = MakeRuntime(/*remote=*/true, kHosts);
+  ASSERT_NE(rt, nullptr);
+  auto all = *rt->resource_manager().AddSlice(6, "tpu");
+  // Each of the others on one host's two devices (the least loaded first).
+  auto a = *rt->resource_manager().AddSlice(2, "tpu");
+  auto b = *rt->resource_manager().AddSlice(2, "tpu");
+  auto c = *rt->resource_manager().AddSlice(2, "tpu");
+  ASSERT_EQ(c->devices()->devices()[0]->host()->id(), 2);
+  ASSERT_EQ(a->devices()->devices()[0]->host()->id(), 0);
+  auto sum = testing::ScalarOpFunction("sum", OpKind::kAdd, 1.0, all, &rt->registry(), DType::kF64, {},
+                                       /*with_psum=*/true);
+  ProgramBuilder gang_builder("gang");
+  const int v = *gang_builder.AddArg(DType::kF64, {6});
+  auto gang = *Lower(*gang_builder.Build({(*gang_builder.AddCall(sum, {v}))[0]}));
+  // a -> c -> a: x + 1 on host 0, + 10 on host 2, * 2 back on host 0.
+  auto plus_one = testing::ScalarOpFunction("plus_one", OpKind::kAdd, 1.0, a, &rt->registry());
+  auto plus_ten = testing::ScalarOpFunction("plus_ten", OpKind::kAdd, 10.0, c, &rt->registry());
+  auto twice = testing::ScalarOpFunction("twice", OpKind::kMul, 2.0, a, &rt->registry());
+  ProgramBuilder trip_builder("trip");
+  const int x = *trip_builder.AddArg(DType::kF64, {2});
+  const int y = (*trip_builder.AddCall(plus_one, {x}))[0];
+  const int z = (*trip_builder.AddCall(plus_ten, {y}))[0];
+  auto trip = *Lower(*trip_builder.Build({(*trip_builder.AddCall(twice, {z}))[0]}));
+  const double in[] = {1, 2, 3, 4, 5, 6};
+  auto run_gang = [&] { return (*rt->Execute(*gang, {ProgramArg{nullptr, in, DType::kF64, {6}}}))[0]; };
+  auto run_trip = [&] { return (*rt->Execute(*trip, {ProgramArg{nullptr, in, DType::kF64, {2}}}))[0]; };
+  auto expect_works = [&] {
+    auto g = run_gang();
+    ASSERT_TRUE(g->Await().ok()) << g->status();
+    EXPECT_EQ(Read(*g), std::vector<double>(6, 27.0));
+    auto t = run_trip();
+    ASSERT_TRUE(t->Await().ok()) << t->status();
+    EXPECT_EQ(Read(*t), (std::vector<double>{24.0, 26.0}));
+  };
+  expect_works();
+  const std::vector<Device*>& lost_devices = rt->cluster().hosts()[2]->devices();
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(absl::StrCat("replacement ", round + 1));
+    auto kept = run_gang();  // a shard on host 2's process
+    ASSERT_TRUE(kept->Await().ok()) << kept->status();
+    KillHost(2, kHosts);
+    for (int i = 0; i < 10000 && !(lost_devices[0]->failed() && lost_devices[1]->failed()); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(lost_devices[0]->failed() && lost_devices[1]->failed());
+    auto failed = run_gang();
+    EXPECT_FALSE(failed->Await().ok());
+    EXPECT_EQ(GetErrorKind(failed->status()), ErrorKind::kHostLost) << failed->status();
+    // A host that is not lost keeps its place.
+    EXPECT_EQ(rt->ReplaceHost(1, "127.0.0.1:1").code(), absl::StatusCode::kFailedPrecondition);
+    const std::string address = StartReplacement(2, kHosts);
+    ASSERT_TRUE(rt->ReplaceHost(2, address).ok());
+    EXPECT_FALSE(lost_devices[0]->failed());
+    EXPECT_FALSE(lost_devices[1]->failed());
+    for (int i = 0; i < 3; ++i) expect_works();
+    EXPECT_EQ(GetErrorKind(kept->CheckDevices()), ErrorKind::kHostLost) << kept->CheckDevices();
+    std::vector<double> out(6);
+    const absl::Status read = kept->ReadInto(out.data());
+    EXPECT_EQ(GetErrorKind(read), ErrorKind::kHostLost) << read;
   }
 }
 

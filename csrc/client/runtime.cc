@@ -539,6 +539,15 @@ void Runtime::FailDevices(absl::Span<Device* const> devices) {
   if (any) delays_->ApplyHurryRule();
 }
 
+absl::Status Runtime::ReplaceHost(int host, const std::string& address) {
+#if PATHWAYS_WITH_HOSTS
+  if (remote_ != nullptr) return remote_->ReplaceHost(host, address);
+#endif
+  return absl::FailedPreconditionError(
+      absl::StrCat("hosts=", HostsModeName(cluster_->options().hosts),
+                   ": there is no host process to replace (the hosts run in this process)"));
+}
+
 std::vector<int64_t> Runtime::SubmissionMarks() {
   std::vector<int64_t> marks;
   marks.reserve(schedulers_.size());

@@ -142,12 +142,18 @@ class Runtime {
   absl::StatusOr<SchedulingPolicy> scheduling_policy();
 
   // Fault injection (paper §4.6; pw.testing): marks `devices` failed, for
-  // good. Work on them fails with Unavailable naming the device: gangs that
+  // good (unless a new process replaces their host: ReplaceHost). Work on them fails with Unavailable naming the device: gangs that
   // have not started fail when they come to run (without running kernels),
   // gangs in their simulated time fail at once, transfers from or to them
   // fail, and the error flows to every dependent. The other devices keep
   // working. Thread-safe.
   void FailDevices(absl::Span<Device* const> devices);
+  // A new host process at `address` (started with the cluster's secret)
+  // takes the place of lost host `host`, whose devices are healthy again
+  // once this returns OK (RemoteCluster::ReplaceHost). FailedPrecondition
+  // with hosts in process (no host process to replace) or for a service's
+  // tenant, and for a host that is not lost.
+  absl::Status ReplaceHost(int host, const std::string& address);
 
   // What every gang that is enqueued but not running waits for, on every
   // island (scheduler/diagnosis.h). On demand; never on the dispatch path.

@@ -262,6 +262,25 @@ bool Device::MarkFailed(absl::Status why) {
   return true;
 }
 
+std::atomic<bool> Device::any_revived_{false};
+
+bool Device::Revive(uint64_t first_buffer_id) {
+  {
+    MutexLock lock(&failure_mu_);
+    if (!failed_.load(std::memory_order_acquire)) return false;
+    // Before the device reads as healthy: whoever sees it so sees which
+    // buffers went with the earlier process.
+    if (first_buffer_id > 0) {
+      first_buffer_id_.store(first_buffer_id, std::memory_order_release);
+      any_revived_.store(true, std::memory_order_release);
+    }
+    failure_ = absl::OkStatus();
+    failed_.store(false, std::memory_order_release);
+  }
+  island_->num_failed_.fetch_sub(1, std::memory_order_acq_rel);
+  return true;
+}
+
 absl::Status Device::failure() const {
   if (!failed()) return absl::OkStatus();
   MutexLock lock(&failure_mu_);

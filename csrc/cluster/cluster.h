@@ -144,18 +144,33 @@ class Device {
   std::string ToString() const;
 
   // Failure (fault injection, see Runtime::FailDevices; or its host process
-  // was lost). A failed device stays failed: work placed on it fails with
-  // Unavailable, and buffers on it cannot be read.
+  // was lost). A failed device stays failed, unless a new host process
+  // takes its host's place (Runtime::ReplaceHost): work placed on it fails
+  // with Unavailable, and buffers on it cannot be read (nor, after a
+  // revival, those made before it: they went with the earlier process).
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   // Marks the device failed for `why` (Unavailable; OK: "device N (island
   // I, host H) has failed"); false if it already was. Thread-safe.
   bool MarkFailed(absl::Status why = absl::OkStatus());
+  // The device is healthy again: a new process serves its host, with its
+  // memory empty, and the client's remote buffer ids below
+  // `first_buffer_id` were the earlier process's (see first_buffer_id()).
+  // False if it had not failed. Thread-safe.
+  bool Revive(uint64_t first_buffer_id = 0);
+  // A buffer with a remote id below this one was made on an earlier
+  // process of the device's host, and went with it (0: never revived).
+  uint64_t first_buffer_id() const { return first_buffer_id_.load(std::memory_order_acquire); }
+  // Whether any device of this process was ever revived: until then no
+  // buffer needs the check above (one load).
+  static bool AnyRevived() { return any_revived_.load(std::memory_order_acquire); }
   // Why it failed (see MarkFailed); OK while it has not.
   absl::Status failure() const;
 
  private:
   friend class Cluster;
   std::atomic<bool> failed_{false};
+  std::atomic<uint64_t> first_buffer_id_{0};
+  static std::atomic<bool> any_revived_;
   mutable Mutex failure_mu_;
   absl::Status failure_ ABSL_GUARDED_BY(failure_mu_);
   int id_ = 0, index_in_host_ = 0, index_in_island_ = 0;

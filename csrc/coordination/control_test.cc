@@ -999,5 +999,23 @@ TEST(WireStatus, RoundTripsAndNeverTurnsAnUnknownCodeIntoOk) {
   EXPECT_EQ(FromWire(w).code(), absl::StatusCode::kUnknown);
 }
 
+// A host's HostLost (a buffer that went with a replaced process, a gang
+// with a lost peer) reaches the client as one, so Python raises
+// pw.HostLostError whichever side found it; a kind this build does not
+// know is none.
+TEST(WireStatus, CarriesTheErrorKind) {
+  wire::Status w;
+  ToWire(HostLostError("host 2 was lost"), &w);
+  const absl::Status back = FromWire(w);
+  EXPECT_EQ(GetErrorKind(back), ErrorKind::kHostLost);
+  EXPECT_EQ(back.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(back.message(), "host 2 was lost");
+  ToWire(absl::UnavailableError("device 3 has failed"), &w);
+  EXPECT_EQ(GetErrorKind(FromWire(w)), ErrorKind::kNone);
+  w.set_kind(77);
+  EXPECT_EQ(GetErrorKind(FromWire(w)), ErrorKind::kNone);
+  EXPECT_EQ(FromWire(w).code(), absl::StatusCode::kUnavailable);
+}
+
 }  // namespace
 }  // namespace pw

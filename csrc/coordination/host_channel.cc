@@ -18,6 +18,7 @@ namespace pw {
 void ToWire(const absl::Status& status, wire::Status* out) {
   out->set_code(static_cast<int32_t>(status.code()));
   out->set_message(std::string(status.message()));
+  out->set_kind(static_cast<int32_t>(GetErrorKind(status)));
 }
 
 absl::Status FromWire(const wire::Status& status) {
@@ -27,7 +28,10 @@ absl::Status FromWire(const wire::Status& status) {
     if (code == 0) return absl::OkStatus();
     return absl::UnknownError(absl::StrCat("(status code ", code, ") ", status.message()));
   }
-  return absl::Status(static_cast<absl::StatusCode>(code), status.message());
+  absl::Status out(static_cast<absl::StatusCode>(code), status.message());
+  // A kind this build does not know reads as none (GetErrorKind).
+  const int kind = status.kind();
+  return kind > 0 && kind < 256 ? WithErrorKind(std::move(out), static_cast<ErrorKind>(kind)) : out;
 }
 
 const std::string& KernelBootId() {

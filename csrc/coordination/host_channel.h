@@ -107,7 +107,8 @@ struct ChannelOptions {
 // This kernel's boot id (/proc/sys/kernel/random/boot_id), or "" if unknown.
 const std::string& KernelBootId();
 
-// A Status to and from its wire form.
+// A Status to and from its wire form (its code, message and error kind:
+// base/error_kind.h).
 void ToWire(const absl::Status& status, wire::Status* out);
 absl::Status FromWire(const wire::Status& status);
 // The status a reply carries (OK when it has none).

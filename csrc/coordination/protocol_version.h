@@ -31,7 +31,9 @@ namespace pw {
 // 3: Unload (a host that ignored it would keep every function and program).
 // 4: tenants of a service (Request.session, Forward, Commit, EndSession).
 // 5: a tenant reserves its devices and memory before it sends anything.
-inline constexpr uint32_t kControlProtocolVersion = 5;
+// 6: a new process replaces a lost host (PeerJoined, JoinCluster's
+//    replacement fields, JoinClusterReply).
+inline constexpr uint32_t kControlProtocolVersion = 6;
 
 // "control protocol 2, op registry 0123456789abcdef".
 inline std::string DescribeVersions(uint32_t protocol, uint64_t op_registry) {

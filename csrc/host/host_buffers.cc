@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/object_store/host_memory_pool.h"
 
 namespace pw {
@@ -105,8 +106,16 @@ std::shared_ptr<HostBuffer> HostBuffers::LookupLocked(const SessionKey& key) con
   auto it = buffers_.find(key);
   if (it != buffers_.end()) return it->second;
   auto missing = std::make_shared<HostBuffer>(key.id, 0);
-  missing->Complete(absl::NotFoundError(absl::StrCat("buffer ", key.id, " is not on host ", host_id_)));
+  missing->Complete(Missing(key));
   return missing;
+}
+
+absl::Status HostBuffers::Missing(const SessionKey& key) const {
+  if (key.session == kOneSession && key.id < first_buffer_id_) {
+    return HostLostError(absl::StrCat("buffer ", key.id, " was lost with the earlier process of host ", host_id_,
+                                      " (a new process replaced it)"));
+  }
+  return absl::NotFoundError(absl::StrCat("buffer ", key.id, " is not on host ", host_id_));
 }
 
 absl::Status HostBuffers::Put(SessionId session, wire::PutBuffer& request,
@@ -226,7 +235,7 @@ void HostBuffers::Fetch(SessionId session, const wire::FetchBuffer& request,
     if (it != buffers_.end()) buffer = it->second;
   }
   if (buffer == nullptr) {
-    std::move(done)(absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not on host ", host_id_)));
+    std::move(done)(Missing(SessionKey{session, buffer_id}));
     return;
   }
   const int64_t offset = request.offset();

@@ -78,8 +78,12 @@ class HostBuffer {
 // The buffers this host holds, by session and id, and the puts in progress.
 class HostBuffers {
  public:
-  // `host_id` names this host in errors.
-  explicit HostBuffers(int host_id) : host_id_(host_id) {}
+  // `host_id` names this host in errors. `first_buffer_id`: for a process
+  // that replaces a lost host (JoinCluster's), kOneSession's buffer ids
+  // below it were the earlier process's: one of them that is missing here
+  // was lost with that process (HostLost), not never made.
+  explicit HostBuffers(int host_id, uint64_t first_buffer_id = 0)
+      : host_id_(host_id), first_buffer_id_(first_buffer_id) {}
   HostBuffers(const HostBuffers&) = delete;
   HostBuffers& operator=(const HostBuffers&) = delete;
 
@@ -109,7 +113,8 @@ class HostBuffers {
   std::shared_ptr<HostBuffer> NewLocked(const SessionKey& key, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Buffer `key`; if it is not here, a stand-in failed with NotFound (the
   // client holds every buffer it names: one missing here is an error the
-  // run reports, not a crash), which the store does not keep.
+  // run reports, not a crash), or HostLost for the replaced process's,
+  // which the store does not keep.
   std::shared_ptr<HostBuffer> LookupLocked(const SessionKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets buffer `key`, moving it to `dropped` (to free unlocked).
   void DropLocked(const SessionKey& key, std::vector<std::shared_ptr<HostBuffer>>& dropped)
@@ -120,7 +125,12 @@ class HostBuffers {
   absl::Status PutLocked(SessionId session, wire::PutBuffer& request, const absl::StatusOr<int64_t>& local_shards)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // NotFound for buffer `key`, which is not here; HostLost for one of the
+  // replaced process's (see first_buffer_id).
+  absl::Status Missing(const SessionKey& key) const;
+
   const int host_id_;
+  const uint64_t first_buffer_id_;
   mutable Mutex mu_;
   absl::flat_hash_map<SessionKey, std::shared_ptr<HostBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
   // Buffers being put in chunks: where the next chunk goes.

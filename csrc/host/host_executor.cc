@@ -155,11 +155,12 @@ HostExecutor::HostExecutor(const wire::HostConfig& config, const wire::JoinClust
       host_id_(layout_.host_id),
       stores_(stores),
       health_(layout_),
-      buffers_(layout_.host_id),
-      groups_(layout_, stores, bind_ip, stopping_),
+      buffers_(layout_.host_id, join.first_buffer_id()),
+      groups_(layout_, stores, bind_ip, stopping_, std::vector<int>(join.host_epochs().begin(), join.host_epochs().end())),
       transfers_(layout_, bind_ip, std::move(secret),
                  std::vector<std::string>(join.peer_keys().begin(), join.peer_keys().end()), dead_runs_, health_,
-                 stopping_),
+                 stopping_, join.first_buffer_id()),
+      data_addresses_(join.data_addresses().begin(), join.data_addresses().end()),
       order_(layout_.num_local_devices()) {
   const int num_local_devices = layout_.num_local_devices();
   for (int d = 0; d < num_local_devices; ++d) {
@@ -213,7 +214,9 @@ HostExecutor::~HostExecutor() {
   order_.ForEach([](const GangOrder<Part*>::Ordered& o, int) { delete o.gang; });
 }
 
-absl::Status HostExecutor::ConnectDataPlane() { return transfers_.Connect(*stores_, groups_.timeout()); }
+absl::Status HostExecutor::ConnectDataPlane() {
+  return transfers_.Connect(*stores_, groups_.timeout(), data_addresses_);
+}
 
 absl::Status HostExecutor::DefineDevices(const wire::DefineDevices& request, SessionId session) {
   PW_RETURN_IF_ERROR(BeginDispatch(session, "define_devices"));
@@ -1095,6 +1098,29 @@ absl::Status HostExecutor::PeersLost(const wire::PeersLost& request) {
 }
 
 bool HostExecutor::PeerLost(int host) const { return health_.PeerLost(host); }
+
+absl::Status HostExecutor::PeerJoined(int host, int epoch) {
+  if (host < 0 || host >= layout_.num_hosts || host == host_id_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer_joined: no other host ", host, " in this cluster of ", layout_.num_hosts, " hosts"));
+  }
+  groups_.PeerJoined(host, epoch);
+  health_.PeerJoined(host);
+  return absl::OkStatus();
+}
+
+absl::Status HostExecutor::ConnectPeer(int host, const std::string& key) {
+  if (host < 0 || host >= layout_.num_hosts || host == host_id_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer_joined: no other host ", host, " in this cluster of ", layout_.num_hosts, " hosts"));
+  }
+  const absl::Time deadline = absl::Now() + groups_.timeout();
+  // The new process put its data plane's address in its own store
+  // (HostTransfers::Connect).
+  PW_ASSIGN_OR_RETURN(KeyValueStore * store, stores_->StoreOf(host));
+  PW_ASSIGN_OR_RETURN(std::string address, store->Get(transfers_.AddressKey(host), deadline));
+  return transfers_.RejoinPeer(host, address, key, deadline);
+}
 
 absl::Status HostExecutor::FailDevices(const wire::FailDevices& request) { return health_.FailDevices(request); }
 

@@ -144,8 +144,12 @@ class HostExecutor {
 
   // Connects the data plane to every other host (blocks until they all
   // have joined, or fails after the collective timeout); the hosts find
-  // each other's addresses in host 0's rendezvous store.
+  // each other's addresses in host 0's rendezvous store. A process that
+  // replaces a lost host (the join's data_addresses) connects to the hosts
+  // alive now, at the addresses the join gives.
   absl::Status ConnectDataPlane();
+  // Where this host's data plane listens, once connected (JoinClusterReply).
+  std::string data_address() const { return transfers_.address(); }
 
   // The client's requests. Each names ids of `session`, the client's (see
   // "Ids" above): another session's are not seen.
@@ -211,6 +215,18 @@ class HostExecutor {
   absl::Status PeersLost(const wire::PeersLost& request);
   // Whether this host was told that `host` was lost.
   bool PeerLost(int host) const;
+  // A new process took lost host `host`'s place (wire::PeerJoined; the
+  // rendezvous store's part is the caller's, PeerStores::Rejoin). In two
+  // steps. PeerJoined, on the thread that takes the client's requests in
+  // order: the host is not lost any more, and the groups of sets with it
+  // start over under its new `epoch` (HostGroups::PeerJoined); does not
+  // block. ConnectPeer, on a thread of the caller's: reads the new
+  // process's data plane address from its store and connects the data
+  // plane with it, proving `key` (HostTransfers::RejoinPeer); blocks,
+  // bounded by the collective timeout. InvalidArgument for a host that is
+  // not another host of the cluster.
+  absl::Status PeerJoined(int host, int epoch);
+  absl::Status ConnectPeer(int host, const std::string& key);
 
   // What the device queues hold now (pw.diagnose), as `session` may see it:
   // the parts of other sessions' runs hold their places without their ids.
@@ -383,6 +399,8 @@ class HostExecutor {
   HostBuffers buffers_;
   HostGroups groups_;
   HostTransfers transfers_;
+  // The join's data plane addresses (a replacement's; else empty).
+  const std::vector<std::string> data_addresses_;
 
   // The loads, by session and id.
   mutable Mutex mu_;  // the tables below

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/status_macros.h"
 
 namespace pw {
@@ -56,18 +57,25 @@ struct GroupIncarnation {
 // generation (RenewGroup).
 struct HostSetGroups {
   using Entry = GroupIncarnation;
-  std::string key;         // of generation 0; generation g > 0 adds "/g<g>"
+  std::string base_key;    // the set's (and session's), before any host of it was replaced
   std::vector<int> hosts;  // increasing
   Mutex mu;
-  // The generation of parts enqueued now; changed only by RenewGroup, on
-  // the thread that takes the client's requests in order.
+  // Of generation `base`, which names the members' epochs (HostGroups::
+  // KeyFor); generation g > base adds "/g<g - base>".
+  std::string key ABSL_GUARDED_BY(mu);
+  // The generation of parts enqueued now; changed only by RenewGroup and
+  // PeerJoined, on the thread that takes the client's requests in order.
   uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+  // The first generation since a host of the set was last replaced: older
+  // ones met that host's earlier process, which is gone.
+  uint64_t base ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Entry>> entries ABSL_GUARDED_BY(mu);
   // Parts enqueued and not yet run, by generation: an older generation's
   // entry goes once none of its parts is left.
   absl::flat_hash_map<uint64_t, int> parts ABSL_GUARDED_BY(mu);
-  // Why the set's groups can never be made again (a host of it is lost:
-  // AbortGroupsWith); OK while they can.
+  // Why the set's groups cannot be made (a host of it is lost:
+  // AbortGroupsWith), until a new process replaces it (PeerJoined); OK
+  // while they can.
   absl::Status lost ABSL_GUARDED_BY(mu);
 };
 
@@ -90,9 +98,21 @@ void AbortEntries(const std::vector<std::shared_ptr<HostSetGroups::Entry>>& entr
 }  // namespace
 
 HostGroups::HostGroups(const HostLayout& layout, RendezvousStores* stores, std::string bind_ip,
-                       const std::atomic<bool>& stopping)
-    : layout_(layout), stores_(stores), stopping_(stopping) {
+                       const std::atomic<bool>& stopping, std::vector<int> host_epochs)
+    : layout_(layout), stores_(stores), stopping_(stopping), epochs_(std::move(host_epochs)) {
   options_.bind_address = std::move(bind_ip);
+  epochs_.resize(layout_.num_hosts, 0);
+}
+
+std::string HostGroups::KeyFor(const HostSetGroups& groups) const {
+  std::vector<int> epochs;
+  bool replaced = false;
+  for (int h : groups.hosts) {
+    epochs.push_back(epochs_[h]);
+    replaced = replaced || epochs_[h] != 0;
+  }
+  // A set none of whose hosts was ever replaced keeps the key it always had.
+  return replaced ? absl::StrCat(groups.base_key, "/e", absl::StrJoin(epochs, ".")) : groups.base_key;
 }
 
 HostGroups::~HostGroups() {
@@ -116,11 +136,13 @@ HostSetGroups* HostGroups::ForSet(SessionId session, const std::vector<int>& hos
   std::unique_ptr<HostSetGroups>& groups = sets_[{session, set}];
   if (groups == nullptr) {
     groups = std::make_unique<HostSetGroups>();
-    groups->key = absl::StrCat(layout_.group_prefix, "/hosts/", set);
+    groups->base_key = absl::StrCat(layout_.group_prefix, "/hosts/", set);
     // Each session's group of the set meets under a key of its own;
     // kOneSession's stays as it was before sessions were keyed.
-    if (session != kOneSession) absl::StrAppend(&groups->key, "/s", session);
+    if (session != kOneSession) absl::StrAppend(&groups->base_key, "/s", session);
     groups->hosts = host_set;
+    MutexLock set_lock(&groups->mu);
+    groups->key = KeyFor(*groups);
   }
   return groups.get();
 }
@@ -150,12 +172,21 @@ absl::StatusOr<std::shared_ptr<CollectiveGroup>> HostGroups::GroupFor(const Host
                                                                       std::stop_token stop) {
   HostSetGroups& groups = *gang.groups;
   std::shared_ptr<HostSetGroups::Entry> entry;
+  std::string key;
   {
     MutexLock lock(&groups.mu);
     if (!groups.lost.ok()) return groups.lost;
+    if (generation < groups.base) {
+      // Enqueued before a host of the set was replaced: its group would have
+      // met that host's earlier process, which is gone.
+      return HostLostError(absl::StrCat("a host of the gang (", absl::StrJoin(groups.hosts, ","),
+                                        ") was lost, and replaced since this part was sent"));
+    }
     std::shared_ptr<HostSetGroups::Entry>& e = groups.entries[generation];
     if (e == nullptr) e = std::make_shared<HostSetGroups::Entry>();
     entry = e;
+    // A fresh key per incarnation: an earlier one's addresses are stale.
+    key = generation == groups.base ? groups.key : absl::StrCat(groups.key, "/g", generation - groups.base);
   }
   bool start = false;
   {
@@ -163,7 +194,7 @@ absl::StatusOr<std::shared_ptr<CollectiveGroup>> HostGroups::GroupFor(const Host
     start = !entry->making;
     entry->making = true;
   }
-  if (start) StartMaker(groups, generation, entry);
+  if (start) StartMaker(groups, std::move(key), entry);
   // Runs at once if a stop was requested already (the lock not held yet).
   std::stop_callback wake(stop, [&entry] {
     MutexLock lock(&entry->mu);
@@ -179,15 +210,13 @@ absl::StatusOr<std::shared_ptr<CollectiveGroup>> HostGroups::GroupFor(const Host
   return entry->group;
 }
 
-void HostGroups::StartMaker(HostSetGroups& groups, uint64_t generation, std::shared_ptr<GroupIncarnation> entry) {
+void HostGroups::StartMaker(HostSetGroups& groups, std::string key, std::shared_ptr<GroupIncarnation> entry) {
   auto finished = std::make_shared<std::atomic<bool>>(false);
-  // The set's key and hosts by copy: a set whose session ends goes while
-  // its makers may still wait (EndSession).
-  std::thread thread([this, set_key = groups.key, hosts = groups.hosts, generation, entry, finished] {
+  // The key and the set's hosts by copy: a set whose session ends goes
+  // while its makers may still wait (EndSession).
+  std::thread thread([this, key = std::move(key), hosts = groups.hosts, entry, finished] {
     const int rank =
         static_cast<int>(std::lower_bound(hosts.begin(), hosts.end(), layout_.host_id) - hosts.begin());
-    // A fresh key per incarnation: an earlier one's addresses are stale.
-    const std::string key = generation == 0 ? set_key : absl::StrCat(set_key, "/g", generation);
     // The others may come late (busy devices): the join waits as a part's
     // first collective does.
     CollectiveOptions options = options_;
@@ -230,13 +259,16 @@ absl::Status HostGroups::RenewGroup(SessionId session, absl::Span<const int> hos
     if (it != sets_.end()) groups = it->second.get();
   }
   if (groups == nullptr) {
-    // No list of this host spans that set: no gang here uses its group.
     if (hosts.size() < 2 || std::find(hosts.begin(), hosts.end(), layout_.host_id) == hosts.end() ||
-        !std::is_sorted(hosts.begin(), hosts.end())) {
+        !std::is_sorted(hosts.begin(), hosts.end()) || hosts.back() >= layout_.num_hosts ||
+        std::adjacent_find(hosts.begin(), hosts.end()) != hosts.end()) {
       return absl::InvalidArgumentError(absl::StrCat("renew_group: [", absl::StrJoin(hosts, ","),
                                                      "] is no set of hosts with host ", layout_.host_id));
     }
-    return absl::OkStatus();
+    // No list of this host spans that set yet; one may later (a process
+    // that replaced a lost host learns the lists as they are needed), and
+    // its gangs must then meet in the generation the other hosts count.
+    groups = ForSet(session, std::vector<int>(hosts.begin(), hosts.end()));
   }
   std::shared_ptr<HostSetGroups::Entry> dropped;  // destroyed unlocked
   MutexLock lock(&groups->mu);
@@ -264,6 +296,29 @@ void HostGroups::AbortGroupsWith(int host, const absl::Status& why) {
   // A maker still waiting for the others gives up (its join asks), and
   // the parts waiting for it with it.
   AbortEntries(entries, why);
+}
+
+void HostGroups::PeerJoined(int host, int epoch) {
+  std::vector<std::shared_ptr<HostSetGroups::Entry>> dropped;  // destroyed unlocked
+  MutexLock lock(&mu_);
+  if (host < 0 || host >= static_cast<int>(epochs_.size())) return;
+  epochs_[host] = epoch;
+  for (auto& [set, groups] : sets_) {
+    if (!std::binary_search(groups->hosts.begin(), groups->hosts.end(), host)) continue;
+    MutexLock set_lock(&groups->mu);
+    // The next generation, under the key of the members' epochs now: the
+    // new process starts there at its generation 0.
+    const uint64_t old = groups->generation++;
+    groups->base = groups->generation;
+    groups->key = KeyFor(*groups);
+    groups->lost = absl::OkStatus();
+    if (!groups->parts.contains(old)) {
+      if (auto e = groups->entries.find(old); e != groups->entries.end()) {
+        dropped.push_back(std::move(e->second));
+        groups->entries.erase(e);
+      }
+    }
+  }
 }
 
 void HostGroups::EndSession(SessionId session, const absl::Status& why) {

@@ -78,9 +78,10 @@ class HostGroups {
  public:
   // `layout` and `stores` must outlive this. `bind_ip`: the address Gloo
   // binds and advertises. `stopping`: set by the owner when the host stops
-  // (a group being made gives up then).
+  // (a group being made gives up then). `host_epochs`: how many times each
+  // host was replaced so far, by host id (JoinCluster's; missing: 0).
   HostGroups(const HostLayout& layout, RendezvousStores* stores, std::string bind_ip,
-             const std::atomic<bool>& stopping);
+             const std::atomic<bool>& stopping, std::vector<int> host_epochs = {});
   HostGroups(const HostGroups&) = delete;
   HostGroups& operator=(const HostGroups&) = delete;
   ~HostGroups();
@@ -100,7 +101,9 @@ class HostGroups {
   // when the session ends (EndSession), so they live as long as the
   // session's lists that point to them. They meet under the rendezvous key
   // "<group prefix>/hosts/<set>", and a session other than kOneSession adds
-  // "/s<session>" (every host of the set must name the session alike).
+  // "/s<session>" (every host of the set must name the session alike); once
+  // a host of the set was replaced (PeerJoined), "/e<epochs>" follows, the
+  // members' epochs in order.
   HostSetGroups* ForSet(SessionId session, const std::vector<int>& host_set);
 
   // A part of `gang` (a list with groups) that will meet the other hosts
@@ -122,6 +125,12 @@ class HostGroups {
   // session's groups with the host).
   absl::Status RenewGroup(SessionId session, absl::Span<const int> hosts);
   void AbortGroupsWith(int host, const absl::Status& why);
+  // A new process took `host`'s place, its `epoch`-th: every group of a set
+  // with it starts over at a fresh generation, under a key that names the
+  // new epoch, where the new process meets it at its own first generation.
+  // A part enqueued before this fails (HostLost) instead of meeting it. On
+  // the thread that takes the client's requests in order, as RenewGroup.
+  void PeerJoined(int host, int epoch);
   // Tears down every group of `session` (a session that ended: HostExecutor
   // ::EndSession), once no list of it is left and no part of it will use
   // them again: a group still being made gives up, and each goes with its
@@ -144,10 +153,14 @@ class HostGroups {
   // them. A maker refers to its entry's key and hosts by copy, not to it.
   Mutex mu_;
   absl::flat_hash_map<std::pair<SessionId, std::string>, std::unique_ptr<HostSetGroups>> sets_ ABSL_GUARDED_BY(mu_);
+  // How many times each host was replaced, by host id (PeerJoined).
+  std::vector<int> epochs_ ABSL_GUARDED_BY(mu_);
 
-  // Starts the thread that makes `entry`, the incarnation `generation` of
-  // `groups`' group.
-  void StartMaker(HostSetGroups& groups, uint64_t generation, std::shared_ptr<GroupIncarnation> entry);
+  // Starts the thread that makes `entry`, an incarnation of `groups`' group
+  // that meets under `key`.
+  void StartMaker(HostSetGroups& groups, std::string key, std::shared_ptr<GroupIncarnation> entry);
+  // The key of `groups`' set (its base_key and its hosts' epochs now).
+  std::string KeyFor(const HostSetGroups& groups) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Maker {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> finished;  // joined without waiting once set

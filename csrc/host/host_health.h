@@ -8,7 +8,8 @@
 // nothing has failed); a part in its simulated time waits here, so that a
 // device failing ends that time at once.
 //
-// Thread-safe: the marks are atomics, set once and never cleared; the lock
+// Thread-safe: the marks are atomics; a device's is never cleared, a lost
+// host's only when a new process takes its place (PeerJoined). The lock
 // only orders the simulated-time waits with their wake-ups, and is a leaf.
 
 #include <atomic>
@@ -43,7 +44,11 @@ class HostHealth {
   // thread) for each one not marked before. InvalidArgument for a host
   // that is not another host of the cluster (nothing is marked then).
   absl::Status PeersLost(const wire::PeersLost& request, absl::FunctionRef<void(int host)> newly_lost);
-  // Whether this host was told that `host` was lost.
+  // A new process took `host`'s place: it is not lost any more. Returns
+  // false (nothing changes) for this host or one outside the cluster.
+  bool PeerJoined(int host);
+  // Whether this host was told that `host` was lost (and not that it was
+  // replaced since).
   bool PeerLost(int host) const;
   // HostLost naming a host of `gang` this host was told was lost, else OK.
   // One atomic load while no peer was lost.

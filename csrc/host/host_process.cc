@@ -22,6 +22,18 @@
 namespace pw {
 namespace {
 
+// What answers request `id` of `session` with a status (nothing for id 0:
+// no reply wanted). Copyable, so it may go to another thread.
+auto StatusReply(std::shared_ptr<HostSession> session, uint64_t id) {
+  return [session = std::move(session), id](const absl::Status& status) {
+    if (id == 0) return;
+    wire::Reply reply;
+    reply.set_id(id);
+    if (!status.ok()) ToWire(status, reply.mutable_status());
+    session->Reply(std::move(reply));
+  };
+}
+
 uint64_t RandomIncarnation() {
   std::random_device device;
   return (uint64_t{device()} << 32) ^ device() ^ static_cast<uint64_t>(getpid());
@@ -181,6 +193,12 @@ absl::Status HostProcess::HandlePeersLost(const wire::PeersLost& request) {
 
 HostProcess::~HostProcess() {
   if (join_thread_.joinable()) join_thread_.join();
+  std::vector<std::thread> peer_threads;
+  {
+    MutexLock lock(&mu_);
+    peer_threads.swap(peer_threads_);
+  }
+  for (std::thread& t : peer_threads) t.join();
   std::shared_ptr<HostExecutor> executor;
   {
     MutexLock lock(&mu_);
@@ -223,6 +241,9 @@ void HostProcess::Handle(const std::shared_ptr<HostSession>& session, wire::Requ
     case wire::Request::kJoin:
       Join(session, std::move(request));
       return;
+    case wire::Request::kPeerJoined:
+      PeerJoined(session, std::move(request));
+      return;
     case wire::Request::kForward:
     case wire::Request::kCommit:
     case wire::Request::kServiceControl:
@@ -248,13 +269,7 @@ void HostProcess::Handle(const std::shared_ptr<HostSession>& session, wire::Requ
 }
 
 void HostProcess::Join(const std::shared_ptr<HostSession>& session, wire::Request request) {
-  auto reply_with = [session, id = request.id()](const absl::Status& status) {
-    if (id == 0) return;
-    wire::Reply reply;
-    reply.set_id(id);
-    if (!status.ok()) ToWire(status, reply.mutable_status());
-    session->Reply(std::move(reply));
-  };
+  auto reply_with = StatusReply(session, request.id());
   wire::HostConfig config;
   {
     MutexLock lock(&mu_);
@@ -310,24 +325,83 @@ void HostProcess::Join(const std::shared_ptr<HostSession>& session, wire::Reques
     keys_written_.assign(num_hosts, 0);
   }
   // Connecting blocks until every host has joined: not on a gRPC thread.
-  join_thread_ = std::thread([this, config, request = std::move(request), reply_with]() {
+  join_thread_ = std::thread([this, session, id = request.id(), config, request = std::move(request), reply_with]() {
     const wire::JoinCluster& join = request.join();
     stores_ = std::make_unique<PeerStores>(
         config.host_id(), &kv_, std::vector<std::string>(join.host_addresses().begin(), join.host_addresses().end()),
         std::vector<std::string>(join.peer_keys().begin(), join.peer_keys().end()));
+    // A process that replaces a lost host: the hosts lost now (no data
+    // plane address) are lost to it from the start.
+    wire::PeersLost lost;
+    for (int h = 0; h < join.data_addresses_size(); ++h) {
+      if (h != config.host_id() && join.data_addresses(h).empty()) lost.add_host_ids(h);
+    }
+    lost.set_why("lost before this process joined");
+    for (int h : lost.host_ids()) stores_->Lose(h, lost.why());
     stores_ready_.store(true, std::memory_order_release);
     auto executor = std::make_shared<HostExecutor>(config, join, stores_.get(), bind_ip_, secret_);
     if (absl::Status timeouts = ConfigureCollectiveTimeouts(*executor); !timeouts.ok()) {
       reply_with(timeouts);
       return;
     }
-    absl::Status connected = executor->ConnectDataPlane();
-    if (connected.ok()) {
+    absl::Status connected = executor->PeersLost(lost);
+    if (connected.ok()) connected = executor->ConnectDataPlane();
+    if (!connected.ok()) {
+      reply_with(connected);
+      return;
+    }
+    wire::Reply reply;
+    reply.set_id(id);
+    reply.mutable_joined()->set_data_address(executor->data_address());
+    {
       MutexLock lock(&mu_);
       executor_ = std::move(executor);
     }
-    reply_with(connected);
+    if (id != 0) session->Reply(std::move(reply));
   });
+}
+
+void HostProcess::PeerJoined(const std::shared_ptr<HostSession>& session, wire::Request request) {
+  auto reply_with = StatusReply(session, request.id());
+  const wire::PeerJoined& joined = request.peer_joined();
+  const int host = joined.host_id();
+  std::shared_ptr<HostExecutor> executor;
+  {
+    MutexLock lock(&mu_);
+    if (owner_ == 0 || session->id() != owner_) {
+      reply_with(absl::PermissionDeniedError("peer_joined: only the client that configured this host may say so"));
+      return;
+    }
+    if (executor_ == nullptr) {
+      reply_with(absl::FailedPreconditionError("peer_joined: this host has not joined its cluster yet"));
+      return;
+    }
+    if (host < 0 || host >= num_hosts_ || host == config_.host_id()) {
+      reply_with(absl::InvalidArgumentError(
+          absl::StrCat("peer_joined: no other host ", host, " in this cluster of ", num_hosts_, " hosts")));
+      return;
+    }
+    if (joined.peer_key().size() != kPeerKeyBytes) {
+      reply_with(absl::InvalidArgumentError(absl::StrCat("peer_joined: the peer key for host ", host, " has ",
+                                                         joined.peer_key().size(), " bytes, not ", kPeerKeyBytes)));
+      return;
+    }
+    // From now on only the new process proves it is that host.
+    peer_keys_[host] = joined.peer_key();
+    keys_written_[host] = 0;
+    executor = executor_;
+  }
+  stores_->Rejoin(host, joined.address(), joined.peer_key());
+  if (absl::Status status = executor->PeerJoined(host, joined.epoch()); !status.ok()) {
+    reply_with(status);
+    return;
+  }
+  // Connecting waits for the new process: not on a gRPC thread.
+  std::thread connect([executor, host, key = joined.peer_key(), reply_with] {
+    reply_with(executor->ConnectPeer(host, key));
+  });
+  MutexLock lock(&mu_);
+  peer_threads_.push_back(std::move(connect));
 }
 
 absl::StatusOr<std::string> HostProcess::TenantKey(uint64_t tenant) {
@@ -385,13 +459,7 @@ absl::StatusOr<std::string> HostProcess::KvGet(const HostSession& session, const
 
 bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& session, wire::Request& request) {
   const uint64_t id = request.id();
-  auto reply_with = [session, id](const absl::Status& status) {
-    if (id == 0) return;
-    wire::Reply reply;
-    reply.set_id(id);
-    if (!status.ok()) ToWire(status, reply.mutable_status());
-    session->Reply(std::move(reply));
-  };
+  auto reply_with = StatusReply(session, id);
   switch (request.kind_case()) {
     case wire::Request::kDefineDevices:
     case wire::Request::kLoadFunction:
@@ -510,13 +578,7 @@ bool HostProcess::HandleProgramRequest(const std::shared_ptr<HostSession>& sessi
             absl::StrCat("a tenant may not have a host ", save ? "write" : "read", " a checkpoint")));
         break;
       }
-      auto answer = [session, id](absl::Status status) {
-        if (id == 0) return;
-        wire::Reply reply;
-        reply.set_id(id);
-        if (!status.ok()) ToWire(status, reply.mutable_status());
-        session->Reply(std::move(reply));
-      };
+      auto answer = StatusReply(session, id);
       if (save) {
         executor->SaveShards(request.save_shards(), std::move(answer), ids_session);
       } else {

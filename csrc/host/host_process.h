@@ -28,7 +28,11 @@
 // When the client
 // tells it that other hosts were lost
 // (PeersLost), it stops waiting for them: its sessions with their stores
-// end, rendezvous with them give up, and its transfers with them fail.
+// end, rendezvous with them give up, and its transfers with them fail. When
+// a new process takes a lost host's place (PeerJoined), this host takes it
+// back: its new peer key and store, a new data plane connection, its groups
+// anew. A host process may itself be such a replacement: its JoinCluster
+// then gives the others' data plane addresses and which hosts are lost now.
 //
 // The rendezvous store and its scopes. JoinCluster gives this host its row
 // of peer keys (auth.h): a session that proves host h's key is host h (the
@@ -125,8 +129,14 @@ class HostProcess final : public RequestHandler {
 
  private:
   wire::Reply HandleHello(const std::shared_ptr<HostSession>& session, const wire::Hello& hello);
-  // Connects to the other hosts on a thread of its own, then replies.
+  // Connects to the other hosts on a thread of its own, then replies (with
+  // this host's data plane address: JoinClusterReply).
   void Join(const std::shared_ptr<HostSession>& session, wire::Request request);
+  // A new process replaced another host (wire::PeerJoined): its new peer
+  // key and store at once, its groups and health in the order of the
+  // owner's requests; the data plane connects on a thread of its own, then
+  // replies.
+  void PeerJoined(const std::shared_ptr<HostSession>& session, wire::Request request);
   // The owner's requests for its programs; false if `request` is not one.
   bool HandleProgramRequest(const std::shared_ptr<HostSession>& session, wire::Request& request);
   // The rendezvous store's requests, within the session's scopes.
@@ -150,6 +160,8 @@ class HostProcess final : public RequestHandler {
   std::thread join_thread_;
   mutable Mutex mu_;
   mutable CondVar cv_;
+  // PeerJoined's connecting threads, joined when this host stops.
+  std::vector<std::thread> peer_threads_ ABSL_GUARDED_BY(mu_);
   // Protects the configuration, the owning session's id (0: none yet) and
   // whether it has ended.
   wire::HostConfig config_ ABSL_GUARDED_BY(mu_);

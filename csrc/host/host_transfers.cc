@@ -9,6 +9,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/status_macros.h"
 #include "csrc/coordination/host_channel.h"
 #include "csrc/host/host_groups.h"
@@ -100,30 +101,37 @@ struct HostTransfers::Peer {
   // Set once nothing more can come from this host (its connection broke, or
   // this host stops): receives posted from then on fail at once with it.
   absl::Status recv_broken ABSL_GUARDED_BY(mu);
+  // It served a host's earlier process (RetirePeer): its threads end.
+  bool retired ABSL_GUARDED_BY(mu) = false;
   std::thread sender, receiver;
 };
 
 HostTransfers::HostTransfers(const HostLayout& layout, std::string bind_ip, std::string secret,
                              std::vector<std::string> peer_keys, const DeadRuns& dead_runs,
-                             const HostHealth& health, const std::atomic<bool>& stopping)
+                             const HostHealth& health, const std::atomic<bool>& stopping,
+                             uint64_t first_buffer_id)
     : layout_(layout),
       bind_ip_(std::move(bind_ip)),
       secret_(std::move(secret)),
       peer_keys_(std::move(peer_keys)),
       dead_runs_(dead_runs),
       health_(health),
-      stopping_(stopping) {}
+      stopping_(stopping),
+      first_buffer_id_(first_buffer_id) {}
 
 HostTransfers::~HostTransfers() { Stop(); }
 
 void HostTransfers::Stop() {
   if (data_ != nullptr) data_->Shutdown();  // a peer thread blocked in it returns
-  absl::flat_hash_map<int, std::unique_ptr<Peer>> peers;
+  std::vector<std::unique_ptr<Peer>> peers;
   {
     MutexLock lock(&peers_mu_);
-    peers.swap(peers_);
+    for (auto& [host, peer] : peers_) peers.push_back(std::move(peer));
+    peers_.clear();
+    for (auto& peer : retired_) peers.push_back(std::move(peer));
+    retired_.clear();
   }
-  for (auto& [host, peer] : peers) {
+  for (auto& peer : peers) {
     {
       MutexLock lock(&peer->mu);
       peer->cv.SignalAll();
@@ -133,7 +141,12 @@ void HostTransfers::Stop() {
   }
 }
 
-absl::Status HostTransfers::Connect(RendezvousStores& stores, absl::Duration timeout) {
+std::string HostTransfers::address() const { return data_ != nullptr ? data_->address() : std::string(); }
+
+std::string HostTransfers::AddressKey(int host) const { return absl::StrCat(layout_.group_prefix, "/data/", host); }
+
+absl::Status HostTransfers::Connect(RendezvousStores& stores, absl::Duration timeout,
+                                    const std::vector<std::string>& data_addresses) {
   const int num_hosts = layout_.num_hosts;
   if (num_hosts <= 1) return absl::OkStatus();
   DataPlane::Options options;
@@ -145,6 +158,21 @@ absl::Status HostTransfers::Connect(RendezvousStores& stores, absl::Duration tim
   if (peer_keys_.size() == static_cast<size_t>(num_hosts)) options.peer_keys = peer_keys_;
   options.connect_timeout = timeout;
   PW_ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> plane, DataPlane::Listen(layout_.host_id, num_hosts, options));
+  if (!data_addresses.empty()) {
+    // A replacement: the client gave the others' addresses (a lost one's
+    // empty: absent). They read this one's from its own store.
+    if (data_addresses.size() != static_cast<size_t>(num_hosts)) {
+      return absl::InvalidArgumentError(absl::StrCat("join: ", data_addresses.size(), " data plane addresses for ",
+                                                     num_hosts, " hosts"));
+    }
+    PW_ASSIGN_OR_RETURN(KeyValueStore * own, stores.StoreOf(layout_.host_id));
+    PW_RETURN_IF_ERROR(own->Set(AddressKey(layout_.host_id), plane->address()));
+    std::vector<std::string> addresses = data_addresses;
+    addresses[layout_.host_id] = plane->address();
+    PW_RETURN_IF_ERROR(plane->Connect(addresses));
+    data_ = std::move(plane);
+    return absl::OkStatus();
+  }
   // The hosts learn each other's data plane addresses through host 0's
   // store (every host is alive while the cluster forms).
   PW_ASSIGN_OR_RETURN(KeyValueStore * store, stores.StoreOf(0));
@@ -278,8 +306,10 @@ void HostTransfers::SendLoop(Peer* peer) {
     Peer::Send item;
     {
       MutexLock lock(&peer->mu);
-      while (peer->sends.empty() && !stopping_.load(std::memory_order_acquire)) peer->cv.Wait(&peer->mu);
-      if (peer->sends.empty()) return;
+      while (peer->sends.empty() && !peer->retired && !stopping_.load(std::memory_order_acquire)) {
+        peer->cv.Wait(&peer->mu);
+      }
+      if (peer->sends.empty() || peer->retired) return;
       item = std::move(peer->sends.front());
       peer->sends.pop_front();
     }
@@ -324,10 +354,20 @@ void HostTransfers::RecvLoop(Peer* peer) {
   auto broken = [&](const absl::Status& status) { FailReceives(peer, status); };
   if (data_ == nullptr) return broken(absl::FailedPreconditionError("the data plane is not connected"));
   while (true) {
+    {
+      MutexLock lock(&peer->mu);
+      if (peer->retired) return;  // a fresh peer reads the new process's messages
+    }
     absl::StatusOr<DataMessageHeader> header = data_->RecvHeader(peer->host);
     if (!header.ok()) return broken(header.status());
     const DataMessageIds& ids = header->ids;
     const RunKey run{ids.session, ids.program_id, ids.first_buffer_id};
+    if (ids.session == kOneSession && ids.first_buffer_id < first_buffer_id_) {
+      // A run from before this process replaced a lost host: a survivor
+      // had queued it for the earlier one.
+      if (absl::Status dropped = data_->Discard(peer->host); !dropped.ok()) return broken(dropped);
+      continue;
+    }
     // The receive posted for its destination; none yet: its run has not
     // reached this host yet (every host takes the runs in one order), so it
     // waits, and nothing else is read from this peer meanwhile, as when
@@ -340,7 +380,7 @@ void HostTransfers::RecvLoop(Peer* peer) {
       // far behind, or the hosts disagree on the program. Said once.
       const auto warn_at = std::chrono::steady_clock::now() + kLongRecvWait;
       bool warned = false;
-      while (!stopping_.load(std::memory_order_acquire)) {
+      while (!stopping_.load(std::memory_order_acquire) && !peer->retired) {
         auto it = peer->recvs.find(RecvKey{ids.session, ids.buffer_id});
         if (it != peer->recvs.end()) {
           item = std::move(it->second);
@@ -360,6 +400,10 @@ void HostTransfers::RecvLoop(Peer* peer) {
       }
     }
     if (stopping_.load(std::memory_order_acquire)) return broken(absl::CancelledError("the host is stopping"));
+    {
+      MutexLock lock(&peer->mu);
+      if (peer->retired) return;  // RetirePeer failed what was posted
+    }
     if (!item.has_value()) {  // a run refused or cancelled here
       if (absl::Status dropped = data_->Discard(peer->host); !dropped.ok()) return broken(dropped);
       continue;
@@ -459,6 +503,43 @@ void HostTransfers::FailRuns(absl::FunctionRef<bool(const RunKey&)> which, const
 
 void HostTransfers::ShutdownPeer(int host) {
   if (data_ != nullptr) data_->ShutdownPeer(host);
+}
+
+void HostTransfers::RetirePeer(int host, const absl::Status& why) {
+  std::unique_ptr<Peer> old;
+  {
+    MutexLock lock(&peers_mu_);
+    auto it = peers_.find(host);
+    if (it == peers_.end()) return;
+    old = std::move(it->second);
+    peers_.erase(it);
+  }
+  std::deque<Peer::Send> dropped;  // released unlocked
+  absl::flat_hash_map<RecvKey, Peer::Recv> failed;
+  {
+    MutexLock lock(&old->mu);
+    old->retired = true;
+    dropped.swap(old->sends);
+    failed.swap(old->recvs);
+    if (old->recv_broken.ok()) old->recv_broken = why;
+    old->cv.SignalAll();
+  }
+  for (auto& [key, recv] : failed) recv.parts->Done(why);
+  MutexLock lock(&peers_mu_);
+  retired_.push_back(std::move(old));
+}
+
+absl::Status HostTransfers::RejoinPeer(int host, const std::string& address, const std::string& key,
+                                       absl::Time deadline) {
+  if (data_ == nullptr) return absl::FailedPreconditionError("the data plane is not connected");
+  const absl::Status replaced = HostLostError(absl::StrCat("host ", host, " was lost (a new process replaced it)"));
+  RetirePeer(host, replaced);
+  absl::Status connected = data_->ReplacePeer(host, address, key, deadline);
+  // A transfer of a run from before may have made a peer meanwhile, which
+  // found no connection.
+  RetirePeer(host, replaced);
+  if (connected.ok()) PeerFor(host);  // its receiving thread, as EnsureReceivers
+  return connected;
 }
 
 }  // namespace pw

@@ -46,10 +46,14 @@ class HostTransfers {
   // which every data plane connection must prove it knows (empty: the
   // cluster's group prefix stands in, for tests), or with `peer_keys` (this
   // host's row from the join, one per host), the key of the pair of hosts.
-  // `stopping`: set by the owner when the host stops.
+  // `stopping`: set by the owner when the host stops. `first_buffer_id`:
+  // for a process that replaces a lost host (JoinCluster's), messages of
+  // kOneSession's runs from before it (a first buffer id below this one)
+  // are dropped on arrival: a survivor may still send one it queued for
+  // the earlier process.
   HostTransfers(const HostLayout& layout, std::string bind_ip, std::string secret,
                 std::vector<std::string> peer_keys, const DeadRuns& dead_runs, const HostHealth& health,
-                const std::atomic<bool>& stopping);
+                const std::atomic<bool>& stopping, uint64_t first_buffer_id = 0);
   // Stop().
   ~HostTransfers();
   HostTransfers(const HostTransfers&) = delete;
@@ -57,8 +61,25 @@ class HostTransfers {
 
   // Connects the data plane to every other host (blocks until they all
   // have joined, or fails after `timeout`); the hosts find each other's
-  // addresses in host 0's rendezvous store. Before any transfer.
-  absl::Status Connect(RendezvousStores& stores, absl::Duration timeout);
+  // addresses in host 0's rendezvous store. Before any transfer. For a
+  // process that replaces a lost host, `data_addresses` holds every other
+  // host's data plane address instead (JoinCluster's, empty for a host
+  // lost now: it is neither dialed nor awaited), and this host's own
+  // address goes into its own store, where the others read it (RejoinPeer).
+  absl::Status Connect(RendezvousStores& stores, absl::Duration timeout,
+                       const std::vector<std::string>& data_addresses = {});
+  // Where this host's data plane listens, once connected (else empty).
+  std::string address() const;
+  // The rendezvous key of `host`'s data plane address.
+  std::string AddressKey(int host) const;
+
+  // A new process took `host`'s place (PeerJoined): its data plane listens
+  // at `address`, and proves `key` (the pair's new peer key). The threads
+  // that served the earlier process go (its queued sends are dropped, the
+  // receives posted for its messages fail with HostLost), the data plane
+  // connects with the new one, and a fresh sending and receiving thread
+  // serve it. Blocks until connected, or fails at `deadline`.
+  absl::Status RejoinPeer(int host, const std::string& address, const std::string& key, absl::Time deadline);
 
   // The transfer of one step or argument of `run`: `src` and `dst` are this
   // host's buffers, null where it holds no shard; `dst_id` the destination's
@@ -106,6 +127,10 @@ class HostTransfers {
   void FailReceives(Peer* peer, const absl::Status& status);
   // The peers made so far (they live until Stop).
   std::vector<Peer*> Peers();
+  // `host`'s peer, if there is one, stops serving it: its threads end (they
+  // are joined at Stop), its sends are dropped and its receives fail with
+  // `why`. The next PeerFor makes a fresh one.
+  void RetirePeer(int host, const absl::Status& why);
   absl::Status CheckSizes(const HostBuffer& src, int64_t src_bytes, const HostBuffer& dst) const;
 
   const HostLayout& layout_;
@@ -117,10 +142,13 @@ class HostTransfers {
   const DeadRuns& dead_runs_;
   const HostHealth& health_;
   const std::atomic<bool>& stopping_;
+  const uint64_t first_buffer_id_;
   std::unique_ptr<DataPlane> data_;  // set by Connect, before any transfer
 
   Mutex peers_mu_;
   absl::flat_hash_map<int, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(peers_mu_);
+  // Peers that served a replaced host's earlier process (RetirePeer).
+  std::vector<std::unique_ptr<Peer>> retired_ ABSL_GUARDED_BY(peers_mu_);
 };
 
 }  // namespace pw

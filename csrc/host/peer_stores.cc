@@ -54,9 +54,20 @@ class GroupRendezvous final : public KeyValueStore {
 
 // ---- PeerStore ----
 
-PeerStore::PeerStore(std::string address, ChannelOptions options)
-    : address_(std::move(address)), options_(std::move(options)) {
+PeerStore::PeerStore(std::string address, ChannelOptions options) {
+  MutexLock lock(&mu_);
+  address_ = std::move(address);
+  options_ = std::move(options);
   options_.abandon = [this] { return lost(); };
+}
+
+void PeerStore::Revive(std::string address, std::string key) {
+  MutexLock lock(&mu_);
+  if (channel_ != nullptr) retired_.push_back(std::move(channel_));
+  address_ = std::move(address);
+  options_.secret = std::move(key);
+  options_.host_name = absl::StrCat(options_.host_name.substr(0, options_.host_name.find(" (")), " (", address_, ")");
+  lost_ = absl::OkStatus();
 }
 
 PeerStore::~PeerStore() = default;
@@ -117,6 +128,13 @@ absl::StatusOr<std::shared_ptr<HostChannel>> PeerStore::Session() {
     broken = std::move(channel_);
   }
   broken.reset();
+  std::string address;
+  ChannelOptions options;
+  {
+    MutexLock lock(&mu_);
+    address = address_;
+    options = options_;
+  }
   // Not under mu_: Lose must get through, and makes this give up (abandon).
   // The other host may not have its JoinCluster (and so our peer key) yet:
   // it refuses with FailedPrecondition until it has, so that is tried again
@@ -124,7 +142,7 @@ absl::StatusOr<std::shared_ptr<HostChannel>> PeerStore::Session() {
   const int64_t deadline = NowNanos() + kPeerJoinWaitNs;
   absl::StatusOr<std::unique_ptr<HostChannel>> channel;
   for (int64_t pause_ms = 1;; pause_ms = std::min<int64_t>(pause_ms * 2, 50)) {
-    channel = HostChannel::Connect(address_, wire::Hello(), options_);
+    channel = HostChannel::Connect(address, wire::Hello(), options);
     if (channel.ok() || !absl::IsFailedPrecondition(channel.status()) || NowNanos() >= deadline || lost()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   }
@@ -178,6 +196,12 @@ void PeerStores::Lose(int host, absl::string_view why) {
   if (!CheckHost(host).ok() || host == self_) return;
   if (lost_[host].exchange(true, std::memory_order_acq_rel)) return;
   peers_[host]->Lose(HostLostError(absl::StrCat("host ", host, " was lost: ", why)));
+}
+
+void PeerStores::Rejoin(int host, std::string address, std::string key) {
+  if (!CheckHost(host).ok() || host == self_) return;
+  peers_[host]->Revive(std::move(address), std::move(key));
+  lost_[host].store(false, std::memory_order_release);
 }
 
 absl::Status PeerStores::Lost(int host) const {

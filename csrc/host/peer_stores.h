@@ -53,6 +53,11 @@ class PeerStore final : public KeyValueStore {
   // gRPC thread its end needs.
   void Lose(const absl::Status& why);
   bool lost() const;
+  // A new process took the host's place (PeerJoined) at `address`, where
+  // this host proves itself with `key`: the store is usable again, through
+  // a session with the new process opened at first use. The lost session
+  // is kept until this store goes (never freed on the caller's thread).
+  void Revive(std::string address, std::string key);
   // Sessions opened so far (tests: a broken one is opened anew).
   int sessions_opened() const;
 
@@ -60,11 +65,13 @@ class PeerStore final : public KeyValueStore {
   // The session, opened now if there is none or it broke.
   absl::StatusOr<std::shared_ptr<HostChannel>> Session();
 
-  const std::string address_;
-  ChannelOptions options_;
   Mutex connect_mu_;  // one connection attempt at a time
-  mutable Mutex mu_;  // the session, the loss and the count below
+  mutable Mutex mu_;  // the host's address and key, the session, the loss and the count below
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  ChannelOptions options_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<HostChannel> channel_ ABSL_GUARDED_BY(mu_);
+  // Sessions with the host's earlier processes (Revive), freed with this.
+  std::vector<std::shared_ptr<HostChannel>> retired_ ABSL_GUARDED_BY(mu_);
   absl::Status lost_ ABSL_GUARDED_BY(mu_);
   int sessions_opened_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -95,6 +102,11 @@ class PeerStores final : public RendezvousStores {
   // its store ends and every wait for it gives up. Idempotent; this host
   // and unknown hosts are ignored. Does not block.
   void Lose(int host, absl::string_view why);
+  // A new process took `host`'s place (PeerJoined) at control address
+  // `address`, sharing `key` with this host: its store is reached there
+  // from now on, and it is not lost any more. This host and unknown hosts
+  // are ignored. Does not block.
+  void Rejoin(int host, std::string address, std::string key);
   // HostLost if the client said `host` was lost, else OK.
   absl::Status Lost(int host) const;
   // Sessions opened with `host`'s store so far (0 for this host).
@@ -105,7 +117,8 @@ class PeerStores final : public RendezvousStores {
 
   const int self_;
   KeyValueStore* const own_;
-  // By host id (this host's entries unused); neither vector ever changes.
+  // By host id (this host's entries unused); the vector never changes (a
+  // replaced host's PeerStore is revived, not replaced).
   std::vector<std::unique_ptr<PeerStore>> peers_;
   std::unique_ptr<std::atomic<bool>[]> lost_;
 };

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "csrc/base/error_kind.h"
 #include "csrc/base/fork.h"
 #include "csrc/base/spin.h"
 #include "csrc/object_store/host_memory_pool.h"
@@ -76,6 +77,18 @@ void ShardedBuffer::ReleaseMemory() {
   if (remote_ == nullptr) HostMemoryPool::Get().Free(data_, static_cast<size_t>(std::max<int64_t>(total, 1)));
   data_ = nullptr;
   stores_->Free(devices_, shard_bytes_);  // last: wakes memory waiters
+}
+
+absl::Status ShardedBuffer::CheckDevices() const {
+  if (absl::Status healthy = devices_->CheckHealthy(); !healthy.ok()) return healthy;
+  if (remote_ == nullptr || !Device::AnyRevived()) return absl::OkStatus();
+  for (const Device* d : devices_->devices()) {
+    if (remote_id_ < d->first_buffer_id()) {
+      return HostLostError(absl::StrCat("buffer ", remote_id_, " was on device ", d->id(), " of host ",
+                                        d->host()->id(), "'s earlier process, which was lost (a new one replaced it)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ShardedBuffer::ReadInto(void* dst) const {

@@ -110,6 +110,10 @@ class ShardedBuffer {
   // Global shape; dims()[0] == num_shards().
   const Dims& dims() const { return dims_; }
   const DeviceList* devices() const { return devices_; }
+  // Whether its shards can still be had: Unavailable naming a failed device
+  // of it (DeviceList::CheckHealthy), or HostLost for a remote buffer made
+  // on a host process that a new one has replaced since (Device::Revive).
+  absl::Status CheckDevices() const;
   int num_shards() const { return devices_->size(); }
   int64_t shard_bytes() const { return shard_bytes_; }
   int64_t total_bytes() const { return shard_bytes_ * num_shards(); }

@@ -199,6 +199,11 @@ def connect(hosts: List[HostProcess], secret: str, islands: int, hosts_per_islan
 _launched: List[HostProcess] = []
 
 
+# How the runtime's hosts were started (launch_for_runtime): (mode, secret),
+# for a host that replaces a lost one (launch_replacement).
+_runtime_launch: Optional[tuple] = None
+
+
 # Launchers of hosts elsewhere than on this machine, by mode: `launch(count, secret)`
 # gives the hosts' addresses. pathways._ray_hosts, which builds on this module,
 # adds "ray" (one host per Ray node) at its import.
@@ -210,15 +215,39 @@ def launch_for_runtime(count: int, mode: str = "local_processes"):
 
     `mode` is "local_processes" (this machine) or one of `LAUNCHERS` ("ray": one per Ray node).
     """
+    global _runtime_launch
     secret = make_secret()
     launch = LAUNCHERS.get(mode)
     if launch is not None:
-        return launch(count, secret), secret
+        addresses = launch(count, secret)
+        _runtime_launch = (mode, secret)
+        return addresses, secret
     if mode != "local_processes":
         raise ValueError(f"hosts={mode!r} is not started by the client")
     hosts = start_local_hosts(count, secret)
     _launched.extend(hosts)  # stopped at exit, after the runtime (pathways/__init__.py)
+    _runtime_launch = (mode, secret)
     return [h.address for h in hosts], secret
+
+
+def launch_replacement() -> tuple:
+    """One host process started as the runtime's hosts were (same mode and
+    secret), to take a lost host's place: (its address, a stop function).
+
+    Raises:
+      RuntimeError: When the runtime did not start its hosts (hosts="external",
+        or a service's), or the host did not start.
+    """
+    if _runtime_launch is None:
+        raise RuntimeError("the runtime did not start its host processes (hosts='external', or a service's "
+                           "tenant): start the new host with the cluster's secret and pass its address")
+    mode, secret = _runtime_launch
+    launch = LAUNCHERS.get(mode)
+    if launch is not None:
+        return launch(1, secret)[0], (lambda: None)
+    host = start_local_hosts(1, secret)[0]
+    _launched.append(host)
+    return host.address, (lambda: stop_local_hosts([host], timeout=2.0))
 
 
 def launched() -> List[HostProcess]:

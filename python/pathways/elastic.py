@@ -36,7 +36,7 @@ from pathways._pmap import pmap
 from pathways._program import program
 from pathways._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map, tree_unflatten
 
-__all__ = ["remap", "lost_slices", "lost_leaves", "is_lost", "Replicas", "DataParallel"]
+__all__ = ["remap", "replace_host", "lost_slices", "lost_leaves", "is_lost", "Replicas", "DataParallel"]
 
 
 def _slice(x: Any, where: str) -> Any:
@@ -73,6 +73,58 @@ def remap(*slices: Any, share: bool = False) -> dict:
     return {s: list(_core.remap_slice(s._slice, bool(share))) for s in targets}
 
 
+def replace_host(host: int, address: Optional[str] = None) -> None:
+    """A new host process takes the place of lost host `host` (hosts as processes).
+
+    The new process serves the lost host's devices, which are healthy again
+    once this returns: new slices may use them, and a slice on them (a
+    replica `Replicas.recover` dropped, say) works again there; `grow` adds
+    such a replica back. Buffers that were on the lost process stay lost
+    (`is_lost`; reading one raises `pw.HostLostError`). The other hosts keep
+    running throughout; no program is recompiled.
+
+    Args:
+      host: The lost host's id (`pw.hosts()`, or the `HostLostError`).
+      address: Where a host process you started listens (`pathways-host`
+        with the cluster's secret); None starts one as the runtime started
+        its hosts (hosts="local_processes": on this machine; "ray": on a
+        Ray node).
+
+    Raises:
+      TypeError: For a host id that is not an int.
+      ValueError: For a host id not in the cluster.
+      RuntimeError: With hosts in process (there is no process to replace),
+        for a service's tenant, for a host that is not lost, or when None
+        was given and the runtime did not start its hosts.
+      HostLostError: When the new process or another host failed during the
+        join (the host stays lost; the started process is stopped).
+    """
+    if isinstance(host, bool) or not isinstance(host, (int, np.integer)):
+        raise TypeError(f"pw.elastic.replace_host: host must be an int, got {type(host).__name__}")
+    if address is not None and not isinstance(address, str):
+        raise TypeError(f"pw.elastic.replace_host: address must be a str, got {type(address).__name__}")
+    host = int(host)
+    if _core.topology()["hosts"] == "in_process":
+        raise RuntimeError("pw.elastic.replace_host: hosts='in_process' has no host process to replace")
+    infos = {h["id"]: h for h in _core.hosts()}
+    if host not in infos:
+        raise ValueError(f"pw.elastic.replace_host: host {host} is not in the cluster (of {len(infos)} hosts)")
+    if infos[host]["alive"]:
+        raise RuntimeError(f"pw.elastic.replace_host: host {host} is not lost: only a lost host's place can be "
+                           "taken by a new process")
+    stop = None
+    if address is None:
+        from pathways import _hosts
+
+        address, stop = _hosts.launch_replacement()
+    try:
+        _core.replace_host(host, address)
+    except BaseException:
+        if stop is not None:
+            stop()
+        raise
+
+
 def lost_slices() -> list:
     """The live `VirtualSlice`s (made by `add_slice`) with a virtual device on a failed device, by id."""
     ids = {s.id for s in _core.slices_on_failed_devices()}
@@ -80,8 +132,10 @@ def lost_slices() -> list:
 
 
 def is_lost(x: Any) -> bool:
-    """Whether a `ShardedBuffer` has a shard on a failed device (it can no longer be read)."""
-    return isinstance(x, _core.ShardedBuffer) and any(d.failed for d in x.devices)
+    """Whether a `ShardedBuffer` can no longer be read: a shard of it is on a
+    failed device, or was on a host process that a new one replaced since
+    (`replace_host`)."""
+    return isinstance(x, _core.ShardedBuffer) and _core.buffer_lost(x)
 
 
 def lost_leaves(tree: Any) -> list:

@@ -209,6 +209,72 @@ print([h.alive for h in pw.hosts()])
     ], out
 
 
+def test_a_new_host_process_takes_a_killed_hosts_place():
+    """Host processes of their own: SIGKILL one, then a new process takes its
+    place; programs on its devices run again (gangs, transfers) without a
+    retrace, and what was on the killed process stays lost."""
+    from conftest import run_python
+    out = run_python(_PRELUDE + """
+pw.configure(hosts="local_processes", islands=1, hosts_per_island=2, devices_per_host=2)
+vds = pw.make_virtual_device_set()
+a, b = vds.add_slice(tpu_devices=2), vds.add_slice(tpu_devices=2)   # hosts 0 and 1
+both = vds.add_slice(tpu_devices=4)
+f = pw.pmap(counted, devices=a.tpus)
+g = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=b.tpus)
+h = pw.pmap(lambda x: pw.psum(x, "i"), axis_name="i", devices=both.tpus)
+
+@pw.program
+def two(x):
+    return g(f(x))      # host 0, then host 1
+
+x = np.arange(2.)
+print(np.asarray(two(x)).tolist(), np.asarray(h(np.arange(4.))).tolist())
+kept = g(x).block_until_ready()   # on host 1
+victim = {v.id: v for v in pw.hosts()}[1]
+os.kill(victim.pid, signal.SIGKILL)
+try:
+    for _ in range(100):
+        np.asarray(two(x))
+except pw.HostLostError as e:
+    print(sorted(e.failed_devices) == [2, 3])
+for bad, error in [("1", TypeError), (7, ValueError), (0, RuntimeError)]:
+    try:
+        pw.elastic.replace_host(bad)
+    except error as e:
+        print(type(e).__name__, str(e).split(": ", 1)[1][:48])
+pw.elastic.replace_host(1)
+new = {v.id: v for v in pw.hosts()}[1]
+print(new.alive, new.pid != victim.pid, [d.failed for d in pw.devices()])
+for _ in range(3):
+    print(np.asarray(two(x)).tolist(), np.asarray(h(np.arange(4.))).tolist(), len(traces))
+print(pw.elastic.is_lost(kept), pw.elastic.lost_leaves([kept, g(x)]))
+try:
+    np.asarray(kept)
+except pw.HostLostError as e:
+    print("HostLostError", "host 1's earlier process, which was lost" in str(e))
+""", timeout=180)
+    assert out.splitlines() == [
+        "[4.0, 4.0] [6.0, 6.0, 6.0, 6.0]",
+        "True",
+        "TypeError host must be an int, got str",
+        "ValueError host 7 is not in the cluster (of 2 hosts)",
+        "RuntimeError host 0 is not lost: only a lost host's place can",
+        "True True [False, False, False, False]",
+        "[4.0, 4.0] [6.0, 6.0, 6.0, 6.0] 1",
+        "[4.0, 4.0] [6.0, 6.0, 6.0, 6.0] 1",
+        "[4.0, 4.0] [6.0, 6.0, 6.0, 6.0] 1",
+        "True ['[0]']",
+        "HostLostError True",
+    ], out
+
+
+def test_replace_host_needs_a_lost_host_process(runtime_ok):
+    """In process there is no host process to replace; with host processes,
+    host 0 is not lost; a service's tenant may not replace the service's."""
+    with pytest.raises(RuntimeError, match="no host process to replace|is not lost|did not start its host"):
+        pw.elastic.replace_host(0)
+
+
 @pytest.mark.not_service("fault injection is the service's: a tenant may not fail devices every tenant shares")
 @pytest.mark.parametrize("remap", [True, False])
 def test_data_parallel_goes_on_through_a_failed_host_on_the_same_losses(run_elastic, remap):
