@@ -231,15 +231,18 @@ void HostSessions::OnLost(int host, const absl::Status& why) {
     // the lost channel's gRPC or heartbeat thread.
     MutexLock lock(&mu_);
     if (closing_) return;
-    if (channel(host).alive()) return;  // an earlier session's loss: a new process took its place
+    // An earlier session's loss (a new process took its place), or one
+    // that Connect or ReplaceHost opened and is dropping.
+    const HostChannel* now = current_[host].load(std::memory_order_acquire);
+    if (now == nullptr || now->alive()) return;
     for (int h = 0; h < num_hosts_; ++h) {
-      HostChannel& survivor = channel(h);
-      if (h == host || !survivor.alive()) continue;
+      HostChannel* survivor = current_[h].load(std::memory_order_acquire);
+      if (h == host || survivor == nullptr || !survivor->alive()) continue;
       wire::Request request;
       request.mutable_peers_lost()->add_host_ids(host);
       request.mutable_peers_lost()->set_why(std::string(why.message()));
-      survivor.Send(std::move(request), nullptr);
-      survivor.Flush();
+      survivor->Send(std::move(request), nullptr);
+      survivor->Flush();
       survivors_told_.fetch_add(1, std::memory_order_relaxed);
     }
   }

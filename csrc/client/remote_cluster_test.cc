@@ -328,6 +328,15 @@ TEST_F(RemoteRuntimeTest, ANewProcessTakesALostHostsPlace) {
     EXPECT_EQ(GetErrorKind(failed->status()), ErrorKind::kHostLost) << failed->status();
     // A host that is not lost keeps its place.
     EXPECT_EQ(rt->ReplaceHost(1, "127.0.0.1:1").code(), absl::StatusCode::kFailedPrecondition);
+    {
+      // A host process of another cluster (another secret) is refused: the
+      // host stays lost, and may still be replaced.
+      HostProcess stranger("another-secret");
+      auto server = HostServer::Start("127.0.0.1:0", "another-secret", &stranger);
+      ASSERT_TRUE(server.ok()) << server.status();
+      EXPECT_FALSE(rt->ReplaceHost(2, (*server)->address()).ok());
+      EXPECT_TRUE(lost_devices[0]->failed());
+    }
     const std::string address = StartReplacement(2, kHosts);
     ASSERT_TRUE(rt->ReplaceHost(2, address).ok());
     EXPECT_FALSE(lost_devices[0]->failed());
