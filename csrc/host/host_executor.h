@@ -273,15 +273,18 @@ class HostExecutor {
   // `session`'s runs started after this call meet in a fresh incarnation of
   // their collective group (each session's gangs meet in groups of their
   // own); those started before keep theirs (wire::RenewGroup). Every host
-  // of the set must get it at the same place among the session's runs. An
-  // incarnation is dropped once a newer one exists and no part of its own
-  // is left. InvalidArgument for a set that is not one.
+  // of the set must get it at the same place among the session's runs
+  // (and counts it, whether or not a list of its own spans the set yet:
+  // a process that replaced a lost host learns the lists as they are
+  // needed). An incarnation is dropped once a newer one exists and no part
+  // of its own is left. InvalidArgument for a set that is not one.
   absl::Status RenewGroup(absl::Span<const int> hosts, SessionId session = kOneSession);
 
-  // `host` is lost for good (-1: every host; this one is stopping): every
+  // `host` is lost (-1: every host; this one is stopping): every
   // collective group it belongs to breaks, so parts waiting for it to
   // arrive, or making a group with it, fail now with `why`, and so does
-  // every later gang across it. Parts inside a collective proper end at
+  // every later gang across it, until a new process replaces it
+  // (PeerJoined). Parts inside a collective proper end at
   // their timeout, or at once if the host's process died (its connections
   // close). Whoever learns of a lost host tells the others through this.
   void AbortGroupsWith(int host, const absl::Status& why);

@@ -47,7 +47,7 @@ class PeerStore final : public KeyValueStore {
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Time deadline) override;
 
-  // The host is lost for good: the session ends (a call in flight fails at
+  // The host is lost (until Revive): the session ends (a call in flight fails at
   // once) and every later use fails with `why`. Does not block: the session
   // is freed with this store, never on the caller's thread, which may be a
   // gRPC thread its end needs.

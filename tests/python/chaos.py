@@ -12,8 +12,10 @@ Host processes (2 islands x 4 hosts x 2 devices). For SECONDS, in threads:
     examples/elastic_dp.py) with a global batch of 48 that must do at least
     60 steps and go on until the end, each step's weights checked against
     numpy, remapping or dropping lost replicas as it goes;
-  - a driver that, at random, SIGKILLs a host process (at most 3) or fails a
-    device (pw.testing.fail_device, at most 3).
+  - a driver that, at random, SIGKILLs a host process (at most 3), fails a
+    device (pw.testing.fail_device, at most 3), or has a new host process
+    take a killed one's place (pw.elastic.replace_host), after which the
+    data-parallel job puts a dropped replica back (grow).
 Then every buffer is dropped. Prints one JSON line: wrong results, errors
 by type, undocumented errors, steps done, the DP job's steps, memory in use
 at the start and at the end.
@@ -45,7 +47,7 @@ pw.configure(hosts="local_processes", islands=2, hosts_per_island=4, devices_per
 baseline = pw.memory_stats()["bytes_in_use"]
 lock = threading.Lock()
 report = {"wrong": 0, "errors": collections.Counter(), "undocumented": [], "steps": 0, "dp_steps": 0,
-          "kills": 0, "failed_devices": 0, "recoveries": 0}
+          "kills": 0, "failed_devices": 0, "replacements": 0, "regrown": 0, "recoveries": 0}
 stop = threading.Event()
 
 
@@ -137,7 +139,7 @@ def dp_job():
     with client:
         job = pw.elastic.DataParallel(loss_fn, sgd, [vds.add_slice(tpu_devices=2) for _ in range(4)],
                                       {"w": w_truth}, {}, global_batch=global_batch)
-        step = 0
+        step = seen_replacements = 0
         while step < DP_STEPS or not stop.is_set():
             x = rng.standard_normal((global_batch, FEATURES))
             y = x @ np.linspace(-1, 1, FEATURES)
@@ -159,6 +161,18 @@ def dp_job():
                 with lock:
                     report["dp_steps"] += 1
                     report["dp_replicas"] = len(job.replicas.slices)
+                with lock:
+                    replaced = report["replacements"]
+                if job.replicas.dropped and replaced > seen_replacements:
+                    # A replica dropped for want of devices comes back once
+                    # there are some again (a host replaced).
+                    seen_replacements = replaced
+                    try:
+                        job.grow()
+                        with lock:
+                            report["regrown"] += 1
+                    except DOCUMENTED as e:
+                        count_error(e)
             except DOCUMENTED as e:  # every replica lost, none remappable
                 count_error(e)
                 return
@@ -175,8 +189,18 @@ def driver():
     rng = random.Random(SEED)
     kills = fails = 0
     while not stop.wait(rng.uniform(2.0, 6.0)):
-        alive = [h for h in pw.hosts() if h.alive]
-        if rng.random() < 0.5 and kills < 3 and len(alive) > 4:
+        hosts = pw.hosts()
+        alive = [h for h in hosts if h.alive]
+        lost = [h for h in hosts if not h.alive]
+        r = rng.random()
+        if lost and r < 0.35:
+            try:
+                pw.elastic.replace_host(rng.choice(lost).id)
+                with lock:
+                    report["replacements"] += 1
+            except Exception as e:  # noqa: BLE001 (a HostLostError if a host died during the join)
+                count_error(e)
+        elif r < 0.7 and kills < 3 and len(alive) > 4:
             victim = rng.choice(alive)
             os.kill(victim.pid, signal.SIGKILL)
             kills += 1

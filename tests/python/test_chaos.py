@@ -25,7 +25,10 @@ def test_clients_train_through_killed_hosts_and_failed_devices(seed):
     assert report["memory_end"] == report["memory_start"], report
     # The chaos happened, and the work went on through it.
     assert report["kills"] >= 1 and report["kills"] + report["failed_devices"] >= 3, report
-    assert report["errors"].get("HostLostError", 0) >= 1, report
+    # (A kill may hit a host with no work at the time: one whose slices were
+    # remapped away, or a replacement not yet used.)
+    assert report["errors"].get("HostLostError", 0) + report["errors"].get("DeviceFailedError", 0) >= 1, report
     assert report["dp_steps"] >= 60 and report["steps"] > 0 and report["recoveries"] >= 1, report
     assert report["dp_recoveries"] >= 1, report  # the data-parallel job went on through a lost replica
+    assert report["replacements"] >= 1, report  # a new host process took a killed one's place
     print(json.dumps(report), file=sys.stderr)
