@@ -235,6 +235,7 @@ void HostTransfers::Start(const RunKey& run, const HostDeviceList& src_list, std
   for (int peer : send_order) {
     Peer& p = PeerFor(peer);
     MutexLock lock(&p.mu);
+    if (p.retired) continue;  // for a process that is gone (RetirePeer): its run is dead
     p.sends.push_back(
         Peer::Send{ids, src, std::move(sends[peer]), std::move(send_devices[peer]), shard_bytes, src_bytes});
     p.cv.SignalAll();
@@ -400,9 +401,17 @@ void HostTransfers::RecvLoop(Peer* peer) {
       }
     }
     if (stopping_.load(std::memory_order_acquire)) return broken(absl::CancelledError("the host is stopping"));
+    bool retired;
     {
       MutexLock lock(&peer->mu);
-      if (peer->retired) return;  // RetirePeer failed what was posted
+      retired = peer->retired;
+    }
+    if (retired) {
+      // RetirePeer failed what was still posted; this one was taken before.
+      if (item.has_value()) {
+        item->parts->Done(HostLostError(absl::StrCat("host ", peer->host, " was lost (a new process replaced it)")));
+      }
+      return;
     }
     if (!item.has_value()) {  // a run refused or cancelled here
       if (absl::Status dropped = data_->Discard(peer->host); !dropped.ok()) return broken(dropped);
