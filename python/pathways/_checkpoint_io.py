@@ -142,7 +142,14 @@ def write_parts(database: str, parts: Sequence[dict]) -> None:
             else:
                 opening[key] = ts.open(spec, open=True, assume_metadata=True, context=ctx)
     stores = {key: f.result() for key, f in opening.items()}
-    writes = [stores[part["key"]][part["index"]].write(part["value"]) for part in parts]
+    # The values are the writer's own and never change while written (a
+    # copy out of device memory or of the caller's array, the bytes a host
+    # was handed), so tensorstore may keep them for the chunks they cover
+    # instead of copying them into its cache first. (It then encodes a chunk
+    # in place if it sees it as contiguous, which it does not for a chunk
+    # with an axis of extent 1.)
+    writes = [stores[part["key"]][part["index"]].write(part["value"], can_reference_source_data_indefinitely=True)
+              for part in parts]
     for w in writes:
         w.result()
 
@@ -160,16 +167,22 @@ def buffer_spec(key: str, shape: Sequence[int], dtype: str, positions: Sequence[
                        "replicated": bool(replicated), "compression": compression})
 
 
-def parts_of(spec: dict, local: np.ndarray) -> list:
-    """write_parts' parts of one buffer's shards on a host (`local`: one row per position)."""
+def parts_of(spec: dict, shards: np.ndarray, whole: bool = False) -> list:
+    """write_parts' parts of one buffer's shards on a writer.
+
+    `shards`: a row per position of the spec's positions, in order; with
+    `whole`, the buffer's whole value instead (a row per device). The
+    parts' values are views of it: no shard is copied to be written.
+    """
     shape = tuple(spec["shape"])
     compression = spec.get("compression")
     if spec["replicated"]:
         return [{"key": spec["key"], "shape": shape, "chunk": shape, "dtype": spec["dtype"], "create": True,
-                 "compression": compression, "index": (), "value": local[0]}]
+                 "compression": compression, "index": (), "value": shards if whole else shards[0]}]
     chunk = (1,) + shape[1:]
     return [{"key": spec["key"], "shape": shape, "chunk": chunk, "dtype": spec["dtype"], "create": p == 0,
-             "compression": compression, "index": (slice(p, p + 1),), "value": local[j:j + 1]}
+             "compression": compression, "index": (slice(p, p + 1),),
+             "value": shards[p:p + 1] if whole else shards[j:j + 1]}
             for j, p in enumerate(spec["positions"])]
 
 

@@ -218,15 +218,17 @@ def _host_specs(leaf: _Leaf, by_host: dict) -> None:
 
 
 def _host_parts(leaf: _Leaf, by_writer: dict) -> None:
-    """In process: the parts each host writes of a buffer's leaf (the shards are this process's memory)."""
+    """In process: the parts each host writes of a buffer's leaf (the shards are this process's memory).
+
+    One copy of the buffer out of device memory, whose rows every host's
+    parts are views of.
+    """
     value = np.asarray(leaf.buffer)
     specs: dict = {}
     _host_specs(leaf, specs)
     for h, items in specs.items():
         for _, spec_json in items:
-            spec = json.loads(spec_json)
-            local = value[None] if spec["replicated"] else value[np.asarray(spec["positions"])]
-            by_writer.setdefault(f"h{h}", []).extend(io.parts_of(spec, local))
+            by_writer.setdefault(f"h{h}", []).extend(io.parts_of(json.loads(spec_json), value, whole=True))
 
 
 def restore(path: Any, like: Any = None, devices: Optional[Sequence[Any]] = None) -> Any:
