@@ -11,14 +11,14 @@ A checkpoint is a directory as `orbax.checkpoint` writes it with
 
 Each leaf is a zarr3 array under the key of its path joined by "." ("params.w",
 "layers.0.b"); a scalar is a 0-d array. Every writer (a host, or the client
-for the leaves it holds) writes its shards into a database of its own, with
-a chunk per shard, so that no chunk has two writers; the zarr.json of an
-array is written by one of them. Then the per-writer databases are merged
-into the root one (only their B-tree entries move: the data stays in their
-files), the metadata is written, and the directory, built under
-PATH + ".orbax-checkpoint-tmp", is renamed to PATH: a checkpoint whose
-writing was interrupted never has the final name (Orbax's rule on a local
-file system). Orbax and tensorstore open a pathways checkpoint, and
+for the leaves it holds) writes its shards into a database of its own, in
+chunks of its shards (rows_per_chunk), so that no chunk has two writers;
+the zarr.json of an array is written by one of them. Then the per-writer
+databases are merged into the root one (only their B-tree entries move:
+the data stays in their files), the metadata is written, and the
+directory, built under PATH + ".orbax-checkpoint-tmp", is renamed to PATH:
+a checkpoint whose writing was interrupted never has the final name
+(Orbax's rule on a local file system). Orbax and tensorstore open a pathways checkpoint, and
 pathways opens theirs (zarr v2 too: Orbax's StandardCheckpointer writes it).
 
 tensorstore only, no pathways runtime: the hosts run these functions too.
@@ -145,9 +145,8 @@ def write_parts(database: str, parts: Sequence[dict]) -> None:
     # The values are the writer's own and never change while written (a
     # copy out of device memory or of the caller's array, the bytes a host
     # was handed), so tensorstore may keep them for the chunks they cover
-    # instead of copying them into its cache first. (It then encodes a chunk
-    # in place if it sees it as contiguous, which it does not for a chunk
-    # with an axis of extent 1.)
+    # instead of copying them into its cache first, and encode each chunk
+    # in place (see rows_per_chunk).
     writes = [stores[part["key"]][part["index"]].write(part["value"], can_reference_source_data_indefinitely=True)
               for part in parts]
     for w in writes:
@@ -155,16 +154,39 @@ def write_parts(database: str, parts: Sequence[dict]) -> None:
 
 
 def buffer_spec(key: str, shape: Sequence[int], dtype: str, positions: Sequence[int], replicated: bool,
-                compression: Optional[str] = None) -> str:
+                compression: Optional[str] = None, rows: int = 1) -> str:
     """What a host needs to write its shards of one buffer (wire::ShardsToSave.spec_json).
 
-    A split buffer's shard i is row i of the array (a chunk of its own), and
+    A split buffer's shard i is row i of the array, written in chunks of
+    `rows` shards (each chunk the shards of one host: rows_per_chunk), and
     the host of shard 0 writes the array's zarr.json; a replicated one is
     written whole by one host. `positions`: the host's shards' places in the
     buffer's device list, in order.
     """
     return json.dumps({"key": key, "shape": list(shape), "dtype": dtype, "positions": list(positions),
-                       "replicated": bool(replicated), "compression": compression})
+                       "replicated": bool(replicated), "compression": compression, "rows": rows})
+
+
+def rows_per_chunk(hosts: Sequence[Any]) -> int:
+    """The shards in a chunk of a buffer split over devices of `hosts` (each device's host, in order).
+
+    The most that keeps every chunk one host's: a host's shards come in runs
+    of consecutive devices, and chunks of g rows have one writer each when g
+    divides every run's length (2 hosts of 4 devices: 4; hosts taking turns
+    device by device: 1, a chunk per shard). Not one chunk per shard
+    always: tensorstore copies a chunk of one row before writing it (it
+    gives an axis of extent 1 no stride, so it does not see a contiguous
+    array to encode in place), and a restore onto the same layout reads
+    whole chunks either way; a host that restores one shard of a chunk
+    (another layout) reads the chunk.
+    """
+    g = 0
+    start = 0
+    for i in range(1, len(hosts) + 1):
+        if i == len(hosts) or hosts[i] != hosts[start]:
+            g = math.gcd(g, i - start)
+            start = i
+    return max(g, 1)
 
 
 def parts_of(spec: dict, shards: np.ndarray, whole: bool = False) -> list:
@@ -179,11 +201,13 @@ def parts_of(spec: dict, shards: np.ndarray, whole: bool = False) -> list:
     if spec["replicated"]:
         return [{"key": spec["key"], "shape": shape, "chunk": shape, "dtype": spec["dtype"], "create": True,
                  "compression": compression, "index": (), "value": shards if whole else shards[0]}]
-    chunk = (1,) + shape[1:]
+    g = spec.get("rows", 1)
+    chunk = (g,) + shape[1:]
+    # A chunk's shards are this writer's positions p..p+g-1, from a p that g divides.
     return [{"key": spec["key"], "shape": shape, "chunk": chunk, "dtype": spec["dtype"], "create": p == 0,
-             "compression": compression, "index": (slice(p, p + 1),),
-             "value": shards[p:p + 1] if whole else shards[j:j + 1]}
-            for j, p in enumerate(spec["positions"])]
+             "compression": compression, "index": (slice(p, p + g),),
+             "value": shards[p:p + g] if whole else shards[j:j + g]}
+            for j, p in enumerate(spec["positions"]) if p % g == 0]
 
 
 def host_write_shards(database: str, items: Sequence[tuple]) -> None:

@@ -92,10 +92,10 @@ class _Leaf:
 def save(path: Any, tree: Any, *, compression: Optional[str] = None) -> concurrent.futures.Future:
     """Writes `tree` to a new checkpoint at `path`, in the background.
 
-    Every `ShardedBuffer` is written by the hosts that hold its shards (one
-    chunk per shard, so a replicated buffer is written once, by its first
-    device's host); numpy arrays and Python or numpy scalars are written by
-    this process. The buffers are held until written: the caller may go on,
+    Every `ShardedBuffer` is written by the hosts that hold its shards (a
+    chunk per run of a host's shards, and a replicated buffer once, by its
+    first device's host); numpy arrays and Python or numpy scalars are
+    written by this process. The buffers are held until written: the caller may go on,
     delete its handles and dispatch more work. The checkpoint is complete
     (and named `path`) when the future is done.
 
@@ -211,10 +211,11 @@ def _host_specs(leaf: _Leaf, by_host: dict) -> None:
     hosts = [d.host for d in buf.devices]
     dtype = np.dtype(buf.dtype).name
     writers = [hosts[0]] if buf.is_replicated else sorted(set(hosts))
+    rows = 1 if buf.is_replicated else io.rows_per_chunk(hosts)
     for h in writers:
         positions = [i for i, x in enumerate(hosts) if x == h]
         by_host.setdefault(h, []).append(
-            (buf, io.buffer_spec(leaf.key, buf.shape, dtype, positions, buf.is_replicated, leaf.compression)))
+            (buf, io.buffer_spec(leaf.key, buf.shape, dtype, positions, buf.is_replicated, leaf.compression, rows)))
 
 
 def _host_parts(leaf: _Leaf, by_writer: dict) -> None:
