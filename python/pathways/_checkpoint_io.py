@@ -354,9 +354,15 @@ def write_metadata(tmp: str, leaves: Sequence[tuple]) -> None:
 
 
 def commit(tmp: str, final: str) -> None:
-    """Marks `tmp` complete and renames it `final` (which must not exist)."""
-    with open(os.path.join(tmp, COMMIT_FILE), "w", encoding="utf-8") as f:
-        f.write(f"Checkpoint commit was successful to {final}")
+    """Marks `tmp` complete and renames it `final` (which must not exist).
+
+    Everything in `tmp` is on disk before the rename: the databases' files
+    (tensorstore fsyncs each file it writes, then its directory; a commit of
+    a database ends with its manifest, whose directory's fsync also keeps
+    the entry of d/), the metadata files, and the entries of `tmp` itself
+    (fsynced here).
+    """
+    _write_text(os.path.join(tmp, COMMIT_FILE), f"Checkpoint commit was successful to {final}")
     _fsync_dir(tmp)
     os.rename(tmp, final)
     _fsync_dir(os.path.dirname(final) or ".")
@@ -408,8 +414,12 @@ def open_arrays(path: str, keys: Sequence[str], zarr3: bool, ctx: Any = None) ->
 
 
 def _write_json(path: str, value: Any) -> None:
+    _write_text(path, json.dumps(value))
+
+
+def _write_text(path: str, text: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
 
