@@ -211,7 +211,11 @@ def parts_of(spec: dict, shards: np.ndarray, whole: bool = False) -> list:
 
 
 def host_write_shards(database: str, items: Sequence[tuple]) -> None:
-    """A host process's shard writer (host/shard_writer.h): (spec_json, bytes of its shards) pairs."""
+    """A host process's shard writer (host/shard_writer.h): (spec_json, its shards' bytes) pairs.
+
+    The bytes (a read-only array that owns them, or bytes) are written from
+    where they are: the parts are views of them.
+    """
     import ml_dtypes  # noqa: F401 (bfloat16 for np.dtype)
 
     parts = []
