@@ -142,11 +142,11 @@ def write_parts(database: str, parts: Sequence[dict]) -> None:
             else:
                 opening[key] = ts.open(spec, open=True, assume_metadata=True, context=ctx)
     stores = {key: f.result() for key, f in opening.items()}
-    # The values are the writer's own and never change while written (a
-    # copy out of device memory or of the caller's array, the bytes a host
-    # was handed), so tensorstore may keep them for the chunks they cover
-    # instead of copying them into its cache first, and encode each chunk
-    # in place (see rows_per_chunk).
+    # The values never change while written (a ready buffer's memory, a
+    # copy of the caller's array, the bytes a host was handed), so
+    # tensorstore may keep them for the chunks they cover instead of copying
+    # them into its cache first, and encode each chunk in place (see
+    # rows_per_chunk).
     writes = [stores[part["key"]][part["index"]].write(part["value"], can_reference_source_data_indefinitely=True)
               for part in parts]
     for w in writes:

@@ -266,6 +266,8 @@ class ShardedBuffer:
 
 def another_handle(buffer: ShardedBuffer) -> ShardedBuffer:
     """Another handle on the same buffer: delete() of `buffer` leaves the buffer to it."""
+def value_view(buffer: ShardedBuffer) -> np.ndarray:
+    """In process, the buffer's value where it is (no copy), once ready: a read-only array that holds the buffer."""
 
 def replicated_view(buffer: ShardedBuffer, client: Any = None) -> ShardedBuffer: ...  # shard 0 as the value
 def device_put(array: np.ndarray, devices: Sequence[Union[VirtualDevice, Device]]) -> ShardedBuffer:

@@ -221,10 +221,10 @@ def _host_specs(leaf: _Leaf, by_host: dict) -> None:
 def _host_parts(leaf: _Leaf, by_writer: dict) -> None:
     """In process: the parts each host writes of a buffer's leaf (the shards are this process's memory).
 
-    One copy of the buffer out of device memory, whose rows every host's
-    parts are views of.
+    Views of the buffer's memory, not copies: it does not change once the
+    buffer is ready, and the view holds the buffer until it is written.
     """
-    value = np.asarray(leaf.buffer)
+    value = _core.value_view(leaf.buffer)
     specs: dict = {}
     _host_specs(leaf, specs)
     for h, items in specs.items():

@@ -157,12 +157,14 @@ def test_a_chunk_holds_a_run_of_one_hosts_shards(tmp_path, devices_of):
 def test_save_is_asynchronous_and_holds_its_buffers(tmp_path, devices_of):
     t = devices_of(4)
     slow = pw.pmap(lambda x: pw.simulated_compute(x + 1.0, 300_000.0), devices=t)  # 0.3 s
+    in_use = pw.memory_stats()["bytes_in_use"]
     x = slow(np.zeros((4, 2), np.float32))
     start = time.monotonic()
     future = pw.checkpointing.save(tmp_path / "ckpt", {"x": x})
     assert time.monotonic() - start < 0.25  # it did not wait for x
     x.delete()  # the caller's handle; the save holds its own
     assert future.result(timeout=60)
+    assert pw.memory_stats()["bytes_in_use"] == in_use  # and lets go of it once written
     np.testing.assert_array_equal(pw.checkpointing.restore(tmp_path / "ckpt")["x"], np.ones((4, 2)))
 
 
