@@ -200,11 +200,12 @@ void RegisterHost(py::module_& m) {
       try {
         py::list items;
         for (ShardsToWrite& s : shards) {
-          // The bytes themselves, not a copy: a read-only array that owns them.
-          auto* bytes = new std::string(std::move(s.data));
-          py::capsule owner(bytes, [](void* p) { delete static_cast<std::string*>(p); });
-          py::array data(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(bytes->size())}, {py::ssize_t{1}},
-                         bytes->data(), owner);
+          // The host buffer's memory itself, not a copy: a read-only array
+          // that holds the buffer.
+          auto* held = new std::shared_ptr<const void>(std::move(s.data));
+          py::capsule owner(held, [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); });
+          py::array data(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(s.bytes)}, {py::ssize_t{1}},
+                         static_cast<const uint8_t*>(held->get()), owner);
           data.attr("setflags")(py::arg("write") = false);
           items.append(py::make_tuple(py::str(s.spec_json), std::move(data)));
         }
