@@ -18,8 +18,9 @@ databases are merged into the root one (only their B-tree entries move:
 the data stays in their files), the metadata is written, and the
 directory, built under PATH + ".orbax-checkpoint-tmp", is renamed to PATH:
 a checkpoint whose writing was interrupted never has the final name
-(Orbax's rule on a local file system). Orbax and tensorstore open a pathways checkpoint, and
-pathways opens theirs (zarr v2 too: Orbax's StandardCheckpointer writes it).
+(Orbax's rule on a local file system). Orbax and tensorstore open a
+pathways checkpoint, and pathways opens theirs (zarr v2 too: Orbax's
+StandardCheckpointer writes it).
 
 tensorstore only, no pathways runtime: the hosts run these functions too.
 """

@@ -95,9 +95,9 @@ def save(path: Any, tree: Any, *, compression: Optional[str] = None) -> concurre
     Every `ShardedBuffer` is written by the hosts that hold its shards (a
     chunk per run of a host's shards, and a replicated buffer once, by its
     first device's host); numpy arrays and Python or numpy scalars are
-    written by this process. The buffers are held until written: the caller may go on,
-    delete its handles and dispatch more work. The checkpoint is complete
-    (and named `path`) when the future is done.
+    written by this process. The buffers are held until written: the
+    caller may go on, delete its handles and dispatch more work. The
+    checkpoint is complete (and named `path`) when the future is done.
 
     Args:
       path: A directory that does not exist yet (its parent may not either).
