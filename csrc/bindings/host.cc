@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "csrc/bindings/registrations.h"
 #include "csrc/bindings/status_casters.h"
+#include "pybind11/numpy.h"
 #include "pybind11/stl.h"
 
 #ifndef PATHWAYS_WITH_HOSTS
@@ -199,8 +200,14 @@ void RegisterHost(py::module_& m) {
       try {
         py::list items;
         for (ShardsToWrite& s : shards) {
-          items.append(py::make_tuple(py::str(s.spec_json), py::bytes(s.data)));
-          std::string().swap(s.data);  // one copy at a time
+          // The host buffer's memory itself, not a copy: a read-only array
+          // that holds the buffer.
+          auto* held = new std::shared_ptr<const void>(std::move(s.data));
+          py::capsule owner(held, [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); });
+          py::array data(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(s.bytes)}, {py::ssize_t{1}},
+                         static_cast<const uint8_t*>(held->get()), owner);
+          data.attr("setflags")(py::arg("write") = false);
+          items.append(py::make_tuple(py::str(s.spec_json), std::move(data)));
         }
         (*fn)(database, items);
         return absl::OkStatus();
@@ -214,7 +221,8 @@ void RegisterHost(py::module_& m) {
     (void)writer;
 #endif
   }, py::arg("writer"),
-     "This host process's checkpoint writer: writer(database, [(spec_json, bytes)]) (internal: pathways.host).");
+     "This host process's checkpoint writer: writer(database, [(spec_json, data)]), data a read-only uint8 "
+     "array of the shards' bytes (internal: pathways.host).");
   m.def("load_shards", [](const std::string& database, const std::vector<py::tuple>& buffers,
                           SchedulingClient* client) -> py::list {
 #if PATHWAYS_WITH_HOSTS

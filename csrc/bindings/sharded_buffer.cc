@@ -652,6 +652,23 @@ void RegisterShardedBuffer(py::module_& m) {
   m.def("another_handle", [](const PyShardedBuffer& s) {
     return std::make_shared<PyShardedBuffer>(s.Get("hold"), s.replicated);
   }, py::arg("buffer"));
+  // In process, the value of a buffer where it is, not a copy (every shard,
+  // or shard 0 of a replicated handle): a read-only array that holds the
+  // buffer, once it is ready (a ready buffer's memory does not change until
+  // its last reference goes). ValueError for a buffer of host processes,
+  // whose value is not in this process's memory (internal: pw.checkpointing
+  // writes from it).
+  m.def("value_view", [](const PyShardedBuffer& s) -> py::array {
+    std::shared_ptr<ShardedBuffer> b = s.Get("read");
+    if (b->is_remote()) throw py::value_error("value_view: the buffer is on host processes");
+    AwaitOrThrow(*b);
+    std::vector<py::ssize_t> shape(s.dims.begin(), s.dims.end());
+    auto* held = new std::shared_ptr<ShardedBuffer>(b);
+    py::capsule owner(held, [](void* p) { delete static_cast<std::shared_ptr<ShardedBuffer>*>(p); });
+    py::array out(NumpyDType(b->dtype()), shape, b->data(), owner);
+    out.attr("setflags")(py::arg("write") = false);
+    return out;
+  }, py::arg("buffer"));
 
   m.def("device_put", [](py::array array, const py::sequence& devices, SchedulingClient* client) {
     const DType dtype = FromNumpyDType(array.dtype(), "device_put: the array");

@@ -257,6 +257,27 @@ void HostBuffers::Fetch(SessionId session, const wire::FetchBuffer& request,
   });
 }
 
+void HostBuffers::Hold(SessionId session, uint64_t buffer_id,
+                       absl::AnyInvocable<void(absl::StatusOr<std::shared_ptr<const HostBuffer>>) &&> done) {
+  std::shared_ptr<HostBuffer> buffer;
+  {
+    MutexLock lock(&mu_);
+    auto it = buffers_.find(SessionKey{session, buffer_id});
+    if (it != buffers_.end()) buffer = it->second;
+  }
+  if (buffer == nullptr) {
+    std::move(done)(Missing(SessionKey{session, buffer_id}));
+    return;
+  }
+  buffer->OnDone([buffer, done = std::move(done)](const absl::Status& status) mutable {
+    if (!status.ok()) {
+      std::move(done)(status);
+      return;
+    }
+    std::move(done)(std::shared_ptr<const HostBuffer>(std::move(buffer)));
+  });
+}
+
 int HostBuffers::size() const {
   MutexLock lock(&mu_);
   return static_cast<int>(buffers_.size());

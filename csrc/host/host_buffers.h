@@ -97,6 +97,11 @@ class HostBuffers {
   // done.
   void Fetch(SessionId session, const wire::FetchBuffer& request,
              absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done);
+  // This host's shards of a buffer of `session` once it is done, held, not
+  // copied: a done buffer's memory does not change until its last reference
+  // goes (a put or run making the same id makes a new HostBuffer).
+  void Hold(SessionId session, uint64_t buffer_id,
+            absl::AnyInvocable<void(absl::StatusOr<std::shared_ptr<const HostBuffer>>) &&> done);
   void Free(SessionId session, const wire::FreeBuffers& request);
   // Forgets every buffer of `session` (a session that ended: HostExecutor::
   // EndSession); one still being put fails with `why` (nobody may wait for

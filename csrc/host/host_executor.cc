@@ -1139,8 +1139,8 @@ void HostExecutor::SaveShards(const wire::SaveShards& request, absl::AnyInvocabl
         "host ", host_id_, " has no checkpoint writer (a host process started by `python -m pathways.host` has one)")));
     return;
   }
-  // The buffers' bytes here once each is done (as a fetch), then the write
-  // on the storage thread.
+  // The buffers held here once each is done (their memory, not a copy),
+  // then the write on the storage thread.
   struct Job {
     Mutex mu;
     int left ABSL_GUARDED_BY(mu) = 0;
@@ -1184,16 +1184,17 @@ void HostExecutor::SaveShards(const wire::SaveShards& request, absl::AnyInvocabl
   }
   for (int i = 0; i < request.buffers_size(); ++i) {
     job->shards[i].spec_json = request.buffers(i).spec_json();
-    wire::FetchBuffer fetch;
-    fetch.set_buffer_id(request.buffers(i).buffer_id());
-    buffers_.Fetch(session, fetch, [job, i, write](absl::StatusOr<std::string> data) {
+    buffers_.Hold(session, request.buffers(i).buffer_id(),
+                  [job, i, write](absl::StatusOr<std::shared_ptr<const HostBuffer>> buffer) {
       bool last = false;
       {
         MutexLock lock(&job->mu);
-        if (data.ok()) {
-          job->shards[i].data = *std::move(data);
+        if (buffer.ok()) {
+          const std::shared_ptr<const HostBuffer>& held = *buffer;
+          job->shards[i].bytes = held->bytes();
+          job->shards[i].data = std::shared_ptr<const void>(held, held->data());  // holds the buffer
         } else {
-          job->status.Update(data.status());
+          job->status.Update(buffer.status());
         }
         last = --job->left == 0;
       }

@@ -579,8 +579,9 @@ TEST(HostExecutorTest, SaveShardsHandsTheWriterThisHostsShards) {
   EXPECT_EQ(written[0].first, "/db");
   ASSERT_EQ(written[0].second.size(), 1u);
   EXPECT_EQ(written[0].second[0].spec_json, "{\"key\": \"w\"}");
-  EXPECT_EQ(written[0].second[0].data, std::string(f + 20, 20) + std::string(f + 60, 20));  // positions 1, 3
-  EXPECT_EQ(written[1].second[0].data, std::string(f + 0, 20) + std::string(f + 40, 20));   // positions 0, 2
+  auto bytes = [](const ShardsToWrite& s) { return std::string(static_cast<const char*>(s.data.get()), s.bytes); };
+  EXPECT_EQ(bytes(written[0].second[0]), std::string(f + 20, 20) + std::string(f + 60, 20));  // positions 1, 3
+  EXPECT_EQ(bytes(written[1].second[0]), std::string(f + 0, 20) + std::string(f + 40, 20));   // positions 0, 2
 }
 
 // A checkpoint's restore (LoadShards): each host makes the buffers at once,

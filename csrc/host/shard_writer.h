@@ -8,7 +8,9 @@
 // (python/pathways/_checkpoint_io.py). A host without one refuses
 // SaveShards (Unimplemented).
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,10 +19,13 @@
 namespace pw {
 
 // One buffer's shards on this host: the client's spec (JSON) and the bytes
-// of the host's shards, in the order of their devices in the buffer's list.
+// of the host's shards, in the order of their devices in the buffer's list:
+// the host buffer's memory itself, held (it does not change once the buffer
+// is done).
 struct ShardsToWrite {
   std::string spec_json;
-  std::string data;
+  std::shared_ptr<const void> data;
+  int64_t bytes = 0;
 };
 
 // Writes `shards` into the database in directory `database`; called on a

@@ -11,15 +11,16 @@ A checkpoint is a directory as `orbax.checkpoint` writes it with
 
 Each leaf is a zarr3 array under the key of its path joined by "." ("params.w",
 "layers.0.b"); a scalar is a 0-d array. Every writer (a host, or the client
-for the leaves it holds) writes its shards into a database of its own, with
-a chunk per shard, so that no chunk has two writers; the zarr.json of an
-array is written by one of them. Then the per-writer databases are merged
-into the root one (only their B-tree entries move: the data stays in their
-files), the metadata is written, and the directory, built under
-PATH + ".orbax-checkpoint-tmp", is renamed to PATH: a checkpoint whose
-writing was interrupted never has the final name (Orbax's rule on a local
-file system). Orbax and tensorstore open a pathways checkpoint, and
-pathways opens theirs (zarr v2 too: Orbax's StandardCheckpointer writes it).
+for the leaves it holds) writes its shards into a database of its own, in
+chunks of its shards (rows_per_chunk), so that no chunk has two writers;
+the zarr.json of an array is written by one of them. Then the per-writer
+databases are merged into the root one (only their B-tree entries move:
+the data stays in their files), the metadata is written, and the
+directory, built under PATH + ".orbax-checkpoint-tmp", is renamed to PATH:
+a checkpoint whose writing was interrupted never has the final name
+(Orbax's rule on a local file system). Orbax and tensorstore open a
+pathways checkpoint, and pathways opens theirs (zarr v2 too: Orbax's
+StandardCheckpointer writes it).
 
 tensorstore only, no pathways runtime: the hosts run these functions too.
 """
@@ -142,39 +143,80 @@ def write_parts(database: str, parts: Sequence[dict]) -> None:
             else:
                 opening[key] = ts.open(spec, open=True, assume_metadata=True, context=ctx)
     stores = {key: f.result() for key, f in opening.items()}
-    writes = [stores[part["key"]][part["index"]].write(part["value"]) for part in parts]
+    # The values never change while written (a ready buffer's memory, a
+    # copy of the caller's array, the bytes a host was handed), so
+    # tensorstore may keep them for the chunks they cover instead of copying
+    # them into its cache first, and encode each chunk in place (see
+    # rows_per_chunk).
+    writes = [stores[part["key"]][part["index"]].write(part["value"], can_reference_source_data_indefinitely=True)
+              for part in parts]
     for w in writes:
         w.result()
 
 
 def buffer_spec(key: str, shape: Sequence[int], dtype: str, positions: Sequence[int], replicated: bool,
-                compression: Optional[str] = None) -> str:
+                compression: Optional[str] = None, rows: int = 1) -> str:
     """What a host needs to write its shards of one buffer (wire::ShardsToSave.spec_json).
 
-    A split buffer's shard i is row i of the array (a chunk of its own), and
+    A split buffer's shard i is row i of the array, written in chunks of
+    `rows` shards (each chunk the shards of one host: rows_per_chunk), and
     the host of shard 0 writes the array's zarr.json; a replicated one is
     written whole by one host. `positions`: the host's shards' places in the
     buffer's device list, in order.
     """
     return json.dumps({"key": key, "shape": list(shape), "dtype": dtype, "positions": list(positions),
-                       "replicated": bool(replicated), "compression": compression})
+                       "replicated": bool(replicated), "compression": compression, "rows": rows})
 
 
-def parts_of(spec: dict, local: np.ndarray) -> list:
-    """write_parts' parts of one buffer's shards on a host (`local`: one row per position)."""
+def rows_per_chunk(hosts: Sequence[Any]) -> int:
+    """The shards in a chunk of a buffer split over devices of `hosts` (each device's host, in order).
+
+    The most that keeps every chunk one host's: a host's shards come in runs
+    of consecutive devices, and chunks of g rows have one writer each when g
+    divides every run's length (2 hosts of 4 devices: 4; hosts taking turns
+    device by device: 1, a chunk per shard). Not one chunk per shard
+    always: tensorstore copies a chunk of one row before writing it (it
+    gives an axis of extent 1 no stride, so it does not see a contiguous
+    array to encode in place), and a restore onto the same layout reads
+    whole chunks either way; a host that restores one shard of a chunk
+    (another layout) reads the chunk.
+    """
+    g = 0
+    start = 0
+    for i in range(1, len(hosts) + 1):
+        if i == len(hosts) or hosts[i] != hosts[start]:
+            g = math.gcd(g, i - start)
+            start = i
+    return max(g, 1)
+
+
+def parts_of(spec: dict, shards: np.ndarray, whole: bool = False) -> list:
+    """write_parts' parts of one buffer's shards on a writer.
+
+    `shards`: a row per position of the spec's positions, in order; with
+    `whole`, the buffer's whole value instead (a row per device). The
+    parts' values are views of it: no shard is copied to be written.
+    """
     shape = tuple(spec["shape"])
     compression = spec.get("compression")
     if spec["replicated"]:
         return [{"key": spec["key"], "shape": shape, "chunk": shape, "dtype": spec["dtype"], "create": True,
-                 "compression": compression, "index": (), "value": local[0]}]
-    chunk = (1,) + shape[1:]
+                 "compression": compression, "index": (), "value": shards if whole else shards[0]}]
+    g = spec.get("rows", 1)
+    chunk = (g,) + shape[1:]
+    # A chunk's shards are this writer's positions p..p+g-1, from a p that g divides.
     return [{"key": spec["key"], "shape": shape, "chunk": chunk, "dtype": spec["dtype"], "create": p == 0,
-             "compression": compression, "index": (slice(p, p + 1),), "value": local[j:j + 1]}
-            for j, p in enumerate(spec["positions"])]
+             "compression": compression, "index": (slice(p, p + g),),
+             "value": shards[p:p + g] if whole else shards[j:j + g]}
+            for j, p in enumerate(spec["positions"]) if p % g == 0]
 
 
 def host_write_shards(database: str, items: Sequence[tuple]) -> None:
-    """A host process's shard writer (host/shard_writer.h): (spec_json, bytes of its shards) pairs."""
+    """A host process's shard writer (host/shard_writer.h): (spec_json, its shards' bytes) pairs.
+
+    The bytes (a read-only array that owns them, or bytes) are written from
+    where they are: the parts are views of them.
+    """
     import ml_dtypes  # noqa: F401 (bfloat16 for np.dtype)
 
     parts = []
@@ -317,9 +359,15 @@ def write_metadata(tmp: str, leaves: Sequence[tuple]) -> None:
 
 
 def commit(tmp: str, final: str) -> None:
-    """Marks `tmp` complete and renames it `final` (which must not exist)."""
-    with open(os.path.join(tmp, COMMIT_FILE), "w", encoding="utf-8") as f:
-        f.write(f"Checkpoint commit was successful to {final}")
+    """Marks `tmp` complete and renames it `final` (which must not exist).
+
+    Everything in `tmp` is on disk before the rename: the databases' files
+    (tensorstore fsyncs each file it writes, then its directory; a commit of
+    a database ends with its manifest, whose directory's fsync also keeps
+    the entry of d/), the metadata files, and the entries of `tmp` itself
+    (fsynced here).
+    """
+    _write_text(os.path.join(tmp, COMMIT_FILE), f"Checkpoint commit was successful to {final}")
     _fsync_dir(tmp)
     os.rename(tmp, final)
     _fsync_dir(os.path.dirname(final) or ".")
@@ -371,8 +419,12 @@ def open_arrays(path: str, keys: Sequence[str], zarr3: bool, ctx: Any = None) ->
 
 
 def _write_json(path: str, value: Any) -> None:
+    _write_text(path, json.dumps(value))
+
+
+def _write_text(path: str, text: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
 

@@ -41,8 +41,9 @@ def hosts() -> list[dict[str, Any]]:
 def save_shards(host: int, database: str, buffers: Sequence[tuple[ShardedBuffer, str]]) -> None:
     """Has host process `host` write its shards of each (buffer, spec_json) into the checkpoint database
     `database`, once the buffers are done (internal: pathways.checkpointing)."""
-def set_shard_writer(writer: Optional[Callable[[str, list[tuple[str, bytes]]], None]]) -> None:
-    """This host process's checkpoint writer (internal: pathways.host)."""
+def set_shard_writer(writer: Optional[Callable[[str, list[tuple[str, np.ndarray]]], None]]) -> None:
+    """This host process's checkpoint writer: writer(database, [(spec_json, data)]), data a read-only uint8 array
+    of the shards' bytes (internal: pathways.host)."""
 def load_shards(database: str, buffers: Sequence[tuple[str, Any, Sequence[int], Sequence[Any], bool, str]],
                 client: Any = None) -> list[ShardedBuffer]:
     """Has the host processes read new buffers, each (name, dtype, shape, devices, replicated, spec_json), from the
@@ -265,6 +266,8 @@ class ShardedBuffer:
 
 def another_handle(buffer: ShardedBuffer) -> ShardedBuffer:
     """Another handle on the same buffer: delete() of `buffer` leaves the buffer to it."""
+def value_view(buffer: ShardedBuffer) -> np.ndarray:
+    """In process, the buffer's value where it is (no copy), once ready: a read-only array that holds the buffer."""
 
 def replicated_view(buffer: ShardedBuffer, client: Any = None) -> ShardedBuffer: ...  # shard 0 as the value
 def device_put(array: np.ndarray, devices: Sequence[Union[VirtualDevice, Device]]) -> ShardedBuffer:

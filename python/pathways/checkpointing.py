@@ -92,12 +92,12 @@ class _Leaf:
 def save(path: Any, tree: Any, *, compression: Optional[str] = None) -> concurrent.futures.Future:
     """Writes `tree` to a new checkpoint at `path`, in the background.
 
-    Every `ShardedBuffer` is written by the hosts that hold its shards (one
-    chunk per shard, so a replicated buffer is written once, by its first
-    device's host); numpy arrays and Python or numpy scalars are written by
-    this process. The buffers are held until written: the caller may go on,
-    delete its handles and dispatch more work. The checkpoint is complete
-    (and named `path`) when the future is done.
+    Every `ShardedBuffer` is written by the hosts that hold its shards (a
+    chunk per run of a host's shards, and a replicated buffer once, by its
+    first device's host); numpy arrays and Python or numpy scalars are
+    written by this process. The buffers are held until written: the
+    caller may go on, delete its handles and dispatch more work. The
+    checkpoint is complete (and named `path`) when the future is done.
 
     Args:
       path: A directory that does not exist yet (its parent may not either).
@@ -211,22 +211,25 @@ def _host_specs(leaf: _Leaf, by_host: dict) -> None:
     hosts = [d.host for d in buf.devices]
     dtype = np.dtype(buf.dtype).name
     writers = [hosts[0]] if buf.is_replicated else sorted(set(hosts))
+    rows = 1 if buf.is_replicated else io.rows_per_chunk(hosts)
     for h in writers:
         positions = [i for i, x in enumerate(hosts) if x == h]
         by_host.setdefault(h, []).append(
-            (buf, io.buffer_spec(leaf.key, buf.shape, dtype, positions, buf.is_replicated, leaf.compression)))
+            (buf, io.buffer_spec(leaf.key, buf.shape, dtype, positions, buf.is_replicated, leaf.compression, rows)))
 
 
 def _host_parts(leaf: _Leaf, by_writer: dict) -> None:
-    """In process: the parts each host writes of a buffer's leaf (the shards are this process's memory)."""
-    value = np.asarray(leaf.buffer)
+    """In process: the parts each host writes of a buffer's leaf (the shards are this process's memory).
+
+    Views of the buffer's memory, not copies: it does not change once the
+    buffer is ready, and the view holds the buffer until it is written.
+    """
+    value = _core.value_view(leaf.buffer)
     specs: dict = {}
     _host_specs(leaf, specs)
     for h, items in specs.items():
         for _, spec_json in items:
-            spec = json.loads(spec_json)
-            local = value[None] if spec["replicated"] else value[np.asarray(spec["positions"])]
-            by_writer.setdefault(f"h{h}", []).extend(io.parts_of(spec, local))
+            by_writer.setdefault(f"h{h}", []).extend(io.parts_of(json.loads(spec_json), value, whole=True))
 
 
 def restore(path: Any, like: Any = None, devices: Optional[Sequence[Any]] = None) -> Any:

@@ -135,15 +135,36 @@ def test_restore_onto_hosts_in_turn_and_another_dtype(tmp_path, devices_of):
 
 
 @not_service
+def test_a_chunk_holds_a_run_of_one_hosts_shards(tmp_path, devices_of):
+    # As many rows as keep every chunk one host's (each host's devices, in order).
+    assert _checkpoint_io.rows_per_chunk([0, 0, 0, 0, 1, 1, 1, 1]) == 4
+    assert _checkpoint_io.rows_per_chunk([0, 0, 1, 1, 1, 1]) == 2
+    assert _checkpoint_io.rows_per_chunk([5, 5, 5]) == 3
+    assert _checkpoint_io.rows_per_chunk([0, 1, 0, 1]) == 1
+    # Hosts taking turns device by device: a chunk per shard; read back onto a run per host.
+    t, _ = _state(devices_of)
+    island = [d for d in pw.devices() if d.island == 0]
+    by_host = [[d for d in island if d.host == h] for h in sorted({d.host for d in island})]
+    in_turn = [d for group in zip(*by_host) for d in group][:8]
+    data = np.arange(64, dtype=np.float32).reshape(8, 8)
+    pw.checkpointing.save(tmp_path / "ckpt", {"w": pw.device_put(data, in_turn)}).result(timeout=60)
+    assert _checkpoint_io.open_array(str(tmp_path / "ckpt"), "w", True).chunk_layout.write_chunk.shape == (1, 8)
+    got = pw.checkpointing.restore(tmp_path / "ckpt", like={"w": pw.device_put(np.zeros((8, 8), np.float32), t)})
+    np.testing.assert_array_equal(np.asarray(got["w"]), data)
+
+
+@not_service
 def test_save_is_asynchronous_and_holds_its_buffers(tmp_path, devices_of):
     t = devices_of(4)
     slow = pw.pmap(lambda x: pw.simulated_compute(x + 1.0, 300_000.0), devices=t)  # 0.3 s
+    in_use = pw.memory_stats()["bytes_in_use"]
     x = slow(np.zeros((4, 2), np.float32))
     start = time.monotonic()
     future = pw.checkpointing.save(tmp_path / "ckpt", {"x": x})
     assert time.monotonic() - start < 0.25  # it did not wait for x
     x.delete()  # the caller's handle; the save holds its own
     assert future.result(timeout=60)
+    assert pw.memory_stats()["bytes_in_use"] == in_use  # and lets go of it once written
     np.testing.assert_array_equal(pw.checkpointing.restore(tmp_path / "ckpt")["x"], np.ones((4, 2)))
 
 
@@ -183,7 +204,7 @@ def test_tensorstore_opens_ours(tmp_path, devices_of, compression):
     spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{tmp_path / 'ckpt'}/",
                                            "path": "params.w/"}}
     w = ts.open(spec, open=True, read=True).result()
-    assert w.shape == (8, 8) and w.chunk_layout.write_chunk.shape == (1, 8)  # a chunk per shard
+    assert w.shape == (8, 8) and w.chunk_layout.write_chunk.shape == (4, 8)  # a chunk per host's 4 shards
     codecs = w.codec.to_json()["codecs"][0]["configuration"]["codecs"]
     assert [c["name"] for c in codecs] == (["bytes"] if compression is None else ["bytes", "zstd"]), codecs
     np.testing.assert_array_equal(w[4:6].read().result(), np.arange(32, 48).reshape(2, 8))
