@@ -146,8 +146,8 @@ class Client:
         Raises:
           RuntimeError: If the client is closed, or suspended already.
           TypeError, ValueError, FileExistsError: For a bad `path`, as
-            `pw.checkpointing.save`; NotImplementedError with `path` in a
-            service's tenant. On any error the client stays as it was.
+            `pw.checkpointing.save`. On any error the client stays as it
+            was.
         """
         start = time.perf_counter()
         if path is None:

@@ -11,8 +11,10 @@ zarr3 arrays in an OCDBT database; see pathways._checkpoint_io), so
 `restore` opens theirs. Every shard is written by the host that holds it,
 into a database of its own, and restored onto devices by the host that
 will hold it, reading its region of the array (in process, the hosts are
-this process's);
-the checkpoint is built under PATH + ".orbax-checkpoint-tmp" and renamed to
+this process's). A service's tenant writes and reads from its own process
+instead (the hosts are the service's: they write files only for their
+owner), fetching and putting its buffers' shards over its own sessions with
+the hosts; the checkpoint is the same. The checkpoint is built under PATH + ".orbax-checkpoint-tmp" and renamed to
 PATH once complete, so an interrupted save never leaves a checkpoint that
 reads as complete.
 
@@ -80,6 +82,11 @@ def _hosts_mode() -> str:
     return _core.topology()["hosts"]
 
 
+def _hosts_do_io() -> bool:
+    """Whether host processes write and read the shards (their owner's), not this process."""
+    return _hosts_mode() not in ("in_process", "service")
+
+
 class _Leaf:
     """One leaf to write: its array name, key path, value type and who writes which part."""
 
@@ -120,8 +127,6 @@ def save(path: Any, tree: Any, *, compression: Optional[str] = None) -> concurre
       ValueError: For an empty tree, a key that cannot name an array, or
         another `compression`.
       FileExistsError: If `path` exists.
-      NotImplementedError: In a service's tenant, for buffers (the hosts
-        are the service's).
     """
     final = _path_arg("save", path)
     if compression not in io.COMPRESSIONS:
@@ -138,10 +143,6 @@ def save(path: Any, tree: Any, *, compression: Optional[str] = None) -> concurre
         if isinstance(value, _core.ShardedBuffer):
             if value.is_deleted():
                 raise ValueError(f"save: the buffer at {_pytree.keystr(key_path)} was deleted")
-            if _hosts_mode() == "service":
-                raise NotImplementedError(
-                    "save: a service's tenant cannot have the hosts write a checkpoint yet (the hosts are the "
-                    "service's, and would write files on their machines for it)")
             leaf = _Leaf(names, types, io.VALUE_ARRAY, compression)
             leaf.buffer = _core.another_handle(value)  # held until written
         elif isinstance(value, (np.ndarray, np.generic)) and value.dtype != object:
@@ -167,7 +168,7 @@ def save(path: Any, tree: Any, *, compression: Optional[str] = None) -> concurre
 def _write(tmp: str, final: str, leaves: list) -> str:
     try:
         by_writer: dict = {}  # writer name -> parts
-        remote = _hosts_mode() != "in_process"
+        remote = _hosts_do_io()
         by_host: dict = {}  # host processes: host -> [(buffer, spec_json)]
         for leaf in leaves:
             if leaf.value_type != io.VALUE_ARRAY:
@@ -219,12 +220,13 @@ def _host_specs(leaf: _Leaf, by_host: dict) -> None:
 
 
 def _host_parts(leaf: _Leaf, by_writer: dict) -> None:
-    """In process: the parts each host writes of a buffer's leaf (the shards are this process's memory).
+    """Written by this process: the parts each host's writer takes of a buffer's leaf.
 
-    Views of the buffer's memory, not copies: it does not change once the
-    buffer is ready, and the view holds the buffer until it is written.
+    In process, views of the buffer's memory, not copies: it does not change
+    once the buffer is ready, and the view holds the buffer until it is
+    written. A service's tenant fetches the value from the hosts.
     """
-    value = _core.value_view(leaf.buffer)
+    value = np.asarray(leaf.buffer) if _hosts_mode() == "service" else _core.value_view(leaf.buffer)
     specs: dict = {}
     _host_specs(leaf, specs)
     for h, items in specs.items():
@@ -265,8 +267,6 @@ def restore(path: Any, like: Any = None, devices: Optional[Sequence[Any]] = None
         the array and, for host processes, the host).
       TypeError: For a `like` leaf of another type, or an array of a dtype
         devices do not hold.
-      NotImplementedError: In a service's tenant, for arrays onto devices
-        (the hosts are the service's).
     """
     src = _path_arg("restore", path)
     meta = io.read_metadata(src)
@@ -289,7 +289,7 @@ def restore(path: Any, like: Any = None, devices: Optional[Sequence[Any]] = None
                 raise ValueError(f"restore: the checkpoint at {src!r} has no array {'.'.join(names)!r} "
                                  f"(for the leaf at {_pytree.keystr(key_path)} of like)")
             targets.append((names, target))
-    remote = _hosts_mode() != "in_process"
+    remote = _hosts_do_io()
     out: list = [None] * len(targets)
     loads: list = []  # host processes: (index in out, _core.load_shards' item)
     reads: list = []  # read here: (index in out, key, value type, the read's future)
@@ -329,10 +329,6 @@ def restore(path: Any, like: Any = None, devices: Optional[Sequence[Any]] = None
 
 def _host_load(key: str, store: Any, target: Any, devices: Optional[list], zarr3: bool) -> tuple:
     """_core.load_shards' item for an array the host processes read onto devices (checked here first)."""
-    if _hosts_mode() == "service":
-        raise NotImplementedError(
-            f"restore: a service's tenant cannot have the hosts read {key!r} onto devices yet (the hosts are the "
-            "service's, and would read files on their machines for it); restore it as numpy (like=None)")
     shape = tuple(store.shape)
     if target is None:
         dtype = np.dtype(store.dtype.numpy_dtype)

@@ -3,8 +3,7 @@
 Saved and restored here; opened by orbax.checkpoint and tensorstore, and
 Orbax's opened by pathways; an interrupted save never reads as complete.
 Host processes write and read their own shards (no shard through the
-client); a service's tenant does not have the hosts write or read
-(NotImplementedError).
+client); a service's tenant writes and reads from its own process.
 """
 
 from __future__ import annotations
@@ -291,17 +290,23 @@ def test_bad_input_is_named(tmp_path, runtime_ok):
     runtime_ok()
 
 
-def test_a_service_tenant_does_not_have_the_hosts_write_or_read(tmp_path, devices_of):
+def test_a_service_tenant_writes_and_reads_from_its_own_process(tmp_path, devices_of):
+    """The hosts are the service's: a tenant's checkpoint goes through the
+    tenant (its buffers fetched and put over its own sessions with the
+    hosts), in the same format, split and replicated buffers alike."""
     if pw.topology()["hosts"] != "service":
         pytest.skip("a service's tenant only")
-    x = pw.device_put(np.ones((2, 2), np.float32), devices_of(2))
-    with pytest.raises(NotImplementedError, match="tenant"):
-        pw.checkpointing.save(tmp_path / "ckpt", {"x": x})
+    devs = devices_of(2)
+    x = pw.device_put(np.arange(8, dtype=np.float32).reshape(2, 4), devs)
+    r = pw.pmap(lambda v: v * 2.0, out_axes=None, devices=devs)(np.ones((2, 3), np.float32))
+    pw.checkpointing.save(tmp_path / "ckpt", {"x": x, "r": r, "step": 7}).result(timeout=60)
     assert not os.path.exists(str(tmp_path / "ckpt") + _checkpoint_io.TMP_SUFFIX)
-    pw.checkpointing.save(tmp_path / "np", {"x": np.full((2, 2), 3.0, np.float32)}).result(timeout=60)
-    with pytest.raises(NotImplementedError, match="tenant cannot have the hosts read 'x'"):
-        pw.checkpointing.restore(tmp_path / "np", like={"x": x})
-    np.testing.assert_array_equal(pw.checkpointing.restore(tmp_path / "np")["x"], np.full((2, 2), 3.0))
+    back = pw.checkpointing.restore(tmp_path / "ckpt", like={"x": x, "r": r, "step": 0})
+    assert isinstance(back["x"], pw.ShardedBuffer) and [d.id for d in back["x"].devices] == [d.id for d in x.devices]
+    np.testing.assert_array_equal(np.asarray(back["x"]), np.arange(8).reshape(2, 4))
+    np.testing.assert_array_equal(np.asarray(back["r"]), np.full(3, 2.0))
+    assert back["r"].is_replicated and back["step"] == 7
+    np.testing.assert_array_equal(pw.checkpointing.restore(tmp_path / "ckpt")["x"], np.arange(8).reshape(2, 4))
 
 
 def _client_bytes_read() -> int:
