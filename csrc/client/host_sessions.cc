@@ -76,10 +76,6 @@ void HostSessions::Close(const absl::Status& why) {
   for (int h = 0; h < num_hosts_; ++h) channel(h).Close(why);
 }
 
-int HostSessions::epoch(int host) const {
-  MutexLock lock(&replace_mu_);
-  return host >= 0 && host < static_cast<int>(epochs_.size()) ? epochs_[host] : 0;
-}
 
 absl::Status HostSessions::Join(const std::vector<std::string>& addresses, int64_t timeout_ns) {
   wire::JoinCluster join;

@@ -95,8 +95,6 @@ class HostSessions final : public HostLinks {
   // new session is lost then (reported as a loss of `host` again), and the
   // host stays lost.
   absl::Status ReplaceHost(int host, const std::string& address, uint64_t first_buffer_id, int64_t timeout_ns);
-  // Hosts replaced so far (ReplaceHost), by host id.
-  int epoch(int host) const;
 
   // HostLinks: the hosts' sessions, directly.
   int num_hosts() const override { return num_hosts_; }
@@ -151,7 +149,7 @@ class HostSessions final : public HostLinks {
   // Set by Join: what a replacement's JoinCluster repeats (the cluster's
   // group prefix, every host's control and data plane addresses) and how
   // many times each host was replaced. One ReplaceHost at a time.
-  mutable Mutex replace_mu_;
+  Mutex replace_mu_;
   std::string group_prefix_ ABSL_GUARDED_BY(replace_mu_);
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(replace_mu_);
   std::vector<std::string> data_addresses_ ABSL_GUARDED_BY(replace_mu_);

@@ -110,6 +110,12 @@ std::shared_ptr<HostBuffer> HostBuffers::LookupLocked(const SessionKey& key) con
   return missing;
 }
 
+std::shared_ptr<HostBuffer> HostBuffers::Find(const SessionKey& key) const {
+  MutexLock lock(&mu_);
+  auto it = buffers_.find(key);
+  return it != buffers_.end() ? it->second : nullptr;
+}
+
 absl::Status HostBuffers::Missing(const SessionKey& key) const {
   if (key.session == kOneSession && key.id < first_buffer_id_) {
     return HostLostError(absl::StrCat("buffer ", key.id, " was lost with the earlier process of host ", host_id_,
@@ -228,12 +234,7 @@ void HostBuffers::DropLocked(const SessionKey& key, std::vector<std::shared_ptr<
 void HostBuffers::Fetch(SessionId session, const wire::FetchBuffer& request,
                         absl::AnyInvocable<void(absl::StatusOr<std::string>) &&> done) {
   const uint64_t buffer_id = request.buffer_id();
-  std::shared_ptr<HostBuffer> buffer;
-  {
-    MutexLock lock(&mu_);
-    auto it = buffers_.find(SessionKey{session, buffer_id});
-    if (it != buffers_.end()) buffer = it->second;
-  }
+  std::shared_ptr<HostBuffer> buffer = Find(SessionKey{session, buffer_id});
   if (buffer == nullptr) {
     std::move(done)(Missing(SessionKey{session, buffer_id}));
     return;
@@ -259,12 +260,7 @@ void HostBuffers::Fetch(SessionId session, const wire::FetchBuffer& request,
 
 void HostBuffers::Hold(SessionId session, uint64_t buffer_id,
                        absl::AnyInvocable<void(absl::StatusOr<std::shared_ptr<const HostBuffer>>) &&> done) {
-  std::shared_ptr<HostBuffer> buffer;
-  {
-    MutexLock lock(&mu_);
-    auto it = buffers_.find(SessionKey{session, buffer_id});
-    if (it != buffers_.end()) buffer = it->second;
-  }
+  std::shared_ptr<HostBuffer> buffer = Find(SessionKey{session, buffer_id});
   if (buffer == nullptr) {
     std::move(done)(Missing(SessionKey{session, buffer_id}));
     return;

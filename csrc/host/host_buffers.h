@@ -130,6 +130,8 @@ class HostBuffers {
   absl::Status PutLocked(SessionId session, wire::PutBuffer& request, const absl::StatusOr<int64_t>& local_shards)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Buffer `key`, or null if it is not here.
+  std::shared_ptr<HostBuffer> Find(const SessionKey& key) const;
   // NotFound for buffer `key`, which is not here; HostLost for one of the
   // replaced process's (see first_buffer_id).
   absl::Status Missing(const SessionKey& key) const;

@@ -1099,21 +1099,23 @@ absl::Status HostExecutor::PeersLost(const wire::PeersLost& request) {
 
 bool HostExecutor::PeerLost(int host) const { return health_.PeerLost(host); }
 
-absl::Status HostExecutor::PeerJoined(int host, int epoch) {
+absl::Status HostExecutor::CheckOtherHost(int host) const {
   if (host < 0 || host >= layout_.num_hosts || host == host_id_) {
     return absl::InvalidArgumentError(
         absl::StrCat("peer_joined: no other host ", host, " in this cluster of ", layout_.num_hosts, " hosts"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status HostExecutor::PeerJoined(int host, int epoch) {
+  PW_RETURN_IF_ERROR(CheckOtherHost(host));
   groups_.PeerJoined(host, epoch);
   health_.PeerJoined(host);
   return absl::OkStatus();
 }
 
 absl::Status HostExecutor::ConnectPeer(int host, const std::string& key) {
-  if (host < 0 || host >= layout_.num_hosts || host == host_id_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("peer_joined: no other host ", host, " in this cluster of ", layout_.num_hosts, " hosts"));
-  }
+  PW_RETURN_IF_ERROR(CheckOtherHost(host));
   const absl::Time deadline = absl::Now() + groups_.timeout();
   // The new process put its data plane's address in its own store
   // (HostTransfers::Connect).

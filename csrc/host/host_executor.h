@@ -308,6 +308,8 @@ class HostExecutor {
   int num_lists() const;
 
  private:
+  // InvalidArgument unless `host` is another host of the cluster.
+  absl::Status CheckOtherHost(int host) const;
   struct Program;
   struct Function;
   struct Part;

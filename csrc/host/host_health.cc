@@ -53,12 +53,11 @@ absl::Status HostHealth::PeersLost(const wire::PeersLost& request, absl::Functio
   return absl::OkStatus();
 }
 
-bool HostHealth::PeerJoined(int host) {
-  if (host < 0 || host >= layout_.num_hosts || host == layout_.host_id) return false;
+void HostHealth::PeerJoined(int host) {
+  if (host < 0 || host >= layout_.num_hosts || host == layout_.host_id) return;
   lost_peers_[host].store(false, std::memory_order_release);
   // any_peer_lost_ only makes CheckPeers look: left set, it costs a look
   // at the gang's hosts, never a wrong answer.
-  return true;
 }
 
 bool HostHealth::PeerLost(int host) const {

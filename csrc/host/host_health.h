@@ -44,9 +44,9 @@ class HostHealth {
   // thread) for each one not marked before. InvalidArgument for a host
   // that is not another host of the cluster (nothing is marked then).
   absl::Status PeersLost(const wire::PeersLost& request, absl::FunctionRef<void(int host)> newly_lost);
-  // A new process took `host`'s place: it is not lost any more. Returns
-  // false (nothing changes) for this host or one outside the cluster.
-  bool PeerJoined(int host);
+  // A new process took `host`'s place: it is not lost any more. This host
+  // and one outside the cluster are ignored.
+  void PeerJoined(int host);
   // Whether this host was told that `host` was lost (and not that it was
   // replaced since).
   bool PeerLost(int host) const;
